@@ -1,0 +1,15 @@
+# ndmesh_layer(<name> [SOURCES ...] [DEPS ...] [PRIVATE_DEPS ...])
+# Declares the static library ndmesh_<name> (alias ndmesh::<name>) with the public
+# headers in include/. With no SOURCES, every .cpp in the calling folder is used.
+function(ndmesh_layer name)
+  cmake_parse_arguments(L "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  if(NOT L_SOURCES)
+    file(GLOB_RECURSE L_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
+  endif()
+  add_library(ndmesh_${name} STATIC ${L_SOURCES})
+  add_library(ndmesh::${name} ALIAS ndmesh_${name})
+  target_include_directories(ndmesh_${name} PUBLIC ${CMAKE_SOURCE_DIR}/include
+                                            PRIVATE ${CMAKE_SOURCE_DIR}/src)
+  target_link_libraries(ndmesh_${name} PUBLIC ${L_DEPS} PRIVATE ${L_PRIVATE_DEPS})
+  set_property(GLOBAL APPEND PROPERTY NDMESH_LAYERS ndmesh_${name})
+endfunction()

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Runs every benchmark in build/bench. Each prints its ratios against a baseline it
+# measures in the same run.
+set -euo pipefail
+build=${1:-build}
+for b in "$build"/bench/bench_*; do
+  [ -x "$b" ] || continue
+  echo "== $(basename "$b") =="
+  if [ -f "bench/$(basename "$b").sh" ]; then bash "bench/$(basename "$b").sh" "$b"; else "$b"; fi
+done

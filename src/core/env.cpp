@@ -1,0 +1,66 @@
+#include "ndmesh/core/env.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::env {
+
+const std::vector<Variable>& variables() {
+  static const std::vector<Variable> kVariables = {
+      {"NDMESH_TIMEOUT_S", "seconds", "300",
+       "timeout of every blocking or awaited communication; on expiry the job aborts naming the group"},
+      {"NDMESH_THREADS", "integer", "1 under a launcher, else the core count",
+       "BLAS and compute threads per process"},
+      {"NDMESH_LOG", "string", "info", "log level: error, warn, info, debug"},
+      {"NDMESH_BACKEND", "string", "mpi", "communication backend: mpi (nccl when built with GPUs)"},
+  };
+  return kVariables;
+}
+
+namespace {
+const Variable& declared(std::string_view name) {
+  for (const auto& v : variables())
+    if (v.name == name) return v;
+  fail<>("env", "{} is read but not declared in src/core/env.cpp", name);
+}
+}  // namespace
+
+std::optional<std::string> raw(std::string_view name) {
+  declared(name);
+  const char* value = std::getenv(std::string(name).c_str());
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+std::int64_t integer(std::string_view name, std::int64_t fallback, std::int64_t min, std::int64_t max) {
+  auto value = raw(name);
+  if (!value) return fallback;
+  errno = 0;
+  char* end = nullptr;
+  long long parsed = std::strtoll(value->c_str(), &end, 10);
+  if (errno != 0 || end == value->c_str() || *end != '\0' || parsed < min || parsed > max)
+    fail<ConfigError>("env", "{}='{}' is not an integer in [{}, {}]; set it to e.g. {} or unset it", name, *value,
+                      min, max, fallback);
+  return parsed;
+}
+
+double seconds(std::string_view name, double fallback) {
+  auto value = raw(name);
+  if (!value) return fallback;
+  errno = 0;
+  char* end = nullptr;
+  double parsed = std::strtod(value->c_str(), &end);
+  if (errno != 0 || end == value->c_str() || *end != '\0' || !(parsed > 0) || parsed > 1e7)
+    fail<ConfigError>("env", "{}='{}' is not a positive number of seconds; set it to e.g. {} or unset it", name,
+                      *value, fallback);
+  return parsed;
+}
+
+std::string string(std::string_view name, std::string_view fallback) {
+  auto value = raw(name);
+  return value ? *value : std::string(fallback);
+}
+
+}  // namespace ndmesh::env

@@ -1,0 +1,41 @@
+// Registry of `ndmesh` subcommands. Each subcommand lives in its own file in this folder
+// and registers itself with a static Subcommand object:
+//
+//   static ndmesh::cli::Subcommand kMesh{"mesh", "Show the rank layout", setup_mesh};
+//
+// where setup_mesh(CLI::App&) adds the options and returns the function to run. The run
+// function returns the process exit code. Errors derived from ndmesh::ConfigError (bad
+// input) exit with code 2, other ndmesh::Error with code 1; main() prints them.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace ndmesh::cli {
+
+/// What a subcommand's setup returns: the action run after parsing.
+using Action = std::function<int()>;
+/// Adds options to the subcommand's CLI::App and returns its action.
+using Setup = std::function<Action(CLI::App&)>;
+
+/// A registered subcommand; construct one at namespace scope in the subcommand's file.
+struct Subcommand {
+  Subcommand(std::string name, std::string description, Setup setup);
+};
+
+struct Entry {
+  std::string name;
+  std::string description;
+  Setup setup;
+};
+
+/// Every registered subcommand, sorted by name.
+std::vector<Entry>& registry();
+
+/// Exit code for bad input (flags, files, environment).
+inline constexpr int kExitUsage = 2;
+
+}  // namespace ndmesh::cli
