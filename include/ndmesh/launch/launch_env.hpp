@@ -1,0 +1,64 @@
+// LaunchEnv: who started this process and where it sits (rank, world size, local rank,
+// local world size, node rank), read from the variables the launchers set.
+//
+// Launchers, in the order they are trusted (the innermost, direct spawner wins):
+//   Open MPI mpirun   OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK/_LOCAL_SIZE
+//   MPICH / Hydra     PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
+//   Slurm srun        SLURM_PROCID, SLURM_NTASKS (or SLURM_NPROCS), SLURM_LOCALID, SLURM_NODEID
+//   torchrun          RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK
+// Values a launcher does not give stay empty: under MPI the comm layer fills them from
+// the engine (a shared-memory split), never from an assumed number of devices per node.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ndmesh {
+
+/// The program that started this process.
+enum class Launcher {
+  kNone,      ///< started by hand: a world of one
+  kOpenMpi,   ///< Open MPI mpirun / mpiexec
+  kHydra,     ///< MPICH / Intel MPI Hydra (mpiexec.hydra)
+  kSlurm,     ///< srun
+  kTorchrun,  ///< torchrun / torch.distributed.run (no MPI world)
+};
+
+/// "none", "openmpi", "hydra", "slurm", "torchrun".
+std::string_view launcher_name(Launcher launcher);
+
+/// Reads one environment variable: nullopt when unset or empty.
+using EnvLookup = std::function<std::optional<std::string>(std::string_view)>;
+
+/// Where this process sits in the job, as the launcher says.
+struct LaunchEnv {
+  Launcher launcher = Launcher::kNone;
+  std::int64_t rank = 0;                         ///< global rank
+  std::int64_t world_size = 1;                   ///< number of processes
+  std::optional<std::int64_t> local_rank;        ///< rank within the node, when the launcher says
+  std::optional<std::int64_t> local_world_size;  ///< processes on this node, when the launcher says
+  std::optional<std::int64_t> node_rank;         ///< index of this node, when the launcher says
+  /// The variables the values came from, "NAME=value", for messages.
+  std::vector<std::string> sources;
+
+  /// Detects from the process environment. ConfigError naming the variables when a
+  /// value is malformed (not a non-negative integer, rank >= size, ...) or when two
+  /// launchers give contradictory answers (torchrun inside mpirun).
+  static LaunchEnv detect();
+  /// Same, reading variables through `lookup` (tests, tools).
+  static LaunchEnv detect(const EnvLookup& lookup);
+
+  /// True when the launcher provides an MPI world (Open MPI, Hydra, Slurm with PMI).
+  bool has_mpi_world() const;
+  /// ConfigError with the commands to use instead when the process was started by a
+  /// launcher that creates no MPI world (torchrun); returns otherwise.
+  void require_mpi_world() const;
+  /// One line: "openmpi rank 1 of 4, local 1 of 4, node ?".
+  std::string describe() const;
+};
+
+}  // namespace ndmesh
