@@ -41,8 +41,8 @@ std::int64_t integer(std::string_view name, std::int64_t fallback, std::int64_t 
   char* end = nullptr;
   long long parsed = std::strtoll(value->c_str(), &end, 10);
   if (errno != 0 || end == value->c_str() || *end != '\0' || parsed < min || parsed > max)
-    fail<ConfigError>("env", "{}='{}' is not an integer in [{}, {}]; set it to e.g. {} or unset it", name, *value,
-                      min, max, fallback);
+    fail<ConfigError>("env", "{}='{}' is not an integer in [{}, {}]; set it to e.g. {} or unset it", name,
+                      *value, min, max, fallback);
   return parsed;
 }
 
@@ -53,8 +53,8 @@ double seconds(std::string_view name, double fallback) {
   char* end = nullptr;
   double parsed = std::strtod(value->c_str(), &end);
   if (errno != 0 || end == value->c_str() || *end != '\0' || !(parsed > 0) || parsed > 1e7)
-    fail<ConfigError>("env", "{}='{}' is not a positive number of seconds; set it to e.g. {} or unset it", name,
-                      *value, fallback);
+    fail<ConfigError>("env", "{}='{}' is not a positive number of seconds; set it to e.g. {} or unset it",
+                      name, *value, fallback);
   return parsed;
 }
 

@@ -35,15 +35,21 @@ struct DTypeOf<std::int64_t> {
 
 /// True for the element types ndmesh can communicate.
 template <typename T>
-concept Element = requires { DTypeOf<T>::value; };
+concept Element = requires {
+  DTypeOf<T>::value;
+};
 
 /// Bytes per element of a DType.
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat64:
+      return 8;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
   }
   return 0;
 }
@@ -51,10 +57,14 @@ constexpr std::size_t dtype_size(DType t) {
 /// Lower-case name of a DType ("float32", ...).
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat64: return "float64";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
   }
   return "?";
 }

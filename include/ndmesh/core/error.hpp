@@ -57,13 +57,13 @@ template <typename E = Error, typename... Args>
 
 /// NDMESH_CHECK(cond, "mesh", "tp={} must be positive", tp): throws ndmesh::Error when
 /// cond is false. The message should name the value and the fix.
-#define NDMESH_CHECK(cond, component, ...)                \
-  do {                                                    \
+#define NDMESH_CHECK(cond, component, ...)                 \
+  do {                                                     \
     if (!(cond)) ::ndmesh::fail<>(component, __VA_ARGS__); \
   } while (false)
 
 /// Like NDMESH_CHECK but throws ndmesh::ConfigError (bad user input).
-#define NDMESH_CHECK_CONFIG(cond, component, ...)                          \
-  do {                                                                     \
+#define NDMESH_CHECK_CONFIG(cond, component, ...)                               \
+  do {                                                                          \
     if (!(cond)) ::ndmesh::fail<::ndmesh::ConfigError>(component, __VA_ARGS__); \
   } while (false)

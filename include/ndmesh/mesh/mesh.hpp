@@ -145,9 +145,9 @@ struct Placement {
 /// For a set of dims, how its groups sit on the nodes.
 struct GroupPlacement {
   DimSet dims;
-  std::int64_t groups = 0;            ///< number of groups of this kind
-  std::int64_t groups_crossing = 0;   ///< groups whose members span more than one node
-  std::int64_t max_nodes_spanned = 0; ///< most nodes one group touches
+  std::int64_t groups = 0;             ///< number of groups of this kind
+  std::int64_t groups_crossing = 0;    ///< groups whose members span more than one node
+  std::int64_t max_nodes_spanned = 0;  ///< nodes touched by the group with the widest rank span
 };
 
 /// The named rank layout. Immutable after construction; cheap to copy.
@@ -202,6 +202,11 @@ class Mesh {
   Coords coords(std::int64_t rank) const;
   /// Coordinate of `rank` along dim i.
   std::int64_t coord(std::int64_t rank, int i) const { return rank / strides_[i] % sizes_[i]; }
+  /// Coordinate of `rank` along the named dim; 0 when the mesh has no such dim.
+  std::int64_t coord_of(std::int64_t rank, std::string_view name) const {
+    auto i = find(name);
+    return i ? coord(rank, *i) : 0;
+  }
   /// The rank at `c`; ConfigError when a coordinate is out of range.
   std::int64_t rank(const Coords& c) const;
 
@@ -211,6 +216,9 @@ class Mesh {
   GroupView group_by_color(DimSet s, std::int64_t color) const;
   /// Size of every group of `s`.
   std::int64_t group_size(DimSet s) const;
+  /// A readable id of the group of `s` holding `rank`: the key name, "_group_", then the
+  /// other dims with their coordinates in mesh order ("dp_group_tp1_pp0", seed 002).
+  std::string group_label(std::int64_t rank, DimSet s) const;
   /// How many groups `s` partitions the world into.
   std::int64_t num_groups(DimSet s) const { return world_ / group_size(s); }
   /// Index of the group of `s` holding `rank`: row-major over the other dims.

@@ -39,8 +39,6 @@ TEST(Env, IntegerRange) {
   unsetenv("NDMESH_THREADS");
 }
 
-TEST(Env, UndeclaredVariableIsAProgrammingError) {
-  EXPECT_THROW(env::raw("NDMESH_NOT_A_THING"), Error);
-}
+TEST(Env, UndeclaredVariableIsAProgrammingError) { EXPECT_THROW(env::raw("NDMESH_NOT_A_THING"), Error); }
 
 }  // namespace ndmesh
