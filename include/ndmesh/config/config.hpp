@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,39 +28,58 @@ Schedule parse_schedule(std::string_view name);
 
 /// The shape of a GPT-style decoder.
 struct ModelSpec {
-  std::string name;            ///< preset name, or empty
+  std::string name;  ///< preset name, or empty
   std::int64_t layers = 0;
   std::int64_t hidden = 0;
   std::int64_t heads = 0;
-  std::int64_t kv_heads = 0;   ///< 0: same as heads (no grouped-query attention)
-  std::int64_t ffn = 0;        ///< 0: 4 * hidden
-  std::int64_t seq = 0;        ///< sequence length
+  std::int64_t kv_heads = 0;  ///< 0: same as heads (no grouped-query attention)
+  std::int64_t ffn = 0;       ///< 0: 4 * hidden
+  std::int64_t seq = 0;       ///< sequence length
   std::int64_t vocab = 0;
-  std::int64_t experts = 0;    ///< 0: dense
+  std::int64_t experts = 0;  ///< 0: dense
   bool tied_embeddings = true;
 
   std::int64_t kv_heads_or_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   std::int64_t ffn_or_default() const { return ffn > 0 ? ffn : 4 * hidden; }
 };
 
-/// The standard dims in the default order, outer to inner.
+/// The standard dims in the default order, outer to inner ("dp,pp,cp,tp"). When ep > 1
+/// and no order is given, ep goes between pp and cp ("dp,pp,ep,cp,tp").
 inline const std::vector<std::string>& default_order() {
   static const std::vector<std::string> kOrder = {"dp", "pp", "cp", "tp"};
   return kOrder;
 }
 
+/// The standard dim names ("dp", "pp", "cp", "tp", "ep").
+const std::vector<std::string>& standard_dims();
+
+/// How a user writes a layout: sizes of the standard dims with an order, or custom dims.
+/// Exactly one of `order`, `megatron_order`, `dims` may be set; none means the default
+/// order. Standard dims without a size are 1.
+struct LayoutSpec {
+  std::map<std::string, std::int64_t> sizes;  ///< "tp" -> 2; -1 = infer from the world
+  std::string order;                          ///< outer to inner, "dp,pp,cp,tp"
+  std::string megatron_order;                 ///< fastest first, "tp-cp-ep-dp-pp"
+  std::string dims;                           ///< custom names outer to inner, "pipe=2,tensor=2,data=4"
+};
+
+/// The dims (outer to inner) a LayoutSpec describes; sizes may still be -1. ConfigError
+/// naming the flag, the value and the fix for unknown, duplicate or missing dims and for
+/// conflicting spellings.
+std::vector<Dim> layout_dims(const LayoutSpec& spec);
+
 /// How the world is split.
 struct ParallelConfig {
   /// Dims outer to inner. One size may be -1: inferred from `world`.
   std::vector<Dim> dims = {{"dp", 1}, {"pp", 1}, {"cp", 1}, {"tp", 1}};
-  std::int64_t world = 0;           ///< 0: the product of the sizes
-  std::int64_t ranks_per_node = 0;  ///< 0: unknown (placement not checked)
+  std::int64_t world = 0;                        ///< 0: the product of the sizes
+  std::int64_t ranks_per_node = 0;               ///< 0: unknown (placement not checked)
   std::vector<std::string> heavy_dims = {"tp"};  ///< dims warned about when crossing nodes
   Schedule schedule = Schedule::k1F1B;
-  std::int64_t vpp = 1;             ///< virtual stages per rank (interleaved)
+  std::int64_t vpp = 1;  ///< virtual stages per rank (interleaved)
   bool sequence_parallel = false;
-  std::int64_t micro_batch = 1;     ///< sequences per micro-batch
-  std::int64_t global_batch = 0;    ///< sequences per step; 0: micro_batch * dp
+  std::int64_t micro_batch = 1;   ///< sequences per micro-batch
+  std::int64_t global_batch = 0;  ///< sequences per step; 0: micro_batch * dp
 
   /// Size of a named dim (1 when absent).
   std::int64_t size(std::string_view name) const;
@@ -87,10 +108,16 @@ std::vector<std::string> model_problems(const ModelSpec& model);
 
 /// What a TOML config file holds. Sections [parallel], [model], [training]; unknown keys
 /// are errors that name the key and the file.
+///
+///   [parallel]  tp pp dp cp ep (integers, one may be -1), order | megatron_order | dims,
+///               world, ranks_per_node, heavy_dims, schedule, vpp, sequence_parallel
+///   [model]     name layers hidden heads kv_heads ffn seq vocab experts tied_embeddings
+///   [training]  micro_batch global_batch
 struct ConfigFile {
-  ParallelConfig parallel;
+  LayoutSpec layout;
+  ParallelConfig parallel;  ///< non-layout fields (dims come from `layout`)
   std::optional<ModelSpec> model;
-  std::vector<std::string> keys_set;  ///< "parallel.tp", ... (so flags can override)
+  std::set<std::string> keys_set;  ///< "parallel.tp", ... so flags can override
 };
 
 /// Reads a TOML config file. IoError when unreadable; ConfigError naming the key, the

@@ -1,0 +1,393 @@
+// Layout spelling and validation. Every check appends one line to a list rather than
+// throwing, so a user sees all problems at once and the planner can call problems() in
+// its search loop. Each line names the field, the value and the nearest valid choice.
+#include "ndmesh/config/config.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh {
+namespace {
+
+std::vector<std::string> split_names(std::string_view s, char sep) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= s.size()) {
+    std::size_t end = s.find(sep, start);
+    if (end == std::string_view::npos) end = s.size();
+    std::string part(s.substr(start, end - start));
+    part.erase(0, part.find_first_not_of(" \t"));
+    part.erase(part.find_last_not_of(" \t") + 1);
+    out.push_back(part);
+    start = end + 1;
+  }
+  return out;
+}
+
+bool is_standard(std::string_view name) {
+  const auto& s = standard_dims();
+  return std::find(s.begin(), s.end(), name) != s.end();
+}
+
+// The divisors of n closest to `around` from below and above (excluding `around`).
+std::string nearest_divisors(std::int64_t n, std::int64_t around, std::string_view field) {
+  std::int64_t below = 0, above = 0;
+  for (std::int64_t d = around - 1; d >= 1; --d)
+    if (n % d == 0) {
+      below = d;
+      break;
+    }
+  for (std::int64_t d = around + 1; d <= n; ++d)
+    if (n % d == 0) {
+      above = d;
+      break;
+    }
+  if (below && above) return fmt::format("{}={} or {}={}", field, below, field, above);
+  if (below) return fmt::format("{}={}", field, below);
+  if (above) return fmt::format("{}={}", field, above);
+  return fmt::format("{}=1", field);
+}
+
+// The multiples of `of` closest to `value` ("28 or 32").
+std::string nearest_multiples(std::int64_t value, std::int64_t of, std::string_view field) {
+  std::int64_t below = value / of * of;
+  std::int64_t above = below + of;
+  if (below <= 0) return fmt::format("{}={}", field, above);
+  return fmt::format("{}={} or {}={}", field, below, field, above);
+}
+
+std::string product_text(const std::vector<Dim>& dims) {
+  std::vector<std::string> names, sizes;
+  for (const auto& d : dims) {
+    names.push_back(d.name);
+    sizes.push_back(std::to_string(d.size));
+  }
+  return fmt::format("{} = {}", fmt::join(names, "*"), fmt::join(sizes, "*"));
+}
+
+}  // namespace
+
+const std::vector<std::string>& standard_dims() {
+  static const std::vector<std::string> kDims = {"dp", "pp", "cp", "tp", "ep"};
+  return kDims;
+}
+
+std::string_view schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::kGpipe:
+      return "gpipe";
+    case Schedule::k1F1B:
+      return "1f1b";
+    case Schedule::kInterleaved:
+      return "interleaved";
+    case Schedule::kZbH1:
+      return "zb-h1";
+  }
+  return "?";
+}
+
+Schedule parse_schedule(std::string_view name) {
+  for (Schedule s : {Schedule::kGpipe, Schedule::k1F1B, Schedule::kInterleaved, Schedule::kZbH1})
+    if (schedule_name(s) == name) return s;
+  fail<ConfigError>("config", "schedule '{}' is unknown; use one of gpipe, 1f1b, interleaved, zb-h1", name);
+}
+
+// ------------------------------------------------------------------------------ layout
+
+std::vector<Dim> layout_dims(const LayoutSpec& spec) {
+  int spellings = !spec.order.empty() + !spec.megatron_order.empty() + !spec.dims.empty();
+  NDMESH_CHECK_CONFIG(
+      spellings <= 1, "config",
+      "give the layout once: --order '{}', --megatron-order '{}' and --dims '{}' conflict; keep one",
+      spec.order, spec.megatron_order, spec.dims);
+  for (const auto& [name, size] : spec.sizes) {
+    NDMESH_CHECK_CONFIG(is_standard(name), "config",
+                        "unknown dim '{}'; the size flags are dp, pp, cp, tp, ep", name);
+    NDMESH_CHECK_CONFIG(size >= 1 || size == -1, "config",
+                        "{}={} is not a valid size; use a positive size, or -1 to infer it from the world",
+                        name, size);
+  }
+
+  if (!spec.dims.empty()) {
+    for (const auto& [name, size] : spec.sizes)
+      NDMESH_CHECK_CONFIG(false, "config",
+                          "--{} {} cannot be combined with --dims '{}'; put {}={} into --dims", name, size,
+                          spec.dims, name, size);
+    return Mesh::parse(spec.dims).dims();  // custom names; sizes must be positive
+  }
+
+  auto size_of = [&](const std::string& name) {
+    auto it = spec.sizes.find(name);
+    return it == spec.sizes.end() ? std::int64_t{1} : it->second;
+  };
+
+  std::vector<std::string> order;  // outer to inner
+  std::string flag, text;
+  if (!spec.megatron_order.empty()) {
+    flag = "--megatron-order", text = spec.megatron_order;
+    order = split_names(spec.megatron_order, '-');
+    std::reverse(order.begin(), order.end());
+  } else if (!spec.order.empty()) {
+    flag = "--order", text = spec.order;
+    order = split_names(spec.order, ',');
+  } else {
+    order = default_order();
+    if (size_of("ep") != 1) order.insert(order.begin() + 2, "ep");
+    flag = "--order", text = fmt::format("{}", fmt::join(order, ","));
+  }
+
+  std::vector<Dim> dims;
+  std::set<std::string> seen;
+  for (const auto& name : order) {
+    NDMESH_CHECK_CONFIG(!name.empty(), "config", "{} '{}' has an empty name; e.g. {}", flag, text,
+                        flag == "--order" ? "dp,pp,cp,tp" : "tp-cp-dp-pp");
+    NDMESH_CHECK_CONFIG(is_standard(name), "config",
+                        "{} '{}' names unknown dim '{}'; use dp, pp, cp, tp, ep (or --dims for custom names)",
+                        flag, text, name);
+    NDMESH_CHECK_CONFIG(seen.insert(name).second, "config", "{} '{}' names '{}' twice; name each dim once",
+                        flag, text, name);
+    dims.push_back({name, size_of(name)});
+  }
+  for (const auto& name : standard_dims()) {
+    if (seen.count(name) || size_of(name) == 1) continue;
+    fail<ConfigError>("config", "{}={} but {} '{}' does not name {}; add {} to the order", name,
+                      size_of(name), flag, text, name, name);
+  }
+  return dims;
+}
+
+// ------------------------------------------------------------------------ ParallelConfig
+
+std::int64_t ParallelConfig::size(std::string_view name) const {
+  for (const auto& d : dims)
+    if (d.name == name) return d.size;
+  return 1;
+}
+
+void ParallelConfig::set_size(std::string_view name, std::int64_t new_size) {
+  for (auto& d : dims)
+    if (d.name == name) {
+      d.size = new_size;
+      return;
+    }
+  fail<ConfigError>("config", "no dim '{}' in this layout; it has {}", name, Mesh(dims).to_string());
+}
+
+std::int64_t ParallelConfig::microbatches() const {
+  std::int64_t per_step = micro_batch * size("dp");
+  std::int64_t global = global_batch > 0 ? global_batch : per_step;
+  return per_step > 0 ? global / per_step : 0;
+}
+
+Mesh ParallelConfig::mesh() const { return Mesh(dims); }
+
+ParallelConfig resolve(ParallelConfig config, std::int64_t world) {
+  if (world == 0) world = config.world;
+  int inferred = -1;
+  std::int64_t known = 1;
+  for (int i = 0; i < static_cast<int>(config.dims.size()); ++i) {
+    const Dim& d = config.dims[i];
+    if (d.size == -1) {
+      NDMESH_CHECK_CONFIG(inferred < 0, "config",
+                          "{} and {} are both -1; only one size can be inferred from the world",
+                          config.dims[inferred].name, d.name);
+      inferred = i;
+    } else {
+      NDMESH_CHECK_CONFIG(d.size >= 1, "config", "{}={} is not a valid size; use a positive size or -1",
+                          d.name, d.size);
+      known *= d.size;
+    }
+  }
+  if (inferred >= 0) {
+    const std::string& name = config.dims[inferred].name;
+    NDMESH_CHECK_CONFIG(world > 0, "config",
+                        "{}=-1 needs the world size; give --world N or launch under mpirun", name);
+    NDMESH_CHECK_CONFIG(
+        world % known == 0, "config",
+        "{}=-1 cannot be inferred: the world of {} ranks is not divisible by the other sizes' "
+        "product {}; use a world that is a multiple of {}",
+        name, world, known, known);
+    config.dims[inferred].size = world / known;
+  }
+  config.world = world > 0 ? world : Mesh(config.dims).world_size();
+  return config;
+}
+
+// ---------------------------------------------------------------------------- checks
+
+std::vector<std::string> model_problems(const ModelSpec& m) {
+  std::vector<std::string> out;
+  auto positive = [&](std::string_view field, std::int64_t v) {
+    if (v < 1) out.push_back(fmt::format("model {}={} must be positive; e.g. {}=1", field, v, field));
+  };
+  positive("layers", m.layers);
+  positive("hidden", m.hidden);
+  positive("heads", m.heads);
+  positive("seq", m.seq);
+  positive("vocab", m.vocab);
+  if (m.kv_heads < 0)
+    out.push_back(fmt::format("model kv_heads={} must be positive, or 0 for heads", m.kv_heads));
+  if (m.ffn < 0) out.push_back(fmt::format("model ffn={} must be positive, or 0 for 4*hidden", m.ffn));
+  if (m.experts < 0)
+    out.push_back(fmt::format("model experts={} must be positive, or 0 for dense", m.experts));
+  if (!out.empty()) return out;
+  if (m.hidden % m.heads != 0)
+    out.push_back(fmt::format("model hidden={} is not divisible by heads={}; use {}", m.hidden, m.heads,
+                              nearest_divisors(m.hidden, m.heads, "heads")));
+  std::int64_t kv = m.kv_heads_or_heads();
+  if (m.heads % kv != 0)
+    out.push_back(fmt::format("model heads={} is not a multiple of kv_heads={}; use {}", m.heads, kv,
+                              nearest_divisors(m.heads, kv, "kv_heads")));
+  return out;
+}
+
+std::vector<std::string> problems(const ParallelConfig& c, const ModelSpec* model) {
+  std::vector<std::string> out;
+  // Sizes and world.
+  std::int64_t product = 1;
+  bool sizes_ok = true;
+  for (const auto& d : c.dims) {
+    if (d.size == -1) {
+      out.push_back(
+          fmt::format("{}=-1 is not resolved; give the world size (--world N or a launcher)", d.name));
+      sizes_ok = false;
+    } else if (d.size < 1) {
+      out.push_back(
+          fmt::format("{}={} is not a valid size; use a positive size or -1 to infer it", d.name, d.size));
+      sizes_ok = false;
+    } else {
+      product *= d.size;
+    }
+  }
+  {
+    std::set<std::string> seen;
+    for (const auto& d : c.dims)
+      if (!seen.insert(d.name).second) {
+        out.push_back(fmt::format("dim '{}' appears twice; name each dim once", d.name));
+        sizes_ok = false;
+      }
+  }
+  if (sizes_ok && c.world > 0 && product != c.world) {
+    std::string hint;
+    for (const auto& d : c.dims) {
+      std::int64_t others = product / d.size;
+      if (d.size > 1 && c.world % others == 0) {
+        hint = fmt::format("; use {}={} or {}=-1", d.name, c.world / others, d.name);
+        break;
+      }
+    }
+    if (hint.empty()) hint = fmt::format("; use --world {} or sizes whose product is {}", product, c.world);
+    out.push_back(
+        fmt::format("{} = {} but the world has {} ranks{}", product_text(c.dims), product, c.world, hint));
+  }
+  if (c.ranks_per_node < 0)
+    out.push_back(fmt::format("ranks_per_node={} must be positive (or 0 for unknown)", c.ranks_per_node));
+
+  // Schedule and batches.
+  const std::int64_t pp = c.size("pp"), dp = c.size("dp"), tp = c.size("tp"), cp = c.size("cp"),
+                     ep = c.size("ep");
+  if (c.vpp < 1) out.push_back(fmt::format("vpp={} must be at least 1", c.vpp));
+  if (c.vpp > 1 && c.schedule != Schedule::kInterleaved)
+    out.push_back(
+        fmt::format("vpp={} needs schedule=interleaved (schedule is {}); use vpp=1 or --schedule interleaved",
+                    c.vpp, schedule_name(c.schedule)));
+  if (c.schedule == Schedule::kInterleaved && pp < 2)
+    out.push_back(fmt::format("schedule=interleaved needs pp > 1 (pp={}); use --schedule 1f1b", pp));
+  if (c.micro_batch < 1) {
+    out.push_back(fmt::format("micro_batch={} must be at least 1; e.g. micro_batch=1", c.micro_batch));
+  } else if (sizes_ok && dp >= 1) {
+    std::int64_t unit = c.micro_batch * dp;
+    if (c.global_batch < 0) {
+      out.push_back(
+          fmt::format("global_batch={} must be positive (or 0 for micro_batch*dp)", c.global_batch));
+    } else if (c.global_batch > 0 && c.global_batch % unit != 0) {
+      out.push_back(fmt::format("global_batch={} is not divisible by micro_batch*dp = {}*{} = {}; use {}",
+                                c.global_batch, c.micro_batch, dp, unit,
+                                nearest_multiples(c.global_batch, unit, "global_batch")));
+    } else if (c.global_batch > 0) {  // micro-batch counts only matter once a batch is given
+      std::int64_t m = c.microbatches();
+      if ((c.schedule == Schedule::k1F1B || c.schedule == Schedule::kZbH1) && pp > 1 && m < pp)
+        out.push_back(fmt::format(
+            "{} micro-batches (global_batch/(micro_batch*dp) = {}/({}*{})) is fewer than pp={} for {}; use "
+            "global_batch={} or more",
+            m, c.global_batch, c.micro_batch, dp, pp, schedule_name(c.schedule), pp * unit));
+      if (c.schedule == Schedule::kInterleaved && pp > 1 && m % pp != 0) {
+        std::int64_t below = m / pp * pp * unit, above = (m / pp + 1) * pp * unit;
+        out.push_back(fmt::format(
+            "{} micro-batches is not a multiple of pp={} for the interleaved schedule; use global_batch={}{}",
+            m, pp, below > 0 ? fmt::format("{} or ", below) : "", above));
+      }
+    }
+  }
+
+  if (model == nullptr) return out;
+  for (auto& p : model_problems(*model)) out.push_back(std::move(p));
+  if (!sizes_ok || !model_problems(*model).empty()) return out;
+
+  const ModelSpec& m = *model;
+  std::int64_t stages = pp * std::max<std::int64_t>(c.vpp, 1);
+  if (m.layers % stages != 0) {
+    if (c.vpp > 1)
+      out.push_back(fmt::format("layers={} is not divisible by pp*vpp = {}*{} = {}; use {}", m.layers, pp,
+                                c.vpp, stages, nearest_multiples(m.layers, stages, "layers")));
+    else
+      out.push_back(fmt::format("layers={} is not divisible by pp={}; use {}, or {}", m.layers, pp,
+                                nearest_divisors(m.layers, pp, "pp"),
+                                nearest_multiples(m.layers, pp, "layers")));
+  }
+  if (m.heads % tp != 0)
+    out.push_back(fmt::format("heads={} is not divisible by tp={}; use {}", m.heads, tp,
+                              nearest_divisors(m.heads, tp, "tp")));
+  // Grouped-query attention: kv heads are split over tp when there are more of them, and
+  // replicated when there are fewer. (kv_heads = heads is covered by the heads check.)
+  std::int64_t kv = m.kv_heads_or_heads();
+  if (kv != m.heads && kv % tp != 0 && tp % kv != 0)
+    out.push_back(fmt::format("kv_heads={} is neither a multiple nor a divisor of tp={}; use {}", kv, tp,
+                              nearest_divisors(kv, tp, "tp")));
+  if (m.hidden % tp != 0)
+    out.push_back(fmt::format("hidden={} is not divisible by tp={}; use {}", m.hidden, tp,
+                              nearest_divisors(m.hidden, tp, "tp")));
+  std::int64_t ffn = m.ffn_or_default();
+  if (ffn % tp != 0)
+    out.push_back(
+        fmt::format("ffn={} is not divisible by tp={}; use {}", ffn, tp, nearest_divisors(ffn, tp, "tp")));
+  // Context parallelism splits each sequence into 2*cp chunks (load-balanced causal
+  // attention); sequence parallelism further splits each rank's part over tp.
+  std::int64_t seq_unit = 1;
+  std::string why;
+  if (cp > 1 && c.sequence_parallel) {
+    seq_unit = std::lcm(2 * cp, cp * tp);
+    why = fmt::format("lcm(2*cp, cp*tp) = lcm({}, {})", 2 * cp, cp * tp);
+  } else if (cp > 1) {
+    seq_unit = 2 * cp;
+    why = fmt::format("2*cp = {}", 2 * cp);
+  } else if (c.sequence_parallel) {
+    seq_unit = tp;
+    why = fmt::format("tp = {} (sequence parallel)", tp);
+  }
+  if (m.seq % seq_unit != 0)
+    out.push_back(fmt::format("seq={} is not divisible by {}; use {}", m.seq, why,
+                              nearest_multiples(m.seq, seq_unit, "seq")));
+  if (m.experts > 0 && m.experts % ep != 0)
+    out.push_back(fmt::format("experts={} is not divisible by ep={}; use {}", m.experts, ep,
+                              nearest_divisors(m.experts, ep, "ep")));
+  if (m.experts == 0 && ep > 1)
+    out.push_back(fmt::format("ep={} but the model is dense (experts=0); use ep=1 or set experts", ep));
+  return out;
+}
+
+void validate(const ParallelConfig& config, const ModelSpec* model) {
+  auto list = problems(config, model);
+  if (list.empty()) return;
+  if (list.size() == 1) throw ConfigError("config", list.front());
+  std::string text = fmt::format("{} problems:", list.size());
+  for (const auto& p : list) text += "\n  - " + p;
+  throw ConfigError("config", text);
+}
+
+}  // namespace ndmesh

@@ -1,0 +1,152 @@
+// TOML config files (toml++). Every key is checked: an unknown key or a value of the
+// wrong type is a ConfigError naming the file, the key and what is expected, so a typo
+// never silently falls back to a default.
+#include <algorithm>
+
+#include <toml++/toml.h>
+
+#include "ndmesh/config/config.hpp"
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh {
+namespace {
+
+class Reader {
+ public:
+  Reader(const std::string& path, ConfigFile& out) : path_(path), out_(out) {}
+
+  void section(const toml::table& root, std::string_view name, const std::vector<std::string_view>& keys) {
+    current_ = nullptr;
+    section_ = name;
+    const toml::node* node = root.get(name);
+    if (node == nullptr) return;
+    const toml::table* table = node->as_table();
+    NDMESH_CHECK_CONFIG(table != nullptr, "config", "{}: '{}' must be a table ([{}])", path_, name, name);
+    for (const auto& [key, value] : *table) {
+      (void)value;
+      bool known = std::find(keys.begin(), keys.end(), key.str()) != keys.end();
+      NDMESH_CHECK_CONFIG(known, "config", "{}: unknown key '{}.{}'; known keys in [{}]: {}", path_, name,
+                          key.str(), name, join(keys));
+    }
+    current_ = table;
+  }
+
+  bool has(std::string_view key) const { return current_ != nullptr && current_->get(key) != nullptr; }
+
+  std::int64_t integer(std::string_view key) {
+    const toml::node* n = current_->get(key);
+    auto v = n->value<std::int64_t>();
+    NDMESH_CHECK_CONFIG(v.has_value() && n->is_integer(), "config",
+                        "{}: {}.{} must be an integer, e.g. {} = 2", path_, section_, key, key);
+    mark(key);
+    return *v;
+  }
+
+  std::string string(std::string_view key) {
+    const toml::node* n = current_->get(key);
+    NDMESH_CHECK_CONFIG(n->is_string(), "config", "{}: {}.{} must be a string, e.g. {} = \"...\"", path_,
+                        section_, key, key);
+    mark(key);
+    return std::string(*n->value<std::string_view>());
+  }
+
+  bool boolean(std::string_view key) {
+    const toml::node* n = current_->get(key);
+    NDMESH_CHECK_CONFIG(n->is_boolean(), "config", "{}: {}.{} must be true or false", path_, section_, key);
+    mark(key);
+    return *n->value<bool>();
+  }
+
+  std::vector<std::string> strings(std::string_view key) {
+    const toml::node* n = current_->get(key);
+    std::vector<std::string> out;
+    const toml::array* arr = n->as_array();
+    NDMESH_CHECK_CONFIG(arr != nullptr, "config", "{}: {}.{} must be an array of strings, e.g. {} = [\"tp\"]",
+                        path_, section_, key, key);
+    for (const auto& item : *arr) {
+      NDMESH_CHECK_CONFIG(item.is_string(), "config", "{}: {}.{} must hold strings only", path_, section_,
+                          key);
+      out.emplace_back(*item.value<std::string_view>());
+    }
+    mark(key);
+    return out;
+  }
+
+ private:
+  static std::string join(const std::vector<std::string_view>& keys) {
+    std::string s;
+    for (auto k : keys) s += (s.empty() ? "" : ", ") + std::string(k);
+    return s;
+  }
+  void mark(std::string_view key) { out_.keys_set.insert(std::string(section_) + "." + std::string(key)); }
+
+  const std::string& path_;
+  ConfigFile& out_;
+  const toml::table* current_ = nullptr;
+  std::string_view section_;
+};
+
+}  // namespace
+
+ConfigFile load_config_file(const std::string& path) {
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    if (e.description().find("File could not be opened") != std::string_view::npos)
+      fail<IoError>("config", "cannot read config file '{}'; check the path", path);
+    fail<ConfigError>("config", "{}:{}:{}: {}", path, where.line, where.column, e.description());
+  }
+  ConfigFile out;
+  Reader r(path, out);
+  for (const auto& [key, value] : root) {
+    (void)value;
+    bool known = key == "parallel" || key == "model" || key == "training";
+    NDMESH_CHECK_CONFIG(known, "config",
+                        "{}: unknown section or key '{}'; use [parallel], [model], [training]", path,
+                        key.str());
+  }
+
+  r.section(root, "parallel",
+            {"tp", "pp", "dp", "cp", "ep", "order", "megatron_order", "dims", "world", "ranks_per_node",
+             "heavy_dims", "schedule", "vpp", "sequence_parallel"});
+  for (const auto& name : standard_dims())
+    if (r.has(name)) out.layout.sizes[name] = r.integer(name);
+  if (r.has("order")) out.layout.order = r.string("order");
+  if (r.has("megatron_order")) out.layout.megatron_order = r.string("megatron_order");
+  if (r.has("dims")) out.layout.dims = r.string("dims");
+  if (r.has("world")) out.parallel.world = r.integer("world");
+  if (r.has("ranks_per_node")) out.parallel.ranks_per_node = r.integer("ranks_per_node");
+  if (r.has("heavy_dims")) out.parallel.heavy_dims = r.strings("heavy_dims");
+  if (r.has("schedule")) out.parallel.schedule = parse_schedule(r.string("schedule"));
+  if (r.has("vpp")) out.parallel.vpp = r.integer("vpp");
+  if (r.has("sequence_parallel")) out.parallel.sequence_parallel = r.boolean("sequence_parallel");
+
+  r.section(
+      root, "model",
+      {"name", "layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab", "experts", "tied_embeddings"});
+  if (root.get("model") != nullptr) {
+    ModelSpec m;
+    if (r.has("name")) m.name = r.string("name");
+    if (r.has("layers")) m.layers = r.integer("layers");
+    if (r.has("hidden")) m.hidden = r.integer("hidden");
+    if (r.has("heads")) m.heads = r.integer("heads");
+    if (r.has("kv_heads")) m.kv_heads = r.integer("kv_heads");
+    if (r.has("ffn")) m.ffn = r.integer("ffn");
+    if (r.has("seq")) m.seq = r.integer("seq");
+    if (r.has("vocab")) m.vocab = r.integer("vocab");
+    if (r.has("experts")) m.experts = r.integer("experts");
+    if (r.has("tied_embeddings")) m.tied_embeddings = r.boolean("tied_embeddings");
+    out.model = m;
+  }
+
+  r.section(root, "training", {"micro_batch", "global_batch"});
+  if (root.get("training") != nullptr) {
+    if (r.has("micro_batch")) out.parallel.micro_batch = r.integer("micro_batch");
+    if (r.has("global_batch")) out.parallel.global_batch = r.integer("global_batch");
+  }
+  return out;
+}
+
+}  // namespace ndmesh
