@@ -1,0 +1,122 @@
+// Memory per GPU and time per step of one layout.
+//
+// Memory: the worst pipeline stage (the first holds the embedding and the most
+// micro-batches in flight, the last the output layer and the fp32 logits) of model states
+// (ZeRO over dp) plus activations (Korthikanti et al. 2022) times the micro-batches in
+// flight for the schedule.
+//
+// Time: the slowest stage's compute at the achievable FLOP/s, recompute, tensor-parallel
+// all-reduces at the bandwidth of where the tp group sits (the mesh says whether its groups
+// stay inside a node), the exposed part of the context-parallel ring, pipeline sends, the
+// bubble of the schedule, and the part of the data-parallel gradient reduction that does
+// not overlap the backward pass. Every term is kept so `ndmesh plan --explain` can show it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ndmesh/config/config.hpp"
+#include "ndmesh/plan/formulas.hpp"
+#include "ndmesh/plan/presets.hpp"
+
+namespace ndmesh::plan {
+
+/// One way to run the model: sizes of the standard dims and the training options.
+struct Layout {
+  std::int64_t tp = 1;
+  std::int64_t cp = 1;
+  std::int64_t pp = 1;
+  std::int64_t dp = 1;
+  std::int64_t vpp = 1;  ///< virtual stages per rank (interleaved schedule)
+  std::int64_t micro_batch = 1;
+  Schedule schedule = Schedule::k1F1B;
+  Recompute recompute = Recompute::kNone;
+  bool sequence_parallel = false;
+  int zero = 0;  ///< ZeRO stage 0-3 over dp
+
+  std::int64_t gpus() const { return tp * cp * pp * dp; }
+};
+
+/// What one step trains on.
+struct Workload {
+  std::int64_t seq = 0;           ///< tokens per sequence
+  std::int64_t global_batch = 0;  ///< sequences per step
+};
+
+/// The ParallelConfig of a layout (dims dp, pp, cp, tp outer to inner), for validation.
+ParallelConfig parallel_config(const Layout& layout, const Workload& workload, std::int64_t gpus_per_node);
+
+/// Micro-batches per step per pipeline: global_batch / (micro_batch * dp).
+std::int64_t microbatches(const Layout& layout, const Workload& workload);
+
+/// Bytes per GPU on the worst stage.
+struct MemoryBreakdown {
+  double params = 0;
+  double grads = 0;
+  double optimizer = 0;
+  double activations = 0;           ///< layers x in flight, plus embedding masks / logits on the end stages
+  double total = 0;                 ///< params + grads + optimizer + activations
+  std::int64_t stage = 0;           ///< which stage is the worst (0 = first)
+  double stage_parameters = 0;      ///< parameters held by one GPU of that stage
+  double layers_on_stage = 0;       ///< decoder layers on that stage
+  double in_flight = 0;             ///< micro-batches whose activations it holds
+  double activation_per_layer = 0;  ///< bytes per layer per micro-batch
+};
+
+/// Memory of the worst stage. Layers are split evenly (ceil for uneven splits).
+MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& layout, const Workload& workload,
+                                const Precision& precision = {});
+
+/// Where a layout's groups sit on the nodes (from Mesh::groups_within_node).
+struct Placement {
+  bool tp_in_node = true;
+  bool cp_in_node = true;
+  bool pp_in_node = true;
+  bool dp_in_node = true;  ///< the gradient-reduction group, dims dp and cp
+};
+/// Asks the mesh dp, pp, cp, tp (outer to inner) with `gpus_per_node` ranks per node.
+Placement placement(const Layout& layout, std::int64_t gpus_per_node);
+
+/// Seconds per step, by term.
+struct TimeBreakdown {
+  double compute = 0;     ///< model FLOPs of the slowest stage at the achievable rate
+  double recompute = 0;   ///< recomputation FLOPs of that stage
+  double tp_comm = 0;     ///< tensor-parallel all-reduces (on the critical path)
+  double cp_comm = 0;     ///< context-parallel ring traffic in total
+  double cp_exposed = 0;  ///< the part of it attention compute does not hide
+  double pp_comm = 0;     ///< stage-to-stage sends
+  double bubble = 0;      ///< pipeline idle time
+  double dp_comm = 0;     ///< data-parallel gradient (and ZeRO parameter) traffic in total
+  double dp_overlap = 0;  ///< backward time it can hide under
+  double dp_exposed = 0;  ///< max(0, dp_comm - dp_overlap)
+  double total = 0;
+  double bubble_fraction = 0;
+  double tp_bw = 0, cp_bw = 0, pp_bw = 0, dp_bw = 0;  ///< bytes/s used for each
+};
+
+/// Everything the planner says about one layout.
+struct Estimate {
+  Layout layout;
+  MemoryBreakdown memory;
+  TimeBreakdown time;
+  Placement where;
+  std::int64_t microbatches = 0;
+  double parameters = 0;   ///< of the whole model
+  double model_flops = 0;  ///< per step, without recompute
+  double tokens_per_second = 0;
+  double mfu = 0;  ///< model FLOPs / (step time x GPUs x peak), a fraction
+  double capacity_bytes = 0;
+  bool fits = false;  ///< memory.total <= hardware usable bytes
+};
+
+/// Memory and time of one layout. Does not validate it: call problems() first.
+Estimate estimate(const PlanModel& model, const Hardware& hw, const Layout& layout, const Workload& workload,
+                  const Precision& precision = {});
+
+/// Time per step given the memory estimate (for its per-stage parameters) and placement.
+TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const Layout& layout,
+                            const Workload& workload, const MemoryBreakdown& memory, const Placement& where,
+                            const Precision& precision = {});
+
+}  // namespace ndmesh::plan

@@ -1,0 +1,126 @@
+// Closed-form counts the planner is built from, each from a published source.
+//
+// - Parameters: Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on
+//   GPU Clusters Using Megatron-LM", section 5.1 / Table 1): a GPT layer holds 12h^2 + 13h
+//   parameters and the model P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)). We count the
+//   same tensors one by one, so GQA, SwiGLU, missing biases and RMSNorm (Llama) come out
+//   right too.
+// - Activations: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+//   Transformer Models", section 4): s b h (34 + 5 a s / h) bytes per layer without
+//   parallelism; s b h (10 + 24/t + 5 a s/(h t)) with tensor parallelism; s b h/t (34 +
+//   5 a s/h) with sequence parallelism too; selective recompute drops the 5 a s/h term
+//   (34 s b h/t with sequence parallelism); full recompute keeps the 2 s b h layer input.
+//   16-bit activations, 1-byte dropout masks.
+// - Model states: Rajbhandari et al. 2020 ("ZeRO: Memory Optimizations Toward Training
+//   Trillion Parameter Models", Figure 1): mixed-precision Adam keeps 2 + 2 + K bytes per
+//   parameter, K = 12; stage 1 shards the K bytes over dp, stage 2 the gradients too,
+//   stage 3 the parameters too: 16P, 4P + 12P/dp, 2P + 14P/dp, 16P/dp.
+// - FLOPs: Narayanan et al. 2021 eq. (3): 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) per step
+//   without recompute, 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) with full recompute.
+// - Pipeline bubble: Narayanan et al. 2021 sections 2.2.1-2.2.2: (p-1)/m for GPipe and
+//   1F1B, (p-1)/(v m) interleaved; Qi et al. 2024 ("Zero Bubble Pipeline Parallelism",
+//   section 3) for ZB-H1: (p-1)(T_F + T_B - T_W), a third of 1F1B's when T_F = T_B = T_W.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "ndmesh/config/config.hpp"
+#include "ndmesh/plan/presets.hpp"
+
+namespace ndmesh::plan {
+
+/// Activation recomputation (Korthikanti et al. 2022).
+enum class Recompute {
+  kNone,       ///< keep every activation
+  kSelective,  ///< recompute the attention core (the 5 a s/h term) in the backward pass
+  kFull,       ///< keep only each layer's input, recompute the whole layer
+};
+
+/// "none", "selective", "full".
+std::string_view recompute_name(Recompute r);
+/// Parses a recompute name; ConfigError naming `flag`, the value and the valid names.
+Recompute parse_recompute(std::string_view name, std::string_view flag = "--recompute");
+
+/// Bytes per element of what training keeps. The default is mixed-precision Adam with
+/// 16-bit activations (Rajbhandari et al.: 2 + 2 + 12); fp32 AdamW is {4, 4, 8, 4}.
+struct Precision {
+  double param_bytes = 2;       ///< working copy of the weights
+  double grad_bytes = 2;        ///< gradients (also what data parallelism reduces)
+  double optimizer_bytes = 12;  ///< fp32 master weights, momentum and variance
+  double activation_bytes = 2;  ///< stored activations (dropout masks are 1 byte regardless)
+};
+
+/// Parameters of the whole model, by part.
+struct ParameterCount {
+  double per_layer = 0;   ///< one decoder layer
+  double layers = 0;      ///< all decoder layers
+  double embedding = 0;   ///< token table V h, plus the s h position table when learned
+  double head = 0;        ///< output projection V h when untied, 0 when tied
+  double final_norm = 0;  ///< the norm after the last layer
+  double total() const { return layers + embedding + head + final_norm; }
+};
+
+/// Counts every tensor of the model (Narayanan et al. 2021 for GPT; GQA and SwiGLU counted
+/// the same way). Positions use model.spec.seq.
+ParameterCount count_parameters(const PlanModel& model);
+
+/// Parameters of one layer that one tensor-parallel rank holds: matrices split by tp,
+/// row-parallel biases and norms replicated; with fewer kv heads than tp each rank keeps
+/// one kv head.
+double layer_parameters_per_rank(const PlanModel& model, std::int64_t tp);
+
+/// Weight-matrix parameters of one layer (what costs 2 FLOPs per token each).
+double layer_matrix_parameters(const PlanModel& model);
+
+/// How activations of one layer are split and kept.
+struct ActivationOptions {
+  std::int64_t tp = 1;
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::kNone;
+  double activation_bytes = 2;
+};
+
+/// Activation bytes one GPU keeps for one layer and one micro-batch of `micro_batch`
+/// sequences of `seq` tokens (pass seq / cp under context parallelism): Korthikanti et al.
+/// 2022 section 4, generalised to GQA (K and V scale with kv_heads/heads), SwiGLU (the
+/// fused gate/up output 2 ffn wide and its product, 6 s b ffn bytes instead of GeLU's
+/// 4 s b ffn) and models without dropout (no masks; softmax output 2 a s^2 b only).
+double activation_bytes_per_layer(const PlanModel& model, double seq, double micro_batch,
+                                  const ActivationOptions& options);
+
+/// Bytes of parameters, gradients and optimizer states per GPU for `params` parameters
+/// on the GPU (after tp and pp) under ZeRO stage 0-3 sharded over `dp`.
+struct ModelStates {
+  double params = 0;
+  double grads = 0;
+  double optimizer = 0;
+  double total() const { return params + grads + optimizer; }
+};
+ModelStates model_state_bytes(double params, int zero_stage, std::int64_t dp,
+                              const Precision& precision = {});
+
+/// Model FLOPs of one training step (forward + backward, no recompute) over
+/// `global_batch` sequences of `seq` tokens: 3 x (2 x matrix parameters per token + 4 s h
+/// attention per layer per token + 2 h V logits per token); for GPT this is Narayanan's
+/// 72 B s l h^2 (1 + s/(6h) + V/(12 l h)).
+double model_flops_per_step(const PlanModel& model, double seq, double global_batch);
+/// The FLOPs of the layers alone (no logits) and of the logits alone, per step.
+double layer_flops_per_step(const PlanModel& model, double seq, double global_batch);
+double logit_flops_per_step(const PlanModel& model, double seq, double global_batch);
+
+/// Extra FLOPs that recomputation adds per step: the attention core forward (4 B s^2 h l)
+/// for selective, one more forward of every layer for full (Narayanan's 96 vs 72).
+double recompute_flops_per_step(const PlanModel& model, double seq, double global_batch, Recompute r);
+
+/// Idle time of the pipeline as a fraction of the ideal compute time: (p-1)/m for GPipe
+/// and 1F1B, (p-1)/(v m) interleaved, (p-1)/(3m) for ZB-H1.
+double bubble_fraction(Schedule schedule, std::int64_t pp, std::int64_t microbatches, std::int64_t vpp);
+
+/// Micro-batches whose activations stage `stage` (0 = first) holds at its peak: GPipe all
+/// m; 1F1B and ZB-H1 min(m, p - stage); interleaved that times 1 + (p-1)/(p v)
+/// (Korthikanti et al. 2022 section 4.2.3).
+double microbatches_in_flight(Schedule schedule, std::int64_t pp, std::int64_t microbatches, std::int64_t vpp,
+                              std::int64_t stage);
+
+}  // namespace ndmesh::plan

@@ -1,0 +1,230 @@
+// Memory per GPU and time per step of one layout.
+//
+// Memory follows Korthikanti et al. 2022 section 4 (activations, micro-batches in flight,
+// embedding and output-layer extras) and Rajbhandari et al. 2020 (model states). Time is a
+// sum of terms, each a FLOP or byte count over a rate:
+//   compute + recompute   FLOPs of the slowest stage / (peak x achievable fraction)
+//   tp                    4 all-reduces of b (s/cp) h activations per layer and micro-batch
+//                         (2 forward, 2 backward; 6 with full recompute; Shoeybi et al. 2019
+//                         section 3), ring cost 2(t-1)/t x bytes / bandwidth, not overlapped
+//   cp                    ring attention (Liu et al. 2023): (cp-1) K/V block exchanges
+//                         forward and 2(cp-1) backward per layer, hidden while the attention
+//                         of the previous block computes; only the excess counts
+//   pp                    one activation send forward and one gradient send backward per
+//                         micro-batch and virtual stage (split by tp with sequence
+//                         parallelism, Narayanan et al. 2021 section 4.1 scatter/gather)
+//   bubble                (compute + recompute + tp + cp + pp) x bubble fraction
+//   dp                    gradient reduction over dp x cp (ring: 2(d-1)/d x bytes; ZeRO-2
+//                         reduce-scatters every micro-batch; ZeRO-3 also all-gathers the
+//                         weights twice per micro-batch: Rajbhandari et al. section 7),
+//                         overlapped with the backward pass it follows: the last
+//                         micro-batch's backward for ZeRO 0/1, every backward for ZeRO-2,
+//                         every forward and backward for ZeRO-3. Only the excess counts.
+// The bandwidth of each term is intra-node when the Mesh says every group of that dim
+// lies inside one node, inter-node otherwise.
+#include "ndmesh/plan/estimate.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ndmesh/mesh/mesh.hpp"
+
+namespace ndmesh::plan {
+namespace {
+
+double d(std::int64_t x) { return static_cast<double>(x); }
+
+}  // namespace
+
+ParallelConfig parallel_config(const Layout& l, const Workload& w, std::int64_t gpus_per_node) {
+  ParallelConfig c;
+  c.dims = {{"dp", l.dp}, {"pp", l.pp}, {"cp", l.cp}, {"tp", l.tp}};
+  c.world = l.gpus();
+  c.ranks_per_node = gpus_per_node;
+  c.schedule = l.schedule;
+  c.vpp = l.vpp;
+  c.sequence_parallel = l.sequence_parallel;
+  c.micro_batch = l.micro_batch;
+  c.global_batch = w.global_batch;
+  return c;
+}
+
+std::int64_t microbatches(const Layout& l, const Workload& w) {
+  const std::int64_t per_step = l.micro_batch * l.dp;
+  return per_step > 0 ? std::max<std::int64_t>(w.global_batch / per_step, 1) : 1;
+}
+
+MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const Workload& w,
+                                const Precision& precision) {
+  const double h = d(model.spec.hidden);
+  const double vocab = d(model.spec.vocab);
+  const double t = d(l.tp);
+  const double s = d(w.seq) / d(l.cp);  // context parallelism divides the sequence
+  const double b = d(l.micro_batch);
+  const double sp = l.sequence_parallel ? t : 1.0;
+  const std::int64_t m = microbatches(l, w);
+  const double layers_on_stage = std::ceil(d(model.spec.layers) / d(l.pp));
+
+  const ActivationOptions act{.tp = l.tp,
+                              .sequence_parallel = l.sequence_parallel,
+                              .recompute = l.recompute,
+                              .activation_bytes = precision.activation_bytes};
+  const double per_layer = activation_bytes_per_layer(model, s, b, act);
+  const double layer_params = layer_parameters_per_rank(model, l.tp);
+  // Vocab-parallel embedding; a learned position table is not split.
+  const double embedding = vocab * h / t + (model.learned_positions ? d(model.spec.seq) * h : 0.0);
+  // The output layer: its own matrix when untied; when tied, Megatron keeps a copy of the
+  // word embeddings on the last stage if it is not also the first.
+  const double head = (!model.spec.tied_embeddings || l.pp > 1) ? vocab * h / t : 0.0;
+  const double final_norm = (model.layer_norm ? 2.0 : 1.0) * h;
+
+  MemoryBreakdown worst;
+  const std::int64_t stages[2] = {0, l.pp - 1};
+  for (std::int64_t stage : stages) {
+    const bool first = stage == 0, last = stage == l.pp - 1;
+    double params = layers_on_stage * layer_params;
+    if (first) params += embedding;
+    if (last) params += head + final_norm;
+    const ModelStates states = model_state_bytes(params, l.zero, l.dp, precision);
+
+    const double in_flight = microbatches_in_flight(l.schedule, l.pp, m, l.vpp, stage);
+    double activations = layers_on_stage * in_flight * per_layer;
+    if (l.recompute == Recompute::kFull) {
+      // During the backward pass one layer is rematerialised in full.
+      ActivationOptions none = act;
+      none.recompute = Recompute::kNone;
+      activations += activation_bytes_per_layer(model, s, b, none);
+    }
+    // Korthikanti et al. 2022 section 4.3: the embedding dropout mask, sbhp/t with
+    // sequence parallelism (p micro-batches in flight on the first stage) ...
+    if (first && model.dropout) activations += s * b * h * in_flight / sp;
+    // ... and on the last stage the final norm and output-projection inputs (4sbh/t with
+    // sequence parallelism) and the fp32 logits of the cross entropy (4sbV/t), for the one
+    // micro-batch whose loss is being computed.
+    if (last) activations += precision.activation_bytes * 2 * s * b * h / sp + 4 * s * b * vocab / t;
+
+    const double total = states.total() + activations;
+    if (stage == 0 || total > worst.total) {
+      worst = MemoryBreakdown{.params = states.params,
+                              .grads = states.grads,
+                              .optimizer = states.optimizer,
+                              .activations = activations,
+                              .total = total,
+                              .stage = stage,
+                              .stage_parameters = params,
+                              .layers_on_stage = layers_on_stage,
+                              .in_flight = in_flight,
+                              .activation_per_layer = per_layer};
+    }
+  }
+  return worst;
+}
+
+Placement placement(const Layout& l, std::int64_t gpus_per_node) {
+  const Mesh mesh({{"dp", l.dp}, {"pp", l.pp}, {"cp", l.cp}, {"tp", l.tp}});
+  Placement p;
+  p.tp_in_node = mesh.groups_within_node(mesh.dims_of("tp"), gpus_per_node);
+  p.cp_in_node = mesh.groups_within_node(mesh.dims_of("cp"), gpus_per_node);
+  p.pp_in_node = mesh.groups_within_node(mesh.dims_of("pp"), gpus_per_node);
+  p.dp_in_node = mesh.groups_within_node(mesh.dims_of("dp-cp"), gpus_per_node);
+  return p;
+}
+
+TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const Layout& l, const Workload& w,
+                            const MemoryBreakdown& memory, const Placement& where,
+                            const Precision& precision) {
+  const double h = d(model.spec.hidden);
+  const double t = d(l.tp), cp = d(l.cp), p = d(l.pp);
+  const double s_full = d(w.seq);
+  const double s = s_full / cp;
+  const double b = d(l.micro_batch);
+  const double batch = d(w.global_batch);
+  const std::int64_t m = microbatches(l, w);
+  const double layers_on_stage = std::ceil(d(model.spec.layers) / p);
+  const double rate = hw.peak_flops * hw.achievable_fraction;
+  // GPUs that share one stage's work: its tp x cp x dp replicas/shards.
+  const double stage_gpus = d(l.tp * l.cp * l.dp);
+  const double e = precision.activation_bytes;
+
+  TimeBreakdown r;
+  r.tp_bw = where.tp_in_node ? hw.intra_node_bw : hw.inter_node_bw;
+  r.cp_bw = where.cp_in_node ? hw.intra_node_bw : hw.inter_node_bw;
+  r.pp_bw = where.pp_in_node ? hw.intra_node_bw : hw.inter_node_bw;
+  r.dp_bw = where.dp_in_node ? hw.intra_node_bw : hw.inter_node_bw;
+
+  // The last stage runs its layers plus the logits: it sets the pace of the pipeline.
+  const double layer_flops =
+      layer_flops_per_step(model, s_full, batch) * layers_on_stage / d(model.spec.layers);
+  const double stage_flops = layer_flops + logit_flops_per_step(model, s_full, batch);
+  r.compute = stage_flops / stage_gpus / rate;
+  r.recompute = recompute_flops_per_step(model, s_full, batch, l.recompute) * layers_on_stage /
+                d(model.spec.layers) / stage_gpus / rate;
+
+  const double mb_layers = d(m) * layers_on_stage;  // layer passes per GPU per step
+  if (l.tp > 1) {
+    const double bytes = b * s * h * e;
+    const double allreduces = l.recompute == Recompute::kFull ? 6.0 : 4.0;
+    r.tp_comm = mb_layers * allreduces * 2 * (t - 1) / t * bytes / r.tp_bw;
+  }
+  if (l.cp > 1) {
+    // K and V of the local block for this rank's kv heads.
+    const double kv_rank = std::max(d(model.spec.kv_heads_or_heads()) / t, 1.0) * h / d(model.spec.heads);
+    const double block = 2 * b * s * kv_rank * e;
+    const double per_layer_comm = 3 * (cp - 1) * block / r.cp_bw;
+    // This rank's queries against all keys, forward + backward: 3 x 4 b s_local s h / t.
+    const double per_layer_attention = 3 * 4 * b * s * s_full * h / t / rate;
+    r.cp_comm = mb_layers * per_layer_comm;
+    r.cp_exposed = mb_layers * std::max(0.0, per_layer_comm - per_layer_attention);
+  }
+  if (l.pp > 1) {
+    const double bytes = b * s * h * e / (l.sequence_parallel ? t : 1.0);
+    r.pp_comm = d(m) * 2 * d(l.vpp) * bytes / r.pp_bw;
+  }
+  r.bubble_fraction = bubble_fraction(l.schedule, l.pp, m, l.vpp);
+  const double work = r.compute + r.recompute + r.tp_comm + r.cp_exposed + r.pp_comm;
+  r.bubble = work * r.bubble_fraction;
+
+  const double dpc = d(l.dp * l.cp);
+  if (dpc > 1) {
+    const double grad_bytes = precision.grad_bytes * memory.stage_parameters;
+    const double ring = (dpc - 1) / dpc * grad_bytes / r.dp_bw;
+    const double backward = r.compute * 2.0 / 3.0 + r.recompute;
+    switch (l.zero) {
+      case 0:
+      case 1:  // all-reduce (or reduce-scatter + all-gather) once per step
+        r.dp_comm = 2 * ring;
+        r.dp_overlap = backward / d(m);
+        break;
+      case 2:  // reduce-scatter per micro-batch, all-gather of the updated shard once
+        r.dp_comm = (d(m) + 1) * ring;
+        r.dp_overlap = backward;
+        break;
+      default:  // ZeRO-3: gather weights forward and backward, reduce-scatter gradients
+        r.dp_comm = 3 * d(m) * ring;
+        r.dp_overlap = r.compute + r.recompute;
+        break;
+    }
+    r.dp_exposed = std::max(0.0, r.dp_comm - r.dp_overlap);
+  }
+  r.total = work + r.bubble + r.dp_exposed;
+  return r;
+}
+
+Estimate estimate(const PlanModel& model, const Hardware& hw, const Layout& layout, const Workload& workload,
+                  const Precision& precision) {
+  Estimate e;
+  e.layout = layout;
+  e.microbatches = microbatches(layout, workload);
+  e.memory = estimate_memory(model, layout, workload, precision);
+  e.where = placement(layout, hw.gpus_per_node);
+  e.time = estimate_time(model, hw, layout, workload, e.memory, e.where, precision);
+  e.parameters = count_parameters(model).total();
+  e.model_flops = model_flops_per_step(model, d(workload.seq), d(workload.global_batch));
+  e.tokens_per_second = d(workload.global_batch) * d(workload.seq) / e.time.total;
+  e.mfu = e.model_flops / (e.time.total * d(layout.gpus()) * hw.peak_flops);
+  e.capacity_bytes = hw.usable_bytes();
+  e.fits = e.memory.total <= e.capacity_bytes;
+  return e;
+}
+
+}  // namespace ndmesh::plan

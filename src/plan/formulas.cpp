@@ -1,0 +1,200 @@
+// Closed forms of the planner: parameter counts, activations per layer, model states under
+// ZeRO, FLOPs per step and pipeline bubbles. The sources are cited in formulas.hpp and next
+// to each term below; everything is in doubles because counts of a trillion-parameter
+// model times bytes overflow nothing in double and stay exact far beyond what we print.
+#include "ndmesh/plan/formulas.hpp"
+
+#include <algorithm>
+
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::plan {
+namespace {
+
+double d(std::int64_t x) { return static_cast<double>(x); }
+
+double head_dim(const PlanModel& m) { return d(m.spec.hidden) / d(m.spec.heads); }
+
+// Key/value heads one tensor-parallel rank holds: split when there are at least tp of them,
+// otherwise each rank keeps (a copy of) one, as Megatron does for GQA with tp > groups.
+double kv_heads_per_rank(const PlanModel& m, std::int64_t tp) {
+  const double kv = d(m.spec.kv_heads_or_heads());
+  return std::max(kv / d(tp), 1.0);
+}
+
+double norm_parameters(const PlanModel& m) {
+  // LayerNorm has a scale and a bias per channel, RMSNorm a scale only.
+  return (m.layer_norm ? 2.0 : 1.0) * d(m.spec.hidden);
+}
+
+}  // namespace
+
+std::string_view recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "none";
+}
+
+Recompute parse_recompute(std::string_view name, std::string_view flag) {
+  if (name == "none") return Recompute::kNone;
+  if (name == "selective") return Recompute::kSelective;
+  if (name == "full") return Recompute::kFull;
+  fail<ConfigError>("plan", "{} '{}' is not a recompute mode; use none, selective or full", flag, name);
+}
+
+double layer_matrix_parameters(const PlanModel& m) {
+  const double h = d(m.spec.hidden);
+  const double f = d(m.spec.ffn_or_default());
+  const double kv_width = d(m.spec.kv_heads_or_heads()) * head_dim(m);
+  // Attention: Q (h x h), K and V (h x kv_width each), output projection (h x h).
+  const double attention = 2 * h * h + 2 * h * kv_width;
+  // MLP: GeLU up and down (2 h f); SwiGLU gate, up and down (3 h f).
+  const double mlp = (m.mlp == Mlp::kGelu ? 2.0 : 3.0) * h * f;
+  return attention + mlp;
+}
+
+ParameterCount count_parameters(const PlanModel& m) {
+  const double h = d(m.spec.hidden);
+  const double f = d(m.spec.ffn_or_default());
+  const double kv_width = d(m.spec.kv_heads_or_heads()) * head_dim(m);
+  ParameterCount c;
+  // Biases: QKV (h + 2 kv_width), output projection (h), MLP first layer(s) and second.
+  double biases = 0;
+  if (m.biases) biases = (h + 2 * kv_width) + h + (m.mlp == Mlp::kGelu ? f : 2 * f) + h;
+  // For GPT (kv_width = h, f = 4h) this is 12h^2 + 13h per layer: Narayanan et al. 2021.
+  c.per_layer = layer_matrix_parameters(m) + biases + 2 * norm_parameters(m);
+  c.layers = c.per_layer * d(m.spec.layers);
+  c.embedding = d(m.spec.vocab) * h + (m.learned_positions ? d(m.spec.seq) * h : 0.0);
+  c.head = m.spec.tied_embeddings ? 0.0 : d(m.spec.vocab) * h;
+  c.final_norm = norm_parameters(m);
+  return c;
+}
+
+double layer_parameters_per_rank(const PlanModel& m, std::int64_t tp) {
+  const double t = d(tp);
+  const double h = d(m.spec.hidden);
+  const double f = d(m.spec.ffn_or_default());
+  const double kv_width = kv_heads_per_rank(m, tp) * head_dim(m);
+  const double mlp_mats = m.mlp == Mlp::kGelu ? 2.0 : 3.0;
+  // Column-parallel (Q, K, V, MLP up/gate) and row-parallel (output projection, MLP down)
+  // matrices are split over tp (Shoeybi et al. 2019); K and V by kv heads.
+  double p = 2 * h * h / t + 2 * h * kv_width + mlp_mats * h * f / t;
+  if (m.biases) {
+    // Column-parallel biases are split, row-parallel ones (added after the reduction) not.
+    p += h / t + 2 * kv_width + (m.mlp == Mlp::kGelu ? f : 2 * f) / t + 2 * h;
+  }
+  return p + 2 * norm_parameters(m);  // norms are replicated
+}
+
+double activation_bytes_per_layer(const PlanModel& m, double s, double b, const ActivationOptions& o) {
+  const double h = d(m.spec.hidden);
+  const double a = d(m.spec.heads);
+  const double f = d(m.spec.ffn_or_default());
+  const double t = d(o.tp);
+  const double e = o.activation_bytes;  // bytes per stored element (2 in Korthikanti)
+  const double sp = o.sequence_parallel ? t : 1.0;
+
+  if (o.recompute == Recompute::kFull) {
+    // Only the layer input is kept: 2sbh, split over tp by sequence parallelism.
+    return e * s * b * h / sp;
+  }
+
+  // Korthikanti et al. 2022 section 4.1, term by term (16-bit elements, 1-byte masks):
+  // Not split by tensor parallelism (split by sequence parallelism): the inputs of the two
+  // norms, of the QKV projection and of the MLP (4 sbh elements: 8sbh bytes) and the two
+  // dropout masks after attention and MLP (2sbh bytes): the "10".
+  const double replicated = e * 4 * s * b * h + (m.dropout ? 2 * s * b * h : 0.0);
+  // Split by tp: Q and the input of the output projection (sbh/t elements each), K and V
+  // (sbh/t each for multi-head attention, scaled by kv_heads/heads for GQA): 8sbh/t bytes
+  // for GPT. The MLP: GeLU keeps its input and output (2 sbf elements, 16sbh/t bytes for
+  // f = 4h); SwiGLU keeps the fused gate/up output (2 sbf) and the product fed to the down
+  // projection (sbf): 3 sbf elements.
+  const double kv_per_rank = kv_heads_per_rank(m, o.tp) * head_dim(m);
+  const double attention_split = e * (2 * s * b * h / t + 2 * s * b * kv_per_rank);
+  const double mlp_split = e * (m.mlp == Mlp::kGelu ? 2.0 : 3.0) * s * b * f / t;
+  // Attention scores: softmax output (2as^2b), dropout mask (as^2b) and dropout output
+  // (2as^2b): 5as^2b, split by tp. Without dropout only the softmax output remains.
+  // Selective recompute drops this term (recomputed in the backward pass).
+  double scores = 0;
+  if (o.recompute == Recompute::kNone) scores = (m.dropout ? (2 * e + 1) : e) * a * s * s * b / t;
+  return replicated / sp + attention_split + mlp_split + scores;
+}
+
+ModelStates model_state_bytes(double params, int zero_stage, std::int64_t dp, const Precision& pr) {
+  NDMESH_CHECK(zero_stage >= 0 && zero_stage <= 3, "plan", "ZeRO stage {} must be 0-3", zero_stage);
+  const double n = d(dp);
+  // Rajbhandari et al. 2020, Figure 1: stage 1 partitions the optimizer states, stage 2 the
+  // gradients as well, stage 3 the parameters as well.
+  ModelStates s;
+  s.params = pr.param_bytes * params / (zero_stage >= 3 ? n : 1.0);
+  s.grads = pr.grad_bytes * params / (zero_stage >= 2 ? n : 1.0);
+  s.optimizer = pr.optimizer_bytes * params / (zero_stage >= 1 ? n : 1.0);
+  return s;
+}
+
+double layer_flops_per_step(const PlanModel& m, double s, double batch) {
+  const double h = d(m.spec.hidden);
+  // Per token and layer: 2 FLOPs per weight (the 24h^2 of Narayanan for GPT) plus 4sh for
+  // Q K^T and attention over V; forward + backward = 3x forward (Narayanan eq. 3).
+  return 3.0 * batch * s * d(m.spec.layers) * (2 * layer_matrix_parameters(m) + 4 * s * h);
+}
+
+double logit_flops_per_step(const PlanModel& m, double s, double batch) {
+  // The output projection: 2hV per token forward, times 3.
+  return 3.0 * batch * s * 2 * d(m.spec.hidden) * d(m.spec.vocab);
+}
+
+double model_flops_per_step(const PlanModel& m, double s, double batch) {
+  return layer_flops_per_step(m, s, batch) + logit_flops_per_step(m, s, batch);
+}
+
+double recompute_flops_per_step(const PlanModel& m, double s, double batch, Recompute r) {
+  const double h = d(m.spec.hidden);
+  switch (r) {
+    case Recompute::kNone:
+      return 0;
+    // Korthikanti et al. 2022 section 5: selective recompute repeats Q K^T and attention
+    // over V in the backward pass, 4 b s^2 h per layer.
+    case Recompute::kSelective:
+      return batch * 4 * s * s * h * d(m.spec.layers);
+    // A second forward of every layer: 72 -> 96 in Narayanan's formula.
+    case Recompute::kFull:
+      return layer_flops_per_step(m, s, batch) / 3.0;
+  }
+  return 0;
+}
+
+double bubble_fraction(Schedule schedule, std::int64_t pp, std::int64_t microbatches, std::int64_t vpp) {
+  if (pp <= 1) return 0;
+  const double p = d(pp), m = d(microbatches);
+  switch (schedule) {
+    case Schedule::kGpipe:
+    case Schedule::k1F1B:
+      return (p - 1) / m;
+    case Schedule::kInterleaved:
+      return (p - 1) / (d(std::max<std::int64_t>(vpp, 1)) * m);
+    case Schedule::kZbH1:
+      return (p - 1) / (3 * m);
+  }
+  return (p - 1) / m;
+}
+
+double microbatches_in_flight(Schedule schedule, std::int64_t pp, std::int64_t microbatches, std::int64_t vpp,
+                              std::int64_t stage) {
+  const double m = d(microbatches);
+  if (schedule == Schedule::kGpipe || pp <= 1) return schedule == Schedule::kGpipe ? m : 1.0;
+  const double warm = std::min(m, d(pp - stage));
+  if (schedule == Schedule::kInterleaved) {
+    const double p = d(pp), v = d(std::max<std::int64_t>(vpp, 1));
+    return warm * (1 + (p - 1) / (p * v));
+  }
+  return warm;
+}
+
+}  // namespace ndmesh::plan

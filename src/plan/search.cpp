@@ -1,0 +1,152 @@
+// Search over layouts (see search.hpp for what is enumerated and what is skipped).
+//
+// For each split of the GPUs into tp x cp x pp x dp the mesh placement is computed once;
+// for each schedule, vpp and micro-batch size the config is validated once (the lead's
+// problems(), the same checks `ndmesh train` runs); then every recompute mode and ZeRO
+// stage is estimated. Fitting layouts are ranked by time per step, ties broken by the
+// smaller footprint, then by the layout itself so the order is deterministic.
+#include "ndmesh/plan/search.hpp"
+
+#include <algorithm>
+#include <tuple>
+
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::plan {
+namespace {
+
+std::vector<std::int64_t> divisors(std::int64_t n) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t i = 1; i * i <= n; ++i) {
+    if (n % i != 0) continue;
+    out.push_back(i);
+    if (i != n / i) out.push_back(n / i);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+auto order_key(const Estimate& e) {
+  const Layout& l = e.layout;
+  return std::make_tuple(e.time.total, e.memory.total, l.tp, l.cp, l.pp, l.vpp, static_cast<int>(l.schedule),
+                         l.micro_batch, static_cast<int>(l.recompute), l.zero);
+}
+
+bool faster(const Estimate& a, const Estimate& b) { return order_key(a) < order_key(b); }
+
+struct ScheduleChoice {
+  Schedule schedule;
+  std::int64_t vpp;
+};
+
+}  // namespace
+
+SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOptions& o) {
+  NDMESH_CHECK_CONFIG(o.gpus >= 1, "plan", "--gpus {} must be at least 1, e.g. --gpus 512", o.gpus);
+  NDMESH_CHECK_CONFIG(o.workload.seq >= 1, "plan", "--seq {} must be at least 1, e.g. --seq 4096",
+                      o.workload.seq);
+  NDMESH_CHECK_CONFIG(o.workload.global_batch >= 1, "plan", "--global-batch {} must be at least 1, e.g. 1024",
+                      o.workload.global_batch);
+  NDMESH_CHECK_CONFIG(o.top >= 1, "plan", "--top {} must be at least 1, e.g. --top 10", o.top);
+
+  ModelSpec spec = model.spec;
+  spec.seq = o.workload.seq;
+
+  SearchResult result;
+  std::vector<Estimate> kept;
+  auto keep = [&](Estimate&& e) {
+    kept.push_back(std::move(e));
+    if (kept.size() >= 8 * o.top) {
+      std::nth_element(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(o.top), kept.end(), faster);
+      kept.resize(o.top);
+    }
+  };
+
+  for (std::int64_t tp : divisors(o.gpus)) {
+    for (std::int64_t cp : divisors(o.gpus / tp)) {
+      for (std::int64_t pp : divisors(o.gpus / (tp * cp))) {
+        const std::int64_t dp = o.gpus / (tp * cp * pp);
+        Layout base{.tp = tp, .cp = cp, .pp = pp, .dp = dp, .sequence_parallel = tp > 1};
+        const Placement where = placement(base, hw.gpus_per_node);
+
+        std::vector<ScheduleChoice> schedules;
+        if (pp == 1) {
+          schedules.push_back({Schedule::k1F1B, 1});
+        } else {
+          for (Schedule s : {Schedule::kGpipe, Schedule::k1F1B, Schedule::kZbH1}) schedules.push_back({s, 1});
+          for (std::int64_t v = 2; v <= o.max_vpp; ++v) schedules.push_back({Schedule::kInterleaved, v});
+        }
+
+        std::string first_problem;
+        bool any_valid = false;
+        for (const ScheduleChoice& sc : schedules) {
+          for (std::int64_t mb : o.micro_batches) {
+            Layout layout = base;
+            layout.schedule = sc.schedule;
+            layout.vpp = sc.vpp;
+            layout.micro_batch = mb;
+            const int zero_max = pp == 1 ? 3 : 1;
+            const std::int64_t variants = 3 * (zero_max + 1);
+            result.considered += variants;
+
+            const auto probs = problems(parallel_config(layout, o.workload, hw.gpus_per_node), &spec);
+            if (!probs.empty()) {
+              result.invalid += variants;
+              if (first_problem.empty()) first_problem = probs.front();
+              continue;
+            }
+            any_valid = true;
+            for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+              for (int zero = 0; zero <= zero_max; ++zero) {
+                layout.recompute = rc;
+                layout.zero = zero;
+                Estimate e;
+                e.layout = layout;
+                e.microbatches = microbatches(layout, o.workload);
+                e.memory = estimate_memory(model, layout, o.workload, o.precision);
+                e.where = where;
+                e.capacity_bytes = hw.usable_bytes();
+                e.fits = e.memory.total <= e.capacity_bytes;
+                if (!e.fits) {
+                  ++result.too_big;
+                  if (!result.smallest || e.memory.total < result.smallest->memory.total) {
+                    e.time = estimate_time(model, hw, layout, o.workload, e.memory, where, o.precision);
+                    result.smallest = e;
+                  }
+                  continue;
+                }
+                ++result.fitting;
+                e.time = estimate_time(model, hw, layout, o.workload, e.memory, where, o.precision);
+                keep(std::move(e));
+              }
+            }
+          }
+        }
+        if (!any_valid && !first_problem.empty() && result.sample_problems.size() < 5)
+          result.sample_problems.push_back(
+              fmt::format("tp={} cp={} pp={} dp={}: {}", tp, cp, pp, dp, first_problem));
+      }
+    }
+  }
+
+  std::sort(kept.begin(), kept.end(), faster);
+  if (kept.size() > o.top) kept.resize(o.top);
+  // Fill in the whole-model numbers once for the layouts we return.
+  const double params = count_parameters(model).total();
+  const double flops = model_flops_per_step(model, static_cast<double>(o.workload.seq),
+                                            static_cast<double>(o.workload.global_batch));
+  auto finish = [&](Estimate& e) {
+    e.parameters = params;
+    e.model_flops = flops;
+    e.tokens_per_second =
+        static_cast<double>(o.workload.global_batch) * static_cast<double>(o.workload.seq) / e.time.total;
+    e.mfu = flops / (e.time.total * static_cast<double>(o.gpus) * hw.peak_flops);
+  };
+  for (Estimate& e : kept) finish(e);
+  if (result.smallest) finish(*result.smallest);
+  if (!kept.empty()) result.smallest.reset();
+  result.layouts = std::move(kept);
+  return result;
+}
+
+}  // namespace ndmesh::plan

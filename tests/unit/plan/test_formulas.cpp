@@ -1,0 +1,257 @@
+// The planner's closed forms against the numbers published in their sources. Expected
+// values are typed in from the papers or worked out by hand in the comments, never taken
+// from the code under test.
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "ndmesh/core/error.hpp"
+#include "ndmesh/plan/estimate.hpp"
+#include "ndmesh/plan/formulas.hpp"
+#include "ndmesh/plan/presets.hpp"
+
+namespace ndmesh::plan {
+namespace {
+
+// Narayanan et al. 2021, Table 1: the parameter count (billions) of each GPT model as
+// printed, to one decimal.
+struct Table1Row {
+  const char* name;
+  double billions;
+};
+constexpr Table1Row kTable1[] = {
+    {"gpt3-1.7b", 1.7}, {"gpt3-3.6b", 3.6},   {"gpt3-7.5b", 7.5},   {"gpt3-18b", 18.4},   {"gpt3-39b", 39.1},
+    {"gpt3-76b", 76.1}, {"gpt3-145b", 145.6}, {"gpt3-310b", 310.1}, {"gpt3-530b", 529.6}, {"gpt3-1t", 1008.0},
+};
+
+TEST(Parameters, ReproduceMegatronTable1) {
+  for (const auto& row : kTable1) {
+    const double count = count_parameters(model_preset(row.name)).total();
+    const double table = row.billions * 1e9;
+    // Within 1%, or within the table's own rounding to 0.05B where that is coarser (1.7B is
+    // 1.652B, 3.6B is 3.562B: both print to those values but sit 2.8% / 1.1% below them).
+    const double tolerance = std::max(0.01 * table, 0.05e9);
+    EXPECT_NEAR(count, table, tolerance) << row.name;
+  }
+}
+
+TEST(Parameters, MatchNarayananClosedForm) {
+  // P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)), which leaves out the final LayerNorm
+  // (2h parameters): the count must agree to within those.
+  for (const auto& row : kTable1) {
+    const PlanModel m = model_preset(row.name);
+    const double l = m.spec.layers, h = m.spec.hidden, v = 51200, s = 2048;
+    const double closed = 12 * l * h * h * (1 + 13 / (12 * h) + (v + s) / (12 * l * h));
+    EXPECT_NEAR(count_parameters(m).total(), closed, 2 * h + 1) << row.name;
+  }
+}
+
+TEST(Parameters, Gpt3_175b) {
+  // 12*96*12288^2 + 13*12288*96 + (51200 + 2048)*12288 + 2*12288 (final LayerNorm)
+  // = 173,946,175,488 + 15,335,424 + 654,311,424 + 24,576 = 174,615,846,912; the paper
+  // says 175B.
+  const double count = count_parameters(model_preset("gpt3-175b")).total();
+  EXPECT_DOUBLE_EQ(count, 174615846912.0);
+  EXPECT_NEAR(count, 175e9, 0.01 * 175e9);
+}
+
+TEST(Parameters, LlamaCountsMatchPublishedSizes) {
+  // Published sizes: Llama 2 7B 6.74B (6,738,415,616 in the released checkpoint), Llama 3
+  // 8B 8.03B, 70B 70.6B, 405B 405.8B (the released checkpoints' counts below, also worked
+  // out by hand: e.g. Llama 3 8B per layer 2*4096^2 + 2*4096*1024 + 3*4096*14336 + 2*4096
+  // = 218,112,000; x32 + 2*128256*4096 + 4096 = 8,030,261,248).
+  EXPECT_DOUBLE_EQ(count_parameters(model_preset("llama2-7b")).total(), 6738415616.0);
+  EXPECT_DOUBLE_EQ(count_parameters(model_preset("llama3-8b")).total(), 8030261248.0);
+  EXPECT_DOUBLE_EQ(count_parameters(model_preset("llama3-70b")).total(), 70553706496.0);
+  EXPECT_DOUBLE_EQ(count_parameters(model_preset("llama3-405b")).total(), 405853388800.0);
+  EXPECT_NEAR(count_parameters(model_preset("llama2-13b")).total(), 13.0e9, 0.01 * 13.0e9);
+  EXPECT_NEAR(count_parameters(model_preset("llama2-70b")).total(), 69.0e9, 0.01 * 69.0e9);
+}
+
+TEST(Parameters, TensorParallelSplit) {
+  // GPT layer on one of t ranks: 12h^2/t matrices, column-parallel biases (3h + 4h)/t,
+  // row-parallel biases 2h and two LayerNorms 4h replicated.
+  const PlanModel m = model_preset("gpt3-175b");
+  const double h = 12288, t = 8;
+  EXPECT_DOUBLE_EQ(layer_parameters_per_rank(m, 8), 12 * h * h / t + 7 * h / t + 6 * h);
+  EXPECT_DOUBLE_EQ(layer_parameters_per_rank(m, 1), count_parameters(m).per_layer);
+  // Llama 3 70B with tp 16 > 8 kv heads: each rank keeps one kv head of 128 channels.
+  const PlanModel l = model_preset("llama3-70b");
+  const double h2 = 8192;
+  EXPECT_DOUBLE_EQ(layer_parameters_per_rank(l, 16),
+                   2 * h2 * h2 / 16 + 2 * h2 * 128 + 3 * h2 * 28672 / 16 + 2 * h2);
+}
+
+// Korthikanti et al. 2022 for GPT-3 175B: s = 2048, h = 12288, a = 96, micro-batch 1,
+// t = 8. sbh = 25,165,824; 5as/h = 5*96*2048/12288 = 80.
+constexpr double kSbh = 2048.0 * 12288.0;
+
+double layer(Recompute r, std::int64_t tp, bool sp) {
+  return activation_bytes_per_layer(model_preset("gpt3-175b"), 2048, 1,
+                                    {.tp = tp, .sequence_parallel = sp, .recompute = r});
+}
+
+TEST(Activations, KorthikantiNoParallelism) {
+  // sbh(34 + 5as/h) = 114 sbh
+  EXPECT_DOUBLE_EQ(layer(Recompute::kNone, 1, false), 2868903936.0);
+  EXPECT_DOUBLE_EQ(layer(Recompute::kNone, 1, false), kSbh * 114);
+}
+
+TEST(Activations, KorthikantiTensorParallel) {
+  // sbh(10 + 24/t + 5as/(ht)) = sbh(10 + 3 + 10) = 23 sbh = 578,813,952
+  EXPECT_DOUBLE_EQ(layer(Recompute::kNone, 8, false), 578813952.0);
+}
+
+TEST(Activations, KorthikantiSequenceParallel) {
+  // sbh/t (34 + 5as/h) = sbh/8 * 114 = 358,612,992
+  EXPECT_DOUBLE_EQ(layer(Recompute::kNone, 8, true), 358612992.0);
+}
+
+TEST(Activations, KorthikantiSelectiveRecompute) {
+  // TP only: sbh(10 + 24/t) = 13 sbh = 327,155,712; TP + SP: 34 sbh/t = 106,954,752
+  EXPECT_DOUBLE_EQ(layer(Recompute::kSelective, 8, false), 327155712.0);
+  EXPECT_DOUBLE_EQ(layer(Recompute::kSelective, 8, true), 106954752.0);
+}
+
+TEST(Activations, KorthikantiFullRecompute) {
+  // 2sbh per layer input; with SP 2sbh/t.
+  EXPECT_DOUBLE_EQ(layer(Recompute::kFull, 8, false), 50331648.0);
+  EXPECT_DOUBLE_EQ(layer(Recompute::kFull, 8, true), 6291456.0);
+}
+
+TEST(Activations, FirstStageOf175bWithPipeline) {
+  // pp = 8, 1F1B: the first stage keeps p = 8 micro-batches of L/p = 12 layers, i.e. the
+  // activations of all 96 layers (Korthikanti section 4.2.3), plus the embedding dropout
+  // mask sbh*p/t (sbh*p without SP).
+  const PlanModel m = model_preset("gpt3-175b");
+  const Workload w{.seq = 2048, .global_batch = 64};
+  Layout l{.tp = 8,
+           .cp = 1,
+           .pp = 8,
+           .dp = 1,
+           .micro_batch = 1,
+           .schedule = Schedule::k1F1B,
+           .recompute = Recompute::kSelective,
+           .sequence_parallel = true};
+  MemoryBreakdown mem = estimate_memory(m, l, w);
+  EXPECT_EQ(mem.stage, 0);
+  // 96 * 34 sbh/8 + sbh*8/8 = 96 * 106,954,752 + 25,165,824
+  EXPECT_DOUBLE_EQ(mem.activations, 10292822016.0);
+  l.recompute = Recompute::kNone;
+  l.sequence_parallel = false;
+  mem = estimate_memory(m, l, w);
+  // 96 * 23 sbh + 8 sbh = 55,566,139,392 + 201,326,592
+  EXPECT_DOUBLE_EQ(mem.activations, 55767465984.0);
+}
+
+TEST(Activations, ContextParallelDividesTheSequence) {
+  // cp = 2 is the same as half the sequence.
+  const PlanModel m = model_preset("llama3-8b");
+  const Workload w{.seq = 8192, .global_batch = 8};
+  const Layout cp2{.tp = 1, .cp = 2, .pp = 1, .dp = 1};
+  const Workload half{.seq = 4096, .global_batch = 8};
+  const Layout cp1{.tp = 1, .cp = 1, .pp = 1, .dp = 1};
+  EXPECT_DOUBLE_EQ(estimate_memory(m, cp2, w).activations, estimate_memory(m, cp1, half).activations);
+}
+
+TEST(ModelStates, ZeroStages) {
+  // Rajbhandari et al.: 16P, 4P + 12P/dp, 2P + 14P/dp, 16P/dp. P = 1e9, dp = 8.
+  const double p = 1e9;
+  EXPECT_DOUBLE_EQ(model_state_bytes(p, 0, 8).total(), 16e9);
+  EXPECT_DOUBLE_EQ(model_state_bytes(p, 1, 8).total(), 4e9 + 12e9 / 8);
+  EXPECT_DOUBLE_EQ(model_state_bytes(p, 2, 8).total(), 2e9 + 14e9 / 8);
+  EXPECT_DOUBLE_EQ(model_state_bytes(p, 3, 8).total(), 16e9 / 8);
+  const ModelStates z2 = model_state_bytes(p, 2, 8);
+  EXPECT_DOUBLE_EQ(z2.params, 2e9);
+  EXPECT_DOUBLE_EQ(z2.grads, 2e9 / 8);
+  EXPECT_DOUBLE_EQ(z2.optimizer, 12e9 / 8);
+  // fp32 AdamW: 4 + 4 + 8 bytes per parameter.
+  EXPECT_DOUBLE_EQ(
+      model_state_bytes(p, 0, 1, {.param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8}).total(), 16e9);
+}
+
+TEST(Bubble, ClosedForms) {
+  // (p-1)/m, (p-1)/(v m), ZB-H1 a third of 1F1B.
+  EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::k1F1B, 8, 32, 1), 7.0 / 32);
+  EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::kGpipe, 8, 32, 1), 7.0 / 32);
+  EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::kInterleaved, 8, 32, 4), 7.0 / 128);
+  EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::kZbH1, 8, 32, 1), 7.0 / 96);
+  EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::k1F1B, 1, 32, 1), 0.0);
+  EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::k1F1B, 4, 4, 1), 3.0 / 4);
+}
+
+TEST(Bubble, MicrobatchesInFlight) {
+  EXPECT_DOUBLE_EQ(microbatches_in_flight(Schedule::k1F1B, 8, 32, 1, 0), 8);
+  EXPECT_DOUBLE_EQ(microbatches_in_flight(Schedule::k1F1B, 8, 32, 1, 7), 1);
+  EXPECT_DOUBLE_EQ(microbatches_in_flight(Schedule::k1F1B, 8, 4, 1, 0), 4);
+  EXPECT_DOUBLE_EQ(microbatches_in_flight(Schedule::kGpipe, 8, 32, 1, 0), 32);
+  // 1 + (p-1)/(p v) = 1 + 7/16
+  EXPECT_DOUBLE_EQ(microbatches_in_flight(Schedule::kInterleaved, 8, 32, 2, 0), 8 * (1 + 7.0 / 16));
+}
+
+TEST(Flops, NarayananFormula) {
+  // 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) for GPT-3 175B, B = 1536.
+  const PlanModel m = model_preset("gpt3-175b");
+  const double b = 1536, s = 2048, l = 96, h = 12288, v = 51200;
+  const double expected = 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h));
+  EXPECT_NEAR(model_flops_per_step(m, s, b), expected, 1e-12 * expected);
+  // With full recompute: 96 B s l h^2 (1 + s/(6h) + V/(16 l h)).
+  const double full = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h));
+  EXPECT_NEAR(model_flops_per_step(m, s, b) + recompute_flops_per_step(m, s, b, Recompute::kFull), full,
+              1e-12 * full);
+  // Selective: 4 b s^2 h per layer.
+  EXPECT_DOUBLE_EQ(recompute_flops_per_step(m, s, b, Recompute::kSelective), 4 * b * s * s * h * l);
+}
+
+TEST(Time, SingleGpuIsComputeOnly) {
+  // One GPU: nothing but 72 B s l h^2 (1 + s/(6h) + V/(12lh)) / (peak x fraction).
+  const PlanModel m = model_preset("gpt3-1.7b");
+  Hardware hw = hardware_preset("a100-80gb");
+  const Workload w{.seq = 2048, .global_batch = 8};
+  const Estimate e = estimate(m, hw, Layout{}, w);
+  const double b = 8, s = 2048, l = 24, h = 2304, v = 51200;
+  const double flops = 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h));
+  EXPECT_NEAR(e.time.total, flops / (312e12 * 0.6), 1e-9);
+  EXPECT_NEAR(e.mfu, 0.6, 1e-9);
+  EXPECT_EQ(e.time.tp_comm, 0);
+  EXPECT_EQ(e.time.bubble, 0);
+}
+
+TEST(Time, TensorParallelTrafficUsesWhereTheGroupSits) {
+  // tp = 2, b = 1, s = 2048, h = 2304, 24 layers, 8 micro-batches (global batch 8): 4
+  // all-reduces per layer and micro-batch of 2*s*h bytes, ring factor 2(t-1)/t = 1.
+  const PlanModel m = model_preset("gpt3-1.7b");
+  Hardware hw = hardware_preset("a100-80gb");
+  const Workload w{.seq = 2048, .global_batch = 8};
+  const Layout l{.tp = 2, .sequence_parallel = true};
+  const double bytes = 8.0 * 24 * 4 * 1 * (2.0 * 2048 * 2304);
+  Estimate e = estimate(m, hw, l, w);
+  EXPECT_TRUE(e.where.tp_in_node);
+  EXPECT_NEAR(e.time.tp_comm, bytes / 300e9, 1e-12);
+  hw.gpus_per_node = 1;  // now the pair spans two nodes
+  e = estimate(m, hw, l, w);
+  EXPECT_FALSE(e.where.tp_in_node);
+  EXPECT_NEAR(e.time.tp_comm, bytes / 25e9, 1e-12);
+}
+
+TEST(Presets, UnknownNamesListTheValidOnes) {
+  try {
+    model_preset("llama3-7b");
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("'llama3-7b'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("llama3-8b"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(hardware_preset("tpu"), ConfigError);
+  EXPECT_THROW(parse_recompute("some"), ConfigError);
+  EXPECT_THROW(parse_mlp("relu"), ConfigError);
+}
+
+TEST(Presets, HardwareAndModelsAreValid) {
+  for (const auto& hw : hardware_presets()) EXPECT_TRUE(hardware_problems(hw).empty()) << hw.name;
+  for (const auto& p : model_presets()) EXPECT_TRUE(plan_model_problems(p.model).empty()) << p.name;
+}
+
+}  // namespace
+}  // namespace ndmesh::plan
