@@ -1,0 +1,226 @@
+// Communicator: a cheap value handle over a backend communicator (MPI now; one folder
+// per backend under src/backends/), with collectives, point-to-point, async work and
+// split.
+//
+// Counts are elements: every operation takes typed spans of float, double, int32 or
+// int64. Every blocking or awaited operation honours a timeout (Options::timeout_s;
+// default NDMESH_TIMEOUT_S, the same for every group): the backend's nonblocking call is
+// polled against a deadline, and on expiry the process prints
+//   [comm] all_reduce on group tp (ranks 0,1) timed out after 30 s
+// and aborts the whole job with a non-zero exit, because a peer that never arrives
+// leaves the collective in a state no rank can recover from.
+//
+// Collective calls must be made by every member of the group in the same order, with
+// the same counts; buffers passed to an *_async call must stay alive until its Work is
+// complete.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ndmesh/core/dtype.hpp"
+#include "ndmesh/launch/launch_env.hpp"
+
+namespace ndmesh::comm {
+
+namespace detail {
+class CommImpl;
+class WorkImpl;
+struct WorkState;
+}  // namespace detail
+
+/// Reduction applied by all_reduce and reduce_scatter.
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+
+/// "sum", "avg", "max", "min".
+std::string_view reduce_op_name(ReduceOp op);
+
+/// Options of every operation; fields that do not apply are ignored.
+struct Options {
+  ReduceOp op = ReduceOp::kSum;  ///< all_reduce, reduce_scatter (avg needs a floating type)
+  double timeout_s = 0;          ///< 0: NDMESH_TIMEOUT_S (default 300 s)
+  int tag = 0;                   ///< send / recv: messages match on (peer, tag), in order
+};
+
+/// The default timeout of every communication: NDMESH_TIMEOUT_S, else 300 s.
+double default_timeout_s();
+
+/// Exit status of a job aborted by a communication timeout (as coreutils' timeout).
+inline constexpr int kTimeoutExitCode = 124;
+
+/// An operation in flight. Copies share the same operation. wait() returns when it is
+/// complete (or aborts the job at the timeout); test() polls without blocking. An
+/// unfinished Work is waited for when its last copy goes away.
+class Work {
+ public:
+  /// A completed no-op.
+  Work() = default;
+  /// Blocks until complete; on timeout prints the message and aborts the job.
+  void wait();
+  /// True once complete (runs the completion step, e.g. the division of avg, once).
+  bool test();
+
+ private:
+  friend class Communicator;
+  explicit Work(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
+  std::shared_ptr<detail::WorkState> state_;
+};
+
+/// A group of ranks that communicate. Cheap to copy; copies share the backend
+/// communicator, which is freed when the last copy goes away.
+class Communicator {
+ public:
+  /// The empty handle: no group (what split() returns to a rank without a color).
+  Communicator() = default;
+
+  /// The world of every process of the job, created on first call by the backend named
+  /// by NDMESH_BACKEND (default "mpi"). Checks the launcher first (LaunchEnv): a process
+  /// started by torchrun gets a ConfigError saying how to launch instead, and a launcher
+  /// world size that differs from the engine's is a ConfigError naming the variables.
+  static Communicator world();
+
+  /// False for the empty handle.
+  bool valid() const { return impl_ != nullptr; }
+  explicit operator bool() const { return valid(); }
+  /// This process's rank in the group; -1 for the empty handle.
+  int rank() const;
+  /// Number of members; 0 for the empty handle.
+  int size() const;
+  /// Name shown in messages ("world", "tp", "dp-cp").
+  const std::string& name() const { return name_; }
+  /// The same communicator under another name (shares the backend communicator).
+  Communicator named(std::string name) const;
+  /// World ranks of the members, in group-rank order.
+  const std::vector<std::int64_t>& members() const;
+  /// "ranks 0,1" (abbreviated for large groups), for messages.
+  std::string members_string() const;
+  /// Name of the backend ("mpi").
+  std::string_view backend() const;
+
+  /// Splits the group: members with the same color form one new group, ordered by key
+  /// (ties by rank). A member passing no color (nullopt) gets the empty handle. Every
+  /// member must call it. `name` names the new group in messages.
+  Communicator split(std::optional<std::int64_t> color, std::int64_t key, std::string name = "") const;
+
+  /// Waits until every member has arrived.
+  void barrier(const Options& opts = {}) const { barrier_async(opts).wait(); }
+  Work barrier_async(const Options& opts = {}) const;
+
+  /// Copies `data` of group rank `root` to every member.
+  template <Element T>
+  void broadcast(std::span<T> data, int root, const Options& opts = {}) const {
+    broadcast_async(data, root, opts).wait();
+  }
+  template <Element T>
+  Work broadcast_async(std::span<T> data, int root, const Options& opts = {}) const {
+    return broadcast_impl(ElementSpan::of(data), root, opts);
+  }
+
+  /// In place: every member ends with the reduction (opts.op) of all members' `data`.
+  template <Element T>
+  void all_reduce(std::span<T> data, const Options& opts = {}) const {
+    all_reduce_async(data, opts).wait();
+  }
+  template <Element T>
+  Work all_reduce_async(std::span<T> data, const Options& opts = {}) const {
+    return all_reduce_impl(ElementSpan::of(data), opts);
+  }
+
+  /// `in` holds size() blocks of out.size() elements; member i receives in `out` the
+  /// reduction of every member's block i.
+  template <Element T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, const Options& opts = {}) const {
+    reduce_scatter_async(in, out, opts).wait();
+  }
+  template <Element T>
+  Work reduce_scatter_async(std::span<const T> in, std::span<T> out, const Options& opts = {}) const {
+    return reduce_scatter_impl(in_view(in), ElementSpan::of(out), opts);
+  }
+
+  /// `out` (size() * in.size() elements) receives every member's `in`, in rank order.
+  template <Element T>
+  void all_gather(std::span<const T> in, std::span<T> out, const Options& opts = {}) const {
+    all_gather_async(in, out, opts).wait();
+  }
+  template <Element T>
+  Work all_gather_async(std::span<const T> in, std::span<T> out, const Options& opts = {}) const {
+    return all_gather_impl(in_view(in), ElementSpan::of(out), opts);
+  }
+
+  /// `in` and `out` hold size() equal blocks; block j of `in` goes to member j, which
+  /// stores it as block i (this member's rank) of its `out`.
+  template <Element T>
+  void all_to_all(std::span<const T> in, std::span<T> out, const Options& opts = {}) const {
+    all_to_all_async(in, out, opts).wait();
+  }
+  template <Element T>
+  Work all_to_all_async(std::span<const T> in, std::span<T> out, const Options& opts = {}) const {
+    return all_to_all_impl(in_view(in), ElementSpan::of(out), opts);
+  }
+
+  /// Sends `data` to group rank `peer`; matched by a recv from this rank with the same tag.
+  template <Element T>
+  void send(std::span<const T> data, int peer, const Options& opts = {}) const {
+    send_async(data, peer, opts).wait();
+  }
+  template <Element T>
+  Work send_async(std::span<const T> data, int peer, const Options& opts = {}) const {
+    return send_impl(in_view(data), peer, opts);
+  }
+
+  /// Receives exactly data.size() elements from group rank `peer` (an Error when the
+  /// message holds another count).
+  template <Element T>
+  void recv(std::span<T> data, int peer, const Options& opts = {}) const {
+    recv_async(data, peer, opts).wait();
+  }
+  template <Element T>
+  Work recv_async(std::span<T> data, int peer, const Options& opts = {}) const {
+    return recv_impl(ElementSpan::of(data), peer, opts);
+  }
+
+  /// The members on this process's node (a shared-memory split), named "node".
+  Communicator split_node() const;
+
+ private:
+  Communicator(std::shared_ptr<detail::CommImpl> impl, std::string name)
+      : impl_(std::move(impl)), name_(std::move(name)) {}
+  // A read-only span as the backend's ElementSpan (the backend never writes to it).
+  template <Element T>
+  static ElementSpan in_view(std::span<const T> s) {
+    return ElementSpan::of(std::span<T>(const_cast<T*>(s.data()), s.size()));
+  }
+  const detail::CommImpl& require(std::string_view op) const;
+  Work make_work(std::string_view op, std::string detail, const Options& opts,
+                 std::unique_ptr<detail::WorkImpl> impl, std::function<void()> on_complete = {}) const;
+  Work broadcast_impl(ElementSpan data, int root, const Options& opts) const;
+  Work all_reduce_impl(ElementSpan data, const Options& opts) const;
+  Work reduce_scatter_impl(ElementSpan in, ElementSpan out, const Options& opts) const;
+  Work all_gather_impl(ElementSpan in, ElementSpan out, const Options& opts) const;
+  Work all_to_all_impl(ElementSpan in, ElementSpan out, const Options& opts) const;
+  Work send_impl(ElementSpan data, int peer, const Options& opts) const;
+  Work recv_impl(ElementSpan data, int peer, const Options& opts) const;
+
+  std::shared_ptr<detail::CommImpl> impl_;
+  std::string name_;
+};
+
+/// The LaunchEnv of this process with the values the launcher did not give (local rank,
+/// local world size, node rank) filled from the engine: a shared-memory split of
+/// `world`, then a split of the node leaders. Collective over `world`.
+LaunchEnv resolve_launch_env(const Communicator& world);
+
+namespace testing {
+/// Caps the elements one backend call may carry (default: the backend's limit, INT_MAX
+/// for MPI), so tests can exercise the chunking of large counts with small buffers.
+/// 0 restores the default.
+void set_max_count_per_call(std::size_t count);
+}  // namespace testing
+
+}  // namespace ndmesh::comm

@@ -1,0 +1,65 @@
+// The backend seam: what a communication engine implements. One folder per backend
+// under src/backends/<name>/ provides a CommImpl for the world; the Communicator handle,
+// timeouts, avg, argument checks and messages live in src/comm and are shared by all.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "ndmesh/comm/communicator.hpp"
+#include "ndmesh/core/dtype.hpp"
+
+namespace ndmesh::comm::detail {
+
+/// One operation in flight on a backend.
+class WorkImpl {
+ public:
+  virtual ~WorkImpl() = default;
+  /// Polls without blocking: true once complete. Throws Error on a backend failure.
+  virtual bool test() = 0;
+};
+
+/// A backend communicator. Operations start nonblocking work; the caller polls it
+/// against the deadline. Reductions never see ReduceOp::kAvg (the caller sums, then
+/// divides).
+class CommImpl {
+ public:
+  virtual ~CommImpl() = default;
+  virtual std::string_view backend() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// World ranks of the members in group-rank order.
+  const std::vector<std::int64_t>& members() const { return members_; }
+  /// The most elements one call may carry (counts above it are chunked or refused).
+  virtual std::size_t max_count() const = 0;
+
+  /// Blocking split; nullptr for a member without color.
+  virtual std::shared_ptr<CommImpl> split(std::optional<std::int64_t> color, std::int64_t key) = 0;
+  /// Blocking split into the members that share memory (one node).
+  virtual std::shared_ptr<CommImpl> split_node() = 0;
+
+  virtual std::unique_ptr<WorkImpl> barrier() = 0;
+  virtual std::unique_ptr<WorkImpl> broadcast(ElementSpan data, int root) = 0;
+  virtual std::unique_ptr<WorkImpl> all_reduce(ElementSpan data, ReduceOp op) = 0;
+  virtual std::unique_ptr<WorkImpl> reduce_scatter(ElementSpan in, ElementSpan out, ReduceOp op) = 0;
+  virtual std::unique_ptr<WorkImpl> all_gather(ElementSpan in, ElementSpan out) = 0;
+  virtual std::unique_ptr<WorkImpl> all_to_all(ElementSpan in, ElementSpan out) = 0;
+  virtual std::unique_ptr<WorkImpl> send(ElementSpan data, int peer, int tag) = 0;
+  virtual std::unique_ptr<WorkImpl> recv(ElementSpan data, int peer, int tag) = 0;
+
+  /// Ends every process of the job with `code`; never returns.
+  [[noreturn]] virtual void abort_job(int code) = 0;
+
+ protected:
+  std::vector<std::int64_t> members_;
+};
+
+/// The elements per call a backend with limit `backend_limit` may use now (the limit,
+/// or the smaller cap set by testing::set_max_count_per_call).
+std::size_t count_limit(std::size_t backend_limit);
+
+}  // namespace ndmesh::comm::detail

@@ -1,0 +1,322 @@
+// The Communicator handle: argument checks, avg, timeouts and messages shared by every
+// backend. A Work polls its backend requests; while waiting it yields for the first
+// couple of milliseconds (fast completion on an idle machine) and then sleeps with a
+// growing pause of at most 1 ms, so that ranks oversubscribed on few cores let their
+// peers run. Past the deadline it prints the one-line message and aborts the job.
+#include "ndmesh/comm/communicator.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "backends/mpi/mpi_backend.hpp"
+#include "comm/backend.hpp"
+#include "ndmesh/core/env.hpp"
+#include "ndmesh/core/error.hpp"
+#include "ndmesh/core/log.hpp"
+
+namespace ndmesh::comm {
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+  }
+  return "?";
+}
+
+double default_timeout_s() { return env::seconds("NDMESH_TIMEOUT_S", 300); }
+
+namespace {
+std::atomic<std::size_t> g_count_cap{0};
+
+std::string format_seconds(double s) { return fmt::format("{:g}", s); }
+}  // namespace
+
+namespace testing {
+void set_max_count_per_call(std::size_t count) { g_count_cap.store(count); }
+}  // namespace testing
+
+namespace detail {
+
+std::size_t count_limit(std::size_t backend_limit) {
+  std::size_t cap = g_count_cap.load();
+  return cap == 0 ? backend_limit : std::min(cap, backend_limit);
+}
+
+// What a Work needs to poll, finish and report its operation.
+struct WorkState {
+  std::unique_ptr<WorkImpl> impl;
+  std::function<void()> on_complete;
+  std::shared_ptr<CommImpl> comm;
+  std::string op;           // "all_reduce"
+  std::string detail_text;  // " from rank 3", or empty
+  std::string group;        // "tp"
+  double timeout_s = 0;
+  bool done = false;
+
+  bool poll() {
+    if (done) return true;
+    if (impl && !impl->test()) return false;
+    done = true;
+    impl.reset();
+    if (on_complete) on_complete();
+    return true;
+  }
+
+  [[noreturn]] void expire() {
+    std::string members = fmt::format("ranks {}", fmt::join(comm->members(), ","));
+    if (comm->members().size() > 16)
+      members = fmt::format("ranks {},{},{},...,{} ({} ranks)", comm->members()[0], comm->members()[1],
+                            comm->members()[2], comm->members().back(), comm->members().size());
+    log::error("[comm] {}{} on group {} ({}) timed out after {} s", op, detail_text, group, members,
+               format_seconds(timeout_s));
+    std::fflush(stderr);
+    comm->abort_job(kTimeoutExitCode);
+    std::abort();  // not reached: abort_job ends the process
+  }
+
+  void wait() {
+    using Clock = std::chrono::steady_clock;
+    if (poll()) return;
+    auto start = Clock::now();
+    auto deadline =
+        start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+    auto pause = std::chrono::microseconds(20);
+    while (!poll()) {
+      auto now = Clock::now();
+      if (now >= deadline) expire();
+      if (now - start < std::chrono::milliseconds(2)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::microseconds(1000));
+      }
+    }
+  }
+
+  ~WorkState() {
+    if (done) return;
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      log::error("{} (while finishing an unwaited {} on group {})", e.what(), op, group);
+    }
+  }
+};
+
+}  // namespace detail
+
+void Work::wait() {
+  if (state_) state_->wait();
+}
+
+bool Work::test() { return !state_ || state_->poll(); }
+
+namespace {
+
+std::shared_ptr<detail::CommImpl> make_backend_world() {
+  std::string name = env::string("NDMESH_BACKEND", "mpi");
+  if (name == "mpi") return mpi::make_world();
+  // A new backend adds a folder src/backends/<name>/ and one line here.
+  fail<ConfigError>("comm", "NDMESH_BACKEND='{}' is not built into this ndmesh; available: mpi", name);
+}
+
+}  // namespace
+
+Communicator Communicator::world() {
+  static const Communicator kWorld = [] {
+    LaunchEnv launch = LaunchEnv::detect();
+    launch.require_mpi_world();  // before MPI_Init: torchrun would give N worlds of one
+    auto impl = make_backend_world();
+    if (launch.launcher != Launcher::kNone &&
+        (launch.world_size != impl->size() || launch.rank != impl->rank()))
+      fail<ConfigError>(
+          "comm",
+          "the launcher says rank {} of {} ({}) but the {} world has rank {} of {}; the program was not "
+          "started through the MPI launcher's process manager: use mpirun -np {}, srun --mpi=pmix or "
+          "ndmesh launch -n {}",
+          launch.rank, launch.world_size, fmt::join(launch.sources, " "), impl->backend(), impl->rank(),
+          impl->size(), launch.world_size, launch.world_size);
+    log::set_rank(impl->rank());
+    return Communicator(std::move(impl), "world");
+  }();
+  return kWorld;
+}
+
+const detail::CommImpl& Communicator::require(std::string_view op) const {
+  NDMESH_CHECK(impl_ != nullptr, "comm",
+               "{} on an empty communicator: this rank is in no group of the split that made it", op);
+  return *impl_;
+}
+
+int Communicator::rank() const { return impl_ ? impl_->rank() : -1; }
+int Communicator::size() const { return impl_ ? impl_->size() : 0; }
+
+Communicator Communicator::named(std::string name) const { return Communicator(impl_, std::move(name)); }
+
+const std::vector<std::int64_t>& Communicator::members() const {
+  static const std::vector<std::int64_t> kNone;
+  return impl_ ? impl_->members() : kNone;
+}
+
+std::string Communicator::members_string() const {
+  const auto& m = members();
+  if (m.size() <= 16) return fmt::format("ranks {}", fmt::join(m, ","));
+  return fmt::format("ranks {},{},{},...,{} ({} ranks)", m[0], m[1], m[2], m.back(), m.size());
+}
+
+std::string_view Communicator::backend() const { return impl_ ? impl_->backend() : std::string_view("none"); }
+
+Communicator Communicator::split(std::optional<std::int64_t> color, std::int64_t key,
+                                 std::string name) const {
+  require("split");
+  auto child = impl_->split(color, key);
+  if (!child) return Communicator();
+  return Communicator(std::move(child), name.empty() ? name_ + "/split" : std::move(name));
+}
+
+Communicator Communicator::split_node() const {
+  require("split_node");
+  return Communicator(impl_->split_node(), "node");
+}
+
+Work Communicator::make_work(std::string_view op, std::string detail_text, const Options& opts,
+                             std::unique_ptr<detail::WorkImpl> impl,
+                             std::function<void()> on_complete) const {
+  auto state = std::make_shared<detail::WorkState>();
+  state->impl = std::move(impl);
+  state->on_complete = std::move(on_complete);
+  state->comm = impl_;
+  state->op = op;
+  state->detail_text = std::move(detail_text);
+  state->group = name_;
+  state->timeout_s = opts.timeout_s > 0 ? opts.timeout_s : default_timeout_s();
+  return Work(std::move(state));
+}
+
+namespace {
+
+bool is_floating(DType t) { return t == DType::kFloat32 || t == DType::kFloat64; }
+
+// Divides every element by n (the avg of a sum).
+std::function<void()> divide_by(ElementSpan data, int n) {
+  return [data, n] {
+    if (data.dtype == DType::kFloat32) {
+      auto* p = static_cast<float*>(data.data);
+      for (std::size_t i = 0; i < data.count; ++i) p[i] /= static_cast<float>(n);
+    } else {
+      auto* p = static_cast<double*>(data.data);
+      for (std::size_t i = 0; i < data.count; ++i) p[i] /= static_cast<double>(n);
+    }
+  };
+}
+
+void check_reduce_op(std::string_view op_name, ReduceOp op, DType t) {
+  NDMESH_CHECK(op != ReduceOp::kAvg || is_floating(t), "comm",
+               "{} with op avg on {} elements: avg needs float32 or float64 (use sum and divide)", op_name,
+               dtype_name(t));
+}
+
+}  // namespace
+
+Work Communicator::barrier_async(const Options& opts) const {
+  require("barrier");
+  return make_work("barrier", "", opts, impl_->barrier());
+}
+
+Work Communicator::broadcast_impl(ElementSpan data, int root, const Options& opts) const {
+  require("broadcast");
+  NDMESH_CHECK(root >= 0 && root < size(), "comm", "broadcast root {} is not a rank of group {} (size {})",
+               root, name_, size());
+  return make_work("broadcast", "", opts, impl_->broadcast(data, root));
+}
+
+Work Communicator::all_reduce_impl(ElementSpan data, const Options& opts) const {
+  require("all_reduce");
+  check_reduce_op("all_reduce", opts.op, data.dtype);
+  bool avg = opts.op == ReduceOp::kAvg;
+  auto work = impl_->all_reduce(data, avg ? ReduceOp::kSum : opts.op);
+  return make_work("all_reduce", "", opts, std::move(work), avg ? divide_by(data, size()) : nullptr);
+}
+
+Work Communicator::reduce_scatter_impl(ElementSpan in, ElementSpan out, const Options& opts) const {
+  require("reduce_scatter");
+  check_reduce_op("reduce_scatter", opts.op, in.dtype);
+  NDMESH_CHECK(in.count == out.count * static_cast<std::size_t>(size()), "comm",
+               "reduce_scatter on group {}: input has {} elements but must hold size {} x output {} = {}",
+               name_, in.count, size(), out.count, out.count * static_cast<std::size_t>(size()));
+  bool avg = opts.op == ReduceOp::kAvg;
+  auto work = impl_->reduce_scatter(in, out, avg ? ReduceOp::kSum : opts.op);
+  return make_work("reduce_scatter", "", opts, std::move(work), avg ? divide_by(out, size()) : nullptr);
+}
+
+Work Communicator::all_gather_impl(ElementSpan in, ElementSpan out, const Options& opts) const {
+  require("all_gather");
+  NDMESH_CHECK(out.count == in.count * static_cast<std::size_t>(size()), "comm",
+               "all_gather on group {}: output has {} elements but must hold size {} x input {} = {}", name_,
+               out.count, size(), in.count, in.count * static_cast<std::size_t>(size()));
+  return make_work("all_gather", "", opts, impl_->all_gather(in, out));
+}
+
+Work Communicator::all_to_all_impl(ElementSpan in, ElementSpan out, const Options& opts) const {
+  require("all_to_all");
+  NDMESH_CHECK(
+      in.count == out.count && in.count % static_cast<std::size_t>(size()) == 0, "comm",
+      "all_to_all on group {}: input ({}) and output ({}) must have the same count, a multiple of the "
+      "group size {}",
+      name_, in.count, out.count, size());
+  return make_work("all_to_all", "", opts, impl_->all_to_all(in, out));
+}
+
+Work Communicator::send_impl(ElementSpan data, int peer, const Options& opts) const {
+  require("send");
+  NDMESH_CHECK(peer >= 0 && peer < size(), "comm", "send to rank {}: not a rank of group {} (size {})", peer,
+               name_, size());
+  return make_work("send",
+                   fmt::format(" to rank {} (world {})", peer, members()[static_cast<std::size_t>(peer)]),
+                   opts, impl_->send(data, peer, opts.tag));
+}
+
+Work Communicator::recv_impl(ElementSpan data, int peer, const Options& opts) const {
+  require("recv");
+  NDMESH_CHECK(peer >= 0 && peer < size(), "comm", "recv from rank {}: not a rank of group {} (size {})",
+               peer, name_, size());
+  return make_work("recv",
+                   fmt::format(" from rank {} (world {})", peer, members()[static_cast<std::size_t>(peer)]),
+                   opts, impl_->recv(data, peer, opts.tag));
+}
+
+LaunchEnv resolve_launch_env(const Communicator& world) {
+  LaunchEnv env = LaunchEnv::detect();
+  if (env.launcher == Launcher::kNone) {
+    env.rank = world.rank();
+    env.world_size = world.size();
+  }
+  Communicator node = world.split_node();
+  // The engine's answer is the truth for what the launcher left out.
+  if (!env.local_rank) env.local_rank = node.rank();
+  if (!env.local_world_size) env.local_world_size = node.size();
+  if (!env.node_rank) {
+    // Node leaders (local rank 0) number the nodes in world-rank order; each tells its node.
+    Communicator leaders = world.split(node.rank() == 0 ? std::optional<std::int64_t>(0) : std::nullopt,
+                                       world.rank(), "node-leaders");
+    std::int64_t index = leaders ? leaders.rank() : 0;
+    node.broadcast(std::span<std::int64_t>(&index, 1), 0);
+    env.node_rank = index;
+  }
+  return env;
+}
+
+}  // namespace ndmesh::comm
