@@ -1,0 +1,59 @@
+// AdamW (Loshchilov & Hutter) over a flat ParamStore, with global-norm gradient clipping.
+//
+// One update, with g the gradient scaled by min(1, clip_norm / ||g||):
+//   m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g²
+//   w -= lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + weight_decay * w)
+// Weight decay applies only to views marked `decay` (matrices, not norms or biases).
+// The norm is split from the update so that a parallel run can all-reduce the squared
+// norm of its shards before updating.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "ndmesh/tensor/params.hpp"
+
+namespace ndmesh::nn {
+
+/// Hyper-parameters of AdamW (the learning rate is passed per step).
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double clip_norm = 1.0;  ///< 0: no clipping
+};
+
+/// The optimizer and its state (two moments per parameter element, and the step count).
+template <typename T>
+class AdamW {
+ public:
+  /// State sized for `store` (which must be allocated).
+  AdamW(const ParamStore<T>& store, AdamWOptions options = {});
+
+  /// Sum of squared gradients of the whole store (in double).
+  static double grad_square_sum(const ParamStore<T>& store);
+  /// Clips with `grad_norm` (the global norm) and applies one update with `lr`.
+  void update(ParamStore<T>& store, double lr, double grad_norm);
+  /// grad_square_sum + update; returns the gradient norm before clipping.
+  double step(ParamStore<T>& store, double lr);
+
+  const AdamWOptions& options() const { return options_; }
+  /// Updates done so far.
+  std::int64_t steps() const { return t_; }
+  std::span<T> m() { return m_; }
+  std::span<T> v() { return v_; }
+  std::span<const T> m() const { return m_; }
+  std::span<const T> v() const { return v_; }
+  /// Restores the step count (the moments are restored through m() and v()).
+  void set_steps(std::int64_t t) { t_ = t; }
+
+ private:
+  AdamWOptions options_;
+  std::int64_t t_ = 0;
+  std::vector<T> m_;
+  std::vector<T> v_;
+};
+
+}  // namespace ndmesh::nn

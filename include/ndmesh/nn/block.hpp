@@ -1,0 +1,85 @@
+// Block: one pre-norm transformer decoder block with two residual branches,
+//   res1 = x + proj(attention(qkv(ln1(x))))
+//   out  = res1 + mlp(ln2(res1)).
+// A pipeline stage is a contiguous range of these; tensor parallelism builds them with
+// local head counts and a local ffn width (head_dim stays that of the full model).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ndmesh/nn/attention.hpp"
+#include "ndmesh/nn/layernorm.hpp"
+#include "ndmesh/nn/linear.hpp"
+#include "ndmesh/nn/mlp.hpp"
+#include "ndmesh/tensor/tensor.hpp"
+
+namespace ndmesh::nn {
+
+/// Sizes and naming of a Block.
+struct BlockOptions {
+  std::int64_t channels = 0;  ///< C
+  std::int64_t heads = 0;     ///< query heads
+  std::int64_t kv_heads = 0;  ///< key/value heads (divides heads)
+  std::int64_t head_dim = 0;  ///< 0: channels / heads
+  std::int64_t ffn = 0;       ///< MLP width
+  std::string name = "block";
+};
+
+/// What one block's forward keeps for its backward (one micro-batch).
+template <typename T>
+struct BlockActivations {
+  Tensor<T> ln1, ln1_mean, ln1_rstd;  ///< [N, C], [N], [N]
+  Tensor<T> qkv;                      ///< [N, (H + 2KV) hd]
+  Tensor<T> att;                      ///< [B, H, T, T] attention probabilities
+  Tensor<T> atty;                     ///< [N, H hd] attention output before proj
+  Tensor<T> res1;                     ///< [N, C] after the attention residual
+  Tensor<T> ln2, ln2_mean, ln2_rstd;  ///< [N, C], [N], [N]
+  MlpActivations<T> mlp;
+  Tensor<T> out;  ///< [N, C] block output
+};
+
+/// Gradient work space for Block::backward, shared by all blocks of a model.
+template <typename T>
+struct BlockScratch {
+  Tensor<T> dres1, dln, dqkv, datty, dmlp;
+};
+
+/// A pre-norm transformer block.
+template <typename T>
+class Block {
+ public:
+  Block(ParamStore<T>& store, BlockOptions options);
+
+  /// Initialises the norms (1, 0); the linears are initialised by the model.
+  void init_norms() const;
+  /// Sizes the activations for batch x seq tokens.
+  void resize(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq) const;
+  /// Sizes the scratch for batch x seq tokens.
+  void resize(BlockScratch<T>& scratch, std::int64_t batch, std::int64_t seq) const;
+
+  /// acts.out = block(inp[batch, seq, C]).
+  void forward(const T* inp, BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq) const;
+  /// Accumulates dinp and the parameter gradients given dout = d loss / d acts.out.
+  void backward(const T* dout, const T* inp, const BlockActivations<T>& acts, BlockScratch<T>& scratch,
+                T* dinp, std::int64_t batch, std::int64_t seq) const;
+
+  const BlockOptions& options() const { return options_; }
+  const LayerNorm<T>& ln1() const { return ln1_; }
+  const Linear<T>& qkv() const { return qkv_; }
+  const Attention<T>& attention() const { return attn_; }
+  const Linear<T>& proj() const { return proj_; }
+  const LayerNorm<T>& ln2() const { return ln2_; }
+  const Mlp<T>& mlp() const { return mlp_; }
+
+ private:
+  BlockOptions options_;
+  LayerNorm<T> ln1_;
+  Attention<T> attn_;
+  Linear<T> qkv_;
+  Linear<T> proj_;
+  LayerNorm<T> ln2_;
+  Mlp<T> mlp_;
+};
+
+}  // namespace ndmesh::nn

@@ -1,0 +1,48 @@
+// Embedding: token embedding plus learned absolute positions,
+//   out[b, t, :] = wte[token[b, t], :] + wpe[position_offset + t, :].
+// position_offset lets a context-parallel rank that holds a later slice of the sequence
+// use the right positions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ndmesh/tensor/params.hpp"
+
+namespace ndmesh::nn {
+
+/// Sizes and naming of an Embedding.
+struct EmbeddingOptions {
+  std::int64_t vocab = 0;
+  std::int64_t channels = 0;
+  std::int64_t max_seq = 0;    ///< rows of the position table
+  std::string name = "embed";  ///< parameters "<name>.tokens" [vocab, C], "<name>.positions" [max_seq, C]
+};
+
+/// Token and position embedding.
+template <typename T>
+class Embedding {
+ public:
+  Embedding(ParamStore<T>& store, EmbeddingOptions options);
+
+  /// out[batch, seq, C]. Error when a token is outside [0, vocab) or the positions
+  /// run past max_seq.
+  void forward(const std::int32_t* tokens, T* out, std::int64_t batch, std::int64_t seq,
+               std::int64_t position_offset = 0) const;
+  /// Accumulates the token and position table gradients from dout[batch, seq, C].
+  void backward(const T* dout, const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
+                std::int64_t position_offset = 0) const;
+
+  const EmbeddingOptions& options() const { return options_; }
+  /// The [vocab, C] token table (what a tied LM head shares).
+  int token_weight_id() const { return tokens_; }
+  int position_weight_id() const { return positions_; }
+
+ private:
+  ParamStore<T>* store_;
+  EmbeddingOptions options_;
+  int tokens_ = -1;
+  int positions_ = -1;
+};
+
+}  // namespace ndmesh::nn

@@ -1,0 +1,18 @@
+// GELU, tanh approximation (as in GPT-2):
+//   gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+#pragma once
+
+#include <cstdint>
+
+namespace ndmesh::nn {
+
+/// Element-wise GELU; no parameters.
+template <typename T>
+struct Gelu {
+  /// out[i] = gelu(inp[i]) for n elements.
+  static void forward(const T* inp, T* out, std::int64_t n);
+  /// dinp[i] += gelu'(inp[i]) * dout[i].
+  static void backward(const T* dout, const T* inp, T* dinp, std::int64_t n);
+};
+
+}  // namespace ndmesh::nn

@@ -1,0 +1,42 @@
+// LayerNorm over the last dimension: out = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps).
+// The forward saves mean and rstd per row so the backward does not recompute them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ndmesh/tensor/params.hpp"
+
+namespace ndmesh::nn {
+
+/// Shape and naming of a LayerNorm.
+struct LayerNormOptions {
+  std::int64_t channels = 0;
+  double eps = 1e-5;
+  std::string name = "ln";  ///< parameters "<name>.weight", "<name>.bias"
+};
+
+/// Layer normalisation with learned scale and shift.
+template <typename T>
+class LayerNorm {
+ public:
+  /// Declares "<name>.weight" and "<name>.bias" [channels].
+  LayerNorm(ParamStore<T>& store, LayerNormOptions options);
+
+  /// Initial values: weight 1, bias 0.
+  void init() const;
+  /// out[rows, C] from inp[rows, C]; writes mean[rows] and rstd[rows] for backward.
+  void forward(const T* inp, T* out, T* mean, T* rstd, std::int64_t rows) const;
+  /// Accumulates dinp += d/dinp, dweight, dbias from dout and the saved mean/rstd.
+  void backward(const T* dout, const T* inp, const T* mean, const T* rstd, T* dinp, std::int64_t rows) const;
+
+  const LayerNormOptions& options() const { return options_; }
+
+ private:
+  ParamStore<T>* store_;
+  LayerNormOptions options_;
+  int weight_ = -1;
+  int bias_ = -1;
+};
+
+}  // namespace ndmesh::nn

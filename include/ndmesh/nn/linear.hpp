@@ -1,0 +1,50 @@
+// Linear: out = inp · Wᵀ + b, with W stored [out, in] (one output feature per row).
+//
+// Storing W as [out, in] makes both tensor-parallel splits plain row ranges or column
+// ranges of W: a column-parallel linear owns a range of output features (rows of W,
+// entries of b), a row-parallel linear owns a range of input features. The layer itself
+// only knows its local `in` and `out`; a strategy builds it with the split sizes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ndmesh/tensor/params.hpp"
+
+namespace ndmesh::nn {
+
+/// Shape and naming of a Linear.
+struct LinearOptions {
+  std::int64_t in = 0;   ///< input features
+  std::int64_t out = 0;  ///< output features
+  bool bias = true;
+  std::string name = "linear";  ///< prefix of the parameter names (".weight", ".bias")
+  int shared_weight = -1;       ///< id of an existing [out, in] parameter to use as W (tied weights)
+};
+
+/// A fully connected layer over rows of features.
+template <typename T>
+class Linear {
+ public:
+  /// Declares "<name>.weight" [out, in] (unless shared) and "<name>.bias" [out] in `store`.
+  Linear(ParamStore<T>& store, LinearOptions options);
+
+  /// out[rows, out] = inp[rows, in] · Wᵀ + b (overwrites out).
+  void forward(const T* inp, T* out, std::int64_t rows) const;
+  /// Accumulates: dinp += dout · W (skipped when dinp is null), dW += doutᵀ · inp,
+  /// db += column sums of dout.
+  void backward(const T* dout, const T* inp, T* dinp, std::int64_t rows) const;
+
+  const LinearOptions& options() const { return options_; }
+  int weight_id() const { return weight_; }
+  /// -1 without bias.
+  int bias_id() const { return bias_; }
+
+ private:
+  ParamStore<T>* store_;
+  LinearOptions options_;
+  int weight_ = -1;
+  int bias_ = -1;
+};
+
+}  // namespace ndmesh::nn

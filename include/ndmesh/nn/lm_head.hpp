@@ -1,0 +1,43 @@
+// LM head: logits = x · Wᵀ with W [vocab, C], either its own parameter (untied) or the
+// token embedding table (tied: both uses accumulate into the same gradient view).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ndmesh/nn/linear.hpp"
+#include "ndmesh/tensor/params.hpp"
+
+namespace ndmesh::nn {
+
+/// Sizes and tying of an LmHead.
+struct LmHeadOptions {
+  std::int64_t vocab = 0;
+  std::int64_t channels = 0;
+  int tied_weight = -1;          ///< id of the [vocab, C] token table to share, or -1 for an own weight
+  std::string name = "lm_head";  ///< own weight "<name>.weight"
+};
+
+/// Projection of hidden states onto the vocabulary (no bias).
+template <typename T>
+class LmHead {
+ public:
+  LmHead(ParamStore<T>& store, LmHeadOptions options);
+
+  /// logits[rows, vocab] = inp[rows, C] · Wᵀ.
+  void forward(const T* inp, T* logits, std::int64_t rows) const { proj_.forward(inp, logits, rows); }
+  /// Accumulates dinp and dW.
+  void backward(const T* dlogits, const T* inp, T* dinp, std::int64_t rows) const {
+    proj_.backward(dlogits, inp, dinp, rows);
+  }
+
+  bool tied() const { return options_.tied_weight >= 0; }
+  int weight_id() const { return proj_.weight_id(); }
+  const LmHeadOptions& options() const { return options_; }
+
+ private:
+  LmHeadOptions options_;
+  Linear<T> proj_;
+};
+
+}  // namespace ndmesh::nn

@@ -1,0 +1,54 @@
+// MLP: fc (C -> F), GELU, proj (F -> C). For tensor parallelism fc is the
+// column-parallel half and proj the row-parallel half; F here is the local width.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ndmesh/nn/linear.hpp"
+#include "ndmesh/tensor/tensor.hpp"
+
+namespace ndmesh::nn {
+
+/// Sizes and naming of an Mlp.
+struct MlpOptions {
+  std::int64_t channels = 0;  ///< C
+  std::int64_t ffn = 0;       ///< F
+  std::string name = "mlp";   ///< parameters "<name>.fc.*", "<name>.proj.*"
+};
+
+/// What the MLP forward keeps for its backward, for `rows` rows.
+template <typename T>
+struct MlpActivations {
+  Tensor<T> fc;    ///< [rows, F] before GELU
+  Tensor<T> gelu;  ///< [rows, F] after GELU
+  void resize(std::int64_t rows, std::int64_t ffn) {
+    fc.resize({rows, ffn});
+    gelu.resize({rows, ffn});
+  }
+};
+
+/// Two-layer perceptron with GELU.
+template <typename T>
+class Mlp {
+ public:
+  Mlp(ParamStore<T>& store, MlpOptions options);
+
+  /// out[rows, C] = proj(gelu(fc(inp))); fills acts (sized by acts.resize).
+  void forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const;
+  /// Accumulates dinp and the parameter gradients. `scratch` holds at least
+  /// 2 * rows * F elements; its contents are overwritten.
+  void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
+                std::int64_t rows) const;
+
+  const MlpOptions& options() const { return options_; }
+  const Linear<T>& fc() const { return fc_; }
+  const Linear<T>& proj() const { return proj_; }
+
+ private:
+  MlpOptions options_;
+  Linear<T> fc_;
+  Linear<T> proj_;
+};
+
+}  // namespace ndmesh::nn

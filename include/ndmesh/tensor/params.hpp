@@ -1,0 +1,71 @@
+// ParamStore: every parameter and gradient of a model in ONE flat buffer each, with
+// named views (name, offset, shape).
+//
+// Layers declare their parameters when they are constructed (add()), then the owner
+// allocates both buffers once (allocate()). One flat buffer means the optimizer, the
+// gradient clipping, checkpoints and (later) data-parallel gradient buckets all work on
+// contiguous ranges without knowing about layers. Offsets are aligned to kParamAlign
+// elements; the padding stays zero in both buffers.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ndmesh {
+
+/// Offsets of parameters are multiples of this many elements (64 bytes of float).
+inline constexpr std::int64_t kParamAlign = 16;
+
+/// Where one named parameter lives in the flat buffers.
+struct ParamView {
+  std::string name;                 ///< e.g. "block.3.attn.qkv.weight"
+  std::int64_t offset = 0;          ///< elements from the start of the flat buffer
+  std::vector<std::int64_t> shape;  ///< row-major
+  std::int64_t numel = 0;           ///< product of shape
+  bool decay = false;               ///< AdamW applies weight decay (matrices, not norms or biases)
+};
+
+/// The flat parameter and gradient buffers of one model.
+template <typename T>
+class ParamStore {
+ public:
+  /// Declares a parameter and returns its id. Names must be unique; only before allocate().
+  int add(std::string name, std::vector<std::int64_t> shape, bool decay);
+  /// Allocates both buffers (zeroed). After this no parameter can be added.
+  void allocate();
+  bool allocated() const { return !params_.empty() || views_.empty(); }
+
+  /// The parameter / gradient elements of a view.
+  T* param(int id) { return params_.data() + views_.at(static_cast<std::size_t>(id)).offset; }
+  const T* param(int id) const { return params_.data() + views_.at(static_cast<std::size_t>(id)).offset; }
+  T* grad(int id) { return grads_.data() + views_.at(static_cast<std::size_t>(id)).offset; }
+  const T* grad(int id) const { return grads_.data() + views_.at(static_cast<std::size_t>(id)).offset; }
+
+  /// The whole flat buffers, padding included.
+  std::span<T> params() { return params_; }
+  std::span<const T> params() const { return params_; }
+  std::span<T> grads() { return grads_; }
+  std::span<const T> grads() const { return grads_; }
+
+  const std::vector<ParamView>& views() const { return views_; }
+  const ParamView& view(int id) const { return views_.at(static_cast<std::size_t>(id)); }
+  /// The id of a named parameter, or -1.
+  int find(std::string_view name) const;
+  /// Elements in each flat buffer (padding included).
+  std::int64_t size() const { return size_; }
+  /// Parameters that are not padding.
+  std::int64_t parameter_count() const;
+  /// Sets every gradient to zero.
+  void zero_grad();
+
+ private:
+  std::vector<ParamView> views_;
+  std::int64_t size_ = 0;
+  std::vector<T> params_;
+  std::vector<T> grads_;
+};
+
+}  // namespace ndmesh

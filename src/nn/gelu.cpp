@@ -1,0 +1,35 @@
+#include "ndmesh/nn/gelu.hpp"
+
+#include <cmath>
+
+namespace ndmesh::nn {
+
+namespace {
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kCubic = 0.044715;
+}  // namespace
+
+template <typename T>
+void Gelu<T>::forward(const T* inp, T* out, std::int64_t n) {
+  const T a = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kCubic);
+  for (std::int64_t i = 0; i < n; ++i) {
+    T x = inp[i];
+    out[i] = T(0.5) * x * (T(1) + std::tanh(a * (x + k * x * x * x)));
+  }
+}
+
+template <typename T>
+void Gelu<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t n) {
+  const T a = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kCubic);
+  for (std::int64_t i = 0; i < n; ++i) {
+    T x = inp[i];
+    T t = std::tanh(a * (x + k * x * x * x));
+    T d = T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * a * (T(1) + T(3) * k * x * x);
+    dinp[i] += d * dout[i];
+  }
+}
+
+template struct Gelu<float>;
+template struct Gelu<double>;
+
+}  // namespace ndmesh::nn

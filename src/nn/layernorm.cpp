@@ -1,0 +1,80 @@
+// LayerNorm backward, per row with xhat = (x - mean) * rstd and g = dout * w:
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+#include "ndmesh/nn/layernorm.hpp"
+
+#include <cmath>
+
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::nn {
+
+template <typename T>
+LayerNorm<T>::LayerNorm(ParamStore<T>& store, LayerNormOptions options)
+    : store_(&store), options_(std::move(options)) {
+  NDMESH_CHECK(options_.channels > 0, "nn", "layernorm '{}' has channels={}", options_.name,
+               options_.channels);
+  weight_ = store.add(options_.name + ".weight", {options_.channels}, false);
+  bias_ = store.add(options_.name + ".bias", {options_.channels}, false);
+}
+
+template <typename T>
+void LayerNorm<T>::init() const {
+  std::fill(store_->param(weight_), store_->param(weight_) + options_.channels, T(1));
+  std::fill(store_->param(bias_), store_->param(bias_) + options_.channels, T(0));
+}
+
+template <typename T>
+void LayerNorm<T>::forward(const T* inp, T* out, T* mean, T* rstd, std::int64_t rows) const {
+  const std::int64_t c = options_.channels;
+  const T* w = store_->param(weight_);
+  const T* b = store_->param(bias_);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* x = inp + r * c;
+    T* y = out + r * c;
+    T m = 0;
+    for (std::int64_t i = 0; i < c; ++i) m += x[i];
+    m /= static_cast<T>(c);
+    T var = 0;
+    for (std::int64_t i = 0; i < c; ++i) var += (x[i] - m) * (x[i] - m);
+    var /= static_cast<T>(c);
+    T s = T(1) / std::sqrt(var + static_cast<T>(options_.eps));
+    for (std::int64_t i = 0; i < c; ++i) y[i] = (x[i] - m) * s * w[i] + b[i];
+    mean[r] = m;
+    rstd[r] = s;
+  }
+}
+
+template <typename T>
+void LayerNorm<T>::backward(const T* dout, const T* inp, const T* mean, const T* rstd, T* dinp,
+                            std::int64_t rows) const {
+  const std::int64_t c = options_.channels;
+  const T* w = store_->param(weight_);
+  T* dw = store_->grad(weight_);
+  T* db = store_->grad(bias_);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* x = inp + r * c;
+    const T* dy = dout + r * c;
+    T* dx = dinp + r * c;
+    const T m = mean[r], s = rstd[r];
+    T g_mean = 0, gx_mean = 0;
+    for (std::int64_t i = 0; i < c; ++i) {
+      T xhat = (x[i] - m) * s;
+      T g = dy[i] * w[i];
+      g_mean += g;
+      gx_mean += g * xhat;
+      dw[i] += dy[i] * xhat;
+      db[i] += dy[i];
+    }
+    g_mean /= static_cast<T>(c);
+    gx_mean /= static_cast<T>(c);
+    for (std::int64_t i = 0; i < c; ++i) {
+      T xhat = (x[i] - m) * s;
+      dx[i] += s * (dy[i] * w[i] - g_mean - xhat * gx_mean);
+    }
+  }
+}
+
+template class LayerNorm<float>;
+template class LayerNorm<double>;
+
+}  // namespace ndmesh::nn

@@ -1,0 +1,54 @@
+#include "ndmesh/nn/linear.hpp"
+
+#include "ndmesh/core/error.hpp"
+#include "ndmesh/tensor/blas.hpp"
+
+namespace ndmesh::nn {
+
+template <typename T>
+Linear<T>::Linear(ParamStore<T>& store, LinearOptions options)
+    : store_(&store), options_(std::move(options)) {
+  NDMESH_CHECK(options_.in > 0 && options_.out > 0, "nn",
+               "linear '{}' has in={} out={}; both must be positive", options_.name, options_.in,
+               options_.out);
+  if (options_.shared_weight >= 0) {
+    const auto& v = store.view(options_.shared_weight);
+    NDMESH_CHECK(v.numel == options_.in * options_.out, "nn",
+                 "linear '{}' shares '{}' with {} elements but needs {}x{}", options_.name, v.name, v.numel,
+                 options_.out, options_.in);
+    weight_ = options_.shared_weight;
+  } else {
+    weight_ = store.add(options_.name + ".weight", {options_.out, options_.in}, true);
+  }
+  if (options_.bias) bias_ = store.add(options_.name + ".bias", {options_.out}, false);
+}
+
+template <typename T>
+void Linear<T>::forward(const T* inp, T* out, std::int64_t rows) const {
+  const std::int64_t in = options_.in, n_out = options_.out;
+  T beta = T(0);
+  if (bias_ >= 0) {
+    const T* b = store_->param(bias_);
+    for (std::int64_t r = 0; r < rows; ++r) std::copy(b, b + n_out, out + r * n_out);
+    beta = T(1);
+  }
+  gemm<T>(false, true, rows, n_out, in, T(1), inp, in, store_->param(weight_), in, beta, out, n_out);
+}
+
+template <typename T>
+void Linear<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t rows) const {
+  const std::int64_t in = options_.in, n_out = options_.out;
+  if (dinp != nullptr)
+    gemm<T>(false, false, rows, in, n_out, T(1), dout, n_out, store_->param(weight_), in, T(1), dinp, in);
+  gemm<T>(true, false, n_out, in, rows, T(1), dout, n_out, inp, in, T(1), store_->grad(weight_), in);
+  if (bias_ >= 0) {
+    T* db = store_->grad(bias_);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t o = 0; o < n_out; ++o) db[o] += dout[r * n_out + o];
+  }
+}
+
+template class Linear<float>;
+template class Linear<double>;
+
+}  // namespace ndmesh::nn

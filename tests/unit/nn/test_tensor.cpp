@@ -1,0 +1,94 @@
+// gemm against a naive triple loop (every transpose combination, strided operands),
+// and the flat parameter store's layout.
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ndmesh/tensor/blas.hpp"
+#include "ndmesh/tensor/params.hpp"
+#include "ndmesh/tensor/rng.hpp"
+#include "ndmesh/tensor/tensor.hpp"
+
+namespace ndmesh {
+namespace {
+
+template <typename T>
+void check_gemm(bool ta, bool tb) {
+  Rng rng(42);
+  const std::int64_t m = 5, n = 4, k = 3, lda_pad = 2, ldb_pad = 1, ldc_pad = 3;
+  // Stored shapes: A is [m, k] or [k, m] (transposed), with padding columns.
+  const std::int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, lda = a_cols + lda_pad;
+  const std::int64_t b_rows = tb ? n : k, b_cols = tb ? k : n, ldb = b_cols + ldb_pad;
+  const std::int64_t ldc = n + ldc_pad;
+  std::vector<T> a(static_cast<std::size_t>(a_rows * lda)), b(static_cast<std::size_t>(b_rows * ldb)),
+      c(static_cast<std::size_t>(m * ldc));
+  for (auto& x : a) x = static_cast<T>(rng.normal());
+  for (auto& x : b) x = static_cast<T>(rng.normal());
+  for (auto& x : c) x = static_cast<T>(rng.normal());
+  std::vector<T> expect = c;
+  auto A = [&](std::int64_t i, std::int64_t p) { return ta ? a[p * lda + i] : a[i * lda + p]; };
+  auto B = [&](std::int64_t p, std::int64_t j) { return tb ? b[j * ldb + p] : b[p * ldb + j]; };
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (std::int64_t p = 0; p < k; ++p) s += static_cast<double>(A(i, p)) * static_cast<double>(B(p, j));
+      expect[i * ldc + j] = static_cast<T>(2.0 * s + 0.5 * static_cast<double>(c[i * ldc + j]));
+    }
+  gemm<T>(ta, tb, m, n, k, T(2), a.data(), lda, b.data(), ldb, T(0.5), c.data(), ldc);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < ldc; ++j) {
+      const double tol = sizeof(T) == 4 ? 1e-5 : 1e-13;
+      EXPECT_NEAR(c[i * ldc + j], expect[i * ldc + j], tol)
+          << "ta=" << ta << " tb=" << tb << " at " << i << "," << j;
+    }
+}
+
+TEST(Gemm, MatchesNaiveLoopsFloat) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) check_gemm<float>(ta, tb);
+}
+
+TEST(Gemm, MatchesNaiveLoopsDouble) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) check_gemm<double>(ta, tb);
+}
+
+TEST(Threads, SetAndRead) {
+  set_blas_threads(1);
+  EXPECT_EQ(blas_threads(), 1);
+  EXPECT_THROW(set_blas_threads(0), Error);
+}
+
+TEST(ParamStore, AlignedOffsetsNamedViewsZeroPadding) {
+  ParamStore<float> store;
+  int a = store.add("a.weight", {3, 5}, true);
+  int b = store.add("a.bias", {3}, false);
+  int c = store.add("c", {17}, true);
+  EXPECT_THROW(store.add("a.bias", {1}, false), Error);
+  store.allocate();
+  EXPECT_THROW(store.add("late", {1}, false), Error);
+  EXPECT_EQ(store.view(a).offset, 0);
+  EXPECT_EQ(store.view(b).offset, 16);  // 15 rounded up to kParamAlign
+  EXPECT_EQ(store.view(c).offset, 32);
+  EXPECT_EQ(store.size(), 64);  // 32 + 17 = 49, rounded up to a multiple of 16
+  EXPECT_EQ(store.parameter_count(), 15 + 3 + 17);
+  EXPECT_EQ(store.find("a.bias"), b);
+  EXPECT_EQ(store.find("nope"), -1);
+  EXPECT_EQ(store.param(c), store.params().data() + 32);
+  EXPECT_EQ(store.grad(c), store.grads().data() + 32);
+  for (float x : store.params()) EXPECT_EQ(x, 0.0f);
+}
+
+TEST(Rng, SplitMix64ReferenceValues) {
+  // First outputs of SplitMix64 seeded with 0 (reference values of the published algorithm).
+  Rng rng(0);
+  EXPECT_EQ(rng.next(), 0xE220A8397B1DCDAFull);
+  EXPECT_EQ(rng.next(), 0x6E789E6AA1B965F4ull);
+  Rng again(0);
+  again.next();
+  Rng copy(again.state());
+  EXPECT_EQ(copy.next(), 0x6E789E6AA1B965F4ull);
+}
+
+}  // namespace
+}  // namespace ndmesh
