@@ -1,0 +1,216 @@
+// `ndmesh mesh`: shows a layout before anything is launched: the groups of every requested
+// kind, the placement of each kind on the nodes, and with --rank one rank's full view.
+// With --rank the work is O(number of dims + size of the rank's groups), never O(world),
+// so it answers instantly for a million-rank mesh.
+#include <memory>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "mesh_flags.hpp"
+#include "subcommand.hpp"
+
+namespace ndmesh::cli {
+namespace {
+
+struct Options {
+  MeshFlags flags;
+  std::int64_t rank = -1;
+  CLI::Option* rank_option = nullptr;
+  bool json = false;
+  std::int64_t max_groups = 16;
+};
+
+nlohmann::ordered_json dims_json(const Mesh& m) {
+  auto dims = nlohmann::ordered_json::array();
+  for (const auto& d : m.dims()) dims.push_back({{"name", d.name}, {"size", d.size}});
+  return dims;
+}
+
+std::string join_ranks(const GroupView& g) { return fmt::format("{}", fmt::join(g, " ")); }
+
+// A warning line for each heavy dim whose groups cross node boundaries.
+std::vector<std::string> placement_warnings(const MeshSetup& s) {
+  std::vector<std::string> out;
+  if (s.config.ranks_per_node <= 0) return out;
+  for (DimSet h : s.heavy) {
+    auto p = s.mesh.group_placement(h, s.config.ranks_per_node);
+    if (p.groups_crossing == 0) continue;
+    out.push_back(fmt::format(
+        "{} groups cross node boundaries ({} of {} groups, up to {} nodes each): {} traffic will use the "
+        "inter-node network; put {} innermost, e.g. --order {}",
+        s.mesh.key_name(h), p.groups_crossing, p.groups, p.max_nodes_spanned, s.mesh.key_name(h),
+        s.mesh.key_name(h), [&] {
+          std::vector<std::string> names;
+          for (const auto& d : s.mesh.dims())
+            if (d.name != s.mesh.key_name(h)) names.push_back(d.name);
+          names.push_back(s.mesh.key_name(h));
+          return fmt::format("{}", fmt::join(names, ","));
+        }()));
+  }
+  return out;
+}
+
+int show_rank(const MeshSetup& s, std::int64_t rank, bool json) {
+  const Mesh& m = s.mesh;
+  Coords c = m.coords(rank);  // validates the rank
+  std::int64_t rpn = s.config.ranks_per_node;
+  nlohmann::ordered_json out;
+  out["rank"] = rank;
+  out["coords"] = nlohmann::ordered_json::object();
+  for (int i = 0; i < m.ndims(); ++i) out["coords"][m.dim(i).name] = c[i];
+  out["node"] =
+      rpn > 0 ? nlohmann::ordered_json(Mesh::placement(rank, rpn).node) : nlohmann::ordered_json(nullptr);
+  out["local_rank"] = rpn > 0 ? nlohmann::ordered_json(Mesh::placement(rank, rpn).local_rank)
+                              : nlohmann::ordered_json(nullptr);
+  out["groups"] = nlohmann::ordered_json::object();
+  for (DimSet k : s.kinds) {
+    GroupView g = m.group(rank, k);
+    auto& entry = out["groups"][m.key_name(k)];
+    entry = nlohmann::ordered_json::array();
+    for (std::int64_t r : g) entry.push_back(r);
+  }
+  out["neighbours"] = nlohmann::ordered_json::object();
+  auto opt = [](std::optional<std::int64_t> v) {
+    return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
+  };
+  for (int i = 0; i < m.ndims(); ++i) {
+    out["neighbours"][m.dim(i).name] = {
+        {"prev", opt(m.neighbour(rank, i, -1, Edge::kLine))},
+        {"next", opt(m.neighbour(rank, i, +1, Edge::kLine))},
+        {"ring_prev", *m.neighbour(rank, i, -1, Edge::kRing)},
+        {"ring_next", *m.neighbour(rank, i, +1, Edge::kRing)},
+        {"first", m.first(rank, i)},
+        {"last", m.last(rank, i)},
+    };
+  }
+  if (json) {
+    fmt::print("{}\n", out.dump());
+    return 0;
+  }
+  fmt::print("rank {} of {} in mesh {}\n", rank, m.world_size(), m.to_string());
+  std::vector<std::string> coords;
+  for (int i = 0; i < m.ndims(); ++i) coords.push_back(fmt::format("{}={}", m.dim(i).name, c[i]));
+  fmt::print("  coords      {}\n", fmt::join(coords, " "));
+  if (rpn > 0) {
+    auto p = Mesh::placement(rank, rpn);
+    fmt::print("  node        {} (local rank {}, {} ranks per node)\n", p.node, p.local_rank, rpn);
+  } else {
+    fmt::print("  node        unknown (give --ranks-per-node)\n");
+  }
+  fmt::print("  groups\n");
+  for (DimSet k : s.kinds) {
+    GroupView g = m.group(rank, k);
+    std::string where;
+    if (rpn > 0) where = g.front() / rpn == g.back() / rpn ? "  [one node]" : "  [crosses nodes]";
+    fmt::print("    {:<12} color {:<6} key {:<6} ranks {}{}\n", m.key_name(k), m.color(rank, k),
+               m.key(rank, k), join_ranks(g), where);
+  }
+  fmt::print("  neighbours  (line: none past the ends; ring: wraps)\n");
+  auto text = [](std::optional<std::int64_t> v) { return v ? std::to_string(*v) : std::string("-"); };
+  for (int i = 0; i < m.ndims(); ++i)
+    fmt::print("    {:<6} prev {:>6} next {:>6}   ring prev {:>6} ring next {:>6}   first {} last {}\n",
+               m.dim(i).name, text(m.neighbour(rank, i, -1, Edge::kLine)),
+               text(m.neighbour(rank, i, +1, Edge::kLine)), *m.neighbour(rank, i, -1, Edge::kRing),
+               *m.neighbour(rank, i, +1, Edge::kRing), m.first(rank, i), m.last(rank, i));
+  return 0;
+}
+
+int show_mesh(const MeshSetup& s, const Options& o) {
+  const Mesh& m = s.mesh;
+  std::int64_t rpn = s.config.ranks_per_node;
+  if (o.json) {
+    nlohmann::ordered_json out;
+    out["world_size"] = m.world_size();
+    out["dims"] = dims_json(m);
+    out["groups"] = nlohmann::ordered_json::object();
+    for (DimSet k : s.kinds) {
+      auto& list = out["groups"][m.key_name(k)];
+      list = nlohmann::ordered_json::array();
+      for (std::int64_t color = 0; color < m.num_groups(k); ++color) {
+        auto members = nlohmann::ordered_json::array();
+        for (std::int64_t r : m.group_by_color(k, color)) members.push_back(r);
+        list.push_back(std::move(members));
+      }
+    }
+    if (rpn > 0) {
+      out["ranks_per_node"] = rpn;
+      out["placement"] = nlohmann::ordered_json::object();
+      for (DimSet k : s.kinds) {
+        auto p = m.group_placement(k, rpn);
+        out["placement"][m.key_name(k)] = {{"groups", p.groups},
+                                           {"groups_crossing_nodes", p.groups_crossing},
+                                           {"max_nodes_spanned", p.max_nodes_spanned}};
+      }
+      out["warnings"] = placement_warnings(s);
+    }
+    fmt::print("{}\n", out.dump());
+    return 0;
+  }
+
+  fmt::print("mesh {}  (order fastest first: {})\n", m.to_string(), m.order_string());
+  if (rpn > 0) {
+    std::int64_t nodes = (m.world_size() + rpn - 1) / rpn;
+    fmt::print("world {} ranks, {} per node, {} node{}\n", m.world_size(), rpn, nodes, nodes == 1 ? "" : "s");
+  } else {
+    fmt::print("world {} ranks\n", m.world_size());
+  }
+  for (DimSet k : s.kinds) {
+    std::int64_t n = m.num_groups(k);
+    fmt::print("\n{} groups: {} of {} rank{}\n", m.key_name(k), n, m.group_size(k),
+               m.group_size(k) == 1 ? "" : "s");
+    for (std::int64_t color = 0; color < std::min(n, o.max_groups); ++color) {
+      GroupView g = m.group_by_color(k, color);
+      std::string where;
+      if (rpn > 0) {
+        std::int64_t a = g.front() / rpn, b = g.back() / rpn;
+        where = a == b ? fmt::format("  node {}", a) : fmt::format("  nodes {}..{}", a, b);
+      }
+      fmt::print("  {:>5}: {}{}\n", color, join_ranks(g), where);
+    }
+    if (n > o.max_groups) fmt::print("  ... {} more (--max-groups N, or --json for all)\n", n - o.max_groups);
+  }
+  if (rpn > 0) {
+    fmt::print("\nplacement ({} ranks per node):\n", rpn);
+    for (DimSet k : s.kinds) {
+      auto p = m.group_placement(k, rpn);
+      if (p.groups_crossing == 0)
+        fmt::print("  {:<12} inside one node ({} groups)\n", m.key_name(k), p.groups);
+      else
+        fmt::print("  {:<12} {} of {} groups cross nodes (up to {} nodes each)\n", m.key_name(k),
+                   p.groups_crossing, p.groups, p.max_nodes_spanned);
+    }
+    for (const auto& w : placement_warnings(s)) fmt::print("warning: {}\n", w);
+  } else {
+    fmt::print("\n(give --ranks-per-node N for the placement report)\n");
+  }
+  return 0;
+}
+
+Action setup(CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  o->flags.add_to(app);
+  o->rank_option =
+      app.add_option("--rank", o->rank, "show one rank's full view: coords, node, groups, neighbours");
+  app.add_flag("--json", o->json, "print JSON instead of tables");
+  app.add_option("--max-groups", o->max_groups, "groups listed per kind in the tables (default 16)")
+      ->check(CLI::PositiveNumber);
+  app.footer(
+      "Examples:\n"
+      "  ndmesh mesh --dp 2 --pp 2 --cp 2 --tp 2 --ranks-per-node 8\n"
+      "  ndmesh mesh --tp 2 --cp 2 --dp 2 --pp 2 --megatron-order tp-cp-dp-pp --groups tp,dp-cp\n"
+      "  ndmesh mesh --dims pipe=2,tensor=2,data=4 --groups pipe,tensor,data,pipe-tensor\n"
+      "  ndmesh mesh --tp 8 --cp 4 --pp 16 --dp -1 --world 1048576 --rank 777777 --json");
+  return [o] {
+    MeshSetup s = o->flags.resolve();
+    if (o->rank_option->count()) return show_rank(s, o->rank, o->json);
+    return show_mesh(s, *o);
+  };
+}
+
+const Subcommand kMesh{"mesh", "Show a layout: groups of any dims, placement on nodes, one rank's view",
+                       setup};
+
+}  // namespace
+}  // namespace ndmesh::cli

@@ -1,0 +1,115 @@
+#include "mesh_flags.hpp"
+
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::cli {
+
+void MeshFlags::add_to(CLI::App& app) {
+  static const std::map<std::string, std::string> kDocs = {
+      {"dp", "data-parallel size"},   {"pp", "pipeline-parallel size"}, {"cp", "context-parallel size"},
+      {"tp", "tensor-parallel size"}, {"ep", "expert-parallel size"},
+  };
+  for (const auto& name : standard_dims()) {
+    size_options_[name] =
+        app.add_option("--" + name, sizes_[name], kDocs.at(name) + " (default 1; -1 = infer from the world)")
+            ->group("Layout");
+  }
+  order_opt_ =
+      app.add_option("--order", order_, "dim order, outer to inner (default dp,pp,cp,tp)")->group("Layout");
+  megatron_opt_ = app.add_option("--megatron-order", megatron_order_,
+                                 "dim order fastest first, Megatron's convention, e.g. tp-cp-ep-dp-pp")
+                      ->group("Layout");
+  dims_opt_ = app.add_option("--dims", dims_, "custom dims outer to inner, e.g. pipe=2,tensor=2,data=4")
+                  ->group("Layout");
+  world_opt_ =
+      app.add_option("--world", world_, "world size (default: the product of the sizes)")->group("Layout");
+  rpn_opt_ =
+      app.add_option("--ranks-per-node", ranks_per_node_, "ranks on each node, for the placement report")
+          ->group("Layout");
+  heavy_opt_ = app.add_option("--heavy-dims", heavy_,
+                              "bandwidth-heavy dims to warn about when they cross nodes "
+                              "(default tp)")
+                   ->delimiter(',')
+                   ->group("Layout");
+  app.add_option("--groups", groups_,
+                 "group kinds to show, comma-separated; a kind joins dims with '-' in any order "
+                 "(e.g. tp,cp,dp-cp; default: every single dim)")
+      ->group("Layout");
+  app.add_option("--config", config_, "TOML config file ([parallel], [model], [training]); flags override it")
+      ->check(CLI::ExistingFile)
+      ->group("Layout");
+  order_opt_->excludes(megatron_opt_);
+  dims_opt_->excludes(order_opt_)->excludes(megatron_opt_);
+}
+
+MeshSetup MeshFlags::resolve(std::int64_t launched_world) const {
+  ConfigFile file;
+  if (!config_.empty()) file = load_config_file(config_);
+
+  LayoutSpec layout = file.layout;
+  bool flags_spell_layout = order_opt_->count() || megatron_opt_->count() || dims_opt_->count();
+  if (flags_spell_layout) layout.order.clear(), layout.megatron_order.clear(), layout.dims.clear();
+  if (order_opt_->count()) layout.order = order_;
+  if (megatron_opt_->count()) layout.megatron_order = megatron_order_;
+  if (dims_opt_->count()) {
+    layout.dims = dims_;
+    layout.sizes.clear();  // --dims replaces the file's standard sizes
+  }
+  for (const auto& [name, option] : size_options_)
+    if (option->count()) layout.sizes[name] = sizes_.at(name);
+
+  ParallelConfig config = file.parallel;
+  config.dims = layout_dims(layout);
+  if (world_opt_->count()) {
+    NDMESH_CHECK_CONFIG(world_ >= 1, "config", "--world {} must be at least 1", world_);
+    config.world = world_;
+  }
+  if (rpn_opt_->count()) {
+    NDMESH_CHECK_CONFIG(ranks_per_node_ >= 1, "config", "--ranks-per-node {} must be at least 1",
+                        ranks_per_node_);
+    config.ranks_per_node = ranks_per_node_;
+  }
+  if (launched_world > 0) {
+    NDMESH_CHECK_CONFIG(
+        config.world == 0 || config.world == launched_world, "config",
+        "--world {} but the job was launched with {} ranks; drop --world or relaunch with -n {}",
+        config.world, launched_world, config.world);
+    config.world = launched_world;
+  }
+  config = ndmesh::resolve(config);
+
+  MeshSetup out;
+  out.model = file.model;
+  validate(config, out.model ? &*out.model : nullptr);
+  out.config = config;
+  out.mesh = config.mesh();
+
+  // Group kinds: each comma-separated entry names dims joined by '-'.
+  if (groups_.empty()) {
+    for (int i = 0; i < out.mesh.ndims(); ++i) out.kinds.push_back(DimSet::single(i));
+  } else {
+    std::size_t start = 0;
+    while (start <= groups_.size()) {
+      std::size_t end = groups_.find(',', start);
+      if (end == std::string::npos) end = groups_.size();
+      std::string kind = groups_.substr(start, end - start);
+      NDMESH_CHECK_CONFIG(!kind.empty(), "config", "--groups '{}' has an empty entry; e.g. --groups tp,dp-cp",
+                          groups_);
+      DimSet set = out.mesh.dims_of(kind);
+      if (std::find(out.kinds.begin(), out.kinds.end(), set) == out.kinds.end()) out.kinds.push_back(set);
+      start = end + 1;
+    }
+  }
+
+  // Heavy dims: the default (tp) is skipped when the mesh has no such dim; named ones must exist.
+  bool user_heavy = heavy_opt_->count() > 0;
+  for (const auto& name : user_heavy ? heavy_ : config.heavy_dims) {
+    auto i = out.mesh.find(name);
+    NDMESH_CHECK_CONFIG(i || !user_heavy, "config", "--heavy-dims names '{}' but the mesh {} has no such dim",
+                        name, out.mesh.to_string());
+    if (i) out.heavy.push_back(DimSet::single(*i));
+  }
+  return out;
+}
+
+}  // namespace ndmesh::cli
