@@ -1,0 +1,45 @@
+// Checkpoints: everything needed to continue a run bit for bit (model shape, parameters,
+// AdamW moments and step count, the step, and the data source and its position).
+//
+// File layout (little-endian):
+//   header: magic "NDMESHCK" | u32 version | u32 header crc32 | u64 body bytes | u32 body crc32
+//   body:   model spec, step, data description and position, AdamW step count,
+//           parameter count, then params, m and v as float32.
+// Files are written to "<path>.tmp.<pid>" and renamed over <path>, so a crash never
+// leaves a half-written checkpoint under the real name.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ndmesh/config/config.hpp"
+
+namespace ndmesh::model {
+
+/// The checkpoint format this build writes and reads.
+inline constexpr std::uint32_t kCheckpointVersion = 1;
+
+/// What a checkpoint holds.
+struct Checkpoint {
+  ModelSpec spec;
+  std::int64_t step = 0;            ///< optimizer steps done
+  std::string data;                 ///< DataSource::describe() of the run
+  std::uint64_t data_position = 0;  ///< DataSource::position() after `step` batches
+  std::int64_t adam_steps = 0;
+  std::vector<float> params, adam_m, adam_v;  ///< flat buffers, padding included
+};
+
+/// Writes atomically (temporary file, then rename). IoError naming the path on failure.
+void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+
+/// Reads and verifies a checkpoint. IoError naming the path when it cannot be read, is
+/// not a checkpoint, has another version, is truncated, or fails its checksum.
+Checkpoint load_checkpoint(const std::string& path);
+
+/// Every difference between a checkpoint's model spec and `spec`, as "field: checkpoint
+/// has X, the run has Y" lines; empty when they match.
+std::vector<std::string> spec_differences(const ModelSpec& checkpoint, const ModelSpec& spec);
+
+}  // namespace ndmesh::model

@@ -1,0 +1,211 @@
+#include "ndmesh/model/checkpoint.hpp"
+
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include <fmt/core.h>
+
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::model {
+
+namespace {
+
+constexpr char kMagic[8] = {'N', 'D', 'M', 'E', 'S', 'H', 'C', 'K'};
+constexpr std::size_t kHeaderBytes = 8 + 4 + 4 + 8 + 4;
+
+std::uint32_t crc32_of(const unsigned char* data, std::size_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  // zlib takes uInt lengths; feed large buffers in pieces.
+  while (n > 0) {
+    uInt chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
+    crc = crc32(crc, data, chunk);
+    data += chunk;
+    n -= chunk;
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+class Writer {
+ public:
+  template <typename V>
+  void pod(V v) {
+    const auto* p = reinterpret_cast<const unsigned char*>(&v);
+    bytes_.insert(bytes_.end(), p, p + sizeof(V));
+  }
+  void str(const std::string& s) {
+    pod<std::uint32_t>(static_cast<std::uint32_t>(s.size()));
+    bytes_.insert(bytes_.end(), s.begin(), s.end());
+  }
+  void floats(const std::vector<float>& v) {
+    const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+    bytes_.insert(bytes_.end(), p, p + v.size() * sizeof(float));
+  }
+  std::vector<unsigned char>& bytes() { return bytes_; }
+
+ private:
+  std::vector<unsigned char> bytes_;
+};
+
+class Reader {
+ public:
+  Reader(const std::string& path, const unsigned char* data, std::size_t n)
+      : path_(path), data_(data), n_(n) {}
+  template <typename V>
+  V pod() {
+    need(sizeof(V));
+    V v;
+    std::memcpy(&v, data_ + at_, sizeof(V));
+    at_ += sizeof(V);
+    return v;
+  }
+  std::string str() {
+    auto len = pod<std::uint32_t>();
+    need(len);
+    std::string s(reinterpret_cast<const char*>(data_ + at_), len);
+    at_ += len;
+    return s;
+  }
+  std::vector<float> floats(std::size_t count) {
+    need(count * sizeof(float));
+    std::vector<float> v(count);
+    std::memcpy(v.data(), data_ + at_, count * sizeof(float));
+    at_ += count * sizeof(float);
+    return v;
+  }
+  bool at_end() const { return at_ == n_; }
+
+ private:
+  void need(std::size_t k) const {
+    if (n_ - at_ < k) fail<IoError>("checkpoint", "'{}' is malformed: its body ends early", path_);
+  }
+  const std::string& path_;
+  const unsigned char* data_;
+  std::size_t n_;
+  std::size_t at_ = 0;
+};
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const Checkpoint& c) {
+  NDMESH_CHECK(c.params.size() == c.adam_m.size() && c.params.size() == c.adam_v.size(), "checkpoint",
+               "params ({}), m ({}) and v ({}) differ in size", c.params.size(), c.adam_m.size(),
+               c.adam_v.size());
+  Writer body;
+  for (std::int64_t v : {c.spec.layers, c.spec.hidden, c.spec.heads, c.spec.kv_heads, c.spec.ffn, c.spec.seq,
+                         c.spec.vocab, c.spec.experts})
+    body.pod(v);
+  body.pod<std::uint8_t>(c.spec.tied_embeddings ? 1 : 0);
+  body.str(c.spec.name);
+  body.pod(c.step);
+  body.str(c.data);
+  body.pod(c.data_position);
+  body.pod(c.adam_steps);
+  body.pod<std::uint64_t>(c.params.size());
+  body.floats(c.params);
+  body.floats(c.adam_m);
+  body.floats(c.adam_v);
+
+  Writer header;
+  for (char ch : kMagic) header.pod(ch);
+  header.pod(kCheckpointVersion);
+  const std::uint64_t body_bytes = body.bytes().size();
+  const std::uint32_t body_crc = crc32_of(body.bytes().data(), body.bytes().size());
+  // The header crc covers the version, the body size and the body crc.
+  Writer covered;
+  covered.pod(kCheckpointVersion);
+  covered.pod(body_bytes);
+  covered.pod(body_crc);
+  header.pod(crc32_of(covered.bytes().data(), covered.bytes().size()));
+  header.pod(body_bytes);
+  header.pod(body_crc);
+
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr)
+    fail<IoError>("checkpoint", "cannot create '{}': {}; check that the folder exists and is writable", tmp,
+                  std::strerror(errno));
+  bool ok = std::fwrite(header.bytes().data(), 1, header.bytes().size(), f) == header.bytes().size() &&
+            std::fwrite(body.bytes().data(), 1, body.bytes().size(), f) == body.bytes().size() &&
+            std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  const int write_errno = errno;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = ok ? errno : write_errno;
+    std::remove(tmp.c_str());
+    fail<IoError>("checkpoint", "cannot write '{}': {}", path, std::strerror(err));
+  }
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail<IoError>("checkpoint", "cannot open '{}'; check the --load path", path);
+  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0)
+    fail<IoError>("checkpoint", "'{}' is not an ndmesh checkpoint (no NDMESHCK header)", path);
+  Reader header(path, bytes.data() + sizeof(kMagic), kHeaderBytes - sizeof(kMagic));
+  const auto version = header.pod<std::uint32_t>();
+  const auto header_crc = header.pod<std::uint32_t>();
+  const auto body_bytes = header.pod<std::uint64_t>();
+  const auto body_crc = header.pod<std::uint32_t>();
+  Writer covered;
+  covered.pod(version);
+  covered.pod(body_bytes);
+  covered.pod(body_crc);
+  if (crc32_of(covered.bytes().data(), covered.bytes().size()) != header_crc)
+    fail<IoError>("checkpoint", "'{}' has a corrupt header (checksum mismatch)", path);
+  if (version != kCheckpointVersion)
+    fail<IoError>("checkpoint", "'{}' has format version {} but this build reads version {}", path, version,
+                  kCheckpointVersion);
+  if (bytes.size() - kHeaderBytes != body_bytes)
+    fail<IoError>("checkpoint",
+                  "'{}' is truncated or padded: the header promises {} body bytes, the file has {}", path,
+                  body_bytes, bytes.size() - kHeaderBytes);
+  const unsigned char* body_data = bytes.data() + kHeaderBytes;
+  if (crc32_of(body_data, body_bytes) != body_crc)
+    fail<IoError>("checkpoint", "'{}' is corrupt: body checksum mismatch", path);
+
+  Reader body(path, body_data, body_bytes);
+  Checkpoint c;
+  for (std::int64_t* field : {&c.spec.layers, &c.spec.hidden, &c.spec.heads, &c.spec.kv_heads, &c.spec.ffn,
+                              &c.spec.seq, &c.spec.vocab, &c.spec.experts})
+    *field = body.pod<std::int64_t>();
+  c.spec.tied_embeddings = body.pod<std::uint8_t>() != 0;
+  c.spec.name = body.str();
+  c.step = body.pod<std::int64_t>();
+  c.data = body.str();
+  c.data_position = body.pod<std::uint64_t>();
+  c.adam_steps = body.pod<std::int64_t>();
+  const auto count = body.pod<std::uint64_t>();
+  c.params = body.floats(count);
+  c.adam_m = body.floats(count);
+  c.adam_v = body.floats(count);
+  if (!body.at_end()) fail<IoError>("checkpoint", "'{}' is malformed: bytes left after the body", path);
+  return c;
+}
+
+std::vector<std::string> spec_differences(const ModelSpec& a, const ModelSpec& b) {
+  std::vector<std::string> out;
+  auto cmp = [&](const char* field, std::int64_t x, std::int64_t y) {
+    if (x != y) out.push_back(fmt::format("{}: checkpoint has {}, the run has {}", field, x, y));
+  };
+  cmp("layers", a.layers, b.layers);
+  cmp("hidden", a.hidden, b.hidden);
+  cmp("heads", a.heads, b.heads);
+  cmp("kv_heads", a.kv_heads_or_heads(), b.kv_heads_or_heads());
+  cmp("ffn", a.ffn_or_default(), b.ffn_or_default());
+  cmp("seq", a.seq, b.seq);
+  cmp("vocab", a.vocab, b.vocab);
+  cmp("experts", a.experts, b.experts);
+  cmp("tied_embeddings", a.tied_embeddings, b.tied_embeddings);
+  return out;
+}
+
+}  // namespace ndmesh::model

@@ -1,0 +1,138 @@
+// The whole model against finite differences (double), its loss at initialisation, and
+// the float model against the double one.
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ndmesh/core/error.hpp"
+#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/tensor/blas.hpp"
+#include "unit/nn/fd_check.hpp"
+
+namespace ndmesh::model {
+namespace {
+
+ModelSpec tiny(bool tied, std::int64_t kv_heads) {
+  return {.name = "tiny",
+          .layers = 2,
+          .hidden = 8,
+          .heads = 4,
+          .kv_heads = kv_heads,
+          .ffn = 12,
+          .seq = 5,
+          .vocab = 7,
+          .tied_embeddings = tied};
+}
+
+std::vector<std::int32_t> random_tokens(std::int64_t n, std::int64_t vocab, Rng& rng) {
+  std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+  for (auto& x : t) x = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(vocab)));
+  return t;
+}
+
+class GptGrad : public ::testing::TestWithParam<std::pair<bool, int>> {};
+
+TEST_P(GptGrad, WholeModelGradientsMatchFiniteDifferences) {
+  const auto [tied, kv_heads] = GetParam();
+  // A larger init than training uses, so that every parameter matters to the loss.
+  GptT<double> gpt(tiny(tied, kv_heads), {.seed = 3, .batch = 2, .init_std = 0.5});
+  Rng rng(5);
+  auto tokens = random_tokens(10, 7, rng), targets = random_tokens(10, 7, rng);
+  // Norm scales and biases start at 1 and 0; move them so their gradients are generic.
+  for (const auto& v : gpt.params().views())
+    for (std::int64_t i = 0; i < v.numel; ++i) gpt.params().params()[v.offset + i] += 0.1 * rng.normal();
+  auto loss = [&] { return gpt.forward(tokens.data(), targets.data()); };
+  gpt.params().zero_grad();
+  loss();
+  gpt.backward();
+  testing::expect_param_gradients(gpt.params(), loss);
+}
+
+INSTANTIATE_TEST_SUITE_P(TiedAndKvHeads, GptGrad,
+                         ::testing::Values(std::pair{true, 0}, std::pair{false, 2}, std::pair{true, 1}));
+
+TEST(Gpt, LossAtInitialisationIsNearLogVocab) {
+  set_blas_threads(1);
+  const ModelSpec spec{.layers = 2, .hidden = 32, .heads = 4, .seq = 16, .vocab = 64};
+  Gpt gpt(spec, {.seed = 1, .batch = 4});
+  Rng rng(9);
+  auto tokens = random_tokens(64, 64, rng), targets = random_tokens(64, 64, rng);
+  // With weights of std 0.02 the logits are tiny, so the prediction is close to uniform.
+  EXPECT_NEAR(gpt.forward(tokens.data(), targets.data()), std::log(64.0), 0.02);
+}
+
+TEST(Gpt, FloatModelMatchesDoubleModel) {
+  const ModelSpec spec = tiny(true, 2);
+  Gpt f(spec, {.seed = 4, .batch = 2});
+  GptT<double> d(spec, {.seed = 4, .batch = 2});
+  // Same seed: the float init is the double init rounded.
+  for (std::int64_t i = 0; i < f.params().size(); ++i)
+    ASSERT_EQ(f.params().params()[i], static_cast<float>(d.params().params()[i]));
+  Rng rng(6);
+  auto tokens = random_tokens(10, 7, rng), targets = random_tokens(10, 7, rng);
+  EXPECT_NEAR(f.forward(tokens.data(), targets.data()), d.forward(tokens.data(), targets.data()), 1e-5);
+  f.params().zero_grad();
+  d.params().zero_grad();
+  f.backward();
+  d.backward();
+  for (std::int64_t i = 0; i < f.params().size(); ++i)
+    EXPECT_NEAR(f.params().grads()[i], d.params().grads()[i], 1e-5) << i;
+}
+
+TEST(Gpt, ParametersAreOneFlatBufferOfNamedViews) {
+  const ModelSpec spec = tiny(false, 2);
+  Gpt gpt(spec, {.batch = 1});
+  const auto& store = gpt.params();
+  // Count by hand: embeddings 7x8 + 5x8, final norm 2x8, untied head 7x8, and per block
+  // two norms (4x8), qkv 8x(4+2+2)*2 + 16, proj 8x8 + 8, fc 8x12 + 12, mlp proj 12x8 + 8.
+  const std::int64_t block = 4 * 8 + (8 * 16 + 16) + (64 + 8) + (96 + 12) + (96 + 8);
+  EXPECT_EQ(store.parameter_count(), 56 + 40 + 16 + 56 + 2 * block);
+  EXPECT_GE(store.find("block.1.attn.qkv.weight"), 0);
+  EXPECT_EQ(store.view(store.find("block.1.attn.qkv.weight")).shape, (std::vector<std::int64_t>{16, 8}));
+  EXPECT_GE(store.find("lm_head.weight"), 0);
+  std::int64_t end = 0;
+  for (const auto& v : store.views()) {
+    EXPECT_GE(v.offset, end) << v.name;  // views never overlap
+    EXPECT_EQ(v.offset % kParamAlign, 0) << v.name;
+    end = v.offset + v.numel;
+  }
+  EXPECT_LE(end, store.size());
+}
+
+TEST(Gpt, InitialisationDependsOnlyOnSeedAndName) {
+  const ModelSpec one{.layers = 1, .hidden = 8, .heads = 2, .seq = 4, .vocab = 5};
+  ModelSpec two = one;
+  two.layers = 2;
+  Gpt a(one, {.seed = 7}), b(two, {.seed = 7}), c(one, {.seed = 8});
+  const auto& sa = a.params();
+  const auto& sb = b.params();
+  const int ia = sa.find("block.0.mlp.fc.weight"), ib = sb.find("block.0.mlp.fc.weight");
+  for (std::int64_t i = 0; i < sa.view(ia).numel; ++i) EXPECT_EQ(sa.param(ia)[i], sb.param(ib)[i]);
+  EXPECT_NE(sa.param(ia)[0], c.params().param(ia)[0]);
+}
+
+TEST(Gpt, BadSpecsNameTheFieldAndTheFix) {
+  ModelSpec spec{.layers = 1, .hidden = 10, .heads = 4, .kv_heads = 3, .seq = 4, .vocab = 5};
+  try {
+    Gpt gpt(spec);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("heads=4 does not divide hidden=10"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("kv_heads=3 does not divide heads=4"), std::string::npos) << msg;
+  }
+  spec = {.layers = 0, .hidden = 8, .heads = 2, .seq = 4, .vocab = 5};
+  EXPECT_THROW(Gpt{spec}, ConfigError);
+}
+
+TEST(Gpt, FlopsCountMatchesHandCount) {
+  const ModelSpec spec{.layers = 1, .hidden = 4, .heads = 2, .kv_heads = 1, .ffn = 8, .seq = 3, .vocab = 5};
+  Gpt gpt(spec, {.batch = 2});
+  // N = 6 tokens, hd = 2. Forward: qkv 2*6*4*(2+2)*2 = 384, proj 2*6*4*4 = 192,
+  // mlp 2*2*6*4*8 = 768, attention 2*2*6*3*4 = 288, head 2*6*4*5 = 240.
+  EXPECT_DOUBLE_EQ(gpt.flops_per_step(), 3.0 * (384 + 192 + 768 + 288 + 240));
+}
+
+}  // namespace
+}  // namespace ndmesh::model
