@@ -14,7 +14,7 @@ endif
 # Debian packages the build and the tests need; installed only when missing.
 DEB_PACKAGES := build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev \
   libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libfmt-dev \
-  librsvg2-bin jq
+  librsvg2-bin jq zlib1g-dev
 
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
