@@ -116,6 +116,30 @@ class GroupView {
   std::int64_t back() const;
   Iterator begin() const;
   Iterator end() const;
+  /// Calls f(rank) for every member in order: a tight loop along the innermost chosen
+  /// dim, the fastest way to visit all members.
+  template <typename F>
+  void for_each(F&& f) const {
+    if (nchosen_ == 0) {
+      f(base_);
+      return;
+    }
+    std::array<std::int64_t, kMaxDims> digit{};
+    const std::int64_t inner_size = sizes_[0], inner_stride = strides_[0];
+    std::int64_t row = base_;
+    for (std::int64_t done = 0; done < size_; done += inner_size) {
+      std::int64_t r = row;
+      for (std::int64_t k = 0; k < inner_size; ++k, r += inner_stride) f(r);
+      for (int j = 1; j < nchosen_; ++j) {  // odometer over the outer chosen dims
+        if (++digit[j] < sizes_[j]) {
+          row += strides_[j];
+          break;
+        }
+        digit[j] = 0;
+        row -= (sizes_[j] - 1) * strides_[j];
+      }
+    }
+  }
   /// True when `rank` is a member, O(number of dims).
   bool contains(std::int64_t rank) const;
   /// The members as a vector (allocates; for printing and tests).
@@ -214,6 +238,29 @@ class Mesh {
   GroupView group(std::int64_t rank, DimSet s) const;
   /// Members of the group of `s` with the given color (0 <= color < num_groups(s)).
   GroupView group_by_color(DimSet s, std::int64_t color) const;
+  /// Calls f(color, const GroupView&) for every group of `s` in color order. Walks the
+  /// colors with an odometer, so each group costs O(1) amortised, no division: the way
+  /// to enumerate all groups of a kind.
+  template <typename F>
+  void for_each_group(DimSet s, F&& f) const {
+    GroupView g = group(0, s);
+    std::array<std::int64_t, kMaxDims> sizes{}, strides{}, digit{};
+    int n = 0;
+    for (int i = ndims_ - 1; i >= 0; --i)  // dims outside s, innermost first
+      if (!s.contains(i)) sizes[n] = sizes_[i], strides[n] = strides_[i], ++n;
+    const std::int64_t groups = num_groups(s);
+    for (std::int64_t color = 0; color < groups; ++color) {
+      f(color, static_cast<const GroupView&>(g));
+      for (int j = 0; j < n; ++j) {
+        if (++digit[j] < sizes[j]) {
+          g.base_ += strides[j];
+          break;
+        }
+        digit[j] = 0;
+        g.base_ -= (sizes[j] - 1) * strides[j];
+      }
+    }
+  }
   /// Size of every group of `s`.
   std::int64_t group_size(DimSet s) const;
   /// A readable id of the group of `s` holding `rank`: the key name, "_group_", then the

@@ -238,6 +238,18 @@ TEST(MeshProperties, RandomShapes) {
         ++color;
       }
       for (int v : seen) ASSERT_EQ(v, 1);  // each kind of group partitions the world
+
+      // for_each_group and GroupView::for_each visit the same groups and members.
+      std::vector<std::vector<std::int64_t>> walked;
+      m.for_each_group(s, [&](std::int64_t c, const GroupView& g) {
+        ASSERT_EQ(c, static_cast<std::int64_t>(walked.size()));
+        std::vector<std::int64_t> members;
+        g.for_each([&](std::int64_t r) { members.push_back(r); });
+        walked.push_back(members);
+      });
+      ASSERT_EQ(walked.size(), expected.size());
+      std::size_t gi = 0;
+      for (const auto& [outside, members] : expected) ASSERT_EQ(walked[gi++], members);
     }
 
     // Neighbours are inverse to each other, and line neighbours stop at the ends.
