@@ -377,12 +377,12 @@ GroupPlacement Mesh::group_placement(DimSet s, std::int64_t ranks_per_node) cons
   for (int i = 0; i < ndims_; ++i)
     if (s.contains(i)) span += (sizes_[i] - 1) * strides_[i];
   std::int64_t widest = -1, widest_nodes = 0;
-  for (std::int64_t color = 0; color < p.groups; ++color) {
-    std::int64_t front = group_by_color(s, color).front();
+  for_each_group(s, [&](std::int64_t, const GroupView& g) {
+    std::int64_t front = g.front();
     std::int64_t nodes = (front + span) / ranks_per_node - front / ranks_per_node + 1;
     if (nodes > 1) ++p.groups_crossing;
     if (nodes > widest_nodes) widest = front, widest_nodes = nodes;
-  }
+  });
   // Members can skip whole nodes, so count the distinct nodes of the widest group.
   p.max_nodes_spanned = 1;
   std::int64_t previous = -1;

@@ -128,11 +128,11 @@ int show_mesh(const MeshSetup& s, const Options& o) {
     for (DimSet k : s.kinds) {
       auto& list = out["groups"][m.key_name(k)];
       list = nlohmann::ordered_json::array();
-      for (std::int64_t color = 0; color < m.num_groups(k); ++color) {
+      m.for_each_group(k, [&](std::int64_t, const GroupView& g) {
         auto members = nlohmann::ordered_json::array();
-        for (std::int64_t r : m.group_by_color(k, color)) members.push_back(r);
+        g.for_each([&](std::int64_t r) { members.push_back(r); });
         list.push_back(std::move(members));
-      }
+      });
     }
     if (rpn > 0) {
       out["ranks_per_node"] = rpn;
