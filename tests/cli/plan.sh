@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# `ndmesh plan`: the search prints a ranked table and JSON, `plan memory` reproduces hand
+# computations, and bad input exits 2 naming the flag and the value.
+# Usage: bash tests/cli/plan.sh path/to/ndmesh
+set -u
+ndmesh=$1
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+expect_rc() {  # expect_rc CODE DESCRIPTION -- command...
+  local want=$1 what=$2; shift 3
+  out=$("$@" 2>&1); rc=$?
+  [ "$rc" -eq "$want" ] || fail "$what: exit $rc, want $want; output: $out"
+}
+
+# The search of the issue's example: a table of --top rows, best first.
+expect_rc 0 "search" -- "$ndmesh" plan --model llama3-70b --gpus 512 --hardware h100 --seq 8192 \
+  --global-batch 1024 --top 5
+rows=$(echo "$out" | grep -cE '^ +[1-5] +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ ')
+[ "$rows" -eq 5 ] || fail "search: want 5 ranked rows, got $rows: $out"
+echo "$out" | grep -q "70.55B parameters" || fail "search: header lacks the parameter count: $out"
+
+# --explain shows every term.
+expect_rc 0 "explain" -- "$ndmesh" plan --model llama3-70b --gpus 512 --seq 8192 --global-batch 1024 --explain
+for term in compute recompute "tensor parallel" "context parallel" "pipeline sends" bubble "data parallel" \
+  activations optimizer; do
+  echo "$out" | grep -q "$term" || fail "explain: no '$term' line"
+done
+
+# JSON: the field names of the issue, --top layouts.
+expect_rc 0 "search json" -- "$ndmesh" plan --model gpt3-175b --gpus 64 --hardware a100-80gb \
+  --global-batch 512 --top 3 --json
+for key in '"layouts"' '"tp"' '"cp"' '"pp"' '"dp"' '"vpp"' '"micro_batch"' '"schedule"' '"recompute"' \
+  '"zero"' '"memory_bytes"' '"params"' '"grads"' '"optimizer"' '"activations"' '"total"' '"step_time_s"' \
+  '"tokens_per_second"' '"mfu"'; do
+  echo "$out" | grep -q "$key" || fail "search json: no $key"
+done
+n=$(echo "$out" | grep -c '"step_time_s"')
+[ "$n" -eq 3 ] || fail "search json: want 3 layouts, got $n"
+
+# plan memory for GPT-3 175B, tp 8, pp 8, micro-batch 1, SP + selective recompute:
+# parameters 174,615,846,912 (12*96*12288^2 + 13*12288*96 + 53248*12288 + 2*12288) and
+# first-stage activations 96 layers x 34 sbh/8 + the embedding mask sbh*8/8
+# = 96 * 106,954,752 + 25,165,824 = 10,292,822,016 bytes (Korthikanti et al. 2022).
+expect_rc 0 "memory json" -- "$ndmesh" plan memory --model gpt3-175b --tp 8 --pp 8 --dp 1 --micro-batch 1 \
+  --seq 2048 --sequence-parallel --recompute selective --json
+echo "$out" | grep -q '"parameters": 174615846912' || fail "memory json: parameters: $out"
+echo "$out" | grep -q '"activations": 10292822016' || fail "memory json: activations: $out"
+echo "$out" | grep -q '"step_time_s"' || fail "memory json: no step_time_s"
+
+# Nothing fits: exit 1 and say by how much.
+expect_rc 1 "nothing fits" -- "$ndmesh" plan --model gpt3-1t --gpus 8 --hardware a100-80gb --global-batch 64
+echo "$out" | grep -q "GiB short" || fail "nothing fits: no shortfall: $out"
+
+# Bad input: exit 2, one line naming the flag and the value.
+expect_rc 2 "unknown model" -- "$ndmesh" plan --model llama3-7b --gpus 8 --global-batch 8
+echo "$out" | grep -q "'llama3-7b'.*llama3-8b" || fail "unknown model: message: $out"
+expect_rc 2 "unknown hardware" -- "$ndmesh" plan --model llama3-8b --hardware tpu --gpus 8 --global-batch 8
+echo "$out" | grep -q "'tpu'.*h100" || fail "unknown hardware: message: $out"
+expect_rc 2 "no gpus" -- "$ndmesh" plan --model llama3-8b --global-batch 8
+echo "$out" | grep -q -- "--gpus" || fail "no gpus: message: $out"
+expect_rc 2 "bad recompute" -- "$ndmesh" plan memory --model llama3-8b --recompute some
+echo "$out" | grep -q "'some'" || fail "bad recompute: message: $out"
+expect_rc 2 "bad zero" -- "$ndmesh" plan memory --model llama3-8b --zero 5
+echo "$out" | grep -q -- "--zero 5" || fail "bad zero: message: $out"
+expect_rc 2 "bad tp" -- "$ndmesh" plan memory --model llama3-8b --tp 3
+echo "$out" | grep -q "tp=3" || fail "bad tp: message: $out"
+expect_rc 2 "bad efficiency" -- "$ndmesh" plan --model llama3-8b --gpus 8 --global-batch 8 --efficiency 2
+echo "$out" | grep -q -- "--efficiency 2" || fail "bad efficiency: message: $out"
+expect_rc 2 "not a number" -- "$ndmesh" plan --model llama3-8b --gpus many --global-batch 8
+
+# A custom model from flags.
+expect_rc 0 "custom model" -- "$ndmesh" plan --layers 24 --hidden 2048 --heads 16 --vocab 32000 --seq 2048 \
+  --mlp swiglu --ffn 5632 --gpus 8 --global-batch 64 --top 1
+
+# A custom model from a TOML [model] section: GPT-2 small, 12*(12*768^2 + 13*768) + (50304 +
+# 1024)*768 + 2*768 = 124,475,904 parameters.
+toml=$(mktemp --suffix=.toml)
+trap 'rm -f "$toml"' EXIT
+printf '[model]\nname = "gpt2-small"\nlayers = 12\nhidden = 768\nheads = 12\nvocab = 50304\nseq = 1024\n' >"$toml"
+expect_rc 0 "toml model" -- "$ndmesh" plan memory --config "$toml" --json
+echo "$out" | grep -q '"parameters": 124475904' || fail "toml model: parameters: $out"
+expect_rc 2 "missing toml" -- "$ndmesh" plan --config /nonexistent/model.toml --gpus 2 --global-batch 4
+echo "$out" | grep -q "/nonexistent/model.toml" || fail "missing toml: message: $out"
+
+[ "$failures" -eq 0 ] && echo "plan.sh: all passed"
+exit $((failures > 0))

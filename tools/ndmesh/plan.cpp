@@ -1,0 +1,428 @@
+// `ndmesh plan`: which layout to use for a model on N GPUs, before renting them.
+//
+//   ndmesh plan --model llama3-70b --gpus 512 --hardware h100 --seq 8192 --global-batch 1024
+//   ndmesh plan memory --model gpt3-175b --tp 8 --pp 8 --dp 1 --micro-batch 1 --seq 2048
+//
+// The search ranks every valid layout that fits by predicted time per step (src/plan);
+// `memory` evaluates one layout. --explain prints every term of the best layout with its
+// inputs; --json prints the same numbers for scripts.
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "ndmesh/config/config.hpp"
+#include "ndmesh/core/error.hpp"
+#include "ndmesh/plan/search.hpp"
+#include "subcommand.hpp"
+
+namespace ndmesh::cli {
+namespace {
+
+using plan::Estimate;
+using plan::Hardware;
+using plan::Layout;
+using plan::PlanModel;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// Flags that describe the model and the hardware, shared by `plan` and `plan memory`.
+struct ModelHardwareFlags {
+  std::string model;
+  std::string config_file;
+  std::int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0;
+  std::string mlp;
+  std::string hardware = "h100";
+  std::optional<double> gpu_memory_gib, reserved_gib, peak_tflops, efficiency, intra_gbps, inter_gbps;
+  std::optional<std::int64_t> gpus_per_node;
+  std::int64_t seq = 0;
+  std::int64_t global_batch = 0;
+  bool json = false;
+};
+
+void add_model_hardware_flags(CLI::App& app, ModelHardwareFlags& f) {
+  app.add_option("--model", f.model, "Model preset: " + plan::model_preset_names());
+  app.add_option("--config", f.config_file, "TOML file whose [model] section describes a custom model");
+  app.add_option("--layers", f.layers, "Custom model (or override): decoder layers");
+  app.add_option("--hidden", f.hidden, "Custom model: hidden size");
+  app.add_option("--heads", f.heads, "Custom model: attention heads");
+  app.add_option("--kv-heads", f.kv_heads, "Custom model: key/value heads (grouped-query attention)");
+  app.add_option("--ffn", f.ffn, "Custom model: MLP hidden size (default 4*hidden)");
+  app.add_option("--vocab", f.vocab, "Custom model: vocabulary size");
+  app.add_option("--mlp", f.mlp,
+                 "Custom model: gelu (GPT: biases, learned positions, LayerNorm, dropout) or swiglu (Llama: "
+                 "none of those, untied output layer)");
+  app.add_option("--hardware", f.hardware, "GPU preset: " + plan::hardware_preset_names())
+      ->capture_default_str();
+  app.add_option("--gpu-memory-gib", f.gpu_memory_gib, "Override: memory per GPU in GiB");
+  app.add_option("--reserved-gib", f.reserved_gib,
+                 "Override: GiB per GPU not available to tensors (default 4)");
+  app.add_option("--peak-tflops", f.peak_tflops, "Override: dense bf16 peak per GPU in TFLOP/s");
+  app.add_option("--efficiency", f.efficiency, "Override: achievable fraction of peak FLOP/s for a layer");
+  app.add_option("--intra-node-gbps", f.intra_gbps, "Override: GB/s per GPU inside a node, one direction");
+  app.add_option("--inter-node-gbps", f.inter_gbps, "Override: GB/s per GPU across nodes, one direction");
+  app.add_option("--gpus-per-node", f.gpus_per_node, "Override: GPUs per node");
+  app.add_option("--seq", f.seq, "Tokens per sequence (default: the model's)");
+  app.add_option("--global-batch", f.global_batch, "Sequences per step");
+  app.add_flag("--json", f.json, "Print JSON");
+}
+
+// The model from a preset, a TOML [model] section and/or flags (flags win).
+PlanModel resolve_model(const ModelHardwareFlags& f) {
+  PlanModel m;
+  bool have = false;
+  if (!f.model.empty()) {
+    m = plan::model_preset(f.model);
+    have = true;
+  }
+  if (!f.config_file.empty()) {
+    ConfigFile file;
+    try {
+      file = load_config_file(f.config_file);
+    } catch (const IoError& e) {
+      // A file the user named that cannot be read is bad input (exit 2), not a failure.
+      throw ConfigError("plan", fmt::format("--config: {}", e.what()));
+    }
+    NDMESH_CHECK_CONFIG(file.model.has_value(), "plan",
+                        "--config '{}' has no [model] section; add one with layers, hidden, heads and vocab",
+                        f.config_file);
+    const std::string name = m.spec.name;
+    m.spec = *file.model;
+    if (m.spec.name.empty()) m.spec.name = name.empty() ? f.config_file : name;
+    have = true;
+  }
+  const bool custom = f.layers || f.hidden || f.heads || f.kv_heads || f.ffn || f.vocab || !f.mlp.empty();
+  if (!have && !custom)
+    fail<ConfigError>(
+        "plan", "no model given; use --model with one of {}, or --layers, --hidden, --heads and --vocab",
+        plan::model_preset_names());
+  if (!f.mlp.empty()) {
+    m.mlp = plan::parse_mlp(f.mlp);
+    // A custom SwiGLU model is Llama-shaped, a custom GeLU model GPT-shaped.
+    const bool llama = m.mlp == plan::Mlp::kSwiglu;
+    m.biases = m.learned_positions = m.layer_norm = m.dropout = !llama;
+    if (llama && f.model.empty()) m.spec.tied_embeddings = false;
+  }
+  if (f.layers) m.spec.layers = f.layers;
+  if (f.hidden) m.spec.hidden = f.hidden;
+  if (f.heads) m.spec.heads = f.heads;
+  if (f.kv_heads) m.spec.kv_heads = f.kv_heads;
+  if (f.ffn) m.spec.ffn = f.ffn;
+  if (f.vocab) m.spec.vocab = f.vocab;
+  if (m.spec.name.empty()) m.spec.name = "custom";
+  if (f.seq != 0) m.spec.seq = f.seq;
+  NDMESH_CHECK_CONFIG(m.spec.seq >= 1, "plan", "--seq {} must be at least 1, e.g. --seq 4096", m.spec.seq);
+  const auto probs = plan::plan_model_problems(m);
+  NDMESH_CHECK_CONFIG(probs.empty(), "plan", "bad model: {}", fmt::join(probs, "; "));
+  return m;
+}
+
+Hardware resolve_hardware(const ModelHardwareFlags& f) {
+  Hardware hw = plan::hardware_preset(f.hardware);
+  if (f.gpu_memory_gib) hw.memory_bytes = *f.gpu_memory_gib * kGiB;
+  if (f.reserved_gib) hw.reserved_bytes = *f.reserved_gib * kGiB;
+  if (f.peak_tflops) hw.peak_flops = *f.peak_tflops * 1e12;
+  if (f.efficiency) hw.achievable_fraction = *f.efficiency;
+  if (f.intra_gbps) hw.intra_node_bw = *f.intra_gbps * 1e9;
+  if (f.inter_gbps) hw.inter_node_bw = *f.inter_gbps * 1e9;
+  if (f.gpus_per_node) hw.gpus_per_node = *f.gpus_per_node;
+  const auto probs = plan::hardware_problems(hw);
+  NDMESH_CHECK_CONFIG(probs.empty(), "plan", "bad hardware: {}", fmt::join(probs, "; "));
+  return hw;
+}
+
+std::string gib(double bytes) { return fmt::format("{:.2f}", bytes / kGiB); }
+
+std::string human(double x) {
+  const double a = std::fabs(x);
+  if (a >= 1e12) return fmt::format("{:.2f}T", x / 1e12);
+  if (a >= 1e9) return fmt::format("{:.2f}B", x / 1e9);
+  if (a >= 1e6) return fmt::format("{:.2f}M", x / 1e6);
+  if (a >= 1e3) return fmt::format("{:.1f}k", x / 1e3);
+  return fmt::format("{:.0f}", x);
+}
+
+std::string layout_text(const Layout& l) {
+  return fmt::format(
+      "tp={} cp={} pp={} dp={} vpp={} micro_batch={} schedule={} recompute={} zero={} "
+      "sequence_parallel={}",
+      l.tp, l.cp, l.pp, l.dp, l.vpp, l.micro_batch, schedule_name(l.schedule),
+      plan::recompute_name(l.recompute), l.zero, l.sequence_parallel ? "on" : "off");
+}
+
+nlohmann::json estimate_json(const Estimate& e) {
+  const Layout& l = e.layout;
+  const auto& m = e.memory;
+  const auto& t = e.time;
+  return nlohmann::json{
+      {"tp", l.tp},
+      {"cp", l.cp},
+      {"pp", l.pp},
+      {"dp", l.dp},
+      {"vpp", l.vpp},
+      {"micro_batch", l.micro_batch},
+      {"microbatches", e.microbatches},
+      {"schedule", std::string(schedule_name(l.schedule))},
+      {"recompute", std::string(plan::recompute_name(l.recompute))},
+      {"zero", l.zero},
+      {"sequence_parallel", l.sequence_parallel},
+      {"memory_bytes",
+       {{"params", m.params},
+        {"grads", m.grads},
+        {"optimizer", m.optimizer},
+        {"activations", m.activations},
+        {"total", m.total}}},
+      {"worst_stage", m.stage},
+      {"capacity_bytes", e.capacity_bytes},
+      {"fits", e.fits},
+      {"step_time_s", t.total},
+      {"time_s",
+       {{"compute", t.compute},
+        {"recompute", t.recompute},
+        {"tp", t.tp_comm},
+        {"cp_exposed", t.cp_exposed},
+        {"pp", t.pp_comm},
+        {"bubble", t.bubble},
+        {"dp_exposed", t.dp_exposed}}},
+      {"tokens_per_second", e.tokens_per_second},
+      {"mfu", e.mfu},
+      {"tp_in_node", e.where.tp_in_node},
+      {"cp_in_node", e.where.cp_in_node},
+      {"dp_in_node", e.where.dp_in_node},
+  };
+}
+
+std::string where_text(bool in_node, double bw) {
+  return fmt::format("{} node, {:.0f} GB/s", in_node ? "inside a" : "across", bw / 1e9);
+}
+
+// Every term of one layout with its inputs.
+void print_explain(const PlanModel& model, const Hardware& hw, const Estimate& e, std::int64_t seq,
+                   std::int64_t global_batch) {
+  const Layout& l = e.layout;
+  const auto& m = e.memory;
+  const auto& t = e.time;
+  const double rate = hw.peak_flops * hw.achievable_fraction;
+  fmt::print("layout: {}\n", layout_text(l));
+  fmt::print("  {} micro-batches of {} per step per pipeline ({} / ({} x {}))\n", e.microbatches,
+             l.micro_batch, global_batch, l.micro_batch, l.dp);
+  fmt::print("memory per GPU, worst stage = {} of {} (GiB):\n", m.stage, l.pp);
+  fmt::print("  parameters on the GPU   {} ({} layers split over tp={}{}{})\n", human(m.stage_parameters),
+             m.layers_on_stage, l.tp, m.stage == 0 ? " + embedding" : "",
+             m.stage == l.pp - 1 ? " + output layer" : "");
+  fmt::print("  params                  {:>8}  2 B each{}\n", gib(m.params),
+             l.zero >= 3 ? ", / dp (ZeRO-3)" : "");
+  fmt::print("  grads                   {:>8}  2 B each{}\n", gib(m.grads),
+             l.zero >= 2 ? ", / dp (ZeRO-2+)" : "");
+  fmt::print("  optimizer               {:>8}  12 B each (fp32 weights, momentum, variance){}\n",
+             gib(m.optimizer), l.zero >= 1 ? ", / dp (ZeRO-1+)" : "");
+  fmt::print(
+      "  activations             {:>8}  {} layers x {:.2f} micro-batches in flight x {:.1f} MiB per layer "
+      "(Korthikanti et al. 2022, s={} b={} {}), plus embedding masks / logits\n",
+      gib(m.activations), m.layers_on_stage, m.in_flight, m.activation_per_layer / (1024.0 * 1024.0),
+      seq / l.cp, l.micro_batch, plan::recompute_name(l.recompute));
+  fmt::print("  total                   {:>8}  of {} usable ({} - {} reserved){}\n", gib(m.total),
+             gib(e.capacity_bytes), gib(hw.memory_bytes), gib(hw.reserved_bytes),
+             e.fits ? "" : fmt::format(": {} GiB short", gib(m.total - e.capacity_bytes)));
+  fmt::print("time per step (s):\n");
+  fmt::print(
+      "  compute                 {:>8.3f}  slowest stage's model FLOPs / ({} GPUs x {:.0f} TFLOP/s x {})\n",
+      t.compute, l.tp * l.cp * l.dp, hw.peak_flops / 1e12, hw.achievable_fraction);
+  fmt::print("  recompute               {:>8.3f}  {} recompute FLOPs at {:.0f} TFLOP/s\n", t.recompute,
+             plan::recompute_name(l.recompute), rate / 1e12);
+  fmt::print("  tensor parallel         {:>8.3f}  {} all-reduces per layer and micro-batch, tp group {}\n",
+             t.tp_comm, l.recompute == plan::Recompute::kFull ? 6 : 4,
+             where_text(e.where.tp_in_node, t.tp_bw));
+  fmt::print(
+      "  context parallel        {:>8.3f}  exposed of {:.3f} ring traffic ({}), {}\n", t.cp_exposed,
+      t.cp_comm, where_text(e.where.cp_in_node, t.cp_bw),
+      l.cp == 1 ? "no cp" : (t.cp_exposed == 0 ? "hidden under attention" : "not hidden under attention"));
+  fmt::print("  pipeline sends          {:>8.3f}  {}\n", t.pp_comm,
+             l.pp == 1 ? "no pp" : where_text(e.where.pp_in_node, t.pp_bw));
+  fmt::print("  bubble                  {:>8.3f}  {:.4f} x the above ({})\n", t.bubble, t.bubble_fraction,
+             l.pp == 1                              ? "no pp"
+             : l.schedule == Schedule::kInterleaved ? "(p-1)/(v m)"
+             : l.schedule == Schedule::kZbH1        ? "(p-1)/(3 m)"
+                                                    : "(p-1)/m");
+  fmt::print(
+      "  data parallel           {:>8.3f}  exposed of {:.3f} gradient{} traffic over dp x cp = {} ({}), "
+      "overlapped with {:.3f} s of backward\n",
+      t.dp_exposed, t.dp_comm, l.zero == 3 ? " and weight" : "", l.dp * l.cp,
+      where_text(e.where.dp_in_node, t.dp_bw), t.dp_overlap);
+  fmt::print(
+      "  total                   {:>8.3f}  {} tokens/s, MFU {:.1f}% (model FLOPs {:.3g} per step, {})\n",
+      t.total, human(e.tokens_per_second), 100 * e.mfu, e.model_flops, model.spec.name);
+}
+
+void print_header(const PlanModel& model, const Hardware& hw, std::int64_t gpus, std::int64_t seq,
+                  std::int64_t global_batch) {
+  fmt::print(
+      "{}: {} parameters; {} x {} ({} GiB, {} usable; {:.0f} TFLOP/s x {} achievable; {} GPUs/node); "
+      "seq {}, global batch {}\n",
+      model.spec.name, human(plan::count_parameters(model).total()), gpus, hw.name, gib(hw.memory_bytes),
+      gib(hw.usable_bytes()), hw.peak_flops / 1e12, hw.achievable_fraction, hw.gpus_per_node, seq,
+      global_batch);
+}
+
+struct PlanFlags {
+  ModelHardwareFlags common;
+  std::int64_t gpus = 0;
+  std::size_t top = 10;
+  bool explain = false;
+};
+
+struct MemoryFlags {
+  ModelHardwareFlags common;
+  Layout layout;
+  std::string schedule = "1f1b";
+  std::string recompute = "none";
+  bool explain = false;
+};
+
+int run_search(const PlanFlags& f) {
+  NDMESH_CHECK_CONFIG(f.gpus >= 1, "plan",
+                      "--gpus {} is missing or below 1; give the number of GPUs, e.g. --gpus 512", f.gpus);
+  NDMESH_CHECK_CONFIG(
+      f.common.global_batch >= 1, "plan",
+      "--global-batch {} is missing or below 1; give sequences per step, e.g. --global-batch 1024",
+      f.common.global_batch);
+  NDMESH_CHECK_CONFIG(f.top >= 1, "plan", "--top {} must be at least 1, e.g. --top 10", f.top);
+  const PlanModel model = resolve_model(f.common);
+  const Hardware hw = resolve_hardware(f.common);
+  const plan::Workload w{.seq = model.spec.seq, .global_batch = f.common.global_batch};
+  const plan::SearchResult r = plan::search(model, hw, {.gpus = f.gpus, .workload = w, .top = f.top});
+
+  if (f.common.json) {
+    nlohmann::json out;
+    out["model"] = model.spec.name;
+    out["parameters"] = plan::count_parameters(model).total();
+    out["gpus"] = f.gpus;
+    out["hardware"] = hw.name;
+    out["seq"] = w.seq;
+    out["global_batch"] = w.global_batch;
+    out["considered"] = r.considered;
+    out["invalid"] = r.invalid;
+    out["too_big"] = r.too_big;
+    out["fitting"] = r.fitting;
+    out["layouts"] = nlohmann::json::array();
+    for (const Estimate& e : r.layouts) out["layouts"].push_back(estimate_json(e));
+    if (r.smallest) out["smallest"] = estimate_json(*r.smallest);
+    if (!r.sample_problems.empty()) out["problems"] = r.sample_problems;
+    fmt::print("{}\n", out.dump(2));
+    return r.layouts.empty() ? 1 : 0;
+  }
+
+  print_header(model, hw, f.gpus, w.seq, w.global_batch);
+  fmt::print("{} layouts considered: {} fail validation, {} do not fit, {} fit\n", r.considered, r.invalid,
+             r.too_big, r.fitting);
+  if (r.layouts.empty()) {
+    if (r.smallest) {
+      const Estimate& s = *r.smallest;
+      fmt::print(
+          "nothing fits in {} GiB per GPU: the smallest footprint is {} GiB ({}), {} GiB short; use more "
+          "GPUs, a GPU with more memory, a shorter --seq or a smaller model\n",
+          gib(s.capacity_bytes), gib(s.memory.total), layout_text(s.layout),
+          gib(s.memory.total - s.capacity_bytes));
+      if (f.explain) print_explain(model, hw, s, w.seq, w.global_batch);
+    } else {
+      fmt::print("no layout of {} GPUs passes validation, e.g.:\n", f.gpus);
+      for (const auto& p : r.sample_problems) fmt::print("  {}\n", p);
+    }
+    return 1;
+  }
+  fmt::print(
+      "\n{:>4} {:>3} {:>3} {:>3} {:>4} {:>3} {:>3} {:<11} {:<9} {:>4} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} "
+      "{:>9} {:>6}\n",
+      "rank", "tp", "cp", "pp", "dp", "vpp", "mb", "schedule", "recompute", "zero", "params", "grads",
+      "optim", "activ", "total", "step s", "tokens/s", "MFU");
+  fmt::print("{:>67}{}\n", "", "--------- GiB per GPU ---------");
+  int rank = 1;
+  for (const Estimate& e : r.layouts) {
+    const Layout& l = e.layout;
+    fmt::print(
+        "{:>4} {:>3} {:>3} {:>3} {:>4} {:>3} {:>3} {:<11} {:<9} {:>4} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8.3f} "
+        "{:>9} {:>5.1f}%\n",
+        rank++, l.tp, l.cp, l.pp, l.dp, l.vpp, l.micro_batch, schedule_name(l.schedule),
+        plan::recompute_name(l.recompute), l.zero, gib(e.memory.params), gib(e.memory.grads),
+        gib(e.memory.optimizer), gib(e.memory.activations), gib(e.memory.total), e.time.total,
+        human(e.tokens_per_second), 100 * e.mfu);
+  }
+  if (f.explain) {
+    fmt::print("\nbest ");
+    print_explain(model, hw, r.layouts.front(), w.seq, w.global_batch);
+  }
+  return 0;
+}
+
+int run_memory(MemoryFlags f) {
+  Layout& l = f.layout;
+  l.schedule = parse_schedule(f.schedule);
+  l.recompute = plan::parse_recompute(f.recompute);
+  NDMESH_CHECK_CONFIG(l.zero >= 0 && l.zero <= 3, "plan", "--zero {} is not a ZeRO stage; use 0, 1, 2 or 3",
+                      l.zero);
+  const PlanModel model = resolve_model(f.common);
+  const Hardware hw = resolve_hardware(f.common);
+  // Default batch: pp micro-batches per pipeline, the fewest 1F1B accepts.
+  const std::int64_t global_batch = f.common.global_batch != 0
+                                        ? f.common.global_batch
+                                        : l.micro_batch * l.dp * std::max<std::int64_t>(l.pp, 1);
+  const plan::Workload w{.seq = model.spec.seq, .global_batch = global_batch};
+  const auto probs = problems(plan::parallel_config(l, w, hw.gpus_per_node), &model.spec);
+  NDMESH_CHECK_CONFIG(probs.empty(), "plan", "invalid layout: {}", fmt::join(probs, "; "));
+  const Estimate e = plan::estimate(model, hw, l, w);
+
+  if (f.common.json) {
+    nlohmann::json out = estimate_json(e);
+    out["parameters"] = e.parameters;
+    out["model"] = model.spec.name;
+    out["hardware"] = hw.name;
+    out["seq"] = w.seq;
+    out["global_batch"] = w.global_batch;
+    fmt::print("{}\n", out.dump(2));
+    return 0;
+  }
+  print_header(model, hw, l.gpus(), w.seq, w.global_batch);
+  print_explain(model, hw, e, w.seq, w.global_batch);
+  return 0;
+}
+
+Action setup(CLI::App& app) {
+  auto pf = std::make_shared<PlanFlags>();
+  auto mf = std::make_shared<MemoryFlags>();
+  app.add_option("--gpus", pf->gpus, "Number of GPUs to plan for");
+  add_model_hardware_flags(app, pf->common);
+  app.add_option("--top", pf->top, "Layouts to print")->capture_default_str();
+  app.add_flag("--explain", pf->explain, "Show every term of the best layout with its inputs");
+  app.footer(
+      "Ranks every layout (tp, cp, pp, dp, vpp, micro-batch, schedule, recompute, ZeRO stage) that passes "
+      "config "
+      "validation and fits in GPU memory by predicted time per step. Exit code 1 when nothing fits.\n"
+      "Formulas: Narayanan et al. 2021 (parameters, FLOPs, bubbles), Korthikanti et al. 2022 (activations), "
+      "Rajbhandari et al. 2020 (ZeRO). 'ndmesh plan memory --help' evaluates one layout.");
+
+  CLI::App* mem = app.add_subcommand("memory", "Memory per GPU and time per step of one layout");
+  add_model_hardware_flags(*mem, mf->common);
+  mem->add_option("--tp", mf->layout.tp, "Tensor-parallel size")->capture_default_str();
+  mem->add_option("--cp", mf->layout.cp, "Context-parallel size")->capture_default_str();
+  mem->add_option("--pp", mf->layout.pp, "Pipeline-parallel size")->capture_default_str();
+  mem->add_option("--dp", mf->layout.dp, "Data-parallel size")->capture_default_str();
+  mem->add_option("--vpp", mf->layout.vpp, "Virtual stages per rank (interleaved)")->capture_default_str();
+  mem->add_option("--micro-batch", mf->layout.micro_batch, "Sequences per micro-batch")
+      ->capture_default_str();
+  mem->add_option("--schedule", mf->schedule, "gpipe, 1f1b, interleaved or zb-h1")->capture_default_str();
+  mem->add_option("--recompute", mf->recompute, "none, selective or full")->capture_default_str();
+  mem->add_flag("--sequence-parallel", mf->layout.sequence_parallel, "Sequence parallelism with tp");
+  mem->add_option("--zero", mf->layout.zero, "ZeRO stage 0-3 over dp")->capture_default_str();
+  mem->footer("--global-batch defaults to micro_batch x dp x pp (pp micro-batches per pipeline).");
+
+  return [pf, mf, mem]() -> int { return mem->parsed() ? run_memory(*mf) : run_search(*pf); };
+}
+
+const Subcommand kPlan{"plan", "Rank layouts of a model on N GPUs by predicted step time and memory", setup};
+
+}  // namespace
+}  // namespace ndmesh::cli
