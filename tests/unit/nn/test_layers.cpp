@@ -130,6 +130,24 @@ TEST(Gelu, GradientsMatchFiniteDifferencesAndLimits) {
   EXPECT_NEAR(y[2], 0.0, 1e-12);
 }
 
+TEST(Gelu, FloatPathMatchesDoublePath) {
+  // The float path computes tanh through exp (faster); it must agree with std::tanh.
+  std::vector<float> xf, yf(2001), df(2001, 0.0f), ones(2001, 1.0f);
+  V xd, yd(2001), dd(2001, 0.0), onesd(2001, 1.0);
+  for (int i = -1000; i <= 1000; ++i) {
+    xf.push_back(static_cast<float>(i) / 100.0f);
+    xd.push_back(static_cast<double>(xf.back()));
+  }
+  Gelu<float>::forward(xf.data(), yf.data(), 2001);
+  Gelu<double>::forward(xd.data(), yd.data(), 2001);
+  Gelu<float>::backward(ones.data(), xf.data(), df.data(), 2001);
+  Gelu<double>::backward(onesd.data(), xd.data(), dd.data(), 2001);
+  for (std::size_t i = 0; i < xf.size(); ++i) {
+    EXPECT_NEAR(yf[i], yd[i], 2e-6 * (1 + std::abs(yd[i]))) << "x=" << xd[i];
+    EXPECT_NEAR(df[i], dd[i], 2e-6 * (1 + std::abs(dd[i]))) << "x=" << xd[i];
+  }
+}
+
 TEST(Embedding, GradientsMatchFiniteDifferences) {
   Rng rng(5);
   ParamStore<double> store;
