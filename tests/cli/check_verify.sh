@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# ndmesh check under mpirun: summaries, JSON, an injected fault, bad layouts, torchrun.
+set -uo pipefail
+ndmesh=$1
+mpirun=(mpirun --allow-run-as-root --oversubscribe)
+fail() { echo "FAIL: $*"; exit 1; }
+
+# 4D layouts on 8 ranks; the number of groups of each kind is world / group size, summed
+# over the kinds by hand: dp2 pp2 tp2 (cp1): 4 + 4 + 8 + 4 = 20.
+out=$("${mpirun[@]}" -np 8 "$ndmesh" check --dp 2 --pp 2 --tp 2 2>&1) || fail "exit $?: $out"
+echo "$out"
+[[ "$out" == *"mesh dp=2,pp=2,cp=1,tp=2 on 8 ranks"* ]] || fail "no mesh line"
+[[ "$out" == *"verified 20 groups: all match the mesh"* ]] || fail "expected 20 groups"
+
+# JSON: one line; kinds tp, dp-cp (cp=2, dp=1: 4 groups of 2), pp-tp (2 groups of 4):
+# 4 + 4 + 2 = 10 groups; dp-cp shares cp's members but no split is made twice.
+out=$("${mpirun[@]}" -np 8 "$ndmesh" check --pp 2 --cp 2 --tp 2 --groups tp,dp-cp,pp-tp --json 2>&1) ||
+  fail "exit $?: $out"
+echo "$out"
+[ "$(echo "$out" | grep -c '^{')" -eq 1 ] || fail "expected exactly one JSON line"
+[[ "$out" == *'"setup_seconds":'* ]] || fail "no setup_seconds"
+[[ "$out" == *'"groups_verified":10,'* ]] || fail "expected groups_verified 10"
+[[ "$out" == *'"ok":true'* ]] || fail "not ok"
+
+# Non-default order with 16 ranks: tp outermost.
+out=$("${mpirun[@]}" -np 16 "$ndmesh" check --tp 2 --pp 2 --dp 4 --order tp,pp,dp,cp --json 2>&1) ||
+  fail "exit $?: $out"
+[[ "$out" == *'"mesh":"tp=2,pp=2,dp=4,cp=1"'* && *'"ok":true'* ]] || fail "16 ranks: $out"
+
+# A rank that reports a wrong rank: mismatches found, exit non-zero.
+out=$("${mpirun[@]}" -np 4 "$ndmesh" check --dp 2 --tp 2 --fault-rank 1 2>&1)
+rc=$?
+echo "$out" | head -12
+[ "$rc" -ne 0 ] || fail "an injected fault passed"
+[[ "$out" == *"FAILED: "*" groups do not match the mesh"* ]] || fail "no FAILED line"
+
+# A layout for another world size: exit 2 naming the sizes.
+out=$("${mpirun[@]}" -np 4 "$ndmesh" check --dp 2 --pp 2 --tp 2 2>&1)
+rc=$?
+[ "$rc" -eq 2 ] || fail "wrong world: exit $rc, expected 2"
+[[ "$out" == *"8 but the world has 4 ranks"* ]] || fail "unclear message: $out"
+
+# Started as by torchrun: exit 2 saying how to launch instead.
+out=$(env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "$ndmesh" check --tp 2 2>&1)
+rc=$?
+echo "$out"
+[ "$rc" -eq 2 ] || fail "torchrun: exit $rc, expected 2"
+[[ "$out" == *"started by torchrun"*"mpirun -np 2"*"srun --mpi=pmix -n 2"*"ndmesh launch -n 2 --"* ]] ||
+  fail "unclear torchrun message"
+echo PASS

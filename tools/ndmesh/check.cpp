@@ -1,0 +1,199 @@
+// `ndmesh check`: run under a launcher (mpirun, srun, ndmesh launch) with the layout
+// flags of `ndmesh mesh`. It builds the communicators of every requested group kind
+// (ProcessGroups: mesh agreement check, one split per kind) and verifies every group by
+// communication against the mesh: the all_reduce of the members' global ranks equals
+// their sum, the all_gather equals the member list in order, and along each single dim
+// the ring neighbours (wrapping) and the pipeline neighbours (not wrapping) exchange
+// their ranks. Rank 0 prints a summary with the set-up time (or one JSON line); the exit
+// status is 1 on any mismatch.
+#include <chrono>
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "mesh_flags.hpp"
+#include "ndmesh/comm/communicator.hpp"
+#include "ndmesh/comm/process_groups.hpp"
+#include "subcommand.hpp"
+
+namespace ndmesh::cli {
+namespace {
+
+using comm::Communicator;
+
+struct CheckOptions {
+  MeshFlags flags;
+  bool json = false;
+  std::int64_t fault_rank = -1;
+};
+
+// The outcome of one kind on this rank: 1 per test that saw a wrong value.
+struct KindResult {
+  DimSet kind;
+  std::int64_t sum_bad = 0, gather_bad = 0, ring_bad = 0, line_bad = 0;
+  bool has_neighbours = false;
+};
+
+// Sends `value` to group rank `to` (if any) and receives from group rank `from` (if any);
+// returns what was received, or -1.
+std::int64_t exchange(const Communicator& c, std::int64_t value, std::optional<std::int64_t> to,
+                      std::optional<std::int64_t> from, int tag) {
+  std::int64_t got = -1;
+  comm::Work sent;
+  if (to) sent = c.send_async(std::span<const std::int64_t>(&value, 1), static_cast<int>(*to), {.tag = tag});
+  if (from) c.recv(std::span<std::int64_t>(&got, 1), static_cast<int>(*from), {.tag = tag});
+  sent.wait();
+  return got;
+}
+
+KindResult verify(ProcessGroups& pg, DimSet kind, std::int64_t fault_rank) {
+  const Mesh& m = pg.mesh();
+  const std::int64_t rank = pg.rank();
+  // A rank chosen by --fault-rank reports a wrong rank everywhere (to test the check).
+  const std::int64_t me = rank == fault_rank ? rank + 1000 : rank;
+  const Communicator& c = pg.group(kind);
+  GroupView members = m.group(rank, kind);
+  KindResult res{.kind = kind};
+
+  std::int64_t sum = me;
+  c.all_reduce(std::span<std::int64_t>(&sum, 1));
+  std::int64_t expected_sum = 0;
+  for (std::int64_t r : members) expected_sum += r;
+  res.sum_bad = sum != expected_sum;
+
+  std::vector<std::int64_t> gathered(static_cast<std::size_t>(c.size()));
+  c.all_gather(std::span<const std::int64_t>(&me, 1), std::span<std::int64_t>(gathered));
+  res.gather_bad = gathered != members.to_vector();
+
+  if (kind.count() == 1) {
+    int d = 0;
+    while (!kind.contains(d)) ++d;
+    if (m.size(d) > 1) {
+      res.has_neighbours = true;
+      auto group_rank = [&](std::optional<std::int64_t> r) -> std::optional<std::int64_t> {
+        if (!r) return std::nullopt;
+        return m.key(*r, kind);
+      };
+      auto ring_next = m.neighbour(rank, d, +1, Edge::kRing),
+           ring_prev = m.neighbour(rank, d, -1, Edge::kRing);
+      res.ring_bad = exchange(c, me, group_rank(ring_next), group_rank(ring_prev), 1) != *ring_prev;
+      auto next = m.neighbour(rank, d, +1, Edge::kLine), prev = m.neighbour(rank, d, -1, Edge::kLine);
+      std::int64_t got = exchange(c, me, group_rank(next), group_rank(prev), 2);
+      res.line_bad = prev ? got != *prev : false;
+    }
+  }
+  return res;
+}
+
+int run(const CheckOptions& o) {
+  Communicator world = Communicator::world();
+  MeshSetup s = o.flags.resolve(world.size());
+  LaunchEnv launch = comm::resolve_launch_env(world);
+
+  world.barrier();
+  auto start = std::chrono::steady_clock::now();
+  ProcessGroups pg(s.mesh, world);
+  pg.create(s.kinds);
+  double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double setup_seconds = mine;
+  world.all_reduce(std::span<double>(&setup_seconds, 1), {.op = comm::ReduceOp::kMax});
+
+  std::vector<KindResult> results;
+  for (DimSet k : s.kinds) results.push_back(verify(pg, k, o.fault_rank));
+
+  // Per kind: groups seen (each counted by its member of group rank 0) and groups with a
+  // failing test (any member), summed over the world.
+  std::int64_t nodes = *launch.node_rank + 1;
+  world.all_reduce(std::span<std::int64_t>(&nodes, 1), {.op = comm::ReduceOp::kMax});
+  struct Row {
+    std::string name;
+    std::int64_t groups, size, bad_sum, bad_gather, bad_ring, bad_line;
+    bool neighbours;
+  };
+  std::vector<Row> rows;
+  std::int64_t groups_verified = 0, bad_groups = 0;
+  for (const auto& r : results) {
+    const Communicator& c = pg.group(r.kind);
+    std::array<std::int64_t, 4> bad = {r.sum_bad, r.gather_bad, r.ring_bad, r.line_bad};
+    c.all_reduce(std::span<std::int64_t>(bad), {.op = comm::ReduceOp::kMax});
+    std::array<std::int64_t, 6> counts = {c.rank() == 0, 0, 0, 0, 0, 0};
+    if (c.rank() == 0) {
+      for (int i = 0; i < 4; ++i) counts[static_cast<std::size_t>(i) + 1] = bad[static_cast<std::size_t>(i)];
+      counts[5] = bad[0] || bad[1] || bad[2] || bad[3];
+    }
+    world.all_reduce(std::span<std::int64_t>(counts));
+    rows.push_back({s.mesh.key_name(r.kind), counts[0], c.size(), counts[1], counts[2], counts[3], counts[4],
+                    r.has_neighbours});
+    groups_verified += counts[0];
+    bad_groups += counts[5];
+  }
+
+  if (world.rank() == 0) {
+    if (o.json) {
+      nlohmann::ordered_json out;
+      out["mesh"] = s.mesh.to_string();
+      out["world"] = world.size();
+      out["nodes"] = nodes;
+      out["launcher"] = launcher_name(launch.launcher);
+      out["backend"] = world.backend();
+      out["setup_seconds"] = setup_seconds;
+      out["splits"] = pg.splits();
+      out["groups_verified"] = groups_verified;
+      out["groups_failed"] = bad_groups;
+      out["kinds"] = nlohmann::ordered_json::array();
+      for (const auto& row : rows)
+        out["kinds"].push_back({{"kind", row.name},
+                                {"groups", row.groups},
+                                {"size", row.size},
+                                {"all_reduce_failed", row.bad_sum},
+                                {"all_gather_failed", row.bad_gather},
+                                {"ring_failed", row.bad_ring},
+                                {"line_failed", row.bad_line}});
+      out["ok"] = bad_groups == 0;
+      fmt::print("{}\n", out.dump());
+    } else {
+      fmt::print("ndmesh check: mesh {} on {} ranks, {} node{} ({}, {} backend)\n", s.mesh.to_string(),
+                 world.size(), nodes, nodes == 1 ? "" : "s", launcher_name(launch.launcher), world.backend());
+      fmt::print("set-up: {} kind{} with {} split{} in {:.4f} s (slowest rank)\n", rows.size(),
+                 rows.size() == 1 ? "" : "s", pg.splits(), pg.splits() == 1 ? "" : "s", setup_seconds);
+      fmt::print("  {:<12} {:>6} {:>5}  {:<10} {:<10} {:<6} {:<6}\n", "kind", "groups", "size", "all_reduce",
+                 "all_gather", "ring", "line");
+      auto cell = [](std::int64_t bad, bool applies = true) {
+        return !applies ? std::string("-") : bad == 0 ? std::string("ok") : fmt::format("{} bad", bad);
+      };
+      for (const auto& row : rows)
+        fmt::print("  {:<12} {:>6} {:>5}  {:<10} {:<10} {:<6} {:<6}\n", row.name, row.groups, row.size,
+                   cell(row.bad_sum), cell(row.bad_gather), cell(row.bad_ring, row.neighbours),
+                   cell(row.bad_line, row.neighbours));
+      if (bad_groups == 0)
+        fmt::print("verified {} groups: all match the mesh\n", groups_verified);
+      else
+        fmt::print("FAILED: {} of {} groups do not match the mesh\n", bad_groups, groups_verified);
+    }
+    std::fflush(stdout);
+  }
+  world.barrier();
+  return bad_groups == 0 ? 0 : 1;
+}
+
+Action setup(CLI::App& app) {
+  auto o = std::make_shared<CheckOptions>();
+  o->flags.add_to(app);
+  app.add_flag("--json", o->json, "rank 0 prints one JSON line (setup_seconds, groups_verified, ...)");
+  app.add_option("--fault-rank", o->fault_rank,
+                 "testing: this rank reports a wrong rank, so the check must fail")
+      ->group("");
+  app.footer(
+      "Run it under a launcher, one process per rank:\n"
+      "  mpirun -np 8 ndmesh check --dp 2 --pp 2 --tp 2\n"
+      "  srun --mpi=pmix -n 8 ndmesh check --pp 2 --cp 2 --tp 2 --json\n"
+      "  ndmesh launch -n 8 -- ndmesh check --dp 2 --pp 2 --tp 2 --groups dp,pp,tp,dp-pp,pp-tp");
+  return [o] { return run(*o); };
+}
+
+const Subcommand kCheck{
+    "check", "Create the communicators of a layout and verify every group by communication", setup};
+
+}  // namespace
+}  // namespace ndmesh::cli
