@@ -132,7 +132,16 @@ std::string ascii_timeline(const PipelineSchedule& s, const Simulation& sim, con
 
 std::string svg_timeline(const PipelineSchedule& s, const Simulation& sim) {
   const double left = 70, top = 50, row_h = 30, gap = 6;
-  const double scale = std::clamp(1000.0 / std::max(sim.makespan, 1e-9), 4.0, 48.0);  // pixels per time unit
+  // Pixels per time unit: about 1000 pixels wide, but wide enough for a label in the
+  // shortest action as long as the picture stays under ~2400 pixels.
+  double shortest = sim.makespan;
+  for (int r = 0; r < s.stages; ++r)
+    for (std::size_t i = 0; i < s.actions[r].size(); ++i)
+      if (!is_p2p(s.actions[r][i].kind) && sim.spans[r][i].end > sim.spans[r][i].start)
+        shortest = std::min(shortest, sim.spans[r][i].end - sim.spans[r][i].start);
+  const double makespan = std::max(sim.makespan, 1e-9);
+  double scale = std::clamp(1000.0 / makespan, 4.0, 48.0);
+  if (shortest > 0) scale = std::max(scale, std::min(26.0 / shortest, 2400.0 / makespan));
   const double plot_w = sim.makespan * scale;
   const double width = left + plot_w + 20;
   const double legend_y = top + s.stages * (row_h + gap) + 34;
@@ -217,7 +226,7 @@ std::string svg_timeline(const PipelineSchedule& s, const Simulation& sim) {
                        legend_y - 11, shade(base_colour(item.kind), 0, 1));
     out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\">{}</text>\n", x + 19, legend_y,
                        item.name);
-    x += 24 + 7.2 * std::string_view(item.name).size();
+    x += 34 + 7.2 * std::string_view(item.name).size();
   }
   const std::string note =
       s.chunks > 1 ? "labels: micro-batch.chunk (lighter = later chunk)" : "labels: micro-batch";
