@@ -1,6 +1,7 @@
 // The schedule checker: hand-made broken schedules are rejected with a message naming
 // the stage, the action index and what was expected; every single-action deletion from
 // a valid schedule is rejected too.
+#include <random>
 #include <string>
 #include <vector>
 
@@ -203,6 +204,42 @@ TEST(PpCheck, SendMovedBeforeItsProducerIsRejected) {
       ++moved;
     }
   EXPECT_EQ(moved, 2 * 3 * 4);  // every stage boundary, both directions, every micro-batch
+}
+
+// Any compute order that could run (each stage's part of one random topological order of
+// the forward/backward dependency graph) gets its sends and receives placed by
+// with_communication() so that the checker finds no deadlock and no order mismatch.
+TEST(PpCheck, RandomComputeOrdersGetDeadlockFreeCommunication) {
+  std::mt19937 rng(12345);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int p = 1 + static_cast<int>(rng() % 5), m = 1 + static_cast<int>(rng() % 6);
+    const int v = 1 + static_cast<int>(rng() % 3);
+    const bool split = rng() % 2 == 0;
+    const int nv = p * v;
+    // Node (kind, mb, virtual stage); kinds: 0 forward, 1 backward or B, 2 W.
+    struct Node {
+      int kind, mb, vs;
+    };
+    std::vector<Node> ready;
+    for (int mb = 0; mb < m; ++mb) ready.push_back({0, mb, 0});
+    std::vector<std::vector<Action>> compute(p);
+    while (!ready.empty()) {
+      const std::size_t pick = rng() % ready.size();
+      const Node n = ready[pick];
+      ready.erase(ready.begin() + static_cast<std::ptrdiff_t>(pick));
+      const K kind = n.kind == 0   ? K::kForward
+                     : n.kind == 2 ? K::kBackwardWeight
+                     : split       ? K::kBackwardInput
+                                   : K::kBackward;
+      compute[n.vs % p].push_back({.kind = kind, .microbatch = n.mb, .chunk = n.vs / p});
+      if (n.kind == 0) ready.push_back(n.vs + 1 < nv ? Node{0, n.mb, n.vs + 1} : Node{1, n.mb, n.vs});
+      if (n.kind == 1 && n.vs > 0) ready.push_back({1, n.mb, n.vs - 1});
+      if (n.kind == 1 && split) ready.push_back({2, n.mb, n.vs});
+    }
+    const auto s = with_communication(Schedule::k1F1B, p, m, v, compute);
+    auto problem = schedule_problem(s);
+    EXPECT_FALSE(problem) << "trial " << trial << " p=" << p << " m=" << m << " v=" << v << ": " << *problem;
+  }
 }
 
 }  // namespace
