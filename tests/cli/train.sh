@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# `ndmesh train`: one progress line per step, a JSON summary as the last line, exact
+# resume from a checkpoint through the command line, byte-level data, and bad input
+# (flags, files, environment) exiting 2 with a message naming the flag and the value.
+set -euo pipefail
+ndmesh=${1:?usage: train.sh path/to/ndmesh}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+small=(--layers 1 --hidden 32 --heads 2 --kv-heads 1 --seq 16 --batch 4 --markov-vocab 16 --threads 1 --eval-batches 2)
+
+# Plain lines (stdout is not a terminal): one per step, then the summary, JSON last.
+"$ndmesh" train "${small[@]}" --steps 12 --json > "$tmp/full.txt"
+[ "$(grep -c '^step [0-9]*/12 loss ' "$tmp/full.txt")" -eq 12 ] || fail "expected 12 progress lines"
+grep -q 'tok/s' "$tmp/full.txt" && grep -q 'eta' "$tmp/full.txt" || fail "progress lines lack tok/s or eta"
+grep -q '^entropy rate ' "$tmp/full.txt" || fail "no entropy rate in the summary"
+last=$(tail -n 1 "$tmp/full.txt")
+echo "$last" | jq -e '(.final_loss | type == "number") and (.entropy_rate | type == "number")
+  and (.tokens_per_second > 0) and .steps == 12' > /dev/null || fail "bad JSON summary: $last"
+# The entropy rate of a 16-state chain is below ln 16.
+echo "$last" | jq -e '.entropy_rate > 0 and .entropy_rate < 2.7726' > /dev/null || fail "entropy rate out of range"
+
+# Save at step 6, continue to 12: steps 7..12 print the same losses as the full run.
+"$ndmesh" train "${small[@]}" --steps 6 --save "$tmp/ck.bin" > "$tmp/first.txt"
+[ -f "$tmp/ck.bin" ] || fail "no checkpoint written"
+ls "$tmp" | grep -q '\.tmp\.' && fail "temporary checkpoint file left behind"
+"$ndmesh" train "${small[@]}" --steps 12 --load "$tmp/ck.bin" > "$tmp/rest.txt"
+diff <(grep -o '^step [0-9]*/12 loss [0-9.]*' "$tmp/full.txt" | tail -n 6) \
+     <(grep -o '^step [0-9]*/12 loss [0-9.]*' "$tmp/rest.txt") || fail "resumed losses differ from the full run"
+
+# Byte-level data on a text file (the vocabulary becomes 256).
+for i in $(seq 1 50); do echo "the quick brown fox jumps over the lazy dog $i"; done > "$tmp/text.txt"
+"$ndmesh" train --data "$tmp/text.txt" --layers 1 --hidden 32 --heads 2 --seq 32 --batch 2 --steps 3 --threads 1 \
+  --eval-batches 1 --json | tail -n 1 | jq -e '.entropy_rate == null and .final_loss > 0' > /dev/null \
+  || fail "byte-level run"
+
+# Bad input: exit 2, and the message names the flag (or variable) and the value.
+expect_usage() {
+  local needle=$1
+  shift
+  set +e
+  "$@" > "$tmp/out.txt" 2>&1
+  local rc=$?
+  set -e
+  [ "$rc" -eq 2 ] || fail "'$*' exited $rc, expected 2: $(cat "$tmp/out.txt")"
+  grep -qF -- "$needle" "$tmp/out.txt" || fail "'$*' did not say '$needle': $(cat "$tmp/out.txt")"
+}
+expect_usage "--layers=0" "$ndmesh" train --layers 0
+expect_usage "--kv-heads=3 must divide --heads=4" "$ndmesh" train --kv-heads 3
+expect_usage "--heads=3 must divide --hidden=64" "$ndmesh" train --heads 3
+expect_usage "--lr=-1" "$ndmesh" train --lr -1
+expect_usage "--vocab=50" "$ndmesh" train --vocab 50
+expect_usage "--data=$tmp/missing.txt" "$ndmesh" train --data "$tmp/missing.txt"
+expect_usage "--layers" "$ndmesh" train --layers abc
+expect_usage "NDMESH_THREADS='many'" env NDMESH_THREADS=many "$ndmesh" train
+head -c 100 /dev/urandom > "$tmp/junk.bin"
+expect_usage "not an ndmesh checkpoint" "$ndmesh" train "${small[@]}" --steps 12 --load "$tmp/junk.bin"
+expect_usage "hidden: checkpoint has 32, the run has 64" "$ndmesh" train --layers 1 --hidden 64 --heads 2 \
+  --kv-heads 1 --seq 16 --batch 4 --markov-vocab 16 --threads 1 --steps 12 --load "$tmp/ck.bin"
+expect_usage "already at step 6" "$ndmesh" train "${small[@]}" --steps 6 --load "$tmp/ck.bin"
+echo "train.sh: ok"

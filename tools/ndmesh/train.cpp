@@ -1,0 +1,258 @@
+// `ndmesh train`: serial training of the GPT model (the baseline that parallel runs are
+// compared with). With no data flag it trains on a seeded Markov chain whose entropy rate
+// is known exactly, so the printout shows how far the loss is from the best possible.
+// One progress line per step (a redrawn bar when stdout is a terminal); with --json the
+// last line is one JSON object.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "ndmesh/core/error.hpp"
+#include "ndmesh/model/data.hpp"
+#include "ndmesh/model/trainer.hpp"
+#include "ndmesh/tensor/blas.hpp"
+#include "subcommand.hpp"
+
+namespace ndmesh::cli {
+namespace {
+
+struct Options {
+  std::int64_t layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 0, seq = 64, vocab = 0;
+  bool untied = false;
+  std::int64_t batch = 16, steps = 700, warmup = 20;
+  double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0;
+  std::uint64_t seed = 1;
+  std::string data;
+  std::int64_t markov_vocab = 32;
+  double markov_sharpness = 2.5;
+  std::uint64_t data_seed = 1;
+  std::int64_t threads = 0;
+  std::string save, load;
+  std::int64_t eval_batches = 8;
+  bool json = false;
+};
+
+// Bad flag values are ConfigErrors (exit 2) naming the flag, the value and a fix.
+void need(bool ok, std::string_view flag, auto value, std::string_view rule, std::string_view example) {
+  if (!ok) fail<ConfigError>("train", "{}={} {}; e.g. {} {}", flag, value, rule, flag, example);
+}
+
+void validate(const Options& o) {
+  need(o.layers >= 1, "--layers", o.layers, "must be at least 1", "2");
+  need(o.hidden >= 1, "--hidden", o.hidden, "must be at least 1", "64");
+  need(o.heads >= 1, "--heads", o.heads, "must be at least 1", "4");
+  need(o.hidden % std::max<std::int64_t>(1, o.heads) == 0, "--heads", o.heads,
+       fmt::format("must divide --hidden={}", o.hidden), "4");
+  need(o.kv_heads >= 0, "--kv-heads", o.kv_heads, "must be >= 0 (0: same as --heads)", "2");
+  need(o.kv_heads == 0 || o.heads % o.kv_heads == 0, "--kv-heads", o.kv_heads,
+       fmt::format("must divide --heads={}", o.heads), "1");
+  need(o.ffn >= 0, "--ffn", o.ffn, "must be >= 0 (0: 4 * hidden)", "256");
+  need(o.seq >= 1, "--seq", o.seq, "must be at least 1", "64");
+  need(o.vocab >= 0, "--vocab", o.vocab, "must be >= 0 (0: the data's vocabulary)", "256");
+  need(o.batch >= 1, "--batch", o.batch, "must be at least 1", "16");
+  need(o.steps >= 1, "--steps", o.steps, "must be at least 1", "700");
+  need(o.warmup >= 0, "--warmup", o.warmup, "must be >= 0", "20");
+  need(o.lr > 0 && std::isfinite(o.lr), "--lr", o.lr, "must be a positive number", "3e-3");
+  need(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio", o.min_lr_ratio, "must be in [0, 1]",
+       "0.1");
+  need(o.weight_decay >= 0, "--weight-decay", o.weight_decay, "must be >= 0", "0.1");
+  need(o.clip >= 0, "--clip", o.clip, "must be >= 0 (0: no clipping)", "1.0");
+  need(o.markov_vocab >= 2 && o.markov_vocab <= 1024, "--markov-vocab", o.markov_vocab,
+       "must be in [2, 1024]", "32");
+  need(o.markov_sharpness >= 0 && std::isfinite(o.markov_sharpness), "--markov-sharpness", o.markov_sharpness,
+       "must be a finite number >= 0", "2.5");
+  need(o.threads >= 0 && o.threads <= 1024, "--threads", o.threads,
+       "must be in [0, 1024] (0: NDMESH_THREADS)", "1");
+  need(o.eval_batches >= 0, "--eval-batches", o.eval_batches, "must be >= 0", "8");
+  if (!o.data.empty() && ::access(o.data.c_str(), R_OK) != 0)
+    fail<ConfigError>("train", "--data={}: cannot read the file; pass an existing text file", o.data);
+  if (!o.load.empty() && ::access(o.load.c_str(), R_OK) != 0)
+    fail<ConfigError>("train", "--load={}: cannot read the file; pass a checkpoint written with --save",
+                      o.load);
+}
+
+std::string clock(double seconds) {
+  auto s = static_cast<long long>(std::max(0.0, seconds) + 0.5);
+  return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+                   : fmt::format("{}:{:02}", s / 60, s % 60);
+}
+
+int run(const Options& o) {
+  validate(o);
+  const int threads = o.threads > 0 ? static_cast<int>(o.threads)
+                                    : threads_from_env(static_cast<int>(std::thread::hardware_concurrency()));
+  set_blas_threads(threads);
+
+  std::unique_ptr<model::DataSource> data;
+  if (o.data.empty())
+    data = std::make_unique<model::MarkovSource>(
+        model::MarkovOptions{.vocab = o.markov_vocab, .seed = o.data_seed, .sharpness = o.markov_sharpness});
+  else
+    data = std::make_unique<model::ByteSource>(o.data, o.data_seed);
+  const std::optional<double> entropy = data->entropy_rate();
+  if (o.vocab > 0 && o.vocab != data->vocab())
+    fail<ConfigError>(
+        "train",
+        "--vocab={} does not match the data ({}), which has {} tokens; use --vocab {} or leave it out",
+        o.vocab, data->describe(), data->vocab(), data->vocab());
+
+  model::TrainOptions t{.model = ModelSpec{.name = {},
+                                           .layers = o.layers,
+                                           .hidden = o.hidden,
+                                           .heads = o.heads,
+                                           .kv_heads = o.kv_heads,
+                                           .ffn = o.ffn,
+                                           .seq = o.seq,
+                                           .vocab = o.vocab > 0 ? o.vocab : data->vocab(),
+                                           .tied_embeddings = !o.untied},
+                        .batch = o.batch,
+                        .steps = o.steps,
+                        .lr = o.lr,
+                        .warmup = o.warmup,
+                        .min_lr_ratio = o.min_lr_ratio,
+                        .adamw = {.weight_decay = o.weight_decay, .clip_norm = o.clip},
+                        .seed = o.seed};
+  const std::string source = data->describe();
+  model::Trainer trainer(t, std::move(data));
+  if (!o.load.empty()) {
+    try {
+      trainer.load(o.load);
+    } catch (const IoError& e) {
+      // A corrupt or foreign file is bad input to this command: exit 2 like a bad flag.
+      fail<ConfigError>("train", "--load={}: {}; pass a checkpoint written by ndmesh train --save", o.load,
+                        e.what());
+    }
+  }
+  const std::int64_t first = trainer.steps_done();
+  if (first >= o.steps)
+    fail<ConfigError>("train",
+                      "the checkpoint '{}' is already at step {} >= --steps={}; pass a larger --steps",
+                      o.load, first, o.steps);
+
+  const bool tty = ::isatty(::fileno(stdout)) != 0;
+  const auto params = trainer.model().params().parameter_count();
+  fmt::print("model: {} layers, hidden {}, heads {}/{} kv, ffn {}, seq {}, vocab {}, {} parameters ({})\n",
+             o.layers, o.hidden, o.heads, t.model.kv_heads_or_heads(), t.model.ffn_or_default(), o.seq,
+             t.model.vocab, params, t.model.tied_embeddings ? "tied head" : "untied head");
+  fmt::print("data: {}{}\n", source,
+             entropy ? fmt::format(", entropy rate {:.4f} nats/token (best achievable loss)", *entropy) : "");
+  fmt::print("train: batch {}, steps {}..{}, lr {} (warmup {}, cosine to {}x), {} BLAS thread{}\n", o.batch,
+             first + 1, o.steps, o.lr, o.warmup, o.min_lr_ratio, threads, threads == 1 ? "" : "s");
+  std::fflush(stdout);
+
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  double last_loss = NAN;
+  const double tokens_per_step = static_cast<double>(trainer.tokens_per_step());
+  while (trainer.steps_done() < o.steps) {
+    model::StepStats s = trainer.step();
+    if (!std::isfinite(s.loss))
+      fail<Error>("train", "loss became {} at step {}; lower --lr (now {})", s.loss, s.step, o.lr);
+    last_loss = s.loss;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    const double done = static_cast<double>(s.step - first);
+    const double tps = done * tokens_per_step / std::max(elapsed, 1e-9);
+    const double eta = elapsed / done * static_cast<double>(o.steps - s.step);
+    if (tty) {
+      constexpr int kWidth = 30;
+      const int filled =
+          static_cast<int>(kWidth * static_cast<double>(s.step) / static_cast<double>(o.steps));
+      fmt::print("\r[{}{}] step {}/{} loss {:.4f} | {:.0f} tok/s | ETA {}   ", std::string(filled, '#'),
+                 std::string(kWidth - filled, '.'), s.step, o.steps, s.loss, tps, clock(eta));
+      if (s.step == o.steps) fmt::print("\n");
+    } else {
+      fmt::print("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} tok/s {:.0f} eta {}\n", s.step, o.steps,
+                 s.loss, s.lr, s.grad_norm, tps, clock(eta));
+    }
+    std::fflush(stdout);
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const double tokens_per_second = static_cast<double>(o.steps - first) * tokens_per_step / seconds;
+  if (!o.save.empty()) trainer.save(o.save);
+  // The final loss is measured on held-out batches: one training batch is too noisy to
+  // compare with the entropy rate.
+  const double final_loss = o.eval_batches > 0 ? trainer.evaluate(o.eval_batches) : last_loss;
+
+  fmt::print("final loss {:.4f} ({} held-out batches; last training batch {:.4f})\n", final_loss,
+             o.eval_batches, last_loss);
+  if (entropy)
+    fmt::print("entropy rate {:.4f} nats/token: final loss is {:.1f}% above the best achievable\n", *entropy,
+               100.0 * (final_loss - *entropy) / *entropy);
+  fmt::print("{} steps in {:.1f} s, {:.0f} tokens/s\n", o.steps - first, seconds, tokens_per_second);
+  if (!o.save.empty()) fmt::print("saved checkpoint {} (step {})\n", o.save, trainer.steps_done());
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["final_loss"] = final_loss;
+    j["last_batch_loss"] = last_loss;
+    j["entropy_rate"] = entropy ? nlohmann::ordered_json(*entropy) : nlohmann::ordered_json(nullptr);
+    j["tokens_per_second"] = tokens_per_second;
+    j["steps"] = trainer.steps_done();
+    j["first_step"] = first + 1;
+    j["seconds"] = seconds;
+    j["parameters"] = params;
+    j["threads"] = threads;
+    j["data"] = source;
+    if (!o.save.empty()) j["checkpoint"] = o.save;
+    fmt::print("{}\n", j.dump());
+  }
+  return 0;
+}
+
+Action setup(CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  app.add_option("--layers", o->layers, "transformer blocks")->capture_default_str();
+  app.add_option("--hidden", o->hidden, "model width")->capture_default_str();
+  app.add_option("--heads", o->heads, "attention heads (divides --hidden)")->capture_default_str();
+  app.add_option("--kv-heads", o->kv_heads, "key/value heads (divides --heads; 0: same as --heads)")
+      ->capture_default_str();
+  app.add_option("--ffn", o->ffn, "MLP width (0: 4 * hidden)")->capture_default_str();
+  app.add_option("--seq", o->seq, "tokens per sequence")->capture_default_str();
+  app.add_option("--vocab", o->vocab, "vocabulary (0: the data's: --markov-vocab, or 256 for --data)")
+      ->capture_default_str();
+  app.add_flag("--untied", o->untied, "give the LM head its own weight instead of the token embedding");
+  app.add_option("--batch", o->batch, "sequences per step")->capture_default_str();
+  app.add_option("--steps", o->steps, "total steps (a --load run continues up to this step)")
+      ->capture_default_str();
+  app.add_option("--lr", o->lr, "peak learning rate")->capture_default_str();
+  app.add_option("--warmup", o->warmup, "linear warmup steps")->capture_default_str();
+  app.add_option("--min-lr-ratio", o->min_lr_ratio, "cosine decay floor, as a fraction of --lr")
+      ->capture_default_str();
+  app.add_option("--weight-decay", o->weight_decay, "AdamW weight decay (matrices only)")
+      ->capture_default_str();
+  app.add_option("--clip", o->clip, "global gradient-norm clip (0: off)")->capture_default_str();
+  app.add_option("--seed", o->seed, "model initialisation seed")->capture_default_str();
+  app.add_option("--data", o->data, "train byte-level on this file (default: the Markov source)");
+  app.add_option("--markov-vocab", o->markov_vocab, "states of the Markov source")->capture_default_str();
+  app.add_option("--markov-sharpness", o->markov_sharpness,
+                 "how peaked the Markov transitions are (0: uniform, larger: lower entropy)")
+      ->capture_default_str();
+  app.add_option("--data-seed", o->data_seed, "seed of the data (Markov chain and sampling, or byte windows)")
+      ->capture_default_str();
+  app.add_option("--threads", o->threads, "BLAS threads (0: NDMESH_THREADS, else the core count)")
+      ->capture_default_str();
+  app.add_option("--save", o->save, "write a checkpoint here at the end (atomically)");
+  app.add_option("--load", o->load, "continue from this checkpoint (same model and data flags)");
+  app.add_option("--eval-batches", o->eval_batches, "held-out batches for the final loss")
+      ->capture_default_str();
+  app.add_flag("--json", o->json, "print one JSON summary object as the last line");
+  app.footer(
+      "Examples:\n"
+      "  ndmesh train                                   # small model on the Markov source, about a minute\n"
+      "  ndmesh train --data README.md --vocab 256 --steps 200\n"
+      "  ndmesh train --steps 100 --save run.ckpt && ndmesh train --steps 200 --load run.ckpt");
+  return [o] { return run(*o); };
+}
+
+const Subcommand kTrain{"train", "Train the GPT model serially (Markov source or a byte-level file)", setup};
+
+}  // namespace
+}  // namespace ndmesh::cli
