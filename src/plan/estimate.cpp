@@ -85,7 +85,10 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
     double params = layers_on_stage * layer_params;
     if (first) params += embedding;
     if (last) params += head + final_norm;
-    const ModelStates states = model_state_bytes(params, l.zero, l.dp, precision);
+    ModelStates states = model_state_bytes(params, l.zero, l.dp, precision);
+    // ZeRO-3 gathers each layer's weights before using it and prefetches the next one:
+    // two whole layers (of this tp rank) live at once besides the shards.
+    if (l.zero >= 3 && l.dp > 1) states.params += 2 * layer_params * precision.param_bytes;
 
     const double in_flight = microbatches_in_flight(l.schedule, l.pp, m, l.vpp, stage);
     double activations = layers_on_stage * in_flight * per_layer;

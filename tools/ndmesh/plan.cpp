@@ -215,7 +215,7 @@ void print_explain(const PlanModel& model, const Hardware& hw, const Estimate& e
              m.layers_on_stage, l.tp, m.stage == 0 ? " + embedding" : "",
              m.stage == l.pp - 1 ? " + output layer" : "");
   fmt::print("  params                  {:>8}  2 B each{}\n", gib(m.params),
-             l.zero >= 3 ? ", / dp (ZeRO-3)" : "");
+             l.zero >= 3 ? ", / dp (ZeRO-3), plus 2 gathered layers" : "");
   fmt::print("  grads                   {:>8}  2 B each{}\n", gib(m.grads),
              l.zero >= 2 ? ", / dp (ZeRO-2+)" : "");
   fmt::print("  optimizer               {:>8}  12 B each (fp32 weights, momentum, variance){}\n",
@@ -232,8 +232,8 @@ void print_explain(const PlanModel& model, const Hardware& hw, const Estimate& e
   fmt::print(
       "  compute                 {:>8.3f}  slowest stage's model FLOPs / ({} GPUs x {:.0f} TFLOP/s x {})\n",
       t.compute, l.tp * l.cp * l.dp, hw.peak_flops / 1e12, hw.achievable_fraction);
-  fmt::print("  recompute               {:>8.3f}  {} recompute FLOPs at {:.0f} TFLOP/s\n", t.recompute,
-             plan::recompute_name(l.recompute), rate / 1e12);
+  fmt::print("  recompute               {:>8.3f}  recompute={}: its extra FLOPs at {:.0f} TFLOP/s\n",
+             t.recompute, plan::recompute_name(l.recompute), rate / 1e12);
   fmt::print("  tensor parallel         {:>8.3f}  {} all-reduces per layer and micro-batch, tp group {}\n",
              t.tp_comm, l.recompute == plan::Recompute::kFull ? 6 : 4,
              where_text(e.where.tp_in_node, t.tp_bw));
@@ -256,6 +256,10 @@ void print_explain(const PlanModel& model, const Hardware& hw, const Estimate& e
   fmt::print(
       "  total                   {:>8.3f}  {} tokens/s, MFU {:.1f}% (model FLOPs {:.3g} per step, {})\n",
       t.total, human(e.tokens_per_second), 100 * e.mfu, e.model_flops, model.spec.name);
+  fmt::print(
+      "assumptions: {}; the achievable fraction {} of peak and the {} GiB reserved per GPU are the "
+      "planner's own (--efficiency, --reserved-gib); the optimizer step's time is not counted\n",
+      hw.source, hw.achievable_fraction, gib(hw.reserved_bytes));
 }
 
 void print_header(const PlanModel& model, const Hardware& hw, std::int64_t gpus, std::int64_t seq,

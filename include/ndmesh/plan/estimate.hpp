@@ -52,7 +52,7 @@ std::int64_t microbatches(const Layout& layout, const Workload& workload);
 
 /// Bytes per GPU on the worst stage.
 struct MemoryBreakdown {
-  double params = 0;
+  double params = 0;  ///< with ZeRO-3: the shard plus two gathered layers (in use, prefetched)
   double grads = 0;
   double optimizer = 0;
   double activations = 0;           ///< layers x in flight, plus embedding masks / logits on the end stages

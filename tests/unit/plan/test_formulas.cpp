@@ -170,6 +170,16 @@ TEST(ModelStates, ZeroStages) {
       model_state_bytes(p, 0, 1, {.param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8}).total(), 16e9);
 }
 
+TEST(ModelStates, Zero3KeepsTwoGatheredLayers) {
+  // gpt3-1.7b: P = 12*24*2304^2 + 13*2304*24 + 53248*2304 + 2*2304 = 1,652,230,656 and one
+  // layer 12*2304^2 + 13*2304 = 63,730,944. ZeRO-3 over dp = 8: 2P/8 + 2 layers x 2 bytes.
+  const Layout l{.dp = 8, .zero = 3};
+  const MemoryBreakdown mem = estimate_memory(model_preset("gpt3-1.7b"), l, {.seq = 2048, .global_batch = 8});
+  EXPECT_DOUBLE_EQ(mem.params, 2 * 1652230656.0 / 8 + 2 * 2 * 63730944.0);
+  EXPECT_DOUBLE_EQ(mem.grads, 2 * 1652230656.0 / 8);
+  EXPECT_DOUBLE_EQ(mem.optimizer, 12 * 1652230656.0 / 8);
+}
+
 TEST(Bubble, ClosedForms) {
   // (p-1)/m, (p-1)/(v m), ZB-H1 a third of 1F1B.
   EXPECT_DOUBLE_EQ(bubble_fraction(Schedule::k1F1B, 8, 32, 1), 7.0 / 32);
