@@ -41,6 +41,8 @@ struct ModelHardwareFlags {
   std::optional<std::int64_t> gpus_per_node;
   std::int64_t seq = 0;
   std::int64_t global_batch = 0;
+  std::string precision = "mixed";
+  bool no_dropout = false;
   bool json = false;
 };
 
@@ -68,6 +70,13 @@ void add_model_hardware_flags(CLI::App& app, ModelHardwareFlags& f) {
   app.add_option("--gpus-per-node", f.gpus_per_node, "Override: GPUs per node");
   app.add_option("--seq", f.seq, "Tokens per sequence (default: the model's)");
   app.add_option("--global-batch", f.global_batch, "Sequences per step");
+  app.add_option(
+         "--precision", f.precision,
+         "mixed (bf16 weights and grads + 12 B fp32 Adam states, 16-bit activations) or fp32 (4 + 4 + 8 B "
+         "AdamW, fp32 activations)")
+      ->capture_default_str();
+  app.add_flag("--no-dropout", f.no_dropout,
+               "The model stores no dropout masks (GPT presets do, Llama ones do not)");
   app.add_flag("--json", f.json, "Print JSON");
 }
 
@@ -113,12 +122,23 @@ PlanModel resolve_model(const ModelHardwareFlags& f) {
   if (f.kv_heads) m.spec.kv_heads = f.kv_heads;
   if (f.ffn) m.spec.ffn = f.ffn;
   if (f.vocab) m.spec.vocab = f.vocab;
+  if (f.no_dropout) m.dropout = false;
   if (m.spec.name.empty()) m.spec.name = "custom";
   if (f.seq != 0) m.spec.seq = f.seq;
   NDMESH_CHECK_CONFIG(m.spec.seq >= 1, "plan", "--seq {} must be at least 1, e.g. --seq 4096", m.spec.seq);
   const auto probs = plan::plan_model_problems(m);
   NDMESH_CHECK_CONFIG(probs.empty(), "plan", "bad model: {}", fmt::join(probs, "; "));
   return m;
+}
+
+plan::Precision resolve_precision(const ModelHardwareFlags& f) {
+  if (f.precision == "mixed") return {};
+  if (f.precision == "fp32")
+    return {.param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4};
+  fail<ConfigError>("plan",
+                    "--precision '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter) or fp32 "
+                    "(4 + 4 + 8 B)",
+                    f.precision);
 }
 
 Hardware resolve_hardware(const ModelHardwareFlags& f) {
@@ -201,8 +221,8 @@ std::string where_text(bool in_node, double bw) {
 }
 
 // Every term of one layout with its inputs.
-void print_explain(const PlanModel& model, const Hardware& hw, const Estimate& e, std::int64_t seq,
-                   std::int64_t global_batch) {
+void print_explain(const PlanModel& model, const Hardware& hw, const plan::Precision& pr, const Estimate& e,
+                   std::int64_t seq, std::int64_t global_batch) {
   const Layout& l = e.layout;
   const auto& m = e.memory;
   const auto& t = e.time;
@@ -214,12 +234,13 @@ void print_explain(const PlanModel& model, const Hardware& hw, const Estimate& e
   fmt::print("  parameters on the GPU   {} ({} layers split over tp={}{}{})\n", human(m.stage_parameters),
              m.layers_on_stage, l.tp, m.stage == 0 ? " + embedding" : "",
              m.stage == l.pp - 1 ? " + output layer" : "");
-  fmt::print("  params                  {:>8}  2 B each{}\n", gib(m.params),
+  fmt::print("  params                  {:>8}  {} B each{}\n", gib(m.params), pr.param_bytes,
              l.zero >= 3 ? ", / dp (ZeRO-3), plus 2 gathered layers" : "");
-  fmt::print("  grads                   {:>8}  2 B each{}\n", gib(m.grads),
+  fmt::print("  grads                   {:>8}  {} B each{}\n", gib(m.grads), pr.grad_bytes,
              l.zero >= 2 ? ", / dp (ZeRO-2+)" : "");
-  fmt::print("  optimizer               {:>8}  12 B each (fp32 weights, momentum, variance){}\n",
-             gib(m.optimizer), l.zero >= 1 ? ", / dp (ZeRO-1+)" : "");
+  fmt::print("  optimizer               {:>8}  {} B each ({}momentum, variance){}\n", gib(m.optimizer),
+             pr.optimizer_bytes, pr.optimizer_bytes > 8 ? "fp32 weights, " : "",
+             l.zero >= 1 ? ", / dp (ZeRO-1+)" : "");
   fmt::print(
       "  activations             {:>8}  {} layers x {:.2f} micro-batches in flight x {:.1f} MiB per layer "
       "(Korthikanti et al. 2022, s={} b={} {}), plus embedding masks / logits\n",
@@ -298,7 +319,9 @@ int run_search(const PlanFlags& f) {
   const PlanModel model = resolve_model(f.common);
   const Hardware hw = resolve_hardware(f.common);
   const plan::Workload w{.seq = model.spec.seq, .global_batch = f.common.global_batch};
-  const plan::SearchResult r = plan::search(model, hw, {.gpus = f.gpus, .workload = w, .top = f.top});
+  const plan::Precision precision = resolve_precision(f.common);
+  const plan::SearchResult r =
+      plan::search(model, hw, {.gpus = f.gpus, .workload = w, .top = f.top, .precision = precision});
 
   if (f.common.json) {
     nlohmann::json out;
@@ -331,7 +354,7 @@ int run_search(const PlanFlags& f) {
           "GPUs, a GPU with more memory, a shorter --seq or a smaller model\n",
           gib(s.capacity_bytes), gib(s.memory.total), layout_text(s.layout),
           gib(s.memory.total - s.capacity_bytes));
-      if (f.explain) print_explain(model, hw, s, w.seq, w.global_batch);
+      if (f.explain) print_explain(model, hw, precision, s, w.seq, w.global_batch);
     } else {
       fmt::print("no layout of {} GPUs passes validation, e.g.:\n", f.gpus);
       for (const auto& p : r.sample_problems) fmt::print("  {}\n", p);
@@ -357,7 +380,7 @@ int run_search(const PlanFlags& f) {
   }
   if (f.explain) {
     fmt::print("\nbest ");
-    print_explain(model, hw, r.layouts.front(), w.seq, w.global_batch);
+    print_explain(model, hw, precision, r.layouts.front(), w.seq, w.global_batch);
   }
   return 0;
 }
@@ -377,7 +400,8 @@ int run_memory(MemoryFlags f) {
   const plan::Workload w{.seq = model.spec.seq, .global_batch = global_batch};
   const auto probs = problems(plan::parallel_config(l, w, hw.gpus_per_node), &model.spec);
   NDMESH_CHECK_CONFIG(probs.empty(), "plan", "invalid layout: {}", fmt::join(probs, "; "));
-  const Estimate e = plan::estimate(model, hw, l, w);
+  const plan::Precision precision = resolve_precision(f.common);
+  const Estimate e = plan::estimate(model, hw, l, w, precision);
 
   if (f.common.json) {
     nlohmann::json out = estimate_json(e);
@@ -390,7 +414,7 @@ int run_memory(MemoryFlags f) {
     return 0;
   }
   print_header(model, hw, l.gpus(), w.seq, w.global_batch);
-  print_explain(model, hw, e, w.seq, w.global_batch);
+  print_explain(model, hw, precision, e, w.seq, w.global_batch);
   return 0;
 }
 
