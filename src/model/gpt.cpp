@@ -55,41 +55,74 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options)
     : spec_(checked(spec)),
       batch_(options.batch),
       seq_(options.seq > 0 ? options.seq : spec.seq),
-      embed_(store_, {.vocab = spec.vocab, .channels = spec.hidden, .max_seq = spec.seq, .name = "embed"}),
-      lnf_(store_, {.channels = spec.hidden, .name = "ln_f"}),
-      head_(store_, {.vocab = spec.vocab,
-                     .channels = spec.hidden,
-                     .tied_weight = spec.tied_embeddings ? embed_.token_weight_id() : -1,
-                     .name = "lm_head"}) {
+      first_block_(options.first_block),
+      last_block_(options.last_block < 0 ? spec.layers : options.last_block) {
   NDMESH_CHECK_CONFIG(batch_ > 0, "model", "batch={} must be positive", batch_);
   NDMESH_CHECK_CONFIG(seq_ <= spec.seq, "model", "sequence length {} exceeds the model's seq={}", seq_,
                       spec.seq);
-  blocks_.reserve(static_cast<std::size_t>(spec.layers));
-  for (std::int64_t l = 0; l < spec.layers; ++l)
+  NDMESH_CHECK_CONFIG(0 <= first_block_ && first_block_ < last_block_ && last_block_ <= spec.layers, "model",
+                      "stage blocks [{}, {}) are not a non-empty range of the model's {} layers",
+                      first_block_, last_block_, spec.layers);
+  if (first_block_ == 0)
+    embed_.emplace(store_,
+                   nn::EmbeddingOptions{
+                       .vocab = spec.vocab, .channels = spec.hidden, .max_seq = spec.seq, .name = "embed"});
+  blocks_.reserve(static_cast<std::size_t>(last_block_ - first_block_));
+  for (std::int64_t l = first_block_; l < last_block_; ++l)
     blocks_.emplace_back(store_, nn::BlockOptions{.channels = spec.hidden,
                                                   .heads = spec.heads,
                                                   .kv_heads = spec.kv_heads_or_heads(),
                                                   .ffn = spec.ffn_or_default(),
                                                   .name = fmt::format("block.{}", l)});
+  if (last_block_ == spec.layers) {
+    lnf_.emplace(store_, nn::LayerNormOptions{.channels = spec.hidden, .name = "ln_f"});
+    int tied = -1;
+    if (spec.tied_embeddings) {
+      // A last stage without the embedding keeps its own copy of the token table under the
+      // same name (same initial values); keeping the copies equal is the pipeline's job.
+      tied = embed_ ? embed_->token_weight_id() : store_.add("embed.tokens", {spec.vocab, spec.hidden}, true);
+    }
+    head_.emplace(store_,
+                  nn::LmHeadOptions{
+                      .vocab = spec.vocab, .channels = spec.hidden, .tied_weight = tied, .name = "lm_head"});
+  }
   store_.allocate();
   init(options.seed, options.init_std);
 
-  const std::int64_t n = batch_ * seq_, c = spec.hidden, v = spec.vocab;
-  tokens_.resize(static_cast<std::size_t>(n));
-  targets_.resize(static_cast<std::size_t>(n));
-  encoded_.resize({n, c});
-  acts_.resize(blocks_.size());
-  for (std::size_t l = 0; l < blocks_.size(); ++l) blocks_[l].resize(acts_[l], batch_, seq_);
+  acts_ = make_activations();
+  const std::int64_t n = batch_ * seq_, c = spec.hidden;
   blocks_.front().resize(scratch_, batch_, seq_);
-  lnf_out_.resize({n, c});
-  lnf_mean_.resize({n});
-  lnf_rstd_.resize({n});
-  probs_.resize({n, v});
-  losses_.resize({n});
-  dlogits_.resize({n, v});
-  dlnf_.resize({n, c});
+  if (head_) {
+    dlogits_.resize({n, spec.vocab});
+    dlnf_.resize({n, c});
+  }
   dres_a_.resize({n, c});
   dres_b_.resize({n, c});
+}
+
+template <typename T>
+GptActivations<T> GptT<T>::make_activations() const {
+  const std::int64_t n = batch_ * seq_, c = spec_.hidden, v = spec_.vocab;
+  GptActivations<T> a;
+  a.tokens.resize(static_cast<std::size_t>(n));
+  a.targets.resize(static_cast<std::size_t>(n));
+  a.input.resize({n, c});
+  a.blocks.resize(blocks_.size());
+  for (std::size_t l = 0; l < blocks_.size(); ++l) blocks_[l].resize(a.blocks[l], batch_, seq_);
+  if (head_) {
+    a.lnf.resize({n, c});
+    a.lnf_mean.resize({n});
+    a.lnf_rstd.resize({n});
+    a.probs.resize({n, v});
+    a.losses.resize({n});
+  }
+  if (!embed_) a.input_grad.resize({n, c});
+  return a;
+}
+
+template <typename T>
+const T* GptT<T>::output(const GptActivations<T>& acts) const {
+  return acts.blocks.back().out.data();
 }
 
 template <typename T>
@@ -112,51 +145,68 @@ void GptT<T>::init(std::uint64_t seed, double init_std) {
 }
 
 template <typename T>
-double GptT<T>::forward(const std::int32_t* tokens, const std::int32_t* targets) {
+double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const T* input,
+                        const std::int32_t* targets) {
   const std::int64_t n = batch_ * seq_;
-  std::copy(tokens, tokens + n, tokens_.begin());
-  have_targets_ = targets != nullptr;
-  if (have_targets_) std::copy(targets, targets + n, targets_.begin());
-
-  embed_.forward(tokens_.data(), encoded_.data(), batch_, seq_);
-  const T* x = encoded_.data();
-  for (std::size_t l = 0; l < blocks_.size(); ++l) {
-    blocks_[l].forward(x, acts_[l], batch_, seq_);
-    x = acts_[l].out.data();
+  if (embed_) {
+    NDMESH_CHECK(tokens != nullptr, "model", "the first stage needs tokens");
+    std::copy(tokens, tokens + n, a.tokens.begin());
+    embed_->forward(a.tokens.data(), a.input.data(), batch_, seq_);
+  } else {
+    NDMESH_CHECK(input != nullptr, "model", "stage from block {} needs its input hidden states",
+                 first_block_);
+    std::copy(input, input + n * spec_.hidden, a.input.data());
   }
-  lnf_.forward(x, lnf_out_.data(), lnf_mean_.data(), lnf_rstd_.data(), n);
-  head_.forward(lnf_out_.data(), probs_.data(), n);
-  if (!have_targets_) {
-    // Probabilities without a loss: a throwaway target row 0 is as good as any.
-    std::vector<std::int32_t> zeros(static_cast<std::size_t>(n), 0);
-    nn::CrossEntropy<T>::forward(probs_.data(), zeros.data(), probs_.data(), losses_.data(), n, spec_.vocab);
+  const T* x = a.input.data();
+  for (std::size_t l = 0; l < blocks_.size(); ++l) {
+    blocks_[l].forward(x, a.blocks[l], batch_, seq_);
+    x = a.blocks[l].out.data();
+  }
+  a.have_targets = head_ && targets != nullptr;
+  if (!head_) return std::numeric_limits<double>::quiet_NaN();
+  lnf_->forward(x, a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), n);
+  head_->forward(a.lnf.data(), a.probs.data(), n);
+  if (!a.have_targets) {
+    // Probabilities without a loss: a throwaway target 0 is as good as any.
+    std::fill(a.targets.begin(), a.targets.end(), 0);
+    nn::CrossEntropy<T>::forward(a.probs.data(), a.targets.data(), a.probs.data(), a.losses.data(), n,
+                                 spec_.vocab);
     return std::numeric_limits<double>::quiet_NaN();
   }
-  return nn::CrossEntropy<T>::forward(probs_.data(), targets_.data(), probs_.data(), losses_.data(), n,
+  std::copy(targets, targets + n, a.targets.begin());
+  return nn::CrossEntropy<T>::forward(a.probs.data(), a.targets.data(), a.probs.data(), a.losses.data(), n,
                                       spec_.vocab);
 }
 
 template <typename T>
-void GptT<T>::backward() {
-  NDMESH_CHECK(have_targets_, "model", "backward() after a forward without targets");
-  const std::int64_t n = batch_ * seq_;
-  dlogits_.zero();
-  nn::CrossEntropy<T>::backward(probs_.data(), targets_.data(), dlogits_.data(), n, spec_.vocab,
-                                T(1) / static_cast<T>(n));
-  dlnf_.zero();
-  head_.backward(dlogits_.data(), lnf_out_.data(), dlnf_.data(), n);
-  dres_a_.zero();
-  const T* last = blocks_.empty() ? encoded_.data() : acts_.back().out.data();
-  lnf_.backward(dlnf_.data(), last, lnf_mean_.data(), lnf_rstd_.data(), dres_a_.data(), n);
+void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
+  const std::int64_t n = batch_ * seq_, c = spec_.hidden;
+  if (head_) {
+    NDMESH_CHECK(a.have_targets, "model", "backward() after a forward without targets");
+    dlogits_.zero();
+    nn::CrossEntropy<T>::backward(a.probs.data(), a.targets.data(), dlogits_.data(), n, spec_.vocab,
+                                  T(1) / static_cast<T>(n));
+    dlnf_.zero();
+    head_->backward(dlogits_.data(), a.lnf.data(), dlnf_.data(), n);
+    dres_a_.zero();
+    lnf_->backward(dlnf_.data(), output(a), a.lnf_mean.data(), a.lnf_rstd.data(), dres_a_.data(), n);
+  } else {
+    NDMESH_CHECK(doutput != nullptr, "model", "stage up to block {} needs the gradient of its output",
+                 last_block_);
+    std::copy(doutput, doutput + n * c, dres_a_.data());
+  }
   Tensor<T>* dout = &dres_a_;
   Tensor<T>* dinp = &dres_b_;
   for (std::size_t l = blocks_.size(); l-- > 0;) {
-    const T* inp = l == 0 ? encoded_.data() : acts_[l - 1].out.data();
+    const T* inp = l == 0 ? a.input.data() : a.blocks[l - 1].out.data();
     dinp->zero();
-    blocks_[l].backward(dout->data(), inp, acts_[l], scratch_, dinp->data(), batch_, seq_);
+    blocks_[l].backward(dout->data(), inp, a.blocks[l], scratch_, dinp->data(), batch_, seq_);
     std::swap(dout, dinp);
   }
-  embed_.backward(dout->data(), tokens_.data(), batch_, seq_);
+  if (embed_)
+    embed_->backward(dout->data(), a.tokens.data(), batch_, seq_);
+  else
+    std::copy(dout->data(), dout->data() + n * c, a.input_grad.data());
 }
 
 template <typename T>
@@ -170,7 +220,8 @@ double GptT<T>::flops_per_step() const {
                            + 2 * n * h * hd * c           // proj
                            + 2 * 2 * n * c * f            // fc and mlp proj
                            + 2 * 2 * n * t * h * hd;      // QKᵀ and PV over the full square
-  const double forward = static_cast<double>(spec_.layers) * per_block + 2 * n * c * v;
+  const double head = head_ ? 2 * n * c * v : 0.0;
+  const double forward = static_cast<double>(blocks_.size()) * per_block + head;
   return 3 * forward;
 }
 

@@ -6,10 +6,16 @@
 // (seed, view name), so the values of a parameter do not depend on which other
 // parameters exist (a pipeline stage holding blocks 4..7 gets the same weights as the
 // full model). GptT<double> exists for finite-difference checks; Gpt is float.
+//
+// The model can also be one pipeline stage (a contiguous range of blocks, with the
+// embedding only on the first and the final norm and head only on the last) and can run
+// several micro-batches with separate GptActivations; the pipeline schedules themselves
+// live in the parallel layer.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,39 +35,77 @@ struct GptOptions {
   std::int64_t batch = 1;  ///< sequences per forward
   std::int64_t seq = 0;    ///< tokens per sequence; 0: spec.seq
   double init_std = 0.02;  ///< std of the matrices; residual projections get init_std / sqrt(2 L)
+  /// A pipeline stage holds blocks [first_block, last_block) of the full model; the
+  /// embedding lives with block 0 and the final norm and head with the last block.
+  /// Parameter names (and so initial values) are those of the full model.
+  std::int64_t first_block = 0;
+  std::int64_t last_block = -1;  ///< -1: spec.layers
 };
 
 /// Every problem with a ModelSpec for this model, one line each (field, value, fix).
 std::vector<std::string> gpt_problems(const ModelSpec& spec);
 
-/// A GPT-style decoder with its activations for one batch.
+/// Everything one forward keeps for its backward (one micro-batch). A Gpt owns one; a
+/// pipeline schedule with several micro-batches in flight makes more with
+/// make_activations().
+template <typename T>
+struct GptActivations {
+  std::vector<std::int32_t> tokens, targets;
+  Tensor<T> input;                              ///< [N, C] embedding output, or the stage's received input
+  std::vector<nn::BlockActivations<T>> blocks;  ///< one per block of the stage
+  Tensor<T> lnf, lnf_mean, lnf_rstd;            ///< final norm (last stage)
+  Tensor<T> probs;                              ///< [N, V] logits, then probabilities in place (last stage)
+  Tensor<T> losses;                             ///< [N] per-token loss (last stage)
+  Tensor<T> input_grad;                         ///< [N, C] d loss / d input after backward (later stages)
+  bool have_targets = false;
+};
+
+/// A GPT-style decoder, or a contiguous pipeline stage of one.
 template <typename T>
 class GptT {
  public:
-  /// ConfigError listing gpt_problems(spec) when the spec is not usable.
+  /// ConfigError listing gpt_problems(spec), or naming a bad option, when not usable.
   GptT(const ModelSpec& spec, GptOptions options = {});
   GptT(const GptT&) = delete;
   GptT& operator=(const GptT&) = delete;
 
-  /// Runs the model on tokens[batch, seq]; with targets (same shape) returns the mean
+  /// Whole model: runs tokens[batch, seq]; with targets (same shape) returns the mean
   /// cross-entropy, otherwise NaN. Keeps what backward() needs.
-  double forward(const std::int32_t* tokens, const std::int32_t* targets);
-  /// Accumulates into params().grads() the gradient of the mean loss of the last forward
-  /// (which must have had targets). Call params().zero_grad() between steps.
-  void backward();
+  double forward(const std::int32_t* tokens, const std::int32_t* targets) {
+    return forward(acts_, tokens, nullptr, targets);
+  }
+  /// Whole model: accumulates into params().grads() the gradient of the mean loss of the
+  /// last forward (which must have had targets). Call params().zero_grad() between steps.
+  void backward() { backward(acts_, nullptr); }
+
+  /// Stage forward into `acts`: a stage with the embedding reads `tokens`, others read
+  /// `input` [batch, seq, C]. A stage with the head returns the mean loss when `targets`
+  /// is given (NaN otherwise); other stages return NaN and leave output(acts).
+  double forward(GptActivations<T>& acts, const std::int32_t* tokens, const T* input,
+                 const std::int32_t* targets);
+  /// Stage backward: a stage with the head starts from its loss (`doutput` unused);
+  /// others from doutput = d loss / d output(acts). Stages without the embedding leave
+  /// d loss / d input in acts.input_grad.
+  void backward(GptActivations<T>& acts, const T* doutput);
+  /// Activations sized for this model's batch and seq.
+  GptActivations<T> make_activations() const;
+  /// The hidden states leaving the stage's last block, [batch, seq, C].
+  const T* output(const GptActivations<T>& acts) const;
 
   ParamStore<T>& params() { return store_; }
   const ParamStore<T>& params() const { return store_; }
   const ModelSpec& spec() const { return spec_; }
   std::int64_t batch() const { return batch_; }
   std::int64_t seq() const { return seq_; }
-  /// Softmax probabilities [batch, seq, vocab] of the last forward.
-  const T* probs() const { return probs_.data(); }
-  /// Matrix-product floating point operations of one forward + backward over one batch
-  /// (3x the forward; attention counted over the full seq x seq square, as computed).
+  bool has_embedding() const { return embed_.has_value(); }
+  bool has_head() const { return head_.has_value(); }
+  /// Softmax probabilities [batch, seq, vocab] of the last whole-model forward.
+  const T* probs() const { return acts_.probs.data(); }
+  /// Matrix-product floating point operations of one forward + backward of this stage
+  /// over one batch (3x the forward; attention counted over the full seq x seq square,
+  /// as computed).
   double flops_per_step() const;
 
-  const nn::Embedding<T>& embedding() const { return embed_; }
   const std::vector<nn::Block<T>>& blocks() const { return blocks_; }
 
  private:
@@ -69,23 +113,17 @@ class GptT {
 
   ModelSpec spec_;
   std::int64_t batch_, seq_;
+  std::int64_t first_block_, last_block_;
   ParamStore<T> store_;
-  nn::Embedding<T> embed_;
+  std::optional<nn::Embedding<T>> embed_;
   std::vector<nn::Block<T>> blocks_;
-  nn::LayerNorm<T> lnf_;
-  nn::LmHead<T> head_;
+  std::optional<nn::LayerNorm<T>> lnf_;
+  std::optional<nn::LmHead<T>> head_;
 
-  // Activations of the last forward.
-  std::vector<std::int32_t> tokens_, targets_;
-  Tensor<T> encoded_;                          ///< [N, C] embedding output
-  std::vector<nn::BlockActivations<T>> acts_;  ///< one per block
-  Tensor<T> lnf_out_, lnf_mean_, lnf_rstd_;    ///< final norm
-  Tensor<T> probs_;                            ///< [N, V] logits, then probabilities in place
-  Tensor<T> losses_;                           ///< [N]
-  // Backward work space.
+  GptActivations<T> acts_;  ///< of the whole-model forward()/backward()
+  // Backward work space, shared by every micro-batch (backwards run one at a time).
   nn::BlockScratch<T> scratch_;
   Tensor<T> dlogits_, dlnf_, dres_a_, dres_b_;
-  bool have_targets_ = false;
 };
 
 /// The float model used for training.

@@ -126,6 +126,80 @@ TEST(Gpt, BadSpecsNameTheFieldAndTheFix) {
   EXPECT_THROW(Gpt{spec}, ConfigError);
 }
 
+TEST(Gpt, TwoPipelineStagesComposeToTheWholeModel) {
+  for (bool tied : {true, false}) {
+    const ModelSpec spec = tiny(tied, 2);
+    GptT<double> whole(spec, {.seed = 3, .batch = 2});
+    GptT<double> first(spec, {.seed = 3, .batch = 2, .last_block = 1});
+    GptT<double> last(spec, {.seed = 3, .batch = 2, .first_block = 1});
+    EXPECT_TRUE(first.has_embedding() && !first.has_head());
+    EXPECT_TRUE(!last.has_embedding() && last.has_head());
+    Rng rng(8);
+    auto tokens = random_tokens(10, 7, rng), targets = random_tokens(10, 7, rng);
+    whole.params().zero_grad();
+    const double loss = whole.forward(tokens.data(), targets.data());
+    whole.backward();
+
+    auto a0 = first.make_activations();
+    auto a1 = last.make_activations();
+    first.params().zero_grad();
+    last.params().zero_grad();
+    EXPECT_TRUE(std::isnan(first.forward(a0, tokens.data(), nullptr, nullptr)));
+    EXPECT_EQ(last.forward(a1, nullptr, first.output(a0), targets.data()), loss);
+    last.backward(a1, nullptr);
+    first.backward(a0, a1.input_grad.data());
+
+    // Every parameter of the whole model is in exactly one stage, with the same initial
+    // value and gradient; the tied token table is in both, and its two gradients add up.
+    for (const auto& v : whole.params().views()) {
+      const int i0 = first.params().find(v.name), i1 = last.params().find(v.name);
+      ASSERT_TRUE(i0 >= 0 || i1 >= 0) << v.name;
+      for (std::int64_t k = 0; k < v.numel; ++k) {
+        double g = 0;
+        if (i0 >= 0) {
+          EXPECT_EQ(first.params().param(i0)[k], whole.params().params()[v.offset + k]) << v.name;
+          g += first.params().grad(i0)[k];
+        }
+        if (i1 >= 0) {
+          EXPECT_EQ(last.params().param(i1)[k], whole.params().params()[v.offset + k]) << v.name;
+          g += last.params().grad(i1)[k];
+        }
+        EXPECT_NEAR(g, whole.params().grads()[v.offset + k], 1e-14) << v.name << "[" << k << "]";
+      }
+    }
+    EXPECT_EQ(first.params().find("embed.tokens") >= 0 && last.params().find("embed.tokens") >= 0, tied);
+  }
+}
+
+TEST(Gpt, MicroBatchesInFlightKeepSeparateActivations) {
+  const ModelSpec spec = tiny(true, 2);
+  GptT<double> gpt(spec, {.seed = 2, .batch = 2});
+  Rng rng(12);
+  auto t1 = random_tokens(10, 7, rng), y1 = random_tokens(10, 7, rng);
+  auto t2 = random_tokens(10, 7, rng), y2 = random_tokens(10, 7, rng);
+  // One after the other.
+  gpt.params().zero_grad();
+  const double l1 = gpt.forward(t1.data(), y1.data());
+  gpt.backward();
+  const double l2 = gpt.forward(t2.data(), y2.data());
+  gpt.backward();
+  std::vector<double> expected(gpt.params().grads().begin(), gpt.params().grads().end());
+  // Both forwards first, backwards in reverse order (as a pipeline schedule might).
+  auto a = gpt.make_activations(), b = gpt.make_activations();
+  gpt.params().zero_grad();
+  EXPECT_EQ(gpt.forward(a, t1.data(), nullptr, y1.data()), l1);
+  EXPECT_EQ(gpt.forward(b, t2.data(), nullptr, y2.data()), l2);
+  gpt.backward(b, nullptr);
+  gpt.backward(a, nullptr);
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    EXPECT_NEAR(gpt.params().grads()[i], expected[i], 1e-14) << i;
+}
+
+TEST(Gpt, BadStageRangeIsAConfigError) {
+  EXPECT_THROW((Gpt{tiny(true, 2), {.first_block = 1, .last_block = 1}}), ConfigError);
+  EXPECT_THROW((Gpt{tiny(true, 2), {.last_block = 3}}), ConfigError);
+}
+
 TEST(Gpt, FlopsCountMatchesHandCount) {
   const ModelSpec spec{.layers = 1, .hidden = 4, .heads = 2, .kv_heads = 1, .ffn = 8, .seq = 3, .vocab = 5};
   Gpt gpt(spec, {.batch = 2});
