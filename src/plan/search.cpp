@@ -3,8 +3,8 @@
 // For each split of the GPUs into tp x cp x pp x dp the mesh placement is computed once;
 // for each schedule, vpp and micro-batch size the config is validated once (the lead's
 // problems(), the same checks `ndmesh train` runs); then every recompute mode and ZeRO
-// stage is estimated. Fitting layouts are ranked by time per step, ties broken by the
-// smaller footprint, then by the layout itself so the order is deterministic.
+// stage is estimated. Fitting layouts are ranked by time per step, ties broken by less
+// traffic, then the smaller footprint, then the layout itself so the order is deterministic.
 #include "ndmesh/plan/search.hpp"
 
 #include <algorithm>
@@ -28,8 +28,11 @@ std::vector<std::int64_t> divisors(std::int64_t n) {
 
 auto order_key(const Estimate& e) {
   const Layout& l = e.layout;
-  return std::make_tuple(e.time.total, e.memory.total, l.tp, l.cp, l.pp, l.vpp, static_cast<int>(l.schedule),
-                         l.micro_batch, static_cast<int>(l.recompute), l.zero);
+  // Equal predicted times: prefer less traffic (hidden traffic still competes for the
+  // network in practice, e.g. ZeRO-3 over ZeRO-1), then the smaller footprint.
+  const double traffic = e.time.tp_comm + e.time.cp_comm + e.time.pp_comm + e.time.dp_comm;
+  return std::make_tuple(e.time.total, traffic, e.memory.total, l.tp, l.cp, l.pp, l.vpp,
+                         static_cast<int>(l.schedule), l.micro_batch, static_cast<int>(l.recompute), l.zero);
 }
 
 bool faster(const Estimate& a, const Estimate& b) { return order_key(a) < order_key(b); }
