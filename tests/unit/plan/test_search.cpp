@@ -41,7 +41,7 @@ TEST(Search, Llama3_70bOn512H100) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_EQ(r.layouts.size(), 20u);
   EXPECT_FALSE(r.smallest.has_value());
-  EXPECT_GT(r.invalid, 0);  // e.g. tp = 16 does not divide... heads = 64 does; tp = 128 does not
+  EXPECT_GT(r.invalid, 0);  // e.g. tp = 128 does not divide the 64 heads
   EXPECT_GT(r.too_big, 0);  // e.g. tp = pp = 1: 70B parameters x 16 bytes
   EXPECT_EQ(r.considered, r.invalid + r.too_big + r.fitting);
   expect_all_valid_and_fitting(model, hw, o, r);
