@@ -28,7 +28,7 @@ namespace {
 struct Options {
   std::int64_t layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 0, seq = 64, vocab = 0;
   bool untied = false;
-  std::int64_t batch = 16, steps = 700, warmup = 20;
+  std::int64_t batch = 16, steps = 1000, warmup = 20;
   double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0;
   std::uint64_t seed = 1;
   std::string data;
@@ -59,7 +59,7 @@ void validate(const Options& o) {
   need(o.seq >= 1, "--seq", o.seq, "must be at least 1", "64");
   need(o.vocab >= 0, "--vocab", o.vocab, "must be >= 0 (0: the data's vocabulary)", "256");
   need(o.batch >= 1, "--batch", o.batch, "must be at least 1", "16");
-  need(o.steps >= 1, "--steps", o.steps, "must be at least 1", "700");
+  need(o.steps >= 1, "--steps", o.steps, "must be at least 1", "1000");
   need(o.warmup >= 0, "--warmup", o.warmup, "must be >= 0", "20");
   need(o.lr > 0 && std::isfinite(o.lr), "--lr", o.lr, "must be a positive number", "3e-3");
   need(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio", o.min_lr_ratio, "must be in [0, 1]",
