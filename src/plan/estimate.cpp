@@ -125,11 +125,16 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
 
 Placement placement(const Layout& l, std::int64_t gpus_per_node) {
   const Mesh mesh({{"dp", l.dp}, {"pp", l.pp}, {"cp", l.cp}, {"tp", l.tp}});
+  // A group of one rank is inside a node by definition; only larger groups are asked
+  // (each query walks every group, which is what the search pays for on huge worlds).
+  auto in_node = [&](const char* dims, std::int64_t size) {
+    return size == 1 || mesh.groups_within_node(mesh.dims_of(dims), gpus_per_node);
+  };
   Placement p;
-  p.tp_in_node = mesh.groups_within_node(mesh.dims_of("tp"), gpus_per_node);
-  p.cp_in_node = mesh.groups_within_node(mesh.dims_of("cp"), gpus_per_node);
-  p.pp_in_node = mesh.groups_within_node(mesh.dims_of("pp"), gpus_per_node);
-  p.dp_in_node = mesh.groups_within_node(mesh.dims_of("dp-cp"), gpus_per_node);
+  p.tp_in_node = in_node("tp", l.tp);
+  p.cp_in_node = in_node("cp", l.cp);
+  p.pp_in_node = in_node("pp", l.pp);
+  p.dp_in_node = in_node("dp-cp", l.dp * l.cp);
   return p;
 }
 
