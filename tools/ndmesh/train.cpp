@@ -145,6 +145,7 @@ int run(const Options& o) {
              t.model.vocab, params, t.model.tied_embeddings ? "tied head" : "untied head");
   fmt::print("data: {}{}\n", source,
              entropy ? fmt::format(", entropy rate {:.4f} nats/token (best achievable loss)", *entropy) : "");
+  if (!o.load.empty()) fmt::print("resumed from {} at step {}\n", o.load, first);
   fmt::print("train: batch {}, steps {}..{}, lr {} (warmup {}, cosine to {}x), {} BLAS thread{}\n", o.batch,
              first + 1, o.steps, o.lr, o.warmup, o.min_lr_ratio, threads, threads == 1 ? "" : "s");
   std::fflush(stdout);
@@ -178,12 +179,16 @@ int run(const Options& o) {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const double tokens_per_second = static_cast<double>(o.steps - first) * tokens_per_step / seconds;
   if (!o.save.empty()) trainer.save(o.save);
-  // The final loss is measured on held-out batches: one training batch is too noisy to
-  // compare with the entropy rate.
+  // The final loss is measured on evaluation batches drawn from another stream of the same
+  // source: one training batch is too noisy to compare with the entropy rate. (For --data
+  // this is the same file, not a held-out split.)
   const double final_loss = o.eval_batches > 0 ? trainer.evaluate(o.eval_batches) : last_loss;
 
-  fmt::print("final loss {:.4f} ({} held-out batches; last training batch {:.4f})\n", final_loss,
-             o.eval_batches, last_loss);
+  fmt::print(
+      "final loss {:.4f} (mean of {} evaluation batches; last training batch {:.4f})
+      ", final_loss,
+      o.eval_batches,
+      last_loss);
   if (entropy)
     fmt::print("entropy rate {:.4f} nats/token: final loss is {:.1f}% above the best achievable\n", *entropy,
                100.0 * (final_loss - *entropy) / *entropy);
@@ -241,7 +246,8 @@ Action setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--save", o->save, "write a checkpoint here at the end (atomically)");
   app.add_option("--load", o->load, "continue from this checkpoint (same model and data flags)");
-  app.add_option("--eval-batches", o->eval_batches, "held-out batches for the final loss")
+  app.add_option("--eval-batches", o->eval_batches,
+                 "evaluation batches for the final loss (a sampling stream apart from training)")
       ->capture_default_str();
   app.add_flag("--json", o->json, "print one JSON summary object as the last line");
   app.footer(
