@@ -42,9 +42,18 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    int code = app.exit(e);
-    return code == 0 ? 0 : cli::kExitUsage;
+    // One line: what is wrong, and where the options are described.
+    std::string where = "ndmesh";
+    for (const auto* sub : app.get_subcommands()) where += " " + sub->get_name();
+    fmt::print(stderr, "ndmesh: {}; see '{} --help'\n", e.what(), where);
+    return cli::kExitUsage;
   } catch (const ConfigError& e) {
     fmt::print(stderr, "ndmesh: {}\n", e.what());
     return cli::kExitUsage;
