@@ -184,11 +184,8 @@ int run(const Options& o) {
   // this is the same file, not a held-out split.)
   const double final_loss = o.eval_batches > 0 ? trainer.evaluate(o.eval_batches) : last_loss;
 
-  fmt::print(
-      "final loss {:.4f} (mean of {} evaluation batches; last training batch {:.4f})
-      ", final_loss,
-      o.eval_batches,
-      last_loss);
+  fmt::print("final loss {:.4f} (mean of {} evaluation batches; last training batch {:.4f})\n", final_loss,
+             o.eval_batches, last_loss);
   if (entropy)
     fmt::print("entropy rate {:.4f} nats/token: final loss is {:.1f}% above the best achievable\n", *entropy,
                100.0 * (final_loss - *entropy) / *entropy);
