@@ -8,7 +8,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-small=(--layers 1 --hidden 32 --heads 2 --kv-heads 1 --seq 16 --batch 4 --markov-vocab 16 --threads 1 --eval-batches 2)
+# --warmup 2: the cosine schedule (which spans --steps) shapes every step after the second.
+small=(--layers 1 --hidden 32 --heads 2 --kv-heads 1 --seq 16 --batch 4 --markov-vocab 16 --threads 1 --eval-batches 2
+  --warmup 2)
 
 # Plain lines (stdout is not a terminal): one per step, then the summary, JSON last.
 "$ndmesh" train "${small[@]}" --steps 12 --json > "$tmp/full.txt"
@@ -21,8 +23,11 @@ echo "$last" | jq -e '(.final_loss | type == "number") and (.entropy_rate | type
 # The entropy rate of a 16-state chain is below ln 16.
 echo "$last" | jq -e '.entropy_rate > 0 and .entropy_rate < 2.7726' > /dev/null || fail "entropy rate out of range"
 
-# Save at step 6, continue to 12: steps 7..12 print the same losses as the full run.
-"$ndmesh" train "${small[@]}" --steps 6 --save "$tmp/ck.bin" > "$tmp/first.txt"
+# Stop at step 6 of a 12-step run and save, continue to 12: steps 7..12 print the same
+# losses as the uninterrupted run.
+"$ndmesh" train "${small[@]}" --steps 12 --until 6 --save "$tmp/ck.bin" > "$tmp/first.txt"
+diff <(grep -o '^step [0-9]*/[0-9]* loss [0-9.]*' "$tmp/full.txt" | head -n 6 | sed 's|/12||') \
+     <(grep -o '^step [0-9]*/[0-9]* loss [0-9.]*' "$tmp/first.txt" | sed 's|/6||') || fail "first half differs"
 [ -f "$tmp/ck.bin" ] || fail "no checkpoint written"
 ls "$tmp" | grep -q '\.tmp\.' && fail "temporary checkpoint file left behind"
 "$ndmesh" train "${small[@]}" --steps 12 --load "$tmp/ck.bin" > "$tmp/rest.txt"
@@ -59,4 +64,6 @@ expect_usage "not an ndmesh checkpoint" "$ndmesh" train "${small[@]}" --steps 12
 expect_usage "hidden: checkpoint has 32, the run has 64" "$ndmesh" train --layers 1 --hidden 64 --heads 2 \
   --kv-heads 1 --seq 16 --batch 4 --markov-vocab 16 --threads 1 --steps 12 --load "$tmp/ck.bin"
 expect_usage "already at step 6" "$ndmesh" train "${small[@]}" --steps 6 --load "$tmp/ck.bin"
+expect_usage "--until=13" "$ndmesh" train --steps 12 --until 13
+expect_usage "--save-every=4 needs --save" "$ndmesh" train --save-every 4
 echo "train.sh: ok"

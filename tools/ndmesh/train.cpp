@@ -37,6 +37,7 @@ struct Options {
   std::uint64_t data_seed = 1;
   std::int64_t threads = 0;
   std::string save, load;
+  std::int64_t until = 0, save_every = 0;
   std::int64_t eval_batches = 8;
   bool json = false;
 };
@@ -72,6 +73,11 @@ void validate(const Options& o) {
        "must be a finite number >= 0", "2.5");
   need(o.threads >= 0 && o.threads <= 1024, "--threads", o.threads,
        "must be in [0, 1024] (0: NDMESH_THREADS)", "1");
+  need(o.until >= 0 && o.until <= o.steps, "--until", o.until,
+       fmt::format("must be in [0, --steps={}]", o.steps), "100");
+  need(o.save_every >= 0, "--save-every", o.save_every, "must be >= 0 (0: only at the end)", "100");
+  need(o.save_every == 0 || !o.save.empty(), "--save-every", o.save_every, "needs --save PATH",
+       "100 --save run.ckpt");
   need(o.eval_batches >= 0, "--eval-batches", o.eval_batches, "must be >= 0", "8");
   if (!o.data.empty() && ::access(o.data.c_str(), R_OK) != 0)
     fail<ConfigError>("train", "--data={}: cannot read the file; pass an existing text file", o.data);
@@ -133,10 +139,12 @@ int run(const Options& o) {
     }
   }
   const std::int64_t first = trainer.steps_done();
-  if (first >= o.steps)
-    fail<ConfigError>("train",
-                      "the checkpoint '{}' is already at step {} >= --steps={}; pass a larger --steps",
-                      o.load, first, o.steps);
+  const std::int64_t stop = o.until > 0 ? o.until : o.steps;
+  if (first >= stop)
+    fail<ConfigError>(
+        "train",
+        "the checkpoint '{}' is already at step {} >= the last step {}; pass a larger --steps or --until",
+        o.load, first, stop);
 
   const bool tty = ::isatty(::fileno(stdout)) != 0;
   const auto params = trainer.model().params().parameter_count();
@@ -147,14 +155,14 @@ int run(const Options& o) {
              entropy ? fmt::format(", entropy rate {:.4f} nats/token (best achievable loss)", *entropy) : "");
   if (!o.load.empty()) fmt::print("resumed from {} at step {}\n", o.load, first);
   fmt::print("train: batch {}, steps {}..{}, lr {} (warmup {}, cosine to {}x), {} BLAS thread{}\n", o.batch,
-             first + 1, o.steps, o.lr, o.warmup, o.min_lr_ratio, threads, threads == 1 ? "" : "s");
+             first + 1, stop, o.lr, o.warmup, o.min_lr_ratio, threads, threads == 1 ? "" : "s");
   std::fflush(stdout);
 
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   double last_loss = NAN;
   const double tokens_per_step = static_cast<double>(trainer.tokens_per_step());
-  while (trainer.steps_done() < o.steps) {
+  while (trainer.steps_done() < stop) {
     model::StepStats s = trainer.step();
     if (!std::isfinite(s.loss))
       fail<Error>("train", "loss became {} at step {}; lower --lr (now {})", s.loss, s.step, o.lr);
@@ -162,22 +170,22 @@ int run(const Options& o) {
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     const double done = static_cast<double>(s.step - first);
     const double tps = done * tokens_per_step / std::max(elapsed, 1e-9);
-    const double eta = elapsed / done * static_cast<double>(o.steps - s.step);
+    const double eta = elapsed / done * static_cast<double>(stop - s.step);
     if (tty) {
       constexpr int kWidth = 30;
-      const int filled =
-          static_cast<int>(kWidth * static_cast<double>(s.step) / static_cast<double>(o.steps));
+      const int filled = static_cast<int>(kWidth * static_cast<double>(s.step) / static_cast<double>(stop));
       fmt::print("\r[{}{}] step {}/{} loss {:.4f} | {:.0f} tok/s | ETA {}   ", std::string(filled, '#'),
-                 std::string(kWidth - filled, '.'), s.step, o.steps, s.loss, tps, clock(eta));
-      if (s.step == o.steps) fmt::print("\n");
+                 std::string(kWidth - filled, '.'), s.step, stop, s.loss, tps, clock(eta));
+      if (s.step == stop) fmt::print("\n");
     } else {
-      fmt::print("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} tok/s {:.0f} eta {}\n", s.step, o.steps,
+      fmt::print("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} tok/s {:.0f} eta {}\n", s.step, stop,
                  s.loss, s.lr, s.grad_norm, tps, clock(eta));
     }
+    if (o.save_every > 0 && s.step % o.save_every == 0 && s.step < stop) trainer.save(o.save);
     std::fflush(stdout);
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  const double tokens_per_second = static_cast<double>(o.steps - first) * tokens_per_step / seconds;
+  const double tokens_per_second = static_cast<double>(stop - first) * tokens_per_step / seconds;
   if (!o.save.empty()) trainer.save(o.save);
   // The final loss is measured on evaluation batches drawn from another stream of the same
   // source: one training batch is too noisy to compare with the entropy rate. (For --data
@@ -189,7 +197,7 @@ int run(const Options& o) {
   if (entropy)
     fmt::print("entropy rate {:.4f} nats/token: final loss is {:.1f}% above the best achievable\n", *entropy,
                100.0 * (final_loss - *entropy) / *entropy);
-  fmt::print("{} steps in {:.1f} s, {:.0f} tokens/s\n", o.steps - first, seconds, tokens_per_second);
+  fmt::print("{} steps in {:.1f} s, {:.0f} tokens/s\n", stop - first, seconds, tokens_per_second);
   if (!o.save.empty()) fmt::print("saved checkpoint {} (step {})\n", o.save, trainer.steps_done());
   if (o.json) {
     nlohmann::ordered_json j;
@@ -241,7 +249,15 @@ Action setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--threads", o->threads, "BLAS threads (0: NDMESH_THREADS, else the core count)")
       ->capture_default_str();
+  app.add_option(
+         "--until", o->until,
+         "stop after this step (0: --steps); the learning-rate schedule still spans --steps, so a run "
+         "resumed with --load continues exactly")
+      ->capture_default_str();
   app.add_option("--save", o->save, "write a checkpoint here at the end (atomically)");
+  app.add_option("--save-every", o->save_every,
+                 "also checkpoint to --save every N steps (0: only at the end)")
+      ->capture_default_str();
   app.add_option("--load", o->load, "continue from this checkpoint (same model and data flags)");
   app.add_option("--eval-batches", o->eval_batches,
                  "evaluation batches for the final loss (a sampling stream apart from training)")
@@ -251,7 +267,7 @@ Action setup(CLI::App& app) {
       "Examples:\n"
       "  ndmesh train                                   # small model on the Markov source, about a minute\n"
       "  ndmesh train --data README.md --vocab 256 --steps 200\n"
-      "  ndmesh train --steps 100 --save run.ckpt && ndmesh train --steps 200 --load run.ckpt");
+      "  ndmesh train --steps 200 --until 100 --save run.ckpt && ndmesh train --steps 200 --load run.ckpt");
   return [o] { return run(*o); };
 }
 
