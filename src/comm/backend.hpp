@@ -42,16 +42,20 @@ class CommImpl {
   /// Blocking split into the members that share memory (one node).
   virtual std::shared_ptr<CommImpl> split_node() = 0;
 
-  virtual std::unique_ptr<WorkImpl> barrier() = 0;
-  virtual std::unique_ptr<WorkImpl> broadcast(ElementSpan data, int root) = 0;
-  virtual std::unique_ptr<WorkImpl> all_reduce(ElementSpan data, ReduceOp op) = 0;
-  virtual std::unique_ptr<WorkImpl> reduce_scatter(ElementSpan in, ElementSpan out, ReduceOp op) = 0;
-  virtual std::unique_ptr<WorkImpl> all_gather(ElementSpan in, ElementSpan out) = 0;
-  virtual std::unique_ptr<WorkImpl> all_to_all(ElementSpan in, ElementSpan out) = 0;
-  virtual std::unique_ptr<WorkImpl> send(ElementSpan data, int peer, int tag) = 0;
-  virtual std::unique_ptr<WorkImpl> recv(ElementSpan data, int peer, int tag) = 0;
+  // Each operation either completes before returning (blocking: returns nullptr; the
+  // caller guards it with the watchdog) or starts nonblocking work that the caller polls.
+  virtual std::unique_ptr<WorkImpl> barrier(bool blocking) = 0;
+  virtual std::unique_ptr<WorkImpl> broadcast(ElementSpan data, int root, bool blocking) = 0;
+  virtual std::unique_ptr<WorkImpl> all_reduce(ElementSpan data, ReduceOp op, bool blocking) = 0;
+  virtual std::unique_ptr<WorkImpl> reduce_scatter(ElementSpan in, ElementSpan out, ReduceOp op,
+                                                   bool blocking) = 0;
+  virtual std::unique_ptr<WorkImpl> all_gather(ElementSpan in, ElementSpan out, bool blocking) = 0;
+  virtual std::unique_ptr<WorkImpl> all_to_all(ElementSpan in, ElementSpan out, bool blocking) = 0;
+  virtual std::unique_ptr<WorkImpl> send(ElementSpan data, int peer, int tag, bool blocking) = 0;
+  virtual std::unique_ptr<WorkImpl> recv(ElementSpan data, int peer, int tag, bool blocking) = 0;
 
-  /// Ends every process of the job with `code`; never returns.
+  /// Ends every process of the job with `code`; never returns. Callable from any
+  /// thread (the watchdog's) while another thread is inside a blocking call.
   [[noreturn]] virtual void abort_job(int code) = 0;
 
  protected:

@@ -1,8 +1,10 @@
 // The Communicator handle: argument checks, avg, timeouts and messages shared by every
-// backend. A Work polls its backend requests; while waiting it yields for the first
-// couple of milliseconds (fast completion on an idle machine) and then sleeps with a
-// growing pause of at most 1 ms, so that ranks oversubscribed on few cores let their
-// peers run. Past the deadline it prints the one-line message and aborts the job.
+// backend. Blocking operations run the backend's blocking call under the watchdog
+// (watchdog.hpp). A Work polls its backend requests: while waiting it yields for the
+// first 50 ms (each poll drives the engine's progress, which multi-round nonblocking
+// collectives need) and then sleeps with a growing pause of at most 1 ms, so that ranks
+// oversubscribed on few cores let their peers run. Past the deadline it prints the
+// one-line message and aborts the job.
 #include "ndmesh/comm/communicator.hpp"
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 
 #include "backends/mpi/mpi_backend.hpp"
 #include "comm/backend.hpp"
+#include "comm/watchdog.hpp"
 #include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/log.hpp"
@@ -36,12 +39,14 @@ std::string_view reduce_op_name(ReduceOp op) {
   return "?";
 }
 
-double default_timeout_s() { return env::seconds("NDMESH_TIMEOUT_S", 300); }
+double default_timeout_s() {
+  static const double kTimeout = env::seconds("NDMESH_TIMEOUT_S", 300);  // read once: it is per job
+  return kTimeout;
+}
 
 namespace {
 std::atomic<std::size_t> g_count_cap{0};
 
-std::string format_seconds(double s) { return fmt::format("{:g}", s); }
 }  // namespace
 
 namespace testing {
@@ -60,9 +65,9 @@ struct WorkState {
   std::unique_ptr<WorkImpl> impl;
   std::function<void()> on_complete;
   std::shared_ptr<CommImpl> comm;
-  std::string op;           // "all_reduce"
-  std::string detail_text;  // " from rank 3", or empty
-  std::string group;        // "tp"
+  const char* op = "";  // "all_reduce"
+  int peer = -1;        // send / recv
+  std::string group;    // "tp"
   double timeout_s = 0;
   bool done = false;
 
@@ -75,18 +80,6 @@ struct WorkState {
     return true;
   }
 
-  [[noreturn]] void expire() {
-    std::string members = fmt::format("ranks {}", fmt::join(comm->members(), ","));
-    if (comm->members().size() > 16)
-      members = fmt::format("ranks {},{},{},...,{} ({} ranks)", comm->members()[0], comm->members()[1],
-                            comm->members()[2], comm->members().back(), comm->members().size());
-    log::error("[comm] {}{} on group {} ({}) timed out after {} s", op, detail_text, group, members,
-               format_seconds(timeout_s));
-    std::fflush(stderr);
-    comm->abort_job(kTimeoutExitCode);
-    std::abort();  // not reached: abort_job ends the process
-  }
-
   void wait() {
     using Clock = std::chrono::steady_clock;
     if (poll()) return;
@@ -96,8 +89,8 @@ struct WorkState {
     auto pause = std::chrono::microseconds(20);
     while (!poll()) {
       auto now = Clock::now();
-      if (now >= deadline) expire();
-      if (now - start < std::chrono::milliseconds(2)) {
+      if (now >= deadline) detail::expire(op, peer_detail(op, *comm, peer), group, *comm, timeout_s);
+      if (now - start < std::chrono::milliseconds(50)) {
         std::this_thread::yield();
       } else {
         std::this_thread::sleep_for(pause);
@@ -179,30 +172,45 @@ std::string Communicator::members_string() const {
 
 std::string_view Communicator::backend() const { return impl_ ? impl_->backend() : std::string_view("none"); }
 
-Communicator Communicator::split(std::optional<std::int64_t> color, std::int64_t key,
-                                 std::string name) const {
+Communicator Communicator::split(std::optional<std::int64_t> color, std::int64_t key, std::string name,
+                                 const Options& opts) const {
   require("split");
-  auto child = impl_->split(color, key);
+  std::shared_ptr<detail::CommImpl> child;
+  {
+    detail::WatchScope watch("split", *impl_, name_,
+                             opts.timeout_s > 0 ? opts.timeout_s : default_timeout_s());
+    child = impl_->split(color, key);
+  }
   if (!child) return Communicator();
   return Communicator(std::move(child), name.empty() ? name_ + "/split" : std::move(name));
 }
 
 Communicator Communicator::split_node() const {
   require("split_node");
+  detail::WatchScope watch("split_node", *impl_, name_, default_timeout_s());
   return Communicator(impl_->split_node(), "node");
 }
 
-Work Communicator::make_work(std::string_view op, std::string detail_text, const Options& opts,
-                             std::unique_ptr<detail::WorkImpl> impl,
-                             std::function<void()> on_complete) const {
+template <typename Start>
+Work Communicator::run(const char* op, int peer, const Options& opts, bool blocking, const Start& start,
+                       std::function<void()> on_complete) const {
+  double timeout = opts.timeout_s > 0 ? opts.timeout_s : default_timeout_s();
+  if (blocking) {
+    {
+      detail::WatchScope watch(op, *impl_, name_, timeout, peer);
+      start(*impl_, true);
+    }
+    if (on_complete) on_complete();
+    return Work();
+  }
   auto state = std::make_shared<detail::WorkState>();
-  state->impl = std::move(impl);
+  state->impl = start(*impl_, false);
   state->on_complete = std::move(on_complete);
   state->comm = impl_;
   state->op = op;
-  state->detail_text = std::move(detail_text);
+  state->peer = peer;
   state->group = name_;
-  state->timeout_s = opts.timeout_s > 0 ? opts.timeout_s : default_timeout_s();
+  state->timeout_s = timeout;
   return Work(std::move(state));
 }
 
@@ -231,71 +239,81 @@ void check_reduce_op(std::string_view op_name, ReduceOp op, DType t) {
 
 }  // namespace
 
-Work Communicator::barrier_async(const Options& opts) const {
+Work Communicator::barrier_impl(const Options& opts, bool blocking) const {
   require("barrier");
-  return make_work("barrier", "", opts, impl_->barrier());
+  return run("barrier", -1, opts, blocking, [](detail::CommImpl& c, bool b) { return c.barrier(b); });
 }
 
-Work Communicator::broadcast_impl(ElementSpan data, int root, const Options& opts) const {
+Work Communicator::broadcast_impl(ElementSpan data, int root, const Options& opts, bool blocking) const {
   require("broadcast");
   NDMESH_CHECK(root >= 0 && root < size(), "comm", "broadcast root {} is not a rank of group {} (size {})",
                root, name_, size());
-  return make_work("broadcast", "", opts, impl_->broadcast(data, root));
+  return run("broadcast", -1, opts, blocking,
+             [&](detail::CommImpl& c, bool b) { return c.broadcast(data, root, b); });
 }
 
-Work Communicator::all_reduce_impl(ElementSpan data, const Options& opts) const {
+Work Communicator::all_reduce_impl(ElementSpan data, const Options& opts, bool blocking) const {
   require("all_reduce");
   check_reduce_op("all_reduce", opts.op, data.dtype);
   bool avg = opts.op == ReduceOp::kAvg;
-  auto work = impl_->all_reduce(data, avg ? ReduceOp::kSum : opts.op);
-  return make_work("all_reduce", "", opts, std::move(work), avg ? divide_by(data, size()) : nullptr);
+  ReduceOp op = avg ? ReduceOp::kSum : opts.op;
+  return run(
+      "all_reduce", -1, opts, blocking,
+      [&](detail::CommImpl& c, bool b) { return c.all_reduce(data, op, b); },
+      avg ? divide_by(data, size()) : nullptr);
 }
 
-Work Communicator::reduce_scatter_impl(ElementSpan in, ElementSpan out, const Options& opts) const {
+Work Communicator::reduce_scatter_impl(ElementSpan in, ElementSpan out, const Options& opts,
+                                       bool blocking) const {
   require("reduce_scatter");
   check_reduce_op("reduce_scatter", opts.op, in.dtype);
   NDMESH_CHECK(in.count == out.count * static_cast<std::size_t>(size()), "comm",
                "reduce_scatter on group {}: input has {} elements but must hold size {} x output {} = {}",
                name_, in.count, size(), out.count, out.count * static_cast<std::size_t>(size()));
   bool avg = opts.op == ReduceOp::kAvg;
-  auto work = impl_->reduce_scatter(in, out, avg ? ReduceOp::kSum : opts.op);
-  return make_work("reduce_scatter", "", opts, std::move(work), avg ? divide_by(out, size()) : nullptr);
+  ReduceOp op = avg ? ReduceOp::kSum : opts.op;
+  return run(
+      "reduce_scatter", -1, opts, blocking,
+      [&](detail::CommImpl& c, bool b) { return c.reduce_scatter(in, out, op, b); },
+      avg ? divide_by(out, size()) : nullptr);
 }
 
-Work Communicator::all_gather_impl(ElementSpan in, ElementSpan out, const Options& opts) const {
+Work Communicator::all_gather_impl(ElementSpan in, ElementSpan out, const Options& opts,
+                                   bool blocking) const {
   require("all_gather");
   NDMESH_CHECK(out.count == in.count * static_cast<std::size_t>(size()), "comm",
                "all_gather on group {}: output has {} elements but must hold size {} x input {} = {}", name_,
                out.count, size(), in.count, in.count * static_cast<std::size_t>(size()));
-  return make_work("all_gather", "", opts, impl_->all_gather(in, out));
+  return run("all_gather", -1, opts, blocking,
+             [&](detail::CommImpl& c, bool b) { return c.all_gather(in, out, b); });
 }
 
-Work Communicator::all_to_all_impl(ElementSpan in, ElementSpan out, const Options& opts) const {
+Work Communicator::all_to_all_impl(ElementSpan in, ElementSpan out, const Options& opts,
+                                   bool blocking) const {
   require("all_to_all");
   NDMESH_CHECK(
       in.count == out.count && in.count % static_cast<std::size_t>(size()) == 0, "comm",
       "all_to_all on group {}: input ({}) and output ({}) must have the same count, a multiple of the "
       "group size {}",
       name_, in.count, out.count, size());
-  return make_work("all_to_all", "", opts, impl_->all_to_all(in, out));
+  return run("all_to_all", -1, opts, blocking,
+             [&](detail::CommImpl& c, bool b) { return c.all_to_all(in, out, b); });
 }
 
-Work Communicator::send_impl(ElementSpan data, int peer, const Options& opts) const {
+Work Communicator::send_impl(ElementSpan data, int peer, const Options& opts, bool blocking) const {
   require("send");
   NDMESH_CHECK(peer >= 0 && peer < size(), "comm", "send to rank {}: not a rank of group {} (size {})", peer,
                name_, size());
-  return make_work("send",
-                   fmt::format(" to rank {} (world {})", peer, members()[static_cast<std::size_t>(peer)]),
-                   opts, impl_->send(data, peer, opts.tag));
+  return run("send", peer, opts, blocking,
+             [&](detail::CommImpl& c, bool b) { return c.send(data, peer, opts.tag, b); });
 }
 
-Work Communicator::recv_impl(ElementSpan data, int peer, const Options& opts) const {
+Work Communicator::recv_impl(ElementSpan data, int peer, const Options& opts, bool blocking) const {
   require("recv");
   NDMESH_CHECK(peer >= 0 && peer < size(), "comm", "recv from rank {}: not a rank of group {} (size {})",
                peer, name_, size());
-  return make_work("recv",
-                   fmt::format(" from rank {} (world {})", peer, members()[static_cast<std::size_t>(peer)]),
-                   opts, impl_->recv(data, peer, opts.tag));
+  return run("recv", peer, opts, blocking,
+             [&](detail::CommImpl& c, bool b) { return c.recv(data, peer, opts.tag, b); });
 }
 
 LaunchEnv resolve_launch_env(const Communicator& world) {

@@ -43,7 +43,8 @@ std::string rank_list(const std::vector<std::int64_t>& ranks) {
 
 }  // namespace
 
-ProcessGroups::ProcessGroups(const Mesh& mesh, comm::Communicator world, const comm::Options& opts)
+ProcessGroups::ProcessGroups(const Mesh& mesh, comm::Communicator world, std::span<const DimSet> kinds,
+                             const comm::Options& opts)
     : mesh_(mesh),
       world_(std::move(world)),
       rank_(world_.rank()),
@@ -51,11 +52,20 @@ ProcessGroups::ProcessGroups(const Mesh& mesh, comm::Communicator world, const c
       opts_{.timeout_s = opts.timeout_s} {
   NDMESH_CHECK(world_.valid(), "comm", "ProcessGroups needs a world communicator; got the empty handle");
   std::string text = mesh_.to_string();
-  agree("mesh", fnv1a(text), text);
+  std::string agreed = text;
+  if (!kinds.empty()) {
+    agreed += " groups ";
+    for (std::size_t i = 0; i < kinds.size(); ++i) {
+      if (i > 0) agreed.push_back(',');
+      agreed.append(kinds[i].empty() ? std::string("self") : mesh_.key_name(kinds[i]));
+    }
+  }
+  agree(kinds.empty() ? "mesh" : "mesh and groups", fnv1a(agreed), agreed);
   NDMESH_CHECK_CONFIG(mesh_.world_size() == world_.size(), "comm",
                       "mesh {} has {} ranks but the job has {}; launch {} processes or change the sizes",
                       text, mesh_.world_size(), world_.size(), mesh_.world_size());
   view_ = GroupManagerView(mesh_, rank_);
+  for (DimSet k : kinds) create_one(k);
 }
 
 void ProcessGroups::agree(std::string_view what, std::int64_t value, const std::string& mine) {
@@ -143,7 +153,7 @@ const comm::Communicator& ProcessGroups::create_one(DimSet dims) {
     if (key == canonical(mesh_.all())) {
       made = world_.named(name);  // the whole world, in rank order: no split needed
     } else {
-      made = world_.split(mesh_.color(rank_, key), mesh_.key(rank_, key), name);
+      made = world_.split(mesh_.color(rank_, key), mesh_.key(rank_, key), name, opts_);
       ++splits_;
     }
     GroupView expected = mesh_.group(rank_, key);

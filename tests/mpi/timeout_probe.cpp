@@ -1,6 +1,8 @@
 // A job in which one rank fails its peers, for tests/mpi/expect_fail_fast.sh:
-//   timeout_probe skip  rank 1 never joins the all_reduce of group tp (ranks 0,1)
-//   timeout_probe kill  rank 1 dies by SIGKILL before that all_reduce
+//   timeout_probe skip        rank 1 never joins the all_reduce of group tp (ranks 0,1)
+//   timeout_probe skip-async  the same, rank 0 awaiting all_reduce_async (polled path)
+//   timeout_probe skip-split  rank 1 never joins a split of the world
+//   timeout_probe kill        rank 1 dies by SIGKILL before that all_reduce
 // Every rank prints "enter <unix seconds>" when it reaches the point of failure, so the
 // script can measure how long the job lives on after it.
 #include <chrono>
@@ -27,7 +29,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   float x = 1;
-  tp.all_reduce(std::span<float>(&x, 1));
+  if (mode == "skip-split") {
+    world.split(0, world.rank(), "again");
+  } else if (mode == "skip-async") {
+    tp.all_reduce_async(std::span<float>(&x, 1)).wait();
+  } else {
+    tp.all_reduce(std::span<float>(&x, 1));
+  }
   // Ranks outside the failing pair are done; they wait for the job to be torn down.
   world.barrier();
   return 0;

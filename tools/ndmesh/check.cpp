@@ -93,8 +93,7 @@ int run(const CheckOptions& o) {
 
   world.barrier();
   auto start = std::chrono::steady_clock::now();
-  ProcessGroups pg(s.mesh, world);
-  pg.create(s.kinds);
+  ProcessGroups pg(s.mesh, world, s.kinds);
   double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   double setup_seconds = mine;
   world.all_reduce(std::span<double>(&setup_seconds, 1), {.op = comm::ReduceOp::kMax});

@@ -4,8 +4,9 @@
 //
 // Counts are elements: every operation takes typed spans of float, double, int32 or
 // int64. Every blocking or awaited operation honours a timeout (Options::timeout_s;
-// default NDMESH_TIMEOUT_S, the same for every group): the backend's nonblocking call is
-// polled against a deadline, and on expiry the process prints
+// default NDMESH_TIMEOUT_S, the same for every group): a blocking call is watched by a
+// watchdog thread, an awaited one polls the backend's nonblocking call against its
+// deadline, and on expiry the process prints
 //   [comm] all_reduce on group tp (ranks 0,1) timed out after 30 s
 // and aborts the whole job with a non-zero exit, because a peer that never arrives
 // leaves the collective in a state no rank can recover from.
@@ -105,84 +106,86 @@ class Communicator {
 
   /// Splits the group: members with the same color form one new group, ordered by key
   /// (ties by rank). A member passing no color (nullopt) gets the empty handle. Every
-  /// member must call it. `name` names the new group in messages.
-  Communicator split(std::optional<std::int64_t> color, std::int64_t key, std::string name = "") const;
+  /// member must call it. `name` names the new group in messages; opts.timeout_s bounds
+  /// the wait for the other members.
+  Communicator split(std::optional<std::int64_t> color, std::int64_t key, std::string name = "",
+                     const Options& opts = {}) const;
 
   /// Waits until every member has arrived.
-  void barrier(const Options& opts = {}) const { barrier_async(opts).wait(); }
-  Work barrier_async(const Options& opts = {}) const;
+  void barrier(const Options& opts = {}) const { barrier_impl(opts, true); }
+  Work barrier_async(const Options& opts = {}) const { return barrier_impl(opts, false); }
 
   /// Copies `data` of group rank `root` to every member.
   template <Element T>
   void broadcast(std::span<T> data, int root, const Options& opts = {}) const {
-    broadcast_async(data, root, opts).wait();
+    broadcast_impl(ElementSpan::of(data), root, opts, true);
   }
   template <Element T>
   Work broadcast_async(std::span<T> data, int root, const Options& opts = {}) const {
-    return broadcast_impl(ElementSpan::of(data), root, opts);
+    return broadcast_impl(ElementSpan::of(data), root, opts, false);
   }
 
   /// In place: every member ends with the reduction (opts.op) of all members' `data`.
   template <Element T>
   void all_reduce(std::span<T> data, const Options& opts = {}) const {
-    all_reduce_async(data, opts).wait();
+    all_reduce_impl(ElementSpan::of(data), opts, true);
   }
   template <Element T>
   Work all_reduce_async(std::span<T> data, const Options& opts = {}) const {
-    return all_reduce_impl(ElementSpan::of(data), opts);
+    return all_reduce_impl(ElementSpan::of(data), opts, false);
   }
 
   /// `in` holds size() blocks of out.size() elements; member i receives in `out` the
   /// reduction of every member's block i.
   template <Element T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, const Options& opts = {}) const {
-    reduce_scatter_async(in, out, opts).wait();
+    reduce_scatter_impl(in_view(in), ElementSpan::of(out), opts, true);
   }
   template <Element T>
   Work reduce_scatter_async(std::span<const T> in, std::span<T> out, const Options& opts = {}) const {
-    return reduce_scatter_impl(in_view(in), ElementSpan::of(out), opts);
+    return reduce_scatter_impl(in_view(in), ElementSpan::of(out), opts, false);
   }
 
   /// `out` (size() * in.size() elements) receives every member's `in`, in rank order.
   template <Element T>
   void all_gather(std::span<const T> in, std::span<T> out, const Options& opts = {}) const {
-    all_gather_async(in, out, opts).wait();
+    all_gather_impl(in_view(in), ElementSpan::of(out), opts, true);
   }
   template <Element T>
   Work all_gather_async(std::span<const T> in, std::span<T> out, const Options& opts = {}) const {
-    return all_gather_impl(in_view(in), ElementSpan::of(out), opts);
+    return all_gather_impl(in_view(in), ElementSpan::of(out), opts, false);
   }
 
   /// `in` and `out` hold size() equal blocks; block j of `in` goes to member j, which
   /// stores it as block i (this member's rank) of its `out`.
   template <Element T>
   void all_to_all(std::span<const T> in, std::span<T> out, const Options& opts = {}) const {
-    all_to_all_async(in, out, opts).wait();
+    all_to_all_impl(in_view(in), ElementSpan::of(out), opts, true);
   }
   template <Element T>
   Work all_to_all_async(std::span<const T> in, std::span<T> out, const Options& opts = {}) const {
-    return all_to_all_impl(in_view(in), ElementSpan::of(out), opts);
+    return all_to_all_impl(in_view(in), ElementSpan::of(out), opts, false);
   }
 
   /// Sends `data` to group rank `peer`; matched by a recv from this rank with the same tag.
   template <Element T>
   void send(std::span<const T> data, int peer, const Options& opts = {}) const {
-    send_async(data, peer, opts).wait();
+    send_impl(in_view(data), peer, opts, true);
   }
   template <Element T>
   Work send_async(std::span<const T> data, int peer, const Options& opts = {}) const {
-    return send_impl(in_view(data), peer, opts);
+    return send_impl(in_view(data), peer, opts, false);
   }
 
   /// Receives exactly data.size() elements from group rank `peer` (an Error when the
   /// message holds another count).
   template <Element T>
   void recv(std::span<T> data, int peer, const Options& opts = {}) const {
-    recv_async(data, peer, opts).wait();
+    recv_impl(ElementSpan::of(data), peer, opts, true);
   }
   template <Element T>
   Work recv_async(std::span<T> data, int peer, const Options& opts = {}) const {
-    return recv_impl(ElementSpan::of(data), peer, opts);
+    return recv_impl(ElementSpan::of(data), peer, opts, false);
   }
 
   /// The members on this process's node (a shared-memory split), named "node".
@@ -197,15 +200,19 @@ class Communicator {
     return ElementSpan::of(std::span<T>(const_cast<T*>(s.data()), s.size()));
   }
   const detail::CommImpl& require(std::string_view op) const;
-  Work make_work(std::string_view op, std::string detail, const Options& opts,
-                 std::unique_ptr<detail::WorkImpl> impl, std::function<void()> on_complete = {}) const;
-  Work broadcast_impl(ElementSpan data, int root, const Options& opts) const;
-  Work all_reduce_impl(ElementSpan data, const Options& opts) const;
-  Work reduce_scatter_impl(ElementSpan in, ElementSpan out, const Options& opts) const;
-  Work all_gather_impl(ElementSpan in, ElementSpan out, const Options& opts) const;
-  Work all_to_all_impl(ElementSpan in, ElementSpan out, const Options& opts) const;
-  Work send_impl(ElementSpan data, int peer, const Options& opts) const;
-  Work recv_impl(ElementSpan data, int peer, const Options& opts) const;
+  // Runs a backend operation: blocking ones under the watchdog (then `on_complete`),
+  // nonblocking ones wrapped in a Work that polls them against the deadline.
+  template <typename Start>
+  Work run(const char* op, int peer, const Options& opts, bool blocking, const Start& start,
+           std::function<void()> on_complete = {}) const;
+  Work barrier_impl(const Options& opts, bool blocking) const;
+  Work broadcast_impl(ElementSpan data, int root, const Options& opts, bool blocking) const;
+  Work all_reduce_impl(ElementSpan data, const Options& opts, bool blocking) const;
+  Work reduce_scatter_impl(ElementSpan in, ElementSpan out, const Options& opts, bool blocking) const;
+  Work all_gather_impl(ElementSpan in, ElementSpan out, const Options& opts, bool blocking) const;
+  Work all_to_all_impl(ElementSpan in, ElementSpan out, const Options& opts, bool blocking) const;
+  Work send_impl(ElementSpan data, int peer, const Options& opts, bool blocking) const;
+  Work recv_impl(ElementSpan data, int peer, const Options& opts, bool blocking) const;
 
   std::shared_ptr<detail::CommImpl> impl_;
   std::string name_;

@@ -33,7 +33,12 @@ class ProcessGroups {
   /// Collective over `world`: checks that every rank has the same mesh (ConfigError
   /// naming the disagreeing ranks otherwise) and that the mesh has world.size() ranks.
   /// `opts.timeout_s` bounds the set-up collectives (0: NDMESH_TIMEOUT_S).
-  ProcessGroups(const Mesh& mesh, comm::Communicator world, const comm::Options& opts = {});
+  ProcessGroups(const Mesh& mesh, comm::Communicator world, const comm::Options& opts = {})
+      : ProcessGroups(mesh, std::move(world), {}, opts) {}
+  /// Same, and creates the communicators of `kinds` right away: one agreement all_gather
+  /// covers the mesh and the kinds, then one split per kind.
+  ProcessGroups(const Mesh& mesh, comm::Communicator world, std::span<const DimSet> kinds,
+                const comm::Options& opts = {});
 
   const Mesh& mesh() const { return mesh_; }
   const comm::Communicator& world() const { return world_; }

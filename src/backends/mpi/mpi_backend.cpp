@@ -1,9 +1,11 @@
-// MPI backend. Every operation is a nonblocking MPI call (MPI_Iallreduce, MPI_Isend,
-// MPI_Ibarrier, ...) whose requests the caller polls with MPI_Testall against its
-// deadline: MPI itself has no timeouts. MPI counts are int, so operations whose buffer
-// is one contiguous range (all_reduce, broadcast, send, recv) are cut into chunks of at
-// most INT_MAX elements, issued in the same order on every rank; the block collectives
-// (all_gather, reduce_scatter, all_to_all) refuse a per-rank block above the limit.
+// MPI backend. MPI has no timeouts, so the caller bounds every operation: a blocking
+// operation is the blocking MPI call (MPI_Allreduce, ...; Open MPI's tuned collectives
+// are several times faster than its nonblocking ones) watched by the comm layer's
+// watchdog thread, and an async one is the nonblocking call (MPI_Iallreduce, ...) whose
+// requests the caller polls with MPI_Testall against its deadline. MPI counts are int, so operations whose
+// buffer is one contiguous range (all_reduce, broadcast, send, recv) are cut into chunks of at most INT_MAX
+// elements, issued in the same order on every rank; the block collectives (all_gather, reduce_scatter,
+// all_to_all) refuse a per-rank block above the limit.
 #include "backends/mpi/mpi_backend.hpp"
 
 #include <mpi.h>
@@ -38,6 +40,17 @@ MPI_Datatype mpi_type(DType t) {
   return MPI_DATATYPE_NULL;
 }
 
+// A received message must hold exactly the elements asked for.
+void check_count(const MPI_Status& status, MPI_Datatype type, int expected, int peer) {
+  int got = 0;
+  MPI_Get_count(&status, type, &got);
+  if (got != expected)
+    fail<>("comm",
+           "recv from group rank {} expected {} elements but the message held {}; send and recv counts "
+           "must match",
+           peer, expected, got);
+}
+
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
@@ -60,9 +73,13 @@ class Runtime {
     MPI_Initialized(&initialized);
     if (!initialized) {
       int provided = 0;
-      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+      // MULTIPLE so the watchdog thread may call MPI_Abort while this thread is blocked.
+      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
       owned_ = true;
     }
+    int level = 0;
+    MPI_Query_thread(&level);
+    abort_from_any_thread_ = level >= MPI_THREAD_MULTIPLE;
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   }
   ~Runtime() {
@@ -77,9 +94,11 @@ class Runtime {
     static Runtime runtime;
     return runtime;
   }
+  bool abort_from_any_thread() const { return abort_from_any_thread_; }
 
  private:
   bool owned_ = false;
+  bool abort_from_any_thread_ = false;
 };
 
 bool mpi_alive() {
@@ -103,15 +122,8 @@ class MpiWork final : public detail::WorkImpl {
     check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, statuses.data()),
           "MPI_Testall");
     if (!done) return false;
-    for (std::size_t i = 0; i < expected_counts.size(); ++i) {
-      int got = 0;
-      MPI_Get_count(&statuses[i], type, &got);
-      if (got != expected_counts[i])
-        fail<>("comm",
-               "recv from group rank {} expected {} elements but the message held {}; send and recv counts "
-               "must match",
-               peer, expected_counts[i], got);
-    }
+    for (std::size_t i = 0; i < expected_counts.size(); ++i)
+      check_count(statuses[i], type, expected_counts[i], peer);
     requests.clear();
     return true;
   }
@@ -172,14 +184,24 @@ class MpiComm final : public detail::CommImpl {
     return std::make_shared<MpiComm>(out);
   }
 
-  std::unique_ptr<detail::WorkImpl> barrier() override {
+  std::unique_ptr<detail::WorkImpl> barrier(bool blocking) override {
+    if (blocking) {
+      check(MPI_Barrier(comm_), "MPI_Barrier");
+      return nullptr;
+    }
     auto work = std::make_unique<MpiWork>();
     work->requests.resize(1);
     check(MPI_Ibarrier(comm_, &work->requests[0]), "MPI_Ibarrier");
     return work;
   }
 
-  std::unique_ptr<detail::WorkImpl> broadcast(ElementSpan data, int root) override {
+  std::unique_ptr<detail::WorkImpl> broadcast(ElementSpan data, int root, bool blocking) override {
+    if (blocking) {
+      for_chunks(data, [&](void* p, int n) {
+        check(MPI_Bcast(p, n, mpi_type(data.dtype), root, comm_), "MPI_Bcast");
+      });
+      return nullptr;
+    }
     auto work = std::make_unique<MpiWork>();
     for_chunks(data, [&](void* p, int n) {
       work->requests.emplace_back();
@@ -188,7 +210,13 @@ class MpiComm final : public detail::CommImpl {
     return work;
   }
 
-  std::unique_ptr<detail::WorkImpl> all_reduce(ElementSpan data, ReduceOp op) override {
+  std::unique_ptr<detail::WorkImpl> all_reduce(ElementSpan data, ReduceOp op, bool blocking) override {
+    if (blocking) {
+      for_chunks(data, [&](void* p, int n) {
+        check(MPI_Allreduce(MPI_IN_PLACE, p, n, mpi_type(data.dtype), mpi_op(op), comm_), "MPI_Allreduce");
+      });
+      return nullptr;
+    }
     auto work = std::make_unique<MpiWork>();
     for_chunks(data, [&](void* p, int n) {
       work->requests.emplace_back();
@@ -199,8 +227,14 @@ class MpiComm final : public detail::CommImpl {
     return work;
   }
 
-  std::unique_ptr<detail::WorkImpl> reduce_scatter(ElementSpan in, ElementSpan out, ReduceOp op) override {
+  std::unique_ptr<detail::WorkImpl> reduce_scatter(ElementSpan in, ElementSpan out, ReduceOp op,
+                                                   bool blocking) override {
     int n = block_count("reduce_scatter", out.count);
+    if (blocking) {
+      check(MPI_Reduce_scatter_block(in.data, out.data, n, mpi_type(in.dtype), mpi_op(op), comm_),
+            "MPI_Reduce_scatter_block");
+      return nullptr;
+    }
     auto work = std::make_unique<MpiWork>();
     work->requests.resize(1);
     check(MPI_Ireduce_scatter_block(in.data, out.data, n, mpi_type(in.dtype), mpi_op(op), comm_,
@@ -209,8 +243,13 @@ class MpiComm final : public detail::CommImpl {
     return work;
   }
 
-  std::unique_ptr<detail::WorkImpl> all_gather(ElementSpan in, ElementSpan out) override {
+  std::unique_ptr<detail::WorkImpl> all_gather(ElementSpan in, ElementSpan out, bool blocking) override {
     int n = block_count("all_gather", in.count);
+    if (blocking) {
+      check(MPI_Allgather(in.data, n, mpi_type(in.dtype), out.data, n, mpi_type(out.dtype), comm_),
+            "MPI_Allgather");
+      return nullptr;
+    }
     auto work = std::make_unique<MpiWork>();
     work->requests.resize(1);
     check(MPI_Iallgather(in.data, n, mpi_type(in.dtype), out.data, n, mpi_type(out.dtype), comm_,
@@ -219,8 +258,13 @@ class MpiComm final : public detail::CommImpl {
     return work;
   }
 
-  std::unique_ptr<detail::WorkImpl> all_to_all(ElementSpan in, ElementSpan out) override {
+  std::unique_ptr<detail::WorkImpl> all_to_all(ElementSpan in, ElementSpan out, bool blocking) override {
     int n = block_count("all_to_all", in.count / static_cast<std::size_t>(size_));
+    if (blocking) {
+      check(MPI_Alltoall(in.data, n, mpi_type(in.dtype), out.data, n, mpi_type(out.dtype), comm_),
+            "MPI_Alltoall");
+      return nullptr;
+    }
     auto work = std::make_unique<MpiWork>();
     work->requests.resize(1);
     check(MPI_Ialltoall(in.data, n, mpi_type(in.dtype), out.data, n, mpi_type(out.dtype), comm_,
@@ -229,13 +273,23 @@ class MpiComm final : public detail::CommImpl {
     return work;
   }
 
-  std::unique_ptr<detail::WorkImpl> send(ElementSpan data, int peer, int tag) override {
+  std::unique_ptr<detail::WorkImpl> send(ElementSpan data, int peer, int tag, bool blocking) override {
+    if (blocking) {
+      bool sent = false;
+      for_chunks(data, [&](void* p, int n) {
+        check(MPI_Send(p, n, mpi_type(data.dtype), peer, tag, comm_), "MPI_Send");
+        sent = true;
+      });
+      // an empty message still matches the peer's recv
+      if (!sent) check(MPI_Send(data.data, 0, mpi_type(data.dtype), peer, tag, comm_), "MPI_Send");
+      return nullptr;
+    }
     auto work = std::make_unique<MpiWork>();
     for_chunks(data, [&](void* p, int n) {
       work->requests.emplace_back();
       check(MPI_Isend(p, n, mpi_type(data.dtype), peer, tag, comm_, &work->requests.back()), "MPI_Isend");
     });
-    if (work->requests.empty()) {  // an empty message still matches the peer's recv
+    if (work->requests.empty()) {
       work->requests.emplace_back();
       check(MPI_Isend(data.data, 0, mpi_type(data.dtype), peer, tag, comm_, &work->requests.back()),
             "MPI_Isend");
@@ -243,26 +297,41 @@ class MpiComm final : public detail::CommImpl {
     return work;
   }
 
-  std::unique_ptr<detail::WorkImpl> recv(ElementSpan data, int peer, int tag) override {
+  std::unique_ptr<detail::WorkImpl> recv(ElementSpan data, int peer, int tag, bool blocking) override {
+    MPI_Datatype type = mpi_type(data.dtype);
+    if (blocking) {
+      auto one = [&](void* p, int n) {
+        MPI_Status status;
+        check(MPI_Recv(p, n, type, peer, tag, comm_, &status), "MPI_Recv");
+        check_count(status, type, n, peer);
+      };
+      for_chunks(data, one);
+      if (data.count == 0) one(data.data, 0);
+      return nullptr;
+    }
     auto work = std::make_unique<MpiWork>();
-    work->type = mpi_type(data.dtype);
+    work->type = type;
     work->peer = peer;
     for_chunks(data, [&](void* p, int n) {
       work->requests.emplace_back();
       work->expected_counts.push_back(n);
-      check(MPI_Irecv(p, n, work->type, peer, tag, comm_, &work->requests.back()), "MPI_Irecv");
+      check(MPI_Irecv(p, n, type, peer, tag, comm_, &work->requests.back()), "MPI_Irecv");
     });
     if (work->requests.empty()) {
       work->requests.emplace_back();
       work->expected_counts.push_back(0);
-      check(MPI_Irecv(data.data, 0, work->type, peer, tag, comm_, &work->requests.back()), "MPI_Irecv");
+      check(MPI_Irecv(data.data, 0, type, peer, tag, comm_, &work->requests.back()), "MPI_Irecv");
     }
     return work;
   }
 
   [[noreturn]] void abort_job(int code) override {
-    MPI_Abort(MPI_COMM_WORLD, code);
-    std::_Exit(code);  // MPI_Abort does not return; this keeps [[noreturn]] honest
+    int main_thread = 0;
+    MPI_Is_thread_main(&main_thread);
+    if (main_thread || Runtime::get().abort_from_any_thread()) MPI_Abort(MPI_COMM_WORLD, code);
+    // Without MPI_THREAD_MULTIPLE another thread may not enter MPI: exit, and the launcher
+    // ends the job because a rank died.
+    std::_Exit(code);
   }
 
  private:

@@ -1,0 +1,133 @@
+// The watchdog thread and the per-thread slots it watches. Slots are written only by
+// their thread (plain atomic stores, the generation last, with release order) and read
+// by the watchdog (generation first with acquire order, then the fields, then the
+// generation again: a changed generation means the operation finished meanwhile).
+// Slots live for the whole process: a thread's slot is reused by nobody else, and the
+// few bytes of threads that exit are not reclaimed.
+#include "comm/watchdog.hpp"
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "ndmesh/core/log.hpp"
+
+namespace ndmesh::comm::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kTick = std::chrono::milliseconds(10);
+constexpr std::size_t kNameBytes = 48;
+
+struct Slot {
+  std::atomic<std::uint64_t> gen{0};  // odd while an operation is armed
+  std::atomic<const char*> op{nullptr};
+  std::atomic<CommImpl*> comm{nullptr};
+  std::array<std::atomic<char>, kNameBytes> group{};
+  std::atomic<double> timeout_s{0};
+  std::atomic<int> peer{-1};
+  // The watchdog's own notes.
+  std::uint64_t seen_gen = 0;
+  Clock::time_point seen_since{};
+};
+
+struct Registry {
+  std::mutex mutex;
+  std::vector<Slot*> slots;
+};
+
+Registry& registry() {
+  static auto* r = new Registry;  // never destroyed: the watchdog may run during exit
+  return *r;
+}
+
+void watch_loop() {
+  Registry& reg = registry();
+  for (;;) {
+    std::this_thread::sleep_for(kTick);
+    auto now = Clock::now();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    for (Slot* s : reg.slots) {
+      std::uint64_t g = s->gen.load(std::memory_order_acquire);
+      if ((g & 1u) == 0) continue;
+      if (g != s->seen_gen) {
+        s->seen_gen = g;
+        s->seen_since = now;
+        continue;
+      }
+      double timeout = s->timeout_s.load(std::memory_order_relaxed);
+      if (std::chrono::duration<double>(now - s->seen_since).count() < timeout) continue;
+      const char* op = s->op.load(std::memory_order_relaxed);
+      CommImpl* comm = s->comm.load(std::memory_order_relaxed);
+      std::string group;
+      for (const auto& c : s->group) {
+        char ch = c.load(std::memory_order_relaxed);
+        if (ch == '\0') break;
+        group.push_back(ch);
+      }
+      int peer = s->peer.load(std::memory_order_relaxed);
+      if (s->gen.load(std::memory_order_acquire) != g) continue;  // finished meanwhile
+      expire(op, peer_detail(op, *comm, peer), group, *comm, timeout);
+    }
+  }
+}
+
+Slot& my_slot() {
+  thread_local Slot* slot = [] {
+    static std::once_flag started;
+    std::call_once(started, [] { std::thread(watch_loop).detach(); });
+    auto* s = new Slot;
+    std::lock_guard<std::mutex> lock(registry().mutex);
+    registry().slots.push_back(s);
+    return s;
+  }();
+  return *slot;
+}
+
+}  // namespace
+
+WatchScope::WatchScope(const char* op, const CommImpl& comm, const std::string& group, double timeout_s,
+                       int peer)
+    : slot_(&my_slot()) {
+  Slot& s = *static_cast<Slot*>(slot_);
+  s.op.store(op, std::memory_order_relaxed);
+  s.comm.store(const_cast<CommImpl*>(&comm), std::memory_order_relaxed);
+  std::size_t n = std::min(group.size(), kNameBytes - 1);
+  for (std::size_t i = 0; i < n; ++i) s.group[i].store(group[i], std::memory_order_relaxed);
+  s.group[n].store('\0', std::memory_order_relaxed);
+  s.timeout_s.store(timeout_s, std::memory_order_relaxed);
+  s.peer.store(peer, std::memory_order_relaxed);
+  s.gen.store(s.gen.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+}
+
+WatchScope::~WatchScope() {
+  Slot& s = *static_cast<Slot*>(slot_);
+  s.gen.store(s.gen.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+}
+
+std::string peer_detail(std::string_view op, const CommImpl& comm, int peer) {
+  if (peer < 0 || peer >= comm.size()) return "";
+  std::string_view dir = op == "send" ? "to" : "from";
+  return fmt::format(" {} rank {} (world {})", dir, peer, comm.members()[static_cast<std::size_t>(peer)]);
+}
+
+void expire(std::string_view op, std::string_view detail, std::string_view group, CommImpl& comm,
+            double timeout_s) {
+  const auto& m = comm.members();
+  std::string members =
+      m.size() <= 16 ? fmt::format("ranks {}", fmt::join(m, ","))
+                     : fmt::format("ranks {},{},{},...,{} ({} ranks)", m[0], m[1], m[2], m.back(), m.size());
+  log::error("[comm] {}{} on group {} ({}) timed out after {:g} s", op, detail, group, members, timeout_s);
+  std::fflush(stderr);
+  comm.abort_job(kTimeoutExitCode);
+  std::abort();  // not reached: abort_job ends the process
+}
+
+}  // namespace ndmesh::comm::detail
