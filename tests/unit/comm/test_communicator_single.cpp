@@ -1,0 +1,120 @@
+// Communicator and ProcessGroups in a single process (an MPI world of one, no launcher),
+// and the launcher checks Communicator::world() makes before starting the engine. Each
+// test runs in its own process (gtest_discover_tests), so world() starts fresh in each.
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ndmesh/comm/communicator.hpp"
+#include "ndmesh/comm/process_groups.hpp"
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::comm {
+namespace {
+
+TEST(CommunicatorSingle, TorchrunIsRefusedBeforeTheEngineStarts) {
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  try {
+    Communicator::world();
+    FAIL() << "torchrun variables must be refused";
+  } catch (const ConfigError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("started by torchrun (RANK=0 WORLD_SIZE=2)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("mpirun -np 2"), std::string::npos) << msg;
+  }
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+}
+
+TEST(CommunicatorSingle, ALauncherWorldTheEngineDoesNotSeeIsAnError) {
+  // As if started by srun without --mpi=pmix: Slurm says 4 ranks, MPI starts a singleton.
+  setenv("SLURM_PROCID", "2", 1);
+  setenv("SLURM_NTASKS", "4", 1);
+  try {
+    Communicator::world();
+    FAIL() << "a launcher world of 4 with an engine world of 1 must be refused";
+  } catch (const ConfigError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("the launcher says rank 2 of 4 (SLURM_PROCID=2 SLURM_NTASKS=4) but the mpi world has "
+                       "rank 0 of 1"),
+              std::string::npos)
+        << msg;
+  }
+  unsetenv("SLURM_PROCID");
+  unsetenv("SLURM_NTASKS");
+}
+
+TEST(CommunicatorSingle, CollectivesOnAWorldOfOne) {
+  Communicator world = Communicator::world();
+  ASSERT_EQ(world.size(), 1);
+  EXPECT_EQ(world.rank(), 0);
+  std::vector<double> v = {2, 4};
+  world.all_reduce(std::span<double>(v), {.op = ReduceOp::kAvg});
+  EXPECT_EQ(v, (std::vector<double>{2, 4}));
+  std::vector<std::int32_t> in = {7, 8}, out(2);
+  world.all_gather(std::span<const std::int32_t>(in), std::span<std::int32_t>(out));
+  EXPECT_EQ(out, in);
+  world.reduce_scatter(std::span<const std::int32_t>(in), std::span<std::int32_t>(out));
+  EXPECT_EQ(out, in);
+  world.all_to_all(std::span<const std::int32_t>(in), std::span<std::int32_t>(out), {.timeout_s = 5});
+  EXPECT_EQ(out, in);
+  // A message to oneself: async send, blocking recv.
+  std::vector<std::int64_t> msg = {1, 2, 3}, got(3);
+  Work w = world.send_async(std::span<const std::int64_t>(msg), 0, {.tag = 3});
+  world.recv(std::span<std::int64_t>(got), 0, {.tag = 3});
+  w.wait();
+  EXPECT_EQ(got, msg);
+  EXPECT_EQ(world.split(std::nullopt, 0).valid(), false);
+  Communicator self = world.split(5, 0, "self");
+  EXPECT_EQ(self.size(), 1);
+  EXPECT_EQ(self.name(), "self");
+  EXPECT_EQ(self.members(), (std::vector<std::int64_t>{0}));
+}
+
+TEST(CommunicatorSingle, ReceivingFewerElementsThanSentIsAnError) {
+  Communicator world = Communicator::world();
+  std::vector<float> msg(5, 1.0f), got(7);
+  Work w = world.send_async(std::span<const float>(msg), 0);
+  try {
+    world.recv(std::span<float>(got), 0);
+    ADD_FAILURE() << "a 5-element message into a 7-element recv must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected 7 elements but the message held 5"), std::string::npos)
+        << e.what();
+  }
+  w.wait();
+}
+
+TEST(CommunicatorSingle, ProcessGroupsOfAOneRankMesh) {
+  Communicator world = Communicator::world();
+  ProcessGroups pg(Mesh({{"dp", 1}, {"pp", 1}, {"cp", 1}, {"tp", 1}}), world);
+  EXPECT_EQ(pg.tp().size(), 1);
+  EXPECT_EQ(pg.tp().name(), "tp");
+  EXPECT_EQ(pg.cp_dp().size(), 1);
+  EXPECT_EQ(pg.splits(), 0);  // every kind is the whole (one-rank) world
+  EXPECT_EQ(pg.to_string(), "TP(1)-CP(1)-PP(1)-DP(1)-Rank(0)");
+  EXPECT_EQ(pg.config_view(0).to_string(),
+            "ParallelConfig(global_rank=0, world_size=1, tp=1[rank=0], pp=1[rank=0], dp=1[rank=0])");
+  try {
+    ProcessGroups wrong(Mesh({{"dp", 2}, {"tp", 2}}), world);
+    ADD_FAILURE() << "a 4-rank mesh on a world of 1 must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("mesh dp=2,tp=2 has 4 ranks but the job has 1"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CommunicatorSingle, ResolvedLaunchEnvOfAWorldOfOne) {
+  LaunchEnv env = resolve_launch_env(Communicator::world());
+  EXPECT_EQ(env.launcher, Launcher::kNone);
+  EXPECT_EQ(env.world_size, 1);
+  EXPECT_EQ(env.local_rank, 0);
+  EXPECT_EQ(env.local_world_size, 1);
+  EXPECT_EQ(env.node_rank, 0);
+}
+
+}  // namespace
+}  // namespace ndmesh::comm
