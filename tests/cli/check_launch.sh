@@ -16,6 +16,8 @@ if [ "$(id -u)" -eq 0 ]; then
 else
   [[ "$cmd" != *"--allow-run-as-root"* ]] || fail "--allow-run-as-root when not root"
 fi
+cmd=$("$ndmesh" launch -n 2 --no-tag --dry-run -- prog) || fail "dry run exited $?"
+[[ "$cmd" != *"--tag-output"* ]] || fail "--no-tag still tags: $cmd"
 # One rank fits the cores: no --oversubscribe.
 cmd=$("$ndmesh" launch -n 1 --dry-run -- prog) || fail "dry run exited $?"
 [[ "$cmd" != *"--oversubscribe"* ]] || fail "--oversubscribe for 1 rank: $cmd"

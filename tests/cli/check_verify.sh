@@ -40,6 +40,13 @@ rc=$?
 [ "$rc" -eq 2 ] || fail "wrong world: exit $rc, expected 2"
 [[ "$out" == *"8 but the world has 4 ranks"* ]] || fail "unclear message: $out"
 
+# One rank started with another order (MPMD): every rank fails cleanly, naming rank 3.
+out=$("${mpirun[@]}" -np 3 "$ndmesh" check --dp 2 --tp 2 : -np 1 "$ndmesh" check --dp 2 --tp 2 --order tp,dp,pp,cp 2>&1)
+rc=$?
+[ "$rc" -eq 2 ] || fail "disagreeing mesh: exit $rc, expected 2"
+[[ "$out" == *"the ranks disagree on the mesh and groups: ranks 0-2 have dp=2,pp=1,cp=1,tp=2"*"but rank 3 has tp=2,dp=2"* ]] ||
+  fail "unclear message: $out"
+
 # Started as by torchrun: exit 2 saying how to launch instead.
 out=$(env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "$ndmesh" check --tp 2 2>&1)
 rc=$?

@@ -30,6 +30,7 @@ struct LaunchOptions {
   std::int64_t n = 0;
   std::string mpirun = "mpirun";
   bool dry_run = false;
+  bool no_tag = false;
   std::vector<std::string> rest;  // [mpirun options --] prog args
 };
 
@@ -100,11 +101,11 @@ int run(const LaunchOptions& o) {
   if (kind == "openmpi") {
     if (o.n > static_cast<std::int64_t>(cores)) args.push_back("--oversubscribe");
     if (geteuid() == 0) args.push_back("--allow-run-as-root");
-    args.push_back("--tag-output");
+    if (!o.no_tag) args.push_back("--tag-output");
     for (const auto& v : env::variables())
       if (env::raw(v.name)) args.insert(args.end(), {"-x", std::string(v.name)});
   } else {
-    args.push_back("-prepend-rank");
+    if (!o.no_tag) args.push_back("-prepend-rank");
     std::vector<std::string> names;
     for (const auto& v : env::variables())
       if (env::raw(v.name)) names.emplace_back(v.name);
@@ -132,6 +133,7 @@ Action setup(CLI::App& app) {
   app.add_option("-n,--np", o->n, "number of processes")->required();
   app.add_option("--mpirun", o->mpirun, "the MPI launcher to use (default: mpirun on PATH)");
   app.add_flag("--dry-run", o->dry_run, "print the mpirun command instead of running it");
+  app.add_flag("--no-tag", o->no_tag, "do not prefix output lines with the rank (e.g. to pipe JSON)");
   app.add_option("args", o->rest, "[-- mpirun options] -- program and its arguments");
   app.footer(
       "Examples:\n"
