@@ -36,7 +36,8 @@ int main(int argc, char** argv) {
   } else {
     tp.all_reduce(std::span<float>(&x, 1));
   }
-  // Ranks outside the failing pair are done; they wait for the job to be torn down.
-  world.barrier();
+  // Ranks outside the failing pair are done; they wait for the job to be torn down, with
+  // a long timeout so that the failing pair's rank 0 is the one that reports.
+  world.barrier({.timeout_s = 60});
   return 0;
 }
