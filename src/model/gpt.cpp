@@ -36,6 +36,25 @@ std::vector<std::string> gpt_problems(const ModelSpec& s) {
   return out;
 }
 
+double gpt_memory_elements(const ModelSpec& s, std::int64_t batch, std::int64_t seq) {
+  const double n = static_cast<double>(batch) * static_cast<double>(seq);
+  const double c = static_cast<double>(s.hidden), v = static_cast<double>(s.vocab);
+  const double f = static_cast<double>(s.ffn_or_default());
+  const double hd = s.heads > 0 ? c / static_cast<double>(s.heads) : 0.0;
+  const double r = (static_cast<double>(s.heads) + 2.0 * static_cast<double>(s.kv_heads_or_heads())) * hd;
+  const double att = static_cast<double>(batch) * static_cast<double>(s.heads) * static_cast<double>(seq) *
+                     static_cast<double>(seq);
+  const double per_block_params = 4 * c + c * r + r + c * c + c + 2 * c * f + f + c;
+  const double params = static_cast<double>(s.layers) * per_block_params +
+                        (v + static_cast<double>(s.seq)) * c + 2 * c + (s.tied_embeddings ? 0.0 : v * c);
+  // Per block: ln1, res1, ln2, out, atty (5 NC), qkv (N r), fc and gelu (2 NF), att.
+  const double per_block_acts = 5 * n * c + n * r + 2 * n * f + att;
+  const double acts = static_cast<double>(s.layers) * per_block_acts + 2 * n * c + 2 * n * v;
+  // Backward: block scratch (3 NC + N r + 2 NF) and dlogits, dlnf, two residual buffers.
+  const double scratch = 3 * n * c + n * r + 2 * n * f + n * v + 3 * n * c;
+  return 2 * params + acts + scratch;
+}
+
 namespace {
 const ModelSpec& checked(const ModelSpec& spec) {
   auto problems = gpt_problems(spec);

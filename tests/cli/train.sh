@@ -64,6 +64,7 @@ expect_usage "not an ndmesh checkpoint" "$ndmesh" train "${small[@]}" --steps 12
 expect_usage "hidden: checkpoint has 32, the run has 64" "$ndmesh" train --layers 1 --hidden 64 --heads 2 \
   --kv-heads 1 --seq 16 --batch 4 --markov-vocab 16 --threads 1 --steps 12 --load "$tmp/ck.bin"
 expect_usage "already at step 6" "$ndmesh" train "${small[@]}" --steps 6 --load "$tmp/ck.bin"
+expect_usage "--batch=100000 --seq=64 with this model needs about" "$ndmesh" train --batch 100000
 expect_usage "--until=13" "$ndmesh" train --steps 12 --until 13
 expect_usage "--save-every=4 needs --save" "$ndmesh" train --save-every 4
 echo "train.sh: ok"

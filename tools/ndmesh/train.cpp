@@ -127,6 +127,16 @@ int run(const Options& o) {
                         .min_lr_ratio = o.min_lr_ratio,
                         .adamw = {.weight_decay = o.weight_decay, .clip_norm = o.clip},
                         .seed = o.seed};
+  // Refuse sizes that would not fit instead of being killed half-way through allocation.
+  const double need_bytes = model::gpt_memory_elements(t.model, o.batch, o.seq) * sizeof(float) * 3 / 2;
+  const double have_bytes =
+      static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  if (have_bytes > 0 && need_bytes > 0.8 * have_bytes)
+    fail<ConfigError>(
+        "train",
+        "--batch={} --seq={} with this model needs about {:.1f} GiB but the machine has {:.1f} GiB; "
+        "lower --batch or --seq",
+        o.batch, o.seq, need_bytes / (1 << 30), have_bytes / (1 << 30));
   const std::string source = data->describe();
   model::Trainer trainer(t, std::move(data));
   if (!o.load.empty()) {

@@ -45,6 +45,11 @@ struct GptOptions {
 /// Every problem with a ModelSpec for this model, one line each (field, value, fix).
 std::vector<std::string> gpt_problems(const ModelSpec& spec);
 
+/// Elements a whole-model GptT allocates for one batch: parameters, gradients, the
+/// activations kept for backward and the backward work space (an estimate within a few
+/// percent; multiply by sizeof(T) for bytes). Lets callers refuse a size before allocating.
+double gpt_memory_elements(const ModelSpec& spec, std::int64_t batch, std::int64_t seq);
+
 /// Everything one forward keeps for its backward (one micro-batch). A Gpt owns one; a
 /// pipeline schedule with several micro-batches in flight makes more with
 /// make_activations().

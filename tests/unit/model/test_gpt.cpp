@@ -200,6 +200,24 @@ TEST(Gpt, BadStageRangeIsAConfigError) {
   EXPECT_THROW((Gpt{tiny(true, 2), {.last_block = 3}}), ConfigError);
 }
 
+TEST(Gpt, MemoryEstimateCoversTheAllocation) {
+  // The estimate counts parameters and gradients exactly (no padding) and every
+  // activation buffer; compare with what the model holds.
+  const ModelSpec spec{.layers = 2, .hidden = 32, .heads = 4, .kv_heads = 2, .seq = 16, .vocab = 50};
+  Gpt gpt(spec, {.batch = 3});
+  const double estimate = gpt_memory_elements(spec, 3, 16);
+  const double params = static_cast<double>(gpt.params().parameter_count());
+  auto acts = gpt.make_activations();
+  double held = 0;
+  for (const auto& b : acts.blocks)
+    held +=
+        static_cast<double>(b.ln1.numel() + b.qkv.numel() + b.att.numel() + b.atty.numel() + b.res1.numel() +
+                            b.ln2.numel() + b.mlp.fc.numel() + b.mlp.gelu.numel() + b.out.numel());
+  held += static_cast<double>(acts.input.numel() + acts.lnf.numel() + acts.probs.numel());
+  EXPECT_GT(estimate, 2 * params + held);
+  EXPECT_LT(estimate, 1.6 * (2 * params + held));
+}
+
 TEST(Gpt, FlopsCountMatchesHandCount) {
   const ModelSpec spec{.layers = 1, .hidden = 4, .heads = 2, .kv_heads = 1, .ffn = 8, .seq = 3, .vocab = 5};
   Gpt gpt(spec, {.batch = 2});
