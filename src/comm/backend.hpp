@@ -39,6 +39,8 @@ class CommImpl {
 
   /// Blocking split; nullptr for a member without color.
   virtual std::shared_ptr<CommImpl> split(std::optional<std::int64_t> color, std::int64_t key) = 0;
+  /// A communicator of this process alone; local, no communication.
+  virtual std::shared_ptr<CommImpl> self() = 0;
   /// Blocking split into the members that share memory (one node).
   virtual std::shared_ptr<CommImpl> split_node() = 0;
 

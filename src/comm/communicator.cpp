@@ -185,6 +185,11 @@ Communicator Communicator::split(std::optional<std::int64_t> color, std::int64_t
   return Communicator(std::move(child), name.empty() ? name_ + "/split" : std::move(name));
 }
 
+Communicator Communicator::self(std::string name) const {
+  require("self");
+  return Communicator(impl_->self(), std::move(name));
+}
+
 Communicator Communicator::split_node() const {
   require("split_node");
   detail::WatchScope watch("split_node", *impl_, name_, default_timeout_s());

@@ -152,6 +152,8 @@ const comm::Communicator& ProcessGroups::create_one(DimSet dims) {
     comm::Communicator made;
     if (key == canonical(mesh_.all())) {
       made = world_.named(name);  // the whole world, in rank order: no split needed
+    } else if (key.empty()) {
+      made = world_.self(name);  // every group has one member: no communication needed
     } else {
       made = world_.split(mesh_.color(rank_, key), mesh_.key(rank_, key), name, opts_);
       ++splits_;

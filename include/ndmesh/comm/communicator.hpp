@@ -188,6 +188,9 @@ class Communicator {
     return recv_impl(ElementSpan::of(data), peer, opts, false);
   }
 
+  /// A group of this process alone, made without communication (not collective).
+  Communicator self(std::string name = "self") const;
+
   /// The members on this process's node (a shared-memory split), named "node".
   Communicator split_node() const;
 

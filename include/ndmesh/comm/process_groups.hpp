@@ -72,7 +72,8 @@ class ProcessGroups {
   /// "TP(2)-CP(1)-PP(1)-DP(2)-Rank(0)".
   std::string to_string() const { return view_.to_string(); }
 
-  /// Backend splits made so far (shared kinds count once).
+  /// Backend splits made so far (shared kinds count once; kinds whose groups are the
+  /// world or single ranks need none).
   int splits() const { return splits_; }
   /// Kinds with the same members share a communicator: the kind with its dims of size 1
   /// removed, which is the cache key.

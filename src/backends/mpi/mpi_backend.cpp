@@ -177,6 +177,12 @@ class MpiComm final : public detail::CommImpl {
     return std::make_shared<MpiComm>(out);
   }
 
+  std::shared_ptr<detail::CommImpl> self() override {
+    MPI_Comm out = MPI_COMM_NULL;
+    check(MPI_Comm_dup(MPI_COMM_SELF, &out), "MPI_Comm_dup");
+    return std::make_shared<MpiComm>(out);
+  }
+
   std::shared_ptr<detail::CommImpl> split_node() override {
     MPI_Comm out = MPI_COMM_NULL;
     check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &out),
