@@ -18,11 +18,11 @@ namespace ndmesh::nn {
 
 /// Hyper-parameters of AdamW (the learning rate is passed per step).
 struct AdamWOptions {
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
-  double weight_decay = 0.1;
-  double clip_norm = 1.0;  ///< 0: no clipping
+  double beta1 = 0.9;         ///< first-moment decay
+  double beta2 = 0.95;        ///< second-moment decay
+  double eps = 1e-8;          ///< added to sqrt(v)
+  double weight_decay = 0.1;  ///< decoupled, only on views marked `decay`
+  double clip_norm = 1.0;     ///< 0: no clipping
 };
 
 /// The optimizer and its state (two moments per parameter element, and the step count).
@@ -39,9 +39,11 @@ class AdamW {
   /// grad_square_sum + update; returns the gradient norm before clipping.
   double step(ParamStore<T>& store, double lr);
 
+  /// The hyper-parameters.
   const AdamWOptions& options() const { return options_; }
   /// Updates done so far.
   std::int64_t steps() const { return t_; }
+  /// First and second moments, laid out like the flat parameter buffer (checkpoints).
   std::span<T> m() { return m_; }
   std::span<T> v() { return v_; }
   std::span<const T> m() const { return m_; }

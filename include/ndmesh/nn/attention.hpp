@@ -24,6 +24,7 @@ struct AttentionOptions {
 template <typename T>
 class Attention {
  public:
+  /// Error unless all sizes are positive and kv_heads divides heads.
   explicit Attention(AttentionOptions options);
 
   /// Width of a qkv row: (H + 2 KV) * hd.
@@ -38,6 +39,7 @@ class Attention {
   void backward(const T* dout, const T* qkv, const T* att, T* dqkv, std::int64_t batch,
                 std::int64_t seq) const;
 
+  /// The options it was built with.
   const AttentionOptions& options() const { return options_; }
 
  private:

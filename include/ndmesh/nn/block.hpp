@@ -64,7 +64,9 @@ class Block {
   void backward(const T* dout, const T* inp, const BlockActivations<T>& acts, BlockScratch<T>& scratch,
                 T* dinp, std::int64_t batch, std::int64_t seq) const;
 
+  /// The options it was built with.
   const BlockOptions& options() const { return options_; }
+  // The sub-layers, in forward order (tensor and pipeline strategies reach into them).
   const LayerNorm<T>& ln1() const { return ln1_; }
   const Linear<T>& qkv() const { return qkv_; }
   const Attention<T>& attention() const { return attn_; }

@@ -23,6 +23,7 @@ struct EmbeddingOptions {
 template <typename T>
 class Embedding {
  public:
+  /// Declares "<name>.tokens" and "<name>.positions" in `store`.
   Embedding(ParamStore<T>& store, EmbeddingOptions options);
 
   /// out[batch, seq, C]. Error when a token is outside [0, vocab) or the positions
@@ -33,9 +34,11 @@ class Embedding {
   void backward(const T* dout, const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
                 std::int64_t position_offset = 0) const;
 
+  /// The options it was built with.
   const EmbeddingOptions& options() const { return options_; }
   /// The [vocab, C] token table (what a tied LM head shares).
   int token_weight_id() const { return tokens_; }
+  /// The [max_seq, C] position table.
   int position_weight_id() const { return positions_; }
 
  private:

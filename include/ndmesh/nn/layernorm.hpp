@@ -30,6 +30,7 @@ class LayerNorm {
   /// Accumulates dinp += d/dinp, dweight, dbias from dout and the saved mean/rstd.
   void backward(const T* dout, const T* inp, const T* mean, const T* rstd, T* dinp, std::int64_t rows) const;
 
+  /// The options it was built with.
   const LayerNormOptions& options() const { return options_; }
 
  private:

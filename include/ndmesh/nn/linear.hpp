@@ -35,7 +35,9 @@ class Linear {
   /// db += column sums of dout.
   void backward(const T* dout, const T* inp, T* dinp, std::int64_t rows) const;
 
+  /// The options it was built with.
   const LinearOptions& options() const { return options_; }
+  /// The [out, in] weight (shared when tied).
   int weight_id() const { return weight_; }
   /// -1 without bias.
   int bias_id() const { return bias_; }

@@ -33,6 +33,7 @@ class LmHead {
 
   bool tied() const { return options_.tied_weight >= 0; }
   int weight_id() const { return proj_.weight_id(); }
+  /// The options it was built with.
   const LmHeadOptions& options() const { return options_; }
 
  private:

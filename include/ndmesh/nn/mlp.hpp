@@ -41,6 +41,7 @@ class Mlp {
   void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
                 std::int64_t rows) const;
 
+  /// The options it was built with.
   const MlpOptions& options() const { return options_; }
   const Linear<T>& fc() const { return fc_; }
   const Linear<T>& proj() const { return proj_; }

@@ -36,6 +36,7 @@ class ParamStore {
   int add(std::string name, std::vector<std::int64_t> shape, bool decay);
   /// Allocates both buffers (zeroed). After this no parameter can be added.
   void allocate();
+  /// True once allocate() ran (or when nothing was declared).
   bool allocated() const { return !params_.empty() || views_.empty(); }
 
   /// The parameter / gradient elements of a view.
@@ -50,7 +51,9 @@ class ParamStore {
   std::span<T> grads() { return grads_; }
   std::span<const T> grads() const { return grads_; }
 
+  /// Every declared parameter, in declaration order.
   const std::vector<ParamView>& views() const { return views_; }
+  /// The view of parameter `id`.
   const ParamView& view(int id) const { return views_.at(static_cast<std::size_t>(id)); }
   /// The id of a named parameter, or -1.
   int find(std::string_view name) const;

@@ -6,6 +6,7 @@
 // finite-difference checks.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <numeric>
@@ -46,10 +47,13 @@ class Tensor {
   /// Number of elements.
   std::int64_t numel() const { return static_cast<std::int64_t>(data_.size()); }
 
+  /// The elements, row-major.
   T* data() { return data_.data(); }
   const T* data() const { return data_.data(); }
+  /// The elements as a span (for ElementSpan::of and range loops).
   std::span<T> span() { return data_; }
   std::span<const T> span() const { return data_; }
+  /// Element i of the flat (row-major) storage.
   T& operator[](std::int64_t i) { return data_[static_cast<std::size_t>(i)]; }
   const T& operator[](std::int64_t i) const { return data_[static_cast<std::size_t>(i)]; }
 
