@@ -1,6 +1,7 @@
 #include "ndmesh/model/trainer.hpp"
 
 #include <cmath>
+#include <numbers>
 
 #include <fmt/format.h>
 
@@ -33,7 +34,7 @@ double Trainer::lr_at(std::int64_t step) const {
   const double span = static_cast<double>(std::max<std::int64_t>(1, options_.steps - options_.warmup));
   const double progress = std::min(1.0, static_cast<double>(step - options_.warmup) / span);
   const double floor = options_.lr * options_.min_lr_ratio;
-  return floor + (options_.lr - floor) * 0.5 * (1.0 + std::cos(M_PI * progress));
+  return floor + (options_.lr - floor) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
 StepStats Trainer::step() {
