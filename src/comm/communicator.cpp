@@ -55,6 +55,17 @@ void set_max_count_per_call(std::size_t count) { g_count_cap.store(count); }
 
 namespace detail {
 
+void Finish::operator()() const {
+  if (divisor == 0) return;
+  if (data.dtype == DType::kFloat32) {
+    auto* p = static_cast<float*>(data.data);
+    for (std::size_t i = 0; i < data.count; ++i) p[i] /= static_cast<float>(divisor);
+  } else if (data.dtype == DType::kFloat64) {
+    auto* p = static_cast<double*>(data.data);
+    for (std::size_t i = 0; i < data.count; ++i) p[i] /= static_cast<double>(divisor);
+  }
+}
+
 std::size_t count_limit(std::size_t backend_limit) {
   std::size_t cap = g_count_cap.load();
   return cap == 0 ? backend_limit : std::min(cap, backend_limit);
@@ -63,7 +74,7 @@ std::size_t count_limit(std::size_t backend_limit) {
 // What a Work needs to poll, finish and report its operation.
 struct WorkState {
   std::unique_ptr<WorkImpl> impl;
-  std::function<void()> on_complete;
+  Finish finish;
   std::shared_ptr<CommImpl> comm;
   const char* op = "";  // "all_reduce"
   int peer = -1;        // send / recv
@@ -76,7 +87,7 @@ struct WorkState {
     if (impl && !impl->test()) return false;
     done = true;
     impl.reset();
-    if (on_complete) on_complete();
+    finish();
     return true;
   }
 
@@ -198,19 +209,19 @@ Communicator Communicator::split_node() const {
 
 template <typename Start>
 Work Communicator::run(const char* op, int peer, const Options& opts, bool blocking, const Start& start,
-                       std::function<void()> on_complete) const {
+                       detail::Finish finish) const {
   double timeout = opts.timeout_s > 0 ? opts.timeout_s : default_timeout_s();
   if (blocking) {
     {
       detail::WatchScope watch(op, *impl_, name_, timeout, peer);
       start(*impl_, true);
     }
-    if (on_complete) on_complete();
+    finish();
     return Work();
   }
   auto state = std::make_shared<detail::WorkState>();
   state->impl = start(*impl_, false);
-  state->on_complete = std::move(on_complete);
+  state->finish = finish;
   state->comm = impl_;
   state->op = op;
   state->peer = peer;
@@ -223,18 +234,8 @@ namespace {
 
 bool is_floating(DType t) { return t == DType::kFloat32 || t == DType::kFloat64; }
 
-// Divides every element by n (the avg of a sum).
-std::function<void()> divide_by(ElementSpan data, int n) {
-  return [data, n] {
-    if (data.dtype == DType::kFloat32) {
-      auto* p = static_cast<float*>(data.data);
-      for (std::size_t i = 0; i < data.count; ++i) p[i] /= static_cast<float>(n);
-    } else {
-      auto* p = static_cast<double*>(data.data);
-      for (std::size_t i = 0; i < data.count; ++i) p[i] /= static_cast<double>(n);
-    }
-  };
-}
+// The avg of a sum: finish divides by the group size.
+detail::Finish divide_by(ElementSpan data, int n) { return {.data = data, .divisor = n}; }
 
 void check_reduce_op(std::string_view op_name, ReduceOp op, DType t) {
   NDMESH_CHECK(op != ReduceOp::kAvg || is_floating(t), "comm",
@@ -265,7 +266,7 @@ Work Communicator::all_reduce_impl(ElementSpan data, const Options& opts, bool b
   return run(
       "all_reduce", -1, opts, blocking,
       [&](detail::CommImpl& c, bool b) { return c.all_reduce(data, op, b); },
-      avg ? divide_by(data, size()) : nullptr);
+      avg ? divide_by(data, size()) : detail::Finish{});
 }
 
 Work Communicator::reduce_scatter_impl(ElementSpan in, ElementSpan out, const Options& opts,
@@ -280,7 +281,7 @@ Work Communicator::reduce_scatter_impl(ElementSpan in, ElementSpan out, const Op
   return run(
       "reduce_scatter", -1, opts, blocking,
       [&](detail::CommImpl& c, bool b) { return c.reduce_scatter(in, out, op, b); },
-      avg ? divide_by(out, size()) : nullptr);
+      avg ? divide_by(out, size()) : detail::Finish{});
 }
 
 Work Communicator::all_gather_impl(ElementSpan in, ElementSpan out, const Options& opts,

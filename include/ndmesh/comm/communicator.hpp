@@ -34,6 +34,12 @@ namespace detail {
 class CommImpl;
 class WorkImpl;
 struct WorkState;
+/// What runs when an operation completes: avg divides the summed elements by the size.
+struct Finish {
+  ElementSpan data;
+  int divisor = 0;  ///< 0: nothing to do
+  void operator()() const;
+};
 }  // namespace detail
 
 /// Reduction applied by all_reduce and reduce_scatter.
@@ -203,11 +209,11 @@ class Communicator {
     return ElementSpan::of(std::span<T>(const_cast<T*>(s.data()), s.size()));
   }
   const detail::CommImpl& require(std::string_view op) const;
-  // Runs a backend operation: blocking ones under the watchdog (then `on_complete`),
+  // Runs a backend operation: blocking ones under the watchdog (then `finish`),
   // nonblocking ones wrapped in a Work that polls them against the deadline.
   template <typename Start>
   Work run(const char* op, int peer, const Options& opts, bool blocking, const Start& start,
-           std::function<void()> on_complete = {}) const;
+           detail::Finish finish = {}) const;
   Work barrier_impl(const Options& opts, bool blocking) const;
   Work broadcast_impl(ElementSpan data, int root, const Options& opts, bool blocking) const;
   Work all_reduce_impl(ElementSpan data, const Options& opts, bool blocking) const;

@@ -344,7 +344,7 @@ class MpiComm final : public detail::CommImpl {
   // Calls f(pointer, count) for consecutive chunks of at most the count limit.
   template <typename F>
   void for_chunks(ElementSpan data, F&& f) const {
-    std::size_t limit = detail::count_limit(max_count());
+    std::size_t limit = detail::count_limit(static_cast<std::size_t>(INT_MAX));
     auto* base = static_cast<char*>(data.data);
     for (std::size_t off = 0; off < data.count; off += limit) {
       std::size_t n = std::min(limit, data.count - off);
