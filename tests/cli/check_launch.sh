@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # ndmesh launch: the mpirun command it builds, its errors, and a real 2-rank run.
 set -uo pipefail
+# A rank that hangs ends the job in a minute, well inside the test's timeout.
+export NDMESH_TIMEOUT_S=${NDMESH_TIMEOUT_S:-60}
 ndmesh=$1
 fail() { echo "FAIL: $*"; exit 1; }
 

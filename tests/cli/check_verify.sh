@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # ndmesh check under mpirun: summaries, JSON, an injected fault, bad layouts, torchrun.
 set -uo pipefail
+# A rank that hangs ends the job in a minute, well inside the test's timeout.
+export NDMESH_TIMEOUT_S=${NDMESH_TIMEOUT_S:-60}
 ndmesh=$1
 mpirun=(mpirun --allow-run-as-root --oversubscribe)
 fail() { echo "FAIL: $*"; exit 1; }
