@@ -24,6 +24,12 @@ echo "$out"
 [[ "$out" == *'"groups_verified":10,'* ]] || fail "expected groups_verified 10"
 [[ "$out" == *'"ok":true'* ]] || fail "not ok"
 
+# --ranks-per-node against where mpirun really put the ranks (all on this one node).
+out=$("${mpirun[@]}" -np 4 "$ndmesh" check --dp 2 --tp 2 --ranks-per-node 4 --json 2>&1) || fail "exit $?: $out"
+[[ "$out" == *'"placement_as_assumed":true'* ]] || fail "4 ranks on one node should match --ranks-per-node 4: $out"
+out=$("${mpirun[@]}" -np 4 "$ndmesh" check --dp 2 --tp 2 --ranks-per-node 2 2>&1) || fail "exit $?: $out"
+[[ "$out" == *"warning: --ranks-per-node 2 assumes"*"(1 node here)"* ]] || fail "no placement warning: $out"
+
 # Non-default order with 16 ranks: tp outermost.
 out=$("${mpirun[@]}" -np 16 "$ndmesh" check --tp 2 --pp 2 --dp 4 --order tp,pp,dp,cp --json 2>&1) ||
   fail "exit $?: $out"

@@ -98,6 +98,17 @@ int run(const CheckOptions& o) {
   double setup_seconds = mine;
   world.all_reduce(std::span<double>(&setup_seconds, 1), {.op = comm::ReduceOp::kMax});
 
+  // With --ranks-per-node, does the engine place ranks where the mesh's placement report
+  // assumes (consecutive ranks filling nodes)? A warning, not a failure: the flag may
+  // describe the machine the layout is planned for.
+  const std::int64_t rpn = s.config.ranks_per_node;
+  std::int64_t placed_as_assumed = 1;
+  if (rpn > 0) {
+    Placement p = Mesh::placement(world.rank(), rpn);
+    placed_as_assumed = p.node == *launch.node_rank && p.local_rank == *launch.local_rank;
+    world.all_reduce(std::span<std::int64_t>(&placed_as_assumed, 1), {.op = comm::ReduceOp::kMin});
+  }
+
   std::vector<KindResult> results;
   for (DimSet k : s.kinds) results.push_back(verify(pg, k, o.fault_rank));
 
@@ -140,6 +151,7 @@ int run(const CheckOptions& o) {
       out["splits"] = pg.splits();
       out["groups_verified"] = groups_verified;
       out["groups_failed"] = bad_groups;
+      if (rpn > 0) out["placement_as_assumed"] = placed_as_assumed == 1;
       out["kinds"] = nlohmann::ordered_json::array();
       for (const auto& row : rows)
         out["kinds"].push_back({{"kind", row.name},
@@ -165,6 +177,12 @@ int run(const CheckOptions& o) {
         fmt::print("  {:<12} {:>6} {:>5}  {:<10} {:<10} {:<6} {:<6}\n", row.name, row.groups, row.size,
                    cell(row.bad_sum), cell(row.bad_gather), cell(row.bad_ring, row.neighbours),
                    cell(row.bad_line, row.neighbours));
+      if (rpn > 0 && placed_as_assumed == 0)
+        fmt::print(
+            "warning: --ranks-per-node {} assumes ranks fill nodes {} at a time, but the launcher placed "
+            "them "
+            "otherwise ({} node{} here); groups the placement report keeps inside a node may cross nodes\n",
+            rpn, rpn, nodes, nodes == 1 ? "" : "s");
       if (bad_groups == 0)
         fmt::print("verified {} groups: all match the mesh\n", groups_verified);
       else
