@@ -206,7 +206,7 @@ class Communicator {
   // A read-only span as the backend's ElementSpan (the backend never writes to it).
   template <Element T>
   static ElementSpan in_view(std::span<const T> s) {
-    return ElementSpan::of(std::span<T>(const_cast<T*>(s.data()), s.size()));
+    return ElementSpan::of(s);
   }
   const detail::CommImpl& require(std::string_view op) const;
   // Runs a backend operation: blocking ones under the watchdog (then `finish`),

@@ -77,7 +77,9 @@ struct ElementSpan {
 
   std::size_t bytes() const { return count * dtype_size(dtype); }
 
-  template <Element T>
+  /// A view of `s`; for a span of const elements the backend must only read it.
+  template <typename T>
+    requires Element<std::remove_const_t<T>>
   static ElementSpan of(std::span<T> s) {
     return {const_cast<std::remove_const_t<T>*>(s.data()), s.size(), DTypeOf<std::remove_const_t<T>>::value};
   }
