@@ -11,7 +11,8 @@ const std::vector<Variable>& variables() {
   static const std::vector<Variable> kVariables = {
       {"NDMESH_TIMEOUT_S", "seconds", "300",
        "timeout of every blocking or awaited communication; on expiry the job aborts naming the group"},
-      {"NDMESH_THREADS", "integer", "1 under a launcher, else the core count",
+      {"NDMESH_THREADS", "integer",
+       "the core count for one process (ndmesh train); 1 per rank when several share a machine",
        "BLAS and compute threads per process"},
       {"NDMESH_LOG", "string", "info", "log level: error, warn, info, debug"},
       {"NDMESH_BACKEND", "string", "mpi", "communication backend: mpi (nccl when built with GPUs)"},
