@@ -107,18 +107,6 @@ DimSet ProcessGroups::canonical(DimSet dims) const {
   return DimSet(bits);
 }
 
-DimSet ProcessGroups::standard(std::string_view spec) const {
-  DimSet out;
-  std::size_t start = 0;
-  while (start <= spec.size()) {
-    std::size_t end = spec.find('-', start);
-    if (end == std::string_view::npos) end = spec.size();
-    if (auto i = mesh_.find(spec.substr(start, end - start))) out = out | DimSet::single(*i);
-    start = end + 1;
-  }
-  return out;
-}
-
 const comm::Communicator& ProcessGroups::group(DimSet dims) {
   auto it = by_kind_.find(dims.bits());
   if (it != by_kind_.end()) return it->second;

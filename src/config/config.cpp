@@ -5,27 +5,20 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/core/strings.hpp"
 
 namespace ndmesh {
 namespace {
 
-std::vector<std::string> split_names(std::string_view s, char sep) {
+std::vector<std::string> split_names(std::string_view s, std::string_view sep) {
   std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= s.size()) {
-    std::size_t end = s.find(sep, start);
-    if (end == std::string_view::npos) end = s.size();
-    std::string part(s.substr(start, end - start));
-    part.erase(0, part.find_first_not_of(" \t"));
-    part.erase(part.find_last_not_of(" \t") + 1);
-    out.push_back(part);
-    start = end + 1;
-  }
+  for (auto part : split_list(s, sep)) out.emplace_back(part);
   return out;
 }
 
@@ -130,11 +123,11 @@ std::vector<Dim> layout_dims(const LayoutSpec& spec) {
   std::string flag, text;
   if (!spec.megatron_order.empty()) {
     flag = "--megatron-order", text = spec.megatron_order;
-    order = split_names(spec.megatron_order, '-');
+    order = split_names(spec.megatron_order, "-");
     std::reverse(order.begin(), order.end());
   } else if (!spec.order.empty()) {
     flag = "--order", text = spec.order;
-    order = split_names(spec.order, ',');
+    order = split_names(spec.order, ",");
   } else {
     order = default_order();
     if (size_of("ep") != 1) order.insert(order.begin() + 2, "ep");

@@ -13,7 +13,7 @@ namespace {
 
 class Reader {
  public:
-  Reader(const std::string& path, ConfigFile& out) : path_(path), out_(out) {}
+  explicit Reader(const std::string& path) : path_(path) {}
 
   void section(const toml::table& root, std::string_view name, const std::vector<std::string_view>& keys) {
     current_ = nullptr;
@@ -38,7 +38,6 @@ class Reader {
     auto v = n->value<std::int64_t>();
     NDMESH_CHECK_CONFIG(v.has_value() && n->is_integer(), "config",
                         "{}: {}.{} must be an integer, e.g. {} = 2", path_, section_, key, key);
-    mark(key);
     return *v;
   }
 
@@ -46,14 +45,12 @@ class Reader {
     const toml::node* n = current_->get(key);
     NDMESH_CHECK_CONFIG(n->is_string(), "config", "{}: {}.{} must be a string, e.g. {} = \"...\"", path_,
                         section_, key, key);
-    mark(key);
     return std::string(*n->value<std::string_view>());
   }
 
   bool boolean(std::string_view key) {
     const toml::node* n = current_->get(key);
     NDMESH_CHECK_CONFIG(n->is_boolean(), "config", "{}: {}.{} must be true or false", path_, section_, key);
-    mark(key);
     return *n->value<bool>();
   }
 
@@ -68,7 +65,6 @@ class Reader {
                           key);
       out.emplace_back(*item.value<std::string_view>());
     }
-    mark(key);
     return out;
   }
 
@@ -78,10 +74,8 @@ class Reader {
     for (auto k : keys) s += (s.empty() ? "" : ", ") + std::string(k);
     return s;
   }
-  void mark(std::string_view key) { out_.keys_set.insert(std::string(section_) + "." + std::string(key)); }
 
   const std::string& path_;
-  ConfigFile& out_;
   const toml::table* current_ = nullptr;
   std::string_view section_;
 };
@@ -99,7 +93,7 @@ ConfigFile load_config_file(const std::string& path) {
     fail<ConfigError>("config", "{}:{}:{}: {}", path, where.line, where.column, e.description());
   }
   ConfigFile out;
-  Reader r(path, out);
+  Reader r(path);
   for (const auto& [key, value] : root) {
     (void)value;
     bool known = key == "parallel" || key == "model" || key == "training";

@@ -16,30 +16,12 @@
 #include <fmt/ranges.h>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/core/strings.hpp"
 
 namespace ndmesh {
 namespace {
 
 constexpr std::int64_t kMaxWorld = std::int64_t{1} << 62;
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
-// Splits on any of `seps`, trimming each part; keeps empty parts so callers can reject them.
-std::vector<std::string_view> split(std::string_view s, std::string_view seps) {
-  std::vector<std::string_view> parts;
-  std::size_t start = 0;
-  for (std::size_t i = 0; i <= s.size(); ++i) {
-    if (i == s.size() || seps.find(s[i]) != std::string_view::npos) {
-      parts.push_back(trim(s.substr(start, i - start)));
-      start = i + 1;
-    }
-  }
-  return parts;
-}
 
 std::string dim_names(const std::vector<Dim>& dims) {
   std::string out;
@@ -152,7 +134,7 @@ Mesh::Mesh(std::vector<Dim> dims) : dims_(std::move(dims)) {
 }
 
 Mesh Mesh::from_order(std::string_view fastest_first, const std::map<std::string, std::int64_t>& sizes) {
-  auto names = split(fastest_first, "-");
+  auto names = split_list(fastest_first, "-");
   std::vector<Dim> dims;
   for (auto it = names.rbegin(); it != names.rend(); ++it) {
     NDMESH_CHECK_CONFIG(
@@ -176,7 +158,7 @@ Mesh Mesh::from_order(std::string_view fastest_first, const std::map<std::string
 Mesh Mesh::parse(std::string_view text) {
   std::vector<Dim> dims;
   if (trim(text).empty()) return Mesh();
-  for (auto part : split(text, ",")) {
+  for (auto part : split_list(text, ",")) {
     auto eq = part.find('=');
     NDMESH_CHECK_CONFIG(eq != std::string_view::npos, "mesh",
                         "'{}' in '{}' is not name=size; write e.g. dp=2,pp=2,cp=1,tp=2", part, text);
@@ -232,7 +214,7 @@ int Mesh::index(std::string_view name) const {
 DimSet Mesh::dims_of(std::string_view spec) const {
   DimSet set;
   if (trim(spec).empty()) return set;
-  for (auto name : split(spec, "-,")) {
+  for (auto name : split_list(spec, "-,")) {
     NDMESH_CHECK_CONFIG(!name.empty(), "mesh",
                         "group '{}' has an empty name; join dim names with '-', e.g. dp-cp", spec);
     int i = index(name);
@@ -240,6 +222,13 @@ DimSet Mesh::dims_of(std::string_view spec) const {
                         name);
     set = set | DimSet::single(i);
   }
+  return set;
+}
+
+DimSet Mesh::dims_present(std::string_view spec) const {
+  DimSet set;
+  for (auto name : split_list(spec, "-,"))
+    if (auto i = find(name)) set = set | DimSet::single(*i);
   return set;
 }
 

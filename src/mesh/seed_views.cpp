@@ -7,20 +7,6 @@
 namespace ndmesh {
 namespace {
 
-// The subset of `names` ("cp-dp") that the mesh has; absent dims are size 1 and so add
-// nothing to a group.
-DimSet present_dims(const Mesh& mesh, std::string_view names) {
-  DimSet set;
-  std::size_t start = 0;
-  while (start <= names.size()) {
-    std::size_t end = names.find('-', start);
-    if (end == std::string_view::npos) end = names.size();
-    if (auto i = mesh.find(names.substr(start, end - start))) set = set | DimSet::single(*i);
-    start = end + 1;
-  }
-  return set;
-}
-
 void check_rank(const Mesh& mesh, std::int64_t rank) {
   NDMESH_CHECK_CONFIG(rank >= 0 && rank < mesh.world_size(), "mesh",
                       "global rank {} is outside the world of {} ranks of {}", rank, mesh.world_size(),
@@ -51,7 +37,7 @@ GroupManagerView::GroupManagerView(const Mesh& mesh, std::int64_t global_rank)
 }
 
 GroupView GroupManagerView::group_ids(std::string_view dims) const {
-  return mesh_.group(rank_, present_dims(mesh_, dims));
+  return mesh_.group(rank_, mesh_.dims_present(dims));
 }
 
 std::optional<std::int64_t> GroupManagerView::step(std::string_view dim, std::int64_t offset,

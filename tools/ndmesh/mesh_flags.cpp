@@ -1,6 +1,7 @@
 #include "mesh_flags.hpp"
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/core/strings.hpp"
 
 namespace ndmesh::cli {
 
@@ -88,16 +89,11 @@ MeshSetup MeshFlags::resolve(std::int64_t launched_world) const {
   if (groups_.empty()) {
     for (int i = 0; i < out.mesh.ndims(); ++i) out.kinds.push_back(DimSet::single(i));
   } else {
-    std::size_t start = 0;
-    while (start <= groups_.size()) {
-      std::size_t end = groups_.find(',', start);
-      if (end == std::string::npos) end = groups_.size();
-      std::string kind = groups_.substr(start, end - start);
+    for (auto kind : split_list(groups_, ",")) {
       NDMESH_CHECK_CONFIG(!kind.empty(), "config", "--groups '{}' has an empty entry; e.g. --groups tp,dp-cp",
                           groups_);
       DimSet set = out.mesh.dims_of(kind);
       if (std::find(out.kinds.begin(), out.kinds.end(), set) == out.kinds.end()) out.kinds.push_back(set);
-      start = end + 1;
     }
   }
 

@@ -55,14 +55,14 @@ class ProcessGroups {
   void create(std::span<const DimSet> kinds);
 
   /// Seed 001's groups over the standard dims; dims the mesh lacks count as size 1.
-  const comm::Communicator& tp() { return group(standard("tp")); }
-  const comm::Communicator& cp() { return group(standard("cp")); }
-  const comm::Communicator& pp() { return group(standard("pp")); }
-  const comm::Communicator& dp() { return group(standard("dp")); }
-  const comm::Communicator& cp_dp() { return group(standard("cp-dp")); }
-  const comm::Communicator& pp_dp() { return group(standard("pp-dp")); }
+  const comm::Communicator& tp() { return group(mesh_.dims_present("tp")); }
+  const comm::Communicator& cp() { return group(mesh_.dims_present("cp")); }
+  const comm::Communicator& pp() { return group(mesh_.dims_present("pp")); }
+  const comm::Communicator& dp() { return group(mesh_.dims_present("dp")); }
+  const comm::Communicator& cp_dp() { return group(mesh_.dims_present("cp-dp")); }
+  const comm::Communicator& pp_dp() { return group(mesh_.dims_present("pp-dp")); }
   /// Seed 004's "model" group: pipeline and tensor dims together.
-  const comm::Communicator& model() { return group(standard("pp-tp")); }
+  const comm::Communicator& model() { return group(mesh_.dims_present("pp-tp")); }
 
   /// Seed 001's layout answers (group ids, first/last ranks, cp_send_rank, pp_next_rank,
   /// is_first_stage, its string), from the mesh.
@@ -78,9 +78,6 @@ class ProcessGroups {
   /// Kinds with the same members share a communicator: the kind with its dims of size 1
   /// removed, which is the cache key.
   DimSet canonical(DimSet dims) const;
-  /// The set of the standard dims named in `spec` that the mesh has ("cp-dp" on a mesh
-  /// without cp is {dp}).
-  DimSet standard(std::string_view spec) const;
 
  private:
   // Timed all_gather of one record per rank; ConfigError naming the ranks whose first

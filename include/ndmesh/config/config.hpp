@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -117,7 +116,6 @@ struct ConfigFile {
   LayoutSpec layout;
   ParallelConfig parallel;  ///< non-layout fields (dims come from `layout`)
   std::optional<ModelSpec> model;
-  std::set<std::string> keys_set;  ///< "parallel.tp", ... so flags can override
 };
 
 /// Reads a TOML config file. IoError when unreadable; ConfigError naming the key, the

@@ -215,6 +215,10 @@ class Mesh {
   /// The set of the named dims. `spec` joins names with '-' or ',' in any order
   /// ("dp-cp", "cp,dp"). Unknown or repeated names: ConfigError.
   DimSet dims_of(std::string_view spec) const;
+  /// Like dims_of, but names the mesh lacks are skipped rather than rejected: an absent
+  /// dim is a dim of size 1 and adds no one to a group. For the fixed vocabularies of
+  /// the seed views ("cp-dp" on a mesh without cp).
+  DimSet dims_present(std::string_view spec) const;
   /// The set of every dim.
   DimSet all() const { return DimSet((1u << ndims_) - 1u); }
   /// Every dim except those in `s`.

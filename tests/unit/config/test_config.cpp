@@ -251,8 +251,7 @@ global_batch = 64
   EXPECT_EQ(f.model->layers, 24);
   EXPECT_EQ(f.parallel.micro_batch, 2);
   EXPECT_EQ(f.parallel.global_batch, 64);
-  EXPECT_TRUE(f.keys_set.count("parallel.tp"));
-  EXPECT_FALSE(f.keys_set.count("parallel.cp"));
+  EXPECT_FALSE(f.layout.sizes.count("cp"));  // not in the file: left to flags and defaults
 }
 
 TEST_F(ConfigFileTest, UnknownKeyNamesKeyAndFile) {

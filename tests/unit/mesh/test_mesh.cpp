@@ -82,6 +82,14 @@ TEST(MeshExact, ColorKeyAndNeighbours) {
   EXPECT_FALSE(m.group(13, pp).contains(24));
 }
 
+TEST(MeshExact, DimsPresentSkipsAbsentNames) {
+  Mesh m{{"dp", 2}, {"tp", 3}};
+  EXPECT_EQ(m.dims_present("cp-dp"), m.dims_of("dp"));
+  EXPECT_EQ(m.dims_present("tp,dp,ep"), m.all());
+  EXPECT_TRUE(m.dims_present("cp").empty());
+  EXPECT_THROW(m.dims_of("cp-dp"), ConfigError);  // the strict spelling still rejects them
+}
+
 TEST(MeshExact, EmptySubsetIsTheRankAlone) {
   Mesh m{{"dp", 2}, {"tp", 3}};
   EXPECT_EQ(m.group(4, DimSet{}).to_vector(), (std::vector<std::int64_t>{4}));
