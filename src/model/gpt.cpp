@@ -87,12 +87,15 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options)
                    nn::EmbeddingOptions{
                        .vocab = spec.vocab, .channels = spec.hidden, .max_seq = spec.seq, .name = "embed"});
   blocks_.reserve(static_cast<std::size_t>(last_block_ - first_block_));
-  for (std::int64_t l = first_block_; l < last_block_; ++l)
+  for (std::int64_t l = first_block_; l < last_block_; ++l) {
+    block_offset_.push_back(store_.size());
     blocks_.emplace_back(store_, nn::BlockOptions{.channels = spec.hidden,
                                                   .heads = spec.heads,
                                                   .kv_heads = spec.kv_heads_or_heads(),
                                                   .ffn = spec.ffn_or_default(),
                                                   .name = fmt::format("block.{}", l)});
+  }
+  head_offset_ = store_.size();
   if (last_block_ == spec.layers) {
     lnf_.emplace(store_, nn::LayerNormOptions{.channels = spec.hidden, .name = "ln_f"});
     int tied = -1;
@@ -105,8 +108,9 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options)
                   nn::LmHeadOptions{
                       .vocab = spec.vocab, .channels = spec.hidden, .tied_weight = tied, .name = "lm_head"});
   }
-  store_.allocate();
+  store_.allocate(options.pad_to);
   init(options.seed, options.init_std);
+  loss_weight_ = 1.0 / static_cast<double>(batch_ * seq_);
 
   acts_ = make_activations();
   const std::int64_t n = batch_ * seq_, c = spec.hidden;
@@ -204,11 +208,12 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     NDMESH_CHECK(a.have_targets, "model", "backward() after a forward without targets");
     dlogits_.zero();
     nn::CrossEntropy<T>::backward(a.probs.data(), a.targets.data(), dlogits_.data(), n, spec_.vocab,
-                                  T(1) / static_cast<T>(n));
+                                  static_cast<T>(loss_weight_));
     dlnf_.zero();
     head_->backward(dlogits_.data(), a.lnf.data(), dlnf_.data(), n);
     dres_a_.zero();
     lnf_->backward(dlnf_.data(), output(a), a.lnf_mean.data(), a.lnf_rstd.data(), dres_a_.data(), n);
+    if (grads_final_) grads_final_(head_offset_);
   } else {
     NDMESH_CHECK(doutput != nullptr, "model", "stage up to block {} needs the gradient of its output",
                  last_block_);
@@ -221,11 +226,15 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     dinp->zero();
     blocks_[l].backward(dout->data(), inp, a.blocks[l], scratch_, dinp->data(), batch_, seq_);
     std::swap(dout, dinp);
+    // With a tied head on this stage the token table (offset 0) is final only after the
+    // embedding: block offsets are above it, so the watermark stays correct.
+    if (grads_final_) grads_final_(block_offset_[l]);
   }
   if (embed_)
     embed_->backward(dout->data(), a.tokens.data(), batch_, seq_);
   else
     std::copy(dout->data(), dout->data() + n * c, a.input_grad.data());
+  if (grads_final_) grads_final_(0);
 }
 
 template <typename T>
