@@ -209,7 +209,9 @@ int train(const Options& o, comm::Communicator& world) {
         "the checkpoint '{}' is already at step {} >= the last step {}; pass a larger --steps or --until",
         o.load, first, stop);
 
-  const bool tty = ::isatty(::fileno(stdout)) != 0;
+  // Under a launcher stdout is often a pseudo-terminal of the launcher (Open MPI) whatever
+  // mpirun's own stdout is: print plain lines there.
+  const bool tty = ::isatty(::fileno(stdout)) != 0 && LaunchEnv::detect().launcher == Launcher::kNone;
   const auto params = trainer.model().params().parameter_count();
   const std::string layout_text = layout.mesh.to_string();
   if (lead) {
