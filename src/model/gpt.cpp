@@ -224,7 +224,8 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
   for (std::size_t l = blocks_.size(); l-- > 0;) {
     const T* inp = l == 0 ? a.input.data() : a.blocks[l - 1].out.data();
     dinp->zero();
-    blocks_[l].backward(dout->data(), inp, a.blocks[l], scratch_, dinp->data(), batch_, seq_);
+    blocks_[l].backward(dout->data(), inp, a.blocks[l], scratch_, dinp->data(), batch_, seq_,
+                        progress_ ? &progress_ : nullptr);
     std::swap(dout, dinp);
     // With a tied head on this stage the token table (offset 0) is final only after the
     // embedding: block offsets are above it, so the watermark stays correct.

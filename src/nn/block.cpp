@@ -77,18 +77,24 @@ void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch,
 
 template <typename T>
 void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& a, BlockScratch<T>& s,
-                        T* dinp, std::int64_t batch, std::int64_t seq) const {
+                        T* dinp, std::int64_t batch, std::int64_t seq, const std::function<void()>* progress) const {
   const std::int64_t n = batch * seq, c = options_.channels;
+  auto poll = [progress] {
+    if (progress) (*progress)();
+  };
   // Second residual: d res1 = dout (identity path) + the MLP branch through ln2.
   std::copy(dout, dout + n * c, s.dres1.data());
   s.dln.zero();
   mlp_.backward(dout, a.ln2.data(), a.mlp, s.dln.data(), s.dmlp.data(), n);
+  poll();
   ln2_.backward(s.dln.data(), a.res1.data(), a.ln2_mean.data(), a.ln2_rstd.data(), s.dres1.data(), n);
   // First residual: d inp = d res1 (identity path) + the attention branch through ln1.
   s.datty.zero();
   proj_.backward(s.dres1.data(), a.atty.data(), s.datty.data(), n);
+  poll();
   s.dqkv.zero();
   attn_.backward(s.datty.data(), a.qkv.data(), a.att.data(), s.dqkv.data(), batch, seq);
+  poll();
   s.dln.zero();
   qkv_.backward(s.dqkv.data(), a.ln1.data(), s.dln.data(), n);
   ln1_.backward(s.dln.data(), inp, a.ln1_mean.data(), a.ln1_rstd.data(), dinp, n);

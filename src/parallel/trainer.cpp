@@ -63,6 +63,7 @@ Trainer::Trainer(TrainOptions options, std::unique_ptr<model::DataSource> data, 
   model_->set_loss_weight(1.0 / static_cast<double>(o.batch * o.model.seq));
   reducer_ = std::make_unique<GradReducer>(dp_, model_->params().size(), o.dp);
   model_->set_grads_final_hook([r = reducer_.get()](std::int64_t from) { r->grads_final(from); });
+  model_->set_progress_hook([r = reducer_.get()] { r->progress(); });
   adam_ = std::make_unique<nn::AdamW<float>>(model_->params(), o.adamw, reducer_->shard());
   tokens_.resize(static_cast<std::size_t>(micro * o.model.seq));
   targets_.resize(tokens_.size());

@@ -286,8 +286,8 @@ int train(const Options& o, comm::Communicator& world) {
                100.0 * (final_loss - *entropy) / *entropy);
   fmt::print("{} steps in {:.1f} s, {:.0f} tokens/s", stop - first, seconds, tokens_per_second);
   if (world.size() > 1)
-    fmt::print(", gradient reduction {:.3f} s in flight, {:.3f} s exposed ({:.0f}% hidden)", slowest[0], slowest[1],
-               slowest[0] > 0 ? 100.0 * (1.0 - slowest[1] / slowest[0]) : 100.0);
+    fmt::print(", gradient reduction {:.3f} s from first bucket to last, {:.3f} s of it exposed", slowest[0],
+               slowest[1]);
   fmt::print("\n");
   if (!o.save.empty()) fmt::print("saved checkpoint {} (step {})\n", o.save, trainer.steps_done());
   if (o.json) {

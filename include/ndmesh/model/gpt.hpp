@@ -109,6 +109,9 @@ class GptT {
   /// the hook is also the place to drive outstanding communication between layers.
   using GradsFinalHook = std::function<void(std::int64_t from)>;
   void set_grads_final_hook(GradsFinalHook hook) { grads_final_ = std::move(hook); }
+  /// Called between the sub-layers of each block's backward (no gradient is final
+  /// there): where communication in flight is driven at a finer grain than per block.
+  void set_progress_hook(std::function<void()> hook) { progress_ = std::move(hook); }
 
   /// Activations sized for this model's batch and seq.
   GptActivations<T> make_activations() const;
@@ -145,6 +148,7 @@ class GptT {
 
   double loss_weight_;
   GradsFinalHook grads_final_;
+  std::function<void()> progress_;
   std::vector<std::int64_t> block_offset_;  ///< flat offset of each block's first parameter
   std::int64_t head_offset_ = 0;            ///< flat offset of the final norm's first parameter
 

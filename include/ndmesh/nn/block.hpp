@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "ndmesh/nn/attention.hpp"
@@ -61,8 +62,10 @@ class Block {
   /// acts.out = block(inp[batch, seq, C]).
   void forward(const T* inp, BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq) const;
   /// Accumulates dinp and the parameter gradients given dout = d loss / d acts.out.
+  /// `progress`, when given, is called between the sub-layers (the caller drives
+  /// communication in flight there, e.g. gradient buckets of later blocks).
   void backward(const T* dout, const T* inp, const BlockActivations<T>& acts, BlockScratch<T>& scratch,
-                T* dinp, std::int64_t batch, std::int64_t seq) const;
+                T* dinp, std::int64_t batch, std::int64_t seq, const std::function<void()>* progress = nullptr) const;
 
   /// The options it was built with.
   const BlockOptions& options() const { return options_; }

@@ -51,7 +51,7 @@ struct StepStats {
   double grad_norm = 0;   ///< global, before clipping
   double lr = 0;
   double seconds = 0;               ///< wall time of the step on this rank
-  double comm_seconds = 0;          ///< gradient reductions in flight (see GradReducer)
+  double comm_seconds = 0;          ///< first bucket start to last bucket done (see GradReducer)
   double exposed_comm_seconds = 0;  ///< the part the step waited for
 };
 

@@ -73,6 +73,11 @@ void GradReducer::grads_final(std::int64_t from) {
   for (std::size_t i = 0; i < next_; ++i) poll(buckets_[i]);
 }
 
+void GradReducer::progress() {
+  if (!reduce_now_ || !options_.overlap) return;
+  for (std::size_t i = 0; i < next_; ++i) poll(buckets_[i]);
+}
+
 void GradReducer::finish_backward() {
   if (!reduce_now_) return;
   const double t0 = now_s();
@@ -85,7 +90,8 @@ void GradReducer::finish_backward() {
   }
   const double t1 = now_s();
   exposed_seconds_ += t1 - t0;
-  for (const Bucket& b : buckets_) comm_seconds_ += t1 - b.start_time;
+  // From the first bucket's start to the last one's completion (buckets start in order).
+  comm_seconds_ += t1 - buckets_.front().start_time;
   if (zero_ == 2) {
     // Add this rank's block of every bucket to the shard, and clear the work space.
     std::int64_t at = 0;
