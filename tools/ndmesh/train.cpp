@@ -131,7 +131,9 @@ std::string clock(double seconds) {
 }
 
 // What rank 0 prints and returns; every rank runs it.
-int train(const Options& o, comm::Communicator& world) {
+int train(Options o, comm::Communicator& world) {
+  // Under a launcher with no layout flag every rank is data-parallel.
+  o.layout.set_default_sizes({{"dp", -1}});
   MeshSetup layout = o.layout.resolve(world.size());
   ProcessGroups groups(layout.mesh, world);
   const bool lead = world.rank() == 0;
