@@ -62,9 +62,33 @@ struct Step {
   std::vector<Reduce> reduces;
 };
 
+// Scratch space without zero-filling (a fresh zeroed 2n-byte vector per call was most of
+// the cost of large all-reduces).
+struct Scratch {
+  std::unique_ptr<std::byte[]> bytes;
+  std::size_t capacity = 0, used = 0;
+  std::size_t size() const { return used; }
+  std::byte* data() { return bytes.get(); }
+  void resize(std::size_t n) {
+    if (n > capacity) {
+      bytes.reset(new std::byte[n]);
+      capacity = n;
+    }
+    used = n;
+  }
+};
+
+struct ScratchPool {
+  std::vector<Scratch> free;
+};
+
 struct AllReduceProgram {
   ElementSpan data;
-  std::vector<std::byte> scratch;
+  Scratch scratch;
+  std::shared_ptr<ScratchPool> pool;  // where the scratch goes back when the program ends
+  ~AllReduceProgram() {
+    if (pool && scratch.capacity > 0 && pool->free.size() < 16) pool->free.push_back(std::move(scratch));
+  }
   std::vector<Step> steps;
   std::vector<Work> works;
   std::size_t next = 0;
@@ -174,30 +198,61 @@ void add_ring(AllReduceProgram& prog, const Communicator& g, std::size_t n) {
   }
 }
 
-// Binary tree over group ranks rooted at 0: children 2r+1, 2r+2.
+// Binary tree over group ranks rooted at 0: children 2r+1, 2r+2. The message is cut
+// into segments that flow through the tree as a pipeline: in step k a rank receives its
+// children's segment k while it sends its parent segment k-1 (already reduced), so for
+// large messages every link is busy at once and the time tends to n / bandwidth instead
+// of log2(p) n / bandwidth.
+constexpr std::size_t kTreeSegmentBytes = 256 * 1024;
+
+std::size_t tree_segment(const AllReduceProgram& prog, std::size_t n) {
+  return std::max<std::size_t>(1, std::min(n, kTreeSegmentBytes / dtype_size(prog.data.dtype)));
+}
+
 void add_tree_reduce(AllReduceProgram& prog, const Communicator& g, std::size_t n) {
   const int p = g.size(), r = g.rank();
-  if (p <= 1) return;
-  Step gather;
-  for (int c : {2 * r + 1, 2 * r + 2}) {
-    if (c >= p) continue;
-    const std::size_t at = gather.posts.size() * n;
-    gather.posts.push_back({&g, c, false, true, at, n});
-    gather.reduces.push_back({0, at, n});
+  if (p <= 1 || n == 0) return;
+  const std::size_t seg = tree_segment(prog, n), nseg = (n + seg - 1) / seg;
+  std::vector<int> children;
+  for (int c : {2 * r + 1, 2 * r + 2})
+    if (c < p) children.push_back(c);
+  prog.scratch.resize(std::max(prog.scratch.size(), children.size() * seg * dtype_size(prog.data.dtype)));
+  auto piece = [&](std::size_t k) { return std::pair{k * seg, std::min(seg, n - k * seg)}; };
+  for (std::size_t k = 0; k <= nseg; ++k) {
+    Step step;
+    if (k < nseg) {
+      auto [off, cnt] = piece(k);
+      for (std::size_t i = 0; i < children.size(); ++i) {
+        step.posts.push_back({&g, children[i], false, true, i * seg, cnt});
+        step.reduces.push_back({off, i * seg, cnt});
+      }
+    }
+    if (k > 0 && r != 0) {
+      auto [off, cnt] = piece(k - 1);
+      step.posts.push_back({&g, (r - 1) / 2, true, false, off, cnt});
+    }
+    if (!step.posts.empty()) prog.steps.push_back(std::move(step));
   }
-  prog.scratch.resize(std::max(prog.scratch.size(), 2 * n * dtype_size(prog.data.dtype)));
-  if (!gather.posts.empty()) prog.steps.push_back(std::move(gather));
-  if (r != 0) prog.steps.push_back({{{&g, (r - 1) / 2, true, false, 0, n}}, {}});
 }
 
 void add_tree_broadcast(AllReduceProgram& prog, const Communicator& g, std::size_t n) {
   const int p = g.size(), r = g.rank();
-  if (p <= 1) return;
-  if (r != 0) prog.steps.push_back({{{&g, (r - 1) / 2, false, false, 0, n}}, {}});
-  Step down;
-  for (int c : {2 * r + 1, 2 * r + 2})
-    if (c < p) down.posts.push_back({&g, c, true, false, 0, n});
-  if (!down.posts.empty()) prog.steps.push_back(std::move(down));
+  if (p <= 1 || n == 0) return;
+  const std::size_t seg = tree_segment(prog, n), nseg = (n + seg - 1) / seg;
+  auto piece = [&](std::size_t k) { return std::pair{k * seg, std::min(seg, n - k * seg)}; };
+  for (std::size_t k = 0; k <= nseg; ++k) {
+    Step step;
+    if (k < nseg && r != 0) {
+      auto [off, cnt] = piece(k);
+      step.posts.push_back({&g, (r - 1) / 2, false, false, off, cnt});
+    }
+    if (k > 0) {
+      auto [off, cnt] = piece(k - 1);
+      for (int c : {2 * r + 1, 2 * r + 2})
+        if (c < p) step.posts.push_back({&g, c, true, false, off, cnt});
+    }
+    if (!step.posts.empty()) prog.steps.push_back(std::move(step));
+  }
 }
 
 }  // namespace
@@ -230,7 +285,7 @@ bool PendingAllReduce::done() const {
 }
 
 AllReducer::AllReducer(Communicator group, AllReducerOptions options)
-    : group_(std::move(group)), options_(options) {
+    : group_(std::move(group)), options_(options), pool_(std::make_shared<detail::ScratchPool>()) {
   NDMESH_CHECK(group_.valid(), "comm", "an AllReducer needs a group; got the empty handle");
   NDMESH_CHECK(options_.ranks_per_node >= 0, "comm", "ranks_per_node={} must be >= 0", options_.ranks_per_node);
   if (options_.algorithm != AllReduceAlgorithm::kHierarchical && options_.algorithm != AllReduceAlgorithm::kAdaptive)
@@ -285,6 +340,12 @@ PendingAllReduce AllReducer::start_impl(ElementSpan data) {
   static thread_local std::uint64_t sequence = 0;  // the same on every member: starts are collective
   auto prog = std::make_unique<detail::AllReduceProgram>();
   prog->data = data;
+  prog->pool = pool_;
+  if (!pool_->free.empty()) {
+    prog->scratch = std::move(pool_->free.back());
+    pool_->free.pop_back();
+    prog->scratch.used = 0;
+  }
   prog->tag = options_.tag + static_cast<int>(sequence++ % 4096);
   const std::size_t n = data.count;
   switch (algorithm) {

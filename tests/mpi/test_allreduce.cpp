@@ -17,7 +17,8 @@
 namespace ndmesh::comm {
 namespace {
 
-const std::vector<std::size_t> kSizes = {0, 1, 2, 3, 7, 13, 97, 1000, 4099};
+// 150001 spans several tree segments (64 Ki elements of float each).
+const std::vector<std::size_t> kSizes = {0, 1, 2, 3, 7, 13, 97, 1000, 4099, 150001};
 
 // Element i of rank r: a small integer, so every sum is exact in any type.
 std::int64_t value(std::int64_t rank, std::size_t i) { return (rank * 7 + static_cast<std::int64_t>(i) * 3) % 11 - 5; }

@@ -39,6 +39,7 @@ AllReduceAlgorithm parse_algorithm(std::string_view name, std::string_view flag 
 
 namespace detail {
 struct AllReduceProgram;
+struct ScratchPool;
 }
 
 /// One all-reduce in flight. `data` belongs to the operation until done() is true or
@@ -75,7 +76,8 @@ struct AllReducerOptions {
 };
 
 /// All-reduces (sums) over one group with a chosen algorithm. Construction is collective
-/// over the group when the algorithm needs node sub-groups (hierarchical, adaptive).
+/// over the group when the algorithm needs node sub-groups (hierarchical, adaptive). The
+/// reducer must outlive the PendingAllReduce it starts (they use its sub-groups).
 class AllReducer {
  public:
   AllReducer() = default;
@@ -106,6 +108,7 @@ class AllReducer {
   Communicator intra_;    // the members on this rank's node
   Communicator leaders_;  // the first member of each node (empty handle elsewhere)
   std::int64_t nodes_ = 1;
+  std::shared_ptr<detail::ScratchPool> pool_;  // scratch buffers reused across calls
 };
 
 }  // namespace ndmesh::comm
