@@ -67,6 +67,21 @@ jq -e '.memory_bytes.optimizer == 2 * .memory_bytes.params / 2 and .memory_bytes
 jq -e '.memory_bytes.optimizer == 2 * .memory_bytes.params / 4 and .memory_bytes.grads == .memory_bytes.params / 4' \
   "$tmp/dp4_zero2.json" > /dev/null || fail "ZeRO-2 memory: $(jq -c .memory_bytes "$tmp/dp4_zero2.json")"
 
+# Parameters, gradients and optimizer state per rank match the planner's formula for the
+# same model and layout (fp32 AdamW: 4 + 4 + 8 bytes per parameter, ZeRO shards over dp),
+# within the flat buffer's alignment padding (under 2% for this small model).
+plan_model=(--layers 2 --hidden 32 --heads 4 --kv-heads 2 --vocab 16 --seq 16 --precision fp32 --no-dropout
+  --global-batch 12 --json)
+for run_zero in "dp4 4 0" "dp2_zero1 2 1" "dp4_zero2 4 2"; do
+  set -- $run_zero
+  "$ndmesh" plan memory "${plan_model[@]}" --dp "$2" --zero "$3" --micro-batch 1 > "$tmp/plan.json"
+  for field in params grads optimizer; do
+    jq -n -e --slurpfile t "$tmp/$1.json" --slurpfile p "$tmp/plan.json" --arg f "$field" \
+      '($t[0].memory_bytes[$f] / $p[0].memory_bytes[$f]) as $r | $r >= 1 and $r < 1.02' > /dev/null ||
+      fail "$1 $field: train says $(jq ".memory_bytes.$field" "$tmp/$1.json"), plan memory says $(jq ".memory_bytes.$field" "$tmp/plan.json")"
+  done
+done
+
 # The same layout twice: bit-identical losses.
 run 2 dp2_again --dp 2
 [ "$(jq -c .losses "$tmp/dp2.json")" = "$(jq -c .losses "$tmp/dp2_again.json")" ] || fail "dp 2 rerun is not bit-identical"
