@@ -18,6 +18,7 @@
 #include "ndmesh/nn/attention.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -81,6 +82,56 @@ AttentionTiles count_tiles(const std::vector<TileSpan>& qs, const std::vector<Ti
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
+// exp for the score tiles. double keeps the libm exp (the tests compare to 1e-10). float
+// uses a Cephes-style polynomial (about 1 ulp, exp(x) = 0 below the smallest normal, so
+// exp(-inf) = 0) written without calls or branches, so that the loops over a tile row
+// vectorise; libm's expf is a call per element.
+inline double tile_exp(double x) { return std::exp(x); }
+
+inline float tile_exp(float x) {
+  constexpr float kMax = 88.3762626647949f, kMin = -87.3365447504019f;
+  float xc = x > kMax ? kMax : x;
+  xc = xc < kMin ? kMin : xc;
+  // n = round(x / ln 2) by the 1.5 * 2^23 trick, r = x - n ln 2 in two parts.
+  const float t = xc * 1.44269504088896341f + 12582912.0f;
+  const float n = t - 12582912.0f;
+  const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const float scale = std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
+  return x < kMin ? 0.0f : p * scale;
+}
+
+// The largest of init and x[0..n), with 8 independent lanes so that it vectorises.
+template <typename T>
+T row_max(const T* x, std::int64_t n, T init) {
+  T lane[8] = {init, init, init, init, init, init, init, init};
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) lane[k] = x[j + k] > lane[k] ? x[j + k] : lane[k];
+  for (; j < n; ++j) lane[0] = x[j] > lane[0] ? x[j] : lane[0];
+  T mx = lane[0];
+  for (int k = 1; k < 8; ++k) mx = lane[k] > mx ? lane[k] : mx;
+  return mx;
+}
+
+// x[j] = exp(x[j] - shift) for j < n; returns the sum (8 lanes, a fixed order).
+template <typename T>
+T exp_shifted_sum(T* x, std::int64_t n, T shift) {
+  for (std::int64_t j = 0; j < n; ++j) x[j] = tile_exp(x[j] - shift);
+  T lane[8] = {};
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) lane[k] += x[j + k];
+  for (; j < n; ++j) lane[0] += x[j];
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
 }  // namespace
 
 AttentionTiles attention_tiles(const std::int64_t* q_pos, std::int64_t nq, const std::int64_t* k_pos,
@@ -126,17 +177,12 @@ AttentionTiles attention_partial_forward(const AttentionOptions& o, AttentionRow
         }
         for (std::int64_t i = 0; i < ni; ++i) {
           T* si = s.data() + i * nj;
-          T mx = m[i];
-          for (std::int64_t j = 0; j < nj; ++j) mx = si[j] > mx ? si[j] : mx;
+          const T mx = row_max(si, nj, m[i]);
           if (mx == neg_inf) {  // nothing visible to this row yet
             std::fill(si, si + nj, T(0));
             continue;
           }
-          T sum = 0;
-          for (std::int64_t j = 0; j < nj; ++j) {
-            si[j] = std::exp(si[j] - mx);
-            sum += si[j];
-          }
+          const T sum = exp_shifted_sum(si, nj, mx);
           if (mx != m[i]) {
             const T alpha = std::exp(m[i] - mx);  // 0 when m was -inf
             l[i] *= alpha;
@@ -243,7 +289,7 @@ AttentionTiles attention_partial_backward(const AttentionOptions& o, AttentionRo
             std::fill(pi, pi + nj, T(0));
             continue;
           }
-          for (std::int64_t j = 0; j < nj; ++j) pi[j] = std::exp(pi[j] - li);
+          for (std::int64_t j = 0; j < nj; ++j) pi[j] = tile_exp(pi[j] - li);
           if (vis == Visibility::kMasked) {
             const std::int64_t qp = q.pos[qt.begin + i];
             const std::int64_t* kp = kv.pos + kt.begin;
