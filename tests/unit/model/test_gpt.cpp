@@ -228,5 +228,16 @@ TEST(Gpt, FlopsCountMatchesHandCount) {
   EXPECT_DOUBLE_EQ(gpt.flops_per_step(), 3.0 * (384 + 192 + 768 + 240) + 1008);
 }
 
+TEST(Gpt, FlopsCountOnlyTheAttentionTilesComputed) {
+  // seq 130 = tiles of 64, 64, 2 rows: the causal mask skips 3 of the 9 tile pairs, leaving
+  // 3 * 64*64 + 2 * 2*64 + 2*2 = 12548 score elements per (batch, head) instead of 130^2.
+  const ModelSpec spec{.layers = 1, .hidden = 4, .heads = 2, .kv_heads = 1, .ffn = 8, .seq = 130, .vocab = 5};
+  Gpt gpt(spec, {.batch = 1});
+  // Per token: qkv 2*4*(2+2)*2 = 64, proj 2*2*2*4 = 32, mlp 2*2*4*8 = 128, head 2*4*5 = 40.
+  const double linear = 3.0 * 130 * (64 + 32 + 128 + 40);
+  const double attention = 7.0 * 2 * 2 * 12548 * 1 * 2;  // 7 products, 2 hd, batch 1, 2 heads
+  EXPECT_DOUBLE_EQ(gpt.flops_per_step(), linear + attention);
+}
+
 }  // namespace
 }  // namespace ndmesh::model
