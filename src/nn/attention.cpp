@@ -40,6 +40,20 @@ void check_options(const AttentionOptions& o) {
   NDMESH_CHECK(o.heads % o.kv_heads == 0, "nn", "kv_heads={} does not divide heads={}", o.kv_heads, o.heads);
 }
 
+// Row strides must at least span the heads they address; positions must be given.
+template <typename T>
+void check_rows(const AttentionOptions& o, const AttentionRows<const T>& q, const AttentionRows<const T>& kv,
+                std::int64_t ld_q_side) {
+  const std::int64_t qw = o.heads * o.head_dim, kvw = 2 * o.kv_heads * o.head_dim;
+  NDMESH_CHECK(q.rows >= 0 && kv.rows >= 0, "nn", "attention has {} query rows and {} key rows", q.rows,
+               kv.rows);
+  NDMESH_CHECK(q.ld >= qw && ld_q_side >= qw, "nn",
+               "attention query-side row strides {} and {} are below H*hd = {}", q.ld, ld_q_side, qw);
+  NDMESH_CHECK(kv.ld >= kvw, "nn", "attention key/value row stride {} is below 2*KV*hd = {}", kv.ld, kvw);
+  NDMESH_CHECK((q.rows == 0 || q.pos != nullptr) && (kv.rows == 0 || kv.pos != nullptr), "nn",
+               "attention rows need their positions (pos is null)");
+}
+
 /// Smallest and largest position of each tile of rows.
 struct TileSpan {
   std::int64_t begin, rows, min_pos, max_pos;
@@ -158,6 +172,7 @@ template <typename T>
 AttentionTiles attention_partial_forward(const AttentionOptions& o, AttentionRows<const T> q,
                                          AttentionRows<const T> kv, AttentionOutputs<T> res) {
   check_options(o);
+  check_rows(o, q, kv, res.ld);
   const std::int64_t H = o.heads, KV = o.kv_heads, hd = o.head_dim, group = H / KV;
   const std::int64_t nq = q.rows;
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
@@ -272,6 +287,10 @@ template <typename T>
 AttentionTiles attention_partial_backward(const AttentionOptions& o, AttentionRows<const T> q,
                                           AttentionRows<const T> kv, const AttentionGrads<T>& g) {
   check_options(o);
+  check_rows(o, q, kv, std::min(g.ld_dout, g.ld_dq));
+  NDMESH_CHECK(g.ld_dkv >= 2 * o.kv_heads * o.head_dim, "nn",
+               "attention key/value gradient row stride {} is below 2*KV*hd = {}", g.ld_dkv,
+               2 * o.kv_heads * o.head_dim);
   const std::int64_t H = o.heads, KV = o.kv_heads, hd = o.head_dim, group = H / KV;
   const std::int64_t nq = q.rows;
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));

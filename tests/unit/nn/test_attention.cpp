@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "ndmesh/core/error.hpp"
 #include "ndmesh/nn/attention.hpp"
 #include "unit/nn/fd_check.hpp"
 
@@ -209,6 +210,21 @@ TEST(Attention, QueriesBeforeEveryKeyGetZeroOutAndMinusInfinityLse) {
   attention_merge<double>(o, nq, out.data(), 6, lse.data(), out2.data(), 6, lse2.data());
   EXPECT_EQ(out, out2);
   EXPECT_EQ(lse, lse2);
+}
+
+TEST(Attention, PartialCallsRejectStridesShorterThanTheirRows) {
+  const AttentionOptions o{.heads = 2, .kv_heads = 1, .head_dim = 3};
+  V q(6 * 2), kv(6 * 2), out(6 * 2), lse(2 * 2);
+  Pos pos = {0, 1};
+  auto forward = [&](std::int64_t ld_q, std::int64_t ld_kv, std::int64_t ld_out) {
+    attention_partial_forward<double>(o, {.data = q.data(), .ld = ld_q, .pos = pos.data(), .rows = 2},
+                                      {.data = kv.data(), .ld = ld_kv, .pos = pos.data(), .rows = 2},
+                                      {.out = out.data(), .ld = ld_out, .lse = lse.data()});
+  };
+  EXPECT_NO_THROW(forward(6, 6, 6));
+  EXPECT_THROW(forward(5, 6, 6), Error);
+  EXPECT_THROW(forward(6, 5, 6), Error);
+  EXPECT_THROW(forward(6, 6, 5), Error);
 }
 
 /// A context-parallel split of one sequence: chunk c holds the tokens at positions pos[c]
