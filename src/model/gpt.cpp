@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include <fmt/core.h>
 #include <fmt/format.h>
@@ -42,15 +43,15 @@ double gpt_memory_elements(const ModelSpec& s, std::int64_t batch, std::int64_t 
   const double f = static_cast<double>(s.ffn_or_default());
   const double hd = s.heads > 0 ? c / static_cast<double>(s.heads) : 0.0;
   const double r = (static_cast<double>(s.heads) + 2.0 * static_cast<double>(s.kv_heads_or_heads())) * hd;
-  const double att = static_cast<double>(batch) * static_cast<double>(s.heads) * static_cast<double>(seq) *
-                     static_cast<double>(seq);
+  const double lse = n * static_cast<double>(s.heads);  // [B, H, T]: attention keeps no seq x seq matrix
   const double per_block_params = 4 * c + c * r + r + c * c + c + 2 * c * f + f + c;
   const double params = static_cast<double>(s.layers) * per_block_params +
                         (v + static_cast<double>(s.seq)) * c + 2 * c + (s.tied_embeddings ? 0.0 : v * c);
-  // Per block: ln1, res1, ln2, out, atty (5 NC), qkv (N r), fc and gelu (2 NF), att.
-  const double per_block_acts = 5 * n * c + n * r + 2 * n * f + att;
+  // Per block: ln1, res1, ln2, out, atty (5 NC), qkv (N r), fc and gelu (2 NF), lse.
+  const double per_block_acts = 5 * n * c + n * r + 2 * n * f + lse;
   const double acts = static_cast<double>(s.layers) * per_block_acts + 2 * n * c + 2 * n * v;
   // Backward: block scratch (3 NC + N r + 2 NF) and dlogits, dlnf, two residual buffers.
+  // The attention's own scratch is a few tiles (kAttentionTile^2) and the D rows (H T).
   const double scratch = 3 * n * c + n * r + 2 * n * f + n * v + 3 * n * c;
   return 2 * params + acts + scratch;
 }
@@ -244,14 +245,21 @@ double GptT<T>::flops_per_step() const {
   const double c = static_cast<double>(spec_.hidden);
   const double h = static_cast<double>(spec_.heads), kv = static_cast<double>(spec_.kv_heads_or_heads());
   const double hd = c / h, f = static_cast<double>(spec_.ffn_or_default());
-  const double t = static_cast<double>(seq_), v = static_cast<double>(spec_.vocab);
+  const double v = static_cast<double>(spec_.vocab);
   const double per_block = 2 * n * c * (h + 2 * kv) * hd  // qkv
                            + 2 * n * h * hd * c           // proj
-                           + 2 * 2 * n * c * f            // fc and mlp proj
-                           + 2 * 2 * n * t * h * hd;      // QKᵀ and PV over the full square
+                           + 2 * 2 * n * c * f;           // fc and mlp proj
   const double head = head_ ? 2 * n * c * v : 0.0;
-  const double forward = static_cast<double>(blocks_.size()) * per_block + head;
-  return 3 * forward;
+  // The matrix products above cost twice as much again in the backward. Attention is
+  // counted as computed: score elements of the tiles the causal mask does not skip (the
+  // lower triangle of tiles, diagonal tiles whole), times 2 hd per product, times 7
+  // products: Q Kᵀ and P V forward; Q Kᵀ again (the recomputed scores), Pᵀ dO, dO Vᵀ,
+  // dS K and dSᵀ Q backward.
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(seq_));
+  std::iota(pos.begin(), pos.end(), std::int64_t{0});
+  const double scores = static_cast<double>(nn::attention_tiles(pos.data(), seq_, pos.data(), seq_).elements);
+  const double attention = 7 * 2 * hd * scores * static_cast<double>(batch_) * h;
+  return static_cast<double>(blocks_.size()) * (3 * per_block + attention) + 3 * head;
 }
 
 template class GptT<float>;

@@ -42,7 +42,7 @@ void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t s
   a.ln1_mean.resize({n});
   a.ln1_rstd.resize({n});
   a.qkv.resize({n, attn_.qkv_width()});
-  a.att.resize({batch, options_.heads, seq, seq});
+  a.lse.resize({batch, options_.heads, seq});
   a.atty.resize({n, attn_.out_width()});
   a.res1.resize({n, c});
   a.ln2.resize({n, c});
@@ -67,7 +67,7 @@ void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch,
   const std::int64_t n = batch * seq, c = options_.channels;
   ln1_.forward(inp, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), n);
   qkv_.forward(a.ln1.data(), a.qkv.data(), n);
-  attn_.forward(a.qkv.data(), a.atty.data(), a.att.data(), batch, seq);
+  attn_.forward(a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq);
   proj_.forward(a.atty.data(), a.res1.data(), n);
   for (std::int64_t i = 0; i < n * c; ++i) a.res1[i] += inp[i];
   ln2_.forward(a.res1.data(), a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), n);
@@ -93,7 +93,7 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   proj_.backward(s.dres1.data(), a.atty.data(), s.datty.data(), n);
   poll();
   s.dqkv.zero();
-  attn_.backward(s.datty.data(), a.qkv.data(), a.att.data(), s.dqkv.data(), batch, seq);
+  attn_.backward(s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq);
   poll();
   s.dln.zero();
   qkv_.backward(s.dqkv.data(), a.ln1.data(), s.dln.data(), n);

@@ -128,8 +128,9 @@ class GptT {
   /// Softmax probabilities [batch, seq, vocab] of the last whole-model forward.
   const T* probs() const { return acts_.probs.data(); }
   /// Matrix-product floating point operations of one forward + backward of this stage
-  /// over one batch (3x the forward; attention counted over the full seq x seq square,
-  /// as computed).
+  /// over one batch, as computed: 3x the forward for the linears and the head; attention
+  /// over the tiles the causal mask does not skip (about half the seq x seq square plus the
+  /// diagonal tiles), 2 products forward and 5 backward (the scores are recomputed).
   double flops_per_step() const;
 
   const std::vector<nn::Block<T>>& blocks() const { return blocks_; }

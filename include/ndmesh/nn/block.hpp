@@ -32,8 +32,8 @@ template <typename T>
 struct BlockActivations {
   Tensor<T> ln1, ln1_mean, ln1_rstd;  ///< [N, C], [N], [N]
   Tensor<T> qkv;                      ///< [N, (H + 2KV) hd]
-  Tensor<T> att;                      ///< [B, H, T, T] attention probabilities
-  Tensor<T> atty;                     ///< [N, H hd] attention output before proj
+  Tensor<T> lse;                      ///< [B, H, T] log-sum-exp of each query's attention scores
+  Tensor<T> atty;                     ///< [N, H hd] attention output before proj (the backward reads it)
   Tensor<T> res1;                     ///< [N, C] after the attention residual
   Tensor<T> ln2, ln2_mean, ln2_rstd;  ///< [N, C], [N], [N]
   MlpActivations<T> mlp;
