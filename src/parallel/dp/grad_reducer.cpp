@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "ndmesh/comm/communicator.hpp"
+
 #include "ndmesh/core/error.hpp"
 
 namespace ndmesh::parallel {
@@ -45,6 +47,48 @@ GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataP
   }
 }
 
+GradReducer::~GradReducer() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  thread_.join();
+}
+
+void GradReducer::progress_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto last_change = std::chrono::steady_clock::now();
+  const auto give_up = std::chrono::duration<double>(comm::default_timeout_s());
+  for (;;) {
+    work_cv_.wait(lock, [&] { return stop_ || (!active_.empty() && !thread_gave_up_); });
+    if (stop_) return;
+    // Poll outside the lock: the main thread may append buckets meanwhile.
+    std::vector<Bucket*> mine = active_;
+    lock.unlock();
+    std::vector<Bucket*> finished;
+    for (Bucket* b : mine)
+      if (poll(*b)) finished.push_back(b);
+    lock.lock();
+    const auto now = std::chrono::steady_clock::now();
+    if (!finished.empty()) {
+      last_change = now;
+      std::erase_if(active_, [&](Bucket* b) { return std::find(finished.begin(), finished.end(), b) != finished.end(); });
+      if (active_.empty()) done_cv_.notify_all();
+      continue;
+    }
+    if (now - last_change > give_up) {
+      thread_gave_up_ = true;  // finish_backward() waits itself and reports the timeout
+      done_cv_.notify_all();
+      continue;
+    }
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    lock.lock();
+  }
+}
+
 void GradReducer::zero_shard_grads() { std::fill(shard_grads_.begin(), shard_grads_.end(), 0.0f); }
 
 void GradReducer::begin_backward(float* grads, bool last) {
@@ -63,6 +107,14 @@ void GradReducer::start(Bucket& b) {
     b.reduce = reducer_.start(range);
   else
     b.scatter = group_.reduce_scatter_in_place_async(range);
+  if (options_.overlap && options_.progress_thread) {
+    if (!thread_.joinable()) thread_ = std::thread([this] { progress_loop(); });
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      active_.push_back(&b);
+    }
+    work_cv_.notify_one();
+  }
 }
 
 bool GradReducer::poll(Bucket& b) { return zero_ == 0 ? b.reduce.test() : b.scatter.test(); }
@@ -70,11 +122,11 @@ bool GradReducer::poll(Bucket& b) { return zero_ == 0 ? b.reduce.test() : b.scat
 void GradReducer::grads_final(std::int64_t from) {
   if (!reduce_now_ || !options_.overlap) return;
   while (next_ < buckets_.size() && buckets_[next_].lo >= from) start(buckets_[next_++]);
-  for (std::size_t i = 0; i < next_; ++i) poll(buckets_[i]);
+  progress();
 }
 
 void GradReducer::progress() {
-  if (!reduce_now_ || !options_.overlap) return;
+  if (!reduce_now_ || !options_.overlap || options_.progress_thread) return;  // the thread polls
   for (std::size_t i = 0; i < next_; ++i) poll(buckets_[i]);
 }
 
@@ -82,6 +134,13 @@ void GradReducer::finish_backward() {
   if (!reduce_now_) return;
   const double t0 = now_s();
   while (next_ < buckets_.size()) start(buckets_[next_++]);
+  if (thread_.joinable()) {
+    // Every bucket was handed to the thread: wait until it has seen them all complete.
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [&] { return active_.empty() || thread_gave_up_; });
+    active_.clear();
+    thread_gave_up_ = false;
+  }
   for (Bucket& b : buckets_) {
     if (zero_ == 0)
       b.reduce.wait();

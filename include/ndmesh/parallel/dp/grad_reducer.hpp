@@ -19,12 +19,24 @@
 // accumulator, and the bucket's full-size gradients are zeroed for the next micro-batch
 // (the layers still write into the model's full-size flat buffer as their work space).
 //
+// Progress: Open MPI moves the data of a nonblocking operation only inside MPI calls. With
+// `progress_thread` (the default with overlap) a helper thread polls the started buckets
+// every few tens of microseconds while the backward computes, so transfers advance between
+// the model's own polls; without it the model's hooks (per block and between sub-layers)
+// are the only polls. A bucket handed to the thread is touched by it alone until
+// finish_backward() has seen every bucket complete (mutex + condition variable). If the
+// thread sees no completion for the whole timeout it stops, and finish_backward() waits on
+// the remaining buckets itself, which ends the job with the usual timeout message.
+//
 // Buffers: between begin_backward() and finish_backward() a started bucket's range of
 // the gradient buffer belongs to the reduction; the model writes only below the
 // watermark it reported, so the two never touch the same elements.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "ndmesh/comm/allreduce.hpp"
@@ -40,6 +52,7 @@ struct DataParallelOptions {
   int zero = 0;           ///< 0: all-reduce; 1: shard optimizer state; 2: also gradients
   comm::AllReduceAlgorithm algorithm = comm::AllReduceAlgorithm::kMpi;
   std::int64_t ranks_per_node = 0;  ///< hierarchical: simulated ranks per node (0: real nodes)
+  bool progress_thread = true;      ///< with overlap: a thread polls the buckets in flight
 };
 
 /// Reduces the gradients of one flat buffer over the data-parallel group.
@@ -48,6 +61,9 @@ class GradReducer {
   /// `flat_size` must be a multiple of the group size when zero > 0. Collective over
   /// `group` (the hierarchical algorithm builds node sub-groups).
   GradReducer(comm::Communicator group, std::int64_t flat_size, DataParallelOptions options);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
 
   /// Called before each micro-batch's backward with the gradient buffer it accumulates
   /// into; `last` marks the last micro-batch of the step.
@@ -94,6 +110,7 @@ class GradReducer {
   };
   void start(Bucket& b);
   bool poll(Bucket& b);
+  void progress_loop();
 
   comm::Communicator group_;
   comm::AllReducer reducer_;
@@ -106,6 +123,12 @@ class GradReducer {
   bool reduce_now_ = false;
   std::size_t next_ = 0;  // the next bucket to start
   double comm_seconds_ = 0, exposed_seconds_ = 0;
+  // The progress thread and what it polls (guarded by mutex_).
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable work_cv_, done_cv_;
+  std::vector<Bucket*> active_;
+  bool stop_ = false, thread_gave_up_ = false;
 };
 
 }  // namespace ndmesh::parallel
