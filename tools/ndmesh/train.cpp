@@ -52,6 +52,7 @@ struct Options {
   std::uint64_t data_seed = 1;
   std::int64_t threads = 0;
   std::string save, load;
+  bool save_given = false, load_given = false;
   std::int64_t until = 0, save_every = 0;
   std::int64_t eval_batches = 8;
   bool json = false;
@@ -100,6 +101,13 @@ void validate(const Options& o) {
   comm::parse_algorithm(o.allreduce);
   namespace fs = std::filesystem;
   std::error_code ec;
+  // An empty value must not silently switch the feature off.
+  if (o.data_given && o.data.empty())
+    fail<ConfigError>("train", "--data is empty; pass a text file, or leave --data out for the Markov source");
+  if (o.save_given && o.save.empty())
+    fail<ConfigError>("train", "--save is empty; pass a file name such as run.ckpt, or leave --save out");
+  if (o.load_given && o.load.empty())
+    fail<ConfigError>("train", "--load is empty; pass a checkpoint written with --save, or leave --load out");
   if (!o.load.empty()) {
     if (!fs::exists(o.load, ec))
       fail<ConfigError>("train", "--load={}: no such file; pass a checkpoint written with --save", o.load);
@@ -143,8 +151,6 @@ int train(Options o, comm::Communicator& world) {
   set_blas_threads(threads);
 
   std::unique_ptr<model::DataSource> data;
-  if (o.data_given && o.data.empty())
-    fail<ConfigError>("train", "--data is empty; pass a text file, or leave --data out for the Markov source");
   if (o.data.empty())
     data = std::make_unique<model::MarkovSource>(
         model::MarkovOptions{.vocab = o.markov_vocab, .seed = o.data_seed, .sharpness = o.markov_sharpness});
@@ -401,11 +407,13 @@ Action setup(CLI::App& app) {
          "stop after this step (0: --steps); the learning-rate schedule still spans --steps, so a run "
          "resumed with --load continues exactly")
       ->capture_default_str();
-  app.add_option("--save", o->save, "write a checkpoint here at the end (atomically)");
+  app.add_option("--save", o->save, "write a checkpoint here at the end (atomically)")
+      ->each([o](const std::string&) { o->save_given = true; });
   app.add_option("--save-every", o->save_every,
                  "also checkpoint to --save every N steps (0: only at the end)")
       ->capture_default_str();
-  app.add_option("--load", o->load, "continue from this checkpoint (same model and data flags)");
+  app.add_option("--load", o->load, "continue from this checkpoint (same model and data flags)")
+      ->each([o](const std::string&) { o->load_given = true; });
   app.add_option("--eval-batches", o->eval_batches,
                  "evaluation batches for the final loss (a sampling stream apart from training)")
       ->capture_default_str();
