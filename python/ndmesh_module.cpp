@@ -85,17 +85,17 @@ void register_exceptions(py::module_& m) {
   ex.timeout = timeout.release().ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     if (!p) return;
-    const auto& ex = exceptions();
+    const auto& types = exceptions();
     try {
       std::rethrow_exception(p);
     } catch (const ConfigError& e) {
-      raise(ex.config, e);
+      raise(types.config, e);
     } catch (const IoError& e) {
-      raise(ex.io, e);
+      raise(types.io, e);
     } catch (const TimeoutError& e) {
-      raise(ex.timeout, e);
+      raise(types.timeout, e);
     } catch (const Error& e) {
-      raise(ex.error, e);
+      raise(types.error, e);
     }
   });
 }
