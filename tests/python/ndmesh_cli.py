@@ -16,10 +16,10 @@ def run(*args):
     return p.returncode, p.stdout, p.stderr
 
 
-def json_of(*args):
-    """The parsed JSON that `ndmesh args... --json` prints; fails on a non-zero exit."""
+def json_of(*args, exit_code=0):
+    """The parsed JSON that `ndmesh args... --json` prints; fails on another exit code."""
     code, out, err = run(*args, "--json")
-    assert code == 0, f"ndmesh {' '.join(map(str, args))} --json exited {code}: {err}"
+    assert code == exit_code, f"ndmesh {' '.join(map(str, args))} --json exited {code}: {err}"
     return json.loads(out)
 
 

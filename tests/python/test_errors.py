@@ -90,8 +90,8 @@ class SameMessagesAsTheCli(unittest.TestCase):
         self.check(lambda: ndmesh.plan("llama3-8b", gpus=8, global_batch=8, precision="fp8"),
                    "plan", "--model", "llama3-8b", "--gpus", 8, "--global-batch", 8, "--precision", "fp8",
                    component="plan")
-        self.check(lambda: ndmesh.plan_memory("gpt3-1.7b", tp=3),
-                   "plan", "memory", "--model", "gpt3-1.7b", "--tp", 3, component="plan")
+        self.check(lambda: ndmesh.plan_memory("gpt3-1.7b", tp=5),
+                   "plan", "memory", "--model", "gpt3-1.7b", "--tp", 5, component="plan")
 
     def test_schedules(self):
         self.check(lambda: ndmesh.make_schedule("interleaved", stages=4, microbatches=6),

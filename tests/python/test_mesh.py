@@ -137,7 +137,7 @@ class Spellings(unittest.TestCase):
 
     def test_permutation_and_labels(self):
         a = ndmesh.Mesh(tp=2, dp=3)
-        b = ndmesh.Mesh(tp=2, dp=3, order="tp,dp")
+        b = ndmesh.Mesh(tp=2, dp=3, order="tp,pp,dp,cp")
         perm = ndmesh.Mesh.permutation(a, b)
         for r in range(a.world_size):
             self.assertEqual(b.coords(perm[r]), a.coords(r))

@@ -35,7 +35,7 @@ class Search(unittest.TestCase):
 
     def test_nothing_fits(self):
         got = ndmesh.plan("llama3-405b", gpus=8, global_batch=8)
-        want = json_of("plan", "--model", "llama3-405b", "--gpus", 8, "--global-batch", 8)
+        want = json_of("plan", "--model", "llama3-405b", "--gpus", 8, "--global-batch", 8, exit_code=1)
         self.assertEqual(got["layouts"], [])
         self.assertEqual(got, want)
         self.assertGreater(got["smallest"]["memory_bytes"]["total"], got["smallest"]["capacity_bytes"])
