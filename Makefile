@@ -47,7 +47,7 @@ bench: build
 	@bash scripts/run_bench.sh $(BUILD_DIR)
 
 format:
-	find include src tools tests bench examples -name '*.hpp' -o -name '*.cpp' | xargs clang-format -i
+	find include src tools tests bench examples python -name '*.hpp' -o -name '*.cpp' | xargs clang-format -i
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -55,7 +55,8 @@ py::object make_exception(py::module_& m, const char* name, py::tuple bases, con
   py::dict ns;
   ns["__doc__"] = doc;
   ns["__module__"] = "ndmesh";
-  py::object cls = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&PyType_Type))(name, bases, ns);
+  py::object cls =
+      py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&PyType_Type))(name, bases, ns);
   m.attr(name) = cls;
   return cls;
 }
@@ -71,13 +72,15 @@ void register_exceptions(py::module_& m) {
                                     "Base of every ndmesh error (a RuntimeError). str(e) is the one-line "
                                     "message '[component] what, the value and the fix'; e.component names "
                                     "the component.");
-  py::object config = make_exception(m, "ConfigError", py::make_tuple(error, py::handle(PyExc_ValueError)),
-                                     "Bad input: a layout, a size, a model or an option (also a ValueError).");
+  py::object config =
+      make_exception(m, "ConfigError", py::make_tuple(error, py::handle(PyExc_ValueError)),
+                     "Bad input: a layout, a size, a model or an option (also a ValueError).");
   py::object io = make_exception(m, "IoError", py::make_tuple(error, py::handle(PyExc_OSError)),
                                  "A file that cannot be read or written (also an OSError).");
-  py::object timeout = make_exception(m, "TimeoutError", py::make_tuple(error, py::handle(PyExc_TimeoutError)),
-                                      "An operation that did not complete in time (also the built-in "
-                                      "TimeoutError).");
+  py::object timeout =
+      make_exception(m, "TimeoutError", py::make_tuple(error, py::handle(PyExc_TimeoutError)),
+                     "An operation that did not complete in time (also the built-in "
+                     "TimeoutError).");
   auto& ex = exceptions();
   ex.error = error.release().ptr();
   ex.config = config.release().ptr();
@@ -113,8 +116,9 @@ DimSet to_dims(const Mesh& mesh, const py::handle& dims) {
 int to_dim(const Mesh& mesh, const py::handle& dim) {
   if (py::isinstance<py::str>(dim)) return mesh.index(dim.cast<std::string>());
   const auto i = dim.cast<std::int64_t>();
-  NDMESH_CHECK_CONFIG(i >= 0 && i < mesh.ndims(), "mesh", "dim index {} is out of range; the mesh {} has {} dims",
-                      i, mesh.to_string(), mesh.ndims());
+  NDMESH_CHECK_CONFIG(i >= 0 && i < mesh.ndims(), "mesh",
+                      "dim index {} is out of range; the mesh {} has {} dims", i, mesh.to_string(),
+                      mesh.ndims());
   return static_cast<int>(i);
 }
 
@@ -188,7 +192,9 @@ py::dict coords_dict(const Mesh& m, std::int64_t rank) {
   return out;
 }
 
-py::object opt(std::optional<std::int64_t> v) { return v ? py::object(py::int_(*v)) : py::object(py::none()); }
+py::object opt(std::optional<std::int64_t> v) {
+  return v ? py::object(py::int_(*v)) : py::object(py::none());
+}
 
 std::vector<DimSet> kinds_of(const Mesh& m, const py::object& groups) {
   std::vector<DimSet> kinds;
@@ -198,7 +204,8 @@ std::vector<DimSet> kinds_of(const Mesh& m, const py::object& groups) {
   }
   std::vector<py::object> items;
   if (py::isinstance<py::str>(groups)) {
-    for (auto part : py::str(groups).attr("split")(",")) items.push_back(py::reinterpret_borrow<py::object>(part));
+    for (auto part : py::str(groups).attr("split")(","))
+      items.push_back(py::reinterpret_borrow<py::object>(part));
   } else {
     for (auto item : groups) items.push_back(py::reinterpret_borrow<py::object>(item));
   }
@@ -236,9 +243,9 @@ py::dict mesh_dict(const Mesh& m, const py::object& groups, std::int64_t ranks_p
     py::dict placement;
     for (DimSet k : kinds) {
       const auto p = m.group_placement(k, ranks_per_node);
-      placement[py::str(m.key_name(k))] = py::dict("groups"_a = p.groups,
-                                                   "groups_crossing_nodes"_a = p.groups_crossing,
-                                                   "max_nodes_spanned"_a = p.max_nodes_spanned);
+      placement[py::str(m.key_name(k))] =
+          py::dict("groups"_a = p.groups, "groups_crossing_nodes"_a = p.groups_crossing,
+                   "max_nodes_spanned"_a = p.max_nodes_spanned);
     }
     out["placement"] = placement;
   }
@@ -263,10 +270,11 @@ py::dict rank_dict(const Mesh& m, std::int64_t rank, const py::object& groups, s
   out["groups"] = gs;
   py::dict nb;
   for (int i = 0; i < m.ndims(); ++i) {
-    nb[py::str(m.dim(i).name)] = py::dict(
-        "prev"_a = opt(m.neighbour(rank, i, -1, Edge::kLine)), "next"_a = opt(m.neighbour(rank, i, +1, Edge::kLine)),
-        "ring_prev"_a = *m.neighbour(rank, i, -1, Edge::kRing), "ring_next"_a = *m.neighbour(rank, i, +1, Edge::kRing),
-        "first"_a = m.first(rank, i), "last"_a = m.last(rank, i));
+    nb[py::str(m.dim(i).name)] = py::dict("prev"_a = opt(m.neighbour(rank, i, -1, Edge::kLine)),
+                                          "next"_a = opt(m.neighbour(rank, i, +1, Edge::kLine)),
+                                          "ring_prev"_a = *m.neighbour(rank, i, -1, Edge::kRing),
+                                          "ring_next"_a = *m.neighbour(rank, i, +1, Edge::kRing),
+                                          "first"_a = m.first(rank, i), "last"_a = m.last(rank, i));
   }
   out["neighbours"] = nb;
   return out;
@@ -278,28 +286,41 @@ ModelSpec to_model(const py::dict& d) {
   ModelSpec m;
   for (auto [k, v] : d) {
     const auto key = k.cast<std::string>();
-    if (key == "name") m.name = v.cast<std::string>();
-    else if (key == "layers") m.layers = v.cast<std::int64_t>();
-    else if (key == "hidden") m.hidden = v.cast<std::int64_t>();
-    else if (key == "heads") m.heads = v.cast<std::int64_t>();
-    else if (key == "kv_heads") m.kv_heads = v.cast<std::int64_t>();
-    else if (key == "ffn") m.ffn = v.cast<std::int64_t>();
-    else if (key == "seq") m.seq = v.cast<std::int64_t>();
-    else if (key == "vocab") m.vocab = v.cast<std::int64_t>();
-    else if (key == "experts") m.experts = v.cast<std::int64_t>();
-    else if (key == "tied_embeddings") m.tied_embeddings = v.cast<bool>();
-    else if (key == "mlp") continue;  // the planner's field, read by to_plan_model
+    if (key == "name")
+      m.name = v.cast<std::string>();
+    else if (key == "layers")
+      m.layers = v.cast<std::int64_t>();
+    else if (key == "hidden")
+      m.hidden = v.cast<std::int64_t>();
+    else if (key == "heads")
+      m.heads = v.cast<std::int64_t>();
+    else if (key == "kv_heads")
+      m.kv_heads = v.cast<std::int64_t>();
+    else if (key == "ffn")
+      m.ffn = v.cast<std::int64_t>();
+    else if (key == "seq")
+      m.seq = v.cast<std::int64_t>();
+    else if (key == "vocab")
+      m.vocab = v.cast<std::int64_t>();
+    else if (key == "experts")
+      m.experts = v.cast<std::int64_t>();
+    else if (key == "tied_embeddings")
+      m.tied_embeddings = v.cast<bool>();
+    else if (key == "mlp")
+      continue;  // the planner's field, read by to_plan_model
     else
-      fail<ConfigError>("config",
-                        "model key '{}' is unknown; use name, layers, hidden, heads, kv_heads, ffn, seq, vocab, "
-                        "experts, tied_embeddings",
-                        key);
+      fail<ConfigError>(
+          "config",
+          "model key '{}' is unknown; use name, layers, hidden, heads, kv_heads, ffn, seq, vocab, "
+          "experts, tied_embeddings",
+          key);
   }
   return m;
 }
 
-ParallelConfig to_config(const Mesh& mesh, const std::string& schedule, std::int64_t vpp, bool sequence_parallel,
-                         std::int64_t micro_batch, std::int64_t global_batch, std::int64_t ranks_per_node) {
+ParallelConfig to_config(const Mesh& mesh, const std::string& schedule, std::int64_t vpp,
+                         bool sequence_parallel, std::int64_t micro_batch, std::int64_t global_batch,
+                         std::int64_t ranks_per_node) {
   ParallelConfig c;
   c.dims = mesh.dims();
   c.world = mesh.world_size();
@@ -335,14 +356,19 @@ plan::PlanModel to_plan_model(const py::object& model, std::int64_t seq, bool no
       if (llama && !d.contains("preset")) m.spec.tied_embeddings = false;
     }
     if (!given.name.empty()) m.spec.name = given.name;
-    for (auto [field, value] : {std::pair{&ModelSpec::layers, given.layers}, {&ModelSpec::hidden, given.hidden},
-                                {&ModelSpec::heads, given.heads}, {&ModelSpec::kv_heads, given.kv_heads},
-                                {&ModelSpec::ffn, given.ffn}, {&ModelSpec::seq, given.seq},
-                                {&ModelSpec::vocab, given.vocab}, {&ModelSpec::experts, given.experts}})
+    for (auto [field, value] : {std::pair{&ModelSpec::layers, given.layers},
+                                {&ModelSpec::hidden, given.hidden},
+                                {&ModelSpec::heads, given.heads},
+                                {&ModelSpec::kv_heads, given.kv_heads},
+                                {&ModelSpec::ffn, given.ffn},
+                                {&ModelSpec::seq, given.seq},
+                                {&ModelSpec::vocab, given.vocab},
+                                {&ModelSpec::experts, given.experts}})
       if (value) m.spec.*field = value;
     if (fields.contains("tied_embeddings")) m.spec.tied_embeddings = given.tied_embeddings;
   } else {
-    fail<ConfigError>("plan", "model must be a preset name ({}) or a dict with layers, hidden, heads and vocab",
+    fail<ConfigError>("plan",
+                      "model must be a preset name ({}) or a dict with layers, hidden, heads and vocab",
                       plan::model_preset_names());
   }
   if (no_dropout) m.dropout = false;
@@ -356,10 +382,12 @@ plan::PlanModel to_plan_model(const py::object& model, std::int64_t seq, bool no
 
 plan::Precision to_precision(const std::string& precision) {
   if (precision == "mixed") return {};
-  if (precision == "fp32") return {.param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4};
-  fail<ConfigError>("plan",
-                    "--precision '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter) or fp32 (4 + 4 + 8 B)",
-                    precision);
+  if (precision == "fp32")
+    return {.param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4};
+  fail<ConfigError>(
+      "plan",
+      "--precision '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter) or fp32 (4 + 4 + 8 B)",
+      precision);
 }
 
 // A hardware preset name, or a dict {"preset": name, "gpu_memory_gib": .., "reserved_gib":
@@ -380,17 +408,24 @@ plan::Hardware to_hardware(const py::object& hardware) {
         continue;
       }
       const double x = v.cast<double>();
-      if (key == "gpu_memory_gib") hw.memory_bytes = x * kGiB;
-      else if (key == "reserved_gib") hw.reserved_bytes = x * kGiB;
-      else if (key == "peak_tflops") hw.peak_flops = x * 1e12;
-      else if (key == "efficiency") hw.achievable_fraction = x;
-      else if (key == "intra_node_gbps") hw.intra_node_bw = x * 1e9;
-      else if (key == "inter_node_gbps") hw.inter_node_bw = x * 1e9;
+      if (key == "gpu_memory_gib")
+        hw.memory_bytes = x * kGiB;
+      else if (key == "reserved_gib")
+        hw.reserved_bytes = x * kGiB;
+      else if (key == "peak_tflops")
+        hw.peak_flops = x * 1e12;
+      else if (key == "efficiency")
+        hw.achievable_fraction = x;
+      else if (key == "intra_node_gbps")
+        hw.intra_node_bw = x * 1e9;
+      else if (key == "inter_node_gbps")
+        hw.inter_node_bw = x * 1e9;
       else
-        fail<ConfigError>("plan",
-                          "hardware key '{}' is unknown; use preset, gpu_memory_gib, reserved_gib, peak_tflops, "
-                          "efficiency, intra_node_gbps, inter_node_gbps, gpus_per_node",
-                          key);
+        fail<ConfigError>(
+            "plan",
+            "hardware key '{}' is unknown; use preset, gpu_memory_gib, reserved_gib, peak_tflops, "
+            "efficiency, intra_node_gbps, inter_node_gbps, gpus_per_node",
+            key);
     }
   }
   const auto probs = plan::hardware_problems(hw);
@@ -433,13 +468,14 @@ py::dict estimate_dict(const plan::Estimate& e) {
 }
 
 py::dict plan_search(const py::object& model, std::int64_t gpus, std::int64_t global_batch,
-                     const py::object& hardware, std::int64_t seq, const std::string& precision, std::size_t top,
-                     bool no_dropout) {
-  NDMESH_CHECK_CONFIG(gpus >= 1, "plan", "--gpus {} is missing or below 1; give the number of GPUs, e.g. --gpus 512",
-                      gpus);
-  NDMESH_CHECK_CONFIG(global_batch >= 1, "plan",
-                      "--global-batch {} is missing or below 1; give sequences per step, e.g. --global-batch 1024",
-                      global_batch);
+                     const py::object& hardware, std::int64_t seq, const std::string& precision,
+                     std::size_t top, bool no_dropout) {
+  NDMESH_CHECK_CONFIG(gpus >= 1, "plan",
+                      "--gpus {} is missing or below 1; give the number of GPUs, e.g. --gpus 512", gpus);
+  NDMESH_CHECK_CONFIG(
+      global_batch >= 1, "plan",
+      "--global-batch {} is missing or below 1; give sequences per step, e.g. --global-batch 1024",
+      global_batch);
   NDMESH_CHECK_CONFIG(top >= 1, "plan", "--top {} must be at least 1, e.g. --top 10", top);
   const plan::PlanModel m = to_plan_model(model, seq, no_dropout);
   const plan::Hardware hw = to_hardware(hardware);
@@ -469,19 +505,22 @@ py::dict plan_search(const py::object& model, std::int64_t gpus, std::int64_t gl
   return out;
 }
 
-py::dict plan_memory(const py::object& model, std::int64_t tp, std::int64_t cp, std::int64_t pp, std::int64_t dp,
-                     std::int64_t vpp, std::int64_t micro_batch, const std::string& schedule,
-                     const std::string& recompute, bool sequence_parallel, int zero, std::int64_t global_batch,
-                     const py::object& hardware, std::int64_t seq, const std::string& precision, bool no_dropout) {
+py::dict plan_memory(const py::object& model, std::int64_t tp, std::int64_t cp, std::int64_t pp,
+                     std::int64_t dp, std::int64_t vpp, std::int64_t micro_batch, const std::string& schedule,
+                     const std::string& recompute, bool sequence_parallel, int zero,
+                     std::int64_t global_batch, const py::object& hardware, std::int64_t seq,
+                     const std::string& precision, bool no_dropout) {
   plan::Layout l{.tp = tp, .cp = cp, .pp = pp, .dp = dp, .vpp = vpp, .micro_batch = micro_batch};
   l.schedule = parse_schedule(schedule);
   l.recompute = plan::parse_recompute(recompute);
   l.sequence_parallel = sequence_parallel;
   l.zero = zero;
-  NDMESH_CHECK_CONFIG(l.zero >= 0 && l.zero <= 3, "plan", "--zero {} is not a ZeRO stage; use 0, 1, 2 or 3", l.zero);
+  NDMESH_CHECK_CONFIG(l.zero >= 0 && l.zero <= 3, "plan", "--zero {} is not a ZeRO stage; use 0, 1, 2 or 3",
+                      l.zero);
   const plan::PlanModel m = to_plan_model(model, seq, no_dropout);
   const plan::Hardware hw = to_hardware(hardware);
-  const std::int64_t gb = global_batch != 0 ? global_batch : l.micro_batch * l.dp * std::max<std::int64_t>(l.pp, 1);
+  const std::int64_t gb =
+      global_batch != 0 ? global_batch : l.micro_batch * l.dp * std::max<std::int64_t>(l.pp, 1);
   const plan::Workload w{.seq = m.spec.seq, .global_batch = gb};
   const auto probs = problems(plan::parallel_config(l, w, hw.gpus_per_node), &m.spec);
   NDMESH_CHECK_CONFIG(probs.empty(), "plan", "invalid layout: {}", fmt::join(probs, "; "));
@@ -505,7 +544,8 @@ py::dict action_dict(const pp::Action& a) {
 }
 
 pp::Costs to_costs(double forward, double backward_input, double backward_weight, double p2p) {
-  return {.forward = forward, .backward_input = backward_input, .backward_weight = backward_weight, .p2p = p2p};
+  return {
+      .forward = forward, .backward_input = backward_input, .backward_weight = backward_weight, .p2p = p2p};
 }
 
 // -------------------------------------------------------------------------------- module
@@ -522,15 +562,16 @@ void bind(py::module_& m) {
   m.attr("__version__") = "0.1.0";
   register_exceptions(m);
 
-  py::class_<Mesh>(m, "Mesh",
-                   "The named rank layout: dims outer to inner, the innermost varying fastest (row-major).\n\n"
-                   "Mesh(tp=2, pp=2, dp=2)                      standard dims, default order dp,pp,cp,tp\n"
-                   "Mesh(tp=2, dp=2, order='tp,dp,pp,cp')       outer to inner\n"
-                   "Mesh(tp=2, dp=2, megatron_order='tp-dp')    fastest first (Megatron)\n"
-                   "Mesh('pipe=2,tensor=2,data=4')              any names, outer to inner\n"
-                   "Mesh([('pipe', 2), ('data', 4)])            the same as pairs (or a dict)\n"
-                   "Mesh(tp=8, dp=-1, world=64)                 one size inferred from the world\n\n"
-                   "Bad layouts raise ConfigError with the message `ndmesh mesh` prints.")
+  py::class_<Mesh>(
+      m, "Mesh",
+      "The named rank layout: dims outer to inner, the innermost varying fastest (row-major).\n\n"
+      "Mesh(tp=2, pp=2, dp=2)                      standard dims, default order dp,pp,cp,tp\n"
+      "Mesh(tp=2, dp=2, order='tp,dp,pp,cp')       outer to inner\n"
+      "Mesh(tp=2, dp=2, megatron_order='tp-dp')    fastest first (Megatron)\n"
+      "Mesh('pipe=2,tensor=2,data=4')              any names, outer to inner\n"
+      "Mesh([('pipe', 2), ('data', 4)])            the same as pairs (or a dict)\n"
+      "Mesh(tp=8, dp=-1, world=64)                 one size inferred from the world\n\n"
+      "Bad layouts raise ConfigError with the message `ndmesh mesh` prints.")
       .def(py::init([](const py::object& spec, const py::kwargs& kwargs) { return make_mesh(spec, kwargs); }),
            "spec"_a = py::none())
       .def_static(
@@ -570,10 +611,12 @@ void bind(py::module_& m) {
       .def("__repr__", [](const Mesh& self) { return fmt::format("ndmesh.Mesh('{}')", self.to_string()); })
       .def("__eq__", [](const Mesh& a, const Mesh& b) { return a == b; })
       .def("__hash__", [](const Mesh& self) { return py::hash(py::str(self.to_string())); })
-      .def("size_of", [](const Mesh& self, const std::string& name) { return self.size_of(name); }, "name"_a,
-           "Size of the named dim; 1 when the mesh has no such dim.")
-      .def("index", [](const Mesh& self, const std::string& name) { return self.index(name); }, "name"_a,
-           "Index of the named dim (0 = outermost); ConfigError when absent.")
+      .def(
+          "size_of", [](const Mesh& self, const std::string& name) { return self.size_of(name); }, "name"_a,
+          "Size of the named dim; 1 when the mesh has no such dim.")
+      .def(
+          "index", [](const Mesh& self, const std::string& name) { return self.index(name); }, "name"_a,
+          "Index of the named dim (0 = outermost); ConfigError when absent.")
       .def("coords", &coords_dict, "rank"_a, "{dim name: coordinate} of a rank.")
       .def(
           "rank",
@@ -581,7 +624,8 @@ void bind(py::module_& m) {
             Coords c;
             c.ndims = self.ndims();
             if (py::isinstance<py::dict>(coords)) {
-              for (auto [k, v] : coords.cast<py::dict>()) c[self.index(k.cast<std::string>())] = v.cast<std::int64_t>();
+              for (auto [k, v] : coords.cast<py::dict>())
+                c[self.index(k.cast<std::string>())] = v.cast<std::int64_t>();
             } else {
               auto values = coords.cast<std::vector<std::int64_t>>();
               NDMESH_CHECK_CONFIG(static_cast<int>(values.size()) == self.ndims(), "mesh",
@@ -591,9 +635,11 @@ void bind(py::module_& m) {
             }
             return self.rank(c);
           },
-          "coords"_a, "The rank at coordinates given as {name: coord} (missing dims are 0) or a list outer to inner.")
+          "coords"_a,
+          "The rank at coordinates given as {name: coord} (missing dims are 0) or a list outer to inner.")
       .def(
-          "group", [](const Mesh& self, std::int64_t rank, const py::object& dims) {
+          "group",
+          [](const Mesh& self, std::int64_t rank, const py::object& dims) {
             self.coords(rank);  // validates the rank
             return group_list(self.group(rank, to_dims(self, dims)));
           },
@@ -608,11 +654,16 @@ void bind(py::module_& m) {
                                 [&](std::int64_t, const GroupView& g) { out.append(group_list(g)); });
             return out;
           },
-          "dims"_a, "Every group of `dims`, in color order: what torch.distributed.new_group needs, one list each.")
-      .def("group_size", [](const Mesh& self, const py::object& dims) { return self.group_size(to_dims(self, dims)); },
-           "dims"_a, "Size of every group of `dims`.")
-      .def("num_groups", [](const Mesh& self, const py::object& dims) { return self.num_groups(to_dims(self, dims)); },
-           "dims"_a, "How many groups `dims` splits the world into.")
+          "dims"_a,
+          "Every group of `dims`, in color order: what torch.distributed.new_group needs, one list each.")
+      .def(
+          "group_size",
+          [](const Mesh& self, const py::object& dims) { return self.group_size(to_dims(self, dims)); },
+          "dims"_a, "Size of every group of `dims`.")
+      .def(
+          "num_groups",
+          [](const Mesh& self, const py::object& dims) { return self.num_groups(to_dims(self, dims)); },
+          "dims"_a, "How many groups `dims` splits the world into.")
       .def(
           "color",
           [](const Mesh& self, std::int64_t rank, const py::object& dims) {
@@ -635,7 +686,8 @@ void bind(py::module_& m) {
           },
           "rank"_a, "dims"_a, "A readable id of the group, e.g. 'dp_group_tp1_pp0'.")
       .def(
-          "key_name", [](const Mesh& self, const py::object& dims) { return self.key_name(to_dims(self, dims)); },
+          "key_name",
+          [](const Mesh& self, const py::object& dims) { return self.key_name(to_dims(self, dims)); },
           "dims"_a, "The dims joined by '-' in mesh order: the name of the group kind ('dp-cp').")
       .def(
           "neighbour",
@@ -645,7 +697,8 @@ void bind(py::module_& m) {
             return opt(self.neighbour(rank, to_dim(self, dim), offset, to_edge(edge)));
           },
           "rank"_a, "dim"_a, "offset"_a = 1, "edge"_a = "ring",
-          "The rank `offset` steps along `dim` (name or index); edge='ring' wraps, edge='line' gives None past "
+          "The rank `offset` steps along `dim` (name or index); edge='ring' wraps, edge='line' gives None "
+          "past "
           "the ends (pipeline stages).")
       .def(
           "first",
@@ -660,7 +713,8 @@ void bind(py::module_& m) {
             self.coords(rank);
             return self.last(rank, to_dim(self, dim));
           },
-          "rank"_a, "dim"_a, "The rank with the last coordinate along `dim`, the other coordinates as `rank`'s.")
+          "rank"_a, "dim"_a,
+          "The rank with the last coordinate along `dim`, the other coordinates as `rank`'s.")
       .def_static(
           "placement",
           [](std::int64_t rank, std::int64_t ranks_per_node) {
@@ -669,7 +723,8 @@ void bind(py::module_& m) {
             const auto p = Mesh::placement(rank, ranks_per_node);
             return std::pair{p.node, p.local_rank};
           },
-          "rank"_a, "ranks_per_node"_a, "(node, local_rank) when consecutive ranks fill nodes of ranks_per_node.")
+          "rank"_a, "ranks_per_node"_a,
+          "(node, local_rank) when consecutive ranks fill nodes of ranks_per_node.")
       .def(
           "group_placement",
           [](const Mesh& self, const py::object& dims, std::int64_t ranks_per_node) {
@@ -679,7 +734,8 @@ void bind(py::module_& m) {
             return py::dict("groups"_a = p.groups, "groups_crossing_nodes"_a = p.groups_crossing,
                             "max_nodes_spanned"_a = p.max_nodes_spanned);
           },
-          "dims"_a, "ranks_per_node"_a, "How the groups of `dims` sit on nodes (the keys of `ndmesh mesh --json`).")
+          "dims"_a, "ranks_per_node"_a,
+          "How the groups of `dims` sit on nodes (the keys of `ndmesh mesh --json`).")
       .def_static("permutation", &Mesh::permutation, "source"_a, "target"_a,
                   "perm[r]: the rank of `target` with the same named coordinates as rank r of `source`.")
       .def(
@@ -698,9 +754,9 @@ void bind(py::module_& m) {
           "rank"_a, "groups"_a = py::none(), "ranks_per_node"_a = 0,
           "One rank's view, what `ndmesh mesh --rank R --json` prints: coords, node, groups, neighbours.");
 
-  auto problems_fn = [](const Mesh& mesh, const py::object& model, const std::string& schedule, std::int64_t vpp,
-                        bool sequence_parallel, std::int64_t micro_batch, std::int64_t global_batch,
-                        std::int64_t ranks_per_node) {
+  auto problems_fn = [](const Mesh& mesh, const py::object& model, const std::string& schedule,
+                        std::int64_t vpp, bool sequence_parallel, std::int64_t micro_batch,
+                        std::int64_t global_batch, std::int64_t ranks_per_node) {
     const ParallelConfig c =
         to_config(mesh, schedule, vpp, sequence_parallel, micro_batch, global_batch, ranks_per_node);
     std::optional<ModelSpec> spec;
@@ -712,21 +768,22 @@ void bind(py::module_& m) {
       [problems_fn](const Mesh& mesh, const py::object& model, const std::string& schedule, std::int64_t vpp,
                     bool sequence_parallel, std::int64_t micro_batch, std::int64_t global_batch,
                     std::int64_t ranks_per_node) {
-        auto [c, spec] =
-            problems_fn(mesh, model, schedule, vpp, sequence_parallel, micro_batch, global_batch, ranks_per_node);
+        auto [c, spec] = problems_fn(mesh, model, schedule, vpp, sequence_parallel, micro_batch, global_batch,
+                                     ranks_per_node);
         return problems(c, spec ? &*spec : nullptr);
       },
       "mesh"_a, py::kw_only(), "model"_a = py::none(), "schedule"_a = "1f1b", "vpp"_a = 1,
       "sequence_parallel"_a = false, "micro_batch"_a = 1, "global_batch"_a = 0, "ranks_per_node"_a = 0,
-      "Every problem with a layout and training options (and a model: a dict of layers, hidden, heads, kv_heads, "
+      "Every problem with a layout and training options (and a model: a dict of layers, hidden, heads, "
+      "kv_heads, "
       "ffn, seq, vocab, experts), one line each, as the C++ config validation finds them. [] when valid.");
   m.def(
       "validate",
       [problems_fn](const Mesh& mesh, const py::object& model, const std::string& schedule, std::int64_t vpp,
                     bool sequence_parallel, std::int64_t micro_batch, std::int64_t global_batch,
                     std::int64_t ranks_per_node) {
-        auto [c, spec] =
-            problems_fn(mesh, model, schedule, vpp, sequence_parallel, micro_batch, global_batch, ranks_per_node);
+        auto [c, spec] = problems_fn(mesh, model, schedule, vpp, sequence_parallel, micro_batch, global_batch,
+                                     ranks_per_node);
         validate(c, spec ? &*spec : nullptr);
       },
       "mesh"_a, py::kw_only(), "model"_a = py::none(), "schedule"_a = "1f1b", "vpp"_a = 1,
@@ -736,10 +793,12 @@ void bind(py::module_& m) {
 
   m.def("plan", &plan_search, "model"_a, py::kw_only(), "gpus"_a, "global_batch"_a, "hardware"_a = "h100",
         "seq"_a = 0, "precision"_a = "mixed", "top"_a = 10, "no_dropout"_a = false,
-        "Searches every layout (tp, cp, pp, dp, vpp, micro-batch, schedule, recompute, ZeRO) of a model on `gpus` "
+        "Searches every layout (tp, cp, pp, dp, vpp, micro-batch, schedule, recompute, ZeRO) of a model on "
+        "`gpus` "
         "GPUs; returns the dict `ndmesh plan --json` prints, layouts best first.\n\n"
         "model: a preset name ('llama3-8b', 'gpt3-175b', ...) or a dict {layers, hidden, heads, vocab, seq, "
-        "kv_heads, ffn, mlp: 'gelu'|'swiglu', preset: start from}. hardware: 'a100-80gb', 'h100', 'h200' or a dict "
+        "kv_heads, ffn, mlp: 'gelu'|'swiglu', preset: start from}. hardware: 'a100-80gb', 'h100', 'h200' or "
+        "a dict "
         "{preset, gpu_memory_gib, reserved_gib, peak_tflops, efficiency, intra_node_gbps, inter_node_gbps, "
         "gpus_per_node}. precision: 'mixed' or 'fp32'.");
   m.def("plan_memory", &plan_memory, "model"_a, py::kw_only(), "tp"_a = 1, "cp"_a = 1, "pp"_a = 1, "dp"_a = 1,
@@ -748,24 +807,27 @@ void bind(py::module_& m) {
         "precision"_a = "mixed", "no_dropout"_a = false,
         "Memory per GPU and time per step of one layout: the dict `ndmesh plan memory --json` prints. "
         "global_batch 0 means micro_batch * dp * pp.");
-  m.def("model_presets",
-        [] {
-          std::vector<std::string> out;
-          for (const auto& p : plan::model_presets()) out.push_back(p.name);
-          return out;
-        },
-        "Names of the model presets.");
-  m.def("hardware_presets",
-        [] {
-          std::vector<std::string> out;
-          for (const auto& h : plan::hardware_presets()) out.push_back(h.name);
-          return out;
-        },
-        "Names of the hardware presets.");
+  m.def(
+      "model_presets",
+      [] {
+        std::vector<std::string> out;
+        for (const auto& p : plan::model_presets()) out.push_back(p.name);
+        return out;
+      },
+      "Names of the model presets.");
+  m.def(
+      "hardware_presets",
+      [] {
+        std::vector<std::string> out;
+        for (const auto& h : plan::hardware_presets()) out.push_back(h.name);
+        return out;
+      },
+      "Names of the hardware presets.");
 
   py::class_<pp::PipelineSchedule>(m, "PipelineSchedule",
                                    "The actions of every pipeline stage for one step (make_schedule()).")
-      .def_property_readonly("kind", [](const pp::PipelineSchedule& s) { return std::string(schedule_name(s.kind)); })
+      .def_property_readonly("kind",
+                             [](const pp::PipelineSchedule& s) { return std::string(schedule_name(s.kind)); })
       .def_readonly("stages", &pp::PipelineSchedule::stages)
       .def_readonly("microbatches", &pp::PipelineSchedule::microbatches)
       .def_readonly("chunks", &pp::PipelineSchedule::chunks)
@@ -791,16 +853,19 @@ void bind(py::module_& m) {
       [](const std::string& schedule, int stages, int microbatches, int chunks) {
         const Schedule kind = parse_schedule(schedule);
         if (chunks == 0) chunks = kind == Schedule::kInterleaved ? 2 : 1;
-        auto s = pp::make_schedule({.schedule = kind, .stages = stages, .microbatches = microbatches, .chunks = chunks});
+        auto s = pp::make_schedule(
+            {.schedule = kind, .stages = stages, .microbatches = microbatches, .chunks = chunks});
         pp::check_schedule(s);
         return s;
       },
       "schedule"_a = "1f1b", py::kw_only(), "stages"_a = 4, "microbatches"_a = 8, "chunks"_a = 0,
-      "Generates a pipeline schedule: 'gpipe', '1f1b', 'interleaved' (chunks virtual stages per rank, default 2) "
+      "Generates a pipeline schedule: 'gpipe', '1f1b', 'interleaved' (chunks virtual stages per rank, "
+      "default 2) "
       "or 'zb-h1'. Checked for deadlocks before it is returned.");
   m.def(
       "simulate",
-      [](const pp::PipelineSchedule& s, double forward, double backward_input, double backward_weight, double p2p) {
+      [](const pp::PipelineSchedule& s, double forward, double backward_input, double backward_weight,
+         double p2p) {
         const auto sim = pp::simulate(s, to_costs(forward, backward_input, backward_weight, p2p));
         py::list spans;
         for (const auto& stage : sim.spans) {
@@ -808,25 +873,30 @@ void bind(py::module_& m) {
           for (const auto& span : stage) row.append(py::make_tuple(span.start, span.end));
           spans.append(row);
         }
-        return py::dict("makespan"_a = sim.makespan, "bubble_fraction"_a = sim.bubble_fraction, "busy"_a = sim.busy,
-                        "peak_in_flight"_a = sim.peak_in_flight,
+        return py::dict("makespan"_a = sim.makespan, "bubble_fraction"_a = sim.bubble_fraction,
+                        "busy"_a = sim.busy, "peak_in_flight"_a = sim.peak_in_flight,
                         "peak_in_flight_chunks"_a = sim.peak_in_flight_chunks, "spans"_a = spans);
       },
       "schedule"_a, py::kw_only(), "forward"_a = 1.0, "backward_input"_a = 1.0, "backward_weight"_a = 1.0,
       "p2p"_a = 0.0,
       "Times the schedule with these per-stage costs: {makespan, bubble_fraction, busy, peak_in_flight, "
-      "peak_in_flight_chunks, spans[stage][action] = (start, end)}, the numbers of `ndmesh schedule --json`.");
+      "peak_in_flight_chunks, spans[stage][action] = (start, end)}, the numbers of `ndmesh schedule "
+      "--json`.");
   m.def(
       "svg_timeline",
-      [](const pp::PipelineSchedule& s, double forward, double backward_input, double backward_weight, double p2p) {
+      [](const pp::PipelineSchedule& s, double forward, double backward_input, double backward_weight,
+         double p2p) {
         return pp::svg_timeline(s, pp::simulate(s, to_costs(forward, backward_input, backward_weight, p2p)));
       },
       "schedule"_a, py::kw_only(), "forward"_a = 1.0, "backward_input"_a = 1.0, "backward_weight"_a = 1.0,
-      "p2p"_a = 0.0, "The SVG picture of the simulated timeline (what `ndmesh schedule --svg` writes), as a str.");
+      "p2p"_a = 0.0,
+      "The SVG picture of the simulated timeline (what `ndmesh schedule --svg` writes), as a str.");
   m.def(
       "ascii_timeline",
-      [](const pp::PipelineSchedule& s, double forward, double backward_input, double backward_weight, double p2p) {
-        return pp::ascii_timeline(s, pp::simulate(s, to_costs(forward, backward_input, backward_weight, p2p)));
+      [](const pp::PipelineSchedule& s, double forward, double backward_input, double backward_weight,
+         double p2p) {
+        return pp::ascii_timeline(s,
+                                  pp::simulate(s, to_costs(forward, backward_input, backward_weight, p2p)));
       },
       "schedule"_a, py::kw_only(), "forward"_a = 1.0, "backward_input"_a = 1.0, "backward_weight"_a = 1.0,
       "p2p"_a = 0.0, "The ASCII timeline `ndmesh schedule` prints, one line per stage.");

@@ -30,6 +30,7 @@ int main() {
               bad ? " MISMATCH" : "");
   int all_bad = bad;
   world.all_reduce(std::span<int>(&all_bad, 1));
-  if (r == 0 && all_bad == 0) std::printf("consumer ok: 4 ranks, groups verified; gpt3-1.7b has %.3g parameters\n", params);
+  if (r == 0 && all_bad == 0)
+    std::printf("consumer ok: 4 ranks, groups verified; gpt3-1.7b has %.3g parameters\n", params);
   return all_bad == 0 ? 0 : 1;
 }
