@@ -611,6 +611,9 @@ void bind(py::module_& m) {
       .def("__repr__", [](const Mesh& self) { return fmt::format("ndmesh.Mesh('{}')", self.to_string()); })
       .def("__eq__", [](const Mesh& a, const Mesh& b) { return a == b; })
       .def("__hash__", [](const Mesh& self) { return py::hash(py::str(self.to_string())); })
+      // Pickled as its text form, so a Mesh crosses into torch.multiprocessing workers.
+      .def(py::pickle([](const Mesh& self) { return self.to_string(); },
+                      [](const std::string& text) { return Mesh::parse(text); }))
       .def(
           "size_of", [](const Mesh& self, const std::string& name) { return self.size_of(name); }, "name"_a,
           "Size of the named dim; 1 when the mesh has no such dim.")

@@ -144,6 +144,13 @@ class Spellings(unittest.TestCase):
         self.assertEqual(a.group_label(5, "dp"), "dp_group_pp0_cp0_tp1")
         self.assertEqual(len({a, b, ndmesh.Mesh("dp=3,pp=1,cp=1,tp=2")}), 2)
 
+    def test_pickle(self):
+        import pickle
+        m = ndmesh.Mesh("pipe=2,tensor=3,data=1")
+        back = pickle.loads(pickle.dumps(m))
+        self.assertEqual(back, m)
+        self.assertEqual(back.groups("tensor"), [[0, 1, 2], [3, 4, 5]])
+
 
 if __name__ == "__main__":
     unittest.main()
