@@ -19,6 +19,7 @@
 #include "ndmesh/config/partition.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/strings.hpp"
+#include "ndmesh/plan/hardware_file.hpp"
 #include "ndmesh/plan/search.hpp"
 #include "subcommand.hpp"
 
@@ -62,7 +63,9 @@ void add_model_hardware_flags(CLI::App& app, ModelHardwareFlags& f) {
   app.add_option("--mlp", f.mlp,
                  "Custom model: gelu (GPT: biases, learned positions, LayerNorm, dropout) or swiglu (Llama: "
                  "none of those, untied output layer)");
-  app.add_option("--hardware", f.hardware, "GPU preset: " + plan::hardware_preset_names())
+  app.add_option("--hardware", f.hardware,
+                 "GPU preset (" + plan::hardware_preset_names() +
+                     ") or a hardware file written by `ndmesh calibrate` (docs/readme/plan.md)")
       ->capture_default_str();
   app.add_option("--gpu-memory-gib", f.gpu_memory_gib, "Override: memory per GPU in GiB");
   app.add_option("--reserved-gib", f.reserved_gib,
@@ -153,7 +156,7 @@ plan::Precision resolve_precision(const ModelHardwareFlags& f) {
 }
 
 Hardware resolve_hardware(const ModelHardwareFlags& f) {
-  Hardware hw = plan::hardware_preset(f.hardware);
+  Hardware hw = plan::hardware_by_name_or_file(f.hardware);
   if (f.gpu_memory_gib) hw.memory_bytes = *f.gpu_memory_gib * kGiB;
   if (f.reserved_gib) hw.reserved_bytes = *f.reserved_gib * kGiB;
   if (f.peak_tflops) hw.peak_flops = *f.peak_tflops * 1e12;

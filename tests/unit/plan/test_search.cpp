@@ -107,7 +107,7 @@ TEST(Search, ConstraintsFixTheDims) {
   o.constraints.max_zero = 1;
   o.constraints.schedules = {Schedule::k1F1B, Schedule::kInterleaved};
   o.constraints.recomputes = {Recompute::kNone, Recompute::kSelective};
-  o.constraints.sequence_parallel = false;
+  o.attention = Attention::kFlash;
   const SearchResult r = search(model, hw, o);
   ASSERT_FALSE(r.layouts.empty());
   bool saw_tp4 = false, saw_tp8 = false;
@@ -121,11 +121,19 @@ TEST(Search, ConstraintsFixTheDims) {
     EXPECT_LE(l.zero, 1);
     EXPECT_TRUE(l.schedule == Schedule::k1F1B || l.schedule == Schedule::kInterleaved);
     EXPECT_NE(l.recompute, Recompute::kFull);
-    EXPECT_FALSE(l.sequence_parallel);
+    EXPECT_TRUE(l.sequence_parallel);
+    EXPECT_EQ(l.attention, Attention::kFlash);
   }
   EXPECT_TRUE(saw_tp4 && saw_tp8);
+  EXPECT_EQ(o.constraints.text(), "tp=4,8 pp=4 zero<=1 schedule=1f1b,interleaved recompute=none,selective");
+  // Without sequence parallelism.
+  o.constraints.tp = {8};
+  o.constraints.sequence_parallel = false;
+  const SearchResult no_sp = search(model, hw, o);
+  ASSERT_FALSE(no_sp.layouts.empty());
+  for (const Estimate& e : no_sp.layouts) EXPECT_FALSE(e.layout.sequence_parallel);
   EXPECT_EQ(o.constraints.text(),
-            "tp=4,8 pp=4 zero<=1 schedule=1f1b,interleaved recompute=none,selective sequence_parallel=off");
+            "tp=8 pp=4 zero<=1 schedule=1f1b,interleaved recompute=none,selective sequence_parallel=off");
   // Fixing every dim and option leaves exactly one layout per micro-batch size.
   SearchOptions one{.gpus = 64, .workload = {.seq = 8192, .global_batch = 256}, .top = 1000};
   one.constraints = {.tp = {8}, .cp = {1}, .pp = {4}, .dp = {2}, .vpp = {1}, .micro_batch = {1},
