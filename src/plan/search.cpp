@@ -112,6 +112,11 @@ SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOpti
   const std::vector<std::int64_t>& micro_batches = c.micro_batch.empty() ? o.micro_batches : c.micro_batch;
   std::vector<Recompute> recomputes = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   if (!c.recomputes.empty()) recomputes = c.recomputes;
+  // Under flash attention selective recompute is the same as none (no scores are stored
+  // either way): keep one of the two rows.
+  if (o.attention == Attention::kFlash &&
+      std::find(recomputes.begin(), recomputes.end(), Recompute::kNone) != recomputes.end())
+    std::erase(recomputes, Recompute::kSelective);
   std::int64_t max_vpp = o.max_vpp;
   for (std::int64_t v : c.vpp) max_vpp = std::max(max_vpp, v);
 

@@ -86,6 +86,9 @@ echo "$out" | tr -d ' \n' | grep -q '"pp_layers":\[5,5,5,5,4\]' || fail "uneven 
 expect_rc 0 "explicit pp layers" -- "$ndmesh" plan memory --model gpt3-1.7b --pp 5 --global-batch 10 \
   --pp-layers 4,5,5,5,5 --json
 echo "$out" | tr -d ' \n' | grep -q '"pp_layers":\[4,5,5,5,5\]' || fail "explicit pp layers: $out"
+expect_rc 0 "search pp layers" -- "$ndmesh" plan --model gpt3-1.7b --gpus 5 --global-batch 10 --pp 5 \
+  --pp-layers 4,5,5,5,5 --top 1 --json
+echo "$out" | tr -d ' \n' | grep -q '"pp_layers":\[4,5,5,5,5\]' || fail "search pp layers: $out"
 expect_rc 2 "pp layers count" -- "$ndmesh" plan memory --model gpt3-1.7b --pp 5 --pp-layers 12,12
 echo "$out" | grep -q -- "--pp-layers '12,12' has 2 entries" || fail "pp layers count: message: $out"
 expect_rc 2 "pp layers sum" -- "$ndmesh" plan memory --model gpt3-1.7b --pp 2 --pp-layers 12,13

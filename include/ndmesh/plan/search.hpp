@@ -8,7 +8,8 @@
 // schedules other than 1F1B only when pp > 1; vpp > 1 only with the interleaved schedule;
 // ZeRO 2 and 3 only without pipeline parallelism (DeepSpeed does not combine them, and
 // their per-micro-batch traffic makes no sense under a pipeline). Placement and validation
-// are computed once per dim split and schedule, not per recompute or ZeRO choice.
+// are computed once per dim split and schedule, not per recompute or ZeRO choice. Under
+// flash attention selective recompute equals none and is skipped when none is tried.
 #pragma once
 
 #include <cstdint>
