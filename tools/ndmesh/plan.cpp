@@ -301,9 +301,9 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
              e.fits ? "" : fmt::format(": {} GiB short", gib(m.total - e.capacity_bytes)));
   fmt::print("time per step (s):\n");
   fmt::print(
-      "  compute                 {:>8.3f}  slowest stage's model FLOPs / ({} GPUs x {:.0f} TFLOP/s x {})\n",
+      "  compute                 {:>8.3f}  slowest stage's model FLOPs / ({} GPUs x {:.3g} TFLOP/s x {})\n",
       t.compute, l.tp * l.cp * l.dp, hw.peak_flops / 1e12, hw.achievable_fraction);
-  fmt::print("  recompute               {:>8.3f}  recompute={}{}: its extra FLOPs at {:.0f} TFLOP/s\n",
+  fmt::print("  recompute               {:>8.3f}  recompute={}{}: its extra FLOPs at {:.3g} TFLOP/s\n",
              t.recompute, plan::recompute_name(l.recompute),
              l.attention == plan::Attention::kFlash ? " + flash attention's Q K^T in the backward" : "",
              rate / 1e12);
@@ -338,7 +338,7 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
 void print_header(const PlanModel& model, const Hardware& hw, std::int64_t gpus, std::int64_t seq,
                   std::int64_t global_batch) {
   fmt::print(
-      "{}: {} parameters; {} x {} ({} GiB, {} usable; {:.0f} TFLOP/s x {} achievable; {} GPUs/node); "
+      "{}: {} parameters; {} x {} ({} GiB, {} usable; {:.3g} TFLOP/s x {} achievable; {} GPUs/node); "
       "seq {}, global batch {}\n",
       model.spec.name, human(plan::count_parameters(model).total()), gpus, hw.name, gib(hw.memory_bytes),
       gib(hw.usable_bytes()), hw.peak_flops / 1e12, hw.achievable_fraction, hw.gpus_per_node, seq,
