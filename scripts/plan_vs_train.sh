@@ -4,8 +4,8 @@
 #
 #   bash scripts/plan_vs_train.sh [path/to/ndmesh] [hardware.toml]
 #
-# Without a hardware file it first runs `ndmesh calibrate` on the largest rank count of the
-# list (same BLAS threads as the training runs). Every layout is trained under mpirun (the
+# Without a hardware file it first runs `ndmesh calibrate` once per rank count of the list
+# (same BLAS threads as the training runs). Every layout is trained under mpirun (the
 # serial one alone) with --json; its last line gives "layout", "step_seconds" and
 # "memory_bytes" {params, grads, optimizer, activations, peak_rss} per rank. The planner
 # describes the same model (fp32 AdamW, no dropout, standard attention, GPT shape), the
@@ -34,17 +34,26 @@ layouts=(
   "dp4|4|--dp 4|--tp 1 --cp 1 --pp 1 --dp 4 --micro-batch $((batch / 4))"
 )
 
-if [ -z "$hardware" ]; then
-  hardware=$(mktemp --suffix=.toml)
-  ranks=1
-  for l in "${layouts[@]}"; do r=$(echo "$l" | cut -d'|' -f2); [ "$r" -gt "$ranks" ] && ranks=$r; done
-  echo "calibrating on $ranks ranks ($threads BLAS thread(s) each) -> $hardware" >&2
-  if [ "$ranks" -gt 1 ]; then
-    "${mpirun[@]}" -np "$ranks" "$ndmesh" calibrate --seconds 10 --threads "$threads" --output "$hardware" >&2
-  else
-    "$ndmesh" calibrate --seconds 10 --threads "$threads" --output "$hardware" >&2
-  fi || exit 1
-fi
+# Without a file: one calibration per rank count, with that many ranks sharing the machine
+# (ranks oversubscribing the cores each get a share of the FLOP/s, as in training).
+declare -A calibrated
+hardware_for() {  # hardware_for RANKS -> path of the hardware file
+  local ranks=$1
+  if [ -n "$hardware" ]; then echo "$hardware"; return; fi
+  if [ -z "${calibrated[$ranks]:-}" ]; then
+    local f
+    f=$(mktemp --suffix=.toml)
+    echo "calibrating on $ranks rank(s) ($threads BLAS thread(s) each) -> $f" >&2
+    if [ "$ranks" -gt 1 ]; then
+      "${mpirun[@]}" -np "$ranks" "$ndmesh" calibrate --seconds 10 --threads "$threads" --output "$f" >&2
+    else
+      "$ndmesh" calibrate --seconds 10 --threads "$threads" --output "$f" >&2
+    fi || exit 1
+    calibrated[$ranks]=$f
+  fi
+  echo "${calibrated[$ranks]}"
+}
+for l in "${layouts[@]}"; do hardware_for "$(echo "$l" | cut -d'|' -f2)" >/dev/null; done
 
 mib() { awk -v b="$1" 'BEGIN { if (b == "" || b == "null") print "-"; else printf "%.2f", b / 1048576 }'; }
 ratio() { awk -v p="$1" -v m="$2" 'BEGIN { if (m == "" || m == "null" || m == 0) print "-"; else printf "%.2f", p / m }'; }
@@ -71,7 +80,7 @@ for l in "${layouts[@]}"; do
     continue
   fi
   # shellcheck disable=SC2086
-  pred=$("$ndmesh" plan $model --mlp gelu --no-dropout --precision fp32 --attention standard --hardware "$hardware" \
+  pred=$("$ndmesh" plan $model --mlp gelu --no-dropout --precision fp32 --attention standard --hardware "$(hardware_for "$ranks")" \
     --gpus "$ranks" --global-batch "$batch" $constraints --max-zero 0 --recompute none --top 1 --json 2>&1)
   if ! echo "$pred" | jq -e '.layouts[0]' >/dev/null 2>&1; then
     echo "$name: ndmesh plan gave no layout: $(echo "$pred" | tail -1)"
@@ -94,5 +103,8 @@ for l in "${layouts[@]}"; do
     "$(mib "$(p memory_bytes.activations)")" "$(mib "$(m memory_bytes.activations)")" \
     "$(mib "$(p memory_bytes.total)")" "$(mib "$(m memory_bytes.peak_rss)")"
 done
-echo "hardware: $hardware ($(grep '^source' "$hardware" | cut -d'"' -f2))"
+for l in "${layouts[@]}"; do
+  f=$(hardware_for "$(echo "$l" | cut -d'|' -f2)")
+  echo "hardware for $(echo "$l" | cut -d'|' -f1): $f ($(grep '^source' "$f" | cut -d'"' -f2))"
+done
 echo "model: $model, batch $batch, $steps steps, $threads BLAS thread(s) per rank; predicted: ndmesh plan --precision fp32 --no-dropout --attention standard --mlp gelu"
