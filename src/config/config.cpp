@@ -326,8 +326,9 @@ std::vector<std::string> problems(const ParallelConfig& c, const ModelSpec* mode
   std::int64_t stages = pp * std::max<std::int64_t>(c.vpp, 1);
   if (c.uneven_stages) {
     if (m.layers < stages)
-      out.push_back(fmt::format("layers={} is fewer than the pp*vpp = {}*{} = {} pipeline chunks; use pp*vpp <= {}",
-                                m.layers, pp, c.vpp, stages, m.layers));
+      out.push_back(
+          fmt::format("layers={} is fewer than the pp*vpp = {}*{} = {} pipeline chunks; use pp*vpp <= {}",
+                      m.layers, pp, c.vpp, stages, m.layers));
   } else if (m.layers % stages != 0) {
     if (c.vpp > 1)
       out.push_back(fmt::format("layers={} is not divisible by pp*vpp = {}*{} = {}; use {}", m.layers, pp,

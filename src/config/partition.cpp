@@ -31,10 +31,11 @@ std::vector<std::int64_t> balanced_partition(std::int64_t layers, std::int64_t p
                       "stage extras (embedding {}, head {}) must not be negative", extras.embedding,
                       extras.head);
   const std::int64_t k = pp * vpp;
-  NDMESH_CHECK_CONFIG(layers >= k, "config",
-                      "layers={} cannot give each of pp*vpp = {}*{} = {} pipeline chunks a block; use at most "
-                      "{} chunks or at least {} layers",
-                      layers, pp, vpp, k, layers, k);
+  NDMESH_CHECK_CONFIG(
+      layers >= k, "config",
+      "layers={} cannot give each of pp*vpp = {}*{} = {} pipeline chunks a block; use at most "
+      "{} chunks or at least {} layers",
+      layers, pp, vpp, k, layers, k);
   const auto n = static_cast<std::size_t>(k);
   std::vector<double> cand;
   cand.reserve(static_cast<std::size_t>(3 * layers));
@@ -81,8 +82,8 @@ std::vector<std::int64_t> balanced_partition(std::int64_t layers, std::int64_t p
       const double cost = static_cast<double>(chunks[i]) + extra_of(i, n, extras);
       if (cost >= worst) worst = cost, pick = i;
     }
-    NDMESH_CHECK(pick < n, "config", "partition of {} layers over {} chunks has no block to take away", layers,
-                 k);
+    NDMESH_CHECK(pick < n, "config", "partition of {} layers over {} chunks has no block to take away",
+                 layers, k);
     --chunks[pick];
     --excess;
   }
@@ -104,8 +105,8 @@ std::vector<std::int64_t> parse_partition(std::string_view text, std::int64_t la
       used = 0;
     }
     NDMESH_CHECK_CONFIG(!s.empty() && used == s.size(), "config",
-                        "{} '{}': '{}' is not a block count; give {} positive integers, e.g. {} {}", flag, text,
-                        s, k, flag, fmt::join(balanced_partition(std::max(layers, k), pp, vpp), ","));
+                        "{} '{}': '{}' is not a block count; give {} positive integers, e.g. {} {}", flag,
+                        text, s, k, flag, fmt::join(balanced_partition(std::max(layers, k), pp, vpp), ","));
     NDMESH_CHECK_CONFIG(v >= 1, "config",
                         "{} '{}': entry {} is {}; every pipeline chunk needs at least one block", flag, text,
                         out.size() + 1, v);
@@ -115,8 +116,8 @@ std::vector<std::int64_t> parse_partition(std::string_view text, std::int64_t la
   NDMESH_CHECK_CONFIG(static_cast<std::int64_t>(out.size()) == k, "config",
                       "{} '{}' has {} entries but pp*vpp = {}*{} = {} chunks need one each", flag, text,
                       out.size(), pp, vpp, k);
-  NDMESH_CHECK_CONFIG(sum == layers, "config", "{} '{}' adds up to {} blocks but the model has layers={}", flag,
-                      text, sum, layers);
+  NDMESH_CHECK_CONFIG(sum == layers, "config", "{} '{}' adds up to {} blocks but the model has layers={}",
+                      flag, text, sum, layers);
   return out;
 }
 

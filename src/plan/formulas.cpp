@@ -165,7 +165,8 @@ double model_flops_per_step(const PlanModel& m, double s, double batch) {
   return layer_flops_per_step(m, s, batch) + logit_flops_per_step(m, s, batch);
 }
 
-double recompute_flops_per_step(const PlanModel& m, double s, double batch, Recompute r, Attention attention) {
+double recompute_flops_per_step(const PlanModel& m, double s, double batch, Recompute r,
+                                Attention attention) {
   const double h = d(m.spec.hidden);
   // Flash attention's backward recomputes S = Q K^T block by block (Dao et al. 2022,
   // section 3.1 "Recomputation" and the backward pass of Appendix B): 2 b s^2 h per layer,

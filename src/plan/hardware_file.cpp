@@ -17,9 +17,15 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-const std::vector<std::string_view> kKeys = {"name",        "memory_gib",          "reserved_gib",
-                                             "peak_tflops", "achievable_fraction", "intra_node_gbps",
-                                             "inter_node_gbps", "gpus_per_node",   "source"};
+const std::vector<std::string_view> kKeys = {"name",
+                                             "memory_gib",
+                                             "reserved_gib",
+                                             "peak_tflops",
+                                             "achievable_fraction",
+                                             "intra_node_gbps",
+                                             "inter_node_gbps",
+                                             "gpus_per_node",
+                                             "source"};
 
 }  // namespace
 
@@ -39,8 +45,8 @@ Hardware load_hardware_file(const std::string& path) {
   }
   const toml::table* hw_table = root["hardware"].as_table();
   NDMESH_CHECK_CONFIG(hw_table != nullptr, "plan",
-                      "--hardware {}: no [hardware] section; write one with `ndmesh calibrate --output {}`", path,
-                      path);
+                      "--hardware {}: no [hardware] section; write one with `ndmesh calibrate --output {}`",
+                      path, path);
   for (const auto& [key, value] : *hw_table) {
     (void)value;
     NDMESH_CHECK_CONFIG(std::find(kKeys.begin(), kKeys.end(), key.str()) != kKeys.end(), "plan",
@@ -50,7 +56,8 @@ Hardware load_hardware_file(const std::string& path) {
   auto number = [&](std::string_view key, std::optional<double> fallback) -> double {
     const toml::node* n = hw_table->get(key);
     if (n == nullptr) {
-      NDMESH_CHECK_CONFIG(fallback.has_value(), "plan", "--hardware {}: missing key 'hardware.{}'", path, key);
+      NDMESH_CHECK_CONFIG(fallback.has_value(), "plan", "--hardware {}: missing key 'hardware.{}'", path,
+                          key);
       return *fallback;
     }
     NDMESH_CHECK_CONFIG(n->is_number(), "plan", "--hardware {}: hardware.{} must be a number, e.g. {} = 1.5",
@@ -82,9 +89,12 @@ Hardware load_hardware_file(const std::string& path) {
   if (!probs.empty()) {
     // Name the file keys rather than the override flags.
     std::string p = probs.front();
-    for (auto [flag, key] : {std::pair{"--gpu-memory-gib", "memory_gib"}, {"--reserved-gib", "reserved_gib"},
-                             {"--peak-tflops", "peak_tflops"}, {"--efficiency", "achievable_fraction"},
-                             {"--intra-node-gbps", "intra_node_gbps"}, {"--inter-node-gbps", "inter_node_gbps"},
+    for (auto [flag, key] : {std::pair{"--gpu-memory-gib", "memory_gib"},
+                             {"--reserved-gib", "reserved_gib"},
+                             {"--peak-tflops", "peak_tflops"},
+                             {"--efficiency", "achievable_fraction"},
+                             {"--intra-node-gbps", "intra_node_gbps"},
+                             {"--inter-node-gbps", "inter_node_gbps"},
                              {"--gpus-per-node", "gpus_per_node"}}) {
       const std::string f(flag);
       if (p.rfind(f, 0) == 0) p = "hardware." + std::string(key) + p.substr(f.size());
@@ -99,11 +109,13 @@ Hardware hardware_by_name_or_file(const std::string& name_or_path) {
     if (h.name == name_or_path) return h;
   std::error_code ec;
   if (std::filesystem::is_regular_file(name_or_path, ec)) return load_hardware_file(name_or_path);
-  const bool looks_like_path = name_or_path.find('/') != std::string::npos ||
-                               name_or_path.find(".toml") != std::string::npos;
+  const bool looks_like_path =
+      name_or_path.find('/') != std::string::npos || name_or_path.find(".toml") != std::string::npos;
   if (looks_like_path)
-    fail<ConfigError>("plan", "--hardware {}: no such file; write one with `ndmesh calibrate --output {}` or use "
-                      "a preset: {}", name_or_path, name_or_path, hardware_preset_names());
+    fail<ConfigError>("plan",
+                      "--hardware {}: no such file; write one with `ndmesh calibrate --output {}` or use "
+                      "a preset: {}",
+                      name_or_path, name_or_path, hardware_preset_names());
   return hardware_preset(name_or_path);  // ConfigError listing the presets
 }
 

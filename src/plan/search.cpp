@@ -55,7 +55,8 @@ bool allowed(const std::vector<T>& list, const T& value) {
 
 bool Constraints::any() const {
   return !tp.empty() || !cp.empty() || !pp.empty() || !dp.empty() || !vpp.empty() || !micro_batch.empty() ||
-         max_zero < 3 || !schedules.empty() || !recomputes.empty() || !sequence_parallel || !stage_layers.empty();
+         max_zero < 3 || !schedules.empty() || !recomputes.empty() || !sequence_parallel ||
+         !stage_layers.empty();
 }
 
 std::string Constraints::text() const {
@@ -210,16 +211,18 @@ SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOpti
   }
 
   if (c.any()) {
-    NDMESH_CHECK_CONFIG(result.considered > 0, "plan",
-                        "the constraints ({}) leave no layout of --gpus {}: the fixed dims must multiply to a "
-                        "divisor of the GPU count (all four to the count itself), --vpp above 1 needs the "
-                        "interleaved schedule and pp > 1, --pp-layers needs pp*vpp entries; relax one",
-                        c.text(), o.gpus);
-    NDMESH_CHECK_CONFIG(result.invalid < result.considered, "plan",
-                        "no layout of --gpus {} meets the constraints ({}): {}; relax the constraint it names",
-                        o.gpus, c.text(),
-                        result.sample_problems.empty() ? std::string("every one fails validation")
-                                                       : result.sample_problems.front());
+    NDMESH_CHECK_CONFIG(
+        result.considered > 0, "plan",
+        "the constraints ({}) leave no layout of --gpus {}: the fixed dims must multiply to a "
+        "divisor of the GPU count (all four to the count itself), --vpp above 1 needs the "
+        "interleaved schedule and pp > 1, --pp-layers needs pp*vpp entries; relax one",
+        c.text(), o.gpus);
+    NDMESH_CHECK_CONFIG(
+        result.invalid < result.considered, "plan",
+        "no layout of --gpus {} meets the constraints ({}): {}; relax the constraint it names", o.gpus,
+        c.text(),
+        result.sample_problems.empty() ? std::string("every one fails validation")
+                                       : result.sample_problems.front());
   }
   std::sort(kept.begin(), kept.end(), faster);
   if (kept.size() > o.top) kept.resize(o.top);

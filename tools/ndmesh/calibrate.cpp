@@ -61,8 +61,8 @@ double time_op(const Communicator& c, double budget, const Op& op) {
   op();
   double first = seconds_since(t0);
   c.broadcast(std::span<double>(&first, 1), 0);
-  std::int64_t iters = std::clamp<std::int64_t>(static_cast<std::int64_t>(budget / std::max(first, 1e-7)), 3,
-                                                1000000);
+  std::int64_t iters =
+      std::clamp<std::int64_t>(static_cast<std::int64_t>(budget / std::max(first, 1e-7)), 3, 1000000);
   c.barrier();
   t0 = Clock::now();
   for (std::int64_t i = 0; i < iters; ++i) op();
@@ -129,9 +129,12 @@ CommNumbers measure_group(const Communicator& c, std::int64_t bytes, double budg
 }
 
 nlohmann::json comm_json(const CommNumbers& c) {
-  return {{"allreduce_gbps", c.allreduce_gbps}, {"allreduce_latency_us", c.allreduce_latency_us},
-          {"allgather_gbps", c.allgather_gbps}, {"allgather_latency_us", c.allgather_latency_us},
-          {"p2p_gbps", c.p2p_gbps},             {"p2p_latency_us", c.p2p_latency_us}};
+  return {{"allreduce_gbps", c.allreduce_gbps},
+          {"allreduce_latency_us", c.allreduce_latency_us},
+          {"allgather_gbps", c.allgather_gbps},
+          {"allgather_latency_us", c.allgather_latency_us},
+          {"p2p_gbps", c.p2p_gbps},
+          {"p2p_latency_us", c.p2p_latency_us}};
 }
 
 std::string comm_toml(const char* prefix, const CommNumbers& c) {
@@ -153,7 +156,8 @@ int run(const CalibrateOptions& o) {
                       "--bytes {} must be 1024 to 1073741824, e.g. --bytes 4194304", o.bytes);
   NDMESH_CHECK_CONFIG(o.memory_gib >= 0, "calibrate", "--memory-gib {} must be positive (or 0: measured)",
                       o.memory_gib);
-  NDMESH_CHECK_CONFIG(!o.output.empty(), "calibrate", "--output '' must name a file, e.g. --output host.toml");
+  NDMESH_CHECK_CONFIG(!o.output.empty(), "calibrate",
+                      "--output '' must name a file, e.g. --output host.toml");
 
   Communicator world = Communicator::world();
   const LaunchEnv launch = comm::resolve_launch_env(world);
@@ -176,7 +180,8 @@ int run(const CalibrateOptions& o) {
   auto mm = [&] { gemm<float>(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); };
   mm();  // warm up (BLAS thread start, page faults)
   const double gemm_s = time_op(world, gemm_budget, mm);
-  const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / gemm_s;
+  const double flops =
+      2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / gemm_s;
 
   CommNumbers intra, inter;
   if (node.size() > 1) intra = measure_group(node, o.bytes, node_budget);
@@ -204,14 +209,15 @@ int run(const CalibrateOptions& o) {
   hw.inter_node_bw = nodes > 1 ? inter.allreduce_gbps * 1e9 : intra_bw;
   hw.gpus_per_node = per_node;
   hw.source = fmt::format(
-      "ndmesh calibrate on {} ({} ranks, {} node{}, {} BLAS thread{} per rank, sgemm {}^3, {} B messages)", host,
-      world.size(), nodes, nodes == 1 ? "" : "s", threads, threads == 1 ? "" : "s", n, o.bytes);
+      "ndmesh calibrate on {} ({} ranks, {} node{}, {} BLAS thread{} per rank, sgemm {}^3, {} B messages)",
+      host, world.size(), nodes, nodes == 1 ? "" : "s", threads, threads == 1 ? "" : "s", n, o.bytes);
 
   std::string text = "# Written by `ndmesh calibrate`; read by `ndmesh plan --hardware FILE`.\n";
   text += "# peak_tflops is the measured fp32 sgemm rate of the slowest rank, so achievable_fraction = 1.\n";
   text += plan::hardware_file_text(hw);
-  text += fmt::format("\n[measured]\nranks = {}\nnodes = {}\nthreads = {}\ngemm_size = {}\ngemm_tflops = {:.6g}\n",
-                      world.size(), nodes, threads, n, flops / 1e12);
+  text += fmt::format(
+      "\n[measured]\nranks = {}\nnodes = {}\nthreads = {}\ngemm_size = {}\ngemm_tflops = {:.6g}\n",
+      world.size(), nodes, threads, n, flops / 1e12);
   text += fmt::format("message_bytes = {}\nseconds = {:.6g}\n", o.bytes, o.seconds);
   if (node.size() > 1) text += comm_toml("intra", intra);
   if (nodes > 1) text += comm_toml("inter", inter);
@@ -231,17 +237,19 @@ int run(const CalibrateOptions& o) {
     if (nodes > 1) j["inter"] = comm_json(inter);
     fmt::print("{}\n", j.dump());
   } else {
-    fmt::print("sgemm {}^3: {:.2f} GFLOP/s per rank ({} thread{}, slowest of {} ranks)\n", n, flops / 1e9, threads,
-               threads == 1 ? "" : "s", world.size());
+    fmt::print("sgemm {}^3: {:.2f} GFLOP/s per rank ({} thread{}, slowest of {} ranks)\n", n, flops / 1e9,
+               threads, threads == 1 ? "" : "s", world.size());
     if (node.size() > 1)
       fmt::print(
-          "inside a node ({} ranks): all-reduce {:.2f} GB/s bus, {:.1f} us; all-gather {:.2f} GB/s, {:.1f} us; "
+          "inside a node ({} ranks): all-reduce {:.2f} GB/s bus, {:.1f} us; all-gather {:.2f} GB/s, {:.1f} "
+          "us; "
           "point-to-point {:.2f} GB/s, {:.1f} us\n",
           node.size(), intra.allreduce_gbps, intra.allreduce_latency_us, intra.allgather_gbps,
           intra.allgather_latency_us, intra.p2p_gbps, intra.p2p_latency_us);
     if (nodes > 1)
-      fmt::print("across {} nodes: all-reduce {:.2f} GB/s bus, {:.1f} us; point-to-point {:.2f} GB/s, {:.1f} us\n",
-                 nodes, inter.allreduce_gbps, inter.allreduce_latency_us, inter.p2p_gbps, inter.p2p_latency_us);
+      fmt::print(
+          "across {} nodes: all-reduce {:.2f} GB/s bus, {:.1f} us; point-to-point {:.2f} GB/s, {:.1f} us\n",
+          nodes, inter.allreduce_gbps, inter.allreduce_latency_us, inter.p2p_gbps, inter.p2p_latency_us);
     fmt::print("wrote {}\n", o.output);
   }
   return 0;
@@ -251,21 +259,25 @@ Action setup(CLI::App& app) {
   auto o = std::make_shared<CalibrateOptions>();
   app.add_option("--output", o->output, "Hardware file to write (TOML)")->capture_default_str();
   app.add_option("--seconds", o->seconds, "Time budget of the whole measurement")->capture_default_str();
-  app.add_option("--threads", o->threads, "BLAS threads per rank (0: NDMESH_THREADS, else the core count, as "
-                                          "`ndmesh train`)")
+  app.add_option("--threads", o->threads,
+                 "BLAS threads per rank (0: NDMESH_THREADS, else the core count, as "
+                 "`ndmesh train`)")
       ->capture_default_str();
   app.add_option("--gemm-size", o->gemm_size, "n of the n x n x n sgemm timed")->capture_default_str();
   app.add_option("--bytes", o->bytes, "Message size for the bandwidths")->capture_default_str();
-  app.add_option("--memory-gib", o->memory_gib, "Memory per rank to record (0: physical memory / ranks per node)")
+  app.add_option("--memory-gib", o->memory_gib,
+                 "Memory per rank to record (0: physical memory / ranks per node)")
       ->capture_default_str();
   app.add_option("--name", o->name, "Name in the file (default calibrated-<host>)");
   app.add_flag("--json", o->json, "Print the numbers as one JSON line");
-  app.footer("Run under mpirun on the ranks the plan is for (e.g. mpirun -np 2), or alone. See docs/readme/plan.md.");
+  app.footer(
+      "Run under mpirun on the ranks the plan is for (e.g. mpirun -np 2), or alone. See "
+      "docs/readme/plan.md.");
   return [o] { return run(*o); };
 }
 
-const Subcommand kCalibrate{"calibrate", "Measure matmul and communication rates; write a hardware file for plan",
-                            setup};
+const Subcommand kCalibrate{"calibrate",
+                            "Measure matmul and communication rates; write a hardware file for plan", setup};
 
 }  // namespace
 }  // namespace ndmesh::cli

@@ -84,10 +84,12 @@ void add_model_hardware_flags(CLI::App& app, ModelHardwareFlags& f) {
       ->capture_default_str();
   app.add_flag("--no-dropout", f.no_dropout,
                "The model stores no dropout masks (GPT presets do, Llama ones do not)");
-  app.add_flag("--untied", f.untied, "Custom model: the output layer has its own matrix (as `ndmesh train --untied`)");
-  app.add_option("--attention", f.attention,
-                 "flash (no s x s scores stored, Q K^T recomputed in the backward; Dao et al. 2022) or standard "
-                 "(Korthikanti et al. 2022)")
+  app.add_flag("--untied", f.untied,
+               "Custom model: the output layer has its own matrix (as `ndmesh train --untied`)");
+  app.add_option(
+         "--attention", f.attention,
+         "flash (no s x s scores stored, Q K^T recomputed in the backward; Dao et al. 2022) or standard "
+         "(Korthikanti et al. 2022)")
       ->capture_default_str();
   app.add_flag("--json", f.json, "Print JSON");
 }
@@ -208,8 +210,9 @@ std::string layout_text(const Layout& l) {
       l.tp, l.cp, l.pp, l.dp, l.vpp, l.micro_batch, schedule_name(l.schedule),
       plan::recompute_name(l.recompute), l.zero, l.sequence_parallel ? "on" : "off",
       plan::attention_name(l.attention),
-      l.pp * l.vpp > 1 && !l.stage_layers.empty() ? fmt::format(" pp_layers={}", fmt::join(l.stage_layers, ","))
-                                                  : std::string());
+      l.pp * l.vpp > 1 && !l.stage_layers.empty()
+          ? fmt::format(" pp_layers={}", fmt::join(l.stage_layers, ","))
+          : std::string());
 }
 
 nlohmann::json estimate_json(const Estimate& e) {
@@ -288,11 +291,13 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
       seq / l.cp, l.micro_batch, plan::recompute_name(l.recompute));
   if (l.attention == plan::Attention::kFlash)
     fmt::print(
-        "  attention               flash (Dao et al. 2022): no 5as/h score/softmax/dropout storage; 4 a s b/t "
+        "  attention               flash (Dao et al. 2022): no 5as/h score/softmax/dropout storage; 4 a s "
+        "b/t "
         "bytes of fp32 log-sum-exp kept; Q K^T recomputed in the backward (2 b s^2 h FLOPs per layer)\n");
   else
-    fmt::print("  attention               standard: scores, softmax and dropout stored (5 a s^2 b/t bytes){}\n",
-               l.recompute == plan::Recompute::kNone ? "" : ", dropped by recompute");
+    fmt::print(
+        "  attention               standard: scores, softmax and dropout stored (5 a s^2 b/t bytes){}\n",
+        l.recompute == plan::Recompute::kNone ? "" : ", dropped by recompute");
   if (l.pp > 1)
     fmt::print("  pipeline chunks         {} blocks (pp*vpp = {}; balanced_partition unless --pp-layers)\n",
                fmt::join(l.stage_layers, ","), l.pp * l.vpp);
@@ -390,13 +395,17 @@ plan::Constraints resolve_constraints(const PlanFlags& f, const PlanModel& model
   for (std::int64_t tp : c.tp) {
     if (model.spec.heads % tp == 0) continue;
     if (c.tp.size() == 1)
-      fail<ConfigError>("plan", "--tp {} conflicts with the model: heads={} is not divisible by tp={}; use a "
-                        "divisor of {}", tp, model.spec.heads, tp, model.spec.heads);
+      fail<ConfigError>("plan",
+                        "--tp {} conflicts with the model: heads={} is not divisible by tp={}; use a "
+                        "divisor of {}",
+                        tp, model.spec.heads, tp, model.spec.heads);
   }
   for (std::int64_t pp : c.pp)
     if (c.pp.size() == 1 && pp > model.spec.layers)
-      fail<ConfigError>("plan", "--pp {} conflicts with the model: layers={} cannot give each of {} stages a "
-                        "block; use --pp {} or less", pp, model.spec.layers, pp, model.spec.layers);
+      fail<ConfigError>("plan",
+                        "--pp {} conflicts with the model: layers={} cannot give each of {} stages a "
+                        "block; use --pp {} or less",
+                        pp, model.spec.layers, pp, model.spec.layers);
   return c;
 }
 
@@ -535,11 +544,13 @@ Action setup(CLI::App& app) {
   app.add_option("--pp", pf->pp, "Constraint: pipeline-parallel size or list");
   app.add_option("--dp", pf->dp, "Constraint: data-parallel size or list");
   app.add_option("--vpp", pf->vpp, "Constraint: virtual stages per rank or list (above 1: interleaved)");
-  app.add_option("--micro-batch", pf->micro_batch, "Constraint: sequences per micro-batch or list (default 1,2,4,8)");
+  app.add_option("--micro-batch", pf->micro_batch,
+                 "Constraint: sequences per micro-batch or list (default 1,2,4,8)");
   app.add_option("--max-zero", pf->max_zero, "Constraint: highest ZeRO stage tried")->capture_default_str();
   app.add_option("--schedules", pf->schedules, "Constraint: schedules tried, e.g. 1f1b,interleaved");
   app.add_option("--recompute", pf->recompute, "Constraint: recompute modes tried, e.g. none,selective");
-  app.add_flag("--no-sequence-parallel", pf->no_sequence_parallel, "Constraint: never use sequence parallelism");
+  app.add_flag("--no-sequence-parallel", pf->no_sequence_parallel,
+               "Constraint: never use sequence parallelism");
   app.add_option("--pp-layers", pf->pp_layers,
                  "Constraint: blocks per pipeline chunk, e.g. 3,3,2 (pp*vpp entries; default balanced)");
   app.add_flag("--explain", pf->explain, "Show every term of the best layout with its inputs");
@@ -563,9 +574,10 @@ Action setup(CLI::App& app) {
   mem->add_option("--recompute", mf->recompute, "none, selective or full")->capture_default_str();
   mem->add_flag("--sequence-parallel", mf->layout.sequence_parallel, "Sequence parallelism with tp");
   mem->add_option("--zero", mf->layout.zero, "ZeRO stage 0-3 over dp")->capture_default_str();
-  mem->add_option("--pp-layers", mf->pp_layers,
-                  "Blocks per pipeline chunk, e.g. 3,3,2 (pp*vpp entries, chunk k on rank k mod pp); default: "
-                  "the balanced partition the pipeline runs");
+  mem->add_option(
+      "--pp-layers", mf->pp_layers,
+      "Blocks per pipeline chunk, e.g. 3,3,2 (pp*vpp entries, chunk k on rank k mod pp); default: "
+      "the balanced partition the pipeline runs");
   mem->footer("--global-batch defaults to micro_batch x dp x pp (pp micro-batches per pipeline).");
 
   return [pf, mf, mem]() -> int { return mem->parsed() ? run_memory(*mf) : run_search(*pf); };

@@ -33,7 +33,7 @@ struct Layout {
   Schedule schedule = Schedule::k1F1B;
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;
-  int zero = 0;  ///< ZeRO stage 0-3 over dp
+  int zero = 0;                                ///< ZeRO stage 0-3 over dp
   Attention attention = Attention::kStandard;  ///< the CLI defaults to flash
   /// Blocks per pipeline chunk (pp*vpp entries, chunk k on rank k mod pp); empty: the
   /// balanced partition of config/partition.hpp, what the pipeline executor runs.

@@ -148,9 +148,9 @@ TEST(Activations, FirstStageOf175bWithPipeline) {
 // bytes of fp32 log-sum-exp are kept. GPT-3 175B, s = 2048, b = 1, a = 96:
 // 4 a s b = 786,432 bytes per layer.
 double flash_layer(Recompute r, std::int64_t tp, bool sp) {
-  return activation_bytes_per_layer(model_preset("gpt3-175b"), 2048, 1,
-                                    {.tp = tp, .sequence_parallel = sp, .recompute = r,
-                                     .attention = Attention::kFlash});
+  return activation_bytes_per_layer(
+      model_preset("gpt3-175b"), 2048, 1,
+      {.tp = tp, .sequence_parallel = sp, .recompute = r, .attention = Attention::kFlash});
 }
 
 TEST(Activations, FlashDropsTheScoreTerm) {
@@ -177,9 +177,9 @@ TEST(Flops, FlashRecomputesTheScores) {
                    2 * b * s * s * h * l);
   // Full recompute: Narayanan's 96 (one more forward) plus the flash backward's Q K^T.
   const double full = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h));
-  EXPECT_NEAR(model_flops_per_step(m, s, b) +
-                  recompute_flops_per_step(m, s, b, Recompute::kFull, Attention::kFlash),
-              full + 2 * b * s * s * h * l, 1e-12 * full);
+  EXPECT_NEAR(
+      model_flops_per_step(m, s, b) + recompute_flops_per_step(m, s, b, Recompute::kFull, Attention::kFlash),
+      full + 2 * b * s * s * h * l, 1e-12 * full);
   // Standard attention without recompute recomputes nothing.
   EXPECT_EQ(recompute_flops_per_step(m, s, b, Recompute::kNone, Attention::kStandard), 0.0);
 }

@@ -136,8 +136,15 @@ TEST(Search, ConstraintsFixTheDims) {
             "tp=8 pp=4 zero<=1 schedule=1f1b,interleaved recompute=none,selective sequence_parallel=off");
   // Fixing every dim and option leaves exactly one layout per micro-batch size.
   SearchOptions one{.gpus = 64, .workload = {.seq = 8192, .global_batch = 256}, .top = 1000};
-  one.constraints = {.tp = {8}, .cp = {1}, .pp = {4}, .dp = {2}, .vpp = {1}, .micro_batch = {1},
-                     .max_zero = 1, .schedules = {Schedule::k1F1B}, .recomputes = {Recompute::kSelective}};
+  one.constraints = {.tp = {8},
+                     .cp = {1},
+                     .pp = {4},
+                     .dp = {2},
+                     .vpp = {1},
+                     .micro_batch = {1},
+                     .max_zero = 1,
+                     .schedules = {Schedule::k1F1B},
+                     .recomputes = {Recompute::kSelective}};
   const SearchResult r1 = search(model, hw, one);
   EXPECT_EQ(r1.considered, 2);  // ZeRO 0 and 1
   ASSERT_FALSE(r1.layouts.empty());
