@@ -1,0 +1,202 @@
+#include "ndmesh/parallel/cp/ring_attention.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::parallel {
+
+CpLayout parse_cp_layout(const std::string& name) {
+  if (name == "zigzag") return CpLayout::kZigzag;
+  if (name == "contiguous") return CpLayout::kContiguous;
+  fail<ConfigError>("train", "--cp-layout={}: use zigzag (balanced causal work, the default) or contiguous", name);
+}
+
+const char* to_string(CpLayout layout) { return layout == CpLayout::kZigzag ? "zigzag" : "contiguous"; }
+
+std::vector<std::string> cp_problems(std::int64_t seq, std::int64_t cp, CpLayout layout) {
+  std::vector<std::string> out;
+  if (cp <= 1) return out;
+  const std::int64_t chunks = layout == CpLayout::kZigzag ? 2 * cp : cp;
+  if (seq % chunks != 0)
+    out.push_back(fmt::format(
+        "--seq={} is not divisible by {} (--cp={}, {} layout: {} chunks of equal length); use --seq {} or a --cp that "
+        "divides it{}",
+        seq, chunks, cp, to_string(layout), layout == CpLayout::kZigzag ? "2 * cp" : "cp",
+        std::max(chunks, seq / chunks * chunks), layout == CpLayout::kZigzag ? " (or --cp-layout contiguous)" : ""));
+  return out;
+}
+
+std::vector<std::int64_t> cp_positions(std::int64_t seq, std::int64_t cp, std::int64_t rank, CpLayout layout) {
+  std::vector<std::int64_t> pos;
+  if (cp <= 1) {
+    pos.resize(static_cast<std::size_t>(seq));
+    std::iota(pos.begin(), pos.end(), std::int64_t{0});
+    return pos;
+  }
+  auto add = [&](std::int64_t from, std::int64_t count) {
+    for (std::int64_t i = 0; i < count; ++i) pos.push_back(from + i);
+  };
+  if (layout == CpLayout::kZigzag) {
+    const std::int64_t c = seq / (2 * cp);
+    add(rank * c, c);
+    add((2 * cp - 1 - rank) * c, c);
+  } else {
+    const std::int64_t c = seq / cp;
+    add(rank * c, c);
+  }
+  return pos;
+}
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Whether some key at kpos is visible to some query at qpos (key <= query).
+bool any_visible(const std::int64_t* qpos, const std::int64_t* kpos, std::int64_t n) {
+  const std::int64_t qmax = *std::max_element(qpos, qpos + n);
+  const std::int64_t kmin = *std::min_element(kpos, kpos + n);
+  return kmin <= qmax;
+}
+
+constexpr int kTagKv = 131, kTagPos = 132, kTagDkv = 133;
+}  // namespace
+
+template <typename T>
+void RingAttention<T>::forward(const nn::Attention<T>& attn, const T* qkv, T* out, T* lse, std::int64_t batch,
+                               std::int64_t seq, const std::int64_t* positions) const {
+  const int P = cp_.size();
+  if (P == 1) return attn.forward(qkv, out, lse, batch, seq, positions);
+  std::vector<std::int64_t> own(static_cast<std::size_t>(seq));
+  if (positions)
+    std::copy(positions, positions + seq, own.begin());
+  else
+    std::iota(own.begin(), own.end(), std::int64_t{0});
+  const nn::AttentionOptions& o = attn.options();
+  const std::int64_t H = o.heads, hd = o.head_dim, R = attn.qkv_width(), O = attn.out_width();
+  const std::int64_t W = 2 * o.kv_heads * hd, n = batch * seq;
+  const int next = (cp_.rank() + 1) % P, prev = (cp_.rank() + P - 1) % P;
+  for (int i = 0; i < 2; ++i) {
+    kv_[i].resize(static_cast<std::size_t>(n * W));
+    pos_[i].resize(static_cast<std::size_t>(seq));
+  }
+  part_out_.resize(static_cast<std::size_t>(n * O));
+  part_lse_.resize(static_cast<std::size_t>(batch * H * seq));
+  for (std::int64_t i = 0; i < n; ++i) std::copy_n(qkv + i * R + H * hd, W, kv_[0].data() + i * W);
+  pos_[0] = own;
+  int cur = 0;
+  for (int s = 0; s < P; ++s) {
+    std::vector<comm::Work> works;
+    if (s + 1 < P) {
+      works.push_back(cp_.send_async(std::span<const T>(kv_[cur]), next, {.tag = kTagKv}));
+      works.push_back(cp_.send_async(std::span<const std::int64_t>(pos_[cur]), next, {.tag = kTagPos}));
+      works.push_back(cp_.recv_async(std::span<T>(kv_[1 - cur]), prev, {.tag = kTagKv}));
+      works.push_back(cp_.recv_async(std::span<std::int64_t>(pos_[1 - cur]), prev, {.tag = kTagPos}));
+    }
+    const auto t0 = Clock::now();
+    if (s == 0 || any_visible(own.data(), pos_[cur].data(), seq)) {
+      ++stats_.blocks_computed;
+      for (std::int64_t b = 0; b < batch; ++b) {
+        const nn::AttentionRows<const T> q{.data = qkv + b * seq * R, .ld = R, .pos = own.data(), .rows = seq};
+        const nn::AttentionRows<const T> kv{
+            .data = kv_[cur].data() + b * seq * W, .ld = W, .pos = pos_[cur].data(), .rows = seq};
+        nn::AttentionTiles tiles;
+        if (s == 0) {
+          tiles = nn::attention_partial_forward<T>(o, q, kv, {.out = out + b * seq * O, .ld = O, .lse = lse + b * H * seq});
+        } else {
+          tiles = nn::attention_partial_forward<T>(
+              o, q, kv, {.out = part_out_.data() + b * seq * O, .ld = O, .lse = part_lse_.data() + b * H * seq});
+          nn::attention_merge<T>(o, seq, out + b * seq * O, O, lse + b * H * seq, part_out_.data() + b * seq * O, O,
+                                 part_lse_.data() + b * H * seq);
+        }
+        stats_.score_elements += tiles.elements * H;
+      }
+    } else {
+      ++stats_.blocks_skipped;
+    }
+    stats_.compute_seconds += since(t0);
+    const auto t1 = Clock::now();
+    comm::wait_all(works);
+    stats_.exposed_seconds += since(t1);
+    cur = 1 - cur;
+  }
+}
+
+template <typename T>
+void RingAttention<T>::backward(const nn::Attention<T>& attn, const T* dout, const T* qkv, const T* out,
+                                const T* lse, T* dqkv, std::int64_t batch, std::int64_t seq,
+                                const std::int64_t* positions) const {
+  const int P = cp_.size();
+  if (P == 1) return attn.backward(dout, qkv, out, lse, dqkv, batch, seq, positions);
+  std::vector<std::int64_t> own(static_cast<std::size_t>(seq));
+  if (positions)
+    std::copy(positions, positions + seq, own.begin());
+  else
+    std::iota(own.begin(), own.end(), std::int64_t{0});
+  const nn::AttentionOptions& o = attn.options();
+  const std::int64_t H = o.heads, hd = o.head_dim, R = attn.qkv_width(), O = attn.out_width();
+  const std::int64_t W = 2 * o.kv_heads * hd, n = batch * seq;
+  const int next = (cp_.rank() + 1) % P, prev = (cp_.rank() + P - 1) % P;
+  for (int i = 0; i < 2; ++i) {
+    kv_[i].resize(static_cast<std::size_t>(n * W));
+    dkv_[i].resize(static_cast<std::size_t>(n * W));
+    pos_[i].resize(static_cast<std::size_t>(seq));
+  }
+  delta_.resize(static_cast<std::size_t>(batch * H * seq));
+  for (std::int64_t b = 0; b < batch; ++b)
+    nn::attention_row_dot<T>(o, seq, out + b * seq * O, O, dout + b * seq * O, O, delta_.data() + b * H * seq);
+  for (std::int64_t i = 0; i < n; ++i) std::copy_n(qkv + i * R + H * hd, W, kv_[0].data() + i * W);
+  std::fill(dkv_[0].begin(), dkv_[0].end(), T(0));
+  pos_[0] = own;
+  int cur = 0;
+  for (int s = 0; s < P; ++s) {
+    // The next key/value block travels while this one is computed; its dK/dV follows
+    // once this rank has added its part.
+    std::vector<comm::Work> works;
+    if (s + 1 < P) {
+      works.push_back(cp_.send_async(std::span<const T>(kv_[cur]), next, {.tag = kTagKv}));
+      works.push_back(cp_.send_async(std::span<const std::int64_t>(pos_[cur]), next, {.tag = kTagPos}));
+      works.push_back(cp_.recv_async(std::span<T>(kv_[1 - cur]), prev, {.tag = kTagKv}));
+      works.push_back(cp_.recv_async(std::span<std::int64_t>(pos_[1 - cur]), prev, {.tag = kTagPos}));
+    }
+    const auto t0 = Clock::now();
+    if (s == 0 || any_visible(own.data(), pos_[cur].data(), seq)) {
+      for (std::int64_t b = 0; b < batch; ++b) {
+        const nn::AttentionRows<const T> q{.data = qkv + b * seq * R, .ld = R, .pos = own.data(), .rows = seq};
+        const nn::AttentionRows<const T> kv{
+            .data = kv_[cur].data() + b * seq * W, .ld = W, .pos = pos_[cur].data(), .rows = seq};
+        nn::attention_partial_backward<T>(o, q, kv,
+                                          {.dout = dout + b * seq * O,
+                                           .ld_dout = O,
+                                           .lse = lse + b * H * seq,
+                                           .delta = delta_.data() + b * H * seq,
+                                           .dq = dqkv + b * seq * R,
+                                           .ld_dq = R,
+                                           .dkv = dkv_[cur].data() + b * seq * W,
+                                           .ld_dkv = W});
+      }
+    }
+    stats_.compute_seconds += since(t0);
+    works.push_back(cp_.send_async(std::span<const T>(dkv_[cur]), next, {.tag = kTagDkv}));
+    works.push_back(cp_.recv_async(std::span<T>(dkv_[1 - cur]), prev, {.tag = kTagDkv}));
+    const auto t1 = Clock::now();
+    comm::wait_all(works);
+    stats_.exposed_seconds += since(t1);
+    cur = 1 - cur;
+  }
+  // After cp hops the block in hand is this rank's own, with the gradient of its k and v.
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T* d = dkv_[cur].data() + i * W;
+    T* g = dqkv + i * R + H * hd;
+    for (std::int64_t j = 0; j < W; ++j) g[j] += d[j];
+  }
+}
+
+template class RingAttention<float>;
+template class RingAttention<double>;
+
+}  // namespace ndmesh::parallel
