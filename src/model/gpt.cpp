@@ -1,5 +1,6 @@
 #include "ndmesh/model/gpt.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -266,9 +267,13 @@ double GptT<T>::flops_per_step() const {
   // lower triangle of tiles, diagonal tiles whole), times 2 hd per product, times 7
   // products: Q Kᵀ and P V forward; Q Kᵀ again (the recomputed scores), Pᵀ dO, dO Vᵀ,
   // dS K and dSᵀ Q backward.
-  std::vector<std::int64_t> pos(static_cast<std::size_t>(seq_));
+  // Queries at this model's positions; keys at every earlier position (all of them are
+  // local in a serial run; a context-parallel rank gets the others around the ring).
+  const std::int64_t keys = *std::max_element(positions_.begin(), positions_.end()) + 1;
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(keys));
   std::iota(pos.begin(), pos.end(), std::int64_t{0});
-  const double scores = static_cast<double>(nn::attention_tiles(pos.data(), seq_, pos.data(), seq_).elements);
+  const double scores =
+      static_cast<double>(nn::attention_tiles(positions_.data(), seq_, pos.data(), keys).elements);
   const double attention = 7 * 2 * hd * scores * static_cast<double>(batch_) * h;
   return static_cast<double>(blocks_.size()) * (3 * per_block + attention) + 3 * head;
 }

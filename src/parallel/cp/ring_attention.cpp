@@ -24,10 +24,10 @@ std::vector<std::string> cp_problems(std::int64_t seq, std::int64_t cp, CpLayout
   const std::int64_t chunks = layout == CpLayout::kZigzag ? 2 * cp : cp;
   if (seq % chunks != 0)
     out.push_back(fmt::format(
-        "--seq={} is not divisible by {} (--cp={}, {} layout: {} chunks of equal length); use --seq {} or a --cp that "
-        "divides it{}",
+        "--seq={} is not divisible by {} (--cp={}, {} layout: {} chunks of equal length); use --seq {} (or another "
+        "multiple of {}){}",
         seq, chunks, cp, to_string(layout), layout == CpLayout::kZigzag ? "2 * cp" : "cp",
-        std::max(chunks, seq / chunks * chunks), layout == CpLayout::kZigzag ? " (or --cp-layout contiguous)" : ""));
+        std::max(chunks, seq / chunks * chunks), chunks, layout == CpLayout::kZigzag ? " (or --cp-layout contiguous)" : ""));
   return out;
 }
 
@@ -150,12 +150,15 @@ void RingAttention<T>::backward(const nn::Attention<T>& attn, const T* dout, con
   for (std::int64_t b = 0; b < batch; ++b)
     nn::attention_row_dot<T>(o, seq, out + b * seq * O, O, dout + b * seq * O, O, delta_.data() + b * H * seq);
   for (std::int64_t i = 0; i < n; ++i) std::copy_n(qkv + i * R + H * hd, W, kv_[0].data() + i * W);
-  std::fill(dkv_[0].begin(), dkv_[0].end(), T(0));
+  acc_in_.resize(static_cast<std::size_t>(n * W));
   pos_[0] = own;
   int cur = 0;
+  comm::Work recv_acc, send_acc[2];
   for (int s = 0; s < P; ++s) {
-    // The next key/value block travels while this one is computed; its dK/dV follows
-    // once this rank has added its part.
+    // The next key/value block travels while this one is computed. The dK/dV accumulator
+    // of the block in hand (what the ranks that held it before added) is received
+    // meanwhile too: this rank computes its own part into a zeroed buffer, adds the
+    // accumulator and passes the sum on, so only the add waits for the previous rank.
     std::vector<comm::Work> works;
     if (s + 1 < P) {
       works.push_back(cp_.send_async(std::span<const T>(kv_[cur]), next, {.tag = kTagKv}));
@@ -163,7 +166,13 @@ void RingAttention<T>::backward(const nn::Attention<T>& attn, const T* dout, con
       works.push_back(cp_.recv_async(std::span<T>(kv_[1 - cur]), prev, {.tag = kTagKv}));
       works.push_back(cp_.recv_async(std::span<std::int64_t>(pos_[1 - cur]), prev, {.tag = kTagPos}));
     }
-    const auto t0 = Clock::now();
+    if (s > 0) recv_acc = cp_.recv_async(std::span<T>(acc_in_), prev, {.tag = kTagDkv});
+    std::vector<T>& local = dkv_[s % 2];
+    auto t = Clock::now();
+    send_acc[s % 2].wait();  // the send of this buffer two steps ago
+    stats_.exposed_seconds += since(t);
+    t = Clock::now();
+    std::fill(local.begin(), local.end(), T(0));
     if (s == 0 || any_visible(own.data(), pos_[cur].data(), seq)) {
       for (std::int64_t b = 0; b < batch; ++b) {
         const nn::AttentionRows<const T> q{.data = qkv + b * seq * R, .ld = R, .pos = own.data(), .rows = seq};
@@ -176,21 +185,31 @@ void RingAttention<T>::backward(const nn::Attention<T>& attn, const T* dout, con
                                            .delta = delta_.data() + b * H * seq,
                                            .dq = dqkv + b * seq * R,
                                            .ld_dq = R,
-                                           .dkv = dkv_[cur].data() + b * seq * W,
+                                           .dkv = local.data() + b * seq * W,
                                            .ld_dkv = W});
       }
     }
-    stats_.compute_seconds += since(t0);
-    works.push_back(cp_.send_async(std::span<const T>(dkv_[cur]), next, {.tag = kTagDkv}));
-    works.push_back(cp_.recv_async(std::span<T>(dkv_[1 - cur]), prev, {.tag = kTagDkv}));
-    const auto t1 = Clock::now();
+    stats_.compute_seconds += since(t);
+    if (s > 0) {
+      t = Clock::now();
+      recv_acc.wait();
+      stats_.exposed_seconds += since(t);
+      for (std::int64_t i = 0; i < n * W; ++i) local[i] += acc_in_[i];
+    }
+    send_acc[s % 2] = cp_.send_async(std::span<const T>(local), next, {.tag = kTagDkv});
+    t = Clock::now();
     comm::wait_all(works);
-    stats_.exposed_seconds += since(t1);
+    stats_.exposed_seconds += since(t);
     cur = 1 - cur;
   }
-  // After cp hops the block in hand is this rank's own, with the gradient of its k and v.
+  // After cp hops this rank's own block comes back with every rank's part of its dK/dV.
+  auto t = Clock::now();
+  cp_.recv(std::span<T>(acc_in_), prev, {.tag = kTagDkv});
+  send_acc[0].wait();
+  send_acc[1].wait();
+  stats_.exposed_seconds += since(t);
   for (std::int64_t i = 0; i < n; ++i) {
-    const T* d = dkv_[cur].data() + i * W;
+    const T* d = acc_in_.data() + i * W;
     T* g = dqkv + i * R + H * hd;
     for (std::int64_t j = 0; j < W; ++j) g[j] += d[j];
   }

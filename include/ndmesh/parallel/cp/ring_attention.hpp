@@ -5,8 +5,10 @@
 // receive of the next block from the previous one, then computes the partial attention
 // of the local queries against the block in hand (overlapped with the transfer), and
 // merges it into the running (out, lse). The backward sends the blocks around again
-// with a dK/dV accumulator that travels with its block: after cp hops the block and its
-// gradient are back at their owner. Blocks the causal mask empties are skipped.
+// with a dK/dV accumulator that follows its block: each rank computes its part of the
+// block in hand into a zeroed buffer while the accumulator so far arrives, adds it and
+// passes the sum on; after cp hops the sum is back at the owner. Blocks the causal mask
+// empties are skipped.
 //
 // Layouts: a sequence of seq tokens is cut into 2*cp chunks; zigzag gives rank i chunks
 // i and 2cp-1-i (every rank gets the same amount of causal work), contiguous gives rank i
@@ -40,7 +42,7 @@ struct RingAttentionStats {
   std::int64_t blocks_computed = 0;  ///< forward: key/value blocks with some visible key
   std::int64_t blocks_skipped = 0;   ///< forward: blocks the causal mask empties
   double compute_seconds = 0;        ///< forward + backward: partial kernels and merges
-  double exposed_seconds = 0;        ///< forward + backward: waiting for ring transfers after computing
+  double exposed_seconds = 0;        ///< forward + backward: waiting for ring transfers (and the neighbours)
 };
 
 /// The attention core of a context-parallel rank (see above). Collective over `cp`: every
@@ -63,7 +65,7 @@ class RingAttention final : public nn::AttentionCore<T> {
   mutable RingAttentionStats stats_;
   // Ring buffers, reused between calls: [k | v] rows of the block in hand and the next,
   // their positions, and the travelling dK/dV.
-  mutable std::vector<T> kv_[2], dkv_[2], part_out_, part_lse_, delta_;
+  mutable std::vector<T> kv_[2], dkv_[2], acc_in_, part_out_, part_lse_, delta_;
   mutable std::vector<std::int64_t> pos_[2];
 };
 
