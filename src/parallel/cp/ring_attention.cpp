@@ -64,6 +64,9 @@ bool any_visible(const std::int64_t* qpos, const std::int64_t* kpos, std::int64_
 }
 
 constexpr int kTagKv = 131, kTagPos = 132, kTagDkv = 133;
+// Query rows per partial call: the transfers in flight are polled between calls (a
+// multiple of the kernel's tile, so the tiling is that of one call).
+constexpr std::int64_t kPollRows = 4 * nn::kAttentionTile;
 }  // namespace
 
 template <typename T>
@@ -101,18 +104,28 @@ void RingAttention<T>::forward(const nn::Attention<T>& attn, const T* qkv, T* ou
     if (s == 0 || any_visible(own.data(), pos_[cur].data(), seq)) {
       ++stats_.blocks_computed;
       for (std::int64_t b = 0; b < batch; ++b) {
-        const nn::AttentionRows<const T> q{.data = qkv + b * seq * R, .ld = R, .pos = own.data(), .rows = seq};
         const nn::AttentionRows<const T> kv{
             .data = kv_[cur].data() + b * seq * W, .ld = W, .pos = pos_[cur].data(), .rows = seq};
+        // Query rows in tile-aligned chunks, polling the transfers in flight between them:
+        // without a progress thread MPI moves large messages only inside MPI calls.
+        T* dst_out = s == 0 ? out + b * seq * O : part_out_.data() + b * seq * O;
+        T* dst_lse = s == 0 ? lse + b * H * seq : part_lse_.data() + b * H * seq;
         nn::AttentionTiles tiles;
-        if (s == 0) {
-          tiles = nn::attention_partial_forward<T>(o, q, kv, {.out = out + b * seq * O, .ld = O, .lse = lse + b * H * seq});
-        } else {
-          tiles = nn::attention_partial_forward<T>(
-              o, q, kv, {.out = part_out_.data() + b * seq * O, .ld = O, .lse = part_lse_.data() + b * H * seq});
+        for (std::int64_t r0 = 0; r0 < seq; r0 += kPollRows) {
+          const std::int64_t rows = std::min(kPollRows, seq - r0);
+          chunk_lse_.resize(static_cast<std::size_t>(H * rows));
+          const nn::AttentionRows<const T> qc{
+              .data = qkv + (b * seq + r0) * R, .ld = R, .pos = own.data() + r0, .rows = rows};
+          tiles.elements += nn::attention_partial_forward<T>(
+                                o, qc, kv, {.out = dst_out + r0 * O, .ld = O, .lse = chunk_lse_.data()})
+                                .elements;
+          for (std::int64_t h = 0; h < H; ++h)
+            std::copy_n(chunk_lse_.data() + h * rows, rows, dst_lse + h * seq + r0);
+          for (comm::Work& w : works) w.test();
+        }
+        if (s > 0)
           nn::attention_merge<T>(o, seq, out + b * seq * O, O, lse + b * H * seq, part_out_.data() + b * seq * O, O,
                                  part_lse_.data() + b * H * seq);
-        }
         stats_.score_elements += tiles.elements * H;
       }
     } else {
@@ -175,18 +188,32 @@ void RingAttention<T>::backward(const nn::Attention<T>& attn, const T* dout, con
     std::fill(local.begin(), local.end(), T(0));
     if (s == 0 || any_visible(own.data(), pos_[cur].data(), seq)) {
       for (std::int64_t b = 0; b < batch; ++b) {
-        const nn::AttentionRows<const T> q{.data = qkv + b * seq * R, .ld = R, .pos = own.data(), .rows = seq};
         const nn::AttentionRows<const T> kv{
             .data = kv_[cur].data() + b * seq * W, .ld = W, .pos = pos_[cur].data(), .rows = seq};
-        nn::attention_partial_backward<T>(o, q, kv,
-                                          {.dout = dout + b * seq * O,
-                                           .ld_dout = O,
-                                           .lse = lse + b * H * seq,
-                                           .delta = delta_.data() + b * H * seq,
-                                           .dq = dqkv + b * seq * R,
-                                           .ld_dq = R,
-                                           .dkv = local.data() + b * seq * W,
-                                           .ld_dkv = W});
+        for (std::int64_t r0 = 0; r0 < seq; r0 += kPollRows) {
+          const std::int64_t rows = std::min(kPollRows, seq - r0);
+          chunk_lse_.resize(static_cast<std::size_t>(2 * H * rows));
+          T* clse = chunk_lse_.data();
+          T* cdelta = clse + H * rows;
+          for (std::int64_t h = 0; h < H; ++h) {
+            std::copy_n(lse + b * H * seq + h * seq + r0, rows, clse + h * rows);
+            std::copy_n(delta_.data() + b * H * seq + h * seq + r0, rows, cdelta + h * rows);
+          }
+          const nn::AttentionRows<const T> qc{
+              .data = qkv + (b * seq + r0) * R, .ld = R, .pos = own.data() + r0, .rows = rows};
+          nn::attention_partial_backward<T>(o, qc, kv,
+                                            {.dout = dout + (b * seq + r0) * O,
+                                             .ld_dout = O,
+                                             .lse = clse,
+                                             .delta = cdelta,
+                                             .dq = dqkv + (b * seq + r0) * R,
+                                             .ld_dq = R,
+                                             .dkv = local.data() + b * seq * W,
+                                             .ld_dkv = W});
+          for (comm::Work& w : works) w.test();
+          if (s > 0) recv_acc.test();
+          send_acc[1 - s % 2].test();
+        }
       }
     }
     stats_.compute_seconds += since(t);

@@ -65,7 +65,7 @@ class RingAttention final : public nn::AttentionCore<T> {
   mutable RingAttentionStats stats_;
   // Ring buffers, reused between calls: [k | v] rows of the block in hand and the next,
   // their positions, and the travelling dK/dV.
-  mutable std::vector<T> kv_[2], dkv_[2], acc_in_, part_out_, part_lse_, delta_;
+  mutable std::vector<T> kv_[2], dkv_[2], acc_in_, part_out_, part_lse_, delta_, chunk_lse_;
   mutable std::vector<std::int64_t> pos_[2];
 };
 
