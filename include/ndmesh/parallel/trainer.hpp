@@ -12,8 +12,12 @@
 //     backward (ZeRO: reduce-scatter to shards);
 //  5. the gradient norm is global (summed over every shard), then AdamW with clipping at
 //     the step's learning rate (ZeRO: on the shard, then the parameters are gathered).
-// The strategies that split the model itself (tp, pp, cp) plug in at steps 3 and 4:
-// they are refused with a clear error until they exist.
+// Context parallelism (--cp) splits each sequence: a cp rank keeps its positions of every
+// sequence of its dp slice (zigzag or contiguous chunks, parallel/cp/ring_attention.hpp),
+// runs the model on those tokens with RingAttention as the attention core, and the
+// GradReducer (and the loss sum) work over the dp-cp group instead of dp.
+// The strategies that split the model's weights (tp, pp) plug in at steps 3 and 4: they
+// are refused with a clear error until they exist.
 #pragma once
 
 #include <cstdint>
