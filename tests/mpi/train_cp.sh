@@ -2,7 +2,8 @@
 # Context-parallel training with real processes: ring attention over --cp ranks, zigzag
 # and contiguous layouts, multi-head and grouped-query, cp alone and dp x cp (also with
 # ZeRO 1): the losses of 20 steps equal the serial run's within 1e-5 relative. Bad
-# sequence lengths and layouts fail cleanly naming the flags.
+# sequence lengths and layouts fail cleanly naming the flags. A checkpoint saved under
+# dp x cp continues serially and under another cp layout with the uninterrupted losses.
 #   train_cp.sh <mpirun command...> <path to ndmesh>
 set -euo pipefail
 ndmesh=${*: -1}
@@ -48,6 +49,21 @@ check 4 2 dp2_cp2_zero1_micro --dp 2 --cp 2 --zero 1 --micro-batch 1 --bucket-mb
 
 jq -e '.layout.cp == 2 and .layout.dp == 2' "$tmp/dp2_cp2.json" > /dev/null || fail "dp2_cp2 layout: $(jq -c .layout "$tmp/dp2_cp2.json")"
 grep -q "context parallel: 2 ranks, zigzag layout, 16 of 32 tokens" "$tmp/cp2_zigzag.out" || fail "cp2 does not print its layout"
+
+# Save under dp 2 x cp 2 (ZeRO 1) at step 10, continue serially and under cp 2: steps 11..20 as uninterrupted.
+"${mpirun[@]}" -np 4 "$ndmesh" train "${base[@]}" --seq 32 --kv-heads 2 --dp 2 --cp 2 --zero 1 --until 10 \
+  --save "$tmp/ck.bin" > /dev/null || fail "save under dp 2 x cp 2"
+for layout in "1 --dp 1" "2 --cp 2 --cp-layout contiguous"; do
+  set -- $layout
+  np=$1
+  shift
+  "${mpirun[@]}" -np "$np" "$ndmesh" train "${base[@]}" --seq 32 --kv-heads 2 "$@" --load "$tmp/ck.bin" |
+    tail -n 1 > "$tmp/resumed.json" || fail "load under $layout"
+  d=$(jq -n --slurpfile a "$tmp/serial_kv2.json" --slurpfile b "$tmp/resumed.json" \
+    '[$a[0].losses[10:], $b[0].losses] | transpose | map((.[0] - .[1]) / .[0] | if . < 0 then -. else . end) | max')
+  echo "saved under dp 2 x cp 2, resumed under $layout: max relative difference $d"
+  awk -v d="$d" 'BEGIN{exit !(d < 1e-5)}' || fail "resumed under $layout differs by $d"
+done
 
 expect_usage() {
   local needle=$1 np=$2
