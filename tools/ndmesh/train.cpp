@@ -1,5 +1,5 @@
 // `ndmesh train`: trains the GPT model, alone or under a launcher (mpirun, srun, ndmesh
-// launch) with the layout flags of `ndmesh mesh` (--dp N so far). A layout of size 1 is
+// launch) with the layout flags of `ndmesh mesh` (--dp N, --cp N). A layout of size 1 is
 // the serial run, on the same code path. With no data flag it trains on a seeded Markov
 // chain whose entropy rate is known exactly, so the printout shows how far the loss is
 // from the best possible. Rank 0 prints one progress line per step (a redrawn bar when
@@ -184,7 +184,9 @@ int train(Options o, comm::Communicator& world) {
   // Refuse sizes that would not fit instead of being killed half-way through allocation.
   const std::int64_t dp = layout.mesh.size_of("dp");
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : std::max<std::int64_t>(1, o.batch / dp);
-  const double need_bytes = model::gpt_memory_elements(t.model, micro, o.seq) * sizeof(float) * 3 / 2 *
+  // A context-parallel rank keeps the activations of its seq / cp tokens.
+  const std::int64_t local_seq = std::max<std::int64_t>(1, o.seq / std::max<std::int64_t>(1, layout.mesh.size_of("cp")));
+  const double need_bytes = model::gpt_memory_elements(t.model, micro, local_seq) * sizeof(float) * 3 / 2 *
                             static_cast<double>(world.size());
   const double have_bytes =
       static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
@@ -431,7 +433,8 @@ Action setup(CLI::App& app) {
   return [o] { return run(*o); };
 }
 
-const Subcommand kTrain{"train", "Train the GPT model, alone or data-parallel under mpirun (Markov source or a file)",
+const Subcommand kTrain{"train",
+                        "Train the GPT model, alone or data- and context-parallel under mpirun (Markov source or a file)",
                         setup};
 
 }  // namespace
