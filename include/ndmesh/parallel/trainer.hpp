@@ -12,8 +12,12 @@
 //     backward (ZeRO: reduce-scatter to shards);
 //  5. the gradient norm is global (summed over every shard), then AdamW with clipping at
 //     the step's learning rate (ZeRO: on the shard, then the parameters are gathered).
-// The strategies that split the model itself (tp, pp, cp) plug in at steps 3 and 4:
-// they are refused with a clear error until they exist.
+// Context parallelism (--cp) splits each sequence: a cp rank keeps its positions of every
+// sequence of its dp slice (zigzag or contiguous chunks, parallel/cp/ring_attention.hpp),
+// runs the model on those tokens with RingAttention as the attention core, and the
+// GradReducer (and the loss sum) work over the dp-cp group instead of dp.
+// The strategies that split the model's weights (tp, pp) plug in at steps 3 and 4: they
+// are refused with a clear error until they exist.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +30,7 @@
 #include "ndmesh/model/data.hpp"
 #include "ndmesh/model/gpt.hpp"
 #include "ndmesh/nn/adamw.hpp"
+#include "ndmesh/parallel/cp/ring_attention.hpp"
 #include "ndmesh/parallel/dp/grad_reducer.hpp"
 
 namespace ndmesh::parallel {
@@ -42,6 +47,7 @@ struct TrainOptions {
   nn::AdamWOptions adamw;
   std::uint64_t seed = 1;  ///< model initialisation seed
   DataParallelOptions dp;
+  CpLayout cp_layout = CpLayout::kZigzag;  ///< which chunks of each sequence a cp rank holds
 };
 
 /// What one step did (the same numbers on every rank).
@@ -100,8 +106,11 @@ class Trainer {
   const Mesh& mesh() const { return groups_.mesh(); }
 
  private:
-  // Sum over the data-parallel group of a few doubles (in place).
+  // Sum over the gradient group (dp-cp) of a few doubles (in place).
   void sum_over_dp(std::span<double> values);
+  // Fetches the micro-batch of sequences [first, first + count) of `stream` and keeps
+  // this cp rank's positions of each in tokens_ / targets_.
+  void load_batch(std::uint64_t stream, std::int64_t index, std::int64_t first, std::int64_t count);
 
   TrainOptions options_;
   std::unique_ptr<model::DataSource> data_;
@@ -109,6 +118,11 @@ class Trainer {
   comm::Communicator dp_;
   std::int64_t dp_rank_ = 0, dp_size_ = 1;
   std::int64_t local_batch_ = 0, microbatches_ = 1;
+  comm::Communicator grad_;  // dp-cp: parameters are replicated over it, gradients summed
+  std::int64_t grad_size_ = 1, cp_size_ = 1;
+  std::vector<std::int64_t> positions_;  // this cp rank's positions of each sequence
+  std::shared_ptr<RingAttention<float>> ring_;
+  std::vector<std::int32_t> full_tokens_, full_targets_;
   std::unique_ptr<model::Gpt> model_;
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<nn::AdamW<float>> adam_;
