@@ -48,6 +48,7 @@ check 4 dp4 --dp 4
 check 2 dp2_micro --dp 2 --micro-batch 2
 check 4 dp4_micro --dp 4 --micro-batch 1
 check 2 dp2_no_overlap --dp 2 --no-overlap --bucket-mb 0.01
+check 2 dp2_no_progress_thread --dp 2 --no-progress-thread --allreduce ring --bucket-mb 0.01
 check 2 dp2_zero1 --dp 2 --zero 1 --micro-batch 3 --bucket-mb 0.01
 check 4 dp4_zero2 --dp 4 --zero 2 --micro-batch 1 --bucket-mb 0.01
 check 3 dp3_zero1 --dp 3 --zero 1

@@ -38,6 +38,7 @@ struct Options {
   std::int64_t micro_batch = 0;
   double bucket_mb = 25;
   bool no_overlap = false;
+  bool no_progress_thread = false;
   int zero = 0;
   std::string allreduce = "mpi";
   std::string cp_layout = "zigzag";
@@ -185,7 +186,8 @@ int train(Options o, comm::Communicator& world) {
                                   .overlap = !o.no_overlap,
                                   .zero = o.zero,
                                   .algorithm = comm::parse_algorithm(o.allreduce),
-                                  .ranks_per_node = layout.config.ranks_per_node},
+                                  .ranks_per_node = layout.config.ranks_per_node,
+                                  .progress_thread = !o.no_progress_thread},
                            .cp_layout = parallel::parse_cp_layout(o.cp_layout)};
   // Refuse sizes that would not fit instead of being killed half-way through allocation.
   const std::int64_t dp = layout.mesh.size_of("dp");
@@ -371,6 +373,10 @@ Action setup(CLI::App& app) {
       ->group("Parallel");
   app.add_flag("--no-overlap", o->no_overlap,
                "reduce gradients after the whole backward instead of overlapping it (the baseline)")
+      ->group("Parallel");
+  app.add_flag("--no-progress-thread", o->no_progress_thread,
+               "with overlap: advance the buckets in flight from the backward itself (between sub-layers) "
+               "instead of from a helper thread")
       ->group("Parallel");
   app.add_option("--zero", o->zero, "ZeRO stage over dp: 0, 1 (shard optimizer state) or 2 (and gradients)")
       ->capture_default_str()
