@@ -5,6 +5,7 @@
 // from the best possible. Rank 0 prints one progress line per step (a redrawn bar when
 // stdout is a terminal); with --json the last line is one JSON object. An error on any
 // rank is printed with its rank and ends the whole job at once.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -291,7 +292,11 @@ int train(Options o, comm::Communicator& world) {
   // this is the same file, not a held-out split.)
   const double final_loss = o.eval_batches > 0 ? trainer.evaluate(o.eval_batches) : last_loss;
   // Rank 0 reports the slowest rank's communication and the largest memory.
-  std::array<double, 3> slowest = {comm_seconds, exposed_seconds, step_seconds};
+  // Peak resident memory of the process (Linux: ru_maxrss in KiB), the largest rank's.
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  std::array<double, 4> slowest = {comm_seconds, exposed_seconds, step_seconds,
+                                   1024.0 * static_cast<double>(usage.ru_maxrss)};
   world.all_reduce(std::span<double>(slowest), {.op = comm::ReduceOp::kMax});
   const parallel::MemoryBytes mem = trainer.memory();
   if (!lead) return 0;
@@ -335,7 +340,8 @@ int train(Options o, comm::Communicator& world) {
                          {"grads", mem.grads},
                          {"optimizer", mem.optimizer},
                          {"activations", mem.activations},
-                         {"grad_workspace", mem.grad_workspace}};
+                         {"grad_workspace", mem.grad_workspace},
+                         {"peak_rss", slowest[3]}};
     if (!o.save.empty()) j["checkpoint"] = o.save;
     // Full precision: the losses are compared with other layouts' to 1e-5.
     fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
