@@ -222,7 +222,9 @@ std::vector<std::string> model_problems(const ModelSpec& m) {
   positive("hidden", m.hidden);
   positive("heads", m.heads);
   positive("seq", m.seq);
-  positive("vocab", m.vocab);
+  // A vocabulary of one token has nothing to predict (the loss is 0 and the gradient
+  // too); the model layer needs at least 2.
+  if (m.vocab < 2) out.push_back(fmt::format("model vocab={} must be at least 2; e.g. vocab=50304", m.vocab));
   if (m.kv_heads < 0)
     out.push_back(fmt::format("model kv_heads={} must be positive, or 0 for heads", m.kv_heads));
   if (m.ffn < 0) out.push_back(fmt::format("model ffn={} must be positive, or 0 for 4*hidden", m.ffn));

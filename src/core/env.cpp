@@ -24,7 +24,7 @@ namespace {
 const Variable& declared(std::string_view name) {
   for (const auto& v : variables())
     if (v.name == name) return v;
-  fail<>("env", "{} is read but not declared in src/core/env.cpp", name);
+  fail<InternalError>("env", "{} is read but not declared in src/core/env.cpp", name);
 }
 }  // namespace
 

@@ -64,6 +64,9 @@ int main(int argc, char** argv) {
   } catch (const ConfigError& e) {
     fmt::print(stderr, "ndmesh: {}\n", e.what());
     return cli::kExitUsage;
+  } catch (const InternalError& e) {
+    fmt::print(stderr, "ndmesh: internal error: {}\n", e.what());
+    return 1;
   } catch (const Error& e) {
     fmt::print(stderr, "ndmesh: {}\n", e.what());
     return 1;
