@@ -27,19 +27,27 @@ bool is_standard(std::string_view name) {
   return std::find(s.begin(), s.end(), name) != s.end();
 }
 
-// The divisors of n closest to `around` from below and above (excluding `around`).
+// The divisors of n closest to `around` from below and above (excluding `around`). The
+// search steps at most kSteps values each way, so a huge n or `around` (--tp 2^40) answers
+// at once: past that, gcd(n, around) (a divisor of n below `around`) and n itself stand in.
 std::string nearest_divisors(std::int64_t n, std::int64_t around, std::string_view field) {
+  constexpr std::int64_t kSteps = 1 << 16;
   std::int64_t below = 0, above = 0;
-  for (std::int64_t d = around - 1; d >= 1; --d)
-    if (n % d == 0) {
-      below = d;
-      break;
-    }
-  for (std::int64_t d = around + 1; d <= n; ++d)
-    if (n % d == 0) {
-      above = d;
-      break;
-    }
+  if (n >= 1 && around >= 1) {
+    const std::int64_t start = std::min(around - 1, n);
+    for (std::int64_t d = start; d >= 1 && start - d < kSteps; --d)
+      if (n % d == 0) {
+        below = d;
+        break;
+      }
+    if (below == 0 && around > 1) below = std::gcd(n, around) < around ? std::gcd(n, around) : 0;
+    for (std::int64_t d = around + 1; d <= n && d - around <= kSteps; ++d)
+      if (n % d == 0) {
+        above = d;
+        break;
+      }
+    if (above == 0 && n > around) above = n;
+  }
   if (below && above) return fmt::format("{}={} or {}={}", field, below, field, above);
   if (below) return fmt::format("{}={}", field, below);
   if (above) return fmt::format("{}={}", field, above);
