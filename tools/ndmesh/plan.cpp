@@ -296,7 +296,7 @@ void print_header(const PlanModel& model, const Hardware& hw, std::int64_t gpus,
 struct PlanFlags {
   ModelHardwareFlags common;
   std::int64_t gpus = 0;
-  std::size_t top = 10;
+  std::int64_t top = 10;
   bool explain = false;
 };
 
@@ -315,13 +315,17 @@ int run_search(const PlanFlags& f) {
       f.common.global_batch >= 1, "plan",
       "--global-batch {} is missing or below 1; give sequences per step, e.g. --global-batch 1024",
       f.common.global_batch);
-  NDMESH_CHECK_CONFIG(f.top >= 1, "plan", "--top {} must be at least 1, e.g. --top 10", f.top);
+  NDMESH_CHECK_CONFIG(f.top >= 1 && f.top <= static_cast<std::int64_t>(plan::kMaxTop), "plan",
+                      "--top {} must be in 1..{}, e.g. --top 10", f.top, plan::kMaxTop);
+  NDMESH_CHECK_CONFIG(f.gpus <= plan::kMaxSearchGpus, "plan",
+                      "--gpus {} is above the planner's limit of {} GPUs; plan a smaller job, e.g. --gpus {}",
+                      f.gpus, plan::kMaxSearchGpus, plan::kMaxSearchGpus);
   const PlanModel model = resolve_model(f.common);
   const Hardware hw = resolve_hardware(f.common);
   const plan::Workload w{.seq = model.spec.seq, .global_batch = f.common.global_batch};
   const plan::Precision precision = resolve_precision(f.common);
   const plan::SearchResult r =
-      plan::search(model, hw, {.gpus = f.gpus, .workload = w, .top = f.top, .precision = precision});
+      plan::search(model, hw, {.gpus = f.gpus, .workload = w, .top = static_cast<std::size_t>(f.top), .precision = precision});
 
   if (f.common.json) {
     nlohmann::json out;

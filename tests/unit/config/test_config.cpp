@@ -296,7 +296,7 @@ TEST_F(ConfigFileTest, WrongTypeAndSyntaxAndMissingFile) {
   EXPECT_THROW(load_config_file(write("[parallel\ntp = 2\n")), ConfigError);
   EXPECT_THROW(load_config_file(write("[model]\nlayers = 2.5\n")), ConfigError);
   EXPECT_THROW(load_config_file(write("[parallel]\nschedule = \"fast\"\n")), ConfigError);
-  EXPECT_THROW(load_config_file("/nonexistent/ndmesh.toml"), IoError);
+  EXPECT_THROW(load_config_file("/nonexistent/ndmesh.toml"), ConfigError);
 }
 
 }  // namespace
