@@ -33,8 +33,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 1: {
         // sizes from the second line: "dp=2,tp=4"
         std::map<std::string, std::int64_t> sizes;
-        if (!second.empty())
-          for (const auto& d : Mesh::parse(second).dims()) sizes[d.name] = d.size;
+        if (!second.empty()) {
+          const Mesh given = Mesh::parse(second);  // keep it alive: dims() is a reference into it
+          for (const auto& d : given.dims()) sizes[d.name] = d.size;
+        }
         (void)Mesh::from_order(line, sizes).to_string();
         break;
       }
@@ -46,8 +48,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           spec.megatron_order = std::string(line);
         else
           spec.dims = std::string(line);
-        if (!second.empty())
-          for (const auto& d : Mesh::parse(second).dims()) spec.sizes[d.name] = d.size;
+        if (!second.empty()) {
+          const Mesh given = Mesh::parse(second);
+          for (const auto& d : given.dims()) spec.sizes[d.name] = d.size;
+        }
         auto dims = layout_dims(spec);
         ParallelConfig c;
         c.dims = dims;
