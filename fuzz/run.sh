@@ -13,7 +13,7 @@ for exe in "$build"/fuzz/fuzz_*; do
   mkdir -p "$build/corpus/$target" "$build/artifacts/$target"
   log="$build/$target.log"
   echo "== $target: ${seconds} s"
-  "$exe" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=4096 -print_final_stats=1 \
+  "$exe" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=8192 -print_final_stats=1 \
     -artifact_prefix="$build/artifacts/$target/" "$build/corpus/$target" "$here/corpus/$target" >"$log" 2>&1
   rc=$?
   grep -E '^#[0-9]+.*(DONE|cov:)' "$log" | tail -1
