@@ -60,7 +60,7 @@ SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-o
 SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1 \
   LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/lsan.supp:print_suppressions=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-TSAN_ENV := TSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/tsan.supp:halt_on_error=1:exitcode=66:report_signal_unsafe=0
+TSAN_ENV := TSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/tsan.supp:ignore_noninstrumented_modules=1:halt_on_error=1:exitcode=66:report_signal_unsafe=0
 
 # ASan + UBSan over the whole ctest suite (unit, CLI and multi-process tests).
 sanitize: deps
