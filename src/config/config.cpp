@@ -41,7 +41,7 @@ std::string nearest_divisors(std::int64_t n, std::int64_t around, std::string_vi
         break;
       }
     if (below == 0 && around > 1) below = std::gcd(n, around) < around ? std::gcd(n, around) : 0;
-    for (std::int64_t d = around + 1; d <= n && d - around <= kSteps; ++d)
+    for (std::int64_t d = around + 1; around < n && d <= n && d - around <= kSteps; ++d)
       if (n % d == 0) {
         above = d;
         break;
@@ -363,7 +363,15 @@ std::vector<std::string> problems(const ParallelConfig& c, const ModelSpec* mode
   // attention); sequence parallelism further splits each rank's part over tp.
   std::int64_t seq_unit = 1;
   std::string why;
-  if (cp > 1 && c.sequence_parallel) {
+  // Sizes past the sequence length are refused first, so 2*cp and cp*tp cannot overflow.
+  if (cp > 1 && cp > m.seq / 2) {
+    out.push_back(fmt::format("seq={} cannot be split into 2*cp chunks with cp={}; use cp={} or less", m.seq, cp,
+                              std::max<std::int64_t>(m.seq / 2, 1)));
+  } else if (cp > 1 && c.sequence_parallel && tp > m.seq / cp) {
+    out.push_back(fmt::format("seq={} cannot be split over cp*tp = {}*{} ranks (sequence parallel); use a smaller "
+                              "tp or cp",
+                              m.seq, cp, tp));
+  } else if (cp > 1 && c.sequence_parallel) {
     seq_unit = std::lcm(2 * cp, cp * tp);
     why = fmt::format("lcm(2*cp, cp*tp) = lcm({}, {})", 2 * cp, cp * tp);
   } else if (cp > 1) {
