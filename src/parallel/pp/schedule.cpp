@@ -66,7 +66,8 @@ std::vector<std::string> schedule_option_problems(const ScheduleOptions& o) {
       out.push_back("vpp=1 with the interleaved schedule has no virtual stages; use vpp=2 or more");
     if (o.stages == 1) out.push_back("the interleaved schedule needs pp > 1 (pp=1); use schedule=1f1b");
     if (o.stages >= 1 && o.microbatches >= 1 && o.microbatches % o.stages != 0) {
-      int up = (o.microbatches / o.stages + 1) * o.stages;
+      // In 64 bits: microbatches near INT_MAX rounds up past int (found by fuzz_schedule).
+      std::int64_t up = (std::int64_t{o.microbatches} / o.stages + 1) * o.stages;
       out.push_back(
           fmt::format("microbatches={} is not a multiple of pp={} as the interleaved schedule needs; use "
                       "microbatches={}",

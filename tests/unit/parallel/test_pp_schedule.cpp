@@ -268,5 +268,13 @@ TEST(PpSchedule, StageCountIsBounded) {
   EXPECT_TRUE(schedule_option_problems({.schedule = Schedule::k1F1B, .stages = 256, .microbatches = 1}).empty());
 }
 
+// fuzz_schedule: rounding microbatches near INT_MAX up to a multiple of pp overflowed int.
+TEST(PpSchedule, InterleavedRoundingUpDoesNotOverflow) {
+  auto problems = schedule_option_problems(
+      {.schedule = Schedule::kInterleaved, .stages = 4, .microbatches = 2147483647, .chunks = 2});
+  ASSERT_FALSE(problems.empty());
+  EXPECT_NE(problems[0].find("microbatches=2147483648"), std::string::npos) << problems[0];
+}
+
 }  // namespace
 }  // namespace ndmesh::pp
