@@ -41,11 +41,12 @@ std::string nearest_divisors(std::int64_t n, std::int64_t around, std::string_vi
         break;
       }
     if (below == 0 && around > 1) below = std::gcd(n, around) < around ? std::gcd(n, around) : 0;
-    for (std::int64_t d = around + 1; around < n && d <= n && d - around <= kSteps; ++d)
-      if (n % d == 0) {
-        above = d;
-        break;
-      }
+    if (around < n)  // else no divisor lies above (and around + 1 could overflow)
+      for (std::int64_t d = around + 1; d <= n && d - around <= kSteps; ++d)
+        if (n % d == 0) {
+          above = d;
+          break;
+        }
     if (above == 0 && n > around) above = n;
   }
   if (below && above) return fmt::format("{}={} or {}={}", field, below, field, above);
