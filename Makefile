@@ -13,10 +13,12 @@ ifneq ($(CI),)
 CMAKE_FLAGS += -DNDMESH_WERROR=ON
 endif
 
-# Debian packages the build and the tests need; installed only when missing.
+# Debian packages the build and the tests need; installed only when missing. pybind11-dev,
+# python3-dev and python3-pytest build and test the Python module (python/), which the
+# build skips with a warning when they are absent.
 DEB_PACKAGES := build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev \
   libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libfmt-dev \
-  librsvg2-bin jq zlib1g-dev clang libclang-rt-dev
+  librsvg2-bin jq zlib1g-dev pybind11-dev python3-dev python3-pytest clang libclang-rt-dev
 
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
@@ -47,7 +49,7 @@ bench: build
 	@bash scripts/run_bench.sh $(BUILD_DIR)
 
 format:
-	find include src tools tests bench examples -name '*.hpp' -o -name '*.cpp' | xargs clang-format -i
+	find include src tools tests bench examples python -name '*.hpp' -o -name '*.cpp' | xargs clang-format -i
 
 # ---------------------------------------------------------------------- hardening
 # Each has its own build folder, so none disturbs $(BUILD_DIR).

@@ -3,6 +3,9 @@
 // model's most common product shape (tokens x ffn x hidden) and on a 1024^3 square.
 // Both use the same BLAS thread count (NDMESH_THREADS, default 1), so the ratio says how
 // much of the machine's matrix-product speed the whole training step achieves.
+// BM_Attention times the blockwise attention alone (forward + backward, float, the bench
+// model's 4 heads of 64 at batch 4) at seq 256 and 1024, its FLOPs counted as computed
+// (7 tile products over the tiles the causal mask does not skip).
 #include <map>
 #include <string>
 #include <vector>
@@ -11,6 +14,7 @@
 #include <fmt/core.h>
 
 #include "ndmesh/model/gpt.hpp"
+#include "ndmesh/nn/attention.hpp"
 #include "ndmesh/tensor/blas.hpp"
 #include "ndmesh/tensor/rng.hpp"
 
@@ -38,6 +42,28 @@ void BM_GptForwardBackward(benchmark::State& state) {
                                                   benchmark::Counter::kIsIterationInvariantRate);
 }
 
+void BM_Attention(benchmark::State& state) {
+  const std::int64_t seq = state.range(0), heads = 4, hd = 64;
+  const ndmesh::nn::Attention<float> attn({.heads = heads, .kv_heads = heads, .head_dim = hd});
+  ndmesh::Rng rng(2);
+  std::vector<float> qkv(static_cast<std::size_t>(kBatch * seq * attn.qkv_width()));
+  std::vector<float> dout(static_cast<std::size_t>(kBatch * seq * attn.out_width()));
+  for (auto& x : qkv) x = static_cast<float>(rng.normal());
+  for (auto& x : dout) x = static_cast<float>(rng.normal());
+  std::vector<float> out(dout.size()), lse(static_cast<std::size_t>(kBatch * heads * seq)), dqkv(qkv.size());
+  for (auto _ : state) {
+    attn.forward(qkv.data(), out.data(), lse.data(), kBatch, seq);
+    attn.backward(dout.data(), qkv.data(), out.data(), lse.data(), dqkv.data(), kBatch, seq);
+    benchmark::ClobberMemory();
+  }
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(seq));
+  for (std::int64_t i = 0; i < seq; ++i) pos[static_cast<std::size_t>(i)] = i;
+  const double scores =
+      static_cast<double>(ndmesh::nn::attention_tiles(pos.data(), seq, pos.data(), seq).elements);
+  state.counters["GFLOP/s"] = benchmark::Counter(7 * 2 * hd * scores * kBatch * heads * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void BM_Sgemm(benchmark::State& state) {
   const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   std::vector<float> a(static_cast<std::size_t>(m * k), 0.5f), b(static_cast<std::size_t>(k * n), 0.25f),
@@ -52,6 +78,7 @@ void BM_Sgemm(benchmark::State& state) {
 
 BENCHMARK(BM_Sgemm)->Args({kBatch * 256, 1024, 256})->Args({1024, 1024, 1024})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GptForwardBackward)->Unit(benchmark::kMillisecond)->MinTime(2.0);
+BENCHMARK(BM_Attention)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
 
 // Keeps each run's GFLOP/s so that main() can print the ratios.
 class Reporter : public benchmark::ConsoleReporter {
@@ -83,5 +110,11 @@ int main(int argc, char** argv) {
   fmt::print("GPT 4x256 seq 256 batch {} forward+backward: {:.1f} GFLOP/s\n", kBatch, model);
   fmt::print("  ratio vs sgemm 1024x1024x256 ({:.1f} GFLOP/s): {:.2f}\n", shape, model / shape);
   fmt::print("  ratio vs sgemm 1024x1024x1024 ({:.1f} GFLOP/s): {:.2f}\n", square, model / square);
+  for (const char* seq : {"256", "1024"}) {
+    const double attention = reporter.gflops[std::string("BM_Attention/") + seq];
+    if (attention > 0)
+      fmt::print("attention seq {} forward+backward: {:.1f} GFLOP/s, ratio vs sgemm 1024x1024x256: {:.2f}\n",
+                 seq, attention, attention / shape);
+  }
   return 0;
 }

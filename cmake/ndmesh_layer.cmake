@@ -1,6 +1,8 @@
 # ndmesh_layer(<name> [SOURCES ...] [DEPS ...] [PRIVATE_DEPS ...])
 # Declares the static library ndmesh_<name> (alias ndmesh::<name>) with the public
 # headers in include/. With no SOURCES, every .cpp in the calling folder is used.
+# The library joins the export set ndmeshTargets, so an installed ndmesh gives
+# find_package(ndmesh) users the same ndmesh::<name> target (EXPORT_NAME <name>).
 function(ndmesh_layer name)
   cmake_parse_arguments(L "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
   if(NOT L_SOURCES)
@@ -8,8 +10,10 @@ function(ndmesh_layer name)
   endif()
   add_library(ndmesh_${name} STATIC ${L_SOURCES})
   add_library(ndmesh::${name} ALIAS ndmesh_${name})
-  target_include_directories(ndmesh_${name} PUBLIC ${CMAKE_SOURCE_DIR}/include
+  target_include_directories(ndmesh_${name} PUBLIC $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/include>
+                                                   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
                                             PRIVATE ${CMAKE_SOURCE_DIR}/src)
   target_link_libraries(ndmesh_${name} PUBLIC ${L_DEPS} PRIVATE ${L_PRIVATE_DEPS})
+  set_target_properties(ndmesh_${name} PROPERTIES EXPORT_NAME ${name})
   set_property(GLOBAL APPEND PROPERTY NDMESH_LAYERS ndmesh_${name})
 endfunction()

@@ -8,3 +8,5 @@ for b in "$build"/bench/bench_*; do
   echo "== $(basename "$b") =="
   if [ -f "bench/$(basename "$b").sh" ]; then bash "bench/$(basename "$b").sh" "$b"; else "$b"; fi
 done
+echo "== bench_dp (ndmesh train) =="
+bash bench/bench_dp.sh "$build/bin/ndmesh"

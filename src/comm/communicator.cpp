@@ -8,10 +8,12 @@
 #include "ndmesh/comm/communicator.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include <fmt/format.h>
@@ -56,6 +58,7 @@ void set_max_count_per_call(std::size_t count) { g_count_cap.store(count); }
 namespace detail {
 
 void Finish::operator()() const {
+  if (move_from != nullptr) std::memmove(data.data, move_from, data.bytes());
   if (divisor == 0) return;
   if (data.dtype == DType::kFloat32) {
     auto* p = static_cast<float*>(data.data);
@@ -92,15 +95,28 @@ struct WorkState {
   }
 
   void wait() {
+    WorkState* self = this;
+    wait_states(std::span<WorkState*>(&self, 1));
+  }
+
+  // Polls every state until all are done: yields for the first 50 ms, then sleeps with a
+  // growing pause of at most 1 ms; a state past its own deadline aborts the job.
+  static void wait_states(std::span<WorkState*> states) {
     using Clock = std::chrono::steady_clock;
-    if (poll()) return;
+    auto all_done = [&] {
+      bool done = true;
+      for (WorkState* s : states) done = s->poll() && done;
+      return done;
+    };
+    if (all_done()) return;
     auto start = Clock::now();
-    auto deadline =
-        start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
     auto pause = std::chrono::microseconds(20);
-    while (!poll()) {
+    while (!all_done()) {
       auto now = Clock::now();
-      if (now >= deadline) detail::expire(op, peer_detail(op, *comm, peer), group, *comm, timeout_s);
+      for (WorkState* s : states) {
+        if (!s->done && now - start >= std::chrono::duration<double>(s->timeout_s))
+          detail::expire(s->op, peer_detail(s->op, *s->comm, s->peer), s->group, *s->comm, s->timeout_s);
+      }
       if (now - start < std::chrono::milliseconds(50)) {
         std::this_thread::yield();
       } else {
@@ -127,6 +143,20 @@ void Work::wait() {
 }
 
 bool Work::test() { return !state_ || state_->poll(); }
+
+bool Work::done() const { return !state_ || state_->done; }
+
+void wait_all(std::span<Work> works) {
+  // Small fixed-size batches: no allocation for the usual handful of outstanding works.
+  constexpr std::size_t kBatch = 64;
+  std::array<detail::WorkState*, kBatch> batch{};
+  for (std::size_t i = 0; i < works.size(); i += kBatch) {
+    std::size_t n = 0;
+    for (std::size_t j = i; j < std::min(works.size(), i + kBatch); ++j)
+      if (works[j].state_ && !works[j].state_->done) batch[n++] = works[j].state_.get();
+    detail::WorkState::wait_states(std::span<detail::WorkState*>(batch.data(), n));
+  }
+}
 
 namespace {
 
@@ -196,6 +226,13 @@ Communicator Communicator::split(std::optional<std::int64_t> color, std::int64_t
   return Communicator(std::move(child), name.empty() ? name_ + "/split" : std::move(name));
 }
 
+void Communicator::abort_job(int code) const {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (impl_) impl_->abort_job(code);
+  std::_Exit(code);
+}
+
 Communicator Communicator::self(std::string name) const {
   require("self");
   return Communicator(impl_->self(), std::move(name));
@@ -237,6 +274,15 @@ bool is_floating(DType t) { return t == DType::kFloat32 || t == DType::kFloat64;
 // The avg of a sum: finish divides by the group size.
 detail::Finish divide_by(ElementSpan data, int n) { return {.data = data, .divisor = n}; }
 
+// Out-of-place block collectives need disjoint buffers (MPI leaves overlap undefined).
+void check_disjoint(std::string_view op, std::string_view instead, ElementSpan in, ElementSpan out,
+                    const std::string& group) {
+  auto a = reinterpret_cast<std::uintptr_t>(in.data), b = reinterpret_cast<std::uintptr_t>(out.data);
+  bool overlap = in.bytes() > 0 && out.bytes() > 0 && a < b + out.bytes() && b < a + in.bytes();
+  NDMESH_CHECK(!overlap, "comm", "{} on group {}: the input and output buffers overlap; use {}", op, group,
+               instead);
+}
+
 void check_reduce_op(std::string_view op_name, ReduceOp op, DType t) {
   NDMESH_CHECK(op != ReduceOp::kAvg || is_floating(t), "comm",
                "{} with op avg on {} elements: avg needs float32 or float64 (use sum and divide)", op_name,
@@ -273,6 +319,7 @@ Work Communicator::reduce_scatter_impl(ElementSpan in, ElementSpan out, const Op
                                        bool blocking) const {
   require("reduce_scatter");
   check_reduce_op("reduce_scatter", opts.op, in.dtype);
+  check_disjoint("reduce_scatter", "reduce_scatter_in_place", in, out, name_);
   NDMESH_CHECK(in.count == out.count * static_cast<std::size_t>(size()), "comm",
                "reduce_scatter on group {}: input has {} elements but must hold size {} x output {} = {}",
                name_, in.count, size(), out.count, out.count * static_cast<std::size_t>(size()));
@@ -284,9 +331,43 @@ Work Communicator::reduce_scatter_impl(ElementSpan in, ElementSpan out, const Op
       avg ? divide_by(out, size()) : detail::Finish{});
 }
 
+Work Communicator::reduce_scatter_in_place_impl(ElementSpan data, const Options& opts, bool blocking) const {
+  require("reduce_scatter_in_place");
+  check_reduce_op("reduce_scatter_in_place", opts.op, data.dtype);
+  const auto p = static_cast<std::size_t>(size());
+  NDMESH_CHECK(data.count % p == 0, "comm",
+               "reduce_scatter_in_place on group {}: {} elements are not {} equal blocks", name_, data.count,
+               size());
+  const std::size_t n = data.count / p;
+  // The engine leaves the result at the start of the buffer; the finish step moves it to
+  // this rank's block.
+  ElementSpan mine{static_cast<char*>(data.data) + static_cast<std::size_t>(rank()) * n * dtype_size(data.dtype),
+                   n, data.dtype};
+  ElementSpan first{data.data, n, data.dtype};
+  bool avg = opts.op == ReduceOp::kAvg;
+  ReduceOp op = avg ? ReduceOp::kSum : opts.op;
+  detail::Finish finish{.data = mine, .divisor = avg ? size() : 0, .move_from = rank() == 0 ? nullptr : first.data};
+  return run(
+      "reduce_scatter_in_place", -1, opts, blocking,
+      [&](detail::CommImpl& c, bool b) { return c.reduce_scatter(data, first, op, b); }, finish);
+}
+
+Work Communicator::all_gather_in_place_impl(ElementSpan data, const Options& opts, bool blocking) const {
+  require("all_gather_in_place");
+  const auto p = static_cast<std::size_t>(size());
+  NDMESH_CHECK(data.count % p == 0, "comm", "all_gather_in_place on group {}: {} elements are not {} equal blocks",
+               name_, data.count, size());
+  const std::size_t n = data.count / p;
+  ElementSpan mine{static_cast<char*>(data.data) + static_cast<std::size_t>(rank()) * n * dtype_size(data.dtype),
+                   n, data.dtype};
+  return run("all_gather_in_place", -1, opts, blocking,
+             [&](detail::CommImpl& c, bool b) { return c.all_gather(mine, data, b); });
+}
+
 Work Communicator::all_gather_impl(ElementSpan in, ElementSpan out, const Options& opts,
                                    bool blocking) const {
   require("all_gather");
+  check_disjoint("all_gather", "all_gather_in_place", in, out, name_);
   NDMESH_CHECK(out.count == in.count * static_cast<std::size_t>(size()), "comm",
                "all_gather on group {}: output has {} elements but must hold size {} x input {} = {}", name_,
                out.count, size(), in.count, in.count * static_cast<std::size_t>(size()));
@@ -297,6 +378,7 @@ Work Communicator::all_gather_impl(ElementSpan in, ElementSpan out, const Option
 Work Communicator::all_to_all_impl(ElementSpan in, ElementSpan out, const Options& opts,
                                    bool blocking) const {
   require("all_to_all");
+  check_disjoint("all_to_all", "a separate output buffer", in, out, name_);
   NDMESH_CHECK(
       in.count == out.count && in.count % static_cast<std::size_t>(size()) == 0, "comm",
       "all_to_all on group {}: input ({}) and output ({}) must have the same count, a multiple of the "

@@ -106,7 +106,6 @@ void save_checkpoint(const std::string& path, const Checkpoint& c) {
   body.str(c.spec.name);
   body.pod(c.step);
   body.str(c.data);
-  body.pod(c.data_position);
   body.pod(c.adam_steps);
   body.pod<std::uint64_t>(c.params.size());
   body.floats(c.params);
@@ -145,8 +144,15 @@ void save_checkpoint(const std::string& path, const Checkpoint& c) {
 }
 
 Checkpoint load_checkpoint(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (!fs::exists(st)) fail<IoError>("checkpoint", "'{}' does not exist; check the --load path", path);
+  if (!fs::is_regular_file(st))
+    fail<IoError>("checkpoint", "'{}' is not a regular file ({}); pass a checkpoint file written with --save",
+                  path, fs::is_directory(st) ? "a directory" : "a device, pipe or socket");
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail<IoError>("checkpoint", "cannot open '{}'; check the --load path", path);
+  if (!in) fail<IoError>("checkpoint", "cannot open '{}'; check the --load path and its permissions", path);
   std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0)
     fail<IoError>("checkpoint", "'{}' is not an ndmesh checkpoint (no NDMESHCK header)", path);
@@ -162,8 +168,11 @@ Checkpoint load_checkpoint(const std::string& path) {
   if (crc32_of(covered.bytes().data(), covered.bytes().size()) != header_crc)
     fail<IoError>("checkpoint", "'{}' has a corrupt header (checksum mismatch)", path);
   if (version != kCheckpointVersion)
-    fail<IoError>("checkpoint", "'{}' has format version {} but this build reads version {}", path, version,
-                  kCheckpointVersion);
+    fail<IoError>("checkpoint",
+                  "'{}' has format version {} but this build reads version {}{}", path, version,
+                  kCheckpointVersion,
+                  version == 1 ? " (version 1 predates indexable batches; retrain, or resume with the ndmesh that wrote it)"
+                               : "");
   if (bytes.size() - kHeaderBytes != body_bytes)
     fail<IoError>("checkpoint",
                   "'{}' is truncated or padded: the header promises {} body bytes, the file has {}", path,
@@ -181,9 +190,18 @@ Checkpoint load_checkpoint(const std::string& path) {
   c.spec.name = body.str();
   c.step = body.pod<std::int64_t>();
   c.data = body.str();
-  c.data_position = body.pod<std::uint64_t>();
   c.adam_steps = body.pod<std::int64_t>();
   const auto count = body.pod<std::uint64_t>();
+  // Every field is checked: a crafted file with valid checksums is still untrusted input.
+  if (c.step < 0 || c.adam_steps < 0 || c.adam_steps > c.step)
+    fail<IoError>("checkpoint", "'{}' is malformed: step {} and optimizer step {} are not 0 <= optimizer <= step",
+                  path, c.step, c.adam_steps);
+  for (std::int64_t v : {c.spec.layers, c.spec.hidden, c.spec.heads, c.spec.seq, c.spec.vocab})
+    if (v <= 0 || v > (std::int64_t{1} << 40))
+      fail<IoError>("checkpoint", "'{}' is malformed: its model spec has a size {} outside [1, 2^40]", path, v);
+  if (count > body_bytes / (3 * sizeof(float)))
+    fail<IoError>("checkpoint", "'{}' is malformed: {} parameters do not fit its {} body bytes", path, count,
+                  body_bytes);
   c.params = body.floats(count);
   c.adam_m = body.floats(count);
   c.adam_v = body.floats(count);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -10,6 +11,20 @@
 #include "ndmesh/core/error.hpp"
 
 namespace ndmesh::model {
+
+void DataSource::batch(std::uint64_t stream, std::int64_t step, std::int64_t first, std::int64_t count,
+                       std::int64_t seq, std::int32_t* tokens, std::int32_t* targets) const {
+  for (std::int64_t i = 0; i < count; ++i) sequence(stream, step, first + i, seq, tokens + i * seq, targets + i * seq);
+}
+
+Rng DataSource::sequence_rng(std::uint64_t stream, std::int64_t step, std::int64_t index) const {
+  // Each field goes through a SplitMix64 finaliser before the next is mixed in, so nearby
+  // (step, index) pairs get unrelated streams.
+  std::uint64_t h = Rng(seed_ ^ 0x6e646d657368ull).next();  // "ndmesh"
+  for (std::uint64_t v : {stream, static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(index)})
+    h = Rng(h ^ v).next();
+  return Rng(h);
+}
 
 MarkovSource::MarkovSource(MarkovOptions options) : DataSource(options.seed), options_(options) {
   const std::int64_t n = options_.vocab;
@@ -67,24 +82,23 @@ double MarkovSource::entropy_rate_of(const std::vector<double>& p, const std::ve
   return h;
 }
 
-std::int32_t MarkovSource::draw(const double* cumulative) {
-  const double u = rng_.uniform();
+std::int32_t MarkovSource::draw(Rng& rng, const double* cumulative) const {
+  const double u = rng.uniform();
   const double* end = cumulative + options_.vocab;
   const double* it = std::upper_bound(cumulative, end, u);
   // Rounding can leave the last running sum a hair below 1.
   return static_cast<std::int32_t>(it == end ? options_.vocab - 1 : it - cumulative);
 }
 
-void MarkovSource::next_batch(std::int64_t batch, std::int64_t seq, std::int32_t* tokens,
-                              std::int32_t* targets) {
-  for (std::int64_t b = 0; b < batch; ++b) {
-    std::int32_t cur = draw(stationary_cumulative_.data());
-    for (std::int64_t t = 0; t < seq; ++t) {
-      std::int32_t next = draw(cumulative_.data() + cur * options_.vocab);
-      tokens[b * seq + t] = cur;
-      targets[b * seq + t] = next;
-      cur = next;
-    }
+void MarkovSource::sequence(std::uint64_t stream, std::int64_t step, std::int64_t index, std::int64_t seq,
+                            std::int32_t* tokens, std::int32_t* targets) const {
+  Rng rng = sequence_rng(stream, step, index);
+  std::int32_t cur = draw(rng, stationary_cumulative_.data());
+  for (std::int64_t t = 0; t < seq; ++t) {
+    std::int32_t next = draw(rng, cumulative_.data() + cur * options_.vocab);
+    tokens[t] = cur;
+    targets[t] = next;
+    cur = next;
   }
 }
 
@@ -94,25 +108,42 @@ std::string MarkovSource::describe() const {
 }
 
 ByteSource::ByteSource(const std::string& path, std::uint64_t seed) : DataSource(seed), path_(path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (path.empty()) fail<ConfigError>("data", "--data is empty; pass a text file, or leave --data out for the Markov source");
+  if (!fs::exists(st))
+    fail<ConfigError>("data", "--data={}: no such file; pass an existing text file", path);
+  if (!fs::is_regular_file(st))
+    fail<ConfigError>("data", "--data={}: not a regular file ({}); pass a text file", path,
+                      fs::is_directory(st) ? "a directory" : "a device, pipe or socket");
+  const auto size = fs::file_size(path, ec);
+  if (ec || size > static_cast<std::uintmax_t>(kMaxBytes))
+    fail<ConfigError>("data", "--data={}: {} bytes is more than the {} bytes ndmesh reads into memory; pass a smaller file",
+                      path, size, kMaxBytes);
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail<IoError>("data", "cannot open '{}' for reading; pass an existing text file to --data", path);
+  if (!in) fail<ConfigError>("data", "--data={}: cannot open the file for reading; check its permissions", path);
   bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   if (in.bad()) fail<IoError>("data", "error while reading '{}'", path);
+  if (bytes_.empty()) fail<ConfigError>("data", "--data={}: the file is empty; pass a text file", path);
 }
 
-void ByteSource::next_batch(std::int64_t batch, std::int64_t seq, std::int32_t* tokens,
-                            std::int32_t* targets) {
+void ByteSource::check_seq(std::int64_t seq) const {
   const std::int64_t size = bytes();
   NDMESH_CHECK_CONFIG(
       size >= seq + 1, "data",
-      "'{}' has {} bytes but one training window needs seq + 1 = {}; use a larger file or --seq {}", path_,
-      size, seq + 1, std::max<std::int64_t>(1, size - 1));
-  for (std::int64_t b = 0; b < batch; ++b) {
-    const auto start = static_cast<std::int64_t>(rng_.below(static_cast<std::uint64_t>(size - seq)));
-    for (std::int64_t t = 0; t < seq; ++t) {
-      tokens[b * seq + t] = bytes_[static_cast<std::size_t>(start + t)];
-      targets[b * seq + t] = bytes_[static_cast<std::size_t>(start + t + 1)];
-    }
+      "--data={} has {} bytes but one training window needs --seq + 1 = {}; use a larger file or --seq {}",
+      path_, size, seq + 1, std::max<std::int64_t>(1, size - 1));
+}
+
+void ByteSource::sequence(std::uint64_t stream, std::int64_t step, std::int64_t index, std::int64_t seq,
+                          std::int32_t* tokens, std::int32_t* targets) const {
+  check_seq(seq);
+  Rng rng = sequence_rng(stream, step, index);
+  const auto start = static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(bytes() - seq)));
+  for (std::int64_t t = 0; t < seq; ++t) {
+    tokens[t] = bytes_[static_cast<std::size_t>(start + t)];
+    targets[t] = bytes_[static_cast<std::size_t>(start + t + 1)];
   }
 }
 

@@ -1,7 +1,9 @@
 #include "ndmesh/model/gpt.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include <fmt/core.h>
 #include <fmt/format.h>
@@ -42,15 +44,15 @@ double gpt_memory_elements(const ModelSpec& s, std::int64_t batch, std::int64_t 
   const double f = static_cast<double>(s.ffn_or_default());
   const double hd = s.heads > 0 ? c / static_cast<double>(s.heads) : 0.0;
   const double r = (static_cast<double>(s.heads) + 2.0 * static_cast<double>(s.kv_heads_or_heads())) * hd;
-  const double att = static_cast<double>(batch) * static_cast<double>(s.heads) * static_cast<double>(seq) *
-                     static_cast<double>(seq);
+  const double lse = n * static_cast<double>(s.heads);  // [B, H, T]: attention keeps no seq x seq matrix
   const double per_block_params = 4 * c + c * r + r + c * c + c + 2 * c * f + f + c;
   const double params = static_cast<double>(s.layers) * per_block_params +
                         (v + static_cast<double>(s.seq)) * c + 2 * c + (s.tied_embeddings ? 0.0 : v * c);
-  // Per block: ln1, res1, ln2, out, atty (5 NC), qkv (N r), fc and gelu (2 NF), att.
-  const double per_block_acts = 5 * n * c + n * r + 2 * n * f + att;
+  // Per block: ln1, res1, ln2, out, atty (5 NC), qkv (N r), fc and gelu (2 NF), lse.
+  const double per_block_acts = 5 * n * c + n * r + 2 * n * f + lse;
   const double acts = static_cast<double>(s.layers) * per_block_acts + 2 * n * c + 2 * n * v;
   // Backward: block scratch (3 NC + N r + 2 NF) and dlogits, dlnf, two residual buffers.
+  // The attention's own scratch is a few tiles (kAttentionTile^2) and the D rows (H T).
   const double scratch = 3 * n * c + n * r + 2 * n * f + n * v + 3 * n * c;
   return 2 * params + acts + scratch;
 }
@@ -87,12 +89,15 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options)
                    nn::EmbeddingOptions{
                        .vocab = spec.vocab, .channels = spec.hidden, .max_seq = spec.seq, .name = "embed"});
   blocks_.reserve(static_cast<std::size_t>(last_block_ - first_block_));
-  for (std::int64_t l = first_block_; l < last_block_; ++l)
+  for (std::int64_t l = first_block_; l < last_block_; ++l) {
+    block_offset_.push_back(store_.size());
     blocks_.emplace_back(store_, nn::BlockOptions{.channels = spec.hidden,
                                                   .heads = spec.heads,
                                                   .kv_heads = spec.kv_heads_or_heads(),
                                                   .ffn = spec.ffn_or_default(),
                                                   .name = fmt::format("block.{}", l)});
+  }
+  head_offset_ = store_.size();
   if (last_block_ == spec.layers) {
     lnf_.emplace(store_, nn::LayerNormOptions{.channels = spec.hidden, .name = "ln_f"});
     int tied = -1;
@@ -105,8 +110,11 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options)
                   nn::LmHeadOptions{
                       .vocab = spec.vocab, .channels = spec.hidden, .tied_weight = tied, .name = "lm_head"});
   }
-  store_.allocate();
+  store_.allocate(options.pad_to);
   init(options.seed, options.init_std);
+  loss_weight_ = 1.0 / static_cast<double>(batch_ * seq_);
+  positions_.resize(static_cast<std::size_t>(seq_));
+  std::iota(positions_.begin(), positions_.end(), std::int64_t{0});
 
   acts_ = make_activations();
   const std::int64_t n = batch_ * seq_, c = spec.hidden;
@@ -117,6 +125,15 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options)
   }
   dres_a_.resize({n, c});
   dres_b_.resize({n, c});
+}
+
+template <typename T>
+void GptT<T>::set_positions(std::vector<std::int64_t> positions) {
+  NDMESH_CHECK(static_cast<std::int64_t>(positions.size()) == seq_, "model", "{} positions for seq={}",
+               positions.size(), seq_);
+  for (std::int64_t p : positions)
+    NDMESH_CHECK(p >= 0 && p < spec_.seq, "model", "position {} is outside the model's seq={}", p, spec_.seq);
+  positions_ = std::move(positions);
 }
 
 template <typename T>
@@ -170,7 +187,7 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
   if (embed_) {
     NDMESH_CHECK(tokens != nullptr, "model", "the first stage needs tokens");
     std::copy(tokens, tokens + n, a.tokens.begin());
-    embed_->forward(a.tokens.data(), a.input.data(), batch_, seq_);
+    embed_->forward_at(a.tokens.data(), a.input.data(), batch_, seq_, positions_.data());
   } else {
     NDMESH_CHECK(input != nullptr, "model", "stage from block {} needs its input hidden states",
                  first_block_);
@@ -178,7 +195,7 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
   }
   const T* x = a.input.data();
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
-    blocks_[l].forward(x, a.blocks[l], batch_, seq_);
+    blocks_[l].forward(x, a.blocks[l], batch_, seq_, core_.get(), positions_.data());
     x = a.blocks[l].out.data();
   }
   a.have_targets = head_ && targets != nullptr;
@@ -204,11 +221,12 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     NDMESH_CHECK(a.have_targets, "model", "backward() after a forward without targets");
     dlogits_.zero();
     nn::CrossEntropy<T>::backward(a.probs.data(), a.targets.data(), dlogits_.data(), n, spec_.vocab,
-                                  T(1) / static_cast<T>(n));
+                                  static_cast<T>(loss_weight_));
     dlnf_.zero();
     head_->backward(dlogits_.data(), a.lnf.data(), dlnf_.data(), n);
     dres_a_.zero();
     lnf_->backward(dlnf_.data(), output(a), a.lnf_mean.data(), a.lnf_rstd.data(), dres_a_.data(), n);
+    if (grads_final_) grads_final_(head_offset_);
   } else {
     NDMESH_CHECK(doutput != nullptr, "model", "stage up to block {} needs the gradient of its output",
                  last_block_);
@@ -219,13 +237,18 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
   for (std::size_t l = blocks_.size(); l-- > 0;) {
     const T* inp = l == 0 ? a.input.data() : a.blocks[l - 1].out.data();
     dinp->zero();
-    blocks_[l].backward(dout->data(), inp, a.blocks[l], scratch_, dinp->data(), batch_, seq_);
+    blocks_[l].backward(dout->data(), inp, a.blocks[l], scratch_, dinp->data(), batch_, seq_,
+                        progress_ ? &progress_ : nullptr, core_.get(), positions_.data());
     std::swap(dout, dinp);
+    // With a tied head on this stage the token table (offset 0) is final only after the
+    // embedding: block offsets are above it, so the watermark stays correct.
+    if (grads_final_) grads_final_(block_offset_[l]);
   }
   if (embed_)
-    embed_->backward(dout->data(), a.tokens.data(), batch_, seq_);
+    embed_->backward_at(dout->data(), a.tokens.data(), batch_, seq_, positions_.data());
   else
     std::copy(dout->data(), dout->data() + n * c, a.input_grad.data());
+  if (grads_final_) grads_final_(0);
 }
 
 template <typename T>
@@ -234,14 +257,25 @@ double GptT<T>::flops_per_step() const {
   const double c = static_cast<double>(spec_.hidden);
   const double h = static_cast<double>(spec_.heads), kv = static_cast<double>(spec_.kv_heads_or_heads());
   const double hd = c / h, f = static_cast<double>(spec_.ffn_or_default());
-  const double t = static_cast<double>(seq_), v = static_cast<double>(spec_.vocab);
+  const double v = static_cast<double>(spec_.vocab);
   const double per_block = 2 * n * c * (h + 2 * kv) * hd  // qkv
                            + 2 * n * h * hd * c           // proj
-                           + 2 * 2 * n * c * f            // fc and mlp proj
-                           + 2 * 2 * n * t * h * hd;      // QKᵀ and PV over the full square
+                           + 2 * 2 * n * c * f;           // fc and mlp proj
   const double head = head_ ? 2 * n * c * v : 0.0;
-  const double forward = static_cast<double>(blocks_.size()) * per_block + head;
-  return 3 * forward;
+  // The matrix products above cost twice as much again in the backward. Attention is
+  // counted as computed: score elements of the tiles the causal mask does not skip (the
+  // lower triangle of tiles, diagonal tiles whole), times 2 hd per product, times 7
+  // products: Q Kᵀ and P V forward; Q Kᵀ again (the recomputed scores), Pᵀ dO, dO Vᵀ,
+  // dS K and dSᵀ Q backward.
+  // Queries at this model's positions; keys at every earlier position (all of them are
+  // local in a serial run; a context-parallel rank gets the others around the ring).
+  const std::int64_t keys = *std::max_element(positions_.begin(), positions_.end()) + 1;
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(keys));
+  std::iota(pos.begin(), pos.end(), std::int64_t{0});
+  const double scores =
+      static_cast<double>(nn::attention_tiles(positions_.data(), seq_, pos.data(), keys).elements);
+  const double attention = 7 * 2 * hd * scores * static_cast<double>(batch_) * h;
+  return static_cast<double>(blocks_.size()) * (3 * per_block + attention) + 3 * head;
 }
 
 template class GptT<float>;

@@ -19,8 +19,10 @@ int ParamStore<T>::add(std::string name, std::vector<std::int64_t> shape, bool d
 }
 
 template <typename T>
-void ParamStore<T>::allocate() {
+void ParamStore<T>::allocate(std::int64_t multiple) {
   NDMESH_CHECK(params_.empty(), "nn", "parameter store allocated twice");
+  NDMESH_CHECK(multiple >= 1, "nn", "padding multiple {} must be at least 1", multiple);
+  size_ = (size_ + multiple - 1) / multiple * multiple;
   params_.assign(static_cast<std::size_t>(size_), T(0));
   grads_.assign(static_cast<std::size_t>(size_), T(0));
 }

@@ -67,4 +67,14 @@ expect_usage "already at step 6" "$ndmesh" train "${small[@]}" --steps 6 --load 
 expect_usage "--batch=100000 --seq=64 with this model needs about" "$ndmesh" train --batch 100000
 expect_usage "--until=13" "$ndmesh" train --steps 12 --until 13
 expect_usage "--save-every=4 needs --save" "$ndmesh" train --save-every 4
+expect_usage "--data is empty" "$ndmesh" train --data ""
+expect_usage "--save is empty" "$ndmesh" train --save ""
+expect_usage "--load is empty" "$ndmesh" train --load ""
+expect_usage "not a regular file" "$ndmesh" train --data "$tmp"
+expect_usage "not a regular file" "$ndmesh" train --data /dev/zero
+expect_usage "--load=$tmp: not a regular file" "$ndmesh" train --load "$tmp"
+expect_usage "--load=/dev/zero: not a regular file" "$ndmesh" train --load /dev/zero
+expect_usage "does not exist or is not writable" "$ndmesh" train --save /nonexistent/dir/run.ckpt
+expect_usage "--save=$tmp: is a directory" "$ndmesh" train --save "$tmp"
+expect_usage "the file name is too long" "$ndmesh" train --save "$tmp/$(printf 'a%.0s' $(seq 1 240))"
 echo "train.sh: ok"

@@ -43,11 +43,19 @@ void MeshFlags::add_to(CLI::App& app) {
   dims_opt_->excludes(order_opt_)->excludes(megatron_opt_);
 }
 
+bool MeshFlags::layout_given() const {
+  for (const auto& [name, option] : size_options_)
+    if (option->count()) return true;
+  return order_opt_->count() || megatron_opt_->count() || dims_opt_->count() || !config_.empty();
+}
+
 MeshSetup MeshFlags::resolve(std::int64_t launched_world) const {
   ConfigFile file;
   if (!config_.empty()) file = load_config_file(config_);
 
   LayoutSpec layout = file.layout;
+  if (!layout_given())
+    for (const auto& [name, size] : default_sizes_) layout.sizes[name] = size;
   bool flags_spell_layout = order_opt_->count() || megatron_opt_->count() || dims_opt_->count();
   if (flags_spell_layout) layout.order.clear(), layout.megatron_order.clear(), layout.dims.clear();
   if (order_opt_->count()) layout.order = order_;

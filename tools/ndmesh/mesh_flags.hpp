@@ -37,9 +37,16 @@ class MeshFlags {
   /// of a running job (0 when there is none): it then must agree with --world.
   MeshSetup resolve(std::int64_t launched_world = 0) const;
 
+  /// True when any layout flag (a size, --order, --megatron-order, --dims, --config) was given.
+  bool layout_given() const;
+  /// Sizes used when no layout flag is given (e.g. `ndmesh train` under mpirun: dp = -1,
+  /// all ranks data-parallel).
+  void set_default_sizes(std::map<std::string, std::int64_t> sizes) { default_sizes_ = std::move(sizes); }
+
  private:
   std::map<std::string, std::int64_t> sizes_;
   std::map<std::string, CLI::Option*> size_options_;
+  std::map<std::string, std::int64_t> default_sizes_;
   std::string order_, megatron_order_, dims_, config_, groups_;
   std::vector<std::string> heavy_;
   std::int64_t world_ = 0, ranks_per_node_ = 0;

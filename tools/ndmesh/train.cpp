@@ -1,8 +1,10 @@
-// `ndmesh train`: serial training of the GPT model (the baseline that parallel runs are
-// compared with). With no data flag it trains on a seeded Markov chain whose entropy rate
-// is known exactly, so the printout shows how far the loss is from the best possible.
-// One progress line per step (a redrawn bar when stdout is a terminal); with --json the
-// last line is one JSON object.
+// `ndmesh train`: trains the GPT model, alone or under a launcher (mpirun, srun, ndmesh
+// launch) with the layout flags of `ndmesh mesh` (--dp N, --cp N). A layout of size 1 is
+// the serial run, on the same code path. With no data flag it trains on a seeded Markov
+// chain whose entropy rate is known exactly, so the printout shows how far the loss is
+// from the best possible. Rank 0 prints one progress line per step (a redrawn bar when
+// stdout is a terminal); with --json the last line is one JSON object. An error on any
+// rank is printed with its rank and ends the whole job at once.
 #include <unistd.h>
 
 #include <chrono>
@@ -16,9 +18,15 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+
+#include "mesh_flags.hpp"
+#include "ndmesh/comm/communicator.hpp"
+#include "ndmesh/comm/process_groups.hpp"
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/core/log.hpp"
 #include "ndmesh/model/data.hpp"
-#include "ndmesh/model/trainer.hpp"
+#include "ndmesh/parallel/trainer.hpp"
 #include "ndmesh/tensor/blas.hpp"
 #include "subcommand.hpp"
 
@@ -26,17 +34,26 @@ namespace ndmesh::cli {
 namespace {
 
 struct Options {
+  MeshFlags layout;
+  std::int64_t micro_batch = 0;
+  double bucket_mb = 25;
+  bool no_overlap = false;
+  int zero = 0;
+  std::string allreduce = "mpi";
+  std::string cp_layout = "zigzag";
   std::int64_t layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 0, seq = 64, vocab = 0;
   bool untied = false;
   std::int64_t batch = 16, steps = 1000, warmup = 20;
   double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0;
   std::uint64_t seed = 1;
   std::string data;
+  bool data_given = false;
   std::int64_t markov_vocab = 32;
   double markov_sharpness = 2.5;
   std::uint64_t data_seed = 1;
   std::int64_t threads = 0;
   std::string save, load;
+  bool save_given = false, load_given = false;
   std::int64_t until = 0, save_every = 0;
   std::int64_t eval_batches = 8;
   bool json = false;
@@ -79,11 +96,41 @@ void validate(const Options& o) {
   need(o.save_every == 0 || !o.save.empty(), "--save-every", o.save_every, "needs --save PATH",
        "100 --save run.ckpt");
   need(o.eval_batches >= 0, "--eval-batches", o.eval_batches, "must be >= 0", "8");
-  if (!o.data.empty() && ::access(o.data.c_str(), R_OK) != 0)
-    fail<ConfigError>("train", "--data={}: cannot read the file; pass an existing text file", o.data);
-  if (!o.load.empty() && ::access(o.load.c_str(), R_OK) != 0)
-    fail<ConfigError>("train", "--load={}: cannot read the file; pass a checkpoint written with --save",
-                      o.load);
+  need(o.micro_batch >= 0, "--micro-batch", o.micro_batch, "must be >= 0 (0: the whole local batch)", "4");
+  need(o.bucket_mb > 0 && o.bucket_mb <= 1 << 20, "--bucket-mb", o.bucket_mb, "must be in (0, 1048576]", "25");
+  need(o.zero >= 0 && o.zero <= 2, "--zero", o.zero, "must be 0, 1 or 2", "1");
+  comm::parse_algorithm(o.allreduce);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  // An empty value must not silently switch the feature off.
+  if (o.data_given && o.data.empty())
+    fail<ConfigError>("train", "--data is empty; pass a text file, or leave --data out for the Markov source");
+  if (o.save_given && o.save.empty())
+    fail<ConfigError>("train", "--save is empty; pass a file name such as run.ckpt, or leave --save out");
+  if (o.load_given && o.load.empty())
+    fail<ConfigError>("train", "--load is empty; pass a checkpoint written with --save, or leave --load out");
+  if (!o.load.empty()) {
+    if (!fs::exists(o.load, ec))
+      fail<ConfigError>("train", "--load={}: no such file; pass a checkpoint written with --save", o.load);
+    if (!fs::is_regular_file(o.load, ec))
+      fail<ConfigError>("train", "--load={}: not a regular file; pass a checkpoint file written with --save", o.load);
+    if (::access(o.load.c_str(), R_OK) != 0)
+      fail<ConfigError>("train", "--load={}: cannot read the file; check its permissions", o.load);
+  }
+  if (!o.save.empty()) {
+    // Found now, not after the whole run: the folder must exist and be writable, and the
+    // name with the temporary suffix must be a valid file name.
+    const fs::path target(o.save);
+    const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+    if (fs::is_directory(target, ec))
+      fail<ConfigError>("train", "--save={}: is a directory; pass a file name such as {}/run.ckpt", o.save, o.save);
+    if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0)
+      fail<ConfigError>("train", "--save={}: the folder '{}' does not exist or is not writable; create it or pick another",
+                        o.save, dir.string());
+    if (target.filename().string().size() + 24 > 255)
+      fail<ConfigError>("train", "--save={}: the file name is too long ({} bytes with the temporary suffix; the limit is 255)",
+                        o.save, target.filename().string().size() + 24);
+  }
 }
 
 std::string clock(double seconds) {
@@ -92,10 +139,16 @@ std::string clock(double seconds) {
                    : fmt::format("{}:{:02}", s / 60, s % 60);
 }
 
-int run(const Options& o) {
-  validate(o);
+// What rank 0 prints and returns; every rank runs it.
+int train(Options o, comm::Communicator& world) {
+  // Under a launcher with no layout flag every rank is data-parallel.
+  o.layout.set_default_sizes({{"dp", -1}});
+  MeshSetup layout = o.layout.resolve(world.size());
+  ProcessGroups groups(layout.mesh, world);
+  const bool lead = world.rank() == 0;
   const int threads = o.threads > 0 ? static_cast<int>(o.threads)
-                                    : threads_from_env(static_cast<int>(std::thread::hardware_concurrency()));
+                                    : threads_from_env(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                                                       static_cast<int>(world.size())));
   set_blas_threads(threads);
 
   std::unique_ptr<model::DataSource> data;
@@ -111,34 +164,46 @@ int run(const Options& o) {
         "--vocab={} does not match the data ({}), which has {} tokens; use --vocab {} or leave it out",
         o.vocab, data->describe(), data->vocab(), data->vocab());
 
-  model::TrainOptions t{.model = ModelSpec{.name = {},
-                                           .layers = o.layers,
-                                           .hidden = o.hidden,
-                                           .heads = o.heads,
-                                           .kv_heads = o.kv_heads,
-                                           .ffn = o.ffn,
-                                           .seq = o.seq,
-                                           .vocab = o.vocab > 0 ? o.vocab : data->vocab(),
-                                           .tied_embeddings = !o.untied},
-                        .batch = o.batch,
-                        .steps = o.steps,
-                        .lr = o.lr,
-                        .warmup = o.warmup,
-                        .min_lr_ratio = o.min_lr_ratio,
-                        .adamw = {.weight_decay = o.weight_decay, .clip_norm = o.clip},
-                        .seed = o.seed};
+  parallel::TrainOptions t{.model = ModelSpec{.name = {},
+                                              .layers = o.layers,
+                                              .hidden = o.hidden,
+                                              .heads = o.heads,
+                                              .kv_heads = o.kv_heads,
+                                              .ffn = o.ffn,
+                                              .seq = o.seq,
+                                              .vocab = o.vocab > 0 ? o.vocab : data->vocab(),
+                                              .tied_embeddings = !o.untied},
+                           .batch = o.batch,
+                           .micro_batch = o.micro_batch,
+                           .steps = o.steps,
+                           .lr = o.lr,
+                           .warmup = o.warmup,
+                           .min_lr_ratio = o.min_lr_ratio,
+                           .adamw = {.weight_decay = o.weight_decay, .clip_norm = o.clip},
+                           .seed = o.seed,
+                           .dp = {.bucket_mb = o.bucket_mb,
+                                  .overlap = !o.no_overlap,
+                                  .zero = o.zero,
+                                  .algorithm = comm::parse_algorithm(o.allreduce),
+                                  .ranks_per_node = layout.config.ranks_per_node},
+                           .cp_layout = parallel::parse_cp_layout(o.cp_layout)};
   // Refuse sizes that would not fit instead of being killed half-way through allocation.
-  const double need_bytes = model::gpt_memory_elements(t.model, o.batch, o.seq) * sizeof(float) * 3 / 2;
+  const std::int64_t dp = layout.mesh.size_of("dp");
+  const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : std::max<std::int64_t>(1, o.batch / dp);
+  // A context-parallel rank keeps the activations of its seq / cp tokens.
+  const std::int64_t local_seq = std::max<std::int64_t>(1, o.seq / std::max<std::int64_t>(1, layout.mesh.size_of("cp")));
+  const double need_bytes = model::gpt_memory_elements(t.model, micro, local_seq) * sizeof(float) * 3 / 2 *
+                            static_cast<double>(world.size());
   const double have_bytes =
       static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
   if (have_bytes > 0 && need_bytes > 0.8 * have_bytes)
     fail<ConfigError>(
         "train",
-        "--batch={} --seq={} with this model needs about {:.1f} GiB but the machine has {:.1f} GiB; "
-        "lower --batch or --seq",
+        "--batch={} --seq={} with this model needs about {:.1f} GiB on this machine but it has {:.1f} GiB; "
+        "lower --batch or --seq (or --micro-batch)",
         o.batch, o.seq, need_bytes / (1 << 30), have_bytes / (1 << 30));
   const std::string source = data->describe();
-  model::Trainer trainer(t, std::move(data));
+  parallel::Trainer trainer(t, std::move(data), groups);
   if (!o.load.empty()) {
     try {
       trainer.load(o.load);
@@ -156,27 +221,50 @@ int run(const Options& o) {
         "the checkpoint '{}' is already at step {} >= the last step {}; pass a larger --steps or --until",
         o.load, first, stop);
 
-  const bool tty = ::isatty(::fileno(stdout)) != 0;
+  // Under a launcher stdout is often a pseudo-terminal of the launcher (Open MPI) whatever
+  // mpirun's own stdout is: print plain lines there.
+  const bool tty = ::isatty(::fileno(stdout)) != 0 && LaunchEnv::detect().launcher == Launcher::kNone;
   const auto params = trainer.model().params().parameter_count();
-  fmt::print("model: {} layers, hidden {}, heads {}/{} kv, ffn {}, seq {}, vocab {}, {} parameters ({})\n",
-             o.layers, o.hidden, o.heads, t.model.kv_heads_or_heads(), t.model.ffn_or_default(), o.seq,
-             t.model.vocab, params, t.model.tied_embeddings ? "tied head" : "untied head");
-  fmt::print("data: {}{}\n", source,
-             entropy ? fmt::format(", entropy rate {:.4f} nats/token (best achievable loss)", *entropy) : "");
-  if (!o.load.empty()) fmt::print("resumed from {} at step {}\n", o.load, first);
-  fmt::print("train: batch {}, steps {}..{}, lr {} (warmup {}, cosine to {}x), {} BLAS thread{}\n", o.batch,
-             first + 1, stop, o.lr, o.warmup, o.min_lr_ratio, threads, threads == 1 ? "" : "s");
-  std::fflush(stdout);
+  const std::string layout_text = layout.mesh.to_string();
+  if (lead) {
+    fmt::print("model: {} layers, hidden {}, heads {}/{} kv, ffn {}, seq {}, vocab {}, {} parameters ({})\n",
+               o.layers, o.hidden, o.heads, t.model.kv_heads_or_heads(), t.model.ffn_or_default(), o.seq,
+               t.model.vocab, params, t.model.tied_embeddings ? "tied head" : "untied head");
+    fmt::print("data: {}{}\n", source,
+               entropy ? fmt::format(", entropy rate {:.4f} nats/token (best achievable loss)", *entropy) : "");
+    if (world.size() > 1)
+      fmt::print("layout: {} on {} ranks; micro-batches {} of {} sequences per dp rank; ZeRO {}, all-reduce {}, "
+                 "buckets of {} MiB{}\n",
+                 layout_text, world.size(), trainer.microbatches(), trainer.model().batch(), o.zero, o.allreduce,
+                 o.bucket_mb, o.no_overlap ? ", no overlap" : ", overlapped with backward");
+    if (layout.mesh.size_of("cp") > 1)
+      fmt::print("context parallel: {} ranks, {} layout, {} of {} tokens per sequence per rank, ring attention\n",
+                 layout.mesh.size_of("cp"), o.cp_layout, trainer.model().seq(), o.seq);
+    if (!o.load.empty()) fmt::print("resumed from {} at step {}\n", o.load, first);
+    fmt::print("train: batch {}, steps {}..{}, lr {} (warmup {}, cosine to {}x), {} BLAS thread{}{}\n", o.batch,
+               first + 1, stop, o.lr, o.warmup, o.min_lr_ratio, threads, threads == 1 ? "" : "s",
+               world.size() > 1 ? " per rank" : "");
+    std::fflush(stdout);
+  }
 
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   double last_loss = NAN;
+  std::vector<double> losses, grad_norms;
+  double comm_seconds = 0, exposed_seconds = 0, step_seconds = 0;
   const double tokens_per_step = static_cast<double>(trainer.tokens_per_step());
   while (trainer.steps_done() < stop) {
-    model::StepStats s = trainer.step();
+    parallel::StepStats s = trainer.step();
     if (!std::isfinite(s.loss))
       fail<Error>("train", "loss became {} at step {}; lower --lr (now {})", s.loss, s.step, o.lr);
     last_loss = s.loss;
+    losses.push_back(s.loss);
+    grad_norms.push_back(s.grad_norm);
+    comm_seconds += s.comm_seconds;
+    exposed_seconds += s.exposed_comm_seconds;
+    step_seconds += s.seconds;
+    if (o.save_every > 0 && s.step % o.save_every == 0 && s.step < stop) trainer.save(o.save);
+    if (!lead) continue;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     const double done = static_cast<double>(s.step - first);
     const double tps = done * tokens_per_step / std::max(elapsed, 1e-9);
@@ -191,7 +279,6 @@ int run(const Options& o) {
       fmt::print("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} tok/s {:.0f} eta {}\n", s.step, stop,
                  s.loss, s.lr, s.grad_norm, tps, clock(eta));
     }
-    if (o.save_every > 0 && s.step % o.save_every == 0 && s.step < stop) trainer.save(o.save);
     std::fflush(stdout);
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -201,13 +288,22 @@ int run(const Options& o) {
   // source: one training batch is too noisy to compare with the entropy rate. (For --data
   // this is the same file, not a held-out split.)
   const double final_loss = o.eval_batches > 0 ? trainer.evaluate(o.eval_batches) : last_loss;
-
+  // Rank 0 reports the slowest rank's communication and the largest memory.
+  std::array<double, 3> slowest = {comm_seconds, exposed_seconds, step_seconds};
+  world.all_reduce(std::span<double>(slowest), {.op = comm::ReduceOp::kMax});
+  const parallel::MemoryBytes mem = trainer.memory();
+  if (!lead) return 0;
+  const double steps_run = static_cast<double>(stop - first);
   fmt::print("final loss {:.4f} (mean of {} evaluation batches; last training batch {:.4f})\n", final_loss,
              o.eval_batches, last_loss);
   if (entropy)
     fmt::print("entropy rate {:.4f} nats/token: final loss is {:.1f}% above the best achievable\n", *entropy,
                100.0 * (final_loss - *entropy) / *entropy);
-  fmt::print("{} steps in {:.1f} s, {:.0f} tokens/s\n", stop - first, seconds, tokens_per_second);
+  fmt::print("{} steps in {:.1f} s, {:.0f} tokens/s", stop - first, seconds, tokens_per_second);
+  if (world.size() > 1)
+    fmt::print(", gradient reduction {:.3f} s from first bucket to last, {:.3f} s of it exposed", slowest[0],
+               slowest[1]);
+  fmt::print("\n");
   if (!o.save.empty()) fmt::print("saved checkpoint {} (step {})\n", o.save, trainer.steps_done());
   if (o.json) {
     nlohmann::ordered_json j;
@@ -221,14 +317,72 @@ int run(const Options& o) {
     j["parameters"] = params;
     j["threads"] = threads;
     j["data"] = source;
+    nlohmann::ordered_json dims = nlohmann::ordered_json::object();
+    for (const Dim& d : layout.mesh.dims()) dims[d.name] = d.size;
+    j["layout"] = dims;
+    j["world_size"] = world.size();
+    j["micro_batches"] = trainer.microbatches();
+    j["zero"] = o.zero;
+    j["allreduce"] = o.allreduce;
+    j["losses"] = losses;
+    j["grad_norms"] = grad_norms;
+    j["step_seconds"] = slowest[2] / steps_run;
+    j["comm_seconds"] = slowest[0];
+    j["exposed_comm_seconds"] = slowest[1];
+    j["memory_bytes"] = {{"params", mem.params},
+                         {"grads", mem.grads},
+                         {"optimizer", mem.optimizer},
+                         {"activations", mem.activations},
+                         {"grad_workspace", mem.grad_workspace}};
     if (!o.save.empty()) j["checkpoint"] = o.save;
-    fmt::print("{}\n", j.dump());
+    // Full precision: the losses are compared with other layouts' to 1e-5.
+    fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
   }
   return 0;
 }
 
+int run(const Options& o) {
+  validate(o);
+  comm::Communicator world = comm::Communicator::world();
+  try {
+    return train(o, world);
+  } catch (const Error& e) {
+    // One rank's error ends the whole job now, not after the peers' timeout.
+    const int code = dynamic_cast<const ConfigError*>(&e) != nullptr ? kExitUsage : 1;
+    if (world.size() == 1) throw;
+    fmt::print(stderr, "ndmesh: [rank {}] {}\n", world.rank(), e.what());
+    world.abort_job(code);
+  } catch (const std::exception& e) {
+    if (world.size() == 1) throw;
+    fmt::print(stderr, "ndmesh: [rank {}] internal error: {}\n", world.rank(), e.what());
+    world.abort_job(1);
+  }
+}
+
 Action setup(CLI::App& app) {
   auto o = std::make_shared<Options>();
+  o->layout.add_to(app);
+  app.add_option("--micro-batch", o->micro_batch,
+                 "sequences per micro-batch per data-parallel rank (0: the whole local batch, no accumulation)")
+      ->capture_default_str()
+      ->group("Parallel");
+  app.add_option("--bucket-mb", o->bucket_mb, "gradient bucket size in MiB for the data-parallel reduction")
+      ->capture_default_str()
+      ->group("Parallel");
+  app.add_flag("--no-overlap", o->no_overlap,
+               "reduce gradients after the whole backward instead of overlapping it (the baseline)")
+      ->group("Parallel");
+  app.add_option("--zero", o->zero, "ZeRO stage over dp: 0, 1 (shard optimizer state) or 2 (and gradients)")
+      ->capture_default_str()
+      ->group("Parallel");
+  app.add_option("--allreduce", o->allreduce, "gradient all-reduce: mpi, ring, tree, hierarchical or adaptive")
+      ->capture_default_str()
+      ->group("Parallel");
+  app.add_option("--cp-layout", o->cp_layout,
+                 "chunks of each sequence a context-parallel rank holds: zigzag (chunks i and 2cp-1-i of 2cp, "
+                 "balanced causal work) or contiguous (chunk i of cp)")
+      ->capture_default_str()
+      ->group("Parallel");
   app.add_option("--layers", o->layers, "transformer blocks")->capture_default_str();
   app.add_option("--hidden", o->hidden, "model width")->capture_default_str();
   app.add_option("--heads", o->heads, "attention heads (divides --hidden)")->capture_default_str();
@@ -250,7 +404,8 @@ Action setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--clip", o->clip, "global gradient-norm clip (0: off)")->capture_default_str();
   app.add_option("--seed", o->seed, "model initialisation seed")->capture_default_str();
-  app.add_option("--data", o->data, "train byte-level on this file (default: the Markov source)");
+  app.add_option("--data", o->data, "train byte-level on this file (default: the Markov source)")
+      ->each([o](const std::string&) { o->data_given = true; });
   app.add_option("--markov-vocab", o->markov_vocab, "states of the Markov source")->capture_default_str();
   app.add_option("--markov-sharpness", o->markov_sharpness,
                  "how peaked the Markov transitions are (0: uniform, larger: lower entropy)")
@@ -264,11 +419,13 @@ Action setup(CLI::App& app) {
          "stop after this step (0: --steps); the learning-rate schedule still spans --steps, so a run "
          "resumed with --load continues exactly")
       ->capture_default_str();
-  app.add_option("--save", o->save, "write a checkpoint here at the end (atomically)");
+  app.add_option("--save", o->save, "write a checkpoint here at the end (atomically)")
+      ->each([o](const std::string&) { o->save_given = true; });
   app.add_option("--save-every", o->save_every,
                  "also checkpoint to --save every N steps (0: only at the end)")
       ->capture_default_str();
-  app.add_option("--load", o->load, "continue from this checkpoint (same model and data flags)");
+  app.add_option("--load", o->load, "continue from this checkpoint (same model and data flags)")
+      ->each([o](const std::string&) { o->load_given = true; });
   app.add_option("--eval-batches", o->eval_batches,
                  "evaluation batches for the final loss (a sampling stream apart from training)")
       ->capture_default_str();
@@ -277,11 +434,16 @@ Action setup(CLI::App& app) {
       "Examples:\n"
       "  ndmesh train                                   # small model on the Markov source, about a minute\n"
       "  ndmesh train --data README.md --vocab 256 --steps 200\n"
-      "  ndmesh train --steps 200 --until 100 --save run.ckpt && ndmesh train --steps 200 --load run.ckpt");
+      "  ndmesh train --steps 200 --until 100 --save run.ckpt && ndmesh train --steps 200 --load run.ckpt\n"
+      "  mpirun -np 4 ndmesh train --dp 4                # data parallel: the same losses as the serial run\n"
+      "  mpirun -np 2 ndmesh train --dp 2 --micro-batch 2 --zero 1 --allreduce ring\n"
+      "  mpirun -np 4 ndmesh train --cp 2 --dp 2 --seq 64  # context parallel: ring attention over --cp ranks");
   return [o] { return run(*o); };
 }
 
-const Subcommand kTrain{"train", "Train the GPT model serially (Markov source or a byte-level file)", setup};
+const Subcommand kTrain{"train",
+                        "Train the GPT model, alone or data- and context-parallel under mpirun (Markov source or a file)",
+                        setup};
 
 }  // namespace
 }  // namespace ndmesh::cli

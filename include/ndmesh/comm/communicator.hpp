@@ -34,10 +34,12 @@ namespace detail {
 class CommImpl;
 class WorkImpl;
 struct WorkState;
-/// What runs when an operation completes: avg divides the summed elements by the size.
+/// What runs when an operation completes: an in-place reduce_scatter moves its result
+/// block to where the caller expects it, then avg divides the summed elements by the size.
 struct Finish {
   ElementSpan data;
-  int divisor = 0;  ///< 0: nothing to do
+  int divisor = 0;                ///< 0: nothing to divide
+  const void* move_from = nullptr;  ///< copy data.bytes() from here to data.data first
   void operator()() const;
 };
 }  // namespace detail
@@ -62,8 +64,8 @@ double default_timeout_s();
 inline constexpr int kTimeoutExitCode = 124;
 
 /// An operation in flight. Copies share the same operation. wait() returns when it is
-/// complete (or aborts the job at the timeout); test() polls without blocking. An
-/// unfinished Work is waited for when its last copy goes away.
+/// complete (or aborts the job at the timeout); test() polls without blocking and
+/// allocates nothing. An unfinished Work is waited for when its last copy goes away.
 class Work {
  public:
   /// A completed no-op.
@@ -72,12 +74,19 @@ class Work {
   void wait();
   /// True once complete (runs the completion step, e.g. the division of avg, once).
   bool test();
+  /// True when this Work was complete at the last wait() or test().
+  bool done() const;
 
  private:
   friend class Communicator;
+  friend void wait_all(std::span<Work> works);
   explicit Work(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
   std::shared_ptr<detail::WorkState> state_;
 };
+
+/// Waits until every Work of `works` is complete, polling all of them in turn (so that
+/// operations on several groups progress together); each honours its own timeout.
+void wait_all(std::span<Work> works);
 
 /// A group of ranks that communicate. Cheap to copy; copies share the backend
 /// communicator, which is freed when the last copy goes away.
@@ -152,6 +161,30 @@ class Communicator {
     return reduce_scatter_impl(in_view(in), ElementSpan::of(out), opts, false);
   }
 
+  /// In place: `data` holds size() equal blocks; afterwards block rank() holds the
+  /// reduction of every member's block rank() (the other blocks are left unspecified).
+  /// Nothing of `data` may be touched until the Work completes.
+  template <Element T>
+  void reduce_scatter_in_place(std::span<T> data, const Options& opts = {}) const {
+    reduce_scatter_in_place_impl(ElementSpan::of(data), opts, true);
+  }
+  template <Element T>
+  Work reduce_scatter_in_place_async(std::span<T> data, const Options& opts = {}) const {
+    return reduce_scatter_in_place_impl(ElementSpan::of(data), opts, false);
+  }
+
+  /// In place: `data` holds size() equal blocks; block rank() is this member's input and
+  /// afterwards every block j holds member j's. Nothing of `data` may be touched until
+  /// the Work completes.
+  template <Element T>
+  void all_gather_in_place(std::span<T> data, const Options& opts = {}) const {
+    all_gather_in_place_impl(ElementSpan::of(data), opts, true);
+  }
+  template <Element T>
+  Work all_gather_in_place_async(std::span<T> data, const Options& opts = {}) const {
+    return all_gather_in_place_impl(ElementSpan::of(data), opts, false);
+  }
+
   /// `out` (size() * in.size() elements) receives every member's `in`, in rank order.
   template <Element T>
   void all_gather(std::span<const T> in, std::span<T> out, const Options& opts = {}) const {
@@ -194,6 +227,10 @@ class Communicator {
     return recv_impl(ElementSpan::of(data), peer, opts, false);
   }
 
+  /// Ends every process of the job with exit status `code` at once (the peers are not
+  /// left waiting for this rank until their timeout). Never returns.
+  [[noreturn]] void abort_job(int code) const;
+
   /// A group of this process alone, made without communication (not collective).
   Communicator self(std::string name = "self") const;
 
@@ -219,6 +256,8 @@ class Communicator {
   Work all_reduce_impl(ElementSpan data, const Options& opts, bool blocking) const;
   Work reduce_scatter_impl(ElementSpan in, ElementSpan out, const Options& opts, bool blocking) const;
   Work all_gather_impl(ElementSpan in, ElementSpan out, const Options& opts, bool blocking) const;
+  Work reduce_scatter_in_place_impl(ElementSpan data, const Options& opts, bool blocking) const;
+  Work all_gather_in_place_impl(ElementSpan data, const Options& opts, bool blocking) const;
   Work all_to_all_impl(ElementSpan in, ElementSpan out, const Options& opts, bool blocking) const;
   Work send_impl(ElementSpan data, int peer, const Options& opts, bool blocking) const;
   Work recv_impl(ElementSpan data, int peer, const Options& opts, bool blocking) const;

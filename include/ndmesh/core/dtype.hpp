@@ -11,7 +11,31 @@
 namespace ndmesh {
 
 /// The element types ndmesh moves between ranks and to disk.
-enum class DType : std::uint8_t { kFloat32, kFloat64, kInt32, kInt64 };
+enum class DType : std::uint8_t { kFloat32, kFloat64, kInt32, kInt64, kBFloat16 };
+
+/// bfloat16: the upper half of a float32 (8 exponent bits, 7 mantissa bits). Converting
+/// from float rounds to nearest even; NaN stays NaN. Used to halve the bytes of gradient
+/// communication; arithmetic happens in float.
+struct BFloat16 {
+  std::uint16_t bits = 0;
+
+  BFloat16() = default;
+  explicit BFloat16(float f) : bits(from_float(f)) {}
+  explicit operator float() const {
+    std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
+    float f;
+    __builtin_memcpy(&f, &u, sizeof f);
+    return f;
+  }
+  static std::uint16_t from_float(float f) {
+    std::uint32_t u;
+    __builtin_memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return static_cast<std::uint16_t>(u >> 16);
+  }
+  bool operator==(const BFloat16&) const = default;
+};
 
 /// DTypeOf<T>::value is the DType of T; only defined for supported element types.
 template <typename T>
@@ -32,6 +56,10 @@ template <>
 struct DTypeOf<std::int64_t> {
   static constexpr DType value = DType::kInt64;
 };
+template <>
+struct DTypeOf<BFloat16> {
+  static constexpr DType value = DType::kBFloat16;
+};
 
 /// True for the element types ndmesh can communicate.
 template <typename T>
@@ -50,6 +78,8 @@ constexpr std::size_t dtype_size(DType t) {
       return 4;
     case DType::kInt64:
       return 8;
+    case DType::kBFloat16:
+      return 2;
   }
   return 0;
 }
@@ -65,6 +95,8 @@ constexpr std::string_view dtype_name(DType t) {
       return "int32";
     case DType::kInt64:
       return "int64";
+    case DType::kBFloat16:
+      return "bfloat16";
   }
   return "?";
 }

@@ -8,8 +8,8 @@
 // ByteSource: byte-level language modelling on any file (vocab 256); each sequence is a
 // window at a random offset.
 //
-// A source's whole position is one Rng state, saved in checkpoints so that a resumed run
-// reads the same batches as an uninterrupted one.
+// A sequence is a pure function of (seed, stream, step, index), so a checkpoint needs only
+// the step to continue with the same batches.
 #pragma once
 
 #include <cstdint>
@@ -22,28 +22,38 @@
 
 namespace ndmesh::model {
 
-/// Where batches come from.
+/// Where batches come from. Every sequence is a pure function of (the source's seed, a
+/// stream, a step and the sequence's index in that step's global batch): any rank reads
+/// exactly its slice of step s without reading the rest, every layout reads the same
+/// global batch, and a resumed run needs only the step to continue.
 class DataSource {
  public:
+  /// The stream of training batches and the stream evaluation batches come from.
+  static constexpr std::uint64_t kTrainStream = 0;
+  static constexpr std::uint64_t kEvalStream = 1;
+
   virtual ~DataSource() = default;
   /// Tokens are in [0, vocab).
   virtual std::int64_t vocab() const = 0;
-  /// Fills tokens[batch, seq] and targets[batch, seq] (targets[t] = tokens[t + 1] of the
-  /// same window).
-  virtual void next_batch(std::int64_t batch, std::int64_t seq, std::int32_t* tokens,
-                          std::int32_t* targets) = 0;
+  /// Sequence `index` of step `step` of `stream`: tokens[seq] and targets[seq] (targets[t]
+  /// is the token after tokens[t]).
+  virtual void sequence(std::uint64_t stream, std::int64_t step, std::int64_t index, std::int64_t seq,
+                        std::int32_t* tokens, std::int32_t* targets) const = 0;
+  /// Sequences first .. first+count-1 of step `step` one after another: tokens[count, seq].
+  void batch(std::uint64_t stream, std::int64_t step, std::int64_t first, std::int64_t count, std::int64_t seq,
+             std::int32_t* tokens, std::int32_t* targets) const;
+  /// ConfigError naming the fix when sequences of `seq` tokens cannot be drawn.
+  virtual void check_seq(std::int64_t seq) const { (void)seq; }
   /// One line naming the source and its parameters (checked when a checkpoint is loaded).
   virtual std::string describe() const = 0;
   /// The best achievable mean loss in nats per token, when known.
   virtual std::optional<double> entropy_rate() const = 0;
 
-  /// The position in the stream (the Rng state).
-  std::uint64_t position() const { return rng_.state(); }
-  void set_position(std::uint64_t p) { rng_.set_state(p); }
-
  protected:
-  explicit DataSource(std::uint64_t seed) : rng_(seed) {}
-  Rng rng_;
+  explicit DataSource(std::uint64_t seed) : seed_(seed) {}
+  /// The generator of one sequence: seeded by a hash of (seed, stream, step, index).
+  Rng sequence_rng(std::uint64_t stream, std::int64_t step, std::int64_t index) const;
+  std::uint64_t seed_;
 };
 
 /// Parameters of a MarkovSource.
@@ -60,7 +70,8 @@ class MarkovSource : public DataSource {
   explicit MarkovSource(MarkovOptions options);
 
   std::int64_t vocab() const override { return options_.vocab; }
-  void next_batch(std::int64_t batch, std::int64_t seq, std::int32_t* tokens, std::int32_t* targets) override;
+  void sequence(std::uint64_t stream, std::int64_t step, std::int64_t index, std::int64_t seq, std::int32_t* tokens,
+                std::int32_t* targets) const override;
   std::string describe() const override;
   std::optional<double> entropy_rate() const override { return entropy_rate_; }
 
@@ -79,7 +90,7 @@ class MarkovSource : public DataSource {
                                 std::int64_t n);
 
  private:
-  std::int32_t draw(const double* cumulative);
+  std::int32_t draw(Rng& rng, const double* cumulative) const;
 
   MarkovOptions options_;
   std::vector<double> transition_;  ///< [vocab, vocab]
@@ -91,12 +102,19 @@ class MarkovSource : public DataSource {
 /// Byte-level windows of a file.
 class ByteSource : public DataSource {
  public:
-  /// Reads the whole file. IoError when unreadable; ConfigError when it is too short for
-  /// one window of seq + 1 bytes (checked at the first batch).
+  /// The most bytes a --data file may have (the whole file is read into memory).
+  static constexpr std::int64_t kMaxBytes = std::int64_t{1} << 32;
+
+  /// Reads the whole file. ConfigError naming the path and the fix when it is missing, not
+  /// a regular file (a directory, a device such as /dev/zero), unreadable, empty or larger
+  /// than kMaxBytes.
   ByteSource(const std::string& path, std::uint64_t seed);
 
   std::int64_t vocab() const override { return 256; }
-  void next_batch(std::int64_t batch, std::int64_t seq, std::int32_t* tokens, std::int32_t* targets) override;
+  void sequence(std::uint64_t stream, std::int64_t step, std::int64_t index, std::int64_t seq, std::int32_t* tokens,
+                std::int32_t* targets) const override;
+  /// ConfigError when the file is too short for one window of seq + 1 bytes.
+  void check_seq(std::int64_t seq) const override;
   std::string describe() const override;
   std::optional<double> entropy_rate() const override { return std::nullopt; }
   std::int64_t bytes() const { return static_cast<std::int64_t>(bytes_.size()); }

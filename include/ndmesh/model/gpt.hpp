@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,6 +41,8 @@ struct GptOptions {
   /// Parameter names (and so initial values) are those of the full model.
   std::int64_t first_block = 0;
   std::int64_t last_block = -1;  ///< -1: spec.layers
+  /// The flat buffers are padded to a multiple of this many elements (ZeRO shards).
+  std::int64_t pad_to = 1;
 };
 
 /// Every problem with a ModelSpec for this model, one line each (field, value, fix).
@@ -92,6 +95,32 @@ class GptT {
   /// others from doutput = d loss / d output(acts). Stages without the embedding leave
   /// d loss / d input in acts.input_grad.
   void backward(GptActivations<T>& acts, const T* doutput);
+  /// The weight of each token's loss in the gradient that backward() accumulates. The
+  /// default, 1 / (batch * seq), is the gradient of the mean loss of one forward; a run
+  /// that splits a global batch over micro-batches and ranks sets 1 / (global tokens), so
+  /// the gradients summed over them are those of the mean over the whole batch.
+  void set_loss_weight(double w) { loss_weight_ = w; }
+  double loss_weight() const { return loss_weight_; }
+
+  /// Called during backward() whenever the gradients of a suffix of the flat buffer are
+  /// final for this backward: `from` is the element offset from which every gradient is
+  /// complete (the head and final norm first, then each block from the last, then the
+  /// embedding at offset 0). Data parallelism starts reducing a bucket at that moment;
+  /// the hook is also the place to drive outstanding communication between layers.
+  using GradsFinalHook = std::function<void(std::int64_t from)>;
+  void set_grads_final_hook(GradsFinalHook hook) { grads_final_ = std::move(hook); }
+  /// Called between the sub-layers of each block's backward (no gradient is final
+  /// there): where communication in flight is driven at a finer grain than per block.
+  void set_progress_hook(std::function<void()> hook) { progress_ = std::move(hook); }
+
+  /// Global positions of this model's seq rows (the same for every sequence of a batch):
+  /// 0..seq-1 by default; a context-parallel rank holds its chunks of a longer sequence
+  /// (the embedding reads wpe at these rows, the causal mask compares them).
+  void set_positions(std::vector<std::int64_t> positions);
+  const std::vector<std::int64_t>& positions() const { return positions_; }
+  /// The attention core every block runs (nullptr: the local kernel on the local rows).
+  void set_attention_core(std::shared_ptr<const nn::AttentionCore<T>> core) { core_ = std::move(core); }
+
   /// Activations sized for this model's batch and seq.
   GptActivations<T> make_activations() const;
   /// The hidden states leaving the stage's last block, [batch, seq, C].
@@ -107,8 +136,9 @@ class GptT {
   /// Softmax probabilities [batch, seq, vocab] of the last whole-model forward.
   const T* probs() const { return acts_.probs.data(); }
   /// Matrix-product floating point operations of one forward + backward of this stage
-  /// over one batch (3x the forward; attention counted over the full seq x seq square,
-  /// as computed).
+  /// over one batch, as computed: 3x the forward for the linears and the head; attention
+  /// over the tiles the causal mask does not skip (about half the seq x seq square plus the
+  /// diagonal tiles), 2 products forward and 5 backward (the scores are recomputed).
   double flops_per_step() const;
 
   const std::vector<nn::Block<T>>& blocks() const { return blocks_; }
@@ -124,6 +154,14 @@ class GptT {
   std::vector<nn::Block<T>> blocks_;
   std::optional<nn::LayerNorm<T>> lnf_;
   std::optional<nn::LmHead<T>> head_;
+
+  double loss_weight_;
+  GradsFinalHook grads_final_;
+  std::function<void()> progress_;
+  std::vector<std::int64_t> positions_;
+  std::shared_ptr<const nn::AttentionCore<T>> core_;
+  std::vector<std::int64_t> block_offset_;  ///< flat offset of each block's first parameter
+  std::int64_t head_offset_ = 0;            ///< flat offset of the final norm's first parameter
 
   GptActivations<T> acts_;  ///< of the whole-model forward()/backward()
   // Backward work space, shared by every micro-batch (backwards run one at a time).

@@ -25,17 +25,27 @@ struct AdamWOptions {
   double clip_norm = 1.0;     ///< 0: no clipping
 };
 
+/// A range of the flat parameter buffer.
+struct Segment {
+  std::int64_t offset = 0;
+  std::int64_t count = 0;
+};
+
 /// The optimizer and its state (two moments per parameter element, and the step count).
+/// It may own only some segments of the flat buffer (a ZeRO shard): then its moments hold
+/// those segments one after another and update() touches only them.
 template <typename T>
 class AdamW {
  public:
-  /// State sized for `store` (which must be allocated).
-  AdamW(const ParamStore<T>& store, AdamWOptions options = {});
+  /// State sized for `store` (which must be allocated), over `segments` (empty: all of it).
+  AdamW(const ParamStore<T>& store, AdamWOptions options = {}, std::vector<Segment> segments = {});
 
   /// Sum of squared gradients of the whole store (in double).
   static double grad_square_sum(const ParamStore<T>& store);
-  /// Clips with `grad_norm` (the global norm) and applies one update with `lr`.
-  void update(ParamStore<T>& store, double lr, double grad_norm);
+  /// Clips with `grad_norm` (the global norm) and applies one update with `lr` to the
+  /// owned segments. `segment_grads` holds the gradients of the segments one after
+  /// another; nullptr: the store's gradients at the same offsets.
+  void update(ParamStore<T>& store, double lr, double grad_norm, const T* segment_grads = nullptr);
   /// grad_square_sum + update; returns the gradient norm before clipping.
   double step(ParamStore<T>& store, double lr);
 
@@ -50,9 +60,20 @@ class AdamW {
   std::span<const T> v() const { return v_; }
   /// Restores the step count (the moments are restored through m() and v()).
   void set_steps(std::int64_t t) { t_ = t; }
+  /// The owned segments.
+  const std::vector<Segment>& segments() const { return segments_; }
 
  private:
+  // Owned elements that are parameters (not padding), split by weight decay.
+  struct Piece {
+    std::int64_t offset;  // in the flat buffer
+    std::int64_t state;   // in m_ / v_ / segment_grads
+    std::int64_t count;
+    bool decay;
+  };
   AdamWOptions options_;
+  std::vector<Segment> segments_;
+  std::vector<Piece> pieces_;
   std::int64_t t_ = 0;
   std::vector<T> m_;
   std::vector<T> v_;

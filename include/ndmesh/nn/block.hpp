@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "ndmesh/nn/attention.hpp"
@@ -31,8 +32,8 @@ template <typename T>
 struct BlockActivations {
   Tensor<T> ln1, ln1_mean, ln1_rstd;  ///< [N, C], [N], [N]
   Tensor<T> qkv;                      ///< [N, (H + 2KV) hd]
-  Tensor<T> att;                      ///< [B, H, T, T] attention probabilities
-  Tensor<T> atty;                     ///< [N, H hd] attention output before proj
+  Tensor<T> lse;                      ///< [B, H, T] log-sum-exp of each query's attention scores
+  Tensor<T> atty;                     ///< [N, H hd] attention output before proj (the backward reads it)
   Tensor<T> res1;                     ///< [N, C] after the attention residual
   Tensor<T> ln2, ln2_mean, ln2_rstd;  ///< [N, C], [N], [N]
   MlpActivations<T> mlp;
@@ -58,11 +59,16 @@ class Block {
   /// Sizes the scratch for batch x seq tokens.
   void resize(BlockScratch<T>& scratch, std::int64_t batch, std::int64_t seq) const;
 
-  /// acts.out = block(inp[batch, seq, C]).
-  void forward(const T* inp, BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq) const;
+  /// acts.out = block(inp[batch, seq, C]). `core` runs the attention core (nullptr: the
+  /// local kernel) on rows at global `positions` ([seq]; nullptr: 0..seq-1).
+  void forward(const T* inp, BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq,
+               const AttentionCore<T>* core = nullptr, const std::int64_t* positions = nullptr) const;
   /// Accumulates dinp and the parameter gradients given dout = d loss / d acts.out.
+  /// `progress`, when given, is called between the sub-layers (the caller drives
+  /// communication in flight there, e.g. gradient buckets of later blocks).
   void backward(const T* dout, const T* inp, const BlockActivations<T>& acts, BlockScratch<T>& scratch,
-                T* dinp, std::int64_t batch, std::int64_t seq) const;
+                T* dinp, std::int64_t batch, std::int64_t seq, const std::function<void()>* progress = nullptr,
+                const AttentionCore<T>* core = nullptr, const std::int64_t* positions = nullptr) const;
 
   /// The options it was built with.
   const BlockOptions& options() const { return options_; }

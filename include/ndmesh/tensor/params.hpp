@@ -34,8 +34,9 @@ class ParamStore {
  public:
   /// Declares a parameter and returns its id. Names must be unique; only before allocate().
   int add(std::string name, std::vector<std::int64_t> shape, bool decay);
-  /// Allocates both buffers (zeroed). After this no parameter can be added.
-  void allocate();
+  /// Allocates both buffers (zeroed), padded to a multiple of `multiple` elements (so that
+  /// a ZeRO shard split of the buffer is even). After this no parameter can be added.
+  void allocate(std::int64_t multiple = 1);
   /// True once allocate() ran (or when nothing was declared).
   bool allocated() const { return !params_.empty() || views_.empty(); }
 

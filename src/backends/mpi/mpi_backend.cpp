@@ -10,6 +10,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 
@@ -36,8 +37,27 @@ MPI_Datatype mpi_type(DType t) {
       return MPI_INT32_T;
     case DType::kInt64:
       return MPI_INT64_T;
+    case DType::kBFloat16:
+      return MPI_UINT16_T;  // moved as 2-byte words; reductions use the ops below
   }
   return MPI_DATATYPE_NULL;
+}
+
+// Reductions of bfloat16 words: convert to float, combine, round back.
+template <typename F>
+void bf16_combine(void* in, void* inout, int* len, F f) {
+  auto* a = static_cast<const BFloat16*>(in);
+  auto* b = static_cast<BFloat16*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = BFloat16(f(static_cast<float>(a[i]), static_cast<float>(b[i])));
+}
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  bf16_combine(in, inout, len, [](float x, float y) { return x + y; });
+}
+void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
+  bf16_combine(in, inout, len, [](float x, float y) { return std::max(x, y); });
+}
+void bf16_min(void* in, void* inout, int* len, MPI_Datatype*) {
+  bf16_combine(in, inout, len, [](float x, float y) { return std::min(x, y); });
 }
 
 // A received message must hold exactly the elements asked for.
@@ -51,7 +71,10 @@ void check_count(const MPI_Status& status, MPI_Datatype type, int expected, int 
            peer, expected, got);
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+MPI_Op bf16_op(ReduceOp op);
+
+MPI_Op mpi_op(ReduceOp op, DType t) {
+  if (t == DType::kBFloat16) return bf16_op(op);
   switch (op) {
     case ReduceOp::kSum:
       return MPI_SUM;
@@ -77,6 +100,9 @@ class Runtime {
       check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
       owned_ = true;
     }
+    for (auto [fn, slot] : {std::pair{&bf16_sum, &bf16_ops_[0]}, std::pair{&bf16_max, &bf16_ops_[1]},
+                            std::pair{&bf16_min, &bf16_ops_[2]}})
+      check(MPI_Op_create(fn, 1, slot), "MPI_Op_create");
     int level = 0;
     MPI_Query_thread(&level);
     abort_from_any_thread_ = level >= MPI_THREAD_MULTIPLE;
@@ -95,11 +121,28 @@ class Runtime {
     return runtime;
   }
   bool abort_from_any_thread() const { return abort_from_any_thread_; }
+  /// The user-defined bfloat16 sum, max and min.
+  MPI_Op bf16(int i) const { return bf16_ops_[i]; }
 
  private:
+  MPI_Op bf16_ops_[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
   bool owned_ = false;
   bool abort_from_any_thread_ = false;
 };
+
+MPI_Op bf16_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return Runtime::get().bf16(0);
+    case ReduceOp::kMax:
+      return Runtime::get().bf16(1);
+    case ReduceOp::kMin:
+      return Runtime::get().bf16(2);
+    case ReduceOp::kAvg:
+      break;
+  }
+  fail<>("comm", "the MPI backend got reduce op {}; avg is a sum divided by the caller", reduce_op_name(op));
+}
 
 bool mpi_alive() {
   int finalized = 0;
@@ -115,11 +158,16 @@ class MpiWork final : public detail::WorkImpl {
   MPI_Datatype type = MPI_DATATYPE_NULL;
   int peer = -1;
 
+  // Polling allocates nothing: statuses are kept only for receives, sized when posted.
+  std::vector<MPI_Status> statuses;
+
   bool test() override {
     if (requests.empty()) return true;
     int done = 0;
-    std::vector<MPI_Status> statuses(requests.size());
-    check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, statuses.data()),
+    const bool counted = !expected_counts.empty();
+    if (counted) statuses.resize(requests.size());
+    check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
+                      counted ? statuses.data() : MPI_STATUSES_IGNORE),
           "MPI_Testall");
     if (!done) return false;
     for (std::size_t i = 0; i < expected_counts.size(); ++i)
@@ -219,7 +267,7 @@ class MpiComm final : public detail::CommImpl {
   std::unique_ptr<detail::WorkImpl> all_reduce(ElementSpan data, ReduceOp op, bool blocking) override {
     if (blocking) {
       for_chunks(data, [&](void* p, int n) {
-        check(MPI_Allreduce(MPI_IN_PLACE, p, n, mpi_type(data.dtype), mpi_op(op), comm_), "MPI_Allreduce");
+        check(MPI_Allreduce(MPI_IN_PLACE, p, n, mpi_type(data.dtype), mpi_op(op, data.dtype), comm_), "MPI_Allreduce");
       });
       return nullptr;
     }
@@ -227,7 +275,7 @@ class MpiComm final : public detail::CommImpl {
     for_chunks(data, [&](void* p, int n) {
       work->requests.emplace_back();
       check(
-          MPI_Iallreduce(MPI_IN_PLACE, p, n, mpi_type(data.dtype), mpi_op(op), comm_, &work->requests.back()),
+          MPI_Iallreduce(MPI_IN_PLACE, p, n, mpi_type(data.dtype), mpi_op(op, data.dtype), comm_, &work->requests.back()),
           "MPI_Iallreduce");
     });
     return work;
@@ -236,14 +284,16 @@ class MpiComm final : public detail::CommImpl {
   std::unique_ptr<detail::WorkImpl> reduce_scatter(ElementSpan in, ElementSpan out, ReduceOp op,
                                                    bool blocking) override {
     int n = block_count("reduce_scatter", out.count);
+    // In place: the input is the whole receive buffer and the result lands at its start.
+    const void* send = in.data == out.data ? MPI_IN_PLACE : in.data;
     if (blocking) {
-      check(MPI_Reduce_scatter_block(in.data, out.data, n, mpi_type(in.dtype), mpi_op(op), comm_),
+      check(MPI_Reduce_scatter_block(send, out.data, n, mpi_type(in.dtype), mpi_op(op, in.dtype), comm_),
             "MPI_Reduce_scatter_block");
       return nullptr;
     }
     auto work = std::make_unique<MpiWork>();
     work->requests.resize(1);
-    check(MPI_Ireduce_scatter_block(in.data, out.data, n, mpi_type(in.dtype), mpi_op(op), comm_,
+    check(MPI_Ireduce_scatter_block(send, out.data, n, mpi_type(in.dtype), mpi_op(op, in.dtype), comm_,
                                     &work->requests[0]),
           "MPI_Ireduce_scatter_block");
     return work;
@@ -251,15 +301,18 @@ class MpiComm final : public detail::CommImpl {
 
   std::unique_ptr<detail::WorkImpl> all_gather(ElementSpan in, ElementSpan out, bool blocking) override {
     int n = block_count("all_gather", in.count);
+    // In place: this rank's block of the output is its input.
+    const bool in_place = in.data == static_cast<char*>(out.data) + static_cast<std::size_t>(rank_) * in.bytes();
+    const void* send = in_place ? MPI_IN_PLACE : in.data;
+    const int send_n = in_place ? 0 : n;
+    MPI_Datatype send_type = in_place ? MPI_DATATYPE_NULL : mpi_type(in.dtype);
     if (blocking) {
-      check(MPI_Allgather(in.data, n, mpi_type(in.dtype), out.data, n, mpi_type(out.dtype), comm_),
-            "MPI_Allgather");
+      check(MPI_Allgather(send, send_n, send_type, out.data, n, mpi_type(out.dtype), comm_), "MPI_Allgather");
       return nullptr;
     }
     auto work = std::make_unique<MpiWork>();
     work->requests.resize(1);
-    check(MPI_Iallgather(in.data, n, mpi_type(in.dtype), out.data, n, mpi_type(out.dtype), comm_,
-                         &work->requests[0]),
+    check(MPI_Iallgather(send, send_n, send_type, out.data, n, mpi_type(out.dtype), comm_, &work->requests[0]),
           "MPI_Iallgather");
     return work;
   }

@@ -52,6 +52,34 @@ TEST_P(GptGrad, WholeModelGradientsMatchFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(TiedAndKvHeads, GptGrad,
                          ::testing::Values(std::pair{true, 0}, std::pair{false, 2}, std::pair{true, 1}));
 
+// A context-parallel rank's model: rows at global positions that are not contiguous
+// (zigzag chunks). The embedding reads those rows of the position table and the causal
+// mask compares them; gradients still match finite differences, and explicit positions
+// 0..seq-1 give exactly the default model.
+TEST(Gpt, NonContiguousPositionsGradientsMatchFiniteDifferences) {
+  GptT<double> gpt(tiny(true, 2), {.seed = 3, .batch = 2, .seq = 3, .init_std = 0.5});
+  gpt.set_positions({0, 3, 4});
+  Rng rng(6);
+  auto tokens = random_tokens(6, 7, rng), targets = random_tokens(6, 7, rng);
+  for (const auto& v : gpt.params().views())
+    for (std::int64_t i = 0; i < v.numel; ++i) gpt.params().params()[v.offset + i] += 0.1 * rng.normal();
+  auto loss = [&] { return gpt.forward(tokens.data(), targets.data()); };
+  gpt.params().zero_grad();
+  loss();
+  gpt.backward();
+  testing::expect_param_gradients(gpt.params(), loss);
+  EXPECT_THROW(gpt.set_positions({0, 5, 1}), Error);
+  EXPECT_THROW(gpt.set_positions({0, 1}), Error);
+}
+
+TEST(Gpt, ExplicitSerialPositionsAreTheDefault) {
+  GptT<double> a(tiny(false, 2), {.seed = 4, .batch = 2}), b(tiny(false, 2), {.seed = 4, .batch = 2});
+  b.set_positions({0, 1, 2, 3, 4});
+  Rng rng(7);
+  auto tokens = random_tokens(10, 7, rng), targets = random_tokens(10, 7, rng);
+  EXPECT_EQ(a.forward(tokens.data(), targets.data()), b.forward(tokens.data(), targets.data()));
+}
+
 TEST(Gpt, LossAtInitialisationIsNearLogVocab) {
   set_blas_threads(1);
   const ModelSpec spec{.layers = 2, .hidden = 32, .heads = 4, .seq = 16, .vocab = 64};
@@ -211,7 +239,7 @@ TEST(Gpt, MemoryEstimateCoversTheAllocation) {
   double held = 0;
   for (const auto& b : acts.blocks)
     held +=
-        static_cast<double>(b.ln1.numel() + b.qkv.numel() + b.att.numel() + b.atty.numel() + b.res1.numel() +
+        static_cast<double>(b.ln1.numel() + b.qkv.numel() + b.lse.numel() + b.atty.numel() + b.res1.numel() +
                             b.ln2.numel() + b.mlp.fc.numel() + b.mlp.gelu.numel() + b.out.numel());
   held += static_cast<double>(acts.input.numel() + acts.lnf.numel() + acts.probs.numel());
   EXPECT_GT(estimate, 2 * params + held);
@@ -222,8 +250,21 @@ TEST(Gpt, FlopsCountMatchesHandCount) {
   const ModelSpec spec{.layers = 1, .hidden = 4, .heads = 2, .kv_heads = 1, .ffn = 8, .seq = 3, .vocab = 5};
   Gpt gpt(spec, {.batch = 2});
   // N = 6 tokens, hd = 2. Forward: qkv 2*6*4*(2+2)*2 = 384, proj 2*6*4*4 = 192,
-  // mlp 2*2*6*4*8 = 768, attention 2*2*6*3*4 = 288, head 2*6*4*5 = 240.
-  EXPECT_DOUBLE_EQ(gpt.flops_per_step(), 3.0 * (384 + 192 + 768 + 288 + 240));
+  // mlp 2*2*6*4*8 = 768, head 2*6*4*5 = 240, all three times for forward + backward.
+  // Attention: seq 3 is one (masked) tile of 3x3 scores per (batch, head), 2*hd flops per
+  // score and product, 7 products (2 forward, 5 backward): 7 * 2*2 * 9 * 2*2 = 1008.
+  EXPECT_DOUBLE_EQ(gpt.flops_per_step(), 3.0 * (384 + 192 + 768 + 240) + 1008);
+}
+
+TEST(Gpt, FlopsCountOnlyTheAttentionTilesComputed) {
+  // seq 130 = tiles of 64, 64, 2 rows: the causal mask skips 3 of the 9 tile pairs, leaving
+  // 3 * 64*64 + 2 * 2*64 + 2*2 = 12548 score elements per (batch, head) instead of 130^2.
+  const ModelSpec spec{.layers = 1, .hidden = 4, .heads = 2, .kv_heads = 1, .ffn = 8, .seq = 130, .vocab = 5};
+  Gpt gpt(spec, {.batch = 1});
+  // Per token: qkv 2*4*(2+2)*2 = 64, proj 2*2*2*4 = 32, mlp 2*2*4*8 = 128, head 2*4*5 = 40.
+  const double linear = 3.0 * 130 * (64 + 32 + 128 + 40);
+  const double attention = 7.0 * 2 * 2 * 12548 * 1 * 2;  // 7 products, 2 hd, batch 1, 2 heads
+  EXPECT_DOUBLE_EQ(gpt.flops_per_step(), linear + attention);
 }
 
 }  // namespace

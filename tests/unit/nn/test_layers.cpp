@@ -188,13 +188,13 @@ TEST_P(AttentionGrad, GradientsMatchFiniteDifferences) {
   Attention<double> attn({.heads = heads, .kv_heads = kv_heads, .head_dim = 3});
   const std::int64_t batch = 2, seq = 5, r = attn.qkv_width(), o = attn.out_width();
   V qkv = random_vector(batch * seq * r, rng), w = random_vector(batch * seq * o, rng), out(batch * seq * o),
-    att(batch * heads * seq * seq), dqkv(qkv.size(), 0.0);
+    lse(batch * heads * seq), dqkv(qkv.size(), 0.0);
   auto loss = [&] {
-    attn.forward(qkv.data(), out.data(), att.data(), batch, seq);
+    attn.forward(qkv.data(), out.data(), lse.data(), batch, seq);
     return dot(out.data(), w.data(), batch * seq * o);
   };
   loss();
-  attn.backward(w.data(), qkv.data(), att.data(), dqkv.data(), batch, seq);
+  attn.backward(w.data(), qkv.data(), out.data(), lse.data(), dqkv.data(), batch, seq);
   EXPECT_GT(expect_gradient("dqkv", qkv.data(), dqkv.data(), static_cast<std::int64_t>(qkv.size()), loss),
             1e-3);
 }
@@ -203,28 +203,26 @@ INSTANTIATE_TEST_SUITE_P(HeadsAndKvHeads, AttentionGrad,
                          ::testing::Values(std::pair{1, 1}, std::pair{4, 4}, std::pair{4, 2}, std::pair{4, 1},
                                            std::pair{6, 3}));
 
-TEST(Attention, IsCausalAndRowsAreDistributions) {
+TEST(Attention, IsCausalAndFirstRowSeesOnlyItself) {
   Rng rng(7);
   Attention<double> attn({.heads = 2, .kv_heads = 1, .head_dim = 2});
-  const std::int64_t seq = 4, r = attn.qkv_width();
-  V qkv = random_vector(seq * r, rng), out(seq * attn.out_width()), att(2 * seq * seq);
-  attn.forward(qkv.data(), out.data(), att.data(), 1, seq);
-  for (int h = 0; h < 2; ++h)
-    for (int i = 0; i < seq; ++i) {
-      double sum = 0;
-      for (int j = 0; j < seq; ++j) {
-        double p = att[static_cast<std::size_t>((h * seq + i) * seq + j)];
-        if (j > i) {
-          EXPECT_EQ(p, 0.0);
-        }
-        sum += p;
-      }
-      EXPECT_NEAR(sum, 1.0, 1e-12);
-    }
-  // The first position attends only to itself: its output is its own value vector.
-  // Value head 0 (shared by both query heads) sits after 2 query heads and 1 key head.
-  for (int h = 0; h < 2; ++h)
+  const std::int64_t seq = 4, r = attn.qkv_width(), o = attn.out_width();
+  V qkv = random_vector(seq * r, rng), out(seq * o), lse(2 * seq);
+  attn.forward(qkv.data(), out.data(), lse.data(), 1, seq);
+  // Changing the last token changes no earlier output.
+  V qkv2 = qkv, out2(out.size()), lse2(lse.size());
+  for (std::int64_t c = 0; c < r; ++c) qkv2[static_cast<std::size_t>((seq - 1) * r + c)] += 1.0;
+  attn.forward(qkv2.data(), out2.data(), lse2.data(), 1, seq);
+  for (std::int64_t i = 0; i < (seq - 1) * o; ++i)
+    EXPECT_EQ(out[static_cast<std::size_t>(i)], out2[static_cast<std::size_t>(i)]) << i;
+  // The first position attends only to itself: its output is its own value vector and its
+  // lse its one score. Value head 0 (shared by both query heads) sits after 2 query heads
+  // and 1 key head.
+  for (int h = 0; h < 2; ++h) {
     for (int d = 0; d < 2; ++d) EXPECT_NEAR(out[static_cast<std::size_t>(h * 2 + d)], qkv[3 * 2 + d], 1e-12);
+    const double score = (qkv[h * 2] * qkv[2 * 2] + qkv[h * 2 + 1] * qkv[2 * 2 + 1]) / std::sqrt(2.0);
+    EXPECT_NEAR(lse[static_cast<std::size_t>(h * seq)], score, 1e-12);
+  }
 }
 
 TEST(Attention, KvHeadsMustDivideHeads) {

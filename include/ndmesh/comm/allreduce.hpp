@@ -1,0 +1,114 @@
+// All-reduce algorithms written once over the Communicator's point-to-point (seed 002's
+// ring, tree, hierarchical and adaptive), usable on any group, next to the engine's own
+// MPI_Allreduce.
+//
+// Every algorithm is a per-rank program of steps; a step posts nonblocking sends and
+// receives, and once they have all completed applies its local reductions. A
+// PendingAllReduce advances the program as far as it can without blocking whenever it is
+// polled (Open MPI moves data only inside MPI calls), so a caller overlapping compute
+// polls it between layers and waits at the end.
+//  - ring: reduce-scatter then all-gather, p-1 steps each, over chunks of n/p elements
+//    (the bandwidth-optimal 2(p-1)/p n per rank); chunk sizes differ by at most one.
+//  - tree: binary-tree reduce to group rank 0, then broadcast down the same tree
+//    (2 log2 p latency steps: for small messages).
+//  - hierarchical: tree reduce inside each node to its first rank, ring all-reduce across
+//    the node leaders, tree broadcast inside the node (inter-node traffic once per node).
+//  - adaptive: tree below 64 KiB; above it hierarchical when the group spans nodes and has
+//    more than one rank per node, else ring (a documented table, see allreduce.cpp).
+// Only sums are supported. Every rank ends with identical values: each element's final
+// value is computed on one rank and copied. Integers are exact.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "ndmesh/comm/communicator.hpp"
+
+namespace ndmesh::comm {
+
+/// Which all-reduce to run.
+enum class AllReduceAlgorithm { kMpi, kRing, kTree, kHierarchical, kAdaptive };
+
+/// "mpi", "ring", "tree", "hierarchical", "adaptive".
+std::string_view algorithm_name(AllReduceAlgorithm a);
+/// Parses an algorithm name; ConfigError naming `flag`, the value and the valid names.
+AllReduceAlgorithm parse_algorithm(std::string_view name, std::string_view flag = "--allreduce");
+
+namespace detail {
+struct AllReduceProgram;
+struct ScratchPool;
+}
+
+/// One all-reduce in flight. `data` belongs to the operation until done() is true or
+/// wait() returns; then it holds the sum over the group.
+class PendingAllReduce {
+ public:
+  PendingAllReduce();
+  PendingAllReduce(PendingAllReduce&&) noexcept;
+  PendingAllReduce& operator=(PendingAllReduce&&) noexcept;
+  ~PendingAllReduce();
+
+  /// Advances without blocking; true once complete.
+  bool test();
+  /// Blocks until complete (each transfer honours the communicator's timeout).
+  void wait();
+  /// True once complete.
+  bool done() const;
+
+ private:
+  friend class AllReducer;
+  explicit PendingAllReduce(std::unique_ptr<detail::AllReduceProgram> program);
+  std::unique_ptr<detail::AllReduceProgram> program_;
+  Work mpi_;  // the engine's all-reduce (AllReduceAlgorithm::kMpi)
+};
+
+/// Options of an AllReducer.
+struct AllReducerOptions {
+  AllReduceAlgorithm algorithm = AllReduceAlgorithm::kMpi;
+  /// For hierarchical (and adaptive): ranks per node, counting world ranks from 0
+  /// (simulated nodes); 0: the real nodes (a shared-memory split).
+  std::int64_t ranks_per_node = 0;
+  /// Tag of the point-to-point messages (distinct from other traffic on the group).
+  int tag = 7700;
+};
+
+/// All-reduces (sums) over one group with a chosen algorithm. Construction is collective
+/// over the group when the algorithm needs node sub-groups (hierarchical, adaptive). The
+/// reducer must outlive the PendingAllReduce it starts (they use its sub-groups).
+class AllReducer {
+ public:
+  AllReducer() = default;
+  AllReducer(Communicator group, AllReducerOptions options = {});
+
+  /// Starts summing `data` over the group (every member calls with the same count).
+  template <Element T>
+  PendingAllReduce start(std::span<T> data) {
+    return start_impl(ElementSpan::of(data));
+  }
+  /// Blocking form.
+  template <Element T>
+  void all_reduce(std::span<T> data) {
+    start(data).wait();
+  }
+
+  /// The algorithm a message of `bytes` runs with (resolves adaptive).
+  AllReduceAlgorithm choose(std::size_t bytes) const;
+  const Communicator& group() const { return group_; }
+  /// True when the group's ranks sit on more than one node.
+  bool spans_nodes() const { return nodes_ > 1; }
+
+ private:
+  PendingAllReduce start_impl(ElementSpan data);
+
+  Communicator group_;
+  AllReducerOptions options_;
+  Communicator intra_;    // the members on this rank's node
+  Communicator leaders_;  // the first member of each node (empty handle elsewhere)
+  std::int64_t nodes_ = 1;
+  std::shared_ptr<detail::ScratchPool> pool_;  // scratch buffers reused across calls
+};
+
+}  // namespace ndmesh::comm

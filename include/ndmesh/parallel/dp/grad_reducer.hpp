@@ -1,0 +1,134 @@
+// Data parallelism: bucketed, overlapped gradient reduction over the data-parallel group
+// (dp together with cp, the group that sees different data for replicated parameters).
+//
+// The flat gradient buffer is cut into buckets of about `bucket_mb` MiB from its end,
+// because the backward pass finalises gradients from the end of the buffer (the head,
+// then the last block, ..., the embedding at offset 0). The model's grads-final hook says
+// from which offset every gradient is final; each bucket entirely above it starts its
+// reduction at once (asynchronous) while the backward of earlier blocks goes on, and every
+// call of the hook also polls the reductions in flight, which is what makes Open MPI move
+// their data during the backward. Only the last micro-batch of a step reduces (no-sync);
+// the earlier ones accumulate locally. With overlap off every bucket starts after the
+// backward, the baseline the overlap is measured against.
+//
+// ZeRO over the group: stage 1 reduce-scatters each bucket in place instead of
+// all-reducing it (this rank's block of every bucket is its shard; the optimizer updates
+// only the shard, then the parameters are all-gathered bucket by bucket); stage 2 also
+// keeps only the shard of the gradients between micro-batches: every micro-batch's
+// backward reduce-scatters its buckets and adds this rank's blocks to a shard
+// accumulator, and the bucket's full-size gradients are zeroed for the next micro-batch
+// (the layers still write into the model's full-size flat buffer as their work space).
+//
+// Progress: Open MPI moves the data of a nonblocking operation only inside MPI calls. With
+// `progress_thread` (the default with overlap) a helper thread polls the started buckets
+// every few tens of microseconds while the backward computes, so transfers advance between
+// the model's own polls; without it the model's hooks (per block and between sub-layers)
+// are the only polls. A bucket handed to the thread is touched by it alone until
+// finish_backward() has seen every bucket complete (mutex + condition variable). If the
+// thread sees no completion for the whole timeout it stops, and finish_backward() waits on
+// the remaining buckets itself, which ends the job with the usual timeout message.
+//
+// Buffers: between begin_backward() and finish_backward() a started bucket's range of
+// the gradient buffer belongs to the reduction; the model writes only below the
+// watermark it reported, so the two never touch the same elements.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ndmesh/comm/allreduce.hpp"
+#include "ndmesh/comm/communicator.hpp"
+#include "ndmesh/nn/adamw.hpp"
+
+namespace ndmesh::parallel {
+
+/// How gradients are reduced.
+struct DataParallelOptions {
+  double bucket_mb = 25;  ///< bucket size in MiB
+  bool overlap = true;    ///< start buckets during the backward
+  int zero = 0;           ///< 0: all-reduce; 1: shard optimizer state; 2: also gradients
+  comm::AllReduceAlgorithm algorithm = comm::AllReduceAlgorithm::kMpi;
+  std::int64_t ranks_per_node = 0;  ///< hierarchical: simulated ranks per node (0: real nodes)
+  bool progress_thread = true;      ///< with overlap: a thread polls the buckets in flight
+};
+
+/// Reduces the gradients of one flat buffer over the data-parallel group.
+class GradReducer {
+ public:
+  /// `flat_size` must be a multiple of the group size when zero > 0. Collective over
+  /// `group` (the hierarchical algorithm builds node sub-groups).
+  GradReducer(comm::Communicator group, std::int64_t flat_size, DataParallelOptions options);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  /// Called before each micro-batch's backward with the gradient buffer it accumulates
+  /// into; `last` marks the last micro-batch of the step.
+  void begin_backward(float* grads, bool last);
+  /// The model's grads-final hook: gradients at offsets >= from are final.
+  void grads_final(std::int64_t from);
+  /// Polls the reductions in flight (the model's progress hook, between sub-layers).
+  void progress();
+  /// After each backward: starts what has not started and waits for every reduction.
+  void finish_backward();
+
+  /// This rank's segments of the flat buffer (ZeRO), or the whole buffer.
+  const std::vector<nn::Segment>& shard() const { return shard_; }
+  /// ZeRO-2: the reduced gradients of the shard, one segment after another; nullptr
+  /// otherwise (the reduced gradients are in the flat buffer).
+  const float* shard_grads() const { return zero_ == 2 ? shard_grads_.data() : nullptr; }
+  /// Sum of squares of the reduced gradients this rank owns (the whole buffer without
+  /// ZeRO; its shard with ZeRO, to be summed over the group).
+  double owned_grad_square_sum(const float* grads) const;
+  /// ZeRO: all-gathers the updated parameters bucket by bucket (collective).
+  void gather_params(float* params);
+  /// Sets the ZeRO-2 shard accumulator to zero (start of a step).
+  void zero_shard_grads();
+
+  /// Seconds from the first bucket's start to the last bucket's completion, summed over
+  /// the backwards since the last reset, and the part of it the step waited for (in
+  /// finish_backward). Without overlap the two are equal: that is the cost the overlap
+  /// hides, and bench/bench_dp.sh compares the exposed time of both modes.
+  double comm_seconds() const { return comm_seconds_; }
+  double exposed_seconds() const { return exposed_seconds_; }
+  void reset_timers() { comm_seconds_ = exposed_seconds_ = 0; }
+  /// Number of buckets and the bytes one step's reductions move per rank.
+  std::size_t buckets() const { return buckets_.size(); }
+  int zero() const { return zero_; }
+  const comm::Communicator& group() const { return group_; }
+
+ private:
+  struct Bucket {
+    std::int64_t lo = 0, hi = 0;  // [lo, hi) of the flat buffer
+    bool started = false;
+    double start_time = 0;
+    comm::PendingAllReduce reduce;  // without ZeRO
+    comm::Work scatter;             // with ZeRO
+  };
+  void start(Bucket& b);
+  bool poll(Bucket& b);
+  void progress_loop();
+
+  comm::Communicator group_;
+  comm::AllReducer reducer_;
+  DataParallelOptions options_;
+  int zero_ = 0;
+  std::vector<Bucket> buckets_;  // from the end of the buffer to its start
+  std::vector<nn::Segment> shard_;
+  std::vector<float> shard_grads_;
+  float* grads_ = nullptr;
+  bool reduce_now_ = false;
+  std::size_t next_ = 0;  // the next bucket to start
+  double comm_seconds_ = 0, exposed_seconds_ = 0;
+  // The progress thread and what it polls (guarded by mutex_).
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable work_cv_, done_cv_;
+  std::vector<Bucket*> active_;
+  bool stop_ = false, thread_gave_up_ = false;
+};
+
+}  // namespace ndmesh::parallel

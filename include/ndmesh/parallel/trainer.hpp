@@ -1,0 +1,137 @@
+// Trainer: the parallel training runtime. A layout of size 1 in every dim is the serial
+// run, so `ndmesh train` without a launcher and with one is the same code.
+//
+// One step s, data flowing down (ARCHITECTURE.md, "Parallel training"):
+//  1. the global batch of step s is a pure function of (data seed, s, sequence index);
+//  2. dp picks this rank's contiguous slice of sequences; --micro-batch cuts it into
+//     micro-batches whose gradients accumulate locally (no reduction until the last);
+//  3. each micro-batch runs forward and backward; every token's loss weighs
+//     1 / (global tokens), so the gradients summed over micro-batches and ranks are those
+//     of the mean loss over the whole global batch, whatever the layout;
+//  4. the GradReducer sums gradients over the dp group in buckets overlapped with the
+//     backward (ZeRO: reduce-scatter to shards);
+//  5. the gradient norm is global (summed over every shard), then AdamW with clipping at
+//     the step's learning rate (ZeRO: on the shard, then the parameters are gathered).
+// Context parallelism (--cp) splits each sequence: a cp rank keeps its positions of every
+// sequence of its dp slice (zigzag or contiguous chunks, parallel/cp/ring_attention.hpp),
+// runs the model on those tokens with RingAttention as the attention core, and the
+// GradReducer (and the loss sum) work over the dp-cp group instead of dp.
+// The strategies that split the model's weights (tp, pp) plug in at steps 3 and 4: they
+// are refused with a clear error until they exist.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ndmesh/comm/process_groups.hpp"
+#include "ndmesh/config/config.hpp"
+#include "ndmesh/model/data.hpp"
+#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/nn/adamw.hpp"
+#include "ndmesh/parallel/cp/ring_attention.hpp"
+#include "ndmesh/parallel/dp/grad_reducer.hpp"
+
+namespace ndmesh::parallel {
+
+/// Options of a training run.
+struct TrainOptions {
+  ModelSpec model;
+  std::int64_t batch = 8;        ///< global batch: sequences per step over all ranks
+  std::int64_t micro_batch = 0;  ///< sequences per micro-batch per dp rank; 0: the whole local batch
+  std::int64_t steps = 100;      ///< total steps of the run (the schedule's length)
+  double lr = 3e-3;              ///< peak learning rate
+  std::int64_t warmup = 0;       ///< linear warmup steps
+  double min_lr_ratio = 0.1;     ///< the cosine decays to lr * min_lr_ratio at `steps`
+  nn::AdamWOptions adamw;
+  std::uint64_t seed = 1;  ///< model initialisation seed
+  DataParallelOptions dp;
+  CpLayout cp_layout = CpLayout::kZigzag;  ///< which chunks of each sequence a cp rank holds
+};
+
+/// What one step did (the same numbers on every rank).
+struct StepStats {
+  std::int64_t step = 0;  ///< 1-based index of the step just done
+  double loss = 0;        ///< mean loss over the global batch, before the update
+  double grad_norm = 0;   ///< global, before clipping
+  double lr = 0;
+  double seconds = 0;               ///< wall time of the step on this rank
+  double comm_seconds = 0;          ///< first bucket start to last bucket done (see GradReducer)
+  double exposed_comm_seconds = 0;  ///< the part the step waited for
+};
+
+/// Bytes one rank holds.
+struct MemoryBytes {
+  double params = 0;
+  double grads = 0;      ///< gradients kept between micro-batches (ZeRO-2: the shard)
+  double optimizer = 0;  ///< AdamW moments (ZeRO 1/2: the shard)
+  double activations = 0;
+  double grad_workspace = 0;  ///< ZeRO-2: the full-size buffer the backward writes into
+};
+
+/// The runtime of one rank: mesh, groups, model shard, data slice, reductions, optimizer.
+class Trainer {
+ public:
+  /// ConfigError when the options or the layout are not usable (a dim that is not
+  /// implemented yet, a batch the layout does not divide, a bad model spec...).
+  /// Collective over groups.world().
+  Trainer(TrainOptions options, std::unique_ptr<model::DataSource> data, ProcessGroups& groups);
+
+  /// One optimizer step (collective).
+  StepStats step();
+  /// Steps done so far.
+  std::int64_t steps_done() const { return step_; }
+  /// The learning rate of step `step` (0-based).
+  double lr_at(std::int64_t step) const;
+  /// Mean loss over `batches` evaluation batches (global batches of the evaluation
+  /// stream), without updating (collective).
+  double evaluate(std::int64_t batches);
+
+  /// Writes a checkpoint of the logical model (collective; rank 0 writes).
+  void save(const std::string& path);
+  /// Restores a checkpoint written under any dp size (collective; every rank reads).
+  /// ConfigError naming every difference when it was written by another model or data.
+  void load(const std::string& path);
+
+  model::Gpt& model() { return *model_; }
+  const model::DataSource& data() const { return *data_; }
+  const TrainOptions& options() const { return options_; }
+  /// Tokens per step over all ranks (batch * seq).
+  std::int64_t tokens_per_step() const { return options_.batch * options_.model.seq; }
+  /// Micro-batches per step on each rank.
+  std::int64_t microbatches() const { return microbatches_; }
+  /// Bytes of parameters, gradients, optimizer state and activations on this rank.
+  MemoryBytes memory() const;
+  const Mesh& mesh() const { return groups_.mesh(); }
+
+ private:
+  // Sum over the gradient group (dp-cp) of a few doubles (in place).
+  void sum_over_dp(std::span<double> values);
+  // Fetches the micro-batch of sequences [first, first + count) of `stream` and keeps
+  // this cp rank's positions of each in tokens_ / targets_.
+  void load_batch(std::uint64_t stream, std::int64_t index, std::int64_t first, std::int64_t count);
+
+  TrainOptions options_;
+  std::unique_ptr<model::DataSource> data_;
+  ProcessGroups& groups_;
+  comm::Communicator dp_;
+  std::int64_t dp_rank_ = 0, dp_size_ = 1;
+  std::int64_t local_batch_ = 0, microbatches_ = 1;
+  comm::Communicator grad_;  // dp-cp: parameters are replicated over it, gradients summed
+  std::int64_t grad_size_ = 1, cp_size_ = 1;
+  std::vector<std::int64_t> positions_;  // this cp rank's positions of each sequence
+  std::shared_ptr<RingAttention<float>> ring_;
+  std::vector<std::int32_t> full_tokens_, full_targets_;
+  std::unique_ptr<model::Gpt> model_;
+  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<nn::AdamW<float>> adam_;
+  std::vector<std::int32_t> tokens_, targets_;
+  std::int64_t step_ = 0;
+};
+
+/// Every layout problem the runtime has with `mesh` before building anything: dims it
+/// does not implement yet (one line each naming the dim, its size and the fix).
+std::vector<std::string> unsupported_layout(const Mesh& mesh);
+
+}  // namespace ndmesh::parallel

@@ -1,0 +1,186 @@
+#include "ndmesh/parallel/dp/grad_reducer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "ndmesh/comm/communicator.hpp"
+
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::parallel {
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataParallelOptions options)
+    : group_(std::move(group)), options_(options), zero_(group_.size() > 1 ? options.zero : 0) {
+  NDMESH_CHECK_CONFIG(options.zero >= 0 && options.zero <= 2, "dp",
+                      "--zero={} is not a supported ZeRO stage; use 0, 1 or 2", options.zero);
+  NDMESH_CHECK_CONFIG(options_.bucket_mb > 0 && options_.bucket_mb <= 1 << 20, "dp",
+                      "--bucket-mb={} must be in (0, 1048576]; e.g. --bucket-mb 25", options_.bucket_mb);
+  const std::int64_t p = group_.size();
+  NDMESH_CHECK(zero_ == 0 || flat_size % p == 0, "dp",
+               "the flat buffer of {} elements is not a multiple of the dp group size {}", flat_size, p);
+  if (p > 1 && zero_ == 0)
+    reducer_ = comm::AllReducer(group_, {.algorithm = options_.algorithm, .ranks_per_node = options_.ranks_per_node});
+  // Buckets from the end; with ZeRO every bucket's length is a multiple of p, so each
+  // member owns one equal block of it.
+  const auto target = std::max<std::int64_t>(
+      p, static_cast<std::int64_t>(options_.bucket_mb * 1024 * 1024 / sizeof(float)) / p * p);
+  for (std::int64_t hi = flat_size; hi > 0;) {
+    std::int64_t lo = std::max<std::int64_t>(0, hi - target);
+    buckets_.push_back(Bucket{.lo = lo, .hi = hi});
+    hi = lo;
+  }
+  if (zero_ == 0) {
+    shard_.push_back({0, flat_size});
+  } else {
+    const std::int64_t r = group_.rank();
+    for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) {
+      const std::int64_t block = (it->hi - it->lo) / p;
+      shard_.push_back({it->lo + r * block, block});
+    }
+    if (zero_ == 2) shard_grads_.assign(static_cast<std::size_t>(flat_size / p), 0.0f);
+  }
+}
+
+GradReducer::~GradReducer() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  thread_.join();
+}
+
+void GradReducer::progress_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto last_change = std::chrono::steady_clock::now();
+  const auto give_up = std::chrono::duration<double>(comm::default_timeout_s());
+  for (;;) {
+    work_cv_.wait(lock, [&] { return stop_ || (!active_.empty() && !thread_gave_up_); });
+    if (stop_) return;
+    // Poll outside the lock: the main thread may append buckets meanwhile.
+    std::vector<Bucket*> mine = active_;
+    lock.unlock();
+    std::vector<Bucket*> finished;
+    for (Bucket* b : mine)
+      if (poll(*b)) finished.push_back(b);
+    lock.lock();
+    const auto now = std::chrono::steady_clock::now();
+    if (!finished.empty()) {
+      last_change = now;
+      std::erase_if(active_, [&](Bucket* b) { return std::find(finished.begin(), finished.end(), b) != finished.end(); });
+      if (active_.empty()) done_cv_.notify_all();
+      continue;
+    }
+    if (now - last_change > give_up) {
+      thread_gave_up_ = true;  // finish_backward() waits itself and reports the timeout
+      done_cv_.notify_all();
+      continue;
+    }
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    lock.lock();
+  }
+}
+
+void GradReducer::zero_shard_grads() { std::fill(shard_grads_.begin(), shard_grads_.end(), 0.0f); }
+
+void GradReducer::begin_backward(float* grads, bool last) {
+  grads_ = grads;
+  next_ = 0;
+  for (Bucket& b : buckets_) b.started = false;
+  // One rank alone has nothing to reduce; ZeRO-2 reduces every micro-batch.
+  reduce_now_ = group_.size() > 1 && (last || zero_ == 2);
+}
+
+void GradReducer::start(Bucket& b) {
+  b.started = true;
+  b.start_time = now_s();
+  std::span<float> range(grads_ + b.lo, static_cast<std::size_t>(b.hi - b.lo));
+  if (zero_ == 0)
+    b.reduce = reducer_.start(range);
+  else
+    b.scatter = group_.reduce_scatter_in_place_async(range);
+  if (options_.overlap && options_.progress_thread) {
+    if (!thread_.joinable()) thread_ = std::thread([this] { progress_loop(); });
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      active_.push_back(&b);
+    }
+    work_cv_.notify_one();
+  }
+}
+
+bool GradReducer::poll(Bucket& b) { return zero_ == 0 ? b.reduce.test() : b.scatter.test(); }
+
+void GradReducer::grads_final(std::int64_t from) {
+  if (!reduce_now_ || !options_.overlap) return;
+  while (next_ < buckets_.size() && buckets_[next_].lo >= from) start(buckets_[next_++]);
+  progress();
+}
+
+void GradReducer::progress() {
+  if (!reduce_now_ || !options_.overlap || options_.progress_thread) return;  // the thread polls
+  for (std::size_t i = 0; i < next_; ++i) poll(buckets_[i]);
+}
+
+void GradReducer::finish_backward() {
+  if (!reduce_now_) return;
+  const double t0 = now_s();
+  while (next_ < buckets_.size()) start(buckets_[next_++]);
+  if (thread_.joinable()) {
+    // Every bucket was handed to the thread: wait until it has seen them all complete.
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [&] { return active_.empty() || thread_gave_up_; });
+    active_.clear();
+    thread_gave_up_ = false;
+  }
+  for (Bucket& b : buckets_) {
+    if (zero_ == 0)
+      b.reduce.wait();
+    else
+      b.scatter.wait();
+  }
+  const double t1 = now_s();
+  exposed_seconds_ += t1 - t0;
+  // From the first bucket's start to the last one's completion (buckets start in order).
+  comm_seconds_ += t1 - buckets_.front().start_time;
+  if (zero_ == 2) {
+    // Add this rank's block of every bucket to the shard, and clear the work space.
+    std::int64_t at = 0;
+    for (const nn::Segment& seg : shard_) {
+      for (std::int64_t i = 0; i < seg.count; ++i) shard_grads_[static_cast<std::size_t>(at + i)] += grads_[seg.offset + i];
+      at += seg.count;
+    }
+    for (const Bucket& b : buckets_) std::fill(grads_ + b.lo, grads_ + b.hi, 0.0f);
+  }
+}
+
+double GradReducer::owned_grad_square_sum(const float* grads) const {
+  double sum = 0;
+  if (zero_ == 2) {
+    for (float g : shard_grads_) sum += static_cast<double>(g) * g;
+    return sum;
+  }
+  for (const nn::Segment& seg : shard_)
+    for (std::int64_t i = seg.offset; i < seg.offset + seg.count; ++i) sum += static_cast<double>(grads[i]) * grads[i];
+  return sum;
+}
+
+void GradReducer::gather_params(float* params) {
+  if (zero_ == 0 || group_.size() == 1) return;
+  std::vector<comm::Work> works;
+  works.reserve(buckets_.size());
+  for (const Bucket& b : buckets_)
+    works.push_back(
+        group_.all_gather_in_place_async(std::span<float>(params + b.lo, static_cast<std::size_t>(b.hi - b.lo))));
+  comm::wait_all(works);
+}
+
+}  // namespace ndmesh::parallel

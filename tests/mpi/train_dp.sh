@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Data-parallel training with real processes: for dp 1, 2, 3 and 4, with and without
+# micro-batches, overlap, ZeRO 1 and 2, and every all-reduce algorithm, the losses of 20
+# steps equal the serial run's within 1e-5 relative; a rerun of one layout is
+# bit-identical; a checkpoint saved under one dp size continues under another with the
+# uninterrupted run's losses; layouts not implemented yet and bad input fail cleanly.
+#   train_dp.sh <mpirun command...> <path to ndmesh>
+set -euo pipefail
+ndmesh=${*: -1}
+mpirun=("${@:1:$#-1}")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+model=(--layers 2 --hidden 32 --heads 4 --kv-heads 2 --seq 16 --markov-vocab 16 --threads 1 --eval-batches 1
+  --warmup 2 --batch 12 --steps 20 --json)
+
+"$ndmesh" train "${model[@]}" | tail -n 1 > "$tmp/serial.json"
+jq -e '.losses | length == 20' "$tmp/serial.json" > /dev/null || fail "serial run has no 20 losses"
+
+# Largest relative difference between two runs' losses.
+max_rel() {
+  jq -n --slurpfile a "$1" --slurpfile b "$2" \
+    '[$a[0].losses, $b[0].losses] | transpose | map((.[0] - .[1]) / .[0] | if . < 0 then -. else . end) | max'
+}
+
+run() {  # run <ranks> <name> <flags...>: the run's JSON line in $tmp/<name>.json
+  local np=$1 name=$2
+  shift 2
+  "${mpirun[@]}" -np "$np" "$ndmesh" train "${model[@]}" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err" ||
+    fail "$name: exit $? $(cat "$tmp/$name.err")"
+  tail -n 1 "$tmp/$name.out" > "$tmp/$name.json"
+  [ "$(grep -c '^step ' "$tmp/$name.out")" -eq 20 ] || fail "$name: rank 0 should print 20 step lines (only rank 0 prints)"
+}
+
+check() {  # check <ranks> <name> <flags...>: equal to serial within 1e-5
+  run "$@"
+  local d
+  d=$(max_rel "$tmp/serial.json" "$tmp/$2.json")
+  echo "$2: max relative loss difference to serial $d"
+  awk -v d="$d" 'BEGIN{exit !(d < 1e-5)}' || fail "$2 differs from serial by $d"
+}
+
+check 1 dp1 --dp 1
+check 2 dp2 --dp 2
+check 3 dp3 --dp 3
+check 4 dp4 --dp 4
+check 2 dp2_micro --dp 2 --micro-batch 2
+check 4 dp4_micro --dp 4 --micro-batch 1
+check 2 dp2_no_overlap --dp 2 --no-overlap --bucket-mb 0.01
+check 2 dp2_zero1 --dp 2 --zero 1 --micro-batch 3 --bucket-mb 0.01
+check 4 dp4_zero2 --dp 4 --zero 2 --micro-batch 1 --bucket-mb 0.01
+check 3 dp3_zero1 --dp 3 --zero 1
+check 4 dp4_ring --dp 4 --allreduce ring --bucket-mb 0.01
+check 4 dp4_tree --dp 4 --allreduce tree --bucket-mb 0.01
+check 4 dp4_hier --dp 4 --allreduce hierarchical --ranks-per-node 2 --bucket-mb 0.01
+check 3 dp3_adaptive --dp 3 --allreduce adaptive --ranks-per-node 2
+check 2 dp2_ring_micro --dp 2 --allreduce ring --micro-batch 2
+
+# The JSON fields of a parallel run.
+jq -e '.layout == {"dp":4,"pp":1,"cp":1,"tp":1} and (.grad_norms | length == 20) and .tokens_per_second > 0
+  and .comm_seconds > 0 and .exposed_comm_seconds >= 0 and .memory_bytes.params > 0
+  and .memory_bytes.optimizer == 2 * .memory_bytes.params' "$tmp/dp4.json" > /dev/null || fail "dp4 JSON fields"
+# ZeRO shards the optimizer state (1 and 2) and the gradients (2) over dp.
+jq -e '.memory_bytes.optimizer == 2 * .memory_bytes.params / 2 and .memory_bytes.grads == .memory_bytes.params' \
+  "$tmp/dp2_zero1.json" > /dev/null || fail "ZeRO-1 memory: $(jq -c .memory_bytes "$tmp/dp2_zero1.json")"
+jq -e '.memory_bytes.optimizer == 2 * .memory_bytes.params / 4 and .memory_bytes.grads == .memory_bytes.params / 4' \
+  "$tmp/dp4_zero2.json" > /dev/null || fail "ZeRO-2 memory: $(jq -c .memory_bytes "$tmp/dp4_zero2.json")"
+
+# Parameters, gradients and optimizer state per rank match the planner's formula for the
+# same model and layout (fp32 AdamW: 4 + 4 + 8 bytes per parameter, ZeRO shards over dp),
+# within the flat buffer's alignment padding (under 2% for this small model).
+plan_model=(--layers 2 --hidden 32 --heads 4 --kv-heads 2 --vocab 16 --seq 16 --precision fp32 --no-dropout
+  --global-batch 12 --json)
+for run_zero in "dp4 4 0" "dp2_zero1 2 1" "dp4_zero2 4 2"; do
+  set -- $run_zero
+  "$ndmesh" plan memory "${plan_model[@]}" --dp "$2" --zero "$3" --micro-batch 1 > "$tmp/plan.json"
+  for field in params grads optimizer; do
+    jq -n -e --slurpfile t "$tmp/$1.json" --slurpfile p "$tmp/plan.json" --arg f "$field" \
+      '($t[0].memory_bytes[$f] / $p[0].memory_bytes[$f]) as $r | $r >= 1 and $r < 1.02' > /dev/null ||
+      fail "$1 $field: train says $(jq ".memory_bytes.$field" "$tmp/$1.json"), plan memory says $(jq ".memory_bytes.$field" "$tmp/plan.json")"
+  done
+done
+
+# The same layout twice: bit-identical losses.
+run 2 dp2_again --dp 2
+[ "$(jq -c .losses "$tmp/dp2.json")" = "$(jq -c .losses "$tmp/dp2_again.json")" ] || fail "dp 2 rerun is not bit-identical"
+
+# Save under dp 2 (ZeRO 1) at step 10, continue under dp 4 and serially: steps 11..20 as uninterrupted.
+"${mpirun[@]}" -np 2 "$ndmesh" train "${model[@]}" --dp 2 --zero 1 --until 10 --save "$tmp/ck.bin" > /dev/null ||
+  fail "save under dp 2"
+for layout in "4 --dp 4" "1 --dp 1" "3 --dp 3 --zero 2"; do
+  set -- $layout
+  np=$1
+  shift
+  "${mpirun[@]}" -np "$np" "$ndmesh" train "${model[@]}" "$@" --load "$tmp/ck.bin" | tail -n 1 > "$tmp/resumed.json" ||
+    fail "load under $layout"
+  d=$(jq -n --slurpfile a "$tmp/serial.json" --slurpfile b "$tmp/resumed.json" \
+    '[$a[0].losses[10:], $b[0].losses] | transpose | map((.[0] - .[1]) / .[0] | if . < 0 then -. else . end) | max')
+  echo "saved under dp 2, resumed under $layout: max relative difference $d"
+  awk -v d="$d" 'BEGIN{exit !(d < 1e-5)}' || fail "resumed under $layout differs by $d"
+done
+
+# Not implemented yet, indivisible batches, bad data: exit 2 with the message, at once.
+expect_usage() {
+  local needle=$1 np=$2
+  shift 2
+  set +e
+  timeout 60 "${mpirun[@]}" -np "$np" "$ndmesh" train "${model[@]}" "$@" > "$tmp/out.txt" 2>&1
+  local rc=$?
+  set -e
+  [ "$rc" -eq 2 ] || fail "'$*' on $np ranks exited $rc, expected 2: $(cat "$tmp/out.txt")"
+  grep -qF -- "$needle" "$tmp/out.txt" || fail "'$*' did not say '$needle': $(cat "$tmp/out.txt")"
+}
+expect_usage "--tp=2: tensor parallelism is not implemented" 2 --tp 2
+expect_usage "--batch=12 is not divisible by --dp=5" 5 --dp 5
+expect_usage "--micro-batch=4 does not divide the local batch 6" 2 --dp 2 --micro-batch 4
+expect_usage "not a regular file" 2 --dp 2 --data "$tmp"
+expect_usage "--allreduce=ringg" 2 --dp 2 --allreduce ringg
+echo "train_dp.sh: ok"
