@@ -67,8 +67,11 @@ SAN_ENV := LD_PRELOAD=$(CURDIR)/$(SAN_DIR)/no_dlclose.so \
 TSAN_ENV := TSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/tsan.supp:ignore_noninstrumented_modules=1:halt_on_error=1:exitcode=66:report_signal_unsafe=0
 
 # ASan + UBSan over the whole ctest suite (unit, CLI and multi-process tests).
+# The Python module and the install consumer are left out: neither python3 nor the consumer
+# is instrumented (both are thin layers over what the suite tests directly).
 sanitize: deps
 	cmake -S . -B $(SAN_DIR) -DCMAKE_BUILD_TYPE=Debug -DNDMESH_BUILD_BENCH=OFF \
+	  -DNDMESH_PYTHON=OFF -DNDMESH_INSTALL_TEST=OFF \
 	  -DCMAKE_CXX_FLAGS="-O1 $(SAN_FLAGS)" -DCMAKE_C_FLAGS="-O1 $(SAN_FLAGS)" \
 	  -DCMAKE_EXE_LINKER_FLAGS="$(SAN_FLAGS)" $(CMAKE_FLAGS)
 	cmake --build $(SAN_DIR) -j$(JOBS)
@@ -80,6 +83,7 @@ TSAN_TESTS := ^(comm\.|mpi\.collectives|mpi\.timeout)
 TSAN_TARGETS := comm_test_communicator_single mpi_test_comm_collectives mpi_timeout_probe
 tsan: deps
 	cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=Debug -DNDMESH_BUILD_BENCH=OFF \
+	  -DNDMESH_PYTHON=OFF -DNDMESH_INSTALL_TEST=OFF \
 	  -DCMAKE_CXX_FLAGS="-O1 -fsanitize=thread" -DCMAKE_C_FLAGS="-O1 -fsanitize=thread" \
 	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" $(CMAKE_FLAGS)
 	cmake --build $(TSAN_DIR) -j$(JOBS) --target $(TSAN_TARGETS)
