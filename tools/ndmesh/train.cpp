@@ -1,5 +1,5 @@
 // `ndmesh train`: trains the GPT model, alone or under a launcher (mpirun, srun, ndmesh
-// launch) with the layout flags of `ndmesh mesh` (--dp N so far). A layout of size 1 is
+// launch) with the layout flags of `ndmesh mesh` (--dp N and --tp M so far). A layout of size 1 is
 // the serial run, on the same code path. With no data flag it trains on a seeded Markov
 // chain whose entropy rate is known exactly, so the printout shows how far the loss is
 // from the best possible. Rank 0 prints one progress line per step (a redrawn bar when
@@ -38,6 +38,7 @@ struct Options {
   std::int64_t micro_batch = 0;
   double bucket_mb = 25;
   bool no_overlap = false;
+  bool sequence_parallel = false;
   int zero = 0;
   std::string allreduce = "mpi";
   std::int64_t layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 0, seq = 64, vocab = 0;
@@ -184,7 +185,8 @@ int train(Options o, comm::Communicator& world) {
                                   .overlap = !o.no_overlap,
                                   .zero = o.zero,
                                   .algorithm = comm::parse_algorithm(o.allreduce),
-                                  .ranks_per_node = layout.config.ranks_per_node}};
+                                  .ranks_per_node = layout.config.ranks_per_node},
+                           .sequence_parallel = o.sequence_parallel};
   // Refuse sizes that would not fit instead of being killed half-way through allocation.
   const std::int64_t dp = layout.mesh.size_of("dp");
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : std::max<std::int64_t>(1, o.batch / dp);
@@ -220,7 +222,10 @@ int train(Options o, comm::Communicator& world) {
   // Under a launcher stdout is often a pseudo-terminal of the launcher (Open MPI) whatever
   // mpirun's own stdout is: print plain lines there.
   const bool tty = ::isatty(::fileno(stdout)) != 0 && LaunchEnv::detect().launcher == Launcher::kNone;
-  const auto params = trainer.model().params().parameter_count();
+  // The logical model's parameters (what the serial run has) and this rank's share.
+  std::int64_t params = 0;
+  for (const ParamView& v : trainer.model().params().views()) params += v.full_numel();
+  const auto params_per_rank = trainer.model().params().parameter_count();
   const std::string layout_text = layout.mesh.to_string();
   if (lead) {
     fmt::print("model: {} layers, hidden {}, heads {}/{} kv, ffn {}, seq {}, vocab {}, {} parameters ({})\n",
@@ -230,9 +235,13 @@ int train(Options o, comm::Communicator& world) {
                entropy ? fmt::format(", entropy rate {:.4f} nats/token (best achievable loss)", *entropy) : "");
     if (world.size() > 1)
       fmt::print("layout: {} on {} ranks; micro-batches {} of {} sequences per dp rank; ZeRO {}, all-reduce {}, "
-                 "buckets of {} MiB{}\n",
+                 "buckets of {} MiB{}{}\n",
                  layout_text, world.size(), trainer.microbatches(), trainer.model().batch(), o.zero, o.allreduce,
-                 o.bucket_mb, o.no_overlap ? ", no overlap" : ", overlapped with backward");
+                 o.bucket_mb, o.no_overlap ? ", no overlap" : ", overlapped with backward",
+                 layout.mesh.size_of("tp") > 1
+                     ? fmt::format("; tp {} ({} parameters per rank{})", layout.mesh.size_of("tp"), params_per_rank,
+                                   o.sequence_parallel ? ", sequence parallel" : "")
+                     : "");
     if (!o.load.empty()) fmt::print("resumed from {} at step {}\n", o.load, first);
     fmt::print("train: batch {}, steps {}..{}, lr {} (warmup {}, cosine to {}x), {} BLAS thread{}{}\n", o.batch,
                first + 1, stop, o.lr, o.warmup, o.min_lr_ratio, threads, threads == 1 ? "" : "s",
@@ -245,6 +254,7 @@ int train(Options o, comm::Communicator& world) {
   double last_loss = NAN;
   std::vector<double> losses, grad_norms;
   double comm_seconds = 0, exposed_seconds = 0, step_seconds = 0;
+  parallel::TpCommStats tp_comm;  // of the last step
   const double tokens_per_step = static_cast<double>(trainer.tokens_per_step());
   while (trainer.steps_done() < stop) {
     parallel::StepStats s = trainer.step();
@@ -256,6 +266,7 @@ int train(Options o, comm::Communicator& world) {
     comm_seconds += s.comm_seconds;
     exposed_seconds += s.exposed_comm_seconds;
     step_seconds += s.seconds;
+    tp_comm = s.tp_comm;
     if (o.save_every > 0 && s.step % o.save_every == 0 && s.step < stop) trainer.save(o.save);
     if (!lead) continue;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
@@ -308,6 +319,7 @@ int train(Options o, comm::Communicator& world) {
     j["first_step"] = first + 1;
     j["seconds"] = seconds;
     j["parameters"] = params;
+    j["parameters_per_rank"] = params_per_rank;
     j["threads"] = threads;
     j["data"] = source;
     nlohmann::ordered_json dims = nlohmann::ordered_json::object();
@@ -316,6 +328,12 @@ int train(Options o, comm::Communicator& world) {
     j["world_size"] = world.size();
     j["micro_batches"] = trainer.microbatches();
     j["zero"] = o.zero;
+    j["sequence_parallel"] = o.sequence_parallel;
+    // What the last step moved over this rank's tp group (bytes of the full buffers).
+    auto count = [](const parallel::CommCount& c) { return nlohmann::ordered_json{{"calls", c.calls}, {"bytes", c.bytes}}; };
+    j["tp_comm_per_step"] = {{"all_reduce", count(tp_comm.all_reduce)},
+                             {"all_gather", count(tp_comm.all_gather)},
+                             {"reduce_scatter", count(tp_comm.reduce_scatter)}};
     j["allreduce"] = o.allreduce;
     j["losses"] = losses;
     j["grad_norms"] = grad_norms;
@@ -364,6 +382,10 @@ Action setup(CLI::App& app) {
       ->group("Parallel");
   app.add_flag("--no-overlap", o->no_overlap,
                "reduce gradients after the whole backward instead of overlapping it (the baseline)")
+      ->group("Parallel");
+  app.add_flag("--sequence-parallel", o->sequence_parallel,
+               "with --tp: norms and residuals hold 1/tp of the tokens (all-gather before the column-parallel "
+               "linears, reduce-scatter after the row-parallel ones)")
       ->group("Parallel");
   app.add_option("--zero", o->zero, "ZeRO stage over dp: 0, 1 (shard optimizer state) or 2 (and gradients)")
       ->capture_default_str()
@@ -424,11 +446,12 @@ Action setup(CLI::App& app) {
       "  ndmesh train --data README.md --vocab 256 --steps 200\n"
       "  ndmesh train --steps 200 --until 100 --save run.ckpt && ndmesh train --steps 200 --load run.ckpt\n"
       "  mpirun -np 4 ndmesh train --dp 4                # data parallel: the same losses as the serial run\n"
-      "  mpirun -np 2 ndmesh train --dp 2 --micro-batch 2 --zero 1 --allreduce ring");
+      "  mpirun -np 2 ndmesh train --dp 2 --micro-batch 2 --zero 1 --allreduce ring\n"
+      "  mpirun -np 4 ndmesh train --dp 2 --tp 2 --sequence-parallel   # tensor parallel: the same losses too");
   return [o] { return run(*o); };
 }
 
-const Subcommand kTrain{"train", "Train the GPT model, alone or data-parallel under mpirun (Markov source or a file)",
+const Subcommand kTrain{"train", "Train the GPT model, alone or data/tensor-parallel under mpirun (Markov source or a file)",
                         setup};
 
 }  // namespace

@@ -12,8 +12,11 @@
 //     backward (ZeRO: reduce-scatter to shards);
 //  5. the gradient norm is global (summed over every shard), then AdamW with clipping at
 //     the step's learning rate (ZeRO: on the shard, then the parameters are gathered).
-// The strategies that split the model itself (tp, pp, cp) plug in at steps 3 and 4:
-// they are refused with a clear error until they exist.
+// The strategies that split the model itself plug in at steps 3 and 4: tensor
+// parallelism builds the model over the mesh's tp group (parallel/tp; the layers do the
+// Megatron split), gathers the gradient norm over tp (sharded parameters count on every
+// tp rank, replicated ones once) and checkpoints the logical, unsharded model. pp and cp
+// are refused with a clear error until they exist.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +30,7 @@
 #include "ndmesh/model/gpt.hpp"
 #include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/parallel/dp/grad_reducer.hpp"
+#include "ndmesh/parallel/tp/tp_comm.hpp"
 
 namespace ndmesh::parallel {
 
@@ -42,6 +46,8 @@ struct TrainOptions {
   nn::AdamWOptions adamw;
   std::uint64_t seed = 1;  ///< model initialisation seed
   DataParallelOptions dp;
+  /// With tp > 1: norms and residuals hold 1/tp of the tokens (--sequence-parallel).
+  bool sequence_parallel = false;
 };
 
 /// What one step did (the same numbers on every rank).
@@ -53,6 +59,7 @@ struct StepStats {
   double seconds = 0;               ///< wall time of the step on this rank
   double comm_seconds = 0;          ///< first bucket start to last bucket done (see GradReducer)
   double exposed_comm_seconds = 0;  ///< the part the step waited for
+  TpCommStats tp_comm;              ///< what the step moved over the tp group (this rank)
 };
 
 /// Bytes one rank holds.
@@ -102,12 +109,22 @@ class Trainer {
  private:
   // Sum over the data-parallel group of a few doubles (in place).
   void sum_over_dp(std::span<double> values);
+  // Squared gradient norm of what this rank owns: its shard of dp (ZeRO), of which the
+  // tp-sharded parameters and, on tp rank 0 only, the replicated ones.
+  double owned_grad_square_sum() const;
+  // A buffer laid out like the flat parameter buffer -> the logical (serial) layout,
+  // tp shards gathered (collective over tp); and back (this rank's slices).
+  std::vector<float> to_logical(std::span<const float> local);
+  void from_logical(const std::vector<float>& logical, std::span<float> local) const;
 
   TrainOptions options_;
   std::unique_ptr<model::DataSource> data_;
   ProcessGroups& groups_;
   comm::Communicator dp_;
   std::int64_t dp_rank_ = 0, dp_size_ = 1;
+  comm::Communicator tp_;
+  std::shared_ptr<TpCommStats> tp_stats_ = std::make_shared<TpCommStats>();
+  std::unique_ptr<CommunicatorTpComm<double>> tp_double_;
   std::int64_t local_batch_ = 0, microbatches_ = 1;
   std::unique_ptr<model::Gpt> model_;
   std::unique_ptr<GradReducer> reducer_;
