@@ -324,7 +324,12 @@ std::vector<std::string> problems(const ParallelConfig& c, const ModelSpec* mode
 
   const ModelSpec& m = *model;
   std::int64_t stages = pp * std::max<std::int64_t>(c.vpp, 1);
-  if (m.layers % stages != 0) {
+  if (c.uneven_stages) {
+    if (m.layers < stages)
+      out.push_back(
+          fmt::format("layers={} is fewer than the pp*vpp = {}*{} = {} pipeline chunks; use pp*vpp <= {}",
+                      m.layers, pp, c.vpp, stages, m.layers));
+  } else if (m.layers % stages != 0) {
     if (c.vpp > 1)
       out.push_back(fmt::format("layers={} is not divisible by pp*vpp = {}*{} = {}; use {}", m.layers, pp,
                                 c.vpp, stages, nearest_multiples(m.layers, stages, "layers")));

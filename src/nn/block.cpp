@@ -108,14 +108,18 @@ void Block<T>::resize(BlockScratch<T>& s, std::int64_t batch, std::int64_t seq) 
 }
 
 template <typename T>
-void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch, std::int64_t seq) const {
+void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch, std::int64_t seq,
+                       const AttentionCore<T>* core, const std::int64_t* positions) const {
   const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
   const bool sp = tp_.sequence_parallel;
   if (sp && partial_.numel() != n * c) partial_.resize({n, c});
   ln1_.forward(inp, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
   const T* x1 = tp_.f_forward(a.ln1.data(), a.ln1_full.data(), n, c);
   qkv_.forward(x1, a.qkv.data(), n);
-  attn_.forward(a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq);
+  if (core)
+    core->forward(attn_, a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
+  else
+    attn_.forward(a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
   T* part = sp ? partial_.data() : a.res1.data();
   proj_.forward(a.atty.data(), part, n);
   tp_.g_forward(part, a.res1.data(), n, c);
@@ -132,7 +136,8 @@ void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch,
 
 template <typename T>
 void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& a, BlockScratch<T>& s,
-                        T* dinp, std::int64_t batch, std::int64_t seq, const std::function<void()>* progress) const {
+                        T* dinp, std::int64_t batch, std::int64_t seq, const std::function<void()>* progress,
+                        const AttentionCore<T>* core, const std::int64_t* positions) const {
   const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
   const bool sp = tp_.sequence_parallel;
   auto poll = [progress] {
@@ -158,7 +163,12 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   proj_.backward(dres1_full, a.atty.data(), s.datty.data(), n);
   poll();
   s.dqkv.zero();
-  attn_.backward(s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq);
+  if (core)
+    core->backward(attn_, s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq,
+                   positions);
+  else
+    attn_.backward(s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq,
+                   positions);
   poll();
   std::fill(dfull, dfull + n * c, T(0));
   qkv_.backward(s.dqkv.data(), x1, dfull, n);

@@ -1,6 +1,8 @@
 #include "ndmesh/nn/embedding.hpp"
 
 #include <algorithm>
+#include <numeric>
+#include <vector>
 
 #include "ndmesh/core/error.hpp"
 
@@ -23,22 +25,44 @@ Embedding<T>::Embedding(ParamStore<T>& store, EmbeddingOptions options, TpContex
                          ParamShard{.rank = tp_.rank(), .size = tp_.size()});
 }
 
+namespace {
+std::vector<std::int64_t> offset_positions(std::int64_t offset, std::int64_t seq) {
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(seq));
+  std::iota(pos.begin(), pos.end(), offset);
+  return pos;
+}
+}  // namespace
+
 template <typename T>
 void Embedding<T>::forward(const std::int32_t* tokens, T* out, std::int64_t batch, std::int64_t seq,
                            std::int64_t position_offset) const {
+  forward_at(tokens, out, batch, seq, offset_positions(position_offset, seq).data());
+}
+
+template <typename T>
+void Embedding<T>::backward(const T* dout, const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
+                            std::int64_t position_offset) const {
+  backward_at(dout, tokens, batch, seq, offset_positions(position_offset, seq).data());
+}
+
+template <typename T>
+void Embedding<T>::forward_at(const std::int32_t* tokens, T* out, std::int64_t batch, std::int64_t seq,
+                              const std::int64_t* positions) const {
   const std::int64_t c = options_.channels, n = batch * seq;
   const std::int64_t nl = tp_.local_rows(n), first = tp_.first_row(n);
-  NDMESH_CHECK(position_offset >= 0 && position_offset + seq <= options_.max_seq, "nn",
-               "positions {}..{} exceed the model's sequence length {}", position_offset,
-               position_offset + seq, options_.max_seq);
+  for (std::int64_t t = 0; t < seq; ++t)
+    NDMESH_CHECK(positions[t] >= 0 && positions[t] < options_.max_seq, "nn",
+                 "position {} of row {} is outside the model's sequence length {}", positions[t], t,
+                 options_.max_seq);
   const T* wte = store_->param(tokens_);
   const T* wpe = store_->param(positions_);
+  // Every rank embeds the tokens of its vocabulary shard (zeros for the others); g sums them.
   if (tp_.sequence_parallel) work_.resize(static_cast<std::size_t>(n * c));
   T* part = tp_.sequence_parallel ? work_.data() : out;
   for (std::int64_t r = 0; r < n; ++r) {
     const std::int32_t tok = tokens[r];
     NDMESH_CHECK(tok >= 0 && tok < options_.vocab, "nn", "token {} at batch {} position {} is outside [0, {})",
-                 tok, r / seq, r % seq, options_.vocab);
+                 tok, r / seq, positions[r % seq], options_.vocab);
     T* o = part + r * c;
     const std::int64_t local = tok - vocab_start_;
     if (local >= 0 && local < local_vocab_)
@@ -48,23 +72,25 @@ void Embedding<T>::forward(const std::int32_t* tokens, T* out, std::int64_t batc
   }
   tp_.g_forward(part, out, n, c);
   for (std::int64_t i = 0; i < nl; ++i) {
-    const T* p = wpe + (position_offset + (first + i) % seq) * c;
+    const T* p = wpe + positions[(first + i) % seq] * c;
     T* o = out + i * c;
     for (std::int64_t k = 0; k < c; ++k) o[k] += p[k];
   }
 }
 
 template <typename T>
-void Embedding<T>::backward(const T* dout, const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
-                            std::int64_t position_offset) const {
+void Embedding<T>::backward_at(const T* dout, const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
+                               const std::int64_t* positions) const {
   const std::int64_t c = options_.channels, n = batch * seq;
   if (tp_.sequence_parallel) work_.resize(static_cast<std::size_t>(n * c));
+  // The full d output (gathered under sequence parallelism): every rank computes the
+  // whole position gradient, so the replicated table needs no reduction.
   const T* full = tp_.g_backward(dout, work_.data(), n, c);
   T* dwte = store_->grad(tokens_);
   T* dwpe = store_->grad(positions_);
   for (std::int64_t r = 0; r < n; ++r) {
     const T* d = full + r * c;
-    T* p = dwpe + (position_offset + r % seq) * c;
+    T* p = dwpe + positions[r % seq] * c;
     const std::int64_t local = tokens[r] - vocab_start_;
     if (local >= 0 && local < local_vocab_) {
       T* e = dwte + local * c;

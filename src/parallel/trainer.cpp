@@ -18,11 +18,10 @@ std::vector<std::string> unsupported_layout(const Mesh& mesh) {
     const char* dim;
     const char* what;
   };
-  for (auto [dim, what] : {Pending{"pp", "pipeline parallelism"},
-                           Pending{"cp", "context parallelism"}, Pending{"ep", "expert parallelism"}})
+  for (auto [dim, what] : {Pending{"pp", "pipeline parallelism"}, Pending{"ep", "expert parallelism"}})
     if (mesh.size_of(dim) > 1)
-      out.push_back(fmt::format("--{}={}: {} is not implemented in ndmesh train yet; use --{} 1 (data and tensor "
-                                "parallelism: --dp N --tp M)",
+      out.push_back(fmt::format("--{}={}: {} is not implemented in ndmesh train yet; use --{} 1 (data parallelism: "
+                                "--dp N, context parallelism: --cp N, tensor parallelism: --tp N)",
                                 dim, mesh.size_of(dim), what, dim));
   for (const Dim& d : mesh.dims())
     if (d.size > 1 && d.name != "dp" && d.name != "tp" && d.name != "pp" && d.name != "cp" && d.name != "ep")
@@ -60,24 +59,62 @@ Trainer::Trainer(TrainOptions options, std::unique_ptr<model::DataSource> data, 
                       micro, local_batch_, o.batch, dp_size_, local_batch_);
   microbatches_ = local_batch_ / micro;
 
+  // Context parallelism: each cp rank holds some positions of every sequence; attention
+  // runs around the cp ring, everything else on the local tokens.
+  const comm::Communicator& cp = groups_.cp();
+  cp_size_ = cp.size();
+  if (auto problems = cp_problems(o.model.seq, cp_size_, o.cp_layout); !problems.empty())
+    fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
+  positions_ = cp_positions(o.model.seq, cp_size_, cp.rank(), o.cp_layout);
+  const auto local_seq = static_cast<std::int64_t>(positions_.size());
+  // Parameters are replicated over dp and cp: gradients are summed over both.
+  grad_ = cp_size_ > 1 ? groups_.cp_dp() : dp_;
+  grad_size_ = grad_.size();
+
+  // Tensor parallelism: the model is split over the tp group (of one in a serial run).
   tp_ = groups_.tp();
   NDMESH_CHECK_CONFIG(!o.sequence_parallel || tp_.size() > 1, "train",
                       "--sequence-parallel needs --tp > 1 (it splits the tokens of the norms over tp); add --tp 2 "
                       "or leave it out");
-  if (auto problems = model::gpt_tp_problems(o.model, tp_.size(), o.sequence_parallel, micro * o.model.seq);
+  if (auto problems = model::gpt_tp_problems(o.model, tp_.size(), o.sequence_parallel, micro * local_seq);
       !problems.empty())
     fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
   tp_double_ = std::make_unique<CommunicatorTpComm<double>>(tp_, tp_stats_);
-  const std::int64_t pad = o.dp.zero > 0 ? dp_size_ : 1;
-  model_ = std::make_unique<model::Gpt>(o.model, model::GptOptions{.seed = o.seed, .batch = micro, .pad_to = pad},
-                                        make_tp_context<float>(tp_, o.sequence_parallel, tp_stats_));
+
+  const std::int64_t pad = o.dp.zero > 0 ? grad_size_ : 1;
+  model_ = std::make_unique<model::Gpt>(
+      o.model, model::GptOptions{.seed = o.seed, .batch = micro, .seq = local_seq, .pad_to = pad},
+      make_tp_context<float>(tp_, o.sequence_parallel, tp_stats_));
   model_->set_loss_weight(1.0 / static_cast<double>(o.batch * o.model.seq));
-  reducer_ = std::make_unique<GradReducer>(dp_, model_->params().size(), o.dp);
+  if (cp_size_ > 1) {
+    model_->set_positions(positions_);
+    ring_ = std::make_shared<RingAttention<float>>(cp);
+    model_->set_attention_core(ring_);
+  }
+  reducer_ = std::make_unique<GradReducer>(grad_, model_->params().size(), o.dp);
   model_->set_grads_final_hook([r = reducer_.get()](std::int64_t from) { r->grads_final(from); });
   model_->set_progress_hook([r = reducer_.get()] { r->progress(); });
   adam_ = std::make_unique<nn::AdamW<float>>(model_->params(), o.adamw, reducer_->shard());
-  tokens_.resize(static_cast<std::size_t>(micro * o.model.seq));
+  tokens_.resize(static_cast<std::size_t>(micro * local_seq));
   targets_.resize(tokens_.size());
+  full_tokens_.resize(static_cast<std::size_t>(micro * o.model.seq));
+  full_targets_.resize(full_tokens_.size());
+}
+
+void Trainer::load_batch(std::uint64_t stream, std::int64_t index, std::int64_t first, std::int64_t count) {
+  const std::int64_t seq = options_.model.seq;
+  if (cp_size_ == 1) {
+    data_->batch(stream, index, first, count, seq, tokens_.data(), targets_.data());
+    return;
+  }
+  data_->batch(stream, index, first, count, seq, full_tokens_.data(), full_targets_.data());
+  const auto local = static_cast<std::int64_t>(positions_.size());
+  for (std::int64_t b = 0; b < count; ++b)
+    for (std::int64_t t = 0; t < local; ++t) {
+      tokens_[static_cast<std::size_t>(b * local + t)] = full_tokens_[static_cast<std::size_t>(b * seq + positions_[t])];
+      targets_[static_cast<std::size_t>(b * local + t)] =
+          full_targets_[static_cast<std::size_t>(b * seq + positions_[t])];
+    }
 }
 
 double Trainer::lr_at(std::int64_t step) const {
@@ -90,13 +127,13 @@ double Trainer::lr_at(std::int64_t step) const {
 }
 
 void Trainer::sum_over_dp(std::span<double> values) {
-  if (dp_size_ > 1) dp_.all_reduce(values);
+  if (grad_size_ > 1) grad_.all_reduce(values);
 }
 
 StepStats Trainer::step() {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  const std::int64_t seq = options_.model.seq, micro = model_->batch();
+  const std::int64_t seq = model_->seq(), micro = model_->batch();
   auto& params = model_->params();
   params.zero_grad();
   reducer_->zero_shard_grads();
@@ -106,7 +143,7 @@ StepStats Trainer::step() {
   for (std::int64_t mb = 0; mb < microbatches_; ++mb) {
     model_->set_tp_grad_sync(mb + 1 == microbatches_);
     const std::int64_t first = dp_rank_ * local_batch_ + mb * micro;
-    data_->batch(model::DataSource::kTrainStream, step_, first, micro, seq, tokens_.data(), targets_.data());
+    load_batch(model::DataSource::kTrainStream, step_, first, micro);
     loss_sum += model_->forward(tokens_.data(), targets_.data()) * static_cast<double>(micro * seq);
     reducer_->begin_backward(params.grads().data(), mb + 1 == microbatches_);
     model_->backward();
@@ -185,12 +222,12 @@ void Trainer::from_logical(const std::vector<float>& logical, std::span<float> l
 }
 
 double Trainer::evaluate(std::int64_t batches) {
-  const std::int64_t seq = options_.model.seq, micro = model_->batch();
+  const std::int64_t seq = model_->seq(), micro = model_->batch();
   double sum = 0;
   for (std::int64_t b = 0; b < batches; ++b) {
     for (std::int64_t mb = 0; mb < microbatches_; ++mb) {
       const std::int64_t first = dp_rank_ * local_batch_ + mb * micro;
-      data_->batch(model::DataSource::kEvalStream, b, first, micro, seq, tokens_.data(), targets_.data());
+      load_batch(model::DataSource::kEvalStream, b, first, micro);
       sum += model_->forward(tokens_.data(), targets_.data()) * static_cast<double>(micro * seq);
     }
   }
@@ -200,7 +237,7 @@ double Trainer::evaluate(std::int64_t batches) {
 
 MemoryBytes Trainer::memory() const {
   const double elements = static_cast<double>(model_->params().size());
-  const double shard = reducer_->zero() > 0 ? elements / static_cast<double>(dp_size_) : elements;
+  const double shard = reducer_->zero() > 0 ? elements / static_cast<double>(grad_size_) : elements;
   MemoryBytes m;
   m.params = elements * sizeof(float);
   m.grads = (reducer_->zero() == 2 ? shard : elements) * sizeof(float);
@@ -208,7 +245,7 @@ MemoryBytes Trainer::memory() const {
   m.grad_workspace = reducer_->zero() == 2 ? elements * sizeof(float) : 0.0;
   // Activations the forward keeps for one micro-batch: everything the whole-model
   // estimate counts beyond parameters and gradients.
-  const double all = model::gpt_memory_elements(options_.model, model_->batch(), options_.model.seq);
+  const double all = model::gpt_memory_elements(options_.model, model_->batch(), model_->seq());
   m.activations = std::max(0.0, all - 2 * elements) * sizeof(float);
   return m;
 }
@@ -224,8 +261,8 @@ void Trainer::save(const std::string& path) {
     at += seg.count;
   }
   if (reducer_->zero() > 0) {  // every element is owned by exactly one rank: a sum gathers them
-    dp_.all_reduce(std::span<float>(m));
-    dp_.all_reduce(std::span<float>(v));
+    grad_.all_reduce(std::span<float>(m));
+    grad_.all_reduce(std::span<float>(v));
   }
   // The logical model: tp shards are gathered into the serial layout.
   std::vector<float> logical_params = to_logical(params);

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ndmesh/config/partition.hpp"
 #include "ndmesh/mesh/mesh.hpp"
 
 namespace ndmesh::plan {
@@ -46,7 +47,13 @@ ParallelConfig parallel_config(const Layout& l, const Workload& w, std::int64_t 
   c.sequence_parallel = l.sequence_parallel;
   c.micro_batch = l.micro_batch;
   c.global_batch = w.global_batch;
+  c.uneven_stages = true;  // the planner splits blocks with balanced_partition()
   return c;
+}
+
+std::vector<std::int64_t> stage_chunks(const PlanModel& model, const Layout& l) {
+  if (!l.stage_layers.empty()) return l.stage_layers;
+  return balanced_partition(model.spec.layers, l.pp, std::max<std::int64_t>(l.vpp, 1));
 }
 
 std::int64_t microbatches(const Layout& l, const Workload& w) {
@@ -63,12 +70,13 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
   const double b = d(l.micro_batch);
   const double sp = l.sequence_parallel ? t : 1.0;
   const std::int64_t m = microbatches(l, w);
-  const double layers_on_stage = std::ceil(d(model.spec.layers) / d(l.pp));
+  const std::vector<std::int64_t> ranks = blocks_per_rank(stage_chunks(model, l), l.pp);
 
   const ActivationOptions act{.tp = l.tp,
                               .sequence_parallel = l.sequence_parallel,
                               .recompute = l.recompute,
-                              .activation_bytes = precision.activation_bytes};
+                              .activation_bytes = precision.activation_bytes,
+                              .attention = l.attention};
   const double per_layer = activation_bytes_per_layer(model, s, b, act);
   const double layer_params = layer_parameters_per_rank(model, l.tp);
   // Vocab-parallel embedding; a learned position table is not split.
@@ -79,9 +87,13 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
   const double final_norm = (model.layer_norm ? 2.0 : 1.0) * h;
 
   MemoryBreakdown worst;
-  const std::int64_t stages[2] = {0, l.pp - 1};
+  // The first rank, the last, and the first of the ranks with the most blocks (among equal
+  // block counts the earliest holds the most micro-batches in flight).
+  const auto heaviest = std::max_element(ranks.begin(), ranks.end()) - ranks.begin();
+  const std::int64_t stages[3] = {0, l.pp - 1, heaviest};
   for (std::int64_t stage : stages) {
     const bool first = stage == 0, last = stage == l.pp - 1;
+    const double layers_on_stage = d(ranks[static_cast<std::size_t>(stage)]);
     double params = layers_on_stage * layer_params;
     if (first) params += embedding;
     if (last) params += head + final_norm;
@@ -142,13 +154,12 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
                             const MemoryBreakdown& memory, const Placement& where,
                             const Precision& precision) {
   const double h = d(model.spec.hidden);
-  const double t = d(l.tp), cp = d(l.cp), p = d(l.pp);
+  const double t = d(l.tp), cp = d(l.cp);
   const double s_full = d(w.seq);
   const double s = s_full / cp;
   const double b = d(l.micro_batch);
   const double batch = d(w.global_batch);
   const std::int64_t m = microbatches(l, w);
-  const double layers_on_stage = std::ceil(d(model.spec.layers) / p);
   const double rate = hw.peak_flops * hw.achievable_fraction;
   // GPUs that share one stage's work: its tp x cp x dp replicas/shards.
   const double stage_gpus = d(l.tp * l.cp * l.dp);
@@ -160,12 +171,17 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
   r.pp_bw = where.pp_in_node ? hw.intra_node_bw : hw.inter_node_bw;
   r.dp_bw = where.dp_in_node ? hw.intra_node_bw : hw.inter_node_bw;
 
-  // The last stage runs its layers plus the logits: it sets the pace of the pipeline.
-  const double layer_flops =
-      layer_flops_per_step(model, s_full, batch) * layers_on_stage / d(model.spec.layers);
-  const double stage_flops = layer_flops + logit_flops_per_step(model, s_full, batch);
+  // The slowest rank sets the pace of the pipeline: its blocks, plus the logits on the last.
+  const std::vector<std::int64_t> ranks = blocks_per_rank(stage_chunks(model, l), l.pp);
+  const double per_block = layer_flops_per_step(model, s_full, batch) / d(model.spec.layers);
+  const double logits = logit_flops_per_step(model, s_full, batch);
+  double stage_flops = 0, layers_on_stage = 0;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const double f = d(ranks[i]) * per_block + (i + 1 == ranks.size() ? logits : 0.0);
+    if (f > stage_flops) stage_flops = f, layers_on_stage = d(ranks[i]);
+  }
   r.compute = stage_flops / stage_gpus / rate;
-  r.recompute = recompute_flops_per_step(model, s_full, batch, l.recompute) * layers_on_stage /
+  r.recompute = recompute_flops_per_step(model, s_full, batch, l.recompute, l.attention) * layers_on_stage /
                 d(model.spec.layers) / stage_gpus / rate;
 
   const double mb_layers = d(m) * layers_on_stage;  // layer passes per GPU per step

@@ -29,6 +29,14 @@ double norm_parameters(const PlanModel& m) {
 
 }  // namespace
 
+std::string_view attention_name(Attention a) { return a == Attention::kFlash ? "flash" : "standard"; }
+
+Attention parse_attention(std::string_view name, std::string_view flag) {
+  if (name == "flash") return Attention::kFlash;
+  if (name == "standard") return Attention::kStandard;
+  fail<ConfigError>("plan", "{} '{}' is not an attention kind; use flash or standard", flag, name);
+}
+
 std::string_view recompute_name(Recompute r) {
   switch (r) {
     case Recompute::kNone:
@@ -122,7 +130,10 @@ double activation_bytes_per_layer(const PlanModel& m, double s, double b, const 
   // (2as^2b): 5as^2b, split by tp. Without dropout only the softmax output remains.
   // Selective recompute drops this term (recomputed in the backward pass).
   double scores = 0;
-  if (o.recompute == Recompute::kNone) scores = (m.dropout ? (2 * e + 1) : e) * a * s * s * b / t;
+  if (o.attention == Attention::kFlash)
+    scores = 4 * a * s * b / t;  // fp32 log-sum-exp per head and token (Dao et al. 2022)
+  else if (o.recompute == Recompute::kNone)
+    scores = (m.dropout ? (2 * e + 1) : e) * a * s * s * b / t;
   return replicated / sp + attention_split + mlp_split + scores;
 }
 
@@ -154,8 +165,15 @@ double model_flops_per_step(const PlanModel& m, double s, double batch) {
   return layer_flops_per_step(m, s, batch) + logit_flops_per_step(m, s, batch);
 }
 
-double recompute_flops_per_step(const PlanModel& m, double s, double batch, Recompute r) {
+double recompute_flops_per_step(const PlanModel& m, double s, double batch, Recompute r,
+                                Attention attention) {
   const double h = d(m.spec.hidden);
+  // Flash attention's backward recomputes S = Q K^T block by block (Dao et al. 2022,
+  // section 3.1 "Recomputation" and the backward pass of Appendix B): 2 b s^2 h per layer,
+  // whatever else is recomputed.
+  const double flash = attention == Attention::kFlash ? batch * 2 * s * s * h * d(m.spec.layers) : 0.0;
+  if (attention == Attention::kFlash && r != Recompute::kFull) return flash;
+  if (r == Recompute::kFull) return layer_flops_per_step(m, s, batch) / 3.0 + flash;
   switch (r) {
     case Recompute::kNone:
       return 0;

@@ -10,6 +10,10 @@
 #include <algorithm>
 #include <tuple>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ndmesh/config/partition.hpp"
 #include "ndmesh/core/error.hpp"
 
 namespace ndmesh::plan {
@@ -42,7 +46,45 @@ struct ScheduleChoice {
   std::int64_t vpp;
 };
 
+template <typename T>
+bool allowed(const std::vector<T>& list, const T& value) {
+  return list.empty() || std::find(list.begin(), list.end(), value) != list.end();
+}
+
 }  // namespace
+
+bool Constraints::any() const {
+  return !tp.empty() || !cp.empty() || !pp.empty() || !dp.empty() || !vpp.empty() || !micro_batch.empty() ||
+         max_zero < 3 || !schedules.empty() || !recomputes.empty() || !sequence_parallel ||
+         !stage_layers.empty();
+}
+
+std::string Constraints::text() const {
+  std::vector<std::string> parts;
+  auto add = [&](const char* name, const std::vector<std::int64_t>& v) {
+    if (!v.empty()) parts.push_back(fmt::format("{}={}", name, fmt::join(v, ",")));
+  };
+  add("tp", tp);
+  add("cp", cp);
+  add("pp", pp);
+  add("dp", dp);
+  add("vpp", vpp);
+  add("micro_batch", micro_batch);
+  if (max_zero < 3) parts.push_back(fmt::format("zero<={}", max_zero));
+  if (!schedules.empty()) {
+    std::vector<std::string_view> n;
+    for (Schedule x : schedules) n.push_back(schedule_name(x));
+    parts.push_back(fmt::format("schedule={}", fmt::join(n, ",")));
+  }
+  if (!recomputes.empty()) {
+    std::vector<std::string_view> n;
+    for (Recompute x : recomputes) n.push_back(recompute_name(x));
+    parts.push_back(fmt::format("recompute={}", fmt::join(n, ",")));
+  }
+  if (!sequence_parallel) parts.push_back("sequence_parallel=off");
+  add("pp_layers", stage_layers);
+  return parts.empty() ? std::string("none") : fmt::format("{}", fmt::join(parts, " "));
+}
 
 SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOptions& o) {
   NDMESH_CHECK_CONFIG(o.gpus >= 1, "plan", "--gpus {} must be at least 1, e.g. --gpus 512", o.gpus);
@@ -65,31 +107,63 @@ SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOpti
     }
   };
 
+  const Constraints& c = o.constraints;
+  NDMESH_CHECK_CONFIG(c.max_zero >= 0 && c.max_zero <= 3, "plan",
+                      "--max-zero {} is not a ZeRO stage; use 0, 1, 2 or 3", c.max_zero);
+  const std::vector<std::int64_t>& micro_batches = c.micro_batch.empty() ? o.micro_batches : c.micro_batch;
+  std::vector<Recompute> recomputes = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  if (!c.recomputes.empty()) recomputes = c.recomputes;
+  // Under flash attention selective recompute is the same as none (no scores are stored
+  // either way): keep one of the two rows.
+  if (o.attention == Attention::kFlash &&
+      std::find(recomputes.begin(), recomputes.end(), Recompute::kNone) != recomputes.end())
+    std::erase(recomputes, Recompute::kSelective);
+  std::int64_t max_vpp = o.max_vpp;
+  for (std::int64_t v : c.vpp) max_vpp = std::max(max_vpp, v);
+
   for (std::int64_t tp : divisors(o.gpus)) {
+    if (!allowed(c.tp, tp)) continue;
     for (std::int64_t cp : divisors(o.gpus / tp)) {
+      if (!allowed(c.cp, cp)) continue;
       for (std::int64_t pp : divisors(o.gpus / (tp * cp))) {
         const std::int64_t dp = o.gpus / (tp * cp * pp);
-        Layout base{.tp = tp, .cp = cp, .pp = pp, .dp = dp, .sequence_parallel = tp > 1};
+        if (!allowed(c.pp, pp) || !allowed(c.dp, dp)) continue;
+        Layout base{.tp = tp,
+                    .cp = cp,
+                    .pp = pp,
+                    .dp = dp,
+                    .sequence_parallel = tp > 1 && c.sequence_parallel,
+                    .attention = o.attention,
+                    .stage_layers = c.stage_layers};
         const Placement where = placement(base, hw.gpus_per_node);
 
         std::vector<ScheduleChoice> schedules;
         if (pp == 1) {
-          schedules.push_back({Schedule::k1F1B, 1});
+          // Without a pipeline every schedule is the same; keep the layout when any is allowed.
+          if (allowed(c.vpp, std::int64_t{1})) schedules.push_back({Schedule::k1F1B, 1});
         } else {
-          for (Schedule s : {Schedule::kGpipe, Schedule::k1F1B, Schedule::kZbH1}) schedules.push_back({s, 1});
-          for (std::int64_t v = 2; v <= o.max_vpp; ++v) schedules.push_back({Schedule::kInterleaved, v});
+          for (Schedule s : {Schedule::kGpipe, Schedule::k1F1B, Schedule::kZbH1})
+            if (allowed(c.schedules, s) && allowed(c.vpp, std::int64_t{1})) schedules.push_back({s, 1});
+          if (allowed(c.schedules, Schedule::kInterleaved))
+            for (std::int64_t v = 2; v <= max_vpp; ++v)
+              if (allowed(c.vpp, v)) schedules.push_back({Schedule::kInterleaved, v});
         }
+        // An explicit partition fits one chunk count only.
+        if (!c.stage_layers.empty())
+          std::erase_if(schedules, [&](const ScheduleChoice& sc) {
+            return static_cast<std::int64_t>(c.stage_layers.size()) != pp * sc.vpp;
+          });
 
         std::string first_problem;
         bool any_valid = false;
         for (const ScheduleChoice& sc : schedules) {
-          for (std::int64_t mb : o.micro_batches) {
+          for (std::int64_t mb : micro_batches) {
             Layout layout = base;
             layout.schedule = sc.schedule;
             layout.vpp = sc.vpp;
             layout.micro_batch = mb;
-            const int zero_max = pp == 1 ? 3 : 1;
-            const std::int64_t variants = 3 * (zero_max + 1);
+            const int zero_max = std::min(pp == 1 ? 3 : 1, c.max_zero);
+            const std::int64_t variants = static_cast<std::int64_t>(recomputes.size()) * (zero_max + 1);
             result.considered += variants;
 
             const auto probs = problems(parallel_config(layout, o.workload, hw.gpus_per_node), &spec);
@@ -99,7 +173,11 @@ SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOpti
               continue;
             }
             any_valid = true;
-            for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+            // Partition once per layout rather than once per estimate (validation above
+            // guarantees every chunk gets a block).
+            if (layout.stage_layers.empty())
+              layout.stage_layers = balanced_partition(model.spec.layers, pp, sc.vpp);
+            for (Recompute rc : recomputes) {
               for (int zero = 0; zero <= zero_max; ++zero) {
                 layout.recompute = rc;
                 layout.zero = zero;
@@ -132,6 +210,20 @@ SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOpti
     }
   }
 
+  if (c.any()) {
+    NDMESH_CHECK_CONFIG(
+        result.considered > 0, "plan",
+        "the constraints ({}) leave no layout of --gpus {}: the fixed dims must multiply to a "
+        "divisor of the GPU count (all four to the count itself), --vpp above 1 needs the "
+        "interleaved schedule and pp > 1, --pp-layers needs pp*vpp entries; relax one",
+        c.text(), o.gpus);
+    NDMESH_CHECK_CONFIG(
+        result.invalid < result.considered, "plan",
+        "no layout of --gpus {} meets the constraints ({}): {}; relax the constraint it names", o.gpus,
+        c.text(),
+        result.sample_problems.empty() ? std::string("every one fails validation")
+                                       : result.sample_problems.front());
+  }
   std::sort(kept.begin(), kept.end(), faster);
   if (kept.size() > o.top) kept.resize(o.top);
   // Fill in the whole-model numbers once for the layouts we return.

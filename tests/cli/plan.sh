@@ -42,10 +42,57 @@ n=$(echo "$out" | grep -c '"step_time_s"')
 # first-stage activations 96 layers x 34 sbh/8 + the embedding mask sbh*8/8
 # = 96 * 106,954,752 + 25,165,824 = 10,292,822,016 bytes (Korthikanti et al. 2022).
 expect_rc 0 "memory json" -- "$ndmesh" plan memory --model gpt3-175b --tp 8 --pp 8 --dp 1 --micro-batch 1 \
-  --seq 2048 --sequence-parallel --recompute selective --json
+  --seq 2048 --sequence-parallel --recompute selective --attention standard --json
 echo "$out" | grep -q '"parameters": 174615846912' || fail "memory json: parameters: $out"
 echo "$out" | grep -q '"activations": 10292822016' || fail "memory json: activations: $out"
 echo "$out" | grep -q '"step_time_s"' || fail "memory json: no step_time_s"
+
+# The same with flash attention (the default): the fp32 log-sum-exp 4as/t = 4*96*2048/8 =
+# 98,304 bytes per layer is kept: 96 * (106,954,752 + 98,304) + 25,165,824 = 10,302,259,200.
+expect_rc 0 "memory flash" -- "$ndmesh" plan memory --model gpt3-175b --tp 8 --pp 8 --dp 1 --micro-batch 1 \
+  --seq 2048 --sequence-parallel --recompute selective --json
+echo "$out" | grep -q '"activations": 10302259200' || fail "memory flash: activations: $out"
+echo "$out" | grep -q '"attention": "flash"' || fail "memory flash: attention: $out"
+expect_rc 0 "explain flash" -- "$ndmesh" plan memory --model gpt3-175b --tp 8 --pp 8 --dp 1 --seq 2048
+echo "$out" | grep -q "flash (Dao et al. 2022)" || fail "explain flash: formula not named: $out"
+expect_rc 2 "bad attention" -- "$ndmesh" plan memory --model gpt3-175b --attention sparse
+echo "$out" | grep -q -- "--attention 'sparse'" || fail "bad attention: message: $out"
+
+# Constraints fix dims (or lists of them) and the header says so.
+expect_rc 0 "constraints" -- "$ndmesh" plan --model llama3-70b --gpus 64 --seq 8192 --global-batch 256 \
+  --tp 8 --pp 4 --max-zero 1 --recompute none,selective --schedules 1f1b,interleaved --top 50
+echo "$out" | grep -q "constraints: tp=8 pp=4 zero<=1 schedule=1f1b,interleaved recompute=none,selective" ||
+  fail "constraints: header: $out"
+bad=$(echo "$out" | grep -E '^ +[0-9]+ +[0-9]+ ' | awk '$2 != 8 || $4 != 4 || $10 > 1 || $9 == "full"')
+[ -z "$bad" ] || fail "constraints: rows break them: $bad"
+expect_rc 0 "constraints json" -- "$ndmesh" plan --model llama3-70b --gpus 64 --seq 8192 --global-batch 256 \
+  --tp 8 --pp 4 --dp 2 --cp 1 --vpp 1 --micro-batch 1 --no-sequence-parallel --json
+n=$(echo "$out" | grep -c '"sequence_parallel": true')
+[ "$n" -eq 0 ] || fail "constraints json: sequence parallelism despite --no-sequence-parallel"
+echo "$out" | grep -q '"dp": 2' || fail "constraints json: dp: $out"
+expect_rc 2 "impossible tp" -- "$ndmesh" plan --model llama3-8b --gpus 24 --global-batch 48 --tp 3
+echo "$out" | grep -q -- "--tp 3.*heads=32" || fail "impossible tp: message: $out"
+expect_rc 2 "impossible product" -- "$ndmesh" plan --model llama3-8b --gpus 24 --global-batch 48 --tp 8 --pp 4
+echo "$out" | grep -q "tp=8 pp=4" || fail "impossible product: message: $out"
+expect_rc 2 "bad list" -- "$ndmesh" plan --model llama3-8b --gpus 8 --global-batch 8 --tp 4,x
+echo "$out" | grep -q -- "--tp '4,x'" || fail "bad list: message: $out"
+expect_rc 2 "bad max zero" -- "$ndmesh" plan --model llama3-8b --gpus 8 --global-batch 8 --max-zero 4
+echo "$out" | grep -q -- "--max-zero 4" || fail "bad max zero: message: $out"
+
+# Uneven pipelines: 24 layers over pp 5 run as 5,5,5,5,4; --pp-layers overrides.
+expect_rc 0 "uneven pp" -- "$ndmesh" plan memory --model gpt3-1.7b --pp 5 --global-batch 10 --json
+echo "$out" | grep -q '"pp_layers": \[' || fail "uneven pp: no pp_layers: $out"
+echo "$out" | tr -d ' \n' | grep -q '"pp_layers":\[5,5,5,5,4\]' || fail "uneven pp: partition: $out"
+expect_rc 0 "explicit pp layers" -- "$ndmesh" plan memory --model gpt3-1.7b --pp 5 --global-batch 10 \
+  --pp-layers 4,5,5,5,5 --json
+echo "$out" | tr -d ' \n' | grep -q '"pp_layers":\[4,5,5,5,5\]' || fail "explicit pp layers: $out"
+expect_rc 0 "search pp layers" -- "$ndmesh" plan --model gpt3-1.7b --gpus 5 --global-batch 10 --pp 5 \
+  --pp-layers 4,5,5,5,5 --top 1 --json
+echo "$out" | tr -d ' \n' | grep -q '"pp_layers":\[4,5,5,5,5\]' || fail "search pp layers: $out"
+expect_rc 2 "pp layers count" -- "$ndmesh" plan memory --model gpt3-1.7b --pp 5 --pp-layers 12,12
+echo "$out" | grep -q -- "--pp-layers '12,12' has 2 entries" || fail "pp layers count: message: $out"
+expect_rc 2 "pp layers sum" -- "$ndmesh" plan memory --model gpt3-1.7b --pp 2 --pp-layers 12,13
+echo "$out" | grep -q "adds up to 25.*layers=24" || fail "pp layers sum: message: $out"
 
 # Nothing fits: exit 1 and say by how much.
 expect_rc 1 "nothing fits" -- "$ndmesh" plan --model gpt3-1t --gpus 8 --hardware a100-80gb --global-batch 64
@@ -90,6 +137,10 @@ expect_rc 0 "trainer model" -- "$ndmesh" plan memory --layers 2 --hidden 64 --he
   --seq 64 --micro-batch 16 --mlp gelu --no-dropout --precision fp32 --json
 echo "$out" | grep -q '"parameters": 97920' || fail "trainer model: parameters: $out"
 echo "$out" | grep -q '"optimizer": 783360' || fail "trainer model: 8 B of optimizer state each: $out"
+# --untied, as `ndmesh train --untied`: the output layer adds 32 x 64 = 2,048 parameters.
+expect_rc 0 "trainer model untied" -- "$ndmesh" plan memory --layers 2 --hidden 64 --heads 4 --kv-heads 2 \
+  --vocab 32 --seq 64 --micro-batch 16 --mlp gelu --no-dropout --precision fp32 --untied --json
+echo "$out" | grep -q '"parameters": 99968' || fail "trainer model untied: parameters: $out"
 expect_rc 2 "bad precision" -- "$ndmesh" plan memory --model llama3-8b --precision fp8
 echo "$out" | grep -q "'fp8'" || fail "bad precision: message: $out"
 

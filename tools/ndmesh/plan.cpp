@@ -13,10 +13,13 @@
 
 #include <fmt/core.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
 #include "ndmesh/config/config.hpp"
+#include "ndmesh/config/partition.hpp"
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/core/strings.hpp"
+#include "ndmesh/plan/hardware_file.hpp"
+#include "ndmesh/plan/report.hpp"
 #include "ndmesh/plan/search.hpp"
 #include "subcommand.hpp"
 
@@ -42,7 +45,9 @@ struct ModelHardwareFlags {
   std::int64_t seq = 0;
   std::int64_t global_batch = 0;
   std::string precision = "mixed";
+  std::string attention = "flash";
   bool no_dropout = false;
+  bool untied = false;
   bool json = false;
 };
 
@@ -58,7 +63,9 @@ void add_model_hardware_flags(CLI::App& app, ModelHardwareFlags& f) {
   app.add_option("--mlp", f.mlp,
                  "Custom model: gelu (GPT: biases, learned positions, LayerNorm, dropout) or swiglu (Llama: "
                  "none of those, untied output layer)");
-  app.add_option("--hardware", f.hardware, "GPU preset: " + plan::hardware_preset_names())
+  app.add_option("--hardware", f.hardware,
+                 "GPU preset (" + plan::hardware_preset_names() +
+                     ") or a hardware file written by `ndmesh calibrate` (docs/readme/plan.md)")
       ->capture_default_str();
   app.add_option("--gpu-memory-gib", f.gpu_memory_gib, "Override: memory per GPU in GiB");
   app.add_option("--reserved-gib", f.reserved_gib,
@@ -77,6 +84,13 @@ void add_model_hardware_flags(CLI::App& app, ModelHardwareFlags& f) {
       ->capture_default_str();
   app.add_flag("--no-dropout", f.no_dropout,
                "The model stores no dropout masks (GPT presets do, Llama ones do not)");
+  app.add_flag("--untied", f.untied,
+               "Custom model: the output layer has its own matrix (as `ndmesh train --untied`)");
+  app.add_option(
+         "--attention", f.attention,
+         "flash (no s x s scores stored, Q K^T recomputed in the backward; Dao et al. 2022) or standard "
+         "(Korthikanti et al. 2022)")
+      ->capture_default_str();
   app.add_flag("--json", f.json, "Print JSON");
 }
 
@@ -104,7 +118,8 @@ PlanModel resolve_model(const ModelHardwareFlags& f) {
     if (m.spec.name.empty()) m.spec.name = name.empty() ? f.config_file : name;
     have = true;
   }
-  const bool custom = f.layers || f.hidden || f.heads || f.kv_heads || f.ffn || f.vocab || !f.mlp.empty();
+  const bool custom =
+      f.layers || f.hidden || f.heads || f.kv_heads || f.ffn || f.vocab || !f.mlp.empty() || f.untied;
   if (!have && !custom)
     fail<ConfigError>(
         "plan", "no model given; use --model with one of {}, or --layers, --hidden, --heads and --vocab",
@@ -123,6 +138,7 @@ PlanModel resolve_model(const ModelHardwareFlags& f) {
   if (f.ffn) m.spec.ffn = f.ffn;
   if (f.vocab) m.spec.vocab = f.vocab;
   if (f.no_dropout) m.dropout = false;
+  if (f.untied) m.spec.tied_embeddings = false;
   if (m.spec.name.empty()) m.spec.name = "custom";
   if (f.seq != 0) m.spec.seq = f.seq;
   NDMESH_CHECK_CONFIG(m.spec.seq >= 1, "plan", "--seq {} must be at least 1, e.g. --seq 4096", m.spec.seq);
@@ -142,7 +158,7 @@ plan::Precision resolve_precision(const ModelHardwareFlags& f) {
 }
 
 Hardware resolve_hardware(const ModelHardwareFlags& f) {
-  Hardware hw = plan::hardware_preset(f.hardware);
+  Hardware hw = plan::hardware_by_name_or_file(f.hardware);
   if (f.gpu_memory_gib) hw.memory_bytes = *f.gpu_memory_gib * kGiB;
   if (f.reserved_gib) hw.reserved_bytes = *f.reserved_gib * kGiB;
   if (f.peak_tflops) hw.peak_flops = *f.peak_tflops * 1e12;
@@ -153,6 +169,27 @@ Hardware resolve_hardware(const ModelHardwareFlags& f) {
   const auto probs = plan::hardware_problems(hw);
   NDMESH_CHECK_CONFIG(probs.empty(), "plan", "bad hardware: {}", fmt::join(probs, "; "));
   return hw;
+}
+
+// "4,8" -> {4, 8}: positive integers, one line naming the flag otherwise.
+std::vector<std::int64_t> parse_sizes(const std::string& text, std::string_view flag) {
+  std::vector<std::int64_t> out;
+  if (text.empty()) return out;
+  for (auto part : split_list(text, ",")) {
+    const std::string p(part);
+    std::size_t used = 0;
+    std::int64_t v = 0;
+    try {
+      v = std::stoll(p, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    NDMESH_CHECK_CONFIG(!p.empty() && used == p.size() && v >= 1, "plan",
+                        "{} '{}': '{}' is not a positive integer; give one size or a list, e.g. {} 4,8", flag,
+                        text, p, flag);
+    out.push_back(v);
+  }
+  return out;
 }
 
 std::string gib(double bytes) { return fmt::format("{:.2f}", bytes / kGiB); }
@@ -169,52 +206,15 @@ std::string human(double x) {
 std::string layout_text(const Layout& l) {
   return fmt::format(
       "tp={} cp={} pp={} dp={} vpp={} micro_batch={} schedule={} recompute={} zero={} "
-      "sequence_parallel={}",
+      "sequence_parallel={} attention={}{}",
       l.tp, l.cp, l.pp, l.dp, l.vpp, l.micro_batch, schedule_name(l.schedule),
-      plan::recompute_name(l.recompute), l.zero, l.sequence_parallel ? "on" : "off");
+      plan::recompute_name(l.recompute), l.zero, l.sequence_parallel ? "on" : "off",
+      plan::attention_name(l.attention),
+      l.pp * l.vpp > 1 && !l.stage_layers.empty()
+          ? fmt::format(" pp_layers={}", fmt::join(l.stage_layers, ","))
+          : std::string());
 }
 
-nlohmann::json estimate_json(const Estimate& e) {
-  const Layout& l = e.layout;
-  const auto& m = e.memory;
-  const auto& t = e.time;
-  return nlohmann::json{
-      {"tp", l.tp},
-      {"cp", l.cp},
-      {"pp", l.pp},
-      {"dp", l.dp},
-      {"vpp", l.vpp},
-      {"micro_batch", l.micro_batch},
-      {"microbatches", e.microbatches},
-      {"schedule", std::string(schedule_name(l.schedule))},
-      {"recompute", std::string(plan::recompute_name(l.recompute))},
-      {"zero", l.zero},
-      {"sequence_parallel", l.sequence_parallel},
-      {"memory_bytes",
-       {{"params", m.params},
-        {"grads", m.grads},
-        {"optimizer", m.optimizer},
-        {"activations", m.activations},
-        {"total", m.total}}},
-      {"worst_stage", m.stage},
-      {"capacity_bytes", e.capacity_bytes},
-      {"fits", e.fits},
-      {"step_time_s", t.total},
-      {"time_s",
-       {{"compute", t.compute},
-        {"recompute", t.recompute},
-        {"tp", t.tp_comm},
-        {"cp_exposed", t.cp_exposed},
-        {"pp", t.pp_comm},
-        {"bubble", t.bubble},
-        {"dp_exposed", t.dp_exposed}}},
-      {"tokens_per_second", e.tokens_per_second},
-      {"mfu", e.mfu},
-      {"tp_in_node", e.where.tp_in_node},
-      {"cp_in_node", e.where.cp_in_node},
-      {"dp_in_node", e.where.dp_in_node},
-  };
-}
 
 std::string where_text(bool in_node, double bw) {
   return fmt::format("{} node, {:.0f} GB/s", in_node ? "inside a" : "across", bw / 1e9);
@@ -246,15 +246,29 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
       "(Korthikanti et al. 2022, s={} b={} {}), plus embedding masks / logits\n",
       gib(m.activations), m.layers_on_stage, m.in_flight, m.activation_per_layer / (1024.0 * 1024.0),
       seq / l.cp, l.micro_batch, plan::recompute_name(l.recompute));
+  if (l.attention == plan::Attention::kFlash)
+    fmt::print(
+        "  attention               flash (Dao et al. 2022): no 5as/h score/softmax/dropout storage; 4 a s "
+        "b/t "
+        "bytes of fp32 log-sum-exp kept; Q K^T recomputed in the backward (2 b s^2 h FLOPs per layer)\n");
+  else
+    fmt::print(
+        "  attention               standard: scores, softmax and dropout stored (5 a s^2 b/t bytes){}\n",
+        l.recompute == plan::Recompute::kNone ? "" : ", dropped by recompute");
+  if (l.pp > 1)
+    fmt::print("  pipeline chunks         {} blocks (pp*vpp = {}; balanced_partition unless --pp-layers)\n",
+               fmt::join(l.stage_layers, ","), l.pp * l.vpp);
   fmt::print("  total                   {:>8}  of {} usable ({} - {} reserved){}\n", gib(m.total),
              gib(e.capacity_bytes), gib(hw.memory_bytes), gib(hw.reserved_bytes),
              e.fits ? "" : fmt::format(": {} GiB short", gib(m.total - e.capacity_bytes)));
   fmt::print("time per step (s):\n");
   fmt::print(
-      "  compute                 {:>8.3f}  slowest stage's model FLOPs / ({} GPUs x {:.0f} TFLOP/s x {})\n",
+      "  compute                 {:>8.3f}  slowest stage's model FLOPs / ({} GPUs x {:.3g} TFLOP/s x {})\n",
       t.compute, l.tp * l.cp * l.dp, hw.peak_flops / 1e12, hw.achievable_fraction);
-  fmt::print("  recompute               {:>8.3f}  recompute={}: its extra FLOPs at {:.0f} TFLOP/s\n",
-             t.recompute, plan::recompute_name(l.recompute), rate / 1e12);
+  fmt::print("  recompute               {:>8.3f}  recompute={}{}: its extra FLOPs at {:.3g} TFLOP/s\n",
+             t.recompute, plan::recompute_name(l.recompute),
+             l.attention == plan::Attention::kFlash ? " + flash attention's Q K^T in the backward" : "",
+             rate / 1e12);
   fmt::print("  tensor parallel         {:>8.3f}  {} all-reduces per layer and micro-batch, tp group {}\n",
              t.tp_comm, l.recompute == plan::Recompute::kFull ? 6 : 4,
              where_text(e.where.tp_in_node, t.tp_bw));
@@ -286,7 +300,7 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
 void print_header(const PlanModel& model, const Hardware& hw, std::int64_t gpus, std::int64_t seq,
                   std::int64_t global_batch) {
   fmt::print(
-      "{}: {} parameters; {} x {} ({} GiB, {} usable; {:.0f} TFLOP/s x {} achievable; {} GPUs/node); "
+      "{}: {} parameters; {} x {} ({} GiB, {} usable; {:.3g} TFLOP/s x {} achievable; {} GPUs/node); "
       "seq {}, global batch {}\n",
       model.spec.name, human(plan::count_parameters(model).total()), gpus, hw.name, gib(hw.memory_bytes),
       gib(hw.usable_bytes()), hw.peak_flops / 1e12, hw.achievable_fraction, hw.gpus_per_node, seq,
@@ -298,6 +312,10 @@ struct PlanFlags {
   std::int64_t gpus = 0;
   std::size_t top = 10;
   bool explain = false;
+  // Constraints: each a size or a comma-separated list.
+  std::string tp, cp, pp, dp, vpp, micro_batch, schedules, recompute, pp_layers;
+  int max_zero = 3;
+  bool no_sequence_parallel = false;
 };
 
 struct MemoryFlags {
@@ -305,8 +323,48 @@ struct MemoryFlags {
   Layout layout;
   std::string schedule = "1f1b";
   std::string recompute = "none";
+  std::string pp_layers;
   bool explain = false;
 };
+
+plan::Constraints resolve_constraints(const PlanFlags& f, const PlanModel& model) {
+  plan::Constraints c;
+  c.tp = parse_sizes(f.tp, "--tp");
+  c.cp = parse_sizes(f.cp, "--cp");
+  c.pp = parse_sizes(f.pp, "--pp");
+  c.dp = parse_sizes(f.dp, "--dp");
+  c.vpp = parse_sizes(f.vpp, "--vpp");
+  c.micro_batch = parse_sizes(f.micro_batch, "--micro-batch");
+  NDMESH_CHECK_CONFIG(f.max_zero >= 0 && f.max_zero <= 3, "plan",
+                      "--max-zero {} is not a ZeRO stage; use 0, 1, 2 or 3", f.max_zero);
+  c.max_zero = f.max_zero;
+  if (!f.schedules.empty())
+    for (auto part : split_list(f.schedules, ",")) c.schedules.push_back(parse_schedule(part));
+  if (!f.recompute.empty())
+    for (auto part : split_list(f.recompute, ",")) c.recomputes.push_back(plan::parse_recompute(part));
+  c.sequence_parallel = !f.no_sequence_parallel;
+  if (!f.pp_layers.empty()) {
+    // The count is checked against pp*vpp per layout; entries and the sum here.
+    const auto n = static_cast<std::int64_t>(split_list(f.pp_layers, ",").size());
+    c.stage_layers = parse_partition(f.pp_layers, model.spec.layers, n, 1, "--pp-layers");
+  }
+  // Fixed dims that cannot fit the model at all: say which flag conflicts with what.
+  for (std::int64_t tp : c.tp) {
+    if (model.spec.heads % tp == 0) continue;
+    if (c.tp.size() == 1)
+      fail<ConfigError>("plan",
+                        "--tp {} conflicts with the model: heads={} is not divisible by tp={}; use a "
+                        "divisor of {}",
+                        tp, model.spec.heads, tp, model.spec.heads);
+  }
+  for (std::int64_t pp : c.pp)
+    if (c.pp.size() == 1 && pp > model.spec.layers)
+      fail<ConfigError>("plan",
+                        "--pp {} conflicts with the model: layers={} cannot give each of {} stages a "
+                        "block; use --pp {} or less",
+                        pp, model.spec.layers, pp, model.spec.layers);
+  return c;
+}
 
 int run_search(const PlanFlags& f) {
   NDMESH_CHECK_CONFIG(f.gpus >= 1, "plan",
@@ -320,30 +378,24 @@ int run_search(const PlanFlags& f) {
   const Hardware hw = resolve_hardware(f.common);
   const plan::Workload w{.seq = model.spec.seq, .global_batch = f.common.global_batch};
   const plan::Precision precision = resolve_precision(f.common);
-  const plan::SearchResult r =
-      plan::search(model, hw, {.gpus = f.gpus, .workload = w, .top = f.top, .precision = precision});
+  const plan::Constraints constraints = resolve_constraints(f, model);
+  const plan::Attention attention = plan::parse_attention(f.common.attention);
+  const plan::SearchOptions options{.gpus = f.gpus,
+                                    .workload = w,
+                                    .top = f.top,
+                                    .precision = precision,
+                                    .constraints = constraints,
+                                    .attention = attention};
+  const plan::SearchResult r = plan::search(model, hw, options);
 
   if (f.common.json) {
-    nlohmann::json out;
-    out["model"] = model.spec.name;
-    out["parameters"] = plan::count_parameters(model).total();
-    out["gpus"] = f.gpus;
-    out["hardware"] = hw.name;
-    out["seq"] = w.seq;
-    out["global_batch"] = w.global_batch;
-    out["considered"] = r.considered;
-    out["invalid"] = r.invalid;
-    out["too_big"] = r.too_big;
-    out["fitting"] = r.fitting;
-    out["layouts"] = nlohmann::json::array();
-    for (const Estimate& e : r.layouts) out["layouts"].push_back(estimate_json(e));
-    if (r.smallest) out["smallest"] = estimate_json(*r.smallest);
-    if (!r.sample_problems.empty()) out["problems"] = r.sample_problems;
-    fmt::print("{}\n", out.dump(2));
+    fmt::print("{}\n", plan::search_json(model, hw, options, r));
     return r.layouts.empty() ? 1 : 0;
   }
 
   print_header(model, hw, f.gpus, w.seq, w.global_batch);
+  fmt::print("constraints: {}; attention: {}; precision: {}\n", constraints.text(),
+             plan::attention_name(attention), f.common.precision);
   fmt::print("{} layouts considered: {} fail validation, {} do not fit, {} fit\n", r.considered, r.invalid,
              r.too_big, r.fitting);
   if (r.layouts.empty()) {
@@ -389,6 +441,7 @@ int run_memory(MemoryFlags f) {
   Layout& l = f.layout;
   l.schedule = parse_schedule(f.schedule);
   l.recompute = plan::parse_recompute(f.recompute);
+  l.attention = plan::parse_attention(f.common.attention);
   NDMESH_CHECK_CONFIG(l.zero >= 0 && l.zero <= 3, "plan", "--zero {} is not a ZeRO stage; use 0, 1, 2 or 3",
                       l.zero);
   const PlanModel model = resolve_model(f.common);
@@ -401,16 +454,12 @@ int run_memory(MemoryFlags f) {
   const auto probs = problems(plan::parallel_config(l, w, hw.gpus_per_node), &model.spec);
   NDMESH_CHECK_CONFIG(probs.empty(), "plan", "invalid layout: {}", fmt::join(probs, "; "));
   const plan::Precision precision = resolve_precision(f.common);
+  l.stage_layers = f.pp_layers.empty() ? plan::stage_chunks(model, l)
+                                       : parse_partition(f.pp_layers, model.spec.layers, l.pp, l.vpp);
   const Estimate e = plan::estimate(model, hw, l, w, precision);
 
   if (f.common.json) {
-    nlohmann::json out = estimate_json(e);
-    out["parameters"] = e.parameters;
-    out["model"] = model.spec.name;
-    out["hardware"] = hw.name;
-    out["seq"] = w.seq;
-    out["global_batch"] = w.global_batch;
-    fmt::print("{}\n", out.dump(2));
+    fmt::print("{}\n", plan::memory_json(model, hw, w, e));
     return 0;
   }
   print_header(model, hw, l.gpus(), w.seq, w.global_batch);
@@ -424,6 +473,20 @@ Action setup(CLI::App& app) {
   app.add_option("--gpus", pf->gpus, "Number of GPUs to plan for");
   add_model_hardware_flags(app, pf->common);
   app.add_option("--top", pf->top, "Layouts to print")->capture_default_str();
+  app.add_option("--tp", pf->tp, "Constraint: tensor-parallel size, or a list (4,8)");
+  app.add_option("--cp", pf->cp, "Constraint: context-parallel size or list");
+  app.add_option("--pp", pf->pp, "Constraint: pipeline-parallel size or list");
+  app.add_option("--dp", pf->dp, "Constraint: data-parallel size or list");
+  app.add_option("--vpp", pf->vpp, "Constraint: virtual stages per rank or list (above 1: interleaved)");
+  app.add_option("--micro-batch", pf->micro_batch,
+                 "Constraint: sequences per micro-batch or list (default 1,2,4,8)");
+  app.add_option("--max-zero", pf->max_zero, "Constraint: highest ZeRO stage tried")->capture_default_str();
+  app.add_option("--schedules", pf->schedules, "Constraint: schedules tried, e.g. 1f1b,interleaved");
+  app.add_option("--recompute", pf->recompute, "Constraint: recompute modes tried, e.g. none,selective");
+  app.add_flag("--no-sequence-parallel", pf->no_sequence_parallel,
+               "Constraint: never use sequence parallelism");
+  app.add_option("--pp-layers", pf->pp_layers,
+                 "Constraint: blocks per pipeline chunk, e.g. 3,3,2 (pp*vpp entries; default balanced)");
   app.add_flag("--explain", pf->explain, "Show every term of the best layout with its inputs");
   app.footer(
       "Ranks every layout (tp, cp, pp, dp, vpp, micro-batch, schedule, recompute, ZeRO stage) that passes "
@@ -445,6 +508,10 @@ Action setup(CLI::App& app) {
   mem->add_option("--recompute", mf->recompute, "none, selective or full")->capture_default_str();
   mem->add_flag("--sequence-parallel", mf->layout.sequence_parallel, "Sequence parallelism with tp");
   mem->add_option("--zero", mf->layout.zero, "ZeRO stage 0-3 over dp")->capture_default_str();
+  mem->add_option(
+      "--pp-layers", mf->pp_layers,
+      "Blocks per pipeline chunk, e.g. 3,3,2 (pp*vpp entries, chunk k on rank k mod pp); default: "
+      "the balanced partition the pipeline runs");
   mem->footer("--global-batch defaults to micro_batch x dp x pp (pp micro-batches per pipeline).");
 
   return [pf, mf, mem]() -> int { return mem->parsed() ? run_memory(*mf) : run_search(*pf); };

@@ -79,6 +79,9 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   std::int64_t micro_batch = 1;   ///< sequences per micro-batch
   std::int64_t global_batch = 0;  ///< sequences per step; 0: micro_batch * dp
+  /// Layers need not divide pp*vpp: the blocks are split by balanced_partition()
+  /// (config/partition.hpp), each of the pp*vpp chunks still needs one block.
+  bool uneven_stages = false;
 
   /// Size of a named dim (1 when absent).
   std::int64_t size(std::string_view name) const;

@@ -12,11 +12,15 @@
 //     backward (ZeRO: reduce-scatter to shards);
 //  5. the gradient norm is global (summed over every shard), then AdamW with clipping at
 //     the step's learning rate (ZeRO: on the shard, then the parameters are gathered).
-// The strategies that split the model itself plug in at steps 3 and 4: tensor
-// parallelism builds the model over the mesh's tp group (parallel/tp; the layers do the
-// Megatron split), gathers the gradient norm over tp (sharded parameters count on every
-// tp rank, replicated ones once) and checkpoints the logical, unsharded model. pp and cp
-// are refused with a clear error until they exist.
+// Context parallelism (--cp) splits each sequence: a cp rank keeps its positions of every
+// sequence of its dp slice (zigzag or contiguous chunks, parallel/cp/ring_attention.hpp),
+// runs the model on those tokens with RingAttention as the attention core, and the
+// GradReducer (and the loss sum) work over the dp-cp group instead of dp.
+// Tensor parallelism builds the model over the mesh's tp group (parallel/tp; the layers
+// do the Megatron split), gathers the gradient norm over tp (sharded parameters count on
+// every tp rank, replicated ones once) and checkpoints the logical, unsharded model.
+// Pipeline parallelism plugs in at steps 3 and 4 too; it is refused with a clear error
+// until it exists.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +33,7 @@
 #include "ndmesh/model/data.hpp"
 #include "ndmesh/model/gpt.hpp"
 #include "ndmesh/nn/adamw.hpp"
+#include "ndmesh/parallel/cp/ring_attention.hpp"
 #include "ndmesh/parallel/dp/grad_reducer.hpp"
 #include "ndmesh/parallel/tp/tp_comm.hpp"
 
@@ -46,6 +51,7 @@ struct TrainOptions {
   nn::AdamWOptions adamw;
   std::uint64_t seed = 1;  ///< model initialisation seed
   DataParallelOptions dp;
+  CpLayout cp_layout = CpLayout::kZigzag;  ///< which chunks of each sequence a cp rank holds
   /// With tp > 1: norms and residuals hold 1/tp of the tokens (--sequence-parallel).
   bool sequence_parallel = false;
 };
@@ -107,7 +113,7 @@ class Trainer {
   const Mesh& mesh() const { return groups_.mesh(); }
 
  private:
-  // Sum over the data-parallel group of a few doubles (in place).
+  // Sum over the gradient group (dp-cp) of a few doubles (in place).
   void sum_over_dp(std::span<double> values);
   // Squared gradient norm of what this rank owns: its shard of dp (ZeRO), of which the
   // tp-sharded parameters and, on tp rank 0 only, the replicated ones.
@@ -116,6 +122,9 @@ class Trainer {
   // tp shards gathered (collective over tp); and back (this rank's slices).
   std::vector<float> to_logical(std::span<const float> local);
   void from_logical(const std::vector<float>& logical, std::span<float> local) const;
+  // Fetches the micro-batch of sequences [first, first + count) of `stream` and keeps
+  // this cp rank's positions of each in tokens_ / targets_.
+  void load_batch(std::uint64_t stream, std::int64_t index, std::int64_t first, std::int64_t count);
 
   TrainOptions options_;
   std::unique_ptr<model::DataSource> data_;
@@ -126,6 +135,11 @@ class Trainer {
   std::shared_ptr<TpCommStats> tp_stats_ = std::make_shared<TpCommStats>();
   std::unique_ptr<CommunicatorTpComm<double>> tp_double_;
   std::int64_t local_batch_ = 0, microbatches_ = 1;
+  comm::Communicator grad_;  // dp-cp: parameters are replicated over it, gradients summed
+  std::int64_t grad_size_ = 1, cp_size_ = 1;
+  std::vector<std::int64_t> positions_;  // this cp rank's positions of each sequence
+  std::shared_ptr<RingAttention<float>> ring_;
+  std::vector<std::int32_t> full_tokens_, full_targets_;
   std::unique_ptr<model::Gpt> model_;
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<nn::AdamW<float>> adam_;

@@ -33,7 +33,11 @@ struct Layout {
   Schedule schedule = Schedule::k1F1B;
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;
-  int zero = 0;  ///< ZeRO stage 0-3 over dp
+  int zero = 0;                                ///< ZeRO stage 0-3 over dp
+  Attention attention = Attention::kStandard;  ///< the CLI defaults to flash
+  /// Blocks per pipeline chunk (pp*vpp entries, chunk k on rank k mod pp); empty: the
+  /// balanced partition of config/partition.hpp, what the pipeline executor runs.
+  std::vector<std::int64_t> stage_layers;
 
   std::int64_t gpus() const { return tp * cp * pp * dp; }
 };
@@ -59,12 +63,17 @@ struct MemoryBreakdown {
   double total = 0;                 ///< params + grads + optimizer + activations
   std::int64_t stage = 0;           ///< which stage is the worst (0 = first)
   double stage_parameters = 0;      ///< parameters held by one GPU of that stage
-  double layers_on_stage = 0;       ///< decoder layers on that stage
+  double layers_on_stage = 0;       ///< decoder layers on that stage (rank)
   double in_flight = 0;             ///< micro-batches whose activations it holds
   double activation_per_layer = 0;  ///< bytes per layer per micro-batch
 };
 
-/// Memory of the worst stage. Layers are split evenly (ceil for uneven splits).
+/// Blocks per chunk of a layout: layout.stage_layers, or balanced_partition(layers, pp, vpp).
+std::vector<std::int64_t> stage_chunks(const PlanModel& model, const Layout& layout);
+
+/// Memory of the worst stage. Each rank holds the blocks of its chunks (stage_chunks); the
+/// heaviest rank, the first (embedding, most micro-batches in flight) and the last (output
+/// layer, logits) are evaluated.
 MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& layout, const Workload& workload,
                                 const Precision& precision = {});
 

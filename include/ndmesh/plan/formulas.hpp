@@ -11,6 +11,12 @@
 //   5 a s/h) with sequence parallelism too; selective recompute drops the 5 a s/h term
 //   (34 s b h/t with sequence parallelism); full recompute keeps the 2 s b h layer input.
 //   16-bit activations, 1-byte dropout masks.
+// - Flash attention: Dao et al. 2022 ("FlashAttention: Fast and Memory-Efficient Exact
+//   Attention with IO-Awareness", section 3.1 and the backward pass in Appendix B): the s x s
+//   scores, softmax output and dropout mask are never stored (Korthikanti's 5 a s^2 b term
+//   is gone); the forward keeps the output (already counted as the input of the output
+//   projection) and the fp32 softmax statistics (log-sum-exp, 4 a s b bytes), and the
+//   backward recomputes the scores Q K^T from Q and K: 2 b s^2 h extra FLOPs per layer.
 // - Model states: Rajbhandari et al. 2020 ("ZeRO: Memory Optimizations Toward Training
 //   Trillion Parameter Models", Figure 1): mixed-precision Adam keeps 2 + 2 + K bytes per
 //   parameter, K = 12; stage 1 shards the K bytes over dp, stage 2 the gradients too,
@@ -36,6 +42,17 @@ enum class Recompute {
   kSelective,  ///< recompute the attention core (the 5 a s/h term) in the backward pass
   kFull,       ///< keep only each layer's input, recompute the whole layer
 };
+
+/// How attention is computed.
+enum class Attention {
+  kStandard,  ///< scores, softmax and dropout stored (Korthikanti et al. 2022)
+  kFlash,     ///< fused kernel: softmax statistics stored, scores recomputed (Dao et al. 2022)
+};
+
+/// "flash" or "standard".
+std::string_view attention_name(Attention a);
+/// Parses "flash" / "standard"; ConfigError naming `flag`, the value and the valid names.
+Attention parse_attention(std::string_view name, std::string_view flag = "--attention");
 
 /// "none", "selective", "full".
 std::string_view recompute_name(Recompute r);
@@ -79,13 +96,16 @@ struct ActivationOptions {
   bool sequence_parallel = false;
   Recompute recompute = Recompute::kNone;
   double activation_bytes = 2;
+  Attention attention = Attention::kStandard;
 };
 
 /// Activation bytes one GPU keeps for one layer and one micro-batch of `micro_batch`
 /// sequences of `seq` tokens (pass seq / cp under context parallelism): Korthikanti et al.
 /// 2022 section 4, generalised to GQA (K and V scale with kv_heads/heads), SwiGLU (the
 /// fused gate/up output 2 ffn wide and its product, 6 s b ffn bytes instead of GeLU's
-/// 4 s b ffn) and models without dropout (no masks; softmax output 2 a s^2 b only).
+/// 4 s b ffn) and models without dropout (no masks; softmax output 2 a s^2 b only). With
+/// flash attention the 5 a s^2 b/t score term becomes the fp32 log-sum-exp, 4 a s b/t bytes
+/// (selective recompute then has nothing left to drop).
 double activation_bytes_per_layer(const PlanModel& model, double seq, double micro_batch,
                                   const ActivationOptions& options);
 
@@ -110,8 +130,11 @@ double layer_flops_per_step(const PlanModel& model, double seq, double global_ba
 double logit_flops_per_step(const PlanModel& model, double seq, double global_batch);
 
 /// Extra FLOPs that recomputation adds per step: the attention core forward (4 B s^2 h l)
-/// for selective, one more forward of every layer for full (Narayanan's 96 vs 72).
-double recompute_flops_per_step(const PlanModel& model, double seq, double global_batch, Recompute r);
+/// for selective, one more forward of every layer for full (Narayanan's 96 vs 72). With
+/// flash attention the backward recomputes Q K^T (2 B s^2 h l) in every mode, and selective
+/// adds nothing more (the kernel already stores no scores).
+double recompute_flops_per_step(const PlanModel& model, double seq, double global_batch, Recompute r,
+                                Attention attention = Attention::kStandard);
 
 /// Idle time of the pipeline as a fraction of the ideal compute time: (p-1)/m for GPipe
 /// and 1F1B, (p-1)/(v m) interleaved, (p-1)/(3m) for ZB-H1.

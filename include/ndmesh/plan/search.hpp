@@ -8,7 +8,8 @@
 // schedules other than 1F1B only when pp > 1; vpp > 1 only with the interleaved schedule;
 // ZeRO 2 and 3 only without pipeline parallelism (DeepSpeed does not combine them, and
 // their per-micro-batch traffic makes no sense under a pipeline). Placement and validation
-// are computed once per dim split and schedule, not per recompute or ZeRO choice.
+// are computed once per dim split and schedule, not per recompute or ZeRO choice. Under
+// flash attention selective recompute equals none and is skipped when none is tried.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,23 @@
 
 namespace ndmesh::plan {
 
+/// Dims and options the user fixed (`ndmesh plan --tp 4,8 --max-zero 1 ...`). An empty list
+/// leaves that choice free; a list restricts it to its values.
+struct Constraints {
+  std::vector<std::int64_t> tp, cp, pp, dp, vpp, micro_batch;
+  int max_zero = 3;                   ///< highest ZeRO stage tried
+  std::vector<Schedule> schedules;    ///< empty: every schedule
+  std::vector<Recompute> recomputes;  ///< empty: every recompute mode
+  bool sequence_parallel = true;      ///< false: never use sequence parallelism
+  /// Blocks per pipeline chunk for every layout (pp*vpp entries); empty: balanced.
+  std::vector<std::int64_t> stage_layers;
+
+  /// True when anything is fixed.
+  bool any() const;
+  /// "tp=4,8 recompute=none,selective", or "none".
+  std::string text() const;
+};
+
 /// What to search.
 struct SearchOptions {
   std::int64_t gpus = 0;
@@ -28,6 +46,8 @@ struct SearchOptions {
   std::vector<std::int64_t> micro_batches = {1, 2, 4, 8};
   std::int64_t max_vpp = 8;  ///< largest virtual-stage count tried
   Precision precision = {};
+  Constraints constraints = {};
+  Attention attention = Attention::kStandard;  ///< the CLI defaults to flash
 };
 
 /// The outcome of a search.
@@ -43,8 +63,10 @@ struct SearchResult {
   std::vector<std::string> sample_problems;
 };
 
-/// Searches every layout of `options.gpus` GPUs. ConfigError when the options themselves
-/// are bad (gpus, seq or global batch below 1).
+/// Searches every layout of `options.gpus` GPUs that meets the constraints. ConfigError when
+/// the options themselves are bad (gpus, seq or global batch below 1), or when the
+/// constraints leave no valid layout (naming the constraints and the first conflict, e.g.
+/// "--tp 3: heads=32 is not divisible by tp=3").
 SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOptions& options);
 
 }  // namespace ndmesh::plan

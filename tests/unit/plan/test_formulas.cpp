@@ -144,6 +144,83 @@ TEST(Activations, FirstStageOf175bWithPipeline) {
   EXPECT_DOUBLE_EQ(mem.activations, 55767465984.0);
 }
 
+// Flash attention (Dao et al. 2022): Korthikanti's 5as/h term is gone and 4 a s b / t
+// bytes of fp32 log-sum-exp are kept. GPT-3 175B, s = 2048, b = 1, a = 96:
+// 4 a s b = 786,432 bytes per layer.
+double flash_layer(Recompute r, std::int64_t tp, bool sp) {
+  return activation_bytes_per_layer(
+      model_preset("gpt3-175b"), 2048, 1,
+      {.tp = tp, .sequence_parallel = sp, .recompute = r, .attention = Attention::kFlash});
+}
+
+TEST(Activations, FlashDropsTheScoreTerm) {
+  // No parallelism: 34 sbh + 4as = 855,638,016 + 786,432
+  EXPECT_DOUBLE_EQ(flash_layer(Recompute::kNone, 1, false), 34 * kSbh + 786432.0);
+  EXPECT_DOUBLE_EQ(flash_layer(Recompute::kNone, 1, false), 856424448.0);
+  // TP 8: sbh(10 + 24/8) + 4as/8 = 327,155,712 + 98,304
+  EXPECT_DOUBLE_EQ(flash_layer(Recompute::kNone, 8, false), 327254016.0);
+  // TP 8 + SP: 34 sbh/8 + 4as/8 = 106,954,752 + 98,304
+  EXPECT_DOUBLE_EQ(flash_layer(Recompute::kNone, 8, true), 107053056.0);
+  // Selective recompute has nothing more to drop under flash attention.
+  EXPECT_DOUBLE_EQ(flash_layer(Recompute::kSelective, 8, true), 107053056.0);
+  // Full recompute keeps the layer input only, whatever the attention: 2sbh/8.
+  EXPECT_DOUBLE_EQ(flash_layer(Recompute::kFull, 8, true), 6291456.0);
+}
+
+TEST(Flops, FlashRecomputesTheScores) {
+  // Flash attention's backward recomputes Q K^T: 2 b s^2 h per layer, B = 1536.
+  const PlanModel m = model_preset("gpt3-175b");
+  const double b = 1536, s = 2048, l = 96, h = 12288, v = 51200;
+  EXPECT_DOUBLE_EQ(recompute_flops_per_step(m, s, b, Recompute::kNone, Attention::kFlash),
+                   2 * b * s * s * h * l);
+  EXPECT_DOUBLE_EQ(recompute_flops_per_step(m, s, b, Recompute::kSelective, Attention::kFlash),
+                   2 * b * s * s * h * l);
+  // Full recompute: Narayanan's 96 (one more forward) plus the flash backward's Q K^T.
+  const double full = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h));
+  EXPECT_NEAR(
+      model_flops_per_step(m, s, b) + recompute_flops_per_step(m, s, b, Recompute::kFull, Attention::kFlash),
+      full + 2 * b * s * s * h * l, 1e-12 * full);
+  // Standard attention without recompute recomputes nothing.
+  EXPECT_EQ(recompute_flops_per_step(m, s, b, Recompute::kNone, Attention::kStandard), 0.0);
+}
+
+TEST(Attention, ParseNamesAndErrors) {
+  EXPECT_EQ(parse_attention("flash"), Attention::kFlash);
+  EXPECT_EQ(parse_attention("standard"), Attention::kStandard);
+  try {
+    parse_attention("sparse");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--attention 'sparse'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Pipeline, UnevenStagesUseTheBalancedPartition) {
+  // GPT-3 1.7B has 24 layers; pp = 5 gives chunks 5,5,5,5,4 (balanced_partition), so the
+  // heaviest rank holds 5 blocks (not 24/5 = 4.8) and the first stage, with the most
+  // micro-batches in flight (5 under 1F1B), is the worst: 5 layers x 5 in flight.
+  const PlanModel m = model_preset("gpt3-1.7b");
+  const Workload w{.seq = 2048, .global_batch = 10};
+  const Layout l{.tp = 1, .cp = 1, .pp = 5, .dp = 1, .recompute = Recompute::kSelective};
+  const MemoryBreakdown mem = estimate_memory(m, l, w);
+  EXPECT_EQ(mem.stage, 0);
+  EXPECT_EQ(mem.layers_on_stage, 5);
+  EXPECT_EQ(mem.in_flight, 5);
+  // An explicit partition 4,5,5,5,5 moves a block off the first stage.
+  Layout explicit_split = l;
+  explicit_split.stage_layers = {4, 5, 5, 5, 5};
+  EXPECT_EQ(estimate_memory(m, explicit_split, w).layers_on_stage, 4);
+  // Time: the slowest rank is the last (4 blocks + the logits, more than 5 blocks: the
+  // logits 2hV = 236M FLOPs per token outweigh a block's 24h^2 + 4sh = 146M); per block
+  // 3 B s (2 x 12h^2 + 4sh) FLOPs with h = 2304, plus 3 B s 2hV logits, at 312 x 0.6 TFLOP/s.
+  const Hardware hw = hardware_preset("a100-80gb");
+  const double b = 10, s = 2048, h = 2304, v = 51200;
+  const double block = 3 * b * s * (2 * 12 * h * h + 4 * s * h);
+  const double logits = 3 * b * s * 2 * h * v;
+  const Estimate e = estimate(m, hw, l, w);
+  EXPECT_NEAR(e.time.compute, (4 * block + logits) / (312e12 * 0.6), 1e-9);
+}
+
 TEST(Activations, ContextParallelDividesTheSequence) {
   // cp = 2 is the same as half the sequence.
   const PlanModel m = model_preset("llama3-8b");

@@ -1,0 +1,283 @@
+// `ndmesh calibrate`: measures on this machine what the planner's time model needs and
+// writes a hardware file that `ndmesh plan --hardware FILE` reads (docs/readme/plan.md).
+//
+//   mpirun -np 2 ndmesh calibrate --seconds 10 --output host.toml
+//   ndmesh calibrate --output host.toml          (one rank: matrix multiplications only)
+//
+// Every rank multiplies matrices at the same time (as in training, they share the cores)
+// with the BLAS thread count `ndmesh train` would use; the rate of the slowest rank is the
+// planner's FLOP/s per "GPU". Inside a node (the ranks of one shared-memory split) it times
+// all-reduce, all-gather and a point-to-point ping-pong at a small size (latency) and a
+// large one (bandwidth); across nodes (the ranks with the same local rank) the all-reduce
+// again. Bandwidths are bus bandwidths: all-reduce 2 (n-1)/n x bytes / time, all-gather
+// (n-1)/n x gathered bytes / time, point-to-point bytes / one-way time.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "ndmesh/comm/communicator.hpp"
+#include "ndmesh/core/error.hpp"
+#include "ndmesh/plan/hardware_file.hpp"
+#include "ndmesh/tensor/blas.hpp"
+#include "subcommand.hpp"
+
+namespace ndmesh::cli {
+namespace {
+
+using comm::Communicator;
+using comm::ReduceOp;
+using Clock = std::chrono::steady_clock;
+
+struct CalibrateOptions {
+  std::string output = "hardware.toml";
+  double seconds = 10;
+  std::int64_t threads = 0;
+  std::int64_t gemm_size = 512;
+  std::int64_t bytes = 4 << 20;
+  double memory_gib = 0;
+  std::string name;
+  bool json = false;
+};
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Runs `op` repeatedly on every member of `c` for about `budget` seconds and returns the
+// mean seconds per call of the slowest member. The count is fixed from a first call on
+// group rank 0, so every member runs the same number of (collective) calls.
+template <typename Op>
+double time_op(const Communicator& c, double budget, const Op& op) {
+  c.barrier();
+  auto t0 = Clock::now();
+  op();
+  double first = seconds_since(t0);
+  c.broadcast(std::span<double>(&first, 1), 0);
+  std::int64_t iters =
+      std::clamp<std::int64_t>(static_cast<std::int64_t>(budget / std::max(first, 1e-7)), 3, 1000000);
+  c.barrier();
+  t0 = Clock::now();
+  for (std::int64_t i = 0; i < iters; ++i) op();
+  double mean = seconds_since(t0) / static_cast<double>(iters);
+  c.all_reduce(std::span<double>(&mean, 1), {.op = ReduceOp::kMax});
+  return mean;
+}
+
+double total_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemTotal:") return kb * 1024.0;
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+}
+
+struct CommNumbers {
+  double allreduce_gbps = 0, allreduce_latency_us = 0;
+  double allgather_gbps = 0, allgather_latency_us = 0;
+  double p2p_gbps = 0, p2p_latency_us = 0;
+};
+
+// All-reduce, all-gather and ping-pong between group ranks 0 and 1 of `c` (size >= 2).
+CommNumbers measure_group(const Communicator& c, std::int64_t bytes, double budget) {
+  const auto n = static_cast<double>(c.size());
+  const std::size_t count = static_cast<std::size_t>(std::max<std::int64_t>(bytes / 4, 1));
+  const double big = static_cast<double>(count) * 4;
+  std::vector<float> buf(count, 1.0f), small(2, 1.0f);
+  CommNumbers r;
+  const double slice = budget / 6;
+  double t = time_op(c, slice, [&] { c.all_reduce(std::span<float>(small)); });
+  r.allreduce_latency_us = t * 1e6;
+  t = time_op(c, slice, [&] { c.all_reduce(std::span<float>(buf)); });
+  r.allreduce_gbps = 2 * (n - 1) / n * big / t / 1e9;
+
+  const std::size_t part = std::max<std::size_t>(count / static_cast<std::size_t>(c.size()), 1);
+  std::vector<float> in(part, 1.0f), out(part * static_cast<std::size_t>(c.size()));
+  std::vector<float> in_small(2, 1.0f), out_small(2 * static_cast<std::size_t>(c.size()));
+  t = time_op(c, slice, [&] { c.all_gather(std::span<const float>(in_small), std::span<float>(out_small)); });
+  r.allgather_latency_us = t * 1e6;
+  t = time_op(c, slice, [&] { c.all_gather(std::span<const float>(in), std::span<float>(out)); });
+  r.allgather_gbps = (n - 1) / n * static_cast<double>(out.size()) * 4 / t / 1e9;
+
+  // Ping-pong: rank 0 sends, rank 1 returns; the others only take part in the timing's
+  // barriers and reductions. One round trip is two one-way transfers.
+  auto ping = [&](std::span<float> data) {
+    return [&c, data] {
+      if (c.rank() == 0) {
+        c.send(std::span<const float>(data), 1);
+        c.recv(data, 1);
+      } else if (c.rank() == 1) {
+        c.recv(data, 0);
+        c.send(std::span<const float>(data), 0);
+      }
+    };
+  };
+  t = time_op(c, slice, ping(std::span<float>(small)));
+  r.p2p_latency_us = t / 2 * 1e6;
+  t = time_op(c, slice, ping(std::span<float>(buf)));
+  r.p2p_gbps = big / (t / 2) / 1e9;
+  return r;
+}
+
+nlohmann::json comm_json(const CommNumbers& c) {
+  return {{"allreduce_gbps", c.allreduce_gbps},
+          {"allreduce_latency_us", c.allreduce_latency_us},
+          {"allgather_gbps", c.allgather_gbps},
+          {"allgather_latency_us", c.allgather_latency_us},
+          {"p2p_gbps", c.p2p_gbps},
+          {"p2p_latency_us", c.p2p_latency_us}};
+}
+
+std::string comm_toml(const char* prefix, const CommNumbers& c) {
+  return fmt::format(
+      "{0}_allreduce_gbps = {1:.6g}\n{0}_allreduce_latency_us = {2:.6g}\n{0}_allgather_gbps = {3:.6g}\n"
+      "{0}_allgather_latency_us = {4:.6g}\n{0}_p2p_gbps = {5:.6g}\n{0}_p2p_latency_us = {6:.6g}\n",
+      prefix, c.allreduce_gbps, c.allreduce_latency_us, c.allgather_gbps, c.allgather_latency_us, c.p2p_gbps,
+      c.p2p_latency_us);
+}
+
+int run(const CalibrateOptions& o) {
+  NDMESH_CHECK_CONFIG(o.seconds > 0 && o.seconds <= 3600, "calibrate",
+                      "--seconds {} must be in (0, 3600], e.g. --seconds 10", o.seconds);
+  NDMESH_CHECK_CONFIG(o.threads >= 0 && o.threads <= 1024, "calibrate",
+                      "--threads {} must be 0 (NDMESH_THREADS, else the core count) to 1024", o.threads);
+  NDMESH_CHECK_CONFIG(o.gemm_size >= 16 && o.gemm_size <= 8192, "calibrate",
+                      "--gemm-size {} must be 16 to 8192, e.g. --gemm-size 512", o.gemm_size);
+  NDMESH_CHECK_CONFIG(o.bytes >= 1024 && o.bytes <= (std::int64_t{1} << 30), "calibrate",
+                      "--bytes {} must be 1024 to 1073741824, e.g. --bytes 4194304", o.bytes);
+  NDMESH_CHECK_CONFIG(o.memory_gib >= 0, "calibrate", "--memory-gib {} must be positive (or 0: measured)",
+                      o.memory_gib);
+  NDMESH_CHECK_CONFIG(!o.output.empty(), "calibrate",
+                      "--output '' must name a file, e.g. --output host.toml");
+
+  Communicator world = Communicator::world();
+  const LaunchEnv launch = comm::resolve_launch_env(world);
+  Communicator node = world.split_node();
+  std::int64_t nodes = *launch.node_rank + 1;
+  world.all_reduce(std::span<std::int64_t>(&nodes, 1), {.op = ReduceOp::kMax});
+  std::int64_t per_node = node.size();
+  world.all_reduce(std::span<std::int64_t>(&per_node, 1), {.op = ReduceOp::kMax});
+
+  const int threads = o.threads > 0 ? static_cast<int>(o.threads)
+                                    : threads_from_env(static_cast<int>(std::thread::hardware_concurrency()));
+  set_blas_threads(threads);
+  const bool any_comm = world.size() > 1;
+  const double gemm_budget = any_comm ? o.seconds * 0.4 : o.seconds;
+  const double node_budget = nodes > 1 ? o.seconds * 0.3 : o.seconds * 0.6;
+
+  // Matrix multiplications on every rank at once: C = A B, n x n x n, 2 n^3 FLOPs.
+  const std::int64_t n = o.gemm_size;
+  std::vector<float> a(static_cast<std::size_t>(n * n), 0.5f), b(a.size(), 0.25f), c(a.size(), 0.0f);
+  auto mm = [&] { gemm<float>(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); };
+  mm();  // warm up (BLAS thread start, page faults)
+  const double gemm_s = time_op(world, gemm_budget, mm);
+  const double flops =
+      2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / gemm_s;
+
+  CommNumbers intra, inter;
+  if (node.size() > 1) intra = measure_group(node, o.bytes, node_budget);
+  // Across nodes: the ranks with the same local rank, one per node.
+  Communicator across = world.split(node.rank(), world.rank(), "across");
+  if (nodes > 1 && across.size() > 1) inter = measure_group(across, o.bytes, o.seconds * 0.3);
+  // Every rank needs the numbers of the groups it was not in only on rank 0, which writes:
+  // the node group of rank 0 and the across group of local rank 0 both contain world rank 0.
+
+  if (world.rank() != 0) return 0;
+  const double memory = o.memory_gib > 0 ? o.memory_gib * 1024.0 * 1024.0 * 1024.0
+                                         : total_memory_bytes() / static_cast<double>(per_node);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  plan::Hardware hw;
+  hw.name = o.name.empty() ? fmt::format("calibrated-{}", host) : o.name;
+  hw.memory_bytes = memory;
+  hw.reserved_bytes = 0;
+  hw.peak_flops = flops;
+  hw.achievable_fraction = 1.0;
+  // One rank per node measures no link: fall back to a large number so the planner's
+  // communication terms stay small (no data moves in a one-rank layout anyway).
+  const double intra_bw = node.size() > 1 ? intra.allreduce_gbps * 1e9 : 1e12;
+  hw.intra_node_bw = intra_bw;
+  hw.inter_node_bw = nodes > 1 ? inter.allreduce_gbps * 1e9 : intra_bw;
+  hw.gpus_per_node = per_node;
+  hw.source = fmt::format(
+      "ndmesh calibrate on {} ({} ranks, {} node{}, {} BLAS thread{} per rank, sgemm {}^3, {} B messages)",
+      host, world.size(), nodes, nodes == 1 ? "" : "s", threads, threads == 1 ? "" : "s", n, o.bytes);
+
+  std::string text = "# Written by `ndmesh calibrate`; read by `ndmesh plan --hardware FILE`.\n";
+  text += "# peak_tflops is the measured fp32 sgemm rate of the slowest rank, so achievable_fraction = 1.\n";
+  text += plan::hardware_file_text(hw);
+  text += fmt::format(
+      "\n[measured]\nranks = {}\nnodes = {}\nthreads = {}\ngemm_size = {}\ngemm_tflops = {:.6g}\n",
+      world.size(), nodes, threads, n, flops / 1e12);
+  text += fmt::format("message_bytes = {}\nseconds = {:.6g}\n", o.bytes, o.seconds);
+  if (node.size() > 1) text += comm_toml("intra", intra);
+  if (nodes > 1) text += comm_toml("inter", inter);
+  {
+    std::ofstream out(o.output);
+    NDMESH_CHECK_CONFIG(static_cast<bool>(out), "calibrate", "--output {}: cannot write the file", o.output);
+    out << text;
+  }
+  if (o.json) {
+    nlohmann::json j{{"output", o.output},
+                     {"ranks", world.size()},
+                     {"nodes", nodes},
+                     {"threads", threads},
+                     {"gemm_tflops", flops / 1e12},
+                     {"memory_gib", memory / (1024.0 * 1024.0 * 1024.0)}};
+    if (node.size() > 1) j["intra"] = comm_json(intra);
+    if (nodes > 1) j["inter"] = comm_json(inter);
+    fmt::print("{}\n", j.dump());
+  } else {
+    fmt::print("sgemm {}^3: {:.2f} GFLOP/s per rank ({} thread{}, slowest of {} ranks)\n", n, flops / 1e9,
+               threads, threads == 1 ? "" : "s", world.size());
+    if (node.size() > 1)
+      fmt::print(
+          "inside a node ({} ranks): all-reduce {:.2f} GB/s bus, {:.1f} us; all-gather {:.2f} GB/s, {:.1f} "
+          "us; "
+          "point-to-point {:.2f} GB/s, {:.1f} us\n",
+          node.size(), intra.allreduce_gbps, intra.allreduce_latency_us, intra.allgather_gbps,
+          intra.allgather_latency_us, intra.p2p_gbps, intra.p2p_latency_us);
+    if (nodes > 1)
+      fmt::print(
+          "across {} nodes: all-reduce {:.2f} GB/s bus, {:.1f} us; point-to-point {:.2f} GB/s, {:.1f} us\n",
+          nodes, inter.allreduce_gbps, inter.allreduce_latency_us, inter.p2p_gbps, inter.p2p_latency_us);
+    fmt::print("wrote {}\n", o.output);
+  }
+  return 0;
+}
+
+Action setup(CLI::App& app) {
+  auto o = std::make_shared<CalibrateOptions>();
+  app.add_option("--output", o->output, "Hardware file to write (TOML)")->capture_default_str();
+  app.add_option("--seconds", o->seconds, "Time budget of the whole measurement")->capture_default_str();
+  app.add_option("--threads", o->threads,
+                 "BLAS threads per rank (0: NDMESH_THREADS, else the core count, as "
+                 "`ndmesh train`)")
+      ->capture_default_str();
+  app.add_option("--gemm-size", o->gemm_size, "n of the n x n x n sgemm timed")->capture_default_str();
+  app.add_option("--bytes", o->bytes, "Message size for the bandwidths")->capture_default_str();
+  app.add_option("--memory-gib", o->memory_gib,
+                 "Memory per rank to record (0: physical memory / ranks per node)")
+      ->capture_default_str();
+  app.add_option("--name", o->name, "Name in the file (default calibrated-<host>)");
+  app.add_flag("--json", o->json, "Print the numbers as one JSON line");
+  app.footer(
+      "Run under mpirun on the ranks the plan is for (e.g. mpirun -np 2), or alone. See "
+      "docs/readme/plan.md.");
+  return [o] { return run(*o); };
+}
+
+const Subcommand kCalibrate{"calibrate",
+                            "Measure matmul and communication rates; write a hardware file for plan", setup};
+
+}  // namespace
+}  // namespace ndmesh::cli
