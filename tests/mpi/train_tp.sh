@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tensor-parallel training with real processes: tp 1, 2 and 4 with and without sequence
 # parallelism, tied and untied heads, grouped-query attention, micro-batches, and dp 2 x
-# tp 2 in both orders with ZeRO: the losses of 20 steps equal the serial run's (the same
+# tp 2 in both orders with ZeRO, cp 2 x tp 2: the losses of 20 steps equal the serial run's (the same
 # binary, the same flags without the layout) within 1e-5 relative. Also: the per-rank
 # parameter count is serial / tp apart from the replicated norms, biases and positions;
 # one step's tp communication equals its closed form (calls and bytes per collective);
@@ -60,6 +60,7 @@ check wide_untied 4 tp4_sp_untied "${wide[@]}" --untied --tp 4 --sequence-parall
 check gqa 4 dp2_tp2 "${gqa[@]}" --dp 2 --tp 2
 check gqa 4 dp2_tp2_sp "${gqa[@]}" --dp 2 --tp 2 --sequence-parallel
 check gqa 4 dp2_tp2_sp_zero1 "${gqa[@]}" --dp 2 --tp 2 --sequence-parallel --zero 1 --bucket-mb 0.01
+check gqa 4 cp2_tp2_sp "${gqa[@]}" --cp 2 --tp 2 --sequence-parallel
 check gqa_untied 4 tp2_dp2_order_zero2 "${gqa[@]}" --untied --dp 2 --tp 2 --order tp,dp --zero 2 --micro-batch 3
 
 # Parameters: the logical count is the serial one; a rank holds 1/tp of every split
