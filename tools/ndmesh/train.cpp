@@ -262,6 +262,7 @@ int train(Options o, comm::Communicator& world) {
   std::vector<double> losses, grad_norms;
   double comm_seconds = 0, exposed_seconds = 0, step_seconds = 0;
   parallel::TpCommStats tp_comm;  // of the last step
+  double tp_seconds = 0;          // in tp communication, all steps
   const double tokens_per_step = static_cast<double>(trainer.tokens_per_step());
   while (trainer.steps_done() < stop) {
     parallel::StepStats s = trainer.step();
@@ -274,6 +275,7 @@ int train(Options o, comm::Communicator& world) {
     exposed_seconds += s.exposed_comm_seconds;
     step_seconds += s.seconds;
     tp_comm = s.tp_comm;
+    tp_seconds += s.tp_comm.seconds;
     if (o.save_every > 0 && s.step % o.save_every == 0 && s.step < stop) trainer.save(o.save);
     if (!lead) continue;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
@@ -300,7 +302,7 @@ int train(Options o, comm::Communicator& world) {
   // this is the same file, not a held-out split.)
   const double final_loss = o.eval_batches > 0 ? trainer.evaluate(o.eval_batches) : last_loss;
   // Rank 0 reports the slowest rank's communication and the largest memory.
-  std::array<double, 3> slowest = {comm_seconds, exposed_seconds, step_seconds};
+  std::array<double, 4> slowest = {comm_seconds, exposed_seconds, step_seconds, tp_seconds};
   world.all_reduce(std::span<double>(slowest), {.op = comm::ReduceOp::kMax});
   const parallel::MemoryBytes mem = trainer.memory();
   if (!lead) return 0;
@@ -341,6 +343,7 @@ int train(Options o, comm::Communicator& world) {
     j["tp_comm_per_step"] = {{"all_reduce", count(tp_comm.all_reduce)},
                              {"all_gather", count(tp_comm.all_gather)},
                              {"reduce_scatter", count(tp_comm.reduce_scatter)}};
+    j["tp_comm_seconds"] = slowest[3] / steps_run;  // per step, the slowest rank
     j["allreduce"] = o.allreduce;
     j["losses"] = losses;
     j["grad_norms"] = grad_norms;

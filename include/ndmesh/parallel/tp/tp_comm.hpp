@@ -28,6 +28,7 @@ struct TpCommStats {
   CommCount all_reduce;      ///< sums and maxima (activations, losses, sequence-parallel gradients, norms)
   CommCount all_gather;      ///< sequence parallelism: before the column-parallel linears
   CommCount reduce_scatter;  ///< sequence parallelism: after the row-parallel linears
+  double seconds = 0;        ///< wall time inside these calls (blocking: waiting for peers included)
   void reset() { *this = {}; }
 };
 
