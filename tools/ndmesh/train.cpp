@@ -194,8 +194,10 @@ int train(Options o, comm::Communicator& world) {
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : std::max<std::int64_t>(1, o.batch / dp);
   // A context-parallel rank keeps the activations of its seq / cp tokens.
   const std::int64_t local_seq = std::max<std::int64_t>(1, o.seq / std::max<std::int64_t>(1, layout.mesh.size_of("cp")));
+  // A tensor-parallel rank holds about 1/tp of the parameters and activations.
   const double need_bytes = model::gpt_memory_elements(t.model, micro, local_seq) * sizeof(float) * 3 / 2 *
-                            static_cast<double>(world.size());
+                            static_cast<double>(world.size()) /
+                            static_cast<double>(std::max<std::int64_t>(1, layout.mesh.size_of("tp")));
   const double have_bytes =
       static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
   if (have_bytes > 0 && need_bytes > 0.8 * have_bytes)
