@@ -43,9 +43,10 @@ std::vector<std::string> gpt_tp_problems(const ModelSpec& s, std::int64_t tp, bo
   if (tp <= 1) return out;
   auto need = [&](const char* flag, std::int64_t v, const char* why) {
     if (v % tp != 0)
-      out.push_back(fmt::format("--tp={} does not divide {}={} ({}); use a {} that is a multiple of {} or a --tp "
-                                "that divides {}",
-                                tp, flag, v, why, flag, tp, v));
+      out.push_back(
+          fmt::format("--tp={} does not divide {}={} ({}); use a {} that is a multiple of {} or a --tp "
+                      "that divides {}",
+                      tp, flag, v, why, flag, tp, v));
   };
   need("--heads", s.heads, "query heads are split over tp");
   need("--kv-heads", s.kv_heads_or_heads(),
@@ -53,9 +54,10 @@ std::vector<std::string> gpt_tp_problems(const ModelSpec& s, std::int64_t tp, bo
   need("--ffn", s.ffn_or_default(), "the MLP width is split over tp");
   need("--vocab", s.vocab, "the embedding, the LM head and the cross-entropy are split on the vocabulary");
   if (sp && rows % tp != 0)
-    out.push_back(fmt::format("--sequence-parallel with --tp={}: the {} token rows of a micro-batch (micro-batch x "
-                              "--seq) are not divisible by {}; pick --seq or --micro-batch so they are",
-                              tp, rows, tp));
+    out.push_back(
+        fmt::format("--sequence-parallel with --tp={}: the {} token rows of a micro-batch (micro-batch x "
+                    "--seq) are not divisible by {}; pick --seq or --micro-batch so they are",
+                    tp, rows, tp));
   return out;
 }
 
@@ -106,7 +108,8 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
   NDMESH_CHECK_CONFIG(0 <= first_block_ && first_block_ < last_block_ && last_block_ <= spec.layers, "model",
                       "stage blocks [{}, {}) are not a non-empty range of the model's {} layers",
                       first_block_, last_block_, spec.layers);
-  if (auto problems = gpt_tp_problems(spec, tp_.size(), tp_.sequence_parallel, batch_ * seq_); !problems.empty())
+  if (auto problems = gpt_tp_problems(spec, tp_.size(), tp_.sequence_parallel, batch_ * seq_);
+      !problems.empty())
     fail<ConfigError>("model", "{}", fmt::join(problems, "; "));
   const nn::TpShape tps = tp_.shape();
   if (first_block_ == 0)
@@ -117,16 +120,18 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
   blocks_.reserve(static_cast<std::size_t>(last_block_ - first_block_));
   for (std::int64_t l = first_block_; l < last_block_; ++l) {
     block_offset_.push_back(store_.size());
-    blocks_.emplace_back(store_, nn::BlockOptions{.channels = spec.hidden,
-                                                  .heads = spec.heads,
-                                                  .kv_heads = spec.kv_heads_or_heads(),
-                                                  .ffn = spec.ffn_or_default(),
-                                                  .name = fmt::format("block.{}", l)},
+    blocks_.emplace_back(store_,
+                         nn::BlockOptions{.channels = spec.hidden,
+                                          .heads = spec.heads,
+                                          .kv_heads = spec.kv_heads_or_heads(),
+                                          .ffn = spec.ffn_or_default(),
+                                          .name = fmt::format("block.{}", l)},
                          tp_);
   }
   head_offset_ = store_.size();
   if (last_block_ == spec.layers) {
-    lnf_.emplace(store_, nn::LayerNormOptions{.channels = spec.hidden, .name = "ln_f", .shard = tps.replicated()});
+    lnf_.emplace(store_,
+                 nn::LayerNormOptions{.channels = spec.hidden, .name = "ln_f", .shard = tps.replicated()});
     int tied = -1;
     if (spec.tied_embeddings) {
       // A last stage without the embedding keeps its own copy of the token table under the
@@ -135,9 +140,10 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
                     : store_.add("embed.tokens", {spec.vocab / tps.size, spec.hidden}, true,
                                  tps.rows({spec.vocab, spec.hidden}));
     }
-    head_.emplace(store_,
-                  nn::LmHeadOptions{
-                      .vocab = spec.vocab, .channels = spec.hidden, .tied_weight = tied, .name = "lm_head", .tp = tps});
+    head_.emplace(
+        store_,
+        nn::LmHeadOptions{
+            .vocab = spec.vocab, .channels = spec.hidden, .tied_weight = tied, .name = "lm_head", .tp = tps});
   }
   store_.allocate(options.pad_to);
   init(options.seed, options.init_std);
@@ -245,9 +251,9 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
     std::copy(targets, targets + n, a.targets.begin());
   else
     std::fill(a.targets.begin(), a.targets.end(), 0);
-  const double loss =
-      nn::CrossEntropy<T>::forward(a.probs.data(), a.targets.data(), a.probs.data(), a.losses.data(), n,
-                                   head_->local_vocab(), head_->local_vocab() * tp_.rank(), spec_.vocab, *tp_.comm);
+  const double loss = nn::CrossEntropy<T>::forward(a.probs.data(), a.targets.data(), a.probs.data(),
+                                                   a.losses.data(), n, head_->local_vocab(),
+                                                   head_->local_vocab() * tp_.rank(), spec_.vocab, *tp_.comm);
   return a.have_targets ? loss : std::numeric_limits<double>::quiet_NaN();
 }
 
@@ -306,7 +312,8 @@ void GptT<T>::sum_tp_grads(std::int64_t from, std::int64_t to) {
   std::size_t at = 0;
   for (const auto& v : store_.views())
     if (v.shard.grad_sum && v.offset >= from && v.offset < to) {
-      std::copy_n(tp_grad_work_.begin() + static_cast<std::ptrdiff_t>(at), v.numel, store_.grads().begin() + v.offset);
+      std::copy_n(tp_grad_work_.begin() + static_cast<std::ptrdiff_t>(at), v.numel,
+                  store_.grads().begin() + v.offset);
       at += static_cast<std::size_t>(v.numel);
     }
 }

@@ -24,8 +24,8 @@ template <typename T>
 TpContext<T> checked(const BlockOptions& o, TpContext<T> tp) {
   const int t = tp.size();
   NDMESH_CHECK(o.heads % t == 0 && o.kv_heads % t == 0 && o.ffn % t == 0, "nn",
-               "block '{}': tp={} must divide heads={}, kv_heads={} and ffn={}", o.name, t, o.heads, o.kv_heads,
-               o.ffn);
+               "block '{}': tp={} must divide heads={}, kv_heads={} and ffn={}", o.name, t, o.heads,
+               o.kv_heads, o.ffn);
   return tp;
 }
 }  // namespace
@@ -34,7 +34,9 @@ template <typename T>
 Block<T>::Block(ParamStore<T>& store, BlockOptions options, TpContext<T> tp)
     : options_(resolved(std::move(options))),
       tp_(checked(options_, std::move(tp))),
-      ln1_(store, {.channels = options_.channels, .name = options_.name + ".ln1", .shard = tp_.shape().replicated()}),
+      ln1_(
+          store,
+          {.channels = options_.channels, .name = options_.name + ".ln1", .shard = tp_.shape().replicated()}),
       attn_({.heads = options_.heads / tp_.size(),
              .kv_heads = options_.kv_heads / tp_.size(),
              .head_dim = options_.head_dim}),
@@ -54,13 +56,16 @@ Block<T>::Block(ParamStore<T>& store, BlockOptions options, TpContext<T> tp)
                         {options_.heads * options_.head_dim, options_.kv_heads * options_.head_dim},
                         {(options_.heads + options_.kv_heads) * options_.head_dim,
                          options_.kv_heads * options_.head_dim}})}),
-      proj_(store, {.in = attn_.out_width(),
-                    .out = options_.channels,
-                    .name = options_.name + ".attn.proj",
-                    .weight_shard = tp_.shape().columns({options_.channels, options_.heads * options_.head_dim}),
-                    .bias_shard = tp_.shape().replicated(),
-                    .deferred_bias = true}),
-      ln2_(store, {.channels = options_.channels, .name = options_.name + ".ln2", .shard = tp_.shape().replicated()}),
+      proj_(store,
+            {.in = attn_.out_width(),
+             .out = options_.channels,
+             .name = options_.name + ".attn.proj",
+             .weight_shard = tp_.shape().columns({options_.channels, options_.heads * options_.head_dim}),
+             .bias_shard = tp_.shape().replicated(),
+             .deferred_bias = true}),
+      ln2_(
+          store,
+          {.channels = options_.channels, .name = options_.name + ".ln2", .shard = tp_.shape().replicated()}),
       mlp_(store, {.channels = options_.channels,
                    .ffn = options_.ffn,
                    .name = options_.name + ".mlp",
@@ -164,8 +169,8 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   poll();
   s.dqkv.zero();
   if (core)
-    core->backward(attn_, s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq,
-                   positions);
+    core->backward(attn_, s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch,
+                   seq, positions);
   else
     attn_.backward(s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq,
                    positions);

@@ -51,8 +51,8 @@ double CrossEntropy<T>::forward(const T* logits, const std::int32_t* targets, T*
                                 std::int64_t vocab, TpComm<T>& comm) {
   std::vector<T> mx(static_cast<std::size_t>(rows)), sums(static_cast<std::size_t>(2 * rows));
   for (std::int64_t r = 0; r < rows; ++r) {
-    NDMESH_CHECK(targets[r] >= 0 && targets[r] < vocab, "nn", "target {} at row {} is outside [0, {})", targets[r],
-                 r, vocab);
+    NDMESH_CHECK(targets[r] >= 0 && targets[r] < vocab, "nn", "target {} at row {} is outside [0, {})",
+                 targets[r], r, vocab);
     const T* z = logits + r * local_vocab;
     mx[static_cast<std::size_t>(r)] = *std::max_element(z, z + local_vocab);
   }

@@ -61,8 +61,9 @@ void Embedding<T>::forward_at(const std::int32_t* tokens, T* out, std::int64_t b
   T* part = tp_.sequence_parallel ? work_.data() : out;
   for (std::int64_t r = 0; r < n; ++r) {
     const std::int32_t tok = tokens[r];
-    NDMESH_CHECK(tok >= 0 && tok < options_.vocab, "nn", "token {} at batch {} position {} is outside [0, {})",
-                 tok, r / seq, positions[r % seq], options_.vocab);
+    NDMESH_CHECK(tok >= 0 && tok < options_.vocab, "nn",
+                 "token {} at batch {} position {} is outside [0, {})", tok, r / seq, positions[r % seq],
+                 options_.vocab);
     T* o = part + r * c;
     const std::int64_t local = tok - vocab_start_;
     if (local >= 0 && local < local_vocab_)
@@ -79,8 +80,8 @@ void Embedding<T>::forward_at(const std::int32_t* tokens, T* out, std::int64_t b
 }
 
 template <typename T>
-void Embedding<T>::backward_at(const T* dout, const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
-                               const std::int64_t* positions) const {
+void Embedding<T>::backward_at(const T* dout, const std::int32_t* tokens, std::int64_t batch,
+                               std::int64_t seq, const std::int64_t* positions) const {
   const std::int64_t c = options_.channels, n = batch * seq;
   if (tp_.sequence_parallel) work_.resize(static_cast<std::size_t>(n * c));
   // The full d output (gathered under sequence parallelism): every rank computes the

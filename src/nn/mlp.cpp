@@ -21,8 +21,8 @@ Mlp<T>::Mlp(ParamStore<T>& store, MlpOptions options)
                     .weight_shard = options_.tp.columns({options_.channels, options_.ffn}),
                     .bias_shard = options_.tp.replicated(),
                     .deferred_bias = true}) {
-  NDMESH_CHECK(options_.ffn % options_.tp.size == 0, "nn", "mlp '{}': tp={} does not divide ffn={}", options_.name,
-               options_.tp.size, options_.ffn);
+  NDMESH_CHECK(options_.ffn % options_.tp.size == 0, "nn", "mlp '{}': tp={} does not divide ffn={}",
+               options_.name, options_.tp.size, options_.ffn);
 }
 
 template <typename T>

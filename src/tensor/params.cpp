@@ -68,9 +68,7 @@ std::vector<std::int64_t> ParamStore<T>::logical_offsets(std::int64_t* total) co
   return out;
 }
 
-std::int64_t ParamView::full_numel() const {
-  return shard.dim >= 0 ? shape_numel(shard.full_shape) : numel;
-}
+std::int64_t ParamView::full_numel() const { return shard.dim >= 0 ? shape_numel(shard.full_shape) : numel; }
 
 template <typename T>
 void copy_shard(const ParamShard& shard, const std::vector<std::int64_t>& local_shape, T* local, T* full,
@@ -105,7 +103,8 @@ void copy_shard(const ParamShard& shard, const std::vector<std::int64_t>& local_
   }
 }
 
-template void copy_shard<float>(const ParamShard&, const std::vector<std::int64_t>&, float*, float*, bool, int);
+template void copy_shard<float>(const ParamShard&, const std::vector<std::int64_t>&, float*, float*, bool,
+                                int);
 template void copy_shard<double>(const ParamShard&, const std::vector<std::int64_t>&, double*, double*, bool,
                                  int);
 

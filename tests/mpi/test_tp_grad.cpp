@@ -78,7 +78,8 @@ TEST_P(TpGrad, SliceOfSerialAndFiniteDifferences) {
     copy_shard(v.shard, v.shape, expected.data(), const_cast<double*>(serial.params().grad(id)), false);
     double worst = 0;
     for (std::int64_t i = 0; i < v.numel; ++i)
-      worst = std::max(worst, std::abs(store.grads()[static_cast<std::size_t>(v.offset + i)] - expected[static_cast<std::size_t>(i)]));
+      worst = std::max(worst, std::abs(store.grads()[static_cast<std::size_t>(v.offset + i)] -
+                                       expected[static_cast<std::size_t>(i)]));
     EXPECT_LT(worst, 1e-10) << "rank " << rank << " " << v.name << (v.shard.sharded() ? " (sharded)" : "");
   }
 
@@ -101,7 +102,8 @@ TEST_P(TpGrad, SliceOfSerialAndFiniteDifferences) {
         x = saved;
         if (!mine) continue;
         const double fd = (up - down) / (2 * h), g = analytic[static_cast<std::size_t>(v.offset + i)];
-        EXPECT_NEAR(g, fd, 1e-7 * std::max(1.0, std::abs(fd))) << "rank " << rank << " " << v.name << "[" << i << "]";
+        EXPECT_NEAR(g, fd, 1e-7 * std::max(1.0, std::abs(fd)))
+            << "rank " << rank << " " << v.name << "[" << i << "]";
         ++checked;
       }
     }
@@ -110,7 +112,8 @@ TEST_P(TpGrad, SliceOfSerialAndFiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, TpGrad,
-                         ::testing::Values(Case{true, false}, Case{false, false}, Case{true, true}, Case{false, true}),
+                         ::testing::Values(Case{true, false}, Case{false, false}, Case{true, true},
+                                           Case{false, true}),
                          [](const auto& info) {
                            return fmt::format("{}_{}", info.param.tied ? "tied" : "untied",
                                               info.param.sequence_parallel ? "sp" : "nosp");

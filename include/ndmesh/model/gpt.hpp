@@ -77,9 +77,9 @@ struct GptActivations {
   std::vector<nn::BlockActivations<T>> blocks;  ///< one per block of the stage
   Tensor<T> lnf, lnf_mean, lnf_rstd;            ///< final norm (last stage; local rows)
   Tensor<T> lnf_full;                           ///< sequence parallel: lnf gathered, [N, C]
-  Tensor<T> probs;                              ///< [N, V / tp] logits, then probabilities in place (last stage)
-  Tensor<T> losses;                             ///< [N] per-token loss (last stage)
-  Tensor<T> input_grad;                         ///< [N, C] d loss / d input after backward (later stages)
+  Tensor<T> probs;       ///< [N, V / tp] logits, then probabilities in place (last stage)
+  Tensor<T> losses;      ///< [N] per-token loss (last stage)
+  Tensor<T> input_grad;  ///< [N, C] d loss / d input after backward (later stages)
   bool have_targets = false;
 };
 

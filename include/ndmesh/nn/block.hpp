@@ -76,8 +76,9 @@ class Block {
   /// `progress`, when given, is called between the sub-layers (the caller drives
   /// communication in flight there, e.g. gradient buckets of later blocks).
   void backward(const T* dout, const T* inp, const BlockActivations<T>& acts, BlockScratch<T>& scratch,
-                T* dinp, std::int64_t batch, std::int64_t seq, const std::function<void()>* progress = nullptr,
-                const AttentionCore<T>* core = nullptr, const std::int64_t* positions = nullptr) const;
+                T* dinp, std::int64_t batch, std::int64_t seq,
+                const std::function<void()>* progress = nullptr, const AttentionCore<T>* core = nullptr,
+                const std::int64_t* positions = nullptr) const;
 
   /// The options it was built with.
   const BlockOptions& options() const { return options_; }

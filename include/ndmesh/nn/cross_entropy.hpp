@@ -27,7 +27,8 @@ struct CrossEntropy {
   /// logits. probs (may alias logits) gets this rank's part of the softmax, losses[rows]
   /// the full per-row losses (the same on every rank); returns their mean.
   static double forward(const T* logits, const std::int32_t* targets, T* probs, T* losses, std::int64_t rows,
-                        std::int64_t local_vocab, std::int64_t vocab_start, std::int64_t vocab, TpComm<T>& comm);
+                        std::int64_t local_vocab, std::int64_t vocab_start, std::int64_t vocab,
+                        TpComm<T>& comm);
   /// dlogits[rows, local_vocab] += (probs - onehot(target)) * scale, the one-hot only
   /// on the rank that holds the target.
   static void backward(const T* probs, const std::int32_t* targets, T* dlogits, std::int64_t rows,

@@ -51,8 +51,7 @@ struct TpShape {
 
   /// The shard of a [full_out, in] weight split on its rows (column-parallel; one
   /// range per entry of `pieces`, given for the full tensor as (start, total length)).
-  ParamShard rows(std::vector<std::int64_t> full_shape,
-                  std::vector<ParamShard::Piece> pieces = {}) const {
+  ParamShard rows(std::vector<std::int64_t> full_shape, std::vector<ParamShard::Piece> pieces = {}) const {
     ParamShard s{.dim = 0, .full_shape = std::move(full_shape), .rank = rank, .size = size};
     if (pieces.empty()) pieces.push_back({0, s.full_shape[0]});
     for (auto p : pieces) s.pieces.push_back({p.start, p.length / size});

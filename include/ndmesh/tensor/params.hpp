@@ -25,8 +25,8 @@ inline constexpr std::int64_t kParamAlign = 16;
 /// linear holds one range of rows of W [out, in], the row-parallel one a range of
 /// columns, the fused q|k|v projection three ranges of rows (its q, k and v heads).
 struct ParamShard {
-  int dim = -1;                            ///< -1: replicated (every tp rank holds all of it)
-  std::vector<std::int64_t> full_shape;    ///< shape of the serial parameter
+  int dim = -1;                          ///< -1: replicated (every tp rank holds all of it)
+  std::vector<std::int64_t> full_shape;  ///< shape of the serial parameter
   struct Piece {
     std::int64_t start = 0, length = 0;
   };
