@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <numbers>
 
 #include <fmt/format.h>
@@ -17,10 +18,10 @@ std::vector<std::string> unsupported_layout(const Mesh& mesh) {
     const char* dim;
     const char* what;
   };
-  for (auto [dim, what] : {Pending{"tp", "tensor parallelism"}, Pending{"pp", "pipeline parallelism"},
-                           Pending{"ep", "expert parallelism"}})
+  for (auto [dim, what] : {Pending{"pp", "pipeline parallelism"}, Pending{"ep", "expert parallelism"}})
     if (mesh.size_of(dim) > 1)
-      out.push_back(fmt::format("--{}={}: {} is not implemented in ndmesh train yet; use --{} 1 (data parallelism: --dp N, context parallelism: --cp N)",
+      out.push_back(fmt::format("--{}={}: {} is not implemented in ndmesh train yet; use --{} 1 (data parallelism: "
+                                "--dp N, context parallelism: --cp N, tensor parallelism: --tp N)",
                                 dim, mesh.size_of(dim), what, dim));
   for (const Dim& d : mesh.dims())
     if (d.size > 1 && d.name != "dp" && d.name != "tp" && d.name != "pp" && d.name != "cp" && d.name != "ep")
@@ -70,9 +71,20 @@ Trainer::Trainer(TrainOptions options, std::unique_ptr<model::DataSource> data, 
   grad_ = cp_size_ > 1 ? groups_.cp_dp() : dp_;
   grad_size_ = grad_.size();
 
+  // Tensor parallelism: the model is split over the tp group (of one in a serial run).
+  tp_ = groups_.tp();
+  NDMESH_CHECK_CONFIG(!o.sequence_parallel || tp_.size() > 1, "train",
+                      "--sequence-parallel needs --tp > 1 (it splits the tokens of the norms over tp); add --tp 2 "
+                      "or leave it out");
+  if (auto problems = model::gpt_tp_problems(o.model, tp_.size(), o.sequence_parallel, micro * local_seq);
+      !problems.empty())
+    fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
+  tp_double_ = std::make_unique<CommunicatorTpComm<double>>(tp_, tp_stats_);
+
   const std::int64_t pad = o.dp.zero > 0 ? grad_size_ : 1;
   model_ = std::make_unique<model::Gpt>(
-      o.model, model::GptOptions{.seed = o.seed, .batch = micro, .seq = local_seq, .pad_to = pad});
+      o.model, model::GptOptions{.seed = o.seed, .batch = micro, .seq = local_seq, .pad_to = pad},
+      make_tp_context<float>(tp_, o.sequence_parallel, tp_stats_));
   model_->set_loss_weight(1.0 / static_cast<double>(o.batch * o.model.seq));
   if (cp_size_ > 1) {
     model_->set_positions(positions_);
@@ -126,8 +138,10 @@ StepStats Trainer::step() {
   params.zero_grad();
   reducer_->zero_shard_grads();
   reducer_->reset_timers();
+  tp_stats_->reset();
   double loss_sum = 0;  // summed over this rank's tokens
   for (std::int64_t mb = 0; mb < microbatches_; ++mb) {
+    model_->set_tp_grad_sync(mb + 1 == microbatches_);
     const std::int64_t first = dp_rank_ * local_batch_ + mb * micro;
     load_batch(model::DataSource::kTrainStream, step_, first, micro);
     loss_sum += model_->forward(tokens_.data(), targets_.data()) * static_cast<double>(micro * seq);
@@ -135,11 +149,12 @@ StepStats Trainer::step() {
     model_->backward();
     reducer_->finish_backward();
   }
-  std::array<double, 2> sums = {loss_sum, reducer_->owned_grad_square_sum(params.grads().data())};
+  std::array<double, 2> sums = {loss_sum, owned_grad_square_sum()};
   if (reducer_->zero() > 0)
     sum_over_dp(sums);
   else
     sum_over_dp(std::span<double>(sums.data(), 1));  // the reduced gradients are the same everywhere
+  tp_double_->all_reduce_sum(&sums[1], 1);          // the loss is the same on every tp rank
   StepStats s;
   s.loss = sums[0] / static_cast<double>(tokens_per_step());
   s.grad_norm = std::sqrt(sums[1]);
@@ -149,8 +164,61 @@ StepStats Trainer::step() {
   s.step = ++step_;
   s.comm_seconds = reducer_->comm_seconds();
   s.exposed_comm_seconds = reducer_->exposed_seconds();
+  s.tp_comm = *tp_stats_;
   s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return s;
+}
+
+double Trainer::owned_grad_square_sum() const {
+  const auto& params = model_->params();
+  const float* shard_grads = reducer_->shard_grads();
+  const bool tp_lead = tp_.rank() == 0;
+  double sum = 0;
+  std::int64_t at = 0;
+  for (const nn::Segment& seg : reducer_->shard()) {
+    const float* g = shard_grads != nullptr ? shard_grads + at : params.grads().data() + seg.offset;
+    for (const ParamView& v : params.views()) {
+      if (!v.shard.sharded() && !tp_lead) continue;  // replicated over tp: counted once
+      const std::int64_t lo = std::max(v.offset, seg.offset), hi = std::min(v.offset + v.numel, seg.offset + seg.count);
+      for (std::int64_t i = lo; i < hi; ++i) {
+        const double x = g[i - seg.offset];
+        sum += x * x;
+      }
+    }
+    at += seg.count;
+  }
+  return sum;
+}
+
+std::vector<float> Trainer::to_logical(std::span<const float> local) {
+  const auto& store = model_->params();
+  std::int64_t total = 0;
+  const std::vector<std::int64_t> offsets = store.logical_offsets(&total);
+  std::vector<float> out(static_cast<std::size_t>(total), 0.0f), gathered;
+  for (std::size_t i = 0; i < store.views().size(); ++i) {
+    const ParamView& v = store.views()[i];
+    const float* src = local.data() + v.offset;
+    float* dst = out.data() + offsets[i];
+    if (!v.shard.sharded()) {
+      std::copy_n(src, v.numel, dst);
+      continue;
+    }
+    gathered.resize(static_cast<std::size_t>(v.numel * tp_.size()));
+    tp_.all_gather(std::span<const float>(src, static_cast<std::size_t>(v.numel)), std::span<float>(gathered));
+    for (int r = 0; r < tp_.size(); ++r)
+      copy_shard(v.shard, v.shape, gathered.data() + r * v.numel, dst, true, r);
+  }
+  return out;
+}
+
+void Trainer::from_logical(const std::vector<float>& logical, std::span<float> local) const {
+  const auto& store = model_->params();
+  const std::vector<std::int64_t> offsets = store.logical_offsets();
+  std::fill(local.begin(), local.end(), 0.0f);
+  for (std::size_t i = 0; i < store.views().size(); ++i) {
+    const ParamView& v = store.views()[i];
+    copy_shard(v.shard, v.shape, local.data() + v.offset, const_cast<float*>(logical.data()) + offsets[i], false);
+  }
 }
 
 double Trainer::evaluate(std::int64_t batches) {
@@ -196,15 +264,18 @@ void Trainer::save(const std::string& path) {
     grad_.all_reduce(std::span<float>(m));
     grad_.all_reduce(std::span<float>(v));
   }
+  // The logical model: tp shards are gathered into the serial layout.
+  std::vector<float> logical_params = to_logical(params);
+  std::vector<float> logical_m = to_logical(m), logical_v = to_logical(v);
   if (groups_.rank() == 0) {
     model::Checkpoint c;
     c.spec = options_.model;
     c.step = step_;
     c.data = data_->describe();
     c.adam_steps = adam_->steps();
-    c.params.assign(params.begin(), params.end());
-    c.adam_m = std::move(m);
-    c.adam_v = std::move(v);
+    c.params = std::move(logical_params);
+    c.adam_m = std::move(logical_m);
+    c.adam_v = std::move(logical_v);
     save_checkpoint(path, c);
   }
   groups_.world().barrier();
@@ -219,21 +290,25 @@ void Trainer::load(const std::string& path) {
     fail<ConfigError>("checkpoint", "'{}' does not match this run ({}); pass the flags it was saved with", path,
                       fmt::join(diffs, "; "));
   auto params = model_->params().params();
-  // The flat buffer may be padded differently (ZeRO pads to the dp size): the logical
-  // parameters are the same up to the padding.
-  const std::size_t common = std::min(c.params.size(), params.size());
-  for (std::size_t i = common; i < c.params.size(); ++i)
+  // The checkpoint holds the logical (serial) layout, perhaps padded (ZeRO pads to the dp
+  // size): the logical parameters are the same up to the padding; each rank takes its
+  // tp slices.
+  std::int64_t logical = 0;
+  model_->params().logical_offsets(&logical);
+  const auto need = static_cast<std::size_t>(logical);
+  NDMESH_CHECK(c.params.size() >= need && c.adam_m.size() >= need && c.adam_v.size() >= need, "checkpoint",
+               "'{}' holds {} parameters but the model has {}", path, c.params.size(), need);
+  for (std::size_t i = need; i < c.params.size(); ++i)
     NDMESH_CHECK(c.params[i] == 0.0f, "checkpoint", "'{}' holds {} parameters but the model has {}", path,
-                 c.params.size(), params.size());
-  std::fill(params.begin(), params.end(), 0.0f);
-  std::copy_n(c.params.begin(), common, params.begin());
+                 c.params.size(), need);
+  from_logical(c.params, params);
+  std::vector<float> m(params.size()), v(params.size());
+  from_logical(c.adam_m, m);
+  from_logical(c.adam_v, v);
   std::int64_t at = 0;
   for (const nn::Segment& seg : adam_->segments()) {
-    for (std::int64_t i = 0; i < seg.count; ++i) {
-      const auto src = static_cast<std::size_t>(seg.offset + i);
-      adam_->m()[static_cast<std::size_t>(at + i)] = src < c.adam_m.size() ? c.adam_m[src] : 0.0f;
-      adam_->v()[static_cast<std::size_t>(at + i)] = src < c.adam_v.size() ? c.adam_v[src] : 0.0f;
-    }
+    std::copy_n(m.begin() + seg.offset, seg.count, adam_->m().begin() + at);
+    std::copy_n(v.begin() + seg.offset, seg.count, adam_->v().begin() + at);
     at += seg.count;
   }
   adam_->set_steps(c.adam_steps);

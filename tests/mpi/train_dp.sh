@@ -114,7 +114,7 @@ expect_usage() {
   [ "$rc" -eq 2 ] || fail "'$*' on $np ranks exited $rc, expected 2: $(cat "$tmp/out.txt")"
   grep -qF -- "$needle" "$tmp/out.txt" || fail "'$*' did not say '$needle': $(cat "$tmp/out.txt")"
 }
-expect_usage "--tp=2: tensor parallelism is not implemented" 2 --tp 2
+expect_usage "--tp=4 does not divide --kv-heads=2" 4 --tp 4
 expect_usage "--batch=12 is not divisible by --dp=5" 5 --dp 5
 expect_usage "--micro-batch=4 does not divide the local batch 6" 2 --dp 2 --micro-batch 4
 expect_usage "not a regular file" 2 --dp 2 --data "$tmp"
