@@ -32,6 +32,8 @@ layouts=(
   "serial|1||--tp 1 --cp 1 --pp 1 --dp 1 --micro-batch $batch"
   "dp2|2|--dp 2|--tp 1 --cp 1 --pp 1 --dp 2 --micro-batch $((batch / 2))"
   "dp4|4|--dp 4|--tp 1 --cp 1 --pp 1 --dp 4 --micro-batch $((batch / 4))"
+  "cp2|2|--cp 2|--tp 1 --cp 2 --pp 1 --dp 1 --micro-batch $batch"
+  "dp2cp2|4|--dp 2 --cp 2|--tp 1 --cp 2 --pp 1 --dp 2 --micro-batch $((batch / 2))"
 )
 
 # Without a file: one calibration per rank count, with that many ranks sharing the machine

@@ -15,7 +15,8 @@ class Hierarchy(unittest.TestCase):
         self.assertTrue(issubclass(ndmesh.ConfigError, ndmesh.Error))
         self.assertTrue(issubclass(ndmesh.IoError, OSError))
         self.assertTrue(issubclass(ndmesh.IoError, ndmesh.Error))
-        self.assertTrue(issubclass(ndmesh.TimeoutError, TimeoutError))
+        self.assertTrue(issubclass(ndmesh.InternalError, ndmesh.Error))
+        self.assertFalse(issubclass(ndmesh.InternalError, ValueError))
         self.assertFalse(issubclass(ndmesh.Error, ValueError))
 
     def test_unknown_keyword_is_a_type_error(self):

@@ -5,6 +5,7 @@
 // from the best possible. Rank 0 prints one progress line per step (a redrawn bar when
 // stdout is a terminal); with --json the last line is one JSON object. An error on any
 // rank is printed with its rank and ends the whole job at once.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -39,6 +40,7 @@ struct Options {
   double bucket_mb = 25;
   bool no_overlap = false;
   bool sequence_parallel = false;
+  bool no_progress_thread = false;
   int zero = 0;
   std::string allreduce = "mpi";
   std::string cp_layout = "zigzag";
@@ -186,7 +188,8 @@ int train(Options o, comm::Communicator& world) {
                                   .overlap = !o.no_overlap,
                                   .zero = o.zero,
                                   .algorithm = comm::parse_algorithm(o.allreduce),
-                                  .ranks_per_node = layout.config.ranks_per_node},
+                                  .ranks_per_node = layout.config.ranks_per_node,
+                                  .progress_thread = !o.no_progress_thread},
                            .cp_layout = parallel::parse_cp_layout(o.cp_layout),
                            .sequence_parallel = o.sequence_parallel};
   // Refuse sizes that would not fit instead of being killed half-way through allocation.
@@ -304,7 +307,11 @@ int train(Options o, comm::Communicator& world) {
   // this is the same file, not a held-out split.)
   const double final_loss = o.eval_batches > 0 ? trainer.evaluate(o.eval_batches) : last_loss;
   // Rank 0 reports the slowest rank's communication and the largest memory.
-  std::array<double, 4> slowest = {comm_seconds, exposed_seconds, step_seconds, tp_seconds};
+  // Peak resident memory of the process (Linux: ru_maxrss in KiB), the largest rank's.
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  std::array<double, 5> slowest = {comm_seconds, exposed_seconds, step_seconds,
+                                   1024.0 * static_cast<double>(usage.ru_maxrss), tp_seconds};
   world.all_reduce(std::span<double>(slowest), {.op = comm::ReduceOp::kMax});
   const parallel::MemoryBytes mem = trainer.memory();
   if (!lead) return 0;
@@ -345,7 +352,7 @@ int train(Options o, comm::Communicator& world) {
     j["tp_comm_per_step"] = {{"all_reduce", count(tp_comm.all_reduce)},
                              {"all_gather", count(tp_comm.all_gather)},
                              {"reduce_scatter", count(tp_comm.reduce_scatter)}};
-    j["tp_comm_seconds"] = slowest[3] / steps_run;  // per step, the slowest rank
+    j["tp_comm_seconds"] = slowest[4] / steps_run;  // per step, the slowest rank
     j["allreduce"] = o.allreduce;
     j["losses"] = losses;
     j["grad_norms"] = grad_norms;
@@ -356,7 +363,8 @@ int train(Options o, comm::Communicator& world) {
                          {"grads", mem.grads},
                          {"optimizer", mem.optimizer},
                          {"activations", mem.activations},
-                         {"grad_workspace", mem.grad_workspace}};
+                         {"grad_workspace", mem.grad_workspace},
+                         {"peak_rss", slowest[3]}};
     if (!o.save.empty()) j["checkpoint"] = o.save;
     // Full precision: the losses are compared with other layouts' to 1e-5.
     fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
@@ -394,6 +402,10 @@ Action setup(CLI::App& app) {
       ->group("Parallel");
   app.add_flag("--no-overlap", o->no_overlap,
                "reduce gradients after the whole backward instead of overlapping it (the baseline)")
+      ->group("Parallel");
+  app.add_flag("--no-progress-thread", o->no_progress_thread,
+               "with overlap: advance the buckets in flight from the backward itself (between sub-layers) "
+               "instead of from a helper thread")
       ->group("Parallel");
   app.add_flag("--sequence-parallel", o->sequence_parallel,
                "with --tp: norms and residuals hold 1/tp of the tokens (all-gather before the column-parallel "
