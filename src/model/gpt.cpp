@@ -15,26 +15,11 @@
 namespace ndmesh::model {
 
 std::vector<std::string> gpt_problems(const ModelSpec& s) {
-  std::vector<std::string> out;
-  auto need_positive = [&](const char* field, std::int64_t v, const char* example) {
-    if (v <= 0) out.push_back(fmt::format("{}={} must be positive (e.g. {})", field, v, example));
-  };
-  need_positive("layers", s.layers, "--layers 2");
-  need_positive("hidden", s.hidden, "--hidden 64");
-  need_positive("heads", s.heads, "--heads 4");
-  need_positive("seq", s.seq, "--seq 64");
-  if (s.vocab < 2) out.push_back(fmt::format("vocab={} must be at least 2", s.vocab));
-  if (s.kv_heads < 0)
-    out.push_back(fmt::format("kv_heads={} must be >= 0 (0 means same as heads)", s.kv_heads));
-  if (s.ffn < 0) out.push_back(fmt::format("ffn={} must be >= 0 (0 means 4 * hidden)", s.ffn));
-  if (s.experts != 0)
-    out.push_back(fmt::format("experts={}: mixture-of-experts is not implemented; use experts=0", s.experts));
-  if (s.heads > 0 && s.hidden > 0 && s.hidden % s.heads != 0)
-    out.push_back(fmt::format("heads={} does not divide hidden={}; use a divisor of {} such as {}", s.heads,
-                              s.hidden, s.hidden, std::gcd(s.hidden, s.heads)));
-  if (s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads != 0)
-    out.push_back(fmt::format("kv_heads={} does not divide heads={}; use a divisor of {} such as {}",
-                              s.kv_heads, s.heads, s.heads, std::gcd(s.heads, s.kv_heads)));
+  // The shape rules live in one place (config's model_problems, also the planner's); the
+  // model adds what it cannot build.
+  std::vector<std::string> out = model_problems(s);
+  if (s.experts > 0)
+    out.push_back(fmt::format("model experts={}: mixture-of-experts is not implemented; use experts=0", s.experts));
   return out;
 }
 

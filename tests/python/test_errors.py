@@ -65,10 +65,11 @@ class SameMessagesAsTheCli(unittest.TestCase):
             e = self.check(lambda: ndmesh.Mesh.from_config(path), "mesh", "--config", path)
             self.assertIn("3 problems", str(e))
             missing = os.path.join(d, "missing.toml")
-            with self.assertRaises(ndmesh.IoError) as ctx:
+            # A path the user names that does not exist is bad input (exit 2 in the CLI too).
+            error_of("mesh", "--config", missing)
+            with self.assertRaises(ndmesh.ConfigError) as ctx:
                 ndmesh.Mesh.from_config(missing)
-            self.assertIsInstance(ctx.exception, OSError)
-            self.assertEqual(str(ctx.exception), f"[config] cannot read config file '{missing}'; check the path")
+            self.assertEqual(str(ctx.exception), f"[config] config file '{missing}' does not exist; check the path")
 
     def test_validation(self):
         m = ndmesh.Mesh(tp=8, pp=4, dp=2)

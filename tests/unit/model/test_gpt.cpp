@@ -147,8 +147,8 @@ TEST(Gpt, BadSpecsNameTheFieldAndTheFix) {
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& e) {
     std::string msg = e.what();
-    EXPECT_NE(msg.find("heads=4 does not divide hidden=10"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("kv_heads=3 does not divide heads=4"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model hidden=10 is not divisible by heads=4"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model heads=4 is not a multiple of kv_heads=3"), std::string::npos) << msg;
   }
   spec = {.layers = 0, .hidden = 8, .heads = 2, .seq = 4, .vocab = 5};
   EXPECT_THROW(Gpt{spec}, ConfigError);
