@@ -68,7 +68,9 @@ TEST_P(TpGrad, SliceOfSerialAndFiniteDifferences) {
   split.backward();
   EXPECT_NEAR(loss, serial_loss, 1e-12 * std::abs(serial_loss));
   EXPECT_GT(stats->all_reduce.calls, 0);
-  if (c.sequence_parallel) EXPECT_GT(stats->all_gather.calls, 0);
+  if (c.sequence_parallel) {
+    EXPECT_GT(stats->all_gather.calls, 0);
+  }
 
   // Every gradient is the slice of the serial one.
   std::vector<double> expected;
@@ -114,9 +116,9 @@ TEST_P(TpGrad, SliceOfSerialAndFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(Layouts, TpGrad,
                          ::testing::Values(Case{true, false}, Case{false, false}, Case{true, true},
                                            Case{false, true}),
-                         [](const auto& info) {
-                           return fmt::format("{}_{}", info.param.tied ? "tied" : "untied",
-                                              info.param.sequence_parallel ? "sp" : "nosp");
+                         [](const auto& param_info) {
+                           return fmt::format("{}_{}", param_info.param.tied ? "tied" : "untied",
+                                              param_info.param.sequence_parallel ? "sp" : "nosp");
                          });
 
 }  // namespace
