@@ -1,12 +1,17 @@
 #include "ndmesh/parallel/trainer.hpp"
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
 #include <cmath>
 #include <numbers>
 
 #include <fmt/format.h>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/config/partition.hpp"
 #include "ndmesh/model/checkpoint.hpp"
 
 namespace ndmesh::parallel {
@@ -17,8 +22,8 @@ std::vector<std::string> unsupported_layout(const Mesh& mesh) {
     const char* dim;
     const char* what;
   };
-  for (auto [dim, what] : {Pending{"tp", "tensor parallelism"}, Pending{"pp", "pipeline parallelism"},
-                           Pending{"cp", "context parallelism"}, Pending{"ep", "expert parallelism"}})
+  for (auto [dim, what] : {Pending{"tp", "tensor parallelism"}, Pending{"cp", "context parallelism"},
+                           Pending{"ep", "expert parallelism"}})
     if (mesh.size_of(dim) > 1)
       out.push_back(fmt::format("--{}={}: {} is not implemented in ndmesh train yet; use --{} 1 (data parallelism: --dp N)",
                                 dim, mesh.size_of(dim), what, dim));
@@ -58,15 +63,87 @@ Trainer::Trainer(TrainOptions options, std::unique_ptr<model::DataSource> data, 
                       micro, local_batch_, o.batch, dp_size_, local_batch_);
   microbatches_ = local_batch_ / micro;
 
+  build_pipeline(micro);
+}
+
+void Trainer::build_pipeline(std::int64_t micro) {
+  const TrainOptions& o = options_;
+  pp_ = groups_.pp();
+  stage_ = pp_.rank();
+  stages_ = pp_.size();
+  const std::int64_t v = o.pp.virtual_stages;
+  const bool interleaved = o.pp.schedule == Schedule::kInterleaved;
+  NDMESH_CHECK_CONFIG(v >= 1, "train", "--virtual-stages={} must be at least 1", v);
+  NDMESH_CHECK_CONFIG(!interleaved || v >= 2, "train",
+                      "--schedule interleaved needs --virtual-stages 2 or more (now {}); or use --schedule 1f1b", v);
+  NDMESH_CHECK_CONFIG(interleaved || v == 1, "train",
+                      "--virtual-stages={} applies only to --schedule interleaved (now {}); add --schedule "
+                      "interleaved or use --virtual-stages 1",
+                      v, schedule_name(o.pp.schedule));
+  NDMESH_CHECK_CONFIG(!interleaved || stages_ > 1, "train",
+                      "--schedule interleaved needs --pp 2 or more (now --pp {}); use --schedule 1f1b", stages_);
+  NDMESH_CHECK_CONFIG(!interleaved || microbatches_ % stages_ == 0, "train",
+                      "--schedule interleaved needs a multiple of --pp={} micro-batches per step, but --batch {} / "
+                      "--dp {} / --micro-batch {} gives {}; use --micro-batch {}",
+                      stages_, o.batch, dp_size_, micro, microbatches_,
+                      std::max<std::int64_t>(1, local_batch_ / (((microbatches_ + stages_ - 1) / stages_) * stages_)));
+  NDMESH_CHECK_CONFIG(stages_ == 1 || o.dp.zero == 0, "train",
+                      "--zero={} with --pp={}: ZeRO under pipeline parallelism is not implemented yet; use --zero 0",
+                      o.dp.zero, stages_);
+  try {
+    partition_ = o.pp.layers.empty() ? balanced_partition(o.model.layers, stages_, v)
+                                     : parse_partition(o.pp.layers, o.model.layers, stages_, v, "--pp-layers");
+  } catch (const ConfigError& e) {
+    fail<ConfigError>("train", "--layers={} over --pp={} x --virtual-stages={}: {}", o.model.layers, stages_, v,
+                      e.what());
+  }
+  pp::PipelineSchedule schedule = pp::make_schedule({.schedule = o.pp.schedule,
+                                                     .stages = stages_,
+                                                     .microbatches = static_cast<int>(microbatches_),
+                                                     .chunks = static_cast<int>(v)});
+
+  // Local chunk c is virtual stage c * pp + stage: blocks after those of the chunks before it.
   const std::int64_t pad = o.dp.zero > 0 ? dp_size_ : 1;
-  model_ = std::make_unique<model::Gpt>(o.model, model::GptOptions{.seed = o.seed, .batch = micro, .pad_to = pad});
-  model_->set_loss_weight(1.0 / static_cast<double>(o.batch * o.model.seq));
-  reducer_ = std::make_unique<GradReducer>(dp_, model_->params().size(), o.dp);
-  model_->set_grads_final_hook([r = reducer_.get()](std::int64_t from) { r->grads_final(from); });
-  model_->set_progress_hook([r = reducer_.get()] { r->progress(); });
-  adam_ = std::make_unique<nn::AdamW<float>>(model_->params(), o.adamw, reducer_->shard());
+  std::vector<model::Gpt*> raw;
+  for (int c = 0; c < v; ++c) {
+    const int vs = schedule.virtual_stage(stage_, c);
+    std::int64_t first = 0;
+    for (int k = 0; k < vs; ++k) first += partition_[static_cast<std::size_t>(k)];
+    chunks_.push_back(std::make_unique<model::Gpt>(
+        o.model, model::GptOptions{.seed = o.seed,
+                                   .batch = micro,
+                                   .first_block = first,
+                                   .last_block = first + partition_[static_cast<std::size_t>(vs)],
+                                   .pad_to = pad}));
+    model::Gpt& g = *chunks_.back();
+    g.set_loss_weight(1.0 / static_cast<double>(o.batch * o.model.seq));
+    reducers_.push_back(std::make_unique<GradReducer>(dp_, g.params().size(), o.dp));
+    GradReducer* r = reducers_.back().get();
+    g.set_grads_final_hook([r](std::int64_t from) { r->grads_final(from); });
+    g.set_progress_hook([r, this] {
+      r->progress();
+      if (executor_) executor_->poll();
+    });
+    adams_.push_back(std::make_unique<nn::AdamW<float>>(g.params(), o.adamw, r->shard()));
+    raw.push_back(&g);
+    if (stages_ > 1 && o.model.tied_embeddings) {
+      if (g.has_head() && !g.has_embedding()) tied_copy_chunk_ = c;
+      if (g.has_embedding() && !g.has_head()) tied_main_chunk_ = c;
+    }
+  }
+  embedding_ = groups_.embedding();
+  executor_ = std::make_unique<pp::Executor>(std::move(schedule), pp_, std::move(raw),
+                                             pp::ExecutorOptions{.timeout_s = o.pp.timeout_s});
+  if (!o.pp.drop_action.empty()) {
+    int st = -1, index = -1;
+    NDMESH_CHECK_CONFIG(std::sscanf(o.pp.drop_action.c_str(), "%d:%d", &st, &index) == 2, "train",
+                        "--pp-drop-action={} is not STAGE:INDEX; e.g. --pp-drop-action 0:1", o.pp.drop_action);
+    if (st == stage_) executor_->drop_action(index);
+  }
   tokens_.resize(static_cast<std::size_t>(micro * o.model.seq));
   targets_.resize(tokens_.size());
+  groups_.world().barrier();
+  executor_->set_origin(std::chrono::steady_clock::now());
 }
 
 double Trainer::lr_at(std::int64_t step) const {
@@ -82,81 +159,134 @@ void Trainer::sum_over_dp(std::span<double> values) {
   if (dp_size_ > 1) dp_.all_reduce(values);
 }
 
+namespace {
+// The gradient of the token table inside a chunk's flat buffer.
+std::span<float> token_table_grads(model::Gpt& g) {
+  const int id = g.params().find("embed.tokens");
+  NDMESH_CHECK(id >= 0, "train", "a chunk with a tied head has no embed.tokens");
+  return std::span<float>(g.params().grad(id), static_cast<std::size_t>(g.params().view(id).numel));
+}
+}  // namespace
+
 StepStats Trainer::step() {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  const std::int64_t seq = options_.model.seq, micro = model_->batch();
-  auto& params = model_->params();
-  params.zero_grad();
-  reducer_->zero_shard_grads();
-  reducer_->reset_timers();
-  double loss_sum = 0;  // summed over this rank's tokens
-  for (std::int64_t mb = 0; mb < microbatches_; ++mb) {
-    const std::int64_t first = dp_rank_ * local_batch_ + mb * micro;
-    data_->batch(model::DataSource::kTrainStream, step_, first, micro, seq, tokens_.data(), targets_.data());
-    loss_sum += model_->forward(tokens_.data(), targets_.data()) * static_cast<double>(micro * seq);
-    reducer_->begin_backward(params.grads().data(), mb + 1 == microbatches_);
-    model_->backward();
-    reducer_->finish_backward();
+  const std::int64_t seq = options_.model.seq, micro = model().batch();
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    chunks_[c]->params().zero_grad();
+    reducers_[c]->zero_shard_grads();
+    reducers_[c]->reset_timers();
   }
-  std::array<double, 2> sums = {loss_sum, reducer_->owned_grad_square_sum(params.grads().data())};
-  if (reducer_->zero() > 0)
+  pp::StageHooks hooks;
+  hooks.data = [&](int mb, std::int32_t* tokens, std::int32_t* targets) {
+    const std::int64_t first = dp_rank_ * local_batch_ + mb * micro;
+    data_->batch(model::DataSource::kTrainStream, step_, first, micro, seq, tokens, targets);
+  };
+  hooks.before_backward = [&](int c, bool last) {
+    reducers_[static_cast<std::size_t>(c)]->begin_backward(chunks_[static_cast<std::size_t>(c)]->params().grads().data(),
+                                                           last);
+  };
+  hooks.after_backward = [&](int c) { reducers_[static_cast<std::size_t>(c)]->finish_backward(); };
+  pp::WalkResult walk = executor_->train_step(hooks);
+  const double pipeline = static_cast<double>(groups_.mesh().coord_of(groups_.rank(), "dp"));
+  for (const pp::ActionTiming& t : walk.timings)
+    trace_.insert(trace_.end(), {pipeline, static_cast<double>(stage_), static_cast<double>(step_),
+                                 static_cast<double>(t.action.kind), static_cast<double>(t.action.microbatch),
+                                 static_cast<double>(t.action.chunk), t.start, t.end});
+
+  // A tied head on the last stage and the embedding on the first hold two copies of the
+  // token table: both get the sum of their gradients (Megatron's embedding group).
+  if (tied_copy_chunk_ >= 0)
+    embedding_.all_reduce(token_table_grads(*chunks_[static_cast<std::size_t>(tied_copy_chunk_)]));
+  if (tied_main_chunk_ >= 0)
+    embedding_.all_reduce(token_table_grads(*chunks_[static_cast<std::size_t>(tied_main_chunk_)]));
+
+  double square_sum = 0;
+  for (std::size_t c = 0; c < chunks_.size(); ++c)
+    square_sum += reducers_[c]->owned_grad_square_sum(chunks_[c]->params().grads().data());
+  if (tied_copy_chunk_ >= 0)  // the copy counts once in the norm, on the first stage
+    for (float g : token_table_grads(*chunks_[static_cast<std::size_t>(tied_copy_chunk_)]))
+      square_sum -= static_cast<double>(g) * static_cast<double>(g);
+  std::array<double, 2> sums = {walk.loss_sum, square_sum};
+  if (reducers_.front()->zero() > 0)
     sum_over_dp(sums);
   else
     sum_over_dp(std::span<double>(sums.data(), 1));  // the reduced gradients are the same everywhere
+  if (stages_ > 1) pp_.all_reduce(std::span<double>(sums));
   StepStats s;
   s.loss = sums[0] / static_cast<double>(tokens_per_step());
-  s.grad_norm = std::sqrt(sums[1]);
+  s.grad_norm = std::sqrt(std::max(0.0, sums[1]));
   s.lr = lr_at(step_);
-  adam_->update(params, s.lr, s.grad_norm, reducer_->shard_grads());
-  reducer_->gather_params(params.params().data());
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    adams_[c]->update(chunks_[c]->params(), s.lr, s.grad_norm, reducers_[c]->shard_grads());
+    reducers_[c]->gather_params(chunks_[c]->params().params().data());
+    s.comm_seconds += reducers_[c]->comm_seconds();
+    s.exposed_comm_seconds += reducers_[c]->exposed_seconds();
+  }
   s.step = ++step_;
-  s.comm_seconds = reducer_->comm_seconds();
-  s.exposed_comm_seconds = reducer_->exposed_seconds();
   s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return s;
 }
 
 double Trainer::evaluate(std::int64_t batches) {
-  const std::int64_t seq = options_.model.seq, micro = model_->batch();
+  const std::int64_t seq = options_.model.seq, micro = model().batch();
   double sum = 0;
   for (std::int64_t b = 0; b < batches; ++b) {
-    for (std::int64_t mb = 0; mb < microbatches_; ++mb) {
+    pp::StageHooks hooks;
+    hooks.data = [&](int mb, std::int32_t* tokens, std::int32_t* targets) {
       const std::int64_t first = dp_rank_ * local_batch_ + mb * micro;
-      data_->batch(model::DataSource::kEvalStream, b, first, micro, seq, tokens_.data(), targets_.data());
-      sum += model_->forward(tokens_.data(), targets_.data()) * static_cast<double>(micro * seq);
-    }
+      data_->batch(model::DataSource::kEvalStream, b, first, micro, seq, tokens, targets);
+    };
+    sum += executor_->evaluate(hooks).loss_sum;
   }
   sum_over_dp(std::span<double>(&sum, 1));
+  if (stages_ > 1) pp_.all_reduce(std::span<double>(&sum, 1));
   return batches > 0 ? sum / static_cast<double>(batches * tokens_per_step()) : 0.0;
 }
 
 MemoryBytes Trainer::memory() const {
-  const double elements = static_cast<double>(model_->params().size());
-  const double shard = reducer_->zero() > 0 ? elements / static_cast<double>(dp_size_) : elements;
+  double elements = 0, shard = 0, blocks = 0;
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    const double n = static_cast<double>(chunks_[c]->params().size());
+    elements += n;
+    shard += reducers_[c]->zero() > 0 ? n / static_cast<double>(dp_size_) : n;
+    blocks += static_cast<double>(chunks_[c]->blocks().size());
+  }
+  const int zero = reducers_.front()->zero();
   MemoryBytes m;
   m.params = elements * sizeof(float);
-  m.grads = (reducer_->zero() == 2 ? shard : elements) * sizeof(float);
+  m.grads = (zero == 2 ? shard : elements) * sizeof(float);
   m.optimizer = 2 * shard * sizeof(float);
-  m.grad_workspace = reducer_->zero() == 2 ? elements * sizeof(float) : 0.0;
+  m.grad_workspace = zero == 2 ? elements * sizeof(float) : 0.0;
   // Activations the forward keeps for one micro-batch: everything the whole-model
-  // estimate counts beyond parameters and gradients.
-  const double all = model::gpt_memory_elements(options_.model, model_->batch(), options_.model.seq);
-  m.activations = std::max(0.0, all - 2 * elements) * sizeof(float);
+  // estimate counts beyond parameters and gradients; with a pipeline, this rank's share
+  // of the blocks times the most micro-batches it held at once.
+  const double all = model::gpt_memory_elements(options_.model, chunks_.front()->batch(), options_.model.seq);
+  if (stages_ == 1) {
+    m.activations = std::max(0.0, all - 2 * elements) * sizeof(float);
+  } else {
+    const double per_microbatch = all - model::gpt_memory_elements(options_.model, 0, options_.model.seq);
+    const double held = std::max(1, executor_->peak_live_activations()) / static_cast<double>(chunks_.size());
+    m.activations = std::max(0.0, per_microbatch) * blocks / static_cast<double>(options_.model.layers) * held *
+                    sizeof(float);
+  }
   return m;
 }
 
 void Trainer::save(const std::string& path) {
+  NDMESH_CHECK_CONFIG(stages_ == 1, "train",
+                      "--save with --pp={}: checkpoints of pipeline runs are not implemented yet; leave --save out",
+                      stages_);
   // The logical model: parameters are replicated over dp; ZeRO moments are gathered.
-  const auto params = model_->params().params();
+  const auto params = chunks_.front()->params().params();
   std::vector<float> m(params.size(), 0.0f), v(params.size(), 0.0f);
   std::int64_t at = 0;
-  for (const nn::Segment& seg : adam_->segments()) {
-    std::copy_n(adam_->m().begin() + at, seg.count, m.begin() + seg.offset);
-    std::copy_n(adam_->v().begin() + at, seg.count, v.begin() + seg.offset);
+  for (const nn::Segment& seg : adams_.front()->segments()) {
+    std::copy_n(adams_.front()->m().begin() + at, seg.count, m.begin() + seg.offset);
+    std::copy_n(adams_.front()->v().begin() + at, seg.count, v.begin() + seg.offset);
     at += seg.count;
   }
-  if (reducer_->zero() > 0) {  // every element is owned by exactly one rank: a sum gathers them
+  if (reducers_.front()->zero() > 0) {  // every element is owned by exactly one rank: a sum gathers them
     dp_.all_reduce(std::span<float>(m));
     dp_.all_reduce(std::span<float>(v));
   }
@@ -165,7 +295,7 @@ void Trainer::save(const std::string& path) {
     c.spec = options_.model;
     c.step = step_;
     c.data = data_->describe();
-    c.adam_steps = adam_->steps();
+    c.adam_steps = adams_.front()->steps();
     c.params.assign(params.begin(), params.end());
     c.adam_m = std::move(m);
     c.adam_v = std::move(v);
@@ -175,6 +305,9 @@ void Trainer::save(const std::string& path) {
 }
 
 void Trainer::load(const std::string& path) {
+  NDMESH_CHECK_CONFIG(stages_ == 1, "train",
+                      "--load with --pp={}: checkpoints of pipeline runs are not implemented yet; leave --load out",
+                      stages_);
   model::Checkpoint c = model::load_checkpoint(path);
   auto diffs = model::spec_differences(c.spec, options_.model);
   if (c.data != data_->describe())
@@ -182,7 +315,7 @@ void Trainer::load(const std::string& path) {
   if (!diffs.empty())
     fail<ConfigError>("checkpoint", "'{}' does not match this run ({}); pass the flags it was saved with", path,
                       fmt::join(diffs, "; "));
-  auto params = model_->params().params();
+  auto params = chunks_.front()->params().params();
   // The flat buffer may be padded differently (ZeRO pads to the dp size): the logical
   // parameters are the same up to the padding.
   const std::size_t common = std::min(c.params.size(), params.size());
@@ -192,16 +325,146 @@ void Trainer::load(const std::string& path) {
   std::fill(params.begin(), params.end(), 0.0f);
   std::copy_n(c.params.begin(), common, params.begin());
   std::int64_t at = 0;
-  for (const nn::Segment& seg : adam_->segments()) {
+  for (const nn::Segment& seg : adams_.front()->segments()) {
     for (std::int64_t i = 0; i < seg.count; ++i) {
       const auto src = static_cast<std::size_t>(seg.offset + i);
-      adam_->m()[static_cast<std::size_t>(at + i)] = src < c.adam_m.size() ? c.adam_m[src] : 0.0f;
-      adam_->v()[static_cast<std::size_t>(at + i)] = src < c.adam_v.size() ? c.adam_v[src] : 0.0f;
+      adams_.front()->m()[static_cast<std::size_t>(at + i)] = src < c.adam_m.size() ? c.adam_m[src] : 0.0f;
+      adams_.front()->v()[static_cast<std::size_t>(at + i)] = src < c.adam_v.size() ? c.adam_v[src] : 0.0f;
     }
     at += seg.count;
   }
-  adam_->set_steps(c.adam_steps);
+  adams_.front()->set_steps(c.adam_steps);
   step_ = c.step;
+}
+
+namespace {
+char kind_letter(pp::ActionKind k) {
+  switch (k) {
+    case pp::ActionKind::kForward:
+      return 'F';
+    case pp::ActionKind::kBackward:
+    case pp::ActionKind::kBackwardInput:
+      return 'B';
+    case pp::ActionKind::kBackwardWeight:
+      return 'W';
+    case pp::ActionKind::kSendActivation:
+    case pp::ActionKind::kSendGradient:
+      return 'S';
+    default:
+      return 'R';
+  }
+}
+}  // namespace
+
+PipelineReport Trainer::pipeline_report(const std::string& trace_path) {
+  const comm::Communicator& world = groups_.world();
+  const int n = world.size();
+  constexpr std::size_t kFields = 8;
+  std::array<std::int64_t, 3> mine = {static_cast<std::int64_t>(trace_.size()), stage_,
+                                      executor_->peak_live_activations()};
+  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(n));
+  world.all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+  PipelineReport r;
+  if (world.rank() != 0) {
+    if (!trace_.empty()) world.send(std::span<const double>(trace_), 0, {.tag = 77});
+    return r;
+  }
+  std::vector<double> events = trace_;
+  for (int k = 1; k < n; ++k) {
+    const auto count = static_cast<std::size_t>(all[3 * static_cast<std::size_t>(k)]);
+    if (count == 0) continue;
+    std::vector<double> theirs(count);
+    world.recv(std::span<double>(theirs), k, {.tag = 77});
+    events.insert(events.end(), theirs.begin(), theirs.end());
+  }
+  const pp::PipelineSchedule& s = schedule();
+  const std::size_t count = events.size() / kFields;
+  r.valid = true;
+  r.events = static_cast<std::int64_t>(count);
+  r.peak_activations.assign(static_cast<std::size_t>(s.stages), 0);
+  for (int k = 0; k < n; ++k) {
+    auto& peak = r.peak_activations[static_cast<std::size_t>(all[3 * static_cast<std::size_t>(k) + 1])];
+    peak = std::max(peak, static_cast<int>(all[3 * static_cast<std::size_t>(k) + 2]));
+  }
+  r.expected_peak_activations = pp::simulate(s).peak_in_flight_chunks;
+
+  // Bubble per (pipeline, step), leaving out the first step (allocation, warm caches).
+  double min_step = 1e300;
+  for (std::size_t e = 0; e < count; ++e) min_step = std::min(min_step, events[e * kFields + 2]);
+  struct Window {
+    double start = 1e300, end = -1e300, busy = 0;
+  };
+  std::map<std::pair<int, int>, Window> windows;
+  double sum_f = 0, sum_b = 0, sum_w = 0;
+  int n_f = 0, n_b = 0, n_w = 0;
+  bool split = false;
+  for (std::size_t e = 0; e < count; ++e) {
+    const double* ev = &events[e * kFields];
+    const auto kind = static_cast<pp::ActionKind>(static_cast<int>(ev[3]));
+    if (ev[2] == min_step && step_ > 1) continue;
+    Window& w = windows[{static_cast<int>(ev[0]), static_cast<int>(ev[2])}];
+    w.start = std::min(w.start, ev[6]);
+    w.end = std::max(w.end, ev[7]);
+    const double d = ev[7] - ev[6];
+    if (pp::is_p2p(kind)) continue;
+    w.busy += d;
+    if (kind == pp::ActionKind::kForward) sum_f += d, ++n_f;
+    if (kind == pp::ActionKind::kBackward || kind == pp::ActionKind::kBackwardInput) sum_b += d, ++n_b;
+    if (kind == pp::ActionKind::kBackwardWeight) sum_w += d, ++n_w, split = true;
+  }
+  double bubble = 0;
+  for (const auto& [k, w] : windows)
+    bubble += w.end > w.start ? 1.0 - w.busy / (static_cast<double>(s.stages) * (w.end - w.start)) : 0.0;
+  r.bubble_measured = windows.empty() ? 0.0 : bubble / static_cast<double>(windows.size());
+  const double v = s.chunks;
+  const double f = n_f ? sum_f / n_f * v : 1.0, b = n_b ? sum_b / n_b * v : 2.0, w = n_w ? sum_w / n_w * v : 0.0;
+  // A full backward is simulated as B + W; the simulator wants both positive.
+  const double tiny = 1e-6 * std::max(f, 1e-12);
+  r.costs = split ? pp::Costs{.forward = std::max(f, tiny), .backward_input = std::max(b, tiny),
+                              .backward_weight = std::max(w, tiny)}
+                  : pp::Costs{.forward = std::max(f, tiny), .backward_input = std::max(b / 2, tiny),
+                              .backward_weight = std::max(b / 2, tiny)};
+  r.bubble_simulated = pp::simulate(s, r.costs).bubble_fraction;
+
+  if (!trace_path.empty()) {
+    std::ofstream out(trace_path);
+    if (!out) fail<IoError>("train", "--trace={}: cannot write the file; check the folder", trace_path);
+    out << fmt::format(
+        "{{\"ndmesh\": {{\"schedule\": \"{}\", \"stages\": {}, \"microbatches\": {}, \"chunks\": {}}},\n"
+        "\"displayTimeUnit\": \"ms\",\n\"traceEvents\": [\n",
+        schedule_name(s.kind), s.stages, s.microbatches, s.chunks);
+    bool first = true;
+    for (std::size_t e = 0; e < count; ++e) {
+      const double* ev = &events[e * kFields];
+      const auto kind = static_cast<pp::ActionKind>(static_cast<int>(ev[3]));
+      out << (first ? "" : ",\n")
+          << fmt::format("{{\"name\": \"{}{}{}\", \"cat\": \"{}\", \"ph\": \"X\", \"pid\": {}, \"tid\": {}, "
+                         "\"ts\": {:.3f}, \"dur\": {:.3f}, \"args\": {{\"step\": {}, \"microbatch\": {}, "
+                         "\"chunk\": {}}}}}",
+                         kind_letter(kind), static_cast<int>(ev[4]),
+                         s.chunks > 1 ? fmt::format(".{}", static_cast<int>(ev[5])) : std::string(),
+                         pp::action_kind_name(kind), static_cast<int>(ev[0]), static_cast<int>(ev[1]),
+                         ev[6] * 1e6, (ev[7] - ev[6]) * 1e6, static_cast<int>(ev[2]) + 1, static_cast<int>(ev[4]),
+                         static_cast<int>(ev[5]));
+      first = false;
+    }
+    std::set<int> pipelines;
+    for (std::size_t e = 0; e < count; ++e) pipelines.insert(static_cast<int>(events[e * kFields]));
+    for (int pl : pipelines) {
+      out << (first ? "" : ",\n")
+          << fmt::format("{{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": {}, \"args\": {{\"name\": "
+                         "\"pipeline {} (dp rank {})\"}}}}",
+                         pl, pl, pl);
+      first = false;
+      for (int st = 0; st < s.stages; ++st)
+        out << fmt::format(",\n{{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": {}, \"tid\": {}, \"args\": "
+                           "{{\"name\": \"stage {}\"}}}}",
+                           pl, st, st);
+    }
+    out << "\n]}\n";
+    if (!out) fail<IoError>("train", "--trace={}: writing failed (disk full?)", trace_path);
+  }
+  return r;
 }
 
 }  // namespace ndmesh::parallel

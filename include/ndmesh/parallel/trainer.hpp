@@ -12,8 +12,13 @@
 //     backward (ZeRO: reduce-scatter to shards);
 //  5. the gradient norm is global (summed over every shard), then AdamW with clipping at
 //     the step's learning rate (ZeRO: on the shard, then the parameters are gathered).
-// The strategies that split the model itself (tp, pp, cp) plug in at steps 3 and 4:
-// they are refused with a clear error until they exist.
+// Pipeline parallelism runs every step's micro-batches through pp::Executor, which walks
+// the stage's list of a PipelineSchedule; pp = 1 is the same executor with a one-stage
+// schedule (forward and backward of each micro-batch in turn). A rank holds one Gpt per
+// local model chunk (blocks from the one partition function the planner also uses), each
+// with its own reducer and optimizer; a tied token embedding held by the first and the
+// last stage has its gradient summed over the embedding group. The strategies that split
+// layers (tp, cp) plug in at steps 3 and 4 and are refused until they exist.
 #pragma once
 
 #include <cstdint>
@@ -27,8 +32,19 @@
 #include "ndmesh/model/gpt.hpp"
 #include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/parallel/dp/grad_reducer.hpp"
+#include "ndmesh/parallel/pp/executor.hpp"
+#include "ndmesh/parallel/pp/simulate.hpp"
 
 namespace ndmesh::parallel {
+
+/// How the pipeline runs (used when the mesh has pp > 1; pp = 1 runs a one-stage schedule).
+struct PipelineOptions {
+  Schedule schedule = Schedule::k1F1B;  ///< --schedule
+  std::int64_t virtual_stages = 1;      ///< --virtual-stages: chunks per rank (interleaved)
+  std::string layers;                   ///< --pp-layers "3,3,2": blocks per chunk; empty: balanced
+  double timeout_s = 0;                 ///< point-to-point timeout; 0: NDMESH_TIMEOUT_S
+  std::string drop_action;              ///< test hook "STAGE:INDEX": that stage skips that action
+};
 
 /// Options of a training run.
 struct TrainOptions {
@@ -42,6 +58,19 @@ struct TrainOptions {
   nn::AdamWOptions adamw;
   std::uint64_t seed = 1;  ///< model initialisation seed
   DataParallelOptions dp;
+  PipelineOptions pp;
+};
+
+/// What the pipeline measured over the steps so far (filled on world rank 0 only).
+struct PipelineReport {
+  bool valid = false;
+  double bubble_measured =
+      0;  ///< idle share of stage time, mean over pipelines and steps (first step left out)
+  double bubble_simulated = 0;  ///< simulate() of the schedule with the measured mean costs
+  pp::Costs costs;  ///< measured mean forward / backward-input / backward-weight of a stage, seconds
+  std::vector<int> peak_activations;           ///< per stage: most live micro-batch activations (chunks)
+  std::vector<int> expected_peak_activations;  ///< per stage: the schedule's (simulate())
+  std::int64_t events = 0;                     ///< actions recorded
 };
 
 /// What one step did (the same numbers on every rank).
@@ -88,7 +117,17 @@ class Trainer {
   /// ConfigError naming every difference when it was written by another model or data.
   void load(const std::string& path);
 
-  model::Gpt& model() { return *model_; }
+  /// The first local model chunk (the whole model without pipeline parallelism).
+  model::Gpt& model() { return *chunks_.front(); }
+  /// Every local model chunk, in local chunk order.
+  const std::vector<std::unique_ptr<model::Gpt>>& chunks() const { return chunks_; }
+  /// Blocks per pipeline chunk (pp * virtual stages entries).
+  const std::vector<std::int64_t>& partition() const { return partition_; }
+  /// The schedule every step runs.
+  const pp::PipelineSchedule& schedule() const { return executor_->schedule(); }
+  /// Collective: gathers every action's timing to world rank 0, which computes the report
+  /// and, when `trace_path` is not empty, writes them as Chrome trace-event JSON.
+  PipelineReport pipeline_report(const std::string& trace_path);
   const model::DataSource& data() const { return *data_; }
   const TrainOptions& options() const { return options_; }
   /// Tokens per step over all ranks (batch * seq).
@@ -100,6 +139,8 @@ class Trainer {
   const Mesh& mesh() const { return groups_.mesh(); }
 
  private:
+  // Cuts the model into chunks, builds this rank's chunks, reducers, optimizers and executor.
+  void build_pipeline(std::int64_t micro);
   // Sum over the data-parallel group of a few doubles (in place).
   void sum_over_dp(std::span<double> values);
 
@@ -109,9 +150,16 @@ class Trainer {
   comm::Communicator dp_;
   std::int64_t dp_rank_ = 0, dp_size_ = 1;
   std::int64_t local_batch_ = 0, microbatches_ = 1;
-  std::unique_ptr<model::Gpt> model_;
-  std::unique_ptr<GradReducer> reducer_;
-  std::unique_ptr<nn::AdamW<float>> adam_;
+  comm::Communicator pp_, embedding_;
+  int stage_ = 0, stages_ = 1;
+  std::vector<std::int64_t> partition_;
+  std::vector<std::unique_ptr<model::Gpt>> chunks_;  // local chunks
+  std::vector<std::unique_ptr<GradReducer>> reducers_;
+  std::vector<std::unique_ptr<nn::AdamW<float>>> adams_;
+  std::unique_ptr<pp::Executor> executor_;
+  int tied_copy_chunk_ = -1;   // local chunk holding the token table for a tied head on another rank
+  int tied_main_chunk_ = -1;   // local chunk holding the embedding whose table is tied to a remote head
+  std::vector<double> trace_;  // 8 doubles per action: pipeline, stage, step, kind, mb, chunk, start, end
   std::vector<std::int32_t> tokens_, targets_;
   std::int64_t step_ = 0;
 };
