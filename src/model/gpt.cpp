@@ -185,6 +185,7 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
     blocks_[l].forward(x, a.blocks[l], batch_, seq_);
     x = a.blocks[l].out.data();
+    if (progress_) progress_();  // e.g. a pipeline's transfers in flight move between blocks
   }
   a.have_targets = head_ && targets != nullptr;
   if (!head_) return std::numeric_limits<double>::quiet_NaN();
