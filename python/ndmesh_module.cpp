@@ -26,6 +26,8 @@
 #include "ndmesh/parallel/pp/render.hpp"
 #include "ndmesh/parallel/pp/schedule.hpp"
 #include "ndmesh/parallel/pp/simulate.hpp"
+#include "ndmesh/config/partition.hpp"
+#include "ndmesh/plan/report.hpp"
 #include "ndmesh/plan/search.hpp"
 
 namespace py = pybind11;
@@ -433,43 +435,12 @@ plan::Hardware to_hardware(const py::object& hardware) {
   return hw;
 }
 
-// The fields of `ndmesh plan --json` for one layout.
-py::dict estimate_dict(const plan::Estimate& e) {
-  const plan::Layout& l = e.layout;
-  const auto& m = e.memory;
-  const auto& t = e.time;
-  py::dict out;
-  out["tp"] = l.tp;
-  out["cp"] = l.cp;
-  out["pp"] = l.pp;
-  out["dp"] = l.dp;
-  out["vpp"] = l.vpp;
-  out["micro_batch"] = l.micro_batch;
-  out["microbatches"] = e.microbatches;
-  out["schedule"] = std::string(schedule_name(l.schedule));
-  out["recompute"] = std::string(plan::recompute_name(l.recompute));
-  out["zero"] = l.zero;
-  out["sequence_parallel"] = l.sequence_parallel;
-  out["memory_bytes"] = py::dict("params"_a = m.params, "grads"_a = m.grads, "optimizer"_a = m.optimizer,
-                                 "activations"_a = m.activations, "total"_a = m.total);
-  out["worst_stage"] = m.stage;
-  out["capacity_bytes"] = e.capacity_bytes;
-  out["fits"] = e.fits;
-  out["step_time_s"] = t.total;
-  out["time_s"] = py::dict("compute"_a = t.compute, "recompute"_a = t.recompute, "tp"_a = t.tp_comm,
-                           "cp_exposed"_a = t.cp_exposed, "pp"_a = t.pp_comm, "bubble"_a = t.bubble,
-                           "dp_exposed"_a = t.dp_exposed);
-  out["tokens_per_second"] = e.tokens_per_second;
-  out["mfu"] = e.mfu;
-  out["tp_in_node"] = e.where.tp_in_node;
-  out["cp_in_node"] = e.where.cp_in_node;
-  out["dp_in_node"] = e.where.dp_in_node;
-  return out;
-}
+// JSON text from the plan layer (the same function `ndmesh plan --json` prints) as a dict.
+py::dict from_json(const std::string& text) { return py::module_::import("json").attr("loads")(text); }
 
 py::dict plan_search(const py::object& model, std::int64_t gpus, std::int64_t global_batch,
                      const py::object& hardware, std::int64_t seq, const std::string& precision,
-                     std::size_t top, bool no_dropout) {
+                     std::size_t top, bool no_dropout, const std::string& attention) {
   NDMESH_CHECK_CONFIG(gpus >= 1, "plan",
                       "--gpus {} is missing or below 1; give the number of GPUs, e.g. --gpus 512", gpus);
   NDMESH_CHECK_CONFIG(
@@ -480,41 +451,31 @@ py::dict plan_search(const py::object& model, std::int64_t gpus, std::int64_t gl
   const plan::PlanModel m = to_plan_model(model, seq, no_dropout);
   const plan::Hardware hw = to_hardware(hardware);
   const plan::Workload w{.seq = m.spec.seq, .global_batch = global_batch};
-  const plan::Precision pr = to_precision(precision);
+  const plan::SearchOptions options{.gpus = gpus,
+                                    .workload = w,
+                                    .top = top,
+                                    .precision = to_precision(precision),
+                                    .attention = plan::parse_attention(attention, "attention")};
   plan::SearchResult result;
   {
     py::gil_scoped_release release;  // a big search takes a while; let other Python threads run
-    result = plan::search(m, hw, {.gpus = gpus, .workload = w, .top = top, .precision = pr});
+    result = plan::search(m, hw, options);
   }
-  py::dict out;
-  out["model"] = m.spec.name;
-  out["parameters"] = plan::count_parameters(m).total();
-  out["gpus"] = gpus;
-  out["hardware"] = hw.name;
-  out["seq"] = w.seq;
-  out["global_batch"] = w.global_batch;
-  out["considered"] = result.considered;
-  out["invalid"] = result.invalid;
-  out["too_big"] = result.too_big;
-  out["fitting"] = result.fitting;
-  py::list layouts;
-  for (const auto& e : result.layouts) layouts.append(estimate_dict(e));
-  out["layouts"] = layouts;
-  if (result.smallest) out["smallest"] = estimate_dict(*result.smallest);
-  if (!result.sample_problems.empty()) out["problems"] = result.sample_problems;
-  return out;
+  return from_json(plan::search_json(m, hw, options, result, -1));
 }
 
 py::dict plan_memory(const py::object& model, std::int64_t tp, std::int64_t cp, std::int64_t pp,
                      std::int64_t dp, std::int64_t vpp, std::int64_t micro_batch, const std::string& schedule,
                      const std::string& recompute, bool sequence_parallel, int zero,
                      std::int64_t global_batch, const py::object& hardware, std::int64_t seq,
-                     const std::string& precision, bool no_dropout) {
+                     const std::string& precision, bool no_dropout, const std::string& attention,
+                     const std::string& pp_layers) {
   plan::Layout l{.tp = tp, .cp = cp, .pp = pp, .dp = dp, .vpp = vpp, .micro_batch = micro_batch};
   l.schedule = parse_schedule(schedule);
   l.recompute = plan::parse_recompute(recompute);
   l.sequence_parallel = sequence_parallel;
   l.zero = zero;
+  l.attention = plan::parse_attention(attention, "attention");
   NDMESH_CHECK_CONFIG(l.zero >= 0 && l.zero <= 3, "plan", "--zero {} is not a ZeRO stage; use 0, 1, 2 or 3",
                       l.zero);
   const plan::PlanModel m = to_plan_model(model, seq, no_dropout);
@@ -524,14 +485,10 @@ py::dict plan_memory(const py::object& model, std::int64_t tp, std::int64_t cp, 
   const plan::Workload w{.seq = m.spec.seq, .global_batch = gb};
   const auto probs = problems(plan::parallel_config(l, w, hw.gpus_per_node), &m.spec);
   NDMESH_CHECK_CONFIG(probs.empty(), "plan", "invalid layout: {}", fmt::join(probs, "; "));
+  l.stage_layers = pp_layers.empty() ? plan::stage_chunks(m, l)
+                                     : parse_partition(pp_layers, m.spec.layers, l.pp, l.vpp, "pp_layers");
   const plan::Estimate e = plan::estimate(m, hw, l, w, to_precision(precision));
-  py::dict out = estimate_dict(e);
-  out["parameters"] = e.parameters;
-  out["model"] = m.spec.name;
-  out["hardware"] = hw.name;
-  out["seq"] = w.seq;
-  out["global_batch"] = w.global_batch;
-  return out;
+  return from_json(plan::memory_json(m, hw, w, e, -1));
 }
 
 // --------------------------------------------------------------------------- schedules
@@ -795,7 +752,7 @@ void bind(py::module_& m) {
       "prints), or returns None.");
 
   m.def("plan", &plan_search, "model"_a, py::kw_only(), "gpus"_a, "global_batch"_a, "hardware"_a = "h100",
-        "seq"_a = 0, "precision"_a = "mixed", "top"_a = 10, "no_dropout"_a = false,
+        "seq"_a = 0, "precision"_a = "mixed", "top"_a = 10, "no_dropout"_a = false, "attention"_a = "flash",
         "Searches every layout (tp, cp, pp, dp, vpp, micro-batch, schedule, recompute, ZeRO) of a model on "
         "`gpus` "
         "GPUs; returns the dict `ndmesh plan --json` prints, layouts best first.\n\n"
@@ -803,13 +760,15 @@ void bind(py::module_& m) {
         "kv_heads, ffn, mlp: 'gelu'|'swiglu', preset: start from}. hardware: 'a100-80gb', 'h100', 'h200' or "
         "a dict "
         "{preset, gpu_memory_gib, reserved_gib, peak_tflops, efficiency, intra_node_gbps, inter_node_gbps, "
-        "gpus_per_node}. precision: 'mixed' or 'fp32'.");
+        "gpus_per_node}. precision: 'mixed' or 'fp32'. attention: 'flash' (no s x s scores stored) or "
+        "'standard'.");
   m.def("plan_memory", &plan_memory, "model"_a, py::kw_only(), "tp"_a = 1, "cp"_a = 1, "pp"_a = 1, "dp"_a = 1,
         "vpp"_a = 1, "micro_batch"_a = 1, "schedule"_a = "1f1b", "recompute"_a = "none",
         "sequence_parallel"_a = false, "zero"_a = 0, "global_batch"_a = 0, "hardware"_a = "h100", "seq"_a = 0,
-        "precision"_a = "mixed", "no_dropout"_a = false,
+        "precision"_a = "mixed", "no_dropout"_a = false, "attention"_a = "flash", "pp_layers"_a = "",
         "Memory per GPU and time per step of one layout: the dict `ndmesh plan memory --json` prints. "
-        "global_batch 0 means micro_batch * dp * pp.");
+        "global_batch 0 means micro_batch * dp * pp; pp_layers: blocks per pipeline chunk, e.g. '3,3,2' "
+        "(default balanced).");
   m.def(
       "model_presets",
       [] {

@@ -1,5 +1,6 @@
 #include "ndmesh/model/gpt.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -112,6 +113,8 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options)
   store_.allocate(options.pad_to);
   init(options.seed, options.init_std);
   loss_weight_ = 1.0 / static_cast<double>(batch_ * seq_);
+  positions_.resize(static_cast<std::size_t>(seq_));
+  std::iota(positions_.begin(), positions_.end(), std::int64_t{0});
 
   acts_ = make_activations();
   const std::int64_t n = batch_ * seq_, c = spec.hidden;
@@ -122,6 +125,15 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options)
   }
   dres_a_.resize({n, c});
   dres_b_.resize({n, c});
+}
+
+template <typename T>
+void GptT<T>::set_positions(std::vector<std::int64_t> positions) {
+  NDMESH_CHECK(static_cast<std::int64_t>(positions.size()) == seq_, "model", "{} positions for seq={}",
+               positions.size(), seq_);
+  for (std::int64_t p : positions)
+    NDMESH_CHECK(p >= 0 && p < spec_.seq, "model", "position {} is outside the model's seq={}", p, spec_.seq);
+  positions_ = std::move(positions);
 }
 
 template <typename T>
@@ -175,7 +187,7 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
   if (embed_) {
     NDMESH_CHECK(tokens != nullptr, "model", "the first stage needs tokens");
     std::copy(tokens, tokens + n, a.tokens.begin());
-    embed_->forward(a.tokens.data(), a.input.data(), batch_, seq_);
+    embed_->forward_at(a.tokens.data(), a.input.data(), batch_, seq_, positions_.data());
   } else {
     NDMESH_CHECK(input != nullptr, "model", "stage from block {} needs its input hidden states",
                  first_block_);
@@ -183,7 +195,7 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
   }
   const T* x = a.input.data();
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
-    blocks_[l].forward(x, a.blocks[l], batch_, seq_);
+    blocks_[l].forward(x, a.blocks[l], batch_, seq_, core_.get(), positions_.data());
     x = a.blocks[l].out.data();
     if (progress_) progress_();  // e.g. a pipeline's transfers in flight move between blocks
   }
@@ -227,14 +239,14 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     const T* inp = l == 0 ? a.input.data() : a.blocks[l - 1].out.data();
     dinp->zero();
     blocks_[l].backward(dout->data(), inp, a.blocks[l], scratch_, dinp->data(), batch_, seq_,
-                        progress_ ? &progress_ : nullptr);
+                        progress_ ? &progress_ : nullptr, core_.get(), positions_.data());
     std::swap(dout, dinp);
     // With a tied head on this stage the token table (offset 0) is final only after the
     // embedding: block offsets are above it, so the watermark stays correct.
     if (grads_final_) grads_final_(block_offset_[l]);
   }
   if (embed_)
-    embed_->backward(dout->data(), a.tokens.data(), batch_, seq_);
+    embed_->backward_at(dout->data(), a.tokens.data(), batch_, seq_, positions_.data());
   else
     std::copy(dout->data(), dout->data() + n * c, a.input_grad.data());
   if (grads_final_) grads_final_(0);
@@ -256,9 +268,13 @@ double GptT<T>::flops_per_step() const {
   // lower triangle of tiles, diagonal tiles whole), times 2 hd per product, times 7
   // products: Q Kᵀ and P V forward; Q Kᵀ again (the recomputed scores), Pᵀ dO, dO Vᵀ,
   // dS K and dSᵀ Q backward.
-  std::vector<std::int64_t> pos(static_cast<std::size_t>(seq_));
+  // Queries at this model's positions; keys at every earlier position (all of them are
+  // local in a serial run; a context-parallel rank gets the others around the ring).
+  const std::int64_t keys = *std::max_element(positions_.begin(), positions_.end()) + 1;
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(keys));
   std::iota(pos.begin(), pos.end(), std::int64_t{0});
-  const double scores = static_cast<double>(nn::attention_tiles(pos.data(), seq_, pos.data(), seq_).elements);
+  const double scores =
+      static_cast<double>(nn::attention_tiles(positions_.data(), seq_, pos.data(), keys).elements);
   const double attention = 7 * 2 * hd * scores * static_cast<double>(batch_) * h;
   return static_cast<double>(blocks_.size()) * (3 * per_block + attention) + 3 * head;
 }

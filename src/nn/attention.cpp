@@ -353,10 +353,14 @@ Attention<T>::Attention(AttentionOptions options) : options_(options) {
 }
 
 template <typename T>
-void Attention<T>::forward(const T* qkv, T* out, T* lse, std::int64_t batch, std::int64_t seq) const {
+void Attention<T>::forward(const T* qkv, T* out, T* lse, std::int64_t batch, std::int64_t seq,
+                           const std::int64_t* positions) const {
   const std::int64_t H = options_.heads, hd = options_.head_dim, R = qkv_width(), O = out_width();
   std::vector<std::int64_t> pos(static_cast<std::size_t>(seq));
-  std::iota(pos.begin(), pos.end(), std::int64_t{0});
+  if (positions)
+    std::copy(positions, positions + seq, pos.begin());
+  else
+    std::iota(pos.begin(), pos.end(), std::int64_t{0});
   for (std::int64_t b = 0; b < batch; ++b) {
     const T* rows = qkv + b * seq * R;
     attention_partial_forward<T>(options_, {.data = rows, .ld = R, .pos = pos.data(), .rows = seq},
@@ -367,10 +371,13 @@ void Attention<T>::forward(const T* qkv, T* out, T* lse, std::int64_t batch, std
 
 template <typename T>
 void Attention<T>::backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
-                            std::int64_t batch, std::int64_t seq) const {
+                            std::int64_t batch, std::int64_t seq, const std::int64_t* positions) const {
   const std::int64_t H = options_.heads, hd = options_.head_dim, R = qkv_width(), O = out_width();
   std::vector<std::int64_t> pos(static_cast<std::size_t>(seq));
-  std::iota(pos.begin(), pos.end(), std::int64_t{0});
+  if (positions)
+    std::copy(positions, positions + seq, pos.begin());
+  else
+    std::iota(pos.begin(), pos.end(), std::int64_t{0});
   std::vector<T> delta(static_cast<std::size_t>(H * seq));
   for (std::int64_t b = 0; b < batch; ++b) {
     const T* rows = qkv + b * seq * R;

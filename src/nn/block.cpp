@@ -63,11 +63,15 @@ void Block<T>::resize(BlockScratch<T>& s, std::int64_t batch, std::int64_t seq) 
 }
 
 template <typename T>
-void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch, std::int64_t seq) const {
+void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch, std::int64_t seq,
+                       const AttentionCore<T>* core, const std::int64_t* positions) const {
   const std::int64_t n = batch * seq, c = options_.channels;
   ln1_.forward(inp, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), n);
   qkv_.forward(a.ln1.data(), a.qkv.data(), n);
-  attn_.forward(a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq);
+  if (core)
+    core->forward(attn_, a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
+  else
+    attn_.forward(a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
   proj_.forward(a.atty.data(), a.res1.data(), n);
   for (std::int64_t i = 0; i < n * c; ++i) a.res1[i] += inp[i];
   ln2_.forward(a.res1.data(), a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), n);
@@ -77,7 +81,8 @@ void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch,
 
 template <typename T>
 void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& a, BlockScratch<T>& s,
-                        T* dinp, std::int64_t batch, std::int64_t seq, const std::function<void()>* progress) const {
+                        T* dinp, std::int64_t batch, std::int64_t seq, const std::function<void()>* progress,
+                        const AttentionCore<T>* core, const std::int64_t* positions) const {
   const std::int64_t n = batch * seq, c = options_.channels;
   auto poll = [progress] {
     if (progress) (*progress)();
@@ -93,7 +98,12 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   proj_.backward(s.dres1.data(), a.atty.data(), s.datty.data(), n);
   poll();
   s.dqkv.zero();
-  attn_.backward(s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq);
+  if (core)
+    core->backward(attn_, s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq,
+                   positions);
+  else
+    attn_.backward(s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq,
+                   positions);
   poll();
   s.dln.zero();
   qkv_.backward(s.dqkv.data(), a.ln1.data(), s.dln.data(), n);

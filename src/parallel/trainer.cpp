@@ -22,10 +22,9 @@ std::vector<std::string> unsupported_layout(const Mesh& mesh) {
     const char* dim;
     const char* what;
   };
-  for (auto [dim, what] : {Pending{"tp", "tensor parallelism"}, Pending{"cp", "context parallelism"},
-                           Pending{"ep", "expert parallelism"}})
+  for (auto [dim, what] : {Pending{"tp", "tensor parallelism"}, Pending{"ep", "expert parallelism"}})
     if (mesh.size_of(dim) > 1)
-      out.push_back(fmt::format("--{}={}: {} is not implemented in ndmesh train yet; use --{} 1 (data parallelism: --dp N)",
+      out.push_back(fmt::format("--{}={}: {} is not implemented in ndmesh train yet; use --{} 1 (data parallelism: --dp N, pipeline parallelism: --pp N, context parallelism: --cp N)",
                                 dim, mesh.size_of(dim), what, dim));
   for (const Dim& d : mesh.dims())
     if (d.size > 1 && d.name != "dp" && d.name != "tp" && d.name != "pp" && d.name != "cp" && d.name != "ep")
@@ -63,10 +62,25 @@ Trainer::Trainer(TrainOptions options, std::unique_ptr<model::DataSource> data, 
                       micro, local_batch_, o.batch, dp_size_, local_batch_);
   microbatches_ = local_batch_ / micro;
 
-  build_pipeline(micro);
+  // Context parallelism: each cp rank holds some positions of every sequence; attention
+  // runs around the cp ring, everything else on the local tokens.
+  const comm::Communicator& cp = groups_.cp();
+  cp_size_ = cp.size();
+  if (auto problems = cp_problems(o.model.seq, cp_size_, o.cp_layout); !problems.empty())
+    fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
+  positions_ = cp_positions(o.model.seq, cp_size_, cp.rank(), o.cp_layout);
+  const auto local_seq = static_cast<std::int64_t>(positions_.size());
+  // Parameters are replicated over dp and cp: gradients are summed over both.
+  grad_ = cp_size_ > 1 ? groups_.cp_dp() : dp_;
+  grad_size_ = grad_.size();
+
+  if (cp_size_ > 1) ring_ = std::make_shared<RingAttention<float>>(cp);
+  full_tokens_.resize(static_cast<std::size_t>(micro * o.model.seq));
+  full_targets_.resize(full_tokens_.size());
+  build_pipeline(micro, local_seq);
 }
 
-void Trainer::build_pipeline(std::int64_t micro) {
+void Trainer::build_pipeline(std::int64_t micro, std::int64_t local_seq) {
   const TrainOptions& o = options_;
   pp_ = groups_.pp();
   stage_ = pp_.rank();
@@ -103,7 +117,7 @@ void Trainer::build_pipeline(std::int64_t micro) {
                                                      .chunks = static_cast<int>(v)});
 
   // Local chunk c is virtual stage c * pp + stage: blocks after those of the chunks before it.
-  const std::int64_t pad = o.dp.zero > 0 ? dp_size_ : 1;
+  const std::int64_t pad = o.dp.zero > 0 ? grad_size_ : 1;
   std::vector<model::Gpt*> raw;
   for (int c = 0; c < v; ++c) {
     const int vs = schedule.virtual_stage(stage_, c);
@@ -112,12 +126,17 @@ void Trainer::build_pipeline(std::int64_t micro) {
     chunks_.push_back(std::make_unique<model::Gpt>(
         o.model, model::GptOptions{.seed = o.seed,
                                    .batch = micro,
+                                   .seq = local_seq,
                                    .first_block = first,
                                    .last_block = first + partition_[static_cast<std::size_t>(vs)],
                                    .pad_to = pad}));
     model::Gpt& g = *chunks_.back();
     g.set_loss_weight(1.0 / static_cast<double>(o.batch * o.model.seq));
-    reducers_.push_back(std::make_unique<GradReducer>(dp_, g.params().size(), o.dp));
+    if (cp_size_ > 1) {
+      g.set_positions(positions_);
+      g.set_attention_core(ring_);
+    }
+    reducers_.push_back(std::make_unique<GradReducer>(grad_, g.params().size(), o.dp));
     GradReducer* r = reducers_.back().get();
     g.set_grads_final_hook([r](std::int64_t from) { r->grads_final(from); });
     g.set_progress_hook([r, this] {
@@ -140,10 +159,26 @@ void Trainer::build_pipeline(std::int64_t micro) {
                         "--pp-drop-action={} is not STAGE:INDEX; e.g. --pp-drop-action 0:1", o.pp.drop_action);
     if (st == stage_) executor_->drop_action(index);
   }
-  tokens_.resize(static_cast<std::size_t>(micro * o.model.seq));
+  tokens_.resize(static_cast<std::size_t>(micro * local_seq));
   targets_.resize(tokens_.size());
   groups_.world().barrier();
   executor_->set_origin(std::chrono::steady_clock::now());
+}
+
+void Trainer::load_batch(std::uint64_t stream, std::int64_t index, std::int64_t first, std::int64_t count) {
+  const std::int64_t seq = options_.model.seq;
+  if (cp_size_ == 1) {
+    data_->batch(stream, index, first, count, seq, tokens_.data(), targets_.data());
+    return;
+  }
+  data_->batch(stream, index, first, count, seq, full_tokens_.data(), full_targets_.data());
+  const auto local = static_cast<std::int64_t>(positions_.size());
+  for (std::int64_t b = 0; b < count; ++b)
+    for (std::int64_t t = 0; t < local; ++t) {
+      tokens_[static_cast<std::size_t>(b * local + t)] = full_tokens_[static_cast<std::size_t>(b * seq + positions_[t])];
+      targets_[static_cast<std::size_t>(b * local + t)] =
+          full_targets_[static_cast<std::size_t>(b * seq + positions_[t])];
+    }
 }
 
 double Trainer::lr_at(std::int64_t step) const {
@@ -156,7 +191,7 @@ double Trainer::lr_at(std::int64_t step) const {
 }
 
 void Trainer::sum_over_dp(std::span<double> values) {
-  if (dp_size_ > 1) dp_.all_reduce(values);
+  if (grad_size_ > 1) grad_.all_reduce(values);
 }
 
 namespace {
@@ -171,7 +206,7 @@ std::span<float> token_table_grads(model::Gpt& g) {
 StepStats Trainer::step() {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  const std::int64_t seq = options_.model.seq, micro = model().batch();
+  const std::int64_t micro = model().batch();
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     chunks_[c]->params().zero_grad();
     reducers_[c]->zero_shard_grads();
@@ -179,8 +214,9 @@ StepStats Trainer::step() {
   }
   pp::StageHooks hooks;
   hooks.data = [&](int mb, std::int32_t* tokens, std::int32_t* targets) {
-    const std::int64_t first = dp_rank_ * local_batch_ + mb * micro;
-    data_->batch(model::DataSource::kTrainStream, step_, first, micro, seq, tokens, targets);
+    load_batch(model::DataSource::kTrainStream, step_, dp_rank_ * local_batch_ + mb * micro, micro);
+    std::copy(tokens_.begin(), tokens_.end(), tokens);
+    std::copy(targets_.begin(), targets_.end(), targets);
   };
   hooks.before_backward = [&](int c, bool last) {
     reducers_[static_cast<std::size_t>(c)]->begin_backward(chunks_[static_cast<std::size_t>(c)]->params().grads().data(),
@@ -188,7 +224,9 @@ StepStats Trainer::step() {
   };
   hooks.after_backward = [&](int c) { reducers_[static_cast<std::size_t>(c)]->finish_backward(); };
   pp::WalkResult walk = executor_->train_step(hooks);
-  const double pipeline = static_cast<double>(groups_.mesh().coord_of(groups_.rank(), "dp"));
+  // Pipelines are numbered by their pp group's color (one per dp x cp x tp coordinate).
+  const Mesh& mesh = groups_.mesh();
+  const double pipeline = static_cast<double>(mesh.color(groups_.rank(), mesh.dims_present("pp")));
   for (const pp::ActionTiming& t : walk.timings)
     trace_.insert(trace_.end(), {pipeline, static_cast<double>(stage_), static_cast<double>(step_),
                                  static_cast<double>(t.action.kind), static_cast<double>(t.action.microbatch),
@@ -229,13 +267,14 @@ StepStats Trainer::step() {
 }
 
 double Trainer::evaluate(std::int64_t batches) {
-  const std::int64_t seq = options_.model.seq, micro = model().batch();
+  const std::int64_t micro = model().batch();
   double sum = 0;
   for (std::int64_t b = 0; b < batches; ++b) {
     pp::StageHooks hooks;
     hooks.data = [&](int mb, std::int32_t* tokens, std::int32_t* targets) {
-      const std::int64_t first = dp_rank_ * local_batch_ + mb * micro;
-      data_->batch(model::DataSource::kEvalStream, b, first, micro, seq, tokens, targets);
+      load_batch(model::DataSource::kEvalStream, b, dp_rank_ * local_batch_ + mb * micro, micro);
+      std::copy(tokens_.begin(), tokens_.end(), tokens);
+      std::copy(targets_.begin(), targets_.end(), targets);
     };
     sum += executor_->evaluate(hooks).loss_sum;
   }
@@ -249,7 +288,7 @@ MemoryBytes Trainer::memory() const {
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     const double n = static_cast<double>(chunks_[c]->params().size());
     elements += n;
-    shard += reducers_[c]->zero() > 0 ? n / static_cast<double>(dp_size_) : n;
+    shard += reducers_[c]->zero() > 0 ? n / static_cast<double>(grad_size_) : n;
     blocks += static_cast<double>(chunks_[c]->blocks().size());
   }
   const int zero = reducers_.front()->zero();
@@ -261,11 +300,11 @@ MemoryBytes Trainer::memory() const {
   // Activations the forward keeps for one micro-batch: everything the whole-model
   // estimate counts beyond parameters and gradients; with a pipeline, this rank's share
   // of the blocks times the most micro-batches it held at once.
-  const double all = model::gpt_memory_elements(options_.model, chunks_.front()->batch(), options_.model.seq);
+  const double all = model::gpt_memory_elements(options_.model, chunks_.front()->batch(), chunks_.front()->seq());
   if (stages_ == 1) {
     m.activations = std::max(0.0, all - 2 * elements) * sizeof(float);
   } else {
-    const double per_microbatch = all - model::gpt_memory_elements(options_.model, 0, options_.model.seq);
+    const double per_microbatch = all - model::gpt_memory_elements(options_.model, 0, chunks_.front()->seq());
     const double held = std::max(1, executor_->peak_live_activations()) / static_cast<double>(chunks_.size());
     m.activations = std::max(0.0, per_microbatch) * blocks / static_cast<double>(options_.model.layers) * held *
                     sizeof(float);
@@ -287,8 +326,8 @@ void Trainer::save(const std::string& path) {
     at += seg.count;
   }
   if (reducers_.front()->zero() > 0) {  // every element is owned by exactly one rank: a sum gathers them
-    dp_.all_reduce(std::span<float>(m));
-    dp_.all_reduce(std::span<float>(v));
+    grad_.all_reduce(std::span<float>(m));
+    grad_.all_reduce(std::span<float>(v));
   }
   if (groups_.rank() == 0) {
     model::Checkpoint c;
@@ -453,8 +492,8 @@ PipelineReport Trainer::pipeline_report(const std::string& trace_path) {
     for (int pl : pipelines) {
       out << (first ? "" : ",\n")
           << fmt::format("{{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": {}, \"args\": {{\"name\": "
-                         "\"pipeline {} (dp rank {})\"}}}}",
-                         pl, pl, pl);
+                         "\"pipeline {}\"}}}}",
+                         pl, pl);
       first = false;
       for (int st = 0; st < s.stages; ++st)
         out << fmt::format(",\n{{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": {}, \"tid\": {}, \"args\": "

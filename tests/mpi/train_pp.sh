@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pipeline-parallel training with real processes: pp 2 and 4, every schedule (gpipe, 1f1b,
 # zb-h1, interleaved with 2 virtual stages), 1 to 8 micro-batches (fewer than the stages
-# too), dp 2 x pp 2, explicit and balanced partitions, tied and untied heads: the losses of
+# too), dp 2 x pp 2, cp 2 x pp 2, explicit and balanced partitions, tied and untied heads: the losses of
 # 20 steps equal the serial run's within 1e-5 relative. The measured peak of live
 # activations per stage equals the schedule's (1F1B at most p - r on stage r, GPipe m);
 # the trace holds every action; a stage that leaves out an action of its schedule ends
@@ -79,6 +79,7 @@ check 4 pp4_interleaved_mb8 serial8 --layers 8 --lr 1e-3 --pp 4 --schedule inter
 for schedule in gpipe 1f1b zb-h1; do
   check 4 dp2_pp2_$schedule serial --dp 2 --pp 2 --schedule "$schedule" --micro-batch 1
 done
+check 4 cp2_pp2_zb-h1 serial --cp 2 --pp 2 --schedule zb-h1 --micro-batch 2
 check 4 dp2_pp2_interleaved serial --dp 2 --pp 2 --schedule interleaved --virtual-stages 2 --micro-batch 2
 check 2 pp2_untied untied --untied --pp 2 --micro-batch 2
 check 2 pp2_layers_3_1 serial --pp 2 --pp-layers 3,1 --micro-batch 2

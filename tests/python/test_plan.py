@@ -13,6 +13,8 @@ SEARCHES = [
     (dict(model="llama3-70b", gpus=512, global_batch=1024, seq=8192, hardware="h200", top=3),
      ["--model", "llama3-70b", "--gpus", 512, "--global-batch", 1024, "--seq", 8192, "--hardware", "h200",
       "--top", 3]),
+    (dict(model="gpt3-175b", gpus=512, global_batch=512, attention="standard", top=3),
+     ["--model", "gpt3-175b", "--gpus", 512, "--global-batch", 512, "--attention", "standard", "--top", 3]),
     (dict(model={"layers": 24, "hidden": 2048, "heads": 16, "vocab": 51200, "seq": 2048, "mlp": "swiglu"},
           gpus=16, global_batch=128, precision="fp32", no_dropout=True,
           hardware={"preset": "a100-80gb", "gpus_per_node": 4, "gpu_memory_gib": 40}),
@@ -51,6 +53,19 @@ class Memory(unittest.TestCase):
         self.assertEqual(got, want)
         m = got["memory_bytes"]
         self.assertAlmostEqual(m["total"], m["params"] + m["grads"] + m["optimizer"] + m["activations"], delta=1)
+
+    def test_explicit_stage_layers_and_standard_attention(self):
+        got = ndmesh.plan_memory("llama3-8b", pp=4, dp=2, micro_batch=1, global_batch=32, attention="standard",
+                                 pp_layers="9,8,8,7")
+        want = json_of("plan", "memory", "--model", "llama3-8b", "--pp", 4, "--dp", 2, "--micro-batch", 1,
+                       "--global-batch", 32, "--attention", "standard", "--pp-layers", "9,8,8,7")
+        self.assertEqual(got, want)
+        self.assertEqual(got["pp_layers"], [9, 8, 8, 7])
+        self.assertEqual(got["attention"], "standard")
+
+    def test_bad_attention(self):
+        with self.assertRaisesRegex(ValueError, "attention"):
+            ndmesh.plan("llama3-8b", gpus=8, global_batch=64, attention="sparse")
 
     def test_presets(self):
         self.assertIn("llama3-8b", ndmesh.model_presets())

@@ -13,13 +13,13 @@
 
 #include <fmt/core.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
 #include "ndmesh/config/config.hpp"
 #include "ndmesh/config/partition.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/strings.hpp"
 #include "ndmesh/plan/hardware_file.hpp"
+#include "ndmesh/plan/report.hpp"
 #include "ndmesh/plan/search.hpp"
 #include "subcommand.hpp"
 
@@ -215,49 +215,6 @@ std::string layout_text(const Layout& l) {
           : std::string());
 }
 
-nlohmann::json estimate_json(const Estimate& e) {
-  const Layout& l = e.layout;
-  const auto& m = e.memory;
-  const auto& t = e.time;
-  return nlohmann::json{
-      {"tp", l.tp},
-      {"cp", l.cp},
-      {"pp", l.pp},
-      {"dp", l.dp},
-      {"vpp", l.vpp},
-      {"micro_batch", l.micro_batch},
-      {"microbatches", e.microbatches},
-      {"schedule", std::string(schedule_name(l.schedule))},
-      {"recompute", std::string(plan::recompute_name(l.recompute))},
-      {"zero", l.zero},
-      {"sequence_parallel", l.sequence_parallel},
-      {"attention", std::string(plan::attention_name(l.attention))},
-      {"pp_layers", l.stage_layers},
-      {"memory_bytes",
-       {{"params", m.params},
-        {"grads", m.grads},
-        {"optimizer", m.optimizer},
-        {"activations", m.activations},
-        {"total", m.total}}},
-      {"worst_stage", m.stage},
-      {"capacity_bytes", e.capacity_bytes},
-      {"fits", e.fits},
-      {"step_time_s", t.total},
-      {"time_s",
-       {{"compute", t.compute},
-        {"recompute", t.recompute},
-        {"tp", t.tp_comm},
-        {"cp_exposed", t.cp_exposed},
-        {"pp", t.pp_comm},
-        {"bubble", t.bubble},
-        {"dp_exposed", t.dp_exposed}}},
-      {"tokens_per_second", e.tokens_per_second},
-      {"mfu", e.mfu},
-      {"tp_in_node", e.where.tp_in_node},
-      {"cp_in_node", e.where.cp_in_node},
-      {"dp_in_node", e.where.dp_in_node},
-  };
-}
 
 std::string where_text(bool in_node, double bw) {
   return fmt::format("{} node, {:.0f} GB/s", in_node ? "inside a" : "across", bw / 1e9);
@@ -423,33 +380,16 @@ int run_search(const PlanFlags& f) {
   const plan::Precision precision = resolve_precision(f.common);
   const plan::Constraints constraints = resolve_constraints(f, model);
   const plan::Attention attention = plan::parse_attention(f.common.attention);
-  const plan::SearchResult r = plan::search(model, hw,
-                                            {.gpus = f.gpus,
-                                             .workload = w,
-                                             .top = f.top,
-                                             .precision = precision,
-                                             .constraints = constraints,
-                                             .attention = attention});
+  const plan::SearchOptions options{.gpus = f.gpus,
+                                    .workload = w,
+                                    .top = f.top,
+                                    .precision = precision,
+                                    .constraints = constraints,
+                                    .attention = attention};
+  const plan::SearchResult r = plan::search(model, hw, options);
 
   if (f.common.json) {
-    nlohmann::json out;
-    out["model"] = model.spec.name;
-    out["parameters"] = plan::count_parameters(model).total();
-    out["gpus"] = f.gpus;
-    out["hardware"] = hw.name;
-    out["seq"] = w.seq;
-    out["global_batch"] = w.global_batch;
-    out["considered"] = r.considered;
-    out["invalid"] = r.invalid;
-    out["too_big"] = r.too_big;
-    out["fitting"] = r.fitting;
-    out["constraints"] = constraints.text();
-    out["attention"] = std::string(plan::attention_name(attention));
-    out["layouts"] = nlohmann::json::array();
-    for (const Estimate& e : r.layouts) out["layouts"].push_back(estimate_json(e));
-    if (r.smallest) out["smallest"] = estimate_json(*r.smallest);
-    if (!r.sample_problems.empty()) out["problems"] = r.sample_problems;
-    fmt::print("{}\n", out.dump(2));
+    fmt::print("{}\n", plan::search_json(model, hw, options, r));
     return r.layouts.empty() ? 1 : 0;
   }
 
@@ -519,13 +459,7 @@ int run_memory(MemoryFlags f) {
   const Estimate e = plan::estimate(model, hw, l, w, precision);
 
   if (f.common.json) {
-    nlohmann::json out = estimate_json(e);
-    out["parameters"] = e.parameters;
-    out["model"] = model.spec.name;
-    out["hardware"] = hw.name;
-    out["seq"] = w.seq;
-    out["global_batch"] = w.global_batch;
-    fmt::print("{}\n", out.dump(2));
+    fmt::print("{}\n", plan::memory_json(model, hw, w, e));
     return 0;
   }
   print_header(model, hw, l.gpus(), w.seq, w.global_batch);

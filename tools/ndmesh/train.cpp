@@ -1,5 +1,5 @@
 // `ndmesh train`: trains the GPT model, alone or under a launcher (mpirun, srun, ndmesh
-// launch) with the layout flags of `ndmesh mesh` (--dp N so far). A layout of size 1 is
+// launch) with the layout flags of `ndmesh mesh` (--dp N, --cp N). A layout of size 1 is
 // the serial run, on the same code path. With no data flag it trains on a seeded Markov
 // chain whose entropy rate is known exactly, so the printout shows how far the loss is
 // from the best possible. Rank 0 prints one progress line per step (a redrawn bar when
@@ -41,6 +41,7 @@ struct Options {
   bool no_overlap = false;
   int zero = 0;
   std::string allreduce = "mpi";
+  std::string cp_layout = "zigzag";
   std::int64_t layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 0, seq = 64, vocab = 0;
   bool untied = false;
   std::int64_t batch = 16, steps = 1000, warmup = 20;
@@ -199,7 +200,8 @@ int train(Options o, comm::Communicator& world) {
                            .pp = {.schedule = parse_schedule(o.schedule),
                                   .virtual_stages = o.virtual_stages,
                                   .layers = o.pp_layers,
-                                  .drop_action = o.drop_action}};
+                                  .drop_action = o.drop_action},
+                           .cp_layout = parallel::parse_cp_layout(o.cp_layout)};
   const std::int64_t stages = layout.mesh.size_of("pp");
   if (stages > 1 && (!o.save.empty() || !o.load.empty()))
     fail<ConfigError>("train", "--{}={} with --pp={}: checkpoints of pipeline runs are not implemented yet; leave it out",
@@ -207,7 +209,9 @@ int train(Options o, comm::Communicator& world) {
   // Refuse sizes that would not fit instead of being killed half-way through allocation.
   const std::int64_t dp = layout.mesh.size_of("dp");
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : std::max<std::int64_t>(1, o.batch / dp);
-  const double need_bytes = model::gpt_memory_elements(t.model, micro, o.seq) * sizeof(float) * 3 / 2 *
+  // A context-parallel rank keeps the activations of its seq / cp tokens.
+  const std::int64_t local_seq = std::max<std::int64_t>(1, o.seq / std::max<std::int64_t>(1, layout.mesh.size_of("cp")));
+  const double need_bytes = model::gpt_memory_elements(t.model, micro, local_seq) * sizeof(float) * 3 / 2 *
                             static_cast<double>(world.size());
   const double have_bytes =
       static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
@@ -252,6 +256,9 @@ int train(Options o, comm::Communicator& world) {
                  "buckets of {} MiB{}\n",
                  layout_text, world.size(), trainer.microbatches(), trainer.model().batch(), o.zero, o.allreduce,
                  o.bucket_mb, o.no_overlap ? ", no overlap" : ", overlapped with backward");
+    if (layout.mesh.size_of("cp") > 1)
+      fmt::print("context parallel: {} ranks, {} layout, {} of {} tokens per sequence per rank, ring attention\n",
+                 layout.mesh.size_of("cp"), o.cp_layout, trainer.model().seq(), o.seq);
     if (!o.load.empty()) fmt::print("resumed from {} at step {}\n", o.load, first);
     fmt::print("train: batch {}, steps {}..{}, lr {} (warmup {}, cosine to {}x), {} BLAS thread{}{}\n", o.batch,
                first + 1, stop, o.lr, o.warmup, o.min_lr_ratio, threads, threads == 1 ? "" : "s",
@@ -434,6 +441,11 @@ Action setup(CLI::App& app) {
   app.add_option("--pp-drop-action", o->drop_action,
                  "testing: stage STAGE skips action INDEX of its list (STAGE:INDEX), a mismatched schedule")
       ->group("Testing");
+  app.add_option("--cp-layout", o->cp_layout,
+                 "chunks of each sequence a context-parallel rank holds: zigzag (chunks i and 2cp-1-i of 2cp, "
+                 "balanced causal work) or contiguous (chunk i of cp)")
+      ->capture_default_str()
+      ->group("Parallel");
   app.add_option("--layers", o->layers, "transformer blocks")->capture_default_str();
   app.add_option("--hidden", o->hidden, "model width")->capture_default_str();
   app.add_option("--heads", o->heads, "attention heads (divides --hidden)")->capture_default_str();
@@ -488,11 +500,13 @@ Action setup(CLI::App& app) {
       "  ndmesh train --steps 200 --until 100 --save run.ckpt && ndmesh train --steps 200 --load run.ckpt\n"
       "  mpirun -np 4 ndmesh train --dp 4                # data parallel: the same losses as the serial run\n"
       "  mpirun -np 2 ndmesh train --dp 2 --micro-batch 2 --zero 1 --allreduce ring\n"
-      "  mpirun -np 4 ndmesh train --pp 4 --schedule 1f1b --batch 8 --micro-batch 1 --layers 4 --trace pp.json");
+      "  mpirun -np 4 ndmesh train --pp 4 --schedule 1f1b --batch 8 --micro-batch 1 --layers 4 --trace pp.json\n"
+      "  mpirun -np 4 ndmesh train --cp 2 --dp 2 --seq 64  # context parallel: ring attention over --cp ranks");
   return [o] { return run(*o); };
 }
 
-const Subcommand kTrain{"train", "Train the GPT model, alone or data-parallel under mpirun (Markov source or a file)",
+const Subcommand kTrain{"train",
+                        "Train the GPT model, alone or data- and context-parallel under mpirun (Markov source or a file)",
                         setup};
 
 }  // namespace

@@ -114,6 +114,14 @@ class GptT {
   /// finer grain than per block.
   void set_progress_hook(std::function<void()> hook) { progress_ = std::move(hook); }
 
+  /// Global positions of this model's seq rows (the same for every sequence of a batch):
+  /// 0..seq-1 by default; a context-parallel rank holds its chunks of a longer sequence
+  /// (the embedding reads wpe at these rows, the causal mask compares them).
+  void set_positions(std::vector<std::int64_t> positions);
+  const std::vector<std::int64_t>& positions() const { return positions_; }
+  /// The attention core every block runs (nullptr: the local kernel on the local rows).
+  void set_attention_core(std::shared_ptr<const nn::AttentionCore<T>> core) { core_ = std::move(core); }
+
   /// Activations sized for this model's batch and seq.
   GptActivations<T> make_activations() const;
   /// The hidden states leaving the stage's last block, [batch, seq, C].
@@ -151,6 +159,8 @@ class GptT {
   double loss_weight_;
   GradsFinalHook grads_final_;
   std::function<void()> progress_;
+  std::vector<std::int64_t> positions_;
+  std::shared_ptr<const nn::AttentionCore<T>> core_;
   std::vector<std::int64_t> block_offset_;  ///< flat offset of each block's first parameter
   std::int64_t head_offset_ = 0;            ///< flat offset of the final norm's first parameter
 

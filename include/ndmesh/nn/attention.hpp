@@ -134,16 +134,47 @@ class Attention {
   std::int64_t out_width() const { return options_.heads * options_.head_dim; }
 
   /// out[batch, seq, H*hd] and lse[batch, H, seq] from qkv[batch, seq, qkv_width].
-  void forward(const T* qkv, T* out, T* lse, std::int64_t batch, std::int64_t seq) const;
+  /// `positions` ([seq], the same for every sequence of the batch) are the global
+  /// positions of the rows for the causal mask; nullptr: 0..seq-1.
+  void forward(const T* qkv, T* out, T* lse, std::int64_t batch, std::int64_t seq,
+               const std::int64_t* positions = nullptr) const;
   /// Accumulates dqkv[batch, seq, qkv_width] from dout, qkv and the forward's out and lse.
   void backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv, std::int64_t batch,
-                std::int64_t seq) const;
+                std::int64_t seq, const std::int64_t* positions = nullptr) const;
 
   /// The options it was built with.
   const AttentionOptions& options() const { return options_; }
 
  private:
   AttentionOptions options_;
+};
+
+/// The seam through which a Block runs its attention core: the default (nullptr in the
+/// Block) is Attention::forward/backward over the local rows only; context parallelism
+/// plugs in a ring over the cp group (parallel/cp/ring_attention.hpp). Arguments are
+/// those of Attention::forward/backward, with the layer whose options to use.
+template <typename T>
+class AttentionCore {
+ public:
+  virtual ~AttentionCore() = default;
+  virtual void forward(const Attention<T>& attn, const T* qkv, T* out, T* lse, std::int64_t batch,
+                       std::int64_t seq, const std::int64_t* positions) const = 0;
+  virtual void backward(const Attention<T>& attn, const T* dout, const T* qkv, const T* out, const T* lse,
+                        T* dqkv, std::int64_t batch, std::int64_t seq, const std::int64_t* positions) const = 0;
+};
+
+/// The local core: Attention::forward/backward on the rows at hand.
+template <typename T>
+class LocalAttentionCore final : public AttentionCore<T> {
+ public:
+  void forward(const Attention<T>& attn, const T* qkv, T* out, T* lse, std::int64_t batch, std::int64_t seq,
+               const std::int64_t* positions) const override {
+    attn.forward(qkv, out, lse, batch, seq, positions);
+  }
+  void backward(const Attention<T>& attn, const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
+                std::int64_t batch, std::int64_t seq, const std::int64_t* positions) const override {
+    attn.backward(dout, qkv, out, lse, dqkv, batch, seq, positions);
+  }
 };
 
 }  // namespace ndmesh::nn

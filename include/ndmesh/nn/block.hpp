@@ -59,13 +59,16 @@ class Block {
   /// Sizes the scratch for batch x seq tokens.
   void resize(BlockScratch<T>& scratch, std::int64_t batch, std::int64_t seq) const;
 
-  /// acts.out = block(inp[batch, seq, C]).
-  void forward(const T* inp, BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq) const;
+  /// acts.out = block(inp[batch, seq, C]). `core` runs the attention core (nullptr: the
+  /// local kernel) on rows at global `positions` ([seq]; nullptr: 0..seq-1).
+  void forward(const T* inp, BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq,
+               const AttentionCore<T>* core = nullptr, const std::int64_t* positions = nullptr) const;
   /// Accumulates dinp and the parameter gradients given dout = d loss / d acts.out.
   /// `progress`, when given, is called between the sub-layers (the caller drives
   /// communication in flight there, e.g. gradient buckets of later blocks).
   void backward(const T* dout, const T* inp, const BlockActivations<T>& acts, BlockScratch<T>& scratch,
-                T* dinp, std::int64_t batch, std::int64_t seq, const std::function<void()>* progress = nullptr) const;
+                T* dinp, std::int64_t batch, std::int64_t seq, const std::function<void()>* progress = nullptr,
+                const AttentionCore<T>* core = nullptr, const std::int64_t* positions = nullptr) const;
 
   /// The options it was built with.
   const BlockOptions& options() const { return options_; }

@@ -1,7 +1,8 @@
 // Embedding: token embedding plus learned absolute positions,
 //   out[b, t, :] = wte[token[b, t], :] + wpe[position_offset + t, :].
-// position_offset lets a context-parallel rank that holds a later slice of the sequence
-// use the right positions.
+// A context-parallel rank holds tokens at arbitrary global positions (zigzag chunks):
+// forward_at/backward_at take the position of each local row; position_offset is the
+// contiguous special case.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,13 @@ class Embedding {
   /// Accumulates the token and position table gradients from dout[batch, seq, C].
   void backward(const T* dout, const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
                 std::int64_t position_offset = 0) const;
+
+  /// Same with the global position of each of the seq rows (the same for every sequence of
+  /// the batch): out[b, t, :] = wte[token[b, t], :] + wpe[positions[t], :].
+  void forward_at(const std::int32_t* tokens, T* out, std::int64_t batch, std::int64_t seq,
+                  const std::int64_t* positions) const;
+  void backward_at(const T* dout, const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
+                   const std::int64_t* positions) const;
 
   /// The options it was built with.
   const EmbeddingOptions& options() const { return options_; }

@@ -17,8 +17,13 @@
 // schedule (forward and backward of each micro-batch in turn). A rank holds one Gpt per
 // local model chunk (blocks from the one partition function the planner also uses), each
 // with its own reducer and optimizer; a tied token embedding held by the first and the
-// last stage has its gradient summed over the embedding group. The strategies that split
-// layers (tp, cp) plug in at steps 3 and 4 and are refused until they exist.
+// last stage has its gradient summed over the embedding group.
+// Context parallelism (--cp) splits each sequence: a cp rank keeps its positions of every
+// sequence of its dp slice (zigzag or contiguous chunks, parallel/cp/ring_attention.hpp),
+// runs the model on those tokens with RingAttention as the attention core, and the
+// GradReducer (and the loss sum) work over the dp-cp group instead of dp.
+// Tensor parallelism plugs in at steps 3 and 4; it is refused with a clear error until it
+// exists.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +36,7 @@
 #include "ndmesh/model/data.hpp"
 #include "ndmesh/model/gpt.hpp"
 #include "ndmesh/nn/adamw.hpp"
+#include "ndmesh/parallel/cp/ring_attention.hpp"
 #include "ndmesh/parallel/dp/grad_reducer.hpp"
 #include "ndmesh/parallel/pp/executor.hpp"
 #include "ndmesh/parallel/pp/simulate.hpp"
@@ -59,6 +65,7 @@ struct TrainOptions {
   std::uint64_t seed = 1;  ///< model initialisation seed
   DataParallelOptions dp;
   PipelineOptions pp;
+  CpLayout cp_layout = CpLayout::kZigzag;  ///< which chunks of each sequence a cp rank holds
 };
 
 /// What the pipeline measured over the steps so far (filled on world rank 0 only).
@@ -140,9 +147,12 @@ class Trainer {
 
  private:
   // Cuts the model into chunks, builds this rank's chunks, reducers, optimizers and executor.
-  void build_pipeline(std::int64_t micro);
-  // Sum over the data-parallel group of a few doubles (in place).
+  void build_pipeline(std::int64_t micro, std::int64_t local_seq);
+  // Sum over the gradient group (dp-cp) of a few doubles (in place).
   void sum_over_dp(std::span<double> values);
+  // Fetches the micro-batch of sequences [first, first + count) of `stream` and keeps
+  // this cp rank's positions of each in tokens_ / targets_.
+  void load_batch(std::uint64_t stream, std::int64_t index, std::int64_t first, std::int64_t count);
 
   TrainOptions options_;
   std::unique_ptr<model::DataSource> data_;
@@ -160,6 +170,11 @@ class Trainer {
   int tied_copy_chunk_ = -1;   // local chunk holding the token table for a tied head on another rank
   int tied_main_chunk_ = -1;   // local chunk holding the embedding whose table is tied to a remote head
   std::vector<double> trace_;  // 8 doubles per action: pipeline, stage, step, kind, mb, chunk, start, end
+  comm::Communicator grad_;  // dp-cp: parameters are replicated over it, gradients summed
+  std::int64_t grad_size_ = 1, cp_size_ = 1;
+  std::vector<std::int64_t> positions_;  // this cp rank's positions of each sequence
+  std::shared_ptr<RingAttention<float>> ring_;
+  std::vector<std::int32_t> full_tokens_, full_targets_;
   std::vector<std::int32_t> tokens_, targets_;
   std::int64_t step_ = 0;
 };

@@ -52,6 +52,34 @@ TEST_P(GptGrad, WholeModelGradientsMatchFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(TiedAndKvHeads, GptGrad,
                          ::testing::Values(std::pair{true, 0}, std::pair{false, 2}, std::pair{true, 1}));
 
+// A context-parallel rank's model: rows at global positions that are not contiguous
+// (zigzag chunks). The embedding reads those rows of the position table and the causal
+// mask compares them; gradients still match finite differences, and explicit positions
+// 0..seq-1 give exactly the default model.
+TEST(Gpt, NonContiguousPositionsGradientsMatchFiniteDifferences) {
+  GptT<double> gpt(tiny(true, 2), {.seed = 3, .batch = 2, .seq = 3, .init_std = 0.5});
+  gpt.set_positions({0, 3, 4});
+  Rng rng(6);
+  auto tokens = random_tokens(6, 7, rng), targets = random_tokens(6, 7, rng);
+  for (const auto& v : gpt.params().views())
+    for (std::int64_t i = 0; i < v.numel; ++i) gpt.params().params()[v.offset + i] += 0.1 * rng.normal();
+  auto loss = [&] { return gpt.forward(tokens.data(), targets.data()); };
+  gpt.params().zero_grad();
+  loss();
+  gpt.backward();
+  testing::expect_param_gradients(gpt.params(), loss);
+  EXPECT_THROW(gpt.set_positions({0, 5, 1}), Error);
+  EXPECT_THROW(gpt.set_positions({0, 1}), Error);
+}
+
+TEST(Gpt, ExplicitSerialPositionsAreTheDefault) {
+  GptT<double> a(tiny(false, 2), {.seed = 4, .batch = 2}), b(tiny(false, 2), {.seed = 4, .batch = 2});
+  b.set_positions({0, 1, 2, 3, 4});
+  Rng rng(7);
+  auto tokens = random_tokens(10, 7, rng), targets = random_tokens(10, 7, rng);
+  EXPECT_EQ(a.forward(tokens.data(), targets.data()), b.forward(tokens.data(), targets.data()));
+}
+
 TEST(Gpt, LossAtInitialisationIsNearLogVocab) {
   set_blas_threads(1);
   const ModelSpec spec{.layers = 2, .hidden = 32, .heads = 4, .seq = 16, .vocab = 64};

@@ -1,0 +1,72 @@
+// Context parallelism: each rank of the cp group holds some chunks of every sequence and
+// runs everything but attention on its own tokens. Attention needs every earlier key:
+// RingAttention passes key/value blocks ([k | v] rows and their global positions) around
+// the cp ring. Each step posts the send of the block in hand to the next rank and the
+// receive of the next block from the previous one, then computes the partial attention
+// of the local queries against the block in hand (overlapped with the transfer), and
+// merges it into the running (out, lse). The backward sends the blocks around again
+// with a dK/dV accumulator that follows its block: each rank computes its part of the
+// block in hand into a zeroed buffer while the accumulator so far arrives, adds it and
+// passes the sum on; after cp hops the sum is back at the owner. Blocks the causal mask
+// empties are skipped.
+//
+// Layouts: a sequence of seq tokens is cut into 2*cp chunks; zigzag gives rank i chunks
+// i and 2cp-1-i (every rank gets the same amount of causal work), contiguous gives rank i
+// the tokens [i*seq/cp, (i+1)*seq/cp) (the last rank does about 2x the mean).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ndmesh/comm/communicator.hpp"
+#include "ndmesh/nn/attention.hpp"
+
+namespace ndmesh::parallel {
+
+enum class CpLayout { kZigzag, kContiguous };
+
+/// "zigzag" or "contiguous"; ConfigError naming --cp-layout otherwise.
+CpLayout parse_cp_layout(const std::string& name);
+const char* to_string(CpLayout layout);
+
+/// Problems with cutting `seq` over `cp` ranks (one line each naming --seq and --cp and the fix).
+std::vector<std::string> cp_problems(std::int64_t seq, std::int64_t cp, CpLayout layout);
+
+/// The global positions rank `rank` of `cp` holds of a sequence of `seq`, ascending.
+std::vector<std::int64_t> cp_positions(std::int64_t seq, std::int64_t cp, std::int64_t rank, CpLayout layout);
+
+/// Counters of a RingAttention since construction (or reset()).
+struct RingAttentionStats {
+  std::int64_t score_elements = 0;  ///< forward: query x key score elements computed, summed over heads and batch
+  std::int64_t blocks_computed = 0;  ///< forward: key/value blocks with some visible key
+  std::int64_t blocks_skipped = 0;   ///< forward: blocks the causal mask empties
+  double compute_seconds = 0;        ///< forward + backward: partial kernels and merges
+  double exposed_seconds = 0;        ///< forward + backward: waiting for ring transfers (and the neighbours)
+};
+
+/// The attention core of a context-parallel rank (see above). Collective over `cp`: every
+/// member calls forward/backward with the same batch, seq and layer shape.
+template <typename T>
+class RingAttention final : public nn::AttentionCore<T> {
+ public:
+  explicit RingAttention(comm::Communicator cp) : cp_(std::move(cp)) {}
+
+  void forward(const nn::Attention<T>& attn, const T* qkv, T* out, T* lse, std::int64_t batch, std::int64_t seq,
+               const std::int64_t* positions) const override;
+  void backward(const nn::Attention<T>& attn, const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
+                std::int64_t batch, std::int64_t seq, const std::int64_t* positions) const override;
+
+  const RingAttentionStats& stats() const { return stats_; }
+  void reset() { stats_ = {}; }
+
+ private:
+  comm::Communicator cp_;
+  mutable RingAttentionStats stats_;
+  // Ring buffers, reused between calls: [k | v] rows of the block in hand and the next,
+  // their positions, and the travelling dK/dV.
+  mutable std::vector<T> kv_[2], dkv_[2], acc_in_, part_out_, part_lse_, delta_, chunk_lse_;
+  mutable std::vector<std::int64_t> pos_[2];
+};
+
+}  // namespace ndmesh::parallel

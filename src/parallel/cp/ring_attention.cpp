@@ -1,0 +1,248 @@
+#include "ndmesh/parallel/cp/ring_attention.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::parallel {
+
+CpLayout parse_cp_layout(const std::string& name) {
+  if (name == "zigzag") return CpLayout::kZigzag;
+  if (name == "contiguous") return CpLayout::kContiguous;
+  fail<ConfigError>("train", "--cp-layout={}: use zigzag (balanced causal work, the default) or contiguous", name);
+}
+
+const char* to_string(CpLayout layout) { return layout == CpLayout::kZigzag ? "zigzag" : "contiguous"; }
+
+std::vector<std::string> cp_problems(std::int64_t seq, std::int64_t cp, CpLayout layout) {
+  std::vector<std::string> out;
+  if (cp <= 1) return out;
+  const std::int64_t chunks = layout == CpLayout::kZigzag ? 2 * cp : cp;
+  if (seq % chunks != 0)
+    out.push_back(fmt::format(
+        "--seq={} is not divisible by {} (--cp={}, {} layout: {} chunks of equal length); use --seq {} (or another "
+        "multiple of {}){}",
+        seq, chunks, cp, to_string(layout), layout == CpLayout::kZigzag ? "2 * cp" : "cp",
+        std::max(chunks, seq / chunks * chunks), chunks, layout == CpLayout::kZigzag ? " (or --cp-layout contiguous)" : ""));
+  return out;
+}
+
+std::vector<std::int64_t> cp_positions(std::int64_t seq, std::int64_t cp, std::int64_t rank, CpLayout layout) {
+  std::vector<std::int64_t> pos;
+  if (cp <= 1) {
+    pos.resize(static_cast<std::size_t>(seq));
+    std::iota(pos.begin(), pos.end(), std::int64_t{0});
+    return pos;
+  }
+  auto add = [&](std::int64_t from, std::int64_t count) {
+    for (std::int64_t i = 0; i < count; ++i) pos.push_back(from + i);
+  };
+  if (layout == CpLayout::kZigzag) {
+    const std::int64_t c = seq / (2 * cp);
+    add(rank * c, c);
+    add((2 * cp - 1 - rank) * c, c);
+  } else {
+    const std::int64_t c = seq / cp;
+    add(rank * c, c);
+  }
+  return pos;
+}
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Whether some key at kpos is visible to some query at qpos (key <= query).
+bool any_visible(const std::int64_t* qpos, const std::int64_t* kpos, std::int64_t n) {
+  const std::int64_t qmax = *std::max_element(qpos, qpos + n);
+  const std::int64_t kmin = *std::min_element(kpos, kpos + n);
+  return kmin <= qmax;
+}
+
+constexpr int kTagKv = 131, kTagPos = 132, kTagDkv = 133;
+// Query rows per partial call: the transfers in flight are polled between calls (a
+// multiple of the kernel's tile, so the tiling is that of one call).
+constexpr std::int64_t kPollRows = 4 * nn::kAttentionTile;
+}  // namespace
+
+template <typename T>
+void RingAttention<T>::forward(const nn::Attention<T>& attn, const T* qkv, T* out, T* lse, std::int64_t batch,
+                               std::int64_t seq, const std::int64_t* positions) const {
+  const int P = cp_.size();
+  if (P == 1) return attn.forward(qkv, out, lse, batch, seq, positions);
+  std::vector<std::int64_t> own(static_cast<std::size_t>(seq));
+  if (positions)
+    std::copy(positions, positions + seq, own.begin());
+  else
+    std::iota(own.begin(), own.end(), std::int64_t{0});
+  const nn::AttentionOptions& o = attn.options();
+  const std::int64_t H = o.heads, hd = o.head_dim, R = attn.qkv_width(), O = attn.out_width();
+  const std::int64_t W = 2 * o.kv_heads * hd, n = batch * seq;
+  const int next = (cp_.rank() + 1) % P, prev = (cp_.rank() + P - 1) % P;
+  for (int i = 0; i < 2; ++i) {
+    kv_[i].resize(static_cast<std::size_t>(n * W));
+    pos_[i].resize(static_cast<std::size_t>(seq));
+  }
+  part_out_.resize(static_cast<std::size_t>(n * O));
+  part_lse_.resize(static_cast<std::size_t>(batch * H * seq));
+  for (std::int64_t i = 0; i < n; ++i) std::copy_n(qkv + i * R + H * hd, W, kv_[0].data() + i * W);
+  pos_[0] = own;
+  int cur = 0;
+  for (int s = 0; s < P; ++s) {
+    std::vector<comm::Work> works;
+    if (s + 1 < P) {
+      works.push_back(cp_.send_async(std::span<const T>(kv_[cur]), next, {.tag = kTagKv}));
+      works.push_back(cp_.send_async(std::span<const std::int64_t>(pos_[cur]), next, {.tag = kTagPos}));
+      works.push_back(cp_.recv_async(std::span<T>(kv_[1 - cur]), prev, {.tag = kTagKv}));
+      works.push_back(cp_.recv_async(std::span<std::int64_t>(pos_[1 - cur]), prev, {.tag = kTagPos}));
+    }
+    const auto t0 = Clock::now();
+    if (s == 0 || any_visible(own.data(), pos_[cur].data(), seq)) {
+      ++stats_.blocks_computed;
+      for (std::int64_t b = 0; b < batch; ++b) {
+        const nn::AttentionRows<const T> kv{
+            .data = kv_[cur].data() + b * seq * W, .ld = W, .pos = pos_[cur].data(), .rows = seq};
+        // Query rows in tile-aligned chunks, polling the transfers in flight between them:
+        // without a progress thread MPI moves large messages only inside MPI calls.
+        T* dst_out = s == 0 ? out + b * seq * O : part_out_.data() + b * seq * O;
+        T* dst_lse = s == 0 ? lse + b * H * seq : part_lse_.data() + b * H * seq;
+        nn::AttentionTiles tiles;
+        for (std::int64_t r0 = 0; r0 < seq; r0 += kPollRows) {
+          const std::int64_t rows = std::min(kPollRows, seq - r0);
+          chunk_lse_.resize(static_cast<std::size_t>(H * rows));
+          const nn::AttentionRows<const T> qc{
+              .data = qkv + (b * seq + r0) * R, .ld = R, .pos = own.data() + r0, .rows = rows};
+          tiles.elements += nn::attention_partial_forward<T>(
+                                o, qc, kv, {.out = dst_out + r0 * O, .ld = O, .lse = chunk_lse_.data()})
+                                .elements;
+          for (std::int64_t h = 0; h < H; ++h)
+            std::copy_n(chunk_lse_.data() + h * rows, rows, dst_lse + h * seq + r0);
+          for (comm::Work& w : works) w.test();
+        }
+        if (s > 0)
+          nn::attention_merge<T>(o, seq, out + b * seq * O, O, lse + b * H * seq, part_out_.data() + b * seq * O, O,
+                                 part_lse_.data() + b * H * seq);
+        stats_.score_elements += tiles.elements * H;
+      }
+    } else {
+      ++stats_.blocks_skipped;
+    }
+    stats_.compute_seconds += since(t0);
+    const auto t1 = Clock::now();
+    comm::wait_all(works);
+    stats_.exposed_seconds += since(t1);
+    cur = 1 - cur;
+  }
+}
+
+template <typename T>
+void RingAttention<T>::backward(const nn::Attention<T>& attn, const T* dout, const T* qkv, const T* out,
+                                const T* lse, T* dqkv, std::int64_t batch, std::int64_t seq,
+                                const std::int64_t* positions) const {
+  const int P = cp_.size();
+  if (P == 1) return attn.backward(dout, qkv, out, lse, dqkv, batch, seq, positions);
+  std::vector<std::int64_t> own(static_cast<std::size_t>(seq));
+  if (positions)
+    std::copy(positions, positions + seq, own.begin());
+  else
+    std::iota(own.begin(), own.end(), std::int64_t{0});
+  const nn::AttentionOptions& o = attn.options();
+  const std::int64_t H = o.heads, hd = o.head_dim, R = attn.qkv_width(), O = attn.out_width();
+  const std::int64_t W = 2 * o.kv_heads * hd, n = batch * seq;
+  const int next = (cp_.rank() + 1) % P, prev = (cp_.rank() + P - 1) % P;
+  for (int i = 0; i < 2; ++i) {
+    kv_[i].resize(static_cast<std::size_t>(n * W));
+    dkv_[i].resize(static_cast<std::size_t>(n * W));
+    pos_[i].resize(static_cast<std::size_t>(seq));
+  }
+  delta_.resize(static_cast<std::size_t>(batch * H * seq));
+  for (std::int64_t b = 0; b < batch; ++b)
+    nn::attention_row_dot<T>(o, seq, out + b * seq * O, O, dout + b * seq * O, O, delta_.data() + b * H * seq);
+  for (std::int64_t i = 0; i < n; ++i) std::copy_n(qkv + i * R + H * hd, W, kv_[0].data() + i * W);
+  acc_in_.resize(static_cast<std::size_t>(n * W));
+  pos_[0] = own;
+  int cur = 0;
+  comm::Work recv_acc, send_acc[2];
+  for (int s = 0; s < P; ++s) {
+    // The next key/value block travels while this one is computed. The dK/dV accumulator
+    // of the block in hand (what the ranks that held it before added) is received
+    // meanwhile too: this rank computes its own part into a zeroed buffer, adds the
+    // accumulator and passes the sum on, so only the add waits for the previous rank.
+    std::vector<comm::Work> works;
+    if (s + 1 < P) {
+      works.push_back(cp_.send_async(std::span<const T>(kv_[cur]), next, {.tag = kTagKv}));
+      works.push_back(cp_.send_async(std::span<const std::int64_t>(pos_[cur]), next, {.tag = kTagPos}));
+      works.push_back(cp_.recv_async(std::span<T>(kv_[1 - cur]), prev, {.tag = kTagKv}));
+      works.push_back(cp_.recv_async(std::span<std::int64_t>(pos_[1 - cur]), prev, {.tag = kTagPos}));
+    }
+    if (s > 0) recv_acc = cp_.recv_async(std::span<T>(acc_in_), prev, {.tag = kTagDkv});
+    std::vector<T>& local = dkv_[s % 2];
+    auto t = Clock::now();
+    send_acc[s % 2].wait();  // the send of this buffer two steps ago
+    stats_.exposed_seconds += since(t);
+    t = Clock::now();
+    std::fill(local.begin(), local.end(), T(0));
+    if (s == 0 || any_visible(own.data(), pos_[cur].data(), seq)) {
+      for (std::int64_t b = 0; b < batch; ++b) {
+        const nn::AttentionRows<const T> kv{
+            .data = kv_[cur].data() + b * seq * W, .ld = W, .pos = pos_[cur].data(), .rows = seq};
+        for (std::int64_t r0 = 0; r0 < seq; r0 += kPollRows) {
+          const std::int64_t rows = std::min(kPollRows, seq - r0);
+          chunk_lse_.resize(static_cast<std::size_t>(2 * H * rows));
+          T* clse = chunk_lse_.data();
+          T* cdelta = clse + H * rows;
+          for (std::int64_t h = 0; h < H; ++h) {
+            std::copy_n(lse + b * H * seq + h * seq + r0, rows, clse + h * rows);
+            std::copy_n(delta_.data() + b * H * seq + h * seq + r0, rows, cdelta + h * rows);
+          }
+          const nn::AttentionRows<const T> qc{
+              .data = qkv + (b * seq + r0) * R, .ld = R, .pos = own.data() + r0, .rows = rows};
+          nn::attention_partial_backward<T>(o, qc, kv,
+                                            {.dout = dout + (b * seq + r0) * O,
+                                             .ld_dout = O,
+                                             .lse = clse,
+                                             .delta = cdelta,
+                                             .dq = dqkv + (b * seq + r0) * R,
+                                             .ld_dq = R,
+                                             .dkv = local.data() + b * seq * W,
+                                             .ld_dkv = W});
+          for (comm::Work& w : works) w.test();
+          if (s > 0) recv_acc.test();
+          send_acc[1 - s % 2].test();
+        }
+      }
+    }
+    stats_.compute_seconds += since(t);
+    if (s > 0) {
+      t = Clock::now();
+      recv_acc.wait();
+      stats_.exposed_seconds += since(t);
+      for (std::int64_t i = 0; i < n * W; ++i) local[i] += acc_in_[i];
+    }
+    send_acc[s % 2] = cp_.send_async(std::span<const T>(local), next, {.tag = kTagDkv});
+    t = Clock::now();
+    comm::wait_all(works);
+    stats_.exposed_seconds += since(t);
+    cur = 1 - cur;
+  }
+  // After cp hops this rank's own block comes back with every rank's part of its dK/dV.
+  auto t = Clock::now();
+  cp_.recv(std::span<T>(acc_in_), prev, {.tag = kTagDkv});
+  send_acc[0].wait();
+  send_acc[1].wait();
+  stats_.exposed_seconds += since(t);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T* d = acc_in_.data() + i * W;
+    T* g = dqkv + i * R + H * hd;
+    for (std::int64_t j = 0; j < W; ++j) g[j] += d[j];
+  }
+}
+
+template class RingAttention<float>;
+template class RingAttention<double>;
+
+}  // namespace ndmesh::parallel
