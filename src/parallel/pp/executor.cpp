@@ -148,7 +148,8 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
   const auto& list = s.actions[stage_];
   const int m = s.microbatches, nv = s.virtual_stages();
   const double tokens = static_cast<double>(tokens_.size());
-  std::vector<int> backwards(chunks_.size(), 0);
+  std::vector<int> backwards(chunks_.size(), 0), weights(chunks_.size(), 0);
+  int live = 0;  // activations between their forward and their backward (or backward-input)
   recvs_.clear();
   posted_upto_ = 0;
   out.timings.reserve(list.size());
@@ -174,7 +175,7 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
     NDMESH_CHECK(slot == nullptr, "pp", "stage {}: a second forward of micro-batch {} chunk {}", stage_, mb,
                  c);
     slot = std::move(a);
-    if (train) peak_live_ = std::max(peak_live_, static_cast<int>(live_.size()));
+    if (train) peak_live_ = std::max(peak_live_, ++live);
     return *slot;
   };
   auto live_acts = [&](int mb, int c, const Action& a, std::size_t i) -> Acts& {
@@ -258,20 +259,39 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
           }
         }
         Acts& acts = live_acts(mb, c, a, i);
-        const bool last = ++backwards[static_cast<std::size_t>(c)] == m;
+        const bool split = a.kind == ActionKind::kBackwardInput;
+        // The gradients are final after the backward, or after the weight half of a split one.
+        const bool last = !split && ++backwards[static_cast<std::size_t>(c)] == m;
         if (hooks.before_backward) hooks.before_backward(c, last);
-        chunk.backward(acts, dout);
+        if (split) {
+          nn::DeferWeightGrads<float> defer(deferred_[key(ActionKind::kForward, mb, c, m)]);
+          chunk.backward(acts, dout);
+        } else {
+          chunk.backward(acts, dout);
+        }
         if (hooks.after_backward) hooks.after_backward(c);
+        --live;
         if (from_recv) finish_recv(ActionKind::kRecvGradient, a);
         if (v > 0 && s.stage_of(v - 1) != stage_)
           outbox(ActionKind::kSendGradient, mb, c, acts.input_grad.data());
         // The next virtual stage's activations were kept for their input gradient.
         if (v + 1 < nv && s.stage_of(v + 1) == stage_) release_acts(mb, c + 1);
-        if (v + 1 == nv || s.stage_of(v + 1) != stage_) release_acts(mb, c);
+        // A split backward's weight half still reads the layer inputs in the activations.
+        if (!split && (v + 1 == nv || s.stage_of(v + 1) != stage_)) release_acts(mb, c);
         break;
       }
-      case ActionKind::kBackwardWeight:
-        break;  // done by backward-input (see the header)
+      case ActionKind::kBackwardWeight: {
+        auto it = deferred_.find(key(ActionKind::kForward, mb, c, m));
+        NDMESH_CHECK(it != deferred_.end(), "pp", "stage {} action {} ({}) comes before its backward-input",
+                     stage_, i, to_string(a));
+        const bool last = ++weights[static_cast<std::size_t>(c)] == m;
+        if (hooks.before_backward) hooks.before_backward(c, last);
+        it->second.run();
+        if (hooks.after_backward) hooks.after_backward(c);
+        deferred_.erase(it);
+        release_acts(mb, c);
+        break;
+      }
       case ActionKind::kSendActivation:
       case ActionKind::kSendGradient: {
         auto it = outbox_.find(key(a.kind, mb, c, m));

@@ -14,10 +14,12 @@
 // mixing data up, and a wait that outlives the timeout ends the job with a message
 // naming the pp group, the stage and the action.
 //
-// The zero-bubble schedules' split backward: backward-input runs the chunk's whole
-// backward (input and weight gradients) and backward-weight has nothing left to do. The
-// numbers are exact; the timing is that of 1F1B with the W slots empty (the layers have
-// no separate weight-gradient pass yet).
+// The zero-bubble schedules' split backward: backward-input runs the chunk's backward
+// with the linear layers' weight gradients deferred (nn::DeferWeightGrads: each records
+// its output gradient), backward-weight computes them. Norms and the embedding still get
+// their (cheap) weight gradients in the first half. The activations of a split backward
+// stay in the pool until its weight half (the layers' inputs live there); the live count
+// that the peak measures ends at backward-input, as in simulate().
 //
 // Buffers: a posted receive's buffer belongs to the transfer until the receive action
 // has waited for it; a send's copy belongs to the transfer until the end of the walk.
@@ -32,6 +34,7 @@
 
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/model/gpt.hpp"
+#include "ndmesh/nn/linear.hpp"
 #include "ndmesh/parallel/pp/schedule.hpp"
 
 namespace ndmesh::pp {
@@ -53,8 +56,9 @@ struct WalkResult {
 struct StageHooks {
   /// Fills tokens and targets (micro-batch * seq each) of micro-batch `mb` of the step.
   std::function<void(int mb, std::int32_t* tokens, std::int32_t* targets)> data;
-  /// Around each backward of local chunk `chunk`; `last` marks the chunk's last backward
-  /// of the step (where data parallelism reduces its gradients).
+  /// Around each backward of local chunk `chunk` (both halves of a split one); `last`
+  /// marks the one after which the chunk's gradients are final for the step (where data
+  /// parallelism reduces them): the last backward, or the last backward-weight.
   std::function<void(int chunk, bool last)> before_backward;
   std::function<void(int chunk)> after_backward;
 };
@@ -131,6 +135,7 @@ class Executor {
   // Activation pools, per local chunk; live ones by key(forward, mb, chunk).
   std::vector<std::vector<std::unique_ptr<Acts>>> free_acts_;
   std::map<std::int64_t, std::unique_ptr<Acts>> live_;
+  std::map<std::int64_t, nn::DeferredWeightGrads<float>> deferred_;  // split backwards awaiting their W
   int allocated_ = 0, peak_live_ = 0;
   std::vector<std::int32_t> tokens_, targets_;
   std::vector<int> dropped_;
