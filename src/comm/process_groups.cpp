@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstring>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -156,6 +157,23 @@ const comm::Communicator& ProcessGroups::create_one(DimSet dims) {
     shared = by_canonical_.emplace(key.bits(), made).first;
   }
   return by_kind_.emplace(dims.bits(), shared->second.named(name)).first->second;
+}
+
+const comm::Communicator& ProcessGroups::embedding() {
+  if (have_embedding_) return embedding_;
+  const DimSet pp = mesh_.dims_present("pp");
+  const std::int64_t stages = mesh_.size_of("pp");
+  const std::int64_t at = mesh_.coord_of(rank_, "pp");
+  std::optional<std::int64_t> color;
+  if (at == 0 || at == stages - 1) color = mesh_.color(rank_, pp);
+  if (stages <= 1) {
+    embedding_ = world_.self("embedding");
+  } else {
+    embedding_ = world_.split(color, mesh_.key(rank_, pp), "embedding", opts_);
+    ++splits_;
+  }
+  have_embedding_ = true;
+  return embedding_;
 }
 
 }  // namespace ndmesh

@@ -219,12 +219,13 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
   } else {
     NDMESH_CHECK(input != nullptr, "model", "stage from block {} needs its input hidden states",
                  first_block_);
-    std::copy(input, input + n * spec_.hidden, a.input.data());
+    std::copy(input, input + tp_.local_rows(n) * spec_.hidden, a.input.data());  // local rows under SP
   }
   const T* x = a.input.data();
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
     blocks_[l].forward(x, a.blocks[l], batch_, seq_, core_.get(), positions_.data());
     x = a.blocks[l].out.data();
+    if (progress_) progress_();  // e.g. a pipeline's transfers in flight move between blocks
   }
   a.have_targets = head_ && targets != nullptr;
   if (!head_) return std::numeric_limits<double>::quiet_NaN();

@@ -35,11 +35,29 @@ void Linear<T>::forward(const T* inp, T* out, std::int64_t rows) const {
   gemm<T>(false, true, rows, n_out, in, T(1), inp, in, store_->param(weight_), in, beta, out, n_out);
 }
 
+namespace {
+template <typename T>
+DeferredWeightGrads<T>*& deferred_sink() {
+  thread_local DeferredWeightGrads<T>* sink = nullptr;
+  return sink;
+}
+}  // namespace
+
 template <typename T>
 void Linear<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
   if (dinp != nullptr)
     gemm<T>(false, false, rows, in, n_out, T(1), dout, n_out, store_->param(weight_), in, T(1), dinp, in);
+  if (DeferredWeightGrads<T>* sink = deferred_sink<T>()) {
+    sink->record(*this, dout, inp, rows);
+    return;
+  }
+  backward_weight(dout, inp, rows);
+}
+
+template <typename T>
+void Linear<T>::backward_weight(const T* dout, const T* inp, std::int64_t rows) const {
+  const std::int64_t in = options_.in, n_out = options_.out;
   gemm<T>(true, false, n_out, in, rows, T(1), dout, n_out, inp, in, T(1), store_->grad(weight_), in);
   if (!options_.deferred_bias) backward_bias(dout, rows);
 }
@@ -62,7 +80,32 @@ void Linear<T>::backward_bias(const T* dout, std::int64_t rows) const {
     for (std::int64_t o = 0; o < n_out; ++o) db[o] += dout[r * n_out + o];
 }
 
+template <typename T>
+void DeferredWeightGrads<T>::record(const Linear<T>& layer, const T* dout, const T* inp, std::int64_t rows) {
+  entries_.push_back({&layer, std::vector<T>(dout, dout + rows * layer.options().out), inp, rows});
+}
+
+template <typename T>
+void DeferredWeightGrads<T>::run() {
+  for (const Entry& e : entries_) e.layer->backward_weight(e.dout.data(), e.inp, e.rows);
+  entries_.clear();
+}
+
+template <typename T>
+DeferWeightGrads<T>::DeferWeightGrads(DeferredWeightGrads<T>& sink) : previous_(deferred_sink<T>()) {
+  deferred_sink<T>() = &sink;
+}
+
+template <typename T>
+DeferWeightGrads<T>::~DeferWeightGrads() {
+  deferred_sink<T>() = previous_;
+}
+
 template class Linear<float>;
 template class Linear<double>;
+template class DeferredWeightGrads<float>;
+template class DeferredWeightGrads<double>;
+template class DeferWeightGrads<float>;
+template class DeferWeightGrads<double>;
 
 }  // namespace ndmesh::nn

@@ -1,6 +1,10 @@
 #include "ndmesh/parallel/trainer.hpp"
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
 #include <cmath>
 #include <algorithm>
 #include <numbers>
@@ -8,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/config/partition.hpp"
 #include "ndmesh/model/checkpoint.hpp"
 
 namespace ndmesh::parallel {
@@ -18,10 +23,11 @@ std::vector<std::string> unsupported_layout(const Mesh& mesh) {
     const char* dim;
     const char* what;
   };
-  for (auto [dim, what] : {Pending{"pp", "pipeline parallelism"}, Pending{"ep", "expert parallelism"}})
+  for (auto [dim, what] : {Pending{"ep", "expert parallelism"}})
     if (mesh.size_of(dim) > 1)
       out.push_back(fmt::format("--{}={}: {} is not implemented in ndmesh train yet; use --{} 1 (data parallelism: "
-                                "--dp N, context parallelism: --cp N, tensor parallelism: --tp N)",
+                                "--dp N, tensor parallelism: --tp N, pipeline parallelism: --pp N, context "
+                                "parallelism: --cp N)",
                                 dim, mesh.size_of(dim), what, dim));
   for (const Dim& d : mesh.dims())
     if (d.size > 1 && d.name != "dp" && d.name != "tp" && d.name != "pp" && d.name != "cp" && d.name != "ep")
@@ -80,25 +86,100 @@ Trainer::Trainer(TrainOptions options, std::unique_ptr<model::DataSource> data, 
       !problems.empty())
     fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
   tp_double_ = std::make_unique<CommunicatorTpComm<double>>(tp_, tp_stats_);
-
-  const std::int64_t pad = o.dp.zero > 0 ? grad_size_ : 1;
-  model_ = std::make_unique<model::Gpt>(
-      o.model, model::GptOptions{.seed = o.seed, .batch = micro, .seq = local_seq, .pad_to = pad},
-      make_tp_context<float>(tp_, o.sequence_parallel, tp_stats_));
-  model_->set_loss_weight(1.0 / static_cast<double>(o.batch * o.model.seq));
-  if (cp_size_ > 1) {
-    model_->set_positions(positions_);
-    ring_ = std::make_shared<RingAttention<float>>(cp);
-    model_->set_attention_core(ring_);
-  }
-  reducer_ = std::make_unique<GradReducer>(grad_, model_->params().size(), o.dp);
-  model_->set_grads_final_hook([r = reducer_.get()](std::int64_t from) { r->grads_final(from); });
-  model_->set_progress_hook([r = reducer_.get()] { r->progress(); });
-  adam_ = std::make_unique<nn::AdamW<float>>(model_->params(), o.adamw, reducer_->shard());
-  tokens_.resize(static_cast<std::size_t>(micro * local_seq));
-  targets_.resize(tokens_.size());
+  if (cp_size_ > 1) ring_ = std::make_shared<RingAttention<float>>(cp);
   full_tokens_.resize(static_cast<std::size_t>(micro * o.model.seq));
   full_targets_.resize(full_tokens_.size());
+  build_pipeline(micro, local_seq);
+}
+
+void Trainer::build_pipeline(std::int64_t micro, std::int64_t local_seq) {
+  const TrainOptions& o = options_;
+  pp_ = groups_.pp();
+  stage_ = pp_.rank();
+  stages_ = pp_.size();
+  const std::int64_t v = o.pp.virtual_stages;
+  const bool interleaved = o.pp.schedule == Schedule::kInterleaved;
+  NDMESH_CHECK_CONFIG(v >= 1, "train", "--virtual-stages={} must be at least 1", v);
+  NDMESH_CHECK_CONFIG(!interleaved || v >= 2, "train",
+                      "--schedule interleaved needs --virtual-stages 2 or more (now {}); or use --schedule 1f1b", v);
+  NDMESH_CHECK_CONFIG(interleaved || v == 1, "train",
+                      "--virtual-stages={} applies only to --schedule interleaved (now {}); add --schedule "
+                      "interleaved or use --virtual-stages 1",
+                      v, schedule_name(o.pp.schedule));
+  NDMESH_CHECK_CONFIG(!interleaved || stages_ > 1, "train",
+                      "--schedule interleaved needs --pp 2 or more (now --pp {}); use --schedule 1f1b", stages_);
+  NDMESH_CHECK_CONFIG(!interleaved || microbatches_ % stages_ == 0, "train",
+                      "--schedule interleaved needs a multiple of --pp={} micro-batches per step, but --batch {} / "
+                      "--dp {} / --micro-batch {} gives {}; use --micro-batch {}",
+                      stages_, o.batch, dp_size_, micro, microbatches_,
+                      std::max<std::int64_t>(1, local_batch_ / (((microbatches_ + stages_ - 1) / stages_) * stages_)));
+  NDMESH_CHECK_CONFIG(o.pp.schedule != Schedule::kZbH1 || o.dp.zero == 0, "train",
+                      "--zero={} with --schedule zb-h1: ZeRO with a split backward is not implemented yet; use "
+                      "--zero 0 or --schedule 1f1b",
+                      o.dp.zero);
+  NDMESH_CHECK_CONFIG(stages_ == 1 || o.dp.zero == 0, "train",
+                      "--zero={} with --pp={}: ZeRO under pipeline parallelism is not implemented yet; use --zero 0",
+                      o.dp.zero, stages_);
+  try {
+    partition_ = o.pp.layers.empty() ? balanced_partition(o.model.layers, stages_, v)
+                                     : parse_partition(o.pp.layers, o.model.layers, stages_, v, "--pp-layers");
+  } catch (const ConfigError& e) {
+    fail<ConfigError>("train", "--layers={} over --pp={} x --virtual-stages={}: {}", o.model.layers, stages_, v,
+                      e.what());
+  }
+  pp::PipelineSchedule schedule = pp::make_schedule({.schedule = o.pp.schedule,
+                                                     .stages = stages_,
+                                                     .microbatches = static_cast<int>(microbatches_),
+                                                     .chunks = static_cast<int>(v)});
+
+  // Local chunk c is virtual stage c * pp + stage: blocks after those of the chunks before it.
+  const std::int64_t pad = o.dp.zero > 0 ? grad_size_ : 1;
+  std::vector<model::Gpt*> raw;
+  for (int c = 0; c < v; ++c) {
+    const int vs = schedule.virtual_stage(stage_, c);
+    std::int64_t first = 0;
+    for (int k = 0; k < vs; ++k) first += partition_[static_cast<std::size_t>(k)];
+    chunks_.push_back(std::make_unique<model::Gpt>(
+        o.model, model::GptOptions{.seed = o.seed,
+                                   .batch = micro,
+                                   .seq = local_seq,
+                                   .first_block = first,
+                                   .last_block = first + partition_[static_cast<std::size_t>(vs)],
+                                   .pad_to = pad},
+        make_tp_context<float>(tp_, o.sequence_parallel, tp_stats_)));
+    model::Gpt& g = *chunks_.back();
+    g.set_loss_weight(1.0 / static_cast<double>(o.batch * o.model.seq));
+    if (cp_size_ > 1) {
+      g.set_positions(positions_);
+      g.set_attention_core(ring_);
+    }
+    reducers_.push_back(std::make_unique<GradReducer>(grad_, g.params().size(), o.dp));
+    GradReducer* r = reducers_.back().get();
+    g.set_grads_final_hook([r](std::int64_t from) { r->grads_final(from); });
+    g.set_progress_hook([r, this] {
+      r->progress();
+      if (executor_) executor_->poll();
+    });
+    adams_.push_back(std::make_unique<nn::AdamW<float>>(g.params(), o.adamw, r->shard()));
+    raw.push_back(&g);
+    if (stages_ > 1 && o.model.tied_embeddings) {
+      if (g.has_head() && !g.has_embedding()) tied_copy_chunk_ = c;
+      if (g.has_embedding() && !g.has_head()) tied_main_chunk_ = c;
+    }
+  }
+  embedding_ = groups_.embedding();
+  executor_ = std::make_unique<pp::Executor>(std::move(schedule), pp_, std::move(raw),
+                                             pp::ExecutorOptions{.timeout_s = o.pp.timeout_s});
+  if (!o.pp.drop_action.empty()) {
+    int st = -1, index = -1;
+    NDMESH_CHECK_CONFIG(std::sscanf(o.pp.drop_action.c_str(), "%d:%d", &st, &index) == 2, "train",
+                        "--pp-drop-action={} is not STAGE:INDEX; e.g. --pp-drop-action 0:1", o.pp.drop_action);
+    if (st == stage_) executor_->drop_action(index);
+  }
+  tokens_.resize(static_cast<std::size_t>(micro * local_seq));
+  targets_.resize(tokens_.size());
+  groups_.world().barrier();
+  executor_->set_origin(std::chrono::steady_clock::now());
 }
 
 void Trainer::load_batch(std::uint64_t stream, std::int64_t index, std::int64_t first, std::int64_t count) {
@@ -130,52 +211,91 @@ void Trainer::sum_over_dp(std::span<double> values) {
   if (grad_size_ > 1) grad_.all_reduce(values);
 }
 
+namespace {
+// The gradient of the token table inside a chunk's flat buffer.
+std::span<float> token_table_grads(model::Gpt& g) {
+  const int id = g.params().find("embed.tokens");
+  NDMESH_CHECK(id >= 0, "train", "a chunk with a tied head has no embed.tokens");
+  return std::span<float>(g.params().grad(id), static_cast<std::size_t>(g.params().view(id).numel));
+}
+}  // namespace
+
 StepStats Trainer::step() {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  const std::int64_t seq = model_->seq(), micro = model_->batch();
-  auto& params = model_->params();
-  params.zero_grad();
-  reducer_->zero_shard_grads();
-  reducer_->reset_timers();
-  tp_stats_->reset();
-  double loss_sum = 0;  // summed over this rank's tokens
-  for (std::int64_t mb = 0; mb < microbatches_; ++mb) {
-    model_->set_tp_grad_sync(mb + 1 == microbatches_);
-    const std::int64_t first = dp_rank_ * local_batch_ + mb * micro;
-    load_batch(model::DataSource::kTrainStream, step_, first, micro);
-    loss_sum += model_->forward(tokens_.data(), targets_.data()) * static_cast<double>(micro * seq);
-    reducer_->begin_backward(params.grads().data(), mb + 1 == microbatches_);
-    model_->backward();
-    reducer_->finish_backward();
+  const std::int64_t micro = model().batch();
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    chunks_[c]->params().zero_grad();
+    reducers_[c]->zero_shard_grads();
+    reducers_[c]->reset_timers();
   }
-  std::array<double, 2> sums = {loss_sum, owned_grad_square_sum()};
-  if (reducer_->zero() > 0)
+  tp_stats_->reset();
+  pp::StageHooks hooks;
+  hooks.data = [&](int mb, std::int32_t* tokens, std::int32_t* targets) {
+    load_batch(model::DataSource::kTrainStream, step_, dp_rank_ * local_batch_ + mb * micro, micro);
+    std::copy(tokens_.begin(), tokens_.end(), tokens);
+    std::copy(targets_.begin(), targets_.end(), targets);
+  };
+  hooks.before_model_backward = [&](int c, bool last) {
+    chunks_[static_cast<std::size_t>(c)]->set_tp_grad_sync(last);  // tp-summed gradients: once, at the last
+  };
+  hooks.before_backward = [&](int c, bool last) {
+    reducers_[static_cast<std::size_t>(c)]->begin_backward(chunks_[static_cast<std::size_t>(c)]->params().grads().data(),
+                                                           last);
+  };
+  hooks.after_backward = [&](int c) { reducers_[static_cast<std::size_t>(c)]->finish_backward(); };
+  pp::WalkResult walk = executor_->train_step(hooks);
+  // Pipelines are numbered by their pp group's color (one per dp x cp x tp coordinate).
+  const Mesh& mesh = groups_.mesh();
+  const double pipeline = static_cast<double>(mesh.color(groups_.rank(), mesh.dims_present("pp")));
+  for (const pp::ActionTiming& t : walk.timings)
+    trace_.insert(trace_.end(), {pipeline, static_cast<double>(stage_), static_cast<double>(step_),
+                                 static_cast<double>(t.action.kind), static_cast<double>(t.action.microbatch),
+                                 static_cast<double>(t.action.chunk), t.start, t.end});
+
+  // A tied head on the last stage and the embedding on the first hold two copies of the
+  // token table: both get the sum of their gradients (Megatron's embedding group).
+  if (tied_copy_chunk_ >= 0)
+    embedding_.all_reduce(token_table_grads(*chunks_[static_cast<std::size_t>(tied_copy_chunk_)]));
+  if (tied_main_chunk_ >= 0)
+    embedding_.all_reduce(token_table_grads(*chunks_[static_cast<std::size_t>(tied_main_chunk_)]));
+
+  double square_sum = 0;
+  for (std::size_t c = 0; c < chunks_.size(); ++c) square_sum += owned_grad_square_sum(c);
+  if (tied_copy_chunk_ >= 0)  // the copy counts once in the norm, on the first stage (its tp shard)
+    for (float g : token_table_grads(*chunks_[static_cast<std::size_t>(tied_copy_chunk_)]))
+      square_sum -= static_cast<double>(g) * static_cast<double>(g);
+  std::array<double, 2> sums = {walk.loss_sum, square_sum};
+  if (reducers_.front()->zero() > 0)
     sum_over_dp(sums);
   else
     sum_over_dp(std::span<double>(sums.data(), 1));  // the reduced gradients are the same everywhere
   tp_double_->all_reduce_sum(&sums[1], 1);          // the loss is the same on every tp rank
+  if (stages_ > 1) pp_.all_reduce(std::span<double>(sums));
   StepStats s;
   s.loss = sums[0] / static_cast<double>(tokens_per_step());
-  s.grad_norm = std::sqrt(sums[1]);
+  s.grad_norm = std::sqrt(std::max(0.0, sums[1]));
   s.lr = lr_at(step_);
-  adam_->update(params, s.lr, s.grad_norm, reducer_->shard_grads());
-  reducer_->gather_params(params.params().data());
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    adams_[c]->update(chunks_[c]->params(), s.lr, s.grad_norm, reducers_[c]->shard_grads());
+    reducers_[c]->gather_params(chunks_[c]->params().params().data());
+    s.comm_seconds += reducers_[c]->comm_seconds();
+    s.exposed_comm_seconds += reducers_[c]->exposed_seconds();
+  }
   s.step = ++step_;
-  s.comm_seconds = reducer_->comm_seconds();
-  s.exposed_comm_seconds = reducer_->exposed_seconds();
   s.tp_comm = *tp_stats_;
   s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return s;
 }
 
-double Trainer::owned_grad_square_sum() const {
-  const auto& params = model_->params();
-  const float* shard_grads = reducer_->shard_grads();
+double Trainer::owned_grad_square_sum(std::size_t chunk) const {
+  const auto& params = chunks_[chunk]->params();
+  const GradReducer& reducer = *reducers_[chunk];
+  const float* shard_grads = reducer.shard_grads();
   const bool tp_lead = tp_.rank() == 0;
   double sum = 0;
   std::int64_t at = 0;
-  for (const nn::Segment& seg : reducer_->shard()) {
+  for (const nn::Segment& seg : reducer.shard()) {
     const float* g = shard_grads != nullptr ? shard_grads + at : params.grads().data() + seg.offset;
     for (const ParamView& v : params.views()) {
       if (!v.shard.sharded() && !tp_lead) continue;  // replicated over tp: counted once
@@ -191,7 +311,7 @@ double Trainer::owned_grad_square_sum() const {
 }
 
 std::vector<float> Trainer::to_logical(std::span<const float> local) {
-  const auto& store = model_->params();
+  const auto& store = chunks_.front()->params();
   std::int64_t total = 0;
   const std::vector<std::int64_t> offsets = store.logical_offsets(&total);
   std::vector<float> out(static_cast<std::size_t>(total), 0.0f), gathered;
@@ -212,7 +332,7 @@ std::vector<float> Trainer::to_logical(std::span<const float> local) {
 }
 
 void Trainer::from_logical(const std::vector<float>& logical, std::span<float> local) const {
-  const auto& store = model_->params();
+  const auto& store = chunks_.front()->params();
   const std::vector<std::int64_t> offsets = store.logical_offsets();
   std::fill(local.begin(), local.end(), 0.0f);
   for (std::size_t i = 0; i < store.views().size(); ++i) {
@@ -222,45 +342,65 @@ void Trainer::from_logical(const std::vector<float>& logical, std::span<float> l
 }
 
 double Trainer::evaluate(std::int64_t batches) {
-  const std::int64_t seq = model_->seq(), micro = model_->batch();
+  const std::int64_t micro = model().batch();
   double sum = 0;
   for (std::int64_t b = 0; b < batches; ++b) {
-    for (std::int64_t mb = 0; mb < microbatches_; ++mb) {
-      const std::int64_t first = dp_rank_ * local_batch_ + mb * micro;
-      load_batch(model::DataSource::kEvalStream, b, first, micro);
-      sum += model_->forward(tokens_.data(), targets_.data()) * static_cast<double>(micro * seq);
-    }
+    pp::StageHooks hooks;
+    hooks.data = [&](int mb, std::int32_t* tokens, std::int32_t* targets) {
+      load_batch(model::DataSource::kEvalStream, b, dp_rank_ * local_batch_ + mb * micro, micro);
+      std::copy(tokens_.begin(), tokens_.end(), tokens);
+      std::copy(targets_.begin(), targets_.end(), targets);
+    };
+    sum += executor_->evaluate(hooks).loss_sum;
   }
   sum_over_dp(std::span<double>(&sum, 1));
+  if (stages_ > 1) pp_.all_reduce(std::span<double>(&sum, 1));
   return batches > 0 ? sum / static_cast<double>(batches * tokens_per_step()) : 0.0;
 }
 
 MemoryBytes Trainer::memory() const {
-  const double elements = static_cast<double>(model_->params().size());
-  const double shard = reducer_->zero() > 0 ? elements / static_cast<double>(grad_size_) : elements;
+  double elements = 0, shard = 0, blocks = 0;
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    const double n = static_cast<double>(chunks_[c]->params().size());
+    elements += n;
+    shard += reducers_[c]->zero() > 0 ? n / static_cast<double>(grad_size_) : n;
+    blocks += static_cast<double>(chunks_[c]->blocks().size());
+  }
+  const int zero = reducers_.front()->zero();
   MemoryBytes m;
   m.params = elements * sizeof(float);
-  m.grads = (reducer_->zero() == 2 ? shard : elements) * sizeof(float);
+  m.grads = (zero == 2 ? shard : elements) * sizeof(float);
   m.optimizer = 2 * shard * sizeof(float);
-  m.grad_workspace = reducer_->zero() == 2 ? elements * sizeof(float) : 0.0;
+  m.grad_workspace = zero == 2 ? elements * sizeof(float) : 0.0;
   // Activations the forward keeps for one micro-batch: everything the whole-model
-  // estimate counts beyond parameters and gradients.
-  const double all = model::gpt_memory_elements(options_.model, model_->batch(), model_->seq());
-  m.activations = std::max(0.0, all - 2 * elements) * sizeof(float);
+  // estimate counts beyond parameters and gradients; with a pipeline, this rank's share
+  // of the blocks times the most micro-batches it held at once.
+  const double all = model::gpt_memory_elements(options_.model, chunks_.front()->batch(), chunks_.front()->seq());
+  if (stages_ == 1) {
+    m.activations = std::max(0.0, all - 2 * elements) * sizeof(float);
+  } else {
+    const double per_microbatch = all - model::gpt_memory_elements(options_.model, 0, chunks_.front()->seq());
+    const double held = std::max(1, executor_->peak_live_activations()) / static_cast<double>(chunks_.size());
+    m.activations = std::max(0.0, per_microbatch) * blocks / static_cast<double>(options_.model.layers) * held *
+                    sizeof(float);
+  }
   return m;
 }
 
 void Trainer::save(const std::string& path) {
+  NDMESH_CHECK_CONFIG(stages_ == 1, "train",
+                      "--save with --pp={}: checkpoints of pipeline runs are not implemented yet; leave --save out",
+                      stages_);
   // The logical model: parameters are replicated over dp; ZeRO moments are gathered.
-  const auto params = model_->params().params();
+  const auto params = chunks_.front()->params().params();
   std::vector<float> m(params.size(), 0.0f), v(params.size(), 0.0f);
   std::int64_t at = 0;
-  for (const nn::Segment& seg : adam_->segments()) {
-    std::copy_n(adam_->m().begin() + at, seg.count, m.begin() + seg.offset);
-    std::copy_n(adam_->v().begin() + at, seg.count, v.begin() + seg.offset);
+  for (const nn::Segment& seg : adams_.front()->segments()) {
+    std::copy_n(adams_.front()->m().begin() + at, seg.count, m.begin() + seg.offset);
+    std::copy_n(adams_.front()->v().begin() + at, seg.count, v.begin() + seg.offset);
     at += seg.count;
   }
-  if (reducer_->zero() > 0) {  // every element is owned by exactly one rank: a sum gathers them
+  if (reducers_.front()->zero() > 0) {  // every element is owned by exactly one rank: a sum gathers them
     grad_.all_reduce(std::span<float>(m));
     grad_.all_reduce(std::span<float>(v));
   }
@@ -272,7 +412,7 @@ void Trainer::save(const std::string& path) {
     c.spec = options_.model;
     c.step = step_;
     c.data = data_->describe();
-    c.adam_steps = adam_->steps();
+    c.adam_steps = adams_.front()->steps();
     c.params = std::move(logical_params);
     c.adam_m = std::move(logical_m);
     c.adam_v = std::move(logical_v);
@@ -282,6 +422,9 @@ void Trainer::save(const std::string& path) {
 }
 
 void Trainer::load(const std::string& path) {
+  NDMESH_CHECK_CONFIG(stages_ == 1, "train",
+                      "--load with --pp={}: checkpoints of pipeline runs are not implemented yet; leave --load out",
+                      stages_);
   model::Checkpoint c = model::load_checkpoint(path);
   auto diffs = model::spec_differences(c.spec, options_.model);
   if (c.data != data_->describe())
@@ -289,12 +432,12 @@ void Trainer::load(const std::string& path) {
   if (!diffs.empty())
     fail<ConfigError>("checkpoint", "'{}' does not match this run ({}); pass the flags it was saved with", path,
                       fmt::join(diffs, "; "));
-  auto params = model_->params().params();
+  auto params = model().params().params();
   // The checkpoint holds the logical (serial) layout, perhaps padded (ZeRO pads to the dp
   // size): the logical parameters are the same up to the padding; each rank takes its
   // tp slices.
   std::int64_t logical = 0;
-  model_->params().logical_offsets(&logical);
+  model().params().logical_offsets(&logical);
   const auto need = static_cast<std::size_t>(logical);
   NDMESH_CHECK(c.params.size() >= need && c.adam_m.size() >= need && c.adam_v.size() >= need, "checkpoint",
                "'{}' holds {} parameters but the model has {}", path, c.params.size(), need);
@@ -306,13 +449,143 @@ void Trainer::load(const std::string& path) {
   from_logical(c.adam_m, m);
   from_logical(c.adam_v, v);
   std::int64_t at = 0;
-  for (const nn::Segment& seg : adam_->segments()) {
-    std::copy_n(m.begin() + seg.offset, seg.count, adam_->m().begin() + at);
-    std::copy_n(v.begin() + seg.offset, seg.count, adam_->v().begin() + at);
+  for (const nn::Segment& seg : adams_.front()->segments()) {
+    std::copy_n(m.begin() + seg.offset, seg.count, adams_.front()->m().begin() + at);
+    std::copy_n(v.begin() + seg.offset, seg.count, adams_.front()->v().begin() + at);
     at += seg.count;
   }
-  adam_->set_steps(c.adam_steps);
+  adams_.front()->set_steps(c.adam_steps);
   step_ = c.step;
+}
+
+namespace {
+char kind_letter(pp::ActionKind k) {
+  switch (k) {
+    case pp::ActionKind::kForward:
+      return 'F';
+    case pp::ActionKind::kBackward:
+    case pp::ActionKind::kBackwardInput:
+      return 'B';
+    case pp::ActionKind::kBackwardWeight:
+      return 'W';
+    case pp::ActionKind::kSendActivation:
+    case pp::ActionKind::kSendGradient:
+      return 'S';
+    default:
+      return 'R';
+  }
+}
+}  // namespace
+
+PipelineReport Trainer::pipeline_report(const std::string& trace_path) {
+  const comm::Communicator& world = groups_.world();
+  const int n = world.size();
+  constexpr std::size_t kFields = 8;
+  std::array<std::int64_t, 3> mine = {static_cast<std::int64_t>(trace_.size()), stage_,
+                                      executor_->peak_live_activations()};
+  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(n));
+  world.all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+  PipelineReport r;
+  if (world.rank() != 0) {
+    if (!trace_.empty()) world.send(std::span<const double>(trace_), 0, {.tag = 77});
+    return r;
+  }
+  std::vector<double> events = trace_;
+  for (int k = 1; k < n; ++k) {
+    const auto count = static_cast<std::size_t>(all[3 * static_cast<std::size_t>(k)]);
+    if (count == 0) continue;
+    std::vector<double> theirs(count);
+    world.recv(std::span<double>(theirs), k, {.tag = 77});
+    events.insert(events.end(), theirs.begin(), theirs.end());
+  }
+  const pp::PipelineSchedule& s = schedule();
+  const std::size_t count = events.size() / kFields;
+  r.valid = true;
+  r.events = static_cast<std::int64_t>(count);
+  r.peak_activations.assign(static_cast<std::size_t>(s.stages), 0);
+  for (int k = 0; k < n; ++k) {
+    auto& peak = r.peak_activations[static_cast<std::size_t>(all[3 * static_cast<std::size_t>(k) + 1])];
+    peak = std::max(peak, static_cast<int>(all[3 * static_cast<std::size_t>(k) + 2]));
+  }
+  r.expected_peak_activations = pp::simulate(s).peak_in_flight_chunks;
+
+  // Bubble per (pipeline, step), leaving out the first step (allocation, warm caches).
+  double min_step = 1e300;
+  for (std::size_t e = 0; e < count; ++e) min_step = std::min(min_step, events[e * kFields + 2]);
+  struct Window {
+    double start = 1e300, end = -1e300, busy = 0;
+  };
+  std::map<std::pair<int, int>, Window> windows;
+  double sum_f = 0, sum_b = 0, sum_w = 0;
+  int n_f = 0, n_b = 0, n_w = 0;
+  bool split = false;
+  for (std::size_t e = 0; e < count; ++e) {
+    const double* ev = &events[e * kFields];
+    const auto kind = static_cast<pp::ActionKind>(static_cast<int>(ev[3]));
+    if (ev[2] == min_step && step_ > 1) continue;
+    Window& w = windows[{static_cast<int>(ev[0]), static_cast<int>(ev[2])}];
+    w.start = std::min(w.start, ev[6]);
+    w.end = std::max(w.end, ev[7]);
+    const double d = ev[7] - ev[6];
+    if (pp::is_p2p(kind)) continue;
+    w.busy += d;
+    if (kind == pp::ActionKind::kForward) sum_f += d, ++n_f;
+    if (kind == pp::ActionKind::kBackward || kind == pp::ActionKind::kBackwardInput) sum_b += d, ++n_b;
+    if (kind == pp::ActionKind::kBackwardWeight) sum_w += d, ++n_w, split = true;
+  }
+  double bubble = 0;
+  for (const auto& [k, w] : windows)
+    bubble += w.end > w.start ? 1.0 - w.busy / (static_cast<double>(s.stages) * (w.end - w.start)) : 0.0;
+  r.bubble_measured = windows.empty() ? 0.0 : bubble / static_cast<double>(windows.size());
+  const double v = s.chunks;
+  const double f = n_f ? sum_f / n_f * v : 1.0, b = n_b ? sum_b / n_b * v : 2.0, w = n_w ? sum_w / n_w * v : 0.0;
+  // A full backward is simulated as B + W; the simulator wants both positive.
+  const double tiny = 1e-6 * std::max(f, 1e-12);
+  r.costs = split ? pp::Costs{.forward = std::max(f, tiny), .backward_input = std::max(b, tiny),
+                              .backward_weight = std::max(w, tiny)}
+                  : pp::Costs{.forward = std::max(f, tiny), .backward_input = std::max(b / 2, tiny),
+                              .backward_weight = std::max(b / 2, tiny)};
+  r.bubble_simulated = pp::simulate(s, r.costs).bubble_fraction;
+
+  if (!trace_path.empty()) {
+    std::ofstream out(trace_path);
+    if (!out) fail<IoError>("train", "--trace={}: cannot write the file; check the folder", trace_path);
+    out << fmt::format(
+        "{{\"ndmesh\": {{\"schedule\": \"{}\", \"stages\": {}, \"microbatches\": {}, \"chunks\": {}}},\n"
+        "\"displayTimeUnit\": \"ms\",\n\"traceEvents\": [\n",
+        schedule_name(s.kind), s.stages, s.microbatches, s.chunks);
+    bool first = true;
+    for (std::size_t e = 0; e < count; ++e) {
+      const double* ev = &events[e * kFields];
+      const auto kind = static_cast<pp::ActionKind>(static_cast<int>(ev[3]));
+      out << (first ? "" : ",\n")
+          << fmt::format("{{\"name\": \"{}{}{}\", \"cat\": \"{}\", \"ph\": \"X\", \"pid\": {}, \"tid\": {}, "
+                         "\"ts\": {:.3f}, \"dur\": {:.3f}, \"args\": {{\"step\": {}, \"microbatch\": {}, "
+                         "\"chunk\": {}}}}}",
+                         kind_letter(kind), static_cast<int>(ev[4]),
+                         s.chunks > 1 ? fmt::format(".{}", static_cast<int>(ev[5])) : std::string(),
+                         pp::action_kind_name(kind), static_cast<int>(ev[0]), static_cast<int>(ev[1]),
+                         ev[6] * 1e6, (ev[7] - ev[6]) * 1e6, static_cast<int>(ev[2]) + 1, static_cast<int>(ev[4]),
+                         static_cast<int>(ev[5]));
+      first = false;
+    }
+    std::set<int> pipelines;
+    for (std::size_t e = 0; e < count; ++e) pipelines.insert(static_cast<int>(events[e * kFields]));
+    for (int pl : pipelines) {
+      out << (first ? "" : ",\n")
+          << fmt::format("{{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": {}, \"args\": {{\"name\": "
+                         "\"pipeline {}\"}}}}",
+                         pl, pl);
+      first = false;
+      for (int st = 0; st < s.stages; ++st)
+        out << fmt::format(",\n{{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": {}, \"tid\": {}, \"args\": "
+                           "{{\"name\": \"stage {}\"}}}}",
+                           pl, st, st);
+    }
+    out << "\n]}\n";
+    if (!out) fail<IoError>("train", "--trace={}: writing failed (disk full?)", trace_path);
+  }
+  return r;
 }
 
 }  // namespace ndmesh::parallel

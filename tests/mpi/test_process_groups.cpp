@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -195,6 +196,34 @@ TEST(ProcessGroups, SeedAccessorsMatchTheReference) {
       EXPECT_EQ(pg.view().pp_prev_rank(), pp[static_cast<std::size_t>(pi - 1)]);
     } else {
       EXPECT_FALSE(pg.view().pp_prev_rank().has_value());
+    }
+    world.barrier();
+  }
+}
+
+// The embedding group (tied embeddings under pipeline parallelism): the first and the last
+// rank of the reference pp group; empty on the stages in between; one rank when pp = 1.
+// Checked by communication: the sum of the members' world ranks.
+TEST(ProcessGroups, EmbeddingGroupIsFirstAndLastStageOfEachPipeline) {
+  Communicator world = Communicator::world();
+  const std::int64_t n = world.size(), r = world.rank();
+  for (const auto& l : layouts_for(n)) {
+    SCOPED_TRACE(describe(l));
+    ProcessGroups pg(Mesh(l.dims), world);
+    std::vector<bool> chosen(l.dims.size());
+    for (std::size_t i = 0; i < l.dims.size(); ++i) chosen[i] = l.dims[i].name == "pp";
+    const auto pp = reference_group(l, n, r, chosen);
+    const Communicator& emb = pg.embedding();
+    const bool end = r == pp.front() || r == pp.back();
+    ASSERT_EQ(emb.valid(), end);
+    if (end) {
+      std::vector<std::int64_t> expected = {pp.front()};
+      if (pp.size() > 1) expected.push_back(pp.back());
+      EXPECT_EQ(emb.members(), expected);
+      EXPECT_EQ(emb.name(), "embedding");
+      std::int64_t sum = r;
+      emb.all_reduce(std::span<std::int64_t>(&sum, 1));
+      EXPECT_EQ(sum, std::accumulate(expected.begin(), expected.end(), std::int64_t{0}));
     }
     world.barrier();
   }

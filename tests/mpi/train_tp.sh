@@ -62,6 +62,12 @@ check gqa 4 dp2_tp2_sp "${gqa[@]}" --dp 2 --tp 2 --sequence-parallel
 check gqa 4 dp2_tp2_sp_zero1 "${gqa[@]}" --dp 2 --tp 2 --sequence-parallel --zero 1 --bucket-mb 0.01
 check gqa 4 cp2_tp2_sp "${gqa[@]}" --cp 2 --tp 2 --sequence-parallel
 check gqa_untied 4 tp2_dp2_order_zero2 "${gqa[@]}" --untied --dp 2 --tp 2 --order tp,dp --zero 2 --micro-batch 3
+# Composed with pipeline parallelism: stage boundaries carry this rank's rows under sequence
+# parallelism; the tp-summed gradients are summed once, at the last input backward (also
+# with zero-bubble's split backward); a tied head's token table shard is summed over the
+# embedding group.
+check gqa 4 pp2_tp2_sp "${gqa[@]}" --pp 2 --tp 2 --sequence-parallel --micro-batch 3
+check gqa_untied 4 pp2_tp2_sp_zbh1 "${gqa[@]}" --untied --pp 2 --tp 2 --sequence-parallel --schedule zb-h1 --micro-batch 2
 
 # Parameters: the logical count is the serial one; a rank holds 1/tp of every split
 # matrix and bias and all of the replicated norms, row-parallel biases and positions.

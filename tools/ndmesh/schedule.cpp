@@ -4,11 +4,14 @@
 // numbers (or all of it as JSON with --json).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -34,7 +37,119 @@ struct Options {
   std::string svg;
   bool json = false;
   std::string color = "auto";
+  std::string trace;  // draw a measured run (ndmesh train --trace) instead
+  int pipeline = 0;
+  int step = 0;  // 0: the last step in the trace
 };
+
+// A measured run as a schedule and its "simulation": the actions of one pipeline and one
+// step in the order they ran, with their measured start and end (seconds from the step's
+// first action), so the same renderer draws it.
+std::pair<pp::PipelineSchedule, pp::Simulation> read_trace(const Options& o) {
+  std::ifstream in(o.trace);
+  if (!in)
+    fail<ConfigError>(
+        "schedule", "--trace {}: cannot read the file; pass a file written by ndmesh train --trace", o.trace);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    fail<ConfigError>("schedule", "--trace {}: not JSON ({}); pass a file written by ndmesh train --trace",
+                      o.trace, e.what());
+  }
+  if (!j.contains("ndmesh") || !j.contains("traceEvents"))
+    fail<ConfigError>("schedule",
+                      "--trace {}: no ndmesh pipeline header; pass a file written by ndmesh train --trace",
+                      o.trace);
+  pp::PipelineSchedule s;
+  s.kind = parse_schedule(j["ndmesh"]["schedule"].get<std::string>());
+  s.stages = j["ndmesh"]["stages"].get<int>();
+  s.microbatches = j["ndmesh"]["microbatches"].get<int>();
+  s.chunks = j["ndmesh"]["chunks"].get<int>();
+  s.actions.resize(static_cast<std::size_t>(s.stages));
+  int last_step = 0;
+  for (const auto& e : j["traceEvents"])
+    if (e.value("ph", "") == "X" && e["pid"].get<int>() == o.pipeline)
+      last_step = std::max(last_step, e["args"]["step"].get<int>());
+  const int step = o.step > 0 ? o.step : last_step;
+  struct Timed {
+    double start, end;
+    pp::Action action;
+  };
+  std::vector<std::vector<Timed>> timed(static_cast<std::size_t>(s.stages));
+  double origin = 1e300;
+  for (const auto& e : j["traceEvents"]) {
+    if (e.value("ph", "") != "X" || e["pid"].get<int>() != o.pipeline || e["args"]["step"].get<int>() != step)
+      continue;
+    const int stage = e["tid"].get<int>();
+    if (stage < 0 || stage >= s.stages) continue;
+    pp::Action a{.microbatch = e["args"]["microbatch"].get<int>(), .chunk = e["args"]["chunk"].get<int>()};
+    const std::string cat = e["cat"].get<std::string>();
+    bool known = false;
+    for (int k = 0; k <= static_cast<int>(pp::ActionKind::kRecvGradient); ++k)
+      if (pp::action_kind_name(static_cast<pp::ActionKind>(k)) == cat) {
+        a.kind = static_cast<pp::ActionKind>(k);
+        known = true;
+      }
+    if (!known) continue;
+    const double start = e["ts"].get<double>() * 1e-6, end = start + e["dur"].get<double>() * 1e-6;
+    origin = std::min(origin, start);
+    timed[static_cast<std::size_t>(stage)].push_back({start, end, a});
+  }
+  if (origin == 1e300)
+    fail<ConfigError>(
+        "schedule",
+        "--trace {}: no actions of pipeline {} at step {}; use --trace-pipeline and --trace-step "
+        "with values from the file",
+        o.trace, o.pipeline, step);
+  pp::Simulation sim;
+  sim.busy.assign(static_cast<std::size_t>(s.stages), 0.0);
+  sim.spans.resize(static_cast<std::size_t>(s.stages));
+  double busy = 0;
+  for (int r = 0; r < s.stages; ++r) {
+    auto& list = timed[static_cast<std::size_t>(r)];
+    std::stable_sort(list.begin(), list.end(),
+                     [](const Timed& x, const Timed& y) { return x.start < y.start; });
+    int now = 0, peak = 0;
+    for (const Timed& t : list) {
+      s.actions[static_cast<std::size_t>(r)].push_back(t.action);
+      sim.spans[static_cast<std::size_t>(r)].push_back({t.start - origin, t.end - origin});
+      sim.makespan = std::max(sim.makespan, t.end - origin);
+      if (!pp::is_p2p(t.action.kind)) sim.busy[static_cast<std::size_t>(r)] += t.end - t.start;
+      if (t.action.kind == pp::ActionKind::kForward) peak = std::max(peak, ++now);
+      if (t.action.kind == pp::ActionKind::kBackward || t.action.kind == pp::ActionKind::kBackwardInput)
+        --now;
+    }
+    busy += sim.busy[static_cast<std::size_t>(r)];
+    sim.peak_in_flight_chunks.push_back(peak);
+    sim.peak_in_flight.push_back(static_cast<double>(peak) / s.chunks);
+  }
+  sim.bubble_fraction = sim.makespan > 0 ? 1.0 - busy / (s.stages * sim.makespan) : 0.0;
+  return {std::move(s), std::move(sim)};
+}
+
+int run_trace(const Options& o) {
+  const auto [s, sim] = read_trace(o);
+  if (!o.svg.empty()) {
+    std::ofstream file(o.svg);
+    if (file) file << pp::svg_timeline(s, sim);
+    if (!file)
+      fail<ConfigError>("schedule",
+                        "--svg {} cannot be written ({}); use a path in an existing writable folder", o.svg,
+                        std::strerror(errno));
+  }
+  const bool color = o.color == "always" || (o.color == "auto" && ::isatty(::fileno(stdout)) != 0);
+  fmt::print("measured {} run from {}, pipeline {}, pp={} microbatches={}{}; times in seconds\n",
+             schedule_name(s.kind), o.trace, o.pipeline, s.stages, s.microbatches,
+             s.chunks > 1 ? fmt::format(" vpp={}", s.chunks) : "");
+  fmt::print("{}", pp::ascii_timeline(s, sim, {.color = color}));
+  fmt::print("makespan {:.6f} s, measured bubble fraction {:.4f} (idle share of stage time)\n", sim.makespan,
+             sim.bubble_fraction);
+  fmt::print("peak activations in flight per stage (micro-batches): {}\n",
+             fmt::join(sim.peak_in_flight, " "));
+  if (!o.svg.empty()) fmt::print("wrote {}\n", o.svg);
+  return 0;
+}
 
 nlohmann::ordered_json to_json(const pp::PipelineSchedule& s, const pp::Simulation& sim, const pp::Costs& c) {
   nlohmann::ordered_json out;
@@ -81,6 +196,7 @@ Schedule parse_schedule_flag(const std::string& name) {
 }
 
 int run(const Options& o) {
+  if (!o.trace.empty()) return run_trace(o);
   const Schedule kind = parse_schedule_flag(o.schedule);
   if (o.color != "auto" && o.color != "always" && o.color != "never")
     fail<ConfigError>("schedule", "--color '{}' is unknown; use auto, always or never", o.color);
@@ -135,6 +251,11 @@ Action setup(CLI::App& app) {
   app.add_option("--svg", o->svg, "also write the timeline as an SVG picture to this file");
   app.add_flag("--json", o->json,
                "print everything as JSON instead (makespan, bubble_fraction, peak_in_flight, ...)");
+  app.add_option("--trace", o->trace,
+                 "draw a measured run instead: a Chrome trace written by ndmesh train --trace (with --svg)");
+  app.add_option("--trace-pipeline", o->pipeline, "with --trace: which pipeline (dp rank)")
+      ->capture_default_str();
+  app.add_option("--trace-step", o->step, "with --trace: which step (0: the last)")->capture_default_str();
   app.add_option("--color", o->color, "auto (when stdout is a terminal), always or never")
       ->capture_default_str();
   app.footer(

@@ -64,6 +64,12 @@ class ProcessGroups {
   /// Seed 004's "model" group: pipeline and tensor dims together.
   const comm::Communicator& model() { return group(mesh_.dims_present("pp-tp")); }
 
+  /// Megatron's embedding group: the first and the last rank of this rank's pipeline
+  /// (the pp group), which both hold the token embedding when the head is tied to it;
+  /// the empty handle on the ranks in between; one rank when pp = 1. Created on first
+  /// use (collective over the world, like every group).
+  const comm::Communicator& embedding();
+
   /// Seed 001's layout answers (group ids, first/last ranks, cp_send_rank, pp_next_rank,
   /// is_first_stage, its string), from the mesh.
   const GroupManagerView& view() const { return view_; }
@@ -93,6 +99,8 @@ class ProcessGroups {
   std::map<std::uint32_t, comm::Communicator> by_canonical_;
   std::map<std::uint32_t, comm::Communicator> by_kind_;
   int splits_ = 0;
+  bool have_embedding_ = false;
+  comm::Communicator embedding_;
 };
 
 }  // namespace ndmesh

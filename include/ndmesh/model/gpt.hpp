@@ -133,7 +133,8 @@ class GptT {
   using GradsFinalHook = std::function<void(std::int64_t from)>;
   void set_grads_final_hook(GradsFinalHook hook) { grads_final_ = std::move(hook); }
   /// Called between the sub-layers of each block's backward (no gradient is final
-  /// there): where communication in flight is driven at a finer grain than per block.
+  /// there) and after each block's forward: where communication in flight is driven at a
+  /// finer grain than per block.
   void set_progress_hook(std::function<void()> hook) { progress_ = std::move(hook); }
 
   /// Global positions of this model's seq rows (the same for every sequence of a batch):

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ndmesh/tensor/params.hpp"
 
@@ -38,7 +39,11 @@ class Linear {
   void forward(const T* inp, T* out, std::int64_t rows) const;
   /// Accumulates: dinp += dout · W (skipped when dinp is null), dW += doutᵀ · inp,
   /// db += column sums of dout.
+  /// While a DeferWeightGrads is alive on this thread, only dinp is computed here and the
+  /// weight part is recorded in its sink (the split backward of zero-bubble pipelines).
   void backward(const T* dout, const T* inp, T* dinp, std::int64_t rows) const;
+  /// The weight part alone: dW += doutᵀ · inp, db += column sums of dout.
+  void backward_weight(const T* dout, const T* inp, std::int64_t rows) const;
 
   /// out[rows, out] += b (the deferred bias).
   void add_bias(T* out, std::int64_t rows) const;
@@ -57,6 +62,42 @@ class Linear {
   LinearOptions options_;
   int weight_ = -1;
   int bias_ = -1;
+};
+
+/// Weight gradients set aside by Linear::backward for a later pass: the "W" half of the
+/// zero-bubble schedules' split backward. Each entry holds a copy of the layer's output
+/// gradient and a pointer to its input, which must stay alive (it lives in the
+/// micro-batch's activations) until run().
+template <typename T>
+class DeferredWeightGrads {
+ public:
+  void record(const Linear<T>& layer, const T* dout, const T* inp, std::int64_t rows);
+  /// Adds every recorded weight gradient, in record order, and forgets them.
+  void run();
+  bool empty() const { return entries_.empty(); }
+
+ private:
+  struct Entry {
+    const Linear<T>* layer;
+    std::vector<T> dout;
+    const T* inp;
+    std::int64_t rows;
+  };
+  std::vector<Entry> entries_;
+};
+
+/// While alive, every Linear::backward on this thread computes only its input gradient
+/// and records the weight gradient in `sink` (scopes nest).
+template <typename T>
+class DeferWeightGrads {
+ public:
+  explicit DeferWeightGrads(DeferredWeightGrads<T>& sink);
+  ~DeferWeightGrads();
+  DeferWeightGrads(const DeferWeightGrads&) = delete;
+  DeferWeightGrads& operator=(const DeferWeightGrads&) = delete;
+
+ private:
+  DeferredWeightGrads<T>* previous_;
 };
 
 }  // namespace ndmesh::nn

@@ -12,6 +12,12 @@
 //     backward (ZeRO: reduce-scatter to shards);
 //  5. the gradient norm is global (summed over every shard), then AdamW with clipping at
 //     the step's learning rate (ZeRO: on the shard, then the parameters are gathered).
+// Pipeline parallelism runs every step's micro-batches through pp::Executor, which walks
+// the stage's list of a PipelineSchedule; pp = 1 is the same executor with a one-stage
+// schedule (forward and backward of each micro-batch in turn). A rank holds one Gpt per
+// local model chunk (blocks from the one partition function the planner also uses), each
+// with its own reducer and optimizer; a tied token embedding held by the first and the
+// last stage has its gradient summed over the embedding group.
 // Context parallelism (--cp) splits each sequence: a cp rank keeps its positions of every
 // sequence of its dp slice (zigzag or contiguous chunks, parallel/cp/ring_attention.hpp),
 // runs the model on those tokens with RingAttention as the attention core, and the
@@ -19,8 +25,6 @@
 // Tensor parallelism builds the model over the mesh's tp group (parallel/tp; the layers
 // do the Megatron split), gathers the gradient norm over tp (sharded parameters count on
 // every tp rank, replicated ones once) and checkpoints the logical, unsharded model.
-// Pipeline parallelism plugs in at steps 3 and 4 too; it is refused with a clear error
-// until it exists.
 #pragma once
 
 #include <cstdint>
@@ -36,8 +40,19 @@
 #include "ndmesh/parallel/cp/ring_attention.hpp"
 #include "ndmesh/parallel/dp/grad_reducer.hpp"
 #include "ndmesh/parallel/tp/tp_comm.hpp"
+#include "ndmesh/parallel/pp/executor.hpp"
+#include "ndmesh/parallel/pp/simulate.hpp"
 
 namespace ndmesh::parallel {
+
+/// How the pipeline runs (used when the mesh has pp > 1; pp = 1 runs a one-stage schedule).
+struct PipelineOptions {
+  Schedule schedule = Schedule::k1F1B;  ///< --schedule
+  std::int64_t virtual_stages = 1;      ///< --virtual-stages: chunks per rank (interleaved)
+  std::string layers;                   ///< --pp-layers "3,3,2": blocks per chunk; empty: balanced
+  double timeout_s = 0;                 ///< point-to-point timeout; 0: NDMESH_TIMEOUT_S
+  std::string drop_action;              ///< test hook "STAGE:INDEX": that stage skips that action
+};
 
 /// Options of a training run.
 struct TrainOptions {
@@ -51,9 +66,22 @@ struct TrainOptions {
   nn::AdamWOptions adamw;
   std::uint64_t seed = 1;  ///< model initialisation seed
   DataParallelOptions dp;
+  PipelineOptions pp;
   CpLayout cp_layout = CpLayout::kZigzag;  ///< which chunks of each sequence a cp rank holds
   /// With tp > 1: norms and residuals hold 1/tp of the tokens (--sequence-parallel).
   bool sequence_parallel = false;
+};
+
+/// What the pipeline measured over the steps so far (filled on world rank 0 only).
+struct PipelineReport {
+  bool valid = false;
+  double bubble_measured =
+      0;  ///< idle share of stage time, mean over pipelines and steps (first step left out)
+  double bubble_simulated = 0;  ///< simulate() of the schedule with the measured mean costs
+  pp::Costs costs;  ///< measured mean forward / backward-input / backward-weight of a stage, seconds
+  std::vector<int> peak_activations;           ///< per stage: most live micro-batch activations (chunks)
+  std::vector<int> expected_peak_activations;  ///< per stage: the schedule's (simulate())
+  std::int64_t events = 0;                     ///< actions recorded
 };
 
 /// What one step did (the same numbers on every rank).
@@ -101,7 +129,17 @@ class Trainer {
   /// ConfigError naming every difference when it was written by another model or data.
   void load(const std::string& path);
 
-  model::Gpt& model() { return *model_; }
+  /// The first local model chunk (the whole model without pipeline parallelism).
+  model::Gpt& model() { return *chunks_.front(); }
+  /// Every local model chunk, in local chunk order.
+  const std::vector<std::unique_ptr<model::Gpt>>& chunks() const { return chunks_; }
+  /// Blocks per pipeline chunk (pp * virtual stages entries).
+  const std::vector<std::int64_t>& partition() const { return partition_; }
+  /// The schedule every step runs.
+  const pp::PipelineSchedule& schedule() const { return executor_->schedule(); }
+  /// Collective: gathers every action's timing to world rank 0, which computes the report
+  /// and, when `trace_path` is not empty, writes them as Chrome trace-event JSON.
+  PipelineReport pipeline_report(const std::string& trace_path);
   const model::DataSource& data() const { return *data_; }
   const TrainOptions& options() const { return options_; }
   /// Tokens per step over all ranks (batch * seq).
@@ -113,11 +151,13 @@ class Trainer {
   const Mesh& mesh() const { return groups_.mesh(); }
 
  private:
+  // Cuts the model into chunks, builds this rank's chunks, reducers, optimizers and executor.
+  void build_pipeline(std::int64_t micro, std::int64_t local_seq);
   // Sum over the gradient group (dp-cp) of a few doubles (in place).
   void sum_over_dp(std::span<double> values);
-  // Squared gradient norm of what this rank owns: its shard of dp (ZeRO), of which the
-  // tp-sharded parameters and, on tp rank 0 only, the replicated ones.
-  double owned_grad_square_sum() const;
+  // Squared gradient norm of what this rank owns of local chunk `chunk`: its shard of dp
+  // (ZeRO), of which the tp-sharded parameters and, on tp rank 0 only, the replicated ones.
+  double owned_grad_square_sum(std::size_t chunk) const;
   // A buffer laid out like the flat parameter buffer -> the logical (serial) layout,
   // tp shards gathered (collective over tp); and back (this rank's slices).
   std::vector<float> to_logical(std::span<const float> local);
@@ -135,14 +175,21 @@ class Trainer {
   std::shared_ptr<TpCommStats> tp_stats_ = std::make_shared<TpCommStats>();
   std::unique_ptr<CommunicatorTpComm<double>> tp_double_;
   std::int64_t local_batch_ = 0, microbatches_ = 1;
+  comm::Communicator pp_, embedding_;
+  int stage_ = 0, stages_ = 1;
+  std::vector<std::int64_t> partition_;
+  std::vector<std::unique_ptr<model::Gpt>> chunks_;  // local chunks
+  std::vector<std::unique_ptr<GradReducer>> reducers_;
+  std::vector<std::unique_ptr<nn::AdamW<float>>> adams_;
+  std::unique_ptr<pp::Executor> executor_;
+  int tied_copy_chunk_ = -1;   // local chunk holding the token table for a tied head on another rank
+  int tied_main_chunk_ = -1;   // local chunk holding the embedding whose table is tied to a remote head
+  std::vector<double> trace_;  // 8 doubles per action: pipeline, stage, step, kind, mb, chunk, start, end
   comm::Communicator grad_;  // dp-cp: parameters are replicated over it, gradients summed
   std::int64_t grad_size_ = 1, cp_size_ = 1;
   std::vector<std::int64_t> positions_;  // this cp rank's positions of each sequence
   std::shared_ptr<RingAttention<float>> ring_;
   std::vector<std::int32_t> full_tokens_, full_targets_;
-  std::unique_ptr<model::Gpt> model_;
-  std::unique_ptr<GradReducer> reducer_;
-  std::unique_ptr<nn::AdamW<float>> adam_;
   std::vector<std::int32_t> tokens_, targets_;
   std::int64_t step_ = 0;
 };

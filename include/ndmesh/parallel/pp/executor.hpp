@@ -1,0 +1,148 @@
+// Pipeline executor: runs a PipelineSchedule unchanged on real processes.
+//
+// Each pp rank walks its own action list (schedule.actions[stage]) in order, so any
+// schedule the generator makes (or a hand-built one that passes check_schedule) runs
+// without changes here. Compute actions call the rank's model chunks (one Gpt per local
+// chunk, a contiguous block range each) with per-micro-batch activations taken from a
+// pool: a forward takes one, the backward (or backward-input) of the same (micro-batch,
+// chunk) gives it back, so the pool's size is the measured peak of live activations.
+// Sends and receives of hidden states (forward) and their gradients (backward) are
+// asynchronous point-to-point over the pp group: receives are posted ahead of the action
+// that waits for them (while the compute before it runs), sends copy their data into a
+// buffer of their own and are waited for at the end of the walk. Messages are tagged with
+// (kind, micro-batch, chunk), so a schedule whose stages disagree waits instead of
+// mixing data up, and a wait that outlives the timeout ends the job with a message
+// naming the pp group, the stage and the action.
+//
+// The zero-bubble schedules' split backward: backward-input runs the chunk's backward
+// with the linear layers' weight gradients deferred (nn::DeferWeightGrads: each records
+// its output gradient), backward-weight computes them. Norms and the embedding still get
+// their (cheap) weight gradients in the first half. The activations of a split backward
+// stay in the pool until its weight half (the layers' inputs live there); the live count
+// that the peak measures ends at backward-input, as in simulate().
+//
+// Buffers: a posted receive's buffer belongs to the transfer until the receive action
+// has waited for it; a send's copy belongs to the transfer until the end of the walk.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "ndmesh/comm/communicator.hpp"
+#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/nn/linear.hpp"
+#include "ndmesh/parallel/pp/schedule.hpp"
+
+namespace ndmesh::pp {
+
+/// When one action ran on this rank, in seconds since the executor's origin.
+struct ActionTiming {
+  Action action;
+  int index = 0;  ///< position in the stage's action list
+  double start = 0, end = 0;
+};
+
+/// What one walk of the schedule did on this rank.
+struct WalkResult {
+  double loss_sum = 0;  ///< sum of mean loss * tokens over the micro-batches this rank's head saw
+  std::vector<ActionTiming> timings;  ///< every action, in execution order
+};
+
+/// What the runtime provides to a walk.
+struct StageHooks {
+  /// Fills tokens and targets (micro-batch * seq each) of micro-batch `mb` of the step.
+  std::function<void(int mb, std::int32_t* tokens, std::int32_t* targets)> data;
+  /// Around each backward of local chunk `chunk` (both halves of a split one); `last`
+  /// marks the one after which the chunk's gradients are final for the step (where data
+  /// parallelism reduces them): the last backward, or the last backward-weight.
+  std::function<void(int chunk, bool last)> before_backward;
+  std::function<void(int chunk)> after_backward;
+  /// Before each model backward of local chunk `chunk` (a whole one or the input half of a
+  /// split one, not the weight half); `last` marks the chunk's last of the step: gradients
+  /// computed there and nowhere else (norms and biases, which tp sums) are final after it.
+  std::function<void(int chunk, bool last)> before_model_backward;
+};
+
+/// Options of the executor.
+struct ExecutorOptions {
+  double timeout_s = 0;  ///< a receive or send not done after this long ends the job; 0: NDMESH_TIMEOUT_S
+};
+
+/// The schedule with only its forward passes and activation transfers (evaluation).
+PipelineSchedule forward_only(const PipelineSchedule& schedule);
+
+/// Runs one stage of a schedule. Not thread-safe; one per rank.
+class Executor {
+ public:
+  /// `chunks[c]` is local chunk c (virtual stage c * stages + stage); every chunk has
+  /// the same batch and seq. `pp` is the pipeline group (its rank is the stage). Error
+  /// when the schedule fails check_schedule() or does not fit the chunks or the group.
+  Executor(PipelineSchedule schedule, comm::Communicator pp, std::vector<model::Gpt*> chunks,
+           ExecutorOptions options = {});
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  /// One training step: every action of this stage (collective over the pp group).
+  WalkResult train_step(const StageHooks& hooks) { return walk(schedule_, hooks, true); }
+  /// Forward passes only (losses, no gradients), over forward_only(schedule).
+  WalkResult evaluate(const StageHooks& hooks) { return walk(forward_schedule_, hooks, false); }
+
+  /// Polls the transfers in flight (call between layers to move data during compute).
+  void poll();
+
+  const PipelineSchedule& schedule() const { return schedule_; }
+  int stage() const { return stage_; }
+  /// Activations ever allocated for training walks: the most (micro-batch, chunk)
+  /// activations that were live at once on this stage.
+  int peak_live_activations() const { return peak_live_; }
+  /// Times are measured from this moment (set it after a barrier to line ranks up).
+  void set_origin(std::chrono::steady_clock::time_point t) { origin_ = t; }
+
+  /// Test hook: the stage leaves out this action of its list (a mismatched schedule).
+  void drop_action(int index);
+
+ private:
+  struct Transfer {
+    std::vector<float> buffer;
+    comm::Work work;
+    int index = -1;  // action index, for messages
+    bool posted = false;
+  };
+  using Acts = model::GptActivations<float>;
+  // (kind, micro-batch, chunk) of an action, as a map key.
+  static std::int64_t key(ActionKind kind, int mb, int chunk, int m);
+  int tag(ActionKind kind, int mb, int chunk) const;
+  WalkResult walk(const PipelineSchedule& s, const StageHooks& hooks, bool train);
+  void post_receives(const PipelineSchedule& s, std::size_t upto);
+  void wait(Transfer& t, const Action& a);
+  std::vector<float> take_buffer();
+  double now() const;
+
+  PipelineSchedule schedule_, forward_schedule_;
+  comm::Communicator pp_;
+  std::vector<model::Gpt*> chunks_;
+  ExecutorOptions options_;
+  int stage_ = 0;
+  std::int64_t hidden_elems_ = 0;
+  std::chrono::steady_clock::time_point origin_;
+  // Per walk.
+  std::map<std::int64_t, Transfer> recvs_;  // by key(recv kind, mb, chunk)
+  std::size_t posted_upto_ = 0;             // receives of actions below this index are posted
+  std::vector<Transfer> sends_;
+  std::map<std::int64_t, std::vector<float>> outbox_;  // data produced for a later send
+  std::vector<std::vector<float>> free_buffers_;
+  // Activation pools, per local chunk; live ones by key(forward, mb, chunk).
+  std::vector<std::vector<std::unique_ptr<Acts>>> free_acts_;
+  std::map<std::int64_t, std::unique_ptr<Acts>> live_;
+  std::map<std::int64_t, nn::DeferredWeightGrads<float>> deferred_;  // split backwards awaiting their W
+  int allocated_ = 0, peak_live_ = 0;
+  std::vector<std::int32_t> tokens_, targets_;
+  std::vector<int> dropped_;
+};
+
+}  // namespace ndmesh::pp
