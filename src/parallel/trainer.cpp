@@ -281,6 +281,7 @@ StepStats Trainer::step() {
     reducers_[c]->gather_params(chunks_[c]->params().params().data());
     s.comm_seconds += reducers_[c]->comm_seconds();
     s.exposed_comm_seconds += reducers_[c]->exposed_seconds();
+    s.grad_comm_bytes += reducers_[c]->reduced_bytes();
   }
   s.step = ++step_;
   s.tp_comm = *tp_stats_;

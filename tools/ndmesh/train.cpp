@@ -41,6 +41,7 @@ struct Options {
   double bucket_mb = 25;
   bool no_overlap = false;
   bool no_progress_thread = false;
+  std::string grad_dtype = "fp32";
   bool sequence_parallel = false;
   int zero = 0;
   std::string allreduce = "mpi";
@@ -106,6 +107,8 @@ void validate(const Options& o) {
   need(o.micro_batch >= 0, "--micro-batch", o.micro_batch, "must be >= 0 (0: the whole local batch)", "4");
   need(o.bucket_mb > 0 && o.bucket_mb <= 1 << 20, "--bucket-mb", o.bucket_mb, "must be in (0, 1048576]", "25");
   need(o.zero >= 0 && o.zero <= 2, "--zero", o.zero, "must be 0, 1 or 2", "1");
+  need(o.grad_dtype == "fp32" || o.grad_dtype == "bf16", "--grad-dtype", o.grad_dtype, "must be fp32 or bf16",
+       "bf16");
   comm::parse_algorithm(o.allreduce);
   {
     bool known = false;
@@ -200,7 +203,8 @@ int train(Options o, comm::Communicator& world) {
                                   .zero = o.zero,
                                   .algorithm = comm::parse_algorithm(o.allreduce),
                                   .ranks_per_node = layout.config.ranks_per_node,
-                                  .progress_thread = !o.no_progress_thread},
+                                  .progress_thread = !o.no_progress_thread,
+                                  .bf16 = o.grad_dtype == "bf16"},
                            .pp = {.schedule = parse_schedule(o.schedule),
                                   .virtual_stages = o.virtual_stages,
                                   .layers = o.pp_layers,
@@ -262,9 +266,10 @@ int train(Options o, comm::Communicator& world) {
     fmt::print("data: {}{}\n", source,
                entropy ? fmt::format(", entropy rate {:.4f} nats/token (best achievable loss)", *entropy) : "");
     if (world.size() > 1)
-      fmt::print("layout: {} on {} ranks; micro-batches {} of {} sequences per dp rank; ZeRO {}, all-reduce {}, "
+      fmt::print("layout: {} on {} ranks; micro-batches {} of {} sequences per dp rank; ZeRO {}, all-reduce {} in {}, "
                  "buckets of {} MiB{}{}\n",
                  layout_text, world.size(), trainer.microbatches(), trainer.model().batch(), o.zero, o.allreduce,
+                 o.grad_dtype,
                  o.bucket_mb, o.no_overlap ? ", no overlap" : ", overlapped with backward",
                  layout.mesh.size_of("tp") > 1
                      ? fmt::format("; tp {} ({} parameters per rank{})", layout.mesh.size_of("tp"), params_per_rank,
@@ -285,6 +290,7 @@ int train(Options o, comm::Communicator& world) {
   double last_loss = NAN;
   std::vector<double> losses, grad_norms;
   double comm_seconds = 0, exposed_seconds = 0, step_seconds = 0;
+  std::int64_t grad_comm_bytes = 0;  // the last step's
   parallel::TpCommStats tp_comm;  // of the last step
   double tp_seconds = 0;          // in tp communication, all steps
   const double tokens_per_step = static_cast<double>(trainer.tokens_per_step());
@@ -296,6 +302,7 @@ int train(Options o, comm::Communicator& world) {
     losses.push_back(s.loss);
     grad_norms.push_back(s.grad_norm);
     comm_seconds += s.comm_seconds;
+    grad_comm_bytes = s.grad_comm_bytes;
     exposed_seconds += s.exposed_comm_seconds;
     step_seconds += s.seconds;
     tp_comm = s.tp_comm;
@@ -390,6 +397,8 @@ int train(Options o, comm::Communicator& world) {
     j["losses"] = losses;
     j["grad_norms"] = grad_norms;
     j["step_seconds"] = slowest[2] / steps_run;
+    j["grad_dtype"] = o.grad_dtype;
+    j["grad_comm_bytes_per_step"] = grad_comm_bytes;  // rank 0's, handed to the dp reductions
     j["comm_seconds"] = slowest[0];
     j["exposed_comm_seconds"] = slowest[1];
     j["memory_bytes"] = {{"params", mem.params},
@@ -450,6 +459,11 @@ Action setup(CLI::App& app) {
       ->group("Parallel");
   app.add_flag("--no-overlap", o->no_overlap,
                "reduce gradients after the whole backward instead of overlapping it (the baseline)")
+      ->group("Parallel");
+  app.add_option("--grad-dtype", o->grad_dtype,
+                 "element type of the gradient reduction: fp32, or bf16 (half the bytes; fp32 master weights "
+                 "and optimizer state)")
+      ->capture_default_str()
       ->group("Parallel");
   app.add_flag("--no-progress-thread", o->no_progress_thread,
                "with overlap: advance the buckets in flight from the backward itself (between sub-layers) "

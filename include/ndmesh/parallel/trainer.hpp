@@ -93,6 +93,7 @@ struct StepStats {
   double seconds = 0;               ///< wall time of the step on this rank
   double comm_seconds = 0;          ///< first bucket start to last bucket done (see GradReducer)
   double exposed_comm_seconds = 0;  ///< the part the step waited for
+  std::int64_t grad_comm_bytes = 0;  ///< gradient bytes this rank handed to the dp reductions
   TpCommStats tp_comm;              ///< what the step moved over the tp group (this rank)
 };
 

@@ -103,10 +103,22 @@ void GradReducer::start(Bucket& b) {
   b.started = true;
   b.start_time = now_s();
   std::span<float> range(grads_ + b.lo, static_cast<std::size_t>(b.hi - b.lo));
-  if (zero_ == 0)
-    b.reduce = reducer_.start(range);
-  else
-    b.scatter = group_.reduce_scatter_in_place_async(range);
+  if (options_.bf16) {
+    b.low.resize(range.size());
+    for (std::size_t i = 0; i < range.size(); ++i) b.low[i] = BFloat16(range[i]);
+    const std::span<BFloat16> low(b.low);
+    if (zero_ == 0)
+      b.reduce = reducer_.start(low);
+    else
+      b.scatter = group_.reduce_scatter_in_place_async(low);
+    reduced_bytes_ += static_cast<std::int64_t>(low.size_bytes());
+  } else {
+    if (zero_ == 0)
+      b.reduce = reducer_.start(range);
+    else
+      b.scatter = group_.reduce_scatter_in_place_async(range);
+    reduced_bytes_ += static_cast<std::int64_t>(range.size_bytes());
+  }
   if (options_.overlap && options_.progress_thread) {
     if (!thread_.joinable()) thread_ = std::thread([this] { progress_loop(); });
     {
@@ -146,6 +158,8 @@ void GradReducer::finish_backward() {
       b.reduce.wait();
     else
       b.scatter.wait();
+    if (options_.bf16)  // widen the reduced bucket (with ZeRO only this rank's block is used)
+      for (std::int64_t i = b.lo; i < b.hi; ++i) grads_[i] = static_cast<float>(b.low[static_cast<std::size_t>(i - b.lo)]);
   }
   const double t1 = now_s();
   exposed_seconds_ += t1 - t0;

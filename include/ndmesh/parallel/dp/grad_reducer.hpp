@@ -53,6 +53,10 @@ struct DataParallelOptions {
   comm::AllReduceAlgorithm algorithm = comm::AllReduceAlgorithm::kMpi;
   std::int64_t ranks_per_node = 0;  ///< hierarchical: simulated ranks per node (0: real nodes)
   bool progress_thread = true;      ///< with overlap: a thread polls the buckets in flight
+  /// Reduce the gradients in bfloat16 (--grad-dtype bf16): each bucket is rounded to bf16,
+  /// reduced in bf16 (sums in fp32, rounded per step) and widened back into the fp32
+  /// buffer; the master weights and AdamW state stay fp32.
+  bool bf16 = false;
 };
 
 /// Reduces the gradients of one flat buffer over the data-parallel group.
@@ -94,9 +98,15 @@ class GradReducer {
   /// hides, and bench/bench_dp.sh compares the exposed time of both modes.
   double comm_seconds() const { return comm_seconds_; }
   double exposed_seconds() const { return exposed_seconds_; }
-  void reset_timers() { comm_seconds_ = exposed_seconds_ = 0; }
-  /// Number of buckets and the bytes one step's reductions move per rank.
+  void reset_timers() {
+    comm_seconds_ = exposed_seconds_ = 0;
+    reduced_bytes_ = 0;
+  }
+  /// Number of buckets.
   std::size_t buckets() const { return buckets_.size(); }
+  /// Bytes of the gradient buffers handed to the reductions since the last reset (the
+  /// reduced elements times the element size: 4 in fp32, 2 in bf16).
+  std::int64_t reduced_bytes() const { return reduced_bytes_; }
   int zero() const { return zero_; }
   const comm::Communicator& group() const { return group_; }
 
@@ -107,6 +117,7 @@ class GradReducer {
     double start_time = 0;
     comm::PendingAllReduce reduce;  // without ZeRO
     comm::Work scatter;             // with ZeRO
+    std::vector<BFloat16> low;      // --grad-dtype bf16: the bucket as reduced
   };
   void start(Bucket& b);
   bool poll(Bucket& b);
@@ -123,6 +134,7 @@ class GradReducer {
   bool reduce_now_ = false;
   std::size_t next_ = 0;  // the next bucket to start
   double comm_seconds_ = 0, exposed_seconds_ = 0;
+  std::int64_t reduced_bytes_ = 0;
   // The progress thread and what it polls (guarded by mutex_).
   std::thread thread_;
   std::mutex mutex_;
