@@ -1,7 +1,9 @@
 # ndmesh: the two commands of the quick start.
 #   make run   installs what is missing, builds, and runs the main job on 8 local ranks
 #   make test  installs what is missing, builds, and runs every test
-# Other targets: deps, build, bench, format, clean.
+# Other targets: deps, build, bench, format, clean, and the hardening builds (README
+# "Hardening"): sanitize (ASan+UBSan, whole ctest suite), tsan (ThreadSanitizer, the
+# communicator's tests), fuzz (libFuzzer targets in fuzz/, FUZZ_SECONDS each).
 
 BUILD_DIR ?= build
 JOBS      ?= 2
@@ -16,11 +18,11 @@ endif
 # build skips with a warning when they are absent.
 DEB_PACKAGES := build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev \
   libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libfmt-dev \
-  librsvg2-bin jq zlib1g-dev pybind11-dev python3-dev python3-pytest
+  librsvg2-bin jq zlib1g-dev pybind11-dev python3-dev python3-pytest clang libclang-rt-dev
 
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: all deps build run test bench format clean
+.PHONY: all deps build run test bench format clean sanitize tsan fuzz
 
 all: build
 
@@ -48,6 +50,57 @@ bench: build
 
 format:
 	find include src tools tests bench examples python -name '*.hpp' -o -name '*.cpp' | xargs clang-format -i
+
+# ---------------------------------------------------------------------- hardening
+# Each has its own build folder, so none disturbs $(BUILD_DIR).
+SAN_DIR   ?= build-sanitize
+TSAN_DIR  ?= build-tsan
+FUZZ_DIR  ?= build-fuzz
+FUZZ_SECONDS ?= 60
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+# Leaks: only Open MPI's own allocations still held at exit are suppressed (lsan.supp).
+# no_dlclose.so keeps Open MPI's plugins loaded so their leaks can be named (see the file).
+SAN_ENV := LD_PRELOAD=$(CURDIR)/$(SAN_DIR)/no_dlclose.so \
+  ASAN_OPTIONS=detect_leaks=1:verify_asan_link_order=0:strict_string_checks=1 \
+  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/lsan.supp:print_suppressions=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+TSAN_ENV := TSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/tsan.supp:ignore_noninstrumented_modules=1:halt_on_error=1:exitcode=66:report_signal_unsafe=0
+
+# ASan + UBSan over the whole ctest suite (unit, CLI and multi-process tests).
+# The Python module and the install consumer are left out: neither python3 nor the consumer
+# is instrumented (both are thin layers over what the suite tests directly).
+sanitize: deps
+	cmake -S . -B $(SAN_DIR) -DCMAKE_BUILD_TYPE=Debug -DNDMESH_BUILD_BENCH=OFF \
+	  -DNDMESH_PYTHON=OFF -DNDMESH_INSTALL_TEST=OFF \
+	  -DCMAKE_CXX_FLAGS="-O1 $(SAN_FLAGS)" -DCMAKE_C_FLAGS="-O1 $(SAN_FLAGS)" \
+	  -DCMAKE_EXE_LINKER_FLAGS="$(SAN_FLAGS)" $(CMAKE_FLAGS)
+	cmake --build $(SAN_DIR) -j$(JOBS)
+	cc -shared -fPIC -O2 -o $(SAN_DIR)/no_dlclose.so tests/sanitize/no_dlclose.c
+	cd $(SAN_DIR) && $(SAN_ENV) ctest --output-on-failure -j$(JOBS) --timeout 1200
+
+# ThreadSanitizer over the tests of the communicator's watchdog and asynchronous work.
+# Also the threads of training: the data-parallel progress thread (mpi.train_dp) and the
+# ring attention's polling (mpi.ring_attention_*, mpi.train_cp).
+TSAN_TESTS := ^(comm\.|mpi\.collectives|mpi\.timeout|mpi\.allreduce_np[23]|mpi\.ring_attention|mpi\.train_dp|mpi\.train_cp)
+TSAN_TARGETS := comm_test_communicator_single mpi_test_comm_collectives mpi_timeout_probe mpi_test_allreduce \
+  mpi_test_ring_attention ndmesh
+tsan: deps
+	cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=Debug -DNDMESH_BUILD_BENCH=OFF \
+	  -DNDMESH_PYTHON=OFF -DNDMESH_INSTALL_TEST=OFF \
+	  -DCMAKE_CXX_FLAGS="-O1 -fsanitize=thread" -DCMAKE_C_FLAGS="-O1 -fsanitize=thread" \
+	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" $(CMAKE_FLAGS)
+	cmake --build $(TSAN_DIR) -j$(JOBS) --target $(TSAN_TARGETS)
+	cd $(TSAN_DIR) && $(TSAN_ENV) ctest --output-on-failure -j$(JOBS) --timeout 600 -R '$(TSAN_TESTS)'
+
+# libFuzzer targets (fuzz/), built with Debian's clang, each run FUZZ_SECONDS seconds on
+# its seed corpus (fuzz/corpus/<target>); new inputs go to $(FUZZ_DIR)/corpus/<target>.
+fuzz: deps
+	cmake -S . -B $(FUZZ_DIR) -DCMAKE_BUILD_TYPE=Debug -DNDMESH_BUILD_BENCH=OFF -DNDMESH_BUILD_FUZZ=ON \
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+	  -DCMAKE_CXX_FLAGS="-O1 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
+	  -DCMAKE_C_FLAGS="-O1 -fsanitize=fuzzer-no-link,address,undefined"
+	cmake --build $(FUZZ_DIR) -j$(JOBS) --target fuzz_all
+	@bash fuzz/run.sh $(FUZZ_DIR) $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -6,8 +6,8 @@
 // validated by config's layout_dims/resolve/validate (as `ndmesh mesh` does), the planner
 // is plan::search/plan::estimate and schedules are pp::make_schedule/simulate/svg_timeline.
 // Results cross into Python as plain ints, lists and dicts. C++ exceptions become
-// ndmesh.ConfigError (a ValueError), ndmesh.IoError (an OSError), ndmesh.TimeoutError (a
-// TimeoutError) or ndmesh.Error (a RuntimeError, base of all four), with what() as message.
+// ndmesh.ConfigError (a ValueError), ndmesh.IoError (an OSError), ndmesh.InternalError (a bug:
+// a broken invariant) or ndmesh.Error (a RuntimeError, base of all four), with what() as message.
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -46,7 +46,7 @@ struct Exceptions {
   PyObject* error = nullptr;
   PyObject* config = nullptr;
   PyObject* io = nullptr;
-  PyObject* timeout = nullptr;
+  PyObject* internal = nullptr;
 };
 Exceptions& exceptions() {
   static Exceptions e;
@@ -79,15 +79,14 @@ void register_exceptions(py::module_& m) {
                      "Bad input: a layout, a size, a model or an option (also a ValueError).");
   py::object io = make_exception(m, "IoError", py::make_tuple(error, py::handle(PyExc_OSError)),
                                  "A file that cannot be read or written (also an OSError).");
-  py::object timeout =
-      make_exception(m, "TimeoutError", py::make_tuple(error, py::handle(PyExc_TimeoutError)),
-                     "An operation that did not complete in time (also the built-in "
-                     "TimeoutError).");
+  py::object internal =
+      make_exception(m, "InternalError", py::make_tuple(error),
+                     "A broken invariant: a bug in ndmesh or in the code calling it, never bad input.");
   auto& ex = exceptions();
   ex.error = error.release().ptr();
   ex.config = config.release().ptr();
   ex.io = io.release().ptr();
-  ex.timeout = timeout.release().ptr();
+  ex.internal = internal.release().ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     if (!p) return;
     const auto& types = exceptions();
@@ -97,8 +96,8 @@ void register_exceptions(py::module_& m) {
       raise(types.config, e);
     } catch (const IoError& e) {
       raise(types.io, e);
-    } catch (const TimeoutError& e) {
-      raise(types.timeout, e);
+    } catch (const InternalError& e) {
+      raise(types.internal, e);
     } catch (const Error& e) {
       raise(types.error, e);
     }

@@ -8,7 +8,7 @@
 # (same BLAS threads as the training runs). Every layout is trained under mpirun (the
 # serial one alone) with --json; its last line gives "layout", "step_seconds" and
 # "memory_bytes" {params, grads, optimizer, activations, peak_rss} per rank. The planner
-# describes the same model (fp32 AdamW, no dropout, standard attention, GPT shape), the
+# describes the same model (fp32 AdamW, no dropout, flash attention as the trainer's blockwise kernel, GPT shape), the
 # calibration file, and the measured layout fixed by constraints.
 #
 # Environment: STEPS (default 20), THREADS (BLAS threads per rank, default 1), MODEL (the
@@ -32,6 +32,8 @@ layouts=(
   "serial|1||--tp 1 --cp 1 --pp 1 --dp 1 --micro-batch $batch"
   "dp2|2|--dp 2|--tp 1 --cp 1 --pp 1 --dp 2 --micro-batch $((batch / 2))"
   "dp4|4|--dp 4|--tp 1 --cp 1 --pp 1 --dp 4 --micro-batch $((batch / 4))"
+  "cp2|2|--cp 2|--tp 1 --cp 2 --pp 1 --dp 1 --micro-batch $batch"
+  "dp2cp2|4|--dp 2 --cp 2|--tp 1 --cp 2 --pp 1 --dp 2 --micro-batch $((batch / 2))"
 )
 
 # Without a file: one calibration per rank count, with that many ranks sharing the machine
@@ -80,7 +82,7 @@ for l in "${layouts[@]}"; do
     continue
   fi
   # shellcheck disable=SC2086
-  pred=$("$ndmesh" plan $model --mlp gelu --no-dropout --precision fp32 --attention standard --hardware "$(hardware_for "$ranks")" \
+  pred=$("$ndmesh" plan $model --mlp gelu --no-dropout --precision fp32 --attention flash --hardware "$(hardware_for "$ranks")" \
     --gpus "$ranks" --global-batch "$batch" $constraints --max-zero 0 --recompute none --top 1 --json 2>&1)
   if ! echo "$pred" | jq -e '.layouts[0]' >/dev/null 2>&1; then
     echo "$name: ndmesh plan gave no layout: $(echo "$pred" | tail -1)"
@@ -107,4 +109,4 @@ for l in "${layouts[@]}"; do
   f=$(hardware_for "$(echo "$l" | cut -d'|' -f2)")
   echo "hardware for $(echo "$l" | cut -d'|' -f1): $f ($(grep '^source' "$f" | cut -d'"' -f2))"
 done
-echo "model: $model, batch $batch, $steps steps, $threads BLAS thread(s) per rank; predicted: ndmesh plan --precision fp32 --no-dropout --attention standard --mlp gelu"
+echo "model: $model, batch $batch, $steps steps, $threads BLAS thread(s) per rank; predicted: ndmesh plan --precision fp32 --no-dropout --attention flash --mlp gelu"

@@ -10,3 +10,7 @@ for b in "$build"/bench/bench_*; do
 done
 echo "== bench_dp (ndmesh train) =="
 bash bench/bench_dp.sh "$build/bin/ndmesh"
+echo "== bench_cp (ring attention, ndmesh train --cp) =="
+bash bench/bench_cp.sh "$build"
+echo "== bench_tp (ndmesh train) =="
+bash bench/bench_tp.sh "$build/bin/ndmesh"

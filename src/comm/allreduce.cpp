@@ -110,19 +110,7 @@ struct AllReduceProgram {
 
   Work post(const Post& p) {
     ElementSpan s = piece(p.scratch, p.offset, p.count);
-    switch (data.dtype) {
-      case DType::kFloat32:
-        return post_typed<float>(p, s, tag);
-      case DType::kFloat64:
-        return post_typed<double>(p, s, tag);
-      case DType::kInt32:
-        return post_typed<std::int32_t>(p, s, tag);
-      case DType::kInt64:
-        return post_typed<std::int64_t>(p, s, tag);
-      case DType::kBFloat16:
-        return post_typed<BFloat16>(p, s, tag);
-    }
-    return {};
+    return visit_dtype(data.dtype, [&]<typename T>(T) { return post_typed<T>(p, s, tag); });
   }
 
   template <typename T>
@@ -137,18 +125,7 @@ struct AllReduceProgram {
   }
 
   void reduce(const Reduce& r) {
-    switch (data.dtype) {
-      case DType::kFloat32:
-        return add<float>(r);
-      case DType::kFloat64:
-        return add<double>(r);
-      case DType::kInt32:
-        return add<std::int32_t>(r);
-      case DType::kInt64:
-        return add<std::int64_t>(r);
-      case DType::kBFloat16:
-        return add<BFloat16>(r);
-    }
+    visit_dtype(data.dtype, [&]<typename T>(T) { add<T>(r); });
   }
 
   // Runs steps while their transfers are complete; true when the program is done.
@@ -318,23 +295,9 @@ PendingAllReduce AllReducer::start_impl(ElementSpan data) {
   const AllReduceAlgorithm algorithm = choose(data.bytes());
   if (algorithm == AllReduceAlgorithm::kMpi) {
     PendingAllReduce out;
-    switch (data.dtype) {
-      case DType::kFloat32:
-        out.mpi_ = group_.all_reduce_async(std::span<float>(static_cast<float*>(data.data), data.count));
-        break;
-      case DType::kFloat64:
-        out.mpi_ = group_.all_reduce_async(std::span<double>(static_cast<double*>(data.data), data.count));
-        break;
-      case DType::kInt32:
-        out.mpi_ = group_.all_reduce_async(std::span<std::int32_t>(static_cast<std::int32_t*>(data.data), data.count));
-        break;
-      case DType::kInt64:
-        out.mpi_ = group_.all_reduce_async(std::span<std::int64_t>(static_cast<std::int64_t*>(data.data), data.count));
-        break;
-      case DType::kBFloat16:
-        out.mpi_ = group_.all_reduce_async(std::span<BFloat16>(static_cast<BFloat16*>(data.data), data.count));
-        break;
-    }
+    visit_dtype(data.dtype, [&]<typename T>(T) {
+      out.mpi_ = group_.all_reduce_async(std::span<T>(static_cast<T*>(data.data), data.count));
+    });
     return out;
   }
   static thread_local std::uint64_t sequence = 0;  // the same on every member: starts are collective

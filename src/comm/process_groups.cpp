@@ -119,16 +119,17 @@ const comm::Communicator& ProcessGroups::group(DimSet dims) {
 void ProcessGroups::create(std::span<const DimSet> kinds) {
   std::vector<DimSet> missing;
   std::string names;
-  std::int64_t h = 0;
+  // Unsigned arithmetic: the hash wraps by design (a signed overflow would be UB).
+  std::uint64_t h = 0;
   for (DimSet k : kinds) {
     if (by_kind_.count(k.bits())) continue;
     missing.push_back(k);
     if (!names.empty()) names.push_back(',');
     names.append(k.empty() ? std::string("self") : mesh_.key_name(k));
-    h = h * 1000003 + static_cast<std::int64_t>(k.bits()) + 1;
+    h = h * 1000003u + static_cast<std::uint64_t>(k.bits()) + 1u;
   }
   // Ranks that already hold some kinds still agree on what is left to create.
-  agree("group kinds to create", h, names.empty() ? "(none)" : names);
+  agree("group kinds to create", static_cast<std::int64_t>(h), names.empty() ? "(none)" : names);
   for (DimSet k : missing) create_one(k);
 }
 

@@ -27,19 +27,28 @@ bool is_standard(std::string_view name) {
   return std::find(s.begin(), s.end(), name) != s.end();
 }
 
-// The divisors of n closest to `around` from below and above (excluding `around`).
+// The divisors of n closest to `around` from below and above (excluding `around`). The
+// search steps at most kSteps values each way, so a huge n or `around` (--tp 2^40) answers
+// at once: past that, gcd(n, around) (a divisor of n below `around`) and n itself stand in.
 std::string nearest_divisors(std::int64_t n, std::int64_t around, std::string_view field) {
+  constexpr std::int64_t kSteps = 1 << 16;
   std::int64_t below = 0, above = 0;
-  for (std::int64_t d = around - 1; d >= 1; --d)
-    if (n % d == 0) {
-      below = d;
-      break;
-    }
-  for (std::int64_t d = around + 1; d <= n; ++d)
-    if (n % d == 0) {
-      above = d;
-      break;
-    }
+  if (n >= 1 && around >= 1) {
+    const std::int64_t start = std::min(around - 1, n);
+    for (std::int64_t d = start; d >= 1 && start - d < kSteps; --d)
+      if (n % d == 0) {
+        below = d;
+        break;
+      }
+    if (below == 0 && around > 1) below = std::gcd(n, around) < around ? std::gcd(n, around) : 0;
+    if (around < n)  // else no divisor lies above (and around + 1 could overflow)
+      for (std::int64_t d = around + 1; d <= n && d - around <= kSteps; ++d)
+        if (n % d == 0) {
+          above = d;
+          break;
+        }
+    if (above == 0 && n > around) above = n;
+  }
   if (below && above) return fmt::format("{}={} or {}={}", field, below, field, above);
   if (below) return fmt::format("{}={}", field, below);
   if (above) return fmt::format("{}={}", field, above);
@@ -222,7 +231,9 @@ std::vector<std::string> model_problems(const ModelSpec& m) {
   positive("hidden", m.hidden);
   positive("heads", m.heads);
   positive("seq", m.seq);
-  positive("vocab", m.vocab);
+  // A vocabulary of one token has nothing to predict (the loss is 0 and the gradient
+  // too); the model layer needs at least 2.
+  if (m.vocab < 2) out.push_back(fmt::format("model vocab={} must be at least 2; e.g. vocab=50304", m.vocab));
   if (m.kv_heads < 0)
     out.push_back(fmt::format("model kv_heads={} must be positive, or 0 for heads", m.kv_heads));
   if (m.ffn < 0) out.push_back(fmt::format("model ffn={} must be positive, or 0 for 4*hidden", m.ffn));
@@ -358,7 +369,15 @@ std::vector<std::string> problems(const ParallelConfig& c, const ModelSpec* mode
   // attention); sequence parallelism further splits each rank's part over tp.
   std::int64_t seq_unit = 1;
   std::string why;
-  if (cp > 1 && c.sequence_parallel) {
+  // Sizes past the sequence length are refused first, so 2*cp and cp*tp cannot overflow.
+  if (cp > 1 && cp > m.seq / 2) {
+    out.push_back(fmt::format("seq={} cannot be split into 2*cp chunks with cp={}; use cp={} or less", m.seq, cp,
+                              std::max<std::int64_t>(m.seq / 2, 1)));
+  } else if (cp > 1 && c.sequence_parallel && tp > m.seq / cp) {
+    out.push_back(fmt::format("seq={} cannot be split over cp*tp = {}*{} ranks (sequence parallel); use a smaller "
+                              "tp or cp",
+                              m.seq, cp, tp));
+  } else if (cp > 1 && c.sequence_parallel) {
     seq_unit = std::lcm(2 * cp, cp * tp);
     why = fmt::format("lcm(2*cp, cp*tp) = lcm({}, {})", 2 * cp, cp * tp);
   } else if (cp > 1) {

@@ -2,6 +2,8 @@
 // wrong type is a ConfigError naming the file, the key and what is expected, so a typo
 // never silently falls back to a default.
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 
 #include <toml++/toml.h>
 
@@ -83,6 +85,22 @@ class Reader {
 }  // namespace
 
 ConfigFile load_config_file(const std::string& path) {
+  // The path is user input (--config), so a path that is not a readable regular file is a
+  // ConfigError: a character device (/dev/zero, /dev/null) would read as endless or empty.
+  std::error_code ec;
+  auto status = std::filesystem::status(path, ec);
+  NDMESH_CHECK_CONFIG(!ec && std::filesystem::exists(status), "config",
+                      "config file '{}' does not exist; check the path", path);
+  NDMESH_CHECK_CONFIG(std::filesystem::is_regular_file(status), "config",
+                      "config file '{}' is not a regular file (a directory or a device); give a .toml file",
+                      path);
+  NDMESH_CHECK_CONFIG(std::ifstream(path).good(), "config",
+                      "config file '{}' cannot be read (permissions?); check the path and its mode", path);
+  constexpr std::uintmax_t kMaxBytes = 16u << 20;
+  const auto bytes = std::filesystem::file_size(path, ec);
+  NDMESH_CHECK_CONFIG(!ec && bytes <= kMaxBytes, "config",
+                      "config file '{}' has {} bytes, more than the limit of {}; a config is a few lines", path,
+                      bytes, kMaxBytes);
   toml::table root;
   try {
     root = toml::parse_file(path);

@@ -24,7 +24,7 @@ namespace {
 const Variable& declared(std::string_view name) {
   for (const auto& v : variables())
     if (v.name == name) return v;
-  fail<>("env", "{} is read but not declared in src/core/env.cpp", name);
+  fail<InternalError>("env", "{} is read but not declared in src/core/env.cpp", name);
 }
 }  // namespace
 
@@ -62,6 +62,23 @@ double seconds(std::string_view name, double fallback) {
 std::string string(std::string_view name, std::string_view fallback) {
   auto value = raw(name);
   return value ? *value : std::string(fallback);
+}
+
+namespace {
+void one_of(std::string_view name, std::initializer_list<std::string_view> allowed, std::string_view use) {
+  auto value = raw(name);
+  if (!value) return;
+  for (auto a : allowed)
+    if (*value == a) return;
+  fail<ConfigError>("env", "{}='{}' is not known; use {} or unset it", name, *value, use);
+}
+}  // namespace
+
+void check_all() {
+  (void)seconds("NDMESH_TIMEOUT_S", 300);
+  (void)integer("NDMESH_THREADS", 1, 1, 1024);  // the bounds of tensor/blas.cpp
+  one_of("NDMESH_LOG", {"error", "warn", "info", "debug"}, "error, warn, info or debug");
+  one_of("NDMESH_BACKEND", {"mpi", "nccl"}, "mpi (or nccl when built with GPUs)");
 }
 
 }  // namespace ndmesh::env

@@ -15,26 +15,34 @@
 namespace ndmesh::model {
 
 std::vector<std::string> gpt_problems(const ModelSpec& s) {
+  // The shape rules live in one place (config's model_problems, also the planner's); the
+  // model adds what it cannot build.
+  std::vector<std::string> out = model_problems(s);
+  if (s.experts > 0)
+    out.push_back(fmt::format("model experts={}: mixture-of-experts is not implemented; use experts=0", s.experts));
+  return out;
+}
+
+std::vector<std::string> gpt_tp_problems(const ModelSpec& s, std::int64_t tp, bool sp, std::int64_t rows) {
   std::vector<std::string> out;
-  auto need_positive = [&](const char* field, std::int64_t v, const char* example) {
-    if (v <= 0) out.push_back(fmt::format("{}={} must be positive (e.g. {})", field, v, example));
+  if (tp <= 1) return out;
+  auto need = [&](const char* flag, std::int64_t v, const char* why) {
+    if (v % tp != 0)
+      out.push_back(
+          fmt::format("--tp={} does not divide {}={} ({}); use a {} that is a multiple of {} or a --tp "
+                      "that divides {}",
+                      tp, flag, v, why, flag, tp, v));
   };
-  need_positive("layers", s.layers, "--layers 2");
-  need_positive("hidden", s.hidden, "--hidden 64");
-  need_positive("heads", s.heads, "--heads 4");
-  need_positive("seq", s.seq, "--seq 64");
-  if (s.vocab < 2) out.push_back(fmt::format("vocab={} must be at least 2", s.vocab));
-  if (s.kv_heads < 0)
-    out.push_back(fmt::format("kv_heads={} must be >= 0 (0 means same as heads)", s.kv_heads));
-  if (s.ffn < 0) out.push_back(fmt::format("ffn={} must be >= 0 (0 means 4 * hidden)", s.ffn));
-  if (s.experts != 0)
-    out.push_back(fmt::format("experts={}: mixture-of-experts is not implemented; use experts=0", s.experts));
-  if (s.heads > 0 && s.hidden > 0 && s.hidden % s.heads != 0)
-    out.push_back(fmt::format("heads={} does not divide hidden={}; use a divisor of {} such as {}", s.heads,
-                              s.hidden, s.hidden, std::gcd(s.hidden, s.heads)));
-  if (s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads != 0)
-    out.push_back(fmt::format("kv_heads={} does not divide heads={}; use a divisor of {} such as {}",
-                              s.kv_heads, s.heads, s.heads, std::gcd(s.heads, s.kv_heads)));
+  need("--heads", s.heads, "query heads are split over tp");
+  need("--kv-heads", s.kv_heads_or_heads(),
+       "key/value heads are split over tp, not replicated: each rank holds whole groups of query heads");
+  need("--ffn", s.ffn_or_default(), "the MLP width is split over tp");
+  need("--vocab", s.vocab, "the embedding, the LM head and the cross-entropy are split on the vocabulary");
+  if (sp && rows % tp != 0)
+    out.push_back(
+        fmt::format("--sequence-parallel with --tp={}: the {} token rows of a micro-batch (micro-batch x "
+                    "--seq) are not divisible by {}; pick --seq or --micro-batch so they are",
+                    tp, rows, tp));
   return out;
 }
 
@@ -72,8 +80,9 @@ std::uint64_t name_hash(const std::string& name) {
 }  // namespace
 
 template <typename T>
-GptT<T>::GptT(const ModelSpec& spec, GptOptions options)
+GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
     : spec_(checked(spec)),
+      tp_(std::move(tp)),
       batch_(options.batch),
       seq_(options.seq > 0 ? options.seq : spec.seq),
       first_block_(options.first_block),
@@ -84,31 +93,42 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options)
   NDMESH_CHECK_CONFIG(0 <= first_block_ && first_block_ < last_block_ && last_block_ <= spec.layers, "model",
                       "stage blocks [{}, {}) are not a non-empty range of the model's {} layers",
                       first_block_, last_block_, spec.layers);
+  if (auto problems = gpt_tp_problems(spec, tp_.size(), tp_.sequence_parallel, batch_ * seq_);
+      !problems.empty())
+    fail<ConfigError>("model", "{}", fmt::join(problems, "; "));
+  const nn::TpShape tps = tp_.shape();
   if (first_block_ == 0)
     embed_.emplace(store_,
                    nn::EmbeddingOptions{
-                       .vocab = spec.vocab, .channels = spec.hidden, .max_seq = spec.seq, .name = "embed"});
+                       .vocab = spec.vocab, .channels = spec.hidden, .max_seq = spec.seq, .name = "embed"},
+                   tp_);
   blocks_.reserve(static_cast<std::size_t>(last_block_ - first_block_));
   for (std::int64_t l = first_block_; l < last_block_; ++l) {
     block_offset_.push_back(store_.size());
-    blocks_.emplace_back(store_, nn::BlockOptions{.channels = spec.hidden,
-                                                  .heads = spec.heads,
-                                                  .kv_heads = spec.kv_heads_or_heads(),
-                                                  .ffn = spec.ffn_or_default(),
-                                                  .name = fmt::format("block.{}", l)});
+    blocks_.emplace_back(store_,
+                         nn::BlockOptions{.channels = spec.hidden,
+                                          .heads = spec.heads,
+                                          .kv_heads = spec.kv_heads_or_heads(),
+                                          .ffn = spec.ffn_or_default(),
+                                          .name = fmt::format("block.{}", l)},
+                         tp_);
   }
   head_offset_ = store_.size();
   if (last_block_ == spec.layers) {
-    lnf_.emplace(store_, nn::LayerNormOptions{.channels = spec.hidden, .name = "ln_f"});
+    lnf_.emplace(store_,
+                 nn::LayerNormOptions{.channels = spec.hidden, .name = "ln_f", .shard = tps.replicated()});
     int tied = -1;
     if (spec.tied_embeddings) {
       // A last stage without the embedding keeps its own copy of the token table under the
       // same name (same initial values); keeping the copies equal is the pipeline's job.
-      tied = embed_ ? embed_->token_weight_id() : store_.add("embed.tokens", {spec.vocab, spec.hidden}, true);
+      tied = embed_ ? embed_->token_weight_id()
+                    : store_.add("embed.tokens", {spec.vocab / tps.size, spec.hidden}, true,
+                                 tps.rows({spec.vocab, spec.hidden}));
     }
-    head_.emplace(store_,
-                  nn::LmHeadOptions{
-                      .vocab = spec.vocab, .channels = spec.hidden, .tied_weight = tied, .name = "lm_head"});
+    head_.emplace(
+        store_,
+        nn::LmHeadOptions{
+            .vocab = spec.vocab, .channels = spec.hidden, .tied_weight = tied, .name = "lm_head", .tp = tps});
   }
   store_.allocate(options.pad_to);
   init(options.seed, options.init_std);
@@ -117,14 +137,15 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options)
   std::iota(positions_.begin(), positions_.end(), std::int64_t{0});
 
   acts_ = make_activations();
-  const std::int64_t n = batch_ * seq_, c = spec.hidden;
+  const std::int64_t n = batch_ * seq_, c = spec.hidden, nl = tp_.local_rows(n);
   blocks_.front().resize(scratch_, batch_, seq_);
   if (head_) {
-    dlogits_.resize({n, spec.vocab});
-    dlnf_.resize({n, c});
+    dlogits_.resize({n, head_->local_vocab()});
+    dlnf_.resize({nl, c});
+    dlnf_full_.resize({n, c});
   }
-  dres_a_.resize({n, c});
-  dres_b_.resize({n, c});
+  dres_a_.resize({nl, c});
+  dres_b_.resize({nl, c});
 }
 
 template <typename T>
@@ -138,21 +159,22 @@ void GptT<T>::set_positions(std::vector<std::int64_t> positions) {
 
 template <typename T>
 GptActivations<T> GptT<T>::make_activations() const {
-  const std::int64_t n = batch_ * seq_, c = spec_.hidden, v = spec_.vocab;
+  const std::int64_t n = batch_ * seq_, c = spec_.hidden, nl = tp_.local_rows(n);
   GptActivations<T> a;
   a.tokens.resize(static_cast<std::size_t>(n));
   a.targets.resize(static_cast<std::size_t>(n));
-  a.input.resize({n, c});
+  a.input.resize({nl, c});
   a.blocks.resize(blocks_.size());
   for (std::size_t l = 0; l < blocks_.size(); ++l) blocks_[l].resize(a.blocks[l], batch_, seq_);
   if (head_) {
-    a.lnf.resize({n, c});
-    a.lnf_mean.resize({n});
-    a.lnf_rstd.resize({n});
-    a.probs.resize({n, v});
+    a.lnf.resize({nl, c});
+    a.lnf_mean.resize({nl});
+    a.lnf_rstd.resize({nl});
+    if (tp_.sequence_parallel) a.lnf_full.resize({n, c});
+    a.probs.resize({n, head_->local_vocab()});
     a.losses.resize({n});
   }
-  if (!embed_) a.input_grad.resize({n, c});
+  if (!embed_) a.input_grad.resize({nl, c});
   return a;
 }
 
@@ -164,19 +186,25 @@ const T* GptT<T>::output(const GptActivations<T>& acts) const {
 template <typename T>
 void GptT<T>::init(std::uint64_t seed, double init_std) {
   const double residual_std = init_std / std::sqrt(2.0 * static_cast<double>(spec_.layers));
+  std::vector<T> full;
   for (const auto& view : store_.views()) {
     Rng rng(seed ^ name_hash(view.name));
-    T* p = store_.params().data() + view.offset;
+    // A tp shard draws the whole serial parameter and keeps its slice.
+    const bool sharded = view.shard.sharded();
+    if (sharded) full.assign(static_cast<std::size_t>(view.full_numel()), T(0));
+    T* p = sharded ? full.data() : store_.params().data() + view.offset;
+    const std::int64_t numel = view.full_numel();
     const bool is_weight =
         view.name.ends_with(".weight") || view.name.ends_with(".tokens") || view.name.ends_with(".positions");
     const bool is_norm = view.name.find(".ln") != std::string::npos || view.name.starts_with("ln_f");
     if (is_norm) {
-      std::fill(p, p + view.numel, view.name.ends_with(".weight") ? T(1) : T(0));
+      std::fill(p, p + numel, view.name.ends_with(".weight") ? T(1) : T(0));
     } else if (is_weight) {
       const bool residual = view.name.ends_with(".proj.weight");
       const double std = residual ? residual_std : init_std;
-      for (std::int64_t i = 0; i < view.numel; ++i) p[i] = static_cast<T>(std * rng.normal());
+      for (std::int64_t i = 0; i < numel; ++i) p[i] = static_cast<T>(std * rng.normal());
     }  // biases stay zero
+    if (sharded) copy_shard(view.shard, view.shape, store_.params().data() + view.offset, full.data(), false);
   }
 }
 
@@ -191,7 +219,7 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
   } else {
     NDMESH_CHECK(input != nullptr, "model", "stage from block {} needs its input hidden states",
                  first_block_);
-    std::copy(input, input + n * spec_.hidden, a.input.data());
+    std::copy(input, input + tp_.local_rows(n) * spec_.hidden, a.input.data());  // local rows under SP
   }
   const T* x = a.input.data();
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
@@ -201,37 +229,40 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
   }
   a.have_targets = head_ && targets != nullptr;
   if (!head_) return std::numeric_limits<double>::quiet_NaN();
-  lnf_->forward(x, a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), n);
-  head_->forward(a.lnf.data(), a.probs.data(), n);
-  if (!a.have_targets) {
-    // Probabilities without a loss: a throwaway target 0 is as good as any.
+  const std::int64_t c = spec_.hidden;
+  lnf_->forward(x, a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), tp_.local_rows(n));
+  head_->forward(tp_.f_forward(a.lnf.data(), a.lnf_full.data(), n, c), a.probs.data(), n);
+  // Probabilities without a loss: a throwaway target 0 is as good as any.
+  if (a.have_targets)
+    std::copy(targets, targets + n, a.targets.begin());
+  else
     std::fill(a.targets.begin(), a.targets.end(), 0);
-    nn::CrossEntropy<T>::forward(a.probs.data(), a.targets.data(), a.probs.data(), a.losses.data(), n,
-                                 spec_.vocab);
-    return std::numeric_limits<double>::quiet_NaN();
-  }
-  std::copy(targets, targets + n, a.targets.begin());
-  return nn::CrossEntropy<T>::forward(a.probs.data(), a.targets.data(), a.probs.data(), a.losses.data(), n,
-                                      spec_.vocab);
+  const double loss = nn::CrossEntropy<T>::forward(a.probs.data(), a.targets.data(), a.probs.data(),
+                                                   a.losses.data(), n, head_->local_vocab(),
+                                                   head_->local_vocab() * tp_.rank(), spec_.vocab, *tp_.comm);
+  return a.have_targets ? loss : std::numeric_limits<double>::quiet_NaN();
 }
 
 template <typename T>
 void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
-  const std::int64_t n = batch_ * seq_, c = spec_.hidden;
+  const std::int64_t n = batch_ * seq_, c = spec_.hidden, nl = tp_.local_rows(n);
   if (head_) {
     NDMESH_CHECK(a.have_targets, "model", "backward() after a forward without targets");
     dlogits_.zero();
-    nn::CrossEntropy<T>::backward(a.probs.data(), a.targets.data(), dlogits_.data(), n, spec_.vocab,
-                                  static_cast<T>(loss_weight_));
-    dlnf_.zero();
-    head_->backward(dlogits_.data(), a.lnf.data(), dlnf_.data(), n);
+    nn::CrossEntropy<T>::backward(a.probs.data(), a.targets.data(), dlogits_.data(), n, head_->local_vocab(),
+                                  head_->local_vocab() * tp_.rank(), static_cast<T>(loss_weight_));
+    dlnf_full_.zero();
+    const T* lnf_in = tp_.sequence_parallel ? a.lnf_full.data() : a.lnf.data();
+    head_->backward(dlogits_.data(), lnf_in, dlnf_full_.data(), n);
+    tp_.f_backward(dlnf_full_.data(), dlnf_.data(), n, c);
     dres_a_.zero();
-    lnf_->backward(dlnf_.data(), output(a), a.lnf_mean.data(), a.lnf_rstd.data(), dres_a_.data(), n);
+    lnf_->backward(dlnf_.data(), output(a), a.lnf_mean.data(), a.lnf_rstd.data(), dres_a_.data(), nl);
+    sum_tp_grads(head_offset_, store_.size());
     if (grads_final_) grads_final_(head_offset_);
   } else {
     NDMESH_CHECK(doutput != nullptr, "model", "stage up to block {} needs the gradient of its output",
                  last_block_);
-    std::copy(doutput, doutput + n * c, dres_a_.data());
+    std::copy(doutput, doutput + nl * c, dres_a_.data());
   }
   Tensor<T>* dout = &dres_a_;
   Tensor<T>* dinp = &dres_b_;
@@ -241,6 +272,7 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     blocks_[l].backward(dout->data(), inp, a.blocks[l], scratch_, dinp->data(), batch_, seq_,
                         progress_ ? &progress_ : nullptr, core_.get(), positions_.data());
     std::swap(dout, dinp);
+    sum_tp_grads(block_offset_[l], l + 1 < blocks_.size() ? block_offset_[l + 1] : head_offset_);
     // With a tied head on this stage the token table (offset 0) is final only after the
     // embedding: block offsets are above it, so the watermark stays correct.
     if (grads_final_) grads_final_(block_offset_[l]);
@@ -248,8 +280,28 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
   if (embed_)
     embed_->backward_at(dout->data(), a.tokens.data(), batch_, seq_, positions_.data());
   else
-    std::copy(dout->data(), dout->data() + n * c, a.input_grad.data());
+    std::copy(dout->data(), dout->data() + nl * c, a.input_grad.data());
   if (grads_final_) grads_final_(0);
+}
+
+template <typename T>
+void GptT<T>::sum_tp_grads(std::int64_t from, std::int64_t to) {
+  if (!tp_grad_sync_ || tp_.size() == 1) return;
+  // One all-reduce for the range: the views are packed into a work buffer and back.
+  tp_grad_work_.clear();
+  for (const auto& v : store_.views())
+    if (v.shard.grad_sum && v.offset >= from && v.offset < to)
+      tp_grad_work_.insert(tp_grad_work_.end(), store_.grads().begin() + v.offset,
+                           store_.grads().begin() + v.offset + v.numel);
+  if (tp_grad_work_.empty()) return;
+  tp_.comm->all_reduce_sum(tp_grad_work_.data(), static_cast<std::int64_t>(tp_grad_work_.size()));
+  std::size_t at = 0;
+  for (const auto& v : store_.views())
+    if (v.shard.grad_sum && v.offset >= from && v.offset < to) {
+      std::copy_n(tp_grad_work_.begin() + static_cast<std::ptrdiff_t>(at), v.numel,
+                  store_.grads().begin() + v.offset);
+      at += static_cast<std::size_t>(v.numel);
+    }
 }
 
 template <typename T>
@@ -262,7 +314,7 @@ double GptT<T>::flops_per_step() const {
   const double per_block = 2 * n * c * (h + 2 * kv) * hd  // qkv
                            + 2 * n * h * hd * c           // proj
                            + 2 * 2 * n * c * f;           // fc and mlp proj
-  const double head = head_ ? 2 * n * c * v : 0.0;
+  const double head = head_ ? 2 * n * c * v / static_cast<double>(tp_.size()) : 0.0;
   // The matrix products above cost twice as much again in the backward. Attention is
   // counted as computed: score elements of the tiles the causal mask does not skip (the
   // lower triangle of tiles, diagonal tiles whole), times 2 hd per product, times 7
@@ -276,7 +328,9 @@ double GptT<T>::flops_per_step() const {
   const double scores =
       static_cast<double>(nn::attention_tiles(positions_.data(), seq_, pos.data(), keys).elements);
   const double attention = 7 * 2 * hd * scores * static_cast<double>(batch_) * h;
-  return static_cast<double>(blocks_.size()) * (3 * per_block + attention) + 3 * head;
+  // Under tp a rank computes 1 / tp of every product (its heads, its MLP and vocabulary slices).
+  return static_cast<double>(blocks_.size()) * (3 * per_block + attention) / static_cast<double>(tp_.size()) +
+         3 * head;
 }
 
 template class GptT<float>;

@@ -141,8 +141,9 @@ inline void exp_shifted(double* x, std::int64_t n, double shift) {
 
 // The float loop is the hottest element-wise loop of the layer: on x86-64 it is built for
 // AVX2 too and picked at load time (the same operations per element, no FMA, so the same
-// bits either way).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// bits either way). Not under ThreadSanitizer: the ifunc resolver runs during relocation,
+// before the TSan runtime exists, and crashes the program at load.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("avx2", "default")))
 #endif
 void exp_shifted(float* x, std::int64_t n, float shift) {

@@ -17,17 +17,59 @@ BlockOptions resolved(BlockOptions o) {
   }
   return o;
 }
+
+// Heads are split over tp whole: a query head and the key/value head it reads stay on
+// one rank (no replication of key/value heads).
+template <typename T>
+TpContext<T> checked(const BlockOptions& o, TpContext<T> tp) {
+  const int t = tp.size();
+  NDMESH_CHECK(o.heads % t == 0 && o.kv_heads % t == 0 && o.ffn % t == 0, "nn",
+               "block '{}': tp={} must divide heads={}, kv_heads={} and ffn={}", o.name, t, o.heads,
+               o.kv_heads, o.ffn);
+  return tp;
+}
 }  // namespace
 
 template <typename T>
-Block<T>::Block(ParamStore<T>& store, BlockOptions options)
+Block<T>::Block(ParamStore<T>& store, BlockOptions options, TpContext<T> tp)
     : options_(resolved(std::move(options))),
-      ln1_(store, {.channels = options_.channels, .name = options_.name + ".ln1"}),
-      attn_({.heads = options_.heads, .kv_heads = options_.kv_heads, .head_dim = options_.head_dim}),
-      qkv_(store, {.in = options_.channels, .out = attn_.qkv_width(), .name = options_.name + ".attn.qkv"}),
-      proj_(store, {.in = attn_.out_width(), .out = options_.channels, .name = options_.name + ".attn.proj"}),
-      ln2_(store, {.channels = options_.channels, .name = options_.name + ".ln2"}),
-      mlp_(store, {.channels = options_.channels, .ffn = options_.ffn, .name = options_.name + ".mlp"}) {}
+      tp_(checked(options_, std::move(tp))),
+      ln1_(
+          store,
+          {.channels = options_.channels, .name = options_.name + ".ln1", .shard = tp_.shape().replicated()}),
+      attn_({.heads = options_.heads / tp_.size(),
+             .kv_heads = options_.kv_heads / tp_.size(),
+             .head_dim = options_.head_dim}),
+      // q|k|v rows of the fused weight: this rank's q heads, then its k and v heads.
+      qkv_(store, {.in = options_.channels,
+                   .out = attn_.qkv_width(),
+                   .name = options_.name + ".attn.qkv",
+                   .weight_shard = tp_.shape().rows(
+                       {(options_.heads + 2 * options_.kv_heads) * options_.head_dim, options_.channels},
+                       {{0, options_.heads * options_.head_dim},
+                        {options_.heads * options_.head_dim, options_.kv_heads * options_.head_dim},
+                        {(options_.heads + options_.kv_heads) * options_.head_dim,
+                         options_.kv_heads * options_.head_dim}}),
+                   .bias_shard = tp_.shape().rows(
+                       {(options_.heads + 2 * options_.kv_heads) * options_.head_dim},
+                       {{0, options_.heads * options_.head_dim},
+                        {options_.heads * options_.head_dim, options_.kv_heads * options_.head_dim},
+                        {(options_.heads + options_.kv_heads) * options_.head_dim,
+                         options_.kv_heads * options_.head_dim}})}),
+      proj_(store,
+            {.in = attn_.out_width(),
+             .out = options_.channels,
+             .name = options_.name + ".attn.proj",
+             .weight_shard = tp_.shape().columns({options_.channels, options_.heads * options_.head_dim}),
+             .bias_shard = tp_.shape().replicated(),
+             .deferred_bias = true}),
+      ln2_(
+          store,
+          {.channels = options_.channels, .name = options_.name + ".ln2", .shard = tp_.shape().replicated()}),
+      mlp_(store, {.channels = options_.channels,
+                   .ffn = options_.ffn,
+                   .name = options_.name + ".mlp",
+                   .tp = tp_.shape()}) {}
 
 template <typename T>
 void Block<T>::init_norms() const {
@@ -37,78 +79,107 @@ void Block<T>::init_norms() const {
 
 template <typename T>
 void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq) const {
-  const std::int64_t n = batch * seq, c = options_.channels;
-  a.ln1.resize({n, c});
-  a.ln1_mean.resize({n});
-  a.ln1_rstd.resize({n});
+  const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
+  a.ln1.resize({nl, c});
+  a.ln1_mean.resize({nl});
+  a.ln1_rstd.resize({nl});
   a.qkv.resize({n, attn_.qkv_width()});
-  a.lse.resize({batch, options_.heads, seq});
+  a.lse.resize({batch, attn_.options().heads, seq});
   a.atty.resize({n, attn_.out_width()});
-  a.res1.resize({n, c});
-  a.ln2.resize({n, c});
-  a.ln2_mean.resize({n});
-  a.ln2_rstd.resize({n});
-  a.mlp.resize(n, options_.ffn);
-  a.out.resize({n, c});
+  a.res1.resize({nl, c});
+  a.ln2.resize({nl, c});
+  a.ln2_mean.resize({nl});
+  a.ln2_rstd.resize({nl});
+  a.mlp.resize(n, mlp_.local_ffn());
+  a.out.resize({nl, c});
+  if (tp_.sequence_parallel) {
+    a.ln1_full.resize({n, c});
+    a.ln2_full.resize({n, c});
+  }
 }
 
 template <typename T>
 void Block<T>::resize(BlockScratch<T>& s, std::int64_t batch, std::int64_t seq) const {
-  const std::int64_t n = batch * seq, c = options_.channels;
-  s.dres1.resize({n, c});
+  const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
+  s.dres1.resize({nl, c});
   s.dln.resize({n, c});
   s.dqkv.resize({n, attn_.qkv_width()});
   s.datty.resize({n, attn_.out_width()});
-  s.dmlp.resize({2 * n, options_.ffn});
+  s.dmlp.resize({2 * n, mlp_.local_ffn()});
+  if (tp_.sequence_parallel) {
+    s.dln_full.resize({n, c});
+    s.dout_full.resize({n, c});
+  }
 }
 
 template <typename T>
 void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch, std::int64_t seq,
                        const AttentionCore<T>* core, const std::int64_t* positions) const {
-  const std::int64_t n = batch * seq, c = options_.channels;
-  ln1_.forward(inp, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), n);
-  qkv_.forward(a.ln1.data(), a.qkv.data(), n);
+  const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
+  const bool sp = tp_.sequence_parallel;
+  if (sp && partial_.numel() != n * c) partial_.resize({n, c});
+  ln1_.forward(inp, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
+  const T* x1 = tp_.f_forward(a.ln1.data(), a.ln1_full.data(), n, c);
+  qkv_.forward(x1, a.qkv.data(), n);
   if (core)
     core->forward(attn_, a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
   else
     attn_.forward(a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
-  proj_.forward(a.atty.data(), a.res1.data(), n);
-  for (std::int64_t i = 0; i < n * c; ++i) a.res1[i] += inp[i];
-  ln2_.forward(a.res1.data(), a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), n);
-  mlp_.forward(a.ln2.data(), a.out.data(), a.mlp, n);
-  for (std::int64_t i = 0; i < n * c; ++i) a.out[i] += a.res1[i];
+  T* part = sp ? partial_.data() : a.res1.data();
+  proj_.forward(a.atty.data(), part, n);
+  tp_.g_forward(part, a.res1.data(), n, c);
+  proj_.add_bias(a.res1.data(), nl);
+  for (std::int64_t i = 0; i < nl * c; ++i) a.res1[i] += inp[i];
+  ln2_.forward(a.res1.data(), a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), nl);
+  const T* x2 = tp_.f_forward(a.ln2.data(), a.ln2_full.data(), n, c);
+  part = sp ? partial_.data() : a.out.data();
+  mlp_.forward(x2, part, a.mlp, n);
+  tp_.g_forward(part, a.out.data(), n, c);
+  mlp_.proj().add_bias(a.out.data(), nl);
+  for (std::int64_t i = 0; i < nl * c; ++i) a.out[i] += a.res1[i];
 }
 
 template <typename T>
 void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& a, BlockScratch<T>& s,
                         T* dinp, std::int64_t batch, std::int64_t seq, const std::function<void()>* progress,
                         const AttentionCore<T>* core, const std::int64_t* positions) const {
-  const std::int64_t n = batch * seq, c = options_.channels;
+  const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
+  const bool sp = tp_.sequence_parallel;
   auto poll = [progress] {
     if (progress) (*progress)();
   };
+  // d input of a column-parallel linear, before f's reduction: [n, C] partial sums.
+  T* dfull = sp ? s.dln_full.data() : s.dln.data();
+  const T* x1 = sp ? a.ln1_full.data() : a.ln1.data();
+  const T* x2 = sp ? a.ln2_full.data() : a.ln2.data();
   // Second residual: d res1 = dout (identity path) + the MLP branch through ln2.
-  std::copy(dout, dout + n * c, s.dres1.data());
-  s.dln.zero();
-  mlp_.backward(dout, a.ln2.data(), a.mlp, s.dln.data(), s.dmlp.data(), n);
+  std::copy(dout, dout + nl * c, s.dres1.data());
+  const T* dout_full = tp_.g_backward(dout, s.dout_full.data(), n, c);
+  mlp_.proj().backward_bias(dout, nl);
+  std::fill(dfull, dfull + n * c, T(0));
+  mlp_.backward(dout_full, x2, a.mlp, dfull, s.dmlp.data(), n);
   poll();
-  ln2_.backward(s.dln.data(), a.res1.data(), a.ln2_mean.data(), a.ln2_rstd.data(), s.dres1.data(), n);
+  tp_.f_backward(dfull, s.dln.data(), n, c);
+  ln2_.backward(s.dln.data(), a.res1.data(), a.ln2_mean.data(), a.ln2_rstd.data(), s.dres1.data(), nl);
   // First residual: d inp = d res1 (identity path) + the attention branch through ln1.
+  const T* dres1_full = tp_.g_backward(s.dres1.data(), s.dout_full.data(), n, c);
+  proj_.backward_bias(s.dres1.data(), nl);
   s.datty.zero();
-  proj_.backward(s.dres1.data(), a.atty.data(), s.datty.data(), n);
+  proj_.backward(dres1_full, a.atty.data(), s.datty.data(), n);
   poll();
   s.dqkv.zero();
   if (core)
-    core->backward(attn_, s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq,
-                   positions);
+    core->backward(attn_, s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch,
+                   seq, positions);
   else
     attn_.backward(s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq,
                    positions);
   poll();
-  s.dln.zero();
-  qkv_.backward(s.dqkv.data(), a.ln1.data(), s.dln.data(), n);
-  ln1_.backward(s.dln.data(), inp, a.ln1_mean.data(), a.ln1_rstd.data(), dinp, n);
-  for (std::int64_t i = 0; i < n * c; ++i) dinp[i] += s.dres1[i];
+  std::fill(dfull, dfull + n * c, T(0));
+  qkv_.backward(s.dqkv.data(), x1, dfull, n);
+  tp_.f_backward(dfull, s.dln.data(), n, c);
+  ln1_.backward(s.dln.data(), inp, a.ln1_mean.data(), a.ln1_rstd.data(), dinp, nl);
+  for (std::int64_t i = 0; i < nl * c; ++i) dinp[i] += s.dres1[i];
 }
 
 template class Block<float>;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "ndmesh/core/error.hpp"
 
@@ -41,6 +42,58 @@ void CrossEntropy<T>::backward(const T* probs, const std::int32_t* targets, T* d
     T* d = dlogits + r * vocab;
     for (std::int64_t i = 0; i < vocab; ++i) d[i] += p[i] * scale;
     d[targets[r]] -= scale;
+  }
+}
+
+template <typename T>
+double CrossEntropy<T>::forward(const T* logits, const std::int32_t* targets, T* probs, T* losses,
+                                std::int64_t rows, std::int64_t local_vocab, std::int64_t vocab_start,
+                                std::int64_t vocab, TpComm<T>& comm) {
+  std::vector<T> mx(static_cast<std::size_t>(rows)), sums(static_cast<std::size_t>(2 * rows));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    NDMESH_CHECK(targets[r] >= 0 && targets[r] < vocab, "nn", "target {} at row {} is outside [0, {})",
+                 targets[r], r, vocab);
+    const T* z = logits + r * local_vocab;
+    mx[static_cast<std::size_t>(r)] = *std::max_element(z, z + local_vocab);
+  }
+  comm.all_reduce_max(mx.data(), rows);
+  // [sum of exp(z - max) | the target's z - max (0 on the ranks without it)]
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* z = logits + r * local_vocab;
+    T* p = probs + r * local_vocab;
+    const T m = mx[static_cast<std::size_t>(r)];
+    const std::int64_t t = targets[r] - vocab_start;
+    const T z_target = t >= 0 && t < local_vocab ? z[t] - m : T(0);  // read before probs is written
+    T sum = 0;
+    for (std::int64_t i = 0; i < local_vocab; ++i) {
+      p[i] = std::exp(z[i] - m);
+      sum += p[i];
+    }
+    sums[static_cast<std::size_t>(r)] = sum;
+    sums[static_cast<std::size_t>(rows + r)] = z_target;
+  }
+  comm.all_reduce_sum(sums.data(), 2 * rows);
+  double total = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T sum = sums[static_cast<std::size_t>(r)];
+    const T inv = T(1) / sum;
+    T* p = probs + r * local_vocab;
+    for (std::int64_t i = 0; i < local_vocab; ++i) p[i] *= inv;
+    losses[r] = std::log(sum) - sums[static_cast<std::size_t>(rows + r)];
+    total += static_cast<double>(losses[r]);
+  }
+  return rows > 0 ? total / static_cast<double>(rows) : 0.0;
+}
+
+template <typename T>
+void CrossEntropy<T>::backward(const T* probs, const std::int32_t* targets, T* dlogits, std::int64_t rows,
+                               std::int64_t local_vocab, std::int64_t vocab_start, T scale) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* p = probs + r * local_vocab;
+    T* d = dlogits + r * local_vocab;
+    for (std::int64_t i = 0; i < local_vocab; ++i) d[i] += p[i] * scale;
+    const std::int64_t t = targets[r] - vocab_start;
+    if (t >= 0 && t < local_vocab) d[t] -= scale;
   }
 }
 

@@ -1,5 +1,6 @@
 #include "ndmesh/nn/embedding.hpp"
 
+#include <algorithm>
 #include <numeric>
 #include <vector>
 
@@ -8,14 +9,20 @@
 namespace ndmesh::nn {
 
 template <typename T>
-Embedding<T>::Embedding(ParamStore<T>& store, EmbeddingOptions options)
-    : store_(&store), options_(std::move(options)) {
+Embedding<T>::Embedding(ParamStore<T>& store, EmbeddingOptions options, TpContext<T> tp)
+    : store_(&store), options_(std::move(options)), tp_(std::move(tp)) {
   NDMESH_CHECK(options_.vocab > 0 && options_.channels > 0 && options_.max_seq > 0, "nn",
                "embedding '{}' has vocab={} channels={} max_seq={}; all must be positive", options_.name,
                options_.vocab, options_.channels, options_.max_seq);
+  NDMESH_CHECK(options_.vocab % tp_.size() == 0, "nn", "embedding '{}': tp={} does not divide vocab={}",
+               options_.name, tp_.size(), options_.vocab);
+  local_vocab_ = options_.vocab / tp_.size();
+  vocab_start_ = local_vocab_ * tp_.rank();
   // The token table is a matrix (decayed, shared by a tied head); positions are too.
-  tokens_ = store.add(options_.name + ".tokens", {options_.vocab, options_.channels}, true);
-  positions_ = store.add(options_.name + ".positions", {options_.max_seq, options_.channels}, true);
+  tokens_ = store.add(options_.name + ".tokens", {local_vocab_, options_.channels}, true,
+                      tp_.shape().rows({options_.vocab, options_.channels}));
+  positions_ = store.add(options_.name + ".positions", {options_.max_seq, options_.channels}, true,
+                         ParamShard{.rank = tp_.rank(), .size = tp_.size()});
 }
 
 namespace {
@@ -41,41 +48,59 @@ void Embedding<T>::backward(const T* dout, const std::int32_t* tokens, std::int6
 template <typename T>
 void Embedding<T>::forward_at(const std::int32_t* tokens, T* out, std::int64_t batch, std::int64_t seq,
                               const std::int64_t* positions) const {
-  const std::int64_t c = options_.channels;
+  const std::int64_t c = options_.channels, n = batch * seq;
+  const std::int64_t nl = tp_.local_rows(n), first = tp_.first_row(n);
   for (std::int64_t t = 0; t < seq; ++t)
     NDMESH_CHECK(positions[t] >= 0 && positions[t] < options_.max_seq, "nn",
                  "position {} of row {} is outside the model's sequence length {}", positions[t], t,
                  options_.max_seq);
   const T* wte = store_->param(tokens_);
   const T* wpe = store_->param(positions_);
-  for (std::int64_t b = 0; b < batch; ++b) {
-    for (std::int64_t t = 0; t < seq; ++t) {
-      std::int32_t tok = tokens[b * seq + t];
-      NDMESH_CHECK(tok >= 0 && tok < options_.vocab, "nn",
-                   "token {} at batch {} position {} is outside [0, {})", tok, b, positions[t], options_.vocab);
-      const T* e = wte + tok * c;
-      const T* p = wpe + positions[t] * c;
-      T* o = out + (b * seq + t) * c;
-      for (std::int64_t i = 0; i < c; ++i) o[i] = e[i] + p[i];
-    }
+  // Every rank embeds the tokens of its vocabulary shard (zeros for the others); g sums them.
+  if (tp_.sequence_parallel) work_.resize(static_cast<std::size_t>(n * c));
+  T* part = tp_.sequence_parallel ? work_.data() : out;
+  for (std::int64_t r = 0; r < n; ++r) {
+    const std::int32_t tok = tokens[r];
+    NDMESH_CHECK(tok >= 0 && tok < options_.vocab, "nn",
+                 "token {} at batch {} position {} is outside [0, {})", tok, r / seq, positions[r % seq],
+                 options_.vocab);
+    T* o = part + r * c;
+    const std::int64_t local = tok - vocab_start_;
+    if (local >= 0 && local < local_vocab_)
+      std::copy(wte + local * c, wte + (local + 1) * c, o);
+    else
+      std::fill(o, o + c, T(0));
+  }
+  tp_.g_forward(part, out, n, c);
+  for (std::int64_t i = 0; i < nl; ++i) {
+    const T* p = wpe + positions[(first + i) % seq] * c;
+    T* o = out + i * c;
+    for (std::int64_t k = 0; k < c; ++k) o[k] += p[k];
   }
 }
 
 template <typename T>
-void Embedding<T>::backward_at(const T* dout, const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
-                               const std::int64_t* positions) const {
-  const std::int64_t c = options_.channels;
+void Embedding<T>::backward_at(const T* dout, const std::int32_t* tokens, std::int64_t batch,
+                               std::int64_t seq, const std::int64_t* positions) const {
+  const std::int64_t c = options_.channels, n = batch * seq;
+  if (tp_.sequence_parallel) work_.resize(static_cast<std::size_t>(n * c));
+  // The full d output (gathered under sequence parallelism): every rank computes the
+  // whole position gradient, so the replicated table needs no reduction.
+  const T* full = tp_.g_backward(dout, work_.data(), n, c);
   T* dwte = store_->grad(tokens_);
   T* dwpe = store_->grad(positions_);
-  for (std::int64_t b = 0; b < batch; ++b) {
-    for (std::int64_t t = 0; t < seq; ++t) {
-      const T* d = dout + (b * seq + t) * c;
-      T* e = dwte + tokens[b * seq + t] * c;
-      T* p = dwpe + positions[t] * c;
+  for (std::int64_t r = 0; r < n; ++r) {
+    const T* d = full + r * c;
+    T* p = dwpe + positions[r % seq] * c;
+    const std::int64_t local = tokens[r] - vocab_start_;
+    if (local >= 0 && local < local_vocab_) {
+      T* e = dwte + local * c;
       for (std::int64_t i = 0; i < c; ++i) {
         e[i] += d[i];
         p[i] += d[i];
       }
+    } else {
+      for (std::int64_t i = 0; i < c; ++i) p[i] += d[i];
     }
   }
 }

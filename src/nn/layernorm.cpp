@@ -13,8 +13,8 @@ LayerNorm<T>::LayerNorm(ParamStore<T>& store, LayerNormOptions options)
     : store_(&store), options_(std::move(options)) {
   NDMESH_CHECK(options_.channels > 0, "nn", "layernorm '{}' has channels={}", options_.name,
                options_.channels);
-  weight_ = store.add(options_.name + ".weight", {options_.channels}, false);
-  bias_ = store.add(options_.name + ".bias", {options_.channels}, false);
+  weight_ = store.add(options_.name + ".weight", {options_.channels}, false, options_.shard);
+  bias_ = store.add(options_.name + ".bias", {options_.channels}, false, options_.shard);
 }
 
 template <typename T>

@@ -18,16 +18,16 @@ Linear<T>::Linear(ParamStore<T>& store, LinearOptions options)
                  options_.out, options_.in);
     weight_ = options_.shared_weight;
   } else {
-    weight_ = store.add(options_.name + ".weight", {options_.out, options_.in}, true);
+    weight_ = store.add(options_.name + ".weight", {options_.out, options_.in}, true, options_.weight_shard);
   }
-  if (options_.bias) bias_ = store.add(options_.name + ".bias", {options_.out}, false);
+  if (options_.bias) bias_ = store.add(options_.name + ".bias", {options_.out}, false, options_.bias_shard);
 }
 
 template <typename T>
 void Linear<T>::forward(const T* inp, T* out, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
   T beta = T(0);
-  if (bias_ >= 0) {
+  if (bias_ >= 0 && !options_.deferred_bias) {
     const T* b = store_->param(bias_);
     for (std::int64_t r = 0; r < rows; ++r) std::copy(b, b + n_out, out + r * n_out);
     beta = T(1);
@@ -59,11 +59,25 @@ template <typename T>
 void Linear<T>::backward_weight(const T* dout, const T* inp, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
   gemm<T>(true, false, n_out, in, rows, T(1), dout, n_out, inp, in, T(1), store_->grad(weight_), in);
-  if (bias_ >= 0) {
-    T* db = store_->grad(bias_);
-    for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t o = 0; o < n_out; ++o) db[o] += dout[r * n_out + o];
-  }
+  if (!options_.deferred_bias) backward_bias(dout, rows);
+}
+
+template <typename T>
+void Linear<T>::add_bias(T* out, std::int64_t rows) const {
+  if (bias_ < 0) return;
+  const std::int64_t n_out = options_.out;
+  const T* b = store_->param(bias_);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t o = 0; o < n_out; ++o) out[r * n_out + o] += b[o];
+}
+
+template <typename T>
+void Linear<T>::backward_bias(const T* dout, std::int64_t rows) const {
+  if (bias_ < 0) return;
+  const std::int64_t n_out = options_.out;
+  T* db = store_->grad(bias_);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t o = 0; o < n_out; ++o) db[o] += dout[r * n_out + o];
 }
 
 template <typename T>

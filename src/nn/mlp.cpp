@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ndmesh/core/error.hpp"
 #include "ndmesh/nn/gelu.hpp"
 
 namespace ndmesh::nn {
@@ -9,20 +10,32 @@ namespace ndmesh::nn {
 template <typename T>
 Mlp<T>::Mlp(ParamStore<T>& store, MlpOptions options)
     : options_(std::move(options)),
-      fc_(store, {.in = options_.channels, .out = options_.ffn, .name = options_.name + ".fc"}),
-      proj_(store, {.in = options_.ffn, .out = options_.channels, .name = options_.name + ".proj"}) {}
+      fc_(store, {.in = options_.channels,
+                  .out = options_.ffn / options_.tp.size,
+                  .name = options_.name + ".fc",
+                  .weight_shard = options_.tp.rows({options_.ffn, options_.channels}),
+                  .bias_shard = options_.tp.rows({options_.ffn})}),
+      proj_(store, {.in = options_.ffn / options_.tp.size,
+                    .out = options_.channels,
+                    .name = options_.name + ".proj",
+                    .weight_shard = options_.tp.columns({options_.channels, options_.ffn}),
+                    .bias_shard = options_.tp.replicated(),
+                    .deferred_bias = true}) {
+  NDMESH_CHECK(options_.ffn % options_.tp.size == 0, "nn", "mlp '{}': tp={} does not divide ffn={}",
+               options_.name, options_.tp.size, options_.ffn);
+}
 
 template <typename T>
 void Mlp<T>::forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const {
   fc_.forward(inp, acts.fc.data(), rows);
-  Gelu<T>::forward(acts.fc.data(), acts.gelu.data(), rows * options_.ffn);
+  Gelu<T>::forward(acts.fc.data(), acts.gelu.data(), rows * local_ffn());
   proj_.forward(acts.gelu.data(), out, rows);
 }
 
 template <typename T>
 void Mlp<T>::backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
                       std::int64_t rows) const {
-  const std::int64_t n = rows * options_.ffn;
+  const std::int64_t n = rows * local_ffn();
   T* dgelu = scratch;
   T* dfc = scratch + n;
   std::fill(scratch, scratch + 2 * n, T(0));

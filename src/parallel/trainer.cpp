@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <cmath>
+#include <algorithm>
 #include <numbers>
 
 #include <fmt/format.h>
@@ -23,9 +24,11 @@ std::vector<std::string> unsupported_layout(const Mesh& mesh) {
     const char* dim;
     const char* what;
   };
-  for (auto [dim, what] : {Pending{"tp", "tensor parallelism"}, Pending{"ep", "expert parallelism"}})
+  for (auto [dim, what] : {Pending{"ep", "expert parallelism"}})
     if (mesh.size_of(dim) > 1)
-      out.push_back(fmt::format("--{}={}: {} is not implemented in ndmesh train yet; use --{} 1 (data parallelism: --dp N, pipeline parallelism: --pp N, context parallelism: --cp N)",
+      out.push_back(fmt::format("--{}={}: {} is not implemented in ndmesh train yet; use --{} 1 (data parallelism: "
+                                "--dp N, tensor parallelism: --tp N, pipeline parallelism: --pp N, context "
+                                "parallelism: --cp N)",
                                 dim, mesh.size_of(dim), what, dim));
   for (const Dim& d : mesh.dims())
     if (d.size > 1 && d.name != "dp" && d.name != "tp" && d.name != "pp" && d.name != "cp" && d.name != "ep")
@@ -75,6 +78,15 @@ Trainer::Trainer(TrainOptions options, std::unique_ptr<model::DataSource> data, 
   grad_ = cp_size_ > 1 ? groups_.cp_dp() : dp_;
   grad_size_ = grad_.size();
 
+  // Tensor parallelism: the model is split over the tp group (of one in a serial run).
+  tp_ = groups_.tp();
+  NDMESH_CHECK_CONFIG(!o.sequence_parallel || tp_.size() > 1, "train",
+                      "--sequence-parallel needs --tp > 1 (it splits the tokens of the norms over tp); add --tp 2 "
+                      "or leave it out");
+  if (auto problems = model::gpt_tp_problems(o.model, tp_.size(), o.sequence_parallel, micro * local_seq);
+      !problems.empty())
+    fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
+  tp_double_ = std::make_unique<CommunicatorTpComm<double>>(tp_, tp_stats_);
   if (cp_size_ > 1) ring_ = std::make_shared<RingAttention<float>>(cp);
   full_tokens_.resize(static_cast<std::size_t>(micro * o.model.seq));
   full_targets_.resize(full_tokens_.size());
@@ -134,7 +146,8 @@ void Trainer::build_pipeline(std::int64_t micro, std::int64_t local_seq) {
                                    .seq = local_seq,
                                    .first_block = first,
                                    .last_block = first + partition_[static_cast<std::size_t>(vs)],
-                                   .pad_to = pad}));
+                                   .pad_to = pad},
+        make_tp_context<float>(tp_, o.sequence_parallel, tp_stats_)));
     model::Gpt& g = *chunks_.back();
     g.set_loss_weight(1.0 / static_cast<double>(o.batch * o.model.seq));
     if (cp_size_ > 1) {
@@ -217,11 +230,15 @@ StepStats Trainer::step() {
     reducers_[c]->zero_shard_grads();
     reducers_[c]->reset_timers();
   }
+  tp_stats_->reset();
   pp::StageHooks hooks;
   hooks.data = [&](int mb, std::int32_t* tokens, std::int32_t* targets) {
     load_batch(model::DataSource::kTrainStream, step_, dp_rank_ * local_batch_ + mb * micro, micro);
     std::copy(tokens_.begin(), tokens_.end(), tokens);
     std::copy(targets_.begin(), targets_.end(), targets);
+  };
+  hooks.before_model_backward = [&](int c, bool last) {
+    chunks_[static_cast<std::size_t>(c)]->set_tp_grad_sync(last);  // tp-summed gradients: once, at the last
   };
   hooks.before_backward = [&](int c, bool last) {
     reducers_[static_cast<std::size_t>(c)]->begin_backward(chunks_[static_cast<std::size_t>(c)]->params().grads().data(),
@@ -245,9 +262,8 @@ StepStats Trainer::step() {
     embedding_.all_reduce(token_table_grads(*chunks_[static_cast<std::size_t>(tied_main_chunk_)]));
 
   double square_sum = 0;
-  for (std::size_t c = 0; c < chunks_.size(); ++c)
-    square_sum += reducers_[c]->owned_grad_square_sum(chunks_[c]->params().grads().data());
-  if (tied_copy_chunk_ >= 0)  // the copy counts once in the norm, on the first stage
+  for (std::size_t c = 0; c < chunks_.size(); ++c) square_sum += owned_grad_square_sum(c);
+  if (tied_copy_chunk_ >= 0)  // the copy counts once in the norm, on the first stage (its tp shard)
     for (float g : token_table_grads(*chunks_[static_cast<std::size_t>(tied_copy_chunk_)]))
       square_sum -= static_cast<double>(g) * static_cast<double>(g);
   std::array<double, 2> sums = {walk.loss_sum, square_sum};
@@ -255,6 +271,7 @@ StepStats Trainer::step() {
     sum_over_dp(sums);
   else
     sum_over_dp(std::span<double>(sums.data(), 1));  // the reduced gradients are the same everywhere
+  tp_double_->all_reduce_sum(&sums[1], 1);          // the loss is the same on every tp rank
   if (stages_ > 1) pp_.all_reduce(std::span<double>(sums));
   StepStats s;
   s.loss = sums[0] / static_cast<double>(tokens_per_step());
@@ -267,8 +284,62 @@ StepStats Trainer::step() {
     s.exposed_comm_seconds += reducers_[c]->exposed_seconds();
   }
   s.step = ++step_;
+  s.tp_comm = *tp_stats_;
   s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return s;
+}
+
+double Trainer::owned_grad_square_sum(std::size_t chunk) const {
+  const auto& params = chunks_[chunk]->params();
+  const GradReducer& reducer = *reducers_[chunk];
+  const float* shard_grads = reducer.shard_grads();
+  const bool tp_lead = tp_.rank() == 0;
+  double sum = 0;
+  std::int64_t at = 0;
+  for (const nn::Segment& seg : reducer.shard()) {
+    const float* g = shard_grads != nullptr ? shard_grads + at : params.grads().data() + seg.offset;
+    for (const ParamView& v : params.views()) {
+      if (!v.shard.sharded() && !tp_lead) continue;  // replicated over tp: counted once
+      const std::int64_t lo = std::max(v.offset, seg.offset), hi = std::min(v.offset + v.numel, seg.offset + seg.count);
+      for (std::int64_t i = lo; i < hi; ++i) {
+        const double x = g[i - seg.offset];
+        sum += x * x;
+      }
+    }
+    at += seg.count;
+  }
+  return sum;
+}
+
+std::vector<float> Trainer::to_logical(std::span<const float> local) {
+  const auto& store = chunks_.front()->params();
+  std::int64_t total = 0;
+  const std::vector<std::int64_t> offsets = store.logical_offsets(&total);
+  std::vector<float> out(static_cast<std::size_t>(total), 0.0f), gathered;
+  for (std::size_t i = 0; i < store.views().size(); ++i) {
+    const ParamView& v = store.views()[i];
+    const float* src = local.data() + v.offset;
+    float* dst = out.data() + offsets[i];
+    if (!v.shard.sharded()) {
+      std::copy_n(src, v.numel, dst);
+      continue;
+    }
+    gathered.resize(static_cast<std::size_t>(v.numel * tp_.size()));
+    tp_.all_gather(std::span<const float>(src, static_cast<std::size_t>(v.numel)), std::span<float>(gathered));
+    for (int r = 0; r < tp_.size(); ++r)
+      copy_shard(v.shard, v.shape, gathered.data() + r * v.numel, dst, true, r);
+  }
+  return out;
+}
+
+void Trainer::from_logical(const std::vector<float>& logical, std::span<float> local) const {
+  const auto& store = chunks_.front()->params();
+  const std::vector<std::int64_t> offsets = store.logical_offsets();
+  std::fill(local.begin(), local.end(), 0.0f);
+  for (std::size_t i = 0; i < store.views().size(); ++i) {
+    const ParamView& v = store.views()[i];
+    copy_shard(v.shard, v.shape, local.data() + v.offset, const_cast<float*>(logical.data()) + offsets[i], false);
+  }
 }
 
 double Trainer::evaluate(std::int64_t batches) {
@@ -334,15 +405,18 @@ void Trainer::save(const std::string& path) {
     grad_.all_reduce(std::span<float>(m));
     grad_.all_reduce(std::span<float>(v));
   }
+  // The logical model: tp shards are gathered into the serial layout.
+  std::vector<float> logical_params = to_logical(params);
+  std::vector<float> logical_m = to_logical(m), logical_v = to_logical(v);
   if (groups_.rank() == 0) {
     model::Checkpoint c;
     c.spec = options_.model;
     c.step = step_;
     c.data = data_->describe();
     c.adam_steps = adams_.front()->steps();
-    c.params.assign(params.begin(), params.end());
-    c.adam_m = std::move(m);
-    c.adam_v = std::move(v);
+    c.params = std::move(logical_params);
+    c.adam_m = std::move(logical_m);
+    c.adam_v = std::move(logical_v);
     save_checkpoint(path, c);
   }
   groups_.world().barrier();
@@ -359,22 +433,26 @@ void Trainer::load(const std::string& path) {
   if (!diffs.empty())
     fail<ConfigError>("checkpoint", "'{}' does not match this run ({}); pass the flags it was saved with", path,
                       fmt::join(diffs, "; "));
-  auto params = chunks_.front()->params().params();
-  // The flat buffer may be padded differently (ZeRO pads to the dp size): the logical
-  // parameters are the same up to the padding.
-  const std::size_t common = std::min(c.params.size(), params.size());
-  for (std::size_t i = common; i < c.params.size(); ++i)
+  auto params = model().params().params();
+  // The checkpoint holds the logical (serial) layout, perhaps padded (ZeRO pads to the dp
+  // size): the logical parameters are the same up to the padding; each rank takes its
+  // tp slices.
+  std::int64_t logical = 0;
+  model().params().logical_offsets(&logical);
+  const auto need = static_cast<std::size_t>(logical);
+  NDMESH_CHECK(c.params.size() >= need && c.adam_m.size() >= need && c.adam_v.size() >= need, "checkpoint",
+               "'{}' holds {} parameters but the model has {}", path, c.params.size(), need);
+  for (std::size_t i = need; i < c.params.size(); ++i)
     NDMESH_CHECK(c.params[i] == 0.0f, "checkpoint", "'{}' holds {} parameters but the model has {}", path,
-                 c.params.size(), params.size());
-  std::fill(params.begin(), params.end(), 0.0f);
-  std::copy_n(c.params.begin(), common, params.begin());
+                 c.params.size(), need);
+  from_logical(c.params, params);
+  std::vector<float> m(params.size()), v(params.size());
+  from_logical(c.adam_m, m);
+  from_logical(c.adam_v, v);
   std::int64_t at = 0;
   for (const nn::Segment& seg : adams_.front()->segments()) {
-    for (std::int64_t i = 0; i < seg.count; ++i) {
-      const auto src = static_cast<std::size_t>(seg.offset + i);
-      adams_.front()->m()[static_cast<std::size_t>(at + i)] = src < c.adam_m.size() ? c.adam_m[src] : 0.0f;
-      adams_.front()->v()[static_cast<std::size_t>(at + i)] = src < c.adam_v.size() ? c.adam_v[src] : 0.0f;
-    }
+    std::copy_n(m.begin() + seg.offset, seg.count, adams_.front()->m().begin() + at);
+    std::copy_n(v.begin() + seg.offset, seg.count, adams_.front()->v().begin() + at);
     at += seg.count;
   }
   adams_.front()->set_steps(c.adam_steps);

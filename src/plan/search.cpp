@@ -88,11 +88,15 @@ std::string Constraints::text() const {
 
 SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOptions& o) {
   NDMESH_CHECK_CONFIG(o.gpus >= 1, "plan", "--gpus {} must be at least 1, e.g. --gpus 512", o.gpus);
+  NDMESH_CHECK_CONFIG(o.gpus <= kMaxSearchGpus, "plan",
+                      "--gpus {} is above the planner's limit of {} GPUs; plan a smaller job, e.g. --gpus {}",
+                      o.gpus, kMaxSearchGpus, kMaxSearchGpus);
   NDMESH_CHECK_CONFIG(o.workload.seq >= 1, "plan", "--seq {} must be at least 1, e.g. --seq 4096",
                       o.workload.seq);
   NDMESH_CHECK_CONFIG(o.workload.global_batch >= 1, "plan", "--global-batch {} must be at least 1, e.g. 1024",
                       o.workload.global_batch);
-  NDMESH_CHECK_CONFIG(o.top >= 1, "plan", "--top {} must be at least 1, e.g. --top 10", o.top);
+  NDMESH_CHECK_CONFIG(o.top >= 1 && o.top <= kMaxTop, "plan", "--top {} must be in 1..{}, e.g. --top 10", o.top,
+                      kMaxTop);
 
   ModelSpec spec = model.spec;
   spec.seq = o.workload.seq;

@@ -8,12 +8,22 @@
 namespace ndmesh {
 
 template <typename T>
-int ParamStore<T>::add(std::string name, std::vector<std::int64_t> shape, bool decay) {
+int ParamStore<T>::add(std::string name, std::vector<std::int64_t> shape, bool decay, ParamShard shard) {
   NDMESH_CHECK(params_.empty(), "nn", "parameter '{}' declared after the store was allocated", name);
   NDMESH_CHECK(find(name) < 0, "nn", "parameter '{}' declared twice", name);
   std::int64_t numel = shape_numel(shape);
   NDMESH_CHECK(numel > 0, "nn", "parameter '{}' has no elements", name);
-  views_.push_back({std::move(name), size_, std::move(shape), numel, decay});
+  if (shard.dim >= 0) {
+    NDMESH_CHECK(shard.full_shape.size() == shape.size() && shard.dim < static_cast<int>(shape.size()), "nn",
+                 "parameter '{}' has a shard along dim {} of a {}-d full shape", name, shard.dim,
+                 shard.full_shape.size());
+    std::int64_t along = 0;
+    for (const auto& p : shard.pieces) along += p.length;
+    NDMESH_CHECK(along == shape[static_cast<std::size_t>(shard.dim)], "nn",
+                 "parameter '{}': shard pieces hold {} along dim {} but the local shape has {}", name, along,
+                 shard.dim, shape[static_cast<std::size_t>(shard.dim)]);
+  }
+  views_.push_back({std::move(name), size_, std::move(shape), numel, decay, std::move(shard)});
   size_ += (numel + kParamAlign - 1) / kParamAlign * kParamAlign;
   return static_cast<int>(views_.size()) - 1;
 }
@@ -45,6 +55,58 @@ template <typename T>
 void ParamStore<T>::zero_grad() {
   std::fill(grads_.begin(), grads_.end(), T(0));
 }
+
+template <typename T>
+std::vector<std::int64_t> ParamStore<T>::logical_offsets(std::int64_t* total) const {
+  std::vector<std::int64_t> out;
+  std::int64_t at = 0;
+  for (const auto& v : views_) {
+    out.push_back(at);
+    at += (v.full_numel() + kParamAlign - 1) / kParamAlign * kParamAlign;
+  }
+  if (total) *total = at;
+  return out;
+}
+
+std::int64_t ParamView::full_numel() const { return shard.dim >= 0 ? shape_numel(shard.full_shape) : numel; }
+
+template <typename T>
+void copy_shard(const ParamShard& shard, const std::vector<std::int64_t>& local_shape, T* local, T* full,
+                bool to_full, int rank) {
+  if (shard.dim < 0) {
+    const std::int64_t n = shape_numel(local_shape);
+    if (to_full)
+      std::copy(local, local + n, full);
+    else
+      std::copy(full, full + n, local);
+    return;
+  }
+  const int r = rank >= 0 ? rank : shard.rank;
+  const auto d = static_cast<std::size_t>(shard.dim);
+  // Row-major: outer = product of dims before d, inner = product after d.
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t i = 0; i < d; ++i) outer *= shard.full_shape[i];
+  for (std::size_t i = d + 1; i < shard.full_shape.size(); ++i) inner *= shard.full_shape[i];
+  const std::int64_t full_along = shard.full_shape[d], local_along = local_shape[d];
+  for (std::int64_t o = 0; o < outer; ++o) {
+    std::int64_t at = 0;  // along the local dim
+    for (const auto& p : shard.pieces) {
+      const std::int64_t start = p.start + static_cast<std::int64_t>(r) * p.length;
+      T* f = full + (o * full_along + start) * inner;
+      T* l = local + (o * local_along + at) * inner;
+      if (to_full)
+        std::copy(l, l + p.length * inner, f);
+      else
+        std::copy(f, f + p.length * inner, l);
+      at += p.length;
+    }
+  }
+}
+
+template void copy_shard<float>(const ParamShard&, const std::vector<std::int64_t>&, float*, float*, bool,
+                                int);
+template void copy_shard<double>(const ParamShard&, const std::vector<std::int64_t>&, double*, double*, bool,
+                                 int);
 
 template class ParamStore<float>;
 template class ParamStore<double>;

@@ -116,7 +116,7 @@ bad "colour" "--color 'sometimes'|auto, always or never" -- --color sometimes
 # Type errors come from CLI11 (via main.cpp), which adds a "Run with --help" line.
 expect_rc 2 "pp not a number" -- "$ndmesh" schedule --pp four
 printf '%s' "$err" | grep -q -- "--pp = four" || fail "pp not a number: stderr: $err"
-bad "huge" "exceeds" -- --pp 1000 -m 100000
+bad "huge" "exceeds" -- --pp 200 -m 100000
 
 [ "$failures" -eq 0 ] && echo "schedule CLI: all checks passed"
 exit $((failures > 0))

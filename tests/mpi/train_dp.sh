@@ -48,6 +48,7 @@ check 4 dp4 --dp 4
 check 2 dp2_micro --dp 2 --micro-batch 2
 check 4 dp4_micro --dp 4 --micro-batch 1
 check 2 dp2_no_overlap --dp 2 --no-overlap --bucket-mb 0.01
+check 2 dp2_no_progress_thread --dp 2 --no-progress-thread --allreduce ring --bucket-mb 0.01
 check 2 dp2_zero1 --dp 2 --zero 1 --micro-batch 3 --bucket-mb 0.01
 check 4 dp4_zero2 --dp 4 --zero 2 --micro-batch 1 --bucket-mb 0.01
 check 3 dp3_zero1 --dp 3 --zero 1
@@ -60,7 +61,8 @@ check 2 dp2_ring_micro --dp 2 --allreduce ring --micro-batch 2
 # The JSON fields of a parallel run.
 jq -e '.layout == {"dp":4,"pp":1,"cp":1,"tp":1} and (.grad_norms | length == 20) and .tokens_per_second > 0
   and .comm_seconds > 0 and .exposed_comm_seconds >= 0 and .memory_bytes.params > 0
-  and .memory_bytes.optimizer == 2 * .memory_bytes.params' "$tmp/dp4.json" > /dev/null || fail "dp4 JSON fields"
+  and .memory_bytes.optimizer == 2 * .memory_bytes.params
+  and .memory_bytes.peak_rss > .memory_bytes.params + .memory_bytes.optimizer' "$tmp/dp4.json" > /dev/null || fail "dp4 JSON fields"
 # ZeRO shards the optimizer state (1 and 2) and the gradients (2) over dp.
 jq -e '.memory_bytes.optimizer == 2 * .memory_bytes.params / 2 and .memory_bytes.grads == .memory_bytes.params' \
   "$tmp/dp2_zero1.json" > /dev/null || fail "ZeRO-1 memory: $(jq -c .memory_bytes "$tmp/dp2_zero1.json")"
@@ -112,7 +114,7 @@ expect_usage() {
   [ "$rc" -eq 2 ] || fail "'$*' on $np ranks exited $rc, expected 2: $(cat "$tmp/out.txt")"
   grep -qF -- "$needle" "$tmp/out.txt" || fail "'$*' did not say '$needle': $(cat "$tmp/out.txt")"
 }
-expect_usage "--tp=2: tensor parallelism is not implemented" 2 --tp 2
+expect_usage "--tp=4 does not divide --kv-heads=2" 4 --tp 4
 expect_usage "--batch=12 is not divisible by --dp=5" 5 --dp 5
 expect_usage "--micro-batch=4 does not divide the local batch 6" 2 --dp 2 --micro-batch 4
 expect_usage "not a regular file" 2 --dp 2 --data "$tmp"

@@ -15,7 +15,8 @@ class Hierarchy(unittest.TestCase):
         self.assertTrue(issubclass(ndmesh.ConfigError, ndmesh.Error))
         self.assertTrue(issubclass(ndmesh.IoError, OSError))
         self.assertTrue(issubclass(ndmesh.IoError, ndmesh.Error))
-        self.assertTrue(issubclass(ndmesh.TimeoutError, TimeoutError))
+        self.assertTrue(issubclass(ndmesh.InternalError, ndmesh.Error))
+        self.assertFalse(issubclass(ndmesh.InternalError, ValueError))
         self.assertFalse(issubclass(ndmesh.Error, ValueError))
 
     def test_unknown_keyword_is_a_type_error(self):
@@ -64,10 +65,11 @@ class SameMessagesAsTheCli(unittest.TestCase):
             e = self.check(lambda: ndmesh.Mesh.from_config(path), "mesh", "--config", path)
             self.assertIn("3 problems", str(e))
             missing = os.path.join(d, "missing.toml")
-            with self.assertRaises(ndmesh.IoError) as ctx:
+            # A path the user names that does not exist is bad input (exit 2 in the CLI too).
+            error_of("mesh", "--config", missing)
+            with self.assertRaises(ndmesh.ConfigError) as ctx:
                 ndmesh.Mesh.from_config(missing)
-            self.assertIsInstance(ctx.exception, OSError)
-            self.assertEqual(str(ctx.exception), f"[config] cannot read config file '{missing}'; check the path")
+            self.assertEqual(str(ctx.exception), f"[config] config file '{missing}' does not exist; check the path")
 
     def test_validation(self):
         m = ndmesh.Mesh(tp=8, pp=4, dp=2)

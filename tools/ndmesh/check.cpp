@@ -6,8 +6,11 @@
 // the ring neighbours (wrapping) and the pipeline neighbours (not wrapping) exchange
 // their ranks. Rank 0 prints a summary with the set-up time (or one JSON line); the exit
 // status is 1 on any mismatch.
+#include <array>
 #include <chrono>
+#include <exception>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -15,6 +18,7 @@
 #include "mesh_flags.hpp"
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/comm/process_groups.hpp"
+#include "ndmesh/core/error.hpp"
 #include "subcommand.hpp"
 
 namespace ndmesh::cli {
@@ -88,7 +92,31 @@ KindResult verify(ProcessGroups& pg, DimSet kind, std::int64_t fault_rank) {
 
 int run(const CheckOptions& o) {
   Communicator world = Communicator::world();
-  MeshSetup s = o.flags.resolve(world.size());
+  // Bad input on one rank (a config file only it can see wrongly, different flags) must
+  // not leave the others waiting in the next collective for the whole timeout: every rank
+  // learns at once that some rank refused its input, and each exits with 2.
+  std::optional<MeshSetup> setup;
+  std::exception_ptr refused;
+  try {
+    setup = o.flags.resolve(world.size());
+  } catch (const ConfigError&) {
+    refused = std::current_exception();
+  }
+  std::int64_t first_refusing = refused ? world.rank() : world.size();
+  world.all_reduce(std::span<std::int64_t>(&first_refusing, 1), {.op = comm::ReduceOp::kMin});
+  if (refused) std::rethrow_exception(refused);
+  NDMESH_CHECK_CONFIG(first_refusing == world.size(), "check",
+                      "rank {} refused its input (its message says why); start every rank with valid flags",
+                      first_refusing);
+  const MeshSetup& s = *setup;
+  // --ranks-per-node is part of the agreement: ranks that disagree would each build
+  // their groups for a different machine shape.
+  std::array<std::int64_t, 2> rpn_range = {s.config.ranks_per_node, -s.config.ranks_per_node};
+  world.all_reduce(std::span<std::int64_t>(rpn_range), {.op = comm::ReduceOp::kMax});
+  NDMESH_CHECK_CONFIG(rpn_range[0] == -rpn_range[1], "check",
+                      "the ranks disagree on --ranks-per-node (from {} to {}, 0 = not given); start every rank "
+                      "with the same layout flags and config",
+                      -rpn_range[1], rpn_range[0]);
   LaunchEnv launch = comm::resolve_launch_env(world);
 
   world.barrier();

@@ -74,6 +74,9 @@ std::string quote(const std::string& s) {
 
 int run(const LaunchOptions& o) {
   NDMESH_CHECK_CONFIG(o.n >= 1, "launch", "-n {} must be at least 1; e.g. ndmesh launch -n 4 -- prog", o.n);
+  NDMESH_CHECK_CONFIG(o.n <= (std::int64_t{1} << 20), "launch",
+                      "-n {} is above the limit of {} processes; e.g. ndmesh launch -n 4 -- prog", o.n,
+                      std::int64_t{1} << 20);
   // `-- --mpirun-opt ... -- prog args`: mpirun options come first when the rest starts
   // with an option and holds a second `--`.
   std::vector<std::string> extra, program = o.rest;

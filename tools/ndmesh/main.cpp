@@ -6,6 +6,7 @@
 
 #include <fmt/core.h>
 
+#include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "subcommand.hpp"
 
@@ -20,6 +21,33 @@ Subcommand::Subcommand(std::string name, std::string description, Setup setup) {
   registry().push_back({std::move(name), std::move(description), std::move(setup)});
 }
 
+namespace {
+
+// Error messages echo the user's values; a 6 MB value must not become a 6 MB line. Each
+// line longer than kLongLine keeps its start and end and says how much was cut.
+std::string shorten(std::string_view message) {
+  constexpr std::size_t kLongLine = 600, kHead = 400, kTail = 150;
+  std::string out;
+  while (true) {
+    auto nl = message.find('\n');
+    std::string_view line = message.substr(0, nl);
+    if (line.size() > kLongLine)
+      out += fmt::format("{}...({} characters cut)...{}", line.substr(0, kHead), line.size() - kHead - kTail,
+                         line.substr(line.size() - kTail));
+    else
+      out += line;
+    if (nl == std::string_view::npos) break;
+    out += '\n';
+    message.remove_prefix(nl + 1);
+  }
+  return out;
+}
+
+void print_error(std::string_view prefix, std::string_view what) {
+  fmt::print(stderr, "ndmesh: {}{}\n", prefix, shorten(what));
+}
+
+}  // namespace
 }  // namespace ndmesh::cli
 
 int main(int argc, char** argv) {
@@ -40,6 +68,15 @@ int main(int argc, char** argv) {
     actions[sub] = entry.setup(*sub);
   }
 
+  // "ndmesh meshx": say the command is unknown (CLI11 would only say one is required).
+  if (argc > 1 && argv[1][0] != '-' &&
+      std::none_of(entries.begin(), entries.end(), [&](const auto& e) { return e.name == argv[1]; })) {
+    std::string names;
+    for (const auto& e : entries) names += (names.empty() ? "" : ", ") + e.name;
+    cli::print_error("", fmt::format("unknown command '{}'; use one of {} (see 'ndmesh --help')", argv[1], names));
+    return cli::kExitUsage;
+  }
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -52,23 +89,27 @@ int main(int argc, char** argv) {
     // One line: what is wrong, and where the options are described.
     std::string where = "ndmesh";
     for (const auto* sub : app.get_subcommands()) where += " " + sub->get_name();
-    fmt::print(stderr, "ndmesh: {}; see '{} --help'\n", e.what(), where);
+    cli::print_error("", fmt::format("{}; see '{} --help'", e.what(), where));
     return cli::kExitUsage;
   } catch (const ConfigError& e) {
-    fmt::print(stderr, "ndmesh: {}\n", e.what());
+    cli::print_error("", e.what());
     return cli::kExitUsage;
   }
 
   try {
+    env::check_all();
     for (auto* sub : app.get_subcommands()) return actions.at(sub)();
   } catch (const ConfigError& e) {
-    fmt::print(stderr, "ndmesh: {}\n", e.what());
+    cli::print_error("", e.what());
     return cli::kExitUsage;
+  } catch (const InternalError& e) {
+    cli::print_error("internal error: ", e.what());
+    return 1;
   } catch (const Error& e) {
-    fmt::print(stderr, "ndmesh: {}\n", e.what());
+    cli::print_error("", e.what());
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "ndmesh: internal error: {}\n", e.what());
+    cli::print_error("internal error: ", e.what());
     return 1;
   }
   return 0;

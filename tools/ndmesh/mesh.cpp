@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mesh_flags.hpp"
+#include "ndmesh/core/error.hpp"
 #include "subcommand.hpp"
 
 namespace ndmesh::cli {
@@ -28,12 +29,30 @@ nlohmann::ordered_json dims_json(const Mesh& m) {
   return dims;
 }
 
-std::string join_ranks(const GroupView& g) { return fmt::format("{}", fmt::join(g, " ")); }
+// Output stays proportional to what a person can read: a group of more than kListed
+// members shows its first and last few and the count, so a 2^31-rank mesh answers at once.
+constexpr std::int64_t kListed = 64;
+// JSON lists every member; past these limits it is refused with a message instead of
+// building gigabytes (the tables work at any size).
+constexpr std::int64_t kJsonMembers = std::int64_t{1} << 20;
+// The placement report walks every group of every kind: O(world) work.
+constexpr std::int64_t kPlacementWorld = std::int64_t{1} << 24;
+
+std::string join_ranks(const GroupView& g) {
+  if (g.size() <= kListed) return fmt::format("{}", fmt::join(g, " "));
+  std::string out;
+  for (std::int64_t i = 0; i < kListed / 2; ++i) out += fmt::format("{} ", g[i]);
+  out += "...";
+  for (std::int64_t i = g.size() - 4; i < g.size(); ++i) out += fmt::format(" {}", g[i]);
+  return out + fmt::format(" ({} ranks)", g.size());
+}
+
+std::int64_t nodes_of(std::int64_t world, std::int64_t rpn) { return world / rpn + (world % rpn != 0); }
 
 // A warning line for each heavy dim whose groups cross node boundaries.
 std::vector<std::string> placement_warnings(const MeshSetup& s) {
   std::vector<std::string> out;
-  if (s.config.ranks_per_node <= 0) return out;
+  if (s.config.ranks_per_node <= 0 || s.mesh.world_size() > kPlacementWorld) return out;
   for (DimSet h : s.heavy) {
     auto p = s.mesh.group_placement(h, s.config.ranks_per_node);
     if (p.groups_crossing == 0) continue;
@@ -67,6 +86,11 @@ int show_rank(const MeshSetup& s, std::int64_t rank, bool json) {
   out["groups"] = nlohmann::ordered_json::object();
   for (DimSet k : s.kinds) {
     GroupView g = m.group(rank, k);
+    NDMESH_CHECK_CONFIG(!json || g.size() <= kJsonMembers, "mesh",
+                        "--json lists every member, and the {} group of rank {} has {} (the limit is {}); "
+                        "drop --json for the abbreviated table, or ask for smaller --groups",
+                        m.key_name(k), rank, g.size(), kJsonMembers);
+    if (!json) continue;
     auto& entry = out["groups"][m.key_name(k)];
     entry = nlohmann::ordered_json::array();
     for (std::int64_t r : g) entry.push_back(r);
@@ -121,6 +145,10 @@ int show_mesh(const MeshSetup& s, const Options& o) {
   const Mesh& m = s.mesh;
   std::int64_t rpn = s.config.ranks_per_node;
   if (o.json) {
+    NDMESH_CHECK_CONFIG(m.world_size() <= kJsonMembers, "mesh",
+                        "--json lists every group's members, and the mesh has {} ranks (the limit is {}); "
+                        "drop --json for the abbreviated tables, or add --rank R for one rank's view",
+                        m.world_size(), kJsonMembers);
     nlohmann::ordered_json out;
     out["world_size"] = m.world_size();
     out["dims"] = dims_json(m);
@@ -151,7 +179,7 @@ int show_mesh(const MeshSetup& s, const Options& o) {
 
   fmt::print("mesh {}  (order fastest first: {})\n", m.to_string(), m.order_string());
   if (rpn > 0) {
-    std::int64_t nodes = (m.world_size() + rpn - 1) / rpn;
+    std::int64_t nodes = nodes_of(m.world_size(), rpn);
     fmt::print("world {} ranks, {} per node, {} node{}\n", m.world_size(), rpn, nodes, nodes == 1 ? "" : "s");
   } else {
     fmt::print("world {} ranks\n", m.world_size());
@@ -171,7 +199,10 @@ int show_mesh(const MeshSetup& s, const Options& o) {
     }
     if (n > o.max_groups) fmt::print("  ... {} more (--max-groups N, or --json for all)\n", n - o.max_groups);
   }
-  if (rpn > 0) {
+  if (rpn > 0 && m.world_size() > kPlacementWorld) {
+    fmt::print("\n(placement report skipped: it walks every group, and the world of {} ranks is above {})\n",
+               m.world_size(), kPlacementWorld);
+  } else if (rpn > 0) {
     fmt::print("\nplacement ({} ranks per node):\n", rpn);
     for (DimSet k : s.kinds) {
       auto p = m.group_placement(k, rpn);
@@ -195,7 +226,7 @@ Action setup(CLI::App& app) {
       app.add_option("--rank", o->rank, "show one rank's full view: coords, node, groups, neighbours");
   app.add_flag("--json", o->json, "print JSON instead of tables");
   app.add_option("--max-groups", o->max_groups, "groups listed per kind in the tables (default 16)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   app.footer(
       "Examples:\n"
       "  ndmesh mesh --dp 2 --pp 2 --cp 2 --tp 2 --ranks-per-node 8\n"

@@ -105,12 +105,16 @@ MeshSetup MeshFlags::resolve(std::int64_t launched_world) const {
     }
   }
 
-  // Heavy dims: the default (tp) is skipped when the mesh has no such dim; named ones must exist.
-  bool user_heavy = heavy_opt_->count() > 0;
-  for (const auto& name : user_heavy ? heavy_ : config.heavy_dims) {
+  // Heavy dims: the default (tp) is skipped when the mesh has no such dim; named ones (the
+  // flag, or heavy_dims in the config file) must exist.
+  bool flag_heavy = heavy_opt_->count() > 0;
+  bool file_heavy = !flag_heavy && config.heavy_dims != ParallelConfig{}.heavy_dims;
+  for (const auto& name : flag_heavy ? heavy_ : config.heavy_dims) {
     auto i = out.mesh.find(name);
-    NDMESH_CHECK_CONFIG(i || !user_heavy, "config", "--heavy-dims names '{}' but the mesh {} has no such dim",
-                        name, out.mesh.to_string());
+    NDMESH_CHECK_CONFIG(i || !(flag_heavy || file_heavy), "config",
+                        "{} names '{}' but the mesh {} has no such dim; use one of {}",
+                        flag_heavy ? std::string("--heavy-dims") : fmt::format("{}: parallel.heavy_dims", config_),
+                        name, out.mesh.to_string(), out.mesh.order_string());
     if (i) out.heavy.push_back(DimSet::single(*i));
   }
   return out;

@@ -310,7 +310,7 @@ void print_header(const PlanModel& model, const Hardware& hw, std::int64_t gpus,
 struct PlanFlags {
   ModelHardwareFlags common;
   std::int64_t gpus = 0;
-  std::size_t top = 10;
+  std::int64_t top = 10;
   bool explain = false;
   // Constraints: each a size or a comma-separated list.
   std::string tp, cp, pp, dp, vpp, micro_batch, schedules, recompute, pp_layers;
@@ -373,7 +373,11 @@ int run_search(const PlanFlags& f) {
       f.common.global_batch >= 1, "plan",
       "--global-batch {} is missing or below 1; give sequences per step, e.g. --global-batch 1024",
       f.common.global_batch);
-  NDMESH_CHECK_CONFIG(f.top >= 1, "plan", "--top {} must be at least 1, e.g. --top 10", f.top);
+  NDMESH_CHECK_CONFIG(f.top >= 1 && f.top <= static_cast<std::int64_t>(plan::kMaxTop), "plan",
+                      "--top {} must be in 1..{}, e.g. --top 10", f.top, plan::kMaxTop);
+  NDMESH_CHECK_CONFIG(f.gpus <= plan::kMaxSearchGpus, "plan",
+                      "--gpus {} is above the planner's limit of {} GPUs; plan a smaller job, e.g. --gpus {}",
+                      f.gpus, plan::kMaxSearchGpus, plan::kMaxSearchGpus);
   const PlanModel model = resolve_model(f.common);
   const Hardware hw = resolve_hardware(f.common);
   const plan::Workload w{.seq = model.spec.seq, .global_batch = f.common.global_batch};
@@ -382,7 +386,7 @@ int run_search(const PlanFlags& f) {
   const plan::Attention attention = plan::parse_attention(f.common.attention);
   const plan::SearchOptions options{.gpus = f.gpus,
                                     .workload = w,
-                                    .top = f.top,
+                                    .top = static_cast<std::size_t>(f.top),
                                     .precision = precision,
                                     .constraints = constraints,
                                     .attention = attention};

@@ -1,10 +1,11 @@
 // `ndmesh train`: trains the GPT model, alone or under a launcher (mpirun, srun, ndmesh
-// launch) with the layout flags of `ndmesh mesh` (--dp N, --cp N). A layout of size 1 is
+// launch) with the layout flags of `ndmesh mesh` (--dp N, --cp N, --tp N). A layout of size 1 is
 // the serial run, on the same code path. With no data flag it trains on a seeded Markov
 // chain whose entropy rate is known exactly, so the printout shows how far the loss is
 // from the best possible. Rank 0 prints one progress line per step (a redrawn bar when
 // stdout is a terminal); with --json the last line is one JSON object. An error on any
 // rank is printed with its rank and ends the whole job at once.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -39,6 +40,8 @@ struct Options {
   std::int64_t micro_batch = 0;
   double bucket_mb = 25;
   bool no_overlap = false;
+  bool no_progress_thread = false;
+  bool sequence_parallel = false;
   int zero = 0;
   std::string allreduce = "mpi";
   std::string cp_layout = "zigzag";
@@ -196,12 +199,14 @@ int train(Options o, comm::Communicator& world) {
                                   .overlap = !o.no_overlap,
                                   .zero = o.zero,
                                   .algorithm = comm::parse_algorithm(o.allreduce),
-                                  .ranks_per_node = layout.config.ranks_per_node},
+                                  .ranks_per_node = layout.config.ranks_per_node,
+                                  .progress_thread = !o.no_progress_thread},
                            .pp = {.schedule = parse_schedule(o.schedule),
                                   .virtual_stages = o.virtual_stages,
                                   .layers = o.pp_layers,
                                   .drop_action = o.drop_action},
-                           .cp_layout = parallel::parse_cp_layout(o.cp_layout)};
+                           .cp_layout = parallel::parse_cp_layout(o.cp_layout),
+                           .sequence_parallel = o.sequence_parallel};
   const std::int64_t stages = layout.mesh.size_of("pp");
   if (stages > 1 && (!o.save.empty() || !o.load.empty()))
     fail<ConfigError>("train", "--{}={} with --pp={}: checkpoints of pipeline runs are not implemented yet; leave it out",
@@ -211,8 +216,10 @@ int train(Options o, comm::Communicator& world) {
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : std::max<std::int64_t>(1, o.batch / dp);
   // A context-parallel rank keeps the activations of its seq / cp tokens.
   const std::int64_t local_seq = std::max<std::int64_t>(1, o.seq / std::max<std::int64_t>(1, layout.mesh.size_of("cp")));
+  // A tensor-parallel rank holds about 1/tp of the parameters and activations.
   const double need_bytes = model::gpt_memory_elements(t.model, micro, local_seq) * sizeof(float) * 3 / 2 *
-                            static_cast<double>(world.size());
+                            static_cast<double>(world.size()) /
+                            static_cast<double>(std::max<std::int64_t>(1, layout.mesh.size_of("tp")));
   const double have_bytes =
       static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
   if (have_bytes > 0 && need_bytes > 0.8 * have_bytes)
@@ -243,7 +250,10 @@ int train(Options o, comm::Communicator& world) {
   // Under a launcher stdout is often a pseudo-terminal of the launcher (Open MPI) whatever
   // mpirun's own stdout is: print plain lines there.
   const bool tty = ::isatty(::fileno(stdout)) != 0 && LaunchEnv::detect().launcher == Launcher::kNone;
-  const auto params = trainer.model().params().parameter_count();
+  // The logical model's parameters (what the serial run has) and this rank's share.
+  std::int64_t params = 0;
+  for (const ParamView& v : trainer.model().params().views()) params += v.full_numel();
+  const auto params_per_rank = trainer.model().params().parameter_count();
   const std::string layout_text = layout.mesh.to_string();
   if (lead) {
     fmt::print("model: {} layers, hidden {}, heads {}/{} kv, ffn {}, seq {}, vocab {}, {} parameters ({})\n",
@@ -253,9 +263,13 @@ int train(Options o, comm::Communicator& world) {
                entropy ? fmt::format(", entropy rate {:.4f} nats/token (best achievable loss)", *entropy) : "");
     if (world.size() > 1)
       fmt::print("layout: {} on {} ranks; micro-batches {} of {} sequences per dp rank; ZeRO {}, all-reduce {}, "
-                 "buckets of {} MiB{}\n",
+                 "buckets of {} MiB{}{}\n",
                  layout_text, world.size(), trainer.microbatches(), trainer.model().batch(), o.zero, o.allreduce,
-                 o.bucket_mb, o.no_overlap ? ", no overlap" : ", overlapped with backward");
+                 o.bucket_mb, o.no_overlap ? ", no overlap" : ", overlapped with backward",
+                 layout.mesh.size_of("tp") > 1
+                     ? fmt::format("; tp {} ({} parameters per rank{})", layout.mesh.size_of("tp"), params_per_rank,
+                                   o.sequence_parallel ? ", sequence parallel" : "")
+                     : "");
     if (layout.mesh.size_of("cp") > 1)
       fmt::print("context parallel: {} ranks, {} layout, {} of {} tokens per sequence per rank, ring attention\n",
                  layout.mesh.size_of("cp"), o.cp_layout, trainer.model().seq(), o.seq);
@@ -271,6 +285,8 @@ int train(Options o, comm::Communicator& world) {
   double last_loss = NAN;
   std::vector<double> losses, grad_norms;
   double comm_seconds = 0, exposed_seconds = 0, step_seconds = 0;
+  parallel::TpCommStats tp_comm;  // of the last step
+  double tp_seconds = 0;          // in tp communication, all steps
   const double tokens_per_step = static_cast<double>(trainer.tokens_per_step());
   while (trainer.steps_done() < stop) {
     parallel::StepStats s = trainer.step();
@@ -282,6 +298,8 @@ int train(Options o, comm::Communicator& world) {
     comm_seconds += s.comm_seconds;
     exposed_seconds += s.exposed_comm_seconds;
     step_seconds += s.seconds;
+    tp_comm = s.tp_comm;
+    tp_seconds += s.tp_comm.seconds;
     if (o.save_every > 0 && s.step % o.save_every == 0 && s.step < stop) trainer.save(o.save);
     if (!lead) continue;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
@@ -308,7 +326,11 @@ int train(Options o, comm::Communicator& world) {
   // this is the same file, not a held-out split.)
   const double final_loss = o.eval_batches > 0 ? trainer.evaluate(o.eval_batches) : last_loss;
   // Rank 0 reports the slowest rank's communication and the largest memory.
-  std::array<double, 3> slowest = {comm_seconds, exposed_seconds, step_seconds};
+  // Peak resident memory of the process (Linux: ru_maxrss in KiB), the largest rank's.
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  std::array<double, 5> slowest = {comm_seconds, exposed_seconds, step_seconds, tp_seconds,
+                                   1024.0 * static_cast<double>(usage.ru_maxrss)};
   world.all_reduce(std::span<double>(slowest), {.op = comm::ReduceOp::kMax});
   const parallel::MemoryBytes mem = trainer.memory();
   const parallel::PipelineReport pipe = trainer.pipeline_report(o.trace);
@@ -348,6 +370,7 @@ int train(Options o, comm::Communicator& world) {
     j["first_step"] = first + 1;
     j["seconds"] = seconds;
     j["parameters"] = params;
+    j["parameters_per_rank"] = params_per_rank;
     j["threads"] = threads;
     j["data"] = source;
     nlohmann::ordered_json dims = nlohmann::ordered_json::object();
@@ -356,6 +379,13 @@ int train(Options o, comm::Communicator& world) {
     j["world_size"] = world.size();
     j["micro_batches"] = trainer.microbatches();
     j["zero"] = o.zero;
+    j["sequence_parallel"] = o.sequence_parallel;
+    // What the last step moved over this rank's tp group (bytes of the full buffers).
+    auto count = [](const parallel::CommCount& c) { return nlohmann::ordered_json{{"calls", c.calls}, {"bytes", c.bytes}}; };
+    j["tp_comm_per_step"] = {{"all_reduce", count(tp_comm.all_reduce)},
+                             {"all_gather", count(tp_comm.all_gather)},
+                             {"reduce_scatter", count(tp_comm.reduce_scatter)}};
+    j["tp_comm_seconds"] = slowest[3] / steps_run;  // per step, the slowest rank
     j["allreduce"] = o.allreduce;
     j["losses"] = losses;
     j["grad_norms"] = grad_norms;
@@ -366,7 +396,8 @@ int train(Options o, comm::Communicator& world) {
                          {"grads", mem.grads},
                          {"optimizer", mem.optimizer},
                          {"activations", mem.activations},
-                         {"grad_workspace", mem.grad_workspace}};
+                         {"grad_workspace", mem.grad_workspace},
+                         {"peak_rss", slowest[4]}};
     if (!o.save.empty()) j["checkpoint"] = o.save;
     {
       const auto& sc = trainer.schedule();
@@ -420,6 +451,14 @@ Action setup(CLI::App& app) {
       ->group("Parallel");
   app.add_flag("--no-overlap", o->no_overlap,
                "reduce gradients after the whole backward instead of overlapping it (the baseline)")
+      ->group("Parallel");
+  app.add_flag("--no-progress-thread", o->no_progress_thread,
+               "with overlap: advance the buckets in flight from the backward itself (between sub-layers) "
+               "instead of from a helper thread")
+      ->group("Parallel");
+  app.add_flag("--sequence-parallel", o->sequence_parallel,
+               "with --tp: norms and residuals hold 1/tp of the tokens (all-gather before the column-parallel "
+               "linears, reduce-scatter after the row-parallel ones)")
       ->group("Parallel");
   app.add_option("--zero", o->zero, "ZeRO stage over dp: 0, 1 (shard optimizer state) or 2 (and gradients)")
       ->capture_default_str()
@@ -501,13 +540,15 @@ Action setup(CLI::App& app) {
       "  ndmesh train --steps 200 --until 100 --save run.ckpt && ndmesh train --steps 200 --load run.ckpt\n"
       "  mpirun -np 4 ndmesh train --dp 4                # data parallel: the same losses as the serial run\n"
       "  mpirun -np 2 ndmesh train --dp 2 --micro-batch 2 --zero 1 --allreduce ring\n"
-      "  mpirun -np 4 ndmesh train --pp 4 --schedule 1f1b --batch 8 --micro-batch 1 --layers 4 --trace pp.json\n"
-      "  mpirun -np 4 ndmesh train --cp 2 --dp 2 --seq 64  # context parallel: ring attention over --cp ranks");
+      "  mpirun -np 4 ndmesh train --cp 2 --dp 2 --seq 64  # context parallel: ring attention over --cp ranks\n"
+      "  mpirun -np 4 ndmesh train --dp 2 --tp 2 --sequence-parallel   # tensor parallel: the same losses too\n"
+      "  mpirun -np 4 ndmesh train --pp 4 --schedule 1f1b --batch 8 --micro-batch 1 --layers 4 --trace pp.json");
   return [o] { return run(*o); };
 }
 
 const Subcommand kTrain{"train",
-                        "Train the GPT model, alone or data- and context-parallel under mpirun (Markov source or a file)",
+                        "Train the GPT model, alone or data-, context- and tensor-parallel under mpirun (Markov source "
+                        "or a file)",
                         setup};
 
 }  // namespace

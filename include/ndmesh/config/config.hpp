@@ -106,6 +106,8 @@ std::vector<std::string> problems(const ParallelConfig& config, const ModelSpec*
 void validate(const ParallelConfig& config, const ModelSpec* model = nullptr);
 
 /// Model checks on their own (layers, heads, hidden...) independent of parallelism.
+/// The one place the model-shape rules live: the planner (plan_model_problems) calls
+/// it, and the model layer (model::gpt_problems) should call it too.
 std::vector<std::string> model_problems(const ModelSpec& model);
 
 /// What a TOML config file holds. Sections [parallel], [model], [training]; unknown keys

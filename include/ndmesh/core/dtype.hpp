@@ -101,6 +101,26 @@ constexpr std::string_view dtype_name(DType t) {
   return "?";
 }
 
+/// Calls f(T{}) with the element type of `t` (float, double, int32, int64, BFloat16): the one
+/// switch over DType that typed code dispatches through, e.g.
+///   visit_dtype(s.dtype, [&]<typename T>(T) { use(std::span<T>(static_cast<T*>(s.data), s.count)); });
+template <typename F>
+decltype(auto) visit_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::kFloat32:
+      return f(float{});
+    case DType::kFloat64:
+      return f(double{});
+    case DType::kInt32:
+      return f(std::int32_t{});
+    case DType::kInt64:
+      return f(std::int64_t{});
+    case DType::kBFloat16:
+      return f(BFloat16{});
+  }
+  __builtin_unreachable();  // every DType is a case above
+}
+
 /// A typed, untyped-at-runtime view of elements: what backends receive.
 struct ElementSpan {
   void* data = nullptr;

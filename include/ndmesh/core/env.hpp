@@ -37,4 +37,9 @@ double seconds(std::string_view name, double fallback);
 /// A declared string variable; `fallback` when unset.
 std::string string(std::string_view name, std::string_view fallback);
 
+/// Checks every declared variable that is set (the same rules as the readers use), so a
+/// typo such as NDMESH_LOG=verbose or NDMESH_TIMEOUT_S=5m is refused at start-up even by
+/// commands that never read it. ConfigError naming the variable, the value and the fix.
+void check_all();
+
 }  // namespace ndmesh::env

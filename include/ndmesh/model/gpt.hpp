@@ -11,6 +11,12 @@
 // embedding only on the first and the final norm and head only on the last) and can run
 // several micro-batches with separate GptActivations; the pipeline schedules themselves
 // live in the parallel layer.
+//
+// Tensor parallelism (a TpContext over the tp group) splits every block, the vocabulary
+// of the embedding and the head, and the cross-entropy (see nn/tp.hpp and nn/block.hpp).
+// Parameters keep the serial names and each rank holds the slice of the serial value (the
+// full tensor is drawn, then sliced), so the tp ranks together are the serial model. The
+// default TpContext is the group of one: the serial model is the same code.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +54,14 @@ struct GptOptions {
 /// Every problem with a ModelSpec for this model, one line each (field, value, fix).
 std::vector<std::string> gpt_problems(const ModelSpec& spec);
 
+/// Every problem with splitting `spec` over a tensor-parallel group of `tp` ranks, one
+/// line each naming the flag, the value and the fix: tp must divide the heads, the
+/// key/value heads (they are not replicated: each rank holds whole kv groups), the MLP
+/// width and the vocabulary; with sequence parallelism also the token rows of a
+/// micro-batch (`rows` = micro-batch * seq).
+std::vector<std::string> gpt_tp_problems(const ModelSpec& spec, std::int64_t tp, bool sequence_parallel,
+                                         std::int64_t rows);
+
 /// Elements a whole-model GptT allocates for one batch: parameters, gradients, the
 /// activations kept for backward and the backward work space (an estimate within a few
 /// percent; multiply by sizeof(T) for bytes). Lets callers refuse a size before allocating.
@@ -61,10 +75,11 @@ struct GptActivations {
   std::vector<std::int32_t> tokens, targets;
   Tensor<T> input;                              ///< [N, C] embedding output, or the stage's received input
   std::vector<nn::BlockActivations<T>> blocks;  ///< one per block of the stage
-  Tensor<T> lnf, lnf_mean, lnf_rstd;            ///< final norm (last stage)
-  Tensor<T> probs;                              ///< [N, V] logits, then probabilities in place (last stage)
-  Tensor<T> losses;                             ///< [N] per-token loss (last stage)
-  Tensor<T> input_grad;                         ///< [N, C] d loss / d input after backward (later stages)
+  Tensor<T> lnf, lnf_mean, lnf_rstd;            ///< final norm (last stage; local rows)
+  Tensor<T> lnf_full;                           ///< sequence parallel: lnf gathered, [N, C]
+  Tensor<T> probs;       ///< [N, V / tp] logits, then probabilities in place (last stage)
+  Tensor<T> losses;      ///< [N] per-token loss (last stage)
+  Tensor<T> input_grad;  ///< [N, C] d loss / d input after backward (later stages)
   bool have_targets = false;
 };
 
@@ -73,7 +88,9 @@ template <typename T>
 class GptT {
  public:
   /// ConfigError listing gpt_problems(spec), or naming a bad option, when not usable.
-  GptT(const ModelSpec& spec, GptOptions options = {});
+  /// `tp`: the tensor-parallel group (default: of one); ConfigError when its size does
+  /// not divide heads, kv_heads, ffn and vocab (and batch * seq with sequence parallelism).
+  GptT(const ModelSpec& spec, GptOptions options = {}, nn::TpContext<T> tp = {});
   GptT(const GptT&) = delete;
   GptT& operator=(const GptT&) = delete;
 
@@ -100,6 +117,12 @@ class GptT {
   /// that splits a global batch over micro-batches and ranks sets 1 / (global tokens), so
   /// the gradients summed over them are those of the mean over the whole batch.
   void set_loss_weight(double w) { loss_weight_ = w; }
+  /// Whether backward() sums over tp the gradients of replicated parameters that see
+  /// other tokens on each tp rank (sequence parallelism: norms, row-parallel biases). A run
+  /// with micro-batches sets it only for the last one (the sums are linear), like the
+  /// data-parallel reduction. Default true.
+  void set_tp_grad_sync(bool sync) { tp_grad_sync_ = sync; }
+  const nn::TpContext<T>& tp() const { return tp_; }
   double loss_weight() const { return loss_weight_; }
 
   /// Called during backward() whenever the gradients of a suffix of the flat buffer are
@@ -124,7 +147,8 @@ class GptT {
 
   /// Activations sized for this model's batch and seq.
   GptActivations<T> make_activations() const;
-  /// The hidden states leaving the stage's last block, [batch, seq, C].
+  /// The hidden states leaving the stage's last block, [batch, seq, C] (the rank's local
+  /// rows under sequence parallelism).
   const T* output(const GptActivations<T>& acts) const;
 
   ParamStore<T>& params() { return store_; }
@@ -134,7 +158,7 @@ class GptT {
   std::int64_t seq() const { return seq_; }
   bool has_embedding() const { return embed_.has_value(); }
   bool has_head() const { return head_.has_value(); }
-  /// Softmax probabilities [batch, seq, vocab] of the last whole-model forward.
+  /// Softmax probabilities [batch, seq, vocab / tp] of the last whole-model forward.
   const T* probs() const { return acts_.probs.data(); }
   /// Matrix-product floating point operations of one forward + backward of this stage
   /// over one batch, as computed: 3x the forward for the linears and the head; attention
@@ -146,8 +170,13 @@ class GptT {
 
  private:
   void init(std::uint64_t seed, double init_std);
+  // Sums over tp the gradients of the grad_sum views in [from, to) of the flat buffer.
+  void sum_tp_grads(std::int64_t from, std::int64_t to);
 
   ModelSpec spec_;
+  nn::TpContext<T> tp_;
+  bool tp_grad_sync_ = true;
+  std::vector<T> tp_grad_work_;
   std::int64_t batch_, seq_;
   std::int64_t first_block_, last_block_;
   ParamStore<T> store_;
@@ -167,7 +196,7 @@ class GptT {
   GptActivations<T> acts_;  ///< of the whole-model forward()/backward()
   // Backward work space, shared by every micro-batch (backwards run one at a time).
   nn::BlockScratch<T> scratch_;
-  Tensor<T> dlogits_, dlnf_, dres_a_, dres_b_;
+  Tensor<T> dlogits_, dlnf_, dlnf_full_, dres_a_, dres_b_;
 };
 
 /// The float model used for training.

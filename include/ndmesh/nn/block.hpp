@@ -1,8 +1,13 @@
 // Block: one pre-norm transformer decoder block with two residual branches,
 //   res1 = x + proj(attention(qkv(ln1(x))))
 //   out  = res1 + mlp(ln2(res1)).
-// A pipeline stage is a contiguous range of these; tensor parallelism builds them with
-// local head counts and a local ffn width (head_dim stays that of the full model).
+// A pipeline stage is a contiguous range of these. Tensor parallelism (the TpContext)
+// splits each branch Megatron-style: qkv column-parallel (this rank's q heads and its
+// grouped k/v heads), proj row-parallel, MLP fc column- and proj row-parallel, with f
+// before each column-parallel linear and g after each row-parallel one (see tp.hpp). The
+// options give the full model's sizes; a rank computes heads / tp and ffn / tp. With
+// sequence parallelism the block's input, norms, residuals and output hold the rank's
+// rows [first_row, first_row + local_rows) of the batch * seq token rows.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +18,7 @@
 #include "ndmesh/nn/layernorm.hpp"
 #include "ndmesh/nn/linear.hpp"
 #include "ndmesh/nn/mlp.hpp"
+#include "ndmesh/nn/tp.hpp"
 #include "ndmesh/tensor/tensor.hpp"
 
 namespace ndmesh::nn {
@@ -30,7 +36,8 @@ struct BlockOptions {
 /// What one block's forward keeps for its backward (one micro-batch).
 template <typename T>
 struct BlockActivations {
-  Tensor<T> ln1, ln1_mean, ln1_rstd;  ///< [N, C], [N], [N]
+  Tensor<T> ln1, ln1_mean, ln1_rstd;  ///< [n, C], [n], [n] (n: the rank's local rows)
+  Tensor<T> ln1_full, ln2_full;       ///< sequence parallel: ln1, ln2 gathered, [N, C]
   Tensor<T> qkv;                      ///< [N, (H + 2KV) hd]
   Tensor<T> lse;                      ///< [B, H, T] log-sum-exp of each query's attention scores
   Tensor<T> atty;                     ///< [N, H hd] attention output before proj (the backward reads it)
@@ -44,13 +51,14 @@ struct BlockActivations {
 template <typename T>
 struct BlockScratch {
   Tensor<T> dres1, dln, dqkv, datty, dmlp;
+  Tensor<T> dln_full, dout_full;  ///< sequence parallel: [N, C]
 };
 
 /// A pre-norm transformer block.
 template <typename T>
 class Block {
  public:
-  Block(ParamStore<T>& store, BlockOptions options);
+  Block(ParamStore<T>& store, BlockOptions options, TpContext<T> tp = {});
 
   /// Initialises the norms (1, 0); the linears are initialised by the model.
   void init_norms() const;
@@ -59,16 +67,18 @@ class Block {
   /// Sizes the scratch for batch x seq tokens.
   void resize(BlockScratch<T>& scratch, std::int64_t batch, std::int64_t seq) const;
 
-  /// acts.out = block(inp[batch, seq, C]). `core` runs the attention core (nullptr: the
-  /// local kernel) on rows at global `positions` ([seq]; nullptr: 0..seq-1).
+  /// acts.out = block(inp[batch, seq, C]) (the local rows under sequence parallelism).
+  /// `core` runs the attention core (nullptr: the local kernel) on rows at global
+  /// `positions` ([seq]; nullptr: 0..seq-1).
   void forward(const T* inp, BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq,
                const AttentionCore<T>* core = nullptr, const std::int64_t* positions = nullptr) const;
   /// Accumulates dinp and the parameter gradients given dout = d loss / d acts.out.
   /// `progress`, when given, is called between the sub-layers (the caller drives
   /// communication in flight there, e.g. gradient buckets of later blocks).
   void backward(const T* dout, const T* inp, const BlockActivations<T>& acts, BlockScratch<T>& scratch,
-                T* dinp, std::int64_t batch, std::int64_t seq, const std::function<void()>* progress = nullptr,
-                const AttentionCore<T>* core = nullptr, const std::int64_t* positions = nullptr) const;
+                T* dinp, std::int64_t batch, std::int64_t seq,
+                const std::function<void()>* progress = nullptr, const AttentionCore<T>* core = nullptr,
+                const std::int64_t* positions = nullptr) const;
 
   /// The options it was built with.
   const BlockOptions& options() const { return options_; }
@@ -79,9 +89,12 @@ class Block {
   const Linear<T>& proj() const { return proj_; }
   const LayerNorm<T>& ln2() const { return ln2_; }
   const Mlp<T>& mlp() const { return mlp_; }
+  const TpContext<T>& tp() const { return tp_; }
 
  private:
   BlockOptions options_;
+  TpContext<T> tp_;
+  mutable Tensor<T> partial_;  // sequence parallel: a row-parallel output before its reduce-scatter
   LayerNorm<T> ln1_;
   Attention<T> attn_;
   Linear<T> qkv_;

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "ndmesh/nn/tp.hpp"
+
 namespace ndmesh::nn {
 
 /// Softmax + negative log-likelihood of the targets.
@@ -17,6 +19,20 @@ struct CrossEntropy {
   /// dlogits[rows, vocab] += (probs - onehot(target)) * scale.
   static void backward(const T* probs, const std::int32_t* targets, T* dlogits, std::int64_t rows,
                        std::int64_t vocab, T scale);
+
+  /// Vocabulary-parallel (Megatron): this rank holds logits[rows, local_vocab] of the
+  /// tokens [vocab_start, vocab_start + local_vocab). The row maxima are max-reduced and
+  /// the sums of exp(z - max) together with the target's logit sum-reduced over `comm`
+  /// (two all-reduces of rows and 2 rows values), so no rank ever holds a full row of
+  /// logits. probs (may alias logits) gets this rank's part of the softmax, losses[rows]
+  /// the full per-row losses (the same on every rank); returns their mean.
+  static double forward(const T* logits, const std::int32_t* targets, T* probs, T* losses, std::int64_t rows,
+                        std::int64_t local_vocab, std::int64_t vocab_start, std::int64_t vocab,
+                        TpComm<T>& comm);
+  /// dlogits[rows, local_vocab] += (probs - onehot(target)) * scale, the one-hot only
+  /// on the rank that holds the target.
+  static void backward(const T* probs, const std::int32_t* targets, T* dlogits, std::int64_t rows,
+                       std::int64_t local_vocab, std::int64_t vocab_start, T scale);
 };
 
 }  // namespace ndmesh::nn

@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "ndmesh/nn/tp.hpp"
 #include "ndmesh/tensor/params.hpp"
 
 namespace ndmesh::nn {
@@ -20,18 +22,23 @@ struct EmbeddingOptions {
   std::string name = "embed";  ///< parameters "<name>.tokens" [vocab, C], "<name>.positions" [max_seq, C]
 };
 
-/// Token and position embedding.
+/// Token and position embedding. Under tensor parallelism the token table is split on
+/// the vocabulary (rank r holds rows [r V/tp, (r+1) V/tp)): each rank embeds the tokens
+/// it holds (zeros for the others) and the rows are summed over tp (g: an all-reduce, or
+/// a reduce-scatter to the rank's rows under sequence parallelism). The position table is
+/// replicated; its gradient comes from the full d output on every rank.
 template <typename T>
 class Embedding {
  public:
   /// Declares "<name>.tokens" and "<name>.positions" in `store`.
-  Embedding(ParamStore<T>& store, EmbeddingOptions options);
+  Embedding(ParamStore<T>& store, EmbeddingOptions options, TpContext<T> tp = {});
 
-  /// out[batch, seq, C]. Error when a token is outside [0, vocab) or the positions
-  /// run past max_seq.
+  /// out[batch, seq, C] (the rank's local rows under sequence parallelism). Error when a
+  /// token is outside [0, vocab) or the positions run past max_seq.
   void forward(const std::int32_t* tokens, T* out, std::int64_t batch, std::int64_t seq,
                std::int64_t position_offset = 0) const;
-  /// Accumulates the token and position table gradients from dout[batch, seq, C].
+  /// Accumulates the token and position table gradients from dout[batch, seq, C] (local
+  /// rows under sequence parallelism).
   void backward(const T* dout, const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
                 std::int64_t position_offset = 0) const;
 
@@ -48,10 +55,16 @@ class Embedding {
   int token_weight_id() const { return tokens_; }
   /// The [max_seq, C] position table.
   int position_weight_id() const { return positions_; }
+  /// First token of this rank's vocabulary shard and its size.
+  std::int64_t vocab_start() const { return vocab_start_; }
+  std::int64_t local_vocab() const { return local_vocab_; }
 
  private:
   ParamStore<T>* store_;
   EmbeddingOptions options_;
+  TpContext<T> tp_;
+  std::int64_t vocab_start_ = 0, local_vocab_ = 0;
+  mutable std::vector<T> work_;  // sequence parallel: the [N, C] partial or gathered rows
   int tokens_ = -1;
   int positions_ = -1;
 };

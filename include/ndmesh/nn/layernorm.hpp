@@ -14,6 +14,7 @@ struct LayerNormOptions {
   std::int64_t channels = 0;
   double eps = 1e-5;
   std::string name = "ln";  ///< parameters "<name>.weight", "<name>.bias"
+  ParamShard shard;         ///< replicated; under sequence parallelism grad_sum is set
 };
 
 /// Layer normalisation with learned scale and shift.

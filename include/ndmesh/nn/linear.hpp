@@ -21,6 +21,11 @@ struct LinearOptions {
   bool bias = true;
   std::string name = "linear";  ///< prefix of the parameter names (".weight", ".bias")
   int shared_weight = -1;       ///< id of an existing [out, in] parameter to use as W (tied weights)
+  ParamShard weight_shard;      ///< tensor-parallel split of W (default: replicated)
+  ParamShard bias_shard;        ///< tensor-parallel split of b (default: replicated)
+  /// forward/backward leave the bias out; the caller applies add_bias / backward_bias
+  /// after reducing the output over the tp group (the row-parallel linear).
+  bool deferred_bias = false;
 };
 
 /// A fully connected layer over rows of features.
@@ -39,6 +44,11 @@ class Linear {
   void backward(const T* dout, const T* inp, T* dinp, std::int64_t rows) const;
   /// The weight part alone: dW += doutᵀ · inp, db += column sums of dout.
   void backward_weight(const T* dout, const T* inp, std::int64_t rows) const;
+
+  /// out[rows, out] += b (the deferred bias).
+  void add_bias(T* out, std::int64_t rows) const;
+  /// db += column sums of dout[rows, out] (the deferred bias).
+  void backward_bias(const T* dout, std::int64_t rows) const;
 
   /// The options it was built with.
   const LinearOptions& options() const { return options_; }

@@ -1,11 +1,14 @@
 // LM head: logits = x · Wᵀ with W [vocab, C], either its own parameter (untied) or the
-// token embedding table (tied: both uses accumulate into the same gradient view).
+// token embedding table (tied: both uses accumulate into the same gradient view). Under
+// tensor parallelism W is split on the vocabulary like the embedding's table (a
+// column-parallel linear): a rank computes the logits of its vocab / tp tokens only.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "ndmesh/nn/linear.hpp"
+#include "ndmesh/nn/tp.hpp"
 #include "ndmesh/tensor/params.hpp"
 
 namespace ndmesh::nn {
@@ -16,6 +19,7 @@ struct LmHeadOptions {
   std::int64_t channels = 0;
   int tied_weight = -1;          ///< id of the [vocab, C] token table to share, or -1 for an own weight
   std::string name = "lm_head";  ///< own weight "<name>.weight"
+  TpShape tp;                    ///< vocabulary split (default: none)
 };
 
 /// Projection of hidden states onto the vocabulary (no bias).
@@ -24,7 +28,9 @@ class LmHead {
  public:
   LmHead(ParamStore<T>& store, LmHeadOptions options);
 
-  /// logits[rows, vocab] = inp[rows, C] · Wᵀ.
+  /// Logits this rank computes: vocab / tp.
+  std::int64_t local_vocab() const { return options_.vocab / options_.tp.size; }
+  /// logits[rows, local_vocab] = inp[rows, C] · Wᵀ.
   void forward(const T* inp, T* logits, std::int64_t rows) const { proj_.forward(inp, logits, rows); }
   /// Accumulates dinp and dW.
   void backward(const T* dlogits, const T* inp, T* dinp, std::int64_t rows) const {

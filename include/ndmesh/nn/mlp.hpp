@@ -1,11 +1,14 @@
 // MLP: fc (C -> F), GELU, proj (F -> C). For tensor parallelism fc is the
-// column-parallel half and proj the row-parallel half; F here is the local width.
+// column-parallel half (rows of its weight and its bias split over tp) and proj the
+// row-parallel half (columns split; its bias is deferred: the caller adds it after
+// reducing the output over tp). The options give the full F; a rank computes F / tp.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "ndmesh/nn/linear.hpp"
+#include "ndmesh/nn/tp.hpp"
 #include "ndmesh/tensor/tensor.hpp"
 
 namespace ndmesh::nn {
@@ -15,6 +18,7 @@ struct MlpOptions {
   std::int64_t channels = 0;  ///< C
   std::int64_t ffn = 0;       ///< F
   std::string name = "mlp";   ///< parameters "<name>.fc.*", "<name>.proj.*"
+  TpShape tp;                 ///< the tensor-parallel split (default: none)
 };
 
 /// What the MLP forward keeps for its backward, for `rows` rows.
@@ -34,10 +38,13 @@ class Mlp {
  public:
   Mlp(ParamStore<T>& store, MlpOptions options);
 
-  /// out[rows, C] = proj(gelu(fc(inp))); fills acts (sized by acts.resize).
+  /// F / tp: the width this rank computes.
+  std::int64_t local_ffn() const { return options_.ffn / options_.tp.size; }
+  /// out[rows, C] = proj(gelu(fc(inp))) without proj's bias (this rank's partial sum
+  /// under tp; see proj().add_bias); fills acts (sized by acts.resize(rows, local_ffn())).
   void forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const;
-  /// Accumulates dinp and the parameter gradients. `scratch` holds at least
-  /// 2 * rows * F elements; its contents are overwritten.
+  /// Accumulates dinp and the parameter gradients (not proj's bias: proj().backward_bias).
+  /// `scratch` holds at least 2 * rows * local_ffn() elements; its contents are overwritten.
   void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
                 std::int64_t rows) const;
 

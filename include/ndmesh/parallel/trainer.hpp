@@ -22,8 +22,9 @@
 // sequence of its dp slice (zigzag or contiguous chunks, parallel/cp/ring_attention.hpp),
 // runs the model on those tokens with RingAttention as the attention core, and the
 // GradReducer (and the loss sum) work over the dp-cp group instead of dp.
-// Tensor parallelism plugs in at steps 3 and 4; it is refused with a clear error until it
-// exists.
+// Tensor parallelism builds the model over the mesh's tp group (parallel/tp; the layers
+// do the Megatron split), gathers the gradient norm over tp (sharded parameters count on
+// every tp rank, replicated ones once) and checkpoints the logical, unsharded model.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,7 @@
 #include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/parallel/cp/ring_attention.hpp"
 #include "ndmesh/parallel/dp/grad_reducer.hpp"
+#include "ndmesh/parallel/tp/tp_comm.hpp"
 #include "ndmesh/parallel/pp/executor.hpp"
 #include "ndmesh/parallel/pp/simulate.hpp"
 
@@ -66,6 +68,8 @@ struct TrainOptions {
   DataParallelOptions dp;
   PipelineOptions pp;
   CpLayout cp_layout = CpLayout::kZigzag;  ///< which chunks of each sequence a cp rank holds
+  /// With tp > 1: norms and residuals hold 1/tp of the tokens (--sequence-parallel).
+  bool sequence_parallel = false;
 };
 
 /// What the pipeline measured over the steps so far (filled on world rank 0 only).
@@ -90,6 +94,7 @@ struct StepStats {
   double seconds = 0;               ///< wall time of the step on this rank
   double comm_seconds = 0;          ///< first bucket start to last bucket done (see GradReducer)
   double exposed_comm_seconds = 0;  ///< the part the step waited for
+  TpCommStats tp_comm;              ///< what the step moved over the tp group (this rank)
 };
 
 /// Bytes one rank holds.
@@ -151,6 +156,13 @@ class Trainer {
   void build_pipeline(std::int64_t micro, std::int64_t local_seq);
   // Sum over the gradient group (dp-cp) of a few doubles (in place).
   void sum_over_dp(std::span<double> values);
+  // Squared gradient norm of what this rank owns of local chunk `chunk`: its shard of dp
+  // (ZeRO), of which the tp-sharded parameters and, on tp rank 0 only, the replicated ones.
+  double owned_grad_square_sum(std::size_t chunk) const;
+  // A buffer laid out like the flat parameter buffer -> the logical (serial) layout,
+  // tp shards gathered (collective over tp); and back (this rank's slices).
+  std::vector<float> to_logical(std::span<const float> local);
+  void from_logical(const std::vector<float>& logical, std::span<float> local) const;
   // Fetches the micro-batch of sequences [first, first + count) of `stream` and keeps
   // this cp rank's positions of each in tokens_ / targets_.
   void load_batch(std::uint64_t stream, std::int64_t index, std::int64_t first, std::int64_t count);
@@ -160,6 +172,9 @@ class Trainer {
   ProcessGroups& groups_;
   comm::Communicator dp_;
   std::int64_t dp_rank_ = 0, dp_size_ = 1;
+  comm::Communicator tp_;
+  std::shared_ptr<TpCommStats> tp_stats_ = std::make_shared<TpCommStats>();
+  std::unique_ptr<CommunicatorTpComm<double>> tp_double_;
   std::int64_t local_batch_ = 0, microbatches_ = 1;
   comm::Communicator pp_, embedding_;
   int stage_ = 0, stages_ = 1;

@@ -39,6 +39,12 @@ struct Constraints {
 };
 
 /// What to search.
+/// The largest GPU count search() accepts: it walks every (tp, cp, pp) divisor triple,
+/// and past 2^20 GPUs a plan takes minutes without being any more useful.
+inline constexpr std::int64_t kMaxSearchGpus = std::int64_t{1} << 20;
+/// The most layouts search() returns.
+inline constexpr std::size_t kMaxTop = 10000;
+
 struct SearchOptions {
   std::int64_t gpus = 0;
   Workload workload;

@@ -19,6 +19,33 @@ namespace ndmesh {
 /// Offsets of parameters are multiples of this many elements (64 bytes of float).
 inline constexpr std::int64_t kParamAlign = 16;
 
+/// How a parameter is split over a tensor-parallel group: along dimension `dim` of the
+/// full (serial) tensor, this rank holds the concatenation of `pieces`; piece i of tp
+/// rank r is [start_i + r * length_i, start_i + (r + 1) * length_i). The column-parallel
+/// linear holds one range of rows of W [out, in], the row-parallel one a range of
+/// columns, the fused q|k|v projection three ranges of rows (its q, k and v heads).
+struct ParamShard {
+  int dim = -1;                          ///< -1: replicated (every tp rank holds all of it)
+  std::vector<std::int64_t> full_shape;  ///< shape of the serial parameter
+  struct Piece {
+    std::int64_t start = 0, length = 0;
+  };
+  std::vector<Piece> pieces;  ///< along dim
+  int rank = 0;               ///< this rank in the tp group
+  int size = 1;               ///< ranks in the tp group
+  /// Replicated, but each tp rank sees other inputs (sequence parallelism): the gradient
+  /// is summed over the tp group.
+  bool grad_sum = false;
+  bool sharded() const { return dim >= 0 && size > 1; }
+};
+
+/// Copies this rank's slice of the full (serial) tensor `full` into `local`, or, with
+/// `to_full`, this rank's `local` into its place in `full` (rank `rank` instead of the
+/// shard's own when rank >= 0).
+template <typename T>
+void copy_shard(const ParamShard& shard, const std::vector<std::int64_t>& local_shape, T* local, T* full,
+                bool to_full, int rank = -1);
+
 /// Where one named parameter lives in the flat buffers.
 struct ParamView {
   std::string name;                 ///< e.g. "block.3.attn.qkv.weight"
@@ -26,6 +53,9 @@ struct ParamView {
   std::vector<std::int64_t> shape;  ///< row-major
   std::int64_t numel = 0;           ///< product of shape
   bool decay = false;               ///< AdamW applies weight decay (matrices, not norms or biases)
+  ParamShard shard;                 ///< tensor-parallel split (replicated by default)
+  /// Elements of the full (serial) parameter.
+  std::int64_t full_numel() const;
 };
 
 /// The flat parameter and gradient buffers of one model.
@@ -33,7 +63,7 @@ template <typename T>
 class ParamStore {
  public:
   /// Declares a parameter and returns its id. Names must be unique; only before allocate().
-  int add(std::string name, std::vector<std::int64_t> shape, bool decay);
+  int add(std::string name, std::vector<std::int64_t> shape, bool decay, ParamShard shard = {});
   /// Allocates both buffers (zeroed), padded to a multiple of `multiple` elements (so that
   /// a ZeRO shard split of the buffer is even). After this no parameter can be added.
   void allocate(std::int64_t multiple = 1);
@@ -64,6 +94,9 @@ class ParamStore {
   std::int64_t parameter_count() const;
   /// Sets every gradient to zero.
   void zero_grad();
+  /// Offsets of every view in the flat buffer of the full (serial) model with the same
+  /// views (unpadded): what checkpoints store, whatever the tp layout; and its size.
+  std::vector<std::int64_t> logical_offsets(std::int64_t* total = nullptr) const;
 
  private:
   std::vector<ParamView> views_;

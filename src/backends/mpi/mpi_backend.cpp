@@ -11,6 +11,12 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
 #include <climits>
 #include <cstring>
 
@@ -90,6 +96,40 @@ MPI_Op mpi_op(ReduceOp op, DType t) {
 
 // Initialises MPI once and finalises it at exit, if ndmesh initialised it.
 class Runtime {
+  // Ends the process with kTimeoutExitCode and one line when MPI_Init has not returned
+  // within `timeout_s`.
+  class InitGuard {
+   public:
+    explicit InitGuard(double timeout_s)
+        : thread_([this, timeout_s] {
+            std::unique_lock lock(mutex_);
+            if (cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return done_; })) return;
+            std::fprintf(stderr,
+                         "ndmesh: [comm] MPI_Init did not complete within %g s (NDMESH_TIMEOUT_S): a rank of "
+                         "the job never started or cannot reach the others; check the launcher's host list "
+                         "and that every rank runs the same program\n",
+                         timeout_s);
+            std::fflush(stderr);
+            std::_Exit(kTimeoutExitCode);
+          }) {}
+    ~InitGuard() {
+      {
+        std::lock_guard lock(mutex_);
+        done_ = true;
+      }
+      cv_.notify_one();
+      thread_.join();
+    }
+    InitGuard(const InitGuard&) = delete;
+    InitGuard& operator=(const InitGuard&) = delete;
+
+   private:
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    bool done_ = false;
+    std::thread thread_;  // last: started after the members it uses
+  };
+
  public:
   Runtime() {
     int initialized = 0;
@@ -97,6 +137,10 @@ class Runtime {
     if (!initialized) {
       int provided = 0;
       // MULTIPLE so the watchdog thread may call MPI_Abort while this thread is blocked.
+      // MPI_Init waits for the whole job to wire up; a rank that never starts would leave
+      // the others there before any group exists for the watchdog to name, so a timer
+      // bounds it with the same NDMESH_TIMEOUT_S.
+      InitGuard guard(default_timeout_s());
       check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
       owned_ = true;
     }

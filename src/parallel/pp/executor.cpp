@@ -53,7 +53,9 @@ Executor::Executor(PipelineSchedule schedule, comm::Communicator pp, std::vector
                  c, v, schedule_.virtual_stages(), chunks_[c]->has_embedding() ? "has" : "lacks",
                  chunks_[c]->has_head() ? "has" : "lacks");
   }
-  hidden_elems_ = first.batch() * first.seq() * first.spec().hidden;
+  // What crosses a stage boundary: the residual stream of a micro-batch (this rank's rows of
+  // it under sequence parallelism).
+  hidden_elems_ = first.tp().local_rows(first.batch() * first.seq()) * first.spec().hidden;
   tokens_.resize(static_cast<std::size_t>(first.batch() * first.seq()));
   targets_.resize(tokens_.size());
   free_acts_.resize(chunks_.size());
@@ -148,7 +150,7 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
   const auto& list = s.actions[stage_];
   const int m = s.microbatches, nv = s.virtual_stages();
   const double tokens = static_cast<double>(tokens_.size());
-  std::vector<int> backwards(chunks_.size(), 0), weights(chunks_.size(), 0);
+  std::vector<int> backwards(chunks_.size(), 0), weights(chunks_.size(), 0), model_backwards(chunks_.size(), 0);
   int live = 0;  // activations between their forward and their backward (or backward-input)
   recvs_.clear();
   posted_upto_ = 0;
@@ -263,6 +265,8 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
         // The gradients are final after the backward, or after the weight half of a split one.
         const bool last = !split && ++backwards[static_cast<std::size_t>(c)] == m;
         if (hooks.before_backward) hooks.before_backward(c, last);
+        if (hooks.before_model_backward)
+          hooks.before_model_backward(c, ++model_backwards[static_cast<std::size_t>(c)] == m);
         if (split) {
           nn::DeferWeightGrads<float> defer(deferred_[key(ActionKind::kForward, mb, c, m)]);
           chunk.backward(acts, dout);

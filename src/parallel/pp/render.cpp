@@ -77,10 +77,15 @@ std::string ascii_timeline(const PipelineSchedule& s, const Simulation& sim, con
       if (is_compute(s.actions[r][i].kind) && d > 0 && (quantum == 0 || d < quantum)) quantum = d;
     }
   if (quantum == 0) return "";
-  int cells = static_cast<int>(std::ceil(sim.makespan / quantum - 1e-9));
-  if (cells > options.max_columns) {
+  // Compare in double before converting: makespan/quantum can exceed int (--cost-p2p 1e12
+  // with unit compute), and converting such a double to int is undefined.
+  const double wanted = std::ceil(sim.makespan / quantum - 1e-9);
+  int cells = 0;
+  if (!(wanted <= options.max_columns)) {
     quantum = sim.makespan / options.max_columns;
     cells = options.max_columns;
+  } else {
+    cells = static_cast<int>(wanted);
   }
   const int width = 1 + digits(std::max(s.microbatches - 1, 0));
   const std::string label_pad(static_cast<std::size_t>(fmt::formatted_size("stage {} ", s.stages - 1)), ' ');

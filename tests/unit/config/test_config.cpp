@@ -1,5 +1,6 @@
 // One test per validation rule with bad input: the message names the field, the value
 // and a valid choice that the test checks by hand.
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 
@@ -20,6 +21,30 @@ ParallelConfig make(std::int64_t dp, std::int64_t pp, std::int64_t cp, std::int6
 ModelSpec gpt(std::int64_t layers = 24, std::int64_t hidden = 1024, std::int64_t heads = 16,
               std::int64_t seq = 2048) {
   return {.name = "", .layers = layers, .hidden = hidden, .heads = heads, .seq = seq, .vocab = 50304};
+}
+
+// The model-shape rules live in model_problems alone: a vocabulary needs two tokens.
+TEST(ModelProblems, VocabOfOneIsRejected) {
+  ModelSpec m = gpt();
+  m.vocab = 1;
+  auto list = model_problems(m);
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_NE(list[0].find("vocab=1"), std::string::npos) << list[0];
+  m.vocab = 2;
+  EXPECT_TRUE(model_problems(m).empty());
+}
+
+// Suggesting a divisor does not count down one by one: tp = 2^40 answers at once.
+TEST(ModelProblems, HugeSizesSuggestDivisorsAtOnce) {
+  ParallelConfig c = make(1, 1, 1, std::int64_t{1} << 40);
+  ModelSpec m = gpt(24, std::int64_t{1} << 40, 16, 2048);
+  auto started = std::chrono::steady_clock::now();
+  auto with_model = problems(c, &m);
+  EXPECT_FALSE(with_model.empty());
+  m = gpt(24, 1024, (std::int64_t{1} << 40) + 1, 2048);
+  auto shape = model_problems(m);
+  ASSERT_FALSE(shape.empty());
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(2));
 }
 
 // The single problem reported, which must contain every fragment.
@@ -271,7 +296,7 @@ TEST_F(ConfigFileTest, WrongTypeAndSyntaxAndMissingFile) {
   EXPECT_THROW(load_config_file(write("[parallel\ntp = 2\n")), ConfigError);
   EXPECT_THROW(load_config_file(write("[model]\nlayers = 2.5\n")), ConfigError);
   EXPECT_THROW(load_config_file(write("[parallel]\nschedule = \"fast\"\n")), ConfigError);
-  EXPECT_THROW(load_config_file("/nonexistent/ndmesh.toml"), IoError);
+  EXPECT_THROW(load_config_file("/nonexistent/ndmesh.toml"), ConfigError);
 }
 
 }  // namespace

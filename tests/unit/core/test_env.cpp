@@ -1,4 +1,6 @@
 #include <cstdlib>
+#include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -39,6 +41,31 @@ TEST(Env, IntegerRange) {
   unsetenv("NDMESH_THREADS");
 }
 
-TEST(Env, UndeclaredVariableIsAProgrammingError) { EXPECT_THROW(env::raw("NDMESH_NOT_A_THING"), Error); }
+TEST(Env, UndeclaredVariableIsAProgrammingError) {
+  EXPECT_THROW(env::raw("NDMESH_NOT_A_THING"), InternalError);
+}
+
+// check_all refuses a bad value of any variable, even one the command never reads.
+TEST(Env, CheckAllRefusesEveryMalformedVariable) {
+  EXPECT_NO_THROW(env::check_all());
+  const std::pair<const char*, const char*> bad[] = {{"NDMESH_LOG", "verbose"},
+                                                     {"NDMESH_TIMEOUT_S", "5m"},
+                                                     {"NDMESH_THREADS", "many"},
+                                                     {"NDMESH_BACKEND", "gloo"}};
+  for (auto [name, value] : bad) {
+    setenv(name, value, 1);
+    try {
+      env::check_all();
+      ADD_FAILURE() << name << "=" << value << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(value), std::string::npos) << e.what();
+    }
+    unsetenv(name);
+  }
+  setenv("NDMESH_LOG", "debug", 1);
+  EXPECT_NO_THROW(env::check_all());
+  unsetenv("NDMESH_LOG");
+}
 
 }  // namespace ndmesh

@@ -147,8 +147,8 @@ TEST(Gpt, BadSpecsNameTheFieldAndTheFix) {
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& e) {
     std::string msg = e.what();
-    EXPECT_NE(msg.find("heads=4 does not divide hidden=10"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("kv_heads=3 does not divide heads=4"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model hidden=10 is not divisible by heads=4"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model heads=4 is not a multiple of kv_heads=3"), std::string::npos) << msg;
   }
   spec = {.layers = 0, .hidden = 8, .heads = 2, .seq = 4, .vocab = 5};
   EXPECT_THROW(Gpt{spec}, ConfigError);
@@ -265,6 +265,29 @@ TEST(Gpt, FlopsCountOnlyTheAttentionTilesComputed) {
   const double linear = 3.0 * 130 * (64 + 32 + 128 + 40);
   const double attention = 7.0 * 2 * 2 * 12548 * 1 * 2;  // 7 products, 2 hd, batch 1, 2 heads
   EXPECT_DOUBLE_EQ(gpt.flops_per_step(), linear + attention);
+}
+
+// Tensor-parallel layout problems name the flag, the value and the fix; a layout that
+// divides everything has none.
+TEST(GptTp, ProblemsNameTheFlagAndTheFix) {
+  const ModelSpec spec{.layers = 2, .hidden = 32, .heads = 4, .kv_heads = 2, .ffn = 0, .seq = 16, .vocab = 16};
+  EXPECT_TRUE(gpt_tp_problems(spec, 1, false, 16).empty());
+  EXPECT_TRUE(gpt_tp_problems(spec, 2, true, 16).empty());
+  auto p = gpt_tp_problems(spec, 4, false, 16);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("--tp=4 does not divide --kv-heads=2"), std::string::npos) << p[0];
+  p = gpt_tp_problems(spec, 3, true, 16);
+  EXPECT_EQ(p.size(), 5u);  // heads, kv heads, ffn 128, vocab, and 16 token rows
+  p = gpt_tp_problems(spec, 2, true, 15);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("--sequence-parallel"), std::string::npos) << p[0];
+  // The model refuses them too, as a ConfigError, before any communication.
+  struct FourRanks : nn::TpComm<double> {
+    int size() const override { return 4; }
+  };
+  EXPECT_THROW(GptT<double>(spec, {.batch = 1}, nn::TpContext<double>{.comm = std::make_shared<FourRanks>()}),
+               ConfigError);
+  EXPECT_NO_THROW(GptT<double>(spec, {.batch = 1}, nn::TpContext<double>{}));
 }
 
 }  // namespace

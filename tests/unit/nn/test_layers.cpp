@@ -272,10 +272,12 @@ TEST(Mlp, GradientsMatchFiniteDifferences) {
     scratch(2 * rows * 7);
   auto loss = [&] {
     mlp.forward(x.data(), out.data(), acts, rows);
+    mlp.proj().add_bias(out.data(), rows);  // deferred (the row-parallel half)
     return dot(out.data(), w.data(), rows * 4);
   };
   loss();
   mlp.backward(w.data(), x.data(), acts, dx.data(), scratch.data(), rows);
+  mlp.proj().backward_bias(w.data(), rows);
   EXPECT_GT(expect_gradient("dx", x.data(), dx.data(), rows * 4, loss), 1e-3);
   expect_param_gradients(store, loss);
 }

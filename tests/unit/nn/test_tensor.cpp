@@ -79,6 +79,48 @@ TEST(ParamStore, AlignedOffsetsNamedViewsZeroPadding) {
   for (float x : store.params()) EXPECT_EQ(x, 0.0f);
 }
 
+// Tensor-parallel shards: the fused q|k|v rows (three pieces along dim 0) and a column
+// split (dim 1) of a full tensor whose element (i, j) is 100 i + j; every rank's slice,
+// written back, rebuilds the full tensor; logical offsets use the full sizes.
+TEST(ParamShard, SlicesOfTheFullTensorAndBack) {
+  const std::int64_t rows = 12, cols = 3;  // q 4 rows, k 4, v 4
+  std::vector<double> full(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) full[static_cast<std::size_t>(i * cols + j)] = 100.0 * i + j;
+  for (int tp : {1, 2, 4}) {
+    std::vector<double> rebuilt(full.size(), -1.0);
+    for (int r = 0; r < tp; ++r) {
+      ParamShard s{.dim = 0, .full_shape = {rows, cols}, .rank = r, .size = tp};
+      for (std::int64_t start : {0, 4, 8}) s.pieces.push_back({start, 4 / tp});
+      const std::vector<std::int64_t> local_shape = {rows / tp, cols};
+      std::vector<double> local(static_cast<std::size_t>(rows / tp * cols));
+      copy_shard(s, local_shape, local.data(), full.data(), false);
+      // Local row k of piece p is full row start_p + r * (4 / tp) + k.
+      for (std::int64_t p = 0; p < 3; ++p)
+        for (std::int64_t k = 0; k < 4 / tp; ++k)
+          EXPECT_EQ(local[static_cast<std::size_t>((p * (4 / tp) + k) * cols)], 100.0 * (4 * p + r * (4 / tp) + k))
+              << "tp " << tp << " rank " << r;
+      copy_shard(s, local_shape, local.data(), rebuilt.data(), true);
+    }
+    EXPECT_EQ(rebuilt, full) << "tp " << tp;
+  }
+  // Columns: rank 1 of 3 holds column 1 of every row.
+  ParamShard col{.dim = 1, .full_shape = {rows, cols}, .pieces = {{0, 1}}, .rank = 1, .size = 3};
+  std::vector<double> local(static_cast<std::size_t>(rows));
+  copy_shard(col, {rows, 1}, local.data(), full.data(), false);
+  for (std::int64_t i = 0; i < rows; ++i) EXPECT_EQ(local[static_cast<std::size_t>(i)], 100.0 * i + 1);
+
+  ParamStore<float> store;
+  store.add("w", {rows / 2, cols}, true, ParamShard{.dim = 0, .full_shape = {rows, cols}, .pieces = {{0, 6}}, .size = 2});
+  store.add("b", {5}, false);
+  EXPECT_THROW(store.add("bad", {5, cols}, true, ParamShard{.dim = 0, .full_shape = {rows, cols}, .pieces = {{0, 6}}, .size = 2}),
+               Error);
+  std::int64_t total = 0;
+  EXPECT_EQ(store.logical_offsets(&total), (std::vector<std::int64_t>{0, 48}));  // 36 rounded up to 48
+  EXPECT_EQ(total, 64);
+  EXPECT_EQ(store.view(0).full_numel(), rows * cols);
+}
+
 TEST(Rng, SplitMix64ReferenceValues) {
   // First outputs of SplitMix64 seeded with 0 (reference values of the published algorithm).
   Rng rng(0);

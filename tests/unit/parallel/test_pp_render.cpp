@@ -43,6 +43,17 @@ TEST(PpRender, AsciiScalesDownLongSchedules) {
   EXPECT_NE(text.find("1 cell = 6.06 time units"), std::string::npos) << text;  // 303 / 50
 }
 
+// A send a trillion times longer than a forward: the cell count does not fit an int, and
+// converting it used to be undefined (ndmesh schedule --cost-p2p 1e12 ended in "internal
+// error" after printing half its output).
+TEST(PpRender, AsciiHugeCostRatioStaysWithinColumns) {
+  auto s = make_schedule({.schedule = Schedule::k1F1B, .stages = 4, .microbatches = 8});
+  auto sim = simulate(s, {.forward = 1, .backward_input = 1, .backward_weight = 1, .p2p = 1e12});
+  auto text = ascii_timeline(s, sim, {.max_columns = 80});
+  EXPECT_NE(text.find("1 cell = "), std::string::npos) << text;
+  EXPECT_LT(text.size(), 4u * 400u) << text;
+}
+
 TEST(PpRender, SvgHasOneRectanglePerComputeAction) {
   auto s = make_schedule({.schedule = Schedule::kInterleaved, .stages = 2, .microbatches = 4, .chunks = 2});
   auto svg = svg_timeline(s, simulate(s));

@@ -256,7 +256,24 @@ TEST(PpSchedule, BadOptionsNameFieldValueAndFix) {
                {"pp=1", "1f1b"});
   expect_error({.schedule = Schedule::kGpipe, .stages = 0, .microbatches = 8}, {"pp=0"});
   expect_error({.schedule = Schedule::kGpipe, .stages = 2, .microbatches = 0}, {"microbatches=0"});
-  expect_error({.schedule = Schedule::kGpipe, .stages = 1000, .microbatches = 10000}, {"exceeds"});
+  expect_error({.schedule = Schedule::kGpipe, .stages = 200, .microbatches = 10000}, {"exceeds"});
+}
+
+// fuzz_schedule found that pp=964 with one micro-batch took seconds and 600 MB: the
+// stage count is bounded.
+TEST(PpSchedule, StageCountIsBounded) {
+  auto problems = schedule_option_problems({.schedule = Schedule::kZbH1, .stages = 964, .microbatches = 1});
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("pp=964 is above the limit of 256"), std::string::npos) << problems[0];
+  EXPECT_TRUE(schedule_option_problems({.schedule = Schedule::k1F1B, .stages = 256, .microbatches = 1}).empty());
+}
+
+// fuzz_schedule: rounding microbatches near INT_MAX up to a multiple of pp overflowed int.
+TEST(PpSchedule, InterleavedRoundingUpDoesNotOverflow) {
+  auto problems = schedule_option_problems(
+      {.schedule = Schedule::kInterleaved, .stages = 4, .microbatches = 2147483647, .chunks = 2});
+  ASSERT_FALSE(problems.empty());
+  EXPECT_NE(problems[0].find("microbatches=2147483648"), std::string::npos) << problems[0];
 }
 
 }  // namespace

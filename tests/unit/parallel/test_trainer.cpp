@@ -152,10 +152,12 @@ TEST(Trainer, VocabMismatchWithDataIsAConfigError) {
 }
 
 TEST(Trainer, LayoutsNotImplementedYetAreRefusedNamingTheDim) {
-  auto problems = unsupported_layout(Mesh({{"dp", 2}, {"pp", 1}, {"cp", 1}, {"tp", 2}}));
+  auto problems = unsupported_layout(Mesh({{"dp", 2}, {"pp", 1}, {"ep", 2}, {"tp", 1}}));
   ASSERT_EQ(problems.size(), 1u);
-  EXPECT_NE(problems[0].find("--tp=2"), std::string::npos) << problems[0];
+  EXPECT_NE(problems[0].find("--ep=2"), std::string::npos) << problems[0];
   EXPECT_TRUE(unsupported_layout(Mesh({{"dp", 4}, {"pp", 1}, {"cp", 1}, {"tp", 1}})).empty());
+  EXPECT_TRUE(unsupported_layout(Mesh({{"dp", 2}, {"pp", 1}, {"cp", 2}, {"tp", 2}})).empty());
+  EXPECT_TRUE(unsupported_layout(Mesh({{"dp", 2}, {"pp", 2}, {"cp", 1}, {"tp", 2}})).empty());
 }
 
 TEST(Trainer, MicroBatchesGiveTheSameLossesAsOneBatch) {

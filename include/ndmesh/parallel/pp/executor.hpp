@@ -61,6 +61,10 @@ struct StageHooks {
   /// parallelism reduces them): the last backward, or the last backward-weight.
   std::function<void(int chunk, bool last)> before_backward;
   std::function<void(int chunk)> after_backward;
+  /// Before each model backward of local chunk `chunk` (a whole one or the input half of a
+  /// split one, not the weight half); `last` marks the chunk's last of the step: gradients
+  /// computed there and nowhere else (norms and biases, which tp sums) are final after it.
+  std::function<void(int chunk, bool last)> before_model_backward;
 };
 
 /// Options of the executor.

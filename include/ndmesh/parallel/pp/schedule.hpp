@@ -88,6 +88,9 @@ struct ScheduleOptions {
   int chunks = 1;        ///< virtual stages per rank; > 1 only for kInterleaved
 };
 
+/// The most pipeline stages accepted (state per pair of stages grows with pp^2).
+inline constexpr int kMaxScheduleStages = 256;
+
 /// The largest stages * microbatches * chunks accepted (keeps schedules in memory small).
 inline constexpr std::int64_t kMaxScheduleWork = 1'000'000;
 
