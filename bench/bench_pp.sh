@@ -17,14 +17,15 @@ model=(--layers 8 --hidden 256 --heads 8 --seq 64 --markov-vocab 32 --threads 1 
 note=""
 [ "$pp" -gt "$cores" ] && note=" (oversubscribed: $pp ranks on $cores cores)"
 echo "pp $pp, 8 micro-batches of 1 sequence, 8 layers hidden 256 seq 64, $steps steps (the first left out)$note"
-printf "  %-12s %10s %10s %8s %11s %11s %11s\n" schedule measured simulated ratio "fwd ms" "bwd-in ms" "bwd-w ms"
+printf "  %-12s %9s %9s %6s %10s %6s %8s %9s %8s\n" schedule measured simulated ratio "per stage" ratio "fwd ms" "bwd-in ms" "bwd-w ms"
 for schedule in gpipe 1f1b interleaved zb-h1; do
   extra=()
   [ "$schedule" = interleaved ] && extra=(--virtual-stages 2)
   out=$("${mpirun[@]}" -np "$pp" "$ndmesh" train "${model[@]}" --pp "$pp" --schedule "$schedule" "${extra[@]}" |
     tail -n 1)
-  jq -r --arg s "$schedule" '.pipeline | [$s, .bubble_measured, .bubble_simulated,
-      (if .bubble_simulated > 0 then .bubble_measured / .bubble_simulated else 0 end),
-      .forward_seconds * 1e3, .backward_input_seconds * 1e3, .backward_weight_seconds * 1e3]
-    | "  \(.[0] | . + " " * (12 - length)) \(.[1] * 1000 | round / 10)%       \(.[2] * 1000 | round / 10)%     \(.[3] * 100 | round / 100)     \(.[4] * 100 | round / 100)     \(.[5] * 100 | round / 100)     \(.[6] * 100 | round / 100)"' <<<"$out"
+  jq -r --arg s "$schedule" '.pipeline | [$s, .bubble_measured * 100, .bubble_simulated * 100,
+      .bubble_measured / .bubble_simulated, .bubble_simulated_stages * 100,
+      .bubble_measured / .bubble_simulated_stages,
+      .forward_seconds * 1e3, .backward_input_seconds * 1e3, .backward_weight_seconds * 1e3] | @tsv' <<<"$out" |
+    awk -F'\t' '{printf "  %-12s %8.1f%% %8.1f%% %6.2f %9.1f%% %6.2f %8.2f %9.2f %8.2f\n", $1, $2, $3, $4, $5, $6, $7, $8, $9}'
 done

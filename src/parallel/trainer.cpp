@@ -1,5 +1,6 @@
 #include "ndmesh/parallel/trainer.hpp"
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -519,6 +520,8 @@ PipelineReport Trainer::pipeline_report(const std::string& trace_path) {
   std::map<std::pair<int, int>, Window> windows;
   double sum_f = 0, sum_b = 0, sum_w = 0;
   int n_f = 0, n_b = 0, n_w = 0;
+  // Per stage: sums and counts of forward, backward (or B) and W durations.
+  std::vector<std::array<double, 6>> per_stage(static_cast<std::size_t>(s.stages), std::array<double, 6>{});
   bool split = false;
   for (std::size_t e = 0; e < count; ++e) {
     const double* ev = &events[e * kFields];
@@ -533,6 +536,10 @@ PipelineReport Trainer::pipeline_report(const std::string& trace_path) {
     if (kind == pp::ActionKind::kForward) sum_f += d, ++n_f;
     if (kind == pp::ActionKind::kBackward || kind == pp::ActionKind::kBackwardInput) sum_b += d, ++n_b;
     if (kind == pp::ActionKind::kBackwardWeight) sum_w += d, ++n_w, split = true;
+    auto& st = per_stage[static_cast<std::size_t>(ev[1])];
+    const int slot = kind == pp::ActionKind::kForward ? 0 : kind == pp::ActionKind::kBackwardWeight ? 2 : 1;
+    st[static_cast<std::size_t>(slot)] += d;
+    st[static_cast<std::size_t>(slot + 3)] += 1;
   }
   double bubble = 0;
   for (const auto& [k, w] : windows)
@@ -547,6 +554,16 @@ PipelineReport Trainer::pipeline_report(const std::string& trace_path) {
                   : pp::Costs{.forward = std::max(f, tiny), .backward_input = std::max(b / 2, tiny),
                               .backward_weight = std::max(b / 2, tiny)};
   r.bubble_simulated = pp::simulate(s, r.costs).bubble_fraction;
+  std::vector<pp::Costs> stage_costs;
+  for (const auto& st : per_stage) {
+    auto mean = [&](int k, double fallback) { return st[static_cast<std::size_t>(k + 3)] > 0 ? st[static_cast<std::size_t>(k)] / st[static_cast<std::size_t>(k + 3)] * v : fallback; };
+    const double sf = std::max(mean(0, f), tiny), sb = mean(1, b), sw = mean(2, w);
+    stage_costs.push_back(split ? pp::Costs{.forward = sf, .backward_input = std::max(sb, tiny),
+                                            .backward_weight = std::max(sw, tiny)}
+                                : pp::Costs{.forward = sf, .backward_input = std::max(sb / 2, tiny),
+                                            .backward_weight = std::max(sb / 2, tiny)});
+  }
+  r.bubble_simulated_stages = pp::simulate_stages(s, stage_costs).bubble_fraction;
 
   if (!trace_path.empty()) {
     std::ofstream out(trace_path);

@@ -95,7 +95,7 @@ jq -e '.pipeline.peak_activations == [2,2,2,1]' "$tmp/pp4_1f1b_mb2.json" > /dev/
 jq -e '.pipeline.peak_activations == [8,8,8,8]' "$tmp/pp4_gpipe_mb8.json" > /dev/null ||
   fail "gpipe pp 4 peak: $(jq -c .pipeline.peak_activations "$tmp/pp4_gpipe_mb8.json")"
 jq -e '.pipeline.partition == [1,1,1,1] and (.pipeline.bubble_measured | . >= 0 and . < 1)
-  and (.pipeline.bubble_simulated | . > 0 and . < 1)' "$tmp/pp4_1f1b_mb8.json" > /dev/null ||
+  and (.pipeline.bubble_simulated | . > 0 and . < 1) and (.pipeline.bubble_simulated_stages | . > 0 and . < 1)' "$tmp/pp4_1f1b_mb8.json" > /dev/null ||
   fail "pp 4 JSON: $(jq -c .pipeline "$tmp/pp4_1f1b_mb8.json")"
 jq -e '.pipeline.partition == [1,3,2,2]' "$tmp/pp4_layers.json" > /dev/null || fail "--pp-layers partition"
 grep -q "pipeline bubble: measured" "$tmp/pp4_1f1b_mb8.out" || fail "no bubble summary line"
@@ -155,5 +155,6 @@ expect_usage "--schedule interleaved needs a multiple of --pp=2 micro-batches pe
   --schedule interleaved --virtual-stages 2 --micro-batch 2
 expect_usage "--schedule=pipedream is not a pipeline schedule" 1 --schedule pipedream
 expect_usage "--zero=1 with --pp=2" 2 --pp 2 --zero 1
+expect_usage "--zero=1 with --schedule zb-h1" 2 --dp 2 --schedule zb-h1 --zero 1
 expect_usage "--save=$tmp/x.ckpt with --pp=2" 2 --pp 2 --save "$tmp/x.ckpt"
 echo "train_pp.sh: ok"

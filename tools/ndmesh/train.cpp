@@ -358,10 +358,10 @@ int train(Options o, comm::Communicator& world) {
     fmt::print("pipeline: {} over {} stages x {} chunk{}, {} micro-batches, blocks per chunk {}\n",
                schedule_name(sc.kind), sc.stages, sc.chunks, sc.chunks == 1 ? "" : "s", sc.microbatches,
                fmt::join(trainer.partition(), ","));
-    fmt::print("pipeline bubble: measured {:.1f}%, simulated {:.1f}% for the measured costs (forward {:.3g} ms, "
-               "backward {:.3g} + {:.3g} ms per stage)\n",
+    fmt::print("pipeline bubble: measured {:.1f}%, simulated {:.1f}% for the measured mean costs (forward {:.3g} ms, "
+               "backward {:.3g} + {:.3g} ms per stage), {:.1f}% for each stage's own\n",
                100 * pipe.bubble_measured, 100 * pipe.bubble_simulated, 1e3 * pipe.costs.forward,
-               1e3 * pipe.costs.backward_input, 1e3 * pipe.costs.backward_weight);
+               1e3 * pipe.costs.backward_input, 1e3 * pipe.costs.backward_weight, 100 * pipe.bubble_simulated_stages);
     fmt::print("pipeline activations held per stage: measured peak {}, schedule {}\n",
                fmt::join(pipe.peak_activations, ","), fmt::join(pipe.expected_peak_activations, ","));
     if (!o.trace.empty()) fmt::print("trace: {} actions written to {}\n", pipe.events, o.trace);
@@ -417,6 +417,7 @@ int train(Options o, comm::Communicator& world) {
                        {"partition", trainer.partition()},
                        {"bubble_measured", pipe.bubble_measured},
                        {"bubble_simulated", pipe.bubble_simulated},
+                       {"bubble_simulated_stages", pipe.bubble_simulated_stages},
                        {"forward_seconds", pipe.costs.forward},
                        {"backward_input_seconds", pipe.costs.backward_input},
                        {"backward_weight_seconds", pipe.costs.backward_weight},

@@ -78,6 +78,7 @@ struct PipelineReport {
   double bubble_measured =
       0;  ///< idle share of stage time, mean over pipelines and steps (first step left out)
   double bubble_simulated = 0;  ///< simulate() of the schedule with the measured mean costs
+  double bubble_simulated_stages = 0;  ///< the same with each stage's own measured costs
   pp::Costs costs;  ///< measured mean forward / backward-input / backward-weight of a stage, seconds
   std::vector<int> peak_activations;           ///< per stage: most live micro-batch activations (chunks)
   std::vector<int> expected_peak_activations;  ///< per stage: the schedule's (simulate())

@@ -51,10 +51,17 @@ double action_cost(const PipelineSchedule& s, const Action& a, const Costs& c) {
 }
 
 Simulation simulate(const PipelineSchedule& s, const Costs& costs) {
-  if (auto problems = cost_problems(costs); !problems.empty()) fail<ConfigError>("pp", "{}", problems[0]);
+  return simulate_stages(s, std::vector<Costs>(static_cast<std::size_t>(std::max(s.stages, 0)), costs));
+}
+
+Simulation simulate_stages(const PipelineSchedule& s, const std::vector<Costs>& stage_costs) {
   const int p = s.stages;
   NDMESH_CHECK(p >= 1 && static_cast<int>(s.actions.size()) == p, "pp",
                "the schedule lists actions for {} stages but pp={}", s.actions.size(), p);
+  NDMESH_CHECK(static_cast<int>(stage_costs.size()) == p, "pp", "{} stage costs for pp={} stages",
+               stage_costs.size(), p);
+  for (const Costs& costs : stage_costs)
+    if (auto problems = cost_problems(costs); !problems.empty()) fail<ConfigError>("pp", "{}", problems[0]);
   Simulation out;
   out.busy.assign(p, 0.0);
   out.spans.resize(p);
@@ -78,7 +85,7 @@ Simulation simulate(const PipelineSchedule& s, const Costs& costs) {
           span.end = std::max(clock[r], q.front());
           q.pop_front();
         } else {
-          span.end = clock[r] + action_cost(s, a, costs);
+          span.end = clock[r] + action_cost(s, a, stage_costs[static_cast<std::size_t>(r)]);
           if (is_send(a.kind))
             channel[static_cast<std::size_t>(r) * p + a.peer].push_back(span.end);
           else

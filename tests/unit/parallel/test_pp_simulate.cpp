@@ -2,6 +2,7 @@
 // point-to-point time, and cost validation.
 #include <limits>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -14,6 +15,21 @@ namespace {
 
 PipelineSchedule make(Schedule kind, int p, int m, int v = 1) {
   return make_schedule({.schedule = kind, .stages = p, .microbatches = m, .chunks = v});
+}
+
+// Each stage with its own costs (a measured run with unequal stages): one micro-batch
+// through two stages takes F0 + F1 + B1 + B0 by hand; equal stage costs give simulate().
+TEST(PpSimulate, StageCostsByHand) {
+  PipelineSchedule s = make_schedule({.schedule = Schedule::kGpipe, .stages = 2, .microbatches = 1});
+  Simulation sim = simulate_stages(s, {Costs{.forward = 1, .backward_input = 1, .backward_weight = 1},
+                                       Costs{.forward = 3, .backward_input = 2, .backward_weight = 2}});
+  EXPECT_DOUBLE_EQ(sim.makespan, 1 + 3 + 4 + 2);
+  EXPECT_DOUBLE_EQ(sim.busy[0], 3);
+  EXPECT_DOUBLE_EQ(sim.busy[1], 7);
+  PipelineSchedule g = make_schedule({.schedule = Schedule::k1F1B, .stages = 4, .microbatches = 8});
+  const Costs c{.forward = 1.5, .backward_input = 2, .backward_weight = 0.5};
+  EXPECT_DOUBLE_EQ(simulate_stages(g, std::vector<Costs>(4, c)).makespan, simulate(g, c).makespan);
+  EXPECT_THROW(simulate_stages(g, std::vector<Costs>(3, c)), Error);
 }
 
 TEST(PpSimulate, GpipeMakespanWithAnyCosts) {

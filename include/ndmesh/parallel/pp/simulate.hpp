@@ -48,6 +48,9 @@ struct Simulation {
 /// Runs the schedule with the given costs. Error when the schedule cannot run (call
 /// check_schedule() first for a precise message) or the costs are invalid (ConfigError).
 Simulation simulate(const PipelineSchedule& schedule, const Costs& costs = {});
+/// The same with each stage's own costs (costs[stage], one entry per stage): what a
+/// measured run with unequal stages predicts.
+Simulation simulate_stages(const PipelineSchedule& schedule, const std::vector<Costs>& stage_costs);
 
 /// Cost of one action of this schedule (0 for receives, which only wait).
 double action_cost(const PipelineSchedule& schedule, const Action& action, const Costs& costs);
