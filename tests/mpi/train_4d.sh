@@ -8,7 +8,7 @@
 # parallelism, zigzag and contiguous cp, ZeRO 1 and 2 (only with pp 1: ZeRO is refused
 # with pp > 1), tied and untied heads, micro-batches, non-default --order. A rerun of one
 # layout gives bit-identical losses.
-# Not covered (wrong losses on main, reported on issue 14): ZeRO 2 with --sequence-parallel,
+# Not covered (wrong losses on main, found by this matrix): ZeRO 2 with --sequence-parallel,
 # dp > 1 and more than one micro-batch, e.g. mpirun -np 4 ndmesh train <common> --dp 2 --tp 2
 # --sequence-parallel --zero 2 --micro-batch 2 differs from serial by 3.4e-3 from step 2 on.
 #   train_4d.sh <mpirun command...> <path to ndmesh>
