@@ -238,7 +238,11 @@ StepStats Trainer::step() {
     std::copy(targets_.begin(), targets_.end(), targets);
   };
   hooks.before_model_backward = [&](int c, bool last) {
-    chunks_[static_cast<std::size_t>(c)]->set_tp_grad_sync(last);  // tp-summed gradients: once, at the last
+    // tp-summed gradients (norms and biases under sequence parallelism): once, at the last
+    // micro-batch; ZeRO-2 reduce-scatters and clears the gradients of every micro-batch, so
+    // there they are summed every time.
+    const auto i = static_cast<std::size_t>(c);
+    chunks_[i]->set_tp_grad_sync(last || reducers_[i]->zero() == 2);
   };
   hooks.before_backward = [&](int c, bool last) {
     reducers_[static_cast<std::size_t>(c)]->begin_backward(chunks_[static_cast<std::size_t>(c)]->params().grads().data(),
