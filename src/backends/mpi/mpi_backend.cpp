@@ -105,7 +105,7 @@ class Runtime {
             std::unique_lock lock(mutex_);
             if (cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return done_; })) return;
             std::fprintf(stderr,
-                         "ndmesh: [comm] MPI_Init did not complete within %g s (NDMESH_TIMEOUT_S): a rank of "
+                         "ndmesh: [comm] MPI_Init did not complete within %g s (NDMESH_TIMEOUT_S, at least 120 s): a rank of "
                          "the job never started or cannot reach the others; check the launcher's host list "
                          "and that every rank runs the same program\n",
                          timeout_s);
@@ -139,8 +139,9 @@ class Runtime {
       // MULTIPLE so the watchdog thread may call MPI_Abort while this thread is blocked.
       // MPI_Init waits for the whole job to wire up; a rank that never starts would leave
       // the others there before any group exists for the watchdog to name, so a timer
-      // bounds it with the same NDMESH_TIMEOUT_S.
-      InitGuard guard(default_timeout_s());
+      // bounds it: NDMESH_TIMEOUT_S, but at least 120 s (wiring up an oversubscribed or
+      // loaded machine takes seconds; a short collective timeout must not abort start-up).
+      InitGuard guard(std::max(default_timeout_s(), 120.0));
       check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
       owned_ = true;
     }
