@@ -28,4 +28,14 @@ echo "$out"
 [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "exit $rc, want a failure before the timeout"
 [ $took -lt 30 ] || fail "took ${took} s"
 [[ "$out" == *"disagree on --ranks-per-node (from 2 to 4"* ]] || fail "no disagreement message"
+# A rank that never starts the engine (here `sleep`): the others would wait inside MPI_Init
+# forever; NDMESH_INIT_TIMEOUT_S bounds it with one line and exit 124.
+start=$(date +%s)
+out=$(NDMESH_INIT_TIMEOUT_S=3 timeout 50 "${mpirun[@]}" -np 1 "$ndmesh" check --dp 2 : -np 1 sleep 40 2>&1)
+rc=$?
+took=$(($(date +%s) - start))
+echo "$out" | head -3
+[ $rc -ne 0 ] || fail "exit 0 with a rank that never started"
+[ $took -lt 30 ] || fail "took ${took} s with NDMESH_INIT_TIMEOUT_S=3"
+[[ "$out" == *"MPI_Init did not complete within 3 s"* ]] || fail "no start-up timeout message"
 echo "ok"

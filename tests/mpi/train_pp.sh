@@ -116,7 +116,7 @@ grep -q "<svg" "$tmp/trace.svg" || fail "no svg drawn from the trace"
 # 1 of 1F1B with one micro-batch); stage 1 waits for it and the job ends with the group
 # and the action named, long before the test's own timeout.
 set +e
-NDMESH_TIMEOUT_S=3 timeout 60 "${mpirun[@]}" -np 2 "$ndmesh" train "${model[@]}" --layers 4 --batch 8 --pp 2 --micro-batch 8 \
+NDMESH_TIMEOUT_S=3 NDMESH_INIT_TIMEOUT_S=60 timeout 60 "${mpirun[@]}" -np 2 "$ndmesh" train "${model[@]}" --layers 4 --batch 8 --pp 2 --micro-batch 8 \
   --pp-drop-action 0:1 > "$tmp/drop.txt" 2>&1
 rc=$?
 set -e
@@ -125,7 +125,7 @@ grep -q "stage 1 action 0 (recv-activation mb 0 chunk 0 from stage 0) on group p
   "$tmp/drop.txt" || fail "dropped send: no message naming the group and the action: $(cat "$tmp/drop.txt")"
 # Stage 1 leaves out that receive: its forward has no input, an error naming the action.
 set +e
-NDMESH_TIMEOUT_S=3 timeout 60 "${mpirun[@]}" -np 2 "$ndmesh" train "${model[@]}" --layers 4 --batch 8 --pp 2 --micro-batch 8 \
+NDMESH_TIMEOUT_S=3 NDMESH_INIT_TIMEOUT_S=60 timeout 60 "${mpirun[@]}" -np 2 "$ndmesh" train "${model[@]}" --layers 4 --batch 8 --pp 2 --micro-batch 8 \
   --pp-drop-action 1:0 > "$tmp/drop2.txt" 2>&1
 rc=$?
 set -e

@@ -20,6 +20,7 @@
 #include <climits>
 #include <cstring>
 
+#include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 
 namespace ndmesh::comm::mpi {
@@ -105,7 +106,7 @@ class Runtime {
             std::unique_lock lock(mutex_);
             if (cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return done_; })) return;
             std::fprintf(stderr,
-                         "ndmesh: [comm] MPI_Init did not complete within %g s (NDMESH_TIMEOUT_S, at least 120 s): a rank of "
+                         "ndmesh: [comm] MPI_Init did not complete within %g s (NDMESH_INIT_TIMEOUT_S, by default NDMESH_TIMEOUT_S): a rank of "
                          "the job never started or cannot reach the others; check the launcher's host list "
                          "and that every rank runs the same program\n",
                          timeout_s);
@@ -139,9 +140,10 @@ class Runtime {
       // MULTIPLE so the watchdog thread may call MPI_Abort while this thread is blocked.
       // MPI_Init waits for the whole job to wire up; a rank that never starts would leave
       // the others there before any group exists for the watchdog to name, so a timer
-      // bounds it: NDMESH_TIMEOUT_S, but at least 120 s (wiring up an oversubscribed or
-      // loaded machine takes seconds; a short collective timeout must not abort start-up).
-      InitGuard guard(std::max(default_timeout_s(), 120.0));
+      // bounds it: NDMESH_INIT_TIMEOUT_S, by default NDMESH_TIMEOUT_S (tests that shorten
+      // the communication timeout to a few seconds keep a longer start-up bound, since
+      // wiring up an oversubscribed, sanitized job can take that long).
+      InitGuard guard(env::seconds("NDMESH_INIT_TIMEOUT_S", default_timeout_s()));
       check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
       owned_ = true;
     }
