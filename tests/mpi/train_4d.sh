@@ -13,12 +13,7 @@
 # only at the last micro-batch, but ZeRO 2 reduce-scatters and clears every micro-batch's);
 # the dp2_tp2_sp_zero2_micro rows keep it fixed.
 #   train_4d.sh <mpirun command...> <path to ndmesh>
-set -euo pipefail
-ndmesh=${*: -1}
-mpirun=("${@:1:$#-1}")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/train_lib.sh" "$@"
 
 steps=12
 common=(--layers 4 --hidden 32 --heads 4 --kv-heads 2 --seq 16 --markov-vocab 16 --threads 1
@@ -32,11 +27,6 @@ serial() {  # serial <name> <flags...>
 }
 serial tied
 serial untied --untied
-
-max_rel() {
-  jq -n --slurpfile a "$1" --slurpfile b "$2" \
-    '[$a[0].losses, $b[0].losses] | transpose | map((.[0] - .[1]) / .[0] | if . < 0 then -. else . end) | max'
-}
 
 check() {  # check <serial name> <ranks> <name> <flags...>: equal to serial within 1e-5
   local base=$1 np=$2 name=$3

@@ -5,20 +5,10 @@
 # sequence lengths and layouts fail cleanly naming the flags. A checkpoint saved under
 # dp x cp continues serially and under another cp layout with the uninterrupted losses.
 #   train_cp.sh <mpirun command...> <path to ndmesh>
-set -euo pipefail
-ndmesh=${*: -1}
-mpirun=("${@:1:$#-1}")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/train_lib.sh" "$@"
 
 base=(--layers 2 --hidden 32 --heads 4 --batch 4 --threads 1 --steps 20 --markov-vocab 16
   --eval-batches 1 --warmup 2 --json)
-
-max_rel() {
-  jq -n --slurpfile a "$1" --slurpfile b "$2" \
-    '[$a[0].losses, $b[0].losses] | transpose | map((.[0] - .[1]) / .[0] | if . < 0 then -. else . end) | max'
-}
 
 for kv in 4 2 1; do
   "$ndmesh" train "${base[@]}" --seq 32 --kv-heads "$kv" | tail -n 1 > "$tmp/serial_kv$kv.json"
@@ -65,15 +55,10 @@ for layout in "1 --dp 1" "2 --cp 2 --cp-layout contiguous"; do
   awk -v d="$d" 'BEGIN{exit !(d < 1e-5)}' || fail "resumed under $layout differs by $d"
 done
 
-expect_usage() {
+expect_usage() {  # expect_usage <needle> <ranks> <flags...>
   local needle=$1 np=$2
   shift 2
-  set +e
-  timeout 60 "${mpirun[@]}" -np "$np" "$ndmesh" train "${base[@]}" "$@" > "$tmp/out.txt" 2>&1
-  local rc=$?
-  set -e
-  [ "$rc" -eq 2 ] || fail "'$*' on $np ranks exited $rc, expected 2: $(cat "$tmp/out.txt")"
-  grep -qF -- "$needle" "$tmp/out.txt" || fail "'$*' did not say '$needle': $(cat "$tmp/out.txt")"
+  expect_train_usage "$needle" "$np" "${base[@]}" "$@"
 }
 expect_usage "--seq=20 is not divisible by 8 (--cp=4, zigzag layout" 4 --cp 4 --seq 20
 expect_usage "--seq=30 is not divisible by 4 (--cp=4, contiguous layout" 4 --cp 4 --seq 30 --cp-layout contiguous

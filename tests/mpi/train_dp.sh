@@ -5,24 +5,13 @@
 # bit-identical; a checkpoint saved under one dp size continues under another with the
 # uninterrupted run's losses; layouts not implemented yet and bad input fail cleanly.
 #   train_dp.sh <mpirun command...> <path to ndmesh>
-set -euo pipefail
-ndmesh=${*: -1}
-mpirun=("${@:1:$#-1}")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/train_lib.sh" "$@"
 
 model=(--layers 2 --hidden 32 --heads 4 --kv-heads 2 --seq 16 --markov-vocab 16 --threads 1 --eval-batches 1
   --warmup 2 --batch 12 --steps 20 --json)
 
 "$ndmesh" train "${model[@]}" | tail -n 1 > "$tmp/serial.json"
 jq -e '.losses | length == 20' "$tmp/serial.json" > /dev/null || fail "serial run has no 20 losses"
-
-# Largest relative difference between two runs' losses.
-max_rel() {
-  jq -n --slurpfile a "$1" --slurpfile b "$2" \
-    '[$a[0].losses, $b[0].losses] | transpose | map((.[0] - .[1]) / .[0] | if . < 0 then -. else . end) | max'
-}
 
 run() {  # run <ranks> <name> <flags...>: the run's JSON line in $tmp/<name>.json
   local np=$1 name=$2
@@ -104,15 +93,10 @@ for layout in "4 --dp 4" "1 --dp 1" "3 --dp 3 --zero 2"; do
 done
 
 # Not implemented yet, indivisible batches, bad data: exit 2 with the message, at once.
-expect_usage() {
+expect_usage() {  # expect_usage <needle> <ranks> <flags...>
   local needle=$1 np=$2
   shift 2
-  set +e
-  timeout 60 "${mpirun[@]}" -np "$np" "$ndmesh" train "${model[@]}" "$@" > "$tmp/out.txt" 2>&1
-  local rc=$?
-  set -e
-  [ "$rc" -eq 2 ] || fail "'$*' on $np ranks exited $rc, expected 2: $(cat "$tmp/out.txt")"
-  grep -qF -- "$needle" "$tmp/out.txt" || fail "'$*' did not say '$needle': $(cat "$tmp/out.txt")"
+  expect_train_usage "$needle" "$np" "${model[@]}" "$@"
 }
 expect_usage "--tp=4 does not divide --kv-heads=2" 4 --tp 4
 expect_usage "--batch=12 is not divisible by --dp=5" 5 --dp 5

@@ -4,12 +4,9 @@
 # half-written (it is written to a temporary file and renamed): after the kill the last
 # good one loads and training resumes from it.
 #   train_faults.sh <mpirun command...> <path to ndmesh>
-set -uo pipefail
-ndmesh=${*: -1}
-mpirun=("${@:1:$#-1}")
-tmp=$(mktemp -d)
+source "$(dirname "$0")/train_lib.sh" "$@"
+set +e  # exit statuses are checked by hand here
 trap 'pkill -9 -f -- "--seed 7771" 2>/dev/null; rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
 timeout_s=5
 model=(--layers 4 --hidden 32 --heads 4 --kv-heads 2 --seq 16 --markov-vocab 16 --threads 1 --eval-batches 0
   --batch 8 --seed 7771)

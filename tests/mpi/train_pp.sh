@@ -8,12 +8,7 @@
 # the job with a message naming the pp group and the action instead of hanging; bad
 # pipeline flags fail at once with exit 2.
 #   train_pp.sh <mpirun command...> <path to ndmesh>
-set -euo pipefail
-ndmesh=${*: -1}
-mpirun=("${@:1:$#-1}")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/train_lib.sh" "$@"
 
 model=(--hidden 32 --heads 4 --kv-heads 2 --seq 16 --markov-vocab 16 --threads 1 --eval-batches 1
   --warmup 2 --steps 20 --json)
@@ -39,13 +34,6 @@ serial serial8 --layers 8 --lr 1e-3
 serial untied --untied
 serial serial6 --batch 6
 
-# Largest relative difference between two runs' losses (and their evaluation losses).
-max_rel() {
-  jq -n --slurpfile a "$1" --slurpfile b "$2" \
-    '[$a[0].losses + [$a[0].final_loss], $b[0].losses + [$b[0].final_loss]] | transpose
-     | map((.[0] - .[1]) / .[0] | if . < 0 then -. else . end) | max'
-}
-
 check() {  # check <ranks> <name> <serial name> <flags...>: equal to that serial run within 1e-5
   local np=$1 name=$2 ref=$3
   shift 3
@@ -54,7 +42,7 @@ check() {  # check <ranks> <name> <serial name> <flags...>: equal to that serial
     fail "$name: exit $? $(cat "$tmp/$name.err")"
   tail -n 1 "$tmp/$name.out" > "$tmp/$name.json"
   local d
-  d=$(max_rel "$tmp/$ref.json" "$tmp/$name.json")
+  d=$(max_rel "$tmp/$ref.json" "$tmp/$name.json" final_loss)
   echo "$name: max relative loss difference to serial $d"
   awk -v d="$d" 'BEGIN{exit !(d < 1e-5)}' || fail "$name differs from serial by $d"
   # The measured peak of live activations per stage is the schedule's.
@@ -134,16 +122,11 @@ grep -q "forward mb 0 chunk 0): its input was never received" "$tmp/drop2.txt" |
   fail "dropped receive: no message naming the action: $(cat "$tmp/drop2.txt")"
 
 # Bad pipeline flags: exit 2 with the flag, the value and the fix, at once.
-expect_usage() {
+expect_usage() {  # expect_usage <needle> <ranks> <flags...>
   local needle=$1 np=$2
   shift 2
   set -- $(layers "$@") "$@"
-  set +e
-  timeout 60 "${mpirun[@]}" -np "$np" "$ndmesh" train "${model[@]}" "$@" > "$tmp/out.txt" 2>&1
-  local rc=$?
-  set -e
-  [ "$rc" -eq 2 ] || fail "'$*' on $np ranks exited $rc, expected 2: $(cat "$tmp/out.txt")"
-  grep -qF -- "$needle" "$tmp/out.txt" || fail "'$*' did not say '$needle': $(cat "$tmp/out.txt")"
+  expect_train_usage "$needle" "$np" "${model[@]}" "$@"
 }
 expect_usage "--pp-layers '3,3' adds up to 6 blocks but the model has layers=4" 2 --pp 2 --pp-layers 3,3
 expect_usage "--pp-layers '4' has 1 entries but pp*vpp = 2*1 = 2 chunks need one each" 2 --pp 2 --pp-layers 4

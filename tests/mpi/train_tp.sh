@@ -8,12 +8,7 @@
 # a checkpoint saved under tp 2 continues under tp 4 and serially with the uninterrupted
 # run's losses; bad layouts fail with the flag, the value and the fix.
 #   train_tp.sh <mpirun command...> <path to ndmesh>
-set -euo pipefail
-ndmesh=${*: -1}
-mpirun=("${@:1:$#-1}")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/train_lib.sh" "$@"
 
 common=(--layers 2 --hidden 32 --markov-vocab 16 --threads 1 --eval-batches 1 --warmup 2 --batch 12
   --steps 20 --json)
@@ -30,11 +25,6 @@ serial gqa "${gqa[@]}"
 serial gqa_untied "${gqa[@]}" --untied
 serial wide "${wide[@]}"
 serial wide_untied "${wide[@]}" --untied
-
-max_rel() {
-  jq -n --slurpfile a "$1" --slurpfile b "$2" \
-    '[$a[0].losses, $b[0].losses] | transpose | map((.[0] - .[1]) / .[0] | if . < 0 then -. else . end) | max'
-}
 
 check() {  # check <serial name> <ranks> <name> <flags...>: equal to serial within 1e-5
   local base=$1 np=$2 name=$3
@@ -142,15 +132,10 @@ for layout in "4 --tp 4 --sequence-parallel" "2 --tp 2" "1 --tp 1"; do
 done
 
 # Bad layouts: exit 2 with the flag, the value and the fix, at once.
-expect_usage() {
+expect_usage() {  # expect_usage <needle> <ranks> <flags...>
   local needle=$1 np=$2
   shift 2
-  set +e
-  timeout 60 "${mpirun[@]}" -np "$np" "$ndmesh" train "${common[@]}" "$@" > "$tmp/out.txt" 2>&1
-  local rc=$?
-  set -e
-  [ "$rc" -eq 2 ] || fail "'$*' on $np ranks exited $rc, expected 2: $(cat "$tmp/out.txt")"
-  grep -qF -- "$needle" "$tmp/out.txt" || fail "'$*' did not say '$needle': $(cat "$tmp/out.txt")"
+  expect_train_usage "$needle" "$np" "${common[@]}" "$@"
 }
 expect_usage "--tp=4 does not divide --kv-heads=2" 4 "${gqa[@]}" --tp 4
 expect_usage "--tp=3 does not divide --heads=4" 3 "${gqa[@]}" --tp 3
