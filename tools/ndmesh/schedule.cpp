@@ -42,6 +42,15 @@ struct Options {
   int step = 0;  // 0: the last step in the trace
 };
 
+// Writes the timeline of a schedule (simulated or measured) as SVG to `path`.
+void write_svg(const std::string& path, const pp::PipelineSchedule& s, const pp::Simulation& sim) {
+  std::ofstream file(path);
+  if (file) file << pp::svg_timeline(s, sim);
+  if (!file)
+    fail<ConfigError>("schedule", "--svg {} cannot be written ({}); use a path in an existing writable folder",
+                      path, std::strerror(errno));
+}
+
 // A measured run as a schedule and its "simulation": the actions of one pipeline and one
 // step in the order they ran, with their measured start and end (seconds from the step's
 // first action), so the same renderer draws it.
@@ -130,14 +139,7 @@ std::pair<pp::PipelineSchedule, pp::Simulation> read_trace(const Options& o) {
 
 int run_trace(const Options& o) {
   const auto [s, sim] = read_trace(o);
-  if (!o.svg.empty()) {
-    std::ofstream file(o.svg);
-    if (file) file << pp::svg_timeline(s, sim);
-    if (!file)
-      fail<ConfigError>("schedule",
-                        "--svg {} cannot be written ({}); use a path in an existing writable folder", o.svg,
-                        std::strerror(errno));
-  }
+  if (!o.svg.empty()) write_svg(o.svg, s, sim);
   const bool color = o.color == "always" || (o.color == "auto" && ::isatty(::fileno(stdout)) != 0);
   fmt::print("measured {} run from {}, pipeline {}, pp={} microbatches={}{}; times in seconds\n",
              schedule_name(s.kind), o.trace, o.pipeline, s.stages, s.microbatches,
@@ -206,14 +208,7 @@ int run(const Options& o) {
   pp::check_schedule(s);  // generated schedules always pass; this keeps the promise visible
   const pp::Simulation sim = pp::simulate(s, o.costs);
 
-  if (!o.svg.empty()) {
-    std::ofstream file(o.svg);
-    if (file) file << pp::svg_timeline(s, sim);
-    if (!file)
-      fail<ConfigError>("schedule",
-                        "--svg {} cannot be written ({}); use a path in an existing writable folder", o.svg,
-                        std::strerror(errno));
-  }
+  if (!o.svg.empty()) write_svg(o.svg, s, sim);
   if (o.json) {
     fmt::print("{}\n", to_json(s, sim, o.costs).dump(2));
     return 0;
