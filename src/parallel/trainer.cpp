@@ -3,6 +3,9 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -11,10 +14,12 @@
 #include <numbers>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/config/partition.hpp"
 #include "ndmesh/model/checkpoint.hpp"
+#include "ndmesh/model/checkpoint_dir.hpp"
 
 namespace ndmesh::parallel {
 
@@ -316,27 +321,6 @@ double Trainer::owned_grad_square_sum(std::size_t chunk) const {
   return sum;
 }
 
-std::vector<float> Trainer::to_logical(std::span<const float> local) {
-  const auto& store = chunks_.front()->params();
-  std::int64_t total = 0;
-  const std::vector<std::int64_t> offsets = store.logical_offsets(&total);
-  std::vector<float> out(static_cast<std::size_t>(total), 0.0f), gathered;
-  for (std::size_t i = 0; i < store.views().size(); ++i) {
-    const ParamView& v = store.views()[i];
-    const float* src = local.data() + v.offset;
-    float* dst = out.data() + offsets[i];
-    if (!v.shard.sharded()) {
-      std::copy_n(src, v.numel, dst);
-      continue;
-    }
-    gathered.resize(static_cast<std::size_t>(v.numel * tp_.size()));
-    tp_.all_gather(std::span<const float>(src, static_cast<std::size_t>(v.numel)), std::span<float>(gathered));
-    for (int r = 0; r < tp_.size(); ++r)
-      copy_shard(v.shard, v.shape, gathered.data() + r * v.numel, dst, true, r);
-  }
-  return out;
-}
-
 void Trainer::from_logical(const std::vector<float>& logical, std::span<float> local) const {
   const auto& store = chunks_.front()->params();
   const std::vector<std::int64_t> offsets = store.logical_offsets();
@@ -393,44 +377,183 @@ MemoryBytes Trainer::memory() const {
   return m;
 }
 
-void Trainer::save(const std::string& path) {
-  NDMESH_CHECK_CONFIG(stages_ == 1, "train",
-                      "--save with --pp={}: checkpoints of pipeline runs are not implemented yet; leave --save out",
-                      stages_);
-  // The logical model: parameters are replicated over dp; ZeRO moments are gathered.
-  const auto params = chunks_.front()->params().params();
-  std::vector<float> m(params.size(), 0.0f), v(params.size(), 0.0f);
+namespace {
+// A string carried in int64 words (the communicator moves numbers), and back.
+std::vector<std::int64_t> to_words(const std::string& text) {
+  std::vector<std::int64_t> words((text.size() + 7) / 8 + 1, 0);
+  words[0] = static_cast<std::int64_t>(text.size());
+  std::memcpy(words.data() + 1, text.data(), text.size());
+  return words;
+}
+std::string from_words(const std::vector<std::int64_t>& words) {
+  return std::string(reinterpret_cast<const char*>(words.data() + 1), static_cast<std::size_t>(words[0]));
+}
+}  // namespace
+
+void Trainer::agree(const std::exception_ptr& error, const std::string& what) {
+  std::int64_t failed = error ? 1 : 0;
+  groups_.world().all_reduce(std::span<std::int64_t>(&failed, 1));
+  if (error) std::rethrow_exception(error);
+  if (failed > 0)
+    fail<IoError>("checkpoint", "{}: {} other rank(s) failed (their errors above say why)", what, failed);
+}
+
+void Trainer::full_moments(std::size_t c, std::vector<float>& m, std::vector<float>& v) {
+  // The optimizer keeps the moments of its segments (ZeRO: this rank's shard); every
+  // element is owned by exactly one rank of the gradient group, so a sum gathers them.
+  const auto size = chunks_[c]->params().params().size();
+  m.assign(size, 0.0f);
+  v.assign(size, 0.0f);
   std::int64_t at = 0;
-  for (const nn::Segment& seg : adams_.front()->segments()) {
-    std::copy_n(adams_.front()->m().begin() + at, seg.count, m.begin() + seg.offset);
-    std::copy_n(adams_.front()->v().begin() + at, seg.count, v.begin() + seg.offset);
+  for (const nn::Segment& seg : adams_[c]->segments()) {
+    std::copy_n(adams_[c]->m().begin() + at, seg.count, m.begin() + seg.offset);
+    std::copy_n(adams_[c]->v().begin() + at, seg.count, v.begin() + seg.offset);
     at += seg.count;
   }
-  if (reducers_.front()->zero() > 0) {  // every element is owned by exactly one rank: a sum gathers them
+  if (reducers_[c]->zero() > 0) {
     grad_.all_reduce(std::span<float>(m));
     grad_.all_reduce(std::span<float>(v));
   }
-  // The logical model: tp shards are gathered into the serial layout.
-  std::vector<float> logical_params = to_logical(params);
-  std::vector<float> logical_m = to_logical(m), logical_v = to_logical(v);
-  if (groups_.rank() == 0) {
-    model::Checkpoint c;
-    c.spec = options_.model;
-    c.step = step_;
-    c.data = data_->describe();
-    c.adam_steps = adams_.front()->steps();
-    c.params = std::move(logical_params);
-    c.adam_m = std::move(logical_m);
-    c.adam_v = std::move(logical_v);
-    save_checkpoint(path, c);
+}
+
+void Trainer::set_moments(std::size_t c, const std::vector<float>& m, const std::vector<float>& v) {
+  std::int64_t at = 0;
+  for (const nn::Segment& seg : adams_[c]->segments()) {
+    std::copy_n(m.begin() + seg.offset, seg.count, adams_[c]->m().begin() + at);
+    std::copy_n(v.begin() + seg.offset, seg.count, adams_[c]->v().begin() + at);
+    at += seg.count;
   }
-  groups_.world().barrier();
+}
+
+model::CheckpointLayout Trainer::checkpoint_layout() const {
+  model::CheckpointLayout l;
+  l.mesh = groups_.mesh().to_string();
+  l.world = groups_.world().size();
+  l.zero = reducers_.front()->zero();
+  l.virtual_stages = options_.pp.virtual_stages;
+  l.partition = partition_;
+  l.sequence_parallel = options_.sequence_parallel;
+  l.cp_layout = cp_size_ > 1 ? std::string(to_string(options_.cp_layout)) : "";
+  return l;
+}
+
+void Trainer::save(const std::string& dir) {
+  const comm::Communicator& world = groups_.world();
+  const std::string tmp = model::checkpoint_temp_dir(dir);
+  std::vector<std::vector<float>> ms(chunks_.size()), vs(chunks_.size());
+  for (std::size_t c = 0; c < chunks_.size(); ++c) full_moments(c, ms[c], vs[c]);
+
+  std::exception_ptr error;
+  if (world.rank() == 0) try {
+      model::prepare_checkpoint_temp_dir(tmp);
+    } catch (const Error&) {
+      error = std::current_exception();
+    }
+  agree(error, fmt::format("saving '{}'", dir));
+
+  // One writer per (stage, tp rank): the rank at position 0 of the gradient group (dp x
+  // cp), which holds the parameters and, after the gather above, the whole moments.
+  // Replicated-over-tp parameters are written by tp rank 0 only; a tied head's copy of
+  // the token table is not written (the embedding's is).
+  std::string part;
+  if (grad_.rank() == 0) try {
+      model::ShardFileWriter writer(tmp, fmt::format("shard-pp{:03}-tp{:03}.bin", stage_, tp_.rank()));
+      std::vector<model::TensorRecord> records;
+      for (std::size_t c = 0; c < chunks_.size(); ++c) {
+        const model::Gpt& g = *chunks_[c];
+        const float* p = g.params().params().data();
+        for (const ParamView& view : g.params().views()) {
+          if (!view.shard.sharded() && tp_.rank() != 0) continue;
+          if (view.name == "embed.tokens" && g.has_head() && !g.has_embedding()) continue;
+          model::TensorRecord r{view.name, view.shard.sharded() ? view.shard.full_shape : view.shape, {}};
+          r.slices.push_back(writer.append(view.shard, view.shape, p + view.offset, ms[c].data() + view.offset,
+                                           vs[c].data() + view.offset));
+          records.push_back(std::move(r));
+        }
+      }
+      part = model::manifest_part(records, writer.close());
+    } catch (const Error&) {
+      error = std::current_exception();
+    }
+  agree(error, fmt::format("saving '{}'", dir));
+
+  // The parts travel to rank 0, which writes the manifest, checks it and swaps the
+  // directory in.
+  std::vector<std::int64_t> words = part.empty() ? std::vector<std::int64_t>{} : to_words(part);
+  const std::int64_t mine = static_cast<std::int64_t>(words.size());
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(world.size()));
+  world.all_gather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(counts));
+  if (world.rank() != 0) {
+    if (mine > 0) world.send(std::span<const std::int64_t>(words), 0, {.tag = 78});
+  } else {
+    try {
+      model::Manifest manifest;
+      manifest.spec = options_.model;
+      manifest.step = step_;
+      manifest.adam_steps = adams_.front()->steps();
+      manifest.data = data_->describe();
+      manifest.layout = checkpoint_layout();
+      if (mine > 0) model::add_manifest_part(manifest, part);
+      for (int k = 1; k < world.size(); ++k) {
+        const std::int64_t count = counts[static_cast<std::size_t>(k)];
+        if (count == 0) continue;
+        std::vector<std::int64_t> theirs(static_cast<std::size_t>(count));
+        world.recv(std::span<std::int64_t>(theirs), k, {.tag = 78});
+        model::add_manifest_part(manifest, from_words(theirs));
+      }
+      model::write_manifest(tmp, manifest);
+      model::read_manifest(tmp);  // what --load will check, before it replaces anything
+      model::commit_checkpoint_dir(tmp, dir);
+    } catch (const Error&) {
+      error = std::current_exception();
+    }
+  }
+  agree(error, fmt::format("saving '{}'", dir));
 }
 
 void Trainer::load(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec)) {
+    load_file(path);
+    return;
+  }
+  std::exception_ptr error;
+  try {
+    const model::Manifest manifest = model::read_manifest(path);
+    auto diffs = model::spec_differences(manifest.spec, options_.model);
+    if (manifest.data != data_->describe())
+      diffs.push_back(fmt::format("data: checkpoint has '{}', the run has '{}'", manifest.data, data_->describe()));
+    if (!diffs.empty())
+      fail<ConfigError>("checkpoint", "'{}' does not match this run ({}); pass the flags it was saved with", path,
+                        fmt::join(diffs, "; "));
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      model::Gpt& g = *chunks_[c];
+      auto params = g.params().params();
+      std::vector<float> m(params.size(), 0.0f), v(params.size(), 0.0f);
+      for (const ParamView& view : g.params().views()) {
+        const model::TensorRecord* t = manifest.find(view.name);
+        if (t == nullptr)
+          fail<IoError>("checkpoint", "'{}/{}' has no tensor '{}' although its model spec matches; the checkpoint "
+                        "is corrupt",
+                        path, model::kManifestFile, view.name);
+        model::read_tensor(path, manifest, *t, view, params.data() + view.offset, m.data() + view.offset,
+                           v.data() + view.offset);
+      }
+      set_moments(c, m, v);
+      adams_[c]->set_steps(manifest.adam_steps);
+    }
+    step_ = manifest.step;
+  } catch (const Error&) {
+    error = std::current_exception();
+  }
+  agree(error, fmt::format("loading '{}'", path));
+}
+
+void Trainer::load_file(const std::string& path) {
   NDMESH_CHECK_CONFIG(stages_ == 1, "train",
-                      "--load with --pp={}: checkpoints of pipeline runs are not implemented yet; leave --load out",
-                      stages_);
+                      "--load={} with --pp={}: a single-file checkpoint (format 2) loads only without pipeline "
+                      "parallelism; load it with --pp 1 and save a checkpoint directory, which loads under any layout",
+                      path, stages_);
   model::Checkpoint c = model::load_checkpoint(path);
   auto diffs = model::spec_differences(c.spec, options_.model);
   if (c.data != data_->describe())
@@ -439,7 +562,7 @@ void Trainer::load(const std::string& path) {
     fail<ConfigError>("checkpoint", "'{}' does not match this run ({}); pass the flags it was saved with", path,
                       fmt::join(diffs, "; "));
   auto params = model().params().params();
-  // The checkpoint holds the logical (serial) layout, perhaps padded (ZeRO pads to the dp
+  // The file holds the logical (serial) layout, perhaps padded (ZeRO pads to the dp
   // size): the logical parameters are the same up to the padding; each rank takes its
   // tp slices.
   std::int64_t logical = 0;
@@ -454,12 +577,7 @@ void Trainer::load(const std::string& path) {
   std::vector<float> m(params.size()), v(params.size());
   from_logical(c.adam_m, m);
   from_logical(c.adam_v, v);
-  std::int64_t at = 0;
-  for (const nn::Segment& seg : adams_.front()->segments()) {
-    std::copy_n(m.begin() + seg.offset, seg.count, adams_.front()->m().begin() + at);
-    std::copy_n(v.begin() + seg.offset, seg.count, adams_.front()->v().begin() + at);
-    at += seg.count;
-  }
+  set_moments(0, m, v);
   adams_.front()->set_steps(c.adam_steps);
   step_ = c.step;
 }

@@ -28,11 +28,29 @@ echo "$last" | jq -e '.entropy_rate > 0 and .entropy_rate < 2.7726' > /dev/null 
 "$ndmesh" train "${small[@]}" --steps 12 --until 6 --save "$tmp/ck.bin" > "$tmp/first.txt"
 diff <(grep -o '^step [0-9]*/[0-9]* loss [0-9.]*' "$tmp/full.txt" | head -n 6 | sed 's|/12||') \
      <(grep -o '^step [0-9]*/[0-9]* loss [0-9.]*' "$tmp/first.txt" | sed 's|/6||') || fail "first half differs"
-[ -f "$tmp/ck.bin" ] || fail "no checkpoint written"
-ls "$tmp" | grep -q '\.tmp\.' && fail "temporary checkpoint file left behind"
+[ -f "$tmp/ck.bin/manifest.json" ] || fail "no checkpoint directory written"
+[ -e "$tmp/.ck.bin.saving" ] && fail "temporary checkpoint directory left behind"
 "$ndmesh" train "${small[@]}" --steps 12 --load "$tmp/ck.bin" > "$tmp/rest.txt"
 diff <(grep -o '^step [0-9]*/12 loss [0-9.]*' "$tmp/full.txt" | tail -n 6) \
      <(grep -o '^step [0-9]*/12 loss [0-9.]*' "$tmp/rest.txt") || fail "resumed losses differ from the full run"
+
+# ndmesh checkpoint inspect: the manifest, readable and as JSON; --verify reads every slice.
+"$ndmesh" checkpoint inspect "$tmp/ck.bin" --verify > "$tmp/inspect.txt" || fail "inspect --verify failed"
+grep -q "^step 6 (AdamW step 6)" "$tmp/inspect.txt" || fail "inspect: no step line: $(cat "$tmp/inspect.txt")"
+grep -q "^verified: .* every slice matches its checksum" "$tmp/inspect.txt" || fail "inspect: not verified"
+"$ndmesh" checkpoint inspect "$tmp/ck.bin" --json | jq -e '.format == "ndmesh checkpoint" and .version == 3
+  and .step == 6 and .data.position == 6 and .layout.world == 1 and .model.layers == 1
+  and ([.tensors[] | select(.name == "embed.tokens")] | length) == 1
+  and ([.files[].bytes] | add) > 0' > /dev/null || fail "inspect --json"
+# A corrupt slice, a truncated shard and a missing manifest are named.
+cp -r "$tmp/ck.bin" "$tmp/bad.ckpt"
+shard=$(ls "$tmp/bad.ckpt" | grep '^shard-' | head -n 1)
+printf '\xff\xff\xff\xff' | dd of="$tmp/bad.ckpt/$shard" bs=1 seek=100 conv=notrunc status=none
+set +e
+"$ndmesh" checkpoint inspect "$tmp/bad.ckpt" --verify > "$tmp/out.txt" 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 1 ] && grep -q "$shard' is corrupt" "$tmp/out.txt" || fail "inspect --verify of a corrupt shard: rc $rc $(cat "$tmp/out.txt")"
 
 # Byte-level data on a text file (the vocabulary becomes 256).
 for i in $(seq 1 50); do echo "the quick brown fox jumps over the lazy dog $i"; done > "$tmp/text.txt"
@@ -72,9 +90,15 @@ expect_usage "--save is empty" "$ndmesh" train --save ""
 expect_usage "--load is empty" "$ndmesh" train --load ""
 expect_usage "not a regular file" "$ndmesh" train --data "$tmp"
 expect_usage "not a regular file" "$ndmesh" train --data /dev/zero
-expect_usage "--load=$tmp: not a regular file" "$ndmesh" train --load "$tmp"
-expect_usage "--load=/dev/zero: not a regular file" "$ndmesh" train --load /dev/zero
+expect_usage "'$tmp' has no manifest.json" "$ndmesh" train --load "$tmp"
+expect_usage "--load=/dev/zero: not a checkpoint directory or file" "$ndmesh" train --load /dev/zero
+expect_usage "$shard' is corrupt: the slice of" "$ndmesh" train "${small[@]}" --steps 12 --load "$tmp/bad.ckpt"
+truncate -s 10 "$tmp/bad.ckpt/$shard"
+expect_usage "$shard' has 10 bytes but the manifest says" "$ndmesh" train "${small[@]}" --steps 12 --load "$tmp/bad.ckpt"
+rm "$tmp/bad.ckpt/manifest.json"
+expect_usage "has no manifest.json: it is not a checkpoint, or an incomplete one" "$ndmesh" checkpoint inspect "$tmp/bad.ckpt"
 expect_usage "does not exist or is not writable" "$ndmesh" train --save /nonexistent/dir/run.ckpt
-expect_usage "--save=$tmp: is a directory" "$ndmesh" train --save "$tmp"
-expect_usage "the file name is too long" "$ndmesh" train --save "$tmp/$(printf 'a%.0s' $(seq 1 240))"
+expect_usage "--save=$tmp: is a directory that is not an ndmesh checkpoint" "$ndmesh" train --save "$tmp"
+expect_usage "--save=$tmp/junk.bin: is a file" "$ndmesh" train --save "$tmp/junk.bin"
+expect_usage "the name is too long" "$ndmesh" train --save "$tmp/$(printf 'a%.0s' $(seq 1 240))"
 echo "train.sh: ok"

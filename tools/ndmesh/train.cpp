@@ -27,6 +27,7 @@
 #include "ndmesh/comm/process_groups.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/log.hpp"
+#include "ndmesh/model/checkpoint_dir.hpp"
 #include "ndmesh/model/data.hpp"
 #include "ndmesh/parallel/trainer.hpp"
 #include "ndmesh/tensor/blas.hpp"
@@ -123,30 +124,42 @@ void validate(const Options& o) {
   if (o.data_given && o.data.empty())
     fail<ConfigError>("train", "--data is empty; pass a text file, or leave --data out for the Markov source");
   if (o.save_given && o.save.empty())
-    fail<ConfigError>("train", "--save is empty; pass a file name such as run.ckpt, or leave --save out");
+    fail<ConfigError>("train", "--save is empty; pass a directory name such as run.ckpt, or leave --save out");
   if (o.load_given && o.load.empty())
     fail<ConfigError>("train", "--load is empty; pass a checkpoint written with --save, or leave --load out");
   if (!o.load.empty()) {
     if (!fs::exists(o.load, ec))
-      fail<ConfigError>("train", "--load={}: no such file; pass a checkpoint written with --save", o.load);
-    if (!fs::is_regular_file(o.load, ec))
-      fail<ConfigError>("train", "--load={}: not a regular file; pass a checkpoint file written with --save", o.load);
+      fail<ConfigError>("train", "--load={}: no such file or directory; pass a checkpoint written with --save", o.load);
+    if (!fs::is_regular_file(o.load, ec) && !fs::is_directory(o.load, ec))
+      fail<ConfigError>("train", "--load={}: not a checkpoint directory or file; pass a checkpoint written with --save",
+                        o.load);
     if (::access(o.load.c_str(), R_OK) != 0)
-      fail<ConfigError>("train", "--load={}: cannot read the file; check its permissions", o.load);
+      fail<ConfigError>("train", "--load={}: cannot read it; check its permissions", o.load);
   }
   if (!o.save.empty()) {
-    // Found now, not after the whole run: the folder must exist and be writable, and the
-    // name with the temporary suffix must be a valid file name.
-    const fs::path target(o.save);
+    // Found now, not after the whole run: the folder must exist and be writable, the
+    // temporary sibling's name must be a valid file name, and --save replaces only a
+    // checkpoint directory (never a file or a directory of something else).
+    fs::path target(o.save);
+    while (!target.empty() && target.filename().empty()) target = target.parent_path();  // "ck/" -> "ck"
     const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-    if (fs::is_directory(target, ec))
-      fail<ConfigError>("train", "--save={}: is a directory; pass a file name such as {}/run.ckpt", o.save, o.save);
+    if (fs::exists(target, ec) && !fs::is_directory(target, ec))
+      fail<ConfigError>("train",
+                        "--save={}: is a file (a single-file checkpoint of an older ndmesh?); --save writes a "
+                        "checkpoint directory: pick a new name",
+                        o.save);
+    if (fs::is_directory(target, ec) && !model::is_checkpoint_dir(target.string()) &&
+        !fs::is_empty(target, ec))
+      fail<ConfigError>("train",
+                        "--save={}: is a directory that is not an ndmesh checkpoint; --save replaces only a "
+                        "checkpoint directory: pick a new name",
+                        o.save);
     if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0)
       fail<ConfigError>("train", "--save={}: the folder '{}' does not exist or is not writable; create it or pick another",
                         o.save, dir.string());
-    if (target.filename().string().size() + 24 > 255)
-      fail<ConfigError>("train", "--save={}: the file name is too long ({} bytes with the temporary suffix; the limit is 255)",
-                        o.save, target.filename().string().size() + 24);
+    if (target.filename().string().size() + 17 > 255)
+      fail<ConfigError>("train", "--save={}: the name is too long ({} bytes with the temporary suffix; the limit is 255)",
+                        o.save, target.filename().string().size() + 17);
   }
 }
 
@@ -211,10 +224,6 @@ int train(Options o, comm::Communicator& world) {
                                   .drop_action = o.drop_action},
                            .cp_layout = parallel::parse_cp_layout(o.cp_layout),
                            .sequence_parallel = o.sequence_parallel};
-  const std::int64_t stages = layout.mesh.size_of("pp");
-  if (stages > 1 && (!o.save.empty() || !o.load.empty()))
-    fail<ConfigError>("train", "--{}={} with --pp={}: checkpoints of pipeline runs are not implemented yet; leave it out",
-                      o.save.empty() ? "load" : "save", o.save.empty() ? o.load : o.save, stages);
   // Refuse sizes that would not fit instead of being killed half-way through allocation.
   const std::int64_t dp = layout.mesh.size_of("dp");
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : std::max<std::int64_t>(1, o.batch / dp);
@@ -232,6 +241,7 @@ int train(Options o, comm::Communicator& world) {
         "--batch={} --seq={} with this model needs about {:.1f} GiB on this machine but it has {:.1f} GiB; "
         "lower --batch or --seq (or --micro-batch)",
         o.batch, o.seq, need_bytes / (1 << 30), have_bytes / (1 << 30));
+  const std::int64_t stages = layout.mesh.size_of("pp");
   const std::string source = data->describe();
   parallel::Trainer trainer(t, std::move(data), groups);
   if (!o.load.empty()) {
@@ -536,12 +546,16 @@ Action setup(CLI::App& app) {
          "stop after this step (0: --steps); the learning-rate schedule still spans --steps, so a run "
          "resumed with --load continues exactly")
       ->capture_default_str();
-  app.add_option("--save", o->save, "write a checkpoint here at the end (atomically)")
+  app.add_option("--save", o->save,
+                 "write a checkpoint directory here at the end: a manifest and one shard file per stage and tp "
+                 "rank, replacing the previous one atomically; it loads under any layout")
       ->each([o](const std::string&) { o->save_given = true; });
   app.add_option("--save-every", o->save_every,
                  "also checkpoint to --save every N steps (0: only at the end)")
       ->capture_default_str();
-  app.add_option("--load", o->load, "continue from this checkpoint (same model and data flags)")
+  app.add_option("--load", o->load,
+                 "continue from this checkpoint directory (any layout; same model and data flags), or from a "
+                 "single-file checkpoint of an older ndmesh (--pp 1)")
       ->each([o](const std::string&) { o->load_given = true; });
   app.add_option("--eval-batches", o->eval_batches,
                  "evaluation batches for the final loss (a sampling stream apart from training)")

@@ -24,16 +24,19 @@
 // GradReducer (and the loss sum) work over the dp-cp group instead of dp.
 // Tensor parallelism builds the model over the mesh's tp group (parallel/tp; the layers
 // do the Megatron split), gathers the gradient norm over tp (sharded parameters count on
-// every tp rank, replicated ones once) and checkpoints the logical, unsharded model.
+// every tp rank, replicated ones once). Checkpoints are directories of shard files with a
+// manifest of the logical model (model/checkpoint_dir.hpp): any layout reads any other's.
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "ndmesh/comm/process_groups.hpp"
 #include "ndmesh/config/config.hpp"
+#include "ndmesh/model/checkpoint_dir.hpp"
 #include "ndmesh/model/data.hpp"
 #include "ndmesh/model/gpt.hpp"
 #include "ndmesh/nn/adamw.hpp"
@@ -125,10 +128,15 @@ class Trainer {
   /// stream), without updating (collective).
   double evaluate(std::int64_t batches);
 
-  /// Writes a checkpoint of the logical model (collective; rank 0 writes).
-  void save(const std::string& path);
-  /// Restores a checkpoint written under any dp size (collective; every rank reads).
-  /// ConfigError naming every difference when it was written by another model or data.
+  /// Writes checkpoint directory `dir` (model/checkpoint_dir.hpp; collective): the rank
+  /// at dp = cp = 0 of each (stage, tp rank) writes its shard file, rank 0 the manifest,
+  /// then the directory replaces the previous one in one rename. IoError on every rank
+  /// when any rank fails (the previous checkpoint then stays).
+  void save(const std::string& dir);
+  /// Restores a checkpoint directory written under any layout (each rank reads the
+  /// slices of its parameters), or a single-file checkpoint (format 2, pp = 1 only).
+  /// Collective. ConfigError naming every difference when it was written by another
+  /// model or data; IoError naming the file when it is incomplete or corrupt.
   void load(const std::string& path);
 
   /// The first local model chunk (the whole model without pipeline parallelism).
@@ -160,9 +168,17 @@ class Trainer {
   // Squared gradient norm of what this rank owns of local chunk `chunk`: its shard of dp
   // (ZeRO), of which the tp-sharded parameters and, on tp rank 0 only, the replicated ones.
   double owned_grad_square_sum(std::size_t chunk) const;
-  // A buffer laid out like the flat parameter buffer -> the logical (serial) layout,
-  // tp shards gathered (collective over tp); and back (this rank's slices).
-  std::vector<float> to_logical(std::span<const float> local);
+  // Single-file checkpoints (format 2, the logical flat buffer).
+  void load_file(const std::string& path);
+  // Throws on every rank when `error` is set on any (collective over the world): the
+  // failing ranks rethrow theirs, the others say that another rank failed.
+  void agree(const std::exception_ptr& error, const std::string& what);
+  // Local chunk c's AdamW moments laid out like its flat buffer, ZeRO shards gathered
+  // (collective over the gradient group); and back into the optimizer's segments.
+  void full_moments(std::size_t c, std::vector<float>& m, std::vector<float>& v);
+  void set_moments(std::size_t c, const std::vector<float>& m, const std::vector<float>& v);
+  model::CheckpointLayout checkpoint_layout() const;
+  // A buffer in the logical (serial) layout -> this rank's slices in its flat layout.
   void from_logical(const std::vector<float>& logical, std::span<float> local) const;
   // Fetches the micro-batch of sequences [first, first + count) of `stream` and keeps
   // this cp rank's positions of each in tokens_ / targets_.

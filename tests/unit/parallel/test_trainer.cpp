@@ -14,6 +14,7 @@
 #include "ndmesh/comm/process_groups.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/model/data.hpp"
+#include "ndmesh/model/checkpoint_dir.hpp"
 #include "ndmesh/parallel/trainer.hpp"
 #include "ndmesh/tensor/blas.hpp"
 
@@ -83,8 +84,8 @@ TEST(Training, SameSeedAndThreadsGiveBitIdenticalLosses) {
 }
 
 struct TempFile {
-  fs::path path = fs::temp_directory_path() / fmt::format("ndmesh_ckpt_{}_{}.bin", ::getpid(), counter++);
-  ~TempFile() { fs::remove(path); }
+  fs::path path = fs::temp_directory_path() / fmt::format("ndmesh_ckpt_{}_{}", ::getpid(), counter++);
+  ~TempFile() { fs::remove_all(path); }
   static inline int counter = 0;
 };
 
@@ -99,9 +100,9 @@ TEST(Checkpoint, SaveLoadContinueGivesTheUninterruptedLosses) {
     losses(first, 10);
     first.save(file.path.string());
   }
-  // No temporary file is left next to the checkpoint.
-  for (const auto& entry : fs::directory_iterator(file.path.parent_path()))
-    EXPECT_EQ(entry.path().string().find(file.path.string() + ".tmp"), std::string::npos);
+  // A checkpoint directory with its manifest, and no temporary directory left beside it.
+  EXPECT_TRUE(model::is_checkpoint_dir(file.path.string()));
+  EXPECT_FALSE(fs::exists(model::checkpoint_temp_dir(file.path.string())));
   TrainOptions resumed_options = small_run(20);
   resumed_options.seed = 99;  // the checkpoint, not the seed, decides the weights
   SerialRun resumed(resumed_options, markov16());

@@ -1,0 +1,576 @@
+#include "ndmesh/model/checkpoint_dir.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <set>
+
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::model {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+constexpr const char* kFormat = "ndmesh checkpoint";
+
+std::uint32_t crc_update(std::uint32_t crc, const void* data, std::size_t n) {
+  uLong c = crc;
+  const auto* p = static_cast<const unsigned char*>(data);
+  while (n > 0) {  // zlib takes uInt lengths
+    const auto chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
+    c = ::crc32(c, p, chunk);
+    p += chunk;
+    n -= chunk;
+  }
+  return static_cast<std::uint32_t>(c);
+}
+
+std::int64_t numel(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string join_path(const std::string& dir, const std::string& file) { return (fs::path(dir) / file).string(); }
+
+// Syncs a directory's entries to disk (after creating or renaming in it); best effort.
+void sync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// A shard file name is a plain name inside the directory (no separators, no "..").
+bool plain_name(const std::string& name) {
+  return !name.empty() && name.size() < 256 && name.find('/') == std::string::npos && name != "." && name != "..";
+}
+
+// The manifest's fields are untrusted input: every access checks type and range and
+// names the manifest in its error.
+class Fields {
+ public:
+  explicit Fields(std::string path) : path_(std::move(path)) {}
+  [[noreturn]] void bad(const std::string& what) const {
+    fail<IoError>("checkpoint", "'{}' is malformed: {}; the checkpoint is corrupt or was not written by ndmesh", path_,
+                  what);
+  }
+  const json& at(const json& j, const char* key, const std::string& where) const {
+    if (!j.is_object() || !j.contains(key)) bad(fmt::format("{} has no \"{}\"", where, key));
+    return j.at(key);
+  }
+  std::int64_t integer(const json& j, const char* key, const std::string& where, std::int64_t lo,
+                       std::int64_t hi) const {
+    const json& v = at(j, key, where);
+    if (!v.is_number_integer()) bad(fmt::format("{}.{} is not an integer", where, key));
+    const auto x = v.get<std::int64_t>();
+    if (x < lo || x > hi) bad(fmt::format("{}.{} = {} is outside [{}, {}]", where, key, x, lo, hi));
+    return x;
+  }
+  std::string string(const json& j, const char* key, const std::string& where) const {
+    const json& v = at(j, key, where);
+    if (!v.is_string()) bad(fmt::format("{}.{} is not a string", where, key));
+    return v.get<std::string>();
+  }
+  bool boolean(const json& j, const char* key, const std::string& where) const {
+    const json& v = at(j, key, where);
+    if (!v.is_boolean()) bad(fmt::format("{}.{} is not true or false", where, key));
+    return v.get<bool>();
+  }
+  std::vector<std::int64_t> integers(const json& j, const char* key, const std::string& where, std::int64_t lo,
+                                     std::int64_t hi) const {
+    const json& v = at(j, key, where);
+    if (!v.is_array()) bad(fmt::format("{}.{} is not a list", where, key));
+    std::vector<std::int64_t> out;
+    for (const json& e : v) {
+      if (!e.is_number_integer()) bad(fmt::format("{}.{} holds a non-integer", where, key));
+      const auto x = e.get<std::int64_t>();
+      if (x < lo || x > hi) bad(fmt::format("{}.{} holds {} outside [{}, {}]", where, key, x, lo, hi));
+      out.push_back(x);
+    }
+    return out;
+  }
+  const json& array(const json& j, const char* key, const std::string& where) const {
+    const json& v = at(j, key, where);
+    if (!v.is_array()) bad(fmt::format("{}.{} is not a list", where, key));
+    return v;
+  }
+
+ private:
+  std::string path_;
+};
+
+constexpr std::int64_t kMaxSize = std::int64_t{1} << 40;
+
+// Reads `bytes` bytes at `offset` of an open file descriptor.
+void pread_all(int fd, void* out, std::size_t bytes, std::int64_t offset, const std::string& path) {
+  auto* p = static_cast<char*>(out);
+  while (bytes > 0) {
+    const ssize_t got = ::pread(fd, p, bytes, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      fail<IoError>("checkpoint", "'{}': cannot read {} bytes at offset {}: {}; the checkpoint is incomplete", path,
+                    bytes, offset, got < 0 ? std::strerror(errno) : "the file ends early");
+    p += got;
+    bytes -= static_cast<std::size_t>(got);
+    offset += got;
+  }
+}
+
+// Opens a shard file of the manifest and checks its size against the manifest's.
+class ShardFile {
+ public:
+  ShardFile(const std::string& dir, const Manifest& manifest, const std::string& name)
+      : path_(join_path(dir, name)) {
+    std::int64_t expected = -1;
+    for (const FileRecord& f : manifest.files)
+      if (f.name == name) expected = f.bytes;
+    fd_ = ::open(path_.c_str(), O_RDONLY);
+    if (fd_ < 0)
+      fail<IoError>("checkpoint", "'{}': {}; the checkpoint is incomplete (a shard file is missing)", path_,
+                    std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      fail<IoError>("checkpoint", "'{}' is not a regular file; the checkpoint is corrupt", path_);
+    }
+    if (st.st_size != expected) {
+      ::close(fd_);
+      fail<IoError>("checkpoint", "'{}' has {} bytes but the manifest says {}; the shard file is truncated or was "
+                    "replaced",
+                    path_, static_cast<std::int64_t>(st.st_size), expected);
+    }
+  }
+  ~ShardFile() { ::close(fd_); }
+  ShardFile(const ShardFile&) = delete;
+  ShardFile& operator=(const ShardFile&) = delete;
+  // Reads a slice's parameters, m and v (elements each), checking its checksum.
+  void read(const SliceRecord& s, const std::string& tensor, float* params, float* m, float* v) const {
+    const auto n = static_cast<std::size_t>(s.elements());
+    pread_all(fd_, params, n * sizeof(float), s.offset, path_);
+    pread_all(fd_, m, n * sizeof(float), s.offset + static_cast<std::int64_t>(n * sizeof(float)), path_);
+    pread_all(fd_, v, n * sizeof(float), s.offset + static_cast<std::int64_t>(2 * n * sizeof(float)), path_);
+    std::uint32_t crc = crc_update(0, nullptr, 0);
+    crc = crc_update(crc, params, n * sizeof(float));
+    crc = crc_update(crc, m, n * sizeof(float));
+    crc = crc_update(crc, v, n * sizeof(float));
+    if (crc != s.crc32)
+      fail<IoError>("checkpoint", "'{}' is corrupt: the slice of '{}' at byte {} fails its checksum", path_, tensor,
+                    s.offset);
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// The shard descriptor of a stored slice, for copy_shard (rank 0, absolute starts).
+ParamShard slice_shard(const SliceRecord& s, const std::vector<std::int64_t>& full_shape) {
+  ParamShard sh;
+  sh.dim = s.dim;
+  sh.full_shape = full_shape;
+  sh.pieces = s.pieces;
+  return sh;
+}
+
+// The absolute ranges along `dim` that a local view holds.
+std::vector<ParamShard::Piece> local_ranges(const ParamShard& shard) {
+  std::vector<ParamShard::Piece> out;
+  for (const auto& p : shard.pieces)
+    out.push_back({p.start + static_cast<std::int64_t>(shard.rank) * p.length, p.length});
+  return out;
+}
+
+bool overlaps(const std::vector<ParamShard::Piece>& a, const std::vector<ParamShard::Piece>& b) {
+  for (const auto& x : a)
+    for (const auto& y : b)
+      if (x.start < y.start + y.length && y.start < x.start + x.length) return true;
+  return false;
+}
+
+}  // namespace
+
+namespace {
+json tensor_json(const TensorRecord& t) {
+  json slices = json::array();
+  for (const SliceRecord& sl : t.slices) {
+    json pieces = json::array();
+    for (const auto& p : sl.pieces) pieces.push_back({p.start, p.length});
+    slices.push_back({{"file", sl.file},
+                      {"offset", sl.offset},
+                      {"shape", sl.shape},
+                      {"dim", sl.dim},
+                      {"pieces", pieces},
+                      {"crc32", sl.crc32}});
+  }
+  return {{"name", t.name}, {"shape", t.shape}, {"slices", slices}};
+}
+}  // namespace
+
+std::int64_t SliceRecord::elements() const { return numel(shape); }
+
+const TensorRecord* Manifest::find(const std::string& name) const {
+  for (const TensorRecord& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+std::string manifest_json(const Manifest& m) {
+  json j;
+  j["format"] = kFormat;
+  j["version"] = m.version;
+  const ModelSpec& s = m.spec;
+  j["model"] = {{"name", s.name},          {"layers", s.layers}, {"hidden", s.hidden},
+                {"heads", s.heads},        {"kv_heads", s.kv_heads_or_heads()},
+                {"ffn", s.ffn_or_default()}, {"seq", s.seq},     {"vocab", s.vocab},
+                {"experts", s.experts},    {"tied_embeddings", s.tied_embeddings}};
+  j["step"] = m.step;
+  j["adam_steps"] = m.adam_steps;
+  j["data"] = {{"source", m.data}, {"position", m.step}};
+  const CheckpointLayout& l = m.layout;
+  j["layout"] = {{"mesh", l.mesh},
+                 {"world", l.world},
+                 {"zero", l.zero},
+                 {"virtual_stages", l.virtual_stages},
+                 {"partition", l.partition},
+                 {"sequence_parallel", l.sequence_parallel},
+                 {"cp_layout", l.cp_layout}};
+  json tensors = json::array();
+  for (const TensorRecord& t : m.tensors) tensors.push_back(tensor_json(t));
+  j["tensors"] = tensors;
+  json files = json::array();
+  for (const FileRecord& f : m.files) files.push_back({{"name", f.name}, {"bytes", f.bytes}});
+  j["files"] = files;
+  return j.dump(1) + "\n";
+}
+
+void write_manifest(const std::string& dir, const Manifest& manifest) {
+  const std::string path = join_path(dir, kManifestFile);
+  const std::string text = manifest_json(manifest);
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) fail<IoError>("checkpoint", "cannot create '{}': {}", path, std::strerror(errno));
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
+            ::fsync(::fileno(f)) == 0;
+  const int err = errno;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok) fail<IoError>("checkpoint", "cannot write '{}': {} (disk full?)", path, std::strerror(err));
+}
+
+bool is_checkpoint_dir(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / kManifestFile, ec);
+}
+
+Manifest read_manifest(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) fail<IoError>("checkpoint", "'{}' does not exist; check the path", dir);
+  if (!fs::is_directory(dir, ec))
+    fail<IoError>("checkpoint", "'{}' is not a directory; a checkpoint is a directory written by ndmesh train --save",
+                  dir);
+  const std::string path = join_path(dir, kManifestFile);
+  if (!fs::exists(path, ec))
+    fail<IoError>("checkpoint",
+                  "'{}' has no {}: it is not a checkpoint, or an incomplete one (a save that did not finish "
+                  "leaves the previous checkpoint in place, never a directory without a manifest)",
+                  dir, kManifestFile);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail<IoError>("checkpoint", "cannot read '{}'; check its permissions", path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    fail<IoError>("checkpoint", "'{}' is not valid JSON; the checkpoint is corrupt", path);
+  Fields f(path);
+  if (f.string(j, "format", "the manifest") != kFormat) f.bad("\"format\" is not \"ndmesh checkpoint\"");
+  Manifest m;
+  const auto version = f.integer(j, "version", "the manifest", 0, 1 << 30);
+  if (version != kCheckpointDirVersion)
+    fail<IoError>("checkpoint", "'{}' has format version {} but this build reads version {}", path, version,
+                  kCheckpointDirVersion);
+  const json& model = f.at(j, "model", "the manifest");
+  m.spec.name = f.string(model, "name", "model");
+  m.spec.layers = f.integer(model, "layers", "model", 1, kMaxSize);
+  m.spec.hidden = f.integer(model, "hidden", "model", 1, kMaxSize);
+  m.spec.heads = f.integer(model, "heads", "model", 1, kMaxSize);
+  m.spec.kv_heads = f.integer(model, "kv_heads", "model", 1, kMaxSize);
+  m.spec.ffn = f.integer(model, "ffn", "model", 1, kMaxSize);
+  m.spec.seq = f.integer(model, "seq", "model", 1, kMaxSize);
+  m.spec.vocab = f.integer(model, "vocab", "model", 1, kMaxSize);
+  m.spec.experts = f.integer(model, "experts", "model", 0, kMaxSize);
+  m.spec.tied_embeddings = f.boolean(model, "tied_embeddings", "model");
+  m.step = f.integer(j, "step", "the manifest", 0, kMaxSize);
+  m.adam_steps = f.integer(j, "adam_steps", "the manifest", 0, m.step);
+  const json& data = f.at(j, "data", "the manifest");
+  m.data = f.string(data, "source", "data");
+  if (f.integer(data, "position", "data", 0, kMaxSize) != m.step) f.bad("data.position differs from step");
+  const json& layout = f.at(j, "layout", "the manifest");
+  m.layout.mesh = f.string(layout, "mesh", "layout");
+  m.layout.world = f.integer(layout, "world", "layout", 1, kMaxSize);
+  m.layout.zero = static_cast<int>(f.integer(layout, "zero", "layout", 0, 3));
+  m.layout.virtual_stages = f.integer(layout, "virtual_stages", "layout", 1, kMaxSize);
+  m.layout.partition = f.integers(layout, "partition", "layout", 0, kMaxSize);
+  m.layout.sequence_parallel = f.boolean(layout, "sequence_parallel", "layout");
+  m.layout.cp_layout = f.string(layout, "cp_layout", "layout");
+
+  std::map<std::string, std::int64_t> file_bytes;
+  for (const json& e : f.array(j, "files", "the manifest")) {
+    FileRecord r{f.string(e, "name", "files[]"), f.integer(e, "bytes", "files[]", 0, kMaxSize * 16)};
+    if (!plain_name(r.name)) f.bad(fmt::format("files[] names '{}', which is not a file name", r.name));
+    if (!file_bytes.emplace(r.name, r.bytes).second) f.bad(fmt::format("file '{}' is listed twice", r.name));
+    m.files.push_back(std::move(r));
+  }
+  std::set<std::string> names;
+  for (const json& e : f.array(j, "tensors", "the manifest")) {
+    TensorRecord t;
+    t.name = f.string(e, "name", "tensors[]");
+    const std::string where = fmt::format("tensor '{}'", t.name);
+    if (!names.insert(t.name).second) f.bad(fmt::format("{} is listed twice", where));
+    t.shape = f.integers(e, "shape", where, 1, kMaxSize);
+    if (t.shape.empty() || t.shape.size() > 8) f.bad(fmt::format("{} has {} dimensions", where, t.shape.size()));
+    const json& slices = f.array(e, "slices", where);
+    // The slices tile the tensor: one whole slice, or disjoint pieces along one dim
+    // covering it.
+    std::vector<std::pair<std::int64_t, std::int64_t>> covered;
+    int dim = -2;
+    for (const json& se : slices) {
+      SliceRecord s;
+      s.file = f.string(se, "file", where);
+      s.offset = f.integer(se, "offset", where, 0, kMaxSize * 16);
+      s.shape = f.integers(se, "shape", where, 1, kMaxSize);
+      s.dim = static_cast<int>(f.integer(se, "dim", where, -1, static_cast<std::int64_t>(t.shape.size()) - 1));
+      s.crc32 = static_cast<std::uint32_t>(f.integer(se, "crc32", where, 0, 0xffffffffll));
+      if (dim != -2 && dim != s.dim) f.bad(fmt::format("{} has slices split along different dimensions", where));
+      dim = s.dim;
+      std::int64_t along = 0;
+      for (const json& pe : f.array(se, "pieces", where)) {
+        if (!pe.is_array() || pe.size() != 2 || !pe[0].is_number_integer() || !pe[1].is_number_integer())
+          f.bad(fmt::format("{} has a piece that is not [start, length]", where));
+        const ParamShard::Piece p{pe[0].get<std::int64_t>(), pe[1].get<std::int64_t>()};
+        if (s.dim < 0 || p.start < 0 || p.length <= 0 || p.start + p.length > t.shape[static_cast<std::size_t>(s.dim)])
+          f.bad(fmt::format("{} has a piece [{}, {}) outside the tensor", where, p.start, p.start + p.length));
+        covered.emplace_back(p.start, p.length);
+        along += p.length;
+        s.pieces.push_back(p);
+      }
+      std::vector<std::int64_t> expected = t.shape;
+      if (s.dim >= 0) expected[static_cast<std::size_t>(s.dim)] = along;
+      if (s.shape != expected) f.bad(fmt::format("{} has a slice whose shape does not match its pieces", where));
+      const auto it = file_bytes.find(s.file);
+      if (it == file_bytes.end()) f.bad(fmt::format("{} names the file '{}', which the manifest does not list", where, s.file));
+      if (s.offset + 3 * s.elements() * static_cast<std::int64_t>(sizeof(float)) > it->second)
+        f.bad(fmt::format("{} has a slice past the end of '{}'", where, s.file));
+      t.slices.push_back(std::move(s));
+    }
+    if (t.slices.empty()) f.bad(fmt::format("{} has no slices", where));
+    if (dim == -1) {
+      if (t.slices.size() != 1) f.bad(fmt::format("{} has a whole slice and others", where));
+    } else {
+      std::sort(covered.begin(), covered.end());
+      std::int64_t at = 0;
+      for (auto [start, length] : covered) {
+        if (start != at) f.bad(fmt::format("{}: its slices do not tile it (gap or overlap at {})", where, at));
+        at += length;
+      }
+      if (at != t.shape[static_cast<std::size_t>(dim)]) f.bad(fmt::format("{}: its slices do not cover it", where));
+    }
+    m.tensors.push_back(std::move(t));
+  }
+  return m;
+}
+
+ShardFileWriter::ShardFileWriter(std::string dir, std::string file) : dir_(std::move(dir)), file_(std::move(file)) {
+  const std::string path = join_path(dir_, file_);
+  f_ = std::fopen(path.c_str(), "wb");
+  if (f_ == nullptr) fail<IoError>("checkpoint", "cannot create '{}': {}", path, std::strerror(errno));
+}
+
+ShardFileWriter::~ShardFileWriter() {
+  if (f_ != nullptr) std::fclose(static_cast<std::FILE*>(f_));
+}
+
+SliceRecord ShardFileWriter::append(const ParamShard& shard, const std::vector<std::int64_t>& local_shape,
+                                    const float* params, const float* m, const float* v) {
+  SliceRecord s;
+  s.file = file_;
+  s.offset = bytes_;
+  s.shape = local_shape;
+  if (shard.sharded()) {
+    s.dim = shard.dim;
+    s.pieces = local_ranges(shard);
+  }
+  const auto n = static_cast<std::size_t>(numel(local_shape));
+  auto* f = static_cast<std::FILE*>(f_);
+  std::uint32_t crc = crc_update(0, nullptr, 0);
+  for (const float* p : {params, m, v}) {
+    if (std::fwrite(p, sizeof(float), n, f) != n)
+      fail<IoError>("checkpoint", "cannot write '{}': {} (disk full?)", join_path(dir_, file_), std::strerror(errno));
+    crc = crc_update(crc, p, n * sizeof(float));
+  }
+  s.crc32 = crc;
+  bytes_ += static_cast<std::int64_t>(3 * n * sizeof(float));
+  return s;
+}
+
+FileRecord ShardFileWriter::close() {
+  auto* f = static_cast<std::FILE*>(f_);
+  f_ = nullptr;
+  bool ok = std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  const int err = errno;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok)
+    fail<IoError>("checkpoint", "cannot write '{}': {} (disk full?)", join_path(dir_, file_), std::strerror(err));
+  return {file_, bytes_};
+}
+
+
+std::string manifest_part(const std::vector<TensorRecord>& tensors, const FileRecord& file) {
+  json j;
+  j["file"] = {{"name", file.name}, {"bytes", file.bytes}};
+  j["tensors"] = json::array();
+  for (const TensorRecord& t : tensors) j["tensors"].push_back(tensor_json(t));
+  return j.dump();
+}
+
+void add_manifest_part(Manifest& manifest, const std::string& part) {
+  // Parts come from the ranks of the same job (not from disk); the merged manifest is
+  // checked by read_manifest() before the checkpoint is committed.
+  const json j = json::parse(part, nullptr, false);
+  NDMESH_CHECK(!j.is_discarded() && j.contains("file") && j.contains("tensors"), "checkpoint",
+               "a rank sent a malformed manifest part");
+  manifest.files.push_back({j["file"]["name"].get<std::string>(), j["file"]["bytes"].get<std::int64_t>()});
+  for (const json& t : j["tensors"]) {
+    const auto name = t["name"].get<std::string>();
+    auto it = std::find_if(manifest.tensors.begin(), manifest.tensors.end(),
+                           [&](const TensorRecord& r) { return r.name == name; });
+    if (it == manifest.tensors.end()) {
+      manifest.tensors.push_back({name, t["shape"].get<std::vector<std::int64_t>>(), {}});
+      it = std::prev(manifest.tensors.end());
+    }
+    for (const json& sl : t["slices"]) {
+      SliceRecord s;
+      s.file = sl["file"].get<std::string>();
+      s.offset = sl["offset"].get<std::int64_t>();
+      s.shape = sl["shape"].get<std::vector<std::int64_t>>();
+      s.dim = sl["dim"].get<int>();
+      for (const json& p : sl["pieces"]) s.pieces.push_back({p[0].get<std::int64_t>(), p[1].get<std::int64_t>()});
+      s.crc32 = sl["crc32"].get<std::uint32_t>();
+      it->slices.push_back(std::move(s));
+    }
+  }
+}
+
+void read_tensor(const std::string& dir, const Manifest& manifest, const TensorRecord& tensor,
+                 const ParamView& local, float* params, float* m, float* v) {
+  // read_manifest() made sure the slices tile the tensor and fit their files.
+  const std::vector<std::int64_t>& full_shape = local.shard.sharded() ? local.shard.full_shape : local.shape;
+  if (full_shape != tensor.shape)
+    fail<IoError>("checkpoint", "'{}': tensor '{}' has shape [{}] in the checkpoint but [{}] in the model", dir,
+                  tensor.name, fmt::join(tensor.shape, ", "), fmt::join(full_shape, ", "));
+  const ParamShard& ls = local.shard;
+  const std::vector<ParamShard::Piece> mine = ls.sharded() ? local_ranges(ls) : std::vector<ParamShard::Piece>{};
+  auto same = [](const ParamShard::Piece& a, const ParamShard::Piece& b) {
+    return a.start == b.start && a.length == b.length;
+  };
+  // Whole tensor stored and wanted, or the same split: read just that slice.
+  for (const SliceRecord& s : tensor.slices) {
+    const bool whole = !ls.sharded() && s.dim < 0;
+    const bool same_split = ls.sharded() && s.dim == ls.dim && s.pieces.size() == mine.size() &&
+                            std::equal(mine.begin(), mine.end(), s.pieces.begin(), same);
+    if (whole || same_split) {
+      ShardFile(dir, manifest, s.file).read(s, tensor.name, params, m, v);
+      return;
+    }
+  }
+  // Another split: assemble the full tensor from the slices that overlap this rank's
+  // part (along the same dim; all of them otherwise), then take the part.
+  const auto n = static_cast<std::size_t>(numel(tensor.shape));
+  std::vector<float> full(3 * n), part;
+  std::map<std::string, std::unique_ptr<ShardFile>> open;
+  for (const SliceRecord& s : tensor.slices) {
+    if (ls.sharded() && s.dim == ls.dim && !overlaps(s.pieces, mine)) continue;
+    auto& file = open[s.file];
+    if (!file) file = std::make_unique<ShardFile>(dir, manifest, s.file);
+    const auto k = static_cast<std::size_t>(s.elements());
+    part.resize(3 * k);
+    file->read(s, tensor.name, part.data(), part.data() + k, part.data() + 2 * k);
+    const ParamShard sh = slice_shard(s, tensor.shape);
+    for (std::size_t a = 0; a < 3; ++a) copy_shard(sh, s.shape, part.data() + a * k, full.data() + a * n, true, 0);
+  }
+  float* out[3] = {params, m, v};
+  for (std::size_t a = 0; a < 3; ++a) copy_shard(ls, local.shape, out[a], full.data() + a * n, false);
+}
+
+std::int64_t verify_checkpoint_dir(const std::string& dir, const Manifest& manifest) {
+  std::int64_t bytes = 0;
+  std::map<std::string, std::unique_ptr<ShardFile>> open;
+  std::vector<float> buf;
+  for (const TensorRecord& t : manifest.tensors)
+    for (const SliceRecord& s : t.slices) {
+      auto& file = open[s.file];
+      if (!file) file = std::make_unique<ShardFile>(dir, manifest, s.file);
+      const auto k = static_cast<std::size_t>(s.elements());
+      buf.resize(3 * k);
+      file->read(s, t.name, buf.data(), buf.data() + k, buf.data() + 2 * k);
+      bytes += static_cast<std::int64_t>(3 * k * sizeof(float));
+    }
+  for (const FileRecord& f : manifest.files) open.try_emplace(f.name, std::make_unique<ShardFile>(dir, manifest, f.name));
+  return bytes;
+}
+
+std::string checkpoint_temp_dir(const std::string& dir) {
+  fs::path p(dir);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();  // "ck/" -> "ck"
+  return (p.parent_path() / fmt::format(".{}.saving", p.filename().string())).string();
+}
+
+void prepare_checkpoint_temp_dir(const std::string& tmp) {
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (ec) fail<IoError>("checkpoint", "cannot remove the leftover '{}': {}", tmp, ec.message());
+  if (!fs::create_directory(tmp, ec) || ec)
+    fail<IoError>("checkpoint", "cannot create '{}': {}; check that the folder exists and is writable", tmp,
+                  ec ? ec.message() : "it exists");
+}
+
+void commit_checkpoint_dir(const std::string& tmp, const std::string& dir) {
+  sync_dir(tmp);
+  std::error_code ec;
+  const bool replace = fs::exists(dir, ec);
+  if (!replace) {
+    if (std::rename(tmp.c_str(), dir.c_str()) != 0)
+      fail<IoError>("checkpoint", "cannot rename '{}' to '{}': {}", tmp, dir, std::strerror(errno));
+  } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0) {
+    // A file system without the atomic exchange: move the old one aside first (a crash
+    // between the two renames leaves it under the aside name, which the error of the
+    // next --load names).
+    if (errno != EINVAL && errno != ENOSYS)
+      fail<IoError>("checkpoint", "cannot replace '{}' with '{}': {}", dir, tmp, std::strerror(errno));
+    const std::string aside = tmp + ".previous";
+    fs::remove_all(aside, ec);
+    if (std::rename(dir.c_str(), aside.c_str()) != 0 || std::rename(tmp.c_str(), dir.c_str()) != 0)
+      fail<IoError>("checkpoint", "cannot replace '{}' with '{}': {}", dir, tmp, std::strerror(errno));
+    fs::remove_all(aside, ec);
+  } else {
+    fs::remove_all(tmp, ec);  // the previous checkpoint, swapped out
+  }
+  sync_dir(fs::path(dir).parent_path().empty() ? "." : fs::path(dir).parent_path().string());
+}
+
+}  // namespace ndmesh::model
