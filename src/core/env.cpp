@@ -13,6 +13,8 @@ const std::vector<Variable>& variables() {
        "timeout of every blocking or awaited communication; on expiry the job aborts naming the group"},
       {"NDMESH_INIT_TIMEOUT_S", "seconds", "NDMESH_TIMEOUT_S",
        "bound of the engine's start-up (MPI_Init, every rank wiring up); on expiry the process exits 124 with one line"},
+      {"NDMESH_CHECKPOINT_PAUSE_S", "seconds", "unset",
+       "test hook: a checkpoint save waits this long with its shard files written, before its manifest"},
       {"NDMESH_THREADS", "integer",
        "the core count for one process (ndmesh train); 1 per rank when several share a machine",
        "BLAS and compute threads per process"},
@@ -79,6 +81,7 @@ void one_of(std::string_view name, std::initializer_list<std::string_view> allow
 void check_all() {
   (void)seconds("NDMESH_TIMEOUT_S", 300);
   (void)seconds("NDMESH_INIT_TIMEOUT_S", 300);
+  (void)seconds("NDMESH_CHECKPOINT_PAUSE_S", 1);
   (void)integer("NDMESH_THREADS", 1, 1, 1024);  // the bounds of tensor/blas.cpp
   one_of("NDMESH_LOG", {"error", "warn", "info", "debug"}, "error, warn, info or debug");
   one_of("NDMESH_BACKEND", {"mpi", "nccl"}, "mpi (or nccl when built with GPUs)");

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <thread>
 #include <cmath>
 #include <algorithm>
 #include <numbers>
@@ -16,6 +17,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/config/partition.hpp"
 #include "ndmesh/model/checkpoint.hpp"
@@ -477,6 +479,9 @@ void Trainer::save(const std::string& dir) {
     }
   agree(error, fmt::format("saving '{}'", dir));
 
+  // A test hook: a kill during this pause must leave the previous checkpoint in place.
+  if (env::raw("NDMESH_CHECKPOINT_PAUSE_S"))
+    std::this_thread::sleep_for(std::chrono::duration<double>(env::seconds("NDMESH_CHECKPOINT_PAUSE_S", 0)));
   // The parts travel to rank 0, which writes the manifest, checks it and swaps the
   // directory in.
   std::vector<std::int64_t> words = part.empty() ? std::vector<std::int64_t>{} : to_words(part);

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # A rank killed (SIGKILL) in the middle of 4D training: every other rank ends, non-zero,
 # within twice NDMESH_TIMEOUT_S, and the checkpoint written every few steps is never left
-# half-written (it is written to a temporary file and renamed): after the kill the last
-# good one loads and training resumes from it.
+# half-written (it is written to a temporary directory and swapped in with one rename):
+# after the kill the last good one loads and training resumes from it. Then a rank killed
+# in the middle of a save (NDMESH_CHECKPOINT_PAUSE_S holds the save with its shard files
+# written, before the manifest) leaves the previous checkpoint untouched.
 #   train_faults.sh <mpirun command...> <path to ndmesh>
 source "$(dirname "$0")/train_lib.sh" "$@"
 set +e  # exit statuses are checked by hand here
@@ -16,11 +18,11 @@ NDMESH_TIMEOUT_S=$timeout_s "${mpirun[@]}" -np 4 "$ndmesh" train "${model[@]}" -
 job=$!
 # Wait for a few steps and at least one checkpoint.
 for _ in $(seq 1 600); do
-  grep -q '^step 6/' "$tmp/out.txt" 2>/dev/null && [ -f "$tmp/run.ckpt" ] && break
+  grep -q '^step 6/' "$tmp/out.txt" 2>/dev/null && [ -f "$tmp/run.ckpt/manifest.json" ] && break
   kill -0 "$job" 2>/dev/null || fail "training ended before the kill: $(cat "$tmp/out.txt")"
   sleep 0.1
 done
-[ -f "$tmp/run.ckpt" ] || fail "no checkpoint after 60 s: $(tail -5 "$tmp/out.txt")"
+[ -f "$tmp/run.ckpt/manifest.json" ] || fail "no checkpoint after 60 s: $(tail -5 "$tmp/out.txt")"
 victim=$(pgrep -f -- "ndmesh train .*--seed 7771" | grep -vx "$job" | tail -n 1)
 [ -n "$victim" ] || fail "no rank process found"
 kill -9 "$victim"
@@ -38,5 +40,41 @@ pgrep -f -- "--seed 7771" > /dev/null && fail "ranks still running after the job
 out=$("$ndmesh" train "${model[@]}" --steps 1000000 --until "$(($(grep -c '^step ' "$tmp/out.txt") + 4))" \
   --load "$tmp/run.ckpt" --json 2>&1) || fail "the checkpoint left by the killed job does not load: $out"
 echo "$out" | tail -n 1 | jq -e '.steps > 0' > /dev/null || fail "no steps after loading: $out"
-ls "$tmp" | grep -v -e '^run.ckpt$' -e '^out.txt$' && echo "(temporary files above were left by the kill)"
-echo "train_faults.sh: ok (resumed at step $(echo "$out" | tail -n 1 | jq .first_step))"
+"$ndmesh" checkpoint inspect "$tmp/run.ckpt" --verify > /dev/null || fail "the checkpoint left by the kill does not verify"
+echo "resumed at step $(echo "$out" | tail -n 1 | jq .first_step) from the checkpoint the killed job left"
+
+# A kill in the middle of a save: the shard files of the new checkpoint are written into
+# the temporary directory, the manifest is not; the previous checkpoint stays whole.
+before=$(md5sum "$tmp/run.ckpt/manifest.json")
+saved_step=$(jq .step "$tmp/run.ckpt/manifest.json")
+NDMESH_CHECKPOINT_PAUSE_S=120 NDMESH_TIMEOUT_S=$timeout_s "${mpirun[@]}" -np 4 "$ndmesh" train "${model[@]}" \
+  --dp 2 --tp 2 --sequence-parallel --steps 1000000 --load "$tmp/run.ckpt" --save "$tmp/run.ckpt" --save-every 2 \
+  > "$tmp/out2.txt" 2>&1 &
+job=$!
+for _ in $(seq 1 600); do
+  [ "$(ls "$tmp/.run.ckpt.saving" 2>/dev/null | grep -c '^shard-')" -eq 2 ] && break
+  kill -0 "$job" 2>/dev/null || fail "training ended before the save: $(cat "$tmp/out2.txt")"
+  sleep 0.1
+done
+sleep 0.5  # the shard files are complete when every writer has agreed; the pause follows
+[ -e "$tmp/.run.ckpt.saving/manifest.json" ] && fail "the manifest was written before the pause"
+victim=$(pgrep -f -- "ndmesh train .*--seed 7771" | grep -vx "$job" | tail -n 1)
+[ -n "$victim" ] || fail "no rank process found (save)"
+kill -9 "$victim"
+start=$(date +%s.%N)
+wait "$job"
+rc=$?
+elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}')
+echo "job killed during its save ended ${elapsed} s after the kill, exit $rc"
+[ "$rc" -ne 0 ] || fail "the job exited 0 after a rank was killed during a save"
+awk -v e="$elapsed" -v t="$timeout_s" 'BEGIN{exit !(e < 2 * t)}' || fail "the job took ${elapsed} s to end"
+[ "$(md5sum "$tmp/run.ckpt/manifest.json")" = "$before" ] || fail "the interrupted save changed the manifest"
+"$ndmesh" checkpoint inspect "$tmp/run.ckpt" --verify > "$tmp/inspect.txt" ||
+  fail "the previous checkpoint does not verify after an interrupted save: $(cat "$tmp/inspect.txt")"
+grep -q "^step $saved_step " "$tmp/inspect.txt" || fail "the checkpoint is not the one of step $saved_step"
+# The next save clears the leftover temporary directory.
+"$ndmesh" train "${model[@]}" --steps 1000000 --until $((saved_step + 1)) --load "$tmp/run.ckpt" \
+  --save "$tmp/run.ckpt" > /dev/null || fail "save after an interrupted save"
+[ -e "$tmp/.run.ckpt.saving" ] && fail "the leftover temporary directory was not cleared"
+[ "$(jq .step "$tmp/run.ckpt/manifest.json")" -eq $((saved_step + 1)) ] || fail "the new checkpoint is not in place"
+echo "train_faults.sh: ok (an interrupted save left the checkpoint of step $saved_step whole)"

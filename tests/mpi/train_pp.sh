@@ -139,5 +139,4 @@ expect_usage "--schedule interleaved needs a multiple of --pp=2 micro-batches pe
 expect_usage "--schedule=pipedream is not a pipeline schedule" 1 --schedule pipedream
 expect_usage "--zero=1 with --pp=2" 2 --pp 2 --zero 1
 expect_usage "--zero=1 with --schedule zb-h1" 2 --dp 2 --schedule zb-h1 --zero 1
-expect_usage "--save=$tmp/x.ckpt with --pp=2" 2 --pp 2 --save "$tmp/x.ckpt"
 echo "train_pp.sh: ok"
