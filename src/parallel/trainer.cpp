@@ -7,6 +7,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -125,9 +126,6 @@ void Trainer::build_pipeline(std::int64_t micro, std::int64_t local_seq) {
                       "--zero={} with --schedule zb-h1: ZeRO with a split backward is not implemented yet; use "
                       "--zero 0 or --schedule 1f1b",
                       o.dp.zero);
-  NDMESH_CHECK_CONFIG(stages_ == 1 || o.dp.zero == 0, "train",
-                      "--zero={} with --pp={}: ZeRO under pipeline parallelism is not implemented yet; use --zero 0",
-                      o.dp.zero, stages_);
   try {
     partition_ = o.pp.layers.empty() ? balanced_partition(o.model.layers, stages_, v)
                                      : parse_partition(o.pp.layers, o.model.layers, stages_, v, "--pp-layers");
@@ -267,16 +265,15 @@ StepStats Trainer::step() {
 
   // A tied head on the last stage and the embedding on the first hold two copies of the
   // token table: both get the sum of their gradients (Megatron's embedding group).
-  if (tied_copy_chunk_ >= 0)
-    embedding_.all_reduce(token_table_grads(*chunks_[static_cast<std::size_t>(tied_copy_chunk_)]));
-  if (tied_main_chunk_ >= 0)
-    embedding_.all_reduce(token_table_grads(*chunks_[static_cast<std::size_t>(tied_main_chunk_)]));
+  if (tied_copy_chunk_ >= 0) sum_tied_table(static_cast<std::size_t>(tied_copy_chunk_));
+  if (tied_main_chunk_ >= 0) sum_tied_table(static_cast<std::size_t>(tied_main_chunk_));
 
   double square_sum = 0;
   for (std::size_t c = 0; c < chunks_.size(); ++c) square_sum += owned_grad_square_sum(c);
   if (tied_copy_chunk_ >= 0)  // the copy counts once in the norm, on the first stage (its tp shard)
-    for (float g : token_table_grads(*chunks_[static_cast<std::size_t>(tied_copy_chunk_)]))
-      square_sum -= static_cast<double>(g) * static_cast<double>(g);
+    for_each_owned_table_grad(static_cast<std::size_t>(tied_copy_chunk_), [&](float* g, std::int64_t n, std::int64_t) {
+      for (std::int64_t i = 0; i < n; ++i) square_sum -= static_cast<double>(g[i]) * static_cast<double>(g[i]);
+    });
   std::array<double, 2> sums = {walk.loss_sum, square_sum};
   if (reducers_.front()->zero() > 0)
     sum_over_dp(sums);
@@ -299,6 +296,39 @@ StepStats Trainer::step() {
   s.tp_comm = *tp_stats_;
   s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return s;
+}
+
+void Trainer::for_each_owned_table_grad(std::size_t c,
+                                        const std::function<void(float*, std::int64_t, std::int64_t)>& f) {
+  model::Gpt& g = *chunks_[c];
+  const ParamView& view = g.params().view(g.params().find("embed.tokens"));
+  GradReducer& r = *reducers_[c];
+  float* shard = r.shard_grads();  // ZeRO-2: the reduced shard, segment after segment
+  std::int64_t at = 0;
+  for (const nn::Segment& seg : r.shard()) {
+    const std::int64_t lo = std::max(view.offset, seg.offset);
+    const std::int64_t hi = std::min(view.offset + view.numel, seg.offset + seg.count);
+    if (lo < hi)
+      f((shard != nullptr ? shard + at - seg.offset : g.params().grads().data()) + lo, hi - lo, lo - view.offset);
+    at += seg.count;
+  }
+}
+
+void Trainer::sum_tied_table(std::size_t c) {
+  if (reducers_[c]->zero() == 0) {
+    embedding_.all_reduce(token_table_grads(*chunks_[c]));
+    return;
+  }
+  // ZeRO: the reduced gradient of the table is spread over the shards of the gradient
+  // group, cut where the flat buffer is cut (differently on the two stages): gather it
+  // whole (each element is owned by one rank, so a sum gathers), sum it over the
+  // embedding group, keep the owned part.
+  const model::Gpt& g = *chunks_[c];
+  std::vector<float> table(static_cast<std::size_t>(g.params().view(g.params().find("embed.tokens")).numel), 0.0f);
+  for_each_owned_table_grad(c, [&](float* p, std::int64_t n, std::int64_t at) { std::copy_n(p, n, table.begin() + at); });
+  grad_.all_reduce(std::span<float>(table));
+  embedding_.all_reduce(std::span<float>(table));
+  for_each_owned_table_grad(c, [&](float* p, std::int64_t n, std::int64_t at) { std::copy_n(table.begin() + at, n, p); });
 }
 
 double Trainer::owned_grad_square_sum(std::size_t chunk) const {

@@ -54,6 +54,9 @@ jq -e '(.files | length) == 1 and .layout.zero == 1 and .layout.cp_layout == "zi
   .model.tied_embeddings == false' "$tmp/b/manifest.json" > /dev/null || fail "manifest of b"
 resume b 4 --pp 2 --tp 2 --micro-batch 2
 resume b 2 --pp 2 --schedule zb-h1 --micro-batch 2
+# ZeRO 2 under a pipeline (moments gathered from the shards of each stage), into cp 2.
+save c 4 --dp 2 --pp 2 --zero 2 --micro-batch 2
+resume c 2 --cp 2
 
 # A second save into the same directory replaces all of it.
 save a 1

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -168,6 +169,13 @@ class Trainer {
   // Squared gradient norm of what this rank owns of local chunk `chunk`: its shard of dp
   // (ZeRO), of which the tp-sharded parameters and, on tp rank 0 only, the replicated ones.
   double owned_grad_square_sum(std::size_t chunk) const;
+  // Calls f(gradients, count, offset in the table) for each run of the token table's
+  // reduced gradient that this rank owns in local chunk c (all of it without ZeRO; the
+  // shard's part with ZeRO: in the flat buffer for stage 1, the shard buffer for stage 2).
+  void for_each_owned_table_grad(std::size_t c, const std::function<void(float*, std::int64_t, std::int64_t)>& f);
+  // Sums the token table's gradient of local chunk c over the embedding group (the tied
+  // copies of the first and the last stage).
+  void sum_tied_table(std::size_t c);
   // Single-file checkpoints (format 2, the logical flat buffer).
   void load_file(const std::string& path);
   // Throws on every rank when `error` is set on any (collective over the world): the

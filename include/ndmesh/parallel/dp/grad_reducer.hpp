@@ -84,6 +84,7 @@ class GradReducer {
   /// ZeRO-2: the reduced gradients of the shard, one segment after another; nullptr
   /// otherwise (the reduced gradients are in the flat buffer).
   const float* shard_grads() const { return zero_ == 2 ? shard_grads_.data() : nullptr; }
+  float* shard_grads() { return zero_ == 2 ? shard_grads_.data() : nullptr; }
   /// Sum of squares of the reduced gradients this rank owns (the whole buffer without
   /// ZeRO; its shard with ZeRO, to be summed over the group).
   double owned_grad_square_sum(const float* grads) const;
