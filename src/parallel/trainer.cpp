@@ -122,10 +122,6 @@ void Trainer::build_pipeline(std::int64_t micro, std::int64_t local_seq) {
                       "--dp {} / --micro-batch {} gives {}; use --micro-batch {}",
                       stages_, o.batch, dp_size_, micro, microbatches_,
                       std::max<std::int64_t>(1, local_batch_ / (((microbatches_ + stages_ - 1) / stages_) * stages_)));
-  NDMESH_CHECK_CONFIG(o.pp.schedule != Schedule::kZbH1 || o.dp.zero == 0, "train",
-                      "--zero={} with --schedule zb-h1: ZeRO with a split backward is not implemented yet; use "
-                      "--zero 0 or --schedule 1f1b",
-                      o.dp.zero);
   try {
     partition_ = o.pp.layers.empty() ? balanced_partition(o.model.layers, stages_, v)
                                      : parse_partition(o.pp.layers, o.model.layers, stages_, v, "--pp-layers");

@@ -68,6 +68,8 @@ check tied 8 dp4_tp2_sp_zero1_micro --dp 4 --tp 2 --sequence-parallel --zero 1 -
 check tied 8 dp2_pp2_tp2_sp_zero2_micro --dp 2 --pp 2 --tp 2 --sequence-parallel --zero 2 --micro-batch 2
 check tied 8 dp2_pp2_cp2_zero1_interleaved --dp 2 --pp 2 --cp 2 --zero 1 --schedule interleaved \
   --virtual-stages 2 --micro-batch 2
+check tied 8 dp2_pp2_tp2_sp_zero2_zbh1 --dp 2 --pp 2 --tp 2 --sequence-parallel --zero 2 --schedule zb-h1 \
+  --micro-batch 1
 check untied 4 dp2_pp2_zero1_gpipe_untied --dp 2 --pp 2 --zero 1 --schedule gpipe --micro-batch 1 --untied
 # dp x pp x cp
 check tied 8 dp2_pp2_cp2_gpipe_order --dp 2 --pp 2 --cp 2 --schedule gpipe --micro-batch 2 --order pp,dp,cp,tp

@@ -137,5 +137,4 @@ expect_usage "--schedule interleaved needs --virtual-stages 2 or more" 2 --pp 2 
 expect_usage "--schedule interleaved needs a multiple of --pp=2 micro-batches per step" 2 --pp 2 --batch 6 \
   --schedule interleaved --virtual-stages 2 --micro-batch 2
 expect_usage "--schedule=pipedream is not a pipeline schedule" 1 --schedule pipedream
-expect_usage "--zero=1 with --schedule zb-h1" 2 --dp 2 --schedule zb-h1 --zero 1
 echo "train_pp.sh: ok"
