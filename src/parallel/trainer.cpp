@@ -542,6 +542,15 @@ void Trainer::save(const std::string& dir) {
   agree(error, fmt::format("saving '{}'", dir));
 }
 
+void Trainer::check_matches(const std::string& path, const ModelSpec& spec, const std::string& data) const {
+  auto diffs = model::spec_differences(spec, options_.model);
+  if (data != data_->describe())
+    diffs.push_back(fmt::format("data: checkpoint has '{}', the run has '{}'", data, data_->describe()));
+  if (!diffs.empty())
+    fail<ConfigError>("checkpoint", "'{}' does not match this run ({}); pass the flags it was saved with", path,
+                      fmt::join(diffs, "; "));
+}
+
 void Trainer::load(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_regular_file(path, ec)) {
@@ -551,12 +560,7 @@ void Trainer::load(const std::string& path) {
   std::exception_ptr error;
   try {
     const model::Manifest manifest = model::read_manifest(path);
-    auto diffs = model::spec_differences(manifest.spec, options_.model);
-    if (manifest.data != data_->describe())
-      diffs.push_back(fmt::format("data: checkpoint has '{}', the run has '{}'", manifest.data, data_->describe()));
-    if (!diffs.empty())
-      fail<ConfigError>("checkpoint", "'{}' does not match this run ({}); pass the flags it was saved with", path,
-                        fmt::join(diffs, "; "));
+    check_matches(path, manifest.spec, manifest.data);
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
       model::Gpt& g = *chunks_[c];
       auto params = g.params().params();
@@ -586,12 +590,7 @@ void Trainer::load_file(const std::string& path) {
                       "parallelism; load it with --pp 1 and save a checkpoint directory, which loads under any layout",
                       path, stages_);
   model::Checkpoint c = model::load_checkpoint(path);
-  auto diffs = model::spec_differences(c.spec, options_.model);
-  if (c.data != data_->describe())
-    diffs.push_back(fmt::format("data: checkpoint has '{}', the run has '{}'", c.data, data_->describe()));
-  if (!diffs.empty())
-    fail<ConfigError>("checkpoint", "'{}' does not match this run ({}); pass the flags it was saved with", path,
-                      fmt::join(diffs, "; "));
+  check_matches(path, c.spec, c.data);
   auto params = model().params().params();
   // The file holds the logical (serial) layout, perhaps padded (ZeRO pads to the dp
   // size): the logical parameters are the same up to the padding; each rank takes its

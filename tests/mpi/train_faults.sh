@@ -13,6 +13,22 @@ timeout_s=5
 model=(--layers 4 --hidden 32 --heads 4 --kv-heads 2 --seq 16 --markov-vocab 16 --threads 1 --eval-batches 0
   --batch 8 --seed 7771)
 
+# kill_a_rank <when>: SIGKILLs one rank of the job $job; the job must end non-zero within
+# twice the timeout.
+kill_a_rank() {
+  local victim start rc elapsed
+  victim=$(pgrep -f -- "ndmesh train .*--seed 7771" | grep -vx "$job" | tail -n 1)
+  [ -n "$victim" ] || fail "no rank process found ($1)"
+  kill -9 "$victim"
+  start=$(date +%s.%N)
+  wait "$job"
+  rc=$?
+  elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}')
+  echo "job with a rank killed $1 ended ${elapsed} s after the kill (limit $((2 * timeout_s)) s), exit $rc"
+  [ "$rc" -ne 0 ] || fail "the job exited 0 after a rank was killed $1"
+  awk -v e="$elapsed" -v t="$timeout_s" 'BEGIN{exit !(e < 2 * t)}' || fail "the job took ${elapsed} s to end ($1)"
+}
+
 NDMESH_TIMEOUT_S=$timeout_s "${mpirun[@]}" -np 4 "$ndmesh" train "${model[@]}" --dp 2 --tp 2 --sequence-parallel \
   --steps 1000000 --save "$tmp/run.ckpt" --save-every 2 > "$tmp/out.txt" 2>&1 &
 job=$!
@@ -23,17 +39,8 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 [ -f "$tmp/run.ckpt/manifest.json" ] || fail "no checkpoint after 60 s: $(tail -5 "$tmp/out.txt")"
-victim=$(pgrep -f -- "ndmesh train .*--seed 7771" | grep -vx "$job" | tail -n 1)
-[ -n "$victim" ] || fail "no rank process found"
-kill -9 "$victim"
-start=$(date +%s.%N)
-wait "$job"
-rc=$?
-elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}')
+kill_a_rank "mid-step"
 tail -n 8 "$tmp/out.txt"
-echo "job ended ${elapsed} s after the kill (limit $((2 * timeout_s)) s), exit $rc"
-[ "$rc" -ne 0 ] || fail "the job exited 0 after a rank was killed"
-awk -v e="$elapsed" -v t="$timeout_s" 'BEGIN{exit !(e < 2 * t)}' || fail "the job took ${elapsed} s to end"
 pgrep -f -- "--seed 7771" > /dev/null && fail "ranks still running after the job ended"
 
 # The last good checkpoint loads (any layout) and training continues from it.
@@ -58,16 +65,7 @@ for _ in $(seq 1 600); do
 done
 sleep 0.5  # the shard files are complete when every writer has agreed; the pause follows
 [ -e "$tmp/.run.ckpt.saving/manifest.json" ] && fail "the manifest was written before the pause"
-victim=$(pgrep -f -- "ndmesh train .*--seed 7771" | grep -vx "$job" | tail -n 1)
-[ -n "$victim" ] || fail "no rank process found (save)"
-kill -9 "$victim"
-start=$(date +%s.%N)
-wait "$job"
-rc=$?
-elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}')
-echo "job killed during its save ended ${elapsed} s after the kill, exit $rc"
-[ "$rc" -ne 0 ] || fail "the job exited 0 after a rank was killed during a save"
-awk -v e="$elapsed" -v t="$timeout_s" 'BEGIN{exit !(e < 2 * t)}' || fail "the job took ${elapsed} s to end"
+kill_a_rank "during its save"
 [ "$(md5sum "$tmp/run.ckpt/manifest.json")" = "$before" ] || fail "the interrupted save changed the manifest"
 "$ndmesh" checkpoint inspect "$tmp/run.ckpt" --verify > "$tmp/inspect.txt" ||
   fail "the previous checkpoint does not verify after an interrupted save: $(cat "$tmp/inspect.txt")"

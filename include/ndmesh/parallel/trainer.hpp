@@ -176,6 +176,8 @@ class Trainer {
   // Sums the token table's gradient of local chunk c over the embedding group (the tied
   // copies of the first and the last stage).
   void sum_tied_table(std::size_t c);
+  // ConfigError naming every difference between a checkpoint's model and data and the run's.
+  void check_matches(const std::string& path, const ModelSpec& spec, const std::string& data) const;
   // Single-file checkpoints (format 2, the logical flat buffer).
   void load_file(const std::string& path);
   // Throws on every rank when `error` is set on any (collective over the world): the
