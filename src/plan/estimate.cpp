@@ -109,6 +109,12 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
       ActivationOptions none = act;
       none.recompute = Recompute::kNone;
       activations += activation_bytes_per_layer(model, s, b, none);
+    } else if (l.recompute == Recompute::kSelective && l.attention == Attention::kFlash) {
+      // ... and under selective with flash attention, one layer's attention output and
+      // log-sum-exp (what it drops) are rematerialised.
+      ActivationOptions none = act;
+      none.recompute = Recompute::kNone;
+      activations += activation_bytes_per_layer(model, s, b, none) - per_layer;
     }
     // Korthikanti et al. 2022 section 4.3: the embedding dropout mask, sbhp/t with
     // sequence parallelism (p micro-batches in flight on the first stage) ...
