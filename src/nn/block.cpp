@@ -30,6 +30,24 @@ TpContext<T> checked(const BlockOptions& o, TpContext<T> tp) {
 }
 }  // namespace
 
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+    case Recompute::kNone:
+      break;
+  }
+  return "none";
+}
+
+std::optional<Recompute> parse_recompute(std::string_view name) {
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
+    if (name == recompute_name(r)) return r;
+  return std::nullopt;
+}
+
 template <typename T>
 Block<T>::Block(ParamStore<T>& store, BlockOptions options, TpContext<T> tp)
     : options_(resolved(std::move(options))),
@@ -78,24 +96,46 @@ void Block<T>::init_norms() const {
 }
 
 template <typename T>
-void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq) const {
+void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq, Recompute keep) const {
   const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
+  a = BlockActivations<T>{};
+  a.out.resize({nl, c});
+  if (keep == Recompute::kFull) return;  // the output only: the next block's input
   a.ln1.resize({nl, c});
   a.ln1_mean.resize({nl});
   a.ln1_rstd.resize({nl});
   a.qkv.resize({n, attn_.qkv_width()});
-  a.lse.resize({batch, attn_.options().heads, seq});
-  a.atty.resize({n, attn_.out_width()});
+  if (keep == Recompute::kNone) {  // selective: recomputed into the shared workspace
+    a.lse.resize({batch, attn_.options().heads, seq});
+    a.atty.resize({n, attn_.out_width()});
+  }
   a.res1.resize({nl, c});
   a.ln2.resize({nl, c});
   a.ln2_mean.resize({nl});
   a.ln2_rstd.resize({nl});
   a.mlp.resize(n, mlp_.local_ffn());
-  a.out.resize({nl, c});
   if (tp_.sequence_parallel) {
     a.ln1_full.resize({n, c});
     a.ln2_full.resize({n, c});
   }
+}
+
+template <typename T>
+void Block<T>::gather_norms(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq) const {
+  if (!tp_.sequence_parallel) return;
+  const std::int64_t n = batch * seq, c = options_.channels;
+  tp_.f_forward(a.ln1.data(), a.ln1_full.data(), n, c);
+  tp_.f_forward(a.ln2.data(), a.ln2_full.data(), n, c);
+}
+
+template <typename T>
+void Block<T>::recompute_attention(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq,
+                                   const AttentionCore<T>* core, const std::int64_t* positions) const {
+  // The same call as in forward(): the same kernel on the same qkv.
+  if (core)
+    core->forward(attn_, a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
+  else
+    attn_.forward(a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
 }
 
 template <typename T>
