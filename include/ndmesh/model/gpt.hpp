@@ -173,7 +173,8 @@ class GptT {
   std::int64_t recompute_workspace_bytes() const;
   /// Bytes of the buffers in the same workspace that hold no activation kept for the
   /// backward: the all-gathered norm outputs under sequence parallelism (gathered again in
-  /// the backward) and the stage's output before it is sent.
+  /// the backward) and the stage's output before it is sent (full recompute: the output of
+  /// the block being recomputed).
   std::int64_t workspace_buffer_bytes() const;
   /// Bytes of this model's own such buffers: the gathered final-norm output (sequence
   /// parallelism) and input_grad().

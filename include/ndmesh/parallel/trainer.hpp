@@ -110,7 +110,8 @@ struct MemoryBytes {
   double activations = 0;
   /// Buffers beside them that hold nothing kept for the backward: the all-gathered norm
   /// outputs under sequence parallelism (gathered again in the backward), a stage's output
-  /// before it is sent and its input gradient before it is sent back.
+  /// before it is sent (full recompute: the recomputed block's output) and its input
+  /// gradient before it is sent back.
   double activation_buffers = 0;
   double grad_workspace = 0;  ///< ZeRO-2: the full-size buffer the backward writes into
 };
