@@ -9,9 +9,8 @@
 #  (c) each mode's measured bytes of the pipeline stage `ndmesh plan memory` reports as its
 #      worst agree with the plan's activations for the same model and layout (fp32, no
 #      dropout, flash attention, GPT shape) within 10% (the ratio is printed). Measured:
-#      0.5-0.9% above the plan without recompute and with selective (per-token norm
-#      statistics, tokens and targets, the stage input), 4-6.5% below it with full (the plan's
-#      rematerialised layer counts its input, which is already kept, a second time).
+#      0.5-1.2% above the plan in every mode and layout (what the plan leaves out: the
+#      per-token norm statistics, the tokens and targets, a stage's input).
 # Also: --recompute with a bad value, and selective/full with --schedule zb-h1, exit 2 with
 # one line naming the flag.
 #   train_recompute.sh <mpirun command...> <path to ndmesh>
