@@ -312,6 +312,12 @@ TEST(Gpt, FlopsCountMatchesHandCount) {
   // Attention: seq 3 is one (masked) tile of 3x3 scores per (batch, head), 2*hd flops per
   // score and product, 7 products (2 forward, 5 backward): 7 * 2*2 * 9 * 2*2 = 1008.
   EXPECT_DOUBLE_EQ(gpt.flops_per_step(), 3.0 * (384 + 192 + 768 + 240) + 1008);
+  // Selective recompute runs the 2 attention products once more: 2 * 2*2 * 9 * 2*2 = 288;
+  // full recompute the whole block forward once more: 384 + 192 + 768 + 288.
+  Gpt selective(spec, {.batch = 2, .recompute = nn::Recompute::kSelective});
+  EXPECT_DOUBLE_EQ(selective.flops_per_step(), 3.0 * (384 + 192 + 768 + 240) + 1008 + 288);
+  Gpt full(spec, {.batch = 2, .recompute = nn::Recompute::kFull});
+  EXPECT_DOUBLE_EQ(full.flops_per_step(), 3.0 * (384 + 192 + 768 + 240) + 1008 + 384 + 192 + 768 + 288);
 }
 
 TEST(Gpt, FlopsCountOnlyTheAttentionTilesComputed) {
