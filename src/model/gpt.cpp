@@ -196,7 +196,8 @@ void GptT<T>::size_workspace() {
 template <typename T>
 void GptT<T>::share_recompute_workspace(const GptT& other) {
   NDMESH_CHECK(other.recompute_ == recompute_ && other.batch_ == batch_ && other.seq_ == seq_ &&
-                   other.spec_.hidden == spec_.hidden && other.tp_.sequence_parallel == tp_.sequence_parallel,
+                   other.spec_.hidden == spec_.hidden && other.tp_.sequence_parallel == tp_.sequence_parallel &&
+                   other.split_backward_ == split_backward_,
                "model", "a workspace is shared only between models of the same mode, shape, batch and seq");
   work_ = other.work_;
   size_workspace();  // what this model needs besides (e.g. the stage output)

@@ -96,24 +96,20 @@ void Block<T>::init_norms() const {
 }
 
 template <typename T>
-void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq, Recompute keep) const {
+void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq) const {
   const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
-  a = BlockActivations<T>{};
-  a.out.resize({nl, c});
-  if (keep == Recompute::kFull) return;  // the output only: the next block's input
   a.ln1.resize({nl, c});
   a.ln1_mean.resize({nl});
   a.ln1_rstd.resize({nl});
   a.qkv.resize({n, attn_.qkv_width()});
-  if (keep == Recompute::kNone) {  // selective: recomputed into the shared workspace
-    a.lse.resize({batch, attn_.options().heads, seq});
-    a.atty.resize({n, attn_.out_width()});
-  }
+  a.lse.resize({batch, attn_.options().heads, seq});
+  a.atty.resize({n, attn_.out_width()});
   a.res1.resize({nl, c});
   a.ln2.resize({nl, c});
   a.ln2_mean.resize({nl});
   a.ln2_rstd.resize({nl});
   a.mlp.resize(n, mlp_.local_ffn());
+  a.out.resize({nl, c});
   if (tp_.sequence_parallel) {
     a.ln1_full.resize({n, c});
     a.ln2_full.resize({n, c});

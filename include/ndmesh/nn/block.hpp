@@ -46,7 +46,8 @@ struct BlockOptions {
 ///    first block's input); the backward re-runs the whole block forward from its input
 ///    (into one shared BlockActivations) right before that block's backward.
 /// The recomputed forward is the same code on the same inputs, so the losses and gradients
-/// are bit for bit those of kNone.
+/// are bit for bit those of kNone. GptT (model/gpt.hpp) implements it with
+/// recompute_attention() and forward().
 enum class Recompute { kNone, kSelective, kFull };
 /// "none", "selective", "full".
 const char* recompute_name(Recompute r);
@@ -72,11 +73,15 @@ struct BlockActivations {
     return {&ln1, &ln1_mean, &ln1_rstd, &ln1_full, &ln2_full, &qkv,      &lse, &atty,
             &res1, &ln2, &ln2_mean, &ln2_rstd, &mlp.fc,   &mlp.gelu, &out};
   }
+  std::array<const Tensor<T>*, 15> tensors() const {
+    return {&ln1, &ln1_mean, &ln1_rstd, &ln1_full, &ln2_full, &qkv,      &lse, &atty,
+            &res1, &ln2, &ln2_mean, &ln2_rstd, &mlp.fc,   &mlp.gelu, &out};
+  }
   static constexpr std::size_t kLn1Full = 3, kLn2Full = 4, kLse = 6, kAtty = 7, kOut = 14;
   /// Bytes of the tensors allocated here.
   std::int64_t bytes() const {
     std::int64_t n = 0;
-    for (const Tensor<T>* t : const_cast<BlockActivations*>(this)->tensors()) n += t->numel();
+    for (const Tensor<T>* t : tensors()) n += t->numel();
     return n * static_cast<std::int64_t>(sizeof(T));
   }
 };
@@ -96,10 +101,9 @@ class Block {
 
   /// Initialises the norms (1, 0); the linears are initialised by the model.
   void init_norms() const;
-  /// Sizes the activations for batch x seq tokens: what the forward keeps under `keep`
-  /// (everything; selective: not atty and lse; full: only out).
-  void resize(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq,
-              Recompute keep = Recompute::kNone) const;
+  /// Sizes the activations for batch x seq tokens (every tensor; a model that recomputes
+  /// or gathers some of them again frees those, see GptT).
+  void resize(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq) const;
   /// Sequence parallelism: acts.ln1_full and acts.ln2_full = ln1 and ln2 all-gathered over
   /// tp again (what forward() gathered; a caller that does not keep them calls this before
   /// backward()). Nothing without sequence parallelism.
