@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Activation recompute (--recompute none|selective|full) with real processes, for the
-# serial run, tp 2 with sequence parallelism, pp 2 (1f1b, and interleaved with 2 virtual
-# stages), cp 2 and dp 2 x pp 2 x tp 2:
+# serial run, tp 2 with sequence parallelism, pp 2 (1f1b, interleaved with 2 virtual
+# stages, gpipe), cp 2, dp 2 with micro-batches and ZeRO 2, and dp 2 x pp 2 x tp 2:
 #  (a) the per-step losses of the three modes are the same bit for bit (the JSON numbers
 #      compared as strings);
 #  (b) the measured activation bytes (memory_bytes.activations and every rank's) fall
@@ -76,7 +76,9 @@ run tp2_sp 2 "--tp 2 --cp 1 --pp 1 --dp 1 --micro-batch $batch --sequence-parall
 run pp2_1f1b 2 "--tp 1 --cp 1 --pp 2 --dp 1 --micro-batch 2 --schedule 1f1b" --pp 2 --micro-batch 2
 run pp2_interleaved 2 "--tp 1 --cp 1 --pp 2 --dp 1 --micro-batch 2 --schedule interleaved --vpp 2" \
   --pp 2 --micro-batch 2 --schedule interleaved --virtual-stages 2
+run pp2_gpipe 2 "--tp 1 --cp 1 --pp 2 --dp 1 --micro-batch 2 --schedule gpipe" --pp 2 --micro-batch 2 --schedule gpipe
 run cp2 2 "--tp 1 --cp 2 --pp 1 --dp 1 --micro-batch $batch" --cp 2
+run dp2_zero2 2 "--tp 1 --cp 1 --pp 1 --dp 2 --micro-batch 2 --zero 2" --dp 2 --micro-batch 2 --zero 2
 run dp2_pp2_tp2 8 "--tp 2 --cp 1 --pp 2 --dp 2 --micro-batch 2 --schedule 1f1b" --dp 2 --pp 2 --tp 2 --micro-batch 2
 
 expect_train_usage "--recompute=partial is not a recompute mode (none, selective, full)" 1 "${common[@]}" \
