@@ -196,7 +196,8 @@ void GptT<T>::size_workspace() {
 template <typename T>
 void GptT<T>::share_recompute_workspace(const GptT& other) {
   NDMESH_CHECK(other.recompute_ == recompute_ && other.batch_ == batch_ && other.seq_ == seq_ &&
-                   other.spec_.hidden == spec_.hidden && other.tp_.sequence_parallel == tp_.sequence_parallel &&
+                   other.spec_.hidden == spec_.hidden &&
+                   other.tp_.sequence_parallel == tp_.sequence_parallel &&
                    other.split_backward_ == split_backward_,
                "model", "a workspace is shared only between models of the same mode, shape, batch and seq");
   work_ = other.work_;
@@ -337,8 +338,8 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
                                   head_->local_vocab() * tp_.rank(), static_cast<T>(loss_weight_));
     dlnf_full_.zero();
     // Sequence parallelism: the head's input is gathered again (not kept per micro-batch).
-    const T* lnf_in = a.lnf_full.numel() > 0 ? a.lnf_full.data()
-                                             : tp_.f_forward(a.lnf.data(), lnf_full_.data(), n, c);
+    const T* lnf_in =
+        a.lnf_full.numel() > 0 ? a.lnf_full.data() : tp_.f_forward(a.lnf.data(), lnf_full_.data(), n, c);
     head_->backward(dlogits_.data(), lnf_in, dlnf_full_.data(), n);
     tp_.f_backward(dlnf_full_.data(), dlnf_.data(), n, c);
     dres_a_.zero();
@@ -360,7 +361,8 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
       acts = work_.get();
     } else {
       lend(*acts, l);
-      if (in_workspace(nn::BlockActivations<T>::kLn1Full, false)) blocks_[l].gather_norms(*acts, batch_, seq_);
+      if (in_workspace(nn::BlockActivations<T>::kLn1Full, false))
+        blocks_[l].gather_norms(*acts, batch_, seq_);
       if (recompute_ == nn::Recompute::kSelective)
         blocks_[l].recompute_attention(*acts, batch_, seq_, core_.get(), positions_.data());
     }
@@ -428,7 +430,8 @@ double GptT<T>::flops_per_step() const {
   // Recompute: the attention core forward again (Q Kᵀ and P V, selective), or the whole
   // block forward again (full).
   double recomputed = 0;
-  if (recompute_ == nn::Recompute::kSelective) attention += 2 * 2 * hd * scores * static_cast<double>(batch_) * h;
+  if (recompute_ == nn::Recompute::kSelective)
+    attention += 2 * 2 * hd * scores * static_cast<double>(batch_) * h;
   if (recompute_ == nn::Recompute::kFull)
     recomputed = per_block + 2 * 2 * hd * scores * static_cast<double>(batch_) * h;
   // Under tp a rank computes 1 / tp of every product (its heads, its MLP and vocabulary slices).

@@ -120,10 +120,11 @@ void Trainer::build_pipeline(std::int64_t micro, std::int64_t local_seq) {
                       o.dp.zero);
   // A split backward defers the weight gradients, which read the block's activations after
   // the next block has recomputed into the shared workspace.
-  NDMESH_CHECK_CONFIG(o.pp.schedule != Schedule::kZbH1 || o.recompute == nn::Recompute::kNone, "train",
-                      "--recompute={} with --schedule zb-h1: recompute with a split backward is not implemented "
-                      "yet; use --recompute none or --schedule 1f1b",
-                      nn::recompute_name(o.recompute));
+  NDMESH_CHECK_CONFIG(
+      o.pp.schedule != Schedule::kZbH1 || o.recompute == nn::Recompute::kNone, "train",
+      "--recompute={} with --schedule zb-h1: recompute with a split backward is not implemented "
+      "yet; use --recompute none or --schedule 1f1b",
+      nn::recompute_name(o.recompute));
   NDMESH_CHECK_CONFIG(stages_ == 1 || o.dp.zero == 0, "train",
                       "--zero={} with --pp={}: ZeRO under pipeline parallelism is not implemented yet; use --zero 0",
                       o.dp.zero, stages_);
@@ -147,14 +148,15 @@ void Trainer::build_pipeline(std::int64_t micro, std::int64_t local_seq) {
     std::int64_t first = 0;
     for (int k = 0; k < vs; ++k) first += partition_[static_cast<std::size_t>(k)];
     chunks_.push_back(std::make_unique<model::Gpt>(
-        o.model, model::GptOptions{.seed = o.seed,
-                                   .batch = micro,
-                                   .seq = local_seq,
-                                   .first_block = first,
-                                   .last_block = first + partition_[static_cast<std::size_t>(vs)],
-                                   .pad_to = pad,
-                                   .recompute = o.recompute,
-                                   .split_backward = o.pp.schedule == Schedule::kZbH1},
+        o.model,
+        model::GptOptions{.seed = o.seed,
+                          .batch = micro,
+                          .seq = local_seq,
+                          .first_block = first,
+                          .last_block = first + partition_[static_cast<std::size_t>(vs)],
+                          .pad_to = pad,
+                          .recompute = o.recompute,
+                          .split_backward = o.pp.schedule == Schedule::kZbH1},
         make_tp_context<float>(tp_, o.sequence_parallel, tp_stats_)));
     model::Gpt& g = *chunks_.back();
     // The chunks of a rank run one backward at a time: one recompute workspace for all.

@@ -368,10 +368,11 @@ int train(Options o, comm::Communicator& world) {
   {
     std::vector<std::string> per_stage;
     for (double b : act_per_stage) per_stage.push_back(fmt::format("{:.3f}", b / (1 << 20)));
-    fmt::print("activations: recompute {}, measured peak {:.3f} MiB per rank (the largest rank; per pipeline stage "
-               "{} MiB); rank 0 also holds {:.3f} MiB of gather and send buffers\n",
-               o.recompute, *std::max_element(act_per_rank.begin(), act_per_rank.end()) / (1 << 20),
-               fmt::join(per_stage, ","), mem.activation_buffers / (1 << 20));
+    fmt::print(
+        "activations: recompute {}, measured peak {:.3f} MiB per rank (the largest rank; per pipeline stage "
+        "{} MiB); rank 0 also holds {:.3f} MiB of gather and send buffers\n",
+        o.recompute, *std::max_element(act_per_rank.begin(), act_per_rank.end()) / (1 << 20),
+        fmt::join(per_stage, ","), mem.activation_buffers / (1 << 20));
   }
   if (stages > 1 || !o.trace.empty()) {
     const auto& sc = trainer.schedule();
@@ -508,10 +509,11 @@ Action setup(CLI::App& app) {
   app.add_option("--schedule", o->schedule, "pipeline schedule: gpipe, 1f1b, interleaved or zb-h1")
       ->capture_default_str()
       ->group("Parallel");
-  app.add_option("--recompute", o->recompute,
-                 "activation recompute: none, selective (the backward re-runs the attention core; its "
-                 "output and log-sum-exp are not kept) or full (a block keeps only its input and the backward "
-                 "re-runs its forward); the losses are the same bit for bit")
+  app.add_option(
+         "--recompute", o->recompute,
+         "activation recompute: none, selective (the backward re-runs the attention core; its "
+         "output and log-sum-exp are not kept) or full (a block keeps only its input and the backward "
+         "re-runs its forward); the losses are the same bit for bit")
       ->capture_default_str()
       ->group("Parallel");
   app.add_option("--virtual-stages", o->virtual_stages, "model chunks per pipeline rank (--schedule interleaved)")

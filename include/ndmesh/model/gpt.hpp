@@ -83,7 +83,7 @@ struct GptActivations {
   Tensor<T> input;                              ///< [N, C] embedding output, or the stage's received input
   std::vector<nn::BlockActivations<T>> blocks;  ///< one per block of the stage
   Tensor<T> lnf, lnf_mean, lnf_rstd;            ///< final norm (last stage; local rows)
-  Tensor<T> lnf_full;  ///< sequence parallel with a split backward only: lnf gathered, [N, C]
+  Tensor<T> lnf_full;    ///< sequence parallel with a split backward only: lnf gathered, [N, C]
   Tensor<T> probs;       ///< [N, V / tp] logits, then probabilities in place (last stage)
   Tensor<T> losses;      ///< [N] per-token loss (last stage)
   bool have_targets = false;

@@ -70,12 +70,12 @@ struct BlockActivations {
 
   /// Every tensor, in a fixed order (index with the k* constants below).
   std::array<Tensor<T>*, 15> tensors() {
-    return {&ln1, &ln1_mean, &ln1_rstd, &ln1_full, &ln2_full, &qkv,      &lse, &atty,
-            &res1, &ln2, &ln2_mean, &ln2_rstd, &mlp.fc,   &mlp.gelu, &out};
+    return {&ln1,  &ln1_mean, &ln1_rstd, &ln1_full, &ln2_full, &qkv,      &lse, &atty,
+            &res1, &ln2,      &ln2_mean, &ln2_rstd, &mlp.fc,   &mlp.gelu, &out};
   }
   std::array<const Tensor<T>*, 15> tensors() const {
-    return {&ln1, &ln1_mean, &ln1_rstd, &ln1_full, &ln2_full, &qkv,      &lse, &atty,
-            &res1, &ln2, &ln2_mean, &ln2_rstd, &mlp.fc,   &mlp.gelu, &out};
+    return {&ln1,  &ln1_mean, &ln1_rstd, &ln1_full, &ln2_full, &qkv,      &lse, &atty,
+            &res1, &ln2,      &ln2_mean, &ln2_rstd, &mlp.fc,   &mlp.gelu, &out};
   }
   static constexpr std::size_t kLn1Full = 3, kLn2Full = 4, kLse = 6, kAtty = 7, kOut = 14;
   /// Bytes of the tensors allocated here.
@@ -111,7 +111,8 @@ class Block {
   /// Selective recompute: acts.atty and acts.lse = the attention core forward of acts.qkv
   /// (what forward() computed from it, bit for bit).
   void recompute_attention(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq,
-                           const AttentionCore<T>* core = nullptr, const std::int64_t* positions = nullptr) const;
+                           const AttentionCore<T>* core = nullptr,
+                           const std::int64_t* positions = nullptr) const;
   /// Sizes the scratch for batch x seq tokens.
   void resize(BlockScratch<T>& scratch, std::int64_t batch, std::int64_t seq) const;
 
