@@ -86,7 +86,9 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
       batch_(options.batch),
       seq_(options.seq > 0 ? options.seq : spec.seq),
       first_block_(options.first_block),
-      last_block_(options.last_block < 0 ? spec.layers : options.last_block) {
+      last_block_(options.last_block < 0 ? spec.layers : options.last_block),
+      recompute_(options.recompute),
+      split_backward_(options.split_backward) {
   NDMESH_CHECK_CONFIG(batch_ > 0, "model", "batch={} must be positive", batch_);
   NDMESH_CHECK_CONFIG(seq_ <= spec.seq, "model", "sequence length {} exceeds the model's seq={}", seq_,
                       spec.seq);
@@ -136,16 +138,19 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
   positions_.resize(static_cast<std::size_t>(seq_));
   std::iota(positions_.begin(), positions_.end(), std::int64_t{0});
 
-  acts_ = make_activations();
+  work_ = std::make_shared<nn::BlockActivations<T>>();
+  size_workspace();
   const std::int64_t n = batch_ * seq_, c = spec.hidden, nl = tp_.local_rows(n);
   blocks_.front().resize(scratch_, batch_, seq_);
   if (head_) {
     dlogits_.resize({n, head_->local_vocab()});
     dlnf_.resize({nl, c});
     dlnf_full_.resize({n, c});
+    if (tp_.sequence_parallel && !split_backward_) lnf_full_.resize({n, c});
   }
   dres_a_.resize({nl, c});
   dres_b_.resize({nl, c});
+  if (!embed_) input_grad_.resize({nl, c});
 }
 
 template <typename T>
@@ -158,6 +163,67 @@ void GptT<T>::set_positions(std::vector<std::int64_t> positions) {
 }
 
 template <typename T>
+bool GptT<T>::in_workspace(std::size_t i, bool last) const {
+  using A = nn::BlockActivations<T>;
+  if (recompute_ == nn::Recompute::kFull) return i != A::kOut || (last && !head_);
+  if (i == A::kAtty || i == A::kLse) return recompute_ == nn::Recompute::kSelective;
+  if (i == A::kLn1Full || i == A::kLn2Full) return tp_.sequence_parallel && !split_backward_;
+  // The stage's output is sent at once (or read by the final norm on the last stage).
+  return i == A::kOut && last && !head_;
+}
+
+template <typename T>
+void GptT<T>::lend(nn::BlockActivations<T>& acts, std::size_t l) {
+  auto mine = acts.tensors();
+  auto work = work_->tensors();
+  const bool last = l + 1 == blocks_.size();
+  for (std::size_t i = 0; i < mine.size(); ++i)
+    if (in_workspace(i, last)) std::swap(*mine[i], *work[i]);
+}
+
+template <typename T>
+void GptT<T>::size_workspace() {
+  nn::BlockActivations<T> all;
+  blocks_.front().resize(all, batch_, seq_);
+  auto from = all.tensors();
+  auto to = work_->tensors();
+  for (std::size_t i = 0; i < to.size(); ++i)
+    if (to[i]->numel() == 0 &&
+        (recompute_ == nn::Recompute::kFull || in_workspace(i, false) || in_workspace(i, true)))
+      std::swap(*to[i], *from[i]);
+}
+
+template <typename T>
+void GptT<T>::share_recompute_workspace(const GptT& other) {
+  NDMESH_CHECK(other.recompute_ == recompute_ && other.batch_ == batch_ && other.seq_ == seq_ &&
+                   other.spec_.hidden == spec_.hidden &&
+                   other.tp_.sequence_parallel == tp_.sequence_parallel &&
+                   other.split_backward_ == split_backward_,
+               "model", "a workspace is shared only between models of the same mode, shape, batch and seq");
+  work_ = other.work_;
+  size_workspace();  // what this model needs besides (e.g. the stage output)
+}
+
+template <typename T>
+std::int64_t GptT<T>::recompute_workspace_bytes() const {
+  return work_->bytes() - workspace_buffer_bytes();
+}
+
+template <typename T>
+std::int64_t GptT<T>::workspace_buffer_bytes() const {
+  using A = nn::BlockActivations<T>;
+  auto t = work_->tensors();
+  return (t[A::kLn1Full]->numel() + t[A::kLn2Full]->numel() + t[A::kOut]->numel()) *
+         static_cast<std::int64_t>(sizeof(T));
+}
+
+template <typename T>
+double GptT<T>::forward(const std::int32_t* tokens, const std::int32_t* targets) {
+  if (acts_.blocks.empty()) acts_ = make_activations();
+  return forward(acts_, tokens, nullptr, targets);
+}
+
+template <typename T>
 GptActivations<T> GptT<T>::make_activations() const {
   const std::int64_t n = batch_ * seq_, c = spec_.hidden, nl = tp_.local_rows(n);
   GptActivations<T> a;
@@ -165,22 +231,28 @@ GptActivations<T> GptT<T>::make_activations() const {
   a.targets.resize(static_cast<std::size_t>(n));
   a.input.resize({nl, c});
   a.blocks.resize(blocks_.size());
-  for (std::size_t l = 0; l < blocks_.size(); ++l) blocks_[l].resize(a.blocks[l], batch_, seq_);
+  for (std::size_t l = 0; l < blocks_.size(); ++l) {
+    blocks_[l].resize(a.blocks[l], batch_, seq_);
+    // What lives in the shared workspace is not kept per micro-batch.
+    auto t = a.blocks[l].tensors();
+    for (std::size_t i = 0; i < t.size(); ++i)
+      if (in_workspace(i, l + 1 == blocks_.size())) *t[i] = Tensor<T>{};
+  }
   if (head_) {
     a.lnf.resize({nl, c});
     a.lnf_mean.resize({nl});
     a.lnf_rstd.resize({nl});
-    if (tp_.sequence_parallel) a.lnf_full.resize({n, c});
+    // A split backward's deferred head weight gradient reads the gathered input later.
+    if (tp_.sequence_parallel && split_backward_) a.lnf_full.resize({n, c});
     a.probs.resize({n, head_->local_vocab()});
     a.losses.resize({n});
   }
-  if (!embed_) a.input_grad.resize({nl, c});
   return a;
 }
 
 template <typename T>
 const T* GptT<T>::output(const GptActivations<T>& acts) const {
-  return acts.blocks.back().out.data();
+  return head_ ? acts.blocks.back().out.data() : work_->out.data();
 }
 
 template <typename T>
@@ -222,16 +294,29 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
     std::copy(input, input + tp_.local_rows(n) * spec_.hidden, a.input.data());  // local rows under SP
   }
   const T* x = a.input.data();
+  const std::int64_t out_elems = tp_.local_rows(n) * spec_.hidden;
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
-    blocks_[l].forward(x, a.blocks[l], batch_, seq_, core_.get(), positions_.data());
-    x = a.blocks[l].out.data();
+    nn::BlockActivations<T>& keep = a.blocks[l];
+    if (recompute_ == nn::Recompute::kFull) {
+      // The whole block runs in the workspace; only its output is kept.
+      blocks_[l].forward(x, *work_, batch_, seq_, core_.get(), positions_.data());
+      if (keep.out.numel() > 0) std::copy(work_->out.data(), work_->out.data() + out_elems, keep.out.data());
+    } else {
+      // The tensors the workspace holds (recomputed or gathered again in the backward)
+      // are lent to the block for its forward.
+      lend(keep, l);
+      blocks_[l].forward(x, keep, batch_, seq_, core_.get(), positions_.data());
+      lend(keep, l);
+    }
+    x = keep.out.numel() > 0 ? keep.out.data() : work_->out.data();
     if (progress_) progress_();  // e.g. a pipeline's transfers in flight move between blocks
   }
   a.have_targets = head_ && targets != nullptr;
   if (!head_) return std::numeric_limits<double>::quiet_NaN();
   const std::int64_t c = spec_.hidden;
   lnf_->forward(x, a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), tp_.local_rows(n));
-  head_->forward(tp_.f_forward(a.lnf.data(), a.lnf_full.data(), n, c), a.probs.data(), n);
+  T* lnf_full = a.lnf_full.numel() > 0 ? a.lnf_full.data() : lnf_full_.data();
+  head_->forward(tp_.f_forward(a.lnf.data(), lnf_full, n, c), a.probs.data(), n);
   // Probabilities without a loss: a throwaway target 0 is as good as any.
   if (a.have_targets)
     std::copy(targets, targets + n, a.targets.begin());
@@ -252,7 +337,9 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     nn::CrossEntropy<T>::backward(a.probs.data(), a.targets.data(), dlogits_.data(), n, head_->local_vocab(),
                                   head_->local_vocab() * tp_.rank(), static_cast<T>(loss_weight_));
     dlnf_full_.zero();
-    const T* lnf_in = tp_.sequence_parallel ? a.lnf_full.data() : a.lnf.data();
+    // Sequence parallelism: the head's input is gathered again (not kept per micro-batch).
+    const T* lnf_in =
+        a.lnf_full.numel() > 0 ? a.lnf_full.data() : tp_.f_forward(a.lnf.data(), lnf_full_.data(), n, c);
     head_->backward(dlogits_.data(), lnf_in, dlnf_full_.data(), n);
     tp_.f_backward(dlnf_full_.data(), dlnf_.data(), n, c);
     dres_a_.zero();
@@ -268,9 +355,21 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
   Tensor<T>* dinp = &dres_b_;
   for (std::size_t l = blocks_.size(); l-- > 0;) {
     const T* inp = l == 0 ? a.input.data() : a.blocks[l - 1].out.data();
+    nn::BlockActivations<T>* acts = &a.blocks[l];
+    if (recompute_ == nn::Recompute::kFull) {
+      blocks_[l].forward(inp, *work_, batch_, seq_, core_.get(), positions_.data());
+      acts = work_.get();
+    } else {
+      lend(*acts, l);
+      if (in_workspace(nn::BlockActivations<T>::kLn1Full, false))
+        blocks_[l].gather_norms(*acts, batch_, seq_);
+      if (recompute_ == nn::Recompute::kSelective)
+        blocks_[l].recompute_attention(*acts, batch_, seq_, core_.get(), positions_.data());
+    }
     dinp->zero();
-    blocks_[l].backward(dout->data(), inp, a.blocks[l], scratch_, dinp->data(), batch_, seq_,
+    blocks_[l].backward(dout->data(), inp, *acts, scratch_, dinp->data(), batch_, seq_,
                         progress_ ? &progress_ : nullptr, core_.get(), positions_.data());
+    if (recompute_ != nn::Recompute::kFull) lend(*acts, l);
     std::swap(dout, dinp);
     sum_tp_grads(block_offset_[l], l + 1 < blocks_.size() ? block_offset_[l + 1] : head_offset_);
     // With a tied head on this stage the token table (offset 0) is final only after the
@@ -280,7 +379,7 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
   if (embed_)
     embed_->backward_at(dout->data(), a.tokens.data(), batch_, seq_, positions_.data());
   else
-    std::copy(dout->data(), dout->data() + nl * c, a.input_grad.data());
+    std::copy(dout->data(), dout->data() + nl * c, input_grad_.data());
   if (grads_final_) grads_final_(0);
 }
 
@@ -327,9 +426,17 @@ double GptT<T>::flops_per_step() const {
   std::iota(pos.begin(), pos.end(), std::int64_t{0});
   const double scores =
       static_cast<double>(nn::attention_tiles(positions_.data(), seq_, pos.data(), keys).elements);
-  const double attention = 7 * 2 * hd * scores * static_cast<double>(batch_) * h;
+  double attention = 7 * 2 * hd * scores * static_cast<double>(batch_) * h;
+  // Recompute: the attention core forward again (Q Kᵀ and P V, selective), or the whole
+  // block forward again (full).
+  double recomputed = 0;
+  if (recompute_ == nn::Recompute::kSelective)
+    attention += 2 * 2 * hd * scores * static_cast<double>(batch_) * h;
+  if (recompute_ == nn::Recompute::kFull)
+    recomputed = per_block + 2 * 2 * hd * scores * static_cast<double>(batch_) * h;
   // Under tp a rank computes 1 / tp of every product (its heads, its MLP and vocabulary slices).
-  return static_cast<double>(blocks_.size()) * (3 * per_block + attention) / static_cast<double>(tp_.size()) +
+  return static_cast<double>(blocks_.size()) * (3 * per_block + attention + recomputed) /
+             static_cast<double>(tp_.size()) +
          3 * head;
 }
 

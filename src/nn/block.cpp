@@ -30,6 +30,24 @@ TpContext<T> checked(const BlockOptions& o, TpContext<T> tp) {
 }
 }  // namespace
 
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+    case Recompute::kNone:
+      break;
+  }
+  return "none";
+}
+
+std::optional<Recompute> parse_recompute(std::string_view name) {
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
+    if (name == recompute_name(r)) return r;
+  return std::nullopt;
+}
+
 template <typename T>
 Block<T>::Block(ParamStore<T>& store, BlockOptions options, TpContext<T> tp)
     : options_(resolved(std::move(options))),
@@ -96,6 +114,24 @@ void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t s
     a.ln1_full.resize({n, c});
     a.ln2_full.resize({n, c});
   }
+}
+
+template <typename T>
+void Block<T>::gather_norms(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq) const {
+  if (!tp_.sequence_parallel) return;
+  const std::int64_t n = batch * seq, c = options_.channels;
+  tp_.f_forward(a.ln1.data(), a.ln1_full.data(), n, c);
+  tp_.f_forward(a.ln2.data(), a.ln2_full.data(), n, c);
+}
+
+template <typename T>
+void Block<T>::recompute_attention(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq,
+                                   const AttentionCore<T>* core, const std::int64_t* positions) const {
+  // The same call as in forward(): the same kernel on the same qkv.
+  if (core)
+    core->forward(attn_, a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
+  else
+    attn_.forward(a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
 }
 
 template <typename T>

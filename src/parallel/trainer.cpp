@@ -122,6 +122,13 @@ void Trainer::build_pipeline(std::int64_t micro, std::int64_t local_seq) {
                       "--dp {} / --micro-batch {} gives {}; use --micro-batch {}",
                       stages_, o.batch, dp_size_, micro, microbatches_,
                       std::max<std::int64_t>(1, local_batch_ / (((microbatches_ + stages_ - 1) / stages_) * stages_)));
+  // A split backward defers the weight gradients, which read the block's activations after
+  // the next block has recomputed into the shared workspace.
+  NDMESH_CHECK_CONFIG(
+      o.pp.schedule != Schedule::kZbH1 || o.recompute == nn::Recompute::kNone, "train",
+      "--recompute={} with --schedule zb-h1: recompute with a split backward is not implemented "
+      "yet; use --recompute none or --schedule 1f1b",
+      nn::recompute_name(o.recompute));
   try {
     partition_ = o.pp.layers.empty() ? balanced_partition(o.model.layers, stages_, v)
                                      : parse_partition(o.pp.layers, o.model.layers, stages_, v, "--pp-layers");
@@ -142,14 +149,19 @@ void Trainer::build_pipeline(std::int64_t micro, std::int64_t local_seq) {
     std::int64_t first = 0;
     for (int k = 0; k < vs; ++k) first += partition_[static_cast<std::size_t>(k)];
     chunks_.push_back(std::make_unique<model::Gpt>(
-        o.model, model::GptOptions{.seed = o.seed,
-                                   .batch = micro,
-                                   .seq = local_seq,
-                                   .first_block = first,
-                                   .last_block = first + partition_[static_cast<std::size_t>(vs)],
-                                   .pad_to = pad},
+        o.model,
+        model::GptOptions{.seed = o.seed,
+                          .batch = micro,
+                          .seq = local_seq,
+                          .first_block = first,
+                          .last_block = first + partition_[static_cast<std::size_t>(vs)],
+                          .pad_to = pad,
+                          .recompute = o.recompute,
+                          .split_backward = o.pp.schedule == Schedule::kZbH1},
         make_tp_context<float>(tp_, o.sequence_parallel, tp_stats_)));
     model::Gpt& g = *chunks_.back();
+    // The chunks of a rank run one backward at a time: one recompute workspace for all.
+    if (c > 0) g.share_recompute_workspace(*chunks_.front());
     g.set_loss_weight(1.0 / static_cast<double>(o.batch * o.model.seq));
     if (cp_size_ > 1) {
       g.set_positions(positions_);
@@ -377,12 +389,11 @@ double Trainer::evaluate(std::int64_t batches) {
 }
 
 MemoryBytes Trainer::memory() const {
-  double elements = 0, shard = 0, blocks = 0;
+  double elements = 0, shard = 0;
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     const double n = static_cast<double>(chunks_[c]->params().size());
     elements += n;
     shard += reducers_[c]->zero() > 0 ? n / static_cast<double>(grad_size_) : n;
-    blocks += static_cast<double>(chunks_[c]->blocks().size());
   }
   const int zero = reducers_.front()->zero();
   MemoryBytes m;
@@ -390,18 +401,12 @@ MemoryBytes Trainer::memory() const {
   m.grads = (zero == 2 ? shard : elements) * sizeof(float);
   m.optimizer = 2 * shard * sizeof(float);
   m.grad_workspace = zero == 2 ? elements * sizeof(float) : 0.0;
-  // Activations the forward keeps for one micro-batch: everything the whole-model
-  // estimate counts beyond parameters and gradients; with a pipeline, this rank's share
-  // of the blocks times the most micro-batches it held at once.
-  const double all = model::gpt_memory_elements(options_.model, chunks_.front()->batch(), chunks_.front()->seq());
-  if (stages_ == 1) {
-    m.activations = std::max(0.0, all - 2 * elements) * sizeof(float);
-  } else {
-    const double per_microbatch = all - model::gpt_memory_elements(options_.model, 0, chunks_.front()->seq());
-    const double held = std::max(1, executor_->peak_live_activations()) / static_cast<double>(chunks_.size());
-    m.activations = std::max(0.0, per_microbatch) * blocks / static_cast<double>(options_.model.layers) * held *
-                    sizeof(float);
-  }
+  // Activations: measured, not estimated. The micro-batch activations the executor held at
+  // once at its peak, plus the recompute workspace the chunks share.
+  m.activations = static_cast<double>(executor_->peak_live_activation_bytes() +
+                                      chunks_.front()->recompute_workspace_bytes());
+  m.activation_buffers = static_cast<double>(chunks_.front()->workspace_buffer_bytes());
+  for (const auto& c : chunks_) m.activation_buffers += static_cast<double>(c->own_buffer_bytes());
   return m;
 }
 

@@ -104,11 +104,14 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
 
     const double in_flight = microbatches_in_flight(l.schedule, l.pp, m, l.vpp, stage);
     double activations = layers_on_stage * in_flight * per_layer;
-    if (l.recompute == Recompute::kFull) {
-      // During the backward pass one layer is rematerialised in full.
+    if (l.recompute == Recompute::kFull ||
+        (l.recompute == Recompute::kSelective && l.attention == Attention::kFlash)) {
+      // During the backward pass one layer is rematerialised: in full (its input, already
+      // kept, aside), or under selective with flash attention its attention output and
+      // log-sum-exp (what selective drops).
       ActivationOptions none = act;
       none.recompute = Recompute::kNone;
-      activations += activation_bytes_per_layer(model, s, b, none);
+      activations += activation_bytes_per_layer(model, s, b, none) - per_layer;
     }
     // Korthikanti et al. 2022 section 4.3: the embedding dropout mask, sbhp/t with
     // sequence parallelism (p micro-batches in flight on the first stage) ...

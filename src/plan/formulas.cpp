@@ -130,10 +130,17 @@ double activation_bytes_per_layer(const PlanModel& m, double s, double b, const 
   // (2as^2b): 5as^2b, split by tp. Without dropout only the softmax output remains.
   // Selective recompute drops this term (recomputed in the backward pass).
   double scores = 0;
-  if (o.attention == Attention::kFlash)
+  if (o.attention == Attention::kFlash) {
+    if (o.recompute == Recompute::kSelective) {
+      // Flash has no scores to drop; selective recompute (as ndmesh defines it) drops the
+      // attention core's output, the input of the output projection (s b a hd / t elements),
+      // and its fp32 log-sum-exp: the backward re-runs the attention core from Q, K, V.
+      return replicated / sp + attention_split - e * s * b * a * head_dim(m) / t + mlp_split;
+    }
     scores = 4 * a * s * b / t;  // fp32 log-sum-exp per head and token (Dao et al. 2022)
-  else if (o.recompute == Recompute::kNone)
+  } else if (o.recompute == Recompute::kNone) {
     scores = (m.dropout ? (2 * e + 1) : e) * a * s * s * b / t;
+  }
   return replicated / sp + attention_split + mlp_split + scores;
 }
 
@@ -172,6 +179,10 @@ double recompute_flops_per_step(const PlanModel& m, double s, double batch, Reco
   // section 3.1 "Recomputation" and the backward pass of Appendix B): 2 b s^2 h per layer,
   // whatever else is recomputed.
   const double flash = attention == Attention::kFlash ? batch * 2 * s * s * h * d(m.spec.layers) : 0.0;
+  // Selective with flash: the attention core forward once more (Q K^T and attention over V,
+  // 4 b s^2 h per layer), to recompute the attention output and log-sum-exp it dropped.
+  if (attention == Attention::kFlash && r == Recompute::kSelective)
+    return flash + batch * 4 * s * s * h * d(m.spec.layers);
   if (attention == Attention::kFlash && r != Recompute::kFull) return flash;
   if (r == Recompute::kFull) return layer_flops_per_step(m, s, batch) / 3.0 + flash;
   switch (r) {

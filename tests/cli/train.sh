@@ -86,6 +86,8 @@ expect_usage "--batch=100000 --seq=64 with this model needs about" "$ndmesh" tra
 expect_usage "--until=13" "$ndmesh" train --steps 12 --until 13
 expect_usage "--save-every=4 needs --save" "$ndmesh" train --save-every 4
 expect_usage "--data is empty" "$ndmesh" train --data ""
+expect_usage "--recompute=partial is not a recompute mode (none, selective, full)" "$ndmesh" train --recompute partial
+expect_usage "--recompute= is not a recompute mode" "$ndmesh" train --recompute ""
 expect_usage "--save is empty" "$ndmesh" train --save ""
 expect_usage "--load is empty" "$ndmesh" train --load ""
 expect_usage "not a regular file" "$ndmesh" train --data "$tmp"

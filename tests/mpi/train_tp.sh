@@ -85,26 +85,33 @@ per_rank "$tmp/tp4_sp_untied.json" 8 4 1 4
 #    and sums (2 N) per micro-batch; the gradient norm (one double).
 #  with it: those N C all-reduces become all-gathers (block forward 2, final norm 1, block
 #    backward 2, embedding backward 1) and reduce-scatters (embedding 1, block forward 2,
-#    block backward 2, head backward 1) of N C each; plus, once per step, one all-reduce
-#    per block of its 6 C norm and row-parallel bias gradients and one of the final norm's 2 C.
+#    block backward 2, head backward 1) of N C each; the gathered norm outputs are not kept
+#    but gathered again in the backward (2 per block, 1 for the final norm); plus, once per
+#    step, one all-reduce per block of its 6 C norm and row-parallel bias gradients and one
+#    of the final norm's 2 C.
 comm_check() {  # comm_check <json> <N> <M> <sp 0/1>
   local f=$1 N=$2 M=$3 sp=$4 L=2 C=32
-  local ar_calls ar_bytes ag_calls ag_bytes
+  local ar_calls ar_bytes ag_calls ag_bytes rs_calls rs_bytes
   if [ "$sp" -eq 0 ]; then
     ar_calls=$((M * (4 * L + 4) + 1))
     ar_bytes=$((M * ((4 * L + 2) * N * C * 4 + 3 * N * 4) + 8))
     ag_calls=0
     ag_bytes=0
+    rs_calls=0
+    rs_bytes=0
   else
     ar_calls=$((M * 2 + L + 1 + 1))
     ar_bytes=$((M * 3 * N * 4 + (L * 6 * C + 2 * C) * 4 + 8))
-    ag_calls=$((M * (4 * L + 2)))
-    ag_bytes=$((M * (4 * L + 2) * N * C * 4))
+    ag_calls=$((M * (6 * L + 3)))
+    ag_bytes=$((M * (6 * L + 3) * N * C * 4))
+    rs_calls=$((M * (4 * L + 2)))
+    rs_bytes=$((M * (4 * L + 2) * N * C * 4))
   fi
   jq -e --argjson arc "$ar_calls" --argjson arb "$ar_bytes" --argjson agc "$ag_calls" --argjson agb "$ag_bytes" \
+    --argjson rsc "$rs_calls" --argjson rsb "$rs_bytes" \
     '.tp_comm_per_step == {"all_reduce": {"calls": $arc, "bytes": $arb}, "all_gather": {"calls": $agc, "bytes": $agb},
-      "reduce_scatter": {"calls": $agc, "bytes": $agb}}' "$f" > /dev/null ||
-    fail "$f: tp communication $(jq -c .tp_comm_per_step "$f"), expected all-reduce $ar_calls calls $ar_bytes bytes, all-gather and reduce-scatter $ag_calls calls $ag_bytes bytes"
+      "reduce_scatter": {"calls": $rsc, "bytes": $rsb}}' "$f" > /dev/null ||
+    fail "$f: tp communication $(jq -c .tp_comm_per_step "$f"), expected all-reduce $ar_calls calls $ar_bytes bytes, all-gather $ag_calls calls $ag_bytes bytes, reduce-scatter $rs_calls calls $rs_bytes bytes"
   echo "$(basename "$f" .json): tp communication per step $(jq -c .tp_comm_per_step "$f") = closed form"
 }
 comm_check "$tmp/tp2.json" 192 1 0

@@ -246,7 +246,13 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
       "(Korthikanti et al. 2022, s={} b={} {}), plus embedding masks / logits\n",
       gib(m.activations), m.layers_on_stage, m.in_flight, m.activation_per_layer / (1024.0 * 1024.0),
       seq / l.cp, l.micro_batch, plan::recompute_name(l.recompute));
-  if (l.attention == plan::Attention::kFlash)
+  if (l.attention == plan::Attention::kFlash && l.recompute == plan::Recompute::kSelective)
+    fmt::print(
+        "  attention               flash (Dao et al. 2022), selective recompute: no score storage; the "
+        "attention output (s b a hd/t elements) and fp32 log-sum-exp are not kept but recomputed by one more "
+        "attention core forward (4 b s^2 h FLOPs per layer; one layer's worth held while it runs), besides "
+        "the flash backward's Q K^T (2 b s^2 h)\n");
+  else if (l.attention == plan::Attention::kFlash)
     fmt::print(
         "  attention               flash (Dao et al. 2022): no 5as/h score/softmax/dropout storage; 4 a s "
         "b/t "

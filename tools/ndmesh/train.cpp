@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -47,6 +48,7 @@ struct Options {
   int zero = 0;
   std::string allreduce = "mpi";
   std::string cp_layout = "zigzag";
+  std::string recompute = "none";
   std::int64_t layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 0, seq = 64, vocab = 0;
   bool untied = false;
   std::int64_t batch = 16, steps = 1000, warmup = 20;
@@ -117,6 +119,8 @@ void validate(const Options& o) {
       known = known || schedule_name(sc) == o.schedule;
     need(known, "--schedule", o.schedule, "is not a pipeline schedule (gpipe, 1f1b, interleaved, zb-h1)", "1f1b");
   }
+  need(nn::parse_recompute(o.recompute).has_value(), "--recompute", o.recompute,
+       "is not a recompute mode (none, selective, full)", "selective");
   need(o.virtual_stages >= 1, "--virtual-stages", o.virtual_stages, "must be at least 1", "2");
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -223,7 +227,8 @@ int train(Options o, comm::Communicator& world) {
                                   .layers = o.pp_layers,
                                   .drop_action = o.drop_action},
                            .cp_layout = parallel::parse_cp_layout(o.cp_layout),
-                           .sequence_parallel = o.sequence_parallel};
+                           .sequence_parallel = o.sequence_parallel,
+                           .recompute = *nn::parse_recompute(o.recompute)};
   // Refuse sizes that would not fit instead of being killed half-way through allocation.
   const std::int64_t dp = layout.mesh.size_of("dp");
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : std::max<std::int64_t>(1, o.batch / dp);
@@ -350,6 +355,13 @@ int train(Options o, comm::Communicator& world) {
                                    1024.0 * static_cast<double>(usage.ru_maxrss)};
   world.all_reduce(std::span<double>(slowest), {.op = comm::ReduceOp::kMax});
   const parallel::MemoryBytes mem = trainer.memory();
+  // Each rank's measured activation bytes, and the largest of each pipeline stage.
+  std::vector<double> act_per_rank(static_cast<std::size_t>(world.size()), 0.0);
+  act_per_rank[static_cast<std::size_t>(world.rank())] = mem.activations;
+  world.all_reduce(std::span<double>(act_per_rank));
+  std::vector<double> act_per_stage(static_cast<std::size_t>(stages), 0.0);
+  act_per_stage[static_cast<std::size_t>(groups.pp().rank())] = mem.activations;
+  world.all_reduce(std::span<double>(act_per_stage), {.op = comm::ReduceOp::kMax});
   const parallel::PipelineReport pipe = trainer.pipeline_report(o.trace);
   if (!lead) return 0;
   const double steps_run = static_cast<double>(stop - first);
@@ -363,6 +375,15 @@ int train(Options o, comm::Communicator& world) {
     fmt::print(", gradient reduction {:.3f} s from first bucket to last, {:.3f} s of it exposed", slowest[0],
                slowest[1]);
   fmt::print("\n");
+  {
+    std::vector<std::string> per_stage;
+    for (double b : act_per_stage) per_stage.push_back(fmt::format("{:.3f}", b / (1 << 20)));
+    fmt::print(
+        "activations: recompute {}, measured peak {:.3f} MiB per rank (the largest rank; per pipeline stage "
+        "{} MiB); rank 0 also holds {:.3f} MiB of gather and send buffers\n",
+        o.recompute, *std::max_element(act_per_rank.begin(), act_per_rank.end()) / (1 << 20),
+        fmt::join(per_stage, ","), mem.activation_buffers / (1 << 20));
+  }
   if (stages > 1 || !o.trace.empty()) {
     const auto& sc = trainer.schedule();
     fmt::print("pipeline: {} over {} stages x {} chunk{}, {} micro-batches, blocks per chunk {}\n",
@@ -397,6 +418,7 @@ int train(Options o, comm::Communicator& world) {
     j["micro_batches"] = trainer.microbatches();
     j["zero"] = o.zero;
     j["sequence_parallel"] = o.sequence_parallel;
+    j["recompute"] = o.recompute;
     // What the last step moved over this rank's tp group (bytes of the full buffers).
     auto count = [](const parallel::CommCount& c) { return nlohmann::ordered_json{{"calls", c.calls}, {"bytes", c.bytes}}; };
     j["tp_comm_per_step"] = {{"all_reduce", count(tp_comm.all_reduce)},
@@ -415,8 +437,12 @@ int train(Options o, comm::Communicator& world) {
                          {"grads", mem.grads},
                          {"optimizer", mem.optimizer},
                          {"activations", mem.activations},
+                         {"activation_buffers", mem.activation_buffers},
                          {"grad_workspace", mem.grad_workspace},
                          {"peak_rss", slowest[4]}};
+    // memory_bytes.activations is rank 0's; every rank's, and each stage's largest:
+    j["activation_bytes_per_rank"] = act_per_rank;
+    j["activation_bytes_per_stage"] = act_per_stage;
     if (!o.save.empty()) j["checkpoint"] = o.save;
     {
       const auto& sc = trainer.schedule();
@@ -491,6 +517,13 @@ Action setup(CLI::App& app) {
       ->capture_default_str()
       ->group("Parallel");
   app.add_option("--schedule", o->schedule, "pipeline schedule: gpipe, 1f1b, interleaved or zb-h1")
+      ->capture_default_str()
+      ->group("Parallel");
+  app.add_option(
+         "--recompute", o->recompute,
+         "activation recompute: none, selective (the backward re-runs the attention core; its "
+         "output and log-sum-exp are not kept) or full (a block keeps only its input and the backward "
+         "re-runs its forward); the losses are the same bit for bit")
       ->capture_default_str()
       ->group("Parallel");
   app.add_option("--virtual-stages", o->virtual_stages, "model chunks per pipeline rank (--schedule interleaved)")

@@ -49,6 +49,13 @@ struct GptOptions {
   std::int64_t last_block = -1;  ///< -1: spec.layers
   /// The flat buffers are padded to a multiple of this many elements (ZeRO shards).
   std::int64_t pad_to = 1;
+  /// What each block's forward keeps and its backward recomputes (nn::Recompute): the
+  /// losses and gradients are the same bit for bit in every mode.
+  nn::Recompute recompute = nn::Recompute::kNone;
+  /// The backward may run split (nn::DeferWeightGrads, zero-bubble schedules): the deferred
+  /// weight gradients read the linears' inputs later, so under sequence parallelism the
+  /// gathered norm outputs are kept per micro-batch instead of gathered again.
+  bool split_backward = false;
 };
 
 /// Every problem with a ModelSpec for this model, one line each (field, value, fix).
@@ -76,11 +83,19 @@ struct GptActivations {
   Tensor<T> input;                              ///< [N, C] embedding output, or the stage's received input
   std::vector<nn::BlockActivations<T>> blocks;  ///< one per block of the stage
   Tensor<T> lnf, lnf_mean, lnf_rstd;            ///< final norm (last stage; local rows)
-  Tensor<T> lnf_full;                           ///< sequence parallel: lnf gathered, [N, C]
+  Tensor<T> lnf_full;    ///< sequence parallel with a split backward only: lnf gathered, [N, C]
   Tensor<T> probs;       ///< [N, V / tp] logits, then probabilities in place (last stage)
   Tensor<T> losses;      ///< [N] per-token loss (last stage)
-  Tensor<T> input_grad;  ///< [N, C] d loss / d input after backward (later stages)
   bool have_targets = false;
+
+  /// Bytes allocated here: every tensor, the tokens and the targets.
+  std::int64_t bytes() const {
+    std::int64_t n = 0;
+    for (const auto& b : blocks) n += b.bytes();
+    for (const Tensor<T>* t : {&input, &lnf, &lnf_mean, &lnf_rstd, &lnf_full, &probs, &losses})
+      n += t->numel() * static_cast<std::int64_t>(sizeof(T));
+    return n + static_cast<std::int64_t>((tokens.size() + targets.size()) * sizeof(std::int32_t));
+  }
 };
 
 /// A GPT-style decoder, or a contiguous pipeline stage of one.
@@ -96,9 +111,7 @@ class GptT {
 
   /// Whole model: runs tokens[batch, seq]; with targets (same shape) returns the mean
   /// cross-entropy, otherwise NaN. Keeps what backward() needs.
-  double forward(const std::int32_t* tokens, const std::int32_t* targets) {
-    return forward(acts_, tokens, nullptr, targets);
-  }
+  double forward(const std::int32_t* tokens, const std::int32_t* targets);
   /// Whole model: accumulates into params().grads() the gradient of the mean loss of the
   /// last forward (which must have had targets). Call params().zero_grad() between steps.
   void backward() { backward(acts_, nullptr); }
@@ -110,7 +123,7 @@ class GptT {
                  const std::int32_t* targets);
   /// Stage backward: a stage with the head starts from its loss (`doutput` unused);
   /// others from doutput = d loss / d output(acts). Stages without the embedding leave
-  /// d loss / d input in acts.input_grad.
+  /// d loss / d input in input_grad().
   void backward(GptActivations<T>& acts, const T* doutput);
   /// The weight of each token's loss in the gradient that backward() accumulates. The
   /// default, 1 / (batch * seq), is the gradient of the mean loss of one forward; a run
@@ -145,10 +158,32 @@ class GptT {
   /// The attention core every block runs (nullptr: the local kernel on the local rows).
   void set_attention_core(std::shared_ptr<const nn::AttentionCore<T>> core) { core_ = std::move(core); }
 
-  /// Activations sized for this model's batch and seq.
+  /// Activations sized for this model's batch and seq (what the forward keeps under the
+  /// model's recompute mode).
   GptActivations<T> make_activations() const;
+  nn::Recompute recompute() const { return recompute_; }
+  /// Makes this model use `other`'s activation workspace (the local chunks of a pipeline
+  /// rank run one forward or backward at a time and share one). Same batch, seq and mode.
+  void share_recompute_workspace(const GptT& other);
+  /// d loss / d input of the last backward() of a stage without the embedding, [N, C] (the
+  /// rank's rows under sequence parallelism); overwritten by the next backward.
+  const Tensor<T>& input_grad() const { return input_grad_; }
+  /// Bytes of the workspace the backward recomputes into (shared by the micro-batches and
+  /// by the models that share it): 0 without recompute.
+  std::int64_t recompute_workspace_bytes() const;
+  /// Bytes of the buffers in the same workspace that hold no activation kept for the
+  /// backward: the all-gathered norm outputs under sequence parallelism (gathered again in
+  /// the backward) and the stage's output before it is sent (full recompute: the output of
+  /// the block being recomputed).
+  std::int64_t workspace_buffer_bytes() const;
+  /// Bytes of this model's own such buffers: the gathered final-norm output (sequence
+  /// parallelism) and input_grad().
+  std::int64_t own_buffer_bytes() const {
+    return (lnf_full_.numel() + input_grad_.numel()) * static_cast<std::int64_t>(sizeof(T));
+  }
   /// The hidden states leaving the stage's last block, [batch, seq, C] (the rank's local
-  /// rows under sequence parallelism).
+  /// rows under sequence parallelism). A stage without the head does not keep them: valid
+  /// until its next forward or backward (or one of a model sharing its workspace).
   const T* output(const GptActivations<T>& acts) const;
 
   ParamStore<T>& params() { return store_; }
@@ -163,13 +198,25 @@ class GptT {
   /// Matrix-product floating point operations of one forward + backward of this stage
   /// over one batch, as computed: 3x the forward for the linears and the head; attention
   /// over the tiles the causal mask does not skip (about half the seq x seq square plus the
-  /// diagonal tiles), 2 products forward and 5 backward (the scores are recomputed).
+  /// diagonal tiles), 2 products forward and 5 backward (the scores are recomputed). With
+  /// recompute, plus what the backward runs again: the attention core's 2 products
+  /// (selective) or each block's whole forward (full).
   double flops_per_step() const;
 
   const std::vector<nn::Block<T>>& blocks() const { return blocks_; }
 
  private:
   void init(std::uint64_t seed, double init_std);
+  // Whether tensor i of the activations of a block (`last`: the stage's last block) lives
+  // in the shared workspace instead of each micro-batch's activations: under full
+  // recompute all but the block outputs; otherwise attention output and lse (selective),
+  // the gathered norm outputs (sequence parallelism: gathered again in the backward) and
+  // the output of a stage without the head (sent at once).
+  bool in_workspace(std::size_t i, bool last) const;
+  // Sizes the workspace tensors this model needs that are still empty.
+  void size_workspace();
+  // Swaps the workspace's tensors in (or back out of) block l's activations.
+  void lend(nn::BlockActivations<T>& acts, std::size_t l);
   // Sums over tp the gradients of the grad_sum views in [from, to) of the flat buffer.
   void sum_tp_grads(std::int64_t from, std::int64_t to);
 
@@ -193,10 +240,17 @@ class GptT {
   std::vector<std::int64_t> block_offset_;  ///< flat offset of each block's first parameter
   std::int64_t head_offset_ = 0;            ///< flat offset of the final norm's first parameter
 
-  GptActivations<T> acts_;  ///< of the whole-model forward()/backward()
+  nn::Recompute recompute_ = nn::Recompute::kNone;
+  bool split_backward_ = false;
+  // The activations no micro-batch keeps (see in_workspace), of the block running: one per
+  // model (or shared by a rank's chunks), reused block by block.
+  std::shared_ptr<nn::BlockActivations<T>> work_;
+  GptActivations<T> acts_;  ///< of the whole-model forward()/backward(), made by the first forward()
   // Backward work space, shared by every micro-batch (backwards run one at a time).
   nn::BlockScratch<T> scratch_;
   Tensor<T> dlogits_, dlnf_, dlnf_full_, dres_a_, dres_b_;
+  Tensor<T> lnf_full_;    // sequence parallel: the final norm's output gathered, [N, C]
+  Tensor<T> input_grad_;  // see input_grad()
 };
 
 /// The float model used for training.

@@ -10,9 +10,12 @@
 // rows [first_row, first_row + local_rows) of the batch * seq token rows.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "ndmesh/nn/attention.hpp"
 #include "ndmesh/nn/layernorm.hpp"
@@ -33,7 +36,26 @@ struct BlockOptions {
   std::string name = "block";
 };
 
-/// What one block's forward keeps for its backward (one micro-batch).
+/// Activation recomputation (Korthikanti et al. 2022), as this library defines it for its
+/// blockwise (flash-style) attention, which never stores s x s scores:
+///  - kNone: the forward keeps every tensor of BlockActivations;
+///  - kSelective: it keeps everything but the attention core's output (atty) and its
+///    log-sum-exp (lse); the backward re-runs the attention core forward from the kept qkv
+///    (into a workspace shared by the blocks) before the output projection's backward;
+///  - kFull: it keeps only the block output (the next block's input; the stage keeps the
+///    first block's input); the backward re-runs the whole block forward from its input
+///    (into one shared BlockActivations) right before that block's backward.
+/// The recomputed forward is the same code on the same inputs, so the losses and gradients
+/// are bit for bit those of kNone. GptT (model/gpt.hpp) implements it with
+/// recompute_attention() and forward().
+enum class Recompute { kNone, kSelective, kFull };
+/// "none", "selective", "full".
+const char* recompute_name(Recompute r);
+/// Parses a recompute name; std::nullopt when it is not one.
+std::optional<Recompute> parse_recompute(std::string_view name);
+
+/// What one block's forward keeps for its backward (one micro-batch). Under recompute
+/// some of these stay empty (see Recompute).
 template <typename T>
 struct BlockActivations {
   Tensor<T> ln1, ln1_mean, ln1_rstd;  ///< [n, C], [n], [n] (n: the rank's local rows)
@@ -45,6 +67,23 @@ struct BlockActivations {
   Tensor<T> ln2, ln2_mean, ln2_rstd;  ///< [N, C], [N], [N]
   MlpActivations<T> mlp;
   Tensor<T> out;  ///< [N, C] block output
+
+  /// Every tensor, in a fixed order (index with the k* constants below).
+  std::array<Tensor<T>*, 15> tensors() {
+    return {&ln1,  &ln1_mean, &ln1_rstd, &ln1_full, &ln2_full, &qkv,      &lse, &atty,
+            &res1, &ln2,      &ln2_mean, &ln2_rstd, &mlp.fc,   &mlp.gelu, &out};
+  }
+  std::array<const Tensor<T>*, 15> tensors() const {
+    return {&ln1,  &ln1_mean, &ln1_rstd, &ln1_full, &ln2_full, &qkv,      &lse, &atty,
+            &res1, &ln2,      &ln2_mean, &ln2_rstd, &mlp.fc,   &mlp.gelu, &out};
+  }
+  static constexpr std::size_t kLn1Full = 3, kLn2Full = 4, kLse = 6, kAtty = 7, kOut = 14;
+  /// Bytes of the tensors allocated here.
+  std::int64_t bytes() const {
+    std::int64_t n = 0;
+    for (const Tensor<T>* t : tensors()) n += t->numel();
+    return n * static_cast<std::int64_t>(sizeof(T));
+  }
 };
 
 /// Gradient work space for Block::backward, shared by all blocks of a model.
@@ -62,8 +101,18 @@ class Block {
 
   /// Initialises the norms (1, 0); the linears are initialised by the model.
   void init_norms() const;
-  /// Sizes the activations for batch x seq tokens.
+  /// Sizes the activations for batch x seq tokens (every tensor; a model that recomputes
+  /// or gathers some of them again frees those, see GptT).
   void resize(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq) const;
+  /// Sequence parallelism: acts.ln1_full and acts.ln2_full = ln1 and ln2 all-gathered over
+  /// tp again (what forward() gathered; a caller that does not keep them calls this before
+  /// backward()). Nothing without sequence parallelism.
+  void gather_norms(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq) const;
+  /// Selective recompute: acts.atty and acts.lse = the attention core forward of acts.qkv
+  /// (what forward() computed from it, bit for bit).
+  void recompute_attention(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq,
+                           const AttentionCore<T>* core = nullptr,
+                           const std::int64_t* positions = nullptr) const;
   /// Sizes the scratch for batch x seq tokens.
   void resize(BlockScratch<T>& scratch, std::int64_t batch, std::int64_t seq) const;
 

@@ -74,6 +74,8 @@ struct TrainOptions {
   CpLayout cp_layout = CpLayout::kZigzag;  ///< which chunks of each sequence a cp rank holds
   /// With tp > 1: norms and residuals hold 1/tp of the tokens (--sequence-parallel).
   bool sequence_parallel = false;
+  /// Activation recomputation (--recompute; see nn::Recompute): the same losses bit for bit.
+  nn::Recompute recompute = nn::Recompute::kNone;
 };
 
 /// What the pipeline measured over the steps so far (filled on world rank 0 only).
@@ -107,7 +109,14 @@ struct MemoryBytes {
   double params = 0;
   double grads = 0;      ///< gradients kept between micro-batches (ZeRO-2: the shard)
   double optimizer = 0;  ///< AdamW moments (ZeRO 1/2: the shard)
+  /// Measured: the bytes of the micro-batch activations alive at once at this rank's peak
+  /// (the pipeline executor's GptActivations of every chunk) plus the recompute workspace.
   double activations = 0;
+  /// Buffers beside them that hold nothing kept for the backward: the all-gathered norm
+  /// outputs under sequence parallelism (gathered again in the backward), a stage's output
+  /// before it is sent (full recompute: the recomputed block's output) and its input
+  /// gradient before it is sent back.
+  double activation_buffers = 0;
   double grad_workspace = 0;  ///< ZeRO-2: the full-size buffer the backward writes into
 };
 

@@ -17,6 +17,10 @@
 //   is gone); the forward keeps the output (already counted as the input of the output
 //   projection) and the fp32 softmax statistics (log-sum-exp, 4 a s b bytes), and the
 //   backward recomputes the scores Q K^T from Q and K: 2 b s^2 h extra FLOPs per layer.
+//   Selective recompute then has no scores to drop; ndmesh defines it (as its trainer's
+//   --recompute selective does) as dropping the attention core's output (s b a hd / t
+//   elements, the output projection's input) and its log-sum-exp, recomputed by one more
+//   attention core forward (4 b s^2 h FLOPs per layer) in the backward pass.
 // - Model states: Rajbhandari et al. 2020 ("ZeRO: Memory Optimizations Toward Training
 //   Trillion Parameter Models", Figure 1): mixed-precision Adam keeps 2 + 2 + K bytes per
 //   parameter, K = 12; stage 1 shards the K bytes over dp, stage 2 the gradients too,
@@ -39,7 +43,8 @@ namespace ndmesh::plan {
 /// Activation recomputation (Korthikanti et al. 2022).
 enum class Recompute {
   kNone,       ///< keep every activation
-  kSelective,  ///< recompute the attention core (the 5 a s/h term) in the backward pass
+  kSelective,  ///< recompute the attention core in the backward pass (standard: the 5 a s/h term;
+               ///< flash: its output and log-sum-exp)
   kFull,       ///< keep only each layer's input, recompute the whole layer
 };
 
@@ -104,8 +109,9 @@ struct ActivationOptions {
 /// 2022 section 4, generalised to GQA (K and V scale with kv_heads/heads), SwiGLU (the
 /// fused gate/up output 2 ffn wide and its product, 6 s b ffn bytes instead of GeLU's
 /// 4 s b ffn) and models without dropout (no masks; softmax output 2 a s^2 b only). With
-/// flash attention the 5 a s^2 b/t score term becomes the fp32 log-sum-exp, 4 a s b/t bytes
-/// (selective recompute then has nothing left to drop).
+/// flash attention the 5 a s^2 b/t score term becomes the fp32 log-sum-exp, 4 a s b/t bytes;
+/// selective recompute then drops that and the attention output (s b a hd / t elements),
+/// which one more attention core forward recomputes.
 double activation_bytes_per_layer(const PlanModel& model, double seq, double micro_batch,
                                   const ActivationOptions& options);
 
@@ -132,7 +138,7 @@ double logit_flops_per_step(const PlanModel& model, double seq, double global_ba
 /// Extra FLOPs that recomputation adds per step: the attention core forward (4 B s^2 h l)
 /// for selective, one more forward of every layer for full (Narayanan's 96 vs 72). With
 /// flash attention the backward recomputes Q K^T (2 B s^2 h l) in every mode, and selective
-/// adds nothing more (the kernel already stores no scores).
+/// adds the attention core forward (4 B s^2 h l) that rebuilds the dropped output.
 double recompute_flops_per_step(const PlanModel& model, double seq, double global_batch, Recompute r,
                                 Attention attention = Attention::kStandard);
 

@@ -177,7 +177,11 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
     NDMESH_CHECK(slot == nullptr, "pp", "stage {}: a second forward of micro-batch {} chunk {}", stage_, mb,
                  c);
     slot = std::move(a);
-    if (train) peak_live_ = std::max(peak_live_, ++live);
+    live_bytes_ += slot->bytes();
+    if (train) {
+      peak_live_ = std::max(peak_live_, ++live);
+      peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
+    }
     return *slot;
   };
   auto live_acts = [&](int mb, int c, const Action& a, std::size_t i) -> Acts& {
@@ -190,6 +194,7 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
   auto release_acts = [&](int mb, int c) {
     auto it = live_.find(key(ActionKind::kForward, mb, c, m));
     if (it == live_.end()) return;
+    live_bytes_ -= it->second->bytes();
     free_acts_[static_cast<std::size_t>(c)].push_back(std::move(it->second));
     live_.erase(it);
   };
@@ -251,7 +256,9 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
         bool from_recv = false;
         if (v + 1 < nv) {
           if (s.stage_of(v + 1) == stage_) {
-            dout = live_acts(mb, c + 1, a, i).input_grad.data();
+            // (Adjacent virtual stages share a rank only with one stage, where nothing runs
+            // between the backward of c + 1 and this one.)
+            dout = chunks_[static_cast<std::size_t>(c + 1)]->input_grad().data();
           } else {
             Transfer& t = received(ActionKind::kRecvGradient, a, i);
             NDMESH_CHECK(t.work.done(), "pp", "stage {} action {} ({}) runs before its receive", stage_, i,
@@ -277,7 +284,7 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
         --live;
         if (from_recv) finish_recv(ActionKind::kRecvGradient, a);
         if (v > 0 && s.stage_of(v - 1) != stage_)
-          outbox(ActionKind::kSendGradient, mb, c, acts.input_grad.data());
+          outbox(ActionKind::kSendGradient, mb, c, chunk.input_grad().data());
         // The next virtual stage's activations were kept for their input gradient.
         if (v + 1 < nv && s.stage_of(v + 1) == stage_) release_acts(mb, c + 1);
         // A split backward's weight half still reads the layer inputs in the activations.

@@ -175,7 +175,7 @@ TEST(Gpt, TwoPipelineStagesComposeToTheWholeModel) {
     EXPECT_TRUE(std::isnan(first.forward(a0, tokens.data(), nullptr, nullptr)));
     EXPECT_EQ(last.forward(a1, nullptr, first.output(a0), targets.data()), loss);
     last.backward(a1, nullptr);
-    first.backward(a0, a1.input_grad.data());
+    first.backward(a0, last.input_grad().data());
 
     // Every parameter of the whole model is in exactly one stage, with the same initial
     // value and gradient; the tied token table is in both, and its two gradients add up.
@@ -223,6 +223,64 @@ TEST(Gpt, MicroBatchesInFlightKeepSeparateActivations) {
     EXPECT_NEAR(gpt.params().grads()[i], expected[i], 1e-14) << i;
 }
 
+// Recompute: the same loss and gradients bit for bit in every mode, for the whole model and
+// for a two-stage split with two micro-batches in flight; each mode keeps fewer bytes per
+// micro-batch than the one before, and full keeps only each block's output.
+TEST(Gpt, RecomputeModesGiveTheSameGradientsBitForBit) {
+  const ModelSpec spec = tiny(true, 2);
+  Rng rng(21);
+  auto t1 = random_tokens(10, 7, rng), y1 = random_tokens(10, 7, rng);
+  auto t2 = random_tokens(10, 7, rng), y2 = random_tokens(10, 7, rng);
+  std::vector<double> expected, expected_stages;
+  double expected_loss = 0;
+  std::int64_t previous_bytes = 0;
+  for (nn::Recompute mode : {nn::Recompute::kNone, nn::Recompute::kSelective, nn::Recompute::kFull}) {
+    SCOPED_TRACE(nn::recompute_name(mode));
+    GptT<double> gpt(spec, {.seed = 3, .batch = 2, .init_std = 0.5, .recompute = mode});
+    gpt.params().zero_grad();
+    const double loss = gpt.forward(t1.data(), y1.data());
+    gpt.backward();
+    std::vector<double> grads(gpt.params().grads().begin(), gpt.params().grads().end());
+    // Two stages, both micro-batches forward first, backwards in reverse order.
+    GptT<double> first(spec, {.seed = 3, .batch = 2, .init_std = 0.5, .last_block = 1, .recompute = mode});
+    GptT<double> last(spec, {.seed = 3, .batch = 2, .init_std = 0.5, .first_block = 1, .recompute = mode});
+    auto a0 = first.make_activations(), b0 = first.make_activations();
+    auto a1 = last.make_activations(), b1 = last.make_activations();
+    first.params().zero_grad();
+    last.params().zero_grad();
+    first.forward(a0, t1.data(), nullptr, nullptr);
+    const double loss_a = last.forward(a1, nullptr, first.output(a0), y1.data());
+    first.forward(b0, t2.data(), nullptr, nullptr);
+    last.forward(b1, nullptr, first.output(b0), y2.data());
+    last.backward(b1, nullptr);
+    first.backward(b0, last.input_grad().data());
+    last.backward(a1, nullptr);
+    first.backward(a0, last.input_grad().data());
+    std::vector<double> stages(first.params().grads().begin(), first.params().grads().end());
+    stages.insert(stages.end(), last.params().grads().begin(), last.params().grads().end());
+    const std::int64_t bytes = gpt.make_activations().bytes();
+    if (mode == nn::Recompute::kNone) {
+      expected = grads, expected_stages = stages, expected_loss = loss;
+      EXPECT_EQ(loss_a, loss);
+      EXPECT_EQ(gpt.recompute_workspace_bytes(), 0);
+    } else {
+      EXPECT_EQ(loss, expected_loss);
+      EXPECT_EQ(loss_a, expected_loss);
+      ASSERT_EQ(grads.size(), expected.size());
+      for (std::size_t i = 0; i < grads.size(); ++i) EXPECT_EQ(grads[i], expected[i]) << i;
+      ASSERT_EQ(stages.size(), expected_stages.size());
+      for (std::size_t i = 0; i < stages.size(); ++i) EXPECT_EQ(stages[i], expected_stages[i]) << i;
+      EXPECT_LT(bytes, previous_bytes);
+      EXPECT_GT(gpt.recompute_workspace_bytes(), 0);
+    }
+    if (mode == nn::Recompute::kFull) {
+      for (const auto& blk : gpt.make_activations().blocks)
+        EXPECT_EQ(blk.bytes(), blk.out.numel() * static_cast<std::int64_t>(sizeof(double)));
+    }
+    previous_bytes = bytes;
+  }
+}
+
 TEST(Gpt, BadStageRangeIsAConfigError) {
   EXPECT_THROW((Gpt{tiny(true, 2), {.first_block = 1, .last_block = 1}}), ConfigError);
   EXPECT_THROW((Gpt{tiny(true, 2), {.last_block = 3}}), ConfigError);
@@ -254,6 +312,12 @@ TEST(Gpt, FlopsCountMatchesHandCount) {
   // Attention: seq 3 is one (masked) tile of 3x3 scores per (batch, head), 2*hd flops per
   // score and product, 7 products (2 forward, 5 backward): 7 * 2*2 * 9 * 2*2 = 1008.
   EXPECT_DOUBLE_EQ(gpt.flops_per_step(), 3.0 * (384 + 192 + 768 + 240) + 1008);
+  // Selective recompute runs the 2 attention products once more: 2 * 2*2 * 9 * 2*2 = 288;
+  // full recompute the whole block forward once more: 384 + 192 + 768 + 288.
+  Gpt selective(spec, {.batch = 2, .recompute = nn::Recompute::kSelective});
+  EXPECT_DOUBLE_EQ(selective.flops_per_step(), 3.0 * (384 + 192 + 768 + 240) + 1008 + 288);
+  Gpt full(spec, {.batch = 2, .recompute = nn::Recompute::kFull});
+  EXPECT_DOUBLE_EQ(full.flops_per_step(), 3.0 * (384 + 192 + 768 + 240) + 1008 + 384 + 192 + 768 + 288);
 }
 
 TEST(Gpt, FlopsCountOnlyTheAttentionTilesComputed) {

@@ -161,8 +161,10 @@ TEST(Activations, FlashDropsTheScoreTerm) {
   EXPECT_DOUBLE_EQ(flash_layer(Recompute::kNone, 8, false), 327254016.0);
   // TP 8 + SP: 34 sbh/8 + 4as/8 = 106,954,752 + 98,304
   EXPECT_DOUBLE_EQ(flash_layer(Recompute::kNone, 8, true), 107053056.0);
-  // Selective recompute has nothing more to drop under flash attention.
-  EXPECT_DOUBLE_EQ(flash_layer(Recompute::kSelective, 8, true), 107053056.0);
+  // Selective recompute under flash attention drops the attention output (2sbh/8 bytes =
+  // 6,291,456) and the log-sum-exp (98,304): 107,053,056 - 6,389,760.
+  EXPECT_DOUBLE_EQ(flash_layer(Recompute::kSelective, 8, true), 100663296.0);
+  EXPECT_DOUBLE_EQ(flash_layer(Recompute::kSelective, 8, true), 32 * kSbh / 8);
   // Full recompute keeps the layer input only, whatever the attention: 2sbh/8.
   EXPECT_DOUBLE_EQ(flash_layer(Recompute::kFull, 8, true), 6291456.0);
 }
@@ -173,8 +175,9 @@ TEST(Flops, FlashRecomputesTheScores) {
   const double b = 1536, s = 2048, l = 96, h = 12288, v = 51200;
   EXPECT_DOUBLE_EQ(recompute_flops_per_step(m, s, b, Recompute::kNone, Attention::kFlash),
                    2 * b * s * s * h * l);
+  // Selective adds the attention core forward that rebuilds the dropped output: 4 b s^2 h.
   EXPECT_DOUBLE_EQ(recompute_flops_per_step(m, s, b, Recompute::kSelective, Attention::kFlash),
-                   2 * b * s * s * h * l);
+                   6 * b * s * s * h * l);
   // Full recompute: Narayanan's 96 (one more forward) plus the flash backward's Q K^T.
   const double full = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h));
   EXPECT_NEAR(

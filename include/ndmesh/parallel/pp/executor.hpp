@@ -100,6 +100,9 @@ class Executor {
   /// Activations ever allocated for training walks: the most (micro-batch, chunk)
   /// activations that were live at once on this stage.
   int peak_live_activations() const { return peak_live_; }
+  /// Bytes of the micro-batch activations (GptActivations of every chunk) alive at once at
+  /// the peak of the training walks so far: what the schedule really held.
+  std::int64_t peak_live_activation_bytes() const { return peak_live_bytes_; }
   /// Times are measured from this moment (set it after a barrier to line ranks up).
   void set_origin(std::chrono::steady_clock::time_point t) { origin_ = t; }
 
@@ -141,6 +144,7 @@ class Executor {
   std::map<std::int64_t, std::unique_ptr<Acts>> live_;
   std::map<std::int64_t, nn::DeferredWeightGrads<float>> deferred_;  // split backwards awaiting their W
   int allocated_ = 0, peak_live_ = 0;
+  std::int64_t live_bytes_ = 0, peak_live_bytes_ = 0;
   std::vector<std::int32_t> tokens_, targets_;
   std::vector<int> dropped_;
 };
