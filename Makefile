@@ -80,8 +80,9 @@ sanitize: deps
 
 # ThreadSanitizer over the tests of the communicator's watchdog and asynchronous work.
 # Also the threads of training: the data-parallel progress thread (mpi.train_dp) and the
-# ring attention's polling (mpi.ring_attention_*, mpi.train_cp).
-TSAN_TESTS := ^(comm\.|mpi\.collectives|mpi\.timeout|mpi\.allreduce_np[23]|mpi\.ring_attention|mpi\.train_dp|mpi\.train_cp|mpi\.train_pp|mpi\.train_tp|mpi\.tp_grad)
+# ring attention's polling (mpi.ring_attention_*, mpi.train_cp), and recompute re-running the
+# ring and the tp collectives inside the backward (mpi.train_recompute).
+TSAN_TESTS := ^(comm\.|mpi\.collectives|mpi\.timeout|mpi\.allreduce_np[23]|mpi\.ring_attention|mpi\.train_dp|mpi\.train_cp|mpi\.train_pp|mpi\.train_tp|mpi\.tp_grad|mpi\.train_recompute)
 TSAN_TARGETS := comm_test_communicator_single mpi_test_comm_collectives mpi_timeout_probe mpi_test_allreduce \
   mpi_test_ring_attention mpi_test_tp_grad ndmesh
 tsan: deps
