@@ -12,7 +12,8 @@
 # calibration file, and the measured layout fixed by constraints.
 #
 # Environment: STEPS (default 20), THREADS (BLAS threads per rank, default 1), MODEL (the
-# model flags, default the trainer's defaults), BATCH (sequences per step, default 16).
+# model flags, default the trainer's defaults), BATCH (sequences per step, default 16),
+# RECOMPUTE (none, selective or full: given to both ndmesh train and ndmesh plan; default none).
 # Needs the parallel `ndmesh train` (--dp, the JSON fields above); until it exists the
 # parallel rows print the trainer's error and the serial row has no memory numbers.
 set -uo pipefail
@@ -21,6 +22,7 @@ hardware=${2:-}
 steps=${STEPS:-20}
 threads=${THREADS:-1}
 batch=${BATCH:-16}
+recompute=${RECOMPUTE:-none}
 model=${MODEL:-"--layers 2 --hidden 64 --heads 4 --kv-heads 2 --seq 64 --vocab 32"}
 mpirun=(mpirun --allow-run-as-root --oversubscribe)
 export NDMESH_THREADS=$threads
@@ -70,9 +72,10 @@ for l in "${layouts[@]}"; do
   # shellcheck disable=SC2086
   if [ "$ranks" -gt 1 ]; then
     out=$("${mpirun[@]}" -np "$ranks" "$ndmesh" train $model --batch "$batch" --steps "$steps" --threads "$threads" \
-      $train_flags --json 2>&1)
+      --recompute "$recompute" $train_flags --json 2>&1)
   else
-    out=$("$ndmesh" train $model --batch "$batch" --steps "$steps" --threads "$threads" $train_flags --json 2>&1)
+    out=$("$ndmesh" train $model --batch "$batch" --steps "$steps" --threads "$threads" --recompute "$recompute" \
+      $train_flags --json 2>&1)
   fi
   rc=$?
   meas=$(echo "$out" | grep '^{' | tail -1)
@@ -83,7 +86,7 @@ for l in "${layouts[@]}"; do
   fi
   # shellcheck disable=SC2086
   pred=$("$ndmesh" plan $model --mlp gelu --no-dropout --precision fp32 --attention flash --hardware "$(hardware_for "$ranks")" \
-    --gpus "$ranks" --global-batch "$batch" $constraints --max-zero 0 --recompute none --top 1 --json 2>&1)
+    --gpus "$ranks" --global-batch "$batch" $constraints --max-zero 0 --recompute "$recompute" --top 1 --json 2>&1)
   if ! echo "$pred" | jq -e '.layouts[0]' >/dev/null 2>&1; then
     echo "$name: ndmesh plan gave no layout: $(echo "$pred" | tail -1)"
     continue
@@ -109,4 +112,4 @@ for l in "${layouts[@]}"; do
   f=$(hardware_for "$(echo "$l" | cut -d'|' -f2)")
   echo "hardware for $(echo "$l" | cut -d'|' -f1): $f ($(grep '^source' "$f" | cut -d'"' -f2))"
 done
-echo "model: $model, batch $batch, $steps steps, $threads BLAS thread(s) per rank; predicted: ndmesh plan --precision fp32 --no-dropout --attention flash --mlp gelu"
+echo "model: $model, batch $batch, $steps steps, recompute $recompute, $threads BLAS thread(s) per rank; predicted: ndmesh plan --precision fp32 --no-dropout --attention flash --mlp gelu"
