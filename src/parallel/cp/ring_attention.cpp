@@ -70,27 +70,42 @@ constexpr std::int64_t kPollRows = 4 * nn::kAttentionTile;
 }  // namespace
 
 template <typename T>
+typename RingAttention<T>::Ring RingAttention<T>::start(const nn::Attention<T>& attn, const T* qkv,
+                                                        std::int64_t batch, std::int64_t seq,
+                                                        const std::int64_t* positions) const {
+  const nn::AttentionOptions& o = attn.options();
+  const int P = cp_.size();
+  Ring g{.R = attn.qkv_width(),
+         .O = attn.out_width(),
+         .W = 2 * o.kv_heads * o.head_dim,
+         .n = batch * seq,
+         .next = (cp_.rank() + 1) % P,
+         .prev = (cp_.rank() + P - 1) % P};
+  for (int i = 0; i < 2; ++i) {
+    kv_[i].resize(static_cast<std::size_t>(g.n * g.W));
+    pos_[i].resize(static_cast<std::size_t>(seq));
+  }
+  // The block in hand first: this rank's keys and values, at its own positions.
+  for (std::int64_t i = 0; i < g.n; ++i) std::copy_n(qkv + i * g.R + o.heads * o.head_dim, g.W, kv_[0].data() + i * g.W);
+  if (positions)
+    std::copy(positions, positions + seq, pos_[0].begin());
+  else
+    std::iota(pos_[0].begin(), pos_[0].end(), std::int64_t{0});
+  return g;
+}
+
+template <typename T>
 void RingAttention<T>::forward(const nn::Attention<T>& attn, const T* qkv, T* out, T* lse, std::int64_t batch,
                                std::int64_t seq, const std::int64_t* positions) const {
   const int P = cp_.size();
   if (P == 1) return attn.forward(qkv, out, lse, batch, seq, positions);
-  std::vector<std::int64_t> own(static_cast<std::size_t>(seq));
-  if (positions)
-    std::copy(positions, positions + seq, own.begin());
-  else
-    std::iota(own.begin(), own.end(), std::int64_t{0});
+  const Ring ring = start(attn, qkv, batch, seq, positions);
+  const std::vector<std::int64_t> own = pos_[0];  // pos_[0] is overwritten as blocks arrive
   const nn::AttentionOptions& o = attn.options();
-  const std::int64_t H = o.heads, hd = o.head_dim, R = attn.qkv_width(), O = attn.out_width();
-  const std::int64_t W = 2 * o.kv_heads * hd, n = batch * seq;
-  const int next = (cp_.rank() + 1) % P, prev = (cp_.rank() + P - 1) % P;
-  for (int i = 0; i < 2; ++i) {
-    kv_[i].resize(static_cast<std::size_t>(n * W));
-    pos_[i].resize(static_cast<std::size_t>(seq));
-  }
+  const std::int64_t H = o.heads, R = ring.R, O = ring.O, W = ring.W, n = ring.n;
+  const int next = ring.next, prev = ring.prev;
   part_out_.resize(static_cast<std::size_t>(n * O));
   part_lse_.resize(static_cast<std::size_t>(batch * H * seq));
-  for (std::int64_t i = 0; i < n; ++i) std::copy_n(qkv + i * R + H * hd, W, kv_[0].data() + i * W);
-  pos_[0] = own;
   int cur = 0;
   for (int s = 0; s < P; ++s) {
     std::vector<comm::Work> works;
@@ -145,26 +160,16 @@ void RingAttention<T>::backward(const nn::Attention<T>& attn, const T* dout, con
                                 const std::int64_t* positions) const {
   const int P = cp_.size();
   if (P == 1) return attn.backward(dout, qkv, out, lse, dqkv, batch, seq, positions);
-  std::vector<std::int64_t> own(static_cast<std::size_t>(seq));
-  if (positions)
-    std::copy(positions, positions + seq, own.begin());
-  else
-    std::iota(own.begin(), own.end(), std::int64_t{0});
+  const Ring ring = start(attn, qkv, batch, seq, positions);
+  const std::vector<std::int64_t> own = pos_[0];  // pos_[0] is overwritten as blocks arrive
   const nn::AttentionOptions& o = attn.options();
-  const std::int64_t H = o.heads, hd = o.head_dim, R = attn.qkv_width(), O = attn.out_width();
-  const std::int64_t W = 2 * o.kv_heads * hd, n = batch * seq;
-  const int next = (cp_.rank() + 1) % P, prev = (cp_.rank() + P - 1) % P;
-  for (int i = 0; i < 2; ++i) {
-    kv_[i].resize(static_cast<std::size_t>(n * W));
-    dkv_[i].resize(static_cast<std::size_t>(n * W));
-    pos_[i].resize(static_cast<std::size_t>(seq));
-  }
+  const std::int64_t H = o.heads, hd = o.head_dim, R = ring.R, O = ring.O, W = ring.W, n = ring.n;
+  const int next = ring.next, prev = ring.prev;
+  for (int i = 0; i < 2; ++i) dkv_[i].resize(static_cast<std::size_t>(n * W));
   delta_.resize(static_cast<std::size_t>(batch * H * seq));
   for (std::int64_t b = 0; b < batch; ++b)
     nn::attention_row_dot<T>(o, seq, out + b * seq * O, O, dout + b * seq * O, O, delta_.data() + b * H * seq);
-  for (std::int64_t i = 0; i < n; ++i) std::copy_n(qkv + i * R + H * hd, W, kv_[0].data() + i * W);
   acc_in_.resize(static_cast<std::size_t>(n * W));
-  pos_[0] = own;
   int cur = 0;
   comm::Work recv_acc, send_acc[2];
   for (int s = 0; s < P; ++s) {

@@ -61,6 +61,14 @@ class RingAttention final : public nn::AttentionCore<T> {
   void reset() { stats_ = {}; }
 
  private:
+  // Sizes of one call and the ring neighbours.
+  struct Ring {
+    std::int64_t R, O, W, n;  // qkv row width, output row width, k|v row width, rows
+    int next, prev;
+  };
+  // Sizes the ring buffers and puts this rank's keys, values and positions in slot 0.
+  Ring start(const nn::Attention<T>& attn, const T* qkv, std::int64_t batch, std::int64_t seq,
+             const std::int64_t* positions) const;
   comm::Communicator cp_;
   mutable RingAttentionStats stats_;
   // Ring buffers, reused between calls: [k | v] rows of the block in hand and the next,
