@@ -310,16 +310,7 @@ void Trainer::for_each_owned_table_grad(std::size_t c,
                                         const std::function<void(float*, std::int64_t, std::int64_t)>& f) {
   model::Gpt& g = *chunks_[c];
   const ParamView& view = g.params().view(g.params().find("embed.tokens"));
-  GradReducer& r = *reducers_[c];
-  float* shard = r.shard_grads();  // ZeRO-2: the reduced shard, segment after segment
-  std::int64_t at = 0;
-  for (const nn::Segment& seg : r.shard()) {
-    const std::int64_t lo = std::max(view.offset, seg.offset);
-    const std::int64_t hi = std::min(view.offset + view.numel, seg.offset + seg.count);
-    if (lo < hi)
-      f((shard != nullptr ? shard + at - seg.offset : g.params().grads().data()) + lo, hi - lo, lo - view.offset);
-    at += seg.count;
-  }
+  reducers_[c]->for_each_owned(g.params().grads().data(), view.offset, view.numel, f);
 }
 
 void Trainer::sum_tied_table(std::size_t c) {
@@ -340,23 +331,16 @@ void Trainer::sum_tied_table(std::size_t c) {
 }
 
 double Trainer::owned_grad_square_sum(std::size_t chunk) const {
-  const auto& params = chunks_[chunk]->params();
-  const GradReducer& reducer = *reducers_[chunk];
-  const float* shard_grads = reducer.shard_grads();
+  model::Gpt& g = *chunks_[chunk];
   const bool tp_lead = tp_.rank() == 0;
   double sum = 0;
-  std::int64_t at = 0;
-  for (const nn::Segment& seg : reducer.shard()) {
-    const float* g = shard_grads != nullptr ? shard_grads + at : params.grads().data() + seg.offset;
-    for (const ParamView& v : params.views()) {
-      if (!v.shard.sharded() && !tp_lead) continue;  // replicated over tp: counted once
-      const std::int64_t lo = std::max(v.offset, seg.offset), hi = std::min(v.offset + v.numel, seg.offset + seg.count);
-      for (std::int64_t i = lo; i < hi; ++i) {
-        const double x = g[i - seg.offset];
-        sum += x * x;
-      }
-    }
-    at += seg.count;
+  for (const ParamView& v : g.params().views()) {
+    if (!v.shard.sharded() && !tp_lead) continue;  // replicated over tp: counted once
+    reducers_[chunk]->for_each_owned(g.params().grads().data(), v.offset, v.numel,
+                                     [&](const float* x, std::int64_t n, std::int64_t) {
+                                       for (std::int64_t i = 0; i < n; ++i)
+                                         sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+                                     });
   }
   return sum;
 }

@@ -176,17 +176,6 @@ void GradReducer::finish_backward() {
   }
 }
 
-double GradReducer::owned_grad_square_sum(const float* grads) const {
-  double sum = 0;
-  if (zero_ == 2) {
-    for (float g : shard_grads_) sum += static_cast<double>(g) * g;
-    return sum;
-  }
-  for (const nn::Segment& seg : shard_)
-    for (std::int64_t i = seg.offset; i < seg.offset + seg.count; ++i) sum += static_cast<double>(grads[i]) * grads[i];
-  return sum;
-}
-
 void GradReducer::gather_params(float* params) {
   if (zero_ == 0 || group_.size() == 1) return;
   std::vector<comm::Work> works;

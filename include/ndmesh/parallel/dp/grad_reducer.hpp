@@ -34,6 +34,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <thread>
@@ -85,9 +86,20 @@ class GradReducer {
   /// otherwise (the reduced gradients are in the flat buffer).
   const float* shard_grads() const { return zero_ == 2 ? shard_grads_.data() : nullptr; }
   float* shard_grads() { return zero_ == 2 ? shard_grads_.data() : nullptr; }
-  /// Sum of squares of the reduced gradients this rank owns (the whole buffer without
-  /// ZeRO; its shard with ZeRO, to be summed over the group).
-  double owned_grad_square_sum(const float* grads) const;
+  /// Calls f(gradients, n, at) for each run of the flat range [offset, offset + count)
+  /// whose reduced gradients this rank owns (all of it without ZeRO, its shard's part with
+  /// ZeRO): `at` is the run's distance from `offset`; the gradients are in `grads` (the
+  /// flat buffer), or in the shard buffer under ZeRO-2.
+  template <typename F>
+  void for_each_owned(float* grads, std::int64_t offset, std::int64_t count, F&& f) {
+    float* shard = shard_grads();  // ZeRO-2: the shard's segments one after another
+    std::int64_t at = 0;
+    for (const nn::Segment& seg : shard_) {
+      const std::int64_t lo = std::max(offset, seg.offset), hi = std::min(offset + count, seg.offset + seg.count);
+      if (lo < hi) f((shard != nullptr ? shard + at - seg.offset : grads) + lo, hi - lo, lo - offset);
+      at += seg.count;
+    }
+  }
   /// ZeRO: all-gathers the updated parameters bucket by bucket (collective).
   void gather_params(float* params);
   /// Sets the ZeRO-2 shard accumulator to zero (start of a step).
