@@ -36,10 +36,7 @@ check() {  # check <serial name> <ranks> <name> <flags...>: equal to serial with
     fail "$name: exit $? $(cat "$tmp/$name.err")"
   tail -n 1 "$tmp/$name.out" > "$tmp/$name.json"
   jq -e --argjson n $steps '.losses | length == $n' "$tmp/$name.json" > /dev/null || fail "$name has no $steps losses"
-  local d
-  d=$(max_rel "$tmp/$base.json" "$tmp/$name.json")
-  echo "$name: max relative loss difference to serial $d"
-  awk -v d="$d" 'BEGIN{exit !(d < 1e-5)}' || fail "$name differs from serial by $d"
+  expect_close "$name vs serial" "$(max_rel "$tmp/$base.json" "$tmp/$name.json")"
 }
 
 # dp x pp x tp

@@ -26,11 +26,8 @@ resume() {
   "${mpirun[@]}" -np "$np" "$ndmesh" train "${model[@]}" "$@" --load "$tmp/$name" 2> "$tmp/resume.err" | tail -n 1 \
     > "$tmp/resumed.json" || fail "load of $name under $*: $(tail -5 "$tmp/resume.err")"
   [ "$(jq .first_step "$tmp/resumed.json")" -eq 9 ] || fail "$name under $* did not resume at step 9"
-  local d
-  d=$(jq -n --slurpfile a "$tmp/serial.json" --slurpfile b "$tmp/resumed.json" \
-    '[$a[0].losses[8:], $b[0].losses] | transpose | map((.[0] - .[1]) / .[0] | if . < 0 then -. else . end) | max')
-  echo "saved as $name, resumed under ${*:-serial} ($np ranks): max relative difference $d"
-  awk -v d="$d" 'BEGIN{exit !(d < 1e-5)}' || fail "$name resumed under $* differs by $d"
+  expect_close "saved as $name, resumed under ${*:-serial} ($np ranks)" \
+    "$(max_rel_from "$tmp/serial.json" "$tmp/resumed.json" 8)"
 }
 
 # dp 2 x pp 2 x tp 2 with sequence parallelism: 4 shard files, one per stage and tp rank.

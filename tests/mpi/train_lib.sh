@@ -1,6 +1,7 @@
 # Shared by the train_*.sh tests (sourced: `source "$(dirname "$0")/train_lib.sh" "$@"`).
 # Arguments of the test: <mpirun command...> <path to ndmesh>. Sets ndmesh, mpirun and tmp
-# (a folder removed at exit) and defines fail, max_rel and expect_train_usage.
+# (a folder removed at exit) and defines fail, max_rel, max_rel_from, expect_close and
+# expect_train_usage.
 set -euo pipefail
 ndmesh=${*: -1}
 mpirun=("${@:1:$#-1}")
@@ -17,6 +18,19 @@ max_rel() {
   jq -n --slurpfile a "$a" --slurpfile b "$b" \
     "[(\$a[0] | .losses$fields), (\$b[0] | .losses$fields)] | transpose
      | map((.[0] - .[1]) / .[0] | if . < 0 then -. else . end) | max"
+}
+
+# max_rel_from <full.json> <resumed.json> <k>: the same for a run resumed after step k,
+# against the uninterrupted run's losses from step k + 1 on.
+max_rel_from() {
+  jq -n --slurpfile a "$1" --slurpfile b "$2" --argjson k "$3" \
+    '[$a[0].losses[$k:], $b[0].losses] | transpose | map((.[0] - .[1]) / .[0] | if . < 0 then -. else . end) | max'
+}
+
+# expect_close <what> <difference>: prints the difference, fails unless it is below 1e-5.
+expect_close() {
+  echo "$1: max relative loss difference $2"
+  awk -v d="$2" 'BEGIN{exit !(d < 1e-5)}' || fail "$1 differs by $2 (the bound is 1e-5)"
 }
 
 # expect_train_usage <needle> <ranks> <flags...>: `ndmesh train <flags>` on that many ranks

@@ -10,7 +10,8 @@
 #      worst agree with the plan's activations for the same model and layout (fp32, no
 #      dropout, flash attention, GPT shape) within 10% (the ratio is printed). Measured:
 #      0.5-1.2% above the plan in every mode and layout (what the plan leaves out: the
-#      per-token norm statistics, the tokens and targets, a stage's input).
+#      per-token norm statistics, the tokens and targets, a stage's input);
+#  (d) every layout's losses equal the serial run's within 1e-5.
 # Also: --recompute with a bad value, and selective/full with --schedule zb-h1, exit 2 with
 # one line naming the flag.
 #   train_recompute.sh <mpirun command...> <path to ndmesh>
@@ -69,6 +70,8 @@ run() {
     prev=$mode
     prev_bytes=$bytes
   done
+  # (d) and the layout reproduces the serial run.
+  [ "$name" = serial ] || expect_close "$name vs serial" "$(max_rel "$tmp/serial.none.json" "$tmp/$name.none.json")"
 }
 
 run serial 1 "--tp 1 --cp 1 --pp 1 --dp 1 --micro-batch $batch"

@@ -32,10 +32,7 @@ check() {  # check <serial name> <ranks> <name> <flags...>: equal to serial with
   "${mpirun[@]}" -np "$np" "$ndmesh" train "${common[@]}" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err" ||
     fail "$name: exit $? $(cat "$tmp/$name.err")"
   tail -n 1 "$tmp/$name.out" > "$tmp/$name.json"
-  local d
-  d=$(max_rel "$tmp/$base.json" "$tmp/$name.json")
-  echo "$name: max relative loss difference to serial $d"
-  awk -v d="$d" 'BEGIN{exit !(d < 1e-5)}' || fail "$name differs from serial by $d"
+  expect_close "$name vs serial" "$(max_rel "$tmp/$base.json" "$tmp/$name.json")"
 }
 
 check gqa 1 tp1 "${gqa[@]}" --tp 1
@@ -132,10 +129,7 @@ for layout in "4 --tp 4 --sequence-parallel" "2 --tp 2" "1 --tp 1"; do
   shift
   "${mpirun[@]}" -np "$np" "$ndmesh" train "${common[@]}" "${wide[@]}" "$@" --load "$tmp/ck.bin" | tail -n 1 \
     > "$tmp/resumed.json" || fail "load under $layout"
-  d=$(jq -n --slurpfile a "$tmp/wide.json" --slurpfile b "$tmp/resumed.json" \
-    '[$a[0].losses[10:], $b[0].losses] | transpose | map((.[0] - .[1]) / .[0] | if . < 0 then -. else . end) | max')
-  echo "saved under dp 2 x tp 2, resumed under $layout: max relative difference $d"
-  awk -v d="$d" 'BEGIN{exit !(d < 1e-5)}' || fail "resumed under $layout differs by $d"
+  expect_close "saved under dp 2 x tp 2, resumed under $layout" "$(max_rel_from "$tmp/wide.json" "$tmp/resumed.json" 10)"
 done
 
 # Bad layouts: exit 2 with the flag, the value and the fix, at once.
