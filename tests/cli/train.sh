@@ -52,6 +52,16 @@ rc=$?
 set -e
 [ "$rc" -eq 1 ] && grep -q "$shard' is corrupt" "$tmp/out.txt" || fail "inspect --verify of a corrupt shard: rc $rc $(cat "$tmp/out.txt")"
 
+# A single-file checkpoint (format 2) written by the ndmesh before checkpoint directories
+# (tests/data/format2_step6.ckpt: --until 6 of the run below) still loads and continues
+# with the uninterrupted run's losses.
+legacy=(--layers 1 --hidden 16 --heads 2 --kv-heads 1 --seq 8 --markov-vocab 8 --batch 4 --threads 1 --steps 12)
+"$ndmesh" train "${legacy[@]}" > "$tmp/legacy_full.txt"
+"$ndmesh" train "${legacy[@]}" --load "$(dirname "$0")/../data/format2_step6.ckpt" > "$tmp/legacy_rest.txt" ||
+  fail "the format-2 checkpoint does not load"
+diff <(grep -o '^step [0-9]*/12 loss [0-9.]*' "$tmp/legacy_full.txt" | tail -n 6) \
+     <(grep -o '^step [0-9]*/12 loss [0-9.]*' "$tmp/legacy_rest.txt") || fail "format-2 resume differs from the full run"
+
 # Byte-level data on a text file (the vocabulary becomes 256).
 for i in $(seq 1 50); do echo "the quick brown fox jumps over the lazy dog $i"; done > "$tmp/text.txt"
 "$ndmesh" train --data "$tmp/text.txt" --layers 1 --hidden 32 --heads 2 --seq 32 --batch 2 --steps 3 --threads 1 \
