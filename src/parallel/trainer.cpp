@@ -162,7 +162,8 @@ void Trainer::build_pipeline(std::int64_t micro, std::int64_t local_seq) {
     model::Gpt& g = *chunks_.back();
     // The chunks of a rank run one backward at a time: one recompute workspace for all.
     if (c > 0) g.share_recompute_workspace(*chunks_.front());
-    g.set_loss_weight(1.0 / static_cast<double>(o.batch * o.model.seq));
+    // NDMESH_TEST_LOSS_SCALE: a deliberately wrong weight for the tests that must catch it.
+    g.set_loss_weight(env::number("NDMESH_TEST_LOSS_SCALE", 1.0) / static_cast<double>(o.batch * o.model.seq));
     if (cp_size_ > 1) {
       g.set_positions(positions_);
       g.set_attention_core(ring_);

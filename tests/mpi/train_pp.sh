@@ -41,7 +41,7 @@ check() {  # check <ranks> <name> <serial name> <flags...>: equal to that serial
   "${mpirun[@]}" -np "$np" "$ndmesh" train "${model[@]}" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err" ||
     fail "$name: exit $? $(cat "$tmp/$name.err")"
   tail -n 1 "$tmp/$name.out" > "$tmp/$name.json"
-  expect_close "$name vs serial" "$(max_rel "$tmp/$ref.json" "$tmp/$name.json" final_loss)"
+  expect_same "$name vs serial" "$tmp/$ref.json" "$tmp/$name.json" final_loss
   # The measured peak of live activations per stage is the schedule's.
   jq -e '.pipeline.peak_activations == .pipeline.expected_peak_activations' "$tmp/$name.json" > /dev/null ||
     fail "$name: peak activations $(jq -c .pipeline "$tmp/$name.json")"
@@ -79,9 +79,13 @@ jq -e '.pipeline.peak_activations == [2,2,2,1]' "$tmp/pp4_1f1b_mb2.json" > /dev/
   fail "1f1b pp 4 m 2 peak: $(jq -c .pipeline.peak_activations "$tmp/pp4_1f1b_mb2.json")"
 jq -e '.pipeline.peak_activations == [8,8,8,8]' "$tmp/pp4_gpipe_mb8.json" > /dev/null ||
   fail "gpipe pp 4 peak: $(jq -c .pipeline.peak_activations "$tmp/pp4_gpipe_mb8.json")"
-jq -e '.pipeline.partition == [1,1,1,1] and (.pipeline.bubble_measured | . >= 0 and . < 1)
-  and (.pipeline.bubble_simulated | . > 0 and . < 1) and (.pipeline.bubble_simulated_stages | . > 0 and . < 1)' "$tmp/pp4_1f1b_mb8.json" > /dev/null ||
-  fail "pp 4 JSON: $(jq -c .pipeline "$tmp/pp4_1f1b_mb8.json")"
+# The bubble: simulating 1F1B with one mean forward and backward for every stage gives the
+# closed form (p - 1) / (m + p - 1) = 3/11 for p 4, m 8 (the simulator's own unit tests
+# check it for other shapes; here it runs on the measured costs); a real run cannot idle
+# less than the schedule forces with equal costs, so the measured bubble is at least that.
+jq -e '.pipeline.partition == [1,1,1,1] and (.pipeline.bubble_simulated - 3 / 11 | fabs < 1e-9)
+  and (.pipeline.bubble_measured | . >= 3 / 11 and . < 1) and (.pipeline.bubble_simulated_stages | . > 0 and . < 1)' \
+  "$tmp/pp4_1f1b_mb8.json" > /dev/null || fail "pp 4 JSON: $(jq -c .pipeline "$tmp/pp4_1f1b_mb8.json")"
 jq -e '.pipeline.partition == [1,3,2,2]' "$tmp/pp4_layers.json" > /dev/null || fail "--pp-layers partition"
 grep -q "pipeline bubble: measured" "$tmp/pp4_1f1b_mb8.out" || fail "no bubble summary line"
 

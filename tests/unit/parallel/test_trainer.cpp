@@ -170,8 +170,13 @@ TEST(Trainer, MicroBatchesGiveTheSameLossesAsOneBatch) {
   o.micro_batch = 2;
   SerialRun split(o, markov16());
   EXPECT_EQ(split.microbatches(), 4);
-  auto a = losses(whole, 10), b = losses(split, 10);
-  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 1;
+  // Losses within 1e-5; gradient norms within 1e-5 at step 1 (same weights) and 1e-4 later
+  // (the bounds of tests/mpi/train_lib.sh).
+  for (std::int64_t i = 0; i < 10; ++i) {
+    const StepStats x = whole.step(), y = split.step();
+    EXPECT_NEAR(y.loss, x.loss, 1e-5 * x.loss) << "step " << i + 1;
+    EXPECT_NEAR(y.grad_norm, x.grad_norm, (i == 0 ? 1e-5 : 1e-4) * x.grad_norm) << "step " << i + 1;
+  }
   o.micro_batch = 3;
   EXPECT_THROW(SerialRun(o, markov16()), ConfigError);
 }
