@@ -65,6 +65,23 @@ for schedule in gpipe 1f1b zb-h1; do
   check 4 dp2_pp2_$schedule serial --dp 2 --pp 2 --schedule "$schedule" --micro-batch 1
 done
 check 4 cp2_pp2_zb-h1 serial --cp 2 --pp 2 --schedule zb-h1 --micro-batch 2
+# The split backward and data parallelism: the weight half completes a micro-batch's
+# gradients, so ZeRO 2 reduce-scatters once per micro-batch, as under 1F1B (the same bytes
+# per step, not twice as many), and the weight half reports its finished gradients as it
+# goes, so small buckets start during it: part of the reduction is hidden (ZeRO 0 and 1).
+for schedule in 1f1b zb-h1; do
+  check 4 dp2_pp2_zero2_$schedule serial --dp 2 --pp 2 --zero 2 --schedule "$schedule" --micro-batch 1 --bucket-mb 0.01
+done
+jq -n -e --slurpfile a "$tmp/dp2_pp2_zero2_1f1b.json" --slurpfile b "$tmp/dp2_pp2_zero2_zb-h1.json" \
+  '$a[0].grad_comm_bytes_per_step > 0 and $b[0].grad_comm_bytes_per_step == $a[0].grad_comm_bytes_per_step' > /dev/null ||
+  fail "ZeRO 2 bytes per step: 1f1b $(jq .grad_comm_bytes_per_step "$tmp/dp2_pp2_zero2_1f1b.json"), zb-h1 $(jq .grad_comm_bytes_per_step "$tmp/dp2_pp2_zero2_zb-h1.json")"
+for zero in 0 1; do
+  check 4 dp2_pp2_zero${zero}_zbh1_small_buckets serial --dp 2 --pp 2 --zero $zero --schedule zb-h1 --micro-batch 2 \
+    --bucket-mb 0.01
+  jq -e '.comm_seconds > 0 and .exposed_comm_seconds < .comm_seconds' "$tmp/dp2_pp2_zero${zero}_zbh1_small_buckets.json" \
+    > /dev/null || fail "zb-h1 ZeRO $zero hides none of the reduction: $(jq -c '{comm_seconds, exposed_comm_seconds}' \
+    "$tmp/dp2_pp2_zero${zero}_zbh1_small_buckets.json")"
+done
 check 4 dp2_pp2_interleaved serial --dp 2 --pp 2 --schedule interleaved --virtual-stages 2 --micro-batch 2
 check 2 pp2_untied untied --untied --pp 2 --micro-batch 2
 check 2 pp2_layers_3_1 serial --pp 2 --pp-layers 3,1 --micro-batch 2

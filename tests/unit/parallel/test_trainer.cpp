@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <type_traits>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -47,6 +48,11 @@ TrainOptions small_run(std::int64_t steps) {
 std::unique_ptr<DataSource> markov16() {
   return std::make_unique<MarkovSource>(MarkovOptions{.vocab = 16, .seed = 1, .sharpness = 2.5});
 }
+
+// The chunks' hooks point at the trainer's parts: a copy or a move would leave them dangling.
+static_assert(!std::is_copy_constructible_v<Trainer> && !std::is_copy_assignable_v<Trainer> &&
+                  !std::is_move_constructible_v<Trainer> && !std::is_move_assignable_v<Trainer>,
+              "Trainer must be neither copyable nor movable");
 
 TEST(Training, ReachesWithinTenPercentOfTheEntropyRate) {
   set_blas_threads(1);
