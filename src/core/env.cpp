@@ -18,6 +18,8 @@ const std::vector<Variable>& variables() {
       {"NDMESH_TEST_LOSS_SCALE", "number", "1",
        "test hook: ndmesh train multiplies every token's loss weight in the gradient by this (a deliberately wrong "
        "weight, e.g. a missing 1/dp, that the equivalence tests must catch)"},
+      {"NDMESH_REQUIRE_GPU", "integer", "0",
+       "1: the GPU tests fail instead of being skipped when no GPU can run (scripts/gpu_check.sh sets it)"},
       {"NDMESH_THREADS", "integer",
        "the core count for one process (ndmesh train); 1 per rank when several share a machine",
        "BLAS and compute threads per process"},
@@ -93,7 +95,8 @@ void check_all() {
   (void)seconds("NDMESH_INIT_TIMEOUT_S", 300);
   (void)seconds("NDMESH_CHECKPOINT_PAUSE_S", 1);
   (void)number("NDMESH_TEST_LOSS_SCALE", 1);
-  (void)integer("NDMESH_THREADS", 1, 1, 1024);  // the bounds of tensor/blas.cpp
+  (void)integer("NDMESH_THREADS", 1, 1, 1024);
+  (void)integer("NDMESH_REQUIRE_GPU", 0, 0, 1);  // the bounds of tensor/blas.cpp
   one_of("NDMESH_LOG", {"error", "warn", "info", "debug"}, "error, warn, info or debug");
   one_of("NDMESH_BACKEND", {"mpi", "nccl"}, "mpi (or nccl when built with GPUs)");
 }
