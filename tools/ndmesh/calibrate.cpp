@@ -1,5 +1,5 @@
 // `ndmesh calibrate`: measures on this machine what the planner's time model needs and
-// writes a hardware file that `ndmesh plan --hardware FILE` reads (docs/readme/plan.md).
+// writes a hardware file that `ndmesh plan --hardware FILE` reads (docs/plan.md).
 //
 //   mpirun -np 2 ndmesh calibrate --seconds 10 --output host.toml
 //   ndmesh calibrate --output host.toml          (one rank: matrix multiplications only)
@@ -272,7 +272,7 @@ Action setup(CLI::App& app) {
   app.add_flag("--json", o->json, "Print the numbers as one JSON line");
   app.footer(
       "Run under mpirun on the ranks the plan is for (e.g. mpirun -np 2), or alone. See "
-      "docs/readme/plan.md.");
+      "docs/plan.md.");
   return [o] { return run(*o); };
 }
 

@@ -65,7 +65,7 @@ void add_model_hardware_flags(CLI::App& app, ModelHardwareFlags& f) {
                  "none of those, untied output layer)");
   app.add_option("--hardware", f.hardware,
                  "GPU preset (" + plan::hardware_preset_names() +
-                     ") or a hardware file written by `ndmesh calibrate` (docs/readme/plan.md)")
+                     ") or a hardware file written by `ndmesh calibrate` (docs/plan.md)")
       ->capture_default_str();
   app.add_option("--gpu-memory-gib", f.gpu_memory_gib, "Override: memory per GPU in GiB");
   app.add_option("--reserved-gib", f.reserved_gib,
