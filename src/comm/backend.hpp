@@ -12,6 +12,7 @@
 
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/core/dtype.hpp"
+#include "ndmesh/launch/store.hpp"
 
 namespace ndmesh::comm::detail {
 
@@ -63,6 +64,11 @@ class CommImpl {
  protected:
   std::vector<std::int64_t> members_;
 };
+
+/// The job's TCP store under a launch without MPI (torchrun), once Communicator::world()
+/// has run the rendezvous; nullptr under MPI launchers. Backends bootstrap through it
+/// (NCCL: store.share("nccl/<group>/id", rank == 0, id)).
+const launch::Store* job_store();
 
 /// The elements per call a backend with limit `backend_limit` may use now (the limit,
 /// or the smaller cap set by testing::set_max_count_per_call).
