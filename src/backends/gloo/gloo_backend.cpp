@@ -13,6 +13,8 @@
 // the line naming the group. A peer that exits closes its TCP pairs, which makes the
 // pending operations of its partners fail at once with an Error naming the members.
 //
+// Collectives of zero elements return at once without calling Gloo (whose algorithms
+// divide by the element count), as they move nothing.
 // Gloo 0.5 (Debian's) has no reduce-scatter in its options API: reduce_scatter is an
 // all-reduce of the whole input followed by a copy of this rank's block.
 #include "backends/gloo/gloo_backend.hpp"
@@ -324,6 +326,13 @@ class GlooComm final : public detail::CommImpl {
     ctx->setTimeout(kGlooTimeout);
     StoreAdapter adapter(store);
     ctx->connectFullMesh(adapter, device_slot());
+    // connectFullMesh returns once this rank's pairs are connected, which may be before a
+    // peer's side has finished its handshake; a rank that then dropped the group (a
+    // temporary node group) would close a pair the peer is still connecting. A barrier
+    // makes the group's creation complete on every member before any uses or drops it.
+    ::gloo::BarrierOptions barrier(ctx);
+    barrier.setTimeout(kGlooTimeout);
+    ::gloo::barrier(barrier);
     return ctx;
   }
 
@@ -384,6 +393,7 @@ class GlooComm final : public detail::CommImpl {
   }
 
   std::unique_ptr<detail::WorkImpl> broadcast(ElementSpan data, int root, bool blocking) override {
+    if (data.count == 0) return nullptr;
     return collective("broadcast", blocking, [ctx = ctx_, data, root] {
       visit_dtype(data.dtype, [&]<typename T>(T) {
         ::gloo::BroadcastOptions o(ctx);
@@ -396,11 +406,13 @@ class GlooComm final : public detail::CommImpl {
   }
 
   std::unique_ptr<detail::WorkImpl> all_reduce(ElementSpan data, ReduceOp op, bool blocking) override {
+    if (data.count == 0) return nullptr;
     return collective("all_reduce", blocking, [ctx = ctx_, data, op] { reduce_in_place(ctx, data, op); });
   }
 
   std::unique_ptr<detail::WorkImpl> reduce_scatter(ElementSpan in, ElementSpan out, ReduceOp op,
                                                    bool blocking) override {
+    if (out.count == 0) return nullptr;
     const int r = rank();
     return collective("reduce_scatter", blocking, [ctx = ctx_, in, out, op, r] {
       const std::size_t block = out.bytes();
@@ -417,6 +429,7 @@ class GlooComm final : public detail::CommImpl {
   }
 
   std::unique_ptr<detail::WorkImpl> all_gather(ElementSpan in, ElementSpan out, bool blocking) override {
+    if (in.count == 0) return nullptr;
     const bool in_place =
         in.data == static_cast<char*>(out.data) + static_cast<std::size_t>(rank()) * in.bytes();
     return collective("all_gather", blocking, [ctx = ctx_, in, out, in_place] {
@@ -431,6 +444,7 @@ class GlooComm final : public detail::CommImpl {
   }
 
   std::unique_ptr<detail::WorkImpl> all_to_all(ElementSpan in, ElementSpan out, bool blocking) override {
+    if (in.count == 0) return nullptr;
     return collective("all_to_all", blocking, [ctx = ctx_, in, out] {
       visit_dtype(in.dtype, [&]<typename T>(T) {
         ::gloo::AlltoallOptions o(ctx);
