@@ -42,6 +42,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -412,6 +413,7 @@ class GlooComm final : public detail::CommImpl {
 
   std::unique_ptr<detail::WorkImpl> reduce_scatter(ElementSpan in, ElementSpan out, ReduceOp op,
                                                    bool blocking) override {
+    check_block("reduce_scatter", out.count);
     if (out.count == 0) return nullptr;
     const int r = rank();
     return collective("reduce_scatter", blocking, [ctx = ctx_, in, out, op, r] {
@@ -429,6 +431,7 @@ class GlooComm final : public detail::CommImpl {
   }
 
   std::unique_ptr<detail::WorkImpl> all_gather(ElementSpan in, ElementSpan out, bool blocking) override {
+    check_block("all_gather", in.count);
     if (in.count == 0) return nullptr;
     const bool in_place =
         in.data == static_cast<char*>(out.data) + static_cast<std::size_t>(rank()) * in.bytes();
@@ -444,6 +447,7 @@ class GlooComm final : public detail::CommImpl {
   }
 
   std::unique_ptr<detail::WorkImpl> all_to_all(ElementSpan in, ElementSpan out, bool blocking) override {
+    check_block("all_to_all", in.count / static_cast<std::size_t>(size()));
     if (in.count == 0) return nullptr;
     return collective("all_to_all", blocking, [ctx = ctx_, in, out] {
       visit_dtype(in.dtype, [&]<typename T>(T) {
@@ -483,6 +487,17 @@ class GlooComm final : public detail::CommImpl {
     });
   }
 
+  // The block collectives refuse a per-rank block above the per-call limit (tests lower it
+  // with testing::set_max_count_per_call), as the MPI backend does.
+  void check_block(std::string_view op, std::size_t count) const {
+    std::size_t limit = detail::count_limit(max_count());
+    NDMESH_CHECK(
+        count <= limit, "comm",
+        "{} of {} elements per rank exceeds the {} elements one call can carry; split the buffer into "
+        "several calls",
+        op, count, limit);
+  }
+
   // An all_gather of `n` int64 per rank, on the calling thread (inside run_now).
   void gather(std::int64_t* in, std::int64_t* out, std::size_t n) {
     wrap("split", [&] {
@@ -511,9 +526,57 @@ class GlooComm final : public detail::CommImpl {
     return std::make_unique<TaskWork>(lane_.submit(guarded));
   }
 
+  // Messages to this rank itself: Gloo has no pair to self, so they meet here. A send is
+  // copied at once; a receive takes the oldest message of its tag, or waits for one.
+  struct SelfRecv {
+    ElementSpan data;
+    std::shared_ptr<Task> task;
+  };
+  static void deliver(const std::string& bytes, const SelfRecv& r) {
+    if (bytes.size() != r.data.bytes())
+      r.task->error = std::make_exception_ptr(Error(
+          "comm",
+          fmt::format("recv from this rank itself expected {} bytes but the message held {}; send and recv "
+                      "counts must match",
+                      r.data.bytes(), bytes.size())));
+    else if (!bytes.empty())
+      std::memcpy(r.data.data, bytes.data(), bytes.size());
+    r.task->done.store(true, std::memory_order_release);
+  }
+
+  std::unique_ptr<detail::WorkImpl> to_self(bool is_send, ElementSpan data, int tag, bool blocking) {
+    auto recv = std::make_shared<Task>();
+    {
+      std::lock_guard lock(self_mutex_);
+      if (is_send) {
+        std::string bytes(static_cast<const char*>(addr(data.data)), data.bytes());
+        auto& waiting = self_recvs_[tag];
+        if (waiting.empty()) {
+          self_sends_[tag].push_back(std::move(bytes));
+        } else {
+          deliver(bytes, waiting.front());
+          waiting.pop_front();
+        }
+        return nullptr;
+      }
+      auto& queued = self_sends_[tag];
+      if (queued.empty()) {
+        self_recvs_[tag].push_back({data, recv});
+      } else {
+        deliver(queued.front(), {data, recv});
+        queued.pop_front();
+      }
+    }
+    auto work = std::make_unique<TaskWork>(recv);
+    if (!blocking) return work;
+    while (!work->test()) std::this_thread::sleep_for(std::chrono::microseconds(50));  // under the watchdog
+    return nullptr;
+  }
+
   std::unique_ptr<detail::WorkImpl> point_to_point(const char* op, ElementSpan data, int peer, int tag,
                                                    bool blocking) {
     const bool is_send = op[0] == 's';
+    if (peer == rank()) return to_self(is_send, data, tag, blocking);
     std::shared_ptr<::gloo::transport::UnboundBuffer> buf = wrap(op, [&] {
       std::shared_ptr<::gloo::transport::UnboundBuffer> b =
           ctx_->createUnboundBuffer(addr(data.data), data.bytes());
@@ -542,6 +605,9 @@ class GlooComm final : public detail::CommImpl {
   launch::Store store_;  // this group's prefix
   std::string node_id_;
   int splits_ = 0, selves_ = 0;
+  std::mutex self_mutex_;
+  std::map<int, std::deque<std::string>> self_sends_;
+  std::map<int, std::deque<SelfRecv>> self_recvs_;
   Lane lane_;  // last: its thread uses the members above
 };
 
