@@ -27,10 +27,12 @@ awk -v m="$m" -v g="$g" 'BEGIN{printf "  mpi %.4f s, gloo %.4f s: gloo / mpi %.2
 echo "-- all-reduce bus bandwidth, 2 ranks, float32 (GB/s, nccl-tests convention)"
 "${mpirun[@]}" -np 2 "$exe" > /tmp/bg_mpi.$$
 "${store[@]}" -np 2 "$exe" > /tmp/bg_gloo.$$
-printf "  %10s %12s %12s %10s\n" bytes mpi gloo gloo/mpi
-jq -s -r 'transpose | .[] | select(.[0] != null and .[1] != null)
-          | "\(.[0].bytes) \(.[0].busbw_gbps) \(.[1].busbw_gbps)"' /tmp/bg_mpi.$$ /tmp/bg_gloo.$$ |
-  awk '{printf "  %10d %12.4f %12.4f %10.2f\n", $1, $2, $3, $3 / $2}'
+printf "  %10s %10s %10s %12s %12s %9s\n" bytes "mpi us" "gloo us" "mpi GB/s" "gloo GB/s" gloo/mpi
+jq -n -r --slurpfile m /tmp/bg_mpi.$$ --slurpfile g /tmp/bg_gloo.$$ '[$m, $g] | transpose | .[]
+          | select(.[0] != null and .[1] != null)
+          | "\(.[0].bytes) \(.[0].seconds) \(.[1].seconds) \(.[0].busbw_gbps) \(.[1].busbw_gbps)"' |
+  awk '{printf "  %10d %10.1f %10.1f %12.4g %12.4g %9.3f\n", $1, $2 * 1e6, $3 * 1e6, $4, $5, $2 / $3}'
+echo "  (gloo/mpi: ratio of bus bandwidths, = mpi time / gloo time; above 1: gloo is faster)"
 rm -f /tmp/bg_mpi.$$ /tmp/bg_gloo.$$
 
 echo "-- dp 4 step time, ndmesh train (4 ranks on 2 cores, median of 2)"
