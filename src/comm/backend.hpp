@@ -74,4 +74,8 @@ const launch::Store* job_store();
 /// or the smaller cap set by testing::set_max_count_per_call).
 std::size_t count_limit(std::size_t backend_limit);
 
+/// InternalError naming `op` when a block collective's per-rank `count` exceeds
+/// count_limit(backend_limit) (the block collectives are not chunked).
+void check_block_count(std::string_view op, std::size_t count, std::size_t backend_limit);
+
 }  // namespace ndmesh::comm::detail

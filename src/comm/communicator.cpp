@@ -77,6 +77,14 @@ std::size_t count_limit(std::size_t backend_limit) {
   return cap == 0 ? backend_limit : std::min(cap, backend_limit);
 }
 
+void check_block_count(std::string_view op, std::size_t count, std::size_t backend_limit) {
+  std::size_t limit = count_limit(backend_limit);
+  NDMESH_CHECK(count <= limit, "comm",
+               "{} of {} elements per rank exceeds the {} elements one call can carry; split the buffer into several "
+               "calls",
+               op, count, limit);
+}
+
 // What a Work needs to poll, finish and report its operation.
 struct WorkState {
   std::unique_ptr<WorkImpl> impl;
@@ -387,14 +395,12 @@ Work Communicator::reduce_scatter_in_place_impl(ElementSpan data, const Options&
   const std::size_t n = data.count / p;
   // The engine leaves the result at the start of the buffer; the finish step moves it to
   // this rank's block.
-  ElementSpan mine{
-      static_cast<char*>(data.data) + static_cast<std::size_t>(rank()) * n * dtype_size(data.dtype), n,
-      data.dtype};
+  ElementSpan mine{static_cast<char*>(data.data) + static_cast<std::size_t>(rank()) * n * dtype_size(data.dtype),
+                   n, data.dtype};
   ElementSpan first{data.data, n, data.dtype};
   bool avg = opts.op == ReduceOp::kAvg;
   ReduceOp op = avg ? ReduceOp::kSum : opts.op;
-  detail::Finish finish{
-      .data = mine, .divisor = avg ? size() : 0, .move_from = rank() == 0 ? nullptr : first.data};
+  detail::Finish finish{.data = mine, .divisor = avg ? size() : 0, .move_from = rank() == 0 ? nullptr : first.data};
   return run(
       "reduce_scatter_in_place", -1, opts, blocking,
       [&](detail::CommImpl& c, bool b) { return c.reduce_scatter(data, first, op, b); }, finish);
@@ -403,13 +409,11 @@ Work Communicator::reduce_scatter_in_place_impl(ElementSpan data, const Options&
 Work Communicator::all_gather_in_place_impl(ElementSpan data, const Options& opts, bool blocking) const {
   require("all_gather_in_place");
   const auto p = static_cast<std::size_t>(size());
-  NDMESH_CHECK(data.count % p == 0, "comm",
-               "all_gather_in_place on group {}: {} elements are not {} equal blocks", name_, data.count,
-               size());
+  NDMESH_CHECK(data.count % p == 0, "comm", "all_gather_in_place on group {}: {} elements are not {} equal blocks",
+               name_, data.count, size());
   const std::size_t n = data.count / p;
-  ElementSpan mine{
-      static_cast<char*>(data.data) + static_cast<std::size_t>(rank()) * n * dtype_size(data.dtype), n,
-      data.dtype};
+  ElementSpan mine{static_cast<char*>(data.data) + static_cast<std::size_t>(rank()) * n * dtype_size(data.dtype),
+                   n, data.dtype};
   return run("all_gather_in_place", -1, opts, blocking,
              [&](detail::CommImpl& c, bool b) { return c.all_gather(mine, data, b); });
 }

@@ -215,12 +215,12 @@ void LaunchEnv::require_store() const {
   for (auto [name, set] :
        {std::pair{"MASTER_ADDR", master_addr.has_value()}, std::pair{"MASTER_PORT", master_port.has_value()}})
     if (!set)
-      fail<ConfigError>(
-          "launch",
-          "RANK={} and WORLD_SIZE={} are set but {} is not; the ranks meet at MASTER_ADDR:MASTER_PORT "
-          "(torchrun sets both): set it, e.g. MASTER_ADDR=127.0.0.1 MASTER_PORT=29500, or unset RANK "
-          "and WORLD_SIZE",
-          rank, world_size, name);
+      fail<ConfigError>("launch",
+                        "RANK={} and WORLD_SIZE={} are set (as by torchrun) but {} is not; the ranks meet at "
+                        "MASTER_ADDR:MASTER_PORT, which torchrun sets: set both, e.g. MASTER_ADDR=127.0.0.1 "
+                        "MASTER_PORT=29500, or unset RANK and WORLD_SIZE and launch with `mpirun -np {}`, "
+                        "`srun --mpi=pmix -n {}` or `ndmesh launch -n {} --`",
+                        rank, world_size, name, world_size, world_size, world_size);
 }
 
 void LaunchEnv::require_mpi_world() const {

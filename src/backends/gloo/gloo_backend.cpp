@@ -489,14 +489,7 @@ class GlooComm final : public detail::CommImpl {
 
   // The block collectives refuse a per-rank block above the per-call limit (tests lower it
   // with testing::set_max_count_per_call), as the MPI backend does.
-  void check_block(std::string_view op, std::size_t count) const {
-    std::size_t limit = detail::count_limit(max_count());
-    NDMESH_CHECK(
-        count <= limit, "comm",
-        "{} of {} elements per rank exceeds the {} elements one call can carry; split the buffer into "
-        "several calls",
-        op, count, limit);
-  }
+  void check_block(std::string_view op, std::size_t count) const { detail::check_block_count(op, count, max_count()); }
 
   // An all_gather of `n` int64 per rank, on the calling thread (inside run_now).
   void gather(std::int64_t* in, std::int64_t* out, std::size_t n) {
