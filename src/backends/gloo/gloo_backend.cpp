@@ -151,7 +151,10 @@ class WaiterPool {
   void submit(std::shared_ptr<Task> task) {
     std::lock_guard lock(mutex_);
     queue_.push_back(std::move(task));
-    if (idle_ == 0) {
+    // Every queued transfer needs a thread of its own: an idle thread that was notified
+    // but has not woken yet still counts as idle, so compare with the queue, not with 0
+    // (one thread serving two transfers would see them complete only in order).
+    if (queue_.size() > static_cast<std::size_t>(idle_)) {
       std::thread([this] { loop(); }).detach();
     } else {
       cv_.notify_one();
@@ -489,7 +492,9 @@ class GlooComm final : public detail::CommImpl {
 
   // The block collectives refuse a per-rank block above the per-call limit (tests lower it
   // with testing::set_max_count_per_call), as the MPI backend does.
-  void check_block(std::string_view op, std::size_t count) const { detail::check_block_count(op, count, max_count()); }
+  void check_block(std::string_view op, std::size_t count) const {
+    detail::check_block_count(op, count, max_count());
+  }
 
   // An all_gather of `n` int64 per rank, on the calling thread (inside run_now).
   void gather(std::int64_t* in, std::int64_t* out, std::size_t n) {
