@@ -25,7 +25,10 @@ expect() {
   start=$(now)
   out=$(timeout 120 "$@" 2>&1)
   got=$?
-  elapsed=$(since "$start")
+  end=$(now)
+  # Timed from the ranks' start (the launcher's line), not from the launcher's own start-up.
+  started=$(sed -n 's/^torchrun_env: ranks started at //p' <<< "$out" | head -n 1)
+  elapsed=$(awk -v a="${started:-$start}" -v b="$end" 'BEGIN{printf "%.2f", b - a}')
   [ "$got" -eq "$rc" ] || fail "exit $got, expected $rc: $*: $out"
   grep -qF -- "$needle" <<< "$out" || fail "no '$needle' in: $out"
   awk -v e="$elapsed" -v l="$limit" 'BEGIN{exit !(e < l)}' || fail "took ${elapsed} s (limit $limit s): $*"
@@ -34,22 +37,20 @@ expect() {
 
 agent=0
 [[ " ${run[*]} " == *" --agent-store "* ]] && agent=1
-# The agent's launcher imports PyTorch first (about 2.5 s here): its limits get 4 s more.
-slack=$((4 * agent))
 {
-  NDMESH_INIT_TIMEOUT_S=3 expect 124 "rank 3 of WORLD_SIZE=4 did not arrive at the store" $((6 + slack)) \
+  NDMESH_INIT_TIMEOUT_S=3 expect 124 "rank 3 of WORLD_SIZE=4 did not arrive at the store" 6 \
     "${run[@]}" --omit-rank 3 -np 4 "$ndmesh" check --tp 2 --dp 2
-  expect 2 "WORLD_SIZE=5 on rank 2 but rank 0 has WORLD_SIZE=4" $((6 + slack)) \
+  expect 2 "WORLD_SIZE=5 on rank 2 but rank 0 has WORLD_SIZE=4" 6 \
     "${run[@]}" --set 2:WORLD_SIZE=5 -np 4 "$ndmesh" check --tp 2 --dp 2
-  expect 2 "MASTER_PORT is not" $((6 + slack)) "${run[@]}" --set 1:MASTER_PORT= -np 2 "$ndmesh" check --tp 2
-  NDMESH_BACKEND=nccl expect 2 "NDMESH_BACKEND=nccl: this ndmesh has no NCCL backend yet" $((6 + slack)) \
+  expect 2 "MASTER_PORT is not" 6 "${run[@]}" --set 1:MASTER_PORT= -np 2 "$ndmesh" check --tp 2
+  NDMESH_BACKEND=nccl expect 2 "NDMESH_BACKEND=nccl: this ndmesh has no NCCL backend yet" 6 \
     "${run[@]}" -np 2 "$ndmesh" check --tp 2
-  NDMESH_BACKEND=mpi expect 2 "NDMESH_BACKEND=mpi" $((6 + slack)) "${run[@]}" -np 2 "$ndmesh" check --tp 2
+  NDMESH_BACKEND=mpi expect 2 "NDMESH_BACKEND=mpi" 6 "${run[@]}" -np 2 "$ndmesh" check --tp 2
 }
 
 if [ "$agent" -eq 1 ]; then
   # RANK given to two processes (the agent serves the store, so both reach it).
-  NDMESH_INIT_TIMEOUT_S=10 expect 2 "RANK=0 is used by two processes" $((6 + slack)) \
+  NDMESH_INIT_TIMEOUT_S=10 expect 2 "RANK=0 is used by two processes" 6 \
     "${run[@]}" --set 1:RANK=0 -np 2 "$ndmesh" check --tp 2
   echo PASS
   exit 0
@@ -75,7 +76,7 @@ for _ in $(seq 1 600); do
   kill -0 "$job" 2>/dev/null || fail "training ended before the kill: $(cat "$tmp/out.txt")"
   sleep 0.1
 done
-victim=$(pgrep -f -- "ndmesh train .*--seed 6661" | sed -n 2p)
+victim=$(pgrep -P "$job" | sed -n 2p)  # rank 1: the launcher's second child
 [ -n "$victim" ] || fail "no rank process to kill"
 kill -9 "$victim"
 start=$(now)

@@ -93,6 +93,9 @@ def main():
         })
         env.update(overrides.get(rank, {}))
         procs.append(subprocess.Popen(prog, env=env))
+    # When the ranks started (after the agent's store, whose PyTorch import can take seconds
+    # under load), so that tests time the job from here.
+    print(f"torchrun_env: ranks started at {time.time():.3f}", file=sys.stderr, flush=True)
 
     # Like torchrun's agent: the first rank to fail ends the others.
     status = 0
