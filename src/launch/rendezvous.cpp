@@ -56,8 +56,28 @@ JobStore rendezvous(const LaunchEnv& env, double timeout_s) {
   job.store = root.prefixed(fmt::format("ndmesh/attempt_{}/", env.restart_count));
   const Store& s = job.store;
 
+  // Every rank that stops at start-up counts itself in "gave_up"; rank 0, when it serves
+  // the store, keeps it up until every rank that reached it has done so (at most 2 s), so
+  // that none of them finds the store gone and reports that instead of the cause.
+  auto leave = [&] {
+    try {
+      s.add("gave_up", 1);
+      if (!job.server) return;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (std::chrono::steady_clock::now() < until) {
+        std::int64_t reached = 0;
+        for (std::int64_t r = 0; r < env.world_size; ++r)
+          reached += s.check({fmt::format("rank/{}", r)}) ? 1 : 0;
+        if (s.add("gave_up", 0) >= reached) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    } catch (const Error&) {
+      // the store is gone already: nothing to wait for
+    }
+  };
   auto give_up = [&](const std::string& message) {
     s.set("failed", message);
+    leave();
     throw ConfigError("launch", message);
   };
   if (env.rank == 0) s.set("world_size", std::to_string(env.world_size));
@@ -72,8 +92,10 @@ JobStore rendezvous(const LaunchEnv& env, double timeout_s) {
   const auto deadline =
       start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   auto failed_elsewhere = [&] {
-    if (s.check({"failed"}))
-      throw ConfigError("launch", fmt::format("another rank failed at start-up: {}", s.get("failed")));
+    if (!s.check({"failed"})) return;
+    std::string message = fmt::format("another rank failed at start-up: {}", s.get("failed"));
+    leave();
+    throw ConfigError("launch", message);
   };
   auto missing_ranks = [&] {
     std::vector<std::int64_t> missing;
@@ -83,6 +105,7 @@ JobStore rendezvous(const LaunchEnv& env, double timeout_s) {
   };
   auto timed_out = [&] {
     auto missing = missing_ranks();
+    leave();
     end_startup(fmt::format(
         "[launch] rank {}: rank{} {} of WORLD_SIZE={} did not arrive at the store at {}:{} within {:g} s "
         "(NDMESH_INIT_TIMEOUT_S); check that every rank was started with the same MASTER_ADDR and "
