@@ -15,10 +15,14 @@ endif
 
 # Debian packages the build and the tests need; installed only when missing. pybind11-dev,
 # python3-dev and python3-pytest build and test the Python module (python/), which the
-# build skips with a warning when they are absent.
+# build skips with a warning when they are absent. libgloo-dev is the Gloo backend (launches
+# without mpirun); python3-torch (PyTorch 1.13, 77 MB to download, about 1.5 min to install
+# here) serves a real c10d TCPStore in the agent-store tests (tests/store), which skip
+# without it.
 DEB_PACKAGES := build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev \
   libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libfmt-dev \
-  librsvg2-bin jq zlib1g-dev pybind11-dev python3-dev python3-pytest clang libclang-rt-dev
+  librsvg2-bin jq zlib1g-dev pybind11-dev python3-dev python3-pytest clang libclang-rt-dev \
+  libgloo-dev python3-torch
 
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 

@@ -4,7 +4,7 @@
 #   P/bin/ndmesh                            the command
 #   P/lib/cmake/ndmesh/ndmeshConfig.cmake   find_package(ndmesh) -> ndmesh::<layer>, with
 #                                           find_dependency() for MPI, fmt, tomlplusplus,
-#                                           BLAS, ZLIB and Threads
+#                                           BLAS, ZLIB, Threads (and Gloo when built with it)
 #   P/lib/pkgconfig/ndmesh.pc               pkg-config --cflags --libs ndmesh
 #   P/lib/python3/dist-packages/ndmesh*.so  the Python module (when built)
 include(CMakePackageConfigHelpers)
@@ -33,6 +33,9 @@ foreach(layer plan parallel model nn comm config launch mesh core)
     string(APPEND NDMESH_PC_LIBS " -lndmesh_${layer}")
   endif()
 endforeach()
+if(Gloo_FOUND)
+  string(APPEND NDMESH_PC_LIBS " -lgloo")
+endif()
 # The prefix is found from the .pc file's own place, so `--prefix P` at install time works.
 file(RELATIVE_PATH NDMESH_PC_TO_PREFIX /p/${CMAKE_INSTALL_LIBDIR}/pkgconfig /p)
 configure_file(${CMAKE_SOURCE_DIR}/cmake/ndmesh.pc.in ${CMAKE_BINARY_DIR}/cmake/ndmesh.pc @ONLY)

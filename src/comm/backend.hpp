@@ -12,6 +12,7 @@
 
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/core/dtype.hpp"
+#include "ndmesh/launch/store.hpp"
 
 namespace ndmesh::comm::detail {
 
@@ -64,8 +65,17 @@ class CommImpl {
   std::vector<std::int64_t> members_;
 };
 
+/// The job's TCP store under a launch without MPI (torchrun), once Communicator::world()
+/// has run the rendezvous; nullptr under MPI launchers. Backends bootstrap through it
+/// (NCCL: store.share("nccl/<group>/id", rank == 0, id)).
+const launch::Store* job_store();
+
 /// The elements per call a backend with limit `backend_limit` may use now (the limit,
 /// or the smaller cap set by testing::set_max_count_per_call).
 std::size_t count_limit(std::size_t backend_limit);
+
+/// InternalError naming `op` when a block collective's per-rank `count` exceeds
+/// count_limit(backend_limit) (the block collectives are not chunked).
+void check_block_count(std::string_view op, std::size_t count, std::size_t backend_limit);
 
 }  // namespace ndmesh::comm::detail

@@ -19,6 +19,9 @@
 #include <fmt/format.h>
 
 #include "backends/mpi/mpi_backend.hpp"
+#ifdef NDMESH_HAVE_GLOO
+#include "backends/gloo/gloo_backend.hpp"
+#endif
 #include "comm/backend.hpp"
 #include "comm/watchdog.hpp"
 #include "ndmesh/core/env.hpp"
@@ -72,6 +75,14 @@ void Finish::operator()() const {
 std::size_t count_limit(std::size_t backend_limit) {
   std::size_t cap = g_count_cap.load();
   return cap == 0 ? backend_limit : std::min(cap, backend_limit);
+}
+
+void check_block_count(std::string_view op, std::size_t count, std::size_t backend_limit) {
+  std::size_t limit = count_limit(backend_limit);
+  NDMESH_CHECK(count <= limit, "comm",
+               "{} of {} elements per rank exceeds the {} elements one call can carry; split the buffer into several "
+               "calls",
+               op, count, limit);
 }
 
 // What a Work needs to poll, finish and report its operation.
@@ -160,20 +171,63 @@ void wait_all(std::span<Work> works) {
 
 namespace {
 
-std::shared_ptr<detail::CommImpl> make_backend_world() {
-  std::string name = env::string("NDMESH_BACKEND", "mpi");
-  if (name == "mpi") return mpi::make_world();
+// The store of a launch without MPI (torchrun), kept for the whole process: rank 0's
+// server must outlive every group's rendezvous, and backends bootstrap through it.
+launch::JobStore& job_store_slot() {
+  static auto* job = new launch::JobStore;  // never destroyed: peers may still read it at exit
+  return *job;
+}
+
+// The world of a store launch: every rank meets at MASTER_ADDR:MASTER_PORT first.
+std::shared_ptr<detail::CommImpl> make_store_world(const LaunchEnv& launch, std::string_view name) {
+  NDMESH_CHECK_CONFIG(
+      launch.launcher == Launcher::kTorchrun, "comm",
+      "NDMESH_BACKEND={} needs a launch without MPI: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+      "set by torchrun (or your launcher); under {} unset NDMESH_BACKEND (mpi is used)",
+      name, launcher_name(launch.launcher));
+  launch.require_store();
+  job_store_slot() = launch::rendezvous(launch, env::seconds("NDMESH_INIT_TIMEOUT_S", default_timeout_s()));
+  if (name == "nccl")
+    fail<ConfigError>(
+        "comm",
+        "NDMESH_BACKEND=nccl: this ndmesh has no NCCL backend yet; unset NDMESH_BACKEND to use gloo "
+        "(CPU) under this launch");
+#ifdef NDMESH_HAVE_GLOO
+  return gloo::make_world(job_store_slot(), launch);
+#else
+  fail<ConfigError>(
+      "comm",
+      "NDMESH_BACKEND=gloo: this ndmesh was built without Gloo (Debian: apt-get install libgloo-dev, "
+      "then rebuild); or launch with mpirun -np {}",
+      launch.world_size);
+#endif
+}
+
+// The backend named by NDMESH_BACKEND; by default gloo under a launch without MPI
+// (torchrun), mpi otherwise.
+std::shared_ptr<detail::CommImpl> make_backend_world(const LaunchEnv& launch) {
+  std::string name = env::string("NDMESH_BACKEND", launch.launcher == Launcher::kTorchrun ? "gloo" : "mpi");
+  if (name == "mpi") {
+    launch.require_mpi_world();  // before MPI_Init: torchrun would give N worlds of one
+    return mpi::make_world();
+  }
+  if (name == "gloo" || name == "nccl") return make_store_world(launch, name);
   // A new backend adds a folder src/backends/<name>/ and one line here.
-  fail<ConfigError>("comm", "NDMESH_BACKEND='{}' is not built into this ndmesh; available: mpi", name);
+  fail<ConfigError>("comm", "NDMESH_BACKEND='{}' is not built into this ndmesh; available: mpi, gloo", name);
 }
 
 }  // namespace
 
+namespace detail {
+const launch::Store* job_store() {
+  return job_store_slot().store.valid() ? &job_store_slot().store : nullptr;
+}
+}  // namespace detail
+
 Communicator Communicator::world() {
   static const Communicator kWorld = [] {
     LaunchEnv launch = LaunchEnv::detect();
-    launch.require_mpi_world();  // before MPI_Init: torchrun would give N worlds of one
-    auto impl = make_backend_world();
+    auto impl = make_backend_world(launch);
     if (launch.launcher != Launcher::kNone &&
         (launch.world_size != impl->size() || launch.rank != impl->rank()))
       fail<ConfigError>(

@@ -12,7 +12,8 @@ const std::vector<Variable>& variables() {
       {"NDMESH_TIMEOUT_S", "seconds", "300",
        "timeout of every blocking or awaited communication; on expiry the job aborts naming the group"},
       {"NDMESH_INIT_TIMEOUT_S", "seconds", "NDMESH_TIMEOUT_S",
-       "bound of the engine's start-up (MPI_Init, every rank wiring up); on expiry the process exits 124 with one line"},
+       "bound of the engine's start-up (MPI_Init, or every rank arriving at the TCP store); on expiry the "
+       "process exits 124 with one line"},
       {"NDMESH_CHECKPOINT_PAUSE_S", "seconds", "unset",
        "test hook: a checkpoint save waits this long with its shard files written, before its manifest"},
       {"NDMESH_TEST_LOSS_SCALE", "number", "1",
@@ -24,7 +25,10 @@ const std::vector<Variable>& variables() {
        "the core count for one process (ndmesh train); 1 per rank when several share a machine",
        "BLAS and compute threads per process"},
       {"NDMESH_LOG", "string", "info", "log level: error, warn, info, debug"},
-      {"NDMESH_BACKEND", "string", "mpi", "communication backend: mpi (nccl when built with GPUs)"},
+      {"NDMESH_BACKEND", "string", "mpi; gloo under torchrun",
+       "communication backend: mpi (under mpirun, srun, or no launcher), gloo (CPU over TCP, under torchrun "
+       "or any "
+       "launcher that sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), nccl (when built with GPUs)"},
   };
   return kVariables;
 }
@@ -98,7 +102,7 @@ void check_all() {
   (void)integer("NDMESH_THREADS", 1, 1, 1024);
   (void)integer("NDMESH_REQUIRE_GPU", 0, 0, 1);  // the bounds of tensor/blas.cpp
   one_of("NDMESH_LOG", {"error", "warn", "info", "debug"}, "error, warn, info or debug");
-  one_of("NDMESH_BACKEND", {"mpi", "nccl"}, "mpi (or nccl when built with GPUs)");
+  one_of("NDMESH_BACKEND", {"mpi", "gloo", "nccl"}, "mpi, gloo (or nccl when built with GPUs)");
 }
 
 }  // namespace ndmesh::env

@@ -132,6 +132,31 @@ std::optional<LaunchEnv> read_family(const Family& f, const EnvLookup& lookup) {
   return env;
 }
 
+// MASTER_ADDR, MASTER_PORT and torchrun's elastic variables, for the store.
+void read_store(const EnvLookup& lookup, LaunchEnv& env) {
+  Reader r{lookup, {}};
+  env.master_addr = lookup("MASTER_ADDR");
+  if (env.master_addr) r.used.push_back("MASTER_ADDR=" + *env.master_addr);
+  env.master_port = r.get("MASTER_PORT", 1);
+  if (env.master_port && *env.master_port > 65535)
+    fail<ConfigError>("launch", "MASTER_PORT={} is not a TCP port; use a free port in [1, 65535], e.g. 29500",
+                      *env.master_port);
+  if (auto agent = lookup("TORCHELASTIC_USE_AGENT_STORE")) {
+    const std::string& v = *agent;
+    if (v == "True" || v == "true" || v == "1") {
+      env.agent_store = true;
+    } else if (!(v == "False" || v == "false" || v == "0")) {
+      fail<ConfigError>(
+          "launch",
+          "TORCHELASTIC_USE_AGENT_STORE='{}' is not True or False; torchrun sets it, so unset it or fix it",
+          v);
+    }
+    r.used.push_back("TORCHELASTIC_USE_AGENT_STORE=" + v);
+  }
+  env.restart_count = r.get("TORCHELASTIC_RESTART_COUNT", 0).value_or(0);
+  env.sources.insert(env.sources.end(), r.used.begin(), r.used.end());
+}
+
 bool is_mpi_family(Launcher l) { return l == Launcher::kOpenMpi || l == Launcher::kHydra; }
 
 }  // namespace
@@ -167,6 +192,7 @@ LaunchEnv LaunchEnv::detect(const EnvLookup& lookup) {
                         launcher_name(other.launcher));
   }
   LaunchEnv result = chosen;
+  if (result.launcher == Launcher::kTorchrun) read_store(lookup, result);
   // A family lower in the list that agrees on the rank may know what the chosen one does
   // not (SLURM_NODEID under srun with Open MPI's PMIx).
   for (std::size_t i = 1; i < found.size(); ++i) {
@@ -182,14 +208,29 @@ bool LaunchEnv::has_mpi_world() const {
   return launcher == Launcher::kOpenMpi || launcher == Launcher::kHydra || launcher == Launcher::kSlurm;
 }
 
+bool LaunchEnv::has_store() const { return launcher == Launcher::kTorchrun && master_addr && master_port; }
+
+void LaunchEnv::require_store() const {
+  if (launcher != Launcher::kTorchrun) return;
+  for (auto [name, set] :
+       {std::pair{"MASTER_ADDR", master_addr.has_value()}, std::pair{"MASTER_PORT", master_port.has_value()}})
+    if (!set)
+      fail<ConfigError>("launch",
+                        "RANK={} and WORLD_SIZE={} are set (as by torchrun) but {} is not; the ranks meet at "
+                        "MASTER_ADDR:MASTER_PORT, which torchrun sets: set both, e.g. MASTER_ADDR=127.0.0.1 "
+                        "MASTER_PORT=29500, or unset RANK and WORLD_SIZE and launch with `mpirun -np {}`, "
+                        "`srun --mpi=pmix -n {}` or `ndmesh launch -n {} --`",
+                        rank, world_size, name, world_size, world_size, world_size);
+}
+
 void LaunchEnv::require_mpi_world() const {
   if (launcher != Launcher::kTorchrun) return;
-  fail<ConfigError>(
-      "launch",
-      "started by torchrun ({}), which creates no MPI world, and ndmesh's backend is MPI; launch "
-      "the same {} processes with `mpirun -np {} <prog> <args>`, `srun --mpi=pmix -n {} <prog> "
-      "<args>` or `ndmesh launch -n {} -- <prog> <args>`",
-      fmt::join(sources, " "), world_size, world_size, world_size, world_size);
+  fail<ConfigError>("launch",
+                    "started by torchrun ({}), which creates no MPI world, and NDMESH_BACKEND=mpi; unset "
+                    "NDMESH_BACKEND (gloo is chosen under torchrun), or launch the same {} processes with "
+                    "`mpirun -np {} <prog> <args>`, `srun --mpi=pmix -n {} <prog> "
+                    "<args>` or `ndmesh launch -n {} -- <prog> <args>`",
+                    fmt::join(sources, " "), world_size, world_size, world_size, world_size);
 }
 
 std::string LaunchEnv::describe() const {

@@ -143,7 +143,7 @@ done
 NDMESH_TIMEOUT_S=5m expect "NDMESH_TIMEOUT_S" mesh
 NDMESH_TIMEOUT_S=-1 expect "NDMESH_TIMEOUT_S" env
 NDMESH_THREADS=many expect "NDMESH_THREADS" schedule
-NDMESH_BACKEND=gloo expect "NDMESH_BACKEND" check
+NDMESH_BACKEND=ucc expect "NDMESH_BACKEND" check
 
 echo "$runs runs, $failures failures"
 [ "$failures" -eq 0 ]

@@ -2,7 +2,8 @@
 // program with mpirun and what this machine needs: --oversubscribe when N exceeds the
 // cores, --allow-run-as-root when run as root, rank-tagged output, and the NDMESH_*
 // variables that are set forwarded to every rank. Open MPI and MPICH/Hydra spell these
-// differently; the flavour is read from `mpirun --version`.
+// differently; the flavour is read from `mpirun --version`. With --store it starts the
+// ranks itself, as torchrun would (launch_store.cpp).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include "launch_store.hpp"
 #include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "subcommand.hpp"
@@ -31,6 +33,7 @@ struct LaunchOptions {
   std::string mpirun = "mpirun";
   bool dry_run = false;
   bool no_tag = false;
+  bool store = false;
   std::vector<std::string> rest;  // [mpirun options --] prog args
 };
 
@@ -89,14 +92,21 @@ int run(const LaunchOptions& o) {
       !program.empty(), "launch",
       "no program to launch; write it after `--`, e.g. ndmesh launch -n {} -- ndmesh check --tp {}", o.n,
       o.n);
+  if (o.store) {
+    NDMESH_CHECK_CONFIG(extra.empty(), "launch",
+                        "--store starts the ranks itself: mpirun options ({}) do not apply",
+                        fmt::join(extra, " "));
+    return launch_store(o.n, program, !o.no_tag, o.dry_run);
+  }
   std::string mpirun = find_program(o.mpirun);
   if (mpirun.empty()) {
     const char* path = std::getenv("PATH");
     fail<ConfigError>(
         "launch",
         "{} not found on PATH ({}); install Open MPI (Debian: apt-get install openmpi-bin) or MPICH, "
-        "or start the {} processes with srun --mpi=pmix -n {} {}",
-        o.mpirun, path ? path : "unset", o.n, o.n, program.front());
+        "or start the {} processes with srun --mpi=pmix -n {} {}, or without MPI: ndmesh launch --store -n "
+        "{} -- {}",
+        o.mpirun, path ? path : "unset", o.n, o.n, program.front(), o.n, program.front());
   }
   std::string kind = flavour(mpirun);
   std::vector<std::string> args = {mpirun, "-n", std::to_string(o.n)};
@@ -137,11 +147,15 @@ Action setup(CLI::App& app) {
   app.add_option("--mpirun", o->mpirun, "the MPI launcher to use (default: mpirun on PATH)");
   app.add_flag("--dry-run", o->dry_run, "print the mpirun command instead of running it");
   app.add_flag("--no-tag", o->no_tag, "do not prefix output lines with the rank (e.g. to pipe JSON)");
+  app.add_flag(
+      "--store", o->store,
+      "no mpirun: start the ranks with torchrun's variables (a TCP store on 127.0.0.1, the Gloo backend)");
   app.add_option("args", o->rest, "[-- mpirun options] -- program and its arguments");
   app.footer(
       "Examples:\n"
       "  ndmesh launch -n 8 -- ndmesh check --dp 2 --pp 2 --tp 2\n"
       "  ndmesh launch -n 4 -- --bind-to none -- build/bin/parallel_config --tp 2 --dp 2\n"
+      "  ndmesh launch --store -n 4 -- ndmesh train --dp 2 --tp 2     (no mpirun: Gloo)\n"
       "On a cluster use the scheduler instead: srun --mpi=pmix -n 64 ndmesh check --tp 8 --dp 8");
   return [o] { return run(*o); };
 }

@@ -5,7 +5,10 @@
 //   Open MPI mpirun   OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK/_LOCAL_SIZE
 //   MPICH / Hydra     PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
 //   Slurm srun        SLURM_PROCID, SLURM_NTASKS (or SLURM_NPROCS), SLURM_LOCALID, SLURM_NODEID
-//   torchrun          RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK
+//   torchrun          RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, and for
+//                     the store: MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE,
+//                     TORCHELASTIC_RESTART_COUNT (any launcher that sets RANK and
+//                     WORLD_SIZE, e.g. a Kubernetes operator, counts as this family)
 // Values a launcher does not give stay empty: under MPI the comm layer fills them from
 // the engine (a shared-memory split), never from an assumed number of devices per node.
 #pragma once
@@ -44,6 +47,13 @@ struct LaunchEnv {
   std::optional<std::int64_t> node_rank;         ///< index of this node, when the launcher says
   /// The variables the values came from, "NAME=value", for messages.
   std::vector<std::string> sources;
+  /// torchrun family: where the job's TCP store is (MASTER_ADDR, MASTER_PORT in [1, 65535]).
+  std::optional<std::string> master_addr;
+  std::optional<std::int64_t> master_port;
+  /// TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent serves the store (rank 0 must not).
+  bool agent_store = false;
+  /// TORCHELASTIC_RESTART_COUNT: the attempt of an elastic job (keys are kept per attempt).
+  std::int64_t restart_count = 0;
 
   /// Detects from the process environment. ConfigError naming the variables when a
   /// value is malformed (not a non-negative integer, rank >= size, ...) or when two
@@ -54,8 +64,15 @@ struct LaunchEnv {
 
   /// True when the launcher provides an MPI world (Open MPI, Hydra, Slurm with PMI).
   bool has_mpi_world() const;
+  /// True when the processes meet through a TCP store: RANK and WORLD_SIZE (torchrun
+  /// family, no MPI launcher) with MASTER_ADDR and MASTER_PORT.
+  bool has_store() const;
+  /// ConfigError naming the missing variable when the torchrun family is detected
+  /// without MASTER_ADDR or MASTER_PORT; returns otherwise.
+  void require_store() const;
   /// ConfigError with the commands to use instead when the process was started by a
-  /// launcher that creates no MPI world (torchrun); returns otherwise.
+  /// launcher that creates no MPI world (torchrun) and the MPI backend was asked for;
+  /// returns otherwise.
   void require_mpi_world() const;
   /// One line: "openmpi rank 1 of 4, local 1 of 4, node ?".
   std::string describe() const;

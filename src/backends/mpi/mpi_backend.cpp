@@ -453,12 +453,7 @@ class MpiComm final : public detail::CommImpl {
   }
 
   int block_count(std::string_view op, std::size_t count) const {
-    std::size_t limit = detail::count_limit(max_count());
-    NDMESH_CHECK(
-        count <= limit, "comm",
-        "{} of {} elements per rank exceeds the {} elements one MPI call can carry; split the buffer into "
-        "several calls",
-        op, count, limit);
+    detail::check_block_count(op, count, max_count());
     return static_cast<int>(count);
   }
 

@@ -14,7 +14,8 @@
 namespace ndmesh::comm {
 namespace {
 
-TEST(CommunicatorSingle, TorchrunIsRefusedBeforeTheEngineStarts) {
+// RANK and WORLD_SIZE without MASTER_ADDR: no store to meet at, refused before any engine starts.
+TEST(CommunicatorSingle, TorchrunWithoutAStoreIsRefusedBeforeTheEngineStarts) {
   setenv("RANK", "0", 1);
   setenv("WORLD_SIZE", "2", 1);
   try {
@@ -22,7 +23,8 @@ TEST(CommunicatorSingle, TorchrunIsRefusedBeforeTheEngineStarts) {
     FAIL() << "torchrun variables must be refused";
   } catch (const ConfigError& e) {
     std::string msg = e.what();
-    EXPECT_NE(msg.find("started by torchrun (RANK=0 WORLD_SIZE=2)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("RANK=0 and WORLD_SIZE=2 are set (as by torchrun) but MASTER_ADDR is not"), std::string::npos)
+        << msg;
     EXPECT_NE(msg.find("mpirun -np 2"), std::string::npos) << msg;
   }
   unsetenv("RANK");

@@ -51,7 +51,7 @@ TEST(Env, CheckAllRefusesEveryMalformedVariable) {
   const std::pair<const char*, const char*> bad[] = {{"NDMESH_LOG", "verbose"},
                                                      {"NDMESH_TIMEOUT_S", "5m"},
                                                      {"NDMESH_THREADS", "many"},
-                                                     {"NDMESH_BACKEND", "gloo"}};
+                                                     {"NDMESH_BACKEND", "ucc"}};
   for (auto [name, value] : bad) {
     setenv(name, value, 1);
     try {

@@ -46,7 +46,11 @@ class ScopedEnv {
                                            "WORLD_SIZE",
                                            "LOCAL_RANK",
                                            "LOCAL_WORLD_SIZE",
-                                           "GROUP_RANK"};
+                                           "GROUP_RANK",
+                                           "MASTER_ADDR",
+                                           "MASTER_PORT",
+                                           "TORCHELASTIC_USE_AGENT_STORE",
+                                           "TORCHELASTIC_RESTART_COUNT"};
   std::map<std::string, std::string> saved_;
 };
 
@@ -130,6 +134,54 @@ TEST(LaunchEnv, TorchrunIsDetectedButNeedsAnMpiLauncher) {
     EXPECT_NE(msg.find("mpirun -np 4"), std::string::npos) << msg;
     EXPECT_NE(msg.find("srun --mpi=pmix -n 4"), std::string::npos) << msg;
     EXPECT_NE(msg.find("ndmesh launch -n 4 --"), std::string::npos) << msg;
+  }
+}
+
+TEST(LaunchEnv, TorchrunStoreVariables) {
+  ScopedEnv env({{"RANK", "2"},
+                 {"WORLD_SIZE", "4"},
+                 {"MASTER_ADDR", "10.0.0.1"},
+                 {"MASTER_PORT", "29500"},
+                 {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                 {"TORCHELASTIC_RESTART_COUNT", "3"}});
+  LaunchEnv e = LaunchEnv::detect();
+  EXPECT_TRUE(e.has_store());
+  EXPECT_EQ(e.master_addr, "10.0.0.1");
+  EXPECT_EQ(e.master_port, 29500);
+  EXPECT_TRUE(e.agent_store);
+  EXPECT_EQ(e.restart_count, 3);
+  EXPECT_NO_THROW(e.require_store());
+}
+
+TEST(LaunchEnv, TorchrunWithoutMasterPortNamesIt) {
+  ScopedEnv env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}});
+  LaunchEnv e = LaunchEnv::detect();
+  EXPECT_FALSE(e.has_store());
+  EXPECT_FALSE(e.agent_store);
+  try {
+    e.require_store();
+    FAIL() << "a store launch without MASTER_PORT must be refused";
+  } catch (const ConfigError& err) {
+    EXPECT_NE(std::string(err.what()).find("MASTER_PORT is not"), std::string::npos) << err.what();
+  }
+}
+
+TEST(LaunchEnv, BadStoreVariablesNameTheVariable) {
+  const std::pair<const char*, const char*> bad[] = {{"MASTER_PORT", "70000"},
+                                                     {"MASTER_PORT", "port"},
+                                                     {"TORCHELASTIC_USE_AGENT_STORE", "maybe"},
+                                                     {"TORCHELASTIC_RESTART_COUNT", "-1"}};
+  for (auto [name, value] : bad) {
+    std::map<std::string, std::string> vars = {
+        {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+    vars[name] = value;
+    ScopedEnv env(vars);
+    try {
+      LaunchEnv::detect();
+      ADD_FAILURE() << name << "=" << value << " accepted";
+    } catch (const ConfigError& err) {
+      EXPECT_NE(std::string(err.what()).find(name), std::string::npos) << err.what();
+    }
   }
 }
 

@@ -1,0 +1,636 @@
+// Gloo backend. Gloo's operations are blocking calls, so the Communicator's async Work
+// maps onto threads:
+//   - collectives of one communicator run in issue order on its lane: an async one is
+//     queued to the lane's thread, a blocking one runs on the caller once the queue is
+//     empty (every rank issues a group's collectives in the same order, so one tag per
+//     communicator suffices, as MPI's in-order matching does);
+//   - point-to-point operations are posted at once (Gloo's unbound-buffer send and recv
+//     do not block) on slots made of the tag, and an async one is waited for by a thread
+//     of a small growing pool, so that any completion order works (the ring and the
+//     pipeline post several and wait in their own order).
+// Gloo's own timeouts are set far beyond NDMESH_TIMEOUT_S: the Communicator's deadline
+// (its watchdog for blocking calls, Work polling for async ones) ends the job first, with
+// the line naming the group. A peer that exits closes its TCP pairs, which makes the
+// pending operations of its partners fail at once with an Error naming the members.
+//
+// Collectives of zero elements return at once without calling Gloo (whose algorithms
+// divide by the element count), as they move nothing.
+// Gloo 0.5 (Debian's) has no reduce-scatter in its options API: reduce_scatter is an
+// all-reduce of the whole input followed by a copy of this rank's block.
+#include "backends/gloo/gloo_backend.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "ndmesh/core/error.hpp"
+#include "ndmesh/core/log.hpp"
+
+namespace ndmesh::comm::gloo {
+namespace {
+
+// Far beyond any NDMESH_TIMEOUT_S: the Communicator's deadline ends a stuck operation.
+constexpr std::chrono::milliseconds kGlooTimeout = std::chrono::hours(24 * 30);
+// Point-to-point slots: a prefix byte Gloo's collectives do not use, then the tag.
+constexpr std::uint64_t kP2pSlot = std::uint64_t{0x80} << 56;
+
+std::uint64_t p2p_slot(int tag) { return kP2pSlot | static_cast<std::uint32_t>(tag); }
+
+// Gloo's rendezvous store over the job's store (a view under the group's prefix).
+class StoreAdapter final : public ::gloo::rendezvous::Store {
+ public:
+  explicit StoreAdapter(launch::Store store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.set(key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    std::string v = store_.get(key);
+    return {v.begin(), v.end()};
+  }
+  void wait(const std::vector<std::string>& keys) override { store_.wait(keys, seconds(kGlooTimeout)); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    store_.wait(keys, seconds(timeout));
+  }
+
+ private:
+  static double seconds(std::chrono::milliseconds t) { return t.count() > 0 ? t.count() / 1000.0 : 0; }
+  launch::Store store_;
+};
+
+// The address of this host that peers reach: the one its route to MASTER_ADDR leaves
+// from (a UDP connect sends nothing), so loopback jobs stay on 127.0.0.1 and a
+// multi-node job uses the interface facing the master.
+std::string local_address(const std::string& master) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(master.c_str(), "9", &hints, &res) != 0 || res == nullptr)
+    fail<ConfigError>("comm", "MASTER_ADDR={} does not resolve to an address; set it to the host of rank 0",
+                      master);
+  std::string out;
+  int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    char text[INET6_ADDRSTRLEN] = {};
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      const void* a = addr.ss_family == AF_INET6
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&addr)->sin_addr);
+      if (::inet_ntop(addr.ss_family, a, text, sizeof text)) out = text;
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  if (out.empty()) fail<>("comm", "no route from this host to MASTER_ADDR={}", master);
+  return out;
+}
+
+// A unit of work run on another thread; its Work polls `done`.
+struct Task {
+  std::function<void()> fn;
+  std::atomic<bool> done{false};
+  std::exception_ptr error;
+  void run() {
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    fn = nullptr;
+    done.store(true, std::memory_order_release);
+  }
+};
+
+class TaskWork final : public detail::WorkImpl {
+ public:
+  explicit TaskWork(std::shared_ptr<Task> task) : task_(std::move(task)) {}
+  bool test() override {
+    if (!task_->done.load(std::memory_order_acquire)) return false;
+    if (task_->error) std::rethrow_exception(task_->error);
+    return true;
+  }
+
+ private:
+  std::shared_ptr<Task> task_;
+};
+
+// Threads that wait for posted point-to-point transfers, one per waiting transfer (grown
+// on demand, kept idle afterwards), so that completions are seen in any order.
+class WaiterPool {
+ public:
+  static WaiterPool& get() {
+    static auto* pool = new WaiterPool;  // never destroyed: waiters may run during exit
+    return *pool;
+  }
+  void submit(std::shared_ptr<Task> task) {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(task));
+    // Every queued transfer needs a thread of its own: an idle thread that was notified
+    // but has not woken yet still counts as idle, so compare with the queue, not with 0
+    // (one thread serving two transfers would see them complete only in order).
+    if (queue_.size() > static_cast<std::size_t>(idle_)) {
+      std::thread([this] { loop(); }).detach();
+    } else {
+      cv_.notify_one();
+    }
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(lock, [&] { return !queue_.empty(); });
+      --idle_;
+      auto task = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      task->run();
+      task.reset();
+      lock.lock();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Task>> queue_;
+  int idle_ = 0;
+};
+
+// Runs one communicator's collectives in issue order (see the file comment).
+class Lane {
+ public:
+  ~Lane() {
+    {
+      std::unique_lock lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  std::shared_ptr<Task> submit(std::function<void()> fn) {
+    auto task = std::make_shared<Task>();
+    task->fn = std::move(fn);
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(task);
+      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    }
+    cv_.notify_all();
+    return task;
+  }
+
+  // Runs fn on the caller after every queued collective has run.
+  void run_now(const std::function<void()>& fn) {
+    {
+      std::unique_lock lock(mutex_);
+      idle_cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+      busy_ = true;
+    }
+    struct Release {
+      Lane* lane;
+      ~Release() {
+        {
+          std::lock_guard lock(lane->mutex_);
+          lane->busy_ = false;
+        }
+        lane->cv_.notify_all();
+        lane->idle_cv_.notify_all();
+      }
+    } release{this};
+    fn();
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !busy_); });
+      if (queue_.empty()) return;  // stop_ with nothing left
+      auto task = queue_.front();
+      busy_ = true;
+      lock.unlock();
+      task->run();
+      lock.lock();
+      queue_.pop_front();
+      busy_ = false;
+      idle_cv_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<std::shared_ptr<Task>> queue_;
+  bool busy_ = false, stop_ = false;
+  std::thread thread_;
+};
+
+// Runs f, turning Gloo's exceptions into an Error naming the operation and the members.
+template <typename F>
+auto wrap(const char* op, const std::vector<std::int64_t>& members, F&& f) {
+  try {
+    return f();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail<>("comm", "gloo {} among world ranks {} failed: {} (a peer exited or lost its connection)", op,
+           fmt::join(members, ","), e.what());
+  }
+}
+
+template <typename T>
+void bf16_reduce(void* c, const void* a, const void* b, std::size_t n) {
+  auto* out = static_cast<BFloat16*>(c);
+  auto* x = static_cast<const BFloat16*>(a);
+  auto* y = static_cast<const BFloat16*>(b);
+  for (std::size_t i = 0; i < n; ++i)
+    out[i] = BFloat16(T{}(static_cast<float>(x[i]), static_cast<float>(y[i])));
+}
+struct Add {
+  float operator()(float x, float y) const { return x + y; }
+};
+struct Max {
+  float operator()(float x, float y) const { return std::max(x, y); }
+};
+struct Min {
+  float operator()(float x, float y) const { return std::min(x, y); }
+};
+
+template <typename T>
+::gloo::AllreduceOptions::Func reduce_fn(ReduceOp op) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    switch (op) {
+      case ReduceOp::kMax:
+        return &bf16_reduce<Max>;
+      case ReduceOp::kMin:
+        return &bf16_reduce<Min>;
+      default:
+        return &bf16_reduce<Add>;
+    }
+  } else {
+    void (*fn)(void*, const void*, const void*, std::size_t) = &::gloo::sum<T>;
+    if (op == ReduceOp::kMax) fn = &::gloo::max<T>;
+    if (op == ReduceOp::kMin) fn = &::gloo::min<T>;
+    return fn;
+  }
+}
+
+// A byte that gives empty buffers an address.
+char g_empty_byte = 0;
+void* addr(void* p) { return p != nullptr ? p : &g_empty_byte; }
+
+std::shared_ptr<::gloo::transport::Device>& device_slot() {
+  static std::shared_ptr<::gloo::transport::Device> device;
+  return device;
+}
+
+class GlooComm final : public detail::CommImpl {
+ public:
+  GlooComm(std::shared_ptr<::gloo::rendezvous::Context> ctx, launch::Store store, std::string node_id,
+           std::vector<std::int64_t> members)
+      : ctx_(std::move(ctx)), store_(std::move(store)), node_id_(std::move(node_id)) {
+    members_ = std::move(members);
+  }
+
+  template <typename F>
+  auto wrap(const char* op, F&& f) const {
+    return gloo::wrap(op, members_, std::forward<F>(f));
+  }
+
+  // Connects a group of `size` ranks (this one `rank`) under `store`'s prefix.
+  static std::shared_ptr<::gloo::rendezvous::Context> connect(const launch::Store& store, int rank,
+                                                              int size) {
+    auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+    ctx->setTimeout(kGlooTimeout);
+    StoreAdapter adapter(store);
+    ctx->connectFullMesh(adapter, device_slot());
+    // connectFullMesh returns once this rank's pairs are connected, which may be before a
+    // peer's side has finished its handshake; a rank that then dropped the group (a
+    // temporary node group) would close a pair the peer is still connecting. A barrier
+    // makes the group's creation complete on every member before any uses or drops it.
+    ::gloo::BarrierOptions barrier(ctx);
+    barrier.setTimeout(kGlooTimeout);
+    ::gloo::barrier(barrier);
+    return ctx;
+  }
+
+  std::string_view backend() const override { return "gloo"; }
+  int rank() const override { return ctx_->rank; }
+  int size() const override { return ctx_->size; }
+  std::size_t max_count() const override { return std::size_t{1} << 60; }
+
+  std::shared_ptr<detail::CommImpl> split(std::optional<std::int64_t> color, std::int64_t key) override {
+    NDMESH_CHECK(!color || *color >= 0, "comm", "split color {} is negative (colors are non-negative)",
+                 *color);
+    const int seq = splits_++;
+    // Every member learns every (color, key); -1: no color.
+    std::vector<std::int64_t> mine = {color ? *color : -1, key}, all(2 * static_cast<std::size_t>(size()));
+    lane_.run_now([&] { gather(mine.data(), all.data(), 2); });
+    if (!color) return nullptr;
+    std::vector<std::pair<std::int64_t, int>> group;  // (key, parent rank)
+    for (int r = 0; r < size(); ++r)
+      if (all[2 * static_cast<std::size_t>(r)] == *color)
+        group.emplace_back(all[2 * static_cast<std::size_t>(r) + 1], r);
+    std::sort(group.begin(), group.end());
+    std::vector<std::int64_t> world;
+    int new_rank = 0;
+    for (std::size_t i = 0; i < group.size(); ++i) {
+      if (group[i].second == rank()) new_rank = static_cast<int>(i);
+      world.push_back(members_[static_cast<std::size_t>(group[i].second)]);
+    }
+    launch::Store sub = store_.prefixed(fmt::format("s{}/c{}/", seq, *color));
+    auto ctx = wrap("split", [&] { return connect(sub, new_rank, static_cast<int>(group.size())); });
+    return std::make_shared<GlooComm>(std::move(ctx), sub, node_id_, std::move(world));
+  }
+
+  std::shared_ptr<detail::CommImpl> self() override {
+    const int seq = selves_++;
+    launch::Store sub = store_.prefixed(fmt::format("self{}/r{}/", seq, rank()));
+    auto ctx = wrap("self", [&] { return connect(sub, 0, 1); });
+    return std::make_shared<GlooComm>(std::move(ctx), sub, node_id_,
+                                      std::vector<std::int64_t>{members_[static_cast<std::size_t>(rank())]});
+  }
+
+  std::shared_ptr<detail::CommImpl> split_node() override {
+    // Members with the same node identity (host name and the launcher's node rank) form
+    // a node; its color is the lowest member rank.
+    std::vector<std::int64_t> ids(static_cast<std::size_t>(size()));
+    std::int64_t id = static_cast<std::int64_t>(std::hash<std::string>{}(node_id_) >> 1);
+    lane_.run_now([&] { gather(&id, ids.data(), 1); });
+    std::int64_t color = 0;
+    while (ids[static_cast<std::size_t>(color)] != id) ++color;
+    return split(color, rank());
+  }
+
+  std::unique_ptr<detail::WorkImpl> barrier(bool blocking) override {
+    return collective("barrier", blocking, [ctx = ctx_] {
+      ::gloo::BarrierOptions o(ctx);
+      o.setTimeout(kGlooTimeout);
+      ::gloo::barrier(o);
+    });
+  }
+
+  std::unique_ptr<detail::WorkImpl> broadcast(ElementSpan data, int root, bool blocking) override {
+    if (data.count == 0) return nullptr;
+    return collective("broadcast", blocking, [ctx = ctx_, data, root] {
+      visit_dtype(data.dtype, [&]<typename T>(T) {
+        ::gloo::BroadcastOptions o(ctx);
+        o.setOutput(static_cast<T*>(addr(data.data)), data.count);
+        o.setRoot(root);
+        o.setTimeout(kGlooTimeout);
+        ::gloo::broadcast(o);
+      });
+    });
+  }
+
+  std::unique_ptr<detail::WorkImpl> all_reduce(ElementSpan data, ReduceOp op, bool blocking) override {
+    if (data.count == 0) return nullptr;
+    return collective("all_reduce", blocking, [ctx = ctx_, data, op] { reduce_in_place(ctx, data, op); });
+  }
+
+  std::unique_ptr<detail::WorkImpl> reduce_scatter(ElementSpan in, ElementSpan out, ReduceOp op,
+                                                   bool blocking) override {
+    check_block("reduce_scatter", out.count);
+    if (out.count == 0) return nullptr;
+    const int r = rank();
+    return collective("reduce_scatter", blocking, [ctx = ctx_, in, out, op, r] {
+      const std::size_t block = out.bytes();
+      if (in.data == out.data) {  // in place: the result goes to the start of the buffer
+        reduce_in_place(ctx, in, op);
+        std::memmove(in.data, static_cast<char*>(in.data) + static_cast<std::size_t>(r) * block, block);
+        return;
+      }
+      std::vector<char> scratch(static_cast<const char*>(in.data),
+                                static_cast<const char*>(in.data) + in.bytes());
+      reduce_in_place(ctx, ElementSpan{scratch.data(), in.count, in.dtype}, op);
+      std::memcpy(out.data, scratch.data() + static_cast<std::size_t>(r) * block, block);
+    });
+  }
+
+  std::unique_ptr<detail::WorkImpl> all_gather(ElementSpan in, ElementSpan out, bool blocking) override {
+    check_block("all_gather", in.count);
+    if (in.count == 0) return nullptr;
+    const bool in_place =
+        in.data == static_cast<char*>(out.data) + static_cast<std::size_t>(rank()) * in.bytes();
+    return collective("all_gather", blocking, [ctx = ctx_, in, out, in_place] {
+      visit_dtype(in.dtype, [&]<typename T>(T) {
+        ::gloo::AllgatherOptions o(ctx);
+        if (!in_place) o.setInput(static_cast<T*>(addr(in.data)), in.count);
+        o.setOutput(static_cast<T*>(addr(out.data)), out.count);
+        o.setTimeout(kGlooTimeout);
+        ::gloo::allgather(o);
+      });
+    });
+  }
+
+  std::unique_ptr<detail::WorkImpl> all_to_all(ElementSpan in, ElementSpan out, bool blocking) override {
+    check_block("all_to_all", in.count / static_cast<std::size_t>(size()));
+    if (in.count == 0) return nullptr;
+    return collective("all_to_all", blocking, [ctx = ctx_, in, out] {
+      visit_dtype(in.dtype, [&]<typename T>(T) {
+        ::gloo::AlltoallOptions o(ctx);
+        o.setInput(static_cast<T*>(addr(in.data)), in.count);
+        o.setOutput(static_cast<T*>(addr(out.data)), out.count);
+        o.setTimeout(kGlooTimeout);
+        ::gloo::alltoall(o);
+      });
+    });
+  }
+
+  std::unique_ptr<detail::WorkImpl> send(ElementSpan data, int peer, int tag, bool blocking) override {
+    return point_to_point("send", data, peer, tag, blocking);
+  }
+  std::unique_ptr<detail::WorkImpl> recv(ElementSpan data, int peer, int tag, bool blocking) override {
+    return point_to_point("recv", data, peer, tag, blocking);
+  }
+
+  [[noreturn]] void abort_job(int code) override {
+    // No job-wide abort in Gloo: exiting closes this rank's pairs, so every peer's pending
+    // operation with it fails at once, and the launcher ends the job.
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(code);
+  }
+
+ private:
+  static void reduce_in_place(const std::shared_ptr<::gloo::rendezvous::Context>& ctx, ElementSpan data,
+                              ReduceOp op) {
+    visit_dtype(data.dtype, [&]<typename T>(T) {
+      ::gloo::AllreduceOptions o(ctx);
+      o.setOutput(static_cast<T*>(addr(data.data)), data.count);
+      o.setReduceFunction(reduce_fn<T>(op));
+      o.setTimeout(kGlooTimeout);
+      ::gloo::allreduce(o);
+    });
+  }
+
+  // The block collectives refuse a per-rank block above the per-call limit (tests lower it
+  // with testing::set_max_count_per_call), as the MPI backend does.
+  void check_block(std::string_view op, std::size_t count) const {
+    detail::check_block_count(op, count, max_count());
+  }
+
+  // An all_gather of `n` int64 per rank, on the calling thread (inside run_now).
+  void gather(std::int64_t* in, std::int64_t* out, std::size_t n) {
+    wrap("split", [&] {
+      ::gloo::AllgatherOptions o(ctx_);
+      o.setInput(in, n);
+      o.setOutput(out, n * static_cast<std::size_t>(size()));
+      o.setTimeout(kGlooTimeout);
+      ::gloo::allgather(o);
+      return 0;
+    });
+  }
+
+  std::unique_ptr<detail::WorkImpl> collective(const char* op, bool blocking, std::function<void()> fn) {
+    // Tasks hold the context and the member list, never this communicator, so that the
+    // last handle is never released on the lane's own thread.
+    auto guarded = [members = members_, op, fn = std::move(fn)] {
+      gloo::wrap(op, members, [&] {
+        fn();
+        return 0;
+      });
+    };
+    if (blocking) {
+      lane_.run_now(guarded);
+      return nullptr;
+    }
+    return std::make_unique<TaskWork>(lane_.submit(guarded));
+  }
+
+  // Messages to this rank itself: Gloo has no pair to self, so they meet here. A send is
+  // copied at once; a receive takes the oldest message of its tag, or waits for one.
+  struct SelfRecv {
+    ElementSpan data;
+    std::shared_ptr<Task> task;
+  };
+  static void deliver(const std::string& bytes, const SelfRecv& r) {
+    if (bytes.size() != r.data.bytes())
+      r.task->error = std::make_exception_ptr(Error(
+          "comm",
+          fmt::format("recv from this rank itself expected {} bytes but the message held {}; send and recv "
+                      "counts must match",
+                      r.data.bytes(), bytes.size())));
+    else if (!bytes.empty())
+      std::memcpy(r.data.data, bytes.data(), bytes.size());
+    r.task->done.store(true, std::memory_order_release);
+  }
+
+  std::unique_ptr<detail::WorkImpl> to_self(bool is_send, ElementSpan data, int tag, bool blocking) {
+    auto recv = std::make_shared<Task>();
+    {
+      std::lock_guard lock(self_mutex_);
+      if (is_send) {
+        std::string bytes(static_cast<const char*>(addr(data.data)), data.bytes());
+        auto& waiting = self_recvs_[tag];
+        if (waiting.empty()) {
+          self_sends_[tag].push_back(std::move(bytes));
+        } else {
+          deliver(bytes, waiting.front());
+          waiting.pop_front();
+        }
+        return nullptr;
+      }
+      auto& queued = self_sends_[tag];
+      if (queued.empty()) {
+        self_recvs_[tag].push_back({data, recv});
+      } else {
+        deliver(queued.front(), {data, recv});
+        queued.pop_front();
+      }
+    }
+    auto work = std::make_unique<TaskWork>(recv);
+    if (!blocking) return work;
+    while (!work->test()) std::this_thread::sleep_for(std::chrono::microseconds(50));  // under the watchdog
+    return nullptr;
+  }
+
+  std::unique_ptr<detail::WorkImpl> point_to_point(const char* op, ElementSpan data, int peer, int tag,
+                                                   bool blocking) {
+    const bool is_send = op[0] == 's';
+    if (peer == rank()) return to_self(is_send, data, tag, blocking);
+    std::shared_ptr<::gloo::transport::UnboundBuffer> buf = wrap(op, [&] {
+      std::shared_ptr<::gloo::transport::UnboundBuffer> b =
+          ctx_->createUnboundBuffer(addr(data.data), data.bytes());
+      if (is_send) {
+        b->send(peer, p2p_slot(tag), 0, data.bytes());
+      } else {
+        b->recv(peer, p2p_slot(tag), 0, data.bytes());
+      }
+      return b;
+    });
+    auto finish = [ctx = ctx_, members = members_, op, is_send, buf] {
+      gloo::wrap(op, members,
+                 [&] { return is_send ? buf->waitSend(kGlooTimeout) : buf->waitRecv(kGlooTimeout); });
+    };
+    if (blocking) {
+      finish();
+      return nullptr;
+    }
+    auto task = std::make_shared<Task>();
+    task->fn = std::move(finish);
+    WaiterPool::get().submit(task);
+    return std::make_unique<TaskWork>(std::move(task));
+  }
+
+  std::shared_ptr<::gloo::rendezvous::Context> ctx_;
+  launch::Store store_;  // this group's prefix
+  std::string node_id_;
+  int splits_ = 0, selves_ = 0;
+  std::mutex self_mutex_;
+  std::map<int, std::deque<std::string>> self_sends_;
+  std::map<int, std::deque<SelfRecv>> self_recvs_;
+  Lane lane_;  // last: its thread uses the members above
+};
+
+}  // namespace
+
+std::shared_ptr<detail::CommImpl> make_world(const launch::JobStore& job, const LaunchEnv& env) {
+  ::gloo::transport::tcp::attr attr;
+  attr.hostname = local_address(*env.master_addr);
+  device_slot() = ::gloo::transport::tcp::CreateDevice(attr);
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string node_id = fmt::format("{}/{}", host, env.node_rank ? *env.node_rank : -1);
+  launch::Store store = job.store.prefixed("gloo/world/");
+  std::shared_ptr<::gloo::rendezvous::Context> ctx;
+  try {
+    ctx = GlooComm::connect(store, static_cast<int>(env.rank), static_cast<int>(env.world_size));
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail<>("comm", "gloo could not connect the world of {} ranks: {}", env.world_size, e.what());
+  }
+  std::vector<std::int64_t> members(static_cast<std::size_t>(env.world_size));
+  for (std::size_t i = 0; i < members.size(); ++i) members[i] = static_cast<std::int64_t>(i);
+  log::debug("[comm] gloo world of {} ranks over TCP at {}", env.world_size, attr.hostname);
+  return std::make_shared<GlooComm>(std::move(ctx), store, node_id, std::move(members));
+}
+
+}  // namespace ndmesh::comm::gloo
