@@ -3,6 +3,7 @@
 // timeouts, avg, argument checks and messages live in src/comm and are shared by all.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -49,6 +50,14 @@ class CommImpl {
   virtual std::shared_ptr<CommImpl> dup() { return split(0, rank()); }
   /// Empty when any thread may call any operation at any time; otherwise why not.
   virtual std::string thread_limit() const { return {}; }
+  /// A Work waiting on this backend calls this between polls: a backend whose operations
+  /// complete without being polled (in-process ranks) sleeps until one of this job's
+  /// operations completed since the calling thread's last poll, or `at_most`, and returns
+  /// true. Engines that progress only inside their calls (MPI) return false at once.
+  virtual bool wait_for_progress(std::chrono::microseconds at_most) {
+    (void)at_most;
+    return false;
+  }
 
   // Each operation either completes before returning (blocking: returns nullptr; the
   // caller guards it with the watchdog) or starts nonblocking work that the caller polls.

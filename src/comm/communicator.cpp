@@ -3,8 +3,9 @@
 // (watchdog.hpp). A Work polls its backend requests: while waiting it yields for the
 // first 50 ms (each poll drives the engine's progress, which multi-round nonblocking
 // collectives need) and then sleeps with a growing pause of at most 1 ms, so that ranks
-// oversubscribed on few cores let their peers run. Past the deadline it prints the
-// one-line message and aborts the job.
+// oversubscribed on few cores let their peers run; a backend without an engine to drive
+// (in-process ranks) sleeps until an operation completes instead. Past the deadline it
+// prints the one-line message and aborts the job.
 #include "ndmesh/comm/communicator.hpp"
 
 #include <algorithm>
@@ -124,7 +125,9 @@ struct WorkState {
         if (!s->done && now - start >= std::chrono::duration<double>(s->timeout_s))
           detail::expire(s->op, peer_detail(s->op, *s->comm, s->peer), s->group, *s->comm, s->timeout_s);
       }
-      if (now - start < std::chrono::milliseconds(50)) {
+      if (states.front()->comm->wait_for_progress(std::chrono::milliseconds(1))) {
+        // The backend slept until something completed (in-process ranks, no engine to drive).
+      } else if (now - start < std::chrono::milliseconds(50)) {
         std::this_thread::yield();
       } else {
         std::this_thread::sleep_for(pause);

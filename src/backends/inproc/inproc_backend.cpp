@@ -140,6 +140,7 @@ struct Job {
   std::string component, message;  // a timeout's (TimeoutError(component, message))
   std::string what;                // the full message, for JobAborted
   std::vector<bool> finished;      // rank bodies that returned normally
+  std::uint64_t completions = 0;   // operations completed so far (wait_for_progress)
 
   // Lock held.
   void fail(int rank, std::string_view comp, const std::string& msg, bool timeout) {
@@ -159,6 +160,9 @@ struct Job {
   }
 };
 
+// The job's completion count at the calling thread's last poll (wait_for_progress).
+thread_local std::uint64_t t_seen_completions = 0;
+
 // An operation in flight, as seen by one member.
 struct Pending {
   std::shared_ptr<Context> ctx;
@@ -170,6 +174,7 @@ struct Pending {
 // Lock held. True when the operation is complete; throws when it failed, when the job
 // ended, or when the member it waits for has returned from its body.
 bool settle(const Job& job, const Pending& p) {
+  t_seen_completions = job.completions;
   if (p.slot) {
     if (p.slot->done) {
       if (!p.slot->error.empty()) throw Error("comm", p.slot->error);
@@ -377,6 +382,12 @@ class InprocComm final : public CommImpl {
     throw JobAborted("comm", message);
   }
 
+  bool wait_for_progress(std::chrono::microseconds at_most) override {
+    std::unique_lock lock(job_->mutex);
+    job_->cv.wait_for(lock, at_most, [&] { return job_->completions != t_seen_completions || job_->failed; });
+    return true;
+  }
+
   bool interrupt(std::string_view component, const std::string& message, bool timed_out) override {
     std::lock_guard lock(job_->mutex);
     job_->fail(static_cast<int>(world_rank()), component, message, timed_out);
@@ -426,6 +437,7 @@ class InprocComm final : public CommImpl {
     if (++slot->arrived == size()) {
       complete(*slot);
       ctx_->slots.erase(index);
+      ++job_->completions;
       job_->cv.notify_all();
     }
     return p;
@@ -486,6 +498,7 @@ class InprocComm final : public CommImpl {
     else if (s.data.count > 0)
       std::memcpy(r.data.data, s.data.data, s.data.bytes());
     s.done = r.done = true;
+    ++job_->completions;
     job_->cv.notify_all();
   }
 
