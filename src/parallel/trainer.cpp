@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "ndmesh/comm/tags.hpp"
 #include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/config/partition.hpp"
@@ -504,7 +505,7 @@ void Trainer::save(const std::string& dir) {
   std::vector<std::int64_t> counts(static_cast<std::size_t>(world.size()));
   world.all_gather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(counts));
   if (world.rank() != 0) {
-    if (mine > 0) world.send(std::span<const std::int64_t>(words), 0, {.tag = 78});
+    if (mine > 0) world.send(std::span<const std::int64_t>(words), 0, {.tag = comm::tags::kCheckpointParts});
   } else {
     try {
       model::Manifest manifest;
@@ -518,7 +519,7 @@ void Trainer::save(const std::string& dir) {
         const std::int64_t count = counts[static_cast<std::size_t>(k)];
         if (count == 0) continue;
         std::vector<std::int64_t> theirs(static_cast<std::size_t>(count));
-        world.recv(std::span<std::int64_t>(theirs), k, {.tag = 78});
+        world.recv(std::span<std::int64_t>(theirs), k, {.tag = comm::tags::kCheckpointParts});
         model::add_manifest_part(manifest, from_words(theirs));
       }
       model::write_manifest(tmp, manifest);
@@ -630,7 +631,7 @@ PipelineReport Trainer::pipeline_report(const std::string& trace_path) {
   world.all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
   PipelineReport r;
   if (world.rank() != 0) {
-    if (!trace_.empty()) world.send(std::span<const double>(trace_), 0, {.tag = 77});
+    if (!trace_.empty()) world.send(std::span<const double>(trace_), 0, {.tag = comm::tags::kTraceGather});
     return r;
   }
   std::vector<double> events = trace_;
@@ -638,7 +639,7 @@ PipelineReport Trainer::pipeline_report(const std::string& trace_path) {
     const auto count = static_cast<std::size_t>(all[3 * static_cast<std::size_t>(k)]);
     if (count == 0) continue;
     std::vector<double> theirs(count);
-    world.recv(std::span<double>(theirs), k, {.tag = 77});
+    world.recv(std::span<double>(theirs), k, {.tag = comm::tags::kTraceGather});
     events.insert(events.end(), theirs.begin(), theirs.end());
   }
   const pp::PipelineSchedule& s = schedule();

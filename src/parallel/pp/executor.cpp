@@ -14,6 +14,7 @@
 
 #include <fmt/core.h>
 
+#include "ndmesh/comm/tags.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/parallel/pp/check.hpp"
 
@@ -37,6 +38,7 @@ Executor::Executor(PipelineSchedule schedule, comm::Communicator pp, std::vector
   NDMESH_CHECK(pp_.valid() && pp_.size() == schedule_.stages, "pp",
                "the schedule has pp={} stages but the pipeline group {} has {} ranks", schedule_.stages,
                pp_.name(), pp_.size());
+  pp_ = pp_.dup();  // the transfers' own message space (comm/tags.hpp)
   stage_ = pp_.rank();
   NDMESH_CHECK(static_cast<int>(chunks_.size()) == schedule_.chunks, "pp",
                "the schedule has {} chunks per rank but stage {} holds {} model chunks", schedule_.chunks,
@@ -73,14 +75,15 @@ std::int64_t Executor::key(ActionKind kind, int mb, int chunk, int m) {
 int Executor::tag(ActionKind kind, int mb, int chunk) const {
   // Both sides name a transfer by the virtual stage that receives it (the sender's chunk
   // index differs from the receiver's in interleaved schedules). Tags must stay below
-  // MPI's guaranteed bound of 32767; the (micro-batch, stage) part wraps for very long
-  // schedules, where the in-order matching of MPI still pairs them.
+  // MPI's guaranteed bound of 32767 (comm/tags.hpp); the (micro-batch, stage) part wraps
+  // for very long schedules, where the in-order matching of MPI still pairs them.
   const bool gradient = kind == ActionKind::kSendGradient || kind == ActionKind::kRecvGradient;
   int vs = schedule_.virtual_stage(stage_, chunk);
   if (kind == ActionKind::kSendActivation) ++vs;
   if (kind == ActionKind::kSendGradient) --vs;
   const std::int64_t slot = static_cast<std::int64_t>(vs) * schedule_.microbatches + mb;
-  return (gradient ? 16384 : 0) + static_cast<int>(slot % 16384);
+  constexpr int kSpan = comm::tags::kPipelineGradientFirst;
+  return (gradient ? kSpan : 0) + static_cast<int>(slot % kSpan);
 }
 
 double Executor::now() const {
