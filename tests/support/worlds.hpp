@@ -15,8 +15,13 @@
 
 namespace ndmesh::testing_support {
 
-/// Sizes of the in-process worlds of NDMESH_TEST_INPROC builds (odd ones, and 1).
-inline constexpr int kInprocWorldSizes[] = {1, 2, 3, 4};
+/// Sizes of the in-process worlds of NDMESH_TEST_INPROC builds (odd ones, and 1); a
+/// source may define NDMESH_INPROC_WORLD_SIZES before including this header (the sizes
+/// its mpirun runs use).
+#ifndef NDMESH_INPROC_WORLD_SIZES
+#define NDMESH_INPROC_WORLD_SIZES 1, 2, 3, 4
+#endif
+inline constexpr int kInprocWorldSizes[] = {NDMESH_INPROC_WORLD_SIZES};
 
 #ifdef NDMESH_TEST_INPROC
 inline constexpr bool kInproc = true;
