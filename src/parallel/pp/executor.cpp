@@ -9,10 +9,9 @@
 #include "ndmesh/parallel/pp/executor.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <thread>
 
-#include <fmt/core.h>
+#include <fmt/format.h>
 
 #include "ndmesh/comm/tags.hpp"
 #include "ndmesh/core/error.hpp"
@@ -130,15 +129,11 @@ void Executor::wait(Transfer& t, const Action& a) {
   while (!t.work.test()) {
     poll();
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (waited > timeout) {
-      std::fprintf(stderr,
-                   "[pp] stage %d action %d (%s) on group %s (%s) timed out after %g s: the peer stage never "
-                   "posted the matching transfer; do all stages run the same schedule?\n",
-                   stage_, t.index, to_string(a).c_str(), pp_.name().c_str(), pp_.members_string().c_str(),
-                   timeout);
-      std::fflush(stderr);
-      pp_.abort_job(comm::kTimeoutExitCode);
-    }
+    if (waited > timeout)
+      pp_.abort_job(comm::kTimeoutExitCode, "pp",
+                    fmt::format("stage {} action {} ({}) on group {} ({}) timed out after {:g} s: the peer stage "
+                                "never posted the matching transfer; do all stages run the same schedule?",
+                                stage_, t.index, to_string(a), pp_.name(), pp_.members_string(), timeout));
     if (waited < 0.05) {
       std::this_thread::yield();
     } else {
