@@ -1,11 +1,12 @@
 // The pipeline executor on in-process jobs (comm/inproc.hpp): every schedule (gpipe, 1f1b,
 // zb-h1, interleaved) on 2, 3 and 4 stages with 1 to 8 micro-batches runs the stages' model
 // chunks to the serial run's loss and gradients (each chunk compared by parameter name,
-// naming the first differing tensor), holds the activations the simulator predicts, and
-// evaluates to the same loss. Mismatched schedules end with a message naming the pp
-// group, the stage and the action, not a hang: a stage that leaves out a send or a
-// receive, stages that disagree on the number of micro-batches. And the executor's
-// transfers do not take a foreign message of their tags on a shared pp group.
+// naming the first differing tensor), holds the activations the simulator predicts (and
+// GPipe's m, 1F1B's min(p - r, m)), and evaluates to the same loss. Mismatched schedules end with a message
+// naming the pp group, the stage and the action, not a hang: a stage that leaves out a send or a receive,
+// stages that disagree on the number of micro-batches. And the executor's transfers do not take a foreign
+// message of their tags on a shared pp group.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -95,8 +96,13 @@ TEST_P(ExecutorSchedules, ChunksReachTheSerialLossAndGradientsByName) {
     for (std::size_t k = 0; k < stage.chunks.size(); ++k)
       EXPECT_TRUE(testing_support::same_grads(*stage.chunks[k], ref.model()))
           << name_of(c) << ", stage " << pp.rank() << ", chunk " << k;
-    EXPECT_EQ(stage.executor->peak_live_activations(), expected_peak[static_cast<std::size_t>(pp.rank())])
-        << "stage " << pp.rank();
+    // The simulator's peak, and the closed forms the schedules promise: GPipe holds all m
+    // micro-batches, 1F1B at most min(p - r, m) on stage r.
+    const int r = pp.rank(), peak = stage.executor->peak_live_activations();
+    EXPECT_EQ(peak, expected_peak[static_cast<std::size_t>(r)]) << "stage " << r;
+    if (c.schedule == Schedule::kGpipe) EXPECT_EQ(peak, c.microbatches) << "stage " << r;
+    if (c.schedule == Schedule::k1F1B)
+      EXPECT_EQ(peak, std::min(c.stages - r, c.microbatches)) << "stage " << r;
     EXPECT_EQ(walk.timings.size(), schedule.actions[static_cast<std::size_t>(pp.rank())].size());
     // Evaluation: forward passes only, the same loss.
     const WalkResult eval = stage.executor->evaluate(stage.hooks);
