@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Pipeline-parallel training with real processes: pp 2 and 4, every schedule (gpipe, 1f1b,
-# zb-h1, interleaved with 2 virtual stages), 1 to 8 micro-batches (fewer than the stages
-# too), dp 2 x pp 2, cp 2 x pp 2, explicit and balanced partitions, tied and untied heads: the losses of
-# 20 steps equal the serial run's within 1e-5 relative. The measured peak of live
+# zb-h1, interleaved with 2 virtual stages), 2 to 8 micro-batches, dp 2 x pp 2, cp 2 x pp 2,
+# explicit and balanced partitions, tied and untied heads: the losses of
+# 20 steps equal the serial run's within 1e-5 relative. (The executor itself, every
+# schedule on 2 to 4 stages with 1 to 8 micro-batches against the serial loss and
+# gradients, runs in-process in tests/unit/parallel/test_executor.cpp; here each schedule
+# runs end to end at one micro-batch count per pipeline size.) The measured peak of live
 # activations per stage equals the schedule's (1F1B at most p - r on stage r, GPipe m);
 # the trace holds every action; a stage that leaves out an action of its schedule ends
 # the job with a message naming the pp group and the action instead of hanging; bad
@@ -47,19 +50,13 @@ check() {  # check <ranks> <name> <serial name> <flags...>: equal to that serial
     fail "$name: peak activations $(jq -c .pipeline "$tmp/$name.json")"
 }
 
-for pp in 2 4; do
-  for schedule in gpipe 1f1b zb-h1; do
-    for micro in 8 4 2 1; do  # 1, 2, 4 and 8 micro-batches
-      check "$pp" "pp${pp}_${schedule}_mb$((8 / micro))" serial --pp "$pp" --schedule "$schedule" --micro-batch "$micro"
-    done
-  done
+for schedule in gpipe 1f1b zb-h1; do
+  check 2 "pp2_${schedule}_mb4" serial --pp 2 --schedule "$schedule" --micro-batch 2
+  check 4 "pp4_${schedule}_mb8" serial --pp 4 --schedule "$schedule" --micro-batch 1
 done
 check 2 pp2_1f1b_mb3 serial6 --batch 6 --pp 2 --micro-batch 2
 check 4 pp4_gpipe_mb6 serial6 --batch 6 --pp 4 --schedule gpipe --micro-batch 1
-check 2 pp2_interleaved_mb2 serial --pp 2 --schedule interleaved --virtual-stages 2 --micro-batch 4
 check 2 pp2_interleaved_mb4 serial --pp 2 --schedule interleaved --virtual-stages 2 --micro-batch 2
-check 2 pp2_interleaved_mb8 serial --pp 2 --schedule interleaved --virtual-stages 2 --micro-batch 1
-check 4 pp4_interleaved_mb4 serial8 --layers 8 --lr 1e-3 --pp 4 --schedule interleaved --virtual-stages 2 --micro-batch 2
 check 4 pp4_interleaved_mb8 serial8 --layers 8 --lr 1e-3 --pp 4 --schedule interleaved --virtual-stages 2 --micro-batch 1
 for schedule in gpipe 1f1b zb-h1; do
   check 4 dp2_pp2_$schedule serial --dp 2 --pp 2 --schedule "$schedule" --micro-batch 1
@@ -72,11 +69,9 @@ check 4 pp4_layers serial8 --layers 8 --lr 1e-3 --pp 4 --pp-layers 1,3,2,2 --mic
 check 1 pp1_gpipe serial --schedule gpipe --micro-batch 2
 
 # What the schedules promise about memory, measured: 1F1B holds at most min(p - r, m) on
-# stage r, GPipe all m micro-batches.
+# stage r, GPipe all m micro-batches (with m < p too in the executor's in-process test).
 jq -e '.pipeline.peak_activations == [4,3,2,1]' "$tmp/pp4_1f1b_mb8.json" > /dev/null ||
   fail "1f1b pp 4 peak: $(jq -c .pipeline.peak_activations "$tmp/pp4_1f1b_mb8.json")"
-jq -e '.pipeline.peak_activations == [2,2,2,1]' "$tmp/pp4_1f1b_mb2.json" > /dev/null ||
-  fail "1f1b pp 4 m 2 peak: $(jq -c .pipeline.peak_activations "$tmp/pp4_1f1b_mb2.json")"
 jq -e '.pipeline.peak_activations == [8,8,8,8]' "$tmp/pp4_gpipe_mb8.json" > /dev/null ||
   fail "gpipe pp 4 peak: $(jq -c .pipeline.peak_activations "$tmp/pp4_gpipe_mb8.json")"
 jq -e '.pipeline.partition == [1,1,1,1] and (.pipeline.bubble_measured | . >= 0 and . < 1)
