@@ -172,8 +172,9 @@ struct Pending {
 };
 
 // Lock held. True when the operation is complete; throws when it failed, when the job
-// ended, or when the member it waits for has returned from its body.
-bool settle(const Job& job, const Pending& p) {
+// ended, or when the member it waits for has returned from its body (which ends the job:
+// nothing can complete the operation any more, as in a deadlock).
+bool settle(Job& job, const Pending& p) {
   t_seen_completions = job.completions;
   if (p.slot) {
     if (p.slot->done) {
@@ -186,11 +187,11 @@ bool settle(const Job& job, const Pending& p) {
   }
   if (job.failed) job.throw_failure();
   const auto& m = p.ctx->members;
+  std::string gone;
   if (p.slot) {
-    for (std::size_t i = 0; i < p.slot->parts.size(); ++i)
+    for (std::size_t i = 0; i < p.slot->parts.size() && gone.empty(); ++i)
       if (!p.slot->parts[i].arrived && job.finished[static_cast<std::size_t>(m[i])])
-        fail<>(
-            "comm",
+        gone = fmt::format(
             "rank {} of the group (world rank {}, group of ranks {}) returned from its body without joining "
             "collective #{} ({}); every member must make the same collective calls in the same order",
             i, m[i], fmt::join(m, ","), p.slot->index,
@@ -198,12 +199,14 @@ bool settle(const Job& job, const Pending& p) {
   } else {
     const int peer = p.msg->send ? p.msg->dst : p.msg->src;
     if (job.finished[static_cast<std::size_t>(m[static_cast<std::size_t>(peer)])])
-      fail<>("comm",
-             "{} rank {} (world {}) with tag {}: that rank returned from its body without the matching {}",
-             p.msg->send ? "send to" : "recv from", peer, m[static_cast<std::size_t>(peer)], p.msg->tag,
-             p.msg->send ? "recv" : "send");
+      gone = fmt::format(
+          "{} rank {} (world {}) with tag {}: that rank returned from its body without the matching {}",
+          p.msg->send ? "send to" : "recv from", peer, m[static_cast<std::size_t>(peer)], p.msg->tag,
+          p.msg->send ? "recv" : "send");
   }
-  return false;
+  if (gone.empty()) return false;
+  job.fail(static_cast<int>(m[static_cast<std::size_t>(p.rank)]), "comm", gone, false);
+  throw Error("comm", gone);
 }
 
 template <typename T>
@@ -547,6 +550,10 @@ void run(int ranks, const std::function<void(const Communicator& world)>& body, 
     std::rethrow_exception(errors[static_cast<std::size_t>(origin)]);
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
+  // Ended although every body returned: the failure was thrown inside a destructor (an
+  // unwaited Work whose peer never came), which could only report it.
+  std::lock_guard lock(job->mutex);
+  if (job->failed) job->throw_failure();
 }
 
 }  // namespace ndmesh::comm::inproc

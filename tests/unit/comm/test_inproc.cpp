@@ -264,6 +264,23 @@ TEST(Inproc, ARankThatReturnsEarlyFailsItsPeersAtOnce) {
   EXPECT_LT(seconds_since(t0), 10.0);
 }
 
+TEST(Inproc, AnUnwaitedSendWhosePeerReturnedStillFailsTheJob) {
+  // The Work's destructor can only report its failure; the job still ends with it.
+  ::testing::internal::CaptureStderr();
+  const std::string msg = what_of<JobAborted>([&] {
+    inproc::run(2, [&](const Communicator& world) {
+      const float x = 1;
+      if (world.rank() == 0) Work w = world.send_async(std::span<const float>(&x, 1), 1, {.tag = 2});
+    });
+  });
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(
+      msg,
+      "[comm] the in-process job was ended by rank 0: [comm] send to rank 1 (world 1) with tag 2: that rank "
+      "returned from its body without the matching recv");
+  EXPECT_NE(err.find("[rank 0] error: [comm] send to rank 1"), std::string::npos) << err;
+}
+
 TEST(Inproc, AbortJobThrowsOnEveryRank) {
   const std::string msg = what_of<TimeoutError>([&] {
     inproc::run(2, [&](const Communicator& world) {
