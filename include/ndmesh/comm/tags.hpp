@@ -18,7 +18,7 @@
 //     counter would differ between ranks that run different numbers of all-reduces on
 //     other groups.
 //  3. The only point-to-point traffic on a communicator that is not a subsystem's own is
-//     the trainer's gathers to rank 0 on the world (kTraceGather, kCheckpointParts), made
+//     the runtime's gathers to rank 0 on the world (kTraceGather, kCheckpointParts), made
 //     one at a time between steps, when nothing else is in flight.
 //
 // Every tag is below 32768, the bound MPI guarantees (MPI_TAG_UB >= 32767).
@@ -42,8 +42,9 @@ inline constexpr int kRingDkv = 133;
 inline constexpr int kAllReduceFirst = 7700;
 inline constexpr int kAllReduceSequences = 4096;
 
-/// The trainer on the world (parallel/trainer.cpp): the pipeline trace events gathered to
-/// rank 0, and the checkpoint manifest parts sent to rank 0 when saving.
+/// The runtime on the world: the pipeline trace events gathered to rank 0
+/// (parallel/pp/trace.cpp), and the checkpoint manifest parts sent to rank 0 when saving
+/// (parallel/checkpoint_io.cpp).
 inline constexpr int kTraceGather = 77;
 inline constexpr int kCheckpointParts = 78;
 

@@ -170,7 +170,8 @@ TEST(Inproc, ATimeoutIsATimeoutErrorNamingTheGroupOnEveryRank) {
   const std::string msg = what_of<TimeoutError>([&] {
     inproc::run(3,
                 [&](const Communicator& world) {
-                  Communicator pp = world.split(world.rank() < 2 ? 0 : 1, world.rank(), "pp");
+                  Communicator pp =
+                      world.split(world.rank() < 2 ? 0 : 1, world.rank(), "pp", {.timeout_s = 30});
                   try {
                     if (world.rank() == 0) {
                       float x = 0;

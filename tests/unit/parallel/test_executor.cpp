@@ -131,7 +131,9 @@ INSTANTIATE_TEST_SUITE_P(Every, ExecutorSchedules, ::testing::ValuesIn(all_cases
 
 // The message of the first failure of a 2-stage 1F1B job of 8 micro-batches in which
 // stage `stage` leaves out action `index`, or whose stage 1 runs `m1` micro-batches.
-std::string mismatch(int stage, int index, int m1 = 8) {
+// Stage 0 waits `patience0` seconds before it reports a transfer that never came, stage 1
+// 0.3 s (the stage whose timeout the test expects to see first is the impatient one).
+std::string mismatch(int stage, int index, int m1 = 8, double patience0 = 0.3) {
   const ModelSpec spec = testing_support::tiny_spec(4, false);
   const Batch batch = testing_support::make_batch(spec, 8, 3);
   try {
@@ -140,7 +142,7 @@ std::string mismatch(int stage, int index, int m1 = 8) {
       const int m = world.rank() == 1 ? m1 : 8;
       const PipelineSchedule schedule =
           make_schedule({.schedule = Schedule::k1F1B, .stages = 2, .microbatches = m});
-      Stage s(spec, schedule, world.named("pp"), batch, /*timeout_s=*/0.3);
+      Stage s(spec, schedule, world.named("pp"), batch, /*timeout_s=*/world.rank() == 0 ? patience0 : 0.3);
       if (world.rank() == stage) s.executor->drop_action(index);
       s.executor->train_step(s.hooks);
     });
@@ -151,7 +153,9 @@ std::string mismatch(int stage, int index, int m1 = 8) {
 }
 
 TEST(ExecutorMismatch, AStageWithoutItsSendEndsWithTheGroupAndTheAction) {
-  const std::string msg = mismatch(0, 1);  // stage 0's action 1: the send of micro-batch 0
+  // Stage 0's action 1 is the send of micro-batch 0; stage 0 then waits for a gradient that
+  // cannot come either, with more patience, so that stage 1 reports first.
+  const std::string msg = mismatch(0, 1, 8, /*patience0=*/10);
   EXPECT_EQ(
       msg,
       "[pp] stage 1 action 0 (recv-activation mb 0 chunk 0 from stage 0) on group pp (ranks 0,1) timed out "

@@ -279,7 +279,7 @@ bool thread_completes(const GradReducer& reducer, std::int64_t want, double limi
 }
 
 TEST(GradReducer, TheProgressThreadCompletesBucketsAloneAfterAnIdleGapLongerThanTheTimeout) {
-  // Timeout 0.2 s, gap 0.4 s. Rank 1 starts each step 50 ms after rank 0, so rank 0's
+  // Timeout 0.5 s, gap 0.7 s. Rank 1 starts each step 50 ms after rank 0, so rank 0's
   // thread polls at least once without completing; a thread whose clock ran through the
   // gap gave up at that poll and left rank 0's buckets to finish_backward.
   comm::inproc::run(
@@ -292,7 +292,7 @@ TEST(GradReducer, TheProgressThreadCompletesBucketsAloneAfterAnIdleGapLongerThan
         std::vector<float> g(static_cast<std::size_t>(n));
         for (int step = 0; step < 2; ++step) {
           if (step == 1)
-            std::this_thread::sleep_for(std::chrono::milliseconds(400));  // evaluation, a checkpoint
+            std::this_thread::sleep_for(std::chrono::milliseconds(700));  // evaluation, a checkpoint
           if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
           for (std::int64_t i = 0; i < n; ++i) g[static_cast<std::size_t>(i)] = local_grad(r, i);
           reducer.begin_backward(g.data(), true);
@@ -304,7 +304,7 @@ TEST(GradReducer, TheProgressThreadCompletesBucketsAloneAfterAnIdleGapLongerThan
           for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(g[static_cast<std::size_t>(i)], summed(2, i));
         }
       },
-      {.timeout_s = 0.2});
+      {.timeout_s = 0.5});
 }
 
 }  // namespace
