@@ -48,6 +48,7 @@ check 2 dp2_zero1 --dp 2 --zero 1 --micro-batch 3 --bucket-mb 0.01
 check 4 dp4_zero2 --dp 4 --zero 2 --micro-batch 1 --bucket-mb 0.01
 check 3 dp3_zero1 --dp 3 --zero 1
 check 2 dp2_no_overlap --dp 2 --no-overlap --bucket-mb 0.01
+check 4 dp4_ring --dp 4 --allreduce ring --bucket-mb 0.01
 check 4 dp4_tree_no_progress_thread --dp 4 --allreduce tree --no-progress-thread --bucket-mb 0.01
 check 4 dp4_hier --dp 4 --allreduce hierarchical --ranks-per-node 2 --bucket-mb 0.01
 check 3 dp3_adaptive --dp 3 --allreduce adaptive --ranks-per-node 2
