@@ -1,12 +1,14 @@
 // The in-process backend (see ndmesh/comm/inproc.hpp for what callers see). One Job holds
-// every rank of a run; one mutex and one condition variable guard all of its state, which
-// is small: per communicator (Context) the collectives not yet complete, by position, and
-// the unmatched sends and posted receives, by destination. Whoever completes an operation
-// (the last member of a collective, the second side of a message) does its copies and
-// reductions under the lock and wakes every waiter; a blocking call waits on the condition
-// variable, a Work polls. Buffers of the other members are touched only while their owners
-// wait for the operation, which is the contract of every Communicator call; the mutex
-// orders those accesses for ThreadSanitizer too.
+// every rank of a run; one mutex guards all of its state, which is small: per communicator
+// (Context) the collectives not yet complete, by position, and the unmatched sends and
+// posted receives, by destination. Whoever completes an operation (the last member of a
+// collective, the second side of a message) does its copies and reductions under the lock
+// and wakes the ranks taking part (each rank has a condition variable and a count of the
+// operations of its that completed: waking all ranks at every completion costs O(ranks^2)
+// wake-ups per ring step); a blocking call waits on its rank's condition variable, a Work
+// polls. Buffers of the other members are touched only while their owners wait for the
+// operation, which is the contract of every Communicator call; the mutex orders those
+// accesses for ThreadSanitizer too.
 //
 // Ending a job: the first failure (a timeout that the watchdog or a Work's deadline
 // reports through interrupt(), abort_job(), or an exception out of a rank's body) marks
@@ -129,18 +131,37 @@ struct Context {
 };
 
 struct Job {
-  Job(int n, std::int64_t rpn) : size(n), ranks_per_node(rpn), finished(static_cast<std::size_t>(n), false) {}
+  Job(int n, std::int64_t rpn)
+      : size(n),
+        ranks_per_node(rpn),
+        finished(static_cast<std::size_t>(n), false),
+        signals(static_cast<std::size_t>(n)) {}
   const int size;
   const std::int64_t ranks_per_node;
   std::mutex mutex;
-  std::condition_variable cv;
   // The failure that ended the job (guarded by mutex).
   bool failed = false, timed_out = false;
   int failed_rank = -1;
   std::string component, message;  // a timeout's (TimeoutError(component, message))
   std::string what;                // the full message, for JobAborted
   std::vector<bool> finished;      // rank bodies that returned normally
-  std::uint64_t completions = 0;   // operations completed so far (wait_for_progress)
+  // Per world rank: woken when an operation it takes part in completes, with the count of them.
+  struct Signal {
+    std::condition_variable cv;
+    std::uint64_t completions = 0;
+  };
+  std::vector<Signal> signals;
+
+  // Lock held.
+  void wake(std::int64_t world_rank) {
+    Signal& s = signals[static_cast<std::size_t>(world_rank)];
+    ++s.completions;
+    s.cv.notify_all();
+  }
+  // Lock held: a failure, or a rank that returned (its peers' waits may end).
+  void wake_all() {
+    for (Signal& s : signals) s.cv.notify_all();
+  }
 
   // Lock held.
   void fail(int rank, std::string_view comp, const std::string& msg, bool timeout) {
@@ -151,7 +172,7 @@ struct Job {
     component = comp;
     message = msg;
     what = comp.empty() ? msg : fmt::format("[{}] {}", comp, msg);
-    cv.notify_all();
+    wake_all();
   }
   // Lock held.
   [[noreturn]] void throw_failure() const {
@@ -160,7 +181,7 @@ struct Job {
   }
 };
 
-// The job's completion count at the calling thread's last poll (wait_for_progress).
+// The completion count of the calling thread's rank at its last poll (wait_for_progress).
 thread_local std::uint64_t t_seen_completions = 0;
 
 // An operation in flight, as seen by one member.
@@ -175,7 +196,8 @@ struct Pending {
 // ended, or when the member it waits for has returned from its body (which ends the job:
 // nothing can complete the operation any more, as in a deadlock).
 bool settle(Job& job, const Pending& p) {
-  t_seen_completions = job.completions;
+  const auto& m = p.ctx->members;
+  t_seen_completions = job.signals[static_cast<std::size_t>(m[static_cast<std::size_t>(p.rank)])].completions;
   if (p.slot) {
     if (p.slot->done) {
       if (!p.slot->error.empty()) throw Error("comm", p.slot->error);
@@ -186,7 +208,6 @@ bool settle(Job& job, const Pending& p) {
     return true;
   }
   if (job.failed) job.throw_failure();
-  const auto& m = p.ctx->members;
   std::string gone;
   if (p.slot) {
     for (std::size_t i = 0; i < p.slot->parts.size() && gone.empty(); ++i)
@@ -295,20 +316,23 @@ void compute(Slot& slot) {
 class InprocComm final : public CommImpl {
  public:
   InprocComm(std::shared_ptr<Job> job, std::shared_ptr<Context> ctx, int rank)
-      : job_(std::move(job)), ctx_(std::move(ctx)), rank_(rank) {
+      : job_(std::move(job)),
+        ctx_(std::move(ctx)),
+        rank_(rank),
+        size_(static_cast<int>(ctx_->members.size())) {
     members_ = ctx_->members;
   }
 
   std::string_view backend() const override { return "inproc"; }
   int rank() const override { return rank_; }
-  int size() const override { return static_cast<int>(ctx_->members.size()); }
+  int size() const override { return size_; }
   std::size_t max_count() const override { return std::numeric_limits<std::size_t>::max(); }
 
   std::shared_ptr<CommImpl> split(std::optional<std::int64_t> color, std::int64_t key) override {
     Part part{.kind = Kind::kSplit, .color = color, .key = key};
     std::unique_lock lock(job_->mutex);
     Pending p = arrive(part);
-    job_->cv.wait(lock, [&] { return settle(*job_, p); });
+    signal().cv.wait(lock, [&] { return settle(*job_, p); });
     return p.slot->children[static_cast<std::size_t>(rank_)];
   }
 
@@ -387,7 +411,8 @@ class InprocComm final : public CommImpl {
 
   bool wait_for_progress(std::chrono::microseconds at_most) override {
     std::unique_lock lock(job_->mutex);
-    job_->cv.wait_for(lock, at_most, [&] { return job_->completions != t_seen_completions || job_->failed; });
+    Job::Signal& s = signal();
+    s.cv.wait_for(lock, at_most, [&] { return s.completions != t_seen_completions || job_->failed; });
     return true;
   }
 
@@ -412,10 +437,11 @@ class InprocComm final : public CommImpl {
   };
 
   std::int64_t world_rank() const { return ctx_->members[static_cast<std::size_t>(rank_)]; }
+  Job::Signal& signal() const { return job_->signals[static_cast<std::size_t>(world_rank())]; }
 
   std::unique_ptr<WorkImpl> finish(std::unique_lock<std::mutex>& lock, Pending p, bool blocking) {
     if (!blocking) return std::make_unique<Work>(job_, std::move(p));
-    job_->cv.wait(lock, [&] { return settle(*job_, p); });
+    signal().cv.wait(lock, [&] { return settle(*job_, p); });
     return nullptr;
   }
 
@@ -440,8 +466,7 @@ class InprocComm final : public CommImpl {
     if (++slot->arrived == size()) {
       complete(*slot);
       ctx_->slots.erase(index);
-      ++job_->completions;
-      job_->cv.notify_all();
+      for (std::int64_t r : ctx_->members) job_->wake(r);
     }
     return p;
   }
@@ -501,13 +526,13 @@ class InprocComm final : public CommImpl {
     else if (s.data.count > 0)
       std::memcpy(r.data.data, s.data.data, s.data.bytes());
     s.done = r.done = true;
-    ++job_->completions;
-    job_->cv.notify_all();
+    job_->wake(ctx_->members[static_cast<std::size_t>(s.src)]);
+    if (s.dst != s.src) job_->wake(ctx_->members[static_cast<std::size_t>(s.dst)]);
   }
 
   std::shared_ptr<Job> job_;
   std::shared_ptr<Context> ctx_;
-  int rank_;
+  int rank_, size_;
 };
 
 }  // namespace
@@ -530,7 +555,7 @@ void run(int ranks, const std::function<void(const Communicator& world)>& body, 
         body(detail::make_communicator(std::make_shared<InprocComm>(job, world, r), "world"));
         std::lock_guard lock(job->mutex);
         job->finished[static_cast<std::size_t>(r)] = true;
-        job->cv.notify_all();
+        job->wake_all();
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
         std::string what = "an exception that is not a std::exception";
