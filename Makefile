@@ -83,12 +83,17 @@ sanitize: deps
 	cd $(SAN_DIR) && $(SAN_ENV) ctest --output-on-failure -j$(JOBS) --timeout 1200
 
 # ThreadSanitizer over the tests of the communicator's watchdog and asynchronous work.
-# Also the threads of training: the data-parallel progress thread (mpi.train_dp) and the
-# ring attention's polling (mpi.ring_attention_*, mpi.train_cp), and recompute re-running the
-# ring and the tp collectives inside the backward (mpi.train_recompute).
-TSAN_TESTS := ^(comm\.|mpi\.collectives|mpi\.timeout|mpi\.allreduce_np[23]|mpi\.ring_attention|mpi\.train_dp|mpi\.train_cp|mpi\.train_pp|mpi\.train_tp|mpi\.tp_grad|mpi\.train_recompute)
-TSAN_TARGETS := comm_test_communicator_single mpi_test_comm_collectives mpi_timeout_probe mpi_test_allreduce \
-  mpi_test_ring_attention mpi_test_tp_grad ndmesh
+# Also the threads of training: the data-parallel progress thread (mpi.train_dp,
+# mpi.progress_thread_gap) and the ring attention's polling (mpi.ring_attention_*,
+# mpi.train_cp), and recompute re-running the ring and the tp collectives inside the backward
+# (mpi.train_recompute); and the in-process backend, whose ranks are threads of one process
+# (comm.*, and the component tests parallel.*GradReducer*, *GradSync*, *Executor*, *RingAttention*).
+TSAN_TESTS := ^(comm\.|parallel\..*(GradReducer|GradSync|Executor|RingAttention)|mpi\.collectives|mpi\.timeout|mpi\.allreduce_np[23]|mpi\.ring_attention|mpi\.progress_thread|mpi\.host_mpi|mpi\.train_dp|mpi\.train_cp|mpi\.train_pp|mpi\.train_tp|mpi\.tp_grad|mpi\.train_recompute)
+TSAN_TARGETS := comm_test_communicator_single comm_test_inproc comm_test_inproc_collectives comm_test_inproc_allreduce \
+  comm_test_tag_discipline parallel_test_grad_reducer parallel_test_grad_sync parallel_test_executor \
+  parallel_test_inproc_ring_attention parallel_test_ring_attention_tags mpi_test_comm_collectives mpi_timeout_probe \
+  mpi_test_allreduce \
+  mpi_test_ring_attention mpi_test_tp_grad mpi_progress_probe ndmesh
 tsan: deps
 	cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=Debug -DNDMESH_BUILD_BENCH=OFF \
 	  -DNDMESH_PYTHON=OFF -DNDMESH_INSTALL_TEST=OFF -DNDMESH_CUDA=OFF \

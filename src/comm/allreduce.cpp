@@ -1,8 +1,12 @@
 // The all-reduce programs. A program is a list of steps per rank; a step's sends and
 // receives are posted together and its reductions run after all of them completed, so a
-// rank never reads a buffer a transfer still owns. Concurrent all-reduces on one group
-// use distinct tags (every member starts them in the same order, so they agree on the
-// sequence number), which keeps MPI's in-order matching unambiguous.
+// rank never reads a buffer a transfer still owns. Every reducer sends on its own
+// duplicate of its group (comm/tags.hpp), and concurrent all-reduces of a reducer use
+// distinct tags from that communicator's sequence of starts (every member starts them in
+// the same order, so they agree on it), which keeps MPI's in-order matching
+// unambiguous. A sequence shared by several groups would not: a rank that runs more
+// all-reduces on one group than its peers would disagree with them on the next tag of
+// another group.
 //
 // Adaptive's table (documented choice, from the step counts): below 64 KiB latency
 // dominates and the tree's 2 log2(p) steps beat the ring's 2(p-1); from 64 KiB the ring's
@@ -10,12 +14,15 @@
 // hierarchical, which sends each element across the network once per node.
 #include "ndmesh/comm/allreduce.hpp"
 
+#include "ndmesh/comm/tags.hpp"
+
 #include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/core/log.hpp"
 #include "ndmesh/core/strings.hpp"
 #include "ndmesh/mesh/mesh.hpp"
 
@@ -78,8 +85,11 @@ struct Scratch {
   }
 };
 
+// What the copies of one AllReducer share: scratch buffers reused across calls and the
+// tag sequence of its communicator.
 struct ScratchPool {
   std::vector<Scratch> free;
+  std::uint64_t sequence = 0;  // all-reduces started on the reducer's communicator
 };
 
 struct AllReduceProgram {
@@ -241,7 +251,15 @@ PendingAllReduce::PendingAllReduce() = default;
 PendingAllReduce::PendingAllReduce(PendingAllReduce&&) noexcept = default;
 PendingAllReduce& PendingAllReduce::operator=(PendingAllReduce&&) noexcept = default;
 PendingAllReduce::~PendingAllReduce() {
-  if (!done()) wait();  // the data must not be released while transfers still own it
+  if (done()) return;
+  try {
+    wait();  // the data must not be released while transfers still own it
+  } catch (const TimeoutError&) {
+    // An in-process job that ended (comm/inproc.hpp): its error reaches the caller elsewhere.
+  } catch (const JobAborted&) {
+  } catch (const std::exception& e) {
+    log::error("{} (while finishing an unwaited all-reduce)", e.what());
+  }
 }
 
 bool PendingAllReduce::test() {
@@ -265,6 +283,8 @@ AllReducer::AllReducer(Communicator group, AllReducerOptions options)
     : group_(std::move(group)), options_(options), pool_(std::make_shared<detail::ScratchPool>()) {
   NDMESH_CHECK(group_.valid(), "comm", "an AllReducer needs a group; got the empty handle");
   NDMESH_CHECK(options_.ranks_per_node >= 0, "comm", "ranks_per_node={} must be >= 0", options_.ranks_per_node);
+  if (options_.algorithm == AllReduceAlgorithm::kMpi) return;  // the engine's collective: no messages of ours
+  group_ = group_.dup();  // the algorithms' messages never meet another subsystem's
   if (options_.algorithm != AllReduceAlgorithm::kHierarchical && options_.algorithm != AllReduceAlgorithm::kAdaptive)
     return;
   // Node of each member: simulated (world rank / ranks_per_node) or the real one.
@@ -300,7 +320,6 @@ PendingAllReduce AllReducer::start_impl(ElementSpan data) {
     });
     return out;
   }
-  static thread_local std::uint64_t sequence = 0;  // the same on every member: starts are collective
   auto prog = std::make_unique<detail::AllReduceProgram>();
   prog->data = data;
   prog->pool = pool_;
@@ -309,7 +328,8 @@ PendingAllReduce AllReducer::start_impl(ElementSpan data) {
     pool_->free.pop_back();
     prog->scratch.used = 0;
   }
-  prog->tag = options_.tag + static_cast<int>(sequence++ % 4096);
+  // The same on every member: starts on one communicator are collective.
+  prog->tag = options_.tag + static_cast<int>(pool_->sequence++ % tags::kAllReduceSequences);
   const std::size_t n = data.count;
   switch (algorithm) {
     case AllReduceAlgorithm::kRing:

@@ -3,10 +3,12 @@
 // timeouts, avg, argument checks and messages live in src/comm and are shared by all.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -44,6 +46,19 @@ class CommImpl {
   virtual std::shared_ptr<CommImpl> self() = 0;
   /// Blocking split into the members that share memory (one node).
   virtual std::shared_ptr<CommImpl> split_node() = 0;
+  /// Blocking duplicate: the same members, a separate message space. The default is a
+  /// split with one color, which every backend's split makes.
+  virtual std::shared_ptr<CommImpl> dup() { return split(0, rank()); }
+  /// Empty when any thread may call any operation at any time; otherwise why not.
+  virtual std::string thread_limit() const { return {}; }
+  /// A Work waiting on this backend calls this between polls: a backend whose operations
+  /// complete without being polled (in-process ranks) sleeps until one of this job's
+  /// operations completed since the calling thread's last poll, or `at_most`, and returns
+  /// true. Engines that progress only inside their calls (MPI) return false at once.
+  virtual bool wait_for_progress(std::chrono::microseconds at_most) {
+    (void)at_most;
+    return false;
+  }
 
   // Each operation either completes before returning (blocking: returns nullptr; the
   // caller guards it with the watchdog) or starts nonblocking work that the caller polls.
@@ -60,6 +75,16 @@ class CommImpl {
   /// Ends every process of the job with `code`; never returns. Callable from any
   /// thread (the watchdog's) while another thread is inside a blocking call.
   [[noreturn]] virtual void abort_job(int code) = 0;
+  /// A backend whose ranks are threads of this process (inproc) ends the job without
+  /// ending the process: it makes every operation of every rank in flight or started
+  /// later throw (TimeoutError("[component] message") when `timed_out`, else
+  /// JobAborted) and returns true; the caller then throws the same on its own thread.
+  /// Callable from any thread (the watchdog's). Other backends return false and the
+  /// caller prints the message and calls abort_job().
+  virtual bool interrupt(std::string_view component, const std::string& message, bool timed_out) {
+    (void)component, (void)message, (void)timed_out;
+    return false;
+  }
 
  protected:
   std::vector<std::int64_t> members_;
@@ -77,5 +102,9 @@ std::size_t count_limit(std::size_t backend_limit);
 /// InternalError naming `op` when a block collective's per-rank `count` exceeds
 /// count_limit(backend_limit) (the block collectives are not chunked).
 void check_block_count(std::string_view op, std::size_t count, std::size_t backend_limit);
+
+/// Overrides default_timeout_s() on the calling thread (the ranks of an in-process job);
+/// 0 restores NDMESH_TIMEOUT_S.
+void set_thread_default_timeout(double seconds);
 
 }  // namespace ndmesh::comm::detail

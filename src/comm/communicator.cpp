@@ -3,8 +3,9 @@
 // (watchdog.hpp). A Work polls its backend requests: while waiting it yields for the
 // first 50 ms (each poll drives the engine's progress, which multi-round nonblocking
 // collectives need) and then sleeps with a growing pause of at most 1 ms, so that ranks
-// oversubscribed on few cores let their peers run. Past the deadline it prints the
-// one-line message and aborts the job.
+// oversubscribed on few cores let their peers run; a backend without an engine to drive
+// (in-process ranks) sleeps until an operation completes instead. Past the deadline it
+// prints the one-line message and aborts the job.
 #include "ndmesh/comm/communicator.hpp"
 
 #include <algorithm>
@@ -44,15 +45,16 @@ std::string_view reduce_op_name(ReduceOp op) {
   return "?";
 }
 
+namespace {
+std::atomic<std::size_t> g_count_cap{0};
+thread_local double t_default_timeout = 0;  // the ranks of an in-process job
+}  // namespace
+
 double default_timeout_s() {
+  if (t_default_timeout > 0) return t_default_timeout;
   static const double kTimeout = env::seconds("NDMESH_TIMEOUT_S", 300);  // read once: it is per job
   return kTimeout;
 }
-
-namespace {
-std::atomic<std::size_t> g_count_cap{0};
-
-}  // namespace
 
 namespace testing {
 void set_max_count_per_call(std::size_t count) { g_count_cap.store(count); }
@@ -70,6 +72,12 @@ void Finish::operator()() const {
     auto* p = static_cast<double*>(data.data);
     for (std::size_t i = 0; i < data.count; ++i) p[i] /= static_cast<double>(divisor);
   }
+}
+
+void set_thread_default_timeout(double seconds) { t_default_timeout = seconds; }
+
+Communicator make_communicator(std::shared_ptr<CommImpl> impl, std::string name) {
+  return Communicator(std::move(impl), std::move(name));
 }
 
 std::size_t count_limit(std::size_t backend_limit) {
@@ -128,7 +136,9 @@ struct WorkState {
         if (!s->done && now - start >= std::chrono::duration<double>(s->timeout_s))
           detail::expire(s->op, peer_detail(s->op, *s->comm, s->peer), s->group, *s->comm, s->timeout_s);
       }
-      if (now - start < std::chrono::milliseconds(50)) {
+      if (states.front()->comm->wait_for_progress(std::chrono::milliseconds(1))) {
+        // The backend slept until something completed (in-process ranks, no engine to drive).
+      } else if (now - start < std::chrono::milliseconds(50)) {
         std::this_thread::yield();
       } else {
         std::this_thread::sleep_for(pause);
@@ -141,6 +151,9 @@ struct WorkState {
     if (done) return;
     try {
       wait();
+    } catch (const TimeoutError&) {
+      // An in-process job that ended: its error reaches the caller elsewhere.
+    } catch (const JobAborted&) {
     } catch (const std::exception& e) {
       log::error("{} (while finishing an unwaited {} on group {})", e.what(), op, group);
     }
@@ -267,6 +280,8 @@ std::string Communicator::members_string() const {
 
 std::string_view Communicator::backend() const { return impl_ ? impl_->backend() : std::string_view("none"); }
 
+std::string Communicator::thread_limit() const { return impl_ ? impl_->thread_limit() : std::string(); }
+
 Communicator Communicator::split(std::optional<std::int64_t> color, std::int64_t key, std::string name,
                                  const Options& opts) const {
   require("split");
@@ -278,6 +293,25 @@ Communicator Communicator::split(std::optional<std::int64_t> color, std::int64_t
   }
   if (!child) return Communicator();
   return Communicator(std::move(child), name.empty() ? name_ + "/split" : std::move(name));
+}
+
+Communicator Communicator::dup(std::string name, const Options& opts) const {
+  require("dup");
+  std::shared_ptr<detail::CommImpl> copy;
+  {
+    detail::WatchScope watch("dup", *impl_, name_, opts.timeout_s > 0 ? opts.timeout_s : default_timeout_s());
+    copy = impl_->dup();
+  }
+  return Communicator(std::move(copy), name.empty() ? name_ : std::move(name));
+}
+
+void Communicator::abort_job(int code, std::string_view component, const std::string& message) const {
+  if (impl_ && impl_->interrupt(component, message, code == kTimeoutExitCode)) {
+    if (code == kTimeoutExitCode) throw TimeoutError(component, message);
+    throw JobAborted(component, message);
+  }
+  log::error("[{}] {}", component, message);
+  abort_job(code);
 }
 
 void Communicator::abort_job(int code) const {

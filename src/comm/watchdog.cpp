@@ -3,7 +3,9 @@
 // by the watchdog (generation first with acquire order, then the fields, then the
 // generation again: a changed generation means the operation finished meanwhile).
 // Slots live for the whole process: a thread's slot is reused by nobody else, and the
-// few bytes of threads that exit are not reclaimed.
+// few bytes of threads that exit are not reclaimed. On an in-process job the watchdog
+// interrupts the job instead of aborting the process (the blocked thread then throws),
+// once per armed operation.
 #include "comm/watchdog.hpp"
 
 #include <array>
@@ -35,6 +37,7 @@ struct Slot {
   std::atomic<int> peer{-1};
   // The watchdog's own notes.
   std::uint64_t seen_gen = 0;
+  std::uint64_t fired_gen = 0;  // the operation already interrupted
   Clock::time_point seen_since{};
 };
 
@@ -48,6 +51,22 @@ Registry& registry() {
   return *r;
 }
 
+std::string timeout_message(std::string_view op, std::string_view detail, std::string_view group,
+                            const CommImpl& comm, double timeout_s) {
+  const auto& m = comm.members();
+  std::string members =
+      m.size() <= 16 ? fmt::format("ranks {}", fmt::join(m, ","))
+                     : fmt::format("ranks {},{},{},...,{} ({} ranks)", m[0], m[1], m[2], m.back(), m.size());
+  return fmt::format("{}{} on group {} ({}) timed out after {:g} s", op, detail, group, members, timeout_s);
+}
+
+[[noreturn]] void abort_for_timeout(const std::string& message, CommImpl& comm) {
+  log::error("[comm] {}", message);
+  std::fflush(stderr);
+  comm.abort_job(kTimeoutExitCode);
+  std::abort();  // not reached: abort_job ends the process
+}
+
 void watch_loop() {
   Registry& reg = registry();
   for (;;) {
@@ -57,6 +76,7 @@ void watch_loop() {
     for (Slot* s : reg.slots) {
       std::uint64_t g = s->gen.load(std::memory_order_acquire);
       if ((g & 1u) == 0) continue;
+      if (g == s->fired_gen) continue;
       if (g != s->seen_gen) {
         s->seen_gen = g;
         s->seen_since = now;
@@ -74,7 +94,12 @@ void watch_loop() {
       }
       int peer = s->peer.load(std::memory_order_relaxed);
       if (s->gen.load(std::memory_order_acquire) != g) continue;  // finished meanwhile
-      expire(op, peer_detail(op, *comm, peer), group, *comm, timeout);
+      const std::string message = timeout_message(op, peer_detail(op, *comm, peer), group, *comm, timeout);
+      if (comm->interrupt("comm", message, true)) {
+        s->fired_gen = g;  // the blocked thread throws; nothing else to do here
+        continue;
+      }
+      abort_for_timeout(message, *comm);
     }
   }
 }
@@ -120,14 +145,9 @@ std::string peer_detail(std::string_view op, const CommImpl& comm, int peer) {
 
 void expire(std::string_view op, std::string_view detail, std::string_view group, CommImpl& comm,
             double timeout_s) {
-  const auto& m = comm.members();
-  std::string members =
-      m.size() <= 16 ? fmt::format("ranks {}", fmt::join(m, ","))
-                     : fmt::format("ranks {},{},{},...,{} ({} ranks)", m[0], m[1], m[2], m.back(), m.size());
-  log::error("[comm] {}{} on group {} ({}) timed out after {:g} s", op, detail, group, members, timeout_s);
-  std::fflush(stderr);
-  comm.abort_job(kTimeoutExitCode);
-  std::abort();  // not reached: abort_job ends the process
+  const std::string message = timeout_message(op, detail, group, comm, timeout_s);
+  if (comm.interrupt("comm", message, true)) throw TimeoutError("comm", message);
+  abort_for_timeout(message, comm);
 }
 
 }  // namespace ndmesh::comm::detail

@@ -27,7 +27,8 @@ class WatchScope {
 };
 
 /// Prints "[comm] <op><detail> on group <group> (ranks ...) timed out after <t> s" and
-/// aborts the job with kTimeoutExitCode.
+/// aborts the job with kTimeoutExitCode; on an in-process job (CommImpl::interrupt)
+/// throws that message as a TimeoutError instead.
 [[noreturn]] void expire(std::string_view op, std::string_view detail, std::string_view group, CommImpl& comm,
                          double timeout_s);
 

@@ -10,6 +10,7 @@
 namespace ndmesh::log {
 namespace {
 std::atomic<int> g_rank{-1};
+thread_local int t_rank = kProcessRank;
 
 Level parse_level() {
   std::string name = env::string("NDMESH_LOG", "info");
@@ -22,6 +23,8 @@ Level parse_level() {
 }  // namespace
 
 void set_rank(int rank) { g_rank.store(rank); }
+void set_thread_rank(int rank) { t_rank = rank; }
+int current_rank() { return t_rank != kProcessRank ? t_rank : g_rank.load(); }
 
 Level level() {
   static const Level kLevel = parse_level();
@@ -31,7 +34,7 @@ Level level() {
 void write(Level lvl, std::string_view message) {
   static constexpr std::string_view kTags[] = {"error: ", "warning: ", "", ""};
   std::string line;
-  int rank = g_rank.load();
+  int rank = current_rank();
   if (rank >= 0) line = fmt::format("[rank {}] ", rank);
   line += kTags[static_cast<int>(lvl)];
   line += message;

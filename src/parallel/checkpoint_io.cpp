@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "ndmesh/comm/tags.hpp"
 #include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/model/checkpoint.hpp"
@@ -30,7 +31,7 @@ std::string from_words(const std::vector<std::int64_t>& words) {
   return std::string(reinterpret_cast<const char*>(words.data() + 1), static_cast<std::size_t>(words[0]));
 }
 
-constexpr int kManifestPartTag = 78;  // the writers' manifest parts, to rank 0
+constexpr int kManifestPartTag = comm::tags::kCheckpointParts;  // the writers' manifest parts, to rank 0
 }  // namespace
 
 void agree_or_throw(const comm::Communicator& world, const std::string& what, const std::function<void()>& work) {

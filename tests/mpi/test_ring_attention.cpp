@@ -3,6 +3,8 @@
 // the single-rank attention over the whole sequence at that rank's positions within 1e-10,
 // for the zigzag and contiguous layouts, multi-head and grouped-query. Also prints the
 // attention work of each rank (score elements) for both layouts: zigzag balances it.
+// The same cases run on in-process cp groups of 1, 2 and 4 ranks
+// (tests/unit/parallel/test_inproc_ring_attention.cpp, see tests/support/worlds.hpp).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -17,12 +19,14 @@
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/nn/attention.hpp"
 #include "ndmesh/parallel/cp/ring_attention.hpp"
+#include "support/worlds.hpp"
 
 namespace ndmesh {
 namespace {
 
 using comm::Communicator;
 using parallel::CpLayout;
+using testing_support::for_each_world;
 
 struct Case {
   std::int64_t heads, kv_heads, head_dim, batch, seq;
@@ -38,8 +42,7 @@ std::vector<double> random_vector(std::size_t n, std::uint64_t seed) {
 }
 
 // Returns this rank's forward score elements (for the balance report).
-std::int64_t check_case(const Case& c) {
-  const Communicator world = Communicator::world();
+std::int64_t check_case(const Communicator& world, const Case& c) {
   const std::int64_t P = world.size(), r = world.rank();
   const nn::Attention<double> attn({.heads = c.heads, .kv_heads = c.kv_heads, .head_dim = c.head_dim});
   const std::int64_t R = attn.qkv_width(), O = attn.out_width(), H = c.heads, B = c.batch, S = c.seq;
@@ -84,7 +87,9 @@ std::int64_t check_case(const Case& c) {
 
 class RingAttentionTest : public testing::TestWithParam<Case> {};
 
-TEST_P(RingAttentionTest, EqualsSingleRankAttention) { check_case(GetParam()); }
+TEST_P(RingAttentionTest, EqualsSingleRankAttention) {
+  for_each_world([&](const Communicator& world) { check_case(world, GetParam()); });
+}
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, RingAttentionTest,
@@ -94,22 +99,24 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Attention work per rank (forward score elements): zigzag is balanced, contiguous is not.
 TEST(RingAttentionBalance, ZigzagBalancesCausalWork) {
-  const Communicator world = Communicator::world();
-  const std::int64_t seq = 2048;
-  for (CpLayout layout : {CpLayout::kZigzag, CpLayout::kContiguous}) {
-    const std::int64_t mine = check_case({2, 2, 8, 1, seq, layout});
-    std::vector<std::int64_t> all(static_cast<std::size_t>(world.size()));
-    world.all_gather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all));
-    const double max = static_cast<double>(*std::max_element(all.begin(), all.end()));
-    double mean = 0;
-    for (std::int64_t e : all) mean += static_cast<double>(e) / static_cast<double>(all.size());
-    if (world.rank() == 0)
-      fmt::print("cp {} seq {} {}: attention score elements per rank [{}], max/mean {:.3f}\n", world.size(), seq,
-                 parallel::to_string(layout), fmt::join(all, ", "), max / mean);
-    if (layout == CpLayout::kZigzag && world.size() > 1) {
-      EXPECT_LT(max / mean, 1.1);
+  for_each_world([&](const Communicator& world) {
+    const std::int64_t seq =
+        testing_support::kInproc ? 512 : 2048;  // in-process: a reference per rank thread
+    for (CpLayout layout : {CpLayout::kZigzag, CpLayout::kContiguous}) {
+      const std::int64_t mine = check_case(world, {2, 2, 8, 1, seq, layout});
+      std::vector<std::int64_t> all(static_cast<std::size_t>(world.size()));
+      world.all_gather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all));
+      const double max = static_cast<double>(*std::max_element(all.begin(), all.end()));
+      double mean = 0;
+      for (std::int64_t e : all) mean += static_cast<double>(e) / static_cast<double>(all.size());
+      if (world.rank() == 0 && world.size() > 1)
+        fmt::print("cp {} seq {} {}: attention score elements per rank [{}], max/mean {:.3f}\n", world.size(),
+                   seq, parallel::to_string(layout), fmt::join(all, ", "), max / mean);
+      if (layout == CpLayout::kZigzag && world.size() > 1) {
+        EXPECT_LT(max / mean, 1.1);
+      }
     }
-  }
+  });
 }
 
 }  // namespace

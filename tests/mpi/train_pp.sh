@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Pipeline-parallel training with real processes: pp 2 and 4, every schedule (gpipe, 1f1b,
-# zb-h1, interleaved with 2 virtual stages), 1 to 8 micro-batches (fewer than the stages
-# too), dp 2 x pp 2, cp 2 x pp 2, explicit and balanced partitions, tied and untied heads: the losses of
-# 20 steps equal the serial run's within 1e-5 relative. The measured peak of live
+# zb-h1, interleaved with 2 virtual stages), 2 to 8 micro-batches, dp 2 x pp 2, cp 2 x pp 2,
+# explicit and balanced partitions, tied and untied heads: the losses of
+# 20 steps equal the serial run's within 1e-5 relative. (The executor itself, every
+# schedule on 2 to 4 stages with 1 to 8 micro-batches against the serial loss and
+# gradients, runs in-process in tests/unit/parallel/test_executor.cpp; here each schedule
+# runs end to end at one micro-batch count per pipeline size.) The measured peak of live
 # activations per stage equals the schedule's (1F1B at most p - r on stage r, GPipe m);
 # the trace holds every action; a stage that leaves out an action of its schedule ends
 # the job with a message naming the pp group and the action instead of hanging; bad
@@ -47,19 +50,13 @@ check() {  # check <ranks> <name> <serial name> <flags...>: equal to that serial
     fail "$name: peak activations $(jq -c .pipeline "$tmp/$name.json")"
 }
 
-for pp in 2 4; do
-  for schedule in gpipe 1f1b zb-h1; do
-    for micro in 8 4 2 1; do  # 1, 2, 4 and 8 micro-batches
-      check "$pp" "pp${pp}_${schedule}_mb$((8 / micro))" serial --pp "$pp" --schedule "$schedule" --micro-batch "$micro"
-    done
-  done
+for schedule in gpipe 1f1b zb-h1; do
+  check 2 "pp2_${schedule}_mb4" serial --pp 2 --schedule "$schedule" --micro-batch 2
+  check 4 "pp4_${schedule}_mb8" serial --pp 4 --schedule "$schedule" --micro-batch 1
 done
 check 2 pp2_1f1b_mb3 serial6 --batch 6 --pp 2 --micro-batch 2
 check 4 pp4_gpipe_mb6 serial6 --batch 6 --pp 4 --schedule gpipe --micro-batch 1
-check 2 pp2_interleaved_mb2 serial --pp 2 --schedule interleaved --virtual-stages 2 --micro-batch 4
 check 2 pp2_interleaved_mb4 serial --pp 2 --schedule interleaved --virtual-stages 2 --micro-batch 2
-check 2 pp2_interleaved_mb8 serial --pp 2 --schedule interleaved --virtual-stages 2 --micro-batch 1
-check 4 pp4_interleaved_mb4 serial8 --layers 8 --lr 1e-3 --pp 4 --schedule interleaved --virtual-stages 2 --micro-batch 2
 check 4 pp4_interleaved_mb8 serial8 --layers 8 --lr 1e-3 --pp 4 --schedule interleaved --virtual-stages 2 --micro-batch 1
 for schedule in gpipe 1f1b zb-h1; do
   check 4 dp2_pp2_$schedule serial --dp 2 --pp 2 --schedule "$schedule" --micro-batch 1
@@ -89,11 +86,9 @@ check 4 pp4_layers serial8 --layers 8 --lr 1e-3 --pp 4 --pp-layers 1,3,2,2 --mic
 check 1 pp1_gpipe serial --schedule gpipe --micro-batch 2
 
 # What the schedules promise about memory, measured: 1F1B holds at most min(p - r, m) on
-# stage r, GPipe all m micro-batches.
+# stage r, GPipe all m micro-batches (with m < p too in the executor's in-process test).
 jq -e '.pipeline.peak_activations == [4,3,2,1]' "$tmp/pp4_1f1b_mb8.json" > /dev/null ||
   fail "1f1b pp 4 peak: $(jq -c .pipeline.peak_activations "$tmp/pp4_1f1b_mb8.json")"
-jq -e '.pipeline.peak_activations == [2,2,2,1]' "$tmp/pp4_1f1b_mb2.json" > /dev/null ||
-  fail "1f1b pp 4 m 2 peak: $(jq -c .pipeline.peak_activations "$tmp/pp4_1f1b_mb2.json")"
 jq -e '.pipeline.peak_activations == [8,8,8,8]' "$tmp/pp4_gpipe_mb8.json" > /dev/null ||
   fail "gpipe pp 4 peak: $(jq -c .pipeline.peak_activations "$tmp/pp4_gpipe_mb8.json")"
 # The bubble: simulating 1F1B with one mean forward and backward for every stage gives the
@@ -120,14 +115,19 @@ grep -q "<svg" "$tmp/trace.svg" || fail "no svg drawn from the trace"
 
 # A mismatched schedule: stage 0 leaves out its send of micro-batch 0's activation (action
 # 1 of 1F1B with one micro-batch); stage 1 waits for it and the job ends with the group
-# and the action named, long before the test's own timeout.
+# and the action named, long before the test's own timeout. Stage 0 then waits for that
+# micro-batch's gradient, which cannot come either: both waits have the same timeout and
+# start within the ranks' start-up skew, so either stage may report first (under load
+# stage 0 did); the message must name one of the two. (The in-process executor test gives
+# stage 0 more patience and expects stage 1's message exactly.)
 set +e
 NDMESH_TIMEOUT_S=3 NDMESH_INIT_TIMEOUT_S=60 timeout 60 "${mpirun[@]}" -np 2 "$ndmesh" train "${model[@]}" --layers 4 --batch 8 --pp 2 --micro-batch 8 \
   --pp-drop-action 0:1 > "$tmp/drop.txt" 2>&1
 rc=$?
 set -e
 [ "$rc" -ne 0 ] || fail "dropped send: exit 0: $(cat "$tmp/drop.txt")"
-grep -q "stage 1 action 0 (recv-activation mb 0 chunk 0 from stage 0) on group pp (ranks 0,1) timed out" \
+grep -q -e "stage 1 action 0 (recv-activation mb 0 chunk 0 from stage 0) on group pp (ranks 0,1) timed out" \
+  -e "stage 0 action 2 (recv-gradient mb 0 chunk 0 from stage 1) on group pp (ranks 0,1) timed out" \
   "$tmp/drop.txt" || fail "dropped send: no message naming the group and the action: $(cat "$tmp/drop.txt")"
 # Stage 1 leaves out that receive: its forward has no input, an error naming the action.
 set +e

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "ndmesh/comm/communicator.hpp"
+#include "ndmesh/comm/tags.hpp"
 
 namespace ndmesh::comm {
 
@@ -71,13 +72,16 @@ struct AllReducerOptions {
   /// For hierarchical (and adaptive): ranks per node, counting world ranks from 0
   /// (simulated nodes); 0: the real nodes (a shared-memory split).
   std::int64_t ranks_per_node = 0;
-  /// Tag of the point-to-point messages (distinct from other traffic on the group).
-  int tag = 7700;
+  /// First tag of the point-to-point messages, on the reducer's own duplicate of the
+  /// group (comm/tags.hpp); all-reduces in flight at once use the next ones.
+  int tag = tags::kAllReduceFirst;
 };
 
 /// All-reduces (sums) over one group with a chosen algorithm. Construction is collective
-/// over the group when the algorithm needs node sub-groups (hierarchical, adaptive). The
-/// reducer must outlive the PendingAllReduce it starts (they use its sub-groups).
+/// over the group for every algorithm but kMpi: the algorithms send on their own duplicate
+/// of the group (and hierarchical and adaptive split it into node sub-groups). Copies share
+/// that communicator and its tag sequence. The reducer must outlive the PendingAllReduce
+/// it starts (they use its communicators).
 class AllReducer {
  public:
   AllReducer() = default;

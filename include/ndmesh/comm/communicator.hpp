@@ -9,7 +9,9 @@
 // deadline, and on expiry the process prints
 //   [comm] all_reduce on group tp (ranks 0,1) timed out after 30 s
 // and aborts the whole job with a non-zero exit, because a peer that never arrives
-// leaves the collective in a state no rank can recover from.
+// leaves the collective in a state no rank can recover from. The one exception is the
+// in-process backend of the tests (comm/inproc.hpp: ranks are threads of one process),
+// where the same message ends the job as a TimeoutError on every rank instead.
 //
 // Collective calls must be made by every member of the group in the same order, with
 // the same counts; buffers passed to an *_async call must stay alive until its Work is
@@ -26,14 +28,19 @@
 #include <vector>
 
 #include "ndmesh/core/dtype.hpp"
+#include "ndmesh/core/error.hpp"
 #include "ndmesh/launch/launch_env.hpp"
 
 namespace ndmesh::comm {
+
+class Communicator;
 
 namespace detail {
 class CommImpl;
 class WorkImpl;
 struct WorkState;
+/// A handle over a backend communicator (what a backend's world maker returns).
+Communicator make_communicator(std::shared_ptr<CommImpl> impl, std::string name);
 /// What runs when an operation completes: an in-place reduce_scatter moves its result
 /// block to where the caller expects it, then avg divides the summed elements by the size.
 struct Finish {
@@ -62,6 +69,22 @@ double default_timeout_s();
 
 /// Exit status of a job aborted by a communication timeout (as coreutils' timeout).
 inline constexpr int kTimeoutExitCode = 124;
+
+/// A communication that did not complete within its timeout, on a job whose ranks are
+/// threads of this process (comm/inproc.hpp); what() is the line other backends print
+/// before they abort the job ("[comm] recv from rank 1 (world 1) on group pp (ranks 0,1)
+/// timed out after 0.2 s"). Every rank of that job gets it.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// An in-process job (comm/inproc.hpp) ended by a failure on another rank: what() names
+/// that rank and its error. Thrown by every later operation of the job's other ranks.
+class JobAborted : public Error {
+ public:
+  using Error::Error;
+};
 
 /// An operation in flight. Copies share the same operation. wait() returns when it is
 /// complete (or aborts the job at the timeout); test() polls without blocking and
@@ -116,8 +139,12 @@ class Communicator {
   const std::vector<std::int64_t>& members() const;
   /// "ranks 0,1" (abbreviated for large groups), for messages.
   std::string members_string() const;
-  /// Name of the backend ("mpi").
+  /// Name of the backend ("mpi", "inproc").
   std::string_view backend() const;
+  /// Empty when several threads may call operations of this communicator at once (MPI
+  /// initialised with MPI_THREAD_MULTIPLE); otherwise why not ("MPI provides
+  /// MPI_THREAD_SERIALIZED ..."), for the one line of whoever would have used a thread.
+  std::string thread_limit() const;
 
   /// Splits the group: members with the same color form one new group, ordered by key
   /// (ties by rank). A member passing no color (nullopt) gets the empty handle. Every
@@ -125,6 +152,13 @@ class Communicator {
   /// the wait for the other members.
   Communicator split(std::optional<std::int64_t> color, std::int64_t key, std::string name = "",
                      const Options& opts = {}) const;
+  /// The same members in the same order, as a new communicator whose messages never
+  /// match this one's (MPI_Comm_dup): a subsystem that sends point-to-point messages
+  /// (pipeline executor, ring attention, all-reduce algorithms) works on its own
+  /// duplicate, so its tags cannot collide with another's on a shared group (see
+  /// comm/tags.hpp). Collective over the group; `name` names it in messages (default:
+  /// this one's name).
+  Communicator dup(std::string name = "", const Options& opts = {}) const;
 
   /// Waits until every member has arrived.
   void barrier(const Options& opts = {}) const { barrier_impl(opts, true); }
@@ -230,6 +264,10 @@ class Communicator {
   /// Ends every process of the job with exit status `code` at once (the peers are not
   /// left waiting for this rank until their timeout). Never returns.
   [[noreturn]] void abort_job(int code) const;
+  /// Prints "[component] message" as an error line, then ends the job like abort_job().
+  /// On an in-process job (comm/inproc.hpp) it throws instead: TimeoutError for
+  /// kTimeoutExitCode, else JobAborted, and the other ranks' operations throw too.
+  [[noreturn]] void abort_job(int code, std::string_view component, const std::string& message) const;
 
   /// A group of this process alone, made without communication (not collective).
   Communicator self(std::string name = "self") const;
@@ -238,6 +276,7 @@ class Communicator {
   Communicator split_node() const;
 
  private:
+  friend Communicator detail::make_communicator(std::shared_ptr<detail::CommImpl> impl, std::string name);
   Communicator(std::shared_ptr<detail::CommImpl> impl, std::string name)
       : impl_(std::move(impl)), name_(std::move(name)) {}
   // A read-only span as the backend's ElementSpan (the backend never writes to it).

@@ -17,7 +17,9 @@
 //     printing one line naming the operation and the group. This is by design: a peer that
 //     never arrives leaves MPI in a state no rank can recover from (the other ranks are
 //     blocked inside MPI), so there is nothing a catch block could do; throwing would only
-//     turn one hung rank into a hung job. There is therefore no TimeoutError type.
+//     turn one hung rank into a hung job. The only TimeoutError (comm/communicator.hpp)
+//     is that of the in-process backend used by tests, where every rank is a thread of
+//     one process and all of them can be woken with it.
 #pragma once
 
 #include <stdexcept>

@@ -1,5 +1,7 @@
 // Rank-prefixed logging to stderr: "[rank 3] message". The rank is set once by whoever
-// knows it (the launch or comm layer); before that, no prefix is printed.
+// knows it (the launch or comm layer); before that, no prefix is printed. A thread can
+// carry its own rank (the ranks of an in-process job are threads of one process, see
+// comm/inproc.hpp), which then wins over the process's.
 #pragma once
 
 #include <string_view>
@@ -12,6 +14,13 @@ enum class Level { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
 
 /// Sets the rank shown in the prefix (-1: no prefix).
 void set_rank(int rank);
+/// Sets the rank shown in the prefix of lines written by the calling thread (-1: no
+/// prefix); kProcessRank goes back to the process's rank.
+inline constexpr int kProcessRank = -2;
+void set_thread_rank(int rank);
+/// The rank the calling thread prefixes its lines with (-1: none): its own, else the
+/// process's. A thread started on behalf of a rank passes it on with set_thread_rank().
+int current_rank();
 /// The current threshold, from NDMESH_LOG on first use.
 Level level();
 /// Writes one line to stderr with the rank prefix, if `lvl` passes the threshold.

@@ -19,6 +19,9 @@
 #include <thread>
 #include <climits>
 #include <cstring>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
@@ -150,9 +153,15 @@ class Runtime {
     for (auto [fn, slot] : {std::pair{&bf16_sum, &bf16_ops_[0]}, std::pair{&bf16_max, &bf16_ops_[1]},
                             std::pair{&bf16_min, &bf16_ops_[2]}})
       check(MPI_Op_create(fn, 1, slot), "MPI_Op_create");
+    // The level MPI really provides: it may give less than asked for, and a host that
+    // initialised MPI first (mpi4py, a C++ program) chose its own.
     int level = 0;
     MPI_Query_thread(&level);
     abort_from_any_thread_ = level >= MPI_THREAD_MULTIPLE;
+    if (level < MPI_THREAD_MULTIPLE)
+      thread_limit_ = fmt::format("MPI provides {} ({})", level_name(level),
+                                  owned_ ? "this MPI library offers no MPI_THREAD_MULTIPLE"
+                                         : "MPI was initialised by the host program before ndmesh");
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   }
   ~Runtime() {
@@ -168,6 +177,8 @@ class Runtime {
     return runtime;
   }
   bool abort_from_any_thread() const { return abort_from_any_thread_; }
+  /// Empty at MPI_THREAD_MULTIPLE; otherwise the level and why.
+  const std::string& thread_limit() const { return thread_limit_; }
   /// The user-defined bfloat16 sum, max and min.
   MPI_Op bf16(int i) const { return bf16_ops_[i]; }
 
@@ -175,6 +186,20 @@ class Runtime {
   MPI_Op bf16_ops_[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
   bool owned_ = false;
   bool abort_from_any_thread_ = false;
+  std::string thread_limit_;
+
+  static const char* level_name(int level) {
+    switch (level) {
+      case MPI_THREAD_SINGLE:
+        return "MPI_THREAD_SINGLE";
+      case MPI_THREAD_FUNNELED:
+        return "MPI_THREAD_FUNNELED";
+      case MPI_THREAD_SERIALIZED:
+        return "MPI_THREAD_SERIALIZED";
+      default:
+        return "MPI_THREAD_MULTIPLE";
+    }
+  }
 };
 
 MPI_Op bf16_op(ReduceOp op) {
@@ -259,6 +284,7 @@ class MpiComm final : public detail::CommImpl {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::size_t max_count() const override { return static_cast<std::size_t>(INT_MAX); }
+  std::string thread_limit() const override { return Runtime::get().thread_limit(); }
 
   std::shared_ptr<detail::CommImpl> split(std::optional<std::int64_t> color, std::int64_t key) override {
     NDMESH_CHECK(!color || (*color >= 0 && *color <= INT_MAX), "comm",

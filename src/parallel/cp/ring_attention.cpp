@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "ndmesh/comm/tags.hpp"
 #include "ndmesh/core/error.hpp"
 
 namespace ndmesh::parallel {
@@ -63,7 +64,7 @@ bool any_visible(const std::int64_t* qpos, const std::int64_t* kpos, std::int64_
   return kmin <= qmax;
 }
 
-constexpr int kTagKv = 131, kTagPos = 132, kTagDkv = 133;
+constexpr int kTagKv = comm::tags::kRingKv, kTagPos = comm::tags::kRingPositions, kTagDkv = comm::tags::kRingDkv;
 // Query rows per partial call: the transfers in flight are polled between calls (a
 // multiple of the kernel's tile, so the tiling is that of one call).
 constexpr std::int64_t kPollRows = 4 * nn::kAttentionTile;

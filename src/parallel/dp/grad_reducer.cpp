@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <mutex>
+#include <utility>
 
 #include "ndmesh/comm/communicator.hpp"
 
@@ -10,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/core/log.hpp"
 
 namespace ndmesh::parallel {
 namespace {
@@ -36,7 +39,22 @@ GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataP
   NDMESH_CHECK(zero_ == 0 || flat_size % p == 0, "dp",
                "the flat buffer of {} elements is not a multiple of the dp group size {}", flat_size, p);
   if (p > 1 && zero_ == 0)
-    reducer_ = comm::AllReducer(group_, {.algorithm = options_.algorithm, .ranks_per_node = options_.ranks_per_node});
+    reducer_ = comm::AllReducer(group_,
+                                {.algorithm = options_.algorithm, .ranks_per_node = options_.ranks_per_node});
+  timeout_s_ = comm::default_timeout_s();
+  if (p > 1 && progress_thread()) {
+    if (std::string why = group_.thread_limit(); !why.empty()) {
+      options_.progress_thread = false;
+      static std::once_flag said;  // one line per run: on the process of world rank 0
+      if (group_.members()[static_cast<std::size_t>(group_.rank())] == 0)
+        std::call_once(said, [&] {
+          log::warn(
+              "[dp] {}: the data-parallel progress thread is off (it needs MPI_THREAD_MULTIPLE); the "
+              "reductions progress only in the model's hooks",
+              why);
+        });
+    }
+  }
   // Buckets from the end; with ZeRO every bucket's length is a multiple of p, so each
   // member owns one equal block of it.
   const auto target = std::max<std::int64_t>(
@@ -74,21 +92,38 @@ GradReducer::~GradReducer() {
 void GradReducer::progress_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   auto last_change = std::chrono::steady_clock::now();
-  const auto give_up = std::chrono::duration<double>(comm::default_timeout_s());
+  std::uint64_t seen = handed_;
+  const auto give_up = std::chrono::duration<double>(timeout_s_);
   for (;;) {
     work_cv_.wait(lock, [&] { return stop_ || (!active_.empty() && !thread_gave_up_); });
     if (stop_) return;
+    // New buckets start the clock: an idle gap before them is no sign of a hang.
+    if (handed_ != seen) {
+      seen = handed_;
+      last_change = std::chrono::steady_clock::now();
+    }
     // Poll outside the lock: the main thread may append buckets meanwhile.
     std::vector<Bucket*> mine = active_;
     lock.unlock();
     std::vector<Bucket*> finished;
-    for (Bucket* b : mine)
-      if (poll(*b)) finished.push_back(b);
+    try {
+      for (Bucket* b : mine)
+        if (poll(*b)) finished.push_back(b);
+    } catch (...) {  // an engine error, or an in-process job that ended: the main thread reports it
+      lock.lock();
+      thread_error_ = std::current_exception();
+      thread_gave_up_ = true;
+      done_cv_.notify_all();
+      continue;
+    }
     lock.lock();
     const auto now = std::chrono::steady_clock::now();
     if (!finished.empty()) {
+      thread_completions_ += static_cast<std::int64_t>(finished.size());
       last_change = now;
-      std::erase_if(active_, [&](Bucket* b) { return std::find(finished.begin(), finished.end(), b) != finished.end(); });
+      std::erase_if(active_, [&](Bucket* b) {
+        return std::find(finished.begin(), finished.end(), b) != finished.end();
+      });
       if (active_.empty()) done_cv_.notify_all();
       continue;
     }
@@ -133,11 +168,16 @@ void GradReducer::start(Bucket& b) {
       b.scatter = group_.reduce_scatter_in_place_async(range);
     reduced_bytes_ += static_cast<std::int64_t>(range.size_bytes());
   }
-  if (options_.overlap && options_.progress_thread) {
-    if (!thread_.joinable()) thread_ = std::thread([this] { progress_loop(); });
+  if (progress_thread()) {
+    if (!thread_.joinable())
+      thread_ = std::thread([this, rank = log::current_rank()] {
+        log::set_thread_rank(rank);
+        progress_loop();
+      });
     {
       std::lock_guard<std::mutex> lock(mutex_);
       active_.push_back(&b);
+      ++handed_;
     }
     work_cv_.notify_one();
   }
@@ -166,6 +206,7 @@ void GradReducer::finish_backward() {
     done_cv_.wait(lock, [&] { return active_.empty() || thread_gave_up_; });
     active_.clear();
     thread_gave_up_ = false;
+    if (thread_error_) std::rethrow_exception(std::exchange(thread_error_, nullptr));
   }
   for (Bucket& b : buckets_) {
     if (zero_ == 0)
@@ -190,7 +231,8 @@ void GradReducer::finish_backward() {
     // Add this rank's block of every bucket to the shard, and clear the work space.
     std::int64_t at = 0;
     for (const nn::Segment& seg : shard_) {
-      for (std::int64_t i = 0; i < seg.count; ++i) shard_grads_[static_cast<std::size_t>(at + i)] += grads_[seg.offset + i];
+      for (std::int64_t i = 0; i < seg.count; ++i)
+        shard_grads_[static_cast<std::size_t>(at + i)] += grads_[seg.offset + i];
       at += seg.count;
     }
     for (const Bucket& b : buckets_) std::fill(grads_ + b.lo, grads_ + b.hi, 0.0f);
@@ -203,8 +245,8 @@ void GradReducer::gather_params(float* params) {
   std::vector<comm::Work> works;
   works.reserve(buckets_.size());
   for (const Bucket& b : buckets_)
-    works.push_back(
-        group_.all_gather_in_place_async(std::span<float>(params + b.lo, static_cast<std::size_t>(b.hi - b.lo))));
+    works.push_back(group_.all_gather_in_place_async(
+        std::span<float>(params + b.lo, static_cast<std::size_t>(b.hi - b.lo))));
   comm::wait_all(works);
 }
 

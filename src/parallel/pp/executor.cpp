@@ -9,11 +9,11 @@
 #include "ndmesh/parallel/pp/executor.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <thread>
 
-#include <fmt/core.h>
+#include <fmt/format.h>
 
+#include "ndmesh/comm/tags.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/parallel/pp/check.hpp"
 
@@ -37,6 +37,7 @@ Executor::Executor(PipelineSchedule schedule, comm::Communicator pp, std::vector
   NDMESH_CHECK(pp_.valid() && pp_.size() == schedule_.stages, "pp",
                "the schedule has pp={} stages but the pipeline group {} has {} ranks", schedule_.stages,
                pp_.name(), pp_.size());
+  pp_ = pp_.dup();  // the transfers' own message space (comm/tags.hpp)
   stage_ = pp_.rank();
   NDMESH_CHECK(static_cast<int>(chunks_.size()) == schedule_.chunks, "pp",
                "the schedule has {} chunks per rank but stage {} holds {} model chunks", schedule_.chunks,
@@ -73,14 +74,15 @@ std::int64_t Executor::key(ActionKind kind, int mb, int chunk, int m) {
 int Executor::tag(ActionKind kind, int mb, int chunk) const {
   // Both sides name a transfer by the virtual stage that receives it (the sender's chunk
   // index differs from the receiver's in interleaved schedules). Tags must stay below
-  // MPI's guaranteed bound of 32767; the (micro-batch, stage) part wraps for very long
-  // schedules, where the in-order matching of MPI still pairs them.
+  // MPI's guaranteed bound of 32767 (comm/tags.hpp); the (micro-batch, stage) part wraps
+  // for very long schedules, where the in-order matching of MPI still pairs them.
   const bool gradient = kind == ActionKind::kSendGradient || kind == ActionKind::kRecvGradient;
   int vs = schedule_.virtual_stage(stage_, chunk);
   if (kind == ActionKind::kSendActivation) ++vs;
   if (kind == ActionKind::kSendGradient) --vs;
   const std::int64_t slot = static_cast<std::int64_t>(vs) * schedule_.microbatches + mb;
-  return (gradient ? 16384 : 0) + static_cast<int>(slot % 16384);
+  constexpr int kSpan = comm::tags::kPipelineGradientFirst;
+  return (gradient ? kSpan : 0) + static_cast<int>(slot % kSpan);
 }
 
 double Executor::now() const {
@@ -127,15 +129,11 @@ void Executor::wait(Transfer& t, const Action& a) {
   while (!t.work.test()) {
     poll();
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (waited > timeout) {
-      std::fprintf(stderr,
-                   "[pp] stage %d action %d (%s) on group %s (%s) timed out after %g s: the peer stage never "
-                   "posted the matching transfer; do all stages run the same schedule?\n",
-                   stage_, t.index, to_string(a).c_str(), pp_.name().c_str(), pp_.members_string().c_str(),
-                   timeout);
-      std::fflush(stderr);
-      pp_.abort_job(comm::kTimeoutExitCode);
-    }
+    if (waited > timeout)
+      pp_.abort_job(comm::kTimeoutExitCode, "pp",
+                    fmt::format("stage {} action {} ({}) on group {} ({}) timed out after {:g} s: the peer stage "
+                                "never posted the matching transfer; do all stages run the same schedule?",
+                                stage_, t.index, to_string(a), pp_.name(), pp_.members_string(), timeout));
     if (waited < 0.05) {
       std::this_thread::yield();
     } else {

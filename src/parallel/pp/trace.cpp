@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "ndmesh/comm/tags.hpp"
 #include "ndmesh/core/error.hpp"
 
 namespace ndmesh::pp {
@@ -34,7 +35,7 @@ constexpr std::size_t kFields = 8;
 }  // namespace
 
 std::vector<TraceEvent> gather_trace(const comm::Communicator& world, const std::vector<TraceEvent>& mine) {
-  constexpr int kTraceTag = 77;  // every rank's events, to rank 0
+  constexpr int kTraceTag = comm::tags::kTraceGather;  // every rank's events, to rank 0
   std::vector<double> flat;
   flat.reserve(mine.size() * kFields);
   for (const TraceEvent& e : mine)

@@ -46,11 +46,12 @@ struct RingAttentionStats {
 };
 
 /// The attention core of a context-parallel rank (see above). Collective over `cp`: every
-/// member calls forward/backward with the same batch, seq and layer shape.
+/// member constructs it (the ring sends on its own duplicate of `cp`, comm/tags.hpp) and
+/// calls forward/backward with the same batch, seq and layer shape.
 template <typename T>
 class RingAttention final : public nn::AttentionCore<T> {
  public:
-  explicit RingAttention(comm::Communicator cp) : cp_(std::move(cp)) {}
+  explicit RingAttention(const comm::Communicator& cp) : cp_(cp.dup()) {}
 
   void forward(const nn::Attention<T>& attn, const T* qkv, T* out, T* lse, std::int64_t batch, std::int64_t seq,
                const std::int64_t* positions) const override;

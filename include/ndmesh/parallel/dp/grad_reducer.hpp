@@ -25,17 +25,23 @@
 // the model's own polls; without it the model's hooks (per block and between sub-layers)
 // are the only polls. A bucket handed to the thread is touched by it alone until
 // finish_backward() has seen every bucket complete (mutex + condition variable). If the
-// thread sees no completion for the whole timeout it stops, and finish_backward() waits on
-// the remaining buckets itself, which ends the job with the usual timeout message.
+// thread sees no completion for the whole timeout while it has buckets (its clock starts
+// when it is handed new ones, so an idle gap of evaluation, checkpointing or many
+// micro-batches does not count) it stops, and finish_backward() waits on the remaining
+// buckets itself, which ends the job with the usual timeout message. The thread needs a
+// communicator that several threads may use at once (MPI_THREAD_MULTIPLE): below that the
+// reducer runs without it and says so once per process.
 //
 // Buffers: between begin_backward() and finish_backward() a started bucket's range of
 // the gradient buffer belongs to the reduction; the model writes only below the
 // watermark it reported, so the two never touch the same elements.
 #pragma once
 
-#include <condition_variable>
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -106,6 +112,10 @@ class GradReducer {
   void for_each_counted(float* grads, std::int64_t offset, std::int64_t count, F&& f) {
     for_each_in(counted_, grads, offset, count, f);
   }
+  /// Whether a progress thread polls the buckets (options and the group's thread level).
+  bool progress_thread() const { return options_.overlap && options_.progress_thread; }
+  /// Buckets whose completion the progress thread saw, since construction.
+  std::int64_t thread_completions() const { return thread_completions_.load(); }
   /// ZeRO: all-gathers the updated parameters bucket by bucket (collective).
   void gather_params(float* params);
   /// Sets the ZeRO-2 shard accumulator to zero (start of a step).
@@ -172,7 +182,11 @@ class GradReducer {
   std::mutex mutex_;
   std::condition_variable work_cv_, done_cv_;
   std::vector<Bucket*> active_;
+  std::uint64_t handed_ = 0;  // buckets ever handed to the thread
   bool stop_ = false, thread_gave_up_ = false;
+  std::exception_ptr thread_error_;  // what the thread's polls threw; finish_backward rethrows
+  std::atomic<std::int64_t> thread_completions_{0};
+  double timeout_s_ = 0;  // the thread's give-up time (NDMESH_TIMEOUT_S of the constructing thread)
 };
 
 }  // namespace ndmesh::parallel

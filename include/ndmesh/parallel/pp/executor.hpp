@@ -9,10 +9,11 @@
 // Sends and receives of hidden states (forward) and their gradients (backward) are
 // asynchronous point-to-point over the pp group: receives are posted ahead of the action
 // that waits for them (while the compute before it runs), sends copy their data into a
-// buffer of their own and are waited for at the end of the walk. Messages are tagged with
-// (kind, micro-batch, chunk), so a schedule whose stages disagree waits instead of
-// mixing data up, and a wait that outlives the timeout ends the job with a message
-// naming the pp group, the stage and the action.
+// buffer of their own and are waited for at the end of the walk. The transfers run on the
+// executor's own duplicate of the pp group (comm/tags.hpp), tagged with (kind, micro-batch,
+// chunk), so a schedule whose stages disagree waits instead of mixing data up, and a wait
+// that outlives the timeout ends the job with a message naming the pp group, the stage and
+// the action.
 //
 // The zero-bubble schedules' split backward: backward-input runs the chunk's backward
 // with the linear layers' weight gradients deferred (nn::DeferWeightGrads: each records
@@ -80,6 +81,7 @@ class Executor {
   /// `chunks[c]` is local chunk c (virtual stage c * stages + stage); every chunk has
   /// the same batch and seq. `pp` is the pipeline group (its rank is the stage). Error
   /// when the schedule fails check_schedule() or does not fit the chunks or the group.
+  /// Collective over `pp` (duplicates it).
   Executor(PipelineSchedule schedule, comm::Communicator pp, std::vector<model::Gpt*> chunks,
            ExecutorOptions options = {});
   ~Executor();

@@ -1,0 +1,311 @@
+// GradReducer on in-process jobs of 1 to 4 ranks (comm/inproc.hpp):
+//  - with a real model's backward driving it (grads-final watermarks, progress hooks),
+//    every option (overlap, progress thread, ZeRO 1 and 2, micro-batches, every all-reduce
+//    algorithm, bf16) gives each element of the gradient, on exactly one owner, the serial
+//    model's gradient over the whole batch; a failure names the tensor;
+//  - buckets start only above the watermark and in order, and no earlier: what the model
+//    writes below it after the call still counts;
+//  - no-sync micro-batches only accumulate; ZeRO's shards cover the buffer once and
+//    gather_params hands every rank every owner's block;
+//  - the progress thread completes the buckets alone, also after an idle gap longer than
+//    the timeout (issue 22 item 4: its clock restarts when it is handed work).
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "ndmesh/comm/inproc.hpp"
+#include "ndmesh/parallel/dp/grad_reducer.hpp"
+#include "support/model_fixtures.hpp"
+
+namespace ndmesh::parallel {
+namespace {
+
+using comm::AllReduceAlgorithm;
+using comm::Communicator;
+using testing_support::Batch;
+using testing_support::SerialReference;
+
+struct Case {
+  std::string name;
+  int ranks = 2;
+  int micro = 1;  // micro-batches per step
+  DataParallelOptions options;
+};
+
+// Bytes of a bucket of `floats` elements, as bucket_mb.
+double mb_of(std::int64_t floats) { return static_cast<double>(floats * 4) / (1024.0 * 1024.0); }
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class GradReducerModel : public ::testing::TestWithParam<Case> {};
+
+// Each rank trains on its slice of a global batch of 12 sequences, in `micro` micro-batches,
+// with the reducer hooked into the model as the trainer hooks it; the gradients it owns
+// afterwards are gathered (each element from its one owner) and compared by name with the
+// serial model's over the whole batch.
+TEST_P(GradReducerModel, OwnedGradientsEqualTheSerialRunByName) {
+  const Case& c = GetParam();
+  const ModelSpec spec = testing_support::tiny_spec();
+  const std::int64_t global = 12, local = global / c.ranks, micro = local / c.micro;
+  ASSERT_EQ(micro * c.micro * c.ranks, global) << c.name;
+  const Batch batch = testing_support::make_batch(spec, global, 5);
+  const SerialReference ref(spec, batch);
+  comm::inproc::run(c.ranks, [&](const Communicator& world) {
+    testing_support::single_blas_thread();
+    const int r = world.rank(), p = world.size();
+    model::Gpt gpt(spec, {.batch = micro, .pad_to = c.options.zero > 0 ? p : 1});
+    gpt.set_loss_weight(1.0 / static_cast<double>(global * spec.seq));
+    GradReducer reducer(world, gpt.params().size(), c.options);
+    gpt.set_grads_final_hook([&](std::int64_t from) { reducer.grads_final(from); });
+    gpt.set_progress_hook([&] { reducer.progress(); });
+    // bf16: the bound on a sum of p bf16-rounded terms needs the magnitudes of the terms
+    // reduced: the per-rank gradients (of each micro-batch under ZeRO 2, which reduces every
+    // micro-batch), summed over ranks and micro-batches.
+    std::vector<float> abs_sum(static_cast<std::size_t>(gpt.params().size()), 0.0f);
+    if (c.options.bf16) {
+      model::Gpt plain(spec, {.batch = micro, .pad_to = c.options.zero > 0 ? p : 1});
+      plain.set_loss_weight(1.0 / static_cast<double>(global * spec.seq));
+      plain.params().zero_grad();
+      for (int m = 0; m < c.micro; ++m) {
+        const Batch b = batch.slice(r * local + m * micro, micro);
+        plain.forward(b.tokens.data(), b.targets.data());
+        plain.backward();
+        if (c.options.zero == 2 || m + 1 == c.micro) {
+          for (std::size_t i = 0; i < abs_sum.size(); ++i) abs_sum[i] += std::abs(plain.params().grads()[i]);
+          plain.params().zero_grad();
+        }
+      }
+      world.all_reduce(std::span<float>(abs_sum));
+    }
+    gpt.params().zero_grad();
+    reducer.zero_shard_grads();
+    for (int m = 0; m < c.micro; ++m) {
+      reducer.begin_backward(gpt.params().grads().data(), m + 1 == c.micro);
+      const Batch b = batch.slice(r * local + m * micro, micro);
+      gpt.forward(b.tokens.data(), b.targets.data());
+      gpt.backward();
+      reducer.finish_backward();
+    }
+    // Without ZeRO every rank owns every element; with it, each element has one owner,
+    // and a sum of zero-filled buffers gathers them (and counts the coverage too).
+    std::vector<float> owned(gpt.params().grads().begin(), gpt.params().grads().end());
+    if (reducer.zero() > 0) {
+      std::fill(owned.begin(), owned.end(), 0.0f);
+      reducer.for_each_owned(
+          gpt.params().grads().data(), 0, gpt.params().size(),
+          [&](const float* g, std::int64_t n, std::int64_t at) { std::copy(g, g + n, owned.begin() + at); });
+      world.all_reduce(std::span<float>(owned));
+    }
+    if (!c.options.bf16) {
+      EXPECT_TRUE(testing_support::same_by_name(gpt.params(), owned, ref.model().params(),
+                                                ref.model().params().grads()))
+          << c.name << ", rank " << r;
+      return;
+    }
+    // bf16: each of the p terms is rounded to bf16 once and each partial sum once more,
+    // so an element is within about p * u * sum_r |g_r| of the exact sum (u = 2^-8, the
+    // unit roundoff of bf16's 8-bit significand), on top of the fp32 tolerance of the
+    // other cases (summation order).
+    const double u = std::ldexp(1.0, -8);
+    const testing_support::Tolerance fp32;
+    const auto& want = ref.model().params().grads();
+    std::int64_t bad = 0;
+    for (const ParamView& v : gpt.params().views()) {
+      double max_want = 0;
+      for (std::int64_t i = v.offset; i < v.offset + v.numel; ++i)
+        max_want = std::max(max_want, std::abs(static_cast<double>(want[i])));
+      for (std::int64_t i = v.offset; i < v.offset + v.numel; ++i) {
+        const double bound = (p + 1) * u * abs_sum[static_cast<std::size_t>(i)] +
+                             fp32.rel * std::abs(want[i]) + fp32.scale * max_want;
+        if (std::abs(owned[static_cast<std::size_t>(i)] - want[i]) > bound && bad++ == 0)
+          ADD_FAILURE() << fmt::format(
+              "{}, rank {}: first differing tensor {} element {}: {:.6g} vs serial {:.6g}, "
+              "bound {:.3g}",
+              c.name, r, v.name, i - v.offset, owned[static_cast<std::size_t>(i)], want[i], bound);
+      }
+    }
+    EXPECT_EQ(bad, 0) << c.name << ", rank " << r;
+  });
+}
+
+const double kSmall = mb_of(256);  // several buckets for the tiny model (about 4k parameters)
+
+INSTANTIATE_TEST_SUITE_P(
+    Options, GradReducerModel,
+    ::testing::Values(
+        Case{"one rank", 1, 1, {}}, Case{"dp 2", 2, 1, {}},
+        Case{"dp 3, small buckets", 3, 1, {.bucket_mb = kSmall}},
+        Case{"dp 4, micro-batches", 4, 3, {.bucket_mb = kSmall}},
+        Case{"no overlap", 2, 1, {.bucket_mb = kSmall, .overlap = false}},
+        Case{"no overlap, micro-batches", 2, 2, {.bucket_mb = kSmall, .overlap = false}},
+        Case{"no progress thread", 3, 2, {.bucket_mb = kSmall, .progress_thread = false}},
+        Case{"no progress thread, ring",
+             2,
+             1,
+             {.bucket_mb = kSmall, .algorithm = AllReduceAlgorithm::kRing, .progress_thread = false}},
+        Case{"ZeRO 1", 3, 2, {.bucket_mb = kSmall, .zero = 1}},
+        Case{"ZeRO 2", 4, 3, {.bucket_mb = kSmall, .zero = 2}},
+        Case{"ZeRO 2, no overlap", 2, 2, {.bucket_mb = kSmall, .overlap = false, .zero = 2}},
+        Case{"ring", 4, 1, {.bucket_mb = kSmall, .algorithm = AllReduceAlgorithm::kRing}},
+        Case{"ring, dp 3", 3, 1, {.bucket_mb = kSmall, .algorithm = AllReduceAlgorithm::kRing}},
+        Case{"tree", 4, 1, {.bucket_mb = kSmall, .algorithm = AllReduceAlgorithm::kTree}},
+        Case{"tree, micro-batches", 4, 3, {.bucket_mb = kSmall, .algorithm = AllReduceAlgorithm::kTree}},
+        Case{"hierarchical",
+             4,
+             1,
+             {.bucket_mb = kSmall, .algorithm = AllReduceAlgorithm::kHierarchical, .ranks_per_node = 2}},
+        Case{"bf16", 3, 1, {.bucket_mb = kSmall, .bf16 = true}},
+        Case{"bf16 ZeRO 1", 2, 2, {.bucket_mb = kSmall, .zero = 1, .bf16 = true}},
+        Case{"bf16 ZeRO 2", 4, 3, {.bucket_mb = kSmall, .zero = 2, .bf16 = true}}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string s;
+      for (char ch : info.param.name) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+      return s;
+    });
+
+// Rank r's gradient element i before the reduction: small integers, exact in any order.
+float local_grad(int r, std::int64_t i) { return static_cast<float>((r + 1) * ((i % 7) - 3)); }
+float summed(int p, std::int64_t i) { return static_cast<float>(p * (p + 1) / 2 * ((i % 7) - 3)); }
+
+TEST(GradReducer, BucketsStartInOrderOnlyAboveTheWatermark) {
+  comm::inproc::run(3, [](const Communicator& world) {
+    const int r = world.rank(), p = world.size();
+    const std::int64_t n = 1000;  // buckets of 96 from the end: the last one holds 40
+    GradReducer reducer(world, n, {.bucket_mb = mb_of(96), .progress_thread = false});
+    ASSERT_EQ(reducer.buckets(), 11u);
+    std::vector<float> g(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) g[static_cast<std::size_t>(i)] = local_grad(r, i);
+    reducer.begin_backward(g.data(), true);
+    // Final from 950: no bucket (the last one is [904, 1000)); from 904: one; from 500:
+    // those above 520 (five); the watermark need not fall on a bucket boundary.
+    for (auto [from, started] :
+         {std::pair<std::int64_t, std::int64_t>{950, 0}, {904, 1}, {500, 5}, {0, 11}}) {
+      if (from < 904) {
+        // The "backward" writes more gradient just below the watermark before reporting it.
+        for (std::int64_t i = from; i < std::min<std::int64_t>(from + 10, n); ++i)
+          g[static_cast<std::size_t>(i)] += 1.0f;
+      }
+      reducer.grads_final(from);
+      const std::int64_t bytes = started == 11 ? n * 4 : started * 96 * 4;
+      EXPECT_EQ(reducer.reduced_bytes(), bytes) << "final from " << from;
+    }
+    reducer.finish_backward();
+    for (std::int64_t i = 0; i < n; ++i) {
+      const bool bumped = (i >= 500 && i < 510) || (i < 10);
+      ASSERT_EQ(g[static_cast<std::size_t>(i)], summed(p, i) + (bumped ? static_cast<float>(p) : 0.0f)) << i;
+    }
+  });
+}
+
+TEST(GradReducer, NoSyncMicroBatchesOnlyAccumulate) {
+  comm::inproc::run(2, [](const Communicator& world) {
+    const int r = world.rank();
+    const std::int64_t n = 300;
+    GradReducer reducer(world, n, {.bucket_mb = mb_of(64)});
+    std::vector<float> g(static_cast<std::size_t>(n), 0.0f);
+    for (int m = 0; m < 3; ++m) {
+      reducer.begin_backward(g.data(), m == 2);
+      for (std::int64_t i = 0; i < n; ++i) g[static_cast<std::size_t>(i)] += local_grad(r, i);
+      reducer.grads_final(0);
+      reducer.finish_backward();
+      if (m < 2) {
+        EXPECT_EQ(reducer.reduced_bytes(), 0) << "micro-batch " << m;
+        for (std::int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(g[static_cast<std::size_t>(i)], static_cast<float>(m + 1) * local_grad(r, i));
+      }
+    }
+    EXPECT_EQ(reducer.reduced_bytes(), n * 4);
+    for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(g[static_cast<std::size_t>(i)], 3.0f * summed(2, i));
+  });
+}
+
+TEST(GradReducer, ZeroShardsCoverTheBufferOnceAndGatherParams) {
+  for (int zero : {1, 2})
+    comm::inproc::run(4, [&](const Communicator& world) {
+      const int r = world.rank(), p = world.size();
+      const std::int64_t n = 4 * 131;  // a multiple of the group size, buckets of 48
+      GradReducer reducer(world, n, {.bucket_mb = mb_of(48), .zero = zero});
+      // The shard: each bucket's block r, ascending; together the ranks own each element once.
+      std::vector<std::int64_t> owner(static_cast<std::size_t>(n), 0);
+      for (const nn::Segment& s : reducer.shard())
+        for (std::int64_t i = s.offset; i < s.offset + s.count; ++i)
+          owner[static_cast<std::size_t>(i)] += 1 << (4 * r);
+      world.all_reduce(std::span<std::int64_t>(owner));
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t o = owner[static_cast<std::size_t>(i)];
+        ASSERT_TRUE(o == 1 || o == 16 || o == 256 || o == 4096) << "element " << i << " has owners " << o;
+      }
+      // Two micro-batches: ZeRO 2 reduce-scatters each into the shard; ZeRO 1 once.
+      std::vector<float> g(static_cast<std::size_t>(n), 0.0f);
+      reducer.zero_shard_grads();
+      for (int m = 0; m < 2; ++m) {
+        reducer.begin_backward(g.data(), m == 1);
+        for (std::int64_t i = 0; i < n; ++i) g[static_cast<std::size_t>(i)] += local_grad(r, i);
+        reducer.grads_final(0);
+        reducer.finish_backward();
+      }
+      std::int64_t seen = 0;
+      reducer.for_each_owned(g.data(), 0, n, [&](const float* x, std::int64_t count, std::int64_t at) {
+        for (std::int64_t k = 0; k < count; ++k) ASSERT_EQ(x[k], 2.0f * summed(p, at + k)) << "zero " << zero;
+        seen += count;
+      });
+      EXPECT_EQ(seen, n / p);
+      // gather_params: every rank ends with each owner's block.
+      std::vector<float> params(static_cast<std::size_t>(n), -1.0f);
+      for (const nn::Segment& s : reducer.shard())
+        for (std::int64_t i = s.offset; i < s.offset + s.count; ++i)
+          params[static_cast<std::size_t>(i)] = static_cast<float>(i);
+      reducer.gather_params(params.data());
+      for (std::int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(params[static_cast<std::size_t>(i)], static_cast<float>(i));
+    });
+}
+
+// Waits up to `limit` for the progress thread to have seen `want` completions, without
+// polling the reductions from this thread.
+bool thread_completes(const GradReducer& reducer, std::int64_t want, double limit) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (reducer.thread_completions() < want) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::duration<double>(limit)) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST(GradReducer, TheProgressThreadCompletesBucketsAloneAfterAnIdleGapLongerThanTheTimeout) {
+  // Timeout 0.5 s, gap 0.7 s. Rank 1 starts each step 50 ms after rank 0, so rank 0's
+  // thread polls at least once without completing; a thread whose clock ran through the
+  // gap gave up at that poll and left rank 0's buckets to finish_backward.
+  comm::inproc::run(
+      2,
+      [](const Communicator& world) {
+        const int r = world.rank();
+        const std::int64_t n = 512;
+        GradReducer reducer(world, n, {.bucket_mb = mb_of(128)});
+        ASSERT_TRUE(reducer.progress_thread());
+        std::vector<float> g(static_cast<std::size_t>(n));
+        for (int step = 0; step < 2; ++step) {
+          if (step == 1)
+            std::this_thread::sleep_for(std::chrono::milliseconds(700));  // evaluation, a checkpoint
+          if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          for (std::int64_t i = 0; i < n; ++i) g[static_cast<std::size_t>(i)] = local_grad(r, i);
+          reducer.begin_backward(g.data(), true);
+          reducer.grads_final(0);  // hands all four buckets to the thread
+          EXPECT_TRUE(thread_completes(reducer, 4 * (step + 1), 10.0))
+              << "rank " << r << " step " << step << ": the progress thread completed "
+              << reducer.thread_completions() << " buckets";
+          reducer.finish_backward();
+          for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(g[static_cast<std::size_t>(i)], summed(2, i));
+        }
+      },
+      {.timeout_s = 0.5});
+}
+
+}  // namespace
+}  // namespace ndmesh::parallel

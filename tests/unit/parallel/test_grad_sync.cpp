@@ -1,0 +1,127 @@
+// parallelize + the pipeline executor + GradSync on in-process ranks (comm/inproc.hpp): one
+// training step's synchronised gradients, loss and gradient norm under a layout equal the
+// serial model's over the same global batch. Each rank checks the gradients it updates
+// (all of them, or its ZeRO shard gathered over the gradient group) by parameter name
+// against the serial model: tensor-parallel slices against the slice of the full tensor,
+// pipeline chunks against their blocks, a tied head's copy of the token table against the
+// table's whole gradient (the embedding-group sum). A failure names the rank, the chunk and
+// the first differing tensor. The batch slicing here is written independently of the
+// BatchSource (dp slice, micro-batches, cp positions), so the test checks the components
+// that do it, not a copy of them.
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ndmesh/comm/inproc.hpp"
+#include "ndmesh/comm/process_groups.hpp"
+#include "ndmesh/parallel/grad_sync.hpp"
+#include "ndmesh/parallel/parallelize.hpp"
+#include "ndmesh/parallel/pp/executor.hpp"
+#include "support/model_fixtures.hpp"
+
+namespace ndmesh::parallel {
+namespace {
+
+using comm::Communicator;
+using testing_support::Batch;
+
+struct Case {
+  std::string name;
+  std::string mesh;  // Mesh::parse text, outer to inner
+  std::int64_t micro_batch = 0;
+  int zero = 0;
+  bool sequence_parallel = false;
+  Schedule schedule = Schedule::k1F1B;
+  bool tied = true;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class GradSyncLayouts : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GradSyncLayouts, OneStepEqualsTheSerialGradientsByName) {
+  const Case& c = GetParam();
+  const Mesh mesh = Mesh::parse(c.mesh);
+  TrainOptions o;
+  o.model = testing_support::tiny_spec(4, c.tied);
+  o.batch = 4;
+  o.micro_batch = c.micro_batch;
+  o.sequence_parallel = c.sequence_parallel;
+  o.dp = {.bucket_mb = 256.0 * 4 / (1024 * 1024), .zero = c.zero};
+  o.pp.schedule = c.schedule;
+  const Batch batch = testing_support::make_batch(o.model, o.batch, 21);
+  const testing_support::SerialReference ref(o.model, batch);
+  double ref_norm = 0;
+  for (float g : ref.model().params().grads()) ref_norm += static_cast<double>(g) * g;
+  ref_norm = std::sqrt(ref_norm);
+
+  comm::inproc::run(static_cast<int>(mesh.world_size()), [&](const Communicator& world) {
+    testing_support::single_blas_thread();
+    ProcessGroups groups(mesh, world);
+    RankModel model = parallelize(o, groups);
+    GradSync sync(model, groups, o.dp);
+    std::vector<model::Gpt*> raw;
+    for (auto& chunk : model.chunks) raw.push_back(chunk.get());
+    pp::Executor executor(model.plan.schedule, model.plan.pp, raw);
+    for (std::size_t k = 0; k < model.chunks.size(); ++k)
+      model.chunks[k]->set_progress_hook([&, k] {
+        sync.progress(static_cast<int>(k));
+        executor.poll();
+      });
+    // This rank's micro-batch mb: its dp slice of the global batch, cut into micro-batches,
+    // at its cp positions.
+    const BatchLayout& l = model.plan.batch;
+    pp::StageHooks hooks;
+    hooks.data = [&](int mb, std::int32_t* tokens, std::int32_t* targets) {
+      const Batch b = batch.slice(l.dp_rank * l.local_batch + mb * l.micro_batch, l.micro_batch)
+                          .at_positions(l.positions);
+      std::copy(b.tokens.begin(), b.tokens.end(), tokens);
+      std::copy(b.targets.begin(), b.targets.end(), targets);
+    };
+    hooks.before_backward = [&](int k, bool last) { sync.begin_backward(k, last); };
+    hooks.after_backward = [&](int k) { sync.end_backward(k); };
+    sync.start_step();
+    const pp::WalkResult walk = executor.train_step(hooks);
+    const StepSums sums = sync.finish_step(walk.loss_sum);
+    EXPECT_NEAR(sums.loss, ref.loss(), 1e-6 * ref.loss()) << c.name << ", rank " << world.rank();
+    EXPECT_NEAR(sums.grad_norm, ref_norm, 1e-5 * ref_norm) << c.name << ", rank " << world.rank();
+    for (std::size_t k = 0; k < model.chunks.size(); ++k) {
+      model::Gpt& chunk = *model.chunks[k];
+      GradReducer& reducer = sync.reducer(k);
+      // The gradients this rank updates; under ZeRO each element has one owner in the
+      // gradient group, and a sum of zero-filled buffers gathers them.
+      std::vector<float> mine(chunk.params().grads().begin(), chunk.params().grads().end());
+      if (reducer.zero() > 0) {
+        std::fill(mine.begin(), mine.end(), 0.0f);
+        reducer.for_each_owned(
+            chunk.params().grads().data(), 0, chunk.params().size(),
+            [&](const float* g, std::int64_t n, std::int64_t at) { std::copy(g, g + n, mine.begin() + at); });
+        sync.group().all_reduce(std::span<float>(mine));
+      }
+      EXPECT_TRUE(testing_support::same_by_name(chunk.params(), mine, ref.model().params(),
+                                                ref.model().params().grads()))
+          << c.name << ", rank " << world.rank() << ", chunk " << k;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, GradSyncLayouts,
+    ::testing::Values(Case{"serial", "dp=1"}, Case{"dp 2 micro-batches", "dp=2", 1}, Case{"tp 2", "tp=2"},
+                      Case{"tp 2 sequence parallel", "tp=2", 0, 0, true}, Case{"cp 2", "cp=2"},
+                      Case{"pp 2 tied", "pp=2", 1},
+                      Case{"pp 2 untied zb-h1", "pp=2", 1, 0, false, Schedule::kZbH1, false},
+                      Case{"dp 2 ZeRO 1 tp 2 sp", "dp=2,tp=2", 1, 1, true},
+                      Case{"dp 2 ZeRO 2 pp 2 tied", "dp=2,pp=2", 1, 2},
+                      Case{"dp 2 cp 2 ZeRO 1", "dp=2,cp=2", 0, 1},
+                      Case{"pp 2 tp 2 sp tied", "pp=2,tp=2", 1, 0, true}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string s;
+      for (char ch : info.param.name) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+      return s;
+    });
+
+}  // namespace
+}  // namespace ndmesh::parallel
