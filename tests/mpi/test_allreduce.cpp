@@ -137,5 +137,33 @@ TEST(Communicator, BFloat16SumsAndWaitAll) {
   EXPECT_TRUE(std::isnan(static_cast<float>(BFloat16(std::nanf("")))));
 }
 
+TEST(Communicator, WaitAnyReturnsOnceOneIsComplete) {
+  // Rank 1 waits for either of two messages of rank 0; only the first is sent before the
+  // barrier, so wait_any must return with it done and the other still pending.
+  auto world = Communicator::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs two ranks";
+  std::int64_t first = 0, second = 0;
+  if (world.rank() == 0) {
+    world.send(std::span<const std::int64_t>(&(first = 11), 1), 1, {.tag = 51});
+    world.barrier();
+    world.send(std::span<const std::int64_t>(&(second = 22), 1), 1, {.tag = 52});
+  } else if (world.rank() == 1) {
+    std::vector<Work> works;
+    works.push_back(world.recv_async(std::span<std::int64_t>(&second, 1), 0, {.tag = 52}));
+    works.push_back(world.recv_async(std::span<std::int64_t>(&first, 1), 0, {.tag = 51}));
+    wait_any(works);
+    EXPECT_TRUE(works[1].done());
+    EXPECT_FALSE(works[0].done());
+    EXPECT_EQ(first, 11);
+    world.barrier();
+    wait_any(works);  // returns at once: one is done already
+    wait_all(works);
+    EXPECT_EQ(second, 22);
+  } else {
+    world.barrier();
+  }
+  wait_any(std::span<Work>());  // nothing to wait for
+}
+
 }  // namespace
 }  // namespace ndmesh::comm
