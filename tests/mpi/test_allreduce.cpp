@@ -73,6 +73,32 @@ TEST(AllReduce, HierarchicalOnSimulatedNodes) {
   }
 }
 
+TEST(AllReduce, PipelinedSegmentsAcrossNodes) {
+  // The tree and hierarchical programs run their in-node reduce, the ring across nodes and
+  // the in-node broadcast side by side on 2 MiB segments: 600001 elements make two of
+  // float32 (the last partial) and three of int64, with 1, 2 and 3 ranks per node.
+  const Communicator world = Communicator::world();
+  const std::size_t n = 600001;
+  std::vector<std::int64_t> expected(n, 0);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::int64_t r = 0; r < world.size(); ++r) expected[i] += value(r, i);
+  auto check = [&](AllReducerOptions options) {
+    AllReducer reducer(world, options);
+    std::vector<float> f(n);
+    std::vector<std::int64_t> l(n);
+    for (std::size_t i = 0; i < n; ++i) f[i] = static_cast<float>(l[i] = value(world.rank(), i));
+    reducer.all_reduce(std::span<float>(f));
+    reducer.all_reduce(std::span<std::int64_t>(l));
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(l[i], expected[i]) << algorithm_name(options.algorithm) << " rpn=" << options.ranks_per_node;
+      ASSERT_EQ(f[i], static_cast<float>(expected[i])) << algorithm_name(options.algorithm);
+    }
+  };
+  check({.algorithm = AllReduceAlgorithm::kTree});
+  for (std::int64_t rpn : {1, 2, 3})
+    check({.algorithm = AllReduceAlgorithm::kHierarchical, .ranks_per_node = rpn});
+}
+
 TEST(AllReduce, ManyInFlightAtOnceOnOneGroup) {
   // Buckets of data parallelism: several reductions started before any is waited for,
   // polled in turn, completed in any order.

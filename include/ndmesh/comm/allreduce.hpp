@@ -10,9 +10,11 @@
 //  - ring: reduce-scatter then all-gather, p-1 steps each, over chunks of n/p elements
 //    (the bandwidth-optimal 2(p-1)/p n per rank); chunk sizes differ by at most one.
 //  - tree: binary-tree reduce to group rank 0, then broadcast down the same tree
-//    (2 log2 p latency steps: for small messages).
+//    (2 log2 p latency steps: for small messages); each 256 KiB segment goes down as soon
+//    as it is reduced.
 //  - hierarchical: tree reduce inside each node to its first rank, ring all-reduce across
-//    the node leaders, tree broadcast inside the node (inter-node traffic once per node).
+//    the node leaders, tree broadcast inside the node (inter-node traffic once per node),
+//    pipelined: the three parts run side by side on 2 MiB segments.
 //  - adaptive: tree below 64 KiB; above it hierarchical when the group spans nodes and has
 //    more than one rank per node, else ring (a documented table, see allreduce.cpp).
 // Only sums are supported. Every rank ends with identical values: each element's final
