@@ -6,6 +6,7 @@
 // few bytes of threads that exit are not reclaimed.
 #include "comm/watchdog.hpp"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -18,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "ndmesh/core/log.hpp"
+#include "ndmesh/launch/notify.hpp"
 
 namespace ndmesh::comm::detail {
 namespace {
@@ -112,10 +114,30 @@ WatchScope::~WatchScope() {
   s.gen.store(s.gen.load(std::memory_order_relaxed) + 1, std::memory_order_release);
 }
 
+namespace {
+
+// The nodes the members of `comm` sit on, in member order; empty when the backend does
+// not know a member's node.
+std::vector<std::string_view> member_nodes(const CommImpl& comm) {
+  std::vector<std::string_view> nodes;
+  for (std::int64_t r : comm.members()) {
+    std::string_view h = comm.host_of(r);
+    if (h.empty()) return {};
+    if (std::find(nodes.begin(), nodes.end(), h) == nodes.end()) nodes.push_back(h);
+  }
+  return nodes;
+}
+
+}  // namespace
+
 std::string peer_detail(std::string_view op, const CommImpl& comm, int peer) {
   if (peer < 0 || peer >= comm.size()) return "";
   std::string_view dir = op == "send" ? "to" : "from";
-  return fmt::format(" {} rank {} (world {})", dir, peer, comm.members()[static_cast<std::size_t>(peer)]);
+  const std::int64_t world = comm.members()[static_cast<std::size_t>(peer)];
+  // Across nodes the peer's node says where to look.
+  if (member_nodes(comm).size() > 1)
+    return fmt::format(" {} rank {} (world {}, node {})", dir, peer, world, comm.host_of(world));
+  return fmt::format(" {} rank {} (world {})", dir, peer, world);
 }
 
 void expire(std::string_view op, std::string_view detail, std::string_view group, CommImpl& comm,
@@ -124,8 +146,17 @@ void expire(std::string_view op, std::string_view detail, std::string_view group
   std::string members =
       m.size() <= 16 ? fmt::format("ranks {}", fmt::join(m, ","))
                      : fmt::format("ranks {},{},{},...,{} ({} ranks)", m[0], m[1], m[2], m.back(), m.size());
-  log::error("[comm] {}{} on group {} ({}) timed out after {:g} s", op, detail, group, members, timeout_s);
+  const std::vector<std::string_view> nodes = member_nodes(comm);
+  std::string spans;
+  if (nodes.size() > 1)
+    spans = nodes.size() <= 8 ? fmt::format("; the group spans nodes {}", fmt::join(nodes, ","))
+                              : fmt::format("; the group spans {} nodes ({},{},...,{})", nodes.size(),
+                                            nodes[0], nodes[1], nodes.back());
+  std::string line = fmt::format("[comm] {}{} on group {} ({}) timed out after {:g} s{}", op, detail, group,
+                                 members, timeout_s, spans);
+  log::error("{}", line);
   std::fflush(stderr);
+  notify_launcher(fmt::format("[rank {}] {}", m[static_cast<std::size_t>(comm.rank())], line));
   comm.abort_job(kTimeoutExitCode);
   std::abort();  // not reached: abort_job ends the process
 }

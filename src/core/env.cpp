@@ -20,6 +20,8 @@ const std::vector<Variable>& variables() {
        "BLAS and compute threads per process"},
       {"NDMESH_LOG", "string", "info", "log level: error, warn, info, debug"},
       {"NDMESH_BACKEND", "string", "mpi", "communication backend: mpi (nccl when built with GPUs)"},
+      {"NDMESH_LAUNCH_NOTIFY", "string", "set by ndmesh launch",
+       "socket of the supervising ndmesh launch: a rank ending the job on a timeout tells it why"},
   };
   return kVariables;
 }

@@ -10,11 +10,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
 #include <thread>
 
 #include <fmt/core.h>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/launch/notify.hpp"
 #include "ndmesh/parallel/pp/check.hpp"
 
 namespace ndmesh::pp {
@@ -128,12 +130,13 @@ void Executor::wait(Transfer& t, const Action& a) {
     poll();
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (waited > timeout) {
-      std::fprintf(stderr,
-                   "[pp] stage %d action %d (%s) on group %s (%s) timed out after %g s: the peer stage never "
-                   "posted the matching transfer; do all stages run the same schedule?\n",
-                   stage_, t.index, to_string(a).c_str(), pp_.name().c_str(), pp_.members_string().c_str(),
-                   timeout);
+      const std::string line = fmt::format(
+          "[pp] stage {} action {} ({}) on group {} ({}) timed out after {:g} s: the peer stage never posted "
+          "the matching transfer; do all stages run the same schedule?",
+          stage_, t.index, to_string(a), pp_.name(), pp_.members_string(), timeout);
+      std::fprintf(stderr, "%s\n", line.c_str());
       std::fflush(stderr);
+      notify_launcher(line);
       pp_.abort_job(comm::kTimeoutExitCode);
     }
     if (waited < 0.05) {
