@@ -474,7 +474,8 @@ void Trainer::save(const std::string& dir) {
   // the token table is not written (the embedding's is).
   std::string part;
   if (grad_.rank() == 0) try {
-      model::ShardFileWriter writer(tmp, fmt::format("shard-pp{:03}-tp{:03}.bin", stage_, tp_.rank()));
+      model::ShardFileWriter writer(tmp, fmt::format("shard-pp{:03}-tp{:03}.bin", stage_, tp_.rank()),
+                                    world.rank());
       std::vector<model::TensorRecord> records;
       for (std::size_t c = 0; c < chunks_.size(); ++c) {
         const model::Gpt& g = *chunks_[c];
