@@ -15,6 +15,7 @@
 #include "ndmesh/comm/allreduce.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -211,27 +212,50 @@ std::size_t ring_scratch(const Communicator& g, std::size_t n) {
   return g.size() > 1 ? n / static_cast<std::size_t>(g.size()) + 1 : 0;
 }
 
-// Ring all-reduce of data[offset, offset + n) over g, appended to stream `st`, receiving
-// into the scratch elements from `scratch` (ring_scratch of them).
-void add_ring(Stream& st, const Communicator& g, std::size_t offset, std::size_t n, std::size_t scratch) {
+// The ring's chunk c of n elements over p ranks: (start, count), chunks differing by at
+// most one element.
+std::pair<std::size_t, std::size_t> ring_chunk(std::size_t n, std::size_t p, std::size_t c) {
+  return {chunk_start(n, p, c), chunk_start(n, p, c + 1) - chunk_start(n, p, c)};
+}
+
+// The chunk group rank r holds reduced after add_ring_reduce_scatter over p ranks.
+std::size_t ring_owned_chunk(std::size_t p, std::size_t r) { return (r + 1) % p; }
+
+// Ring reduce-scatter of data[offset, offset + n) over g (p-1 steps), appended to stream
+// `st`, receiving into the scratch elements from `scratch` (ring_scratch of them): rank r
+// ends with chunk ring_owned_chunk(p, r) summed over the group.
+void add_ring_reduce_scatter(Stream& st, const Communicator& g, std::size_t offset, std::size_t n,
+                             std::size_t scratch) {
   const auto p = static_cast<std::size_t>(g.size());
   if (p <= 1) return;
   const auto r = static_cast<std::size_t>(g.rank());
   const int next = static_cast<int>((r + 1) % p), prev = static_cast<int>((r + p - 1) % p);
-  auto chunk = [&](std::size_t i) {
-    return std::pair{offset + chunk_start(n, p, i), chunk_start(n, p, i + 1) - chunk_start(n, p, i)};
-  };
-  for (std::size_t s = 0; s + 1 < p; ++s) {  // reduce-scatter
-    auto [so, sc] = chunk((r + p - s) % p);
-    auto [ro, rc] = chunk((r + 2 * p - s - 1) % p);
+  for (std::size_t s = 0; s + 1 < p; ++s) {
+    auto [so, sc] = ring_chunk(n, p, (r + p - s) % p);
+    auto [ro, rc] = ring_chunk(n, p, (r + 2 * p - s - 1) % p);
+    st.steps.push_back({{{&g, next, true, false, offset + so, sc}, {&g, prev, false, true, scratch, rc}},
+                        {{offset + ro, scratch, rc}}});
+  }
+}
+
+// Ring all-gather of the chunks add_ring_reduce_scatter left (p-1 steps).
+void add_ring_all_gather(Stream& st, const Communicator& g, std::size_t offset, std::size_t n) {
+  const auto p = static_cast<std::size_t>(g.size());
+  if (p <= 1) return;
+  const auto r = static_cast<std::size_t>(g.rank());
+  const int next = static_cast<int>((r + 1) % p), prev = static_cast<int>((r + p - 1) % p);
+  for (std::size_t s = 0; s + 1 < p; ++s) {
+    auto [so, sc] = ring_chunk(n, p, (r + 1 + p - s) % p);
+    auto [ro, rc] = ring_chunk(n, p, (r + p - s) % p);
     st.steps.push_back(
-        {{{&g, next, true, false, so, sc}, {&g, prev, false, true, scratch, rc}}, {{ro, scratch, rc}}});
+        {{{&g, next, true, false, offset + so, sc}, {&g, prev, false, false, offset + ro, rc}}, {}});
   }
-  for (std::size_t s = 0; s + 1 < p; ++s) {  // all-gather of the reduced chunks
-    auto [so, sc] = chunk((r + 1 + p - s) % p);
-    auto [ro, rc] = chunk((r + p - s) % p);
-    st.steps.push_back({{{&g, next, true, false, so, sc}, {&g, prev, false, false, ro, rc}}, {}});
-  }
+}
+
+// Ring all-reduce of data[offset, offset + n) over g: reduce-scatter, then all-gather.
+void add_ring(Stream& st, const Communicator& g, std::size_t offset, std::size_t n, std::size_t scratch) {
+  add_ring_reduce_scatter(st, g, offset, n, scratch);
+  add_ring_all_gather(st, g, offset, n);
 }
 
 // Binary tree over group ranks rooted at 0: children 2r+1, 2r+2. The message is cut
@@ -322,6 +346,13 @@ void add_tree_broadcast(Stream& st, const Communicator& g, DType t, std::size_t 
 // the flat ring at 4-16 MiB (docs/multinode.md).
 constexpr std::size_t kRingSegmentTrees = 8;
 
+// The pipeline unit of add_node_rings: 4 MiB. Each segment costs 2(M-1) steps inside the
+// node and 2(N-1) across; on two nodes of 2 and of 4 ranks joined by 1 Gbit/s, 0.5-1 MiB
+// segments were slower than none at 4-16 MiB, 2-4 MiB ones the fastest (docs/multinode.md).
+constexpr std::size_t kNodeRingSegmentBytes = 4 << 20;
+
+// The pipeline unit of add_node_rings.
+
 // Tree reduce over `tree` to its rank 0, then (when `ring` is a group of several ranks) a
 // ring all-reduce over `ring`, then a tree broadcast over `tree`: three streams cut into
 // the same segments, so segment k crosses the ring while segment k+1 is being reduced and
@@ -351,6 +382,40 @@ void add_reduce_ring_broadcast(AllReduceProgram& prog, const Communicator& tree,
     if (tree.rank() == 0 && !ringed.empty()) return {1, ringed[k / kRingSegmentTrees]};
     return {0, reduced[k]};
   });
+}
+
+// The hierarchical all-reduce on nodes of equal size M: a ring reduce-scatter inside each
+// node leaves local rank r with chunk ring_owned_chunk(M, r); all local ranks then
+// all-reduce their chunk at once, each in a ring with the ranks of the same local rank on
+// the other nodes (`cross`); a ring all-gather inside the node (`gather`, a second
+// communicator of the node, so that each directed pair carries one stream) spreads the
+// result. Across the link each node sends 2(N-1)/N n in all, as with one leader per node,
+// but from all M ranks side by side, and every rank does the same share of the work in
+// the node. Three streams over segments of kNodeRingSegmentBytes.
+void add_node_rings(AllReduceProgram& prog, const Communicator& intra, const Communicator& cross,
+                    const Communicator& gather, std::size_t n) {
+  const std::size_t es = dtype_size(prog.data.dtype);
+  const std::size_t seg = std::max<std::size_t>(1, kNodeRingSegmentBytes / es);
+  const auto m = static_cast<std::size_t>(intra.size());
+  const std::size_t own = ring_owned_chunk(m, static_cast<std::size_t>(intra.rank()));
+  const std::size_t s0 = prog.reserve(ring_scratch(intra, std::min(seg, n)));
+  const std::size_t s1 = prog.reserve(ring_scratch(cross, std::min(seg, n) / m + 1));
+  prog.streams.resize(3);
+  for (std::size_t off = 0; off < n; off += seg) {
+    const std::size_t cnt = std::min(seg, n - off);
+    add_ring_reduce_scatter(prog.streams[0], intra, off, cnt, s0);
+    const std::size_t scattered = prog.streams[0].steps.size();
+    const std::size_t first = prog.streams[1].steps.size();
+    auto [co, cc] = ring_chunk(cnt, m, own);
+    add_ring(prog.streams[1], cross, off + co, cc, s1);
+    prog.streams[1].steps[first].after_stream = 0;
+    prog.streams[1].steps[first].after_steps = scattered;
+    const std::size_t reduced = prog.streams[1].steps.size();
+    const std::size_t gathered = prog.streams[2].steps.size();
+    add_ring_all_gather(prog.streams[2], gather, off, cnt);
+    prog.streams[2].steps[gathered].after_stream = 1;
+    prog.streams[2].steps[gathered].after_steps = reduced;
+  }
 }
 
 }  // namespace
@@ -402,6 +467,13 @@ AllReducer::AllReducer(Communicator group, AllReducerOptions options)
   std::int64_t count = leaders_ ? leaders_.size() : 0;
   intra_.broadcast(std::span<std::int64_t>(&count, 1), 0);
   nodes_ = count;
+  // Nodes of equal size (several ranks each): the rings of add_node_rings.
+  std::array<std::int64_t, 2> size_range = {intra_.size(), -static_cast<std::int64_t>(intra_.size())};
+  group_.all_reduce(std::span<std::int64_t>(size_range), {.op = ReduceOp::kMax});
+  if (nodes_ > 1 && size_range[0] == -size_range[1] && intra_.size() > 1) {
+    cross_ = group_.split(intra_.rank(), group_.rank(), group_.name() + "/cross");
+    gather_ = intra_.split(0, intra_.rank(), group_.name() + "/node-gather");
+  }
 }
 
 AllReduceAlgorithm AllReducer::choose(std::size_t bytes) const {
@@ -441,7 +513,10 @@ PendingAllReduce AllReducer::start_impl(ElementSpan data) {
       detail::add_reduce_ring_broadcast(*prog, group_, nullptr, n);
       break;
     case AllReduceAlgorithm::kHierarchical:
-      detail::add_reduce_ring_broadcast(*prog, intra_, leaders_ ? &leaders_ : nullptr, n);
+      if (cross_)
+        detail::add_node_rings(*prog, intra_, cross_, gather_, n);
+      else
+        detail::add_reduce_ring_broadcast(*prog, intra_, leaders_ ? &leaders_ : nullptr, n);
       break;
     default:
       break;

@@ -74,11 +74,12 @@ TEST(AllReduce, HierarchicalOnSimulatedNodes) {
 }
 
 TEST(AllReduce, PipelinedSegmentsAcrossNodes) {
-  // The tree and hierarchical programs run their in-node reduce, the ring across nodes and
-  // the in-node broadcast side by side on 2 MiB segments: 600001 elements make two of
-  // float32 (the last partial) and three of int64, with 1, 2 and 3 ranks per node.
+  // The tree and hierarchical programs run their in-node part, the ring across nodes and
+  // the in-node spreading side by side on segments (2 MiB with a leader per node, 4 MiB with
+  // rings on nodes of equal size): 1100001 elements make two to five of them, the last
+  // partial, with 1, 2 and 3 ranks per node (equal or uneven nodes with most world sizes).
   const Communicator world = Communicator::world();
-  const std::size_t n = 600001;
+  const std::size_t n = 1100001;
   std::vector<std::int64_t> expected(n, 0);
   for (std::size_t i = 0; i < n; ++i)
     for (std::int64_t r = 0; r < world.size(); ++r) expected[i] += value(r, i);
