@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
       hier_vs_ring.push_back(ratios[2].back() / ratios[0].back());
     }
     if (world.rank() == 0) {
-      fmt::print("{:>10} {:>12.3f}", bytes, median(mpi_bw));
+      fmt::print("{:>10} {:>12.4g}", bytes, median(mpi_bw));
       for (auto& r : ratios) fmt::print(" {:>14.3f}", median(r));
       fmt::print(" {:>14.3f}\n", median(hier_vs_ring));
       std::fflush(stdout);
