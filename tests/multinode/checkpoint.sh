@@ -20,23 +20,23 @@ out=$(mn_mpirun "$c" -np 4 "$ndmesh" train "${model[@]}" --dp 2 --tp 2 --steps 2
 [ -f "$(node_disk 0)/run.ckpt/manifest.json" ] || fail "no checkpoint on node0's disk"
 before=$(md5sum < "$(node_disk 0)/run.ckpt/manifest.json")
 
-# pp 2 x tp 2: stage 1's writers are ranks 2 and 3, on node1, which lacks the folder.
-out=$(mn_mpirun "$c" -np 4 "$ndmesh" train "${model[@]}" --pp 2 --tp 2 --steps 4 --save "$disk/run.ckpt" 2>&1)
-rc=$?
-echo "$out" | grep -v '^step' | tail -n 6
-[ "$rc" -ne 0 ] || fail "a save onto node-local disks succeeded"
-grep -qE "\[rank [23]\] \[checkpoint\] cannot create '$disk/\.run\.ckpt\.saving/shard-pp001-tp00[01]\.bin' on node1: the folder does not exist here.*a multi-node save needs a shared file system" \
-  <<<"$out" || fail "the writers on node1 do not say why"
-
-# The same with a folder left on node1's disk: the writers succeed there, rank 0 finds
-# their files missing on its own disk before it commits.
+# failing_save <what> <expected line (extended regex)>: a pp 2 x tp 2 save (stage 1's
+# writers are ranks 2 and 3, on node1) must fail saying so.
+failing_save() {
+  local out rc
+  out=$(mn_mpirun "$c" -np 4 "$ndmesh" train "${model[@]}" --pp 2 --tp 2 --steps 4 --save "$disk/run.ckpt" 2>&1)
+  rc=$?
+  echo "$out" | grep -v '^step' | tail -n 6
+  [ "$rc" -ne 0 ] || fail "$1: the save succeeded"
+  grep -qE "$2" <<<"$out" || fail "$1: no line saying why"
+}
+saving="$disk/\.run\.ckpt\.saving/shard-pp001-tp00[01]\.bin"
+# node1 lacks the folder rank 0 prepared.
+failing_save "node-local disks" "\[rank [23]\] \[checkpoint\] cannot create '$saving' on node1: the folder does not exist here.*a multi-node save needs a shared file system"
+# A folder left on node1's disk: the writers succeed there, rank 0 finds their files
+# missing on its own disk before it commits.
 mkdir -p "$(node_disk 1)/.run.ckpt.saving"
-out=$(mn_mpirun "$c" -np 4 "$ndmesh" train "${model[@]}" --pp 2 --tp 2 --steps 4 --save "$disk/run.ckpt" 2>&1)
-rc=$?
-echo "$out" | grep -v '^step' | tail -n 6
-[ "$rc" -ne 0 ] || fail "a save with shard files on node1's disk succeeded"
-grep -qE "\[rank 0\] \[checkpoint\] '$disk/\.run\.ckpt\.saving/shard-pp001-tp00[01]\.bin' is missing on node0, where the manifest is written, but rank [23] on node1 wrote it.*shared file system; the previous checkpoint is kept" \
-  <<<"$out" || fail "rank 0 does not name the missing file and its writer"
+failing_save "a stale folder on node1" "\[rank 0\] \[checkpoint\] '$saving' is missing on node0, where the manifest is written, but rank [23] on node1 wrote it.*shared file system; the previous checkpoint is kept"
 [ -f "$(node_disk 1)/.run.ckpt.saving/shard-pp001-tp000.bin" ] || fail "the writers on node1 did not write"
 
 # The previous checkpoint is untouched and whole, and training resumes from it (on node0,
