@@ -1,22 +1,30 @@
-// The all-reduce programs. A program is a list of steps per rank; a step's sends and
-// receives are posted together and its reductions run after all of them completed, so a
-// rank never reads a buffer a transfer still owns. Every reducer sends on its own
-// duplicate of its group (comm/tags.hpp), and concurrent all-reduces of a reducer use
-// distinct tags from that communicator's sequence of starts (every member starts them in
-// the same order, so they agree on it), which keeps MPI's in-order matching
-// unambiguous. A sequence shared by several groups would not: a rank that runs more
-// all-reduces on one group than its peers would disagree with them on the next tag of
-// another group.
+// The all-reduce programs. A program is one or more streams of steps per rank; a step's
+// sends and receives are posted together and its reductions run after all of them
+// completed, so a rank never reads a buffer a transfer still owns. Streams run side by
+// side (the tree's reduce and broadcast; the hierarchical in-node reduce, ring across
+// nodes and in-node broadcast), a step waiting where needed for the segment another
+// stream produces: the in-node and across-node parts of different segments overlap
+// instead of running one after the other. Every reducer sends on its own duplicate of its
+// group (comm/tags.hpp), and concurrent all-reduces of a reducer use distinct tags from
+// that communicator's sequence of starts (every member starts them in the same order, so
+// they agree on it), which keeps MPI's in-order matching unambiguous. A sequence shared by
+// several groups would not: a rank that runs more all-reduces on one group than its peers
+// would disagree with them on the next tag of another group.
 //
 // Adaptive's table (documented choice, from the step counts): below 64 KiB latency
 // dominates and the tree's 2 log2(p) steps beat the ring's 2(p-1); from 64 KiB the ring's
 // 2(p-1)/p n bytes per rank win; a group spanning nodes with several ranks per node runs
-// hierarchical, which sends each element across the network once per node.
+// hierarchical, which sends each element across the network once per node. Measured on
+// two real nodes joined by 1 Gbit/s (bench/bench_multinode.sh, 2x2 and 2x4 ranks): up to
+// 256 KiB tree and hierarchical were within the noise of each other (either first,
+// depending on the run), both ahead of the ring; from 1 MiB hierarchical was the fastest
+// in every run (1.2-2.0x the ring), so the table stands.
 #include "ndmesh/comm/allreduce.hpp"
 
 #include "ndmesh/comm/tags.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -67,6 +75,21 @@ struct Reduce {
 struct Step {
   std::vector<Post> posts;
   std::vector<Reduce> reduces;
+  // Posted only once stream `after_stream` has completed `after_steps` of its steps (-1:
+  // no condition): how one stream waits for the segment another one produces.
+  int after_stream = -1;
+  std::size_t after_steps = 0;
+};
+// A sequence of steps run in order. The streams of a program run side by side, so the
+// in-node and across-node parts of different segments overlap. Each directed pair of
+// ranks on a communicator carries the messages of one stream only, so the order of its
+// messages is the same on both sides whatever the interleaving of the streams.
+struct Stream {
+  std::vector<Step> steps;
+  std::size_t next = 0;
+  bool posted = false;
+  std::vector<Work> works;
+  bool done() const { return next == steps.size(); }
 };
 
 // Scratch space without zero-filling (a fresh zeroed 2n-byte vector per call was most of
@@ -99,11 +122,16 @@ struct AllReduceProgram {
   ~AllReduceProgram() {
     if (pool && scratch.capacity > 0 && pool->free.size() < 16) pool->free.push_back(std::move(scratch));
   }
-  std::vector<Step> steps;
-  std::vector<Work> works;
-  std::size_t next = 0;
-  bool posted = false;
+  std::vector<Stream> streams;
+  std::size_t scratch_elements = 0;  // reserved so far by the builders
   int tag = 0;
+
+  // Reserves `count` scratch elements for one stream; returns where they start.
+  std::size_t reserve(std::size_t count) {
+    std::size_t base = scratch_elements;
+    scratch_elements += count;
+    return base;
+  }
 
   ElementSpan piece(bool in_scratch, std::size_t offset, std::size_t count) {
     char* base = in_scratch ? reinterpret_cast<char*>(scratch.data()) : static_cast<char*>(data.data);
@@ -138,51 +166,109 @@ struct AllReduceProgram {
     visit_dtype(data.dtype, [&]<typename T>(T) { add<T>(r); });
   }
 
-  // Runs steps while their transfers are complete; true when the program is done.
-  bool advance() {
-    while (next < steps.size()) {
-      Step& step = steps[next];
-      if (!posted) {
-        works.clear();
-        for (const Post& p : step.posts) works.push_back(post(p));
-        posted = true;
-      }
-      for (Work& w : works)
-        if (!w.test()) return false;
-      for (const Reduce& r : step.reduces) reduce(r);
-      ++next;
-      posted = false;
-    }
+  bool done() const {
+    for (const Stream& s : streams)
+      if (!s.done()) return false;
     return true;
   }
 
+  // Runs the steps of every stream while their conditions hold and their transfers are
+  // complete; true when the program is done.
+  bool advance() {
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (Stream& s : streams) {
+        while (!s.done()) {
+          Step& step = s.steps[s.next];
+          if (!s.posted) {
+            if (step.after_stream >= 0 &&
+                streams[static_cast<std::size_t>(step.after_stream)].next < step.after_steps)
+              break;
+            s.works.clear();
+            for (const Post& p : step.posts) s.works.push_back(post(p));
+            s.posted = true;
+          }
+          bool complete = true;
+          for (Work& w : s.works) complete = w.test() && complete;
+          if (!complete) break;
+          for (const Reduce& r : step.reduces) reduce(r);
+          ++s.next;
+          s.posted = false;
+          progress = true;
+        }
+      }
+    }
+    return done();
+  }
+
   void wait() {
-    while (!advance()) wait_all(works);
+    std::vector<Work> pending;
+    while (!advance()) {
+      pending.clear();
+      for (Stream& s : streams)
+        for (Work& w : s.works)
+          if (s.posted && !w.done()) pending.push_back(w);
+      wait_any(pending);
+    }
   }
 };
 
 namespace {
 
 // Start of chunk i when n elements are cut into p chunks differing by at most one.
-std::size_t chunk_start(std::size_t n, std::size_t p, std::size_t i) { return i * (n / p) + std::min(i, n % p); }
+std::size_t chunk_start(std::size_t n, std::size_t p, std::size_t i) {
+  return i * (n / p) + std::min(i, n % p);
+}
 
-void add_ring(AllReduceProgram& prog, const Communicator& g, std::size_t n) {
+// The scratch elements add_ring needs for n elements over g.
+std::size_t ring_scratch(const Communicator& g, std::size_t n) {
+  return g.size() > 1 ? n / static_cast<std::size_t>(g.size()) + 1 : 0;
+}
+
+// The ring's chunk c of n elements over p ranks: (start, count), chunks differing by at
+// most one element.
+std::pair<std::size_t, std::size_t> ring_chunk(std::size_t n, std::size_t p, std::size_t c) {
+  return {chunk_start(n, p, c), chunk_start(n, p, c + 1) - chunk_start(n, p, c)};
+}
+
+// The chunk group rank r holds reduced after add_ring_reduce_scatter over p ranks.
+std::size_t ring_owned_chunk(std::size_t p, std::size_t r) { return (r + 1) % p; }
+
+// Ring reduce-scatter of data[offset, offset + n) over g (p-1 steps), appended to stream
+// `st`, receiving into the scratch elements from `scratch` (ring_scratch of them): rank r
+// ends with chunk ring_owned_chunk(p, r) summed over the group.
+void add_ring_reduce_scatter(Stream& st, const Communicator& g, std::size_t offset, std::size_t n,
+                             std::size_t scratch) {
   const auto p = static_cast<std::size_t>(g.size());
   if (p <= 1) return;
   const auto r = static_cast<std::size_t>(g.rank());
   const int next = static_cast<int>((r + 1) % p), prev = static_cast<int>((r + p - 1) % p);
-  auto chunk = [&](std::size_t i) { return std::pair{chunk_start(n, p, i), chunk_start(n, p, i + 1) - chunk_start(n, p, i)}; };
-  prog.scratch.resize(std::max(prog.scratch.size(), (n / p + 1) * dtype_size(prog.data.dtype)));
-  for (std::size_t s = 0; s + 1 < p; ++s) {  // reduce-scatter
-    auto [so, sc] = chunk((r + p - s) % p);
-    auto [ro, rc] = chunk((r + 2 * p - s - 1) % p);
-    prog.steps.push_back({{{&g, next, true, false, so, sc}, {&g, prev, false, true, 0, rc}}, {{ro, 0, rc}}});
+  for (std::size_t s = 0; s + 1 < p; ++s) {
+    auto [so, sc] = ring_chunk(n, p, (r + p - s) % p);
+    auto [ro, rc] = ring_chunk(n, p, (r + 2 * p - s - 1) % p);
+    st.steps.push_back({{{&g, next, true, false, offset + so, sc}, {&g, prev, false, true, scratch, rc}},
+                        {{offset + ro, scratch, rc}}});
   }
-  for (std::size_t s = 0; s + 1 < p; ++s) {  // all-gather of the reduced chunks
-    auto [so, sc] = chunk((r + 1 + p - s) % p);
-    auto [ro, rc] = chunk((r + p - s) % p);
-    prog.steps.push_back({{{&g, next, true, false, so, sc}, {&g, prev, false, false, ro, rc}}, {}});
+}
+
+// Ring all-gather of the chunks add_ring_reduce_scatter left (p-1 steps).
+void add_ring_all_gather(Stream& st, const Communicator& g, std::size_t offset, std::size_t n) {
+  const auto p = static_cast<std::size_t>(g.size());
+  if (p <= 1) return;
+  const auto r = static_cast<std::size_t>(g.rank());
+  const int next = static_cast<int>((r + 1) % p), prev = static_cast<int>((r + p - 1) % p);
+  for (std::size_t s = 0; s + 1 < p; ++s) {
+    auto [so, sc] = ring_chunk(n, p, (r + 1 + p - s) % p);
+    auto [ro, rc] = ring_chunk(n, p, (r + p - s) % p);
+    st.steps.push_back(
+        {{{&g, next, true, false, offset + so, sc}, {&g, prev, false, false, offset + ro, rc}}, {}});
   }
+}
+
+// Ring all-reduce of data[offset, offset + n) over g: reduce-scatter, then all-gather.
+void add_ring(Stream& st, const Communicator& g, std::size_t offset, std::size_t n, std::size_t scratch) {
+  add_ring_reduce_scatter(st, g, offset, n, scratch);
+  add_ring_all_gather(st, g, offset, n);
 }
 
 // Binary tree over group ranks rooted at 0: children 2r+1, 2r+2. The message is cut
@@ -192,53 +278,156 @@ void add_ring(AllReduceProgram& prog, const Communicator& g, std::size_t n) {
 // of log2(p) n / bandwidth.
 constexpr std::size_t kTreeSegmentBytes = 256 * 1024;
 
-std::size_t tree_segment(const AllReduceProgram& prog, std::size_t n) {
-  return std::max<std::size_t>(1, std::min(n, kTreeSegmentBytes / dtype_size(prog.data.dtype)));
+std::size_t tree_segment(DType t, std::size_t n) {
+  return std::max<std::size_t>(1, std::min(n, kTreeSegmentBytes / dtype_size(t)));
 }
 
-void add_tree_reduce(AllReduceProgram& prog, const Communicator& g, std::size_t n) {
-  const int p = g.size(), r = g.rank();
-  if (p <= 1 || n == 0) return;
-  const std::size_t seg = tree_segment(prog, n), nseg = (n + seg - 1) / seg;
+std::vector<int> tree_children(const Communicator& g) {
   std::vector<int> children;
-  for (int c : {2 * r + 1, 2 * r + 2})
-    if (c < p) children.push_back(c);
-  prog.scratch.resize(std::max(prog.scratch.size(), children.size() * seg * dtype_size(prog.data.dtype)));
+  for (int c : {2 * g.rank() + 1, 2 * g.rank() + 2})
+    if (c < g.size()) children.push_back(c);
+  return children;
+}
+
+// The tree reduce to group rank 0 as stream `st`, with its scratch from `scratch`
+// (tree_scratch elements). Returns, per segment, how many steps of the stream must be
+// complete for the segment to be finished here: reduced at the root, sent elsewhere.
+std::size_t tree_scratch(const Communicator& g, DType t, std::size_t n) {
+  return tree_children(g).size() * tree_segment(t, n);
+}
+
+std::vector<std::size_t> add_tree_reduce(Stream& st, const Communicator& g, DType t, std::size_t n,
+                                         std::size_t scratch) {
+  const int p = g.size(), r = g.rank();
+  const std::size_t seg = tree_segment(t, n), nseg = n == 0 ? 0 : (n + seg - 1) / seg;
+  std::vector<std::size_t> finished(nseg, 0);
+  if (p <= 1 || n == 0) return finished;
+  const std::vector<int> children = tree_children(g);
   auto piece = [&](std::size_t k) { return std::pair{k * seg, std::min(seg, n - k * seg)}; };
   for (std::size_t k = 0; k <= nseg; ++k) {
     Step step;
     if (k < nseg) {
       auto [off, cnt] = piece(k);
       for (std::size_t i = 0; i < children.size(); ++i) {
-        step.posts.push_back({&g, children[i], false, true, i * seg, cnt});
-        step.reduces.push_back({off, i * seg, cnt});
+        step.posts.push_back({&g, children[i], false, true, scratch + i * seg, cnt});
+        step.reduces.push_back({off, scratch + i * seg, cnt});
       }
     }
     if (k > 0 && r != 0) {
       auto [off, cnt] = piece(k - 1);
       step.posts.push_back({&g, (r - 1) / 2, true, false, off, cnt});
     }
-    if (!step.posts.empty()) prog.steps.push_back(std::move(step));
+    if (step.posts.empty()) continue;
+    st.steps.push_back(std::move(step));
+    if (r == 0 && k < nseg) finished[k] = st.steps.size();
+    if (r != 0 && k > 0) finished[k - 1] = st.steps.size();
   }
+  return finished;
 }
 
-void add_tree_broadcast(AllReduceProgram& prog, const Communicator& g, std::size_t n) {
+// The tree broadcast from group rank 0 as stream `st`, segment by segment. The step that
+// sends segment k from the root, or receives it elsewhere, first waits for `ready(k)`:
+// the (stream, steps) that finish the segment's reduction at the root, or its send up
+// the tree elsewhere (so that the value arriving never overwrites data being sent).
+template <typename Ready>
+void add_tree_broadcast(Stream& st, const Communicator& g, DType t, std::size_t n, Ready ready) {
   const int p = g.size(), r = g.rank();
   if (p <= 1 || n == 0) return;
-  const std::size_t seg = tree_segment(prog, n), nseg = (n + seg - 1) / seg;
+  const std::size_t seg = tree_segment(t, n), nseg = (n + seg - 1) / seg;
   auto piece = [&](std::size_t k) { return std::pair{k * seg, std::min(seg, n - k * seg)}; };
   for (std::size_t k = 0; k <= nseg; ++k) {
     Step step;
     if (k < nseg && r != 0) {
       auto [off, cnt] = piece(k);
       step.posts.push_back({&g, (r - 1) / 2, false, false, off, cnt});
+      std::tie(step.after_stream, step.after_steps) = ready(k);
     }
     if (k > 0) {
       auto [off, cnt] = piece(k - 1);
-      for (int c : {2 * r + 1, 2 * r + 2})
-        if (c < p) step.posts.push_back({&g, c, true, false, off, cnt});
+      for (int c : tree_children(g)) step.posts.push_back({&g, c, true, false, off, cnt});
+      if (r == 0) std::tie(step.after_stream, step.after_steps) = ready(k - 1);
     }
-    if (!step.posts.empty()) prog.steps.push_back(std::move(step));
+    if (!step.posts.empty()) st.steps.push_back(std::move(step));
+  }
+}
+
+// The pipeline unit of the ring across nodes, in tree segments (2 MiB): a message of n
+// bytes crosses the inter-node link in ceil(n / 2 MiB) segments, each a full ring of
+// 2(nodes-1) steps. Smaller segments overlap more but pay the per-step cost more often:
+// on two nodes joined by a 1 Gbit/s link (tests/multinode), 256 KiB segments made the
+// hierarchical all-reduce slower than unsegmented, 2-4 MiB ones about 1.45x faster than
+// the flat ring at 4-16 MiB (docs/multinode.md).
+constexpr std::size_t kRingSegmentTrees = 8;
+
+// The pipeline unit of add_node_rings: 4 MiB. Each segment costs 2(M-1) steps inside the
+// node and 2(N-1) across; on two nodes of 2 and of 4 ranks joined by 1 Gbit/s, 0.5-1 MiB
+// segments were slower than none at 4-16 MiB, 2-4 MiB ones the fastest (docs/multinode.md).
+constexpr std::size_t kNodeRingSegmentBytes = 4 << 20;
+
+// The pipeline unit of add_node_rings.
+
+// Tree reduce over `tree` to its rank 0, then (when `ring` is a group of several ranks) a
+// ring all-reduce over `ring`, then a tree broadcast over `tree`: three streams cut into
+// the same segments, so segment k crosses the ring while segment k+1 is being reduced and
+// segment k-1 broadcast. tree = the group and no ring: the tree algorithm; tree = the
+// node, ring = the node leaders: the hierarchical one.
+void add_reduce_ring_broadcast(AllReduceProgram& prog, const Communicator& tree, const Communicator* ring,
+                               std::size_t n) {
+  const DType t = prog.data.dtype;
+  prog.streams.resize(3);
+  const std::vector<std::size_t> reduced =
+      add_tree_reduce(prog.streams[0], tree, t, n, prog.reserve(tree_scratch(tree, t, n)));
+  const std::size_t seg = tree_segment(t, n), nseg = reduced.size();
+  std::vector<std::size_t> ringed;  // per ring segment: the steps of stream 1 that finish it
+  if (ring != nullptr && ring->size() > 1 && n > 0) {
+    const std::size_t rseg = seg * kRingSegmentTrees;
+    const std::size_t scratch = prog.reserve(ring_scratch(*ring, rseg));
+    Stream& st = prog.streams[1];
+    for (std::size_t off = 0, j = 0; off < n; off += rseg, ++j) {
+      const std::size_t first = st.steps.size();
+      add_ring(st, *ring, off, std::min(rseg, n - off), scratch);
+      st.steps[first].after_stream = 0;
+      st.steps[first].after_steps = reduced[std::min((j + 1) * kRingSegmentTrees, nseg) - 1];
+      ringed.push_back(st.steps.size());
+    }
+  }
+  add_tree_broadcast(prog.streams[2], tree, t, n, [&](std::size_t k) -> std::pair<int, std::size_t> {
+    if (tree.rank() == 0 && !ringed.empty()) return {1, ringed[k / kRingSegmentTrees]};
+    return {0, reduced[k]};
+  });
+}
+
+// The hierarchical all-reduce on nodes of equal size M: a ring reduce-scatter inside each
+// node leaves local rank r with chunk ring_owned_chunk(M, r); all local ranks then
+// all-reduce their chunk at once, each in a ring with the ranks of the same local rank on
+// the other nodes (`cross`); a ring all-gather inside the node (`gather`, a second
+// communicator of the node, so that each directed pair carries one stream) spreads the
+// result. Across the link each node sends 2(N-1)/N n in all, as with one leader per node,
+// but from all M ranks side by side, and every rank does the same share of the work in
+// the node. Three streams over segments of kNodeRingSegmentBytes.
+void add_node_rings(AllReduceProgram& prog, const Communicator& intra, const Communicator& cross,
+                    const Communicator& gather, std::size_t n) {
+  const std::size_t es = dtype_size(prog.data.dtype);
+  const std::size_t seg = std::max<std::size_t>(1, kNodeRingSegmentBytes / es);
+  const auto m = static_cast<std::size_t>(intra.size());
+  const std::size_t own = ring_owned_chunk(m, static_cast<std::size_t>(intra.rank()));
+  const std::size_t s0 = prog.reserve(ring_scratch(intra, std::min(seg, n)));
+  const std::size_t s1 = prog.reserve(ring_scratch(cross, std::min(seg, n) / m + 1));
+  prog.streams.resize(3);
+  for (std::size_t off = 0; off < n; off += seg) {
+    const std::size_t cnt = std::min(seg, n - off);
+    add_ring_reduce_scatter(prog.streams[0], intra, off, cnt, s0);
+    const std::size_t scattered = prog.streams[0].steps.size();
+    const std::size_t first = prog.streams[1].steps.size();
+    auto [co, cc] = ring_chunk(cnt, m, own);
+    add_ring(prog.streams[1], cross, off + co, cc, s1);
+    prog.streams[1].steps[first].after_stream = 0;
+    prog.streams[1].steps[first].after_steps = scattered;
+    const std::size_t reduced = prog.streams[1].steps.size();
+    const std::size_t gathered = prog.streams[2].steps.size();
+    add_ring_all_gather(prog.streams[2], gather, off, cnt);
+    prog.streams[2].steps[gathered].after_stream = 1;
+    prog.streams[2].steps[gathered].after_steps = reduced;
   }
 }
 
@@ -275,7 +464,7 @@ void PendingAllReduce::wait() {
 }
 
 bool PendingAllReduce::done() const {
-  if (program_) return program_->next == program_->steps.size();
+  if (program_) return program_->done();
   return mpi_.done();
 }
 
@@ -301,6 +490,13 @@ AllReducer::AllReducer(Communicator group, AllReducerOptions options)
   std::int64_t count = leaders_ ? leaders_.size() : 0;
   intra_.broadcast(std::span<std::int64_t>(&count, 1), 0);
   nodes_ = count;
+  // Nodes of equal size (several ranks each): the rings of add_node_rings.
+  std::array<std::int64_t, 2> size_range = {intra_.size(), -static_cast<std::int64_t>(intra_.size())};
+  group_.all_reduce(std::span<std::int64_t>(size_range), {.op = ReduceOp::kMax});
+  if (nodes_ > 1 && size_range[0] == -size_range[1] && intra_.size() > 1) {
+    cross_ = group_.split(intra_.rank(), group_.rank(), group_.name() + "/cross");
+    gather_ = intra_.split(0, intra_.rank(), group_.name() + "/node-gather");
+  }
 }
 
 AllReduceAlgorithm AllReducer::choose(std::size_t bytes) const {
@@ -333,20 +529,22 @@ PendingAllReduce AllReducer::start_impl(ElementSpan data) {
   const std::size_t n = data.count;
   switch (algorithm) {
     case AllReduceAlgorithm::kRing:
-      detail::add_ring(*prog, group_, n);
+      prog->streams.resize(1);
+      detail::add_ring(prog->streams[0], group_, 0, n, prog->reserve(detail::ring_scratch(group_, n)));
       break;
     case AllReduceAlgorithm::kTree:
-      detail::add_tree_reduce(*prog, group_, n);
-      detail::add_tree_broadcast(*prog, group_, n);
+      detail::add_reduce_ring_broadcast(*prog, group_, nullptr, n);
       break;
     case AllReduceAlgorithm::kHierarchical:
-      detail::add_tree_reduce(*prog, intra_, n);
-      if (leaders_) detail::add_ring(*prog, leaders_, n);
-      detail::add_tree_broadcast(*prog, intra_, n);
+      if (cross_)
+        detail::add_node_rings(*prog, intra_, cross_, gather_, n);
+      else
+        detail::add_reduce_ring_broadcast(*prog, intra_, leaders_ ? &leaders_ : nullptr, n);
       break;
     default:
       break;
   }
+  prog->scratch.resize(prog->scratch_elements * dtype_size(data.dtype));
   PendingAllReduce out(std::move(prog));
   out.test();
   return out;

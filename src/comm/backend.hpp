@@ -37,6 +37,8 @@ class CommImpl {
   virtual int size() const = 0;
   /// World ranks of the members in group-rank order.
   const std::vector<std::int64_t>& members() const { return members_; }
+  /// The node (host name) of a world rank; empty when the backend does not know it.
+  virtual std::string_view host_of(std::int64_t /*world_rank*/) const { return {}; }
   /// The most elements one call may carry (counts above it are chunked or refused).
   virtual std::size_t max_count() const = 0;
 

@@ -28,6 +28,7 @@
 #include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/log.hpp"
+#include "ndmesh/launch/notify.hpp"
 
 namespace ndmesh::comm {
 
@@ -118,14 +119,19 @@ struct WorkState {
     wait_states(std::span<WorkState*>(&self, 1));
   }
 
-  // Polls every state until all are done: yields for the first 50 ms, then sleeps with a
-  // growing pause of at most 1 ms; a state past its own deadline aborts the job.
-  static void wait_states(std::span<WorkState*> states) {
+  // Polls every state until all are done (until one is, with `any`): yields for the first
+  // 50 ms, then sleeps with a growing pause of at most 1 ms; a state past its own
+  // deadline aborts the job.
+  static void wait_states(std::span<WorkState*> states, bool any = false) {
     using Clock = std::chrono::steady_clock;
     auto all_done = [&] {
-      bool done = true;
-      for (WorkState* s : states) done = s->poll() && done;
-      return done;
+      bool done = !any, one = false;
+      for (WorkState* s : states) {
+        const bool d = s->poll();
+        done = done && d;
+        one = one || d;
+      }
+      return any ? one || states.empty() : done;
     };
     if (all_done()) return;
     auto start = Clock::now();
@@ -169,6 +175,16 @@ void Work::wait() {
 bool Work::test() { return !state_ || state_->poll(); }
 
 bool Work::done() const { return !state_ || state_->done; }
+
+void wait_any(std::span<Work> works) {
+  std::vector<detail::WorkState*> states;
+  states.reserve(works.size());
+  for (Work& w : works) {
+    if (!w.state_ || w.state_->done) return;
+    states.push_back(w.state_.get());
+  }
+  detail::WorkState::wait_states(std::span<detail::WorkState*>(states), true);
+}
 
 void wait_all(std::span<Work> works) {
   // Small fixed-size batches: no allocation for the usual handful of outstanding works.
@@ -311,6 +327,9 @@ void Communicator::abort_job(int code, std::string_view component, const std::st
     throw JobAborted(component, message);
   }
   log::error("[{}] {}", component, message);
+  // Under ndmesh launch the supervisor prints the line again (mpirun drops the ranks' output
+  // when it kills them) and ends the job even when mpirun waits for an unreachable node.
+  notify_launcher(fmt::format("[{}] {}", component, message));
   abort_job(code);
 }
 

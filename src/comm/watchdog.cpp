@@ -8,6 +8,7 @@
 // once per armed operation.
 #include "comm/watchdog.hpp"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -20,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "ndmesh/core/log.hpp"
+#include "ndmesh/launch/notify.hpp"
 
 namespace ndmesh::comm::detail {
 namespace {
@@ -51,18 +53,41 @@ Registry& registry() {
   return *r;
 }
 
+// The nodes the members of `comm` sit on, in member order; empty when the backend does
+// not know a member's node.
+std::vector<std::string_view> member_nodes(const CommImpl& comm) {
+  std::vector<std::string_view> nodes;
+  for (std::int64_t r : comm.members()) {
+    std::string_view h = comm.host_of(r);
+    if (h.empty()) return {};
+    if (std::find(nodes.begin(), nodes.end(), h) == nodes.end()) nodes.push_back(h);
+  }
+  return nodes;
+}
+
 std::string timeout_message(std::string_view op, std::string_view detail, std::string_view group,
                             const CommImpl& comm, double timeout_s) {
   const auto& m = comm.members();
   std::string members =
       m.size() <= 16 ? fmt::format("ranks {}", fmt::join(m, ","))
                      : fmt::format("ranks {},{},{},...,{} ({} ranks)", m[0], m[1], m[2], m.back(), m.size());
-  return fmt::format("{}{} on group {} ({}) timed out after {:g} s", op, detail, group, members, timeout_s);
+  const std::vector<std::string_view> nodes = member_nodes(comm);
+  std::string spans;
+  if (nodes.size() > 1)
+    spans = nodes.size() <= 8 ? fmt::format("; the group spans nodes {}", fmt::join(nodes, ","))
+                              : fmt::format("; the group spans {} nodes ({},{},...,{})", nodes.size(),
+                                            nodes[0], nodes[1], nodes.back());
+  return fmt::format("{}{} on group {} ({}) timed out after {:g} s{}", op, detail, group, members, timeout_s,
+                     spans);
 }
 
 [[noreturn]] void abort_for_timeout(const std::string& message, CommImpl& comm) {
   log::error("[comm] {}", message);
   std::fflush(stderr);
+  // Under ndmesh launch the supervisor prints the line again (mpirun drops the ranks' output
+  // when it kills them) and ends the job.
+  notify_launcher(fmt::format("[rank {}] [comm] {}", comm.members()[static_cast<std::size_t>(comm.rank())],
+                              message));
   comm.abort_job(kTimeoutExitCode);
   std::abort();  // not reached: abort_job ends the process
 }
@@ -140,7 +165,11 @@ WatchScope::~WatchScope() {
 std::string peer_detail(std::string_view op, const CommImpl& comm, int peer) {
   if (peer < 0 || peer >= comm.size()) return "";
   std::string_view dir = op == "send" ? "to" : "from";
-  return fmt::format(" {} rank {} (world {})", dir, peer, comm.members()[static_cast<std::size_t>(peer)]);
+  const std::int64_t world = comm.members()[static_cast<std::size_t>(peer)];
+  // Across nodes the peer's node says where to look.
+  if (member_nodes(comm).size() > 1)
+    return fmt::format(" {} rank {} (world {}, node {})", dir, peer, world, comm.host_of(world));
+  return fmt::format(" {} rank {} (world {})", dir, peer, world);
 }
 
 void expire(std::string_view op, std::string_view detail, std::string_view group, CommImpl& comm,

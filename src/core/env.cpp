@@ -29,6 +29,8 @@ const std::vector<Variable>& variables() {
        "communication backend: mpi (under mpirun, srun, or no launcher), gloo (CPU over TCP, under torchrun "
        "or any "
        "launcher that sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), nccl (when built with GPUs)"},
+      {"NDMESH_LAUNCH_NOTIFY", "string", "set by ndmesh launch",
+       "socket of the supervising ndmesh launch: a rank ending the job on a timeout tells it why"},
   };
   return kVariables;
 }

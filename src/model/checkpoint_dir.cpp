@@ -14,6 +14,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include <fmt/core.h>
@@ -49,7 +50,38 @@ std::int64_t numel(const std::vector<std::int64_t>& shape) {
   return n;
 }
 
+// The product of the dims, or nullopt when it does not fit 64 bits (a manifest is
+// untrusted: a wrapped count would pass every bounds check after it).
+std::optional<std::int64_t> checked_numel(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n)) return std::nullopt;
+  return n;
+}
+
 std::string join_path(const std::string& dir, const std::string& file) { return (fs::path(dir) / file).string(); }
+
+// This machine's host name (the node a shard file is written on).
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "";
+  return name;
+}
+
+// "rank 3 on node1", as far as the file's record knows.
+std::string writer_of(const FileRecord& f) {
+  if (f.rank < 0 && f.host.empty()) return "an unrecorded rank";
+  if (f.host.empty()) return fmt::format("rank {}", f.rank);
+  if (f.rank < 0) return fmt::format("a rank on {}", f.host);
+  return fmt::format("rank {} on {}", f.rank, f.host);
+}
+
+json file_json(const FileRecord& f) {
+  json j = {{"name", f.name}, {"bytes", f.bytes}};
+  if (f.rank >= 0) j["rank"] = f.rank;
+  if (!f.host.empty()) j["host"] = f.host;
+  return j;
+}
 
 // Syncs a directory's entries to disk (after creating or renaming in it); best effort.
 void sync_dir(const std::string& dir) {
@@ -257,7 +289,7 @@ std::string manifest_json(const Manifest& m) {
   for (const TensorRecord& t : m.tensors) tensors.push_back(tensor_json(t));
   j["tensors"] = tensors;
   json files = json::array();
-  for (const FileRecord& f : m.files) files.push_back({{"name", f.name}, {"bytes", f.bytes}});
+  for (const FileRecord& f : m.files) files.push_back(file_json(f));
   j["files"] = files;
   return j.dump(1) + "\n";
 }
@@ -333,6 +365,9 @@ Manifest read_manifest(const std::string& dir) {
   for (const json& e : f.array(j, "files", "the manifest")) {
     FileRecord r{f.string(e, "name", "files[]"), f.integer(e, "bytes", "files[]", 0, kMaxSize * 16)};
     if (!plain_name(r.name)) f.bad(fmt::format("files[] names '{}', which is not a file name", r.name));
+    // Who wrote it (informative, absent from older manifests).
+    if (e.contains("rank")) r.rank = f.integer(e, "rank", "files[]", 0, kMaxSize);
+    if (e.contains("host")) r.host = f.string(e, "host", "files[]");
     if (!file_bytes.emplace(r.name, r.bytes).second) f.bad(fmt::format("file '{}' is listed twice", r.name));
     m.files.push_back(std::move(r));
   }
@@ -344,6 +379,9 @@ Manifest read_manifest(const std::string& dir) {
     if (!names.insert(t.name).second) f.bad(fmt::format("{} is listed twice", where));
     t.shape = f.integers(e, "shape", where, 1, kMaxSize);
     if (t.shape.empty() || t.shape.size() > 8) f.bad(fmt::format("{} has {} dimensions", where, t.shape.size()));
+    if (!checked_numel(t.shape))
+      f.bad(fmt::format("{} has shape [{}], whose element count does not fit 64 bits", where,
+                        fmt::join(t.shape, ", ")));
     const json& slices = f.array(e, "slices", where);
     // The slices tile the tensor: one whole slice, or disjoint pieces along one dim
     // covering it.
@@ -374,8 +412,15 @@ Manifest read_manifest(const std::string& dir) {
       if (s.shape != expected) f.bad(fmt::format("{} has a slice whose shape does not match its pieces", where));
       const auto it = file_bytes.find(s.file);
       if (it == file_bytes.end()) f.bad(fmt::format("{} names the file '{}', which the manifest does not list", where, s.file));
-      if (s.offset + 3 * s.elements() * static_cast<std::int64_t>(sizeof(float)) > it->second)
-        f.bad(fmt::format("{} has a slice past the end of '{}'", where, s.file));
+      // 3 x elements float32 values from the offset, every product checked.
+      const std::optional<std::int64_t> elements = checked_numel(s.shape);
+      std::int64_t bytes = 0, end = 0;
+      if (!elements ||
+          __builtin_mul_overflow(*elements, 3 * static_cast<std::int64_t>(sizeof(float)), &bytes) ||
+          __builtin_add_overflow(s.offset, bytes, &end))
+        f.bad(fmt::format("{} has a slice of shape [{}] whose size does not fit 64 bits", where,
+                          fmt::join(s.shape, ", ")));
+      if (end > it->second) f.bad(fmt::format("{} has a slice past the end of '{}'", where, s.file));
       t.slices.push_back(std::move(s));
     }
     if (t.slices.empty()) f.bad(fmt::format("{} has no slices", where));
@@ -395,9 +440,17 @@ Manifest read_manifest(const std::string& dir) {
   return m;
 }
 
-ShardFileWriter::ShardFileWriter(std::string dir, std::string file) : dir_(std::move(dir)), file_(std::move(file)) {
+ShardFileWriter::ShardFileWriter(std::string dir, std::string file, std::int64_t rank)
+    : dir_(std::move(dir)), file_(std::move(file)), rank_(rank) {
   const std::string path = join_path(dir_, file_);
   f_ = std::fopen(path.c_str(), "wb");
+  if (f_ == nullptr && errno == ENOENT)  // the directory a rank elsewhere created is not here
+    fail<IoError>(
+        "checkpoint",
+        "cannot create '{}' on {}: the folder does not exist here, although the rank that prepares the "
+        "save created it on its node; the ranks do not share this folder (node-local disks?), and a "
+        "multi-node save needs a shared file system",
+        path, host_name().empty() ? "this node" : host_name());
   if (f_ == nullptr) fail<IoError>("checkpoint", "cannot create '{}': {}", path, std::strerror(errno));
 }
 
@@ -436,13 +489,13 @@ FileRecord ShardFileWriter::close() {
   ok = std::fclose(f) == 0 && ok;
   if (!ok)
     fail<IoError>("checkpoint", "cannot write '{}': {} (disk full?)", join_path(dir_, file_), std::strerror(err));
-  return {file_, bytes_};
+  return {file_, bytes_, rank_, host_name()};
 }
 
 
 std::string manifest_part(const std::vector<TensorRecord>& tensors, const FileRecord& file) {
   json j;
-  j["file"] = {{"name", file.name}, {"bytes", file.bytes}};
+  j["file"] = file_json(file);
   j["tensors"] = json::array();
   for (const TensorRecord& t : tensors) j["tensors"].push_back(tensor_json(t));
   return j.dump();
@@ -454,7 +507,9 @@ void add_manifest_part(Manifest& manifest, const std::string& part) {
   const json j = json::parse(part, nullptr, false);
   NDMESH_CHECK(!j.is_discarded() && j.contains("file") && j.contains("tensors"), "checkpoint",
                "a rank sent a malformed manifest part");
-  manifest.files.push_back({j["file"]["name"].get<std::string>(), j["file"]["bytes"].get<std::int64_t>()});
+  const json& file = j["file"];
+  manifest.files.push_back({file["name"].get<std::string>(), file["bytes"].get<std::int64_t>(),
+                            file.value("rank", std::int64_t{-1}), file.value("host", std::string())});
   for (const json& t : j["tensors"]) {
     const auto name = t["name"].get<std::string>();
     auto it = std::find_if(manifest.tensors.begin(), manifest.tensors.end(),
@@ -549,7 +604,37 @@ void prepare_checkpoint_temp_dir(const std::string& tmp) {
                   ec ? ec.message() : "it exists");
 }
 
+void check_shard_files(const std::string& dir, const Manifest& manifest) {
+  std::string here = host_name();
+  if (here.empty()) here = "this node";
+  for (const FileRecord& f : manifest.files) {
+    const std::string path = join_path(dir, f.name);
+    std::error_code ec;
+    const auto status = fs::status(path, ec);
+    if (!fs::exists(status))
+      fail<IoError>(
+          "checkpoint",
+          "'{}' is missing on {}, where the manifest is written, but {} wrote it: the ranks do not share "
+          "this folder (node-local disks?), and a multi-node save needs a shared file system; the "
+          "previous checkpoint is kept",
+          path, here, writer_of(f));
+    if (!fs::is_regular_file(status))
+      fail<IoError>("checkpoint",
+                    "'{}' on {} is not a regular file but {} wrote one there; the previous "
+                    "checkpoint is kept",
+                    path, here, writer_of(f));
+    const auto size = static_cast<std::int64_t>(fs::file_size(path, ec));
+    if (ec || size != f.bytes)
+      fail<IoError>(
+          "checkpoint",
+          "'{}' has {} bytes on {}, where the manifest is written, but {} wrote {}: the ranks do not see "
+          "the same folder, or it changed meanwhile; the previous checkpoint is kept",
+          path, size, here, writer_of(f), f.bytes);
+  }
+}
+
 void commit_checkpoint_dir(const std::string& tmp, const std::string& dir) {
+  check_shard_files(tmp, read_manifest(tmp));
   sync_dir(tmp);
   std::error_code ec;
   const bool replace = fs::exists(dir, ec);

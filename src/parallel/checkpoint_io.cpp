@@ -58,7 +58,7 @@ void save_checkpoint_dir(const std::string& dir, const StateDict& state, const C
   std::string part;
   agree_or_throw(world, what, [&] {
     if (state.file().empty()) return;
-    model::ShardFileWriter writer(tmp, state.file());
+    model::ShardFileWriter writer(tmp, state.file(), world.rank());
     std::vector<model::TensorRecord> records;
     for (const StateEntry& e : state.entries()) {
       if (!e.writes) continue;
@@ -101,7 +101,6 @@ void save_checkpoint_dir(const std::string& dir, const StateDict& state, const C
     manifest.layout = info.layout;
     for (const std::string& p : parts) model::add_manifest_part(manifest, p);
     model::write_manifest(tmp, manifest);
-    model::read_manifest(tmp);  // what --load will check, before it replaces anything
     model::commit_checkpoint_dir(tmp, dir);
   });
 }

@@ -91,6 +91,33 @@ TEST(AllReduce, HierarchicalOnSimulatedNodes) {
   });
 }
 
+TEST(AllReduce, PipelinedSegmentsAcrossNodes) {
+  // The tree and hierarchical programs run their in-node part, the ring across nodes and
+  // the in-node spreading side by side on segments (2 MiB with a leader per node, 4 MiB with
+  // rings on nodes of equal size): 1100001 elements make two to five of them, the last
+  // partial, with 1, 2 and 3 ranks per node (equal or uneven nodes with most world sizes).
+  const Communicator world = Communicator::world();
+  const std::size_t n = 1100001;
+  std::vector<std::int64_t> expected(n, 0);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::int64_t r = 0; r < world.size(); ++r) expected[i] += value(r, i);
+  auto check = [&](AllReducerOptions options) {
+    AllReducer reducer(world, options);
+    std::vector<float> f(n);
+    std::vector<std::int64_t> l(n);
+    for (std::size_t i = 0; i < n; ++i) f[i] = static_cast<float>(l[i] = value(world.rank(), i));
+    reducer.all_reduce(std::span<float>(f));
+    reducer.all_reduce(std::span<std::int64_t>(l));
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(l[i], expected[i]) << algorithm_name(options.algorithm) << " rpn=" << options.ranks_per_node;
+      ASSERT_EQ(f[i], static_cast<float>(expected[i])) << algorithm_name(options.algorithm);
+    }
+  };
+  check({.algorithm = AllReduceAlgorithm::kTree});
+  for (std::int64_t rpn : {1, 2, 3})
+    check({.algorithm = AllReduceAlgorithm::kHierarchical, .ranks_per_node = rpn});
+}
+
 TEST(AllReduce, ManyInFlightAtOnceOnOneGroup) {
   for_each_world([&](const Communicator& world) {
     // Buckets of data parallelism: several reductions started before any is waited for,
@@ -201,6 +228,34 @@ TEST(AllReduce, BFloat16SumsWithinTheRoundingBound) {
                     std::string(algorithm_name(a)).c_str(), p, worst, gamma);
     }
   });
+}
+
+TEST(Communicator, WaitAnyReturnsOnceOneIsComplete) {
+  // Rank 1 waits for either of two messages of rank 0; only the first is sent before the
+  // barrier, so wait_any must return with it done and the other still pending.
+  auto world = Communicator::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs two ranks";
+  std::int64_t first = 0, second = 0;
+  if (world.rank() == 0) {
+    world.send(std::span<const std::int64_t>(&(first = 11), 1), 1, {.tag = 51});
+    world.barrier();
+    world.send(std::span<const std::int64_t>(&(second = 22), 1), 1, {.tag = 52});
+  } else if (world.rank() == 1) {
+    std::vector<Work> works;
+    works.push_back(world.recv_async(std::span<std::int64_t>(&second, 1), 0, {.tag = 52}));
+    works.push_back(world.recv_async(std::span<std::int64_t>(&first, 1), 0, {.tag = 51}));
+    wait_any(works);
+    EXPECT_TRUE(works[1].done());
+    EXPECT_FALSE(works[0].done());
+    EXPECT_EQ(first, 11);
+    world.barrier();
+    wait_any(works);  // returns at once: one is done already
+    wait_all(works);
+    EXPECT_EQ(second, 22);
+  } else {
+    world.barrier();
+  }
+  wait_any(std::span<Work>());  // nothing to wait for
 }
 
 }  // namespace

@@ -4,8 +4,11 @@
 // communication against the mesh: the all_reduce of the members' global ranks equals
 // their sum, the all_gather equals the member list in order, and along each single dim
 // the ring neighbours (wrapping) and the pipeline neighbours (not wrapping) exchange
-// their ranks. Rank 0 prints a summary with the set-up time (or one JSON line); the exit
-// status is 1 on any mismatch.
+// their ranks. On several nodes (as the launcher placed the ranks) it reports which kinds'
+// groups cross nodes and warns for the bandwidth-heavy ones (--heavy-dims, default tp).
+// Rank 0 prints a summary with the set-up time (or one JSON line); the exit status is 1
+// on any mismatch.
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <exception>
@@ -37,6 +40,7 @@ struct KindResult {
   DimSet kind;
   std::int64_t sum_bad = 0, gather_bad = 0, ring_bad = 0, line_bad = 0;
   bool has_neighbours = false;
+  std::int64_t nodes = 1;  // the real nodes this rank's group spans (from the launcher)
 };
 
 // Sends `value` to group rank `to` (if any) and receives from group rank `from` (if any);
@@ -51,7 +55,7 @@ std::int64_t exchange(const Communicator& c, std::int64_t value, std::optional<s
   return got;
 }
 
-KindResult verify(ProcessGroups& pg, DimSet kind, std::int64_t fault_rank) {
+KindResult verify(ProcessGroups& pg, DimSet kind, std::int64_t fault_rank, std::int64_t node) {
   const Mesh& m = pg.mesh();
   const std::int64_t rank = pg.rank();
   // A rank chosen by --fault-rank reports a wrong rank everywhere (to test the check).
@@ -69,6 +73,12 @@ KindResult verify(ProcessGroups& pg, DimSet kind, std::int64_t fault_rank) {
   std::vector<std::int64_t> gathered(static_cast<std::size_t>(c.size()));
   c.all_gather(std::span<const std::int64_t>(&me, 1), std::span<std::int64_t>(gathered));
   res.gather_bad = gathered != members.to_vector();
+
+  // Where the launcher really put the members: the nodes the group spans.
+  std::vector<std::int64_t> nodes(static_cast<std::size_t>(c.size()));
+  c.all_gather(std::span<const std::int64_t>(&node, 1), std::span<std::int64_t>(nodes));
+  std::sort(nodes.begin(), nodes.end());
+  res.nodes = std::unique(nodes.begin(), nodes.end()) - nodes.begin();
 
   if (kind.count() == 1) {
     int d = 0;
@@ -138,7 +148,7 @@ int run(const CheckOptions& o) {
   }
 
   std::vector<KindResult> results;
-  for (DimSet k : s.kinds) results.push_back(verify(pg, k, o.fault_rank));
+  for (DimSet k : s.kinds) results.push_back(verify(pg, k, o.fault_rank, *launch.node_rank));
 
   // Per kind: groups seen (each counted by its member of group rank 0) and groups with a
   // failing test (any member), summed over the world.
@@ -148,6 +158,7 @@ int run(const CheckOptions& o) {
     std::string name;
     std::int64_t groups, size, bad_sum, bad_gather, bad_ring, bad_line;
     bool neighbours;
+    GroupPlacement real;  // on the launcher's nodes
   };
   std::vector<Row> rows;
   std::int64_t groups_verified = 0, bad_groups = 0;
@@ -161,11 +172,21 @@ int run(const CheckOptions& o) {
       counts[5] = bad[0] || bad[1] || bad[2] || bad[3];
     }
     world.all_reduce(std::span<std::int64_t>(counts));
+    std::array<std::int64_t, 2> span = {c.rank() == 0 && r.nodes > 1, 0};
+    world.all_reduce(std::span<std::int64_t>(span.data(), 1));
+    span[1] = r.nodes;
+    world.all_reduce(std::span<std::int64_t>(span.data() + 1, 1), {.op = comm::ReduceOp::kMax});
     rows.push_back({s.mesh.key_name(r.kind), counts[0], c.size(), counts[1], counts[2], counts[3], counts[4],
-                    r.has_neighbours});
+                    r.has_neighbours, GroupPlacement{r.kind, counts[0], span[0], span[1]}});
     groups_verified += counts[0];
     bad_groups += counts[5];
   }
+
+  // The heavy kinds (--heavy-dims, default tp) whose groups cross the real nodes.
+  std::vector<std::string> warnings;
+  for (const auto& row : rows)
+    for (DimSet h : s.heavy)
+      if (row.real.dims == h && row.real.groups_crossing > 0) warnings.push_back(crossing_warning(s.mesh, row.real));
 
   if (world.rank() == 0) {
     if (o.json) {
@@ -188,7 +209,11 @@ int run(const CheckOptions& o) {
                                 {"all_reduce_failed", row.bad_sum},
                                 {"all_gather_failed", row.bad_gather},
                                 {"ring_failed", row.bad_ring},
-                                {"line_failed", row.bad_line}});
+                                {"line_failed", row.bad_line},
+                                {"groups_crossing_nodes", row.real.groups_crossing},
+                                {"max_nodes_spanned", row.real.max_nodes_spanned}});
+      out["warnings"] = nlohmann::ordered_json::array();
+      for (const auto& w : warnings) out["warnings"].push_back(w);
       out["ok"] = bad_groups == 0;
       fmt::print("{}\n", out.dump());
     } else {
@@ -205,6 +230,16 @@ int run(const CheckOptions& o) {
         fmt::print("  {:<12} {:>6} {:>5}  {:<10} {:<10} {:<6} {:<6}\n", row.name, row.groups, row.size,
                    cell(row.bad_sum), cell(row.bad_gather), cell(row.bad_ring, row.neighbours),
                    cell(row.bad_line, row.neighbours));
+      if (nodes > 1) {
+        fmt::print("placement on the launcher's {} nodes:\n", nodes);
+        for (const auto& row : rows)
+          if (row.real.groups_crossing == 0)
+            fmt::print("  {:<12} inside one node ({} groups)\n", row.name, row.groups);
+          else
+            fmt::print("  {:<12} {} of {} groups cross nodes (up to {} nodes each)\n", row.name,
+                       row.real.groups_crossing, row.groups, row.real.max_nodes_spanned);
+      }
+      for (const auto& w : warnings) fmt::print("warning: {}\n", w);
       if (rpn > 0 && placed_as_assumed == 0)
         fmt::print(
             "warning: --ranks-per-node {} assumes ranks fill nodes {} at a time, but the launcher placed "

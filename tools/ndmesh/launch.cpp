@@ -2,8 +2,10 @@
 // program with mpirun and what this machine needs: --oversubscribe when N exceeds the
 // cores, --allow-run-as-root when run as root, rank-tagged output, and the NDMESH_*
 // variables that are set forwarded to every rank. Open MPI and MPICH/Hydra spell these
-// differently; the flavour is read from `mpirun --version`. With --store it starts the
-// ranks itself, as torchrun would (launch_store.cpp).
+// differently; the flavour is read from `mpirun --version`. mpirun runs supervised
+// (supervise.hpp), so that a job whose ranks time out ends even when mpirun waits for an
+// unreachable node. With --store it starts the ranks itself, as torchrun would
+// (launch_store.cpp).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +26,7 @@
 #include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "subcommand.hpp"
+#include "supervise.hpp"
 
 namespace ndmesh::cli {
 namespace {
@@ -133,12 +136,16 @@ int run(const LaunchOptions& o) {
     fmt::print("{}\n", fmt::join(shown, " "));
     return 0;
   }
-  std::fflush(stdout);
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  execv(mpirun.c_str(), argv.data());
-  fail<>("launch", "could not run {}: {}", mpirun, std::strerror(errno));
+  // Supervised (supervise.hpp): the ranks on this node report a timeout to the socket,
+  // and the launcher ends mpirun when mpirun waits for a node it cannot reach.
+  NotifySocket notify;
+  setenv("NDMESH_LAUNCH_NOTIFY", notify.path().c_str(), 1);
+  if (kind == "openmpi")
+    args.insert(args.begin() + 3, {"-x", "NDMESH_LAUNCH_NOTIFY"});
+  else
+    args.insert(args.begin() + 3, {"-genv", "NDMESH_LAUNCH_NOTIFY", notify.path()});
+  const double grace = std::clamp(env::seconds("NDMESH_TIMEOUT_S", 300) / 4, 1.0, 10.0);
+  return supervise(args, notify, grace);
 }
 
 Action setup(CLI::App& app) {

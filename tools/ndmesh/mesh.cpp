@@ -55,18 +55,7 @@ std::vector<std::string> placement_warnings(const MeshSetup& s) {
   if (s.config.ranks_per_node <= 0 || s.mesh.world_size() > kPlacementWorld) return out;
   for (DimSet h : s.heavy) {
     auto p = s.mesh.group_placement(h, s.config.ranks_per_node);
-    if (p.groups_crossing == 0) continue;
-    out.push_back(fmt::format(
-        "{} groups cross node boundaries ({} of {} groups, up to {} nodes each): {} traffic will use the "
-        "inter-node network; put {} innermost, e.g. --order {}",
-        s.mesh.key_name(h), p.groups_crossing, p.groups, p.max_nodes_spanned, s.mesh.key_name(h),
-        s.mesh.key_name(h), [&] {
-          std::vector<std::string> names;
-          for (const auto& d : s.mesh.dims())
-            if (d.name != s.mesh.key_name(h)) names.push_back(d.name);
-          names.push_back(s.mesh.key_name(h));
-          return fmt::format("{}", fmt::join(names, ","));
-        }()));
+    if (p.groups_crossing > 0) out.push_back(crossing_warning(s.mesh, p));
   }
   return out;
 }

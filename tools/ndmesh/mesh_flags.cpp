@@ -1,5 +1,7 @@
 #include "mesh_flags.hpp"
 
+#include <fmt/format.h>
+
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/strings.hpp"
 
@@ -118,6 +120,18 @@ MeshSetup MeshFlags::resolve(std::int64_t launched_world) const {
     if (i) out.heavy.push_back(DimSet::single(*i));
   }
   return out;
+}
+
+std::string crossing_warning(const Mesh& mesh, const GroupPlacement& p) {
+  const std::string name = mesh.key_name(p.dims);
+  std::vector<std::string> names;
+  for (const auto& d : mesh.dims())
+    if (d.name != name) names.push_back(d.name);
+  names.push_back(name);
+  return fmt::format(
+      "{} groups cross node boundaries ({} of {} groups, up to {} nodes each): {} traffic will use the inter-node "
+      "network; put {} innermost, e.g. --order {}",
+      name, p.groups_crossing, p.groups, p.max_nodes_spanned, name, name, fmt::join(names, ","));
 }
 
 }  // namespace ndmesh::cli

@@ -26,6 +26,10 @@ struct MeshSetup {
   std::vector<DimSet> heavy;       ///< bandwidth-heavy dims present in the mesh
 };
 
+/// The warning for a bandwidth-heavy kind whose groups cross nodes (`placement` from the
+/// mesh's arithmetic for --ranks-per-node, or measured on the launcher's real nodes).
+std::string crossing_warning(const Mesh& mesh, const GroupPlacement& placement);
+
 /// Binds the layout flags to a CLI11 app and resolves them.
 class MeshFlags {
  public:

@@ -10,9 +10,14 @@
 //  - ring: reduce-scatter then all-gather, p-1 steps each, over chunks of n/p elements
 //    (the bandwidth-optimal 2(p-1)/p n per rank); chunk sizes differ by at most one.
 //  - tree: binary-tree reduce to group rank 0, then broadcast down the same tree
-//    (2 log2 p latency steps: for small messages).
-//  - hierarchical: tree reduce inside each node to its first rank, ring all-reduce across
-//    the node leaders, tree broadcast inside the node (inter-node traffic once per node).
+//    (2 log2 p latency steps: for small messages); each 256 KiB segment goes down as soon
+//    as it is reduced.
+//  - hierarchical: inter-node traffic once per node, in three parts that run side by side
+//    on segments (pipelined). On nodes of equal size: ring reduce-scatter inside each node,
+//    ring all-reduce across nodes of the chunk each local rank then holds (every local
+//    rank at once, with its peers of the same local rank), ring all-gather inside the
+//    node (4 MiB segments). Otherwise: tree reduce inside each node to its first rank, ring
+//    all-reduce across the node leaders, tree broadcast inside the node (2 MiB segments).
 //  - adaptive: tree below 64 KiB; above it hierarchical when the group spans nodes and has
 //    more than one rank per node, else ring (a documented table, see allreduce.cpp).
 // Only sums are supported. Every rank ends with identical values: each element's final
@@ -111,6 +116,9 @@ class AllReducer {
   AllReducerOptions options_;
   Communicator intra_;    // the members on this rank's node
   Communicator leaders_;  // the first member of each node (empty handle elsewhere)
+  // Nodes of equal size only: the members of the same local rank on every node, and a
+  // second communicator of the node (the all-gather's).
+  Communicator cross_, gather_;
   std::int64_t nodes_ = 1;
   std::shared_ptr<detail::ScratchPool> pool_;  // scratch buffers reused across calls
 };

@@ -103,6 +103,11 @@ class Work {
  private:
   friend class Communicator;
   friend void wait_all(std::span<Work> works);
+
+  /// Waits until at least one Work of `works` is complete (at once if one already is, or if
+  /// `works` is empty), polling like wait_all; each honours its own timeout.
+  void wait_any(std::span<Work> works);
+  friend void wait_any(std::span<Work> works);
   explicit Work(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
   std::shared_ptr<detail::WorkState> state_;
 };
@@ -110,6 +115,10 @@ class Work {
 /// Waits until every Work of `works` is complete, polling all of them in turn (so that
 /// operations on several groups progress together); each honours its own timeout.
 void wait_all(std::span<Work> works);
+
+/// Waits until at least one Work of `works` is complete (at once if one already is, or if
+/// `works` is empty), polling like wait_all; each honours its own timeout.
+void wait_any(std::span<Work> works);
 
 /// A group of ranks that communicate. Cheap to copy; copies share the backend
 /// communicator, which is freed when the last copy goes away.

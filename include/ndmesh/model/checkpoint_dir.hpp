@@ -56,6 +56,8 @@ struct TensorRecord {
 struct FileRecord {
   std::string name;
   std::int64_t bytes = 0;
+  std::int64_t rank = -1;  ///< the world rank that wrote it; -1: not recorded
+  std::string host;        ///< the node (host name) it was written on; empty: not recorded
 };
 
 /// The layout that wrote a checkpoint (informative: any layout can read it).
@@ -91,7 +93,8 @@ void write_manifest(const std::string& dir, const Manifest& manifest);
 /// Reads and checks DIR/manifest.json: IoError naming the directory or file when DIR is
 /// not a directory, has no manifest (an incomplete or foreign directory), the manifest is
 /// not JSON, has another format or version, or holds a field out of range (a slice outside
-/// its tensor or its file, a file it does not list, sizes that do not add up).
+/// its tensor or its file, a file it does not list, sizes that do not add up, an element
+/// count that does not fit 64 bits: named with its tensor, never wrapped).
 Manifest read_manifest(const std::string& dir);
 /// True when `path` is a directory holding a manifest.json.
 bool is_checkpoint_dir(const std::string& path);
@@ -99,8 +102,10 @@ bool is_checkpoint_dir(const std::string& path);
 /// Appends slices to one shard file.
 class ShardFileWriter {
  public:
-  /// Creates DIR/FILE. IoError naming it on failure.
-  ShardFileWriter(std::string dir, std::string file);
+  /// Creates DIR/FILE, written by world rank `rank` (recorded with this host's name, so
+  /// that a file rank 0 cannot see names the node that wrote it). IoError naming it on
+  /// failure.
+  ShardFileWriter(std::string dir, std::string file, std::int64_t rank = -1);
   ~ShardFileWriter();
   ShardFileWriter(const ShardFileWriter&) = delete;
   ShardFileWriter& operator=(const ShardFileWriter&) = delete;
@@ -115,6 +120,7 @@ class ShardFileWriter {
   std::string dir_, file_;
   void* f_ = nullptr;  // std::FILE*
   std::int64_t bytes_ = 0;
+  std::int64_t rank_ = -1;
 };
 
 /// Fills this rank's view `local` (its shape and tp split) of `tensor`'s parameters and
@@ -137,8 +143,15 @@ std::int64_t verify_checkpoint_dir(const std::string& dir, const Manifest& manif
 std::string checkpoint_temp_dir(const std::string& dir);
 /// Removes a leftover temporary directory and creates it empty. IoError on failure.
 void prepare_checkpoint_temp_dir(const std::string& tmp);
+/// Checks that every shard file the manifest lists is in DIR with the size its writer
+/// recorded. IoError naming the file and the rank and node that wrote it otherwise: with
+/// node-local disks a writer on another node saved its shard where this node cannot see it
+/// (a multi-node save needs a shared file system).
+void check_shard_files(const std::string& dir, const Manifest& manifest);
 /// Puts the complete directory `tmp` in place of DIR in one step (the previous checkpoint,
-/// if any, is removed afterwards). IoError on failure (DIR then still holds the previous one).
+/// if any, is removed afterwards), after checking its manifest and that every shard file
+/// it lists is there with its size (check_shard_files). IoError on failure (DIR then still
+/// holds the previous one).
 void commit_checkpoint_dir(const std::string& tmp, const std::string& dir);
 
 }  // namespace ndmesh::model

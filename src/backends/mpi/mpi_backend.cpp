@@ -12,14 +12,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
-#include <thread>
-#include <climits>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -149,6 +150,7 @@ class Runtime {
       InitGuard guard(env::seconds("NDMESH_INIT_TIMEOUT_S", default_timeout_s()));
       check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
       owned_ = true;
+      gather_hosts();  // under the same start-up bound: every rank is there
     }
     for (auto [fn, slot] : {std::pair{&bf16_sum, &bf16_ops_[0]}, std::pair{&bf16_max, &bf16_ops_[1]},
                             std::pair{&bf16_min, &bf16_ops_[2]}})
@@ -179,10 +181,34 @@ class Runtime {
   bool abort_from_any_thread() const { return abort_from_any_thread_; }
   /// Empty at MPI_THREAD_MULTIPLE; otherwise the level and why.
   const std::string& thread_limit() const { return thread_limit_; }
+  /// The host name of each world rank (MPI_Get_processor_name), for messages.
+  std::string_view host(std::int64_t world_rank) const {
+    if (world_rank < 0 || static_cast<std::size_t>(world_rank) >= hosts_.size()) return {};
+    return hosts_[static_cast<std::size_t>(world_rank)];
+  }
   /// The user-defined bfloat16 sum, max and min.
   MPI_Op bf16(int i) const { return bf16_ops_[i]; }
 
  private:
+  // One all-gather of the ranks' host names at start-up, so that a timeout can name the
+  // nodes of a group when it can no longer communicate. Not when the host program
+  // initialised MPI: nothing says that every rank enters ndmesh, so no names then.
+  void gather_hosts() {
+    int size = 0, len = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    std::vector<char> mine(MPI_MAX_PROCESSOR_NAME, '\0'),
+        all(static_cast<std::size_t>(size) * MPI_MAX_PROCESSOR_NAME);
+    MPI_Get_processor_name(mine.data(), &len);
+    check(MPI_Allgather(mine.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
+                        MPI_CHAR, MPI_COMM_WORLD),
+          "MPI_Allgather");
+    for (int r = 0; r < size; ++r) {
+      const char* name = all.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+      hosts_.emplace_back(name, strnlen(name, MPI_MAX_PROCESSOR_NAME));
+    }
+  }
+
+  std::vector<std::string> hosts_;
   MPI_Op bf16_ops_[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
   bool owned_ = false;
   bool abort_from_any_thread_ = false;
@@ -285,6 +311,7 @@ class MpiComm final : public detail::CommImpl {
   int size() const override { return size_; }
   std::size_t max_count() const override { return static_cast<std::size_t>(INT_MAX); }
   std::string thread_limit() const override { return Runtime::get().thread_limit(); }
+  std::string_view host_of(std::int64_t world_rank) const override { return Runtime::get().host(world_rank); }
 
   std::shared_ptr<detail::CommImpl> split(std::optional<std::int64_t> color, std::int64_t key) override {
     NDMESH_CHECK(!color || (*color >= 0 && *color <= INT_MAX), "comm",

@@ -71,7 +71,7 @@ Manifest write_split(const fs::path& dir, const std::vector<float>& full, int si
     copy_shard(v.shard, v.shape, p.data(), f.data(), false);
     copy_shard(v.shard, v.shape, mm.data(), fm.data(), false);
     copy_shard(v.shard, v.shape, vv.data(), fv.data(), false);
-    ShardFileWriter w(dir.string(), "shard-" + std::to_string(r) + ".bin");
+    ShardFileWriter w(dir.string(), "shard-" + std::to_string(r) + ".bin", r);
     TensorRecord t{"w", {rows, cols}, {w.append(v.shard, v.shape, p.data(), mm.data(), vv.data())}};
     add_manifest_part(m, manifest_part({t}, w.close()));
   }
@@ -215,6 +215,77 @@ TEST(CheckpointDir, CommitReplacesTheWholeDirectory) {
     // The second commit leaves no file of the first behind.
     EXPECT_EQ(fs::exists(dir / "shard-1.bin"), round == 0);
   }
+}
+
+TEST(CheckpointDir, ElementCountsThatOverflowNameTheTensor) {
+  // Dims within the per-dim bound whose products do not fit 64 bits: refused naming the
+  // tensor, where a wrapped count would have passed the bounds checks.
+  TempDir d;
+  write_split(d.path, iota_tensor(8 * 4), 1, 0, 1, 8, 4);
+  const fs::path manifest = d.path / kManifestFile;
+  nlohmann::json good = nlohmann::json::parse(std::ifstream(manifest));
+  auto with_shape = [&](std::vector<std::int64_t> shape) {
+    nlohmann::json j = good;
+    j["tensors"][0]["shape"] = shape;
+    j["tensors"][0]["slices"][0]["shape"] = shape;
+    std::ofstream(manifest, std::ios::trunc) << j.dump();
+  };
+  const std::int64_t big = std::int64_t{1} << 40;
+  with_shape({big, big});  // 2^80 elements
+  expect_io_error(
+      [&] { read_manifest(d.path.string()); },
+      "tensor 'w' has shape [1099511627776, 1099511627776], whose element count does not fit 64 bits");
+  with_shape({big, std::int64_t{1} << 20});  // 2^60 elements fit, 12 bytes each do not
+  expect_io_error([&] { read_manifest(d.path.string()); },
+                  "tensor 'w' has a slice of shape [1099511627776, 1048576] whose size does not fit 64 bits");
+}
+
+TEST(CheckpointDir, CommitNeedsEveryShardFileAndNamesItsWriter) {
+  // Node-local disks: a writer on another node put its shard where the rank committing
+  // cannot see it. The commit fails naming the file and its writer (rank and node), and
+  // the previous checkpoint stays in place.
+  TempDir d;
+  const fs::path dir = d.path / "ck";
+  const std::vector<float> full = iota_tensor(8 * 4);
+  std::string tmp = checkpoint_temp_dir(dir.string());
+  prepare_checkpoint_temp_dir(tmp);
+  write_split(tmp, full, 1, 0, 1, 8, 4);
+  commit_checkpoint_dir(tmp, dir.string());
+  const std::string before = [&] {
+    std::ifstream in(dir / kManifestFile);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }();
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+  const std::string writer = std::string("rank 1 on ") + host;
+
+  prepare_checkpoint_temp_dir(tmp);
+  const Manifest m = write_split(tmp, full, 2, 0, 1, 8, 4);
+  EXPECT_EQ(m.files[1].rank, 1);
+  EXPECT_EQ(m.files[1].host, host);
+  EXPECT_EQ(read_manifest(tmp).files[1].host, host);  // recorded in manifest.json
+  fs::remove(fs::path(tmp) / "shard-1.bin");
+  expect_io_error([&] { commit_checkpoint_dir(tmp, dir.string()); },
+                  "shard-1.bin' is missing on " + std::string(host) +
+                      ", where the manifest is written, but " + writer + " wrote it");
+  expect_io_error([&] { commit_checkpoint_dir(tmp, dir.string()); },
+                  "a multi-node save needs a shared file system");
+  // A shard of another size (another disk's file under the same name).
+  prepare_checkpoint_temp_dir(tmp);
+  write_split(tmp, full, 2, 0, 1, 8, 4);
+  fs::resize_file(fs::path(tmp) / "shard-1.bin", 10);
+  expect_io_error([&] { commit_checkpoint_dir(tmp, dir.string()); },
+                  "shard-1.bin' has 10 bytes on " + std::string(host) +
+                      ", where the manifest is written, but " + writer + " wrote 192");
+  // A writer whose node lacks the folder the committing rank prepared on its own.
+  expect_io_error([&] { ShardFileWriter(tmp + "-elsewhere", "shard-1.bin", 1); },
+                  "-elsewhere/shard-1.bin' on " + std::string(host) + ": the folder does not exist here");
+  // The previous checkpoint is whole and unchanged.
+  const Manifest kept = read_manifest(dir.string());
+  EXPECT_EQ(kept.files.size(), 1u);
+  verify_checkpoint_dir(dir.string(), kept);
+  std::ifstream in(dir / kManifestFile);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), before);
 }
 
 }  // namespace

@@ -1,0 +1,21 @@
+// The line a rank sends to the `ndmesh launch` that supervises its job before it ends the
+// job (a communication timeout), so that the launcher can end mpirun too when mpirun
+// itself cannot: Open MPI's mpirun waits for the daemon of a node it can no longer reach.
+// `ndmesh launch` creates a datagram socket and passes its path to every rank in
+// NDMESH_LAUNCH_NOTIFY; the ranks on its node reach it (a node-local path), the others
+// are ended by the launcher or by their own timeouts.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+namespace ndmesh {
+
+/// Sends `line` to the supervising `ndmesh launch` (NDMESH_LAUNCH_NOTIFY), if there is
+/// one and this node can reach it. Best effort: never blocks, never throws.
+void notify_launcher(std::string_view line) noexcept;
+
+/// Largest line notify_launcher sends (longer lines are cut).
+inline constexpr std::size_t kNotifyMaxBytes = 1024;
+
+}  // namespace ndmesh

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Faults between hosts, in dp 2 x tp 2 training over two nodes (tests/multinode/harness.sh)
+# with NDMESH_TIMEOUT_S=5: the job, launcher included, ends within twice the timeout of
+# the fault, non-zero, saying what happened:
+#   kill-node  every process of node1 SIGKILLed mid-step: mpirun loses node1's daemon and
+#              ends the job at once, naming the node;
+#   link-down  node1's link taken down mid-step (a partition);
+#   slow       the link slowed until one frame takes 2.4x the timeout (netem's delay where
+#              the kernel has it).
+# Each runs under `ndmesh launch` (the ranks time out, naming the group and its nodes; the
+# launcher ends mpirun, which waits for the daemon it cannot reach, and repeats the line)
+# and under plain mpirun with the keepalive options docs/multinode.md gives (mpirun
+# declares the node lost before the ranks' timeout; its message names the node).
+#   faults.sh <path to ndmesh> <kill-node|link-down|slow>
+source "$(dirname "$0")/mn_lib.sh" "$@"
+fault=$2
+timeout_s=5
+export NDMESH_TIMEOUT_S=$timeout_s NDMESH_INIT_TIMEOUT_S=60
+# --no-progress-thread: with it, a dp reduction that cannot complete is reported after
+# twice the timeout (the thread polls for one timeout, then the main thread waits its own;
+# see the note of issue 28).
+train=("$ndmesh" train --layers 2 --hidden 32 --heads 4 --kv-heads 2 --seq 16 --markov-vocab 16 --threads 1
+  --eval-batches 0 --batch 8 --dp 2 --tp 2 --steps 1000000 --no-progress-thread)
+# Keepalive on mpirun's connections to its daemons, detecting a lost node within
+# time + intvl x probes = 3 s, below NDMESH_TIMEOUT_S (docs/multinode.md).
+keepalive=(--mca oob_tcp_keepalive_time 1 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 2)
+
+mn_cluster c --nodes 2 --ranks 2
+
+inject() {
+  case $fault in
+    kill-node) mn_kill_node "$c" 1 ;;
+    link-down) mn_link "$c" down 1 ;;
+    slow) mn_slow "$c" $((timeout_s * 12 / 5)) ;;
+    *) fail "unknown fault $fault" ;;
+  esac
+}
+restore() {
+  mn_link "$c" up 1
+  mn_shape "$c"
+  # node1's daemon may outlive the job (it lost mpirun behind the fault): end it.
+  local pids
+  pids=$(ip netns pids "$(mn_ns "$c" 1)")
+  [ -n "$pids" ] && kill -9 $pids
+  return 0
+}
+
+# run <how> <command...>: starts the job, injects the fault at step 3, checks the end.
+run() {
+  local how=$1 out job start rc elapsed
+  out="$tmp/$how.txt"
+  shift
+  "$@" > "$out" 2>&1 &
+  job=$!
+  wait_for 120 "$job" grep -q 'step 3/' "$out" || fail "$how: training did not reach step 3: $(tail -n 20 "$out")"
+  start=$(date +%s.%N)
+  inject
+  # The bound of the test itself: far above the limit, so that a hang is reported.
+  for _ in $(seq 1 $((timeout_s * 60))); do
+    kill -0 "$job" 2> /dev/null || break
+    sleep 0.1
+  done
+  kill -0 "$job" 2> /dev/null && { kill -9 "$job"; fail "$how: the job still runs $((timeout_s * 6)) s after $fault"; }
+  wait "$job"
+  rc=$?
+  elapsed=$(elapsed_since "$start")
+  grep -v 'step [0-9]' "$out" | tail -n 12
+  echo "$how, $fault: the job ended ${elapsed} s after the fault (limit $((2 * timeout_s)) s), exit $rc"
+  [ "$rc" -ne 0 ] || fail "$how: exit 0 after $fault"
+  awk -v e="$elapsed" -v t="$timeout_s" 'BEGIN{exit !(e < 2 * t)}' || fail "$how: $elapsed s to end after $fault"
+  # Nothing of the job is left on the head node.
+  local left
+  left=$(ip netns pids "$(mn_ns "$c" 0)" | xargs -r ps -o pid=,args= -p | grep -E 'mpirun|ndmesh')
+  [ -z "$left" ] || fail "$how: processes left on node0: $left"
+  restore
+  last_out=$out
+}
+
+run launch mn_launch "$c" "$ndmesh" -n 4 -- "${train[@]}"
+if [ "$fault" = kill-node ]; then
+  # mpirun notices at once; its message names the node.
+  grep -qE "on node (node1|10\.77\.0\.2)" "$last_out" || fail "launch: the node is not named"
+else
+  grep -qE "^ndmesh: \[launch\] \[rank [0-9]\] \[comm\] all_reduce on group dp \(ranks [0-9],[0-9]\) timed out after 5 s; the group spans nodes node0,node1" \
+    "$last_out" || fail "launch: no line naming the group and its nodes"
+fi
+
+run mpirun mn_mpirun "$c" "${keepalive[@]}" -np 4 "${train[@]}"
+grep -qE "on node (node1|10\.77\.0\.2)" "$last_out" || fail "mpirun: the node is not named"
+echo "faults.sh $fault: ok"

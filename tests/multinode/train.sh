@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Training across two real nodes (tests/multinode/harness.sh) equals the serial run: dp x tp
+# with tp inside each node and dp across, pp x dp with the pipeline across the nodes, and
+# dp with the hierarchical all-reduce on the real nodes (no --ranks-per-node). Losses within
+# 1e-5 relative, gradient norms within 1e-5 at step 1 (identical weights) and 1e-4 after
+# (AdamW turns rounding noise into sign-sized updates); then the all-reduce algorithms'
+# own tests (exact against MPI) on 2 nodes x 2 and x 3 ranks.
+#   train.sh <path to ndmesh> <path to mpi_test_allreduce>
+source "$(dirname "$0")/mn_lib.sh" "$@"
+allreduce_test=$2
+export NDMESH_TIMEOUT_S=60
+model=(--layers 2 --hidden 32 --heads 4 --kv-heads 2 --seq 16 --markov-vocab 16 --threads 1 --eval-batches 0
+  --warmup 2 --batch 8 --steps 6 --json)
+"$ndmesh" train "${model[@]}" | tail -n 1 > "$tmp/serial.json"
+
+# worst <field> <from step>: the largest relative difference to serial of a per-step field.
+worst() {
+  jq -n --slurpfile a "$tmp/serial.json" --slurpfile b "$tmp/run.json" --arg f "$1" --argjson k "$2" \
+    '[$a[0][$f][$k:], $b[0][$f][$k:]] | transpose | map((.[0] - .[1]) / .[0] | fabs) | max'
+}
+below() { awk -v d="$1" -v b="$2" 'BEGIN{exit !(d <= b)}'; }
+
+mn_cluster c --nodes 2 --ranks 2
+check() {  # check <name> <train flags...>
+  local name=$1
+  shift
+  mn_mpirun "$c" -np 4 "$ndmesh" train "${model[@]}" "$@" > "$tmp/run.out" 2>&1 || fail "$name: exit $?: $(tail "$tmp/run.out")"
+  tail -n 1 "$tmp/run.out" > "$tmp/run.json"
+  [ "$(jq '.losses | length' "$tmp/run.json")" = 6 ] || fail "$name: no 6 losses: $(tail -n 3 "$tmp/run.out")"
+  local loss norm1 norms
+  loss=$(worst losses 0) norm1=$(jq -n --slurpfile a "$tmp/serial.json" --slurpfile b "$tmp/run.json" \
+    '($a[0].grad_norms[0] - $b[0].grad_norms[0]) / $a[0].grad_norms[0] | fabs') norms=$(worst grad_norms 1)
+  echo "$name on 2 nodes: losses within $loss, gradient norm of step 1 within $norm1, later within $norms"
+  below "$loss" 1e-5 && below "$norm1" 1e-5 && below "$norms" 1e-4 || fail "$name differs from serial"
+}
+check "dp 2 x tp 2 (sequence parallel)" --dp 2 --tp 2 --sequence-parallel
+check "pp 2 (across nodes) x dp 2, 1f1b" --pp 2 --dp 2 --order pp,dp,cp,tp --micro-batch 2
+check "dp 4, hierarchical all-reduce on the real nodes" --dp 4 --allreduce hierarchical --bucket-mb 0.01
+grep -q "all-reduce hierarchical" "$tmp/run.out" || fail "the run does not say it used the hierarchical all-reduce"
+
+# The all-reduce algorithms against MPI and closed forms, hierarchical on the real nodes.
+mn_mpirun "$c" -np 4 "$allreduce_test" > "$tmp/ar.out" 2>&1 || fail "all-reduce tests on 2x2: $(tail -n 30 "$tmp/ar.out")"
+grep -q "PASSED" "$tmp/ar.out" || fail "all-reduce tests on 2x2 did not pass"
+mn_down "$c"
+mn_cluster c --nodes 2 --ranks 3
+mn_mpirun "$c" -np 6 "$allreduce_test" > "$tmp/ar.out" 2>&1 || fail "all-reduce tests on 2x3: $(tail -n 30 "$tmp/ar.out")"
+grep -q "PASSED" "$tmp/ar.out" || fail "all-reduce tests on 2x3 did not pass"
+echo "train.sh: ok"
