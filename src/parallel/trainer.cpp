@@ -21,6 +21,7 @@
 #include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/config/partition.hpp"
+#include "ndmesh/config/training.hpp"
 #include "ndmesh/model/checkpoint.hpp"
 #include "ndmesh/model/checkpoint_dir.hpp"
 
@@ -51,7 +52,6 @@ Trainer::Trainer(TrainOptions options, std::unique_ptr<model::DataSource> data, 
   if (auto problems = unsupported_layout(groups_.mesh()); !problems.empty())
     fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
   const TrainOptions& o = options_;
-  NDMESH_CHECK_CONFIG(o.batch > 0, "train", "--batch={} must be positive; e.g. --batch 8", o.batch);
   NDMESH_CHECK_CONFIG(o.steps >= 0, "train", "--steps={} must be >= 0", o.steps);
   NDMESH_CHECK_CONFIG(o.lr > 0 && std::isfinite(o.lr), "train", "--lr={} must be positive; e.g. --lr 3e-3", o.lr);
   NDMESH_CHECK_CONFIG(o.warmup >= 0, "train", "--warmup={} must be >= 0", o.warmup);
@@ -59,27 +59,37 @@ Trainer::Trainer(TrainOptions options, std::unique_ptr<model::DataSource> data, 
                       o.model.vocab, data_->describe(), data_->vocab(), data_->vocab());
   data_->check_seq(o.model.seq);
 
+  // The rules of running this model on this layout (config/training.hpp): batch, cp chunks,
+  // tp splits, sequence parallelism, schedule and virtual stages, one call.
+  const TrainingRun run{.dp = groups_.dp().size(),
+                        .cp = groups_.cp().size(),
+                        .tp = groups_.tp().size(),
+                        .pp = groups_.pp().size(),
+                        .vpp = o.pp.virtual_stages,
+                        .schedule = o.pp.schedule,
+                        .global_batch = o.batch,
+                        .micro_batch = o.micro_batch,
+                        .sequence_parallel = o.sequence_parallel,
+                        .recompute = o.recompute != nn::Recompute::kNone,
+                        .cp_contiguous = o.cp_layout == CpLayout::kContiguous,
+                        .pp_layers_entries = o.pp.layers.empty()
+                                                 ? 0
+                                                 : static_cast<std::int64_t>(
+                                                       std::count(o.pp.layers.begin(), o.pp.layers.end(), ',') + 1)};
+  if (auto problems = training_problems(run, &o.model); !problems.empty())
+    fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
+
   dp_ = groups_.dp();
   dp_rank_ = dp_.rank();
   dp_size_ = dp_.size();
-  NDMESH_CHECK_CONFIG(o.batch % dp_size_ == 0, "train",
-                      "--batch={} is not divisible by --dp={}; use --batch {} (each dp rank trains batch / dp sequences)",
-                      o.batch, dp_size_, std::max<std::int64_t>(dp_size_, o.batch / dp_size_ * dp_size_));
   local_batch_ = o.batch / dp_size_;
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : local_batch_;
-  NDMESH_CHECK_CONFIG(o.micro_batch >= 0, "train", "--micro-batch={} must be >= 0 (0: the whole local batch)",
-                      o.micro_batch);
-  NDMESH_CHECK_CONFIG(local_batch_ % micro == 0, "train",
-                      "--micro-batch={} does not divide the local batch {} (--batch {} / --dp {}); use a divisor of {}",
-                      micro, local_batch_, o.batch, dp_size_, local_batch_);
   microbatches_ = local_batch_ / micro;
 
   // Context parallelism: each cp rank holds some positions of every sequence; attention
   // runs around the cp ring, everything else on the local tokens.
   const comm::Communicator& cp = groups_.cp();
   cp_size_ = cp.size();
-  if (auto problems = cp_problems(o.model.seq, cp_size_, o.cp_layout); !problems.empty())
-    fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
   positions_ = cp_positions(o.model.seq, cp_size_, cp.rank(), o.cp_layout);
   const auto local_seq = static_cast<std::int64_t>(positions_.size());
   // Parameters are replicated over dp and cp: gradients are summed over both.
@@ -88,12 +98,6 @@ Trainer::Trainer(TrainOptions options, std::unique_ptr<model::DataSource> data, 
 
   // Tensor parallelism: the model is split over the tp group (of one in a serial run).
   tp_ = groups_.tp();
-  NDMESH_CHECK_CONFIG(!o.sequence_parallel || tp_.size() > 1, "train",
-                      "--sequence-parallel needs --tp > 1 (it splits the tokens of the norms over tp); add --tp 2 "
-                      "or leave it out");
-  if (auto problems = model::gpt_tp_problems(o.model, tp_.size(), o.sequence_parallel, micro * local_seq);
-      !problems.empty())
-    fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
   tp_double_ = std::make_unique<CommunicatorTpComm<double>>(tp_, tp_stats_);
   if (cp_size_ > 1) ring_ = std::make_shared<RingAttention<float>>(cp);
   full_tokens_.resize(static_cast<std::size_t>(micro * o.model.seq));
@@ -107,34 +111,11 @@ void Trainer::build_pipeline(std::int64_t micro, std::int64_t local_seq) {
   stage_ = pp_.rank();
   stages_ = pp_.size();
   const std::int64_t v = o.pp.virtual_stages;
-  const bool interleaved = o.pp.schedule == Schedule::kInterleaved;
-  NDMESH_CHECK_CONFIG(v >= 1, "train", "--virtual-stages={} must be at least 1", v);
-  NDMESH_CHECK_CONFIG(!interleaved || v >= 2, "train",
-                      "--schedule interleaved needs --virtual-stages 2 or more (now {}); or use --schedule 1f1b", v);
-  NDMESH_CHECK_CONFIG(interleaved || v == 1, "train",
-                      "--virtual-stages={} applies only to --schedule interleaved (now {}); add --schedule "
-                      "interleaved or use --virtual-stages 1",
-                      v, schedule_name(o.pp.schedule));
-  NDMESH_CHECK_CONFIG(!interleaved || stages_ > 1, "train",
-                      "--schedule interleaved needs --pp 2 or more (now --pp {}); use --schedule 1f1b", stages_);
-  NDMESH_CHECK_CONFIG(!interleaved || microbatches_ % stages_ == 0, "train",
-                      "--schedule interleaved needs a multiple of --pp={} micro-batches per step, but --batch {} / "
-                      "--dp {} / --micro-batch {} gives {}; use --micro-batch {}",
-                      stages_, o.batch, dp_size_, micro, microbatches_,
-                      std::max<std::int64_t>(1, local_batch_ / (((microbatches_ + stages_ - 1) / stages_) * stages_)));
-  // A split backward defers the weight gradients, which read the block's activations after
-  // the next block has recomputed into the shared workspace.
-  NDMESH_CHECK_CONFIG(
-      o.pp.schedule != Schedule::kZbH1 || o.recompute == nn::Recompute::kNone, "train",
-      "--recompute={} with --schedule zb-h1: recompute with a split backward is not implemented "
-      "yet; use --recompute none or --schedule 1f1b",
-      nn::recompute_name(o.recompute));
   try {
     partition_ = o.pp.layers.empty() ? balanced_partition(o.model.layers, stages_, v)
                                      : parse_partition(o.pp.layers, o.model.layers, stages_, v, "--pp-layers");
   } catch (const ConfigError& e) {
-    fail<ConfigError>("train", "--layers={} over --pp={} x --virtual-stages={}: {}", o.model.layers, stages_, v,
-                      e.what());
+    fail<ConfigError>("train", "--layers={} over --pp={} x --vpp={}: {}", o.model.layers, stages_, v, e.what());
   }
   pp::PipelineSchedule schedule = pp::make_schedule({.schedule = o.pp.schedule,
                                                      .stages = stages_,
