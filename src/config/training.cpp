@@ -42,6 +42,7 @@ TrainingRun training_run(const ParallelConfig& c) {
   r.global_batch = c.global_batch > 0 ? c.global_batch : c.micro_batch * r.dp;
   r.sequence_parallel = c.sequence_parallel;
   r.recompute = c.recompute;
+  r.zero = c.zero;
   return r;
 }
 
@@ -152,10 +153,11 @@ std::vector<std::string> training_problems(const TrainingRun& r, const ModelSpec
                     "fewer micro-batches "
                     "(a larger --micro-batch)",
                     r.pp, microbatches, r.vpp, kMaxPipelineWork));
-  if (r.pp_layers_entries > 0 && r.vpp >= 1 && r.pp_layers_entries != r.pp * r.vpp)
+  if (r.zero < 0 || r.zero > kMaxTrainZero)
     out.push_back(
-        fmt::format("--pp-layers has {} entries but --pp x --vpp = {} x {} = {} chunks; give one per chunk",
-                    r.pp_layers_entries, r.pp, r.vpp, r.pp * r.vpp));
+        fmt::format("--zero={} is not a ZeRO stage ndmesh train runs; use 0, 1 or 2 (ZeRO-3 is not "
+                    "implemented)",
+                    r.zero));
   if (r.sequence_parallel && r.tp <= 1)
     out.push_back(
         "--sequence-parallel needs --tp > 1 (it splits the tokens of the norms over tp); add --tp 2 or leave "

@@ -78,6 +78,7 @@ struct ParallelConfig {
   std::int64_t vpp = 1;  ///< virtual stages per rank (interleaved)
   bool sequence_parallel = false;
   bool recompute = false;         ///< any activation recompute (zb-h1 cannot recompute yet)
+  int zero = 0;                   ///< ZeRO stage over dp
   std::int64_t micro_batch = 1;   ///< sequences per micro-batch
   std::int64_t global_batch = 0;  ///< sequences per step; 0: micro_batch * dp
   /// Layers need not divide pp*vpp: the blocks are split by balanced_partition()

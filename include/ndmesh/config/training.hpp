@@ -24,6 +24,8 @@ namespace ndmesh {
 inline constexpr std::int64_t kMaxPipelineStages = 256;
 /// The most pp x micro-batches x virtual stages of one step's schedule.
 inline constexpr std::int64_t kMaxPipelineWork = 1'000'000;
+/// The highest ZeRO stage `ndmesh train` implements (optimizer states and gradients sharded).
+inline constexpr int kMaxTrainZero = 2;
 
 /// A training run as `ndmesh train` runs it: the sizes of the standard dims and the options
 /// whose rules involve the layout or the model.
@@ -35,8 +37,10 @@ struct TrainingRun {
   std::int64_t micro_batch = 0;   ///< sequences per micro-batch; 0: the whole local batch
   bool sequence_parallel = false;
   bool recompute = false;      ///< any activation recompute (selective or full)
+  int zero = 0;                ///< ZeRO stage over dp (ndmesh train: 0, 1 or 2)
   bool cp_contiguous = false;  ///< --cp-layout contiguous: cp chunks (default zigzag: 2 cp)
-  /// Entries of an explicit --pp-layers partition; 0: the balanced partition.
+  /// Entries of an explicit --pp-layers partition (0: the balanced partition, which needs
+  /// layers >= pp x vpp); parse_partition() (config/partition.hpp) checks an explicit one.
   std::int64_t pp_layers_entries = 0;
 };
 

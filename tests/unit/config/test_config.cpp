@@ -257,11 +257,13 @@ TEST(TrainingProblems, TrainerOptions) {
   r.cp = 2;
   r.cp_contiguous = true;
   EXPECT_TRUE(training_problems(r, &m).empty());
-  r.pp = 2;
-  r.pp_layers_entries = 3;
+  r.pp = 4;  // 2 layers, 4 chunks
   p = training_problems(r, &m);
   ASSERT_EQ(p.size(), 1u);
-  EXPECT_NE(p[0].find("--pp-layers has 3 entries"), std::string::npos) << p[0];
+  EXPECT_NE(p[0].find("--layers=2 over --pp=4 x --vpp=1"), std::string::npos) << p[0];
+  r.pp_layers_entries = 4;  // an explicit partition is parse_partition's to check
+  EXPECT_TRUE(training_problems(r, &m).empty());
+  r.pp = 2;
   r.pp_layers_entries = 0;
   r.micro_batch = -1;
   p = training_problems(r, &m);
