@@ -87,7 +87,7 @@ void validate(const Options& o) {
   need(o.ffn >= 0, "--ffn", o.ffn, "must be >= 0 (0: 4 * hidden)", "256");
   need(o.seq >= 1, "--seq", o.seq, "must be at least 1", "64");
   need(o.vocab >= 0, "--vocab", o.vocab, "must be >= 0 (0: the data's vocabulary)", "256");
-  need(o.batch >= 1, "--batch", o.batch, "must be at least 1", "16");
+  need(o.batch >= 1, "--global-batch", o.batch, "must be at least 1", "16");
   need(o.steps >= 1, "--steps", o.steps, "must be at least 1", "1000");
   need(o.warmup >= 0, "--warmup", o.warmup, "must be >= 0", "20");
   need(o.lr > 0 && std::isfinite(o.lr), "--lr", o.lr, "must be a positive number", "3e-3");
@@ -121,7 +121,7 @@ void validate(const Options& o) {
   }
   need(nn::parse_recompute(o.recompute).has_value(), "--recompute", o.recompute,
        "is not a recompute mode (none, selective, full)", "selective");
-  need(o.virtual_stages >= 1, "--virtual-stages", o.virtual_stages, "must be at least 1", "2");
+  need(o.virtual_stages >= 1, "--vpp", o.virtual_stages, "must be at least 1", "2");
   namespace fs = std::filesystem;
   std::error_code ec;
   // An empty value must not silently switch the feature off.
@@ -526,7 +526,8 @@ Action setup(CLI::App& app) {
          "re-runs its forward); the losses are the same bit for bit")
       ->capture_default_str()
       ->group("Parallel");
-  app.add_option("--virtual-stages", o->virtual_stages, "model chunks per pipeline rank (--schedule interleaved)")
+  app.add_option("--vpp,--virtual-stages", o->virtual_stages,
+                 "virtual stages: model chunks per pipeline rank (--schedule interleaved)")
       ->capture_default_str()
       ->group("Parallel");
   app.add_option("--pp-layers", o->pp_layers,
@@ -553,7 +554,7 @@ Action setup(CLI::App& app) {
   app.add_option("--vocab", o->vocab, "vocabulary (0: the data's: --markov-vocab, or 256 for --data)")
       ->capture_default_str();
   app.add_flag("--untied", o->untied, "give the LM head its own weight instead of the token embedding");
-  app.add_option("--batch", o->batch, "sequences per step")->capture_default_str();
+  app.add_option("--global-batch,--batch", o->batch, "sequences per step over all ranks")->capture_default_str();
   app.add_option("--steps", o->steps, "total steps (a --load run continues up to this step)")
       ->capture_default_str();
   app.add_option("--lr", o->lr, "peak learning rate")->capture_default_str();
