@@ -56,6 +56,17 @@ Recompute parse_recompute(std::string_view name, std::string_view flag) {
   fail<ConfigError>("plan", "{} '{}' is not a recompute mode; use none, selective or full", flag, name);
 }
 
+Precision parse_precision(std::string_view name, std::string_view flag) {
+  if (name == "mixed") return {};
+  if (name == "mixed-fp32-grads") return {.grad_bytes = 4};
+  if (name == "fp32") return {.param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4};
+  fail<ConfigError>(
+      "plan",
+      "{} '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter), mixed-fp32-grads (2 + 4 + "
+      "12 B) or fp32 (4 + 4 + 8 B)",
+      flag, name);
+}
+
 double layer_matrix_parameters(const PlanModel& m) {
   const double h = d(m.spec.hidden);
   const double f = d(m.spec.ffn_or_default());

@@ -90,11 +90,12 @@ void add_model_hardware_flags(CLI::App& app, ModelHardwareFlags& f) {
                "2021, DeepSpeed's pipeline engine)");
   app.add_option("--seq", f.seq, "Tokens per sequence (default: the model's)");
   app.add_option("--global-batch,--batch", f.global_batch, "Sequences per step over all GPUs");
-  app.add_option(
-         "--precision", f.precision,
-         "mixed (bf16 weights and grads + 12 B fp32 Adam states, 16-bit activations), mixed-fp32-grads (the same "
-         "with fp32 gradients: Megatron's bf16 default, DeepSpeed's BF16_Optimizer) or fp32 (4 + 4 + 8 B AdamW, fp32 "
-         "activations)")
+  app.add_option("--precision", f.precision,
+                 "mixed (bf16 weights and grads + 12 B fp32 Adam states, 16-bit activations), "
+                 "mixed-fp32-grads (the same "
+                 "with fp32 gradients: Megatron's bf16 default, DeepSpeed's BF16_Optimizer) or fp32 (4 + 4 + "
+                 "8 B AdamW, fp32 "
+                 "activations)")
       ->capture_default_str();
   app.add_flag("--no-dropout", f.no_dropout,
                "The model stores no dropout masks (GPT presets do, Llama ones do not)");
@@ -161,19 +162,7 @@ PlanModel resolve_model(const ModelHardwareFlags& f) {
   return m;
 }
 
-plan::Precision resolve_precision(const ModelHardwareFlags& f) {
-  if (f.precision == "mixed") return {};
-  // bf16 weights with fp32 gradients (Megatron's --accumulate-allreduce-grads-in-fp32, the
-  // default for bf16; DeepSpeed's BF16_Optimizer as BLOOM ran it): 2 + 4 + 12 bytes, and the
-  // gradient reduction moves 4 bytes per parameter.
-  if (f.precision == "mixed-fp32-grads") return {.grad_bytes = 4};
-  if (f.precision == "fp32")
-    return {.param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4};
-  fail<ConfigError>("plan",
-                    "--precision '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter), "
-                    "mixed-fp32-grads (2 + 4 + 12 B) or fp32 (4 + 4 + 8 B)",
-                    f.precision);
-}
+plan::Precision resolve_precision(const ModelHardwareFlags& f) { return plan::parse_precision(f.precision); }
 
 Hardware resolve_hardware(const ModelHardwareFlags& f) {
   Hardware hw = plan::hardware_by_name_or_file(f.hardware);

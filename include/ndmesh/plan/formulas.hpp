@@ -95,6 +95,12 @@ struct Precision {
   double activation_bytes = 2;  ///< stored activations (dropout masks are 1 byte regardless)
 };
 
+/// Parses a precision name: "mixed" (2 + 2 + 12 bytes per parameter, 16-bit activations),
+/// "mixed-fp32-grads" (2 + 4 + 12: fp32 gradients, Megatron's bf16 default and DeepSpeed's
+/// BF16_Optimizer) or "fp32" (4 + 4 + 8 AdamW, fp32 activations); ConfigError naming `flag`,
+/// the value and the valid names.
+Precision parse_precision(std::string_view name, std::string_view flag = "--precision");
+
 /// Parameters of the whole model, by part.
 struct ParameterCount {
   double per_layer = 0;   ///< one decoder layer
