@@ -71,7 +71,7 @@ TSAN_ENV := TSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/tsan.supp:ignore_
 # is instrumented (both are thin layers over what the suite tests directly).
 sanitize: deps
 	cmake -S . -B $(SAN_DIR) -DCMAKE_BUILD_TYPE=Debug -DNDMESH_BUILD_BENCH=OFF \
-	  -DNDMESH_PYTHON=OFF -DNDMESH_INSTALL_TEST=OFF \
+	  -DNDMESH_PYTHON=OFF -DNDMESH_INSTALL_TEST=OFF -DNDMESH_CUDA=OFF \
 	  -DCMAKE_CXX_FLAGS="-O1 $(SAN_FLAGS)" -DCMAKE_C_FLAGS="-O1 $(SAN_FLAGS)" \
 	  -DCMAKE_EXE_LINKER_FLAGS="$(SAN_FLAGS)" $(CMAKE_FLAGS)
 	cmake --build $(SAN_DIR) -j$(JOBS)
@@ -87,7 +87,7 @@ TSAN_TARGETS := comm_test_communicator_single mpi_test_comm_collectives mpi_time
   mpi_test_ring_attention mpi_test_tp_grad ndmesh
 tsan: deps
 	cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=Debug -DNDMESH_BUILD_BENCH=OFF \
-	  -DNDMESH_PYTHON=OFF -DNDMESH_INSTALL_TEST=OFF \
+	  -DNDMESH_PYTHON=OFF -DNDMESH_INSTALL_TEST=OFF -DNDMESH_CUDA=OFF \
 	  -DCMAKE_CXX_FLAGS="-O1 -fsanitize=thread" -DCMAKE_C_FLAGS="-O1 -fsanitize=thread" \
 	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" $(CMAKE_FLAGS)
 	cmake --build $(TSAN_DIR) -j$(JOBS) --target $(TSAN_TARGETS)
@@ -96,7 +96,7 @@ tsan: deps
 # libFuzzer targets (fuzz/), built with Debian's clang, each run FUZZ_SECONDS seconds on
 # its seed corpus (fuzz/corpus/<target>); new inputs go to $(FUZZ_DIR)/corpus/<target>.
 fuzz: deps
-	cmake -S . -B $(FUZZ_DIR) -DCMAKE_BUILD_TYPE=Debug -DNDMESH_BUILD_BENCH=OFF -DNDMESH_BUILD_FUZZ=ON \
+	cmake -S . -B $(FUZZ_DIR) -DCMAKE_BUILD_TYPE=Debug -DNDMESH_BUILD_BENCH=OFF -DNDMESH_BUILD_FUZZ=ON -DNDMESH_CUDA=OFF \
 	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
 	  -DCMAKE_CXX_FLAGS="-O1 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
 	  -DCMAKE_C_FLAGS="-O1 -fsanitize=fuzzer-no-link,address,undefined"

@@ -1,7 +1,7 @@
 # ndmesh_layer(<name> [SOURCES ...] [DEPS ...] [PRIVATE_DEPS ...])
 # Declares the static library ndmesh_<name> (alias ndmesh::<name>) with the public
 # headers in include/. With no SOURCES, every .cpp in the calling folder is used.
-# The library joins the export set ndmeshTargets, so an installed ndmesh gives
+# The library requires C++20 of whoever links it and joins the export set ndmeshTargets, so an installed ndmesh gives
 # find_package(ndmesh) users the same ndmesh::<name> target (EXPORT_NAME <name>).
 function(ndmesh_layer name)
   cmake_parse_arguments(L "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
@@ -14,6 +14,9 @@ function(ndmesh_layer name)
                                                    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
                                             PRIVATE ${CMAKE_SOURCE_DIR}/src)
   target_link_libraries(ndmesh_${name} PUBLIC ${L_DEPS} PRIVATE ${L_PRIVATE_DEPS})
+  # The public headers need C++20 (concepts, std::span): the exported target says so, so a
+  # consumer that never sets CMAKE_CXX_STANDARD still compiles them.
+  target_compile_features(ndmesh_${name} PUBLIC cxx_std_20)
   set_target_properties(ndmesh_${name} PROPERTIES EXPORT_NAME ${name})
   set_property(GLOBAL APPEND PROPERTY NDMESH_LAYERS ndmesh_${name})
 endfunction()

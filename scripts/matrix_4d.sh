@@ -4,7 +4,10 @@
 # tp > 1, plus every --order of 2x2x2x2 that `ndmesh mesh` accepts, trains N steps (default
 # 50) under mpirun and is compared with the serial run of the same binary and flags minus
 # the layout. Prints one row per layout: the maximum over the steps of |loss - serial| /
-# serial, pass/fail at 1e-4 and 1e-5, and the wall time; refused layouts print the reason.
+# serial, pass/fail at 1e-4 and 1e-5, the relative difference of the step-1 gradient norm
+# (same weights: bound 1e-5) and the largest of the later gradient norms (bound 1e-4, as in
+# tests/mpi/train_lib.sh), a verdict on all three (losses at 1e-5), and the wall time;
+# refused layouts print the reason.
 # Model: 4 blocks, hidden 32, 4 heads / 2 key-value heads (so tp <= 2), seq 16 (zigzag cp
 # <= 8), batch 16; pp > 1 runs 1f1b with 2 x pp micro-batches per dp rank where possible;
 # dp > 1 with pp > 1 also runs with ZeRO (1 without tp, 2 with tp and sequence parallelism).
@@ -28,12 +31,16 @@ batch=16
 
 "$ndmesh" train "${common[@]}" | tail -n 1 > "$tmp/serial.json" || { echo "serial run failed" >&2; exit 1; }
 
-max_rel() {
-  jq -n --slurpfile a "$tmp/serial.json" --slurpfile b "$1" \
-    '[$a[0].losses, $b[0].losses] | transpose | map((.[0] - .[1]) / .[0] | if . < 0 then -. else . end) | max'
+# diffs <run.json>: "losses step-1-norm later-norms", the largest relative differences.
+diffs() {
+  jq -r -n --slurpfile a "$tmp/serial.json" --slurpfile b "$1" '
+    def rel: map((.[0] - .[1]) / .[0] | if . < 0 then -. else . end) | (max // 0);
+    ([$a[0].grad_norms, $b[0].grad_norms] | transpose) as $g
+    | "\([$a[0].losses, $b[0].losses] | transpose | rel) \($g[:1] | rel) \($g[1:] | rel)"'
 }
 
-printf '%-34s %-12s %5s %-24s %7s %7s %7s\n' layout order ranks max_rel_diff 1e-4 1e-5 seconds
+printf '%-34s %-12s %5s %-24s %7s %7s %-10s %-10s %7s %7s\n' layout order ranks max_rel_diff 1e-4 1e-5 grad1 grads \
+  norms seconds
 n_pass5=0 n_pass4=0 n_fail=0 n_refused=0
 run() {  # run <name> <order> <flags...>
   local name=$1 order=$2
@@ -60,18 +67,21 @@ run() {  # run <name> <order> <flags...>
   if [ "$rc" -ne 0 ] || ! tail -n 1 "$tmp/out" > "$tmp/run.json" ||
     ! jq -e --argjson n "$steps" '.losses | length == $n' "$tmp/run.json" > /dev/null 2>&1; then
     n_fail=$((n_fail + 1))
-    printf '%-34s %-12s %5s %-24s %7s %7s %7s\n' "$name" "$order" "$np" "crash(rc=$rc)" FAIL FAIL "$secs"
+    printf '%-34s %-12s %5s %-24s %7s %7s %-10s %-10s %7s %7s\n' "$name" "$order" "$np" "crash(rc=$rc)" FAIL FAIL - - \
+      FAIL "$secs"
     grep -v '^\s*$' "$tmp/err" | head -n 3 | sed 's/^/    /'
     return 0
   fi
-  local d p4 p5
-  d=$(max_rel "$tmp/run.json")
+  local d g1 g p4 p5 pn
+  read -r d g1 g <<< "$(diffs "$tmp/run.json")"
   p4=$(awk -v d="$d" 'BEGIN{print (d < 1e-4) ? "pass" : "FAIL"}')
   p5=$(awk -v d="$d" 'BEGIN{print (d < 1e-5) ? "pass" : "FAIL"}')
-  [ "$p5" = pass ] && n_pass5=$((n_pass5 + 1))
-  [ "$p4" = pass ] && n_pass4=$((n_pass4 + 1))
-  [ "$p4" = FAIL ] && n_fail=$((n_fail + 1))
-  printf '%-34s %-12s %5s %-24s %7s %7s %7s\n' "$name" "$order" "$np" "$d" "$p4" "$p5" "$secs"
+  pn=$(awk -v a="$g1" -v b="$g" 'BEGIN{print (a < 1e-5 && b < 1e-4) ? "pass" : "FAIL"}')
+  [ "$p5" = pass ] && [ "$pn" = pass ] && n_pass5=$((n_pass5 + 1))
+  [ "$p4" = pass ] && [ "$pn" = pass ] && n_pass4=$((n_pass4 + 1))
+  { [ "$p4" = FAIL ] || [ "$pn" = FAIL ]; } && n_fail=$((n_fail + 1))
+  printf '%-34s %-12s %5s %-24s %7s %7s %-10.3g %-10.3g %7s %7s\n' "$name" "$order" "$np" "$d" "$p4" "$p5" "$g1" "$g" \
+    "$pn" "$secs"
 }
 
 for tp in 1 2; do

@@ -15,6 +15,11 @@ const std::vector<Variable>& variables() {
        "bound of the engine's start-up (MPI_Init, every rank wiring up); on expiry the process exits 124 with one line"},
       {"NDMESH_CHECKPOINT_PAUSE_S", "seconds", "unset",
        "test hook: a checkpoint save waits this long with its shard files written, before its manifest"},
+      {"NDMESH_TEST_LOSS_SCALE", "number", "1",
+       "test hook: ndmesh train multiplies every token's loss weight in the gradient by this (a deliberately wrong "
+       "weight, e.g. a missing 1/dp, that the equivalence tests must catch)"},
+      {"NDMESH_REQUIRE_GPU", "integer", "0",
+       "1: the GPU tests fail instead of being skipped when no GPU can run (scripts/gpu_check.sh sets it)"},
       {"NDMESH_THREADS", "integer",
        "the core count for one process (ndmesh train); 1 per rank when several share a machine",
        "BLAS and compute threads per process"},
@@ -51,17 +56,24 @@ std::int64_t integer(std::string_view name, std::int64_t fallback, std::int64_t 
   return parsed;
 }
 
-double seconds(std::string_view name, double fallback) {
+namespace {
+// A positive number below 1e7; `what` names it in the message.
+double positive(std::string_view name, double fallback, std::string_view what) {
   auto value = raw(name);
   if (!value) return fallback;
   errno = 0;
   char* end = nullptr;
   double parsed = std::strtod(value->c_str(), &end);
   if (errno != 0 || end == value->c_str() || *end != '\0' || !(parsed > 0) || parsed > 1e7)
-    fail<ConfigError>("env", "{}='{}' is not a positive number of seconds; set it to e.g. {} or unset it",
-                      name, *value, fallback);
+    fail<ConfigError>("env", "{}='{}' is not a positive {}; set it to e.g. {} or unset it", name, *value, what,
+                      fallback);
   return parsed;
 }
+}  // namespace
+
+double seconds(std::string_view name, double fallback) { return positive(name, fallback, "number of seconds"); }
+
+double number(std::string_view name, double fallback) { return positive(name, fallback, "number"); }
 
 std::string string(std::string_view name, std::string_view fallback) {
   auto value = raw(name);
@@ -82,7 +94,9 @@ void check_all() {
   (void)seconds("NDMESH_TIMEOUT_S", 300);
   (void)seconds("NDMESH_INIT_TIMEOUT_S", 300);
   (void)seconds("NDMESH_CHECKPOINT_PAUSE_S", 1);
-  (void)integer("NDMESH_THREADS", 1, 1, 1024);  // the bounds of tensor/blas.cpp
+  (void)number("NDMESH_TEST_LOSS_SCALE", 1);
+  (void)integer("NDMESH_THREADS", 1, 1, 1024);
+  (void)integer("NDMESH_REQUIRE_GPU", 0, 0, 1);  // the bounds of tensor/blas.cpp
   one_of("NDMESH_LOG", {"error", "warn", "info", "debug"}, "error, warn, info or debug");
   one_of("NDMESH_BACKEND", {"mpi", "nccl"}, "mpi (or nccl when built with GPUs)");
 }

@@ -13,6 +13,8 @@
 #include <fmt/core.h>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/model/checkpoint_dir.hpp"
+#include "ndmesh/model/gpt.hpp"
 
 namespace ndmesh::model {
 
@@ -224,6 +226,42 @@ std::vector<std::string> spec_differences(const ModelSpec& a, const ModelSpec& b
   cmp("experts", a.experts, b.experts);
   cmp("tied_embeddings", a.tied_embeddings, b.tied_embeddings);
   return out;
+}
+
+void convert_to_checkpoint_dir(const std::string& file, const std::string& dir) {
+  const Checkpoint c = load_checkpoint(file);
+  // The serial model's views say where each parameter lives in the logical flat buffer the
+  // file holds (ZeRO may have padded it: the padding is zero, and past the logical end).
+  const Gpt serial(c.spec, GptOptions{.batch = 1});
+  std::int64_t logical = 0;
+  const std::vector<std::int64_t> offsets = serial.params().logical_offsets(&logical);
+  if (c.params.size() < static_cast<std::size_t>(logical) || c.adam_m.size() != c.params.size() ||
+      c.adam_v.size() != c.params.size())
+    fail<IoError>("checkpoint", "'{}' holds {} parameters but its model has {}; the file is corrupt", file,
+                  c.params.size(), logical);
+  const std::string tmp = checkpoint_temp_dir(dir);
+  prepare_checkpoint_temp_dir(tmp);
+  Manifest m;
+  m.spec = c.spec;
+  m.step = c.step;
+  m.adam_steps = c.adam_steps;
+  m.data = c.data;
+  m.layout = {.mesh = "dp=1 pp=1 cp=1 tp=1 (converted from a single-file checkpoint)", .world = 1};
+  {
+    ShardFileWriter writer(tmp, "shard-pp000-tp000.bin");
+    const auto& views = serial.params().views();
+    for (std::size_t i = 0; i < views.size(); ++i) {
+      const auto at = static_cast<std::size_t>(offsets[i]);
+      TensorRecord r{views[i].name, views[i].shape, {}};
+      r.slices.push_back(writer.append(views[i].shard, views[i].shape, c.params.data() + at, c.adam_m.data() + at,
+                                       c.adam_v.data() + at));
+      m.tensors.push_back(std::move(r));
+    }
+    m.files.push_back(writer.close());
+  }
+  write_manifest(tmp, m);
+  read_manifest(tmp);
+  commit_checkpoint_dir(tmp, dir);
 }
 
 }  // namespace ndmesh::model

@@ -1,5 +1,7 @@
 #include "ndmesh/nn/linear.hpp"
 
+#include <algorithm>
+
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/blas.hpp"
 
@@ -86,8 +88,21 @@ void DeferredWeightGrads<T>::record(const Linear<T>& layer, const T* dout, const
 }
 
 template <typename T>
-void DeferredWeightGrads<T>::run() {
-  for (const Entry& e : entries_) e.layer->backward_weight(e.dout.data(), e.inp, e.rows);
+std::int64_t Linear<T>::grads_end() const {
+  auto end = [&](int id) { return id < 0 ? 0 : store_->view(id).offset + store_->view(id).numel; };
+  return std::max(end(weight_), end(bias_));
+}
+
+template <typename T>
+void DeferredWeightGrads<T>::run(const std::function<void(std::int64_t)>& final_from) {
+  // from[k]: the largest grads_end() of the records k.. (what is not final before record k).
+  std::vector<std::int64_t> from(entries_.size() + 1, 0);
+  for (std::size_t k = entries_.size(); k-- > 0;) from[k] = std::max(from[k + 1], entries_[k].layer->grads_end());
+  for (std::size_t k = 0; k < entries_.size(); ++k) {
+    const Entry& e = entries_[k];
+    e.layer->backward_weight(e.dout.data(), e.inp, e.rows);
+    if (final_from) final_from(from[k + 1]);
+  }
   entries_.clear();
 }
 

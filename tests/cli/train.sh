@@ -53,14 +53,34 @@ set -e
 [ "$rc" -eq 1 ] && grep -q "$shard' is corrupt" "$tmp/out.txt" || fail "inspect --verify of a corrupt shard: rc $rc $(cat "$tmp/out.txt")"
 
 # A single-file checkpoint (format 2) written by the ndmesh before checkpoint directories
-# (tests/data/format2_step6.ckpt: --until 6 of the run below) still loads and continues
-# with the uninterrupted run's losses.
+# (tests/data/format2_step6.ckpt: --until 6 of the run below): train refuses it with the
+# conversion command; converted, it continues with the uninterrupted run's losses.
 legacy=(--layers 1 --hidden 16 --heads 2 --kv-heads 1 --seq 8 --markov-vocab 8 --batch 4 --threads 1 --steps 12)
+legacy_file="$(dirname "$0")/../data/format2_step6.ckpt"
 "$ndmesh" train "${legacy[@]}" > "$tmp/legacy_full.txt"
-"$ndmesh" train "${legacy[@]}" --load "$(dirname "$0")/../data/format2_step6.ckpt" > "$tmp/legacy_rest.txt" ||
-  fail "the format-2 checkpoint does not load"
+set +e
+"$ndmesh" train "${legacy[@]}" --load "$legacy_file" > "$tmp/legacy_refused.txt" 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q "ndmesh checkpoint convert" "$tmp/legacy_refused.txt" ||
+  fail "a format-2 file given to --load: rc $rc $(cat "$tmp/legacy_refused.txt")"
+"$ndmesh" checkpoint convert "$legacy_file" "$tmp/legacy.ckpt" > /dev/null || fail "checkpoint convert"
+"$ndmesh" checkpoint inspect "$tmp/legacy.ckpt" --verify > /dev/null || fail "the converted checkpoint does not verify"
+"$ndmesh" train "${legacy[@]}" --load "$tmp/legacy.ckpt" > "$tmp/legacy_rest.txt" ||
+  fail "the converted format-2 checkpoint does not load"
 diff <(grep -o '^step [0-9]*/12 loss [0-9.]*' "$tmp/legacy_full.txt" | tail -n 6) \
      <(grep -o '^step [0-9]*/12 loss [0-9.]*' "$tmp/legacy_rest.txt") || fail "format-2 resume differs from the full run"
+
+# A long run holds a bounded pipeline trace (the last --trace-steps steps of actions): 64
+# micro-batches per step, 2000 steps against 200, the peak RSS must not grow by more than
+# noise (measured: +0.24 MiB; before the window, +15 MiB).
+rss=(--layers 1 --hidden 8 --heads 1 --kv-heads 1 --seq 4 --markov-vocab 8 --threads 1 --eval-batches 0 --batch 64
+  --micro-batch 1 --steps 1000000 --json)
+short=$("$ndmesh" train "${rss[@]}" --until 200 | tail -n 1 | jq .memory_bytes.peak_rss)
+long=$("$ndmesh" train "${rss[@]}" --until 2000 | tail -n 1 | jq .memory_bytes.peak_rss)
+echo "peak RSS: 200 steps $short B, 2000 steps $long B"
+awk -v a="$short" -v b="$long" 'BEGIN{exit !(b - a < 2 * 1048576)}' ||
+  fail "the peak RSS grows with the steps: $short B after 200, $long B after 2000"
 
 # Byte-level data on a text file (the vocabulary becomes 256).
 for i in $(seq 1 50); do echo "the quick brown fox jumps over the lazy dog $i"; done > "$tmp/text.txt"

@@ -3,7 +3,10 @@
 // dtype, exactly (the values are small integers, so float sums are exact too); plus the
 // communicator additions they and data parallelism need: in-place reduce_scatter and
 // all_gather, bfloat16, wait_all and the aliasing check. Run with 1..16 ranks.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <string>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -135,6 +138,43 @@ TEST(Communicator, BFloat16SumsAndWaitAll) {
   EXPECT_EQ(static_cast<float>(BFloat16(1.0f + 1.0f / 256)), 1.0f);
   EXPECT_EQ(static_cast<float>(BFloat16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);
   EXPECT_TRUE(std::isnan(static_cast<float>(BFloat16(std::nanf("")))));
+}
+
+// bfloat16 reductions of signed random values (the shape of gradients) against the exact
+// sum of the fp32 inputs, for every algorithm: each of the p inputs is rounded to bf16 once
+// and each of the p - 1 additions rounds once (u = 2^-8, bf16's 8 significand bits), so
+// |bf16 sum - exact| <= gamma_p * sum of |x_r| with gamma_p = p u / (1 - p u) (Higham's
+// bound for recursive summation, with the input rounding as one more term).
+TEST(AllReduce, BFloat16SumsWithinTheRoundingBound) {
+  const Communicator world = Communicator::world();
+  const int p = world.size();
+  const double u = std::ldexp(1.0, -8), gamma = p * u / (1 - p * u);
+  const std::size_t n = 4099;
+  auto x = [](std::int64_t rank, std::size_t i) {  // in [-1, 1), different on every rank
+    const std::uint64_t h = (static_cast<std::uint64_t>(rank) * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull) >> 11;
+    return static_cast<float>(static_cast<double>(h) / 4503599627370496.0 * 2 - 1);
+  };
+  for (auto a : {AllReduceAlgorithm::kMpi, AllReduceAlgorithm::kRing, AllReduceAlgorithm::kTree,
+                 AllReduceAlgorithm::kHierarchical}) {
+    AllReducer reducer(world, {.algorithm = a, .ranks_per_node = 2});
+    std::vector<BFloat16> data(n);
+    for (std::size_t i = 0; i < n; ++i) data[i] = BFloat16(x(world.rank(), i));
+    reducer.all_reduce(std::span<BFloat16>(data));
+    double worst = 0;  // the largest error as a fraction of the bound
+    for (std::size_t i = 0; i < n; ++i) {
+      double exact = 0, magnitude = 0;
+      for (std::int64_t r = 0; r < p; ++r) {
+        exact += static_cast<double>(x(r, i));
+        magnitude += std::abs(static_cast<double>(x(r, i)));
+      }
+      const double error = std::abs(static_cast<double>(static_cast<float>(data[i])) - exact);
+      ASSERT_LE(error, gamma * magnitude) << algorithm_name(a) << " element " << i << " on " << p << " ranks";
+      worst = std::max(worst, error / (gamma * magnitude));
+    }
+    if (world.rank() == 0)
+      std::printf("bf16 %s on %d ranks: largest error %.2f of the bound gamma_p = %.4f\n",
+                  std::string(algorithm_name(a)).c_str(), p, worst, gamma);
+  }
 }
 
 }  // namespace

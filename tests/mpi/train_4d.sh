@@ -36,7 +36,7 @@ check() {  # check <serial name> <ranks> <name> <flags...>: equal to serial with
     fail "$name: exit $? $(cat "$tmp/$name.err")"
   tail -n 1 "$tmp/$name.out" > "$tmp/$name.json"
   jq -e --argjson n $steps '.losses | length == $n' "$tmp/$name.json" > /dev/null || fail "$name has no $steps losses"
-  expect_close "$name vs serial" "$(max_rel "$tmp/$base.json" "$tmp/$name.json")"
+  expect_same "$name vs serial" "$tmp/$base.json" "$tmp/$name.json"
 }
 
 # dp x pp x tp

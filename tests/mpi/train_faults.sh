@@ -8,17 +8,24 @@
 #   train_faults.sh <mpirun command...> <path to ndmesh>
 source "$(dirname "$0")/train_lib.sh" "$@"
 set +e  # exit statuses are checked by hand here
-trap 'pkill -9 -f -- "--seed 7771" 2>/dev/null; rm -rf "$tmp"' EXIT
+# The ranks are found as the children of this test's own mpirun (never by a command-line
+# pattern, which would also match a second suite running beside this one).
+ranks=()
+trap 'kill -9 "${ranks[@]}" 2>/dev/null; rm -rf "$tmp"' EXIT
 timeout_s=5
 model=(--layers 4 --hidden 32 --heads 4 --kv-heads 2 --seq 16 --markov-vocab 16 --threads 1 --eval-batches 0
   --batch 8 --seed 7771)
 
-# kill_a_rank <when>: SIGKILLs one rank of the job $job; the job must end non-zero within
-# twice the timeout.
+# kill_a_rank <when>: SIGKILLs one rank of the job $job (`timeout` over mpirun, whose
+# children are the ranks); the job must end non-zero within twice the timeout, and with it
+# every rank.
 kill_a_rank() {
-  local victim start rc elapsed
-  victim=$(pgrep -f -- "ndmesh train .*--seed 7771" | grep -vx "$job" | tail -n 1)
-  [ -n "$victim" ] || fail "no rank process found ($1)"
+  local launcher victim start rc elapsed
+  launcher=$(pgrep -P "$job" | head -n 1)
+  [ -n "$launcher" ] || fail "no mpirun under the job $job ($1)"
+  mapfile -t ranks < <(pgrep -P "$launcher")
+  [ "${#ranks[@]}" -eq 4 ] || fail "mpirun $job has ${#ranks[@]} rank processes, expected 4 ($1)"
+  victim=${ranks[-1]}
   kill -9 "$victim"
   start=$(date +%s.%N)
   wait "$job"
@@ -27,6 +34,12 @@ kill_a_rank() {
   echo "job with a rank killed $1 ended ${elapsed} s after the kill (limit $((2 * timeout_s)) s), exit $rc"
   [ "$rc" -ne 0 ] || fail "the job exited 0 after a rank was killed $1"
   awk -v e="$elapsed" -v t="$timeout_s" 'BEGIN{exit !(e < 2 * t)}' || fail "the job took ${elapsed} s to end ($1)"
+  local r
+  for r in "${ranks[@]}"; do  # gone, or a zombie waiting to be reaped by init
+    [ "$(awk '{print $3}' "/proc/$r/stat" 2> /dev/null || echo Z)" = Z ] ||
+      fail "rank process $r still runs after the job ended ($1)"
+  done
+  return 0
 }
 
 NDMESH_TIMEOUT_S=$timeout_s "${mpirun[@]}" -np 4 "$ndmesh" train "${model[@]}" --dp 2 --tp 2 --sequence-parallel \
@@ -41,7 +54,6 @@ done
 [ -f "$tmp/run.ckpt/manifest.json" ] || fail "no checkpoint after 60 s: $(tail -5 "$tmp/out.txt")"
 kill_a_rank "mid-step"
 tail -n 8 "$tmp/out.txt"
-pgrep -f -- "--seed 7771" > /dev/null && fail "ranks still running after the job ended"
 
 # The last good checkpoint loads (any layout) and training continues from it.
 out=$("$ndmesh" train "${model[@]}" --steps 1000000 --until "$(($(grep -c '^step ' "$tmp/out.txt") + 4))" \

@@ -41,7 +41,7 @@ check() {  # check <ranks> <name> <serial name> <flags...>: equal to that serial
   "${mpirun[@]}" -np "$np" "$ndmesh" train "${model[@]}" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err" ||
     fail "$name: exit $? $(cat "$tmp/$name.err")"
   tail -n 1 "$tmp/$name.out" > "$tmp/$name.json"
-  expect_close "$name vs serial" "$(max_rel "$tmp/$ref.json" "$tmp/$name.json" final_loss)"
+  expect_same "$name vs serial" "$tmp/$ref.json" "$tmp/$name.json" final_loss
   # The measured peak of live activations per stage is the schedule's.
   jq -e '.pipeline.peak_activations == .pipeline.expected_peak_activations' "$tmp/$name.json" > /dev/null ||
     fail "$name: peak activations $(jq -c .pipeline "$tmp/$name.json")"
@@ -65,6 +65,23 @@ for schedule in gpipe 1f1b zb-h1; do
   check 4 dp2_pp2_$schedule serial --dp 2 --pp 2 --schedule "$schedule" --micro-batch 1
 done
 check 4 cp2_pp2_zb-h1 serial --cp 2 --pp 2 --schedule zb-h1 --micro-batch 2
+# The split backward and data parallelism: the weight half completes a micro-batch's
+# gradients, so ZeRO 2 reduce-scatters once per micro-batch, as under 1F1B (the same bytes
+# per step, not twice as many), and the weight half reports its finished gradients as it
+# goes, so small buckets start during it: part of the reduction is hidden (ZeRO 0 and 1).
+for schedule in 1f1b zb-h1; do
+  check 4 dp2_pp2_zero2_$schedule serial --dp 2 --pp 2 --zero 2 --schedule "$schedule" --micro-batch 1 --bucket-mb 0.01
+done
+jq -n -e --slurpfile a "$tmp/dp2_pp2_zero2_1f1b.json" --slurpfile b "$tmp/dp2_pp2_zero2_zb-h1.json" \
+  '$a[0].grad_comm_bytes_per_step > 0 and $b[0].grad_comm_bytes_per_step == $a[0].grad_comm_bytes_per_step' > /dev/null ||
+  fail "ZeRO 2 bytes per step: 1f1b $(jq .grad_comm_bytes_per_step "$tmp/dp2_pp2_zero2_1f1b.json"), zb-h1 $(jq .grad_comm_bytes_per_step "$tmp/dp2_pp2_zero2_zb-h1.json")"
+for zero in 0 1; do
+  check 4 dp2_pp2_zero${zero}_zbh1_small_buckets serial --dp 2 --pp 2 --zero $zero --schedule zb-h1 --micro-batch 2 \
+    --bucket-mb 0.01
+  jq -e '.comm_seconds > 0 and .exposed_comm_seconds < .comm_seconds' "$tmp/dp2_pp2_zero${zero}_zbh1_small_buckets.json" \
+    > /dev/null || fail "zb-h1 ZeRO $zero hides none of the reduction: $(jq -c '{comm_seconds, exposed_comm_seconds}' \
+    "$tmp/dp2_pp2_zero${zero}_zbh1_small_buckets.json")"
+done
 check 4 dp2_pp2_interleaved serial --dp 2 --pp 2 --schedule interleaved --virtual-stages 2 --micro-batch 2
 check 2 pp2_untied untied --untied --pp 2 --micro-batch 2
 check 2 pp2_layers_3_1 serial --pp 2 --pp-layers 3,1 --micro-batch 2
@@ -79,9 +96,13 @@ jq -e '.pipeline.peak_activations == [2,2,2,1]' "$tmp/pp4_1f1b_mb2.json" > /dev/
   fail "1f1b pp 4 m 2 peak: $(jq -c .pipeline.peak_activations "$tmp/pp4_1f1b_mb2.json")"
 jq -e '.pipeline.peak_activations == [8,8,8,8]' "$tmp/pp4_gpipe_mb8.json" > /dev/null ||
   fail "gpipe pp 4 peak: $(jq -c .pipeline.peak_activations "$tmp/pp4_gpipe_mb8.json")"
-jq -e '.pipeline.partition == [1,1,1,1] and (.pipeline.bubble_measured | . >= 0 and . < 1)
-  and (.pipeline.bubble_simulated | . > 0 and . < 1) and (.pipeline.bubble_simulated_stages | . > 0 and . < 1)' "$tmp/pp4_1f1b_mb8.json" > /dev/null ||
-  fail "pp 4 JSON: $(jq -c .pipeline "$tmp/pp4_1f1b_mb8.json")"
+# The bubble: simulating 1F1B with one mean forward and backward for every stage gives the
+# closed form (p - 1) / (m + p - 1) = 3/11 for p 4, m 8 (the simulator's own unit tests
+# check it for other shapes; here it runs on the measured costs); a real run cannot idle
+# less than the schedule forces with equal costs, so the measured bubble is at least that.
+jq -e '.pipeline.partition == [1,1,1,1] and (.pipeline.bubble_simulated - 3 / 11 | fabs < 1e-9)
+  and (.pipeline.bubble_measured | . >= 3 / 11 and . < 1) and (.pipeline.bubble_simulated_stages | . > 0 and . < 1)' \
+  "$tmp/pp4_1f1b_mb8.json" > /dev/null || fail "pp 4 JSON: $(jq -c .pipeline "$tmp/pp4_1f1b_mb8.json")"
 jq -e '.pipeline.partition == [1,3,2,2]' "$tmp/pp4_layers.json" > /dev/null || fail "--pp-layers partition"
 grep -q "pipeline bubble: measured" "$tmp/pp4_1f1b_mb8.out" || fail "no bubble summary line"
 

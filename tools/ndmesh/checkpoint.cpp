@@ -1,5 +1,7 @@
 // ndmesh checkpoint inspect DIR: what a checkpoint directory holds (its manifest), and
 // with --verify whether every slice still matches its checksum.
+// ndmesh checkpoint convert FILE DIR: a single-file checkpoint (format 2, written by ndmesh
+// before checkpoint directories) as a checkpoint directory, which train --load reads.
 #include <memory>
 #include <set>
 #include <string>
@@ -8,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/model/checkpoint.hpp"
 #include "ndmesh/model/checkpoint_dir.hpp"
 #include "subcommand.hpp"
 
@@ -18,16 +21,34 @@ struct Options {
   std::string dir;
   bool json = false;
   bool verify = false;
+  std::string file;  // convert
 };
+
+// A path that is not a readable checkpoint is bad input to this command (exit 2).
+[[noreturn]] void bad_input(const IoError& e) {
+  const std::string what = e.what();  // "[checkpoint] ...": keep one prefix
+  throw ConfigError("checkpoint", what.substr(what.find("] ") + 2));
+}
+
+int convert(const Options& o) {
+  try {
+    model::convert_to_checkpoint_dir(o.file, o.dir);
+  } catch (const IoError& e) {
+    bad_input(e);
+  }
+  const model::Manifest m = model::read_manifest(o.dir);
+  fmt::print("converted {} (format 2, step {}) into checkpoint directory {} ({} tensors); load it with "
+             "ndmesh train --load {} under any layout\n",
+             o.file, m.step, o.dir, m.tensors.size(), o.dir);
+  return 0;
+}
 
 int inspect(const Options& o) {
   model::Manifest m;
   try {
     m = model::read_manifest(o.dir);
   } catch (const IoError& e) {
-    // A path that is not a readable checkpoint is bad input to this command (exit 2).
-    const std::string what = e.what();  // "[checkpoint] ...": keep one prefix
-    throw ConfigError("checkpoint", what.substr(what.find("] ") + 2));
+    bad_input(e);
   }
   if (o.json) {
     fmt::print("{}", model::manifest_json(m));
@@ -81,10 +102,16 @@ Action setup(CLI::App& app) {
   in->add_flag("--verify", o->verify,
                "also read every slice and check its checksum (exit 1 naming the file when one fails)");
   in->footer("Example: ndmesh train --steps 20 --save run.ckpt && ndmesh checkpoint inspect run.ckpt --verify");
-  return [o] { return inspect(*o); };
+  CLI::App* cv = app.add_subcommand(
+      "convert", "Write a single-file checkpoint (format 2, from ndmesh before checkpoint directories) as a "
+                 "checkpoint directory");
+  cv->add_option("file", o->file, "single-file checkpoint (format 2)")->required();
+  cv->add_option("dir", o->dir, "checkpoint directory to write (replaced if it exists)")->required();
+  cv->footer("Example: ndmesh checkpoint convert old.ckpt run.ckpt && ndmesh train --load run.ckpt --steps 200");
+  return [o, in] { return in->parsed() ? inspect(*o) : convert(*o); };
 }
 
-const Subcommand kCheckpoint{"checkpoint", "Inspect and verify checkpoint directories", setup};
+const Subcommand kCheckpoint{"checkpoint", "Inspect, verify and convert checkpoints", setup};
 
 }  // namespace
 }  // namespace ndmesh::cli

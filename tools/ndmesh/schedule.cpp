@@ -23,6 +23,7 @@
 #include "ndmesh/parallel/pp/render.hpp"
 #include "ndmesh/parallel/pp/schedule.hpp"
 #include "ndmesh/parallel/pp/simulate.hpp"
+#include "ndmesh/parallel/pp/trace.hpp"
 #include "subcommand.hpp"
 
 namespace ndmesh::cli {
@@ -51,90 +52,11 @@ void write_svg(const std::string& path, const pp::PipelineSchedule& s, const pp:
                       path, std::strerror(errno));
 }
 
-// A measured run as a schedule and its "simulation": the actions of one pipeline and one
-// step in the order they ran, with their measured start and end (seconds from the step's
-// first action), so the same renderer draws it.
+// A measured run as a schedule and its "simulation" (pp/trace.hpp): the actions of one
+// pipeline and one step in the order they ran, with their measured spans.
 std::pair<pp::PipelineSchedule, pp::Simulation> read_trace(const Options& o) {
-  std::ifstream in(o.trace);
-  if (!in)
-    fail<ConfigError>(
-        "schedule", "--trace {}: cannot read the file; pass a file written by ndmesh train --trace", o.trace);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    fail<ConfigError>("schedule", "--trace {}: not JSON ({}); pass a file written by ndmesh train --trace",
-                      o.trace, e.what());
-  }
-  if (!j.contains("ndmesh") || !j.contains("traceEvents"))
-    fail<ConfigError>("schedule",
-                      "--trace {}: no ndmesh pipeline header; pass a file written by ndmesh train --trace",
-                      o.trace);
-  pp::PipelineSchedule s;
-  s.kind = parse_schedule(j["ndmesh"]["schedule"].get<std::string>());
-  s.stages = j["ndmesh"]["stages"].get<int>();
-  s.microbatches = j["ndmesh"]["microbatches"].get<int>();
-  s.chunks = j["ndmesh"]["chunks"].get<int>();
-  s.actions.resize(static_cast<std::size_t>(s.stages));
-  int last_step = 0;
-  for (const auto& e : j["traceEvents"])
-    if (e.value("ph", "") == "X" && e["pid"].get<int>() == o.pipeline)
-      last_step = std::max(last_step, e["args"]["step"].get<int>());
-  const int step = o.step > 0 ? o.step : last_step;
-  struct Timed {
-    double start, end;
-    pp::Action action;
-  };
-  std::vector<std::vector<Timed>> timed(static_cast<std::size_t>(s.stages));
-  double origin = 1e300;
-  for (const auto& e : j["traceEvents"]) {
-    if (e.value("ph", "") != "X" || e["pid"].get<int>() != o.pipeline || e["args"]["step"].get<int>() != step)
-      continue;
-    const int stage = e["tid"].get<int>();
-    if (stage < 0 || stage >= s.stages) continue;
-    pp::Action a{.microbatch = e["args"]["microbatch"].get<int>(), .chunk = e["args"]["chunk"].get<int>()};
-    const std::string cat = e["cat"].get<std::string>();
-    bool known = false;
-    for (int k = 0; k <= static_cast<int>(pp::ActionKind::kRecvGradient); ++k)
-      if (pp::action_kind_name(static_cast<pp::ActionKind>(k)) == cat) {
-        a.kind = static_cast<pp::ActionKind>(k);
-        known = true;
-      }
-    if (!known) continue;
-    const double start = e["ts"].get<double>() * 1e-6, end = start + e["dur"].get<double>() * 1e-6;
-    origin = std::min(origin, start);
-    timed[static_cast<std::size_t>(stage)].push_back({start, end, a});
-  }
-  if (origin == 1e300)
-    fail<ConfigError>(
-        "schedule",
-        "--trace {}: no actions of pipeline {} at step {}; use --trace-pipeline and --trace-step "
-        "with values from the file",
-        o.trace, o.pipeline, step);
-  pp::Simulation sim;
-  sim.busy.assign(static_cast<std::size_t>(s.stages), 0.0);
-  sim.spans.resize(static_cast<std::size_t>(s.stages));
-  double busy = 0;
-  for (int r = 0; r < s.stages; ++r) {
-    auto& list = timed[static_cast<std::size_t>(r)];
-    std::stable_sort(list.begin(), list.end(),
-                     [](const Timed& x, const Timed& y) { return x.start < y.start; });
-    int now = 0, peak = 0;
-    for (const Timed& t : list) {
-      s.actions[static_cast<std::size_t>(r)].push_back(t.action);
-      sim.spans[static_cast<std::size_t>(r)].push_back({t.start - origin, t.end - origin});
-      sim.makespan = std::max(sim.makespan, t.end - origin);
-      if (!pp::is_p2p(t.action.kind)) sim.busy[static_cast<std::size_t>(r)] += t.end - t.start;
-      if (t.action.kind == pp::ActionKind::kForward) peak = std::max(peak, ++now);
-      if (t.action.kind == pp::ActionKind::kBackward || t.action.kind == pp::ActionKind::kBackwardInput)
-        --now;
-    }
-    busy += sim.busy[static_cast<std::size_t>(r)];
-    sim.peak_in_flight_chunks.push_back(peak);
-    sim.peak_in_flight.push_back(static_cast<double>(peak) / s.chunks);
-  }
-  sim.bubble_fraction = sim.makespan > 0 ? 1.0 - busy / (s.stages * sim.makespan) : 0.0;
-  return {std::move(s), std::move(sim)};
+  const auto [shape, events] = pp::read_chrome_trace(o.trace);
+  return pp::measured_timeline(shape, events, o.pipeline, o.step > 0 ? o.step - 1 : -1);
 }
 
 int run_trace(const Options& o) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -68,11 +69,48 @@ struct Options {
   std::string schedule = "1f1b";
   std::int64_t virtual_stages = 1;
   std::string pp_layers, trace, drop_action;
+  std::int64_t trace_steps = 32;
 };
 
 // Bad flag values are ConfigErrors (exit 2) naming the flag, the value and a fix.
 void need(bool ok, std::string_view flag, auto value, std::string_view rule, std::string_view example) {
   if (!ok) fail<ConfigError>("train", "{}={} {}; e.g. {} {}", flag, value, rule, flag, example);
+}
+
+// The run's options from the flags (the names, schedule and mode strings already checked).
+parallel::TrainOptions train_options(const Options& o, std::int64_t vocab, std::int64_t ranks_per_node) {
+  return parallel::TrainOptions{.model = ModelSpec{.name = {},
+                                              .layers = o.layers,
+                                              .hidden = o.hidden,
+                                              .heads = o.heads,
+                                              .kv_heads = o.kv_heads,
+                                              .ffn = o.ffn,
+                                              .seq = o.seq,
+                                              .vocab = vocab,
+                                              .tied_embeddings = !o.untied},
+                           .batch = o.batch,
+                           .micro_batch = o.micro_batch,
+                           .steps = o.steps,
+                           .lr = o.lr,
+                           .warmup = o.warmup,
+                           .min_lr_ratio = o.min_lr_ratio,
+                           .adamw = {.weight_decay = o.weight_decay, .clip_norm = o.clip},
+                           .seed = o.seed,
+                           .dp = {.bucket_mb = o.bucket_mb,
+                                  .overlap = !o.no_overlap,
+                                  .zero = o.zero,
+                                  .algorithm = comm::parse_algorithm(o.allreduce),
+                                  .ranks_per_node = ranks_per_node,
+                                  .progress_thread = !o.no_progress_thread,
+                                  .bf16 = o.grad_dtype == "bf16"},
+                           .pp = {.schedule = parse_schedule(o.schedule),
+                                  .virtual_stages = o.virtual_stages,
+                                  .layers = o.pp_layers,
+                                  .drop_action = o.drop_action,
+                                  .trace_steps = o.trace_steps},
+                           .cp_layout = parallel::parse_cp_layout(o.cp_layout),
+                           .sequence_parallel = o.sequence_parallel,
+                           .recompute = *nn::parse_recompute(o.recompute)};
 }
 
 void validate(const Options& o) {
@@ -87,14 +125,6 @@ void validate(const Options& o) {
   need(o.ffn >= 0, "--ffn", o.ffn, "must be >= 0 (0: 4 * hidden)", "256");
   need(o.seq >= 1, "--seq", o.seq, "must be at least 1", "64");
   need(o.vocab >= 0, "--vocab", o.vocab, "must be >= 0 (0: the data's vocabulary)", "256");
-  need(o.batch >= 1, "--global-batch", o.batch, "must be at least 1", "16");
-  need(o.steps >= 1, "--steps", o.steps, "must be at least 1", "1000");
-  need(o.warmup >= 0, "--warmup", o.warmup, "must be >= 0", "20");
-  need(o.lr > 0 && std::isfinite(o.lr), "--lr", o.lr, "must be a positive number", "3e-3");
-  need(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio", o.min_lr_ratio, "must be in [0, 1]",
-       "0.1");
-  need(o.weight_decay >= 0, "--weight-decay", o.weight_decay, "must be >= 0", "0.1");
-  need(o.clip >= 0, "--clip", o.clip, "must be >= 0 (0: no clipping)", "1.0");
   need(o.markov_vocab >= 2 && o.markov_vocab <= 1024, "--markov-vocab", o.markov_vocab,
        "must be in [2, 1024]", "32");
   need(o.markov_sharpness >= 0 && std::isfinite(o.markov_sharpness), "--markov-sharpness", o.markov_sharpness,
@@ -107,9 +137,6 @@ void validate(const Options& o) {
   need(o.save_every == 0 || !o.save.empty(), "--save-every", o.save_every, "needs --save PATH",
        "100 --save run.ckpt");
   need(o.eval_batches >= 0, "--eval-batches", o.eval_batches, "must be >= 0", "8");
-  need(o.micro_batch >= 0, "--micro-batch", o.micro_batch, "must be >= 0 (0: the whole local batch)", "4");
-  need(o.bucket_mb > 0 && o.bucket_mb <= 1 << 20, "--bucket-mb", o.bucket_mb, "must be in (0, 1048576]", "25");
-  need(o.zero >= 0 && o.zero <= 2, "--zero", o.zero, "must be 0, 1 or 2", "1");
   need(o.grad_dtype == "fp32" || o.grad_dtype == "bf16", "--grad-dtype", o.grad_dtype, "must be fp32 or bf16",
        "bf16");
   comm::parse_algorithm(o.allreduce);
@@ -121,7 +148,10 @@ void validate(const Options& o) {
   }
   need(nn::parse_recompute(o.recompute).has_value(), "--recompute", o.recompute,
        "is not a recompute mode (none, selective, full)", "selective");
-  need(o.virtual_stages >= 1, "--vpp", o.virtual_stages, "must be at least 1", "2");
+  // The options the runtime checks itself (parallel::train_option_problems), checked here
+  // too so that a bad value fails before any rank starts.
+  if (auto problems = parallel::train_option_problems(train_options(o, 0, 0)); !problems.empty())
+    fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
   namespace fs = std::filesystem;
   std::error_code ec;
   // An empty value must not silently switch the feature off.
@@ -198,54 +228,36 @@ int train(Options o, comm::Communicator& world) {
         "--vocab={} does not match the data ({}), which has {} tokens; use --vocab {} or leave it out",
         o.vocab, data->describe(), data->vocab(), data->vocab());
 
-  parallel::TrainOptions t{.model = ModelSpec{.name = {},
-                                              .layers = o.layers,
-                                              .hidden = o.hidden,
-                                              .heads = o.heads,
-                                              .kv_heads = o.kv_heads,
-                                              .ffn = o.ffn,
-                                              .seq = o.seq,
-                                              .vocab = o.vocab > 0 ? o.vocab : data->vocab(),
-                                              .tied_embeddings = !o.untied},
-                           .batch = o.batch,
-                           .micro_batch = o.micro_batch,
-                           .steps = o.steps,
-                           .lr = o.lr,
-                           .warmup = o.warmup,
-                           .min_lr_ratio = o.min_lr_ratio,
-                           .adamw = {.weight_decay = o.weight_decay, .clip_norm = o.clip},
-                           .seed = o.seed,
-                           .dp = {.bucket_mb = o.bucket_mb,
-                                  .overlap = !o.no_overlap,
-                                  .zero = o.zero,
-                                  .algorithm = comm::parse_algorithm(o.allreduce),
-                                  .ranks_per_node = layout.config.ranks_per_node,
-                                  .progress_thread = !o.no_progress_thread,
-                                  .bf16 = o.grad_dtype == "bf16"},
-                           .pp = {.schedule = parse_schedule(o.schedule),
-                                  .virtual_stages = o.virtual_stages,
-                                  .layers = o.pp_layers,
-                                  .drop_action = o.drop_action},
-                           .cp_layout = parallel::parse_cp_layout(o.cp_layout),
-                           .sequence_parallel = o.sequence_parallel,
-                           .recompute = *nn::parse_recompute(o.recompute)};
-  // Refuse sizes that would not fit instead of being killed half-way through allocation.
+  const parallel::TrainOptions t = train_options(o, o.vocab > 0 ? o.vocab : data->vocab(), layout.config.ranks_per_node);
+  // Refuse sizes that would not fit instead of being killed half-way through allocation:
+  // the ranks of one node share its memory, so the node's ranks times one rank's need
+  // against the node's memory, agreed over the world (the fullest node decides for all).
   const std::int64_t dp = layout.mesh.size_of("dp");
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : std::max<std::int64_t>(1, o.batch / dp);
   // A context-parallel rank keeps the activations of its seq / cp tokens.
   const std::int64_t local_seq = std::max<std::int64_t>(1, o.seq / std::max<std::int64_t>(1, layout.mesh.size_of("cp")));
   // A tensor-parallel rank holds about 1/tp of the parameters and activations.
-  const double need_bytes = model::gpt_memory_elements(t.model, micro, local_seq) * sizeof(float) * 3 / 2 *
-                            static_cast<double>(world.size()) /
+  const double rank_bytes = model::gpt_memory_elements(t.model, micro, local_seq) * sizeof(float) * 3 / 2 /
                             static_cast<double>(std::max<std::int64_t>(1, layout.mesh.size_of("tp")));
-  const double have_bytes =
+  const std::int64_t node_ranks = world.size() > 1 ? comm::resolve_launch_env(world).local_world_size.value_or(1) : 1;
+  const double node_memory =
       static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
-  if (have_bytes > 0 && need_bytes > 0.8 * have_bytes)
+  // The fullest node: its share of memory needed, its ranks and its memory.
+  std::array<double, 3> fullest = {node_memory > 0 ? rank_bytes * static_cast<double>(node_ranks) / node_memory : 0.0,
+                                   static_cast<double>(node_ranks), node_memory};
+  if (world.size() > 1) {
+    std::vector<double> all(3 * static_cast<std::size_t>(world.size()));
+    world.all_gather(std::span<const double>(fullest), std::span<double>(all));
+    for (std::size_t k = 0; k < all.size(); k += 3)
+      if (all[k] > fullest[0]) fullest = {all[k], all[k + 1], all[k + 2]};
+  }
+  if (fullest[0] > 0.8)
     fail<ConfigError>(
         "train",
-        "--batch={} --seq={} with this model needs about {:.1f} GiB on this machine but it has {:.1f} GiB; "
-        "lower --batch or --seq (or --micro-batch)",
-        o.batch, o.seq, need_bytes / (1 << 30), have_bytes / (1 << 30));
+        "--batch={} --seq={} with this model needs about {:.1f} GiB on a node of {} ranks but the node has {:.1f} "
+        "GiB; lower --batch or --seq (or --micro-batch), or run fewer ranks per node",
+        o.batch, o.seq, rank_bytes * fullest[1] / (1 << 30), static_cast<std::int64_t>(fullest[1]),
+        fullest[2] / (1 << 30));
   const std::int64_t stages = layout.mesh.size_of("pp");
   const std::string source = data->describe();
   parallel::Trainer trainer(t, std::move(data), groups);
@@ -457,6 +469,7 @@ int train(Options o, comm::Communicator& world) {
                        {"forward_seconds", pipe.costs.forward},
                        {"backward_input_seconds", pipe.costs.backward_input},
                        {"backward_weight_seconds", pipe.costs.backward_weight},
+                       {"trace_steps", pipe.steps},
                        {"peak_activations", pipe.peak_activations},
                        {"expected_peak_activations", pipe.expected_peak_activations}};
     }
@@ -534,7 +547,12 @@ Action setup(CLI::App& app) {
                  "blocks per pipeline chunk, e.g. 3,3,2 (pp x virtual-stages entries; default: balanced)")
       ->group("Parallel");
   app.add_option("--trace", o->trace,
-                 "write every pipeline action of every rank with start and end as Chrome trace-event JSON")
+                 "write every pipeline action of every rank with start and end as Chrome trace-event JSON (the "
+                 "last --trace-steps steps)")
+      ->group("Parallel");
+  app.add_option("--trace-steps", o->trace_steps,
+                 "steps each rank keeps in its pipeline trace, the latest (the bubble is measured over them)")
+      ->capture_default_str()
       ->group("Parallel");
   app.add_option("--pp-drop-action", o->drop_action,
                  "testing: stage STAGE skips action INDEX of its list (STAGE:INDEX), a mismatched schedule")

@@ -34,6 +34,9 @@ std::int64_t integer(std::string_view name, std::int64_t fallback, std::int64_t 
 /// A declared positive number of seconds; `fallback` when unset.
 double seconds(std::string_view name, double fallback);
 
+/// A declared positive number (below 1e7); `fallback` when unset.
+double number(std::string_view name, double fallback);
+
 /// A declared string variable; `fallback` when unset.
 std::string string(std::string_view name, std::string_view fallback);
 

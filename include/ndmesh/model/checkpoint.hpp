@@ -1,4 +1,5 @@
-// Checkpoints: everything needed to continue a run bit for bit (model shape, parameters,
+// Single-file checkpoints (format 2, read only to convert them into checkpoint directories,
+// model/checkpoint_dir.hpp): everything needed to continue a run bit for bit (model shape, parameters,
 // AdamW moments and step count, the step, and the data source; batches are a function of
 // the step, so the step is the data position).
 //
@@ -41,6 +42,11 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
 /// checksum, or holds a field out of range (negative step, a model spec that is not a
 /// model, a parameter count that does not fit the file).
 Checkpoint load_checkpoint(const std::string& path);
+
+/// Writes single-file checkpoint `file` (format 2) as checkpoint directory `dir` (format 3,
+/// model/checkpoint_dir.hpp; the serial layout, one shard file), which `ndmesh train --load`
+/// reads under any layout. IoError naming the file when it is not a readable checkpoint.
+void convert_to_checkpoint_dir(const std::string& file, const std::string& dir);
 
 /// Every difference between a checkpoint's model spec and `spec`, as "field: checkpoint
 /// has X, the run has Y" lines; empty when they match.

@@ -145,6 +145,11 @@ class GptT {
   /// the hook is also the place to drive outstanding communication between layers.
   using GradsFinalHook = std::function<void(std::int64_t from)>;
   void set_grads_final_hook(GradsFinalHook hook) { grads_final_ = std::move(hook); }
+  /// Calls the grads-final hook: for work outside backward() that finalises gradients
+  /// (the weight half of a split backward, nn::DeferredWeightGrads::run).
+  void report_grads_final(std::int64_t from) const {
+    if (grads_final_) grads_final_(from);
+  }
   /// Called between the sub-layers of each block's backward (no gradient is final
   /// there) and after each block's forward: where communication in flight is driven at a
   /// finer grain than per block.

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,9 @@ class Linear {
   int weight_id() const { return weight_; }
   /// -1 without bias.
   int bias_id() const { return bias_; }
+  /// One past the last flat-buffer element of its weight and bias gradients (what a
+  /// deferred weight gradient still has to write below).
+  std::int64_t grads_end() const;
 
  private:
   ParamStore<T>* store_;
@@ -72,8 +76,11 @@ template <typename T>
 class DeferredWeightGrads {
  public:
   void record(const Linear<T>& layer, const T* dout, const T* inp, std::int64_t rows);
-  /// Adds every recorded weight gradient, in record order, and forgets them.
-  void run();
+  /// Adds every recorded weight gradient, in record order, and forgets them. After each
+  /// one, `final_from` (when given) is called with the flat offset from which every
+  /// gradient is final as far as the remaining records go (the largest grads_end() of
+  /// those still to run; 0 after the last): data parallelism starts reducing there.
+  void run(const std::function<void(std::int64_t)>& final_from = {});
   bool empty() const { return entries_.empty(); }
 
  private:

@@ -6,6 +6,9 @@
 
 #include "ndmesh/comm/communicator.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "ndmesh/core/error.hpp"
 
 namespace ndmesh::parallel {
@@ -15,12 +18,20 @@ double now_s() {
 }
 }  // namespace
 
+std::vector<std::string> data_parallel_option_problems(const DataParallelOptions& o) {
+  std::vector<std::string> out;
+  if (o.zero < 0 || o.zero > 2) out.push_back(fmt::format("--zero={} is not a supported ZeRO stage; use 0, 1 or 2", o.zero));
+  if (!(o.bucket_mb > 0 && o.bucket_mb <= 1 << 20))
+    out.push_back(fmt::format("--bucket-mb={} must be in (0, 1048576]; e.g. --bucket-mb 25", o.bucket_mb));
+  if (o.ranks_per_node < 0)
+    out.push_back(fmt::format("--ranks-per-node={} must be >= 0 (0: the real nodes)", o.ranks_per_node));
+  return out;
+}
+
 GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataParallelOptions options)
     : group_(std::move(group)), options_(options), zero_(group_.size() > 1 ? options.zero : 0) {
-  NDMESH_CHECK_CONFIG(options.zero >= 0 && options.zero <= 2, "dp",
-                      "--zero={} is not a supported ZeRO stage; use 0, 1 or 2", options.zero);
-  NDMESH_CHECK_CONFIG(options_.bucket_mb > 0 && options_.bucket_mb <= 1 << 20, "dp",
-                      "--bucket-mb={} must be in (0, 1048576]; e.g. --bucket-mb 25", options_.bucket_mb);
+  if (auto problems = data_parallel_option_problems(options); !problems.empty())
+    fail<ConfigError>("dp", "{}", fmt::join(problems, "; "));
   const std::int64_t p = group_.size();
   NDMESH_CHECK(zero_ == 0 || flat_size % p == 0, "dp",
                "the flat buffer of {} elements is not a multiple of the dp group size {}", flat_size, p);
@@ -37,6 +48,8 @@ GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataP
   }
   if (zero_ == 0) {
     shard_.push_back({0, flat_size});
+    const std::int64_t r = group_.rank();
+    counted_.push_back({r * flat_size / p, (r + 1) * flat_size / p - r * flat_size / p});
   } else {
     const std::int64_t r = group_.rank();
     for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) {
@@ -44,6 +57,7 @@ GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataP
       shard_.push_back({it->lo + r * block, block});
     }
     if (zero_ == 2) shard_grads_.assign(static_cast<std::size_t>(flat_size / p), 0.0f);
+    counted_ = shard_;
   }
 }
 
@@ -158,8 +172,15 @@ void GradReducer::finish_backward() {
       b.reduce.wait();
     else
       b.scatter.wait();
-    if (options_.bf16)  // widen the reduced bucket (with ZeRO only this rank's block is used)
-      for (std::int64_t i = b.lo; i < b.hi; ++i) grads_[i] = static_cast<float>(b.low[static_cast<std::size_t>(i - b.lo)]);
+    if (options_.bf16) {  // widen what this rank uses: the bucket, or under ZeRO its block
+      std::int64_t lo = b.lo, hi = b.hi;
+      if (zero_ > 0) {
+        const std::int64_t block = (b.hi - b.lo) / group_.size();
+        lo = b.lo + group_.rank() * block;
+        hi = lo + block;
+      }
+      for (std::int64_t i = lo; i < hi; ++i) grads_[i] = static_cast<float>(b.low[static_cast<std::size_t>(i - b.lo)]);
+    }
   }
   const double t1 = now_s();
   exposed_seconds_ += t1 - t0;
@@ -174,6 +195,7 @@ void GradReducer::finish_backward() {
     }
     for (const Bucket& b : buckets_) std::fill(grads_ + b.lo, grads_ + b.hi, 0.0f);
   }
+  reduce_now_ = false;  // until the next begin_backward: a backward in between reduces nothing
 }
 
 void GradReducer::gather_params(float* params) {

@@ -150,7 +150,7 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
   const auto& list = s.actions[stage_];
   const int m = s.microbatches, nv = s.virtual_stages();
   const double tokens = static_cast<double>(tokens_.size());
-  std::vector<int> backwards(chunks_.size(), 0), weights(chunks_.size(), 0), model_backwards(chunks_.size(), 0);
+  std::vector<int> backwards(chunks_.size(), 0), weights(chunks_.size(), 0);
   int live = 0;  // activations between their forward and their backward (or backward-input)
   recvs_.clear();
   posted_upto_ = 0;
@@ -269,18 +269,16 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
         }
         Acts& acts = live_acts(mb, c, a, i);
         const bool split = a.kind == ActionKind::kBackwardInput;
-        // The gradients are final after the backward, or after the weight half of a split one.
-        const bool last = !split && ++backwards[static_cast<std::size_t>(c)] == m;
-        if (hooks.before_backward) hooks.before_backward(c, last);
-        if (hooks.before_model_backward)
-          hooks.before_model_backward(c, ++model_backwards[static_cast<std::size_t>(c)] == m);
         if (split) {
+          // The input half: its gradients are completed by the weight half, which reduces them.
           nn::DeferWeightGrads<float> defer(deferred_[key(ActionKind::kForward, mb, c, m)]);
           chunk.backward(acts, dout);
         } else {
+          const bool last = ++backwards[static_cast<std::size_t>(c)] == m;
+          if (hooks.before_backward) hooks.before_backward(c, last);
           chunk.backward(acts, dout);
+          if (hooks.after_backward) hooks.after_backward(c);
         }
-        if (hooks.after_backward) hooks.after_backward(c);
         --live;
         if (from_recv) finish_recv(ActionKind::kRecvGradient, a);
         if (v > 0 && s.stage_of(v - 1) != stage_)
@@ -297,7 +295,9 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
                      stage_, i, to_string(a));
         const bool last = ++weights[static_cast<std::size_t>(c)] == m;
         if (hooks.before_backward) hooks.before_backward(c, last);
-        it->second.run();
+        // Each weight gradient done finalises a suffix of the flat buffer: the reductions
+        // start as in a whole backward.
+        it->second.run([&chunk](std::int64_t from) { chunk.report_grads_final(from); });
         if (hooks.after_backward) hooks.after_backward(c);
         deferred_.erase(it);
         release_acts(mb, c);

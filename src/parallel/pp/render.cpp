@@ -14,17 +14,6 @@ namespace {
 
 bool is_compute(ActionKind k) { return !is_p2p(k); }
 
-char kind_letter(ActionKind k) {
-  switch (k) {
-    case ActionKind::kForward:
-      return 'F';
-    case ActionKind::kBackwardWeight:
-      return 'W';
-    default:
-      return 'B';
-  }
-}
-
 // ANSI background colours: forward blue, backward green, weight gradient magenta; odd
 // chunks use the bright variant.
 int ansi_background(ActionKind k, int chunk) {
@@ -111,7 +100,7 @@ std::string ascii_timeline(const PipelineSchedule& s, const Simulation& sim, con
         continue;
       }
       const Action& a = s.actions[r][owner[c]];
-      char letter = kind_letter(a.kind);
+      char letter = action_kind_letter(a.kind);
       if (a.chunk % 2 == 1) letter = static_cast<char>(letter - 'A' + 'a');
       std::string text = first ? fmt::format("{}{}", letter, a.microbatch) : (options.color ? "" : "-");
       std::string cell = fmt::format("{:<{}}", text, width);

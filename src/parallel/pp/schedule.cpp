@@ -42,6 +42,25 @@ std::string_view action_kind_name(ActionKind k) {
   return "unknown";
 }
 
+char action_kind_letter(ActionKind k) {
+  switch (k) {
+    case ActionKind::kForward:
+      return 'F';
+    case ActionKind::kBackward:
+    case ActionKind::kBackwardInput:
+      return 'B';
+    case ActionKind::kBackwardWeight:
+      return 'W';
+    case ActionKind::kSendActivation:
+    case ActionKind::kSendGradient:
+      return 'S';
+    case ActionKind::kRecvActivation:
+    case ActionKind::kRecvGradient:
+      return 'R';
+  }
+  return '?';
+}
+
 std::string to_string(const Action& a) {
   std::string s = fmt::format("{} mb {} chunk {}", action_kind_name(a.kind), a.microbatch, a.chunk);
   if (is_send(a.kind)) s += fmt::format(" to stage {}", a.peer);

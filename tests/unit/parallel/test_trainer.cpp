@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <type_traits>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -47,6 +48,11 @@ TrainOptions small_run(std::int64_t steps) {
 std::unique_ptr<DataSource> markov16() {
   return std::make_unique<MarkovSource>(MarkovOptions{.vocab = 16, .seed = 1, .sharpness = 2.5});
 }
+
+// The chunks' hooks point at the trainer's parts: a copy or a move would leave them dangling.
+static_assert(!std::is_copy_constructible_v<Trainer> && !std::is_copy_assignable_v<Trainer> &&
+                  !std::is_move_constructible_v<Trainer> && !std::is_move_assignable_v<Trainer>,
+              "Trainer must be neither copyable nor movable");
 
 TEST(Training, ReachesWithinTenPercentOfTheEntropyRate) {
   set_blas_threads(1);
@@ -170,8 +176,13 @@ TEST(Trainer, MicroBatchesGiveTheSameLossesAsOneBatch) {
   o.micro_batch = 2;
   SerialRun split(o, markov16());
   EXPECT_EQ(split.microbatches(), 4);
-  auto a = losses(whole, 10), b = losses(split, 10);
-  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 1;
+  // Losses within 1e-5; gradient norms within 1e-5 at step 1 (same weights) and 1e-4 later
+  // (the bounds of tests/mpi/train_lib.sh).
+  for (std::int64_t i = 0; i < 10; ++i) {
+    const StepStats x = whole.step(), y = split.step();
+    EXPECT_NEAR(y.loss, x.loss, 1e-5 * x.loss) << "step " << i + 1;
+    EXPECT_NEAR(y.grad_norm, x.grad_norm, (i == 0 ? 1e-5 : 1e-4) * x.grad_norm) << "step " << i + 1;
+  }
   o.micro_batch = 3;
   EXPECT_THROW(SerialRun(o, markov16()), ConfigError);
 }

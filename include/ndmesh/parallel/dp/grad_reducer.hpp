@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -60,11 +61,15 @@ struct DataParallelOptions {
   bool bf16 = false;
 };
 
+/// Every problem with `options`, one line each naming the flag, the value and the fix.
+std::vector<std::string> data_parallel_option_problems(const DataParallelOptions& options);
+
 /// Reduces the gradients of one flat buffer over the data-parallel group.
 class GradReducer {
  public:
-  /// `flat_size` must be a multiple of the group size when zero > 0. Collective over
-  /// `group` (the hierarchical algorithm builds node sub-groups).
+  /// `flat_size` must be a multiple of the group size when zero > 0. ConfigError listing
+  /// data_parallel_option_problems(options). Collective over `group` (the hierarchical
+  /// algorithm builds node sub-groups).
   GradReducer(comm::Communicator group, std::int64_t flat_size, DataParallelOptions options);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
@@ -87,18 +92,19 @@ class GradReducer {
   const float* shard_grads() const { return zero_ == 2 ? shard_grads_.data() : nullptr; }
   float* shard_grads() { return zero_ == 2 ? shard_grads_.data() : nullptr; }
   /// Calls f(gradients, n, at) for each run of the flat range [offset, offset + count)
-  /// whose reduced gradients this rank owns (all of it without ZeRO, its shard's part with
-  /// ZeRO): `at` is the run's distance from `offset`; the gradients are in `grads` (the
-  /// flat buffer), or in the shard buffer under ZeRO-2.
+  /// whose reduced gradients this rank updates (all of it without ZeRO, its shard's part
+  /// with ZeRO): `at` is the run's distance from `offset`; the gradients are in `grads`
+  /// (the flat buffer), or in the shard buffer under ZeRO-2.
   template <typename F>
   void for_each_owned(float* grads, std::int64_t offset, std::int64_t count, F&& f) {
-    float* shard = shard_grads();  // ZeRO-2: the shard's segments one after another
-    std::int64_t at = 0;
-    for (const nn::Segment& seg : shard_) {
-      const std::int64_t lo = std::max(offset, seg.offset), hi = std::min(offset + count, seg.offset + seg.count);
-      if (lo < hi) f((shard != nullptr ? shard + at - seg.offset : grads) + lo, hi - lo, lo - offset);
-      at += seg.count;
-    }
+    for_each_in(shard_, grads, offset, count, f);
+  }
+  /// The same for the elements this rank counts in the global gradient norm: each element
+  /// is counted by exactly one member of the group (its shard under ZeRO; without ZeRO,
+  /// where every member holds all of them, an even split of the buffer by group rank).
+  template <typename F>
+  void for_each_counted(float* grads, std::int64_t offset, std::int64_t count, F&& f) {
+    for_each_in(counted_, grads, offset, count, f);
   }
   /// ZeRO: all-gathers the updated parameters bucket by bucket (collective).
   void gather_params(float* params);
@@ -132,6 +138,18 @@ class GradReducer {
     comm::Work scatter;             // with ZeRO
     std::vector<BFloat16> low;      // --grad-dtype bf16: the bucket as reduced
   };
+  // for_each_owned / for_each_counted over `segments` (a subset of shard_'s elements).
+  template <typename F>
+  void for_each_in(const std::vector<nn::Segment>& segments, float* grads, std::int64_t offset, std::int64_t count,
+                   F&& f) {
+    float* shard = shard_grads();  // ZeRO-2: the shard's segments one after another
+    std::int64_t at = 0;           // where `seg` starts in the shard buffer
+    for (const nn::Segment& seg : segments) {
+      const std::int64_t lo = std::max(offset, seg.offset), hi = std::min(offset + count, seg.offset + seg.count);
+      if (lo < hi) f((shard != nullptr ? shard + at - seg.offset : grads) + lo, hi - lo, lo - offset);
+      at += seg.count;
+    }
+  }
   void start(Bucket& b);
   bool poll(Bucket& b);
   void progress_loop();
@@ -142,6 +160,7 @@ class GradReducer {
   int zero_ = 0;
   std::vector<Bucket> buckets_;  // from the end of the buffer to its start
   std::vector<nn::Segment> shard_;
+  std::vector<nn::Segment> counted_;  // see for_each_counted (shard_ under ZeRO)
   std::vector<float> shard_grads_;
   float* grads_ = nullptr;
   bool reduce_now_ = false;

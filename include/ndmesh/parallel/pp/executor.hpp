@@ -56,15 +56,14 @@ struct WalkResult {
 struct StageHooks {
   /// Fills tokens and targets (micro-batch * seq each) of micro-batch `mb` of the step.
   std::function<void(int mb, std::int32_t* tokens, std::int32_t* targets)> data;
-  /// Around each backward of local chunk `chunk` (both halves of a split one); `last`
-  /// marks the one after which the chunk's gradients are final for the step (where data
-  /// parallelism reduces them): the last backward, or the last backward-weight.
+  /// Around each backward of local chunk `chunk` that completes a micro-batch's gradients:
+  /// a whole backward, or the weight half of a split one (the input half only adds the
+  /// cheap norm and embedding gradients, which the weight half's reduction takes along).
+  /// `last` marks the chunk's last of the step, after which its gradients are final (where
+  /// data parallelism reduces them). The weight half reports its finished suffixes through
+  /// the chunk's grads-final hook, as a whole backward does.
   std::function<void(int chunk, bool last)> before_backward;
   std::function<void(int chunk)> after_backward;
-  /// Before each model backward of local chunk `chunk` (a whole one or the input half of a
-  /// split one, not the weight half); `last` marks the chunk's last of the step: gradients
-  /// computed there and nowhere else (norms and biases, which tp sums) are final after it.
-  std::function<void(int chunk, bool last)> before_model_backward;
 };
 
 /// Options of the executor.

@@ -50,6 +50,9 @@ constexpr bool is_recv(ActionKind k) {
 /// Short name: "forward", "backward", "backward-input", "backward-weight",
 /// "send-activation", "recv-activation", "send-gradient", "recv-gradient".
 std::string_view action_kind_name(ActionKind k);
+/// One letter: F (forward), B (backward, or its input half), W (weight half), S (send),
+/// R (receive): what the timelines draw and the traces name actions with ("F3", "B3.1").
+char action_kind_letter(ActionKind k);
 
 /// One step of one stage.
 struct Action {

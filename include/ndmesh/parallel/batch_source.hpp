@@ -1,0 +1,65 @@
+// The batch source: which tokens this rank trains on, in one place.
+//
+// A step's global batch is a pure function of (data seed, step, sequence index), the same
+// for every layout (ARCHITECTURE.md, "Parallel training"). Data parallelism gives dp rank r
+// the contiguous sequences [r * batch / dp, (r + 1) * batch / dp); --micro-batch cuts them
+// into micro-batches (gradient accumulation); context parallelism keeps, of every sequence,
+// the positions of this cp rank (zigzag or contiguous chunks, cp/ring_attention.hpp). The
+// model then runs [micro_batch, local_seq] tokens per micro-batch. The serial run is the
+// layout with dp = cp = 1 and one micro-batch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ndmesh/comm/communicator.hpp"
+#include "ndmesh/model/data.hpp"
+#include "ndmesh/parallel/train_options.hpp"
+
+namespace ndmesh::parallel {
+
+/// What one rank reads of each step.
+struct BatchLayout {
+  std::int64_t global_batch = 1;  ///< sequences per step over all ranks
+  std::int64_t seq = 1;           ///< tokens per (whole) sequence
+  std::int64_t dp_rank = 0, dp_size = 1;
+  std::int64_t local_batch = 1;   ///< sequences of this dp rank per step
+  std::int64_t micro_batch = 1;   ///< sequences per micro-batch
+  std::int64_t microbatches = 1;  ///< local_batch / micro_batch
+  std::int64_t cp_size = 1;
+  std::vector<std::int64_t> positions;  ///< this cp rank's positions of each sequence, ascending
+
+  /// Tokens of each sequence this rank holds (seq / cp).
+  std::int64_t local_seq() const { return static_cast<std::int64_t>(positions.size()); }
+  /// Tokens of one micro-batch on this rank.
+  std::int64_t micro_tokens() const { return micro_batch * local_seq(); }
+};
+
+/// The batch layout of `options` (which pass train_option_problems()) over the data-parallel
+/// group `dp` and the context-parallel group `cp` (groups of one: the serial layout).
+/// ConfigError naming the flag, the value and the fix when --batch, --micro-batch or --seq
+/// do not divide as the layout needs.
+BatchLayout make_batch_layout(const TrainOptions& options, const comm::Communicator& dp,
+                              const comm::Communicator& cp);
+
+/// This rank's micro-batches of any step, from a DataSource.
+class BatchSource {
+ public:
+  /// ConfigError when the data cannot give sequences of layout.seq tokens.
+  BatchSource(BatchLayout layout, std::unique_ptr<model::DataSource> data);
+
+  /// Micro-batch `mb` of step `step` of `stream` (DataSource::kTrainStream or kEvalStream):
+  /// tokens and targets [micro_batch, local_seq] each.
+  void fill(std::uint64_t stream, std::int64_t step, int mb, std::int32_t* tokens, std::int32_t* targets);
+
+  const BatchLayout& layout() const { return layout_; }
+  const model::DataSource& data() const { return *data_; }
+
+ private:
+  BatchLayout layout_;
+  std::unique_ptr<model::DataSource> data_;
+  std::vector<std::int32_t> full_tokens_, full_targets_;  // whole sequences, before the cp slice
+};
+
+}  // namespace ndmesh::parallel

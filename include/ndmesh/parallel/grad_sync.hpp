@@ -1,0 +1,100 @@
+// Gradient synchronisation (Megatron-core's finalize_model_grads): every rule that turns
+// the gradients a rank's backwards computed into the gradients of the mean loss over the
+// global batch, and their global norm. The gradient rule of ARCHITECTURE.md ("summed over
+// every dim where the parameter is replicated and the data differs") is here and nowhere
+// else:
+//  1. dp-cp: parameters are replicated over the gradient group (dp, or dp x cp). One
+//     GradReducer per local chunk sums them in buckets overlapped with the backward (ZeRO:
+//     reduce-scatters them into shards). Only a backward that completes a micro-batch's
+//     gradients reduces (a whole backward, or the weight half of a split one), and only the
+//     step's last, except under ZeRO 2, which keeps nothing but the shard between
+//     micro-batches and so reduces every one.
+//  2. tp: parameters replicated over tp whose inputs differ on each tp rank (the norms and
+//     row-parallel biases under sequence parallelism: ParamShard::grad_sum) are summed over
+//     tp once per step, after the dp-cp reduction, on the elements this rank updates (the
+//     sums commute, so how often the reducer ran does not matter; under ZeRO only the shard
+//     is summed).
+//  3. the embedding group: a tied head on the last stage and the embedding on the first
+//     hold two copies of the token table; both get the sum of the two gradients. Under ZeRO
+//     the two stages cut their flat buffers differently: the owned parts are gathered over
+//     the gradient group first (each element is owned once, so a sum gathers), summed over
+//     the embedding group, and the owned parts written back.
+//  4. the norm: every element of the logical model is counted by exactly one rank (by one
+//     member of the gradient group; tp-sharded parameters on every tp rank, replicated ones
+//     on tp rank 0; the tied copy of the table not at all), and one all-reduce over the
+//     world sums the squares together with the loss.
+// Buffers: between begin_backward() and end_backward() the started buckets' ranges of a
+// chunk's gradient buffer belong to the reductions (see GradReducer).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ndmesh/comm/process_groups.hpp"
+#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/parallel/dp/grad_reducer.hpp"
+#include "ndmesh/parallel/parallelize.hpp"
+
+namespace ndmesh::parallel {
+
+/// The loss and the gradient norm of a step (the same on every rank).
+struct StepSums {
+  double loss = 0;       ///< mean over the global batch's tokens
+  double grad_norm = 0;  ///< of the synchronised gradients, before clipping
+};
+
+/// Owns every reduction of the gradients of one rank's model chunks.
+class GradSync {
+ public:
+  /// Builds one reducer per chunk over the plan's gradient group and hooks it onto the
+  /// chunk's grads-final hook. Collective over the gradient group (the hierarchical
+  /// all-reduce builds node sub-groups) and over the world (the embedding group).
+  GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOptions& options);
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+
+  /// Start of a step: zeroes every gradient, the ZeRO-2 shards and the timers.
+  void start_step();
+  /// Around a backward of chunk c that completes a micro-batch's gradients (the pipeline
+  /// executor's hooks); `last` marks the chunk's last of the step.
+  void begin_backward(int chunk, bool last);
+  void end_backward(int chunk);
+  /// Drives the reductions of chunk c in flight (between layers).
+  void progress(int chunk) { reducers_[static_cast<std::size_t>(chunk)]->progress(); }
+  /// After the step's backwards: the embedding-group and tp sums, then the loss and the
+  /// norm in one all-reduce over the world. `loss_sum` is this rank's sum of per-token
+  /// losses (its head's micro-batches; 0 on stages without the head). Collective.
+  StepSums finish_step(double loss_sum);
+  /// The mean loss over `tokens` tokens of a sum like finish_step's (evaluation; collective).
+  double global_loss(double loss_sum, double tokens) const;
+
+  GradReducer& reducer(std::size_t chunk) { return *reducers_[chunk]; }
+  const GradReducer& reducer(std::size_t chunk) const { return *reducers_[chunk]; }
+  int zero() const { return reducers_.front()->zero(); }
+  const comm::Communicator& group() const { return grad_; }
+  /// What the reductions of the last step cost (summed over the chunks).
+  double comm_seconds() const;
+  double exposed_seconds() const;
+  std::int64_t reduced_bytes() const;
+
+ private:
+  // Calls f(gradients, n, at) for each run of chunk c's token table whose reduced gradient
+  // this rank updates.
+  template <typename F>
+  void for_each_owned_table_grad(std::size_t c, F&& f);
+  void sum_tied_table(std::size_t c);
+  void sum_replicated_over_tp();
+  double counted_square_sum() const;
+
+  std::vector<model::Gpt*> chunks_;
+  comm::Communicator world_, grad_, embedding_;
+  nn::TpContext<float> tp_;
+  double tokens_;  // of a step's global batch
+  std::vector<std::unique_ptr<GradReducer>> reducers_;
+  int tied_copy_chunk_ = -1;  // local chunk holding the token table for a tied head on another rank
+  int tied_main_chunk_ = -1;  // local chunk holding the embedding whose table is tied to a remote head
+  std::vector<float> work_;   // the tp sum's packed elements
+};
+
+}  // namespace ndmesh::parallel

@@ -1,0 +1,42 @@
+// The optimizer of a rank's model chunks: AdamW with global-norm clipping over the elements
+// the rank updates (its ZeRO shard of each chunk's flat buffer, or all of it), then, under
+// ZeRO, the updated parameters all-gathered over the gradient group bucket by bucket.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ndmesh/nn/adamw.hpp"
+#include "ndmesh/parallel/grad_sync.hpp"
+#include "ndmesh/parallel/parallelize.hpp"
+
+namespace ndmesh::parallel {
+
+/// One AdamW per local chunk over the segments its reducer says this rank updates.
+class Optimizer {
+ public:
+  Optimizer(RankModel& model, GradSync& sync, const nn::AdamWOptions& options);
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  /// Clips with `grad_norm` (the global norm), updates, and under ZeRO gathers the
+  /// parameters (collective over the gradient group).
+  void step(double lr, double grad_norm);
+  /// The AdamW of local chunk c (its moments hold the chunk's owned segments in order).
+  nn::AdamW<float>& adam(std::size_t c) { return *adams_[c]; }
+  const nn::AdamW<float>& adam(std::size_t c) const { return *adams_[c]; }
+  std::size_t chunks() const { return adams_.size(); }
+  /// Updates done so far (the same for every chunk).
+  std::int64_t steps() const { return adams_.front()->steps(); }
+  void set_steps(std::int64_t steps);
+  /// Moment elements this rank holds (two per updated element).
+  std::int64_t state_elements() const;
+
+ private:
+  std::vector<model::Gpt*> chunks_;
+  GradSync& sync_;
+  std::vector<std::unique_ptr<nn::AdamW<float>>> adams_;
+};
+
+}  // namespace ndmesh::parallel

@@ -1,0 +1,93 @@
+// parallelize: (options, process groups) -> the model chunks this rank runs.
+//
+// A layout is a view of one logical model (ARCHITECTURE.md, "Parallel training"). A
+// ModelPlan starts as the serial model over this rank's batch layout, and one ordered
+// transformation per strategy edits it, each in its strategy's folder and each validating
+// its own options (a ConfigError naming the flag, the value and the fix), in the spirit of
+// torchtitan's parallelize_* functions:
+//   1. tensor parallelism (parallel/tp/apply.cpp): the tp group every layer splits over,
+//      sequence parallelism;
+//   2. context parallelism (parallel/cp/apply.cpp): ring attention as the attention core;
+//   3. pipeline parallelism (parallel/pp/apply.cpp): the partition of the blocks into
+//      chunks, the schedule, which chunks this rank holds;
+//   4. data parallelism (parallel/dp/apply.cpp): the gradient group (dp, or dp x cp) and the
+//      ZeRO padding of the flat buffers;
+//   5. activation recompute (parallel/recompute.cpp).
+// Then one Gpt per local chunk is built from the plan. Adding a strategy adds a
+// transformation and the fields it sets; it edits no other strategy's code.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ndmesh/comm/process_groups.hpp"
+#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/parallel/batch_source.hpp"
+#include "ndmesh/parallel/pp/schedule.hpp"
+#include "ndmesh/parallel/tp/tp_comm.hpp"
+#include "ndmesh/parallel/train_options.hpp"
+
+namespace ndmesh::parallel {
+
+/// One local model chunk: virtual stage `virtual_stage`, blocks [first_block, last_block).
+struct ChunkPlan {
+  int virtual_stage = 0;
+  std::int64_t first_block = 0, last_block = 0;
+};
+
+/// What the transformations decide; the serial model before any of them.
+struct ModelPlan {
+  ModelSpec spec;
+  std::uint64_t seed = 1;
+  BatchLayout batch;  ///< the rows each chunk runs: micro_batch x local_seq
+  /// The weight of each token's loss in the gradient: 1 / (global batch tokens), so the
+  /// gradients summed over micro-batches and ranks are those of the mean over the batch.
+  double loss_weight = 1;
+
+  // Tensor parallelism: the group the layers split over (default: of one), counted.
+  nn::TpContext<float> tp;
+  std::shared_ptr<TpCommStats> tp_stats = std::make_shared<TpCommStats>();
+  // Context parallelism: the attention core (nullptr: the local kernel on the local rows).
+  std::shared_ptr<const nn::AttentionCore<float>> attention;
+  // Pipeline parallelism: blocks per virtual stage, the schedule, this rank's chunks.
+  std::vector<std::int64_t> partition;
+  pp::PipelineSchedule schedule;
+  std::vector<ChunkPlan> chunks;
+  comm::Communicator pp;  ///< the pipeline group (of one without pipeline parallelism)
+  bool split_backward = false;  ///< the schedule splits backwards into input and weight halves
+  // Data parallelism: the group replicated parameters' gradients are summed over.
+  comm::Communicator grad_group;
+  std::int64_t pad_to = 1;  ///< flat buffers padded to a multiple of this (ZeRO shards)
+  // Activation recompute.
+  nn::Recompute recompute = nn::Recompute::kNone;
+};
+
+/// This rank's part of the model: the plan and one Gpt per local chunk.
+struct RankModel {
+  ModelPlan plan;
+  std::vector<std::unique_ptr<model::Gpt>> chunks;
+};
+
+/// Every layout problem the runtime has with `mesh` before building anything: dims it
+/// does not implement yet (one line each naming the dim, its size and the fix).
+std::vector<std::string> unsupported_layout(const Mesh& mesh);
+
+/// Plans and builds this rank's model chunks for `options` over `groups` (collective over
+/// the world: groups are created on first use). ConfigError naming the flag, the value and
+/// the fix for any option or layout the runtime cannot run.
+RankModel parallelize(const TrainOptions& options, ProcessGroups& groups);
+
+// The transformations, in the order parallelize() applies them; each is defined in its
+// strategy's folder and sets only its own fields of the plan.
+void apply_tensor_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& options);
+void apply_context_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& options);
+void apply_pipeline_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& options);
+void apply_data_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& options);
+void apply_recompute(ModelPlan& plan, const TrainOptions& options);
+
+/// One Gpt per chunk of the plan (the chunks of a rank share one recompute workspace).
+std::vector<std::unique_ptr<model::Gpt>> build_chunks(const ModelPlan& plan);
+
+}  // namespace ndmesh::parallel

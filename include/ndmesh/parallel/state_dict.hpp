@@ -1,0 +1,56 @@
+// The sharded state dict: every parameter a rank holds, by logical (serial) name, with its
+// local slice (its tensor-parallel split), the AdamW moments of that slice, and whether this
+// rank writes it into a checkpoint. Checkpoint save and load (parallel/checkpoint_io.hpp)
+// work from this list alone, outside the trainer, and under any layout.
+//
+// Ownership: each (pipeline stage, tp rank) writes one shard file from the rank at position
+// 0 of its gradient group (dp = cp = 0), which holds the parameters and, once the state
+// dict gathered them, the whole moments; replicated-over-tp parameters are written by tp
+// rank 0 only; a tied head's copy of the token table is never written (the embedding's is).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ndmesh/parallel/grad_sync.hpp"
+#include "ndmesh/parallel/optimizer.hpp"
+#include "ndmesh/parallel/parallelize.hpp"
+
+namespace ndmesh::parallel {
+
+/// One parameter slice of this rank.
+struct StateEntry {
+  const ParamView* view = nullptr;  ///< logical name, local shape, tp split
+  float* params = nullptr;          ///< view->numel elements each
+  float* m = nullptr;
+  float* v = nullptr;
+  bool writes = false;  ///< this rank writes the slice into a checkpoint
+};
+
+/// This rank's state, laid out for checkpoints.
+class StateDict {
+ public:
+  /// Moments laid out like each chunk's flat buffer: gathered from the optimizer's owned
+  /// segments (under ZeRO a sum over the gradient group, each element being owned once:
+  /// collective over that group) when `gather_moments`, zero otherwise (to be loaded into).
+  StateDict(RankModel& model, Optimizer& optimizer, const GradSync& sync, bool gather_moments);
+  StateDict(const StateDict&) = delete;
+  StateDict& operator=(const StateDict&) = delete;
+
+  std::span<StateEntry> entries() { return entries_; }
+  std::span<const StateEntry> entries() const { return entries_; }
+  /// The shard file this rank writes ("shard-ppSSS-tpTTT.bin"); empty when it writes none.
+  const std::string& file() const { return file_; }
+  /// After a load filled the entries: their moments into the optimizer's segments.
+  void commit_moments();
+
+ private:
+  Optimizer& optimizer_;
+  std::vector<std::vector<float>> m_, v_;  // per chunk, laid out like its flat buffer
+  std::vector<StateEntry> entries_;
+  std::string file_;
+};
+
+}  // namespace ndmesh::parallel

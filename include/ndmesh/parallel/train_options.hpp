@@ -1,0 +1,54 @@
+// The options of a training run: what `ndmesh train`'s flags set, and what parallelize(),
+// the batch source, the gradient synchronisation and the trainer read.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ndmesh/config/config.hpp"
+#include "ndmesh/nn/adamw.hpp"
+#include "ndmesh/nn/block.hpp"
+#include "ndmesh/parallel/cp/ring_attention.hpp"
+#include "ndmesh/parallel/dp/grad_reducer.hpp"
+#include "ndmesh/parallel/pp/schedule.hpp"
+
+namespace ndmesh::parallel {
+
+/// How the pipeline runs (used when the mesh has pp > 1; pp = 1 runs a one-stage schedule).
+struct PipelineOptions {
+  Schedule schedule = Schedule::k1F1B;  ///< --schedule
+  std::int64_t virtual_stages = 1;      ///< --virtual-stages: chunks per rank (interleaved)
+  std::string layers;                   ///< --pp-layers "3,3,2": blocks per chunk; empty: balanced
+  double timeout_s = 0;                 ///< point-to-point timeout; 0: NDMESH_TIMEOUT_S
+  std::string drop_action;              ///< test hook "STAGE:INDEX": that stage skips that action
+  std::int64_t trace_steps = 32;        ///< --trace-steps: the pipeline trace keeps the last this many steps
+};
+
+/// Options of a training run.
+struct TrainOptions {
+  ModelSpec model;
+  std::int64_t batch = 8;        ///< global batch: sequences per step over all ranks
+  std::int64_t micro_batch = 0;  ///< sequences per micro-batch per dp rank; 0: the whole local batch
+  std::int64_t steps = 100;      ///< total steps of the run (the schedule's length)
+  double lr = 3e-3;              ///< peak learning rate
+  std::int64_t warmup = 0;       ///< linear warmup steps
+  double min_lr_ratio = 0.1;     ///< the cosine decays to lr * min_lr_ratio at `steps`
+  nn::AdamWOptions adamw;
+  std::uint64_t seed = 1;  ///< model initialisation seed
+  DataParallelOptions dp;
+  PipelineOptions pp;
+  CpLayout cp_layout = CpLayout::kZigzag;  ///< which chunks of each sequence a cp rank holds
+  /// With tp > 1: norms and residuals hold 1/tp of the tokens (--sequence-parallel).
+  bool sequence_parallel = false;
+  /// Activation recomputation (--recompute; see nn::Recompute): the same losses bit for bit.
+  nn::Recompute recompute = nn::Recompute::kNone;
+};
+
+/// Every problem with the values of `options` that no layout changes (one line each naming
+/// the flag, the value and the fix): the steps, learning-rate schedule, AdamW, micro-batch,
+/// data-parallel and pipeline options. The layout-dependent rules (what divides what) are
+/// checked by parallelize(). `ndmesh train` calls this before it starts, parallelize() again.
+std::vector<std::string> train_option_problems(const TrainOptions& options);
+
+}  // namespace ndmesh::parallel

@@ -1,0 +1,103 @@
+// Devices: where a tensor's elements live (ARCHITECTURE.md, "Devices").
+//
+// The CPU is the reference every device is checked against. CUDA is built only where nvcc
+// is found (NDMESH_CUDA); this header needs no CUDA header, so code that merely names a
+// device compiles everywhere, and asking for CUDA on a build or a machine without it is a
+// ConfigError that says why (cuda::unavailable_reason()).
+//
+// On CUDA each process uses one GPU (its local rank modulo the GPUs it sees) and one
+// compute stream; every operation of ndmesh::cuda is ordered on that stream, and only the
+// calls that hand data to the host (copy_to_host, the reductions that return a number)
+// wait for it. Device memory comes from a caching allocator: a freed block is kept for the
+// next allocation of its size class, so a training step allocates nothing after the first.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace ndmesh {
+
+/// Where elements live.
+enum class Device : std::uint8_t { kCpu, kCuda };
+
+/// "cpu", "cuda".
+std::string_view device_name(Device d);
+/// Parses a device name; std::nullopt when it is not one.
+std::optional<Device> parse_device(std::string_view name);
+
+namespace cuda {
+
+/// True when this ndmesh was built with CUDA (NDMESH_CUDA found nvcc).
+bool built();
+/// GPUs the CUDA driver reports: 0 without CUDA, a driver or a GPU.
+int device_count();
+/// Why CUDA cannot run in this process, in one line with the fix; empty when it can.
+std::string unavailable_reason();
+
+/// Selects this process's GPU (`local_rank` modulo device_count()) and creates its compute
+/// stream. ConfigError with unavailable_reason() when CUDA cannot run. Idempotent.
+void init(int local_rank = 0);
+/// The GPU init() selected (-1 before init()).
+int current_device();
+/// The compute stream (a cudaStream_t) of this process; init() first.
+void* stream();
+/// Waits until everything enqueued on the compute stream has run; Error naming the CUDA
+/// error if any kernel failed.
+void synchronize();
+
+/// `bytes` of device memory from the caching allocator (never nullptr; Error when the GPU
+/// is full, naming the request and what is held). Ordered on the compute stream.
+void* alloc(std::size_t bytes);
+/// Gives a block back to the allocator's cache (nullptr is ignored).
+void free(void* p) noexcept;
+
+/// What the allocator holds and has handed out.
+struct AllocatorStats {
+  std::int64_t allocated_bytes = 0;       ///< in blocks handed out now
+  std::int64_t peak_allocated_bytes = 0;  ///< the most handed out at once
+  std::int64_t reserved_bytes = 0;        ///< obtained from the driver (handed out or cached)
+  std::int64_t driver_allocations = 0;    ///< cudaMalloc calls so far
+};
+AllocatorStats allocator_stats();
+
+/// Copies between host and device memory, ordered on the compute stream. copy_to_host
+/// waits for the stream (the data is on the host when it returns).
+void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes);
+void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes);
+void copy_device(void* device_dst, const void* device_src, std::size_t bytes);
+/// Sets `bytes` of device memory to zero.
+void memset_zero(void* device_dst, std::size_t bytes);
+
+}  // namespace cuda
+
+/// Device memory of `bytes` from cuda::alloc, freed when it goes away. Move-only; the
+/// empty buffer holds nothing.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes) : data_(bytes > 0 ? cuda::alloc(bytes) : nullptr), bytes_(bytes) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_) { o.data_ = nullptr, o.bytes_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      cuda::free(data_);
+      data_ = o.data_, bytes_ = o.bytes_;
+      o.data_ = nullptr, o.bytes_ = 0;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cuda::free(data_); }
+
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace ndmesh

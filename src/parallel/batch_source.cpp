@@ -1,0 +1,63 @@
+#include "ndmesh/parallel/batch_source.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::parallel {
+
+BatchLayout make_batch_layout(const TrainOptions& o, const comm::Communicator& dp, const comm::Communicator& cp) {
+  BatchLayout l;
+  l.global_batch = o.batch;
+  l.seq = o.model.seq;
+  l.dp_rank = dp.rank();
+  l.dp_size = dp.size();
+  // The batch and cp rules are training_problems()'s (config/training.hpp), checked once by
+  // parallelize(); here they are invariants.
+  NDMESH_CHECK(o.batch > 0 && o.micro_batch >= 0 && o.batch % l.dp_size == 0, "train",
+               "batch {} / micro-batch {} on dp {}: check the run with training_problems() first", o.batch,
+               o.micro_batch, l.dp_size);
+  l.local_batch = o.batch / l.dp_size;
+  l.micro_batch = o.micro_batch > 0 ? o.micro_batch : l.local_batch;
+  NDMESH_CHECK(l.local_batch % l.micro_batch == 0, "train", "micro-batch {} does not divide the local batch {}",
+               l.micro_batch, l.local_batch);
+  l.microbatches = l.local_batch / l.micro_batch;
+  l.cp_size = cp.size();
+  NDMESH_CHECK(cp_problems(o.model.seq, l.cp_size, o.cp_layout).empty(), "train",
+               "seq {} does not split into the chunks of cp {}", o.model.seq, l.cp_size);
+  l.positions = cp_positions(o.model.seq, l.cp_size, cp.rank(), o.cp_layout);
+  return l;
+}
+
+BatchSource::BatchSource(BatchLayout layout, std::unique_ptr<model::DataSource> data)
+    : layout_(std::move(layout)), data_(std::move(data)) {
+  NDMESH_CHECK(data_ != nullptr, "train", "no data source");
+  data_->check_seq(layout_.seq);
+  if (layout_.cp_size > 1) {
+    full_tokens_.resize(static_cast<std::size_t>(layout_.micro_batch * layout_.seq));
+    full_targets_.resize(full_tokens_.size());
+  }
+}
+
+void BatchSource::fill(std::uint64_t stream, std::int64_t step, int mb, std::int32_t* tokens,
+                       std::int32_t* targets) {
+  const BatchLayout& l = layout_;
+  const std::int64_t first = l.dp_rank * l.local_batch + mb * l.micro_batch;
+  if (l.cp_size == 1) {
+    data_->batch(stream, step, first, l.micro_batch, l.seq, tokens, targets);
+    return;
+  }
+  data_->batch(stream, step, first, l.micro_batch, l.seq, full_tokens_.data(), full_targets_.data());
+  const std::int64_t local = l.local_seq();
+  for (std::int64_t b = 0; b < l.micro_batch; ++b)
+    for (std::int64_t t = 0; t < local; ++t) {
+      const auto from = static_cast<std::size_t>(b * l.seq + l.positions[static_cast<std::size_t>(t)]);
+      tokens[b * local + t] = full_tokens_[from];
+      targets[b * local + t] = full_targets_[from];
+    }
+}
+
+}  // namespace ndmesh::parallel

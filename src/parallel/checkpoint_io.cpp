@@ -1,0 +1,149 @@
+#include "ndmesh/parallel/checkpoint_io.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ndmesh/core/env.hpp"
+#include "ndmesh/core/error.hpp"
+#include "ndmesh/model/checkpoint.hpp"
+
+namespace ndmesh::parallel {
+
+namespace {
+// A string carried in int64 words (the communicator moves numbers), and back.
+std::vector<std::int64_t> to_words(const std::string& text) {
+  std::vector<std::int64_t> words((text.size() + 7) / 8 + 1, 0);
+  words[0] = static_cast<std::int64_t>(text.size());
+  std::memcpy(words.data() + 1, text.data(), text.size());
+  return words;
+}
+std::string from_words(const std::vector<std::int64_t>& words) {
+  return std::string(reinterpret_cast<const char*>(words.data() + 1), static_cast<std::size_t>(words[0]));
+}
+
+constexpr int kManifestPartTag = 78;  // the writers' manifest parts, to rank 0
+}  // namespace
+
+void agree_or_throw(const comm::Communicator& world, const std::string& what, const std::function<void()>& work) {
+  std::exception_ptr error;
+  try {
+    work();
+  } catch (...) {  // any exception: a peer must not be left waiting in the all-reduce below
+    error = std::current_exception();
+  }
+  std::int64_t failed = error ? 1 : 0;
+  world.all_reduce(std::span<std::int64_t>(&failed, 1));
+  if (error) std::rethrow_exception(error);
+  if (failed > 0) fail<IoError>("checkpoint", "{}: {} other rank(s) failed (their errors above say why)", what, failed);
+}
+
+void save_checkpoint_dir(const std::string& dir, const StateDict& state, const CheckpointInfo& info,
+                         const comm::Communicator& world) {
+  const std::string tmp = model::checkpoint_temp_dir(dir);
+  const std::string what = fmt::format("saving '{}'", dir);
+  agree_or_throw(world, what, [&] {
+    if (world.rank() == 0) model::prepare_checkpoint_temp_dir(tmp);
+  });
+
+  std::string part;
+  agree_or_throw(world, what, [&] {
+    if (state.file().empty()) return;
+    model::ShardFileWriter writer(tmp, state.file());
+    std::vector<model::TensorRecord> records;
+    for (const StateEntry& e : state.entries()) {
+      if (!e.writes) continue;
+      const ParamView& view = *e.view;
+      model::TensorRecord r{view.name, view.shard.sharded() ? view.shard.full_shape : view.shape, {}};
+      r.slices.push_back(writer.append(view.shard, view.shape, e.params, e.m, e.v));
+      records.push_back(std::move(r));
+    }
+    part = model::manifest_part(records, writer.close());
+  });
+
+  // A test hook: a kill during this pause must leave the previous checkpoint in place.
+  if (env::raw("NDMESH_CHECKPOINT_PAUSE_S"))
+    std::this_thread::sleep_for(std::chrono::duration<double>(env::seconds("NDMESH_CHECKPOINT_PAUSE_S", 0)));
+  // The parts travel to rank 0, which writes the manifest, checks it and swaps the
+  // directory in.
+  std::vector<std::int64_t> words = part.empty() ? std::vector<std::int64_t>{} : to_words(part);
+  const auto mine = static_cast<std::int64_t>(words.size());
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(world.size()));
+  world.all_gather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(counts));
+  if (world.rank() != 0 && mine > 0) world.send(std::span<const std::int64_t>(words), 0, {.tag = kManifestPartTag});
+  std::vector<std::string> parts;  // rank 0: every writer's part (received before any can fail)
+  if (world.rank() == 0) {
+    if (mine > 0) parts.push_back(part);
+    for (int k = 1; k < world.size(); ++k) {
+      const std::int64_t count = counts[static_cast<std::size_t>(k)];
+      if (count == 0) continue;
+      std::vector<std::int64_t> theirs(static_cast<std::size_t>(count));
+      world.recv(std::span<std::int64_t>(theirs), k, {.tag = kManifestPartTag});
+      parts.push_back(from_words(theirs));
+    }
+  }
+  agree_or_throw(world, what, [&] {
+    if (world.rank() != 0) return;
+    model::Manifest manifest;
+    manifest.spec = info.spec;
+    manifest.step = info.step;
+    manifest.adam_steps = info.adam_steps;
+    manifest.data = info.data;
+    manifest.layout = info.layout;
+    for (const std::string& p : parts) model::add_manifest_part(manifest, p);
+    model::write_manifest(tmp, manifest);
+    model::read_manifest(tmp);  // what --load will check, before it replaces anything
+    model::commit_checkpoint_dir(tmp, dir);
+  });
+}
+
+CheckpointInfo load_checkpoint_dir(const std::string& dir, StateDict& state, const ModelSpec& spec,
+                                   const std::string& data, const comm::Communicator& world) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(dir, ec)) {
+    // A file: a single-file checkpoint (format 2) gets the conversion command; anything else
+    // the reader's own message (not a checkpoint, another version, truncated, ...).
+    char magic[8] = {};
+    std::ifstream(dir, std::ios::binary).read(magic, sizeof magic);
+    if (std::string_view(magic, sizeof magic) != "NDMESHCK") model::load_checkpoint(dir);
+    fail<ConfigError>("checkpoint",
+                      "'{}' is a single-file checkpoint (format 2), which ndmesh train no longer reads; convert it "
+                      "once with: ndmesh checkpoint convert {} DIR, then pass --load DIR",
+                      dir, dir);
+  }
+  CheckpointInfo info;
+  agree_or_throw(world, fmt::format("loading '{}'", dir), [&] {
+    const model::Manifest manifest = model::read_manifest(dir);
+    auto diffs = model::spec_differences(manifest.spec, spec);
+    if (manifest.data != data)
+      diffs.push_back(fmt::format("data: checkpoint has '{}', the run has '{}'", manifest.data, data));
+    if (!diffs.empty())
+      fail<ConfigError>("checkpoint", "'{}' does not match this run ({}); pass the flags it was saved with", dir,
+                        fmt::join(diffs, "; "));
+    for (StateEntry& e : state.entries()) {
+      const model::TensorRecord* t = manifest.find(e.view->name);
+      if (t == nullptr)
+        fail<IoError>("checkpoint",
+                      "'{}/{}' has no tensor '{}' although its model spec matches; the checkpoint is corrupt", dir,
+                      model::kManifestFile, e.view->name);
+      model::read_tensor(dir, manifest, *t, *e.view, e.params, e.m, e.v);
+    }
+    state.commit_moments();
+    info = {.spec = manifest.spec,
+            .step = manifest.step,
+            .adam_steps = manifest.adam_steps,
+            .data = manifest.data,
+            .layout = manifest.layout};
+  });
+  return info;
+}
+
+}  // namespace ndmesh::parallel

@@ -1,0 +1,14 @@
+// Context parallelism as a transformation of the plan: the batch layout already gives each
+// cp rank its positions of every sequence (batch_source.cpp); here attention becomes the
+// ring over the cp group, which is all that talks across cp.
+#include "ndmesh/parallel/cp/ring_attention.hpp"
+#include "ndmesh/parallel/parallelize.hpp"
+
+namespace ndmesh::parallel {
+
+void apply_context_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& /*options*/) {
+  const comm::Communicator& cp = groups.cp();
+  if (cp.size() > 1) plan.attention = std::make_shared<RingAttention<float>>(cp);
+}
+
+}  // namespace ndmesh::parallel

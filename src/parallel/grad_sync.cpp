@@ -1,0 +1,144 @@
+#include "ndmesh/parallel/grad_sync.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::parallel {
+
+GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOptions& options)
+    : world_(groups.world()),
+      grad_(model.plan.grad_group),
+      tp_(model.plan.tp),
+      tokens_(static_cast<double>(model.plan.batch.global_batch * model.plan.batch.seq)) {
+  const bool pipelined = model.plan.pp.size() > 1;
+  for (std::size_t c = 0; c < model.chunks.size(); ++c) {
+    model::Gpt& g = *model.chunks[c];
+    chunks_.push_back(&g);
+    reducers_.push_back(std::make_unique<GradReducer>(grad_, g.params().size(), options));
+    GradReducer* r = reducers_.back().get();
+    g.set_grads_final_hook([r](std::int64_t from) { r->grads_final(from); });
+    if (pipelined && model.plan.spec.tied_embeddings) {
+      if (g.has_head() && !g.has_embedding()) tied_copy_chunk_ = static_cast<int>(c);
+      if (g.has_embedding() && !g.has_head()) tied_main_chunk_ = static_cast<int>(c);
+    }
+  }
+  embedding_ = groups.embedding();  // collective over the world, on every rank
+}
+
+void GradSync::start_step() {
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    chunks_[c]->params().zero_grad();
+    reducers_[c]->zero_shard_grads();
+    reducers_[c]->reset_timers();
+  }
+}
+
+void GradSync::begin_backward(int chunk, bool last) {
+  const auto c = static_cast<std::size_t>(chunk);
+  reducers_[c]->begin_backward(chunks_[c]->params().grads().data(), last);
+}
+
+void GradSync::end_backward(int chunk) { reducers_[static_cast<std::size_t>(chunk)]->finish_backward(); }
+
+template <typename F>
+void GradSync::for_each_owned_table_grad(std::size_t c, F&& f) {
+  model::Gpt& g = *chunks_[c];
+  const int id = g.params().find("embed.tokens");
+  NDMESH_CHECK(id >= 0, "train", "a chunk with a tied head has no embed.tokens");
+  const ParamView& view = g.params().view(id);
+  reducers_[c]->for_each_owned(g.params().grads().data(), view.offset, view.numel, f);
+}
+
+void GradSync::sum_tied_table(std::size_t c) {
+  model::Gpt& g = *chunks_[c];
+  if (reducers_[c]->zero() == 0) {
+    const int id = g.params().find("embed.tokens");
+    embedding_.all_reduce(std::span<float>(g.params().grad(id), static_cast<std::size_t>(g.params().view(id).numel)));
+    return;
+  }
+  std::vector<float> table(static_cast<std::size_t>(g.params().view(g.params().find("embed.tokens")).numel), 0.0f);
+  for_each_owned_table_grad(c, [&](float* p, std::int64_t n, std::int64_t at) { std::copy_n(p, n, table.begin() + at); });
+  grad_.all_reduce(std::span<float>(table));
+  embedding_.all_reduce(std::span<float>(table));
+  for_each_owned_table_grad(c, [&](float* p, std::int64_t n, std::int64_t at) { std::copy_n(table.begin() + at, n, p); });
+}
+
+void GradSync::sum_replicated_over_tp() {
+  if (tp_.size() == 1) return;
+  // Every chunk's updated elements of the grad_sum views, packed in one buffer: the tp ranks
+  // have the same flat layout and shards, so the packed buffers line up.
+  auto visit = [&](auto&& f) {
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      model::Gpt& g = *chunks_[c];
+      for (const ParamView& v : g.params().views())
+        if (v.shard.grad_sum) reducers_[c]->for_each_owned(g.params().grads().data(), v.offset, v.numel, f);
+    }
+  };
+  work_.clear();
+  visit([&](float* p, std::int64_t n, std::int64_t) { work_.insert(work_.end(), p, p + n); });
+  if (work_.empty()) return;  // no sequence parallelism (the same on every tp rank)
+  tp_.comm->all_reduce_sum(work_.data(), static_cast<std::int64_t>(work_.size()));
+  std::size_t at = 0;
+  visit([&](float* p, std::int64_t n, std::int64_t) {
+    std::copy_n(work_.begin() + static_cast<std::ptrdiff_t>(at), n, p);
+    at += static_cast<std::size_t>(n);
+  });
+}
+
+double GradSync::counted_square_sum() const {
+  const bool tp_lead = tp_.rank() == 0;
+  double sum = 0;
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    model::Gpt& g = *chunks_[c];
+    for (const ParamView& v : g.params().views()) {
+      if (!v.shard.sharded() && !tp_lead) continue;  // replicated over tp: counted on tp rank 0
+      if (static_cast<int>(c) == tied_copy_chunk_ && v.name == "embed.tokens") continue;  // the embedding's counts
+      reducers_[c]->for_each_counted(g.params().grads().data(), v.offset, v.numel,
+                                     [&](const float* x, std::int64_t n, std::int64_t) {
+                                       for (std::int64_t i = 0; i < n; ++i)
+                                         sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+                                     });
+    }
+  }
+  return sum;
+}
+
+StepSums GradSync::finish_step(double loss_sum) {
+  if (tied_copy_chunk_ >= 0) sum_tied_table(static_cast<std::size_t>(tied_copy_chunk_));
+  if (tied_main_chunk_ >= 0) sum_tied_table(static_cast<std::size_t>(tied_main_chunk_));
+  sum_replicated_over_tp();
+  // Every tp rank computes the same loss (the vocabulary-parallel loss reduces over tp):
+  // tp rank 0 counts it.
+  std::array<double, 2> sums = {tp_.rank() == 0 ? loss_sum : 0.0, counted_square_sum()};
+  if (world_.size() > 1) world_.all_reduce(std::span<double>(sums));
+  return {.loss = sums[0] / tokens_, .grad_norm = std::sqrt(std::max(0.0, sums[1]))};
+}
+
+double GradSync::global_loss(double loss_sum, double tokens) const {
+  double sum = tp_.rank() == 0 ? loss_sum : 0.0;
+  if (world_.size() > 1) world_.all_reduce(std::span<double>(&sum, 1));
+  return tokens > 0 ? sum / tokens : 0.0;
+}
+
+double GradSync::comm_seconds() const {
+  double s = 0;
+  for (const auto& r : reducers_) s += r->comm_seconds();
+  return s;
+}
+
+double GradSync::exposed_seconds() const {
+  double s = 0;
+  for (const auto& r : reducers_) s += r->exposed_seconds();
+  return s;
+}
+
+std::int64_t GradSync::reduced_bytes() const {
+  std::int64_t b = 0;
+  for (const auto& r : reducers_) b += r->reduced_bytes();
+  return b;
+}
+
+}  // namespace ndmesh::parallel

@@ -1,0 +1,106 @@
+#include "ndmesh/parallel/parallelize.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ndmesh/config/training.hpp"
+#include "ndmesh/core/env.hpp"
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::parallel {
+
+std::vector<std::string> unsupported_layout(const Mesh& mesh) {
+  std::vector<std::string> out;
+  struct Pending {
+    const char* dim;
+    const char* what;
+  };
+  for (auto [dim, what] : {Pending{"ep", "expert parallelism"}})
+    if (mesh.size_of(dim) > 1)
+      out.push_back(fmt::format("--{}={}: {} is not implemented in ndmesh train yet; use --{} 1 (data parallelism: "
+                                "--dp N, tensor parallelism: --tp N, pipeline parallelism: --pp N, context "
+                                "parallelism: --cp N)",
+                                dim, mesh.size_of(dim), what, dim));
+  for (const Dim& d : mesh.dims())
+    if (d.size > 1 && d.name != "dp" && d.name != "tp" && d.name != "pp" && d.name != "cp" && d.name != "ep")
+      out.push_back(fmt::format("dim {}={}: ndmesh train knows the dims dp, pp, cp, tp; rename it or give it size 1",
+                                d.name, d.size));
+  return out;
+}
+
+RankModel parallelize(const TrainOptions& o, ProcessGroups& groups) {
+  if (auto problems = unsupported_layout(groups.mesh()); !problems.empty())
+    fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
+  if (auto problems = train_option_problems(o); !problems.empty())
+    fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
+  // The rules of running this model on this layout (config/training.hpp), the same ones
+  // `ndmesh plan` and `ndmesh mesh --config` apply: batch over dp and micro-batches, cp
+  // chunks, tp splits, sequence parallelism, schedule and virtual stages, zb-h1 without
+  // recompute, ZeRO stage, a block per pipeline chunk.
+  const TrainingRun run{.dp = groups.dp().size(),
+                        .cp = groups.cp().size(),
+                        .tp = groups.tp().size(),
+                        .pp = groups.pp().size(),
+                        .vpp = o.pp.virtual_stages,
+                        .schedule = o.pp.schedule,
+                        .global_batch = o.batch,
+                        .micro_batch = o.micro_batch,
+                        .sequence_parallel = o.sequence_parallel,
+                        .recompute = o.recompute != nn::Recompute::kNone,
+                        .zero = o.dp.zero,
+                        .cp_contiguous = o.cp_layout == CpLayout::kContiguous,
+                        .pp_layers_entries = o.pp.layers.empty()
+                                                 ? 0
+                                                 : static_cast<std::int64_t>(
+                                                       std::count(o.pp.layers.begin(), o.pp.layers.end(), ',') + 1)};
+  if (auto problems = training_problems(run, &o.model); !problems.empty())
+    fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
+
+  RankModel m;
+  ModelPlan& plan = m.plan;
+  plan.spec = o.model;
+  plan.seed = o.seed;
+  plan.batch = make_batch_layout(o, groups.dp(), groups.cp());
+  // NDMESH_TEST_LOSS_SCALE: a deliberately wrong weight for the tests that must catch it.
+  plan.loss_weight = env::number("NDMESH_TEST_LOSS_SCALE", 1.0) / static_cast<double>(o.batch * o.model.seq);
+  plan.pp = groups.world().self("pp");
+  plan.grad_group = groups.world().self("dp");
+
+  apply_tensor_parallel(plan, groups, o);
+  apply_context_parallel(plan, groups, o);
+  apply_pipeline_parallel(plan, groups, o);
+  apply_data_parallel(plan, groups, o);
+  apply_recompute(plan, o);
+
+  m.chunks = build_chunks(plan);
+  return m;
+}
+
+std::vector<std::unique_ptr<model::Gpt>> build_chunks(const ModelPlan& plan) {
+  std::vector<std::unique_ptr<model::Gpt>> chunks;
+  for (const ChunkPlan& c : plan.chunks) {
+    chunks.push_back(std::make_unique<model::Gpt>(plan.spec,
+                                                  model::GptOptions{.seed = plan.seed,
+                                                                    .batch = plan.batch.micro_batch,
+                                                                    .seq = plan.batch.local_seq(),
+                                                                    .first_block = c.first_block,
+                                                                    .last_block = c.last_block,
+                                                                    .pad_to = plan.pad_to,
+                                                                    .recompute = plan.recompute,
+                                                                    .split_backward = plan.split_backward},
+                                                  plan.tp));
+    model::Gpt& g = *chunks.back();
+    // The chunks of a rank run one backward at a time: one recompute workspace for all.
+    if (chunks.size() > 1) g.share_recompute_workspace(*chunks.front());
+    g.set_loss_weight(plan.loss_weight);
+    // Gradient synchronisation sums the replicated-over-tp gradients once per step (GradSync).
+    g.set_tp_grad_sync(false);
+    if (plan.batch.cp_size > 1) g.set_positions(plan.batch.positions);
+    if (plan.attention) g.set_attention_core(plan.attention);
+  }
+  return chunks;
+}
+
+}  // namespace ndmesh::parallel

@@ -1,0 +1,48 @@
+// Device names, and the CUDA entry points of a build without CUDA (every one says why).
+#include "ndmesh/tensor/device.hpp"
+
+#include "ndmesh/core/error.hpp"
+#include "tensor/cuda/errors.hpp"
+
+namespace ndmesh {
+
+namespace cuda::detail {
+void fail_error(const std::string& message) { throw Error("cuda", message); }
+void fail_config(const std::string& message) { throw ConfigError("cuda", message); }
+}  // namespace cuda::detail
+
+std::string_view device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
+
+std::optional<Device> parse_device(std::string_view name) {
+  if (name == "cpu") return Device::kCpu;
+  if (name == "cuda") return Device::kCuda;
+  return std::nullopt;
+}
+
+#if !NDMESH_WITH_CUDA
+namespace cuda {
+namespace {
+[[noreturn]] void unavailable() { fail<ConfigError>("cuda", "{}", unavailable_reason()); }
+}  // namespace
+
+bool built() { return false; }
+int device_count() { return 0; }
+std::string unavailable_reason() {
+  return "this ndmesh was built without CUDA (no nvcc was found, or NDMESH_CUDA=OFF); rebuild where the CUDA "
+         "toolkit is installed (cmake -DNDMESH_CUDA=ON) or use --device cpu";
+}
+void init(int) { unavailable(); }
+int current_device() { return -1; }
+void* stream() { unavailable(); }
+void synchronize() {}
+void* alloc(std::size_t) { unavailable(); }
+void free(void*) noexcept {}
+AllocatorStats allocator_stats() { return {}; }
+void copy_to_device(void*, const void*, std::size_t) { unavailable(); }
+void copy_to_host(void*, const void*, std::size_t) { unavailable(); }
+void copy_device(void*, const void*, std::size_t) { unavailable(); }
+void memset_zero(void*, std::size_t) { unavailable(); }
+}  // namespace cuda
+#endif
+
+}  // namespace ndmesh
