@@ -381,19 +381,12 @@ plan::PlanModel to_plan_model(const py::object& model, std::int64_t seq, bool no
   return m;
 }
 
-plan::Precision to_precision(const std::string& precision) {
-  if (precision == "mixed") return {};
-  if (precision == "fp32")
-    return {.param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4};
-  fail<ConfigError>(
-      "plan",
-      "--precision '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter) or fp32 (4 + 4 + 8 B)",
-      precision);
-}
+plan::Precision to_precision(const std::string& precision) { return plan::parse_precision(precision); }
 
 // A hardware preset name, or a dict {"preset": name, "gpu_memory_gib": .., "reserved_gib":
 // .., "peak_tflops": .., "efficiency": .., "intra_node_gbps": .., "inter_node_gbps": ..,
-// "gpus_per_node": ..} of overrides, as the --hardware flags of `ndmesh plan`.
+// "gpus_per_node": .., "memory_gbps": .., "intra_node_latency_us": .., "inter_node_latency_us": ..,
+// "gemm_overhead_us": ..} of overrides, as the --hardware flags of `ndmesh plan`.
 plan::Hardware to_hardware(const py::object& hardware) {
   plan::Hardware hw;
   if (py::isinstance<py::str>(hardware)) {
@@ -421,11 +414,20 @@ plan::Hardware to_hardware(const py::object& hardware) {
         hw.intra_node_bw = x * 1e9;
       else if (key == "inter_node_gbps")
         hw.inter_node_bw = x * 1e9;
+      else if (key == "memory_gbps")
+        hw.memory_bw = x * 1e9;
+      else if (key == "intra_node_latency_us")
+        hw.intra_node_latency = x * 1e-6;
+      else if (key == "inter_node_latency_us")
+        hw.inter_node_latency = x * 1e-6;
+      else if (key == "gemm_overhead_us")
+        hw.gemm_overhead = x * 1e-6;
       else
         fail<ConfigError>(
             "plan",
             "hardware key '{}' is unknown; use preset, gpu_memory_gib, reserved_gib, peak_tflops, "
-            "efficiency, intra_node_gbps, inter_node_gbps, gpus_per_node",
+            "efficiency, intra_node_gbps, inter_node_gbps, gpus_per_node, memory_gbps, intra_node_latency_us, "
+            "inter_node_latency_us, gemm_overhead_us",
             key);
     }
   }

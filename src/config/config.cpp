@@ -3,6 +3,8 @@
 // its search loop. Each line names the field, the value and the nearest valid choice.
 #include "ndmesh/config/config.hpp"
 
+#include "ndmesh/config/training.hpp"
+
 #include <algorithm>
 #include <numeric>
 #include <set>
@@ -12,8 +14,11 @@
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/strings.hpp"
+#include "suggest.hpp"
 
 namespace ndmesh {
+using detail::nearest_divisors;
+using detail::nearest_multiples;
 namespace {
 
 std::vector<std::string> split_names(std::string_view s, std::string_view sep) {
@@ -25,42 +30,6 @@ std::vector<std::string> split_names(std::string_view s, std::string_view sep) {
 bool is_standard(std::string_view name) {
   const auto& s = standard_dims();
   return std::find(s.begin(), s.end(), name) != s.end();
-}
-
-// The divisors of n closest to `around` from below and above (excluding `around`). The
-// search steps at most kSteps values each way, so a huge n or `around` (--tp 2^40) answers
-// at once: past that, gcd(n, around) (a divisor of n below `around`) and n itself stand in.
-std::string nearest_divisors(std::int64_t n, std::int64_t around, std::string_view field) {
-  constexpr std::int64_t kSteps = 1 << 16;
-  std::int64_t below = 0, above = 0;
-  if (n >= 1 && around >= 1) {
-    const std::int64_t start = std::min(around - 1, n);
-    for (std::int64_t d = start; d >= 1 && start - d < kSteps; --d)
-      if (n % d == 0) {
-        below = d;
-        break;
-      }
-    if (below == 0 && around > 1) below = std::gcd(n, around) < around ? std::gcd(n, around) : 0;
-    if (around < n)  // else no divisor lies above (and around + 1 could overflow)
-      for (std::int64_t d = around + 1; d <= n && d - around <= kSteps; ++d)
-        if (n % d == 0) {
-          above = d;
-          break;
-        }
-    if (above == 0 && n > around) above = n;
-  }
-  if (below && above) return fmt::format("{}={} or {}={}", field, below, field, above);
-  if (below) return fmt::format("{}={}", field, below);
-  if (above) return fmt::format("{}={}", field, above);
-  return fmt::format("{}=1", field);
-}
-
-// The multiples of `of` closest to `value` ("28 or 32").
-std::string nearest_multiples(std::int64_t value, std::int64_t of, std::string_view field) {
-  std::int64_t below = value / of * of;
-  std::int64_t above = below + of;
-  if (below <= 0) return fmt::format("{}={}", field, above);
-  return fmt::format("{}={} or {}={}", field, below, field, above);
 }
 
 std::string product_text(const std::vector<Dim>& dims) {
@@ -292,55 +261,30 @@ std::vector<std::string> problems(const ParallelConfig& c, const ModelSpec* mode
   if (c.ranks_per_node < 0)
     out.push_back(fmt::format("ranks_per_node={} must be positive (or 0 for unknown)", c.ranks_per_node));
 
-  // Schedule and batches.
-  const std::int64_t pp = c.size("pp"), dp = c.size("dp"), tp = c.size("tp"), cp = c.size("cp"),
-                     ep = c.size("ep");
-  if (c.vpp < 1) out.push_back(fmt::format("vpp={} must be at least 1", c.vpp));
-  if (c.vpp > 1 && c.schedule != Schedule::kInterleaved)
-    out.push_back(
-        fmt::format("vpp={} needs schedule=interleaved (schedule is {}); use vpp=1 or --schedule interleaved",
-                    c.vpp, schedule_name(c.schedule)));
-  if (c.schedule == Schedule::kInterleaved && pp < 2)
-    out.push_back(fmt::format("schedule=interleaved needs pp > 1 (pp={}); use --schedule 1f1b", pp));
-  if (c.micro_batch < 1) {
+  // Batches, schedule and the model on the layout: the rules `ndmesh train` runs by
+  // (training.hpp), so a config `ndmesh mesh --config` accepts is one `ndmesh train` runs.
+  const std::int64_t pp = c.size("pp"), ep = c.size("ep");
+  if (c.micro_batch < 1)
     out.push_back(fmt::format("micro_batch={} must be at least 1; e.g. micro_batch=1", c.micro_batch));
-  } else if (sizes_ok && dp >= 1) {
-    std::int64_t unit = c.micro_batch * dp;
-    if (c.global_batch < 0) {
-      out.push_back(
-          fmt::format("global_batch={} must be positive (or 0 for micro_batch*dp)", c.global_batch));
-    } else if (c.global_batch > 0 && c.global_batch % unit != 0) {
-      out.push_back(fmt::format("global_batch={} is not divisible by micro_batch*dp = {}*{} = {}; use {}",
-                                c.global_batch, c.micro_batch, dp, unit,
-                                nearest_multiples(c.global_batch, unit, "global_batch")));
-    } else if (c.global_batch > 0) {  // micro-batch counts only matter once a batch is given
-      std::int64_t m = c.microbatches();
-      if ((c.schedule == Schedule::k1F1B || c.schedule == Schedule::kZbH1) && pp > 1 && m < pp)
-        out.push_back(fmt::format(
-            "{} micro-batches (global_batch/(micro_batch*dp) = {}/({}*{})) is fewer than pp={} for {}; use "
-            "global_batch={} or more",
-            m, c.global_batch, c.micro_batch, dp, pp, schedule_name(c.schedule), pp * unit));
-      if (c.schedule == Schedule::kInterleaved && pp > 1 && m % pp != 0) {
-        std::int64_t below = m / pp * pp * unit, above = (m / pp + 1) * pp * unit;
-        out.push_back(fmt::format(
-            "{} micro-batches is not a multiple of pp={} for the interleaved schedule; use global_batch={}{}",
-            m, pp, below > 0 ? fmt::format("{} or ", below) : "", above));
-      }
-    }
+  if (c.global_batch < 0)
+    out.push_back(fmt::format("global_batch={} must be positive (or 0 for micro_batch*dp)", c.global_batch));
+  if (!sizes_ok) {
+    if (model != nullptr)
+      for (auto& p : model_problems(*model)) out.push_back(std::move(p));
+    return out;
   }
-
-  if (model == nullptr) return out;
-  for (auto& p : model_problems(*model)) out.push_back(std::move(p));
-  if (!sizes_ok || !model_problems(*model).empty()) return out;
+  const bool model_ok = model != nullptr && model_problems(*model).empty();
+  if (model != nullptr)
+    for (auto& p : model_problems(*model)) out.push_back(std::move(p));
+  if (c.micro_batch >= 1 && c.global_batch >= 0)
+    for (auto& p : training_problems(training_run(c), model_ok ? model : nullptr))
+      out.push_back(std::move(p));
+  if (!model_ok) return out;
 
   const ModelSpec& m = *model;
-  std::int64_t stages = pp * std::max<std::int64_t>(c.vpp, 1);
-  if (c.uneven_stages) {
-    if (m.layers < stages)
-      out.push_back(
-          fmt::format("layers={} is fewer than the pp*vpp = {}*{} = {} pipeline chunks; use pp*vpp <= {}",
-                      m.layers, pp, c.vpp, stages, m.layers));
-  } else if (m.layers % stages != 0) {
+  // Even stages only when asked (uneven_stages = false); the executor runs any partition.
+  const std::int64_t stages = pp * std::max<std::int64_t>(c.vpp, 1);
+  if (!c.uneven_stages && m.layers >= stages && m.layers % stages != 0) {
     if (c.vpp > 1)
       out.push_back(fmt::format("layers={} is not divisible by pp*vpp = {}*{} = {}; use {}", m.layers, pp,
                                 c.vpp, stages, nearest_multiples(m.layers, stages, "layers")));
@@ -349,47 +293,6 @@ std::vector<std::string> problems(const ParallelConfig& c, const ModelSpec* mode
                                 nearest_divisors(m.layers, pp, "pp"),
                                 nearest_multiples(m.layers, pp, "layers")));
   }
-  if (m.heads % tp != 0)
-    out.push_back(fmt::format("heads={} is not divisible by tp={}; use {}", m.heads, tp,
-                              nearest_divisors(m.heads, tp, "tp")));
-  // Grouped-query attention: kv heads are split over tp when there are more of them, and
-  // replicated when there are fewer. (kv_heads = heads is covered by the heads check.)
-  std::int64_t kv = m.kv_heads_or_heads();
-  if (kv != m.heads && kv % tp != 0 && tp % kv != 0)
-    out.push_back(fmt::format("kv_heads={} is neither a multiple nor a divisor of tp={}; use {}", kv, tp,
-                              nearest_divisors(kv, tp, "tp")));
-  if (m.hidden % tp != 0)
-    out.push_back(fmt::format("hidden={} is not divisible by tp={}; use {}", m.hidden, tp,
-                              nearest_divisors(m.hidden, tp, "tp")));
-  std::int64_t ffn = m.ffn_or_default();
-  if (ffn % tp != 0)
-    out.push_back(
-        fmt::format("ffn={} is not divisible by tp={}; use {}", ffn, tp, nearest_divisors(ffn, tp, "tp")));
-  // Context parallelism splits each sequence into 2*cp chunks (load-balanced causal
-  // attention); sequence parallelism further splits each rank's part over tp.
-  std::int64_t seq_unit = 1;
-  std::string why;
-  // Sizes past the sequence length are refused first, so 2*cp and cp*tp cannot overflow.
-  if (cp > 1 && cp > m.seq / 2) {
-    out.push_back(fmt::format("seq={} cannot be split into 2*cp chunks with cp={}; use cp={} or less", m.seq, cp,
-                              std::max<std::int64_t>(m.seq / 2, 1)));
-  } else if (cp > 1 && c.sequence_parallel && tp > m.seq / cp) {
-    out.push_back(fmt::format("seq={} cannot be split over cp*tp = {}*{} ranks (sequence parallel); use a smaller "
-                              "tp or cp",
-                              m.seq, cp, tp));
-  } else if (cp > 1 && c.sequence_parallel) {
-    seq_unit = std::lcm(2 * cp, cp * tp);
-    why = fmt::format("lcm(2*cp, cp*tp) = lcm({}, {})", 2 * cp, cp * tp);
-  } else if (cp > 1) {
-    seq_unit = 2 * cp;
-    why = fmt::format("2*cp = {}", 2 * cp);
-  } else if (c.sequence_parallel) {
-    seq_unit = tp;
-    why = fmt::format("tp = {} (sequence parallel)", tp);
-  }
-  if (m.seq % seq_unit != 0)
-    out.push_back(fmt::format("seq={} is not divisible by {}; use {}", m.seq, why,
-                              nearest_multiples(m.seq, seq_unit, "seq")));
   if (m.experts > 0 && m.experts % ep != 0)
     out.push_back(fmt::format("experts={} is not divisible by ep={}; use {}", m.experts, ep,
                               nearest_divisors(m.experts, ep, "ep")));

@@ -8,6 +8,7 @@
 #include <fmt/core.h>
 #include <fmt/format.h>
 
+#include "ndmesh/config/training.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/nn/cross_entropy.hpp"
 #include "ndmesh/tensor/rng.hpp"
@@ -24,26 +25,7 @@ std::vector<std::string> gpt_problems(const ModelSpec& s) {
 }
 
 std::vector<std::string> gpt_tp_problems(const ModelSpec& s, std::int64_t tp, bool sp, std::int64_t rows) {
-  std::vector<std::string> out;
-  if (tp <= 1) return out;
-  auto need = [&](const char* flag, std::int64_t v, const char* why) {
-    if (v % tp != 0)
-      out.push_back(
-          fmt::format("--tp={} does not divide {}={} ({}); use a {} that is a multiple of {} or a --tp "
-                      "that divides {}",
-                      tp, flag, v, why, flag, tp, v));
-  };
-  need("--heads", s.heads, "query heads are split over tp");
-  need("--kv-heads", s.kv_heads_or_heads(),
-       "key/value heads are split over tp, not replicated: each rank holds whole groups of query heads");
-  need("--ffn", s.ffn_or_default(), "the MLP width is split over tp");
-  need("--vocab", s.vocab, "the embedding, the LM head and the cross-entropy are split on the vocabulary");
-  if (sp && rows % tp != 0)
-    out.push_back(
-        fmt::format("--sequence-parallel with --tp={}: the {} token rows of a micro-batch (micro-batch x "
-                    "--seq) are not divisible by {}; pick --seq or --micro-batch so they are",
-                    tp, rows, tp));
-  return out;
+  return tp_problems(s, tp, sp, rows);  // the one rule set: config/training.hpp
 }
 
 double gpt_memory_elements(const ModelSpec& s, std::int64_t batch, std::int64_t seq) {

@@ -15,20 +15,19 @@ BatchLayout make_batch_layout(const TrainOptions& o, const comm::Communicator& d
   l.seq = o.model.seq;
   l.dp_rank = dp.rank();
   l.dp_size = dp.size();
-  NDMESH_CHECK(o.batch > 0 && o.micro_batch >= 0, "train", "batch {} / micro-batch {}: check the options with "
-               "train_option_problems() first", o.batch, o.micro_batch);
-  NDMESH_CHECK_CONFIG(o.batch % l.dp_size == 0, "train",
-                      "--batch={} is not divisible by --dp={}; use --batch {} (each dp rank trains batch / dp sequences)",
-                      o.batch, l.dp_size, std::max<std::int64_t>(l.dp_size, o.batch / l.dp_size * l.dp_size));
+  // The batch and cp rules are training_problems()'s (config/training.hpp), checked once by
+  // parallelize(); here they are invariants.
+  NDMESH_CHECK(o.batch > 0 && o.micro_batch >= 0 && o.batch % l.dp_size == 0, "train",
+               "batch {} / micro-batch {} on dp {}: check the run with training_problems() first", o.batch,
+               o.micro_batch, l.dp_size);
   l.local_batch = o.batch / l.dp_size;
   l.micro_batch = o.micro_batch > 0 ? o.micro_batch : l.local_batch;
-  NDMESH_CHECK_CONFIG(l.local_batch % l.micro_batch == 0, "train",
-                      "--micro-batch={} does not divide the local batch {} (--batch {} / --dp {}); use a divisor of {}",
-                      l.micro_batch, l.local_batch, o.batch, l.dp_size, l.local_batch);
+  NDMESH_CHECK(l.local_batch % l.micro_batch == 0, "train", "micro-batch {} does not divide the local batch {}",
+               l.micro_batch, l.local_batch);
   l.microbatches = l.local_batch / l.micro_batch;
   l.cp_size = cp.size();
-  if (auto problems = cp_problems(o.model.seq, l.cp_size, o.cp_layout); !problems.empty())
-    fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
+  NDMESH_CHECK(cp_problems(o.model.seq, l.cp_size, o.cp_layout).empty(), "train",
+               "seq {} does not split into the chunks of cp {}", o.model.seq, l.cp_size);
   l.positions = cp_positions(o.model.seq, l.cp_size, cp.rank(), o.cp_layout);
   return l;
 }

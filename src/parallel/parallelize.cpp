@@ -1,8 +1,11 @@
 #include "ndmesh/parallel/parallelize.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "ndmesh/config/training.hpp"
 #include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 
@@ -31,6 +34,28 @@ RankModel parallelize(const TrainOptions& o, ProcessGroups& groups) {
   if (auto problems = unsupported_layout(groups.mesh()); !problems.empty())
     fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
   if (auto problems = train_option_problems(o); !problems.empty())
+    fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
+  // The rules of running this model on this layout (config/training.hpp), the same ones
+  // `ndmesh plan` and `ndmesh mesh --config` apply: batch over dp and micro-batches, cp
+  // chunks, tp splits, sequence parallelism, schedule and virtual stages, zb-h1 without
+  // recompute, ZeRO stage, a block per pipeline chunk.
+  const TrainingRun run{.dp = groups.dp().size(),
+                        .cp = groups.cp().size(),
+                        .tp = groups.tp().size(),
+                        .pp = groups.pp().size(),
+                        .vpp = o.pp.virtual_stages,
+                        .schedule = o.pp.schedule,
+                        .global_batch = o.batch,
+                        .micro_batch = o.micro_batch,
+                        .sequence_parallel = o.sequence_parallel,
+                        .recompute = o.recompute != nn::Recompute::kNone,
+                        .zero = o.dp.zero,
+                        .cp_contiguous = o.cp_layout == CpLayout::kContiguous,
+                        .pp_layers_entries = o.pp.layers.empty()
+                                                 ? 0
+                                                 : static_cast<std::int64_t>(
+                                                       std::count(o.pp.layers.begin(), o.pp.layers.end(), ',') + 1)};
+  if (auto problems = training_problems(run, &o.model); !problems.empty())
     fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
 
   RankModel m;

@@ -11,7 +11,7 @@ std::vector<std::string> train_option_problems(const TrainOptions& o) {
   auto need = [&](bool ok, std::string_view flag, auto value, std::string_view rule, std::string_view example) {
     if (!ok) out.push_back(fmt::format("{}={} {}; e.g. {} {}", flag, value, rule, flag, example));
   };
-  need(o.batch >= 1, "--batch", o.batch, "must be at least 1", "16");
+  need(o.batch >= 1, "--global-batch", o.batch, "must be at least 1", "16");
   need(o.micro_batch >= 0, "--micro-batch", o.micro_batch, "must be >= 0 (0: the whole local batch)", "4");
   need(o.steps >= 1, "--steps", o.steps, "must be at least 1", "1000");
   need(o.warmup >= 0, "--warmup", o.warmup, "must be >= 0", "20");
@@ -19,7 +19,7 @@ std::vector<std::string> train_option_problems(const TrainOptions& o) {
   need(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio", o.min_lr_ratio, "must be in [0, 1]", "0.1");
   need(o.adamw.weight_decay >= 0, "--weight-decay", o.adamw.weight_decay, "must be >= 0", "0.1");
   need(o.adamw.clip_norm >= 0, "--clip", o.adamw.clip_norm, "must be >= 0 (0: no clipping)", "1.0");
-  need(o.pp.virtual_stages >= 1, "--virtual-stages", o.pp.virtual_stages, "must be at least 1", "2");
+  need(o.pp.virtual_stages >= 1, "--vpp", o.pp.virtual_stages, "must be at least 1", "2");
   need(o.pp.trace_steps >= 1, "--trace-steps", o.pp.trace_steps, "must be at least 1", "32");
   for (std::string& p : data_parallel_option_problems(o.dp)) out.push_back(std::move(p));
   return out;

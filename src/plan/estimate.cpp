@@ -2,26 +2,36 @@
 //
 // Memory follows Korthikanti et al. 2022 section 4 (activations, micro-batches in flight,
 // embedding and output-layer extras) and Rajbhandari et al. 2020 (model states). Time is a
-// sum of terms, each a FLOP or byte count over a rate:
-//   compute + recompute   FLOPs of the slowest stage / (peak x achievable fraction)
+// sum of terms per layer and micro-batch on the slowest pipeline rank (formulas.hpp has the
+// closed forms and their sources):
+//   compute               weight products (3 kernels per matrix, each F / rate + the measured
+//                         per-kernel overhead: narrow tp splits and short sequences run below
+//                         the rate) and the attention core (causal flash: half the FLOPs);
+//                         the last rank adds the output layer
+//   recompute             what the recompute mode re-runs (and flash's Q K^T)
+//   memory                memory-bound work at the HBM bandwidth: standard attention's
+//                         s x s scores, the loss over the vocabulary (last rank), the
+//                         embedding (first rank)
 //   tp                    4 all-reduces of b (s/cp) h activations per layer and micro-batch
 //                         (2 forward, 2 backward; 6 with full recompute; Shoeybi et al. 2019
-//                         section 3), ring cost 2(t-1)/t x bytes / bandwidth, not overlapped
-//   cp                    ring attention (Liu et al. 2023): (cp-1) K/V block exchanges
-//                         forward and 2(cp-1) backward per layer, hidden while the attention
-//                         of the previous block computes; only the excess counts
+//                         section 3), ring 2(t-1) latency + 2(t-1)/t x bytes / bandwidth
+//   cp                    ring attention (Liu et al. 2023): per step, one K/V block (latency +
+//                         bytes / bandwidth) against one block pair's attention; only the
+//                         excess of each step counts (few tokens per rank: mostly exposed)
 //   pp                    one activation send forward and one gradient send backward per
-//                         micro-batch and virtual stage (split by tp with sequence
-//                         parallelism, Narayanan et al. 2021 section 4.1 scatter/gather)
-//   bubble                (compute + recompute + tp + cp + pp) x bubble fraction
+//                         micro-batch and virtual stage, latency + bytes / bandwidth (split by
+//                         tp with sequence parallelism, Narayanan et al. 2021 section 4.1)
+//   bubble                (everything above) x bubble fraction
 //   dp                    gradient reduction over dp x cp (ring: 2(d-1)/d x bytes; ZeRO-2
 //                         reduce-scatters every micro-batch; ZeRO-3 also all-gathers the
 //                         weights twice per micro-batch: Rajbhandari et al. section 7),
 //                         overlapped with the backward pass it follows: the last
 //                         micro-batch's backward for ZeRO 0/1, every backward for ZeRO-2,
-//                         every forward and backward for ZeRO-3. Only the excess counts.
-// The bandwidth of each term is intra-node when the Mesh says every group of that dim
-// lies inside one node, inter-node otherwise.
+//                         every forward and backward for ZeRO-3 (none without dp_overlap:
+//                         Megatron-LM 2021 all-reduces after the pipeline flush). Only the
+//                         excess counts.
+// The bandwidth and latency of each term are intra-node when the Mesh says every group of
+// that dim lies inside one node, inter-node otherwise.
 #include "ndmesh/plan/estimate.hpp"
 
 #include <algorithm>
@@ -45,6 +55,8 @@ ParallelConfig parallel_config(const Layout& l, const Workload& w, std::int64_t 
   c.schedule = l.schedule;
   c.vpp = l.vpp;
   c.sequence_parallel = l.sequence_parallel;
+  c.recompute = l.recompute != Recompute::kNone;
+  c.zero = l.zero;
   c.micro_batch = l.micro_batch;
   c.global_batch = w.global_batch;
   c.uneven_stages = true;  // the planner splits blocks with balanced_partition()
@@ -156,81 +168,109 @@ Placement placement(const Layout& l, std::int64_t gpus_per_node) {
 TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const Layout& l, const Workload& w,
                             const MemoryBreakdown& memory, const Placement& where,
                             const Precision& precision) {
-  const double h = d(model.spec.hidden);
+  const double h = d(model.spec.hidden), vocab = d(model.spec.vocab);
   const double t = d(l.tp), cp = d(l.cp);
   const double s_full = d(w.seq);
   const double s = s_full / cp;
   const double b = d(l.micro_batch);
-  const double batch = d(w.global_batch);
   const std::int64_t m = microbatches(l, w);
   const double rate = hw.peak_flops * hw.achievable_fraction;
-  // GPUs that share one stage's work: its tp x cp x dp replicas/shards.
-  const double stage_gpus = d(l.tp * l.cp * l.dp);
   const double e = precision.activation_bytes;
+  const bool flash = l.attention == Attention::kFlash;
 
   TimeBreakdown r;
   r.tp_bw = where.tp_in_node ? hw.intra_node_bw : hw.inter_node_bw;
   r.cp_bw = where.cp_in_node ? hw.intra_node_bw : hw.inter_node_bw;
   r.pp_bw = where.pp_in_node ? hw.intra_node_bw : hw.inter_node_bw;
   r.dp_bw = where.dp_in_node ? hw.intra_node_bw : hw.inter_node_bw;
+  auto latency = [&](bool in_node) { return in_node ? hw.intra_node_latency : hw.inter_node_latency; };
 
-  // The slowest rank sets the pace of the pipeline: its blocks, plus the logits on the last.
-  const std::vector<std::int64_t> ranks = blocks_per_rank(stage_chunks(model, l), l.pp);
-  const double per_block = layer_flops_per_step(model, s_full, batch) / d(model.spec.layers);
-  const double logits = logit_flops_per_step(model, s_full, batch);
-  double stage_flops = 0, layers_on_stage = 0;
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    const double f = d(ranks[i]) * per_block + (i + 1 == ranks.size() ? logits : 0.0);
-    if (f > stage_flops) stage_flops = f, layers_on_stage = d(ranks[i]);
-  }
-  r.compute = stage_flops / stage_gpus / rate;
-  r.recompute = recompute_flops_per_step(model, s_full, batch, l.recompute, l.attention) * layers_on_stage /
-                d(model.spec.layers) / stage_gpus / rate;
-
-  const double mb_layers = d(m) * layers_on_stage;  // layer passes per GPU per step
-  if (l.tp > 1) {
-    const double bytes = b * s * h * e;
-    const double allreduces = l.recompute == Recompute::kFull ? 6.0 : 4.0;
-    r.tp_comm = mb_layers * allreduces * 2 * (t - 1) / t * bytes / r.tp_bw;
-  }
+  // One layer, one micro-batch, one GPU: products, attention, memory-bound work, recompute.
+  const LayerShape shape{.tokens = b * s,
+                         .seq = s_full,
+                         .micro_batch = b,
+                         .tp = l.tp,
+                         .recompute = l.recompute,
+                         .attention = l.attention,
+                         .activation_bytes = e};
+  const LayerTime layer = layer_time(model, shape, rate, hw.gemm_overhead, hw.memory_bw);
+  r.tokens_per_gpu = b * s;
+  r.gemm_efficiency = layer.gemm > 0 ? layer.gemm_ideal / (layer.gemm - 0.0) : 1.0;
+  // Tensor parallelism: 4 all-reduces of b (s/cp) h activations per layer and micro-batch (2
+  // forward, 2 backward; 6 with full recompute), as ring all-reduces (with sequence
+  // parallelism an all-gather and a reduce-scatter, the same steps and bytes).
+  const double tp_layer = l.tp > 1
+                              ? (l.recompute == Recompute::kFull ? 6.0 : 4.0) *
+                                    allreduce_seconds(b * s * h * e, l.tp, r.tp_bw, latency(where.tp_in_node))
+                              : 0.0;
+  // Context parallelism: the ring of K/V blocks against one block pair's attention.
+  RingTime ring;
   if (l.cp > 1) {
-    // K and V of the local block for this rank's kv heads.
     const double kv_rank = std::max(d(model.spec.kv_heads_or_heads()) / t, 1.0) * h / d(model.spec.heads);
-    const double block = 2 * b * s * kv_rank * e;
-    const double per_layer_comm = 3 * (cp - 1) * block / r.cp_bw;
-    // This rank's queries against all keys, forward + backward: 3 x 4 b s_local s h / t.
-    const double per_layer_attention = 3 * 4 * b * s * s_full * h / t / rate;
-    r.cp_comm = mb_layers * per_layer_comm;
-    r.cp_exposed = mb_layers * std::max(0.0, per_layer_comm - per_layer_attention);
+    const double step = (flash ? 0.5 : 1.0) * 4 * b * s * s * h / t / rate;
+    ring = ring_attention_time(2 * b * s * kv_rank * e, l.cp, step, r.cp_bw, latency(where.cp_in_node),
+                               flash ? 2.5 : 2.0);
   }
+  const double per_layer = layer.total() + tp_layer + ring.exposed;
+
+  // The end stages: the last runs the output layer (b s x V/t x h products, 3 kernels) and
+  // the loss over the vocabulary; the first the embedding lookup and its gradient ((3e + 8)
+  // bytes per element of b s h: read and write forward, fp32 accumulate backward).
+  const double head = 3 * kernel_seconds(2 * b * s * (vocab / t) * h, rate, hw.gemm_overhead);
+  const double loss = loss_memory_seconds(b * s, vocab, l.tp, hw.memory_bw);
+  const double embed = hw.memory_bw > 0 ? (3 * e + 8) * b * s * h / hw.memory_bw : 0.0;
+
+  // The slowest rank sets the pace of the pipeline.
+  const std::vector<std::int64_t> ranks = blocks_per_rank(stage_chunks(model, l), l.pp);
+  double slowest = -1;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const double extra = (i + 1 == ranks.size() ? head + loss : 0.0) + (i == 0 ? embed : 0.0);
+    const double time = d(ranks[i]) * per_layer + extra;
+    if (time > slowest) slowest = time, at = i;
+  }
+  const double layers = d(ranks[at]);
+  const bool last = at + 1 == ranks.size(), first = at == 0;
+  r.layers_on_stage = layers;
+  r.compute = d(m) * (layers * (layer.gemm + layer.attention) + (last ? head : 0.0));
+  r.recompute = d(m) * layers * layer.recompute;
+  r.memory = d(m) * (layers * layer.memory + (last ? loss : 0.0) + (first ? embed : 0.0));
+  r.end_stage_extra = d(m) * ((last ? head + loss : 0.0) + (first ? embed : 0.0));
+  r.tp_comm = d(m) * layers * tp_layer;
+  r.cp_comm = d(m) * layers * ring.transfer;
+  r.cp_exposed = d(m) * layers * ring.exposed;
+  r.ring_exposed_fraction = ring.transfer > 0 ? ring.exposed / ring.transfer : 0.0;
   if (l.pp > 1) {
+    // One activation send forward and one gradient send backward per micro-batch and
+    // virtual stage (split by tp with sequence parallelism), each latency + bytes / bw.
     const double bytes = b * s * h * e / (l.sequence_parallel ? t : 1.0);
-    r.pp_comm = d(m) * 2 * d(l.vpp) * bytes / r.pp_bw;
+    r.pp_comm = d(m) * 2 * d(l.vpp) * (latency(where.pp_in_node) + bytes / r.pp_bw);
   }
   r.bubble_fraction = bubble_fraction(l.schedule, l.pp, m, l.vpp);
-  const double work = r.compute + r.recompute + r.tp_comm + r.cp_exposed + r.pp_comm;
+  const double work = r.compute + r.recompute + r.memory + r.tp_comm + r.cp_exposed + r.pp_comm;
   r.bubble = work * r.bubble_fraction;
 
   const double dpc = d(l.dp * l.cp);
   if (dpc > 1) {
     const double grad_bytes = precision.grad_bytes * memory.stage_parameters;
-    const double ring = (dpc - 1) / dpc * grad_bytes / r.dp_bw;
+    const double ring_bytes = (dpc - 1) / dpc * grad_bytes / r.dp_bw;
     const double backward = r.compute * 2.0 / 3.0 + r.recompute;
     switch (l.zero) {
       case 0:
       case 1:  // all-reduce (or reduce-scatter + all-gather) once per step
-        r.dp_comm = 2 * ring;
+        r.dp_comm = 2 * ring_bytes;
         r.dp_overlap = backward / d(m);
         break;
       case 2:  // reduce-scatter per micro-batch, all-gather of the updated shard once
-        r.dp_comm = (d(m) + 1) * ring;
+        r.dp_comm = (d(m) + 1) * ring_bytes;
         r.dp_overlap = backward;
         break;
       default:  // ZeRO-3: gather weights forward and backward, reduce-scatter gradients
-        r.dp_comm = 3 * d(m) * ring;
+        r.dp_comm = 3 * d(m) * ring_bytes;
         r.dp_overlap = r.compute + r.recompute;
         break;
     }
+    if (!l.dp_overlap) r.dp_overlap = 0;
     r.dp_exposed = std::max(0.0, r.dp_comm - r.dp_overlap);
   }
   r.total = work + r.bubble + r.dp_exposed;

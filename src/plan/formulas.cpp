@@ -56,6 +56,17 @@ Recompute parse_recompute(std::string_view name, std::string_view flag) {
   fail<ConfigError>("plan", "{} '{}' is not a recompute mode; use none, selective or full", flag, name);
 }
 
+Precision parse_precision(std::string_view name, std::string_view flag) {
+  if (name == "mixed") return {};
+  if (name == "mixed-fp32-grads") return {.grad_bytes = 4};
+  if (name == "fp32") return {.param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4};
+  fail<ConfigError>(
+      "plan",
+      "{} '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter), mixed-fp32-grads (2 + 4 + "
+      "12 B) or fp32 (4 + 4 + 8 B)",
+      flag, name);
+}
+
 double layer_matrix_parameters(const PlanModel& m) {
   const double h = d(m.spec.hidden);
   const double f = d(m.spec.ffn_or_default());
@@ -224,6 +235,105 @@ double microbatches_in_flight(Schedule schedule, std::int64_t pp, std::int64_t m
     return warm * (1 + (p - 1) / (p * v));
   }
   return warm;
+}
+
+}  // namespace ndmesh::plan
+
+namespace ndmesh::plan {
+
+GemmFit fit_gemm(const std::vector<GemmPoint>& points, std::string_view what) {
+  NDMESH_CHECK_CONFIG(points.size() >= 2, "plan", "{}: {} measured products; the fit needs at least 2", what,
+                      points.size());
+  // Weighted least squares of t = a F + b with weights 1/t^2 on the squared residuals.
+  double sw = 0, sf = 0, sff = 0, st = 0, sft = 0;
+  for (const GemmPoint& p : points) {
+    NDMESH_CHECK_CONFIG(p.m > 0 && p.n > 0 && p.k > 0 && p.flops > 0, "plan",
+                        "{}: the product m={} n={} k={} at {} FLOP/s is not positive; measure it again", what,
+                        p.m, p.n, p.k, p.flops);
+    const double f = 2 * p.m * p.n * p.k, t = f / p.flops, w = 1 / (t * t);
+    sw += w, sf += w * f, sff += w * f * f, st += w * t, sft += w * f * t;
+  }
+  const double det = sff * sw - sf * sf;
+  const double a = det != 0 ? (sft * sw - sf * st) / det : 0;
+  const double b = det != 0 ? (sff * st - sf * sft) / det : 0;
+  NDMESH_CHECK_CONFIG(a > 0, "plan",
+                      "{}: the measured products do not fit t = F / rate + overhead with a positive rate; "
+                      "measure products of different sizes",
+                      what);
+  return {.rate = 1 / a, .overhead_s = std::max(b, 0.0)};
+}
+
+double kernel_seconds(double flops, double rate, double overhead_s) { return flops / rate + overhead_s; }
+
+LayerMatrices layer_matrices(const PlanModel& m, std::int64_t tp) {
+  const double t = d(tp), h = d(m.spec.hidden), f = d(m.spec.ffn_or_default());
+  const double hd = head_dim(m);
+  LayerMatrices x;
+  x.n[0] = h / t + 2 * kv_heads_per_rank(m, tp) * hd, x.k[0] = h;  // QKV, column parallel
+  x.n[1] = h, x.k[1] = h / t;                                      // output projection, row parallel
+  x.n[2] = (m.mlp == Mlp::kGelu ? 1.0 : 2.0) * f / t, x.k[2] = h;  // MLP up (gate + up fused)
+  x.n[3] = h, x.k[3] = f / t;                                      // MLP down, row parallel
+  return x;
+}
+
+LayerTime layer_time(const PlanModel& m, const LayerShape& s, double rate, double overhead,
+                     double memory_bw) {
+  const double t = d(s.tp), h = d(m.spec.hidden), a = d(m.spec.heads), e = s.activation_bytes;
+  const double s_local = s.tokens / s.micro_batch;
+  const bool flash = s.attention == Attention::kFlash;
+  const LayerMatrices x = layer_matrices(m, s.tp);
+  LayerTime r;
+  double forward_gemm = 0;  // one forward of the four products, with their overheads
+  for (int i = 0; i < 4; ++i) {
+    const double f = 2 * s.tokens * x.n[i] * x.k[i];
+    forward_gemm += kernel_seconds(f, rate, overhead);
+    r.gemm_flops += 3 * f;
+  }
+  // The backward runs two products per matrix (input gradient, weight gradient) of the
+  // forward's FLOPs each.
+  r.gemm = 3 * forward_gemm;
+  r.kernels = 12;
+  r.gemm_ideal = r.gemm_flops / rate;
+
+  // Attention core, forward: Q K^T and attention over V, 4 b s_local s h / t model FLOPs.
+  const double causal = flash ? 0.5 : 1.0;
+  const double core_forward = 4 * s.micro_batch * s_local * s.seq * h / t;
+  r.attention = kernel_seconds(causal * 3 * core_forward, rate, (flash ? 2 : 6) * overhead);
+  const double scores = s.micro_batch * (a / t) * s_local * s.seq;  // score elements per GPU
+  const double bw = memory_bw;
+  if (!flash && bw > 0) r.memory = (13 * e + 2) * scores / bw;
+
+  // Recompute: flash's backward rebuilds Q K^T (2 b s_local s h / t, causal half) whatever
+  // the mode; selective re-runs the attention core forward, full the whole forward.
+  if (flash) r.recompute += causal * 2 * s.micro_batch * s_local * s.seq * h / t / rate;
+  const double core_again = kernel_seconds(causal * core_forward, rate, (flash ? 1 : 2) * overhead) +
+                            (!flash && bw > 0 ? (6 * e + 1) * scores / bw : 0.0);
+  if (s.recompute == Recompute::kSelective) r.recompute += core_again;
+  if (s.recompute == Recompute::kFull) r.recompute += forward_gemm + core_again;
+  return r;
+}
+
+double allreduce_seconds(double bytes, std::int64_t n, double bandwidth, double latency) {
+  if (n <= 1) return 0;
+  const double steps = 2 * (d(n) - 1);
+  return steps * latency + steps / d(n) * bytes / bandwidth;
+}
+
+RingTime ring_attention_time(double block_bytes, std::int64_t cp, double step_compute, double bandwidth,
+                             double latency, double backward_factor) {
+  RingTime r;
+  if (cp <= 1) return r;
+  const double steps = d(cp) - 1;
+  const double forward = latency + block_bytes / bandwidth;
+  const double backward = latency + 2 * block_bytes / bandwidth;  // K, V and dK, dV
+  r.transfer = steps * (forward + backward);
+  r.exposed = steps * (std::max(0.0, forward - step_compute) +
+                       std::max(0.0, backward - backward_factor * step_compute));
+  return r;
+}
+
+double loss_memory_seconds(double tokens, double vocab, std::int64_t tp, double memory_bw) {
+  return memory_bw > 0 ? 20 * tokens * vocab / d(tp) / memory_bw : 0.0;
 }
 
 }  // namespace ndmesh::plan

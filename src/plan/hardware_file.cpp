@@ -11,6 +11,7 @@
 #include <toml++/toml.h>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/plan/formulas.hpp"
 
 namespace ndmesh::plan {
 namespace {
@@ -25,7 +26,46 @@ const std::vector<std::string_view> kKeys = {"name",
                                              "intra_node_gbps",
                                              "inter_node_gbps",
                                              "gpus_per_node",
+                                             "memory_gbps",
+                                             "intra_node_latency_us",
+                                             "inter_node_latency_us",
+                                             "gemm_overhead_us",
                                              "source"};
+
+// The [gemm] section: measured products, four arrays of one length.
+const std::vector<std::string_view> kGemmKeys = {"m", "n", "k", "tflops", "source"};
+
+// The [gemm] arrays as points; ConfigError naming the key for a wrong type, length or value.
+std::vector<GemmPoint> gemm_points(const toml::table& g, const std::string& path) {
+  for (const auto& [key, value] : g) {
+    (void)value;
+    NDMESH_CHECK_CONFIG(std::find(kGemmKeys.begin(), kGemmKeys.end(), key.str()) != kGemmKeys.end(), "plan",
+                        "--hardware {}: unknown key 'gemm.{}'; known keys: {}", path, key.str(),
+                        fmt::join(kGemmKeys, ", "));
+  }
+  auto array = [&](std::string_view key) {
+    const toml::array* a = g[key].as_array();
+    NDMESH_CHECK_CONFIG(a != nullptr, "plan",
+                        "--hardware {}: gemm.{} must be an array of numbers, e.g. {} = [4096, 8192]", path,
+                        key, key);
+    std::vector<double> out;
+    for (const toml::node& n : *a) {
+      NDMESH_CHECK_CONFIG(n.is_number(), "plan", "--hardware {}: gemm.{} holds a value that is not a number",
+                          path, key);
+      out.push_back(n.is_integer() ? static_cast<double>(*n.value<std::int64_t>()) : *n.value<double>());
+    }
+    return out;
+  };
+  const auto m = array("m"), n = array("n"), k = array("k"), tflops = array("tflops");
+  NDMESH_CHECK_CONFIG(
+      n.size() == m.size() && k.size() == m.size() && tflops.size() == m.size(), "plan",
+      "--hardware {}: gemm.m, n, k and tflops have {}, {}, {} and {} entries; give one per product", path,
+      m.size(), n.size(), k.size(), tflops.size());
+  std::vector<GemmPoint> out;
+  for (std::size_t i = 0; i < m.size(); ++i)
+    out.push_back({.m = m[i], .n = n[i], .k = k[i], .flops = tflops[i] * 1e12});
+  return out;
+}
 
 }  // namespace
 
@@ -39,9 +79,10 @@ Hardware load_hardware_file(const std::string& path) {
   }
   for (const auto& [key, value] : root) {
     (void)value;
-    NDMESH_CHECK_CONFIG(key.str() == "hardware" || key.str() == "measured", "plan",
-                        "--hardware {}: unknown section '{}'; a hardware file has [hardware] and [measured]",
-                        path, key.str());
+    NDMESH_CHECK_CONFIG(
+        key.str() == "hardware" || key.str() == "measured" || key.str() == "gemm", "plan",
+        "--hardware {}: unknown section '{}'; a hardware file has [hardware], [gemm] and [measured]", path,
+        key.str());
   }
   const toml::table* hw_table = root["hardware"].as_table();
   NDMESH_CHECK_CONFIG(hw_table != nullptr, "plan",
@@ -85,6 +126,16 @@ Hardware load_hardware_file(const std::string& path) {
                       "plan", "--hardware {}: hardware.gpus_per_node = {} must be a whole number >= 1", path,
                       per_node);
   hw.gpus_per_node = static_cast<std::int64_t>(per_node);
+  hw.memory_bw = number("memory_gbps", 0.0) * 1e9;
+  hw.intra_node_latency = number("intra_node_latency_us", 0.0) * 1e-6;
+  hw.inter_node_latency = number("inter_node_latency_us", hw.intra_node_latency * 1e6) * 1e-6;
+  if (const toml::table* g = root["gemm"].as_table()) {
+    hw.gemm_points = gemm_points(*g, path);
+    // Measured products give the per-kernel overhead unless the file states it.
+    if (hw_table->get("gemm_overhead_us") == nullptr)
+      hw.gemm_overhead = fit_gemm(hw.gemm_points, "--hardware " + path + ": [gemm]").overhead_s;
+  }
+  if (hw_table->get("gemm_overhead_us") != nullptr) hw.gemm_overhead = number("gemm_overhead_us", 0.0) * 1e-6;
   const auto probs = hardware_problems(hw);
   if (!probs.empty()) {
     // Name the file keys rather than the override flags.
@@ -95,7 +146,11 @@ Hardware load_hardware_file(const std::string& path) {
                              {"--efficiency", "achievable_fraction"},
                              {"--intra-node-gbps", "intra_node_gbps"},
                              {"--inter-node-gbps", "inter_node_gbps"},
-                             {"--gpus-per-node", "gpus_per_node"}}) {
+                             {"--gpus-per-node", "gpus_per_node"},
+                             {"--memory-gbps", "memory_gbps"},
+                             {"--intra-node-latency-us", "intra_node_latency_us"},
+                             {"--inter-node-latency-us", "inter_node_latency_us"},
+                             {"--gemm-overhead-us", "gemm_overhead_us"}}) {
       const std::string f(flag);
       if (p.rfind(f, 0) == 0) p = "hardware." + std::string(key) + p.substr(f.size());
     }
@@ -130,9 +185,14 @@ std::string hardware_file_text(const Hardware& hw) {
       "intra_node_gbps = {:.6g}\n"
       "inter_node_gbps = {:.6g}\n"
       "gpus_per_node = {}\n"
+      "memory_gbps = {:.6g}\n"
+      "intra_node_latency_us = {:.6g}\n"
+      "inter_node_latency_us = {:.6g}\n"
+      "gemm_overhead_us = {:.6g}\n"
       "source = \"{}\"\n",
       hw.name, hw.memory_bytes / kGiB, hw.reserved_bytes / kGiB, hw.peak_flops / 1e12, hw.achievable_fraction,
-      hw.intra_node_bw / 1e9, hw.inter_node_bw / 1e9, hw.gpus_per_node, hw.source);
+      hw.intra_node_bw / 1e9, hw.inter_node_bw / 1e9, hw.gpus_per_node, hw.memory_bw / 1e9,
+      hw.intra_node_latency * 1e6, hw.inter_node_latency * 1e6, hw.gemm_overhead * 1e6, hw.source);
 }
 
 }  // namespace ndmesh::plan

@@ -8,6 +8,7 @@
 #include <fmt/core.h>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/plan/formulas.hpp"
 
 namespace ndmesh::plan {
 namespace {
@@ -62,6 +63,20 @@ ModelPreset llama(std::string name, std::int64_t layers, std::int64_t hidden, st
   return {std::move(name), std::move(source), m};
 }
 
+// BLOOM 176B (BigScience 2022, arXiv:2211.05100, and the training script
+// bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm): a GPT layer (GeLU,
+// biases, LayerNorm, dropout 0.1) with ALiBi instead of a position table, 70 layers, hidden
+// 14336, 112 heads, vocabulary padded to 250880, tied embeddings, sequence 2048. (Its extra
+// LayerNorm after the embedding, 2h parameters, is not counted.)
+ModelPreset bloom() {
+  ModelPreset p = gpt("bloom-176b", 112, 14336, 70,
+                      "BigScience 2022 (BLOOM, arXiv:2211.05100), tr11-176B-ml.slurm of "
+                      "bigscience-workshop/bigscience");
+  p.model.spec.vocab = 250880;
+  p.model.learned_positions = false;
+  return p;
+}
+
 std::string join_names(const auto& items) {
   std::string out;
   for (const auto& item : items) {
@@ -101,6 +116,7 @@ const std::vector<ModelPreset>& model_presets() {
         gpt("gpt3-1t", 160, 25600, 128, t1),
         gpt("gpt3-175b", 96, 12288, 96,
             "Brown et al. 2020, Table 2.1 (vocab padded to 51200 as in Megatron)"),
+        bloom(),
         llama("llama2-7b", 32, 4096, 11008, 32, 32, 32000, 4096, l2),
         llama("llama2-13b", 40, 5120, 13824, 40, 40, 32000, 4096, l2),
         llama("llama2-70b", 80, 8192, 28672, 64, 8, 32000, 4096, l2),
@@ -123,42 +139,93 @@ PlanModel model_preset(std::string_view name) {
 
 std::string model_preset_names() { return join_names(model_presets()); }
 
+const std::vector<GemmPoint>& h100_gemm_points() {
+  // OpenXLA's default matmul performance table for sm_90 (H100 SXM), bf16 x bf16 -> bf16,
+  // batch 1: xla/service/gpu/model/matmul_interpolator_data.h (tensorflow/tensorflow,
+  // third_party/xla, 2025), the entries with every dimension >= 512, in TFLOP/s.
+  static const std::vector<GemmPoint> kPoints = [] {
+    const double t[][4] = {{4096, 512, 512, 238.8},   {2048, 2048, 2048, 632.0}, {4096, 1024, 512, 343.7},
+                           {512, 4096, 1024, 373.3},  {4096, 4096, 4096, 783.3}, {4096, 2048, 512, 447.0},
+                           {1024, 1024, 2048, 350.0}, {1024, 512, 2048, 220.0},  {512, 2048, 1024, 232.6},
+                           {4096, 512, 1024, 370.8},  {1024, 2048, 2048, 524.3}, {2048, 512, 2048, 347.7},
+                           {2048, 1024, 2048, 523.3}, {4096, 1024, 1024, 488.1}, {1024, 2048, 1024, 373.3},
+                           {4096, 4096, 512, 543.1},  {512, 2048, 2048, 342.4},  {512, 1024, 2048, 216.5},
+                           {2048, 4096, 1024, 594.2}, {4096, 4096, 2048, 738.7}, {512, 512, 2048, 114.7},
+                           {4096, 512, 4096, 650.0},  {1024, 4096, 1024, 490.3}, {4096, 1024, 4096, 738.5},
+                           {4096, 2048, 4096, 758.4}, {2048, 2048, 1024, 493.9}, {1024, 1024, 512, 145.6},
+                           {2048, 512, 1024, 235.9},  {512, 2048, 4096, 430.5},  {2048, 1024, 1024, 373.3},
+                           {2048, 4096, 512, 450.4},  {1024, 512, 512, 82.2},    {1024, 2048, 512, 237.6},
+                           {1024, 4096, 4096, 738.5}, {512, 1024, 4096, 309.6},  {4096, 512, 2048, 521.7},
+                           {512, 512, 4096, 174.5}};
+    std::vector<GemmPoint> out;
+    for (const auto& r : t) out.push_back({.m = r[0], .n = r[1], .k = r[2], .flops = r[3] * 1e12});
+    return out;
+  }();
+  return kPoints;
+}
+
 const std::vector<Hardware>& hardware_presets() {
   // Memory: what nvidia-smi reports as total. Peak: dense bf16 from the datasheets.
   // Intra-node: NVLink bandwidth per GPU in one direction (half the bidirectional figure).
   // Inter-node: one NIC per GPU as in DGX systems (HDR 200 Gb/s on A100, NDR 400 Gb/s on
-  // H100/H200). Achievable fraction: our assumption for a whole transformer layer (large
-  // GEMMs reach ~70-80% of peak, softmax and norms pull it down); Narayanan et al. 2021
-  // report 44-52% of peak end to end on A100 including bubbles and communication.
-  static const std::vector<Hardware> kPresets = {
-      Hardware{.name = "a100-80gb",
-               .memory_bytes = 81920 * kMiB,
-               .reserved_bytes = 4 * kGiB,
-               .peak_flops = 312e12,
-               .achievable_fraction = 0.6,
-               .intra_node_bw = 300e9,
-               .inter_node_bw = 25e9,
-               .gpus_per_node = 8,
-               .source = "NVIDIA A100 datasheet (SXM4 80GB, NVLink 3 600 GB/s), DGX A100 (8x HDR 200 Gb/s)"},
-      Hardware{.name = "h100",
-               .memory_bytes = 81559 * kMiB,
-               .reserved_bytes = 4 * kGiB,
-               .peak_flops = 989e12,
-               .achievable_fraction = 0.55,
-               .intra_node_bw = 450e9,
-               .inter_node_bw = 50e9,
-               .gpus_per_node = 8,
-               .source = "NVIDIA H100 datasheet (SXM5 80GB, NVLink 4 900 GB/s), DGX H100 (8x NDR 400 Gb/s)"},
-      Hardware{.name = "h200",
-               .memory_bytes = 143771 * kMiB,
-               .reserved_bytes = 4 * kGiB,
-               .peak_flops = 989e12,
-               .achievable_fraction = 0.55,
-               .intra_node_bw = 450e9,
-               .inter_node_bw = 50e9,
-               .gpus_per_node = 8,
-               .source = "NVIDIA H200 datasheet (SXM 141GB, NVLink 4 900 GB/s), DGX H200 (8x NDR 400 Gb/s)"},
-  };
+  // H100/H200). HBM bandwidth: the datasheets (A100 SXM 80GB 2,039 GB/s, H100 SXM 3.35 TB/s,
+  // H200 4.8 TB/s). Achievable fraction: our assumption for the arithmetic of a whole
+  // transformer layer (large GEMMs reach ~70-80% of peak, softmax and norms pull it down);
+  // Narayanan et al. 2021 report 44-52% of peak end to end on A100 including bubbles and
+  // communication. Kernel overhead: the alpha of the alpha-beta fit of OpenXLA's measured
+  // H100 bf16 table (h100_gemm_points, fit_gemm: 807 TFLOP/s and 6.75 us per kernel); no
+  // A100 table was found, so the A100 uses the same per-kernel cost (an assumption). Latency
+  // per message: our assumption (a few microseconds per NCCL step over NVLink, about twice
+  // that over InfiniBand); `ndmesh calibrate` measures the machine's.
+  static const std::vector<Hardware> kPresets = [] {
+    const double overhead = fit_gemm(h100_gemm_points()).overhead_s;
+    return std::vector<Hardware>{
+        Hardware{.name = "a100-80gb",
+                 .memory_bytes = 81920 * kMiB,
+                 .reserved_bytes = 4 * kGiB,
+                 .peak_flops = 312e12,
+                 .achievable_fraction = 0.6,
+                 .intra_node_bw = 300e9,
+                 .inter_node_bw = 25e9,
+                 .gpus_per_node = 8,
+                 .source = "NVIDIA A100 datasheet (SXM4 80GB, NVLink 3 600 GB/s, HBM2e 2039 GB/s), DGX A100 "
+                           "(8x HDR 200 Gb/s)",
+                 .memory_bw = 2039e9,
+                 .intra_node_latency = 5e-6,
+                 .inter_node_latency = 10e-6,
+                 .gemm_overhead = overhead},
+        Hardware{.name = "h100",
+                 .memory_bytes = 81559 * kMiB,
+                 .reserved_bytes = 4 * kGiB,
+                 .peak_flops = 989e12,
+                 .achievable_fraction = 0.55,
+                 .intra_node_bw = 450e9,
+                 .inter_node_bw = 50e9,
+                 .gpus_per_node = 8,
+                 .source =
+                     "NVIDIA H100 datasheet (SXM5 80GB, NVLink 4 900 GB/s, HBM3 3.35 TB/s), DGX H100 (8x "
+                     "NDR 400 Gb/s)",
+                 .memory_bw = 3.35e12,
+                 .intra_node_latency = 5e-6,
+                 .inter_node_latency = 10e-6,
+                 .gemm_overhead = overhead},
+        Hardware{.name = "h200",
+                 .memory_bytes = 143771 * kMiB,
+                 .reserved_bytes = 4 * kGiB,
+                 .peak_flops = 989e12,
+                 .achievable_fraction = 0.55,
+                 .intra_node_bw = 450e9,
+                 .inter_node_bw = 50e9,
+                 .gpus_per_node = 8,
+                 .source =
+                     "NVIDIA H200 datasheet (SXM 141GB, NVLink 4 900 GB/s, HBM3e 4.8 TB/s), DGX H200 (8x "
+                     "NDR 400 Gb/s)",
+                 .memory_bw = 4.8e12,
+                 .intra_node_latency = 5e-6,
+                 .inter_node_latency = 10e-6,
+                 .gemm_overhead = overhead},
+    };
+  }();
   return kPresets;
 }
 
@@ -200,6 +267,19 @@ std::vector<std::string> hardware_problems(const Hardware& hw) {
     out.push_back(fmt::format("--inter-node-gbps {} must be positive, e.g. 50", hw.inter_node_bw / 1e9));
   if (hw.gpus_per_node < 1)
     out.push_back(fmt::format("--gpus-per-node {} must be at least 1, e.g. 8", hw.gpus_per_node));
+  if (!(hw.memory_bw >= 0))
+    out.push_back(fmt::format(
+        "--memory-gbps {} must be positive (or 0: memory-bound work not counted), e.g. 3350 for an H100",
+        hw.memory_bw / 1e9));
+  if (!(hw.intra_node_latency >= 0 && hw.intra_node_latency < 1))
+    out.push_back(
+        fmt::format("--intra-node-latency-us {} must be in [0, 1e6), e.g. 5", hw.intra_node_latency * 1e6));
+  if (!(hw.inter_node_latency >= 0 && hw.inter_node_latency < 1))
+    out.push_back(
+        fmt::format("--inter-node-latency-us {} must be in [0, 1e6), e.g. 10", hw.inter_node_latency * 1e6));
+  if (!(hw.gemm_overhead >= 0 && hw.gemm_overhead < 1))
+    out.push_back(
+        fmt::format("--gemm-overhead-us {} must be in [0, 1e6), e.g. 6.75", hw.gemm_overhead * 1e6));
   return out;
 }
 

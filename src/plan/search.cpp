@@ -1,9 +1,10 @@
 // Search over layouts (see search.hpp for what is enumerated and what is skipped).
 //
 // For each split of the GPUs into tp x cp x pp x dp the mesh placement is computed once;
-// for each schedule, vpp and micro-batch size the config is validated once (the lead's
-// problems(), the same checks `ndmesh train` runs); then every recompute mode and ZeRO
-// stage is estimated. Fitting layouts are ranked by time per step, ties broken by less
+// for each schedule, vpp and micro-batch size the config is validated once (problems(), which
+// applies training_problems(): the rules `ndmesh train` runs by, so no layout train refuses is
+// ranked; zb-h1 is validated once more with recompute on); then every recompute mode and
+// ZeRO stage is estimated. Fitting layouts are ranked by time per step, ties broken by less
 // traffic, then the smaller footprint, then the layout itself so the order is deterministic.
 #include "ndmesh/plan/search.hpp"
 
@@ -14,6 +15,7 @@
 #include <fmt/ranges.h>
 
 #include "ndmesh/config/partition.hpp"
+#include "ndmesh/config/training.hpp"
 #include "ndmesh/core/error.hpp"
 
 namespace ndmesh::plan {
@@ -55,7 +57,7 @@ bool allowed(const std::vector<T>& list, const T& value) {
 
 bool Constraints::any() const {
   return !tp.empty() || !cp.empty() || !pp.empty() || !dp.empty() || !vpp.empty() || !micro_batch.empty() ||
-         max_zero < 3 || !schedules.empty() || !recomputes.empty() || !sequence_parallel ||
+         max_zero < 3 || !schedules.empty() || !recomputes.empty() || !sequence_parallel || !dp_overlap ||
          !stage_layers.empty();
 }
 
@@ -82,6 +84,7 @@ std::string Constraints::text() const {
     parts.push_back(fmt::format("recompute={}", fmt::join(n, ",")));
   }
   if (!sequence_parallel) parts.push_back("sequence_parallel=off");
+  if (!dp_overlap) parts.push_back("dp_overlap=off");
   add("pp_layers", stage_layers);
   return parts.empty() ? std::string("none") : fmt::format("{}", fmt::join(parts, " "));
 }
@@ -95,8 +98,8 @@ SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOpti
                       o.workload.seq);
   NDMESH_CHECK_CONFIG(o.workload.global_batch >= 1, "plan", "--global-batch {} must be at least 1, e.g. 1024",
                       o.workload.global_batch);
-  NDMESH_CHECK_CONFIG(o.top >= 1 && o.top <= kMaxTop, "plan", "--top {} must be in 1..{}, e.g. --top 10", o.top,
-                      kMaxTop);
+  NDMESH_CHECK_CONFIG(o.top >= 1 && o.top <= kMaxTop, "plan", "--top {} must be in 1..{}, e.g. --top 10",
+                      o.top, kMaxTop);
 
   ModelSpec spec = model.spec;
   spec.seq = o.workload.seq;
@@ -122,6 +125,10 @@ SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOpti
   if (o.attention == Attention::kFlash &&
       std::find(recomputes.begin(), recomputes.end(), Recompute::kNone) != recomputes.end())
     std::erase(recomputes, Recompute::kSelective);
+  // ZeRO stages ndmesh train runs (the same rules as every layout: training_problems).
+  bool zero_runs[4];
+  for (int z = 0; z < 4; ++z)
+    zero_runs[z] = training_problems(TrainingRun{.global_batch = 1, .zero = z}).empty();
   std::int64_t max_vpp = o.max_vpp;
   for (std::int64_t v : c.vpp) max_vpp = std::max(max_vpp, v);
 
@@ -138,6 +145,7 @@ SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOpti
                     .dp = dp,
                     .sequence_parallel = tp > 1 && c.sequence_parallel,
                     .attention = o.attention,
+                    .dp_overlap = c.dp_overlap,
                     .stage_layers = c.stage_layers};
         const Placement where = placement(base, hw.gpus_per_node);
 
@@ -177,12 +185,27 @@ SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOpti
               continue;
             }
             any_valid = true;
+            // The same rules with recompute on: zb-h1 cannot recompute under ndmesh train.
+            bool recompute_ok = true;
+            if (sc.schedule == Schedule::kZbH1) {
+              Layout with = layout;
+              with.recompute = Recompute::kFull;
+              recompute_ok = problems(parallel_config(with, o.workload, hw.gpus_per_node), &spec).empty();
+            }
             // Partition once per layout rather than once per estimate (validation above
             // guarantees every chunk gets a block).
             if (layout.stage_layers.empty())
               layout.stage_layers = balanced_partition(model.spec.layers, pp, sc.vpp);
             for (Recompute rc : recomputes) {
+              if (rc != Recompute::kNone && !recompute_ok) {
+                result.invalid += zero_max + 1;
+                continue;
+              }
               for (int zero = 0; zero <= zero_max; ++zero) {
+                if (!zero_runs[static_cast<std::size_t>(zero)]) {
+                  ++result.invalid;
+                  continue;
+                }
                 layout.recompute = rc;
                 layout.zero = zero;
                 Estimate e;

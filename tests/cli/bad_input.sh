@@ -70,7 +70,7 @@ for v in "${ints[@]}"; do
     expect "$flag" plan --model llama3-8b --gpus 8 --global-batch 8 "$flag" "$v"
   done
   for flag in --tp --cp --pp --dp --vpp --micro-batch --zero; do
-    expect "$(echo "${flag#--}" | tr - _)" plan memory --model llama3-8b --global-batch 8 "$flag" "$v"
+    expect "$flag" plan memory --model llama3-8b --global-batch 8 "$flag" "$v"
   done
   for flag in --pp --microbatches --vpp; do
     expect "$flag" schedule "$flag" "$v"

@@ -17,11 +17,19 @@ out=$("${mpirun[@]}" -np 2 "$ndmesh" calibrate --seconds 1 --threads 1 --gemm-si
 [ -s "$dir/host.toml" ] || { echo "FAIL: no file written: $out"; exit 1; }
 for key in '^\[hardware\]' '^name = "test-host"' '^memory_gib = ' '^peak_tflops = ' '^intra_node_gbps = ' \
   '^inter_node_gbps = ' '^gpus_per_node = 2$' '^\[measured\]' '^ranks = 2$' '^intra_allreduce_gbps = ' \
-  '^intra_p2p_latency_us = ' '^intra_allgather_gbps = '; do
+  '^intra_p2p_latency_us = ' '^intra_allgather_gbps = ' '^memory_gbps = ' '^intra_node_latency_us = ' \
+  '^gemm_overhead_us = ' '^\[gemm\]' '^m = \[32, 32, 32, 32, 128, 128, 128, 128\]$' '^tflops = \['; do
   grep -q "$key" "$dir/host.toml" || fail "file lacks $key: $(cat "$dir/host.toml")"
 done
+# The GPU calibration needs the GPU path: one line, exit 2, nothing written.
+out=$("$ndmesh" calibrate --device cuda --output "$dir/gpu.toml" 2>&1)
+rc=$?
+[ "$rc" -eq 2 ] || fail "calibrate --device cuda: exit $rc, want 2: $out"
+echo "$out" | grep -q -- "--device cuda: this ndmesh has no GPU path yet" || fail "calibrate --device cuda: $out"
+[ ! -e "$dir/gpu.toml" ] || fail "calibrate --device cuda wrote a file"
+
 # The numbers are positive.
-awk -F' = ' '/^(peak_tflops|intra_node_gbps|memory_gib) = / && !($2 > 0) {print; bad=1} END {exit bad}' \
+awk -F' = ' '/^(peak_tflops|intra_node_gbps|memory_gib|memory_gbps) = / && !($2 > 0) {print; bad=1} END {exit bad}' \
   "$dir/host.toml" || fail "non-positive measurement: $(cat "$dir/host.toml")"
 
 # Read back: plan and plan memory accept the file; the header names the hardware.

@@ -29,5 +29,5 @@ run 10 20000 schedule --cost-p2p 1e12 --svg "$tmp/p2p.svg"
 # Suggestions do not count down from a huge size.
 timeout 10 "$ndmesh" plan memory --model llama3-8b --global-batch 8 --tp 1099511627776 >"$tmp/out" 2>&1
 [ $? -eq 2 ] || fail "plan memory --tp 2^40: exit $?"
-grep -q "use tp=32" "$tmp/out" || fail "no divisor suggested: $(cat "$tmp/out")"
+grep -q -- "use --tp=32" "$tmp/out" || fail "no divisor suggested: $(cat "$tmp/out")"
 echo ok

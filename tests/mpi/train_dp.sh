@@ -112,7 +112,7 @@ expect_usage() {  # expect_usage <needle> <ranks> <flags...>
   expect_train_usage "$needle" "$np" "${model[@]}" "$@"
 }
 expect_usage "--tp=4 does not divide --kv-heads=2" 4 --tp 4
-expect_usage "--batch=12 is not divisible by --dp=5" 5 --dp 5
+expect_usage "--global-batch=12 is not divisible by --dp=5" 5 --dp 5
 expect_usage "--micro-batch=4 does not divide the local batch 6" 2 --dp 2 --micro-batch 4
 expect_usage "not a regular file" 2 --dp 2 --data "$tmp"
 expect_usage "--allreduce=ringg" 2 --dp 2 --allreduce ringg

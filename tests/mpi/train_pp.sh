@@ -148,10 +148,10 @@ expect_usage() {  # expect_usage <needle> <ranks> <flags...>
 }
 expect_usage "--pp-layers '3,3' adds up to 6 blocks but the model has layers=4" 2 --pp 2 --pp-layers 3,3
 expect_usage "--pp-layers '4' has 1 entries but pp*vpp = 2*1 = 2 chunks need one each" 2 --pp 2 --pp-layers 4
-expect_usage "--layers=4 over --pp=4 x --virtual-stages=2" 4 --pp 4 --schedule interleaved --virtual-stages 2 \
+expect_usage "--layers=4 over --pp=4 x --vpp=2" 4 --pp 4 --schedule interleaved --virtual-stages 2 \
   --micro-batch 2
-expect_usage "--virtual-stages=2 applies only to --schedule interleaved" 2 --pp 2 --virtual-stages 2
-expect_usage "--schedule interleaved needs --virtual-stages 2 or more" 2 --pp 2 --schedule interleaved
+expect_usage "--vpp=2 applies only to --schedule interleaved" 2 --pp 2 --virtual-stages 2
+expect_usage "--schedule interleaved needs --vpp 2 or more" 2 --pp 2 --schedule interleaved
 expect_usage "--schedule interleaved needs a multiple of --pp=2 micro-batches per step" 2 --pp 2 --batch 6 \
   --schedule interleaved --virtual-stages 2 --micro-batch 2
 expect_usage "--schedule=pipedream is not a pipeline schedule" 1 --schedule pipedream

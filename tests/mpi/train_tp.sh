@@ -142,6 +142,6 @@ expect_usage() {  # expect_usage <needle> <ranks> <flags...>
 expect_usage "--tp=4 does not divide --kv-heads=2" 4 "${gqa[@]}" --tp 4
 expect_usage "--tp=3 does not divide --heads=4" 3 "${gqa[@]}" --tp 3
 expect_usage "--sequence-parallel needs --tp > 1" 1 "${gqa[@]}" --sequence-parallel
-expect_usage "token rows of a micro-batch (micro-batch x --seq) are not divisible by 4" 4 --heads 8 --kv-heads 4 \
+expect_usage "token rows of a micro-batch (micro-batch x --seq / --cp) are not divisible by 4" 4 --heads 8 --kv-heads 4 \
   --tp 4 --sequence-parallel --seq 15 --micro-batch 1
 echo "train_tp.sh: ok"

@@ -57,7 +57,7 @@ class SameMessagesAsTheCli(unittest.TestCase):
 
     def test_config_file(self):
         toml = ("[parallel]\ntp = 8\npp = 4\ndp = 2\n[model]\nlayers = 30\nhidden = 1536\nheads = 12\n"
-                "seq = 2048\nvocab = 50304\n[training]\nmicro_batch = 1\nglobal_batch = 6\n")
+                "seq = 2048\nvocab = 50257\n[training]\nmicro_batch = 1\nglobal_batch = 7\n")
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "job.toml")
             with open(path, "w") as f:
@@ -73,13 +73,14 @@ class SameMessagesAsTheCli(unittest.TestCase):
 
     def test_validation(self):
         m = ndmesh.Mesh(tp=8, pp=4, dp=2)
-        model = {"layers": 30, "hidden": 1536, "heads": 12, "seq": 2048, "vocab": 50304}
-        problems = ndmesh.problems(m, model=model, micro_batch=1, global_batch=6)
+        # The rules ndmesh train runs by: batch over dp, heads and vocabulary over tp.
+        model = {"layers": 30, "hidden": 1536, "heads": 12, "seq": 2048, "vocab": 50257}
+        problems = ndmesh.problems(m, model=model, micro_batch=1, global_batch=7)
         self.assertEqual(len(problems), 3)
         with self.assertRaises(ndmesh.ConfigError) as ctx:
-            ndmesh.validate(m, model=model, micro_batch=1, global_batch=6)
+            ndmesh.validate(m, model=model, micro_batch=1, global_batch=7)
         self.assertEqual(str(ctx.exception).splitlines()[1:], [f"  - {p}" for p in problems])
-        self.assertEqual(ndmesh.problems(m, model=dict(model, layers=32, heads=16), global_batch=8), [])
+        self.assertEqual(ndmesh.problems(m, model=dict(model, heads=16, vocab=50304), global_batch=8), [])
 
     def test_plan(self):
         self.check(lambda: ndmesh.plan("llama3-7b", gpus=8, global_batch=8),

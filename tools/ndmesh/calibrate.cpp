@@ -27,6 +27,7 @@
 
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/plan/formulas.hpp"
 #include "ndmesh/plan/hardware_file.hpp"
 #include "ndmesh/tensor/blas.hpp"
 #include "subcommand.hpp"
@@ -46,6 +47,7 @@ struct CalibrateOptions {
   std::int64_t bytes = 4 << 20;
   double memory_gib = 0;
   std::string name;
+  std::string device = "cpu";
   bool json = false;
 };
 
@@ -159,6 +161,14 @@ int run(const CalibrateOptions& o) {
   NDMESH_CHECK_CONFIG(!o.output.empty(), "calibrate",
                       "--output '' must name a file, e.g. --output host.toml");
 
+  NDMESH_CHECK_CONFIG(o.device == "cpu" || o.device == "cuda", "calibrate",
+                      "--device '{}' is not a device; use cpu (or cuda on a GPU build)", o.device);
+  // The GPU calibration (bf16 cuBLAS products over the planner's shapes, HBM bandwidth, NCCL
+  // rates) needs the CUDA path of issue 24; until it exists, say so instead of measuring the CPU.
+  NDMESH_CHECK_CONFIG(
+      o.device == "cpu", "calibrate",
+      "--device cuda: this ndmesh has no GPU path yet (issue 24); calibrate the CPU with --device "
+      "cpu, or plan with the datasheet presets (--hardware h100)");
   Communicator world = Communicator::world();
   const LaunchEnv launch = comm::resolve_launch_env(world);
   Communicator node = world.split_node();
@@ -182,6 +192,37 @@ int run(const CalibrateOptions& o) {
   const double gemm_s = time_op(world, gemm_budget, mm);
   const double flops =
       2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / gemm_s;
+
+  // The products the planner asks about, scaled to this machine: every (m, n, k) of
+  // {n/4, n} with n = --gemm-size, each timed on every rank at once. Their alpha-beta fit is
+  // the per-kernel overhead (plan/formulas.hpp fit_gemm).
+  std::vector<plan::GemmPoint> curve;
+  {
+    const std::int64_t sizes[2] = {std::max<std::int64_t>(n / 4, 8), n};
+    const double per_point = gemm_budget / 16;
+    for (std::int64_t m1 : sizes)
+      for (std::int64_t n1 : sizes)
+        for (std::int64_t k1 : sizes) {
+          std::vector<float> a1(static_cast<std::size_t>(m1 * k1), 0.5f),
+              b1(static_cast<std::size_t>(k1 * n1), 0.25f), c1(static_cast<std::size_t>(m1 * n1), 0.0f);
+          auto product = [&] {
+            gemm<float>(false, false, m1, n1, k1, 1.0f, a1.data(), k1, b1.data(), n1, 0.0f, c1.data(), n1);
+          };
+          product();
+          const double t = time_op(world, per_point, product);
+          const double d_m = static_cast<double>(m1), d_n = static_cast<double>(n1),
+                       d_k = static_cast<double>(k1);
+          curve.push_back({.m = d_m, .n = d_n, .k = d_k, .flops = 2 * d_m * d_n * d_k / t});
+        }
+  }
+  // Memory bandwidth per rank (all ranks at once): a copy of 64 MiB reads and writes it.
+  double memory_gbps = 0;
+  {
+    std::vector<float> from(std::size_t{16} << 20, 1.0f), to(from.size(), 0.0f);
+    const double t =
+        time_op(world, gemm_budget / 8, [&] { std::copy(from.begin(), from.end(), to.begin()); });
+    memory_gbps = 2.0 * static_cast<double>(from.size()) * 4 / t / 1e9;
+  }
 
   CommNumbers intra, inter;
   if (node.size() > 1) intra = measure_group(node, o.bytes, node_budget);
@@ -208,6 +249,10 @@ int run(const CalibrateOptions& o) {
   hw.intra_node_bw = intra_bw;
   hw.inter_node_bw = nodes > 1 ? inter.allreduce_gbps * 1e9 : intra_bw;
   hw.gpus_per_node = per_node;
+  hw.memory_bw = memory_gbps * 1e9;
+  hw.intra_node_latency = node.size() > 1 ? intra.p2p_latency_us * 1e-6 : 0.0;
+  hw.inter_node_latency = nodes > 1 ? inter.p2p_latency_us * 1e-6 : hw.intra_node_latency;
+  hw.gemm_overhead = plan::fit_gemm(curve, "calibrate").overhead_s;
   hw.source = fmt::format(
       "ndmesh calibrate on {} ({} ranks, {} node{}, {} BLAS thread{} per rank, sgemm {}^3, {} B messages)",
       host, world.size(), nodes, nodes == 1 ? "" : "s", threads, threads == 1 ? "" : "s", n, o.bytes);
@@ -215,6 +260,18 @@ int run(const CalibrateOptions& o) {
   std::string text = "# Written by `ndmesh calibrate`; read by `ndmesh plan --hardware FILE`.\n";
   text += "# peak_tflops is the measured fp32 sgemm rate of the slowest rank, so achievable_fraction = 1.\n";
   text += plan::hardware_file_text(hw);
+  {
+    std::string m, nn, k, tf;
+    for (const auto& p : curve) {
+      const char* sep = m.empty() ? "" : ", ";
+      m += fmt::format("{}{:.0f}", sep, p.m), nn += fmt::format("{}{:.0f}", sep, p.n);
+      k += fmt::format("{}{:.0f}", sep, p.k), tf += fmt::format("{}{:.6g}", sep, p.flops / 1e12);
+    }
+    text += fmt::format(
+        "\n# Products timed on every rank at once (fp32 sgemm here); gemm_overhead_us is their fit.\n"
+        "[gemm]\nm = [{}]\nn = [{}]\nk = [{}]\ntflops = [{}]\n",
+        m, nn, k, tf);
+  }
   text += fmt::format(
       "\n[measured]\nranks = {}\nnodes = {}\nthreads = {}\ngemm_size = {}\ngemm_tflops = {:.6g}\n",
       world.size(), nodes, threads, n, flops / 1e12);
@@ -269,6 +326,9 @@ Action setup(CLI::App& app) {
                  "Memory per rank to record (0: physical memory / ranks per node)")
       ->capture_default_str();
   app.add_option("--name", o->name, "Name in the file (default calibrated-<host>)");
+  app.add_option("--device", o->device,
+                 "cpu (matrix products through BLAS, MPI communication); cuda needs the GPU path (not yet)")
+      ->capture_default_str();
   app.add_flag("--json", o->json, "Print the numbers as one JSON line");
   app.footer(
       "Run under mpirun on the ranks the plan is for (e.g. mpirun -np 2), or alone. See "

@@ -42,6 +42,8 @@ struct ModelHardwareFlags {
   std::string hardware = "h100";
   std::optional<double> gpu_memory_gib, reserved_gib, peak_tflops, efficiency, intra_gbps, inter_gbps;
   std::optional<std::int64_t> gpus_per_node;
+  std::optional<double> memory_gbps, intra_latency_us, inter_latency_us, gemm_overhead_us;
+  bool no_dp_overlap = false;
   std::int64_t seq = 0;
   std::int64_t global_batch = 0;
   std::string precision = "mixed";
@@ -75,12 +77,25 @@ void add_model_hardware_flags(CLI::App& app, ModelHardwareFlags& f) {
   app.add_option("--intra-node-gbps", f.intra_gbps, "Override: GB/s per GPU inside a node, one direction");
   app.add_option("--inter-node-gbps", f.inter_gbps, "Override: GB/s per GPU across nodes, one direction");
   app.add_option("--gpus-per-node", f.gpus_per_node, "Override: GPUs per node");
+  app.add_option("--memory-gbps", f.memory_gbps,
+                 "Override: HBM GB/s per GPU (0: memory-bound work not counted)");
+  app.add_option("--intra-node-latency-us", f.intra_latency_us,
+                 "Override: microseconds per message inside a node");
+  app.add_option("--inter-node-latency-us", f.inter_latency_us,
+                 "Override: microseconds per message across nodes");
+  app.add_option("--gemm-overhead-us", f.gemm_overhead_us,
+                 "Override: fixed microseconds per matrix-product kernel (the alpha of t = F/rate + alpha)");
+  app.add_flag("--no-dp-overlap", f.no_dp_overlap,
+               "The gradient reduction runs after the last micro-batch's backward, not under it (Megatron-LM "
+               "2021, DeepSpeed's pipeline engine)");
   app.add_option("--seq", f.seq, "Tokens per sequence (default: the model's)");
-  app.add_option("--global-batch", f.global_batch, "Sequences per step");
-  app.add_option(
-         "--precision", f.precision,
-         "mixed (bf16 weights and grads + 12 B fp32 Adam states, 16-bit activations) or fp32 (4 + 4 + 8 B "
-         "AdamW, fp32 activations)")
+  app.add_option("--global-batch,--batch", f.global_batch, "Sequences per step over all GPUs");
+  app.add_option("--precision", f.precision,
+                 "mixed (bf16 weights and grads + 12 B fp32 Adam states, 16-bit activations), "
+                 "mixed-fp32-grads (the same "
+                 "with fp32 gradients: Megatron's bf16 default, DeepSpeed's BF16_Optimizer) or fp32 (4 + 4 + "
+                 "8 B AdamW, fp32 "
+                 "activations)")
       ->capture_default_str();
   app.add_flag("--no-dropout", f.no_dropout,
                "The model stores no dropout masks (GPT presets do, Llama ones do not)");
@@ -147,15 +162,7 @@ PlanModel resolve_model(const ModelHardwareFlags& f) {
   return m;
 }
 
-plan::Precision resolve_precision(const ModelHardwareFlags& f) {
-  if (f.precision == "mixed") return {};
-  if (f.precision == "fp32")
-    return {.param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4};
-  fail<ConfigError>("plan",
-                    "--precision '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter) or fp32 "
-                    "(4 + 4 + 8 B)",
-                    f.precision);
-}
+plan::Precision resolve_precision(const ModelHardwareFlags& f) { return plan::parse_precision(f.precision); }
 
 Hardware resolve_hardware(const ModelHardwareFlags& f) {
   Hardware hw = plan::hardware_by_name_or_file(f.hardware);
@@ -166,6 +173,10 @@ Hardware resolve_hardware(const ModelHardwareFlags& f) {
   if (f.intra_gbps) hw.intra_node_bw = *f.intra_gbps * 1e9;
   if (f.inter_gbps) hw.inter_node_bw = *f.inter_gbps * 1e9;
   if (f.gpus_per_node) hw.gpus_per_node = *f.gpus_per_node;
+  if (f.memory_gbps) hw.memory_bw = *f.memory_gbps * 1e9;
+  if (f.intra_latency_us) hw.intra_node_latency = *f.intra_latency_us * 1e-6;
+  if (f.inter_latency_us) hw.inter_node_latency = *f.inter_latency_us * 1e-6;
+  if (f.gemm_overhead_us) hw.gemm_overhead = *f.gemm_overhead_us * 1e-6;
   const auto probs = plan::hardware_problems(hw);
   NDMESH_CHECK_CONFIG(probs.empty(), "plan", "bad hardware: {}", fmt::join(probs, "; "));
   return hw;
@@ -214,7 +225,6 @@ std::string layout_text(const Layout& l) {
           ? fmt::format(" pp_layers={}", fmt::join(l.stage_layers, ","))
           : std::string());
 }
-
 
 std::string where_text(bool in_node, double bw) {
   return fmt::format("{} node, {:.0f} GB/s", in_node ? "inside a" : "across", bw / 1e9);
@@ -269,19 +279,34 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
              e.fits ? "" : fmt::format(": {} GiB short", gib(m.total - e.capacity_bytes)));
   fmt::print("time per step (s):\n");
   fmt::print(
-      "  compute                 {:>8.3f}  slowest stage's model FLOPs / ({} GPUs x {:.3g} TFLOP/s x {})\n",
-      t.compute, l.tp * l.cp * l.dp, hw.peak_flops / 1e12, hw.achievable_fraction);
+      "  compute                 {:>8.3f}  slowest rank's products and attention at {:.3g} TFLOP/s x {} ({} "
+      "layers{}); "
+      "products of {:.0f} tokens per GPU at {:.0f}% of that rate ({:.2f} us per kernel){}\n",
+      t.compute, hw.peak_flops / 1e12, hw.achievable_fraction, t.layers_on_stage,
+      t.end_stage_extra > 0 ? " + output layer" : "", t.tokens_per_gpu, 100 * t.gemm_efficiency,
+      hw.gemm_overhead * 1e6,
+      l.attention == plan::Attention::kFlash ? "; causal flash: half the s x s FLOPs" : "");
   fmt::print("  recompute               {:>8.3f}  recompute={}{}: its extra FLOPs at {:.3g} TFLOP/s\n",
              t.recompute, plan::recompute_name(l.recompute),
              l.attention == plan::Attention::kFlash ? " + flash attention's Q K^T in the backward" : "",
              rate / 1e12);
+  fmt::print("  memory-bound            {:>8.3f}  at {:.0f} GB/s HBM: {}\n", t.memory, hw.memory_bw / 1e9,
+             hw.memory_bw <= 0 ? "not counted (no memory bandwidth)"
+             : l.attention == plan::Attention::kStandard
+                 ? "the s x s scores (28 B each), the loss (20 B per fp32 logit), "
+                   "the embedding"
+                 : "the loss (20 B per fp32 logit), the embedding");
   fmt::print("  tensor parallel         {:>8.3f}  {} all-reduces per layer and micro-batch, tp group {}\n",
              t.tp_comm, l.recompute == plan::Recompute::kFull ? 6 : 4,
              where_text(e.where.tp_in_node, t.tp_bw));
   fmt::print(
       "  context parallel        {:>8.3f}  exposed of {:.3f} ring traffic ({}), {}\n", t.cp_exposed,
       t.cp_comm, where_text(e.where.cp_in_node, t.cp_bw),
-      l.cp == 1 ? "no cp" : (t.cp_exposed == 0 ? "hidden under attention" : "not hidden under attention"));
+      l.cp == 1 ? std::string("no cp")
+      : t.cp_exposed == 0
+          ? std::string("hidden under attention")
+          : fmt::format("{:.0f}% not hidden: each step's K/V block outlasts its {:.0f}-token attention",
+                        100 * t.ring_exposed_fraction, t.tokens_per_gpu / l.micro_batch));
   fmt::print("  pipeline sends          {:>8.3f}  {}\n", t.pp_comm,
              l.pp == 1 ? "no pp" : where_text(e.where.pp_in_node, t.pp_bw));
   fmt::print("  bubble                  {:>8.3f}  {:.4f} x the above ({})\n", t.bubble, t.bubble_fraction,
@@ -301,6 +326,42 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
       "assumptions: {}; the achievable fraction {} of peak and the {} GiB reserved per GPU are the "
       "planner's own (--efficiency, --reserved-gib); the optimizer step's time is not counted\n",
       hw.source, hw.achievable_fraction, gib(hw.reserved_bytes));
+}
+
+// What separates each of the top layouts from the best, and what costs the best most
+// beyond its compute: the terms by size, each with the layout's own numbers.
+void print_separation(const std::vector<Estimate>& top) {
+  if (top.empty()) return;
+  const Estimate& best = top.front();
+  fmt::print("\nwhat decides:\n");
+  std::vector<plan::TermDelta> overheads;
+  for (plan::Term t : {plan::Term::kRecompute, plan::Term::kMemory, plan::Term::kTensorParallel,
+                       plan::Term::kContextParallel, plan::Term::kPipelineSends, plan::Term::kBubble,
+                       plan::Term::kDataParallel})
+    if (const double sec = plan::term_seconds(best.time, t); sec > 0) overheads.push_back({t, sec});
+  std::sort(overheads.begin(), overheads.end(),
+            [](const plan::TermDelta& a, const plan::TermDelta& b) { return a.seconds > b.seconds; });
+  fmt::print("     1: {:.3f} s, {:.0f}% of it compute; largest other terms:", best.time.total,
+             100 * best.time.compute / best.time.total);
+  for (std::size_t i = 0; i < std::min<std::size_t>(overheads.size(), 2); ++i)
+    fmt::print(" {} {:.3f} s ({}){}", plan::term_name(overheads[i].term), overheads[i].seconds,
+               plan::term_reason(best, overheads[i].term),
+               i + 1 < std::min<std::size_t>(overheads.size(), 2) ? ";" : "");
+  fmt::print("\n");
+  for (std::size_t i = 1; i < std::min<std::size_t>(top.size(), 5); ++i) {
+    const auto deltas = plan::separating_terms(top[i], best);
+    fmt::print("  {:>4}: +{:.3f} s vs 1", i + 1, top[i].time.total - best.time.total);
+    if (deltas.empty()) fmt::print(": the same time by every term (it differs in memory only)");
+    std::size_t shown = 0;
+    for (const auto& d : deltas)
+      if (d.seconds > 0 && shown < 2)
+        fmt::print("{} {} +{:.3f} s ({})", shown++ == 0 ? ":" : ";", plan::term_name(d.term), d.seconds,
+                   plan::term_reason(top[i], d.term));
+    if (!deltas.empty() && deltas.back().seconds < 0)
+      fmt::print("; less {} {:.3f} s ({})", plan::term_name(deltas.back().term), deltas.back().seconds,
+                 plan::term_reason(top[i], deltas.back().term));
+    fmt::print("\n");
+  }
 }
 
 void print_header(const PlanModel& model, const Hardware& hw, std::int64_t gpus, std::int64_t seq,
@@ -349,6 +410,7 @@ plan::Constraints resolve_constraints(const PlanFlags& f, const PlanModel& model
   if (!f.recompute.empty())
     for (auto part : split_list(f.recompute, ",")) c.recomputes.push_back(plan::parse_recompute(part));
   c.sequence_parallel = !f.no_sequence_parallel;
+  c.dp_overlap = !f.common.no_dp_overlap;
   if (!f.pp_layers.empty()) {
     // The count is checked against pp*vpp per layout; entries and the sum here.
     const auto n = static_cast<std::int64_t>(split_list(f.pp_layers, ",").size());
@@ -440,7 +502,18 @@ int run_search(const PlanFlags& f) {
         gib(e.memory.optimizer), gib(e.memory.activations), gib(e.memory.total), e.time.total,
         human(e.tokens_per_second), 100 * e.mfu);
   }
+  // The commands that run the top layouts (ndmesh train: the CPU reference runtime today).
+  const std::size_t shown = std::min<std::size_t>(r.layouts.size(), 3);
+  fmt::print("\nto run (ndmesh train; --mlp swiglu models run as their GeLU twin):\n");
+  for (std::size_t i = 0; i < shown; ++i) {
+    const Estimate& e = r.layouts[i];
+    const auto c =
+        plan::train_commands(plan::train_flags(model, e.layout, w), e.layout.gpus(), hw.gpus_per_node);
+    fmt::print("{:>4}  this machine: {}\n      cluster:      {}\n                    {}\n", i + 1, c.local,
+               c.srun, c.mpirun);
+  }
   if (f.explain) {
+    print_separation(r.layouts);
     fmt::print("\nbest ");
     print_explain(model, hw, precision, r.layouts.front(), w.seq, w.global_batch);
   }
@@ -452,6 +525,7 @@ int run_memory(MemoryFlags f) {
   l.schedule = parse_schedule(f.schedule);
   l.recompute = plan::parse_recompute(f.recompute);
   l.attention = plan::parse_attention(f.common.attention);
+  l.dp_overlap = !f.common.no_dp_overlap;
   NDMESH_CHECK_CONFIG(l.zero >= 0 && l.zero <= 3, "plan", "--zero {} is not a ZeRO stage; use 0, 1, 2 or 3",
                       l.zero);
   const PlanModel model = resolve_model(f.common);
@@ -487,7 +561,8 @@ Action setup(CLI::App& app) {
   app.add_option("--cp", pf->cp, "Constraint: context-parallel size or list");
   app.add_option("--pp", pf->pp, "Constraint: pipeline-parallel size or list");
   app.add_option("--dp", pf->dp, "Constraint: data-parallel size or list");
-  app.add_option("--vpp", pf->vpp, "Constraint: virtual stages per rank or list (above 1: interleaved)");
+  app.add_option("--vpp,--virtual-stages", pf->vpp,
+                 "Constraint: virtual stages per rank or list (above 1: interleaved)");
   app.add_option("--micro-batch", pf->micro_batch,
                  "Constraint: sequences per micro-batch or list (default 1,2,4,8)");
   app.add_option("--max-zero", pf->max_zero, "Constraint: highest ZeRO stage tried")->capture_default_str();
@@ -511,7 +586,8 @@ Action setup(CLI::App& app) {
   mem->add_option("--cp", mf->layout.cp, "Context-parallel size")->capture_default_str();
   mem->add_option("--pp", mf->layout.pp, "Pipeline-parallel size")->capture_default_str();
   mem->add_option("--dp", mf->layout.dp, "Data-parallel size")->capture_default_str();
-  mem->add_option("--vpp", mf->layout.vpp, "Virtual stages per rank (interleaved)")->capture_default_str();
+  mem->add_option("--vpp,--virtual-stages", mf->layout.vpp, "Virtual stages per rank (interleaved)")
+      ->capture_default_str();
   mem->add_option("--micro-batch", mf->layout.micro_batch, "Sequences per micro-batch")
       ->capture_default_str();
   mem->add_option("--schedule", mf->schedule, "gpipe, 1f1b, interleaved or zb-h1")->capture_default_str();

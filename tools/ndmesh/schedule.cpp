@@ -155,7 +155,7 @@ Action setup(CLI::App& app) {
   app.add_option("--pp", o->pp, "pipeline stages")->capture_default_str();
   app.add_option("--microbatches,-m", o->microbatches, "micro-batches per step")->capture_default_str();
   app.add_option("--schedule,-s", o->schedule, "gpipe, 1f1b, interleaved or zb-h1")->capture_default_str();
-  app.add_option("--vpp", o->vpp,
+  app.add_option("--vpp,--virtual-stages", o->vpp,
                  "virtual stages (model chunks) per rank for interleaved; default 2 there, else 1");
   app.add_option("--cost-forward", o->costs.forward, "time of a stage's forward")->capture_default_str();
   app.add_option("--cost-backward-input", o->costs.backward_input,

@@ -539,7 +539,8 @@ Action setup(CLI::App& app) {
          "re-runs its forward); the losses are the same bit for bit")
       ->capture_default_str()
       ->group("Parallel");
-  app.add_option("--virtual-stages", o->virtual_stages, "model chunks per pipeline rank (--schedule interleaved)")
+  app.add_option("--vpp,--virtual-stages", o->virtual_stages,
+                 "virtual stages: model chunks per pipeline rank (--schedule interleaved)")
       ->capture_default_str()
       ->group("Parallel");
   app.add_option("--pp-layers", o->pp_layers,
@@ -571,7 +572,7 @@ Action setup(CLI::App& app) {
   app.add_option("--vocab", o->vocab, "vocabulary (0: the data's: --markov-vocab, or 256 for --data)")
       ->capture_default_str();
   app.add_flag("--untied", o->untied, "give the LM head its own weight instead of the token embedding");
-  app.add_option("--batch", o->batch, "sequences per step")->capture_default_str();
+  app.add_option("--global-batch,--batch", o->batch, "sequences per step over all ranks")->capture_default_str();
   app.add_option("--steps", o->steps, "total steps (a --load run continues up to this step)")
       ->capture_default_str();
   app.add_option("--lr", o->lr, "peak learning rate")->capture_default_str();

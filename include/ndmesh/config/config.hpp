@@ -77,11 +77,14 @@ struct ParallelConfig {
   Schedule schedule = Schedule::k1F1B;
   std::int64_t vpp = 1;  ///< virtual stages per rank (interleaved)
   bool sequence_parallel = false;
+  bool recompute = false;         ///< any activation recompute (zb-h1 cannot recompute yet)
+  int zero = 0;                   ///< ZeRO stage over dp
   std::int64_t micro_batch = 1;   ///< sequences per micro-batch
   std::int64_t global_batch = 0;  ///< sequences per step; 0: micro_batch * dp
   /// Layers need not divide pp*vpp: the blocks are split by balanced_partition()
-  /// (config/partition.hpp), each of the pp*vpp chunks still needs one block.
-  bool uneven_stages = false;
+  /// (config/partition.hpp), each of the pp*vpp chunks still needs one block. This is what
+  /// `ndmesh train`'s pipeline runs; false also asks for layers divisible by pp*vpp.
+  bool uneven_stages = true;
 
   /// Size of a named dim (1 when absent).
   std::int64_t size(std::string_view name) const;
@@ -99,7 +102,9 @@ ParallelConfig resolve(ParallelConfig config, std::int64_t world = 0);
 
 /// Every problem with the config (and the model, when given), one line each, each
 /// naming the field, the value and the nearest valid choice. Empty when valid. No
-/// exceptions: the planner calls this in its search loop.
+/// exceptions: the planner calls this in its search loop. Beyond the mesh (sizes, world,
+/// dims), these are the rules of training_problems() (config/training.hpp): the ones
+/// `ndmesh train` runs by.
 std::vector<std::string> problems(const ParallelConfig& config, const ModelSpec* model = nullptr);
 
 /// Throws one ConfigError holding every problem, or returns.

@@ -35,6 +35,9 @@ struct Layout {
   bool sequence_parallel = false;
   int zero = 0;                                ///< ZeRO stage 0-3 over dp
   Attention attention = Attention::kStandard;  ///< the CLI defaults to flash
+  /// The gradient reduction overlaps the backward pass (false: it runs after the last
+  /// micro-batch, as Megatron-LM's local DDP and DeepSpeed's pipeline engine did).
+  bool dp_overlap = true;
   /// Blocks per pipeline chunk (pp*vpp entries, chunk k on rank k mod pp); empty: the
   /// balanced partition of config/partition.hpp, what the pipeline executor runs.
   std::vector<std::int64_t> stage_layers;
@@ -89,8 +92,9 @@ Placement placement(const Layout& layout, std::int64_t gpus_per_node);
 
 /// Seconds per step, by term.
 struct TimeBreakdown {
-  double compute = 0;     ///< model FLOPs of the slowest stage at the achievable rate
-  double recompute = 0;   ///< recomputation FLOPs of that stage
+  double compute = 0;     ///< weight products and attention core of the slowest stage (with kernel overheads)
+  double recompute = 0;   ///< what recomputation adds on that stage
+  double memory = 0;      ///< memory-bound work: standard attention's scores, the loss, the embedding
   double tp_comm = 0;     ///< tensor-parallel all-reduces (on the critical path)
   double cp_comm = 0;     ///< context-parallel ring traffic in total
   double cp_exposed = 0;  ///< the part of it attention compute does not hide
@@ -102,6 +106,12 @@ struct TimeBreakdown {
   double total = 0;
   double bubble_fraction = 0;
   double tp_bw = 0, cp_bw = 0, pp_bw = 0, dp_bw = 0;  ///< bytes/s used for each
+  // What the terms are made of, for `plan --explain`:
+  double gemm_efficiency = 1;  ///< the weight products' rate over the achievable rate (kernel overheads)
+  double tokens_per_gpu = 0;   ///< rows of those products: micro_batch x seq / cp
+  double layers_on_stage = 0;  ///< decoder layers on the slowest rank
+  double ring_exposed_fraction = 0;  ///< cp_exposed / cp_comm
+  double end_stage_extra = 0;        ///< the slowest rank's head / loss / embedding work per step
 };
 
 /// Everything the planner says about one layout.

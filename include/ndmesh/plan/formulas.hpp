@@ -30,10 +30,32 @@
 // - Pipeline bubble: Narayanan et al. 2021 sections 2.2.1-2.2.2: (p-1)/m for GPipe and
 //   1F1B, (p-1)/(v m) interleaved; Qi et al. 2024 ("Zero Bubble Pipeline Parallelism",
 //   section 3) for ZB-H1: (p-1)(T_F + T_B - T_W), a third of 1F1B's when T_F = T_B = T_W.
+// - Matrix-product efficiency by shape: an alpha-beta model of one kernel, t = F / rate +
+//   overhead, fitted (fit_gemm) to a measured table of bf16 products (OpenXLA's H100 table,
+//   presets.cpp): a product of F FLOPs runs at F/rate / (F/rate + overhead) of the rate, so
+//   narrow tp splits and short sequences (small F per kernel) run below it.
+// - Attention core: causal flash attention skips the blocks above the diagonal (Dao 2023,
+//   "FlashAttention-2", section 3.1.1: half the FLOPs of the full s x s product); standard
+//   attention (Megatron-LM 2021) computes the full product, then masks, and moves the s x s
+//   scores through memory: our count of its unfused passes (fused scale-mask-softmax as in
+//   Megatron) is 6e + 1 bytes per score forward (QK^T write, softmax read + write, dropout
+//   read + write + 1-byte mask, AV read) and 7e + 1 backward, at the HBM bandwidth.
+// - Ring attention (Liu et al. 2023) per step: the K/V block of this rank's kv heads,
+//   2 b (s/cp) kv_width e bytes, plus one message latency, against the compute of one block
+//   pair (2 b (s/cp)^2 h / t FLOPs forward for causal zigzag chunks, half of the full pair);
+//   the backward moves K, V, dK, dV (twice the bytes) against 2x (standard) or 2.5x (flash,
+//   which recomputes Q K^T) the forward compute. Only the excess of each step counts.
+// - Messages: latency + bytes / bandwidth (the alpha-beta model of Hockney 1994); a ring
+//   all-reduce over n ranks is 2 (n-1) steps: 2 (n-1) latency + 2 (n-1)/n bytes / bandwidth
+//   (Thakur et al. 2005, "Optimization of Collective Communication Operations in MPICH").
+// - The loss: the logits of the micro-batch in fp32, s b V / t values per GPU, pass through
+//   memory five times (written by the head's product, read for the max and for the sum of
+//   exponentials, the gradient written, read by the two backward products): 20 bytes each.
 #pragma once
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "ndmesh/config/config.hpp"
 #include "ndmesh/plan/presets.hpp"
@@ -72,6 +94,12 @@ struct Precision {
   double optimizer_bytes = 12;  ///< fp32 master weights, momentum and variance
   double activation_bytes = 2;  ///< stored activations (dropout masks are 1 byte regardless)
 };
+
+/// Parses a precision name: "mixed" (2 + 2 + 12 bytes per parameter, 16-bit activations),
+/// "mixed-fp32-grads" (2 + 4 + 12: fp32 gradients, Megatron's bf16 default and DeepSpeed's
+/// BF16_Optimizer) or "fp32" (4 + 4 + 8 AdamW, fp32 activations); ConfigError naming `flag`,
+/// the value and the valid names.
+Precision parse_precision(std::string_view name, std::string_view flag = "--precision");
 
 /// Parameters of the whole model, by part.
 struct ParameterCount {
@@ -151,5 +179,80 @@ double bubble_fraction(Schedule schedule, std::int64_t pp, std::int64_t microbat
 /// (Korthikanti et al. 2022 section 4.2.3).
 double microbatches_in_flight(Schedule schedule, std::int64_t pp, std::int64_t microbatches, std::int64_t vpp,
                               std::int64_t stage);
+
+/// The alpha-beta model of a matrix-product kernel: F FLOPs take F / rate + overhead_s.
+struct GemmFit {
+  double rate = 0;        ///< FLOP/s of large products
+  double overhead_s = 0;  ///< fixed seconds per kernel
+};
+
+/// Least-squares fit of t = F / rate + overhead to measured products (F = 2 m n k, t = F /
+/// flops), each point weighted by 1/t so that small and large kernels count alike (the fit
+/// minimises the relative error of the time). ConfigError naming `what` when there are
+/// fewer than two points, a point is not positive, or the fit has no positive rate.
+GemmFit fit_gemm(const std::vector<GemmPoint>& points, std::string_view what = "gemm curve");
+
+/// Seconds of one kernel of `flops` FLOPs at `rate` with `overhead_s` per kernel.
+double kernel_seconds(double flops, double rate, double overhead_s);
+
+/// The weight matrices of one layer as one tensor-parallel rank multiplies them: (n, k) of
+/// each product with m = tokens rows: QKV (column parallel, kv heads as kept per rank),
+/// output projection (row parallel), MLP up (gate and up fused for SwiGLU), MLP down.
+struct LayerMatrices {
+  double n[4] = {0, 0, 0, 0};
+  double k[4] = {0, 0, 0, 0};
+};
+LayerMatrices layer_matrices(const PlanModel& model, std::int64_t tp);
+
+/// What one layer costs one GPU for one micro-batch, by kind of work.
+struct LayerTime {
+  double gemm = 0;           ///< weight products, forward + backward (3 kernels per matrix)
+  double attention = 0;      ///< attention core, forward + backward
+  double memory = 0;         ///< memory-bound score traffic of standard attention
+  double recompute = 0;      ///< what the recompute mode (and flash's Q K^T) adds
+  double gemm_flops = 0;     ///< FLOPs of the weight products (forward + backward)
+  double gemm_ideal = 0;     ///< those FLOPs at the rate without kernel overheads
+  std::int64_t kernels = 0;  ///< weight-product kernels (forward + backward)
+  double total() const { return gemm + attention + memory + recompute; }
+};
+
+/// The shape a layer runs at on one GPU.
+struct LayerShape {
+  double tokens = 0;  ///< rows of the weight products: micro_batch x seq / cp
+  double seq = 0;     ///< keys every query attends to (the whole sequence)
+  double micro_batch = 1;
+  std::int64_t tp = 1;
+  Recompute recompute = Recompute::kNone;
+  Attention attention = Attention::kStandard;
+  double activation_bytes = 2;
+};
+
+/// One layer for one micro-batch on one GPU. Weight products: 3 kernels per matrix (4 with
+/// full recompute), each kernel_seconds(2 m n k / 1, rate, overhead) with FLOPs over tp as
+/// the model counts them. Attention core: model FLOPs 3 x 4 b s_local s h / t at `rate`
+/// (flash: half, causal) plus its kernels' overhead (flash 2, standard 6); standard
+/// attention also moves (13 e + 2) b (a/t) s_local s bytes at `memory_bw` (0: not counted).
+/// Recompute: selective re-runs the attention core forward, full the whole forward; flash
+/// also recomputes Q K^T in its backward (2 b s_local s h / t FLOPs, causal half).
+LayerTime layer_time(const PlanModel& model, const LayerShape& shape, double rate, double overhead_s,
+                     double memory_bw);
+
+/// A ring all-reduce over n ranks: 2 (n-1) latency + 2 (n-1)/n bytes / bandwidth.
+double allreduce_seconds(double bytes, std::int64_t n, double bandwidth, double latency);
+
+/// Ring attention for one layer and micro-batch on one GPU.
+struct RingTime {
+  double transfer = 0;  ///< all the K/V traffic, forward + backward
+  double exposed = 0;   ///< the part the block computes do not hide
+};
+/// cp - 1 steps forward (one block of `block_bytes`, latency + bytes / bandwidth, against
+/// `step_compute` seconds of attention) and cp - 1 backward (twice the bytes against
+/// `backward_factor` x step_compute: 2 standard, 2.5 flash).
+RingTime ring_attention_time(double block_bytes, std::int64_t cp, double step_compute, double bandwidth,
+                             double latency, double backward_factor);
+
+/// Seconds the loss over the vocabulary spends in memory for one micro-batch: 20 bytes per
+/// fp32 logit, tokens x vocab / tp of them, at memory_bw (0: not counted).
+double loss_memory_seconds(double tokens, double vocab, std::int64_t tp, double memory_bw);
 
 }  // namespace ndmesh::plan

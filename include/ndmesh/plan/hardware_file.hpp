@@ -10,7 +10,16 @@
 //   intra_node_gbps = 2.1           all-reduce bus bandwidth inside a node, GB/s
 //   inter_node_gbps = 2.1           the same across nodes (= intra when one node was measured)
 //   gpus_per_node = 2               ranks per node
+//   memory_gbps = 20                optional, memory bandwidth per rank, GB/s (0: memory-bound work
+//                                   not counted)
+//   intra_node_latency_us = 12      optional, seconds per message inside a node, in us (default 0)
+//   inter_node_latency_us = 12      optional, the same across nodes (default = intra)
+//   gemm_overhead_us = 6.75         optional, fixed us per matrix-product kernel; default: fitted
+//                                   to [gemm] when present, else 0
 //   source = "..."                  optional, where the numbers come from
+//   [gemm]                          optional, measured matrix products (what `ndmesh calibrate`
+//   m = [512, 1024], n = [...],     times): arrays of one length; the planner fits t = F / rate +
+//   k = [...], tflops = [...]       overhead to them (fit_gemm) for gemm_overhead_us
 //   [measured]                      optional, free-form numbers kept for the record
 //
 // Bandwidths are bus bandwidths in the sense of the planner's ring formula: an all-reduce of

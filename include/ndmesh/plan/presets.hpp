@@ -58,6 +58,12 @@ PlanModel model_preset(std::string_view name);
 /// "gpt3-1.7b, gpt3-3.6b, ..." for messages.
 std::string model_preset_names();
 
+/// One measured matrix product: C (m x n) = A (m x k) B (k x n) at `flops` FLOP/s.
+struct GemmPoint {
+  double m = 0, n = 0, k = 0;
+  double flops = 0;
+};
+
 /// A GPU type and how the nodes are wired.
 struct Hardware {
   std::string name;
@@ -69,10 +75,27 @@ struct Hardware {
   double inter_node_bw = 0;        ///< bytes/s per GPU, one direction, across nodes (NIC)
   std::int64_t gpus_per_node = 8;
   std::string source;  ///< where the numbers come from
+  /// HBM bytes/s per GPU (datasheet): the rate of the memory-bound work the planner counts
+  /// (standard attention's score traffic, the loss over the vocabulary, the embedding); 0:
+  /// that work is not counted.
+  double memory_bw = 0;
+  double intra_node_latency = 0;  ///< seconds per message inside a node (point-to-point, one ring step)
+  double inter_node_latency = 0;  ///< seconds per message across nodes
+  /// Fixed seconds per matrix-product kernel (launch, ramp-up, tail): a kernel of F FLOPs takes
+  /// F / (peak x achievable_fraction) + gemm_overhead, the alpha-beta fit of a measured curve
+  /// (fit_gemm in formulas.hpp). Small products (narrow tp splits, short sequences) run below
+  /// the achievable rate by F/rate / (F/rate + gemm_overhead).
+  double gemm_overhead = 0;
+  /// The measured products gemm_overhead was fitted to (a hardware file's [gemm]), for the record.
+  std::vector<GemmPoint> gemm_points;
 
   /// Memory a GPU can give to parameters, gradients, optimizer states and activations.
   double usable_bytes() const { return memory_bytes - reserved_bytes; }
 };
+
+/// The measured H100 bf16 products the presets' gemm_overhead is fitted to (OpenXLA's
+/// default matmul table for sm_90, every dimension >= 512; cited in presets.cpp).
+const std::vector<GemmPoint>& h100_gemm_points();
 
 /// Every hardware preset.
 const std::vector<Hardware>& hardware_presets();

@@ -29,6 +29,7 @@ struct Constraints {
   std::vector<Schedule> schedules;    ///< empty: every schedule
   std::vector<Recompute> recomputes;  ///< empty: every recompute mode
   bool sequence_parallel = true;      ///< false: never use sequence parallelism
+  bool dp_overlap = true;             ///< false: the gradient reduction never overlaps the backward
   /// Blocks per pipeline chunk for every layout (pp*vpp entries); empty: balanced.
   std::vector<std::int64_t> stage_layers;
 

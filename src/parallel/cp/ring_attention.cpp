@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "ndmesh/comm/tags.hpp"
+#include "ndmesh/config/training.hpp"
 #include "ndmesh/core/error.hpp"
 
 namespace ndmesh::parallel {
@@ -20,16 +21,7 @@ CpLayout parse_cp_layout(const std::string& name) {
 const char* to_string(CpLayout layout) { return layout == CpLayout::kZigzag ? "zigzag" : "contiguous"; }
 
 std::vector<std::string> cp_problems(std::int64_t seq, std::int64_t cp, CpLayout layout) {
-  std::vector<std::string> out;
-  if (cp <= 1) return out;
-  const std::int64_t chunks = layout == CpLayout::kZigzag ? 2 * cp : cp;
-  if (seq % chunks != 0)
-    out.push_back(fmt::format(
-        "--seq={} is not divisible by {} (--cp={}, {} layout: {} chunks of equal length); use --seq {} (or another "
-        "multiple of {}){}",
-        seq, chunks, cp, to_string(layout), layout == CpLayout::kZigzag ? "2 * cp" : "cp",
-        std::max(chunks, seq / chunks * chunks), chunks, layout == CpLayout::kZigzag ? " (or --cp-layout contiguous)" : ""));
-  return out;
+  return cp_chunk_problems(seq, cp, layout == CpLayout::kContiguous);  // config/training.hpp
 }
 
 std::vector<std::int64_t> cp_positions(std::int64_t seq, std::int64_t cp, std::int64_t rank, CpLayout layout) {

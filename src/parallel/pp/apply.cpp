@@ -16,25 +16,16 @@ void apply_pipeline_parallel(ModelPlan& plan, ProcessGroups& groups, const Train
   const int stage = plan.pp.rank(), stages = plan.pp.size();
   const std::int64_t v = o.pp.virtual_stages, m = plan.batch.microbatches;
   const bool interleaved = o.pp.schedule == Schedule::kInterleaved;
-  NDMESH_CHECK_CONFIG(!interleaved || v >= 2, "train",
-                      "--schedule interleaved needs --virtual-stages 2 or more (now {}); or use --schedule 1f1b", v);
-  NDMESH_CHECK_CONFIG(interleaved || v == 1, "train",
-                      "--virtual-stages={} applies only to --schedule interleaved (now {}); add --schedule "
-                      "interleaved or use --virtual-stages 1",
-                      v, schedule_name(o.pp.schedule));
-  NDMESH_CHECK_CONFIG(!interleaved || stages > 1, "train",
-                      "--schedule interleaved needs --pp 2 or more (now --pp {}); use --schedule 1f1b", stages);
-  NDMESH_CHECK_CONFIG(!interleaved || m % stages == 0, "train",
-                      "--schedule interleaved needs a multiple of --pp={} micro-batches per step, but --batch {} / "
-                      "--dp {} / --micro-batch {} gives {}; use --micro-batch {}",
-                      stages, o.batch, plan.batch.dp_size, plan.batch.micro_batch, m,
-                      std::max<std::int64_t>(1, plan.batch.local_batch / (((m + stages - 1) / stages) * stages)));
+  // The schedule rules (virtual stages, pp > 1 and a multiple of pp micro-batches for the
+  // interleaved schedule) are training_problems()'s, checked once by parallelize().
+  NDMESH_CHECK((interleaved ? v >= 2 && stages > 1 && m % stages == 0 : v == 1), "train",
+               "schedule {} with vpp {}, pp {} and {} micro-batches: check the run with training_problems() first",
+               schedule_name(o.pp.schedule), v, stages, m);
   try {
     plan.partition = o.pp.layers.empty() ? balanced_partition(plan.spec.layers, stages, v)
                                          : parse_partition(o.pp.layers, plan.spec.layers, stages, v, "--pp-layers");
   } catch (const ConfigError& e) {
-    fail<ConfigError>("train", "--layers={} over --pp={} x --virtual-stages={}: {}", plan.spec.layers, stages, v,
-                      e.what());
+    fail<ConfigError>("train", "--layers={} over --pp={} x --vpp={}: {}", plan.spec.layers, stages, v, e.what());
   }
   plan.schedule = pp::make_schedule({.schedule = o.pp.schedule,
                                      .stages = stages,

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "ndmesh/config/config.hpp"
+#include "ndmesh/config/training.hpp"
 #include "ndmesh/core/error.hpp"
 
 namespace ndmesh {
@@ -94,85 +95,180 @@ TEST(Validation, DuplicateAndUnknownDims) {
   EXPECT_THROW(layout_dims({.sizes = {{"zz", 2}}}), ConfigError);
 }
 
-TEST(Validation, LayersDivisibleByPp) {
+// Layers need not divide the pipeline (ndmesh train splits blocks with balanced_partition);
+// every chunk needs a block. uneven_stages = false still asks for an even split.
+TEST(Validation, LayersOverPipelineChunks) {
   ParallelConfig c = make(1, 4, 1, 1);
   c.global_batch = 4;
   ModelSpec m = gpt(30);
+  EXPECT_TRUE(problems(c, &m).empty());  // 8,8,7,7
+  c.uneven_stages = false;
   expect_problem(c, &m, {"layers=30", "pp=4", "pp=3 or pp=5", "layers=28 or layers=32"});
+  c.uneven_stages = true;
+  m.layers = 3;
+  expect_problem(c, &m, {"--layers=3 over --pp=4 x --vpp=1", "4 pipeline chunks"});
 }
 
-TEST(Validation, LayersDivisibleByPpTimesVpp) {
+TEST(Validation, LayersOverPpTimesVpp) {
   ParallelConfig c = make(1, 4, 1, 1);
   c.schedule = Schedule::kInterleaved;
   c.vpp = 2;
   c.global_batch = 8;
   ModelSpec m = gpt(20);
+  EXPECT_TRUE(problems(c, &m).empty());
+  c.uneven_stages = false;
   expect_problem(c, &m, {"layers=20", "pp*vpp = 4*2 = 8", "layers=16 or layers=24"});
+  c.uneven_stages = true;
+  m.layers = 6;
+  expect_problem(c, &m, {"--layers=6 over --pp=4 x --vpp=2", "8 pipeline chunks"});
 }
 
 TEST(Validation, HeadsDivisibleByTp) {
   ParallelConfig c = make(1, 1, 1, 8);
   ModelSpec m = gpt(24, 1536, 12);
-  expect_problem(c, &m, {"heads=12", "tp=8", "tp=6 or tp=12"});
+  expect_problem(c, &m, {"--tp=8 does not divide --heads=12", "--tp=6 or --tp=12"});
 }
 
-TEST(Validation, KvHeadsMultipleOrDivisorOfTp) {
+// ndmesh train splits kv heads over tp and never replicates them: tp must divide them.
+TEST(Validation, KvHeadsDivisibleByTp) {
   ParallelConfig c = make(1, 1, 1, 4);
   ModelSpec m = gpt(24, 1536, 24);
-  m.kv_heads = 6;  // neither a multiple (6 % 4) nor a divisor (4 % 6) of 4
-  expect_problem(c, &m, {"kv_heads=6", "tp=4", "tp=3 or tp=6"});
-  m.kv_heads = 2;  // divisor of tp=4: kv heads are replicated
-  EXPECT_TRUE(problems(c, &m).empty());
-  m.kv_heads = 8;  // multiple of tp=4
+  m.kv_heads = 6;
+  expect_problem(c, &m, {"--tp=4 does not divide --kv-heads=6", "--tp=3 or --tp=6"});
+  m.kv_heads = 2;  // fewer kv heads than tp: would need replication
+  expect_problem(c, &m, {"--tp=4 does not divide --kv-heads=2", "--tp=2"});
+  m.kv_heads = 8;  // a multiple of tp = 4
   EXPECT_TRUE(problems(c, &m).empty());
 }
 
-TEST(Validation, HiddenDivisibleByTp) {
-  // hidden = heads * head_dim, so tp | heads implies tp | hidden: a hidden size that tp
-  // does not divide always comes with a heads problem too. Both are reported.
+TEST(Validation, HiddenFollowsFromHeads) {
+  // hidden = heads * head_dim, so tp | heads implies tp | hidden: the heads rule says it.
   ParallelConfig c = make(1, 1, 1, 4);
   ModelSpec m = gpt(24, 1030, 2);
   m.ffn = 4120;
-  auto list = problems(c, &m);
-  ASSERT_EQ(list.size(), 2u);
-  EXPECT_NE(list[0].find("heads=2 is not divisible by tp=4"), std::string::npos) << list[0];
-  EXPECT_NE(list[1].find("hidden=1030 is not divisible by tp=4; use tp=2 or tp=5"), std::string::npos)
-      << list[1];
+  expect_problem(c, &m, {"--tp=4 does not divide --heads=2"});
 }
 
 TEST(Validation, FfnDivisibleByTp) {
   ParallelConfig c = make(1, 1, 1, 4);
   ModelSpec m = gpt(24, 1024, 16);
   m.ffn = 2730;
-  expect_problem(c, &m, {"ffn=2730", "tp=4", "tp=3 or tp=5"});
+  expect_problem(c, &m, {"--tp=4 does not divide --ffn=2730", "--tp=3 or --tp=5"});
 }
 
-TEST(Validation, SequenceDivisibleForContextParallel) {
+TEST(Validation, VocabDivisibleByTp) {
+  ParallelConfig c = make(1, 1, 1, 4);
+  ModelSpec m = gpt();
+  m.vocab = 50257;  // GPT-2's, unpadded: the vocab-parallel embedding needs a multiple of tp
+  expect_problem(c, &m, {"--tp=4 does not divide --vocab=50257", "--tp=1"});
+}
+
+TEST(Validation, SequenceChunksForContextParallel) {
   ParallelConfig c = make(1, 1, 4, 1);
   ModelSpec m = gpt(24, 1024, 16, 2044);
-  expect_problem(c, &m, {"seq=2044", "2*cp = 8", "seq=2040 or seq=2048"});
+  expect_problem(c, &m, {"--seq=2044 is not divisible by 8", "--seq=2040 or --seq=2048"});
+  m.seq = 6;  // fewer tokens than 2 cp chunks
+  expect_problem(c, &m, {"--seq=6 cannot be split", "--cp 3 or less"});
+  // Sequence parallelism splits a micro-batch's rows (micro-batch x seq / cp) over tp:
+  // cp = 2, tp = 3: 2040 / 2 = 1020 rows divide by 3; 2044 / 2 = 1022 do not.
   c = make(1, 1, 2, 3);
   c.sequence_parallel = true;
-  m = gpt(24, 1536, 12, 2040);  // lcm(4, 6) = 12; 2040 % 12 = 0
+  m = gpt(24, 1536, 12, 2040);
+  m.vocab = 50304;
   EXPECT_TRUE(problems(c, &m).empty());
   m.seq = 2044;
-  expect_problem(c, &m, {"seq=2044", "lcm(2*cp, cp*tp) = lcm(4, 6)", "seq=2040 or seq=2052"});
+  expect_problem(c, &m, {"--sequence-parallel with --tp=3", "micro-batch x --seq / --cp"});
+  c.micro_batch = 3;  // 3 x 1022 rows divide by 3 again
+  c.global_batch = 3;
+  EXPECT_TRUE(problems(c, &m).empty());
 }
 
-TEST(Validation, GlobalBatchDivisibleByMicroBatchTimesDp) {
+TEST(Validation, SequenceParallelNeedsTp) {
+  ParallelConfig c = make(2, 1, 1, 1);
+  c.sequence_parallel = true;
+  expect_problem(c, nullptr, {"--sequence-parallel needs --tp > 1"});
+}
+
+TEST(Validation, GlobalBatchSplitsOverDpAndMicroBatches) {
   ParallelConfig c = make(4, 1, 1, 1);
   c.micro_batch = 2;
-  c.global_batch = 20;
+  c.global_batch = 20;  // 5 per dp rank: micro-batches of 2 do not divide it
   expect_problem(c, nullptr,
-                 {"global_batch=20", "micro_batch*dp = 2*4 = 8", "global_batch=16 or global_batch=24"});
+                 {"--micro-batch=2 does not divide the local batch 5", "--global-batch 20 / --dp 4"});
+  c.global_batch = 18;
+  expect_problem(c, nullptr, {"--global-batch=18 is not divisible by --dp=4", "--global-batch 16"});
 }
 
-TEST(Validation, MicroBatchesAtLeastPpFor1F1B) {
+// ndmesh train runs 1F1B and ZB-H1 with fewer micro-batches than stages (a larger bubble).
+TEST(Validation, FewerMicroBatchesThanStagesRun) {
   ParallelConfig c = make(2, 4, 1, 1);
   c.global_batch = 6;  // 3 micro-batches of 1 per dp rank
-  expect_problem(c, nullptr, {"3 micro-batches", "pp=4", "global_batch=8"});
-  c.schedule = Schedule::kGpipe;  // GPipe runs with any count
   EXPECT_TRUE(problems(c, nullptr).empty());
+  c.schedule = Schedule::kZbH1;
+  EXPECT_TRUE(problems(c, nullptr).empty());
+}
+
+TEST(Validation, InterleavedSchedule) {
+  ParallelConfig c = make(2, 4, 1, 1);
+  c.schedule = Schedule::kInterleaved;
+  c.global_batch = 16;  // 8 micro-batches per pipeline, a multiple of pp = 4
+  expect_problem(c, nullptr, {"--schedule interleaved needs --vpp 2 or more (now 1)"});
+  c.vpp = 2;
+  EXPECT_TRUE(problems(c, nullptr).empty());
+  c.global_batch = 12;  // 6 micro-batches
+  expect_problem(c, nullptr, {"a multiple of --pp=4 micro-batches per step", "gives 6"});
+  c = make(2, 1, 1, 1);
+  c.schedule = Schedule::kInterleaved;
+  c.vpp = 2;
+  expect_problem(c, nullptr, {"--schedule interleaved needs --pp 2 or more"});
+  c = make(2, 2, 1, 1);
+  c.vpp = 2;
+  expect_problem(c, nullptr, {"--vpp=2 applies only to --schedule interleaved (now 1f1b)"});
+}
+
+TEST(Validation, ZeroBubbleCannotRecompute) {
+  ParallelConfig c = make(1, 2, 1, 1);
+  c.schedule = Schedule::kZbH1;
+  c.global_batch = 4;
+  EXPECT_TRUE(problems(c, nullptr).empty());
+  c.recompute = true;
+  expect_problem(c, nullptr, {"--recompute with --schedule zb-h1", "--recompute none or --schedule 1f1b"});
+}
+
+TEST(Validation, PipelineLimitsOfTheExecutor) {
+  ParallelConfig c = make(1, kMaxPipelineStages + 1, 1, 1);
+  c.global_batch = kMaxPipelineStages + 1;
+  expect_problem(c, nullptr, {"--pp=257 is above the limit of 256"});
+  c = make(1, 100, 1, 1);
+  c.global_batch = 20000;  // 100 x 20000 actions
+  expect_problem(c, nullptr, {"exceeds 1000000"});
+}
+
+// The training rules on their own, as the Trainer and `ndmesh train` call them.
+TEST(TrainingProblems, TrainerOptions) {
+  const ModelSpec m{.layers = 2, .hidden = 64, .heads = 4, .kv_heads = 2, .seq = 64, .vocab = 32};
+  TrainingRun r{.dp = 2, .global_batch = 16};
+  EXPECT_TRUE(training_problems(r, &m).empty());
+  r.tp = 4;  // kv_heads = 2
+  auto p = training_problems(r, &m);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("--tp=4 does not divide --kv-heads=2"), std::string::npos) << p[0];
+  r.tp = 1;
+  r.cp = 2;
+  r.cp_contiguous = true;
+  EXPECT_TRUE(training_problems(r, &m).empty());
+  r.pp = 4;  // 2 layers, 4 chunks
+  p = training_problems(r, &m);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("--layers=2 over --pp=4 x --vpp=1"), std::string::npos) << p[0];
+  r.pp_layers_entries = 4;  // an explicit partition is parse_partition's to check
+  EXPECT_TRUE(training_problems(r, &m).empty());
+  r.pp = 2;
+  r.pp_layers_entries = 0;
+  r.micro_batch = -1;
+  p = training_problems(r, &m);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("--micro-batch=-1 must be >= 0"), std::string::npos) << p[0];
 }
 
 TEST(Validation, ExpertsDivisibleByEp) {

@@ -215,13 +215,17 @@ TEST(Pipeline, UnevenStagesUseTheBalancedPartition) {
   EXPECT_EQ(estimate_memory(m, explicit_split, w).layers_on_stage, 4);
   // Time: the slowest rank is the last (4 blocks + the logits, more than 5 blocks: the
   // logits 2hV = 236M FLOPs per token outweigh a block's 24h^2 + 4sh = 146M); per block
-  // 3 B s (2 x 12h^2 + 4sh) FLOPs with h = 2304, plus 3 B s 2hV logits, at 312 x 0.6 TFLOP/s.
+  // 3 B s (2 x 12h^2 + 4sh) FLOPs with h = 2304, plus 3 B s 2hV logits, at 312 x 0.6 TFLOP/s,
+  // and per micro-batch (10 of them) 18 kernels per block (12 weight products, 6 attention)
+  // and 3 for the logits, each with the per-kernel overhead.
   const Hardware hw = hardware_preset("a100-80gb");
   const double b = 10, s = 2048, h = 2304, v = 51200;
   const double block = 3 * b * s * (2 * 12 * h * h + 4 * s * h);
   const double logits = 3 * b * s * 2 * h * v;
   const Estimate e = estimate(m, hw, l, w);
-  EXPECT_NEAR(e.time.compute, (4 * block + logits) / (312e12 * 0.6), 1e-9);
+  EXPECT_NEAR(e.time.compute, (4 * block + logits) / (312e12 * 0.6) + 10 * (4 * 18 + 3) * hw.gemm_overhead,
+              1e-9);
+  EXPECT_EQ(e.time.layers_on_stage, 4);
 }
 
 TEST(Activations, ContextParallelDividesTheSequence) {
@@ -293,35 +297,50 @@ TEST(Flops, NarayananFormula) {
   EXPECT_DOUBLE_EQ(recompute_flops_per_step(m, s, b, Recompute::kSelective), 4 * b * s * s * h * l);
 }
 
-TEST(Time, SingleGpuIsComputeOnly) {
-  // One GPU: nothing but 72 B s l h^2 (1 + s/(6h) + V/(12lh)) / (peak x fraction).
+TEST(Time, SingleGpuIsComputeKernelsAndMemory) {
+  // One GPU, standard attention, 8 micro-batches of one sequence: the FLOPs 72 B s l h^2 (1 +
+  // s/(6h) + V/(12lh)) at peak x fraction, 18 kernels per layer (12 weight products, 6 for
+  // the attention core) and 3 for the logits per micro-batch at the per-kernel overhead, and
+  // the memory-bound work at the HBM bandwidth: (13e + 2) = 28 bytes per score (a s^2 per
+  // layer), 20 bytes per fp32 logit (s V), (3e + 8) = 14 bytes per embedding element (s h).
   const PlanModel m = model_preset("gpt3-1.7b");
   Hardware hw = hardware_preset("a100-80gb");
   const Workload w{.seq = 2048, .global_batch = 8};
   const Estimate e = estimate(m, hw, Layout{}, w);
-  const double b = 8, s = 2048, l = 24, h = 2304, v = 51200;
+  const double b = 8, s = 2048, l = 24, h = 2304, v = 51200, a = 24;
   const double flops = 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h));
-  EXPECT_NEAR(e.time.total, flops / (312e12 * 0.6), 1e-9);
-  EXPECT_NEAR(e.mfu, 0.6, 1e-9);
+  const double kernels = b * (l * 18 + 3) * hw.gemm_overhead;
+  const double memory = b * (l * 28 * a * s * s + 20 * s * v + 14 * s * h) / 2039e9;
+  EXPECT_NEAR(e.time.compute, flops / (312e12 * 0.6) + kernels, 1e-9);
+  EXPECT_NEAR(e.time.memory, memory, 1e-9);
+  EXPECT_NEAR(e.time.total, flops / (312e12 * 0.6) + kernels + memory, 1e-9);
+  EXPECT_NEAR(e.mfu, flops / (e.time.total * 312e12), 1e-12);
+  EXPECT_LT(e.mfu, 0.6);
   EXPECT_EQ(e.time.tp_comm, 0);
   EXPECT_EQ(e.time.bubble, 0);
+  // Without the measured overheads and HBM bandwidth it is the FLOPs at the achievable rate.
+  hw.gemm_overhead = 0;
+  hw.memory_bw = 0;
+  EXPECT_NEAR(estimate(m, hw, Layout{}, w).mfu, 0.6, 1e-9);
 }
 
 TEST(Time, TensorParallelTrafficUsesWhereTheGroupSits) {
-  // tp = 2, b = 1, s = 2048, h = 2304, 24 layers, 8 micro-batches (global batch 8): 4
-  // all-reduces per layer and micro-batch of 2*s*h bytes, ring factor 2(t-1)/t = 1.
+  // tp = 2, b = 1, s = 2048, h = 2304, 24 layers, 8 micro-batches (global batch 8): 4 ring
+  // all-reduces per layer and micro-batch of 2*s*h bytes, 2(t-1) = 2 steps of latency each
+  // and ring factor 2(t-1)/t = 1.
   const PlanModel m = model_preset("gpt3-1.7b");
   Hardware hw = hardware_preset("a100-80gb");
   const Workload w{.seq = 2048, .global_batch = 8};
   const Layout l{.tp = 2, .sequence_parallel = true};
-  const double bytes = 8.0 * 24 * 4 * 1 * (2.0 * 2048 * 2304);
+  const double calls = 8.0 * 24 * 4;
+  const double bytes = calls * (2.0 * 2048 * 2304);
   Estimate e = estimate(m, hw, l, w);
   EXPECT_TRUE(e.where.tp_in_node);
-  EXPECT_NEAR(e.time.tp_comm, bytes / 300e9, 1e-12);
+  EXPECT_NEAR(e.time.tp_comm, bytes / 300e9 + calls * 2 * 5e-6, 1e-12);
   hw.gpus_per_node = 1;  // now the pair spans two nodes
   e = estimate(m, hw, l, w);
   EXPECT_FALSE(e.where.tp_in_node);
-  EXPECT_NEAR(e.time.tp_comm, bytes / 25e9, 1e-12);
+  EXPECT_NEAR(e.time.tp_comm, bytes / 25e9 + calls * 2 * 10e-6, 1e-12);
 }
 
 TEST(Presets, UnknownNamesListTheValidOnes) {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ndmesh/config/config.hpp"
+#include "ndmesh/config/training.hpp"
 
 namespace ndmesh::pp {
 
@@ -91,11 +92,12 @@ struct ScheduleOptions {
   int chunks = 1;        ///< virtual stages per rank; > 1 only for kInterleaved
 };
 
-/// The most pipeline stages accepted (state per pair of stages grows with pp^2).
-inline constexpr int kMaxScheduleStages = 256;
+/// The most pipeline stages accepted (state per pair of stages grows with pp^2); the limit
+/// training_problems() (config/training.hpp) applies for `ndmesh train` and the planner.
+inline constexpr int kMaxScheduleStages = static_cast<int>(kMaxPipelineStages);
 
 /// The largest stages * microbatches * chunks accepted (keeps schedules in memory small).
-inline constexpr std::int64_t kMaxScheduleWork = 1'000'000;
+inline constexpr std::int64_t kMaxScheduleWork = kMaxPipelineWork;
 
 /// Every problem with the options, one line each, naming the field, the value and a
 /// valid choice. Empty when valid.
