@@ -12,11 +12,7 @@
 namespace ndmesh {
 namespace {
 
-using testing::all_close;
-using testing::normal;
-using testing::ptr;
-using testing::to_device;
-using testing::to_host;
+using namespace testing;  // gpu_test.hpp
 
 TEST(CudaAdamW, ThreeStepsMatchTheCpu) {
   NDMESH_GPU_OR_SKIP();

@@ -17,13 +17,7 @@
 namespace ndmesh {
 namespace {
 
-using testing::all_close;
-using testing::nans;
-using testing::normal;
-using testing::ptr;
-using testing::same_bits;
-using testing::to_device;
-using testing::to_host;
+using namespace testing;  // gpu_test.hpp
 
 enum class Positions { kDefault, kOffsetWithGaps, kZigzag, kDescending };
 

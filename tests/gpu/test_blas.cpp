@@ -14,12 +14,7 @@
 namespace ndmesh {
 namespace {
 
-using testing::all_close;
-using testing::nans;
-using testing::normal;
-using testing::ptr;
-using testing::to_device;
-using testing::to_host;
+using namespace testing;  // gpu_test.hpp
 
 struct GemmCase {
   std::int64_t m, n, k;

@@ -15,12 +15,7 @@
 namespace ndmesh {
 namespace {
 
-using testing::nans;
-using testing::normal;
-using testing::ptr;
-using testing::same_bits;
-using testing::to_device;
-using testing::to_host;
+using namespace testing;  // gpu_test.hpp
 
 // Rank `rank` of a tp group of `size` that communicates with nobody: the layer embeds its
 // vocabulary shard only (zeros elsewhere) and keeps its own partial sums, which is what

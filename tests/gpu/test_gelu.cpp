@@ -10,12 +10,7 @@
 namespace ndmesh {
 namespace {
 
-using testing::all_close;
-using testing::nans;
-using testing::normal;
-using testing::ptr;
-using testing::to_device;
-using testing::to_host;
+using namespace testing;  // gpu_test.hpp
 
 TEST(CudaGelu, ForwardAndBackwardMatchTheCpu) {
   NDMESH_GPU_OR_SKIP();

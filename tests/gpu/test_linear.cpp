@@ -11,12 +11,7 @@
 namespace ndmesh {
 namespace {
 
-using testing::all_close;
-using testing::normal;
-using testing::ptr;
-using testing::same_bits;
-using testing::to_device;
-using testing::to_host;
+using namespace testing;  // gpu_test.hpp
 
 struct Shape {
   std::int64_t rows, in, out;

@@ -255,10 +255,25 @@ __device__ void probabilities(float& p, float& ds, float score, float dpv, std::
   ds = p * (dpv - delta_i) * scale;
 }
 
-std::size_t dkv_smem(int hd) {
-  return 2 * kTile * sizeof(std::int64_t) + 2 * kTile * sizeof(float) +
-         (4 * kTile * (hd + 1) + 2 * kTile * kScoreLd) * sizeof(float);
-}
+// The shared memory of a backward block: the positions, lse and delta of 64 query rows,
+// the positions of 64 key rows, tiles of Q, dO, K and V (hd + 1 floats a row) and
+// `score_tiles` tiles of 64 x 65 scores.
+struct BackwardShared {
+  std::int64_t *qpos, *kpos;
+  float *lse, *delta, *q, *dout, *k, *v, *scores;
+
+  __device__ BackwardShared(std::int64_t* base, int hd) {
+    const int ld = hd + 1;
+    qpos = base, kpos = qpos + kTile;
+    lse = reinterpret_cast<float*>(kpos + kTile), delta = lse + kTile;
+    q = delta + kTile, dout = q + kTile * ld, k = dout + kTile * ld, v = k + kTile * ld;
+    scores = v + kTile * ld;
+  }
+  static std::size_t bytes(int hd, int score_tiles) {
+    return 2 * kTile * sizeof(std::int64_t) + 2 * kTile * sizeof(float) +
+           (4 * kTile * (hd + 1) + score_tiles * kTile * kScoreLd) * sizeof(float);
+  }
+};
 
 // dK, dV of one key tile of kv head g: sums over the query tiles of the group's heads.
 template <int DC>
@@ -267,15 +282,10 @@ __global__ void __launch_bounds__(kThreads)
                          const float* delta, Shape s) {
   extern __shared__ std::int64_t smem_dkv[];
   const int hd = s.head_dim, ld = hd + 1, tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  std::int64_t* qpos = smem_dkv;
-  std::int64_t* kpos = qpos + kTile;
-  float* lse_s = reinterpret_cast<float*>(kpos + kTile);
-  float* delta_s = lse_s + kTile;
-  float* ks = delta_s + kTile;
-  float* vs = ks + kTile * ld;
-  float* qs = vs + kTile * ld;
-  float* dos = qs + kTile * ld;
-  float* pts = dos + kTile * ld;         // Pᵀ [key][query]
+  const BackwardShared sm(smem_dkv, hd);
+  std::int64_t *qpos = sm.qpos, *kpos = sm.kpos;
+  float *lse_s = sm.lse, *delta_s = sm.delta, *qs = sm.q, *dos = sm.dout, *ks = sm.k, *vs = sm.v;
+  float* pts = sm.scores;                // Pᵀ [key][query]
   float* dsts = pts + kTile * kScoreLd;  // dSᵀ
 
   const int tiles = s.tiles(), group = s.heads / s.kv_heads;
@@ -340,11 +350,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-std::size_t dq_smem(int hd) {
-  return 2 * kTile * sizeof(std::int64_t) + 2 * kTile * sizeof(float) +
-         (4 * kTile * (hd + 1) + kTile * kScoreLd) * sizeof(float);
-}
-
 // dQ of one query tile of head h: sums over its key tiles.
 template <int DC>
 __global__ void __launch_bounds__(kThreads)
@@ -352,15 +357,10 @@ __global__ void __launch_bounds__(kThreads)
                         const float* delta, Shape s) {
   extern __shared__ std::int64_t smem_dq[];
   const int hd = s.head_dim, ld = hd + 1, tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  std::int64_t* qpos = smem_dq;
-  std::int64_t* kpos = qpos + kTile;
-  float* lse_s = reinterpret_cast<float*>(kpos + kTile);
-  float* delta_s = lse_s + kTile;
-  float* qs = delta_s + kTile;
-  float* dos = qs + kTile * ld;
-  float* ks = dos + kTile * ld;
-  float* vs = ks + kTile * ld;
-  float* dss = vs + kTile * ld;  // dS [query][key]
+  const BackwardShared sm(smem_dq, hd);
+  std::int64_t *qpos = sm.qpos, *kpos = sm.kpos;
+  float *lse_s = sm.lse, *delta_s = sm.delta, *qs = sm.q, *dos = sm.dout, *ks = sm.k, *vs = sm.v;
+  float* dss = sm.scores;  // dS [query][key]
 
   const int tiles = s.tiles();
   const std::int64_t q0 = std::int64_t{tiles - 1 - static_cast<int>(blockIdx.x)} * kTile;  // longest first
@@ -461,10 +461,10 @@ void backward(float* dqkv, const float* dout, const float* qkv, const float* lse
               std::int64_t batch, const Shape& s) {
   const unsigned tiles = static_cast<unsigned>((s.seq + kTile - 1) / kTile);
   launch(attention_dkv_kernel<DC>,
-         dim3(tiles, static_cast<unsigned>(s.kv_heads), static_cast<unsigned>(batch)), dkv_smem(s.head_dim),
-         "attention_backward (dk, dv)", dqkv, dout, qkv, lse, delta, s);
+         dim3(tiles, static_cast<unsigned>(s.kv_heads), static_cast<unsigned>(batch)),
+         BackwardShared::bytes(s.head_dim, 2), "attention_backward (dk, dv)", dqkv, dout, qkv, lse, delta, s);
   launch(attention_dq_kernel<DC>, dim3(tiles, static_cast<unsigned>(s.heads), static_cast<unsigned>(batch)),
-         dq_smem(s.head_dim), "attention_backward (dq)", dqkv, dout, qkv, lse, delta, s);
+         BackwardShared::bytes(s.head_dim, 1), "attention_backward (dq)", dqkv, dout, qkv, lse, delta, s);
 }
 
 }  // namespace
