@@ -19,10 +19,7 @@ namespace ndmesh::cuda {
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    detail::fail_error(std::string(what) + " failed: " + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + ")");
-}
+using detail::check;
 
 std::string mib(double bytes) {
   char text[32];
@@ -82,7 +79,8 @@ std::string unavailable_reason() {
     return std::string("no usable CUDA GPU here (") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e) +
            "); run on a machine with an NVIDIA GPU and driver, or use --device cpu";
   }
-  if (n == 0) return "the CUDA driver sees no GPU here; run on a machine with an NVIDIA GPU, or use --device cpu";
+  if (n == 0)
+    return "the CUDA driver sees no GPU here; run on a machine with an NVIDIA GPU, or use --device cpu";
   return "";
 }
 
@@ -132,7 +130,8 @@ void* alloc(std::size_t bytes) {
     }
     if (e != cudaSuccess)
       detail::fail_error("out of GPU memory: asked for " + mib(static_cast<double>(size)) + " with " +
-                         mib(static_cast<double>(s.stats.allocated_bytes)) + " in use (" + cudaGetErrorString(e) +
+                         mib(static_cast<double>(s.stats.allocated_bytes)) + " in use (" +
+                         cudaGetErrorString(e) +
                          "); lower --batch, --micro-batch or --seq, or use --recompute");
     s.sizes[p] = size;
     s.stats.reserved_bytes += static_cast<std::int64_t>(size);

@@ -13,3 +13,22 @@ namespace ndmesh::cuda::detail {
 [[noreturn]] void fail_config(const std::string& message);
 
 }  // namespace ndmesh::cuda::detail
+
+#if defined(__CUDACC__) || defined(NDMESH_CUDA_EMULATOR)
+#include <cuda_runtime.h>
+
+namespace ndmesh::cuda::detail {
+
+/// Error naming `what` and the CUDA error unless `e` is cudaSuccess.
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    fail_error(std::string(what) + " failed: " + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + ")");
+}
+
+/// After a kernel launch: a launch that did not happen (bad grid, too much shared memory,
+/// no kernel image for this GPU) as an Error naming the kernel. Faults inside the kernel
+/// surface at the next synchronizing call (cuda::synchronize names them).
+inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+}  // namespace ndmesh::cuda::detail
+#endif

@@ -1,0 +1,282 @@
+// GPU ONLY: runs on a machine with an NVIDIA GPU (built where CUDA is, NDMESH_CUDA); without
+// a usable GPU it prints why and exits 0, so that `make bench` on a CPU machine goes on.
+//
+// Times every kernel of nn/cuda_ops.hpp at the GPT-2 small shape (batch 4, sequence 1024,
+// hidden 768, 12 heads of 64, vocabulary 50304 = 50257 padded to a multiple of 128, 124M
+// parameters) in fp32, each against a baseline measured in the same run:
+//  - gemm (our cuBLASLt path) against cublasSgemm (plain cuBLAS, default math: no TF32) of
+//    the same shape and transposes;
+//  - the memory-bound kernels against a device-to-device copy moving the same number of
+//    bytes (each input read once, each output written once: the fewest bytes the kernel
+//    must move), so a ratio near 1 means the kernel runs at the copy's bandwidth;
+//  - attention against the cuBLASLt gemm doing the same useful FLOPs (the causal half of
+//    QKᵀ and PV: one [B H T, hd] x [hd, T] product for the forward, 2.5 of them for the
+//    backward's five products).
+// Each time is the median of 7 samples of 10 launches between CUDA events, after a warm-up.
+// The table ends with ratio = kernel / baseline (lower is better; 1 = as fast as the baseline).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <stdexcept>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "ndmesh/core/dtype.hpp"
+#include "ndmesh/nn/cuda_ops.hpp"
+#include "ndmesh/tensor/device.hpp"
+
+namespace {
+
+using ndmesh::DeviceBuffer;
+namespace cuda = ndmesh::cuda;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(fmt::format("{}: {}", what, cudaGetErrorString(e)));
+}
+
+cudaStream_t stream() { return static_cast<cudaStream_t>(cuda::stream()); }
+
+// Median milliseconds of one call of f.
+double time_ms(const std::function<void()>& f) {
+  constexpr int kWarmup = 3, kSamples = 7, kReps = 10;
+  for (int i = 0; i < kWarmup; ++i) f();
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<double> ms;
+  for (int s = 0; s < kSamples; ++s) {
+    check(cudaEventRecord(start, stream()), "cudaEventRecord");
+    for (int r = 0; r < kReps; ++r) f();
+    check(cudaEventRecord(stop, stream()), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float t = 0;
+    check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+    ms.push_back(t / kReps);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// A device buffer of n floats with non-zero values (zeros run faster than real data).
+DeviceBuffer floats(std::int64_t n, float scale = 1.0f) {
+  std::vector<float> host(static_cast<std::size_t>(n));
+  std::uint32_t x = 12345;
+  for (float& v : host) {
+    x = x * 1664525u + 1013904223u;
+    v = scale * (static_cast<float>(x >> 8) * 0x1.0p-24f * 2.0f - 1.0f);
+  }
+  DeviceBuffer b(host.size() * sizeof(float));
+  cuda::copy_to_device(b.data(), host.data(), host.size() * sizeof(float));
+  return b;
+}
+
+template <typename T>
+DeviceBuffer ints(std::int64_t n, std::int64_t below) {
+  std::vector<T> host(static_cast<std::size_t>(n));
+  std::uint32_t x = 777;
+  for (T& v : host) {
+    x = x * 1664525u + 1013904223u;
+    v = static_cast<T>((x >> 8) % static_cast<std::uint32_t>(below));
+  }
+  DeviceBuffer b(host.size() * sizeof(T));
+  cuda::copy_to_device(b.data(), host.data(), host.size() * sizeof(T));
+  return b;
+}
+
+float* f32(const DeviceBuffer& b) { return static_cast<float*>(b.data()); }
+
+struct Row {
+  std::string name, shape;
+  double ms;
+  std::string baseline;
+  double base_ms;
+  std::string rate;  // achieved GB/s or TFLOP/s
+};
+
+class Bench {
+ public:
+  Bench() {
+    if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
+    cublasSetStream(blas_, stream());
+  }
+  ~Bench() { cublasDestroy(blas_); }
+
+  // Time of a device-to-device copy moving `bytes` (read + written), memoised.
+  double copy_ms(double bytes) {
+    const auto half = static_cast<std::size_t>(bytes / 2);
+    if (copy_src_.bytes() < half) copy_src_ = DeviceBuffer(half), copy_dst_ = DeviceBuffer(half);
+    return time_ms([&] { cuda::copy_device(copy_dst_.data(), copy_src_.data(), half); });
+  }
+
+  void memory_bound(const std::string& name, const std::string& shape, double bytes,
+                    const std::function<void()>& f) {
+    const double ms = time_ms(f);
+    rows_.push_back({name, shape, ms, "copy of the same bytes", copy_ms(bytes), fmt::format("{:.0f} GB/s", bytes / ms / 1e6)});
+  }
+
+  // Row-major C[m,n] = op(A) op(B), ours against cublasSgemm.
+  void gemm(const std::string& name, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k) {
+    DeviceBuffer a = floats(m * k), b = floats(k * n), c = floats(m * n);
+    const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
+    const float alpha = 1.0f, beta = 0.0f;
+    const double ms = time_ms([&] { cuda::gemm(ta, tb, m, n, k, 1.0f, f32(a), lda, f32(b), ldb, 0.0f, f32(c), n); });
+    const double base = time_ms([&] {
+      cublasSgemm(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+                  static_cast<int>(m), static_cast<int>(k), &alpha, f32(b), static_cast<int>(ldb), f32(a),
+                  static_cast<int>(lda), &beta, f32(c), static_cast<int>(n));
+    });
+    rows_.push_back({name, fmt::format("{}x{}x{} {}{}", m, n, k, ta ? "T" : "N", tb ? "T" : "N"), ms, "cublasSgemm",
+                     base, fmt::format("{:.1f} TFLOP/s", 2.0 * m * n * k / ms / 1e9)});
+  }
+
+  void compute_bound(const std::string& name, const std::string& shape, double flops, const std::string& baseline,
+                     double base_ms, const std::function<void()>& f) {
+    const double ms = time_ms(f);
+    rows_.push_back({name, shape, ms, baseline, base_ms, fmt::format("{:.1f} TFLOP/s", flops / ms / 1e9)});
+  }
+
+  void print() const {
+    fmt::print("\n{:<28} {:<26} {:>10} {:>14} {:>10} {:>8}  {}\n", "kernel", "shape", "ms", "rate", "base ms",
+               "ratio", "baseline (same run)");
+    for (const Row& r : rows_)
+      fmt::print("{:<28} {:<26} {:>10.4f} {:>14} {:>10.4f} {:>8.2f}  {}\n", r.name, r.shape, r.ms, r.rate, r.base_ms,
+                 r.ms / r.base_ms, r.baseline);
+  }
+
+ private:
+  cublasHandle_t blas_ = nullptr;
+  DeviceBuffer copy_src_, copy_dst_;
+  std::vector<Row> rows_;
+};
+
+void run() {
+  constexpr std::int64_t B = 4, T = 1024, C = 768, H = 12, hd = 64, V = 50304, N = B * T, P = 124'475'904;
+  constexpr double f = sizeof(float);
+  Bench bench;
+
+  // Matrix products of one block and the head (forward, then the backward's dinp and dW).
+  bench.gemm("gemm qkv", false, true, N, 3 * C, C);
+  bench.gemm("gemm attn proj", false, true, N, C, C);
+  bench.gemm("gemm fc", false, true, N, 4 * C, C);
+  bench.gemm("gemm fc proj", false, true, N, C, 4 * C);
+  bench.gemm("gemm fc dinp", false, false, N, C, 4 * C);
+  bench.gemm("gemm fc dW", true, false, 4 * C, C, N);
+  bench.gemm("gemm lm head", false, true, N, V, C);
+  bench.gemm("gemm lm head dinp", false, false, N, C, V);
+  bench.gemm("gemm lm head dW", true, false, V, C, N);
+
+  {  // element-wise, over the activations of one block and the parameters
+    DeviceBuffer x = floats(N * C), y = floats(N * C), p = floats(P, 1e-3f);
+    DeviceBuffer h(static_cast<std::size_t>(N * C) * sizeof(ndmesh::BFloat16));
+    const std::string nc = fmt::format("{}x{}", N, C);
+    bench.memory_bound("add_inplace", nc, 3 * f * N * C, [&] { cuda::add_inplace(f32(x), f32(y), N * C); });
+    bench.memory_bound("fill", nc, f * N * C, [&] { cuda::fill(f32(x), 0.5f, N * C); });
+    bench.memory_bound("scale", nc, 2 * f * N * C, [&] { cuda::scale(f32(x), 0.999f, N * C); });
+    bench.memory_bound("square_sum (grad norm)", fmt::format("{}", P), f * P, [&] { cuda::square_sum(f32(p), P); });
+    bench.memory_bound("sum", fmt::format("{}", P), f * P, [&] { cuda::sum(f32(p), P); });
+    bench.memory_bound("cast to bf16", nc, 6.0 * N * C,
+                       [&] { cuda::cast(static_cast<ndmesh::BFloat16*>(h.data()), f32(x), N * C); });
+    bench.memory_bound("cast from bf16", nc, 6.0 * N * C,
+                       [&] { cuda::cast(f32(y), static_cast<const ndmesh::BFloat16*>(h.data()), N * C); });
+  }
+  {  // bias, GELU, LayerNorm
+    DeviceBuffer a = floats(N * 4 * C), da = floats(N * 4 * C), d = floats(N * 4 * C), bias = floats(4 * C),
+                 dbias = floats(4 * C);
+    const std::string n3 = fmt::format("{}x{}", N, 3 * C), n4 = fmt::format("{}x{}", N, 4 * C);
+    bench.memory_bound("bias_forward", n3, 2 * f * N * 3 * C, [&] { cuda::bias_forward(f32(a), f32(bias), N, 3 * C); });
+    bench.memory_bound("bias_backward", n3, f * N * 3 * C, [&] { cuda::bias_backward(f32(dbias), f32(d), N, 3 * C); });
+    bench.memory_bound("gelu_forward", n4, 2 * f * N * 4 * C, [&] { cuda::gelu_forward(f32(da), f32(a), N * 4 * C); });
+    bench.memory_bound("gelu_backward", n4, 4 * f * N * 4 * C,
+                       [&] { cuda::gelu_backward(f32(da), f32(d), f32(a), N * 4 * C); });
+    DeviceBuffer x = floats(N * C), out = floats(N * C), mean = floats(N), rstd = floats(N), w = floats(C),
+                 b = floats(C), dw = floats(C), db = floats(C);
+    const std::string nc = fmt::format("{}x{}", N, C);
+    bench.memory_bound("layernorm_forward", nc, 2 * f * N * C, [&] {
+      cuda::layernorm_forward(f32(out), f32(mean), f32(rstd), f32(x), f32(w), f32(b), N, C, 1e-5f);
+    });
+    cuda::layernorm_forward(f32(out), f32(mean), f32(rstd), f32(x), f32(w), f32(b), N, C, 1e-5f);
+    bench.memory_bound("layernorm_backward", nc, 4 * f * N * C, [&] {
+      cuda::layernorm_backward(f32(a), f32(dw), f32(db), f32(d), f32(x), f32(w), f32(mean), f32(rstd), N, C);
+    });
+  }
+  {  // embedding
+    DeviceBuffer out = floats(N * C), wte = floats(V * C), wpe = floats(T * C), dwte = floats(V * C),
+                 dwpe = floats(T * C), dout = floats(N * C);
+    DeviceBuffer tokens = ints<std::int32_t>(N, V), positions = ints<std::int64_t>(T, T);
+    const std::string nc = fmt::format("{}x{}", N, C);
+    const auto* tok = static_cast<const std::int32_t*>(tokens.data());
+    const auto* pos = static_cast<const std::int64_t*>(positions.data());
+    bench.memory_bound("embedding_tokens_forward", nc, 2 * f * N * C,
+                       [&] { cuda::embedding_tokens_forward(f32(out), tok, f32(wte), N, C, 0, V); });
+    bench.memory_bound("embedding_positions_forward", nc, 2 * f * N * C,
+                       [&] { cuda::embedding_positions_forward(f32(out), f32(wpe), pos, 0, N, T, C); });
+    bench.memory_bound("embedding_backward", nc, 3 * f * N * C,
+                       [&] { cuda::embedding_backward(f32(dwte), f32(dwpe), f32(dout), tok, pos, N, T, C, 0, V); });
+  }
+  {  // cross-entropy over the padded vocabulary
+    DeviceBuffer logits = floats(N * V, 4.0f), probs = floats(N * V), losses = floats(N), dlogits = floats(N * V);
+    DeviceBuffer targets = ints<std::int32_t>(N, V);
+    const auto* tg = static_cast<const std::int32_t*>(targets.data());
+    const std::string nv = fmt::format("{}x{}", N, V);
+    bench.memory_bound("cross_entropy_forward", nv, 2 * f * N * V,
+                       [&] { cuda::cross_entropy_forward(f32(probs), f32(losses), f32(logits), tg, N, V); });
+    bench.memory_bound("cross_entropy_backward", nv, 3 * f * N * V,
+                       [&] { cuda::cross_entropy_backward(f32(dlogits), f32(probs), tg, N, V, 1.0f / N); });
+  }
+  {  // AdamW over the whole model
+    DeviceBuffer w = floats(P, 0.02f), g = floats(P, 1e-3f), m = floats(P, 1e-4f), v = floats(P, 1e-6f);
+    bench.memory_bound("adamw_update", fmt::format("{}", P), 7 * f * P, [&] {
+      cuda::adamw_update(f32(w), f32(g), f32(m), f32(v), P, 6e-4, 0.9, 0.95, 1e-8, 0.1, 1.0, 0.1, 0.05);
+    });
+  }
+  {  // attention, causal, 12 heads of 64
+    DeviceBuffer qkv = floats(N * 3 * C), out = floats(N * C), lse = floats(B * H * T), dout = floats(N * C),
+                 dqkv = floats(N * 3 * C);
+    // The same useful FLOPs through cuBLASLt: [B H T, hd] x [hd, T] is 2 B H T² hd, the
+    // causal half of the forward's two products; the backward's five are 2.5 of it.
+    DeviceBuffer q = floats(B * H * T * hd), k = floats(T * hd), s(static_cast<std::size_t>(B * H * T * T) * 4);
+    const double gemm_ms = time_ms([&] {
+      cuda::gemm(false, true, B * H * T, T, hd, 1.0f, f32(q), hd, f32(k), hd, 0.0f, static_cast<float*>(s.data()), T);
+    });
+    const double flops = 2.0 * B * H * T * T * hd;
+    const std::string shape = fmt::format("B{} T{} H{} hd{}", B, T, H, hd);
+    bench.compute_bound("attention_forward", shape, flops, "cuBLASLt gemm, same FLOPs", gemm_ms, [&] {
+      cuda::attention_forward(f32(out), f32(lse), f32(qkv), B, T, H, H, hd, nullptr);
+    });
+    bench.compute_bound("attention_backward", shape, 2.5 * flops, "cuBLASLt gemm, same FLOPs", 2.5 * gemm_ms, [&] {
+      cuda::attention_backward(f32(dqkv), f32(dout), f32(qkv), f32(out), f32(lse), B, T, H, H, hd, nullptr);
+    });
+  }
+  cuda::synchronize();
+  bench.print();
+}
+
+}  // namespace
+
+int main() {
+  const std::string why = cuda::unavailable_reason();
+  if (!why.empty()) {
+    fmt::print("bench_gpu_kernels: skipped (needs a GPU): {}\n", why);
+    return 0;
+  }
+  try {
+    cuda::init(0);
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    fmt::print("bench_gpu_kernels on {} ({} SMs), fp32, TF32 off\n", prop.name, prop.multiProcessorCount);
+    run();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_gpu_kernels: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,115 @@
+// nn::CrossEntropy on the device (cuda_ops.hpp): fused softmax + loss, and the gradient.
+//
+// Forward, one block per row: a first pass keeps a running (max, sum of exp(z - max)) per
+// thread (online softmax), merged over the block; the target's logit is read before the
+// block barrier that precedes any write, so probs may alias logits; a second pass writes
+// probs = exp(z - max) / sum. The logits are read twice and the probabilities written
+// once: nothing is materialised twice. loss = log(sum) - (z_target - max), exact even
+// when the target's probability underflows. The mean loss is cuda::sum of the losses
+// (double, deterministic) over rows.
+//
+// Backward: dlogits += probs * scale, then dlogits[target] -= scale, with the _rn
+// intrinsics (no FMA): the CPU loop's arithmetic bit for bit.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "ndmesh/nn/cuda_ops.hpp"
+#include "tensor/cuda/common.cuh"
+
+namespace ndmesh::cuda {
+
+namespace {
+
+using detail::check_launch;
+using detail::compute_stream;
+
+constexpr int kThreads = 512;
+
+struct MaxSum {
+  float max, sum;
+};
+
+// The (max, sum) of the union of two parts, each sum taken relative to its own max.
+__device__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.max, b.max);
+  if (m == -INFINITY) return {m, 0.0f};
+  return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
+}
+
+__global__ void cross_entropy_forward_kernel(float* probs, float* losses, const float* logits,
+                                             const std::int32_t* targets, std::int64_t vocab) {
+  __shared__ MaxSum warp_parts[kThreads / 32];
+  __shared__ float z_target;
+  const std::int64_t row = blockIdx.x;
+  const float* z = logits + row * vocab;
+  float* p = probs + row * vocab;
+  const std::int32_t target = targets[row];
+  if (threadIdx.x == 0) z_target = target >= 0 && target < vocab ? z[target] : NAN;
+
+  MaxSum part{-INFINITY, 0.0f};
+  for (std::int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+    const float v = z[i];
+    if (v > part.max) {
+      part.sum = part.sum * expf(part.max - v) + 1.0f;
+      part.max = v;
+    } else if (v != -INFINITY) {  // a masked logit adds nothing (and -inf - -inf is NaN)
+      part.sum += expf(v - part.max);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1)
+    part =
+        merge(part, {__shfl_xor_sync(0xffffffffu, part.max, o), __shfl_xor_sync(0xffffffffu, part.sum, o)});
+  if (threadIdx.x % 32 == 0) warp_parts[threadIdx.x / 32] = part;
+  __syncthreads();  // also orders the read of z_target before any write of p
+  MaxSum all = warp_parts[0];
+  for (int w = 1; w < kThreads / 32; ++w) all = merge(all, warp_parts[w]);
+
+  const float inv = 1.0f / all.sum;
+  for (std::int64_t i = threadIdx.x; i < vocab; i += kThreads) p[i] = expf(z[i] - all.max) * inv;
+  if (threadIdx.x == 0) losses[row] = logf(all.sum) - (z_target - all.max);
+}
+
+constexpr int kBackwardThreads = 256, kPerThread = 4;
+
+__global__ void cross_entropy_backward_kernel(float* dlogits, const float* probs, const std::int32_t* targets,
+                                              std::int64_t rows, std::int64_t vocab, float scale) {
+  for (std::int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    const std::int64_t target = targets[row];
+    const float* p = probs + row * vocab;
+    float* d = dlogits + row * vocab;
+    const std::int64_t begin = std::int64_t{blockIdx.x} * kBackwardThreads * kPerThread + threadIdx.x;
+    for (int k = 0; k < kPerThread; ++k) {
+      const std::int64_t i = begin + std::int64_t{k} * kBackwardThreads;
+      if (i >= vocab) break;
+      float v = __fadd_rn(d[i], __fmul_rn(p[i], scale));
+      if (i == target) v = __fsub_rn(v, scale);
+      d[i] = v;
+    }
+  }
+}
+
+}  // namespace
+
+double cross_entropy_forward(float* probs, float* losses, const float* logits, const std::int32_t* targets,
+                             std::int64_t rows, std::int64_t vocab) {
+  if (rows <= 0) return 0.0;
+  cross_entropy_forward_kernel<<<static_cast<unsigned>(rows), kThreads, 0, compute_stream()>>>(
+      probs, losses, logits, targets, vocab);
+  check_launch("cross_entropy_forward");
+  return sum(losses, rows) / static_cast<double>(rows);
+}
+
+void cross_entropy_backward(float* dlogits, const float* probs, const std::int32_t* targets,
+                            std::int64_t rows, std::int64_t vocab, float scale) {
+  if (rows <= 0 || vocab <= 0) return;
+  const std::int64_t per_block = kBackwardThreads * kPerThread;
+  const dim3 grid(static_cast<unsigned>((vocab + per_block - 1) / per_block),
+                  static_cast<unsigned>(rows < 65535 ? rows : 65535));
+  cross_entropy_backward_kernel<<<grid, kBackwardThreads, 0, compute_stream()>>>(dlogits, probs, targets,
+                                                                                 rows, vocab, scale);
+  check_launch("cross_entropy_backward");
+}
+
+}  // namespace ndmesh::cuda

@@ -1,0 +1,55 @@
+// nn::Gelu on the device (cuda_ops.hpp): GELU with the tanh approximation,
+//   gelu(x) = x/2 (1 + tanh(a (x + k x³))), a = sqrt(2/pi), k = 0.044715,
+//   gelu'(x) = (1 + t)/2 + x/2 (1 - t²) a (1 + 3 k x²), t = tanh(a (x + k x³)).
+// tanhf here and the CPU's 1 - 2/(exp(2u) + 1) differ by a few 1e-8 absolute. Like the CPU
+// layer it reads the biased input; fusing the bias (a cuBLASLt GELU_BIAS epilogue) is later
+// work for the bf16 path.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ndmesh/nn/cuda_ops.hpp"
+#include "tensor/cuda/common.cuh"
+
+namespace ndmesh::cuda {
+
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kCubic = 0.044715f;
+
+__global__ void gelu_forward_kernel(float* out, const float* inp, std::int64_t n) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kCubic * x * x * x)));
+  }
+}
+
+__global__ void gelu_backward_kernel(float* dinp, const float* dout, const float* inp, std::int64_t n) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float x = inp[i];
+    const float t = tanhf(kSqrt2OverPi * (x + kCubic * x * x * x));
+    const float d =
+        0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
+    dinp[i] = __fadd_rn(dinp[i], __fmul_rn(d, dout[i]));
+  }
+}
+
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, std::int64_t n) {
+  if (n <= 0) return;
+  gelu_forward_kernel<<<detail::blocks_for(n), detail::kThreads, 0, detail::compute_stream()>>>(out, inp, n);
+  detail::check_launch("gelu_forward");
+}
+
+void gelu_backward(float* dinp, const float* dout, const float* inp, std::int64_t n) {
+  if (n <= 0) return;
+  gelu_backward_kernel<<<detail::blocks_for(n), detail::kThreads, 0, detail::compute_stream()>>>(dinp, dout,
+                                                                                                 inp, n);
+  detail::check_launch("gelu_backward");
+}
+
+}  // namespace ndmesh::cuda

@@ -1,0 +1,74 @@
+// nn::Linear's bias on the device (cuda_ops.hpp): the forward add and the backward column
+// sums. The matrix products of the layer are cuda::gemm (src/tensor/cuda/blas.cu).
+//
+// bias_backward is deterministic: the rows are cut into at most 64 chunks; a block of
+// 32 x 8 threads sums 32 columns of one chunk (thread (x, y) rows y, y + 8, ... of column
+// x, then the 8 partial sums in order y = 0..7), and a second pass adds the chunk sums in
+// chunk order (detail::add_column_partials). No atomics: the same bits on every run.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ndmesh/nn/cuda_ops.hpp"
+#include "tensor/cuda/common.cuh"
+
+namespace ndmesh::cuda {
+
+namespace {
+
+using detail::check_launch;
+using detail::compute_stream;
+
+__global__ void bias_forward_kernel(float* out, const float* bias, std::int64_t rows, std::int64_t cols) {
+  const std::int64_t j = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  const float b = bias[j];
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    float& o = out[r * cols + j];
+    o = __fadd_rn(o, b);
+  }
+}
+
+constexpr int kColTile = 32, kRowLanes = 8;
+
+__global__ void bias_partials_kernel(float* partials, const float* dout, std::int64_t rows, std::int64_t cols,
+                                     std::int64_t chunk_rows) {
+  __shared__ float sums[kRowLanes][kColTile + 1];
+  const std::int64_t j = std::int64_t{blockIdx.x} * kColTile + threadIdx.x;
+  const std::int64_t r0 = std::int64_t{blockIdx.y} * chunk_rows;
+  const std::int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
+  float acc = 0;
+  if (j < cols)
+    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) acc = __fadd_rn(acc, dout[r * cols + j]);
+  sums[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < cols) {
+    float total = sums[0][threadIdx.x];
+    for (int y = 1; y < kRowLanes; ++y) total = __fadd_rn(total, sums[y][threadIdx.x]);
+    partials[std::int64_t{blockIdx.y} * cols + j] = total;
+  }
+}
+
+}  // namespace
+
+void bias_forward(float* out, const float* bias, std::int64_t rows, std::int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+  const dim3 grid(static_cast<unsigned>((cols + detail::kThreads - 1) / detail::kThreads),
+                  static_cast<unsigned>(rows < 4096 ? rows : 4096));
+  bias_forward_kernel<<<grid, detail::kThreads, 0, compute_stream()>>>(out, bias, rows, cols);
+  check_launch("bias_forward");
+}
+
+void bias_backward(float* dbias, const float* dout, std::int64_t rows, std::int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+  const std::int64_t chunk_rows = detail::column_chunk_rows(rows),
+                     chunks = (rows + chunk_rows - 1) / chunk_rows;
+  DeviceBuffer partials(static_cast<std::size_t>(chunks * cols) * sizeof(float));
+  const dim3 grid(static_cast<unsigned>((cols + kColTile - 1) / kColTile), static_cast<unsigned>(chunks));
+  bias_partials_kernel<<<grid, dim3(kColTile, kRowLanes), 0, compute_stream()>>>(
+      static_cast<float*>(partials.data()), dout, rows, cols, chunk_rows);
+  check_launch("bias_backward");
+  detail::add_column_partials(dbias, static_cast<const float*>(partials.data()), chunks, cols);
+}
+
+}  // namespace ndmesh::cuda

@@ -1,0 +1,165 @@
+// ndmesh::gemm on the device through cuBLASLt (cuda_ops.hpp, "tensor").
+//
+// Row-major to column-major: a row-major matrix with row stride ld is, read column-major,
+// its transpose with leading dimension ld. So the row-major C[m,n] = op(A) op(B) is the
+// column-major Cᵀ[n,m] = op(B)ᵀ op(A)ᵀ: cuBLASLt multiplies B (first) by A (second), each
+// transposed exactly when the row-major call asks for it, with M = n, N = m, K = k.
+//
+// fp32 with CUBLAS_COMPUTE_32F: no TF32 (CUBLAS_COMPUTE_32F_FAST_TF32 would round the
+// inputs to 10 mantissa bits and break the agreement with the CPU). One cuBLASLt handle
+// per process, used on the compute stream; one 32 MiB workspace from the caching
+// allocator (what cuBLAS asks for on Hopper). The descriptors and the algorithm the
+// heuristic picks are cached per shape, transposes, strides and pointer alignment, so a
+// training step asks the heuristic once per distinct product.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "ndmesh/nn/cuda_ops.hpp"
+#include "tensor/cuda/common.cuh"
+
+namespace ndmesh::cuda {
+
+namespace {
+
+using detail::check_launch;
+using detail::compute_stream;
+
+constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
+
+void check_lt(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    detail::fail_error(std::string("cuBLASLt ") + what + " failed: " + cublasLtGetStatusString(s) + " (" +
+                       cublasLtGetStatusName(s) + ")");
+}
+
+// The largest power of two up to 16 that divides the address: what cuBLASLt may assume.
+std::uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t bytes = 16;
+  while (bytes > 4 && a % bytes != 0) bytes /= 2;
+  return bytes;
+}
+
+struct Key {
+  bool trans_a, trans_b;
+  std::int64_t m, n, k, lda, ldb, ldc;
+  std::uint32_t align_a, align_b, align_c;
+  auto tie() const { return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, align_a, align_b, align_c); }
+  bool operator<(const Key& o) const { return tie() < o.tie(); }
+};
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;  // B, A, C (column-major)
+  cublasLtMatmulAlgo_t algo{};
+};
+
+struct Lt {
+  std::mutex mutex;
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::map<Key, Plan> plans;
+};
+
+Lt& lt() {
+  static Lt s;
+  return s;
+}
+
+Plan make_plan(cublasLtHandle_t handle, const Key& key) {
+  Plan p;
+  check_lt(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
+  const cublasOperation_t op_first = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first),
+           "transpose attribute");
+  check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second),
+           "transpose attribute");
+  // Stored (column-major) shapes: B is n x k (k x n when transposed), A is k x m (m x k).
+  const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+  check_lt(cublasLtMatrixLayoutCreate(&p.first, CUDA_R_32F, key.trans_b ? u(key.k) : u(key.n),
+                                      key.trans_b ? u(key.n) : u(key.k), key.ldb),
+           "layout of B");
+  check_lt(cublasLtMatrixLayoutCreate(&p.second, CUDA_R_32F, key.trans_a ? u(key.m) : u(key.k),
+                                      key.trans_a ? u(key.k) : u(key.m), key.lda),
+           "layout of A");
+  check_lt(cublasLtMatrixLayoutCreate(&p.out, CUDA_R_32F, u(key.n), u(key.m), key.ldc), "layout of C");
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  const std::uint64_t ws = kWorkspaceBytes;
+  check_lt(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+      "workspace preference");
+  // cuBLASLt's A is our B and its B our A.
+  const std::uint32_t aligns[3] = {key.align_b, key.align_a, key.align_c};
+  const cublasLtMatmulPreferenceAttributes_t which[3] = {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES};
+  for (int i = 0; i < 3; ++i)
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, which[i], &aligns[i], sizeof aligns[i]),
+             "alignment preference");
+  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &aligns[2],
+                                                sizeof aligns[2]),
+           "alignment preference");
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.first, p.second, p.out, p.out,
+                                                          pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s != CUBLAS_STATUS_SUCCESS || found == 0)
+    detail::fail_error("cuBLASLt has no fp32 algorithm for gemm(trans_a=" + std::to_string(key.trans_a) +
+                       ", trans_b=" + std::to_string(key.trans_b) + ", m=" + std::to_string(key.m) +
+                       ", n=" + std::to_string(key.n) + ", k=" + std::to_string(key.k) +
+                       ", lda=" + std::to_string(key.lda) + ", ldb=" + std::to_string(key.ldb) +
+                       ", ldc=" + std::to_string(key.ldc) + "): " + cublasLtGetStatusString(s));
+  p.algo = result.algo;
+  return p;
+}
+
+// C = beta C over m rows of n (k = 0: no product to add); beta = 0 writes zeros, as BLAS.
+__global__ void scale_rows_kernel(float* c, std::int64_t m, std::int64_t n, std::int64_t ldc, float beta) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < m * n; i += stride) {
+    float& x = c[(i / n) * ldc + i % n];
+    x = beta == 0.0f ? 0.0f : x * beta;
+  }
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+          std::int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    scale_rows_kernel<<<detail::blocks_for(m * n), detail::kThreads, 0, compute_stream()>>>(c, m, n, ldc,
+                                                                                            beta);
+    check_launch("gemm with k = 0");
+    return;
+  }
+  Lt& s = lt();
+  const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, alignment(a), alignment(b), alignment(c)};
+  const Plan* plan = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.handle == nullptr) {
+      check_lt(cublasLtCreate(&s.handle), "handle creation");
+      s.workspace = alloc(kWorkspaceBytes);
+    }
+    auto it = s.plans.find(key);
+    if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(s.handle, key)).first;
+    plan = &it->second;  // std::map nodes never move
+  }
+  check_lt(cublasLtMatmul(s.handle, plan->desc, &alpha, b, plan->first, a, plan->second, &beta, c, plan->out,
+                          c, plan->out, &plan->algo, s.workspace, kWorkspaceBytes, compute_stream()),
+           "matmul");
+}
+
+}  // namespace ndmesh::cuda

@@ -1,0 +1,214 @@
+// Element-wise helpers and reductions on the device (cuda_ops.hpp, "tensor"): add, fill,
+// scale, the double-precision sums, the bfloat16 casts, and the second pass of the
+// deterministic column sums.
+//
+// The maps run a grid-stride loop over float4 when every pointer is 16-byte aligned (one
+// 16-byte access per thread and step), scalar otherwise and for the tail. Adds and
+// multiplies use the _rn intrinsics so that nvcc does not contract them into FMAs: the
+// results are those of the CPU loops bit for bit.
+//
+// The sums are deterministic: a fixed grid (a function of n alone) of threads sums its
+// grid-stride share in double, each block reduces its threads in a fixed tree, and one
+// block then sums the block results in the same fixed tree. The order differs from the
+// CPU's left-to-right sum, but both are double: they agree to about 1e-15 relative.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ndmesh/nn/cuda_ops.hpp"
+#include "tensor/cuda/common.cuh"
+
+namespace ndmesh::cuda {
+
+namespace {
+
+using detail::blocks_for;
+using detail::check_launch;
+using detail::compute_stream;
+using detail::kThreads;
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+struct Fill {
+  float value;
+  __device__ float operator()(float) const { return value; }
+};
+struct Scale {
+  float factor;
+  __device__ float operator()(float x) const { return __fmul_rn(x, factor); }
+};
+struct Add {
+  __device__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
+};
+
+// x[i] = f(x[i]) (vec: as float4 over the first n / 4 * 4 elements, then the tail).
+template <typename F>
+__global__ void map_kernel(float* x, std::int64_t n, bool vec, F f) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+  std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  std::int64_t done = 0;
+  if (vec) {
+    float4* x4 = reinterpret_cast<float4*>(x);
+    const std::int64_t n4 = n / 4;
+    for (std::int64_t k = i; k < n4; k += stride) {
+      float4 v = x4[k];
+      v.x = f(v.x), v.y = f(v.y), v.z = f(v.z), v.w = f(v.w);
+      x4[k] = v;
+    }
+    done = n4 * 4;
+  }
+  for (std::int64_t k = done + i; k < n; k += stride) x[k] = f(x[k]);
+}
+
+// x[i] = f(x[i], y[i]).
+template <typename F>
+__global__ void zip_kernel(float* x, const float* y, std::int64_t n, bool vec, F f) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+  std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  std::int64_t done = 0;
+  if (vec) {
+    float4* x4 = reinterpret_cast<float4*>(x);
+    const float4* y4 = reinterpret_cast<const float4*>(y);
+    const std::int64_t n4 = n / 4;
+    for (std::int64_t k = i; k < n4; k += stride) {
+      float4 a = x4[k];
+      const float4 b = y4[k];
+      a.x = f(a.x, b.x), a.y = f(a.y, b.y), a.z = f(a.z, b.z), a.w = f(a.w, b.w);
+      x4[k] = a;
+    }
+    done = n4 * 4;
+  }
+  for (std::int64_t k = done + i; k < n; k += stride) x[k] = f(x[k], y[k]);
+}
+
+template <typename F>
+void map(float* x, std::int64_t n, F f, const char* name) {
+  if (n <= 0) return;
+  const bool vec = aligned16(x);
+  map_kernel<F><<<blocks_for(vec ? (n + 3) / 4 : n), kThreads, 0, compute_stream()>>>(x, n, vec, f);
+  check_launch(name);
+}
+
+// The block's sum of v in double, in a fixed tree (every thread must call it; the result
+// is valid in thread 0).
+__device__ double block_sum(double v) {
+  __shared__ double warp_sums[32];
+  v = detail::warp_sum(v);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  v = threadIdx.x < blockDim.x / 32 ? warp_sums[threadIdx.x] : 0.0;
+  if (warp == 0) v = detail::warp_sum(v);
+  return v;
+}
+
+constexpr int kReduceThreads = 1024;  // the final pass sums at most this many block results
+constexpr std::int64_t kReduceBlocks = kReduceThreads;
+
+template <bool kSquare>
+__global__ void partial_sum_kernel(double* partials, const float* x, std::int64_t n) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+  double acc = 0;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const double v = x[i];
+    acc += kSquare ? v * v : v;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+__global__ void final_sum_kernel(double* result, const double* partials, int count) {
+  double v = static_cast<int>(threadIdx.x) < count ? partials[threadIdx.x] : 0.0;
+  v = block_sum(v);
+  if (threadIdx.x == 0) *result = v;
+}
+
+template <bool kSquare>
+double reduce(const float* x, std::int64_t n) {
+  if (n <= 0) return 0.0;
+  const unsigned blocks = blocks_for(n, kReduceThreads, kReduceBlocks);
+  DeviceBuffer scratch((blocks + 1) * sizeof(double));
+  double* partials = static_cast<double*>(scratch.data());
+  partial_sum_kernel<kSquare><<<blocks, kReduceThreads, 0, compute_stream()>>>(partials, x, n);
+  check_launch(kSquare ? "square_sum" : "sum");
+  final_sum_kernel<<<1, kReduceThreads, 0, compute_stream()>>>(partials + blocks, partials,
+                                                               static_cast<int>(blocks));
+  check_launch(kSquare ? "square_sum (final pass)" : "sum (final pass)");
+  double result = 0;
+  copy_to_host(&result, partials + blocks, sizeof result);
+  return result;
+}
+
+// ndmesh::BFloat16::from_float on the device: round to nearest even, NaN stays a quiet NaN.
+__global__ void to_bf16_kernel(std::uint16_t* dst, const float* src, std::int64_t n) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    std::uint32_t u = __float_as_uint(src[i]);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      dst[i] = static_cast<std::uint16_t>((u >> 16) | 0x40u);
+    } else {
+      u += 0x7fffu + ((u >> 16) & 1u);
+      dst[i] = static_cast<std::uint16_t>(u >> 16);
+    }
+  }
+}
+
+__global__ void from_bf16_kernel(float* dst, const std::uint16_t* src, std::int64_t n) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride)
+    dst[i] = __uint_as_float(static_cast<std::uint32_t>(src[i]) << 16);
+}
+
+__global__ void add_column_partials_kernel(float* dst, const float* partials, std::int64_t chunks,
+                                           std::int64_t cols) {
+  const std::int64_t j = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  float acc = 0;
+  for (std::int64_t c = 0; c < chunks; ++c) acc = __fadd_rn(acc, partials[c * cols + j]);
+  dst[j] = __fadd_rn(dst[j], acc);
+}
+
+}  // namespace
+
+void add_inplace(float* dst, const float* src, std::int64_t n) {
+  if (n <= 0) return;
+  const bool vec = aligned16(dst) && aligned16(src);
+  zip_kernel<Add>
+      <<<blocks_for(vec ? (n + 3) / 4 : n), kThreads, 0, compute_stream()>>>(dst, src, n, vec, Add{});
+  check_launch("add_inplace");
+}
+
+void fill(float* dst, float value, std::int64_t n) { map(dst, n, Fill{value}, "fill"); }
+
+void scale(float* x, float factor, std::int64_t n) { map(x, n, Scale{factor}, "scale"); }
+
+double square_sum(const float* x, std::int64_t n) { return reduce<true>(x, n); }
+
+double sum(const float* x, std::int64_t n) { return reduce<false>(x, n); }
+
+void cast(BFloat16* dst, const float* src, std::int64_t n) {
+  if (n <= 0) return;
+  to_bf16_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(reinterpret_cast<std::uint16_t*>(dst), src,
+                                                                   n);
+  check_launch("cast to bfloat16");
+}
+
+void cast(float* dst, const BFloat16* src, std::int64_t n) {
+  if (n <= 0) return;
+  from_bf16_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(
+      dst, reinterpret_cast<const std::uint16_t*>(src), n);
+  check_launch("cast from bfloat16");
+}
+
+namespace detail {
+
+void add_column_partials(float* dst, const float* partials, std::int64_t chunks, std::int64_t cols) {
+  if (cols <= 0) return;
+  add_column_partials_kernel<<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0,
+                               compute_stream()>>>(dst, partials, chunks, cols);
+  check_launch("column sums (second pass)");
+}
+
+}  // namespace detail
+
+}  // namespace ndmesh::cuda

@@ -1,0 +1,101 @@
+// The element-wise helpers and reductions (src/tensor/cuda/elementwise.cu) against their
+// CPU twins: add_inplace, fill, scale and the bfloat16 casts agree bit for bit (the same
+// single IEEE operation per element, no FMA), the double sums to 1e-12 relative (both in
+// double, in different orders: about 1e-15). Sizes are odd, and each map also runs at an
+// offset of one float so that the scalar path (not 16-byte aligned) is tested beside the
+// float4 one.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gpu_test.hpp"
+#include "ndmesh/core/dtype.hpp"
+#include "ndmesh/nn/adamw.hpp"
+#include "ndmesh/nn/cuda_ops.hpp"
+#include "ndmesh/tensor/params.hpp"
+
+namespace ndmesh {
+namespace {
+
+using namespace testing;  // gpu_test.hpp
+
+constexpr std::int64_t kSizes[] = {1, 7, 1031, 100003};
+
+TEST(CudaElementwise, AddInplaceFillAndScaleAreTheCpuLoops) {
+  NDMESH_GPU_OR_SKIP();
+  for (std::int64_t n : kSizes)
+    for (std::int64_t offset : {0, 1}) {
+      const auto dst = normal(static_cast<std::size_t>(n + offset), 1),
+                 src = normal(static_cast<std::size_t>(n + offset), 2);
+      std::vector<float> added = dst, scaled = dst, filled = dst;
+      for (std::int64_t i = offset; i < n + offset; ++i) {
+        const auto k = static_cast<std::size_t>(i);
+        added[k] += src[k];
+        scaled[k] *= -1.7f;
+        filled[k] = 0.25f;
+      }
+      DeviceBuffer d_add = to_device(dst), d_src = to_device(src), d_scale = to_device(dst),
+                   d_fill = to_device(dst);
+      cuda::add_inplace(ptr<float>(d_add) + offset, ptr<float>(d_src) + offset, n);
+      cuda::scale(ptr<float>(d_scale) + offset, -1.7f, n);
+      cuda::fill(ptr<float>(d_fill) + offset, 0.25f, n);
+      EXPECT_TRUE(same_bits(to_host<float>(d_add, dst.size()), added))
+          << "add_inplace n=" << n << " offset=" << offset;
+      EXPECT_TRUE(same_bits(to_host<float>(d_scale, dst.size()), scaled))
+          << "scale n=" << n << " offset=" << offset;
+      EXPECT_TRUE(same_bits(to_host<float>(d_fill, dst.size()), filled))
+          << "fill n=" << n << " offset=" << offset;
+    }
+}
+
+TEST(CudaElementwise, SquareSumIsTheOptimizersNormAndSumTheDoubleSum) {
+  NDMESH_GPU_OR_SKIP();
+  for (std::int64_t n : kSizes) {
+    ParamStore<float> store;
+    store.add("x", {n}, false);
+    store.allocate();
+    const auto x = normal(static_cast<std::size_t>(n), 3, 3.0f);
+    std::copy(x.begin(), x.end(), store.grads().begin());
+    const double square_ref = nn::AdamW<float>::grad_square_sum(store);
+    double sum_ref = 0, abs_sum = 0;
+    for (float v : x) sum_ref += v, abs_sum += std::fabs(v);
+    DeviceBuffer d = to_device(x);
+    const double square = cuda::square_sum(ptr<float>(d), n), total = cuda::sum(ptr<float>(d), n);
+    // Double sums of up to 1e5 terms in two orders: about 1e-15 relative to the sum of the
+    // magnitudes; a missed or doubled element is off by at least 1e-5 of it.
+    EXPECT_NEAR(square, square_ref, 1e-12 * square_ref) << "square_sum n=" << n;
+    EXPECT_NEAR(total, sum_ref, 1e-12 * abs_sum) << "sum n=" << n;
+  }
+  EXPECT_EQ(cuda::sum(nullptr, 0), 0.0);
+}
+
+TEST(CudaElementwise, BFloat16CastsRoundLikeTheHost) {
+  NDMESH_GPU_OR_SKIP();
+  std::vector<float> x = normal(1031, 4, 100.0f);
+  // Ties (round to even both ways), the largest finite, infinities, NaN, a subnormal, -0.
+  const std::uint32_t bits[] = {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x7f800000u, 0xff800000u,
+                                0x7fc00001u, 0x00000123u, 0x80000000u, 0x3f807fffu};
+  for (std::uint32_t b : bits) {
+    float f;
+    std::memcpy(&f, &b, sizeof f);
+    x.push_back(f);
+  }
+  std::vector<BFloat16> ref(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) ref[i] = BFloat16(x[i]);
+  DeviceBuffer dx = to_device(x), dh(x.size() * sizeof(BFloat16)), dback(x.size() * sizeof(float));
+  const auto n = static_cast<std::int64_t>(x.size());
+  cuda::cast(ptr<BFloat16>(dh), ptr<float>(dx), n);
+  cuda::cast(ptr<float>(dback), ptr<BFloat16>(dh), n);
+  std::vector<std::uint16_t> got_bits(x.size()), ref_bits(x.size());
+  const auto got = to_host<BFloat16>(dh, x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) got_bits[i] = got[i].bits, ref_bits[i] = ref[i].bits;
+  EXPECT_TRUE(same_bits(got_bits, ref_bits)) << "float -> bfloat16";
+  std::vector<float> widened(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) widened[i] = static_cast<float>(ref[i]);
+  EXPECT_TRUE(same_bits(to_host<float>(dback, x.size()), widened)) << "bfloat16 -> float";
+}
+
+}  // namespace
+}  // namespace ndmesh

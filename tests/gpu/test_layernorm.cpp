@@ -1,0 +1,73 @@
+// cuda::layernorm_forward / layernorm_backward against nn::LayerNorm<float> at odd rows and
+// channels, random (not 1/0) weight and bias, inputs with a non-zero mean, and every
+// gradient pre-filled (the backward accumulates dinp, dweight and dbias).
+#include <cstdint>
+#include <vector>
+
+#include "gpu_test.hpp"
+#include "ndmesh/nn/cuda_ops.hpp"
+#include "ndmesh/nn/layernorm.hpp"
+
+namespace ndmesh {
+namespace {
+
+using namespace testing;  // gpu_test.hpp
+
+TEST(CudaLayerNorm, ForwardAndBackwardMatchTheCpu) {
+  NDMESH_GPU_OR_SKIP();
+  for (std::int64_t rows : {7, 33, 129})
+    for (std::int64_t c : {5, 96, 771}) {
+      ParamStore<float> store;
+      const nn::LayerNorm<float> ln(store, {.channels = c});
+      store.allocate();
+      const auto params = normal(static_cast<std::size_t>(store.size()), 1, 0.5f);
+      const auto grads = normal(params.size(), 2);
+      std::copy(params.begin(), params.end(), store.params().begin());
+      std::copy(grads.begin(), grads.end(), store.grads().begin());
+      const float* w = store.param(store.find("ln.weight"));
+      const float* b = store.param(store.find("ln.bias"));
+      const auto sz = static_cast<std::size_t>(rows * c), cs = static_cast<std::size_t>(c);
+      auto x = normal(sz, 3, 2.0f);
+      for (float& v : x) v += 3.0f;  // a mean far from 0: the two-pass variance matters
+      const auto dout = normal(sz, 4), dinp0 = normal(sz, 5);
+
+      std::vector<float> out(sz), mean(static_cast<std::size_t>(rows)), rstd(mean.size()), dinp = dinp0;
+      ln.forward(x.data(), out.data(), mean.data(), rstd.data(), rows);
+      const float* dw_ref = store.grad(store.find("ln.weight"));
+      const float* db_ref = store.grad(store.find("ln.bias"));
+      const std::vector<float> dw0(dw_ref, dw_ref + c), db0(db_ref, db_ref + c);
+      ln.backward(dout.data(), x.data(), mean.data(), rstd.data(), dinp.data(), rows);
+
+      DeviceBuffer dx = to_device(x), dweight = to_device(std::vector<float>(w, w + c)),
+                   dbias = to_device(std::vector<float>(b, b + c)), dout_gpu = to_device(nans(sz)),
+                   dmean = to_device(nans(mean.size())), drstd = to_device(nans(mean.size()));
+      cuda::layernorm_forward(ptr<float>(dout_gpu), ptr<float>(dmean), ptr<float>(drstd), ptr<float>(dx),
+                              ptr<float>(dweight), ptr<float>(dbias), rows, c, 1e-5f);
+      // Row sums of C terms in two orders (about eps sqrt C relative), then one division
+      // and a square root: mean and rstd agree to ~1e-6 relative; out = xhat w + b with
+      // |xhat| < 5 and |w| < 2 inherits ~1e-6 of that plus rounding. 1e-5 is 10x above.
+      const std::string where = "rows=" + std::to_string(rows) + " C=" + std::to_string(c);
+      EXPECT_TRUE(all_close(to_host<float>(dmean, mean.size()), mean, 1e-6, 1e-6)) << "mean " << where;
+      EXPECT_TRUE(all_close(to_host<float>(drstd, rstd.size()), rstd, 0, 1e-5)) << "rstd " << where;
+      EXPECT_TRUE(all_close(to_host<float>(dout_gpu, sz), out, 1e-5, 1e-5)) << "out " << where;
+
+      // The backward from the CPU's mean and rstd, so that it is compared alone.
+      DeviceBuffer ddout = to_device(dout), ddinp = to_device(dinp0), dm = to_device(mean),
+                   dr = to_device(rstd), ddw = to_device(dw0), ddb = to_device(db0);
+      cuda::layernorm_backward(ptr<float>(ddinp), ptr<float>(ddw), ptr<float>(ddb), ptr<float>(ddout),
+                               ptr<float>(dx), ptr<float>(dweight), ptr<float>(dm), ptr<float>(dr), rows, c);
+      // dinp: two row means of C terms (order differs) scaled by rstd (~0.5): 1e-5
+      // covers them with a 10x margin. dweight, dbias: column sums over `rows` rows of
+      // terms below ~5, bounded like bias_backward's (1e-6 rows, here times 5).
+      EXPECT_TRUE(all_close(to_host<float>(ddinp, sz), dinp, 1e-5, 1e-5)) << "dinp " << where;
+      EXPECT_TRUE(all_close(to_host<float>(ddw, cs), std::vector<float>(dw_ref, dw_ref + c),
+                            5e-6 * static_cast<double>(rows), 1e-5))
+          << "dweight " << where;
+      EXPECT_TRUE(all_close(to_host<float>(ddb, cs), std::vector<float>(db_ref, db_ref + c),
+                            1e-6 * static_cast<double>(rows), 1e-5))
+          << "dbias " << where;
+    }
+}
+
+}  // namespace
+}  // namespace ndmesh
