@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 
 #include <fmt/core.h>
 #include <fmt/format.h>
@@ -11,7 +12,11 @@
 #include "ndmesh/config/training.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/nn/cross_entropy.hpp"
+#include "ndmesh/tensor/ops.hpp"
 #include "ndmesh/tensor/rng.hpp"
+#if NDMESH_WITH_CUDA
+#include "ndmesh/nn/cuda_ops.hpp"
+#endif
 
 namespace ndmesh::model {
 
@@ -64,7 +69,10 @@ std::uint64_t name_hash(const std::string& name) {
 template <typename T>
 GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
     : spec_(checked(spec)),
-      tp_(std::move(tp)),
+      tp_([&] {
+        tp.device = options.device;  // the layers' copies run where their buffers live
+        return std::move(tp);
+      }()),
       batch_(options.batch),
       seq_(options.seq > 0 ? options.seq : spec.seq),
       first_block_(options.first_block),
@@ -116,9 +124,19 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
   }
   store_.allocate(options.pad_to);
   init(options.seed, options.init_std);
+  // Initialised on the host; then placed.
+  device_ = options.device;
+  NDMESH_CHECK_CONFIG(device_ == Device::kCpu || tp_.size() == 1, "model",
+                      "tensor parallelism (tp={}) on a GPU is not available yet; use --tp 1 or --device cpu",
+                      tp_.size());
+  store_.to(device_);
+  for (Tensor<T>* t : {&dlogits_, &dlnf_, &dlnf_full_, &dres_a_, &dres_b_, &lnf_full_, &input_grad_})
+    t->set_device(device_);
+  positions_device_.set_device(device_);
   loss_weight_ = 1.0 / static_cast<double>(batch_ * seq_);
-  positions_.resize(static_cast<std::size_t>(seq_));
-  std::iota(positions_.begin(), positions_.end(), std::int64_t{0});
+  std::vector<std::int64_t> positions(static_cast<std::size_t>(seq_));
+  std::iota(positions.begin(), positions.end(), std::int64_t{0});
+  set_positions(std::move(positions));
 
   work_ = std::make_shared<nn::BlockActivations<T>>();
   size_workspace();
@@ -142,6 +160,23 @@ void GptT<T>::set_positions(std::vector<std::int64_t> positions) {
   for (std::int64_t p : positions)
     NDMESH_CHECK(p >= 0 && p < spec_.seq, "model", "position {} is outside the model's seq={}", p, spec_.seq);
   positions_ = std::move(positions);
+  if (device_ != Device::kCpu) {
+    positions_device_.resize({seq_});
+    cuda::copy_to_device(positions_device_.data(), positions_.data(), positions_.size() * sizeof(std::int64_t));
+  }
+}
+
+template <typename T>
+void GptT<T>::upload_checked(Tensor<std::int32_t>& dst, const std::int32_t* src, std::int64_t n, std::int64_t limit,
+                             const char* what) const {
+  for (std::int64_t i = 0; i < n; ++i)
+    NDMESH_CHECK(src[i] >= 0 && src[i] < limit, "model", "{} {} at batch {} position {} is outside [0, {})", what,
+                 src[i], i / seq_, positions_[static_cast<std::size_t>(i % seq_)], limit);
+  if (dst.numel() != n) {
+    dst.set_device(device_);
+    dst.resize({n});
+  }
+  cuda::copy_to_device(dst.data(), src, static_cast<std::size_t>(n) * sizeof(std::int32_t));
 }
 
 template <typename T>
@@ -211,6 +246,8 @@ GptActivations<T> GptT<T>::make_activations() const {
   GptActivations<T> a;
   a.tokens.resize(static_cast<std::size_t>(n));
   a.targets.resize(static_cast<std::size_t>(n));
+  for (Tensor<T>* t : {&a.input, &a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.lnf_full, &a.probs, &a.losses})
+    t->set_device(device_);
   a.input.resize({nl, c});
   a.blocks.resize(blocks_.size());
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
@@ -269,11 +306,16 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
   if (embed_) {
     NDMESH_CHECK(tokens != nullptr, "model", "the first stage needs tokens");
     std::copy(tokens, tokens + n, a.tokens.begin());
-    embed_->forward_at(a.tokens.data(), a.input.data(), batch_, seq_, positions_.data());
+    const std::int32_t* here = a.tokens.data();
+    if (device_ != Device::kCpu) {
+      upload_checked(a.device_tokens, here, n, spec_.vocab, "token");
+      here = a.device_tokens.data();
+    }
+    embed_->forward_at(here, a.input.data(), batch_, seq_, positions_here());
   } else {
     NDMESH_CHECK(input != nullptr, "model", "stage from block {} needs its input hidden states",
                  first_block_);
-    std::copy(input, input + tp_.local_rows(n) * spec_.hidden, a.input.data());  // local rows under SP
+    ops::copy(a.input.data(), input, tp_.local_rows(n) * spec_.hidden, device_);  // local rows under SP
   }
   const T* x = a.input.data();
   const std::int64_t out_elems = tp_.local_rows(n) * spec_.hidden;
@@ -281,13 +323,13 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
     nn::BlockActivations<T>& keep = a.blocks[l];
     if (recompute_ == nn::Recompute::kFull) {
       // The whole block runs in the workspace; only its output is kept.
-      blocks_[l].forward(x, *work_, batch_, seq_, core_.get(), positions_.data());
-      if (keep.out.numel() > 0) std::copy(work_->out.data(), work_->out.data() + out_elems, keep.out.data());
+      blocks_[l].forward(x, *work_, batch_, seq_, core_.get(), positions_here());
+      if (keep.out.numel() > 0) ops::copy(keep.out.data(), work_->out.data(), out_elems, device_);
     } else {
       // The tensors the workspace holds (recomputed or gathered again in the backward)
       // are lent to the block for its forward.
       lend(keep, l);
-      blocks_[l].forward(x, keep, batch_, seq_, core_.get(), positions_.data());
+      blocks_[l].forward(x, keep, batch_, seq_, core_.get(), positions_here());
       lend(keep, l);
     }
     x = keep.out.numel() > 0 ? keep.out.data() : work_->out.data();
@@ -304,6 +346,15 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
     std::copy(targets, targets + n, a.targets.begin());
   else
     std::fill(a.targets.begin(), a.targets.end(), 0);
+#if NDMESH_WITH_CUDA
+  if constexpr (std::is_same_v<T, float>)
+    if (device_ == Device::kCuda) {
+      upload_checked(a.device_targets, a.targets.data(), n, spec_.vocab, "target");
+      const double loss = cuda::cross_entropy_forward(a.probs.data(), a.losses.data(), a.probs.data(),
+                                                      a.device_targets.data(), n, spec_.vocab);
+      return a.have_targets ? loss : std::numeric_limits<double>::quiet_NaN();
+    }
+#endif
   const double loss = nn::CrossEntropy<T>::forward(a.probs.data(), a.targets.data(), a.probs.data(),
                                                    a.losses.data(), n, head_->local_vocab(),
                                                    head_->local_vocab() * tp_.rank(), spec_.vocab, *tp_.comm);
@@ -316,8 +367,15 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
   if (head_) {
     NDMESH_CHECK(a.have_targets, "model", "backward() after a forward without targets");
     dlogits_.zero();
-    nn::CrossEntropy<T>::backward(a.probs.data(), a.targets.data(), dlogits_.data(), n, head_->local_vocab(),
-                                  head_->local_vocab() * tp_.rank(), static_cast<T>(loss_weight_));
+#if NDMESH_WITH_CUDA
+    if constexpr (std::is_same_v<T, float>)
+      if (device_ == Device::kCuda)
+        cuda::cross_entropy_backward(dlogits_.data(), a.probs.data(), a.device_targets.data(), n, spec_.vocab,
+                                     static_cast<float>(loss_weight_));
+    if (device_ == Device::kCpu)
+#endif
+      nn::CrossEntropy<T>::backward(a.probs.data(), a.targets.data(), dlogits_.data(), n, head_->local_vocab(),
+                                    head_->local_vocab() * tp_.rank(), static_cast<T>(loss_weight_));
     dlnf_full_.zero();
     // Sequence parallelism: the head's input is gathered again (not kept per micro-batch).
     const T* lnf_in =
@@ -331,7 +389,7 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
   } else {
     NDMESH_CHECK(doutput != nullptr, "model", "stage up to block {} needs the gradient of its output",
                  last_block_);
-    std::copy(doutput, doutput + nl * c, dres_a_.data());
+    ops::copy(dres_a_.data(), doutput, nl * c, device_);
   }
   Tensor<T>* dout = &dres_a_;
   Tensor<T>* dinp = &dres_b_;
@@ -339,18 +397,18 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     const T* inp = l == 0 ? a.input.data() : a.blocks[l - 1].out.data();
     nn::BlockActivations<T>* acts = &a.blocks[l];
     if (recompute_ == nn::Recompute::kFull) {
-      blocks_[l].forward(inp, *work_, batch_, seq_, core_.get(), positions_.data());
+      blocks_[l].forward(inp, *work_, batch_, seq_, core_.get(), positions_here());
       acts = work_.get();
     } else {
       lend(*acts, l);
       if (in_workspace(nn::BlockActivations<T>::kLn1Full, false))
         blocks_[l].gather_norms(*acts, batch_, seq_);
       if (recompute_ == nn::Recompute::kSelective)
-        blocks_[l].recompute_attention(*acts, batch_, seq_, core_.get(), positions_.data());
+        blocks_[l].recompute_attention(*acts, batch_, seq_, core_.get(), positions_here());
     }
     dinp->zero();
     blocks_[l].backward(dout->data(), inp, *acts, scratch_, dinp->data(), batch_, seq_,
-                        progress_ ? &progress_ : nullptr, core_.get(), positions_.data());
+                        progress_ ? &progress_ : nullptr, core_.get(), positions_here());
     if (recompute_ != nn::Recompute::kFull) lend(*acts, l);
     std::swap(dout, dinp);
     sum_tp_grads(block_offset_[l], l + 1 < blocks_.size() ? block_offset_[l + 1] : head_offset_);
@@ -359,9 +417,10 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     if (grads_final_) grads_final_(block_offset_[l]);
   }
   if (embed_)
-    embed_->backward_at(dout->data(), a.tokens.data(), batch_, seq_, positions_.data());
+    embed_->backward_at(dout->data(), device_ == Device::kCpu ? a.tokens.data() : a.device_tokens.data(), batch_,
+                        seq_, positions_here());
   else
-    std::copy(dout->data(), dout->data() + nl * c, input_grad_.data());
+    ops::copy(input_grad_.data(), dout->data(), nl * c, device_);
   if (grads_final_) grads_final_(0);
 }
 

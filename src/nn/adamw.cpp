@@ -2,8 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/tensor/ops.hpp"
+#if NDMESH_WITH_CUDA
+#include "ndmesh/nn/cuda_ops.hpp"
+#endif
 
 namespace ndmesh::nn {
 
@@ -24,15 +29,32 @@ AdamW<T>::AdamW(const ParamStore<T>& store, AdamWOptions options, std::vector<Se
     }
     state += seg.count;
   }
-  m_.assign(static_cast<std::size_t>(state), T(0));
-  v_.assign(static_cast<std::size_t>(state), T(0));
+  // The moments live with the parameters.
+  m_ = Tensor<T>({state}, store.device());
+  v_ = Tensor<T>({state}, store.device());
+}
+
+template <typename T>
+void AdamW<T>::moments_to_host(std::vector<T>& m, std::vector<T>& v) const {
+  m = m_.to_host();
+  v = v_.to_host();
+}
+
+template <typename T>
+void AdamW<T>::moments_from_host(const T* m, const T* v) {
+  const auto n = static_cast<std::size_t>(m_.numel());
+  if (m_.device() == Device::kCpu) {
+    std::copy(m, m + n, m_.data());
+    std::copy(v, v + n, v_.data());
+    return;
+  }
+  cuda::copy_to_device(m_.data(), m, n * sizeof(T));
+  cuda::copy_to_device(v_.data(), v, n * sizeof(T));
 }
 
 template <typename T>
 double AdamW<T>::grad_square_sum(const ParamStore<T>& store) {
-  double sum = 0;
-  for (T g : store.grads()) sum += static_cast<double>(g) * static_cast<double>(g);
-  return sum;
+  return ops::square_sum(store.grads().data(), store.size(), store.device());
 }
 
 template <typename T>
@@ -49,6 +71,13 @@ void AdamW<T>::update(ParamStore<T>& store, double lr, double grad_norm, const T
     const T* grads = segment_grads ? segment_grads + piece.state : store.grads().data() + piece.offset;
     T* ms = m_.data() + piece.state;
     T* vs = v_.data() + piece.state;
+#if NDMESH_WITH_CUDA
+    if constexpr (std::is_same_v<T, float>)
+      if (store.device() == Device::kCuda) {
+        cuda::adamw_update(w, grads, ms, vs, piece.count, lr, b1, b2, options_.eps, decay, clip, c1, c2);
+        continue;
+      }
+#endif
     for (std::int64_t i = 0; i < piece.count; ++i) {
       const double g = static_cast<double>(grads[i]) * clip;
       const double m = b1 * static_cast<double>(ms[i]) + (1 - b1) * g;

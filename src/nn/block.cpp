@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/tensor/ops.hpp"
+#include "nn/cuda_twin.hpp"
 
 namespace ndmesh::nn {
 
@@ -98,6 +100,7 @@ void Block<T>::init_norms() const {
 template <typename T>
 void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq) const {
   const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
+  for (Tensor<T>* t : a.tensors()) t->set_device(device());
   a.ln1.resize({nl, c});
   a.ln1_mean.resize({nl});
   a.ln1_rstd.resize({nl});
@@ -128,6 +131,19 @@ template <typename T>
 void Block<T>::recompute_attention(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq,
                                    const AttentionCore<T>* core, const std::int64_t* positions) const {
   // The same call as in forward(): the same kernel on the same qkv.
+  attention_forward(a, batch, seq, core, positions);
+}
+
+template <typename T>
+void Block<T>::attention_forward(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq,
+                                 const AttentionCore<T>* core, const std::int64_t* positions) const {
+  const AttentionOptions& o = attn_.options();
+  NDMESH_CUDA_TWIN(device(), {
+    NDMESH_CHECK(core == nullptr, "nn", "block '{}': ring attention (context parallelism) runs on the CPU only",
+                 options_.name);
+    cuda::attention_forward(a.atty.data(), a.lse.data(), a.qkv.data(), batch, seq, o.heads, o.kv_heads, o.head_dim,
+                            positions);
+  })
   if (core)
     core->forward(attn_, a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
   else
@@ -135,8 +151,28 @@ void Block<T>::recompute_attention(BlockActivations<T>& a, std::int64_t batch, s
 }
 
 template <typename T>
+void Block<T>::attention_backward(const BlockActivations<T>& a, BlockScratch<T>& s, std::int64_t batch,
+                                  std::int64_t seq, const AttentionCore<T>* core,
+                                  const std::int64_t* positions) const {
+  const AttentionOptions& o = attn_.options();
+  NDMESH_CUDA_TWIN(device(), {
+    NDMESH_CHECK(core == nullptr, "nn", "block '{}': ring attention (context parallelism) runs on the CPU only",
+                 options_.name);
+    cuda::attention_backward(s.dqkv.data(), s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq,
+                             o.heads, o.kv_heads, o.head_dim, positions);
+  })
+  if (core)
+    core->backward(attn_, s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq,
+                   positions);
+  else
+    attn_.backward(s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq, positions);
+}
+
+template <typename T>
 void Block<T>::resize(BlockScratch<T>& s, std::int64_t batch, std::int64_t seq) const {
   const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
+  for (Tensor<T>* t : {&s.dres1, &s.dln, &s.dqkv, &s.datty, &s.dmlp, &s.dln_full, &s.dout_full})
+    t->set_device(device());
   s.dres1.resize({nl, c});
   s.dln.resize({n, c});
   s.dqkv.resize({n, attn_.qkv_width()});
@@ -153,26 +189,27 @@ void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch,
                        const AttentionCore<T>* core, const std::int64_t* positions) const {
   const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
   const bool sp = tp_.sequence_parallel;
-  if (sp && partial_.numel() != n * c) partial_.resize({n, c});
+  const Device dev = device();
+  if (sp && partial_.numel() != n * c) {
+    partial_.set_device(dev);
+    partial_.resize({n, c});
+  }
   ln1_.forward(inp, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
   const T* x1 = tp_.f_forward(a.ln1.data(), a.ln1_full.data(), n, c);
   qkv_.forward(x1, a.qkv.data(), n);
-  if (core)
-    core->forward(attn_, a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
-  else
-    attn_.forward(a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
+  attention_forward(a, batch, seq, core, positions);
   T* part = sp ? partial_.data() : a.res1.data();
   proj_.forward(a.atty.data(), part, n);
   tp_.g_forward(part, a.res1.data(), n, c);
   proj_.add_bias(a.res1.data(), nl);
-  for (std::int64_t i = 0; i < nl * c; ++i) a.res1[i] += inp[i];
+  ops::add(a.res1.data(), inp, nl * c, dev);
   ln2_.forward(a.res1.data(), a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), nl);
   const T* x2 = tp_.f_forward(a.ln2.data(), a.ln2_full.data(), n, c);
   part = sp ? partial_.data() : a.out.data();
   mlp_.forward(x2, part, a.mlp, n);
   tp_.g_forward(part, a.out.data(), n, c);
   mlp_.proj().add_bias(a.out.data(), nl);
-  for (std::int64_t i = 0; i < nl * c; ++i) a.out[i] += a.res1[i];
+  ops::add(a.out.data(), a.res1.data(), nl * c, dev);
 }
 
 template <typename T>
@@ -181,6 +218,7 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
                         const AttentionCore<T>* core, const std::int64_t* positions) const {
   const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
   const bool sp = tp_.sequence_parallel;
+  const Device dev = device();
   auto poll = [progress] {
     if (progress) (*progress)();
   };
@@ -189,10 +227,10 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   const T* x1 = sp ? a.ln1_full.data() : a.ln1.data();
   const T* x2 = sp ? a.ln2_full.data() : a.ln2.data();
   // Second residual: d res1 = dout (identity path) + the MLP branch through ln2.
-  std::copy(dout, dout + nl * c, s.dres1.data());
+  ops::copy(s.dres1.data(), dout, nl * c, dev);
   const T* dout_full = tp_.g_backward(dout, s.dout_full.data(), n, c);
   mlp_.proj().backward_bias(dout, nl);
-  std::fill(dfull, dfull + n * c, T(0));
+  ops::zero(dfull, n * c, dev);
   mlp_.backward(dout_full, x2, a.mlp, dfull, s.dmlp.data(), n);
   poll();
   tp_.f_backward(dfull, s.dln.data(), n, c);
@@ -204,18 +242,13 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   proj_.backward(dres1_full, a.atty.data(), s.datty.data(), n);
   poll();
   s.dqkv.zero();
-  if (core)
-    core->backward(attn_, s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch,
-                   seq, positions);
-  else
-    attn_.backward(s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq,
-                   positions);
+  attention_backward(a, s, batch, seq, core, positions);
   poll();
-  std::fill(dfull, dfull + n * c, T(0));
+  ops::zero(dfull, n * c, dev);
   qkv_.backward(s.dqkv.data(), x1, dfull, n);
   tp_.f_backward(dfull, s.dln.data(), n, c);
   ln1_.backward(s.dln.data(), inp, a.ln1_mean.data(), a.ln1_rstd.data(), dinp, nl);
-  for (std::int64_t i = 0; i < nl * c; ++i) dinp[i] += s.dres1[i];
+  ops::add(dinp, s.dres1.data(), nl * c, dev);
 }
 
 template class Block<float>;

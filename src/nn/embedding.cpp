@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ndmesh/core/error.hpp"
+#include "nn/cuda_twin.hpp"
 
 namespace ndmesh::nn {
 
@@ -50,6 +51,12 @@ void Embedding<T>::forward_at(const std::int32_t* tokens, T* out, std::int64_t b
                               const std::int64_t* positions) const {
   const std::int64_t c = options_.channels, n = batch * seq;
   const std::int64_t nl = tp_.local_rows(n), first = tp_.first_row(n);
+  // On CUDA tokens and positions are device memory, checked by the caller on the host.
+  NDMESH_CUDA_TWIN(store_->device(), {
+    cuda::embedding_tokens_forward(out, tokens, store_->param(tokens_), n, c, vocab_start_, local_vocab_);
+    tp_.g_forward(out, out, n, c);
+    cuda::embedding_positions_forward(out, store_->param(positions_), positions, first, nl, seq, c);
+  })
   for (std::int64_t t = 0; t < seq; ++t)
     NDMESH_CHECK(positions[t] >= 0 && positions[t] < options_.max_seq, "nn",
                  "position {} of row {} is outside the model's sequence length {}", positions[t], t,
@@ -83,6 +90,9 @@ template <typename T>
 void Embedding<T>::backward_at(const T* dout, const std::int32_t* tokens, std::int64_t batch,
                                std::int64_t seq, const std::int64_t* positions) const {
   const std::int64_t c = options_.channels, n = batch * seq;
+  NDMESH_CUDA_TWIN(store_->device(), cuda::embedding_backward(store_->grad(tokens_), store_->grad(positions_),
+                                                              tp_.g_backward(dout, nullptr, n, c), tokens, positions, n,
+                                                              seq, c, vocab_start_, local_vocab_))
   if (tp_.sequence_parallel) work_.resize(static_cast<std::size_t>(n * c));
   // The full d output (gathered under sequence parallelism): every rank computes the
   // whole position gradient, so the replicated table needs no reduction.

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <type_traits>
 
+#include "nn/cuda_twin.hpp"
+
 namespace ndmesh::nn {
 
 namespace {
@@ -23,7 +25,8 @@ T tanh_of(T u) {
 }  // namespace
 
 template <typename T>
-void Gelu<T>::forward(const T* inp, T* out, std::int64_t n) {
+void Gelu<T>::forward(const T* inp, T* out, std::int64_t n, Device device) {
+  NDMESH_CUDA_TWIN(device, cuda::gelu_forward(out, inp, n))
   const T a = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kCubic);
   for (std::int64_t i = 0; i < n; ++i) {
     T x = inp[i];
@@ -32,7 +35,8 @@ void Gelu<T>::forward(const T* inp, T* out, std::int64_t n) {
 }
 
 template <typename T>
-void Gelu<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t n) {
+void Gelu<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t n, Device device) {
+  NDMESH_CUDA_TWIN(device, cuda::gelu_backward(dinp, dout, inp, n))
   const T a = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kCubic);
   for (std::int64_t i = 0; i < n; ++i) {
     T x = inp[i];

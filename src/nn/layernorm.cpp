@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ndmesh/core/error.hpp"
+#include "nn/cuda_twin.hpp"
 
 namespace ndmesh::nn {
 
@@ -28,6 +29,7 @@ void LayerNorm<T>::forward(const T* inp, T* out, T* mean, T* rstd, std::int64_t 
   const std::int64_t c = options_.channels;
   const T* w = store_->param(weight_);
   const T* b = store_->param(bias_);
+  NDMESH_CUDA_TWIN(device(), cuda::layernorm_forward(out, mean, rstd, inp, w, b, rows, c, static_cast<float>(options_.eps)))
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* x = inp + r * c;
     T* y = out + r * c;
@@ -51,6 +53,7 @@ void LayerNorm<T>::backward(const T* dout, const T* inp, const T* mean, const T*
   const T* w = store_->param(weight_);
   T* dw = store_->grad(weight_);
   T* db = store_->grad(bias_);
+  NDMESH_CUDA_TWIN(device(), cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, rows, c))
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* x = inp + r * c;
     const T* dy = dout + r * c;

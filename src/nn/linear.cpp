@@ -1,9 +1,14 @@
 #include "ndmesh/nn/linear.hpp"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/blas.hpp"
+#include "ndmesh/tensor/ops.hpp"
+#if NDMESH_WITH_CUDA
+#include "ndmesh/nn/cuda_ops.hpp"
+#endif
 
 namespace ndmesh::nn {
 
@@ -28,6 +33,12 @@ Linear<T>::Linear(ParamStore<T>& store, LinearOptions options)
 template <typename T>
 void Linear<T>::forward(const T* inp, T* out, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
+  const Device device = store_->device();
+  if (device != Device::kCpu) {
+    ops::gemm<T>(device, false, true, rows, n_out, in, T(1), inp, in, store_->param(weight_), in, T(0), out, n_out);
+    if (!options_.deferred_bias) add_bias(out, rows);
+    return;
+  }
   T beta = T(0);
   if (bias_ >= 0 && !options_.deferred_bias) {
     const T* b = store_->param(bias_);
@@ -49,8 +60,11 @@ template <typename T>
 void Linear<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
   if (dinp != nullptr)
-    gemm<T>(false, false, rows, in, n_out, T(1), dout, n_out, store_->param(weight_), in, T(1), dinp, in);
+    ops::gemm<T>(store_->device(), false, false, rows, in, n_out, T(1), dout, n_out, store_->param(weight_), in,
+                 T(1), dinp, in);
   if (DeferredWeightGrads<T>* sink = deferred_sink<T>()) {
+    NDMESH_CHECK(store_->device() == Device::kCpu, "nn",
+                 "linear '{}': a split backward (zero-bubble schedules) runs on the CPU only", options_.name);
     sink->record(*this, dout, inp, rows);
     return;
   }
@@ -60,7 +74,8 @@ void Linear<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t rows
 template <typename T>
 void Linear<T>::backward_weight(const T* dout, const T* inp, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
-  gemm<T>(true, false, n_out, in, rows, T(1), dout, n_out, inp, in, T(1), store_->grad(weight_), in);
+  ops::gemm<T>(store_->device(), true, false, n_out, in, rows, T(1), dout, n_out, inp, in, T(1), store_->grad(weight_),
+               in);
   if (!options_.deferred_bias) backward_bias(dout, rows);
 }
 
@@ -69,6 +84,10 @@ void Linear<T>::add_bias(T* out, std::int64_t rows) const {
   if (bias_ < 0) return;
   const std::int64_t n_out = options_.out;
   const T* b = store_->param(bias_);
+#if NDMESH_WITH_CUDA
+  if constexpr (std::is_same_v<T, float>)
+    if (store_->device() == Device::kCuda) return cuda::bias_forward(out, b, rows, n_out);
+#endif
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t o = 0; o < n_out; ++o) out[r * n_out + o] += b[o];
 }
@@ -78,6 +97,10 @@ void Linear<T>::backward_bias(const T* dout, std::int64_t rows) const {
   if (bias_ < 0) return;
   const std::int64_t n_out = options_.out;
   T* db = store_->grad(bias_);
+#if NDMESH_WITH_CUDA
+  if constexpr (std::is_same_v<T, float>)
+    if (store_->device() == Device::kCuda) return cuda::bias_backward(db, dout, rows, n_out);
+#endif
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t o = 0; o < n_out; ++o) db[o] += dout[r * n_out + o];
 }

@@ -4,6 +4,7 @@
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/nn/gelu.hpp"
+#include "ndmesh/tensor/ops.hpp"
 
 namespace ndmesh::nn {
 
@@ -28,7 +29,7 @@ Mlp<T>::Mlp(ParamStore<T>& store, MlpOptions options)
 template <typename T>
 void Mlp<T>::forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const {
   fc_.forward(inp, acts.fc.data(), rows);
-  Gelu<T>::forward(acts.fc.data(), acts.gelu.data(), rows * local_ffn());
+  Gelu<T>::forward(acts.fc.data(), acts.gelu.data(), rows * local_ffn(), fc_.device());
   proj_.forward(acts.gelu.data(), out, rows);
 }
 
@@ -38,9 +39,9 @@ void Mlp<T>::backward(const T* dout, const T* inp, const MlpActivations<T>& acts
   const std::int64_t n = rows * local_ffn();
   T* dgelu = scratch;
   T* dfc = scratch + n;
-  std::fill(scratch, scratch + 2 * n, T(0));
+  ops::zero(scratch, 2 * n, fc_.device());
   proj_.backward(dout, acts.gelu.data(), dgelu, rows);
-  Gelu<T>::backward(dgelu, acts.fc.data(), dfc, n);
+  Gelu<T>::backward(dgelu, acts.fc.data(), dfc, n, fc_.device());
   fc_.backward(dfc, inp, dinp, rows);
 }
 

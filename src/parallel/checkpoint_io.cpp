@@ -136,7 +136,7 @@ CheckpointInfo load_checkpoint_dir(const std::string& dir, StateDict& state, con
                       model::kManifestFile, e.view->name);
       model::read_tensor(dir, manifest, *t, *e.view, e.params, e.m, e.v);
     }
-    state.commit_moments();
+    state.commit();
     info = {.spec = manifest.spec,
             .step = manifest.step,
             .adam_steps = manifest.adam_steps,

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/tensor/ops.hpp"
 
 namespace ndmesh::parallel {
 
@@ -98,8 +99,7 @@ double GradSync::counted_square_sum() const {
       if (static_cast<int>(c) == tied_copy_chunk_ && v.name == "embed.tokens") continue;  // the embedding's counts
       reducers_[c]->for_each_counted(g.params().grads().data(), v.offset, v.numel,
                                      [&](const float* x, std::int64_t n, std::int64_t) {
-                                       for (std::int64_t i = 0; i < n; ++i)
-                                         sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+                                       sum += ops::square_sum(x, n, g.device());
                                      });
     }
   }

@@ -23,7 +23,7 @@ void Optimizer::set_steps(std::int64_t steps) {
 
 std::int64_t Optimizer::state_elements() const {
   std::int64_t n = 0;
-  for (const auto& a : adams_) n += static_cast<std::int64_t>(a->m().size() + a->v().size());
+  for (const auto& a : adams_) n += static_cast<std::int64_t>(a->m().size() + a->v().size());  // sizes: any device
   return n;
 }
 

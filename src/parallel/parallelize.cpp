@@ -73,6 +73,7 @@ RankModel parallelize(const TrainOptions& o, ProcessGroups& groups) {
   apply_pipeline_parallel(plan, groups, o);
   apply_data_parallel(plan, groups, o);
   apply_recompute(plan, o);
+  apply_device(plan, groups, o);
 
   m.chunks = build_chunks(plan);
   return m;
@@ -89,7 +90,8 @@ std::vector<std::unique_ptr<model::Gpt>> build_chunks(const ModelPlan& plan) {
                                                                     .last_block = c.last_block,
                                                                     .pad_to = plan.pad_to,
                                                                     .recompute = plan.recompute,
-                                                                    .split_backward = plan.split_backward},
+                                                                    .split_backward = plan.split_backward,
+                                                                    .device = plan.device},
                                                   plan.tp));
     model::Gpt& g = *chunks.back();
     // The chunks of a rank run one backward at a time: one recompute workspace for all.

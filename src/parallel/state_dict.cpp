@@ -13,6 +13,8 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
   const bool pipelined = model.plan.pp.size() > 1;
   m_.resize(model.chunks.size());
   v_.resize(model.chunks.size());
+  host_params_.resize(model.chunks.size());
+  for (auto& c : model.chunks) chunks_.push_back(c.get());
   for (std::size_t c = 0; c < model.chunks.size(); ++c) {
     model::Gpt& g = *model.chunks[c];
     const auto size = g.params().params().size();
@@ -20,10 +22,12 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
     v_[c].assign(size, 0.0f);
     if (gather_moments) {
       const nn::AdamW<float>& adam = optimizer.adam(c);
+      std::vector<float> am, av;  // the owned segments one after another, on the host
+      adam.moments_to_host(am, av);
       std::int64_t at = 0;
       for (const nn::Segment& seg : adam.segments()) {
-        std::copy_n(adam.m().begin() + at, seg.count, m_[c].begin() + seg.offset);
-        std::copy_n(adam.v().begin() + at, seg.count, v_[c].begin() + seg.offset);
+        std::copy_n(am.begin() + at, seg.count, m_[c].begin() + seg.offset);
+        std::copy_n(av.begin() + at, seg.count, v_[c].begin() + seg.offset);
         at += seg.count;
       }
       if (sync.zero() > 0) {  // each element is owned by one member of the group: a sum gathers
@@ -32,7 +36,13 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
       }
     }
     const bool tied_copy = pipelined && model.plan.spec.tied_embeddings && g.has_head() && !g.has_embedding();
+    // On a device the entries point into a host copy of the parameters (downloaded here
+    // for a save; commit() uploads it after a load).
     float* p = g.params().params().data();
+    if (g.params().device() != Device::kCpu) {
+      host_params_[c] = gather_moments ? g.params().params_to_host() : std::vector<float>(size, 0.0f);
+      p = host_params_[c].data();
+    }
     for (const ParamView& view : g.params().views()) {
       const bool writes = writer && (view.shard.sharded() || tp_rank == 0) && !(tied_copy && view.name == "embed.tokens");
       entries_.push_back({.view = &view,
@@ -45,15 +55,16 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
   if (writer) file_ = fmt::format("shard-pp{:03}-tp{:03}.bin", model.plan.pp.rank(), tp_rank);
 }
 
-void StateDict::commit_moments() {
+void StateDict::commit() {
   for (std::size_t c = 0; c < m_.size(); ++c) {
     nn::AdamW<float>& adam = optimizer_.adam(c);
-    std::int64_t at = 0;
+    std::vector<float> am, av;  // the owned segments one after another
     for (const nn::Segment& seg : adam.segments()) {
-      std::copy_n(m_[c].begin() + seg.offset, seg.count, adam.m().begin() + at);
-      std::copy_n(v_[c].begin() + seg.offset, seg.count, adam.v().begin() + at);
-      at += seg.count;
+      am.insert(am.end(), m_[c].begin() + seg.offset, m_[c].begin() + seg.offset + seg.count);
+      av.insert(av.end(), v_[c].begin() + seg.offset, v_[c].begin() + seg.offset + seg.count);
     }
+    adam.moments_from_host(am.data(), av.data());
+    if (!host_params_[c].empty()) chunks_[c]->params().params_from_host(host_params_[c].data());
   }
 }
 

@@ -3,13 +3,14 @@
 #include <algorithm>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/tensor/ops.hpp"
 #include "ndmesh/tensor/tensor.hpp"
 
 namespace ndmesh {
 
 template <typename T>
 int ParamStore<T>::add(std::string name, std::vector<std::int64_t> shape, bool decay, ParamShard shard) {
-  NDMESH_CHECK(params_.empty(), "nn", "parameter '{}' declared after the store was allocated", name);
+  NDMESH_CHECK(params_.numel() == 0, "nn", "parameter '{}' declared after the store was allocated", name);
   NDMESH_CHECK(find(name) < 0, "nn", "parameter '{}' declared twice", name);
   std::int64_t numel = shape_numel(shape);
   NDMESH_CHECK(numel > 0, "nn", "parameter '{}' has no elements", name);
@@ -30,11 +31,29 @@ int ParamStore<T>::add(std::string name, std::vector<std::int64_t> shape, bool d
 
 template <typename T>
 void ParamStore<T>::allocate(std::int64_t multiple) {
-  NDMESH_CHECK(params_.empty(), "nn", "parameter store allocated twice");
+  NDMESH_CHECK(params_.numel() == 0, "nn", "parameter store allocated twice");
   NDMESH_CHECK(multiple >= 1, "nn", "padding multiple {} must be at least 1", multiple);
   size_ = (size_ + multiple - 1) / multiple * multiple;
-  params_.assign(static_cast<std::size_t>(size_), T(0));
-  grads_.assign(static_cast<std::size_t>(size_), T(0));
+  params_.resize({size_});
+  grads_.resize({size_});
+}
+
+template <typename T>
+void ParamStore<T>::to(Device device) {
+  if (device == params_.device()) return;
+  ops::check_device<T>(device);
+  const std::vector<T> host = params_.to_host();
+  params_.set_device(device);
+  grads_.set_device(device);
+  params_from_host(host.data());
+}
+
+template <typename T>
+void ParamStore<T>::params_from_host(const T* host) {
+  if (params_.device() == Device::kCpu)
+    std::copy(host, host + size_, params_.data());
+  else
+    cuda::copy_to_device(params_.data(), host, static_cast<std::size_t>(size_) * sizeof(T));
 }
 
 template <typename T>
@@ -53,7 +72,7 @@ std::int64_t ParamStore<T>::parameter_count() const {
 
 template <typename T>
 void ParamStore<T>::zero_grad() {
-  std::fill(grads_.begin(), grads_.end(), T(0));
+  grads_.zero();
 }
 
 template <typename T>

@@ -50,6 +50,7 @@ struct Options {
   std::string allreduce = "mpi";
   std::string cp_layout = "zigzag";
   std::string recompute = "none";
+  std::string device = "cpu", precision = "fp32";
   std::int64_t layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 0, seq = 64, vocab = 0;
   bool untied = false;
   std::int64_t batch = 16, steps = 1000, warmup = 20;
@@ -110,7 +111,9 @@ parallel::TrainOptions train_options(const Options& o, std::int64_t vocab, std::
                                   .trace_steps = o.trace_steps},
                            .cp_layout = parallel::parse_cp_layout(o.cp_layout),
                            .sequence_parallel = o.sequence_parallel,
-                           .recompute = *nn::parse_recompute(o.recompute)};
+                           .recompute = *nn::parse_recompute(o.recompute),
+                           .device = parse_device(o.device).value_or(Device::kCpu),
+                           .precision = o.precision == "bf16" ? parallel::Precision::kBf16 : parallel::Precision::kFp32};
 }
 
 void validate(const Options& o) {
@@ -148,6 +151,8 @@ void validate(const Options& o) {
   }
   need(nn::parse_recompute(o.recompute).has_value(), "--recompute", o.recompute,
        "is not a recompute mode (none, selective, full)", "selective");
+  need(parse_device(o.device).has_value(), "--device", o.device, "is not a device (cpu, cuda)", "cuda");
+  need(o.precision == "fp32" || o.precision == "bf16", "--precision", o.precision, "must be fp32 or bf16", "fp32");
   // The options the runtime checks itself (parallel::train_option_problems), checked here
   // too so that a bad value fails before any rank starts.
   if (auto problems = parallel::train_option_problems(train_options(o, 0, 0)); !problems.empty())
@@ -237,8 +242,11 @@ int train(Options o, comm::Communicator& world) {
   // A context-parallel rank keeps the activations of its seq / cp tokens.
   const std::int64_t local_seq = std::max<std::int64_t>(1, o.seq / std::max<std::int64_t>(1, layout.mesh.size_of("cp")));
   // A tensor-parallel rank holds about 1/tp of the parameters and activations.
-  const double rank_bytes = model::gpt_memory_elements(t.model, micro, local_seq) * sizeof(float) * 3 / 2 /
-                            static_cast<double>(std::max<std::int64_t>(1, layout.mesh.size_of("tp")));
+  // (On a GPU the model lives in device memory: the device allocator reports what does not fit.)
+  const double rank_bytes =
+      t.device != Device::kCpu ? 0.0
+                               : model::gpt_memory_elements(t.model, micro, local_seq) * sizeof(float) * 3 / 2 /
+                                     static_cast<double>(std::max<std::int64_t>(1, layout.mesh.size_of("tp")));
   const std::int64_t node_ranks = world.size() > 1 ? comm::resolve_launch_env(world).local_world_size.value_or(1) : 1;
   const double node_memory =
       static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
@@ -431,6 +439,8 @@ int train(Options o, comm::Communicator& world) {
     j["zero"] = o.zero;
     j["sequence_parallel"] = o.sequence_parallel;
     j["recompute"] = o.recompute;
+    j["device"] = o.device;
+    j["precision"] = o.precision;
     // What the last step moved over this rank's tp group (bytes of the full buffers).
     auto count = [](const parallel::CommCount& c) { return nlohmann::ordered_json{{"calls", c.calls}, {"bytes", c.bytes}}; };
     j["tp_comm_per_step"] = {{"all_reduce", count(tp_comm.all_reduce)},
@@ -451,6 +461,7 @@ int train(Options o, comm::Communicator& world) {
                          {"activations", mem.activations},
                          {"activation_buffers", mem.activation_buffers},
                          {"grad_workspace", mem.grad_workspace},
+                         {"device_peak", mem.device_peak},
                          {"peak_rss", slowest[4]}};
     // memory_bytes.activations is rank 0's; every rank's, and each stage's largest:
     j["activation_bytes_per_rank"] = act_per_rank;
@@ -532,6 +543,13 @@ Action setup(CLI::App& app) {
   app.add_option("--schedule", o->schedule, "pipeline schedule: gpipe, 1f1b, interleaved or zb-h1")
       ->capture_default_str()
       ->group("Parallel");
+  app.add_option("--device", o->device,
+                 "where the model runs: cpu (the fp32 reference) or cuda (one GPU per rank; built where the CUDA "
+                 "toolkit is found; one rank for now)")
+      ->capture_default_str();
+  app.add_option("--precision", o->precision,
+                 "fp32, or bf16 mixed precision (GPUs; not implemented yet)")
+      ->capture_default_str();
   app.add_option(
          "--recompute", o->recompute,
          "activation recompute: none, selective (the backward re-runs the attention core; its "

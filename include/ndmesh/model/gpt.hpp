@@ -56,6 +56,11 @@ struct GptOptions {
   /// weight gradients read the linears' inputs later, so under sequence parallelism the
   /// gathered norm outputs are kept per micro-batch instead of gathered again.
   bool split_backward = false;
+  /// Where the parameters, gradients and activations live (float only on CUDA). The model is
+  /// initialised on the host and then placed; tokens, targets and positions are given on the
+  /// host and copied. ConfigError when the device cannot run here, or on CUDA with tensor
+  /// parallelism (not yet available on GPUs).
+  Device device = Device::kCpu;
 };
 
 /// Every problem with a ModelSpec for this model, one line each (field, value, fix).
@@ -86,6 +91,8 @@ struct GptActivations {
   Tensor<T> lnf_full;    ///< sequence parallel with a split backward only: lnf gathered, [N, C]
   Tensor<T> probs;       ///< [N, V / tp] logits, then probabilities in place (last stage)
   Tensor<T> losses;      ///< [N] per-token loss (last stage)
+  /// On CUDA: the tokens and targets in device memory (the kernels read them there).
+  Tensor<std::int32_t> device_tokens, device_targets;
   bool have_targets = false;
 
   /// Bytes allocated here: every tensor, the tokens and the targets.
@@ -94,7 +101,9 @@ struct GptActivations {
     for (const auto& b : blocks) n += b.bytes();
     for (const Tensor<T>* t : {&input, &lnf, &lnf_mean, &lnf_rstd, &lnf_full, &probs, &losses})
       n += t->numel() * static_cast<std::int64_t>(sizeof(T));
-    return n + static_cast<std::int64_t>((tokens.size() + targets.size()) * sizeof(std::int32_t));
+    const std::int64_t ints = static_cast<std::int64_t>(tokens.size() + targets.size()) + device_tokens.numel() +
+                              device_targets.numel();
+    return n + ints * static_cast<std::int64_t>(sizeof(std::int32_t));
   }
 };
 
@@ -137,6 +146,8 @@ class GptT {
   void set_tp_grad_sync(bool sync) { tp_grad_sync_ = sync; }
   const nn::TpContext<T>& tp() const { return tp_; }
   double loss_weight() const { return loss_weight_; }
+  /// Where the parameters, gradients and activations live.
+  Device device() const { return device_; }
 
   /// Called during backward() whenever the gradients of a suffix of the flat buffer are
   /// final for this backward: `from` is the element offset from which every gradient is
@@ -224,6 +235,14 @@ class GptT {
   void lend(nn::BlockActivations<T>& acts, std::size_t l);
   // Sums over tp the gradients of the grad_sum views in [from, to) of the flat buffer.
   void sum_tp_grads(std::int64_t from, std::int64_t to);
+  // The positions where the kernels read them (device memory on CUDA).
+  const std::int64_t* positions_here() const {
+    return device_ == Device::kCpu ? positions_.data() : positions_device_.data();
+  }
+  // Copies n host integers of [0, limit) into `dst` on the model's device (ConfigError
+  // naming `what` for one outside the range: the kernels do not check).
+  void upload_checked(Tensor<std::int32_t>& dst, const std::int32_t* src, std::int64_t n, std::int64_t limit,
+                      const char* what) const;
 
   ModelSpec spec_;
   nn::TpContext<T> tp_;
@@ -241,6 +260,8 @@ class GptT {
   GradsFinalHook grads_final_;
   std::function<void()> progress_;
   std::vector<std::int64_t> positions_;
+  Tensor<std::int64_t> positions_device_;  // CUDA: positions_ on the device
+  Device device_ = Device::kCpu;
   std::shared_ptr<const nn::AttentionCore<T>> core_;
   std::vector<std::int64_t> block_offset_;  ///< flat offset of each block's first parameter
   std::int64_t head_offset_ = 0;            ///< flat offset of the final norm's first parameter

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ndmesh/tensor/params.hpp"
+#include "ndmesh/tensor/tensor.hpp"
 
 namespace ndmesh::nn {
 
@@ -53,11 +54,15 @@ class AdamW {
   const AdamWOptions& options() const { return options_; }
   /// Updates done so far.
   std::int64_t steps() const { return t_; }
-  /// First and second moments, laid out like the flat parameter buffer (checkpoints).
-  std::span<T> m() { return m_; }
-  std::span<T> v() { return v_; }
-  std::span<const T> m() const { return m_; }
-  std::span<const T> v() const { return v_; }
+  /// First and second moments of the owned segments, one after another (on the store's
+  /// device: CPU only through these spans; moments_to_host / moments_from_host anywhere).
+  std::span<T> m() { return {m_.data(), static_cast<std::size_t>(m_.numel())}; }
+  std::span<T> v() { return {v_.data(), static_cast<std::size_t>(v_.numel())}; }
+  std::span<const T> m() const { return {m_.data(), static_cast<std::size_t>(m_.numel())}; }
+  std::span<const T> v() const { return {v_.data(), static_cast<std::size_t>(v_.numel())}; }
+  /// The moments on the host (checkpoints), and back.
+  void moments_to_host(std::vector<T>& m, std::vector<T>& v) const;
+  void moments_from_host(const T* m, const T* v);
   /// Restores the step count (the moments are restored through m() and v()).
   void set_steps(std::int64_t t) { t_ = t; }
   /// The owned segments.
@@ -75,8 +80,8 @@ class AdamW {
   std::vector<Segment> segments_;
   std::vector<Piece> pieces_;
   std::int64_t t_ = 0;
-  std::vector<T> m_;
-  std::vector<T> v_;
+  Tensor<T> m_;
+  Tensor<T> v_;
 };
 
 }  // namespace ndmesh::nn

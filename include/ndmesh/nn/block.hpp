@@ -139,8 +139,17 @@ class Block {
   const LayerNorm<T>& ln2() const { return ln2_; }
   const Mlp<T>& mlp() const { return mlp_; }
   const TpContext<T>& tp() const { return tp_; }
+  /// Where its parameters and activations live (its store's device); on CUDA the pointers
+  /// passed (inputs, positions) are device memory too.
+  Device device() const { return ln1_.device(); }
 
  private:
+  // The attention core where the block runs: the CUDA kernel, the ring (`core`) or the
+  // local kernel; acts.atty and acts.lse from acts.qkv, and its backward into scratch.dqkv.
+  void attention_forward(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq,
+                         const AttentionCore<T>* core, const std::int64_t* positions) const;
+  void attention_backward(const BlockActivations<T>& acts, BlockScratch<T>& scratch, std::int64_t batch,
+                          std::int64_t seq, const AttentionCore<T>* core, const std::int64_t* positions) const;
   BlockOptions options_;
   TpContext<T> tp_;
   mutable Tensor<T> partial_;  // sequence parallel: a row-parallel output before its reduce-scatter

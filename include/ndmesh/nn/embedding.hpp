@@ -43,7 +43,9 @@ class Embedding {
                 std::int64_t position_offset = 0) const;
 
   /// Same with the global position of each of the seq rows (the same for every sequence of
-  /// the batch): out[b, t, :] = wte[token[b, t], :] + wpe[positions[t], :].
+  /// the batch): out[b, t, :] = wte[token[b, t], :] + wpe[positions[t], :]. On CUDA (the
+  /// store's device) tokens and positions are device memory too, and the caller has checked
+  /// them on the host (a GPU run has no sequence parallelism yet).
   void forward_at(const std::int32_t* tokens, T* out, std::int64_t batch, std::int64_t seq,
                   const std::int64_t* positions) const;
   void backward_at(const T* dout, const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,

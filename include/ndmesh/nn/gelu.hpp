@@ -4,15 +4,17 @@
 
 #include <cstdint>
 
+#include "ndmesh/tensor/device.hpp"
+
 namespace ndmesh::nn {
 
 /// Element-wise GELU; no parameters.
 template <typename T>
 struct Gelu {
-  /// out[i] = gelu(inp[i]) for n elements.
-  static void forward(const T* inp, T* out, std::int64_t n);
+  /// out[i] = gelu(inp[i]) for n elements (on `device`).
+  static void forward(const T* inp, T* out, std::int64_t n, Device device = Device::kCpu);
   /// dinp[i] += gelu'(inp[i]) * dout[i].
-  static void backward(const T* dout, const T* inp, T* dinp, std::int64_t n);
+  static void backward(const T* dout, const T* inp, T* dinp, std::int64_t n, Device device = Device::kCpu);
 };
 
 }  // namespace ndmesh::nn

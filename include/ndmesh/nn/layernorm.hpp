@@ -33,6 +33,8 @@ class LayerNorm {
 
   /// The options it was built with.
   const LayerNormOptions& options() const { return options_; }
+  /// Where its parameters live (its store's device; the pointers passed must live there too).
+  Device device() const { return store_->device(); }
 
  private:
   ParamStore<T>* store_;

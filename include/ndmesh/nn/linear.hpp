@@ -53,6 +53,8 @@ class Linear {
 
   /// The options it was built with.
   const LinearOptions& options() const { return options_; }
+  /// Where its parameters live (its store's device).
+  Device device() const { return store_->device(); }
   /// The [out, in] weight (shared when tied).
   int weight_id() const { return weight_; }
   /// -1 without bias.

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "ndmesh/tensor/ops.hpp"
 #include "ndmesh/tensor/params.hpp"
 
 namespace ndmesh::nn {
@@ -74,6 +75,7 @@ template <typename T>
 struct TpContext {
   std::shared_ptr<TpComm<T>> comm = std::make_shared<TpComm<T>>();  ///< the group (default: of one)
   bool sequence_parallel = false;  ///< norms and residuals hold 1/size() of the token rows
+  Device device = Device::kCpu;    ///< where the layers' buffers live (the copies below run there)
 
   int rank() const { return comm->rank(); }
   int size() const { return comm->size(); }
@@ -119,7 +121,7 @@ struct TpContext {
       return;
     }
     comm->all_reduce_sum(full, n);
-    if (local != full) std::copy(full, full + n, local);
+    if (local != full) ops::copy(local, full, n, device);
   }
 };
 

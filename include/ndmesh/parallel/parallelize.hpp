@@ -12,7 +12,8 @@
 //      chunks, the schedule, which chunks this rank holds;
 //   4. data parallelism (parallel/dp/apply.cpp): the gradient group (dp, or dp x cp) and the
 //      ZeRO padding of the flat buffers;
-//   5. activation recompute (parallel/recompute.cpp).
+//   5. activation recompute (parallel/recompute.cpp);
+//   6. the device (parallel/device.cpp): where the chunks run, and what a GPU run supports.
 // Then one Gpt per local chunk is built from the plan. Adding a strategy adds a
 // transformation and the fields it sets; it edits no other strategy's code.
 #pragma once
@@ -62,6 +63,8 @@ struct ModelPlan {
   std::int64_t pad_to = 1;  ///< flat buffers padded to a multiple of this (ZeRO shards)
   // Activation recompute.
   nn::Recompute recompute = nn::Recompute::kNone;
+  // Where the chunks run.
+  Device device = Device::kCpu;
 };
 
 /// This rank's part of the model: the plan and one Gpt per local chunk.
@@ -86,6 +89,7 @@ void apply_context_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainO
 void apply_pipeline_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& options);
 void apply_data_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& options);
 void apply_recompute(ModelPlan& plan, const TrainOptions& options);
+void apply_device(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& options);
 
 /// One Gpt per chunk of the plan (the chunks of a rank share one recompute workspace).
 std::vector<std::unique_ptr<model::Gpt>> build_chunks(const ModelPlan& plan);

@@ -20,7 +20,7 @@
 
 namespace ndmesh::parallel {
 
-/// One parameter slice of this rank.
+/// One parameter slice of this rank (host memory: on a device, a copy).
 struct StateEntry {
   const ParamView* view = nullptr;  ///< logical name, local shape, tp split
   float* params = nullptr;          ///< view->numel elements each
@@ -43,12 +43,15 @@ class StateDict {
   std::span<const StateEntry> entries() const { return entries_; }
   /// The shard file this rank writes ("shard-ppSSS-tpTTT.bin"); empty when it writes none.
   const std::string& file() const { return file_; }
-  /// After a load filled the entries: their moments into the optimizer's segments.
-  void commit_moments();
+  /// After a load filled the entries: their moments into the optimizer's segments, and on a
+  /// device the parameters from the host copy onto it.
+  void commit();
 
  private:
   Optimizer& optimizer_;
+  std::vector<model::Gpt*> chunks_;
   std::vector<std::vector<float>> m_, v_;  // per chunk, laid out like its flat buffer
+  std::vector<std::vector<float>> host_params_;  // per chunk on a device: the parameters on the host
   std::vector<StateEntry> entries_;
   std::string file_;
 };

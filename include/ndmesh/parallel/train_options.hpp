@@ -12,6 +12,7 @@
 #include "ndmesh/parallel/cp/ring_attention.hpp"
 #include "ndmesh/parallel/dp/grad_reducer.hpp"
 #include "ndmesh/parallel/pp/schedule.hpp"
+#include "ndmesh/tensor/device.hpp"
 
 namespace ndmesh::parallel {
 
@@ -24,6 +25,12 @@ struct PipelineOptions {
   std::string drop_action;              ///< test hook "STAGE:INDEX": that stage skips that action
   std::int64_t trace_steps = 32;        ///< --trace-steps: the pipeline trace keeps the last this many steps
 };
+
+/// Arithmetic of a run: fp32 everywhere (the CPU reference and its CUDA twin), or bf16 mixed
+/// precision (bf16 weights copy and activations, fp32 master weights, AdamW state and loss).
+enum class Precision { kFp32, kBf16 };
+/// "fp32", "bf16".
+const char* precision_name(Precision p);
 
 /// Options of a training run.
 struct TrainOptions {
@@ -43,6 +50,9 @@ struct TrainOptions {
   bool sequence_parallel = false;
   /// Activation recomputation (--recompute; see nn::Recompute): the same losses bit for bit.
   nn::Recompute recompute = nn::Recompute::kNone;
+  /// Where the model runs (--device): the CPU reference, or one GPU per rank.
+  Device device = Device::kCpu;
+  Precision precision = Precision::kFp32;  ///< --precision
 };
 
 /// Every problem with the values of `options` that no layout changes (one line each naming

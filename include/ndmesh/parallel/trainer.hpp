@@ -82,6 +82,9 @@ struct MemoryBytes {
   /// gradient before it is sent back.
   double activation_buffers = 0;
   double grad_workspace = 0;  ///< ZeRO-2: the full-size buffer the backward writes into
+  /// --device cuda: the most device memory this process's allocator handed out at once
+  /// (parameters, gradients, optimizer state, activations and work space); 0 on the CPU.
+  double device_peak = 0;
 };
 
 /// The runtime of one rank: its model chunks, batches, gradient synchronisation,

@@ -1,5 +1,5 @@
 // ParamStore: every parameter and gradient of a model in ONE flat buffer each, with
-// named views (name, offset, shape).
+// named views (name, offset, shape), on the CPU or a GPU (to()).
 //
 // Layers declare their parameters when they are constructed (add()), then the owner
 // allocates both buffers once (allocate()). One flat buffer means the optimizer, the
@@ -13,6 +13,9 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "ndmesh/tensor/device.hpp"
+#include "ndmesh/tensor/tensor.hpp"
 
 namespace ndmesh {
 
@@ -68,7 +71,16 @@ class ParamStore {
   /// a ZeRO shard split of the buffer is even). After this no parameter can be added.
   void allocate(std::int64_t multiple = 1);
   /// True once allocate() ran (or when nothing was declared).
-  bool allocated() const { return !params_.empty() || views_.empty(); }
+  bool allocated() const { return params_.numel() > 0 || views_.empty(); }
+  /// Moves both buffers to `device`: the parameters are copied, the gradients zeroed (a
+  /// model is initialised on the host, then placed). ConfigError when `device` cannot hold T.
+  void to(Device device);
+  /// Where the buffers live.
+  Device device() const { return params_.device(); }
+  /// A copy of the parameters on the host (size() elements).
+  std::vector<T> params_to_host() const { return params_.to_host(); }
+  /// Overwrites the parameters with size() elements from the host.
+  void params_from_host(const T* host);
 
   /// The parameter / gradient elements of a view.
   T* param(int id) { return params_.data() + views_.at(static_cast<std::size_t>(id)).offset; }
@@ -76,11 +88,12 @@ class ParamStore {
   T* grad(int id) { return grads_.data() + views_.at(static_cast<std::size_t>(id)).offset; }
   const T* grad(int id) const { return grads_.data() + views_.at(static_cast<std::size_t>(id)).offset; }
 
-  /// The whole flat buffers, padding included.
-  std::span<T> params() { return params_; }
-  std::span<const T> params() const { return params_; }
-  std::span<T> grads() { return grads_; }
-  std::span<const T> grads() const { return grads_; }
+  /// The whole flat buffers, padding included (device memory on CUDA: the span is an
+  /// address and a size, not to be read on the host).
+  std::span<T> params() { return {params_.data(), static_cast<std::size_t>(params_.numel())}; }
+  std::span<const T> params() const { return {params_.data(), static_cast<std::size_t>(params_.numel())}; }
+  std::span<T> grads() { return {grads_.data(), static_cast<std::size_t>(grads_.numel())}; }
+  std::span<const T> grads() const { return {grads_.data(), static_cast<std::size_t>(grads_.numel())}; }
 
   /// Every declared parameter, in declaration order.
   const std::vector<ParamView>& views() const { return views_; }
@@ -101,8 +114,8 @@ class ParamStore {
  private:
   std::vector<ParamView> views_;
   std::int64_t size_ = 0;
-  std::vector<T> params_;
-  std::vector<T> grads_;
+  Tensor<T> params_;
+  Tensor<T> grads_;
 };
 
 }  // namespace ndmesh

@@ -1,9 +1,11 @@
-// Tensor: a contiguous, row-major array of float or double with a shape.
+// Tensor: a contiguous, row-major array of float or double with a shape, on a device.
 //
 // The layers in ndmesh/nn work on raw pointers into buffers like this one (llm.c style);
-// Tensor only owns memory and remembers the shape, so that buffers can be named after
-// what they hold and sized once. Scalars are float for training and double for the
-// finite-difference checks.
+// Tensor only owns memory and remembers the shape and the device, so that buffers can be
+// named after what they hold and sized once. Scalars are float for training and double for
+// the finite-difference checks. On the CPU the elements are a std::vector (the reference
+// path, unchanged); on CUDA (tensor/device.hpp) they are device memory from the caching
+// allocator, addressed by data() but not by operator[] or span().
 #pragma once
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/tensor/device.hpp"
 
 namespace ndmesh {
 
@@ -28,38 +31,77 @@ template <typename T>
 class Tensor {
  public:
   Tensor() = default;
-  /// A zero tensor of the given shape.
-  explicit Tensor(std::vector<std::int64_t> shape) { resize(std::move(shape)); }
+  /// A zero tensor of the given shape on `device`.
+  explicit Tensor(std::vector<std::int64_t> shape, Device device = Device::kCpu) : device_(device) {
+    resize(std::move(shape));
+  }
 
   /// Reshapes and zeroes; reallocates only when the element count grows.
   void resize(std::vector<std::int64_t> shape) {
     for (auto s : shape) NDMESH_CHECK(s >= 0, "tensor", "negative size {} in a shape", s);
     shape_ = std::move(shape);
-    data_.assign(static_cast<std::size_t>(shape_numel(shape_)), T(0));
+    const auto n = static_cast<std::size_t>(shape_numel(shape_));
+    if (device_ == Device::kCpu) {
+      data_.assign(n, T(0));
+      return;
+    }
+    if (n * sizeof(T) > device_data_.bytes()) device_data_ = DeviceBuffer(n * sizeof(T));
+    numel_ = static_cast<std::int64_t>(n);
+    cuda::memset_zero(device_data_.data(), n * sizeof(T));
   }
   /// Sets every element to zero.
-  void zero() { std::fill(data_.begin(), data_.end(), T(0)); }
+  void zero() {
+    if (device_ == Device::kCpu)
+      std::fill(data_.begin(), data_.end(), T(0));
+    else
+      cuda::memset_zero(device_data_.data(), static_cast<std::size_t>(numel_) * sizeof(T));
+  }
+  /// Moves the (zeroed) storage to `device`: an empty tensor, or a resize() that follows,
+  /// allocates there. Used once, when a model is placed on its device.
+  void set_device(Device device) {
+    if (device == device_) return;
+    device_ = device;
+    data_.clear();
+    data_.shrink_to_fit();
+    device_data_ = DeviceBuffer();
+    numel_ = 0;
+    if (!shape_.empty()) resize(shape_);
+  }
 
+  /// Where the elements live.
+  Device device() const { return device_; }
   /// The sizes, outermost first.
   const std::vector<std::int64_t>& shape() const { return shape_; }
   /// Size of dimension `d`.
   std::int64_t size(std::size_t d) const { return shape_.at(d); }
   /// Number of elements.
-  std::int64_t numel() const { return static_cast<std::int64_t>(data_.size()); }
+  std::int64_t numel() const { return device_ == Device::kCpu ? static_cast<std::int64_t>(data_.size()) : numel_; }
 
-  /// The elements, row-major.
-  T* data() { return data_.data(); }
-  const T* data() const { return data_.data(); }
-  /// The elements as a span (for ElementSpan::of and range loops).
+  /// The elements, row-major (device memory on CUDA).
+  T* data() { return device_ == Device::kCpu ? data_.data() : static_cast<T*>(device_data_.data()); }
+  const T* data() const {
+    return device_ == Device::kCpu ? data_.data() : static_cast<const T*>(device_data_.data());
+  }
+  /// The elements as a span (CPU only: for ElementSpan::of and range loops).
   std::span<T> span() { return data_; }
   std::span<const T> span() const { return data_; }
-  /// Element i of the flat (row-major) storage.
+  /// Element i of the flat (row-major) storage (CPU only).
   T& operator[](std::int64_t i) { return data_[static_cast<std::size_t>(i)]; }
   const T& operator[](std::int64_t i) const { return data_[static_cast<std::size_t>(i)]; }
+  /// A copy of the elements on the host (any device).
+  std::vector<T> to_host() const {
+    if (device_ == Device::kCpu) return data_;
+    std::vector<T> host(static_cast<std::size_t>(numel_));
+    cuda::copy_to_host(host.data(), device_data_.data(), host.size() * sizeof(T));
+    return host;
+  }
 
  private:
+  Device device_ = Device::kCpu;
   std::vector<std::int64_t> shape_;
-  std::vector<T> data_;
+  std::vector<T> data_;       // CPU
+  DeviceBuffer device_data_;  // CUDA: at least numel_ elements
+  std::int64_t numel_ = 0;    // CUDA
 };
 
 }  // namespace ndmesh

@@ -1,0 +1,35 @@
+// Element-wise helpers that run where the elements live: the CPU loop, or its CUDA twin
+// (nn/cuda_ops.hpp). The layers call these instead of std::copy / std::fill / a loop, so the
+// same layer code serves both devices. CUDA holds float only; double (the
+// finite-difference checks) is CPU only.
+#pragma once
+
+#include <cstdint>
+
+#include "ndmesh/tensor/device.hpp"
+
+namespace ndmesh::ops {
+
+/// dst[i] = src[i], i < n.
+template <typename T>
+void copy(T* dst, const T* src, std::int64_t n, Device device);
+/// dst[i] = 0, i < n.
+template <typename T>
+void zero(T* dst, std::int64_t n, Device device);
+/// dst[i] += src[i], i < n.
+template <typename T>
+void add(T* dst, const T* src, std::int64_t n, Device device);
+/// Sum of x[i]^2, i < n, in double (waits for the device).
+template <typename T>
+double square_sum(const T* x, std::int64_t n, Device device);
+
+/// C = alpha op(A) op(B) + beta C (ndmesh::gemm, tensor/blas.hpp) where the matrices live.
+template <typename T>
+void gemm(Device device, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+          const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc);
+
+/// ConfigError when `device` cannot hold elements of T (CUDA holds float only).
+template <typename T>
+void check_device(Device device);
+
+}  // namespace ndmesh::ops
