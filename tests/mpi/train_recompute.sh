@@ -87,7 +87,7 @@ run dp2_pp2_tp2 8 "--tp 2 --cp 1 --pp 2 --dp 2 --micro-batch 2 --schedule 1f1b" 
 expect_train_usage "--recompute=partial is not a recompute mode (none, selective, full)" 1 "${common[@]}" \
   --recompute partial
 for mode in selective full; do
-  expect_train_usage "--recompute=$mode with --schedule zb-h1" 2 "${common[@]}" --pp 2 --micro-batch 2 \
+  expect_train_usage "--recompute with --schedule zb-h1" 2 "${common[@]}" --pp 2 --micro-batch 2 \
     --schedule zb-h1 --recompute $mode
 done
 echo "train_recompute: OK"

@@ -81,7 +81,10 @@ if [ "$fault" = kill-node ]; then
   # mpirun notices at once; its message names the node.
   grep -qE "on node (node1|10\.77\.0\.2)" "$last_out" || fail "launch: the node is not named"
 else
-  grep -qE "^ndmesh: \[launch\] \[rank [0-9]\] \[comm\] all_reduce on group dp \(ranks [0-9],[0-9]\) timed out after 5 s; the group spans nodes node0,node1" \
+  # The first rank to time out may wait in the dp all-reduce of the gradients or in the
+  # step's world all-reduce of the loss and gradient squares: either group, named with its
+  # members and nodes.
+  grep -qE "^ndmesh: \[launch\] \[rank [0-9]\] \[comm\] all_reduce on group (dp|world) \(ranks [0-9,]+\) timed out after 5 s; the group spans nodes node0,node1" \
     "$last_out" || fail "launch: no line naming the group and its nodes"
 fi
 
