@@ -147,7 +147,10 @@ std::vector<std::string> training_problems(const TrainingRun& r, const ModelSpec
   if (r.pp > kMaxPipelineStages)
     out.push_back(fmt::format("--pp={} is above the limit of {} pipeline stages; use --pp {} or fewer", r.pp,
                               kMaxPipelineStages, kMaxPipelineStages));
-  else if (microbatches > 0 && r.vpp >= 1 && r.pp * microbatches * r.vpp > kMaxPipelineWork)
+  // Divisions, not products: --global-batch and --vpp may be anything up to 2^63 - 1.
+  else if (microbatches > 0 && r.vpp >= 1 && r.pp >= 1 &&
+           (microbatches > kMaxPipelineWork / r.pp || r.vpp > kMaxPipelineWork / (r.pp * microbatches) ||
+            r.pp * microbatches * r.vpp > kMaxPipelineWork))
     out.push_back(
         fmt::format("--pp x micro-batches x --vpp = {} x {} x {} exceeds {} pipeline actions per step; use "
                     "fewer micro-batches "

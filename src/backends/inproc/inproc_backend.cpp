@@ -34,6 +34,13 @@
 #include "ndmesh/core/log.hpp"
 
 namespace ndmesh::comm::inproc {
+
+// memcpy for a block that may be empty: an empty block's pointer may be null, which memcpy
+// does not allow even for 0 bytes.
+inline void copy_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
 namespace {
 
 using detail::CommImpl;
@@ -261,7 +268,7 @@ void compute(Slot& slot) {
     case Kind::kBroadcast: {
       const Part& root = parts[static_cast<std::size_t>(parts[0].root)];
       for (const Part& q : parts)
-        if (q.out.data != root.out.data) std::memcpy(q.out.data, root.out.data, root.out.bytes());
+        if (q.out.data != root.out.data) copy_bytes(q.out.data, root.out.data, root.out.bytes());
       break;
     }
     case Kind::kAllReduce: {
@@ -272,7 +279,7 @@ void compute(Slot& slot) {
         const T* x = static_cast<const T*>(parts[i].out.data);
         for (std::size_t j = 0; j < n; ++j) acc[j] = combine(acc[j], x[j], parts[0].op);
       }
-      for (const Part& q : parts) std::memcpy(q.out.data, acc.data(), n * sizeof(T));
+      for (const Part& q : parts) copy_bytes(q.out.data, acc.data(), n * sizeof(T));
       break;
     }
     case Kind::kReduceScatter: {
@@ -286,7 +293,7 @@ void compute(Slot& slot) {
           for (std::size_t j = 0; j < n; ++j) a[j] = combine(a[j], x[j], parts[0].op);
         }
       }
-      for (std::size_t r = 0; r < p; ++r) std::memcpy(parts[r].out.data, acc.data() + r * n, n * sizeof(T));
+      for (std::size_t r = 0; r < p; ++r) copy_bytes(parts[r].out.data, acc.data() + r * n, n * sizeof(T));
       break;
     }
     case Kind::kAllGather: {
@@ -294,7 +301,7 @@ void compute(Slot& slot) {
       std::vector<T> all(p * n);
       for (std::size_t i = 0; i < p; ++i)
         std::copy_n(static_cast<const T*>(parts[i].in.data), n, all.data() + i * n);
-      for (const Part& q : parts) std::memcpy(q.out.data, all.data(), p * n * sizeof(T));
+      for (const Part& q : parts) copy_bytes(q.out.data, all.data(), p * n * sizeof(T));
       break;
     }
     case Kind::kAllToAll: {
@@ -304,7 +311,7 @@ void compute(Slot& slot) {
         for (std::size_t i = 0; i < p; ++i)
           std::copy_n(block_of<T>(parts[i].in, j, n), n, all.data() + (j * p + i) * n);
       for (std::size_t j = 0; j < p; ++j)
-        std::memcpy(parts[j].out.data, all.data() + j * p * n, p * n * sizeof(T));
+        copy_bytes(parts[j].out.data, all.data() + j * p * n, p * n * sizeof(T));
       break;
     }
     case Kind::kBarrier:
@@ -524,7 +531,7 @@ class InprocComm final : public CommImpl {
           "match",
           r.src, r.data.count, dtype_name(r.data.dtype), s.data.count, dtype_name(s.data.dtype));
     else if (s.data.count > 0)
-      std::memcpy(r.data.data, s.data.data, s.data.bytes());
+      copy_bytes(r.data.data, s.data.data, s.data.bytes());
     s.done = r.done = true;
     job_->wake(ctx_->members[static_cast<std::size_t>(s.src)]);
     if (s.dst != s.src) job_->wake(ctx_->members[static_cast<std::size_t>(s.dst)]);
