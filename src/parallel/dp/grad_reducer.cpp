@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 #include "ndmesh/comm/communicator.hpp"
@@ -128,7 +129,8 @@ void GradReducer::progress_loop() {
       continue;
     }
     if (now - last_change > give_up) {
-      thread_gave_up_ = true;  // finish_backward() waits itself and reports the timeout
+      thread_gave_up_ = true;  // finish_backward() reports the timeout
+      thread_timed_out_ = true;
       done_cv_.notify_all();
       continue;
     }
@@ -196,6 +198,31 @@ void GradReducer::progress() {
   for (std::size_t i = 0; i < next_; ++i) poll(buckets_[i]);
 }
 
+void GradReducer::expire_if_stuck() {
+  // The thread polled for timeout_s_ without a bucket completing: the timeout has already
+  // passed, so the step's waits below must not start a second one (a dp reduction that
+  // cannot complete was reported after twice NDMESH_TIMEOUT_S). A short grace, polling,
+  // for a peer that arrived just now; then the job ends with the group's line.
+  const auto grace = std::chrono::duration<double>(std::max(0.05, 0.1 * timeout_s_));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    std::size_t stuck = buckets_.size();
+    for (std::size_t k = 0; k < buckets_.size(); ++k)
+      if (poll(buckets_[k])) --stuck;
+    if (stuck == 0) return;
+    if (std::chrono::steady_clock::now() - t0 > grace) {
+      std::size_t first = 0;
+      while (first < buckets_.size() && poll(buckets_[first])) ++first;
+      group_.abort_job(comm::kTimeoutExitCode, "comm",
+                       fmt::format("{} on group {} ({}) timed out after {:g} s: gradient bucket {} of {} (and {} "
+                                   "more) did not complete while the progress thread polled",
+                                   zero_ == 0 ? "all_reduce" : "reduce_scatter", group_.name(),
+                                   group_.members_string(), timeout_s_, first, buckets_.size(), stuck - 1));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 void GradReducer::finish_backward() {
   if (!reduce_now_) return;
   const double t0 = now_s();
@@ -207,6 +234,10 @@ void GradReducer::finish_backward() {
     active_.clear();
     thread_gave_up_ = false;
     if (thread_error_) std::rethrow_exception(std::exchange(thread_error_, nullptr));
+    if (std::exchange(thread_timed_out_, false)) {
+      lock.unlock();
+      expire_if_stuck();
+    }
   }
   for (Bucket& b : buckets_) {
     if (zero_ == 0)

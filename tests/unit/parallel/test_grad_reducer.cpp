@@ -307,5 +307,43 @@ TEST(GradReducer, TheProgressThreadCompletesBucketsAloneAfterAnIdleGapLongerThan
       {.timeout_s = 0.5});
 }
 
+TEST(GradReducer, AReductionThatCannotCompleteTimesOutOnceNotTwice) {
+  // Timeout 0.5 s; rank 1 never reduces. Rank 0's progress thread polls for 0.5 s and gives
+  // up; finish_backward then ends the job at once (after a grace of 0.05 s) instead of
+  // waiting a second timeout of its own (it took 1.0 s before).
+  double seconds = 0;
+  std::string what;
+  try {
+    comm::inproc::run(
+        2,
+        [&](const Communicator& world) {
+          const std::int64_t n = 512;
+          GradReducer reducer(world, n, {.bucket_mb = mb_of(128)});
+          std::vector<float> g(static_cast<std::size_t>(n), 1.0f);
+          if (world.rank() == 1) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+            return;
+          }
+          ASSERT_TRUE(reducer.progress_thread());
+          reducer.begin_backward(g.data(), true);
+          const auto t0 = std::chrono::steady_clock::now();
+          reducer.grads_final(0);
+          try {
+            reducer.finish_backward();
+          } catch (...) {
+            seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            throw;
+          }
+        },
+        {.timeout_s = 0.5});
+  } catch (const comm::TimeoutError& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("all_reduce on group "), std::string::npos) << what;
+  EXPECT_NE(what.find("timed out after 0.5 s: gradient bucket 0 of 4 (and 3 more)"), std::string::npos) << what;
+  EXPECT_GE(seconds, 0.5);
+  EXPECT_LT(seconds, 0.9) << "a second timeout ran after the progress thread's";
+}
+
 }  // namespace
 }  // namespace ndmesh::parallel

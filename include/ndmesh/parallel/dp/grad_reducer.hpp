@@ -162,6 +162,7 @@ class GradReducer {
   }
   void start(Bucket& b);
   bool poll(Bucket& b);
+  void expire_if_stuck();  // after the thread timed out: end the job unless every bucket completes
   void progress_loop();
 
   comm::Communicator group_;
@@ -184,6 +185,7 @@ class GradReducer {
   std::vector<Bucket*> active_;
   std::uint64_t handed_ = 0;  // buckets ever handed to the thread
   bool stop_ = false, thread_gave_up_ = false;
+  bool thread_timed_out_ = false;  // gave up after timeout_s_ without a bucket completing
   std::exception_ptr thread_error_;  // what the thread's polls threw; finish_backward rethrows
   std::atomic<std::int64_t> thread_completions_{0};
   double timeout_s_ = 0;  // the thread's give-up time (NDMESH_TIMEOUT_S of the constructing thread)
