@@ -90,9 +90,13 @@ template <typename T>
 void Embedding<T>::backward_at(const T* dout, const std::int32_t* tokens, std::int64_t batch,
                                std::int64_t seq, const std::int64_t* positions) const {
   const std::int64_t c = options_.channels, n = batch * seq;
-  NDMESH_CUDA_TWIN(store_->device(), cuda::embedding_backward(store_->grad(tokens_), store_->grad(positions_),
-                                                              tp_.g_backward(dout, nullptr, n, c), tokens, positions, n,
-                                                              seq, c, vocab_start_, local_vocab_))
+  // On CUDA the d output is used as it is: gathering it under sequence parallelism needs a
+  // device buffer, and CUDA runs one rank for now (parallel/device.cpp refuses more).
+  NDMESH_CUDA_TWIN(store_->device(), {
+    NDMESH_CHECK(!tp_.sequence_parallel, "nn", "the CUDA embedding backward does not gather under sequence parallelism");
+    cuda::embedding_backward(store_->grad(tokens_), store_->grad(positions_), dout, tokens, positions, n, seq, c,
+                             vocab_start_, local_vocab_);
+  })
   if (tp_.sequence_parallel) work_.resize(static_cast<std::size_t>(n * c));
   // The full d output (gathered under sequence parallelism): every rank computes the
   // whole position gradient, so the replicated table needs no reduction.

@@ -100,9 +100,12 @@ TEST_P(ExecutorSchedules, ChunksReachTheSerialLossAndGradientsByName) {
     // micro-batches, 1F1B at most min(p - r, m) on stage r.
     const int r = pp.rank(), peak = stage.executor->peak_live_activations();
     EXPECT_EQ(peak, expected_peak[static_cast<std::size_t>(r)]) << "stage " << r;
-    if (c.schedule == Schedule::kGpipe) EXPECT_EQ(peak, c.microbatches) << "stage " << r;
-    if (c.schedule == Schedule::k1F1B)
+    if (c.schedule == Schedule::kGpipe) {
+      EXPECT_EQ(peak, c.microbatches) << "stage " << r;
+    }
+    if (c.schedule == Schedule::k1F1B) {
       EXPECT_EQ(peak, std::min(c.stages - r, c.microbatches)) << "stage " << r;
+    }
     EXPECT_EQ(walk.timings.size(), schedule.actions[static_cast<std::size_t>(pp.rank())].size());
     // Evaluation: forward passes only, the same loss.
     const WalkResult eval = stage.executor->evaluate(stage.hooks);
@@ -127,7 +130,7 @@ std::vector<Case> all_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Every, ExecutorSchedules, ::testing::ValuesIn(all_cases()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return name_of(info.param); });
+                         [](const ::testing::TestParamInfo<Case>& param_info) { return name_of(param_info.param); });
 
 // The message of the first failure of a 2-stage 1F1B job of 8 micro-batches in which
 // stage `stage` leaves out action `index`, or whose stage 1 runs `m1` micro-batches.

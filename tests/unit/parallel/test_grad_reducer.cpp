@@ -163,9 +163,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"bf16", 3, 1, {.bucket_mb = kSmall, .bf16 = true}},
         Case{"bf16 ZeRO 1", 2, 2, {.bucket_mb = kSmall, .zero = 1, .bf16 = true}},
         Case{"bf16 ZeRO 2", 4, 3, {.bucket_mb = kSmall, .zero = 2, .bf16 = true}}),
-    [](const ::testing::TestParamInfo<Case>& info) {
+    [](const ::testing::TestParamInfo<Case>& param_info) {
       std::string s;
-      for (char ch : info.param.name) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+      for (char ch : param_info.param.name) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
       return s;
     });
 

@@ -117,9 +117,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"dp 2 ZeRO 2 pp 2 tied", "dp=2,pp=2", 1, 2},
                       Case{"dp 2 cp 2 ZeRO 1", "dp=2,cp=2", 0, 1},
                       Case{"pp 2 tp 2 sp tied", "pp=2,tp=2", 1, 0, true}),
-    [](const ::testing::TestParamInfo<Case>& info) {
+    [](const ::testing::TestParamInfo<Case>& param_info) {
       std::string s;
-      for (char ch : info.param.name) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+      for (char ch : param_info.param.name) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
       return s;
     });
 
