@@ -137,10 +137,10 @@ void Block<T>::recompute_attention(BlockActivations<T>& a, std::int64_t batch, s
 template <typename T>
 void Block<T>::attention_forward(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq,
                                  const AttentionCore<T>* core, const std::int64_t* positions) const {
-  const AttentionOptions& o = attn_.options();
   NDMESH_CUDA_TWIN(device(), {
     NDMESH_CHECK(core == nullptr, "nn", "block '{}': ring attention (context parallelism) runs on the CPU only",
                  options_.name);
+    const AttentionOptions& o = attn_.options();
     cuda::attention_forward(a.atty.data(), a.lse.data(), a.qkv.data(), batch, seq, o.heads, o.kv_heads, o.head_dim,
                             positions);
   })
@@ -154,10 +154,10 @@ template <typename T>
 void Block<T>::attention_backward(const BlockActivations<T>& a, BlockScratch<T>& s, std::int64_t batch,
                                   std::int64_t seq, const AttentionCore<T>* core,
                                   const std::int64_t* positions) const {
-  const AttentionOptions& o = attn_.options();
   NDMESH_CUDA_TWIN(device(), {
     NDMESH_CHECK(core == nullptr, "nn", "block '{}': ring attention (context parallelism) runs on the CPU only",
                  options_.name);
+    const AttentionOptions& o = attn_.options();
     cuda::attention_backward(s.dqkv.data(), s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq,
                              o.heads, o.kv_heads, o.head_dim, positions);
   })
