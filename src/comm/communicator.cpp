@@ -294,6 +294,8 @@ std::string Communicator::members_string() const {
   return fmt::format("ranks {},{},{},...,{} ({} ranks)", m[0], m[1], m[2], m.back(), m.size());
 }
 
+std::string Communicator::node_span() const { return impl_ ? detail::node_span(*impl_) : std::string(); }
+
 std::string_view Communicator::backend() const { return impl_ ? impl_->backend() : std::string_view("none"); }
 
 std::string Communicator::thread_limit() const { return impl_ ? impl_->thread_limit() : std::string(); }
@@ -329,7 +331,11 @@ void Communicator::abort_job(int code, std::string_view component, const std::st
   log::error("[{}] {}", component, message);
   // Under ndmesh launch the supervisor prints the line again (mpirun drops the ranks' output
   // when it kills them) and ends the job even when mpirun waits for an unreachable node.
-  notify_launcher(fmt::format("[{}] {}", component, message));
+  // With the world rank, as the watchdog's lines.
+  if (impl_)
+    notify_launcher(fmt::format("[rank {}] [{}] {}", members()[static_cast<std::size_t>(rank())], component, message));
+  else
+    notify_launcher(fmt::format("[{}] {}", component, message));
   abort_job(code);
 }
 

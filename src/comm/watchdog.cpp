@@ -71,14 +71,8 @@ std::string timeout_message(std::string_view op, std::string_view detail, std::s
   std::string members =
       m.size() <= 16 ? fmt::format("ranks {}", fmt::join(m, ","))
                      : fmt::format("ranks {},{},{},...,{} ({} ranks)", m[0], m[1], m[2], m.back(), m.size());
-  const std::vector<std::string_view> nodes = member_nodes(comm);
-  std::string spans;
-  if (nodes.size() > 1)
-    spans = nodes.size() <= 8 ? fmt::format("; the group spans nodes {}", fmt::join(nodes, ","))
-                              : fmt::format("; the group spans {} nodes ({},{},...,{})", nodes.size(),
-                                            nodes[0], nodes[1], nodes.back());
   return fmt::format("{}{} on group {} ({}) timed out after {:g} s{}", op, detail, group, members, timeout_s,
-                     spans);
+                     node_span(comm));
 }
 
 [[noreturn]] void abort_for_timeout(const std::string& message, CommImpl& comm) {
@@ -160,6 +154,13 @@ WatchScope::WatchScope(const char* op, const CommImpl& comm, const std::string& 
 WatchScope::~WatchScope() {
   Slot& s = *static_cast<Slot*>(slot_);
   s.gen.store(s.gen.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+}
+
+std::string node_span(const CommImpl& comm) {
+  const std::vector<std::string_view> nodes = member_nodes(comm);
+  if (nodes.size() <= 1) return {};
+  if (nodes.size() <= 8) return fmt::format("; the group spans nodes {}", fmt::join(nodes, ","));
+  return fmt::format("; the group spans {} nodes ({},{},...,{})", nodes.size(), nodes[0], nodes[1], nodes.back());
 }
 
 std::string peer_detail(std::string_view op, const CommImpl& comm, int peer) {

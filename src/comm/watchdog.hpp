@@ -35,4 +35,8 @@ class WatchScope {
 /// " to rank 3 (world 5)" for send, " from rank ..." for recv, empty otherwise.
 std::string peer_detail(std::string_view op, const CommImpl& comm, int peer);
 
+// "; the group spans nodes node0,node1" when the members sit on several nodes the backend
+// knows (abbreviated past 8 nodes); empty otherwise. Every timeout line ends with it.
+std::string node_span(const CommImpl& comm);
+
 }  // namespace ndmesh::comm::detail
