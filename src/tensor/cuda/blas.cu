@@ -11,14 +11,20 @@
 // allocator (what cuBLAS asks for on Hopper). The descriptors and the algorithm the
 // heuristic picks are cached per shape, transposes, strides and pointer alignment, so a
 // training step asks the heuristic once per distinct product.
+//
+// cuBLASLt is loaded on the first product (dlopen), not linked: the library is over 500 MB,
+// and loading it cost every process of a CPU run about 55 ms at start-up (0.25 s on each
+// 8-rank job of the test suite) although only --device cuda uses it.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "ndmesh/nn/cuda_ops.hpp"
 #include "tensor/cuda/common.cuh"
@@ -32,10 +38,69 @@ using detail::compute_stream;
 
 constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
 
+// The cuBLASLt functions gemm calls, from the library loaded on first use.
+struct LtApi {
+  decltype(&cublasLtCreate) Create;
+  decltype(&cublasLtGetStatusName) GetStatusName;
+  decltype(&cublasLtGetStatusString) GetStatusString;
+  decltype(&cublasLtMatmul) Matmul;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic;
+  decltype(&cublasLtMatmulDescCreate) MatmulDescCreate;
+  decltype(&cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute;
+  decltype(&cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate;
+  decltype(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute;
+  decltype(&cublasLtMatrixLayoutCreate) MatrixLayoutCreate;
+};
+
+// libcublasLt.so.<major> from the library path, else from beside the CUDA runtime this
+// process loaded (the toolkit keeps them in one directory).
+void* open_lt() {
+  const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+  if (void* h = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
+  const char* why = dlerror();
+  const std::string first = why ? why : "not found";
+  Dl_info info{};
+  const auto probe = static_cast<cudaError_t (*)(int*)>(&cudaGetDeviceCount);
+  if (dladdr(reinterpret_cast<void*>(probe), &info) != 0 && info.dli_fname != nullptr) {
+    std::string dir = info.dli_fname;
+    dir.resize(dir.rfind('/') + 1);
+    if (!dir.empty())
+      if (void* h = dlopen((dir + soname).c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
+  }
+  detail::fail_error("cuBLASLt: cannot load " + soname + " (" + first +
+                     "): put the CUDA toolkit's library directory on LD_LIBRARY_PATH");
+}
+
+const LtApi& lt_api() {
+  static const LtApi api = [] {
+    void* h = open_lt();
+    auto sym = [h](auto& fn, const char* name) {
+      void* p = dlsym(h, name);
+      if (p == nullptr) detail::fail_error(std::string("cuBLASLt: the library has no ") + name);
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+    };
+    LtApi a{};
+    sym(a.Create, "cublasLtCreate");
+    sym(a.GetStatusName, "cublasLtGetStatusName");
+    sym(a.GetStatusString, "cublasLtGetStatusString");
+    sym(a.Matmul, "cublasLtMatmul");
+    sym(a.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
+    sym(a.MatmulDescCreate, "cublasLtMatmulDescCreate");
+    sym(a.MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
+    sym(a.MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
+    sym(a.MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
+    sym(a.MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
+    sym(a.MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
+    return a;
+  }();
+  return api;
+}
+
 void check_lt(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS)
-    detail::fail_error(std::string("cuBLASLt ") + what + " failed: " + cublasLtGetStatusString(s) + " (" +
-                       cublasLtGetStatusName(s) + ")");
+    detail::fail_error(std::string("cuBLASLt ") + what + " failed: " + lt_api().GetStatusString(s) + " (" +
+                       lt_api().GetStatusName(s) + ")");
 }
 
 // The largest power of two up to 16 that divides the address: what cuBLASLt may assume.
@@ -74,28 +139,28 @@ Lt& lt() {
 
 Plan make_plan(cublasLtHandle_t handle, const Key& key) {
   Plan p;
-  check_lt(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
+  check_lt(lt_api().MatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
   const cublasOperation_t op_first = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_second = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first),
+  check_lt(lt_api().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first),
            "transpose attribute");
-  check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second),
+  check_lt(lt_api().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second),
            "transpose attribute");
   // Stored (column-major) shapes: B is n x k (k x n when transposed), A is k x m (m x k).
   const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
-  check_lt(cublasLtMatrixLayoutCreate(&p.first, CUDA_R_32F, key.trans_b ? u(key.k) : u(key.n),
+  check_lt(lt_api().MatrixLayoutCreate(&p.first, CUDA_R_32F, key.trans_b ? u(key.k) : u(key.n),
                                       key.trans_b ? u(key.n) : u(key.k), key.ldb),
            "layout of B");
-  check_lt(cublasLtMatrixLayoutCreate(&p.second, CUDA_R_32F, key.trans_a ? u(key.m) : u(key.k),
+  check_lt(lt_api().MatrixLayoutCreate(&p.second, CUDA_R_32F, key.trans_a ? u(key.m) : u(key.k),
                                       key.trans_a ? u(key.k) : u(key.m), key.lda),
            "layout of A");
-  check_lt(cublasLtMatrixLayoutCreate(&p.out, CUDA_R_32F, u(key.n), u(key.m), key.ldc), "layout of C");
+  check_lt(lt_api().MatrixLayoutCreate(&p.out, CUDA_R_32F, u(key.n), u(key.m), key.ldc), "layout of C");
 
   cublasLtMatmulPreference_t pref = nullptr;
-  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  check_lt(lt_api().MatmulPreferenceCreate(&pref), "preference");
   const std::uint64_t ws = kWorkspaceBytes;
   check_lt(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+      lt_api().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
       "workspace preference");
   // cuBLASLt's A is our B and its B our A.
   const std::uint32_t aligns[3] = {key.align_b, key.align_a, key.align_c};
@@ -103,22 +168,22 @@ Plan make_plan(cublasLtHandle_t handle, const Key& key) {
                                                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                                                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES};
   for (int i = 0; i < 3; ++i)
-    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, which[i], &aligns[i], sizeof aligns[i]),
+    check_lt(lt_api().MatmulPreferenceSetAttribute(pref, which[i], &aligns[i], sizeof aligns[i]),
              "alignment preference");
-  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &aligns[2],
+  check_lt(lt_api().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &aligns[2],
                                                 sizeof aligns[2]),
            "alignment preference");
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.first, p.second, p.out, p.out,
+  const cublasStatus_t s = lt_api().MatmulAlgoGetHeuristic(handle, p.desc, p.first, p.second, p.out, p.out,
                                                           pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  lt_api().MatmulPreferenceDestroy(pref);
   if (s != CUBLAS_STATUS_SUCCESS || found == 0)
     detail::fail_error("cuBLASLt has no fp32 algorithm for gemm(trans_a=" + std::to_string(key.trans_a) +
                        ", trans_b=" + std::to_string(key.trans_b) + ", m=" + std::to_string(key.m) +
                        ", n=" + std::to_string(key.n) + ", k=" + std::to_string(key.k) +
                        ", lda=" + std::to_string(key.lda) + ", ldb=" + std::to_string(key.ldb) +
-                       ", ldc=" + std::to_string(key.ldc) + "): " + cublasLtGetStatusString(s));
+                       ", ldc=" + std::to_string(key.ldc) + "): " + lt_api().GetStatusString(s));
   p.algo = result.algo;
   return p;
 }
@@ -150,14 +215,14 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     if (s.handle == nullptr) {
-      check_lt(cublasLtCreate(&s.handle), "handle creation");
+      check_lt(lt_api().Create(&s.handle), "handle creation");
       s.workspace = alloc(kWorkspaceBytes);
     }
     auto it = s.plans.find(key);
     if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(s.handle, key)).first;
     plan = &it->second;  // std::map nodes never move
   }
-  check_lt(cublasLtMatmul(s.handle, plan->desc, &alpha, b, plan->first, a, plan->second, &beta, c, plan->out,
+  check_lt(lt_api().Matmul(s.handle, plan->desc, &alpha, b, plan->first, a, plan->second, &beta, c, plan->out,
                           c, plan->out, &plan->algo, s.workspace, kWorkspaceBytes, compute_stream()),
            "matmul");
 }
