@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -334,7 +335,8 @@ TEST(Schedules, NamesRoundTrip) {
 class ConfigFileTest : public ::testing::Test {
  protected:
   std::string write(const std::string& text) {
-    std::string path = ::testing::TempDir() + "ndmesh_config_test.toml";
+    // One file per test process: ctest runs the tests of this fixture side by side.
+    std::string path = ::testing::TempDir() + "ndmesh_config_test." + std::to_string(::getpid()) + ".toml";
     std::ofstream(path) << text;
     return path;
   }

@@ -2,6 +2,7 @@
 // comments: kernel overheads fitted to measured products, the attention core (causal flash,
 // standard attention's score traffic), ring attention's exposed transfer, message latency,
 // pipeline sends, the end stages, and the gradient reduction that is not hidden.
+#include <unistd.h>
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -207,7 +208,7 @@ TEST(EndStages, LastRankRunsTheHeadAndTheLoss) {
 }
 
 TEST(HardwareFile, GemmSectionGivesTheOverhead) {
-  const std::string path = ::testing::TempDir() + "/hw_gemm.toml";
+  const std::string path = ::testing::TempDir() + "/hw_gemm." + std::to_string(::getpid()) + ".toml";
   {
     std::ofstream out(path);
     out << "[hardware]\nmemory_gib = 80\npeak_tflops = 989\nintra_node_gbps = 450\ngpus_per_node = 8\n"
