@@ -288,13 +288,12 @@ const std::vector<std::int64_t>& Communicator::members() const {
   return impl_ ? impl_->members() : kNone;
 }
 
-std::string Communicator::members_string() const {
-  const auto& m = members();
-  if (m.size() <= 16) return fmt::format("ranks {}", fmt::join(m, ","));
-  return fmt::format("ranks {},{},{},...,{} ({} ranks)", m[0], m[1], m[2], m.back(), m.size());
-}
+std::string Communicator::members_string() const { return detail::members_string(members()); }
 
-std::string Communicator::node_span() const { return impl_ ? detail::node_span(*impl_) : std::string(); }
+std::string Communicator::timeout_line(std::string_view op, double timeout_s) const {
+  if (!impl_) return fmt::format("{} on group {} (no members) timed out after {:g} s", op, name_, timeout_s);
+  return detail::timeout_message(op, "", name_, *impl_, timeout_s);
+}
 
 std::string_view Communicator::backend() const { return impl_ ? impl_->backend() : std::string_view("none"); }
 

@@ -65,16 +65,6 @@ std::vector<std::string_view> member_nodes(const CommImpl& comm) {
   return nodes;
 }
 
-std::string timeout_message(std::string_view op, std::string_view detail, std::string_view group,
-                            const CommImpl& comm, double timeout_s) {
-  const auto& m = comm.members();
-  std::string members =
-      m.size() <= 16 ? fmt::format("ranks {}", fmt::join(m, ","))
-                     : fmt::format("ranks {},{},{},...,{} ({} ranks)", m[0], m[1], m[2], m.back(), m.size());
-  return fmt::format("{}{} on group {} ({}) timed out after {:g} s{}", op, detail, group, members, timeout_s,
-                     node_span(comm));
-}
-
 [[noreturn]] void abort_for_timeout(const std::string& message, CommImpl& comm) {
   log::error("[comm] {}", message);
   std::fflush(stderr);
@@ -156,11 +146,21 @@ WatchScope::~WatchScope() {
   s.gen.store(s.gen.load(std::memory_order_relaxed) + 1, std::memory_order_release);
 }
 
-std::string node_span(const CommImpl& comm) {
+std::string members_string(const std::vector<std::int64_t>& m) {
+  if (m.size() <= 16) return fmt::format("ranks {}", fmt::join(m, ","));
+  return fmt::format("ranks {},{},{},...,{} ({} ranks)", m[0], m[1], m[2], m.back(), m.size());
+}
+
+std::string timeout_message(std::string_view op, std::string_view detail, std::string_view group,
+                            const CommImpl& comm, double timeout_s) {
+  std::string spans;
   const std::vector<std::string_view> nodes = member_nodes(comm);
-  if (nodes.size() <= 1) return {};
-  if (nodes.size() <= 8) return fmt::format("; the group spans nodes {}", fmt::join(nodes, ","));
-  return fmt::format("; the group spans {} nodes ({},{},...,{})", nodes.size(), nodes[0], nodes[1], nodes.back());
+  if (nodes.size() > 1)
+    spans = nodes.size() <= 8 ? fmt::format("; the group spans nodes {}", fmt::join(nodes, ","))
+                              : fmt::format("; the group spans {} nodes ({},{},...,{})", nodes.size(),
+                                            nodes[0], nodes[1], nodes.back());
+  return fmt::format("{}{} on group {} ({}) timed out after {:g} s{}", op, detail, group,
+                     members_string(comm.members()), timeout_s, spans);
 }
 
 std::string peer_detail(std::string_view op, const CommImpl& comm, int peer) {

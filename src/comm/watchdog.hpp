@@ -6,8 +6,10 @@
 // blocking call keeps the speed of the engine's blocking collective.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "comm/backend.hpp"
 
@@ -35,8 +37,13 @@ class WatchScope {
 /// " to rank 3 (world 5)" for send, " from rank ..." for recv, empty otherwise.
 std::string peer_detail(std::string_view op, const CommImpl& comm, int peer);
 
-// "; the group spans nodes node0,node1" when the members sit on several nodes the backend
-// knows (abbreviated past 8 nodes); empty otherwise. Every timeout line ends with it.
-std::string node_span(const CommImpl& comm);
+/// "ranks 0,1", abbreviated past 16 members.
+std::string members_string(const std::vector<std::int64_t>& members);
+
+/// Every timeout line: "<op><detail> on group <group> (ranks ...) timed out after <t> s",
+/// then "; the group spans nodes node0,node1" when the members sit on several nodes the
+/// backend knows (abbreviated past 8 nodes).
+std::string timeout_message(std::string_view op, std::string_view detail, std::string_view group,
+                            const CommImpl& comm, double timeout_s);
 
 }  // namespace ndmesh::comm::detail

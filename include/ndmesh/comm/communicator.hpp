@@ -148,10 +148,10 @@ class Communicator {
   const std::vector<std::int64_t>& members() const;
   /// "ranks 0,1" (abbreviated for large groups), for messages.
   std::string members_string() const;
-  /// "; the group spans nodes node0,node1" when the members sit on several nodes (as the
-  /// backend knows them), empty otherwise: the end of every timeout line, so that a fault
-  /// between hosts names them.
-  std::string node_span() const;
+  /// "<op> on group <name> (ranks ...) timed out after <t> s", with "; the group spans
+  /// nodes node0,node1" when the members sit on several nodes: the line every timeout
+  /// prints (the watchdog's too), so that a fault between hosts names them.
+  std::string timeout_line(std::string_view op, double timeout_s) const;
   /// Name of the backend ("mpi", "inproc").
   std::string_view backend() const;
   /// Empty when several threads may call operations of this communicator at once (MPI

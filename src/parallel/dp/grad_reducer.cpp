@@ -214,11 +214,10 @@ void GradReducer::expire_if_stuck() {
       std::size_t first = 0;
       while (first < buckets_.size() && poll(buckets_[first])) ++first;
       group_.abort_job(comm::kTimeoutExitCode, "comm",
-                       fmt::format("{} on group {} ({}) timed out after {:g} s{}: gradient bucket {} of {} (and {} "
-                                   "more) did not complete while the progress thread polled",
-                                   zero_ == 0 ? "all_reduce" : "reduce_scatter", group_.name(),
-                                   group_.members_string(), timeout_s_, group_.node_span(), first, buckets_.size(),
-                                   stuck - 1));
+                       fmt::format("{}: gradient bucket {} of {} (and {} more) did not complete while the "
+                                   "progress thread polled",
+                                   group_.timeout_line(zero_ == 0 ? "all_reduce" : "reduce_scatter", timeout_s_),
+                                   first, buckets_.size(), stuck - 1));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

@@ -131,10 +131,10 @@ void Executor::wait(Transfer& t, const Action& a) {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (waited > timeout)
       pp_.abort_job(comm::kTimeoutExitCode, "pp",
-                    fmt::format("stage {} action {} ({}) on group {} ({}) timed out after {:g} s{}: the peer stage "
-                                "never posted the matching transfer; do all stages run the same schedule?",
-                                stage_, t.index, to_string(a), pp_.name(), pp_.members_string(), timeout,
-                                pp_.node_span()));
+                    fmt::format("{}: the peer stage never posted the matching transfer; do all stages run the "
+                                "same schedule?",
+                                pp_.timeout_line(fmt::format("stage {} action {} ({})", stage_, t.index, to_string(a)),
+                                                 timeout)));
     if (waited < 0.05) {
       std::this_thread::yield();
     } else {

@@ -77,7 +77,10 @@ const LtApi& lt_api() {
     void* h = open_lt();
     auto sym = [h](auto& fn, const char* name) {
       void* p = dlsym(h, name);
-      if (p == nullptr) detail::fail_error(std::string("cuBLASLt: the library has no ") + name);
+      if (p == nullptr)
+        detail::fail_error(std::string("cuBLASLt: the loaded library has no ") + name + ": put the library of the " +
+                           "CUDA toolkit ndmesh was built with (cuBLAS " + std::to_string(CUBLAS_VER_MAJOR) +
+                           ") first on LD_LIBRARY_PATH");
       fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
     };
     LtApi a{};

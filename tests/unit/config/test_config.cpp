@@ -3,9 +3,9 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "ndmesh/config/config.hpp"
 #include "ndmesh/config/training.hpp"

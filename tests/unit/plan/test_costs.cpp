@@ -2,12 +2,12 @@
 // comments: kernel overheads fitted to measured products, the attention core (causal flash,
 // standard attention's score traffic), ring attention's exposed transfer, message latency,
 // pipeline sends, the end stages, and the gradient reduction that is not hidden.
-#include <unistd.h>
 #include <cmath>
 #include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/plan/estimate.hpp"
