@@ -156,9 +156,9 @@ std::string timeout_message(std::string_view op, std::string_view detail, std::s
   std::string spans;
   const std::vector<std::string_view> nodes = member_nodes(comm);
   if (nodes.size() > 1)
-    spans = nodes.size() <= 8 ? fmt::format("; the group spans nodes {}", fmt::join(nodes, ","))
-                              : fmt::format("; the group spans {} nodes ({},{},...,{})", nodes.size(),
-                                            nodes[0], nodes[1], nodes.back());
+    spans = nodes.size() <= 8 ? fmt::format("{}nodes {}", kSpansNodes, fmt::join(nodes, ","))
+                              : fmt::format("{}{} nodes ({},{},...,{})", kSpansNodes, nodes.size(), nodes[0],
+                                            nodes[1], nodes.back());
   return fmt::format("{}{} on group {} ({}) timed out after {:g} s{}", op, detail, group,
                      members_string(comm.members()), timeout_s, spans);
 }

@@ -30,4 +30,12 @@ void notify_launcher(std::string_view line) noexcept {
   }
 }
 
+std::string_view telling_report(const std::vector<std::string>& lines) {
+  const auto across = std::find_if(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.find(kSpansNodes) != std::string::npos;
+  });
+  if (across != lines.end()) return *across;
+  return lines.empty() ? std::string_view{} : std::string_view{lines.front()};
+}
+
 }  // namespace ndmesh

@@ -80,9 +80,11 @@ if [ "$fault" = kill-node ]; then
   # mpirun notices at once; its message names the node.
   grep -qE "on node (node1|10\.77\.0\.2)" "$last_out" || fail "launch: the node is not named"
 else
-  # The first rank to time out may wait in the dp all-reduce of the gradients or in the
-  # step's world all-reduce of the loss and gradient squares: either group, named with its
-  # members and nodes.
+  # The rank stuck across the nodes may wait in the dp all-reduce of the gradients or in
+  # the step's world all-reduce of the loss and gradient squares: either group, named with
+  # its members and nodes. Its node0 peer in tp may time out too, even first, waiting for
+  # it in tp (a world all-reduce that completed on one rank before the link went down, not
+  # on the other): the launcher prints the line across nodes (telling_report).
   grep -qE "^ndmesh: \[launch\] \[rank [0-9]\] \[comm\] all_reduce on group (dp|world) \(ranks [0-9,]+\) timed out after 5 s; the group spans nodes node0,node1" \
     "$last_out" || fail "launch: no line naming the group and its nodes"
 fi

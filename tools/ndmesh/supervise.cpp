@@ -130,8 +130,7 @@ int supervise(const std::vector<std::string>& argv, const NotifySocket& socket, 
   sigaction(SIGTERM, &forward, &old_term);
   sigaction(SIGHUP, &forward, &old_hup);
 
-  std::string report;  // the first rank's line
-  int reports = 0;
+  std::vector<std::string> reports;  // the ranks' lines, in arrival order
   constexpr Clock::time_point kNever = Clock::time_point::max();
   Clock::time_point deadline = kNever;  // when mpirun gets killed
   auto after = [](double s) {
@@ -145,7 +144,7 @@ int supervise(const std::vector<std::string>& argv, const NotifySocket& socket, 
       char buf[kNotifyMaxBytes + 1];
       ssize_t n;
       while ((n = recv(socket.fd(), buf, kNotifyMaxBytes, 0)) > 0) {
-        if (reports++ == 0) report.assign(buf, static_cast<std::size_t>(n));
+        reports.emplace_back(buf, static_cast<std::size_t>(n));
         deadline = std::min(deadline, after(grace_s));
       }
     }
@@ -168,9 +167,10 @@ int supervise(const std::vector<std::string>& argv, const NotifySocket& socket, 
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   sigaction(SIGHUP, &old_hup, nullptr);
-  if (reports > 0) {
-    std::string more =
-        reports > 1 ? fmt::format(" (and {} more report{})", reports - 1, reports > 2 ? "s" : "") : "";
+  if (!reports.empty()) {
+    const std::string report(telling_report(reports));
+    const std::size_t others = reports.size() - 1;
+    std::string more = others > 0 ? fmt::format(" (and {} more report{})", others, others > 1 ? "s" : "") : "";
     if (killed)
       std::fprintf(
           stderr,
@@ -181,7 +181,7 @@ int supervise(const std::vector<std::string>& argv, const NotifySocket& socket, 
       std::fprintf(stderr, "ndmesh: [launch] the job ended after %s%s\n", report.c_str(), more.c_str());
     std::fflush(stderr);
   }
-  if (killed) return reports > 0 ? comm::kTimeoutExitCode : 128 + SIGKILL;
+  if (killed) return !reports.empty() ? comm::kTimeoutExitCode : 128 + SIGKILL;
   return status_of(wstatus);
 }
 

@@ -6,7 +6,8 @@
 // (ndmesh/launch/notify.hpp); from then on mpirun gets a grace period to end by itself,
 // then it and the processes it started on this node get SIGKILL (SIGTERM made it crash in
 // its PMIx teardown; the daemons of the nodes it still reaches end their ranks when they
-// lose it). The launcher prints the rank's line and exits with the timeout status.
+// lose it). The launcher prints the rank's line (of several, the one naming a group
+// across nodes: telling_report) and exits with the timeout status.
 #pragma once
 
 #include <string>
@@ -33,7 +34,7 @@ class NotifySocket {
 /// Runs `argv` (argv[0] a full path) as a child and waits for it; returns its exit
 /// status (128 + signal when killed by one). After the first line a rank sends to
 /// `socket`, the child gets `grace_s` seconds to end, then it and its local descendants
-/// are killed, the line is printed and the result is kTimeoutExitCode. SIGTERM and SIGHUP
+/// are killed, the telling line is printed and the result is kTimeoutExitCode. SIGTERM and SIGHUP
 /// are passed on to the child (which then gets grace_s + 1 s); SIGINT reaches it from the
 /// terminal.
 int supervise(const std::vector<std::string>& argv, const NotifySocket& socket, double grace_s);

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace ndmesh {
 
@@ -17,5 +19,16 @@ void notify_launcher(std::string_view line) noexcept;
 
 /// Largest line notify_launcher sends (longer lines are cut).
 inline constexpr std::size_t kNotifyMaxBytes = 1024;
+
+/// What a timeout line says when its group spans several nodes ("...; the group spans
+/// nodes node0,node1"); the watchdog's formatter writes it, the launcher looks for it.
+inline constexpr std::string_view kSpansNodes = "; the group spans ";
+
+/// Of the lines the ranks sent, in arrival order, the one the launcher shows: the first
+/// that names a group across nodes, else the first. When a link between nodes fails, the
+/// ranks of one node that wait in a group within the node wait for a peer stuck across
+/// the nodes, and may time out first; the line across nodes says where the fault is.
+/// Empty when `lines` is.
+std::string_view telling_report(const std::vector<std::string>& lines);
 
 }  // namespace ndmesh
