@@ -35,23 +35,44 @@ inject() {
   esac
 }
 restore() {
+  # node1's daemon and ranks may outlive the job (they lost mpirun behind the fault): end
+  # them before the link returns, so that none of them reaches the next job's ports.
+  local pids i
+  for i in $(seq 1 50); do
+    pids=$(ip netns pids "$(mn_ns "$c" 1)")
+    [ -z "$pids" ] && break
+    kill -9 $pids 2> /dev/null
+    sleep 0.1
+  done
+  [ -z "$pids" ] || fail "processes of the last job left on node1: $pids"
   mn_link "$c" up 1
   mn_shape "$c"
-  # node1's daemon may outlive the job (it lost mpirun behind the fault): end it.
-  local pids
-  pids=$(ip netns pids "$(mn_ns "$c" 1)")
-  [ -n "$pids" ] && kill -9 $pids
-  return 0
 }
 
 # run <how> <command...>: starts the job, injects the fault at step 3, checks the end.
 run() {
-  local how=$1 out job start rc elapsed
+  local how=$1 out job start rc elapsed attempt
   out="$tmp/$how.txt"
   shift
-  "$@" > "$out" 2>&1 &
-  job=$!
-  wait_for 120 "$job" grep -q 'step 3/' "$out" || fail "$how: training did not reach step 3: $(tail -n 20 "$out")"
+  # A job that ends before the fault is started once more (a job that hangs is not): with
+  # the machine loaded, one job in about 60 here ended before step 3 with MPI_Abort from a
+  # rank on node0 (the cause is not pinned down; Open MPI 4.1's TCP transport between the
+  # namespaces prints "failed to TCP connect to a peer" under load). The start of a job is
+  # what every other test covers; the fault is what this one does. Both attempts print.
+  for attempt in 1 2; do
+    "$@" > "$out" 2>&1 &
+    job=$!
+    wait_for 120 "$job" grep -q 'step 3/' "$out" && break
+    if kill -0 "$job" 2> /dev/null; then
+      kill -9 "$job"
+      fail "$how: training did not reach step 3 in 120 s: $(tail -n 20 "$out")"
+    fi
+    wait "$job"
+    [ "$attempt" = 2 ] && fail "$how: training ended before step 3, twice: $(tail -n 40 "$out")"
+    echo "$how: the job ended before the fault; starting it once more. Its output:"
+    tail -n 40 "$out"
+    restore
+  done
   start=$(date +%s.%N)
   inject
   # The bound of the test itself: far above the limit, so that a hang is reported.
@@ -90,5 +111,13 @@ else
 fi
 
 run mpirun mn_mpirun "$c" "${keepalive[@]}" -np 4 "${train[@]}"
-grep -qE "on node (node1|10\.77\.0\.2)" "$last_out" || fail "mpirun: the node is not named"
+if [ "$fault" = kill-node ]; then
+  grep -qE "on node (node1|10\.77\.0\.2)" "$last_out" || fail "mpirun: the node is not named"
+else
+  # Usually mpirun's keepalive declares node1 lost first (3 s) and names it; on a loaded
+  # machine, or when keepalive probes queue behind frames crawling over the slowed link,
+  # the ranks' 5 s timeout may come first: then a rank's line names the group and nodes.
+  grep -qE "on node (node1|10\.77\.0\.2)|\[comm\] [a-z_]+ on group [a-z-]+ \(ranks [0-9,]+\) timed out after 5 s; the group spans nodes node0,node1" \
+    "$last_out" || fail "mpirun: neither the node nor the group across nodes is named"
+fi
 echo "faults.sh $fault: ok"
