@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Faults between hosts, in dp 2 x tp 2 training over two nodes (tests/multinode/harness.sh)
-# with NDMESH_TIMEOUT_S=5: the job, launcher included, ends within twice the timeout of
-# the fault, non-zero, saying what happened:
+# with NDMESH_TIMEOUT_S=5 (10 under plain mpirun, below): the job, launcher included, ends
+# within twice the timeout of the fault, non-zero, saying what happened:
 #   kill-node  every process of node1 SIGKILLed mid-step: mpirun loses node1's daemon and
 #              ends the job at once, naming the node;
 #   link-down  node1's link taken down mid-step (a partition);
@@ -21,10 +21,11 @@ export NDMESH_TIMEOUT_S=$timeout_s NDMESH_INIT_TIMEOUT_S=60
 train=("$ndmesh" train --layers 2 --hidden 32 --heads 4 --kv-heads 2 --seq 16 --markov-vocab 16 --threads 1
   --eval-batches 0 --batch 8 --dp 2 --tp 2 --steps 1000000)
 # Keepalive on mpirun's connections to its daemons, detecting a lost node within
-# time + intvl x probes = 3 s, below NDMESH_TIMEOUT_S (docs/multinode.md).
+# time + intvl x probes = 3 s, well below NDMESH_TIMEOUT_S (docs/multinode.md).
 keepalive=(--mca oob_tcp_keepalive_time 1 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 2)
 
 mn_cluster c --nodes 2 --ranks 2
+mn_has_netem  # probed now, not between the fault's clock and the fault
 
 inject() {
   case $fault in
@@ -110,14 +111,21 @@ else
     "$last_out" || fail "launch: no line naming the group and its nodes"
 fi
 
+# Under plain mpirun the ranks get a 10 s timeout: mpirun's keepalive must win the race
+# (3 s), since once a rank's abort has sent mpirun's daemons an order node1 cannot take,
+# keepalive stops working and mpirun waits for node1 (the reason for `ndmesh launch`).
+# With 5 s, a loaded machine lost that race (the job outlived the test's bound, 1 of 20
+# runs of this test beside another multi-node suite).
+timeout_s=10
+export NDMESH_TIMEOUT_S=$timeout_s
 run mpirun mn_mpirun "$c" "${keepalive[@]}" -np 4 "${train[@]}"
 if [ "$fault" = kill-node ]; then
   grep -qE "on node (node1|10\.77\.0\.2)" "$last_out" || fail "mpirun: the node is not named"
 else
   # Usually mpirun's keepalive declares node1 lost first (3 s) and names it; on a loaded
   # machine, or when keepalive probes queue behind frames crawling over the slowed link,
-  # the ranks' 5 s timeout may come first: then a rank's line names the group and nodes.
-  grep -qE "on node (node1|10\.77\.0\.2)|\[comm\] [a-z_]+ on group [a-z-]+ \(ranks [0-9,]+\) timed out after 5 s; the group spans nodes node0,node1" \
+  # the ranks' timeout may come first: then a rank's line names the group and nodes.
+  grep -qE "on node (node1|10\.77\.0\.2)|\[comm\] [a-z_]+ on group [a-z-]+ \(ranks [0-9,]+\) timed out after $timeout_s s; the group spans nodes node0,node1" \
     "$last_out" || fail "mpirun: neither the node nor the group across nodes is named"
 fi
 echo "faults.sh $fault: ok"

@@ -69,13 +69,19 @@ mn_probe() {
 }
 
 # mn_has_netem: whether this kernel has the netem qdisc (delay); tbf shapes the rate.
+# Probed once per shell (a namespace and a veth pair: up to seconds on a loaded machine,
+# which a fault test must not spend between the fault's clock and the fault).
 mn_has_netem() {
-  local ns="ndmmn-netem$$" ok=1
-  ip netns add "$ns" 2> /dev/null || return 1
-  ip link add name mnprobe0 netns "$ns" type veth peer name mnprobe1 netns "$ns" 2> /dev/null &&
-    ip netns exec "$ns" tc qdisc add dev mnprobe0 root netem delay 1ms 2> /dev/null && ok=0
-  ip netns del "$ns" 2> /dev/null
-  return $ok
+  if [ -z "${MN_NETEM:-}" ]; then
+    local ns="ndmmn-netem$$"
+    MN_NETEM=1
+    if ip netns add "$ns" 2> /dev/null; then
+      ip link add name mnprobe0 netns "$ns" type veth peer name mnprobe1 netns "$ns" 2> /dev/null &&
+        ip netns exec "$ns" tc qdisc add dev mnprobe0 root netem delay 1ms 2> /dev/null && MN_NETEM=0
+      ip netns del "$ns" 2> /dev/null
+    fi
+  fi
+  return "$MN_NETEM"
 }
 
 # mn_up [--nodes N] [--ranks M] [--rate R] [--delay D] [--private DIR] [--name ID]
