@@ -48,3 +48,28 @@ wait_for() {
   done
   return 1
 }
+
+# The warning Open MPI 4.1's TCP transport prints when a connection between two nodes
+# fails to open. On this loaded 2-core machine it happened to about one job in 60 of the
+# fault tests (node1 to a node0 rank's port; printed as "Operation now in progress (115)",
+# an errno Open MPI 4.1 misreports), and the job then times out in its first collective
+# across the nodes. It is the transport's, not ndmesh's: a job that failed with it is run
+# once more (mn_once_more), printing what it said; any other failure stays a failure.
+MN_TCP_CONNECT_FAILED="Open MPI failed to TCP connect to a peer"
+
+# mn_once_more <output file> <command...>: runs the command with its output in the file;
+# if it fails after Open MPI's TCP connect warning, prints that output and runs it again.
+# Returns the status of the last run.
+mn_once_more() {
+  local out=$1 rc
+  shift
+  "$@" > "$out" 2>&1
+  rc=$?
+  if [ "$rc" -ne 0 ] && grep -q "$MN_TCP_CONNECT_FAILED" "$out"; then
+    echo "multinode: the job failed after Open MPI's TCP connect warning; running it once more. Its output:"
+    tail -n 40 "$out"
+    "$@" > "$out" 2>&1
+    rc=$?
+  fi
+  return "$rc"
+}

@@ -24,7 +24,7 @@ mn_cluster c --nodes 2 --ranks 2
 check() {  # check <name> <train flags...>
   local name=$1
   shift
-  mn_mpirun "$c" -np 4 "$ndmesh" train "${model[@]}" "$@" > "$tmp/run.out" 2>&1 || fail "$name: exit $?: $(tail "$tmp/run.out")"
+  mn_once_more "$tmp/run.out" mn_mpirun "$c" -np 4 "$ndmesh" train "${model[@]}" "$@" || fail "$name: exit $?: $(tail "$tmp/run.out")"
   tail -n 1 "$tmp/run.out" > "$tmp/run.json"
   [ "$(jq '.losses | length' "$tmp/run.json")" = 6 ] || fail "$name: no 6 losses: $(tail -n 3 "$tmp/run.out")"
   local loss norm1 norms
@@ -39,10 +39,10 @@ check "dp 4, hierarchical all-reduce on the real nodes" --dp 4 --allreduce hiera
 grep -q "all-reduce hierarchical" "$tmp/run.out" || fail "the run does not say it used the hierarchical all-reduce"
 
 # The all-reduce algorithms against MPI and closed forms, hierarchical on the real nodes.
-mn_mpirun "$c" -np 4 "$allreduce_test" > "$tmp/ar.out" 2>&1 || fail "all-reduce tests on 2x2: $(tail -n 30 "$tmp/ar.out")"
+mn_once_more "$tmp/ar.out" mn_mpirun "$c" -np 4 "$allreduce_test" || fail "all-reduce tests on 2x2: $(tail -n 30 "$tmp/ar.out")"
 grep -q "PASSED" "$tmp/ar.out" || fail "all-reduce tests on 2x2 did not pass"
 mn_down "$c"
 mn_cluster c --nodes 2 --ranks 3
-mn_mpirun "$c" -np 6 "$allreduce_test" > "$tmp/ar.out" 2>&1 || fail "all-reduce tests on 2x3: $(tail -n 30 "$tmp/ar.out")"
+mn_once_more "$tmp/ar.out" mn_mpirun "$c" -np 6 "$allreduce_test" || fail "all-reduce tests on 2x3: $(tail -n 30 "$tmp/ar.out")"
 grep -q "PASSED" "$tmp/ar.out" || fail "all-reduce tests on 2x3 did not pass"
 echo "train.sh: ok"
