@@ -330,9 +330,8 @@ void Communicator::abort_job(int code, std::string_view component, const std::st
   log::error("[{}] {}", component, message);
   // Under ndmesh launch the supervisor prints the line again (mpirun drops the ranks' output
   // when it kills them) and ends the job even when mpirun waits for an unreachable node.
-  // With the world rank, as the watchdog's lines.
   if (impl_)
-    notify_launcher(fmt::format("[rank {}] [{}] {}", members()[static_cast<std::size_t>(rank())], component, message));
+    detail::notify_launcher_of(*impl_, component, message);
   else
     notify_launcher(fmt::format("[{}] {}", component, message));
   abort_job(code);

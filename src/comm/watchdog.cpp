@@ -70,8 +70,7 @@ std::vector<std::string_view> member_nodes(const CommImpl& comm) {
   std::fflush(stderr);
   // Under ndmesh launch the supervisor prints the line again (mpirun drops the ranks' output
   // when it kills them) and ends the job.
-  notify_launcher(fmt::format("[rank {}] [comm] {}", comm.members()[static_cast<std::size_t>(comm.rank())],
-                              message));
+  notify_launcher_of(comm, "comm", message);
   comm.abort_job(kTimeoutExitCode);
   std::abort();  // not reached: abort_job ends the process
 }
@@ -144,6 +143,11 @@ WatchScope::WatchScope(const char* op, const CommImpl& comm, const std::string& 
 WatchScope::~WatchScope() {
   Slot& s = *static_cast<Slot*>(slot_);
   s.gen.store(s.gen.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+}
+
+void notify_launcher_of(const CommImpl& comm, std::string_view component, std::string_view message) {
+  notify_launcher(
+      fmt::format("[rank {}] [{}] {}", comm.members()[static_cast<std::size_t>(comm.rank())], component, message));
 }
 
 std::string members_string(const std::vector<std::int64_t>& m) {

@@ -37,6 +37,10 @@ class WatchScope {
 /// " to rank 3 (world 5)" for send, " from rank ..." for recv, empty otherwise.
 std::string peer_detail(std::string_view op, const CommImpl& comm, int peer);
 
+/// Sends "[rank <world rank>] [<component>] <message>" to a supervising `ndmesh launch`
+/// (notify_launcher): the one form of every line a rank ends the job with.
+void notify_launcher_of(const CommImpl& comm, std::string_view component, std::string_view message);
+
 /// "ranks 0,1", abbreviated past 16 members.
 std::string members_string(const std::vector<std::int64_t>& members);
 

@@ -56,7 +56,7 @@ run() {
   out="$tmp/$how.txt"
   shift
   # A job that ends before the fault after Open MPI's TCP connect warning is started once
-  # more (MN_TCP_CONNECT_FAILED in mn_lib.sh); any other early end, or a hang, fails.
+  # more (mn_run_again in mn_lib.sh); any other early end, or a hang, fails.
   for attempt in 1 2; do
     "$@" > "$out" 2>&1 &
     job=$!
@@ -66,10 +66,7 @@ run() {
       fail "$how: training did not reach step 3 in 120 s: $(tail -n 20 "$out")"
     fi
     wait "$job"
-    [ "$attempt" = 1 ] && grep -q "$MN_TCP_CONNECT_FAILED" "$out" ||
-      fail "$how: training ended before step 3: $(tail -n 40 "$out")"
-    echo "$how: the job ended before the fault after Open MPI's TCP connect warning; starting it once more. Its output:"
-    tail -n 40 "$out"
+    [ "$attempt" = 1 ] && mn_run_again "$out" || fail "$how: training ended before step 3: $(tail -n 40 "$out")"
     restore
   done
   start=$(date +%s.%N)

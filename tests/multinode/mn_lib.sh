@@ -57,17 +57,22 @@ wait_for() {
 # once more (mn_once_more), printing what it said; any other failure stays a failure.
 MN_TCP_CONNECT_FAILED="Open MPI failed to TCP connect to a peer"
 
-# mn_once_more <output file> <command...>: runs the command with its output in the file;
-# if it fails after Open MPI's TCP connect warning, prints that output and runs it again.
-# Returns the status of the last run.
+# mn_run_again <output file of a failed job>: whether the job is to run once more (its
+# output has Open MPI's TCP connect warning); if so, says so and prints that output.
+mn_run_again() {
+  grep -q "$MN_TCP_CONNECT_FAILED" "$1" || return 1
+  echo "multinode: the job failed after Open MPI's TCP connect warning; running it once more. Its output:"
+  tail -n 40 "$1"
+}
+
+# mn_once_more <output file> <command...>: runs the command with its output in the file,
+# and once more when mn_run_again says so. Returns the status of the last run.
 mn_once_more() {
   local out=$1 rc
   shift
   "$@" > "$out" 2>&1
   rc=$?
-  if [ "$rc" -ne 0 ] && grep -q "$MN_TCP_CONNECT_FAILED" "$out"; then
-    echo "multinode: the job failed after Open MPI's TCP connect warning; running it once more. Its output:"
-    tail -n 40 "$out"
+  if [ "$rc" -ne 0 ] && mn_run_again "$out"; then
     "$@" > "$out" 2>&1
     rc=$?
   fi

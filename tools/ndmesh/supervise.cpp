@@ -170,7 +170,7 @@ int supervise(const std::vector<std::string>& argv, const NotifySocket& socket, 
   if (!reports.empty()) {
     const std::string report(telling_report(reports));
     const std::size_t others = reports.size() - 1;
-    std::string more = others > 0 ? fmt::format(" (and {} more report{})", others, others > 1 ? "s" : "") : "";
+    const std::string more = others > 0 ? fmt::format(" (and {} more report{})", others, others > 1 ? "s" : "") : "";
     if (killed)
       std::fprintf(
           stderr,

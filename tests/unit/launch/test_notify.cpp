@@ -16,9 +16,8 @@ const std::string kAcrossNodes =
     "[rank 1] [comm] all_reduce on group world (ranks 0,1,2,3) timed out after 5 s; the group spans nodes "
     "node0,node1";
 const std::string kAcrossManyNodes =
-    "[rank 3] [comm] all_reduce on group dp (ranks 3,11,19,...,123 (16 ranks)) timed out after 5 s; the "
-    "group "
-    "spans 16 nodes (node0,node1,...,node15)";
+    "[rank 3] [comm] all_reduce on group dp (ranks 3,11,19,...,123 (16 ranks)) timed out after 5 s; "
+    "the group spans 16 nodes (node0,node1,...,node15)";
 
 TEST(TellingReport, PrefersTheLineNamingAGroupAcrossNodes) {
   EXPECT_EQ(telling_report({kWithinNode, kAcrossNodes}), kAcrossNodes);
