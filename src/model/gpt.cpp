@@ -29,10 +29,6 @@ std::vector<std::string> gpt_problems(const ModelSpec& s) {
   return out;
 }
 
-std::vector<std::string> gpt_tp_problems(const ModelSpec& s, std::int64_t tp, bool sp, std::int64_t rows) {
-  return tp_problems(s, tp, sp, rows);  // the one rule set: config/training.hpp
-}
-
 double gpt_memory_elements(const ModelSpec& s, std::int64_t batch, std::int64_t seq) {
   const double n = static_cast<double>(batch) * static_cast<double>(seq);
   const double c = static_cast<double>(s.hidden), v = static_cast<double>(s.vocab);
@@ -85,8 +81,7 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
   NDMESH_CHECK_CONFIG(0 <= first_block_ && first_block_ < last_block_ && last_block_ <= spec.layers, "model",
                       "stage blocks [{}, {}) are not a non-empty range of the model's {} layers",
                       first_block_, last_block_, spec.layers);
-  if (auto problems = gpt_tp_problems(spec, tp_.size(), tp_.sequence_parallel, batch_ * seq_);
-      !problems.empty())
+  if (auto problems = tp_problems(spec, tp_.size(), tp_.sequence_parallel, batch_ * seq_); !problems.empty())
     fail<ConfigError>("model", "{}", fmt::join(problems, "; "));
   const nn::TpShape tps = tp_.shape();
   if (first_block_ == 0)
@@ -384,7 +379,6 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     tp_.f_backward(dlnf_full_.data(), dlnf_.data(), n, c);
     dres_a_.zero();
     lnf_->backward(dlnf_.data(), output(a), a.lnf_mean.data(), a.lnf_rstd.data(), dres_a_.data(), nl);
-    sum_tp_grads(head_offset_, store_.size());
     if (grads_final_) grads_final_(head_offset_);
   } else {
     NDMESH_CHECK(doutput != nullptr, "model", "stage up to block {} needs the gradient of its output",
@@ -411,7 +405,6 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
                         progress_ ? &progress_ : nullptr, core_.get(), positions_here());
     if (recompute_ != nn::Recompute::kFull) lend(*acts, l);
     std::swap(dout, dinp);
-    sum_tp_grads(block_offset_[l], l + 1 < blocks_.size() ? block_offset_[l + 1] : head_offset_);
     // With a tied head on this stage the token table (offset 0) is final only after the
     // embedding: block offsets are above it, so the watermark stays correct.
     if (grads_final_) grads_final_(block_offset_[l]);
@@ -422,26 +415,6 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
   else
     ops::copy(input_grad_.data(), dout->data(), nl * c, device_);
   if (grads_final_) grads_final_(0);
-}
-
-template <typename T>
-void GptT<T>::sum_tp_grads(std::int64_t from, std::int64_t to) {
-  if (!tp_grad_sync_ || tp_.size() == 1) return;
-  // One all-reduce for the range: the views are packed into a work buffer and back.
-  tp_grad_work_.clear();
-  for (const auto& v : store_.views())
-    if (v.shard.grad_sum && v.offset >= from && v.offset < to)
-      tp_grad_work_.insert(tp_grad_work_.end(), store_.grads().begin() + v.offset,
-                           store_.grads().begin() + v.offset + v.numel);
-  if (tp_grad_work_.empty()) return;
-  tp_.comm->all_reduce_sum(tp_grad_work_.data(), static_cast<std::int64_t>(tp_grad_work_.size()));
-  std::size_t at = 0;
-  for (const auto& v : store_.views())
-    if (v.shard.grad_sum && v.offset >= from && v.offset < to) {
-      std::copy_n(tp_grad_work_.begin() + static_cast<std::ptrdiff_t>(at), v.numel,
-                  store_.grads().begin() + v.offset);
-      at += static_cast<std::size_t>(v.numel);
-    }
 }
 
 template <typename T>

@@ -68,25 +68,14 @@ void GradSync::sum_tied_table(std::size_t c) {
 }
 
 void GradSync::sum_replicated_over_tp() {
-  if (tp_.size() == 1) return;
-  // Every chunk's updated elements of the grad_sum views, packed in one buffer: the tp ranks
-  // have the same flat layout and shards, so the packed buffers line up.
-  auto visit = [&](auto&& f) {
-    for (std::size_t c = 0; c < chunks_.size(); ++c) {
-      model::Gpt& g = *chunks_[c];
-      for (const ParamView& v : g.params().views())
-        if (v.shard.grad_sum) reducers_[c]->for_each_owned(g.params().grads().data(), v.offset, v.numel, f);
-    }
-  };
-  work_.clear();
-  visit([&](float* p, std::int64_t n, std::int64_t) { work_.insert(work_.end(), p, p + n); });
-  if (work_.empty()) return;  // no sequence parallelism (the same on every tp rank)
-  tp_.comm->all_reduce_sum(work_.data(), static_cast<std::int64_t>(work_.size()));
-  std::size_t at = 0;
-  visit([&](float* p, std::int64_t n, std::int64_t) {
-    std::copy_n(work_.begin() + static_cast<std::ptrdiff_t>(at), n, p);
-    at += static_cast<std::size_t>(n);
-  });
+  std::vector<ParamStore<float>*> stores;
+  for (model::Gpt* g : chunks_) stores.push_back(&g->params());
+  parallel::sum_replicated_over_tp<float>(
+      tp_, stores,
+      [&](std::size_t c, const ParamView& v, auto&& f) {
+        reducers_[c]->for_each_owned(stores[c]->grads().data(), v.offset, v.numel, f);
+      },
+      work_);
 }
 
 double GradSync::counted_square_sum() const {

@@ -97,8 +97,6 @@ std::vector<std::unique_ptr<model::Gpt>> build_chunks(const ModelPlan& plan) {
     // The chunks of a rank run one backward at a time: one recompute workspace for all.
     if (chunks.size() > 1) g.share_recompute_workspace(*chunks.front());
     g.set_loss_weight(plan.loss_weight);
-    // Gradient synchronisation sums the replicated-over-tp gradients once per step (GradSync).
-    g.set_tp_grad_sync(false);
     if (plan.batch.cp_size > 1) g.set_positions(plan.batch.positions);
     if (plan.attention) g.set_attention_core(plan.attention);
   }

@@ -1,8 +1,9 @@
 // Tensor-parallel layers in double precision under mpirun (the tp group is the world):
 // a GptT<double> split over tp, with random parameters that are slices of a serial
 // model's, has the serial loss (1e-12) and, for every parameter, the slice of the serial
-// gradient (1e-10); and its gradients match central finite differences of the tp loss
-// itself (perturbing one rank's shard element, or a replicated element on every rank),
+// gradient (1e-10) once the tp part of the gradient rule (parallel::sum_replicated_over_tp,
+// the function training uses) has run; and its gradients match central finite differences
+// of the tp loss itself (perturbing one rank's shard element, or a replicated element on every rank),
 // with and without sequence parallelism, tied and untied heads, grouped-query attention.
 #include <algorithm>
 #include <cmath>
@@ -14,6 +15,7 @@
 
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/model/gpt.hpp"
+#include "ndmesh/parallel/grad_sync.hpp"
 #include "ndmesh/parallel/tp/tp_comm.hpp"
 #include "ndmesh/tensor/rng.hpp"
 
@@ -66,6 +68,15 @@ TEST_P(TpGrad, SliceOfSerialAndFiniteDifferences) {
   serial.backward();
   const double loss = split.forward(tokens.data(), targets.data());
   split.backward();
+  // The tp part of the gradient rule, as training applies it (GradSync).
+  std::vector<double> work;
+  ParamStore<double>* stores[] = {&split.params()};
+  parallel::sum_replicated_over_tp<double>(
+      split.tp(), stores,
+      [&](std::size_t chunk, const ParamView& v, auto&& f) {
+        f(stores[chunk]->grads().data() + v.offset, v.numel, std::int64_t{0});
+      },
+      work);
   EXPECT_NEAR(loss, serial_loss, 1e-12 * std::abs(serial_loss));
   EXPECT_GT(stats->all_reduce.calls, 0);
   if (c.sequence_parallel) {

@@ -66,14 +66,6 @@ struct GptOptions {
 /// Every problem with a ModelSpec for this model, one line each (field, value, fix).
 std::vector<std::string> gpt_problems(const ModelSpec& spec);
 
-/// Every problem with splitting `spec` over a tensor-parallel group of `tp` ranks, one
-/// line each naming the flag, the value and the fix: tp must divide the heads, the
-/// key/value heads (they are not replicated: each rank holds whole kv groups), the MLP
-/// width and the vocabulary; with sequence parallelism also the token rows of a
-/// micro-batch (`rows` = micro-batch * seq).
-std::vector<std::string> gpt_tp_problems(const ModelSpec& spec, std::int64_t tp, bool sequence_parallel,
-                                         std::int64_t rows);
-
 /// Elements a whole-model GptT allocates for one batch: parameters, gradients, the
 /// activations kept for backward and the backward work space (an estimate within a few
 /// percent; multiply by sizeof(T) for bytes). Lets callers refuse a size before allocating.
@@ -123,6 +115,9 @@ class GptT {
   double forward(const std::int32_t* tokens, const std::int32_t* targets);
   /// Whole model: accumulates into params().grads() the gradient of the mean loss of the
   /// last forward (which must have had targets). Call params().zero_grad() between steps.
+  /// Under tp, a parameter replicated over tp whose inputs differ on each tp rank
+  /// (ParamShard::grad_sum) gets only this rank's part: parallel::sum_replicated_over_tp
+  /// (the gradient rule, in gradient sync) completes it.
   void backward() { backward(acts_, nullptr); }
 
   /// Stage forward into `acts`: a stage with the embedding reads `tokens`, others read
@@ -139,11 +134,6 @@ class GptT {
   /// that splits a global batch over micro-batches and ranks sets 1 / (global tokens), so
   /// the gradients summed over them are those of the mean over the whole batch.
   void set_loss_weight(double w) { loss_weight_ = w; }
-  /// Whether backward() sums over tp the gradients of replicated parameters that see
-  /// other tokens on each tp rank (sequence parallelism: norms, row-parallel biases). A run
-  /// with micro-batches sets it only for the last one (the sums are linear), like the
-  /// data-parallel reduction. Default true.
-  void set_tp_grad_sync(bool sync) { tp_grad_sync_ = sync; }
   const nn::TpContext<T>& tp() const { return tp_; }
   double loss_weight() const { return loss_weight_; }
   /// Where the parameters, gradients and activations live.
@@ -233,8 +223,6 @@ class GptT {
   void size_workspace();
   // Swaps the workspace's tensors in (or back out of) block l's activations.
   void lend(nn::BlockActivations<T>& acts, std::size_t l);
-  // Sums over tp the gradients of the grad_sum views in [from, to) of the flat buffer.
-  void sum_tp_grads(std::int64_t from, std::int64_t to);
   // The positions where the kernels read them (device memory on CUDA).
   const std::int64_t* positions_here() const {
     return device_ == Device::kCpu ? positions_.data() : positions_device_.data();
@@ -246,8 +234,6 @@ class GptT {
 
   ModelSpec spec_;
   nn::TpContext<T> tp_;
-  bool tp_grad_sync_ = true;
-  std::vector<T> tp_grad_work_;
   std::int64_t batch_, seq_;
   std::int64_t first_block_, last_block_;
   ParamStore<T> store_;

@@ -1,6 +1,6 @@
 // Gradient synchronisation (Megatron-core's finalize_model_grads): every rule that turns
 // the gradients a rank's backwards computed into the gradients of the mean loss over the
-// global batch, and their global norm. The gradient rule of ARCHITECTURE.md ("summed over
+// global batch, and their global norm. The gradient rule (docs/runtime.md: "summed over
 // every dim where the parameter is replicated and the data differs") is here and nowhere
 // else:
 //  1. dp-cp: parameters are replicated over the gradient group (dp, or dp x cp). One
@@ -27,8 +27,10 @@
 // chunk's gradient buffer belong to the reductions (see GradReducer).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "ndmesh/comm/process_groups.hpp"
@@ -43,6 +45,33 @@ struct StepSums {
   double loss = 0;       ///< mean over the global batch's tokens
   double grad_norm = 0;  ///< of the synchronised gradients, before clipping
 };
+
+/// Rule 2 (tp) for any element type: sums over the tp group the gradients of the
+/// parameters replicated over tp whose inputs differ on each tp rank (ParamShard::grad_sum)
+/// in `stores`. `runs(c, view, f)` calls f(gradients, n, at) for each run of store c's
+/// view whose gradient this rank updates (the whole view without ZeRO); the runs line up
+/// on the tp ranks (same flat layout and shards), so one packed all-reduce sums them.
+/// `work` is the packing buffer. GradSync applies it once per step; the double-precision
+/// tp tests apply the same function to their models.
+template <typename T, typename Runs>
+void sum_replicated_over_tp(const nn::TpContext<T>& tp, std::span<ParamStore<T>* const> stores, Runs&& runs,
+                            std::vector<T>& work) {
+  if (tp.size() == 1) return;
+  auto visit = [&](auto&& f) {
+    for (std::size_t c = 0; c < stores.size(); ++c)
+      for (const ParamView& v : stores[c]->views())
+        if (v.shard.grad_sum) runs(c, v, f);
+  };
+  work.clear();
+  visit([&](T* p, std::int64_t n, std::int64_t) { work.insert(work.end(), p, p + n); });
+  if (work.empty()) return;  // no sequence parallelism (the same on every tp rank)
+  tp.comm->all_reduce_sum(work.data(), static_cast<std::int64_t>(work.size()));
+  std::size_t at = 0;
+  visit([&](T* p, std::int64_t n, std::int64_t) {
+    std::copy_n(work.begin() + static_cast<std::ptrdiff_t>(at), n, p);
+    at += static_cast<std::size_t>(n);
+  });
+}
 
 /// Owns every reduction of the gradients of one rank's model chunks.
 class GradSync {
