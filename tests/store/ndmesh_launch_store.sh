@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `ndmesh launch --store` needs no mpirun: 4 ranks with torchrun's variables, dp x tp
-# training equal to the serial run, rank-tagged output, a failing rank's exit status.
+# training equal to the serial run (losses and gradient norms), rank-tagged output, a failing rank's exit status.
 #   ndmesh_launch_store.sh <ndmesh>
 set -uo pipefail
 ndmesh=$1
@@ -13,10 +13,8 @@ model=(--layers 2 --hidden 32 --heads 4 --kv-heads 2 --seq 16 --markov-vocab 16 
 # No mpirun on PATH: the launcher and the ranks must not need it.
 PATH=/nonexistent:/usr/bin:/bin "$ndmesh" launch --store --no-tag -n 4 -- "$ndmesh" train "${model[@]}" --dp 2 --tp 2 \
   2> "$tmp/err" | tail -n 1 > "$tmp/par.json" || fail "launch --store: $(tail -n 3 "$tmp/err")"
-d=$(jq -n --slurpfile a "$tmp/serial.json" --slurpfile b "$tmp/par.json" \
-  '[$a[0].losses, $b[0].losses] | transpose | map((.[0] - .[1]) / .[0] | fabs) | max')
-echo "dp 2 x tp 2 under ndmesh launch --store: max relative loss difference $d"
-awk -v d="$d" 'BEGIN{exit !(d < 1e-5)}' || fail "losses differ by $d"
+source "$(dirname "$0")/../support/compare_runs.sh"
+expect_same "dp 2 x tp 2 under ndmesh launch --store" "$tmp/serial.json" "$tmp/par.json"
 out=$("$ndmesh" launch --store -n 2 -- "$ndmesh" check --tp 2 2>&1) || fail "check: $out"
 [[ "$out" == *"[0] verified 7 groups: all match the mesh"* ]] || fail "no tagged summary: $out"
 "$ndmesh" launch --store -n 2 -- "$ndmesh" check --tp 4 > /dev/null 2>&1
