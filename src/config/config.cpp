@@ -191,10 +191,19 @@ ParallelConfig resolve(ParallelConfig config, std::int64_t world) {
 
 // ---------------------------------------------------------------------------- checks
 
-std::vector<std::string> model_problems(const ModelSpec& m) {
+std::vector<std::string> model_problems(const ModelSpec& m, ModelFieldNames names) {
+  // A field as the user wrote it: "model heads" / "heads" in a config, "--heads" as a flag.
+  const bool flags = names == ModelFieldNames::kFlags;
+  auto key = [&](std::string_view field) {
+    if (!flags) return std::string(field);
+    std::string k = "--" + std::string(field);
+    std::replace(k.begin(), k.end(), '_', '-');
+    return k;
+  };
+  auto label = [&](std::string_view field) { return flags ? key(field) : "model " + key(field); };
   std::vector<std::string> out;
   auto positive = [&](std::string_view field, std::int64_t v) {
-    if (v < 1) out.push_back(fmt::format("model {}={} must be positive; e.g. {}=1", field, v, field));
+    if (v < 1) out.push_back(fmt::format("{}={} must be positive; e.g. {}=1", label(field), v, key(field)));
   };
   positive("layers", m.layers);
   positive("hidden", m.hidden);
@@ -202,20 +211,22 @@ std::vector<std::string> model_problems(const ModelSpec& m) {
   positive("seq", m.seq);
   // A vocabulary of one token has nothing to predict (the loss is 0 and the gradient
   // too); the model layer needs at least 2.
-  if (m.vocab < 2) out.push_back(fmt::format("model vocab={} must be at least 2; e.g. vocab=50304", m.vocab));
+  if (m.vocab < 2)
+    out.push_back(
+        fmt::format("{}={} must be at least 2; e.g. {}=50304", label("vocab"), m.vocab, key("vocab")));
   if (m.kv_heads < 0)
-    out.push_back(fmt::format("model kv_heads={} must be positive, or 0 for heads", m.kv_heads));
-  if (m.ffn < 0) out.push_back(fmt::format("model ffn={} must be positive, or 0 for 4*hidden", m.ffn));
+    out.push_back(fmt::format("{}={} must be positive, or 0 for heads", label("kv_heads"), m.kv_heads));
+  if (m.ffn < 0) out.push_back(fmt::format("{}={} must be positive, or 0 for 4*hidden", label("ffn"), m.ffn));
   if (m.experts < 0)
-    out.push_back(fmt::format("model experts={} must be positive, or 0 for dense", m.experts));
+    out.push_back(fmt::format("{}={} must be positive, or 0 for dense", label("experts"), m.experts));
   if (!out.empty()) return out;
   if (m.hidden % m.heads != 0)
-    out.push_back(fmt::format("model hidden={} is not divisible by heads={}; use {}", m.hidden, m.heads,
-                              nearest_divisors(m.hidden, m.heads, "heads")));
+    out.push_back(fmt::format("{}={} is not divisible by {}={}; use {}", label("hidden"), m.hidden,
+                              key("heads"), m.heads, nearest_divisors(m.hidden, m.heads, key("heads"))));
   std::int64_t kv = m.kv_heads_or_heads();
   if (m.heads % kv != 0)
-    out.push_back(fmt::format("model heads={} is not a multiple of kv_heads={}; use {}", m.heads, kv,
-                              nearest_divisors(m.heads, kv, "kv_heads")));
+    out.push_back(fmt::format("{}={} is not a multiple of {}={}; use {}", label("heads"), m.heads,
+                              key("kv_heads"), kv, nearest_divisors(m.heads, kv, key("kv_heads"))));
   return out;
 }
 

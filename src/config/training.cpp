@@ -90,6 +90,12 @@ std::vector<std::string> cp_chunk_problems(std::int64_t seq, std::int64_t cp, bo
   return out;
 }
 
+std::vector<std::string> zero_problems(int zero) {
+  if (zero >= 0 && zero <= kMaxTrainZero) return {};
+  return {fmt::format(
+      "--zero={} is not a ZeRO stage ndmesh train runs; use 0, 1 or 2 (ZeRO-3 is not implemented)", zero)};
+}
+
 std::vector<std::string> training_problems(const TrainingRun& r, const ModelSpec* model) {
   std::vector<std::string> out;
   // The batch: dp ranks each train global / dp sequences, in micro-batches of micro_batch.
@@ -156,11 +162,7 @@ std::vector<std::string> training_problems(const TrainingRun& r, const ModelSpec
                     "fewer micro-batches "
                     "(a larger --micro-batch)",
                     r.pp, microbatches, r.vpp, kMaxPipelineWork));
-  if (r.zero < 0 || r.zero > kMaxTrainZero)
-    out.push_back(
-        fmt::format("--zero={} is not a ZeRO stage ndmesh train runs; use 0, 1 or 2 (ZeRO-3 is not "
-                    "implemented)",
-                    r.zero));
+  for (auto& p : zero_problems(r.zero)) out.push_back(std::move(p));
   if (r.sequence_parallel && r.tp <= 1)
     out.push_back(
         "--sequence-parallel needs --tp > 1 (it splits the tokens of the norms over tp); add --tp 2 or leave "

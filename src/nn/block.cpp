@@ -32,24 +32,6 @@ TpContext<T> checked(const BlockOptions& o, TpContext<T> tp) {
 }
 }  // namespace
 
-const char* recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::kSelective:
-      return "selective";
-    case Recompute::kFull:
-      return "full";
-    case Recompute::kNone:
-      break;
-  }
-  return "none";
-}
-
-std::optional<Recompute> parse_recompute(std::string_view name) {
-  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
-    if (name == recompute_name(r)) return r;
-  return std::nullopt;
-}
-
 template <typename T>
 Block<T>::Block(ParamStore<T>& store, BlockOptions options, TpContext<T> tp)
     : options_(resolved(std::move(options))),

@@ -11,7 +11,7 @@ void apply_recompute(ModelPlan& plan, const TrainOptions& o) {
   // (training_problems() refuses it for ndmesh train; parallelize() checked the run.)
   NDMESH_CHECK(!plan.split_backward || o.recompute == nn::Recompute::kNone, "train",
                "--recompute={} with --schedule zb-h1: check the run with training_problems() first",
-               nn::recompute_name(o.recompute));
+               recompute_name(o.recompute));
   plan.recompute = o.recompute;
 }
 

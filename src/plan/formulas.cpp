@@ -37,25 +37,6 @@ Attention parse_attention(std::string_view name, std::string_view flag) {
   fail<ConfigError>("plan", "{} '{}' is not an attention kind; use flash or standard", flag, name);
 }
 
-std::string_view recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::kNone:
-      return "none";
-    case Recompute::kSelective:
-      return "selective";
-    case Recompute::kFull:
-      return "full";
-  }
-  return "none";
-}
-
-Recompute parse_recompute(std::string_view name, std::string_view flag) {
-  if (name == "none") return Recompute::kNone;
-  if (name == "selective") return Recompute::kSelective;
-  if (name == "full") return Recompute::kFull;
-  fail<ConfigError>("plan", "{} '{}' is not a recompute mode; use none, selective or full", flag, name);
-}
-
 Precision parse_precision(std::string_view name, std::string_view flag) {
   if (name == "mixed") return {};
   if (name == "mixed-fp32-grads") return {.grad_bytes = 4};

@@ -100,8 +100,10 @@ expect_usage() {
   grep -qF -- "$needle" "$tmp/out.txt" || fail "'$*' did not say '$needle': $(cat "$tmp/out.txt")"
 }
 expect_usage "--layers=0" "$ndmesh" train --layers 0
-expect_usage "--kv-heads=3 must divide --heads=4" "$ndmesh" train --kv-heads 3
-expect_usage "--heads=3 must divide --hidden=64" "$ndmesh" train --heads 3
+expect_usage "--heads=4 is not a multiple of --kv-heads=3; use --kv-heads=2 or --kv-heads=4" "$ndmesh" train --kv-heads 3
+expect_usage "--hidden=64 is not divisible by --heads=3; use --heads=2 or --heads=4" "$ndmesh" train --heads 3
+expect_usage "--layers=0 must be positive; e.g. --layers=1" "$ndmesh" train --layers 0
+expect_usage "--vocab=1 must be at least 2" "$ndmesh" train --vocab 1
 expect_usage "--lr=-1" "$ndmesh" train --lr -1
 expect_usage "--vocab=50" "$ndmesh" train --vocab 50
 expect_usage "--data=$tmp/missing.txt" "$ndmesh" train --data "$tmp/missing.txt"
@@ -112,12 +114,13 @@ expect_usage "not an ndmesh checkpoint" "$ndmesh" train "${small[@]}" --steps 12
 expect_usage "hidden: checkpoint has 32, the run has 64" "$ndmesh" train --layers 1 --hidden 64 --heads 2 \
   --kv-heads 1 --seq 16 --batch 4 --markov-vocab 16 --threads 1 --steps 12 --load "$tmp/ck.bin"
 expect_usage "already at step 6" "$ndmesh" train "${small[@]}" --steps 6 --load "$tmp/ck.bin"
-expect_usage "--batch=100000 --seq=64 with this model needs about" "$ndmesh" train --batch 100000
+expect_usage "--batch=100000 --seq=64 with this model and layout needs about" "$ndmesh" train --batch 100000
 expect_usage "--until=13" "$ndmesh" train --steps 12 --until 13
 expect_usage "--save-every=4 needs --save" "$ndmesh" train --save-every 4
 expect_usage "--data is empty" "$ndmesh" train --data ""
 expect_usage "--recompute=partial is not a recompute mode (none, selective, full)" "$ndmesh" train --recompute partial
 expect_usage "--recompute= is not a recompute mode" "$ndmesh" train --recompute ""
+expect_usage "--zero=5 is not a ZeRO stage ndmesh train runs" "$ndmesh" train --zero 5
 expect_usage "--save is empty" "$ndmesh" train --save ""
 expect_usage "--load is empty" "$ndmesh" train --load ""
 expect_usage "not a regular file" "$ndmesh" train --data "$tmp"

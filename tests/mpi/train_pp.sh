@@ -155,4 +155,32 @@ expect_usage "--schedule interleaved needs --vpp 2 or more" 2 --pp 2 --schedule 
 expect_usage "--schedule interleaved needs a multiple of --pp=2 micro-batches per step" 2 --pp 2 --batch 6 \
   --schedule interleaved --virtual-stages 2 --micro-batch 2
 expect_usage "--schedule=pipedream is not a pipeline schedule" 1 --schedule pipedream
+# The memory guard counts what `ndmesh plan memory` counts (one memory model): a model too
+# large for this machine is refused before any allocation, and the per-rank bytes it names
+# are the planner's for the same layout (pp halves the blocks a rank holds, ZeRO shards the
+# optimizer state over dp), not the whole model's.
+huge=(--layers 48 --hidden 4096 --heads 32 --kv-heads 8 --seq 64 --markov-vocab 32 --batch 8 --threads 1 --steps 1)
+guard() {  # guard <ranks> <plan layout flags> -- <train layout flags>
+  local np=$1 plan_flags=() train_flags=()
+  shift
+  while [ "$1" != -- ]; do plan_flags+=("$1"); shift; done
+  shift
+  train_flags=("$@")
+  set +e
+  timeout 120 "${mpirun[@]}" -np "$np" "$ndmesh" train "${huge[@]}" "${train_flags[@]}" > "$tmp/guard.txt" 2>&1
+  local rc=$?
+  set -e
+  [ "$rc" -eq 2 ] || fail "guard (${train_flags[*]}): exit $rc, expected 2: $(tail -n 3 "$tmp/guard.txt")"
+  local said planned
+  said=$(grep -o '([0-9.]* GiB a rank' "$tmp/guard.txt" | head -n 1 | grep -o '[0-9.]*' | head -n 1)
+  [ -n "$said" ] || fail "guard (${train_flags[*]}): no per-rank GiB in: $(cat "$tmp/guard.txt")"
+  planned=$("$ndmesh" plan memory --layers 48 --hidden 4096 --heads 32 --kv-heads 8 --vocab 32 --seq 64 --global-batch 8     --precision fp32 --no-dropout --attention flash "${plan_flags[@]}" --json 2>&1 |
+    jq '.memory_bytes.total / 1073741824') || fail "plan memory (${plan_flags[*]}): $planned"
+  echo "memory guard (${train_flags[*]}): $said GiB a rank; ndmesh plan memory: $planned GiB"
+  awk -v a="$said" -v b="$planned" 'BEGIN{d = a - b; if (d < 0) d = -d; exit !(b > 0 && d / b < 0.01)}' ||
+    fail "guard (${train_flags[*]}) says $said GiB a rank, the planner $planned GiB"
+}
+guard 1 --micro-batch 8 -- --micro-batch 8
+guard 2 --pp 2 --micro-batch 4 -- --pp 2 --micro-batch 4
+guard 2 --dp 2 --zero 1 --micro-batch 4 -- --dp 2 --zero 1
 echo "train_pp.sh: ok"

@@ -27,11 +27,13 @@
 #include "mesh_flags.hpp"
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/comm/process_groups.hpp"
+#include "ndmesh/config/partition.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/log.hpp"
 #include "ndmesh/model/checkpoint_dir.hpp"
 #include "ndmesh/model/data.hpp"
 #include "ndmesh/parallel/trainer.hpp"
+#include "ndmesh/plan/estimate.hpp"
 #include "ndmesh/tensor/blas.hpp"
 #include "subcommand.hpp"
 
@@ -111,23 +113,12 @@ parallel::TrainOptions train_options(const Options& o, std::int64_t vocab, std::
                                   .trace_steps = o.trace_steps},
                            .cp_layout = parallel::parse_cp_layout(o.cp_layout),
                            .sequence_parallel = o.sequence_parallel,
-                           .recompute = *nn::parse_recompute(o.recompute),
+                           .recompute = parse_recompute(o.recompute),
                            .device = parse_device(o.device).value_or(Device::kCpu),
                            .precision = o.precision == "bf16" ? parallel::Precision::kBf16 : parallel::Precision::kFp32};
 }
 
 void validate(const Options& o) {
-  need(o.layers >= 1, "--layers", o.layers, "must be at least 1", "2");
-  need(o.hidden >= 1, "--hidden", o.hidden, "must be at least 1", "64");
-  need(o.heads >= 1, "--heads", o.heads, "must be at least 1", "4");
-  need(o.hidden % std::max<std::int64_t>(1, o.heads) == 0, "--heads", o.heads,
-       fmt::format("must divide --hidden={}", o.hidden), "4");
-  need(o.kv_heads >= 0, "--kv-heads", o.kv_heads, "must be >= 0 (0: same as --heads)", "2");
-  need(o.kv_heads == 0 || o.heads % o.kv_heads == 0, "--kv-heads", o.kv_heads,
-       fmt::format("must divide --heads={}", o.heads), "1");
-  need(o.ffn >= 0, "--ffn", o.ffn, "must be >= 0 (0: 4 * hidden)", "256");
-  need(o.seq >= 1, "--seq", o.seq, "must be at least 1", "64");
-  need(o.vocab >= 0, "--vocab", o.vocab, "must be >= 0 (0: the data's vocabulary)", "256");
   need(o.markov_vocab >= 2 && o.markov_vocab <= 1024, "--markov-vocab", o.markov_vocab,
        "must be in [2, 1024]", "32");
   need(o.markov_sharpness >= 0 && std::isfinite(o.markov_sharpness), "--markov-sharpness", o.markov_sharpness,
@@ -149,12 +140,16 @@ void validate(const Options& o) {
       known = known || schedule_name(sc) == o.schedule;
     need(known, "--schedule", o.schedule, "is not a pipeline schedule (gpipe, 1f1b, interleaved, zb-h1)", "1f1b");
   }
-  need(nn::parse_recompute(o.recompute).has_value(), "--recompute", o.recompute,
-       "is not a recompute mode (none, selective, full)", "selective");
+  parse_recompute(o.recompute);
   need(parse_device(o.device).has_value(), "--device", o.device, "is not a device (cpu, cuda)", "cuda");
   need(o.precision == "fp32" || o.precision == "bf16", "--precision", o.precision, "must be fp32 or bf16", "fp32");
-  // The options the runtime checks itself (parallel::train_option_problems), checked here
-  // too so that a bad value fails before any rank starts.
+  // The model's shape rules (config's model_problems, named as the flags) and the options
+  // the runtime checks itself (parallel::train_option_problems), checked here too so that
+  // a bad value fails before any rank starts. --vocab 0 is the data's vocabulary: the
+  // Markov source's or the 256 byte values.
+  const std::int64_t vocab = o.vocab != 0 ? o.vocab : o.data.empty() ? o.markov_vocab : 256;
+  if (auto problems = model_problems(train_options(o, vocab, 0).model, ModelFieldNames::kFlags); !problems.empty())
+    fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
   if (auto problems = parallel::train_option_problems(train_options(o, 0, 0)); !problems.empty())
     fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
   namespace fs = std::filesystem;
@@ -202,6 +197,33 @@ void validate(const Options& o) {
   }
 }
 
+// One rank's memory as the planner predicts it (plan::estimate_memory, the worst stage) for
+// the model the trainer builds: fp32 weights, gradients and AdamW moments (4 + 4 + 8 bytes
+// a parameter), fp32 activations, no dropout, the blockwise (flash-style) attention.
+double rank_memory_bytes(const parallel::TrainOptions& t, const Mesh& mesh) {
+  const plan::PlanModel model{.spec = t.model, .dropout = false};
+  plan::Layout l{.tp = mesh.size_of("tp"),
+                 .cp = mesh.size_of("cp"),
+                 .pp = mesh.size_of("pp"),
+                 .dp = mesh.size_of("dp"),
+                 .vpp = t.pp.virtual_stages,
+                 .schedule = t.pp.schedule,
+                 .recompute = t.recompute,
+                 .sequence_parallel = t.sequence_parallel,
+                 .zero = t.dp.zero,
+                 .attention = plan::Attention::kFlash};
+  l.micro_batch = t.micro_batch > 0 ? t.micro_batch : std::max<std::int64_t>(1, t.batch / l.dp);
+  try {
+    l.stage_layers = t.pp.layers.empty() ? plan::stage_chunks(model, l)
+                                         : parse_partition(t.pp.layers, t.model.layers, l.pp, l.vpp, "--pp-layers");
+    return plan::estimate_memory(model, l, {.seq = t.model.seq, .global_batch = t.batch},
+                                 plan::parse_precision("fp32"))
+        .total;
+  } catch (const ConfigError&) {
+    return 0.0;  // a layout the trainer refuses: its own line (training_problems) is the one to show
+  }
+}
+
 std::string clock(double seconds) {
   auto s = static_cast<long long>(std::max(0.0, seconds) + 0.5);
   return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
@@ -237,16 +259,10 @@ int train(Options o, comm::Communicator& world) {
   // Refuse sizes that would not fit instead of being killed half-way through allocation:
   // the ranks of one node share its memory, so the node's ranks times one rank's need
   // against the node's memory, agreed over the world (the fullest node decides for all).
-  const std::int64_t dp = layout.mesh.size_of("dp");
-  const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : std::max<std::int64_t>(1, o.batch / dp);
-  // A context-parallel rank keeps the activations of its seq / cp tokens.
-  const std::int64_t local_seq = std::max<std::int64_t>(1, o.seq / std::max<std::int64_t>(1, layout.mesh.size_of("cp")));
-  // A tensor-parallel rank holds about 1/tp of the parameters and activations.
-  // (On a GPU the model lives in device memory: the device allocator reports what does not fit.)
-  const double rank_bytes =
-      t.device != Device::kCpu ? 0.0
-                               : model::gpt_memory_elements(t.model, micro, local_seq) * sizeof(float) * 3 / 2 /
-                                     static_cast<double>(std::max<std::int64_t>(1, layout.mesh.size_of("tp")));
+  // One rank's need is the planner's (rank_memory_bytes: pp, ZeRO, tp, cp and recompute
+  // counted as `ndmesh plan memory` counts them). On a GPU the model lives in device
+  // memory: the device allocator reports what does not fit.
+  const double rank_bytes = t.device != Device::kCpu ? 0.0 : rank_memory_bytes(t, layout.mesh);
   const std::int64_t node_ranks = world.size() > 1 ? comm::resolve_launch_env(world).local_world_size.value_or(1) : 1;
   const double node_memory =
       static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
@@ -262,10 +278,11 @@ int train(Options o, comm::Communicator& world) {
   if (fullest[0] > 0.8)
     fail<ConfigError>(
         "train",
-        "--batch={} --seq={} with this model needs about {:.1f} GiB on a node of {} ranks but the node has {:.1f} "
-        "GiB; lower --batch or --seq (or --micro-batch), or run fewer ranks per node",
-        o.batch, o.seq, rank_bytes * fullest[1] / (1 << 30), static_cast<std::int64_t>(fullest[1]),
-        fullest[2] / (1 << 30));
+        "--batch={} --seq={} with this model and layout needs about {:.1f} GiB on a node of {} ranks ({:.2f} GiB a "
+        "rank, as 'ndmesh plan memory' counts it) but the node has {:.1f} GiB; lower --batch, --seq or "
+        "--micro-batch, add --recompute full or --zero 1, or run fewer ranks per node",
+        o.batch, o.seq, fullest[0] * fullest[2] / (1 << 30), static_cast<std::int64_t>(fullest[1]),
+        fullest[0] * fullest[2] / fullest[1] / (1 << 30), fullest[2] / (1 << 30));
   const std::int64_t stages = layout.mesh.size_of("pp");
   const std::string source = data->describe();
   parallel::Trainer trainer(t, std::move(data), groups);

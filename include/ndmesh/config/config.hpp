@@ -110,10 +110,15 @@ std::vector<std::string> problems(const ParallelConfig& config, const ModelSpec*
 /// Throws one ConfigError holding every problem, or returns.
 void validate(const ParallelConfig& config, const ModelSpec* model = nullptr);
 
+/// How model_problems names a field: as a config key ("model heads=3 ...; use heads=2")
+/// or as ndmesh train's flag ("--heads=3 ...; use --heads=2").
+enum class ModelFieldNames { kConfig, kFlags };
+
 /// Model checks on their own (layers, heads, hidden...) independent of parallelism.
-/// The one place the model-shape rules live: the planner (plan_model_problems) calls
-/// it, and the model layer (model::gpt_problems) should call it too.
-std::vector<std::string> model_problems(const ModelSpec& model);
+/// The one place the model-shape rules live: the planner (plan_model_problems), the model
+/// layer (model::gpt_problems) and `ndmesh train`'s flag check (kFlags) call it.
+std::vector<std::string> model_problems(const ModelSpec& model,
+                                        ModelFieldNames names = ModelFieldNames::kConfig);
 
 /// What a TOML config file holds. Sections [parallel], [model], [training]; unknown keys
 /// are errors that name the key and the file.

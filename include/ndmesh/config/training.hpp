@@ -53,6 +53,10 @@ TrainingRun training_run(const ParallelConfig& config);
 /// rules of running it on the layout. No exceptions: the planner calls it per layout.
 std::vector<std::string> training_problems(const TrainingRun& run, const ModelSpec* model = nullptr);
 
+/// The ZeRO stages `ndmesh train` runs (0 to kMaxTrainZero): empty, or the one line.
+/// training_problems() and the data-parallel options' check both ask it.
+std::vector<std::string> zero_problems(int zero);
+
 /// Tensor-parallel rules of the model alone: tp divides the heads, the kv heads (split, not
 /// replicated: each rank holds whole groups of query heads), the MLP width and the
 /// vocabulary; with sequence parallelism the `rows` token rows of a micro-batch.

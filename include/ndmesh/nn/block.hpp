@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 
+#include "ndmesh/core/recompute.hpp"
 #include "ndmesh/nn/attention.hpp"
 #include "ndmesh/nn/layernorm.hpp"
 #include "ndmesh/nn/linear.hpp"
@@ -48,11 +49,7 @@ struct BlockOptions {
 /// The recomputed forward is the same code on the same inputs, so the losses and gradients
 /// are bit for bit those of kNone. GptT (model/gpt.hpp) implements it with
 /// recompute_attention() and forward().
-enum class Recompute { kNone, kSelective, kFull };
-/// "none", "selective", "full".
-const char* recompute_name(Recompute r);
-/// Parses a recompute name; std::nullopt when it is not one.
-std::optional<Recompute> parse_recompute(std::string_view name);
+using ndmesh::Recompute;  // core/recompute.hpp: the one enum and parser
 
 /// What one block's forward keeps for its backward (one micro-batch). Under recompute
 /// some of these stay empty (see Recompute).

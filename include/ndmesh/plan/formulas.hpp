@@ -58,17 +58,16 @@
 #include <vector>
 
 #include "ndmesh/config/config.hpp"
+#include "ndmesh/core/recompute.hpp"
 #include "ndmesh/plan/presets.hpp"
 
 namespace ndmesh::plan {
 
-/// Activation recomputation (Korthikanti et al. 2022).
-enum class Recompute {
-  kNone,       ///< keep every activation
-  kSelective,  ///< recompute the attention core in the backward pass (standard: the 5 a s/h term;
-               ///< flash: its output and log-sum-exp)
-  kFull,       ///< keep only each layer's input, recompute the whole layer
-};
+/// Activation recomputation (Korthikanti et al. 2022): kSelective drops the attention
+/// core's activations (standard: the 5 a s/h term; flash: its output and log-sum-exp).
+using ndmesh::parse_recompute;
+using ndmesh::Recompute;  // core/recompute.hpp: the one enum and parser
+using ndmesh::recompute_name;
 
 /// How attention is computed.
 enum class Attention {
@@ -80,11 +79,6 @@ enum class Attention {
 std::string_view attention_name(Attention a);
 /// Parses "flash" / "standard"; ConfigError naming `flag`, the value and the valid names.
 Attention parse_attention(std::string_view name, std::string_view flag = "--attention");
-
-/// "none", "selective", "full".
-std::string_view recompute_name(Recompute r);
-/// Parses a recompute name; ConfigError naming `flag`, the value and the valid names.
-Recompute parse_recompute(std::string_view name, std::string_view flag = "--recompute");
 
 /// Bytes per element of what training keeps. The default is mixed-precision Adam with
 /// 16-bit activations (Rajbhandari et al.: 2 + 2 + 12); fp32 AdamW is {4, 4, 8, 4}.

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "ndmesh/comm/communicator.hpp"
+#include "ndmesh/config/training.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -23,8 +24,7 @@ double now_s() {
 }  // namespace
 
 std::vector<std::string> data_parallel_option_problems(const DataParallelOptions& o) {
-  std::vector<std::string> out;
-  if (o.zero < 0 || o.zero > 2) out.push_back(fmt::format("--zero={} is not a supported ZeRO stage; use 0, 1 or 2", o.zero));
+  std::vector<std::string> out = zero_problems(o.zero);
   if (!(o.bucket_mb > 0 && o.bucket_mb <= 1 << 20))
     out.push_back(fmt::format("--bucket-mb={} must be in (0, 1048576]; e.g. --bucket-mb 25", o.bucket_mb));
   if (o.ranks_per_node < 0)

@@ -1,12 +1,16 @@
 // The whole model against finite differences (double), its loss at initialisation, and
 // the float model against the double one.
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "ndmesh/config/training.hpp"
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/core/recompute.hpp"
 #include "ndmesh/model/gpt.hpp"
+#include "ndmesh/plan/formulas.hpp"
 #include "ndmesh/tensor/blas.hpp"
 #include "unit/nn/fd_check.hpp"
 
@@ -226,6 +230,22 @@ TEST(Gpt, MicroBatchesInFlightKeepSeparateActivations) {
 // Recompute: the same loss and gradients bit for bit in every mode, for the whole model and
 // for a two-stage split with two micro-batches in flight; each mode keeps fewer bytes per
 // micro-batch than the one before, and full keeps only each block's output.
+// One recompute enum and one parser for the model, the runtime and the planner.
+static_assert(std::is_same_v<nn::Recompute, plan::Recompute>);
+TEST(Recompute, OneParserNamesTheFlagTheValueAndTheModes) {
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
+    EXPECT_EQ(parse_recompute(recompute_name(r)), r);
+  try {
+    parse_recompute("partial", "--recompute");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("--recompute=partial is not a recompute mode (none, selective, full)"),
+        std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Gpt, RecomputeModesGiveTheSameGradientsBitForBit) {
   const ModelSpec spec = tiny(true, 2);
   Rng rng(21);
@@ -235,7 +255,7 @@ TEST(Gpt, RecomputeModesGiveTheSameGradientsBitForBit) {
   double expected_loss = 0;
   std::int64_t previous_bytes = 0;
   for (nn::Recompute mode : {nn::Recompute::kNone, nn::Recompute::kSelective, nn::Recompute::kFull}) {
-    SCOPED_TRACE(nn::recompute_name(mode));
+    SCOPED_TRACE(recompute_name(mode));
     GptT<double> gpt(spec, {.seed = 3, .batch = 2, .init_std = 0.5, .recompute = mode});
     gpt.params().zero_grad();
     const double loss = gpt.forward(t1.data(), y1.data());
@@ -334,15 +354,16 @@ TEST(Gpt, FlopsCountOnlyTheAttentionTilesComputed) {
 // Tensor-parallel layout problems name the flag, the value and the fix; a layout that
 // divides everything has none.
 TEST(GptTp, ProblemsNameTheFlagAndTheFix) {
-  const ModelSpec spec{.layers = 2, .hidden = 32, .heads = 4, .kv_heads = 2, .ffn = 0, .seq = 16, .vocab = 16};
-  EXPECT_TRUE(gpt_tp_problems(spec, 1, false, 16).empty());
-  EXPECT_TRUE(gpt_tp_problems(spec, 2, true, 16).empty());
-  auto p = gpt_tp_problems(spec, 4, false, 16);
+  const ModelSpec spec{
+      .layers = 2, .hidden = 32, .heads = 4, .kv_heads = 2, .ffn = 0, .seq = 16, .vocab = 16};
+  EXPECT_TRUE(tp_problems(spec, 1, false, 16).empty());
+  EXPECT_TRUE(tp_problems(spec, 2, true, 16).empty());
+  auto p = tp_problems(spec, 4, false, 16);
   ASSERT_EQ(p.size(), 1u);
   EXPECT_NE(p[0].find("--tp=4 does not divide --kv-heads=2"), std::string::npos) << p[0];
-  p = gpt_tp_problems(spec, 3, true, 16);
+  p = tp_problems(spec, 3, true, 16);
   EXPECT_EQ(p.size(), 5u);  // heads, kv heads, ffn 128, vocab, and 16 token rows
-  p = gpt_tp_problems(spec, 2, true, 15);
+  p = tp_problems(spec, 2, true, 15);
   ASSERT_EQ(p.size(), 1u);
   EXPECT_NE(p[0].find("--sequence-parallel"), std::string::npos) << p[0];
   // The model refuses them too, as a ConfigError, before any communication.
