@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # build/bin/parallel_config on 4 ranks prints seed 000's example output: the four
-# ParallelConfig lines below are copied from ../shared/seeds/000 (tp=2, pp=1, dp=2).
+# ParallelConfig lines below are copied from the example of the first seed system (tp=2, pp=1, dp=2).
 #   parallel_config_seed000.sh <mpirun command...> <path of parallel_config>
 set -uo pipefail
 out=$("$@" --tp 2 --pp 1 --dp 2 2>&1)

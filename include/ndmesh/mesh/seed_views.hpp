@@ -1,4 +1,4 @@
-// Views of a Mesh in the vocabulary of the systems ndmesh replaces (../shared/seeds/):
+// Views of a Mesh in the vocabulary of the systems ndmesh replaces (docs/mesh.md):
 // every answer comes from the Mesh, so these views add names, not layout logic. Dims a
 // mesh lacks behave as size 1 (rank 0, group of one).
 #pragma once

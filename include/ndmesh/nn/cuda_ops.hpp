@@ -1,4 +1,4 @@
-// The CUDA implementations of the layers' operations (ARCHITECTURE.md "Devices", STYLE 17):
+// The CUDA implementations of the layers' operations (docs/gpu.md):
 // one .cu file per layer under src/nn/cuda/ (src/tensor/cuda/ for gemm and the element-wise
 // helpers), each the device twin of the CPU function named in its comment, with the same
 // layouts, the same accumulate-or-overwrite contract and the same arithmetic up to

@@ -1,4 +1,4 @@
-// Devices: where a tensor's elements live (ARCHITECTURE.md, "Devices").
+// Devices: where a tensor's elements live (docs/gpu.md).
 //
 // The CPU is the reference every device is checked against. CUDA is built only where nvcc
 // is found (NDMESH_CUDA); this header needs no CUDA header, so code that merely names a

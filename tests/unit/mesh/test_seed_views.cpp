@@ -1,4 +1,4 @@
-// The seed systems' own examples, verbatim (../shared/seeds/).
+// The seed systems' own examples (the documents ndmesh grew from), verbatim.
 #include <gtest/gtest.h>
 
 #include "ndmesh/core/error.hpp"
