@@ -1,10 +1,16 @@
 #include "ndmesh/model/data.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <fmt/core.h>
 
@@ -148,5 +154,151 @@ void ByteSource::sequence(std::uint64_t stream, std::int64_t step, std::int64_t 
 }
 
 std::string ByteSource::describe() const { return fmt::format("bytes file={} size={}", path_, bytes()); }
+
+DataFormat parse_data_format(std::string_view name) {
+  if (name == "auto") return DataFormat::kAuto;
+  if (name == "bytes") return DataFormat::kBytes;
+  if (name == "llmc") return DataFormat::kLlmc;
+  if (name == "uint16") return DataFormat::kUint16;
+  fail<ConfigError>("data", "--data-format={} is not a data format (auto, bytes, llmc, uint16); e.g. --data-format llmc",
+                    name);
+}
+
+namespace {
+bool is_glob(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
+
+std::vector<std::string> expand(const std::string& pattern) {
+  if (!is_glob(pattern)) return {pattern};
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  std::vector<std::string> out;
+  if (rc == 0)
+    for (std::size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+  ::globfree(&g);
+  NDMESH_CHECK_CONFIG(!out.empty(), "data", "--data={}: no file matches the pattern; check the path and the glob",
+                      pattern);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace
+
+TokenFileSource::TokenFileSource(const std::string& pattern, DataFormat format, std::int64_t vocab,
+                                 std::uint64_t seed)
+    : DataSource(seed), pattern_(pattern), vocab_(vocab) {
+  NDMESH_CHECK_CONFIG(vocab >= 2, "data",
+                      "--data={} holds token ids: give the vocabulary with --vocab (e.g. --vocab 50257 for GPT-2's "
+                      "tokenizer); now {}",
+                      pattern, vocab);
+  NDMESH_CHECK_CONFIG(vocab <= 65536, "data",
+                      "--vocab={} but the tokens of --data={} are uint16 (at most 65536 ids); use --vocab 65536 or less",
+                      vocab, pattern);
+  for (const std::string& path : expand(pattern)) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::file_status st = fs::status(path, ec);
+    if (!fs::exists(st)) fail<ConfigError>("data", "--data={}: no such file; pass a token file or a glob of shards", path);
+    if (!fs::is_regular_file(st))
+      fail<ConfigError>("data", "--data={}: not a regular file; pass a token file or a glob of shards", path);
+    const auto size = static_cast<std::size_t>(fs::file_size(path, ec));
+    if (ec || size == 0) fail<ConfigError>("data", "--data={}: the file is empty; pass a token file", path);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail<ConfigError>("data", "--data={}: cannot open the file for reading; check its permissions", path);
+    void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (map == MAP_FAILED) fail<IoError>("data", "cannot map '{}' ({} bytes): {}", path, size, std::strerror(errno));
+    ::madvise(map, size, MADV_RANDOM);
+    shards_.push_back({.path = path, .map = map, .map_bytes = size});
+    Shard& sh = shards_.back();
+    const auto* bytes = static_cast<const unsigned char*>(map);
+    std::int32_t header[3] = {0, 0, 0};
+    if (size >= sizeof(header)) std::memcpy(header, bytes, sizeof(header));
+    const std::size_t header_bytes = kLlmcHeaderInts * sizeof(std::int32_t);
+    sh.llmc = format == DataFormat::kLlmc || (format == DataFormat::kAuto && header[0] == kLlmcMagic);
+    if (sh.llmc) {
+      NDMESH_CHECK_CONFIG(size >= header_bytes && header[0] == kLlmcMagic, "data",
+                          "--data={}: not an llm.c token shard (no header with magic {}); use --data-format uint16 "
+                          "for raw tokens",
+                          path, kLlmcMagic);
+      NDMESH_CHECK_CONFIG(header[1] == kLlmcVersion, "data",
+                          "--data={}: llm.c shard version {}; ndmesh reads version {} (uint16 tokens); re-export the "
+                          "shard with uint16 tokens",
+                          path, header[1], kLlmcVersion);
+      const std::size_t expected = header_bytes + static_cast<std::size_t>(std::max(header[2], 0)) * 2;
+      NDMESH_CHECK_CONFIG(header[2] > 0 && size == expected, "data",
+                          "--data={}: the header says {} tokens ({} bytes with the header) but the file has {} bytes; "
+                          "the shard is truncated or not an llm.c shard",
+                          path, header[2], expected, size);
+      sh.tokens = reinterpret_cast<const std::uint16_t*>(bytes + header_bytes);
+      sh.count = header[2];
+    } else {
+      NDMESH_CHECK_CONFIG(size % 2 == 0, "data",
+                          "--data={}: {} bytes is not a whole number of uint16 tokens; pass a token file (nanoGPT's "
+                          "train.bin) or --data-format bytes",
+                          path, size);
+      sh.tokens = reinterpret_cast<const std::uint16_t*>(bytes);
+      sh.count = static_cast<std::int64_t>(size / 2);
+    }
+  }
+}
+
+TokenFileSource::~TokenFileSource() {
+  for (Shard& sh : shards_) ::munmap(sh.map, sh.map_bytes);
+}
+
+std::int64_t TokenFileSource::tokens() const {
+  std::int64_t n = 0;
+  for (const Shard& sh : shards_) n += sh.count;
+  return n;
+}
+
+void TokenFileSource::check_seq(std::int64_t seq) const {
+  std::int64_t longest = 0;
+  for (const Shard& sh : shards_) longest = std::max(longest, sh.count);
+  NDMESH_CHECK_CONFIG(longest >= seq + 1, "data",
+                      "--data={}: its longest shard has {} tokens but one training window needs --seq + 1 = {}; use "
+                      "larger shards or --seq {}",
+                      pattern_, longest, seq + 1, std::max<std::int64_t>(1, longest - 1));
+}
+
+void TokenFileSource::sequence(std::uint64_t stream, std::int64_t step, std::int64_t index, std::int64_t seq,
+                               std::int32_t* tokens, std::int32_t* targets) const {
+  check_seq(seq);
+  // A window start over all shards' windows (count - seq each), then its shard.
+  std::int64_t windows = 0;
+  for (const Shard& sh : shards_) windows += std::max<std::int64_t>(0, sh.count - seq);
+  Rng rng = sequence_rng(stream, step, index);
+  auto start = static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(windows)));
+  const Shard* sh = nullptr;
+  for (const Shard& s : shards_) {
+    const std::int64_t w = std::max<std::int64_t>(0, s.count - seq);
+    if (start < w) {
+      sh = &s;
+      break;
+    }
+    start -= w;
+  }
+  for (std::int64_t t = 0; t <= seq; ++t) {
+    const std::int32_t tok = sh->tokens[start + t];
+    NDMESH_CHECK_CONFIG(tok < vocab_, "data",
+                        "--data={}: token {} at position {} is not below --vocab={}; give the tokenizer's vocabulary, "
+                        "e.g. --vocab {}",
+                        sh->path, tok, start + t, vocab_, std::max<std::int64_t>(tok + 1, 50257));
+    if (t < seq) tokens[t] = tok;
+    if (t > 0) targets[t - 1] = tok;
+  }
+}
+
+std::string TokenFileSource::describe() const {
+  return fmt::format("tokens files={} shards={} tokens={} format={}", pattern_, shards_.size(), tokens(),
+                     !shards_.empty() && shards_.front().llmc ? "llmc" : "uint16");
+}
+
+std::unique_ptr<DataSource> open_data_file(const std::string& path, DataFormat format, std::int64_t vocab,
+                                           std::uint64_t seed) {
+  const bool bin = path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0;
+  if (format == DataFormat::kBytes || (format == DataFormat::kAuto && !bin))
+    return std::make_unique<ByteSource>(path, seed);
+  return std::make_unique<TokenFileSource>(path, format, vocab, seed);
+}
 
 }  // namespace ndmesh::model

@@ -145,4 +145,21 @@ for extra in "--zero 1 --bucket-mb 0.01" "--zero 2 --micro-batch 1 --bucket-mb 0
   awk -v d="$g1" 'BEGIN{u = 2 ^ -8; exit !(d <= 4 * u / (1 - 4 * u))}' ||
     fail "bf16 $extra: the step-1 gradient norm differs from serial by $g1, above gamma_4"
 done
+# Token files (llm.c shards, a glob of two; nanoGPT's raw uint16): every layout reads the
+# same global batch from them as from the Markov source (scripts/make_token_file.py writes
+# them, nothing is downloaded).
+python3 "$(dirname "$0")/../../scripts/make_token_file.py" "$tmp/tok" --tokens 3000 --vocab 40 --shards 2 > /dev/null ||
+  fail "make_token_file.py failed"
+python3 "$(dirname "$0")/../../scripts/make_token_file.py" "$tmp/train.bin" --tokens 3000 --vocab 40 --format uint16 \
+  > /dev/null || fail "make_token_file.py --format uint16 failed"
+for data in "$tmp/tok_*.bin" "$tmp/train.bin"; do
+  "$ndmesh" train "${model[@]}" --data "$data" --vocab 40 | tail -n 1 > "$tmp/serial_tok.json" ||
+    fail "serial run on $data"
+  grep -q "tokens files=" "$tmp/serial_tok.json" || fail "the run on $data does not name the token files"
+  "${mpirun[@]}" -np 2 "$ndmesh" train "${model[@]}" --data "$data" --vocab 40 --dp 2 --zero 1 > "$tmp/tok.out" \
+    2> "$tmp/tok.err" || fail "dp 2 on $data: $(cat "$tmp/tok.err")"
+  tail -n 1 "$tmp/tok.out" > "$tmp/tok.json"
+  expect_same "dp2 zero1 on $(basename "$data") vs serial" "$tmp/serial_tok.json" "$tmp/tok.json"
+done
+expect_train_usage "holds token ids: give the vocabulary with --vocab" 1 "${model[@]}" --data "$tmp/train.bin"
 echo "train_dp.sh: ok"

@@ -58,7 +58,7 @@ struct Options {
   std::int64_t batch = 16, steps = 1000, warmup = 20;
   double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0;
   std::uint64_t seed = 1;
-  std::string data;
+  std::string data, data_format = "auto";
   bool data_given = false;
   std::int64_t markov_vocab = 32;
   double markov_sharpness = 2.5;
@@ -141,6 +141,7 @@ void validate(const Options& o) {
     need(known, "--schedule", o.schedule, "is not a pipeline schedule (gpipe, 1f1b, interleaved, zb-h1)", "1f1b");
   }
   parse_recompute(o.recompute);
+  model::parse_data_format(o.data_format);
   need(parse_device(o.device).has_value(), "--device", o.device, "is not a device (cpu, cuda)", "cuda");
   need(o.precision == "fp32" || o.precision == "bf16", "--precision", o.precision, "must be fp32 or bf16", "fp32");
   // The model's shape rules (config's model_problems, named as the flags) and the options
@@ -247,7 +248,7 @@ int train(Options o, comm::Communicator& world) {
     data = std::make_unique<model::MarkovSource>(
         model::MarkovOptions{.vocab = o.markov_vocab, .seed = o.data_seed, .sharpness = o.markov_sharpness});
   else
-    data = std::make_unique<model::ByteSource>(o.data, o.data_seed);
+    data = model::open_data_file(o.data, model::parse_data_format(o.data_format), o.vocab, o.data_seed);
   const std::optional<double> entropy = data->entropy_rate();
   if (o.vocab > 0 && o.vocab != data->vocab())
     fail<ConfigError>(
@@ -604,7 +605,7 @@ Action setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--ffn", o->ffn, "MLP width (0: 4 * hidden)")->capture_default_str();
   app.add_option("--seq", o->seq, "tokens per sequence")->capture_default_str();
-  app.add_option("--vocab", o->vocab, "vocabulary (0: the data's: --markov-vocab, or 256 for --data)")
+  app.add_option("--vocab", o->vocab, "vocabulary (0: the data's: --markov-vocab, or 256 for a text --data; token files need it)")
       ->capture_default_str();
   app.add_flag("--untied", o->untied, "give the LM head its own weight instead of the token embedding");
   app.add_option("--global-batch,--batch", o->batch, "sequences per step over all ranks")->capture_default_str();
@@ -618,8 +619,14 @@ Action setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--clip", o->clip, "global gradient-norm clip (0: off)")->capture_default_str();
   app.add_option("--seed", o->seed, "model initialisation seed")->capture_default_str();
-  app.add_option("--data", o->data, "train byte-level on this file (default: the Markov source)")
+  app.add_option("--data", o->data,
+                 "train on this file: bytes of a text file, or tokens of a .bin file or glob of .bin shards (llm.c's "
+                 "shards, nanoGPT's uint16 train.bin; give --vocab); default: the Markov source")
       ->each([o](const std::string&) { o->data_given = true; });
+  app.add_option("--data-format", o->data_format,
+                 "how --data is read: auto (.bin: llm.c shard when its header says so, else raw uint16 tokens; other "
+                 "files: bytes), bytes, llmc or uint16")
+      ->capture_default_str();
   app.add_option("--markov-vocab", o->markov_vocab, "states of the Markov source")->capture_default_str();
   app.add_option("--markov-sharpness", o->markov_sharpness,
                  "how peaked the Markov transitions are (0: uniform, larger: lower entropy)")

@@ -8,6 +8,12 @@
 // ByteSource: byte-level language modelling on any file (vocab 256); each sequence is a
 // window at a random offset.
 //
+// TokenFileSource: tokenized datasets as GPU users keep them, memory-mapped: llm.c's `.bin`
+// shards (a header of 256 int32: magic 20240520, version 1, the token count; then uint16
+// tokens) and nanoGPT's raw uint16 `train.bin`, one file or a glob of shards; the
+// vocabulary comes from the flags. Each sequence is a window at a random offset of one
+// shard (windows never cross shards).
+//
 // A sequence is a pure function of (seed, stream, step, index), so a checkpoint needs only
 // the step to continue with the same batches.
 #pragma once
@@ -16,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ndmesh/tensor/rng.hpp"
@@ -123,5 +130,64 @@ class ByteSource : public DataSource {
   std::string path_;
   std::vector<unsigned char> bytes_;
 };
+
+/// How a --data file is read.
+enum class DataFormat {
+  kAuto,   ///< a file or glob ending in .bin: tokens (llm.c when the header's magic is there, else raw uint16); else bytes
+  kBytes,  ///< byte-level (ByteSource)
+  kLlmc,   ///< llm.c shards: 256-int32 header (20240520, 1, count), then uint16 tokens
+  kUint16  ///< raw uint16 tokens (nanoGPT's train.bin)
+};
+/// "auto", "bytes", "llmc" or "uint16"; ConfigError naming --data-format otherwise.
+DataFormat parse_data_format(std::string_view name);
+
+/// Memory-mapped token shards (see the file comment).
+class TokenFileSource : public DataSource {
+ public:
+  /// The magic and version of an llm.c shard's header.
+  static constexpr std::int32_t kLlmcMagic = 20240520;
+  static constexpr std::int32_t kLlmcVersion = 1;
+  static constexpr std::int64_t kLlmcHeaderInts = 256;
+
+  /// Maps every file `pattern` names (a path, or a glob: *, ?, [...]) in name order.
+  /// `format` kLlmc, kUint16 or kAuto (per file: llm.c when the header's magic is there).
+  /// ConfigError naming the file and the fix: no file matches, a file is not a regular
+  /// file, is empty or cannot be read, an llm.c header with another magic or version, a
+  /// token count that does not match the file's size, an odd size of raw uint16, vocab < 2.
+  TokenFileSource(const std::string& pattern, DataFormat format, std::int64_t vocab, std::uint64_t seed);
+  ~TokenFileSource() override;
+  TokenFileSource(const TokenFileSource&) = delete;
+  TokenFileSource& operator=(const TokenFileSource&) = delete;
+
+  std::int64_t vocab() const override { return vocab_; }
+  /// ConfigError naming the file, the position and --vocab for a token >= vocab.
+  void sequence(std::uint64_t stream, std::int64_t step, std::int64_t index, std::int64_t seq, std::int32_t* tokens,
+                std::int32_t* targets) const override;
+  /// ConfigError when no shard holds seq + 1 tokens.
+  void check_seq(std::int64_t seq) const override;
+  std::string describe() const override;
+  std::optional<double> entropy_rate() const override { return std::nullopt; }
+  std::int64_t tokens() const;
+  std::size_t shards() const { return shards_.size(); }
+
+ private:
+  struct Shard {
+    std::string path;
+    const std::uint16_t* tokens = nullptr;  // into the mapping
+    std::int64_t count = 0;
+    void* map = nullptr;
+    std::size_t map_bytes = 0;
+    bool llmc = false;
+  };
+  std::string pattern_;
+  std::int64_t vocab_;
+  std::vector<Shard> shards_;
+};
+
+/// The source of --data `path`: ByteSource or TokenFileSource as `format` says (kAuto: see
+/// DataFormat). `vocab` (0: none given) is a token file's vocabulary; ConfigError asking for
+/// --vocab when a token file has none.
+std::unique_ptr<DataSource> open_data_file(const std::string& path, DataFormat format, std::int64_t vocab,
+                                           std::uint64_t seed);
 
 }  // namespace ndmesh::model
