@@ -20,7 +20,7 @@ namespace ndmesh::launch {
 namespace {
 
 TEST(Store, SetGetAddCheckWaitShareOverOneServer) {
-  StoreServer server(0);
+  StoreServer server("127.0.0.1", 0);
   Store a = Store::connect("127.0.0.1", server.port(), 10);
   Store b = Store::connect("localhost", server.port(), 10);
   EXPECT_EQ(a.protocol(), 2);
@@ -42,7 +42,7 @@ TEST(Store, SetGetAddCheckWaitShareOverOneServer) {
 }
 
 TEST(Store, PrefixesSeparateKeysAndShareGivesTheRootsValue) {
-  StoreServer server(0);
+  StoreServer server("127.0.0.1", 0);
   Store root = Store::connect("127.0.0.1", server.port(), 10);
   Store other = Store::connect("127.0.0.1", server.port(), 10);
   Store g1 = root.prefixed("g1/"), g2 = other.prefixed("g2/");
@@ -56,7 +56,7 @@ TEST(Store, PrefixesSeparateKeysAndShareGivesTheRootsValue) {
 }
 
 TEST(Store, WaitTimesOutNamingTheKeysAndTheConnectionStaysUsable) {
-  StoreServer server(0);
+  StoreServer server("127.0.0.1", 0);
   Store s = Store::connect("127.0.0.1", server.port(), 10);
   auto start = std::chrono::steady_clock::now();
   try {
@@ -71,9 +71,9 @@ TEST(Store, WaitTimesOutNamingTheKeysAndTheConnectionStaysUsable) {
 }
 
 TEST(Store, APortInUseIsAConfigErrorNamingTheVariable) {
-  StoreServer first(0);
+  StoreServer first("127.0.0.1", 0);
   try {
-    StoreServer second(first.port(), "MASTER_PORT");
+    StoreServer second("127.0.0.1", first.port(), "MASTER_PORT");
     FAIL() << "a second server on the same port must be refused";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("MASTER_PORT=" + std::to_string(first.port()) + " is in use"),
@@ -106,7 +106,7 @@ TEST(Store, PyTorchClientAgainstNdmeshServer) {
   const char* python = "/usr/bin/python3";
   std::string probe = std::string(python) + " -c 'import torch.distributed' > /dev/null 2>&1";
   if (access(python, X_OK) != 0 || std::system(probe.c_str()) != 0) GTEST_SKIP() << "no python3 with torch";
-  StoreServer server(0);
+  StoreServer server("127.0.0.1", 0);
   Store s = Store::connect("127.0.0.1", server.port(), 30);
   s.set("from_ndmesh", "hello");
   s.add("count", 40);
