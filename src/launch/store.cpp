@@ -228,7 +228,7 @@ class StoreConnection {
   // Tells the server's generation on the connection fd_ (dialled) and leaves fd_ open
   // for it; false with `why` when the server is not (yet) answering. Each generation is
   // confirmed by an answer, never assumed:
-  //   1. VALIDATE + PING, the nonce comes back: PyTorch >= 2.3's servers and ndmesh's.
+  //   1. VALIDATE + PING, the nonce comes back: recent PyTorch 2.x servers and ndmesh's.
   //   2. Otherwise (the server closed the connection) a new connection asks PyTorch 1.x's
   //      GETNUMKEYS: an 8-byte count back means 1.x (no handshake, 1.x command numbers).
   //   3. Closed again: a 2.x server from before PING (it accepts VALIDATE only first).

@@ -3,10 +3,10 @@
 // A client and a server of PyTorch's c10d TCPStore wire protocol, so that ndmesh can be
 // a client of the store torchrun's agent serves (TORCHELASTIC_USE_AGENT_STORE=True), or
 // serve one itself on rank 0 at MASTER_ADDR:MASTER_PORT. The generations of servers:
-//   v2 (PyTorch >= 2.3, classic and libuv servers, ndmesh): a connection opens with
+//   v2 (recent PyTorch 2.x, classic and libuv servers, ndmesh): a connection opens with
 //      VALIDATE + magic 0x3C85F7CE and a PING whose nonce comes back; commands are
 //      numbered VALIDATE=0, SET=1, ...
-//   v2 without PING (PyTorch 2.0 - 2.2): VALIDATE first, then the same numbers; PING
+//   v2 without PING (earlier PyTorch 2.x): VALIDATE first, then the same numbers; PING
 //      closes the connection.
 //   v1 (PyTorch 1.x, e.g. Debian's 1.13): no handshake; SET=0, COMPARE_SET=1, GET=2, ...
 // The client confirms each generation by an answer (see StoreConnection::identify) and

@@ -357,7 +357,7 @@ TEST(StoreServer, ASecondGenerationServerWithoutPingIsSpokenTwoX) {
   std::atomic<bool> stop{false};
   std::atomic<int> pings{0}, v1_probes{0};
   // Serves VALIDATE, SET, GET and GETNUMKEYS in 2.x numbers; closes on anything else
-  // (PING, or a first command that is not VALIDATE), as PyTorch 2.0 - 2.2 do.
+  // (PING, or a first command that is not VALIDATE), as 2.x servers from before PING do.
   std::thread fake([&] {
     std::map<std::string, std::string> data;
     while (!stop) {
