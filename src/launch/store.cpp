@@ -1,4 +1,4 @@
-// The c10d TCPStore protocol, client and server (see store.hpp for the two versions).
+// The c10d TCPStore protocol, client and server (see store.hpp for the generations).
 // Every number is little-endian as the host writes it (torch sends raw host values);
 // strings and byte vectors are a uint64 length followed by the bytes. Replies: GET and
 // COMPARE_SET a byte vector, ADD / GETNUMKEYS / DELETE_KEY an int64, CHECK one byte
