@@ -154,6 +154,10 @@ void read_store(const EnvLookup& lookup, LaunchEnv& env) {
     r.used.push_back("TORCHELASTIC_USE_AGENT_STORE=" + v);
   }
   env.restart_count = r.get("TORCHELASTIC_RESTART_COUNT", 0).value_or(0);
+  if (auto id = lookup("TORCHELASTIC_RUN_ID")) {
+    env.run_id = *id;
+    r.used.push_back("TORCHELASTIC_RUN_ID=" + *id);
+  }
   env.sources.insert(env.sources.end(), r.used.begin(), r.used.end());
 }
 

@@ -1,10 +1,10 @@
-// The job's rendezvous over its TCP store. Keys live under "ndmesh/attempt_<n>/" (n:
-// TORCHELASTIC_RESTART_COUNT), so a restarted elastic job never reads its previous
-// attempt's keys. Rank 0 publishes its WORLD_SIZE; every rank claims "rank/<r>" (a second
-// claim means two processes got the same RANK), compares its WORLD_SIZE with rank 0's,
-// then counts itself in "arrived" and polls until the count reaches the world size. A
-// rank that fails these checks publishes "failed" with its message, so that the others
-// stop waiting at once and repeat it instead of timing out.
+// The job's rendezvous over its TCP store. Keys live under "ndmesh/<job id>/attempt_<n>/"
+// (TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT), so a restarted elastic job never
+// reads its previous attempt's keys, and two jobs that reach one store never mix. Rank 0 publishes its
+// WORLD_SIZE; every rank claims "rank/<r>" (a second claim means two processes got the same RANK), compares
+// its WORLD_SIZE with rank 0's, then counts itself in "arrived" and polls until the count reaches the world
+// size. A rank that fails these checks publishes "failed" with its message, so that the others stop waiting
+// at once and repeat it instead of timing out.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -34,6 +34,10 @@ std::string rank_list(const std::vector<std::int64_t>& ranks) {
 
 }  // namespace
 
+std::string job_key_prefix(const LaunchEnv& env) {
+  return fmt::format("ndmesh/{}/attempt_{}/", env.run_id, env.restart_count);
+}
+
 JobStore rendezvous(const LaunchEnv& env, double timeout_s) {
   env.require_store();
   NDMESH_CHECK(env.has_store(), "launch", "rendezvous without a store launch ({})", env.describe());
@@ -41,7 +45,7 @@ JobStore rendezvous(const LaunchEnv& env, double timeout_s) {
   const int port = static_cast<int>(*env.master_port);
   JobStore job;
   job.agent_store = env.agent_store;
-  if (env.rank == 0 && !env.agent_store) job.server = std::make_shared<StoreServer>(port);
+  if (env.rank == 0 && !env.agent_store) job.server = std::make_shared<StoreServer>(host, port);
   Store root = [&] {
     try {
       return Store::connect(host, port, timeout_s);
@@ -53,7 +57,7 @@ JobStore rendezvous(const LaunchEnv& env, double timeout_s) {
                               env.agent_store ? ", served by the launcher's agent" : ", served by rank 0"));
     }
   }();
-  job.store = root.prefixed(fmt::format("ndmesh/attempt_{}/", env.restart_count));
+  job.store = root.prefixed(job_key_prefix(env));
   const Store& s = job.store;
 
   // Every rank that stops at start-up counts itself in "gave_up"; rank 0, when it serves
@@ -137,8 +141,8 @@ JobStore rendezvous(const LaunchEnv& env, double timeout_s) {
     pause = std::min(pause * 2, std::chrono::milliseconds(50));
   }
   failed_elsewhere();
-  log::debug("[launch] rank {}: {} ranks met at {} (c10d protocol v{}) in {:.3f} s", env.rank, env.world_size,
-             s.address(), s.protocol(), std::chrono::duration<double>(Clock::now() - start).count());
+  log::debug("[launch] rank {}: {} ranks met at {} (c10d protocol {}) in {:.3f} s", env.rank, env.world_size,
+             s.address(), s.generation(), std::chrono::duration<double>(Clock::now() - start).count());
   return job;
 }
 

@@ -1,12 +1,12 @@
-// The c10d TCPStore protocol, client and server (see store.hpp for the two versions).
+// The c10d TCPStore protocol, client and server (see store.hpp for the generations).
 // Every number is little-endian as the host writes it (torch sends raw host values);
 // strings and byte vectors are a uint64 length followed by the bytes. Replies: GET and
 // COMPARE_SET a byte vector, ADD / GETNUMKEYS / DELETE_KEY an int64, CHECK one byte
 // (0 ready, 1 not ready), WAIT one byte (0 stop waiting, 1 wait canceled) once every key
 // is set, PING the nonce back.
 //
-// The server is one thread polling its sockets (as torch's classic backend): it reads
-// what has arrived into each client's buffer and runs every complete command in it.
+// The server's protocol is StoreCore (store_protocol.cpp); this file holds the client
+// and the server's socket loop.
 #include "ndmesh/launch/store.hpp"
 
 #include <fcntl.h>
@@ -28,56 +28,21 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/log.hpp"
+#include "ndmesh/launch/store_protocol.hpp"
 
 namespace ndmesh::launch {
 namespace detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr std::uint32_t kValidationMagic = 0x3C85F7CE;
-constexpr std::size_t kMaxString = std::size_t{256} << 20;  // a sanity bound on one key or value
-
-// Commands, numbered as in the v2 protocol; v1 numbers are mapped onto these.
-enum class Cmd : std::uint8_t {
-  kValidate = 0,
-  kSet = 1,
-  kCompareSet = 2,
-  kGet = 3,
-  kAdd = 4,
-  kCheck = 5,
-  kWait = 6,
-  kGetNumKeys = 7,
-  kDeleteKey = 8,
-  kAppend = 9,
-  kMultiGet = 10,
-  kMultiSet = 11,
-  kCancelWait = 12,
-  kPing = 13,
-  kUnknown = 255,
-};
-
-// PyTorch 1.x numbering: SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, WATCH_KEY, DELETE_KEY.
-constexpr Cmd kV1[] = {Cmd::kSet,  Cmd::kCompareSet, Cmd::kGet,     Cmd::kAdd,      Cmd::kCheck,
-                       Cmd::kWait, Cmd::kGetNumKeys, Cmd::kUnknown, Cmd::kDeleteKey};
-
-std::uint8_t wire_code(Cmd c, int protocol) {
-  if (protocol == 2) return static_cast<std::uint8_t>(c);
-  for (std::size_t i = 0; i < std::size(kV1); ++i)
-    if (kV1[i] == c) return static_cast<std::uint8_t>(i);
-  fail<InternalError>("store", "command {} has no PyTorch 1.x code", static_cast<int>(c));
-}
-
-Cmd from_wire(std::uint8_t code, int protocol) {
-  if (protocol == 2)
-    return code <= static_cast<std::uint8_t>(Cmd::kPing) ? static_cast<Cmd>(code) : Cmd::kUnknown;
-  return code < std::size(kV1) ? kV1[code] : Cmd::kUnknown;
-}
+constexpr std::size_t kMaxReply = StoreLimits{}.value_bytes;  // the largest value a server holds
 
 // A message being built.
 struct Out {
@@ -91,28 +56,6 @@ struct Out {
     value<std::uint64_t>(s.size());
     bytes += s;
     return *this;
-  }
-};
-
-// Reads from a buffer; false when the buffer ends first (the rest has not arrived).
-struct In {
-  const std::string& buf;
-  std::size_t pos;
-  template <typename T>
-  bool value(T& v) {
-    if (buf.size() - pos < sizeof v) return false;
-    std::memcpy(&v, buf.data() + pos, sizeof v);
-    pos += sizeof v;
-    return true;
-  }
-  bool str(std::string& s) {
-    std::uint64_t n = 0;
-    if (!value(n)) return false;
-    if (n > kMaxString) throw std::length_error(fmt::format("a string of {} bytes", n));
-    if (buf.size() - pos < n) return false;
-    s.assign(buf.data() + pos, n);
-    pos += n;
-    return true;
   }
 };
 
@@ -201,17 +144,10 @@ class StoreConnection {
     std::string why = "no answer";
     auto pause = std::chrono::milliseconds(10);
     for (;;) {
-      for (int version : {2, 1}) {
-        fd_ = dial(host_, port_, why);
-        if (fd_ < 0) break;
-        protocol_ = version;
-        try {
-          if (version == 1 || handshake(deadline)) return;
-          why = "no answer to the handshake";
-        } catch (const std::exception& e) {
-          why = e.what();  // a v1 server resets the connection on the v2 handshake
-        }
-        ::close(fd_);
+      fd_ = dial(host_, port_, why);
+      if (fd_ >= 0) {
+        if (identify(deadline, why)) return;
+        if (fd_ >= 0) ::close(fd_);
         fd_ = -1;
       }
       if (Clock::now() >= deadline)
@@ -230,6 +166,7 @@ class StoreConnection {
   StoreConnection& operator=(const StoreConnection&) = delete;
 
   int protocol() const { return protocol_; }
+  const std::string& generation() const { return generation_; }
   double timeout_s() const { return timeout_s_; }
   const std::string& address() const { return address_; }
 
@@ -246,7 +183,7 @@ class StoreConnection {
       send_all(fd_, start(Cmd::kGet).str("/" + key).bytes);
       std::uint64_t n = 0;
       read(&n, sizeof n);
-      if (n > kMaxString) throw std::runtime_error(fmt::format("a reply of {} bytes", n));
+      if (n > kMaxReply) throw std::runtime_error(fmt::format("a reply of {} bytes", n));
       value.resize(n);
       read(value.data(), n);
     });
@@ -288,16 +225,75 @@ class StoreConnection {
     return out;
   }
 
-  // The v2 opening: VALIDATE, then a PING whose nonce must come back.
-  bool handshake(Clock::time_point deadline) {
-    std::uint32_t nonce = std::random_device{}() | 0x80000000u;
-    Out out;
-    out.value<std::uint8_t>(static_cast<std::uint8_t>(Cmd::kValidate)).value(kValidationMagic);
-    out.value<std::uint8_t>(static_cast<std::uint8_t>(Cmd::kPing)).value(nonce);
-    send_all(fd_, out.bytes);
-    std::uint32_t echo = 0;
-    if (!recv_exact(fd_, &echo, sizeof echo, deadline)) return false;
-    return echo == nonce;
+  // Tells the server's generation on the connection fd_ (dialled) and leaves fd_ open
+  // for it; false with `why` when the server is not (yet) answering. Each generation is
+  // confirmed by an answer, never assumed:
+  //   1. VALIDATE + PING, the nonce comes back: recent PyTorch 2.x servers and ndmesh's.
+  //   2. Otherwise (the server closed the connection) a new connection asks PyTorch 1.x's
+  //      GETNUMKEYS: an 8-byte count back means 1.x (no handshake, 1.x command numbers).
+  //   3. Closed again: a 2.x server from before PING (it accepts VALIDATE only first).
+  //      Confirmed on a third connection by VALIDATE + GETNUMKEYS (2.x numbers).
+  bool identify(Clock::time_point deadline, std::string& why) {
+    const std::uint32_t nonce = std::random_device{}() | 0x80000000u;  // a v1 server reads a huge length
+    Out v2;
+    v2.value<std::uint8_t>(static_cast<std::uint8_t>(Cmd::kValidate)).value(kValidationMagic);
+    v2.value<std::uint8_t>(static_cast<std::uint8_t>(Cmd::kPing)).value(nonce);
+    std::string seen;
+    try {
+      send_all(fd_, v2.bytes);
+      std::uint32_t echo = 0;
+      if (!recv_exact(fd_, &echo, sizeof echo, deadline)) {
+        why = "no answer to PyTorch 2.x's VALIDATE + PING";
+        return false;
+      }
+      if (echo != nonce) {
+        why = fmt::format("PING {:#x} was answered with {:#x}: not a c10d TCPStore", nonce, echo);
+        return false;
+      }
+      protocol_ = 2;
+      generation_ = "v2";
+      return true;
+    } catch (const std::exception& e) {
+      seen = fmt::format("PyTorch 2.x's VALIDATE + PING: {}", e.what());
+    }
+    // A count back from GETNUMKEYS in `protocol`'s numbering, after `opening`.
+    auto count_answered = [&](int protocol, const std::string& opening, std::string& what) {
+      ::close(fd_);
+      fd_ = dial(host_, port_, what);
+      if (fd_ < 0) return false;
+      try {
+        Out out;
+        out.bytes = opening;
+        out.value<std::uint8_t>(wire_code(Cmd::kGetNumKeys, protocol));
+        send_all(fd_, out.bytes);
+        std::int64_t count = 0;
+        if (recv_exact(fd_, &count, sizeof count, deadline)) return true;
+        what = "no answer";
+      } catch (const std::exception& e) {
+        what = e.what();
+      }
+      return false;
+    };
+    std::string v1_why, old_why;
+    if (count_answered(1, "", v1_why)) {
+      protocol_ = 1;
+      generation_ = "v1";
+      log::debug("[store] {} speaks PyTorch 1.x's protocol ({})", address_, seen);
+      return true;
+    }
+    Out validate;
+    validate.value<std::uint8_t>(static_cast<std::uint8_t>(Cmd::kValidate)).value(kValidationMagic);
+    if (count_answered(2, validate.bytes, old_why)) {
+      protocol_ = 2;
+      generation_ = "v2 without PING";
+      log::debug("[store] {} speaks PyTorch 2.x's protocol from before PING ({})", address_, seen);
+      return true;
+    }
+    why = fmt::format(
+        "the server at {} answered no c10d TCPStore generation: {}; PyTorch 1.x's GETNUMKEYS: {}; "
+        "VALIDATE + GETNUMKEYS: {}",
+        address_, seen, v1_why, old_why);
+    return false;
   }
 
   // Reads a reply; the server answers at once, so a bound of the default timeout only
@@ -357,20 +353,18 @@ class StoreConnection {
   double timeout_s_;
   std::string address_;
   int protocol_ = 2;
+  std::string generation_ = "v2";
   int fd_ = -1;
   std::mutex mutex_;
 };
 
-// The server thread.
+// The server thread: one thread polling non-blocking sockets (as torch's classic
+// backend). It moves bytes between the sockets and StoreCore, which holds the protocol.
 class StoreDaemon {
  public:
-  StoreDaemon(int port, const std::string& port_variable) {
-    listen_fd_ = open_listener(port, port_variable);
-    sockaddr_storage addr{};
-    socklen_t len = sizeof addr;
-    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
-                                             : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  StoreDaemon(const std::string& host, int port, const std::string& port_variable, StoreLimits limits)
+      : core_(limits) {
+    open_listeners(host, port, port_variable);
     if (::pipe2(stop_pipe_, O_CLOEXEC) != 0) fail<>("store", "pipe: {}", errno_text(errno));
     thread_ = std::thread([this] { run(); });
   }
@@ -378,8 +372,8 @@ class StoreDaemon {
     char c = 0;
     (void)!::write(stop_pipe_[1], &c, 1);
     thread_.join();
-    for (auto& [fd, client] : clients_) ::close(fd);
-    ::close(listen_fd_);
+    for (int fd : fds_) ::close(fd);
+    for (int fd : listen_fds_) ::close(fd);
     ::close(stop_pipe_[0]);
     ::close(stop_pipe_[1]);
   }
@@ -388,246 +382,175 @@ class StoreDaemon {
   int port() const { return port_; }
 
  private:
-  struct Client {
-    std::string in;
-    int protocol = 0;  // 0 until the first bytes tell
-    std::size_t awaited = 0;
-  };
-
-  static int open_listener(int port, const std::string& port_variable) {
+  // Listens on every address `host` resolves to (MASTER_ADDR: 127.0.0.1 for a local
+  // launch, the node's address otherwise), never on all interfaces.
+  void open_listeners(const std::string& host, int port, const std::string& port_variable) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* res = nullptr;
+    int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+    if (rc != 0)
+      fail<ConfigError>("store",
+                        "MASTER_ADDR={} cannot be resolved ({}); give an address or name of rank 0's host",
+                        host, gai_strerror(rc));
     int last_errno = 0;
-    for (int family : {AF_INET6, AF_INET}) {
-      int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    port_ = port;
+    for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+      if (a->ai_family != AF_INET && a->ai_family != AF_INET6) continue;
+      int fd = ::socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
       if (fd < 0) {
         last_errno = errno;
         continue;
       }
-      int one = 1, zero = 0;
+      int one = 1;
       ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // past TIME_WAIT, never a live listener
+      if (a->ai_family == AF_INET6) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
       sockaddr_storage addr{};
-      socklen_t len = 0;
-      if (family == AF_INET6) {
-        ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-        auto* a = reinterpret_cast<sockaddr_in6*>(&addr);
-        a->sin6_family = AF_INET6;
-        a->sin6_addr = in6addr_any;
-        a->sin6_port = htons(static_cast<std::uint16_t>(port));
-        len = sizeof *a;
-      } else {
-        auto* a = reinterpret_cast<sockaddr_in*>(&addr);
-        a->sin_family = AF_INET;
-        a->sin_addr.s_addr = htonl(INADDR_ANY);
-        a->sin_port = htons(static_cast<std::uint16_t>(port));
-        len = sizeof *a;
+      std::memcpy(&addr, a->ai_addr, a->ai_addrlen);
+      // Every address gets the same port (the first one's, when the kernel picks it).
+      if (a->ai_family == AF_INET6)
+        reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = htons(static_cast<std::uint16_t>(port_));
+      else
+        reinterpret_cast<sockaddr_in*>(&addr)->sin_port = htons(static_cast<std::uint16_t>(port_));
+      if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), a->ai_addrlen) == 0 && ::listen(fd, 1024) == 0) {
+        listen_fds_.push_back(fd);
+        if (port_ == 0) {
+          socklen_t len = sizeof addr;
+          ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+          port_ = ntohs(a->ai_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                                 : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+        }
+        continue;
       }
-      if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0 && ::listen(fd, 1024) == 0) return fd;
       last_errno = errno;
       ::close(fd);
       if (last_errno == EADDRINUSE) break;
     }
-    if (last_errno == EADDRINUSE)
+    ::freeaddrinfo(res);
+    if (last_errno == EADDRINUSE) {
+      for (int fd : listen_fds_) ::close(fd);
       fail<ConfigError>(
           "store",
           "{}={} is in use on this host (another job or program listens there); choose a free port "
           "for every process of the job, e.g. {}={}",
           port_variable, port, port_variable, port == 65535 ? 29500 : port + 1);
-    fail<>("store", "cannot listen on port {} ({}={}): {}", port, port_variable, port,
-           errno_text(last_errno));
+    }
+    if (listen_fds_.empty()) {
+      if (last_errno == EADDRNOTAVAIL)
+        fail<ConfigError>("store",
+                          "MASTER_ADDR={} is not an address of this host, so rank 0 cannot serve the store "
+                          "there; set MASTER_ADDR to rank 0's host (127.0.0.1 when every rank runs here)",
+                          host);
+      fail<>("store", "cannot listen at {} port {} ({}={}): {}", host, port, port_variable, port,
+             errno_text(last_errno));
+    }
+  }
+
+  void drop(int fd, const std::string& why) {
+    log::debug("[store] dropping client {}: {}", fd, why);
+    core_.close(fd);
+    fds_.erase(fd);
+    ::close(fd);
+  }
+
+  void accept_all(int listen_fd) {
+    for (;;) {
+      int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          // Out of descriptors or memory: the connection stays in the backlog, and polling
+          // the listener again at once would spin. Pause accepting for a while.
+          log::debug("[store] accept: {}; accepting again in 100 ms", errno_text(errno));
+          accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
+        }
+        return;
+      }
+      if (!core_.open(fd)) {
+        log::debug("[store] refusing a client: {} connections are open", core_.clients());
+        ::close(fd);
+        continue;
+      }
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      fds_.insert(fd);
+    }
+  }
+
+  // Sends what is queued for `fd` until the socket would block; false when it failed.
+  bool flush(int fd, std::string& why) {
+    for (;;) {
+      const std::string& out = core_.output(fd);
+      if (out.empty()) return true;
+      ssize_t n = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      if (n < 0) {
+        why = "send: " + errno_text(errno);
+        return false;
+      }
+      core_.sent(fd, static_cast<std::size_t>(n));
+    }
+  }
+
+  void flush_all() {
+    for (int fd : core_.with_output()) {
+      std::string why;
+      if (!flush(fd, why)) drop(fd, why);
+    }
   }
 
   void run() {
+    std::vector<char> buf(1 << 16);
+    std::vector<pollfd> pfds;
     for (;;) {
-      std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}, {stop_pipe_[0], POLLIN, 0}};
-      for (auto& [fd, client] : clients_) fds.push_back({fd, POLLIN, 0});
-      if (::poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR) return;
-      if (fds[1].revents != 0) return;
-      if (fds[0].revents & POLLIN) {
-        int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-        if (fd >= 0) {
-          int one = 1;
-          ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-          clients_[fd] = Client{};
-        }
+      pfds.clear();
+      pfds.push_back({stop_pipe_[0], POLLIN, 0});
+      const bool accepting = Clock::now() >= accept_paused_until_;
+      if (accepting)
+        for (int fd : listen_fds_) pfds.push_back({fd, POLLIN, 0});
+      const std::size_t first_client = pfds.size();
+      for (int fd : fds_)
+        pfds.push_back({fd, static_cast<short>(POLLIN | (core_.output(fd).empty() ? 0 : POLLOUT)), 0});
+      if (::poll(pfds.data(), pfds.size(), accepting ? -1 : 100) < 0) {
+        if (errno == EINTR) continue;
+        log::error("[store] the store's server at port {} stopped: poll: {}", port_, errno_text(errno));
+        return;
       }
-      for (std::size_t i = 2; i < fds.size(); ++i) {
-        if (fds[i].revents == 0) continue;
-        int fd = fds[i].fd;
-        char buf[65536];
-        ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-        if (n < 0 && errno == EINTR) continue;
-        bool keep = n > 0;
-        if (keep) {
-          clients_[fd].in.append(buf, static_cast<std::size_t>(n));
-          try {
-            keep = serve(fd, clients_[fd]);
-          } catch (const std::exception& e) {
-            log::debug("[store] dropping a client: {}", e.what());
-            keep = false;
+      if (pfds[0].revents != 0) return;
+      for (std::size_t i = 1; i < first_client; ++i)
+        if (pfds[i].revents != 0) accept_all(pfds[i].fd);
+      for (std::size_t i = first_client; i < pfds.size(); ++i) {
+        const int fd = pfds[i].fd;
+        if (pfds[i].revents == 0 || !fds_.count(fd)) continue;
+        std::string why;
+        if (pfds[i].revents & POLLOUT) {
+          if (!flush(fd, why)) {
+            drop(fd, why);
+            continue;
           }
         }
-        if (!keep) drop(fd);
-      }
-    }
-  }
-
-  void drop(int fd) {
-    for (auto it = waiting_.begin(); it != waiting_.end();) {
-      auto& v = it->second;
-      v.erase(std::remove(v.begin(), v.end(), fd), v.end());
-      it = v.empty() ? waiting_.erase(it) : std::next(it);
-    }
-    ::close(fd);
-    clients_.erase(fd);
-  }
-
-  // Runs every complete command in the client's buffer; false: close the connection.
-  bool serve(int fd, Client& c) {
-    if (c.protocol == 0) {
-      if (c.in.size() < 5 && static_cast<std::uint8_t>(c.in[0]) == 0) return true;
-      std::uint32_t magic = 0;
-      if (c.in.size() >= 5) std::memcpy(&magic, c.in.data() + 1, sizeof magic);
-      c.protocol = static_cast<std::uint8_t>(c.in[0]) == 0 && magic == kValidationMagic ? 2 : 1;
-      if (c.protocol == 2) c.in.erase(0, 5);
-    }
-    std::size_t pos = 0;
-    for (;;) {
-      In in{c.in, pos};
-      std::uint8_t code = 0;
-      if (!in.value(code)) break;
-      Out reply;
-      bool complete = run_command(fd, c, from_wire(code, c.protocol), in, reply);
-      if (!complete) break;
-      if (!reply.bytes.empty()) send_all(fd, reply.bytes);
-      pos = in.pos;
-    }
-    c.in.erase(0, pos);
-    return true;
-  }
-
-  // Parses one command and runs it; false when it has not fully arrived.
-  bool run_command(int fd, Client& c, Cmd cmd, In& in, Out& reply) {
-    std::string key, value, expected;
-    switch (cmd) {
-      case Cmd::kPing: {
-        std::uint32_t nonce = 0;
-        if (!in.value(nonce)) return false;
-        reply.value(nonce);
-        return true;
-      }
-      case Cmd::kSet:
-      case Cmd::kAppend:
-        if (!in.str(key) || !in.str(value)) return false;
-        if (cmd == Cmd::kAppend) value = data_[key] + value;
-        put(key, std::move(value));
-        return true;
-      case Cmd::kCompareSet: {
-        if (!in.str(key) || !in.str(expected) || !in.str(value)) return false;
-        auto it = data_.find(key);
-        if (it == data_.end()) {
-          if (expected.empty()) put(key, value);
-          reply.str(expected.empty() ? value : expected);
-        } else {
-          if (it->second == expected) put(key, std::move(value));
-          reply.str(data_[key]);
+        if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        ssize_t n = ::recv(fd, buf.data(), buf.size(), 0);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+        if (n <= 0) {
+          drop(fd, n == 0 ? "closed the connection" : "recv: " + errno_text(errno));
+          continue;
         }
-        return true;
+        if (!core_.receive(fd, buf.data(), static_cast<std::size_t>(n), why)) drop(fd, why);
       }
-      case Cmd::kGet: {
-        if (!in.str(key)) return false;
-        auto it = data_.find(key);
-        reply.str(it == data_.end() ? std::string() : it->second);
-        return true;
-      }
-      case Cmd::kAdd: {
-        std::int64_t delta = 0;
-        if (!in.str(key) || !in.value(delta)) return false;
-        auto it = data_.find(key);
-        std::int64_t sum = delta + (it == data_.end() ? 0 : std::strtoll(it->second.c_str(), nullptr, 10));
-        put(key, std::to_string(sum));
-        reply.value(sum);
-        return true;
-      }
-      case Cmd::kCheck:
-      case Cmd::kWait:
-      case Cmd::kMultiGet: {
-        std::uint64_t n = 0;
-        if (!in.value(n)) return false;
-        if (n > (1u << 20)) throw std::length_error("too many keys");
-        std::vector<std::string> keys(n);
-        for (auto& k : keys)
-          if (!in.str(k)) return false;
-        if (cmd == Cmd::kMultiGet) {
-          for (const auto& k : keys) reply.str(data_.count(k) ? data_[k] : std::string());
-          return true;
-        }
-        std::size_t missing = 0;
-        for (const auto& k : keys)
-          if (!data_.count(k)) {
-            ++missing;
-            if (cmd == Cmd::kWait) waiting_[k].push_back(fd);
-          }
-        if (cmd == Cmd::kCheck) {
-          reply.value<std::uint8_t>(missing == 0 ? 0 : 1);
-        } else if (missing == 0) {
-          reply.value<std::uint8_t>(0);  // STOP_WAITING
-        } else {
-          c.awaited = missing;
-        }
-        return true;
-      }
-      case Cmd::kMultiSet: {
-        std::uint64_t n = 0;
-        if (!in.value(n)) return false;
-        std::vector<std::pair<std::string, std::string>> kv(n);
-        for (auto& [k, v] : kv)
-          if (!in.str(k) || !in.str(v)) return false;
-        for (auto& [k, v] : kv) put(k, std::move(v));
-        return true;
-      }
-      case Cmd::kGetNumKeys:
-        reply.value<std::int64_t>(static_cast<std::int64_t>(data_.size()));
-        return true;
-      case Cmd::kDeleteKey:
-        if (!in.str(key)) return false;
-        reply.value<std::int64_t>(static_cast<std::int64_t>(data_.erase(key)));
-        return true;
-      case Cmd::kCancelWait:
-        for (auto& [k, fds] : waiting_) fds.erase(std::remove(fds.begin(), fds.end(), fd), fds.end());
-        c.awaited = 0;
-        reply.value<std::uint8_t>(1);  // WAIT_CANCELED
-        return true;
-      case Cmd::kValidate:
-      case Cmd::kUnknown:
-        break;
-    }
-    throw std::runtime_error("an unknown command");
-  }
-
-  void put(const std::string& key, std::string value) {
-    data_[key] = std::move(value);
-    auto it = waiting_.find(key);
-    if (it == waiting_.end()) return;
-    std::vector<int> fds = std::move(it->second);
-    waiting_.erase(it);
-    for (int fd : fds) {
-      auto c = clients_.find(fd);
-      if (c == clients_.end() || c->second.awaited == 0) continue;
-      if (--c->second.awaited == 0) {
-        try {
-          send_all(fd, std::string(1, '\0'));  // STOP_WAITING
-        } catch (const std::exception&) {
-          // the client is gone; poll reports it next
-        }
-      }
+      flush_all();
     }
   }
 
-  int listen_fd_ = -1;
+  StoreCore core_;
+  std::vector<int> listen_fds_;
   int port_ = 0;
   int stop_pipe_[2] = {-1, -1};
-  std::map<int, Client> clients_;
-  std::map<std::string, std::string> data_;
-  std::map<std::string, std::vector<int>> waiting_;
+  std::set<int> fds_;
+  Clock::time_point accept_paused_until_{};
   std::thread thread_;  // last: started after the members it uses
 };
 
@@ -663,11 +586,13 @@ std::string Store::share(const std::string& key, bool is_root, const std::string
 }
 
 int Store::protocol() const { return conn_->protocol(); }
+const std::string& Store::generation() const { return conn_->generation(); }
 double Store::timeout_s() const { return conn_->timeout_s(); }
 const std::string& Store::address() const { return conn_->address(); }
 
-StoreServer::StoreServer(int port, const std::string& port_variable)
-    : daemon_(std::make_unique<detail::StoreDaemon>(port, port_variable)) {}
+StoreServer::StoreServer(const std::string& host, int port, const std::string& port_variable,
+                         const detail::StoreLimits& limits)
+    : daemon_(std::make_unique<detail::StoreDaemon>(host, port, port_variable, limits)) {}
 StoreServer::~StoreServer() = default;
 int StoreServer::port() const { return daemon_->port(); }
 

@@ -54,6 +54,8 @@ struct LaunchEnv {
   bool agent_store = false;
   /// TORCHELASTIC_RESTART_COUNT: the attempt of an elastic job (keys are kept per attempt).
   std::int64_t restart_count = 0;
+  /// TORCHELASTIC_RUN_ID: the job's id (its store keys carry it); "none" when unset.
+  std::string run_id = "none";
 
   /// Detects from the process environment. ConfigError naming the variables when a
   /// value is malformed (not a non-negative integer, rank >= size, ...) or when two

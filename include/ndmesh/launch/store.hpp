@@ -2,13 +2,16 @@
 //
 // A client and a server of PyTorch's c10d TCPStore wire protocol, so that ndmesh can be
 // a client of the store torchrun's agent serves (TORCHELASTIC_USE_AGENT_STORE=True), or
-// serve one itself on rank 0 at MASTER_ADDR:MASTER_PORT. Two protocol versions exist:
-//   v2 (PyTorch 2.x, both the classic and the libuv server): a connection opens with
-//      VALIDATE + magic 0x3C85F7CE and a PING; commands are numbered VALIDATE=0, SET=1, ...
+// serve one itself on rank 0 at MASTER_ADDR:MASTER_PORT. The generations of servers:
+//   v2 (recent PyTorch 2.x, classic and libuv servers, ndmesh): a connection opens with
+//      VALIDATE + magic 0x3C85F7CE and a PING whose nonce comes back; commands are
+//      numbered VALIDATE=0, SET=1, ...
+//   v2 without PING (earlier PyTorch 2.x): VALIDATE first, then the same numbers; PING
+//      closes the connection.
 //   v1 (PyTorch 1.x, e.g. Debian's 1.13): no handshake; SET=0, COMPARE_SET=1, GET=2, ...
-// The client tries v2 first: a v1 server resets the connection on the handshake, and the
-// client reconnects speaking v1. The server answers both (it tells them apart by the
-// handshake). Keys are sent with torch's leading "/".
+// The client confirms each generation by an answer (see StoreConnection::identify) and
+// never falls back unchecked. The server answers v2 and v1 (it tells them apart by the
+// opening). Keys are sent with torch's leading "/".
 //
 // Store is a cheap handle over one connection (calls are serialized on it); prefixed()
 // gives a view whose keys all start with a prefix (a group's keys, a job attempt's keys).
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "ndmesh/launch/launch_env.hpp"
+#include "ndmesh/launch/store_protocol.hpp"
 
 namespace ndmesh::launch {
 
@@ -63,6 +67,8 @@ class Store {
 
   /// 1 or 2: the wire protocol the server speaks (1: PyTorch 1.x, 2: PyTorch 2.x, ndmesh).
   int protocol() const;
+  /// The server's generation: "v2", "v2 without PING" or "v1".
+  const std::string& generation() const;
   /// The default bound of get and wait.
   double timeout_s() const;
   /// "host:port".
@@ -79,9 +85,13 @@ class Store {
 /// process, until destroyed.
 class StoreServer {
  public:
-  /// Listens on every interface at `port`. ConfigError naming `port_variable` when the
-  /// port is taken, so that the message says which variable to change.
-  StoreServer(int port, const std::string& port_variable = "MASTER_PORT");
+  /// Listens at `port` (0: one the kernel picks) on the addresses `host` resolves to
+  /// (MASTER_ADDR), not on every interface. ConfigError naming `port_variable` when the
+  /// port is taken, so that the message says which variable to change, and naming
+  /// MASTER_ADDR when it is no address of this host. A client that goes over `limits`
+  /// is dropped (a debug line), the others go on.
+  StoreServer(const std::string& host, int port, const std::string& port_variable = "MASTER_PORT",
+              const detail::StoreLimits& limits = {});
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
@@ -95,10 +105,15 @@ class StoreServer {
 /// The store of a job launched with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, after
 /// every rank has arrived.
 struct JobStore {
-  Store store;                          ///< keys of this job attempt: "ndmesh/<attempt>/..."
+  Store store;  ///< keys of this job attempt: "ndmesh/<job id>/attempt_<n>/..." (job_key_prefix)
   std::shared_ptr<StoreServer> server;  ///< rank 0's server, when ndmesh serves the store
   bool agent_store = false;             ///< the launcher's agent serves the store
 };
+
+/// "ndmesh/<job id>/attempt_<n>/": the job id is TORCHELASTIC_RUN_ID ("none" when unset,
+/// as torchrun's default), n is TORCHELASTIC_RESTART_COUNT; two jobs that meet at one
+/// store never read each other's keys.
+std::string job_key_prefix(const LaunchEnv& env);
 
 /// Connects the job: rank 0 serves the store unless the launcher's agent does
 /// (env.agent_store), every rank connects, checks that it agrees with rank 0 on

@@ -8,6 +8,7 @@
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/launch/launch_env.hpp"
+#include "ndmesh/launch/store.hpp"
 
 namespace ndmesh {
 namespace {
@@ -50,7 +51,8 @@ class ScopedEnv {
                                            "MASTER_ADDR",
                                            "MASTER_PORT",
                                            "TORCHELASTIC_USE_AGENT_STORE",
-                                           "TORCHELASTIC_RESTART_COUNT"};
+                                           "TORCHELASTIC_RESTART_COUNT",
+                                           "TORCHELASTIC_RUN_ID"};
   std::map<std::string, std::string> saved_;
 };
 
@@ -143,9 +145,12 @@ TEST(LaunchEnv, TorchrunStoreVariables) {
                  {"MASTER_ADDR", "10.0.0.1"},
                  {"MASTER_PORT", "29500"},
                  {"TORCHELASTIC_USE_AGENT_STORE", "True"},
-                 {"TORCHELASTIC_RESTART_COUNT", "3"}});
+                 {"TORCHELASTIC_RESTART_COUNT", "3"},
+                 {"TORCHELASTIC_RUN_ID", "job-7"}});
   LaunchEnv e = LaunchEnv::detect();
   EXPECT_TRUE(e.has_store());
+  EXPECT_EQ(e.run_id, "job-7");
+  EXPECT_EQ(launch::job_key_prefix(e), "ndmesh/job-7/attempt_3/");
   EXPECT_EQ(e.master_addr, "10.0.0.1");
   EXPECT_EQ(e.master_port, 29500);
   EXPECT_TRUE(e.agent_store);
@@ -157,6 +162,7 @@ TEST(LaunchEnv, TorchrunWithoutMasterPortNamesIt) {
   ScopedEnv env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}});
   LaunchEnv e = LaunchEnv::detect();
   EXPECT_FALSE(e.has_store());
+  EXPECT_EQ(e.run_id, "none");  // torchrun's default id
   EXPECT_FALSE(e.agent_store);
   try {
     e.require_store();
