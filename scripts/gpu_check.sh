@@ -222,6 +222,7 @@ machine() {
     note "nvidia-smi: not on PATH"
   fi
   note "glibc: $(getconf GNU_LIBC_VERSION 2>&1); the pack needs >= $(cat "$work/glibc_required" 2> /dev/null)"
+  tee -a "$summary" < "$logs/glibc.log"
   note "kernel: $(uname -r); CPUs: $(nproc); python3: $(python3 --version 2>&1)"
   note "== NVIDIA libraries found (toolkit, system, PyTorch's pip nvidia/*/lib) and their versions as loaded"
   local files=() name d
@@ -289,16 +290,17 @@ print(f"{\"OK\" if n.value > 0 else \"no device:\"} {n.value} device(s)")' 2>&1 
   fi
 }
 
+# glibc: every packed binary finds every library and symbol version it needs (ldd, with the
+# packed libraries that fit this machine's glibc).
 step_glibc() {
-  local have need
+  local have missing
   have=$(getconf GNU_LIBC_VERSION 2> /dev/null | awk '{print $2}')
-  need=$(cat "$work/glibc_required" 2> /dev/null)
-  if [ -z "$have" ] || [ -z "$need" ]; then
-    report FAIL glibc "cannot tell (this machine: '${have}', the pack needs: '${need}')"
-  elif [ "$(printf '%s\n%s\n' "$need" "$have" | sort -t. -k1,1n -k2,2n | tail -n 1)" = "$have" ]; then
-    report PASS glibc "$have here, the pack needs >= $need"
+  missing=$(cd "$work/bin" && timeout -k 5 30 env LD_LIBRARY_PATH="$libs" ldd ./* 2>&1 |
+    awk '/^\.\// {bin = $1} /not found/ {print bin " " $0}' | tr -s ' \t' ' ' | sort -u | head -n 20)
+  if [ -n "$missing" ]; then
+    report FAIL glibc "glibc $have here (the pack needs >= $(cat "$work/glibc_required")); not found: $(tr '\n' ';' <<< "$missing")"
   else
-    report FAIL glibc "$have here, but the pack needs >= $need: pack on a machine with an older glibc"
+    report PASS glibc "glibc $have here; every packed binary finds its libraries ($(wc -l < "$logs/glibc.log") packed ones replaced by the machine's)"
   fi
 }
 
@@ -540,6 +542,7 @@ run() {
   if ! gpu_unpack "$dir/gpu.tar.xz" "$work" 2> "$logs/unpack.log"; then
     note "gpu_check.sh: cannot unpack $dir/gpu.tar.xz ($(head -n 1 "$logs/unpack.log")): run 'bash scripts/gpu_check.sh pack' on the CPU machine and copy $dir here"
   fi
+  gpu_fit_glibc "$work" > "$logs/glibc.log" 2>&1
   GPU_LIB_DIRS=$(gpu_lib_dirs)
   CUBLASLT=$(gpu_find libcublasLt.so.13 libcublasLt.so.12)
   export GPU_LIB_DIRS CUBLASLT

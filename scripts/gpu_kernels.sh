@@ -96,6 +96,7 @@ run() {
       echo "FAIL unpack: cannot unpack $dir/bundle.tar.xz ($(head -n 1 "$logs/unpack.log")): pack it on the CPU machine"
       return 1
     fi
+    gpu_fit_glibc "$work"
   fi
   [ -n "${CUBLASLT+set}" ] || gpu_find_cublaslt
   local libs sanitizer=() suffix=""

@@ -50,9 +50,12 @@ gpu_pack() {
       return 2
     fi
   done
-  objdump -T "$stage"/bin/* "$stage"/lib/* 2> /dev/null | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' |
-    sort -t. -k1,1n -k2,2n -k3,3n | tail -n 1 > "$stage/glibc_required"
-  if ! tar -C "$stage" -cJf "$tarball.part" bin lib glibc_required || ! mv "$tarball.part" "$tarball"; then
+  local f
+  for f in "$stage"/bin/* "$stage"/lib/*; do
+    echo "${f#"$stage"/} $(objdump -T "$f" 2> /dev/null | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -V | tail -n 1)"
+  done > "$stage/glibc_needs"
+  awk '{print $2}' "$stage/glibc_needs" | sort -V | tail -n 1 > "$stage/glibc_required"
+  if ! tar -C "$stage" -cJf "$tarball.part" bin lib glibc_required glibc_needs || ! mv "$tarball.part" "$tarball"; then
     echo "pack: cannot write $tarball" >&2
     rm -rf "$stage" "$tarball.part"
     return 2
@@ -65,9 +68,28 @@ gpu_kernel_tests() {
   (cd "$1" && cmake --build . --target help) | sed -n 's/^\.\.\. \(gpu_test_[a-z_]*\)$/\1/p'
 }
 
-# gpu_unpack <tarball> <work>: a fresh <work> holding bin/, lib/ and glibc_required.
+# gpu_unpack <tarball> <work>: a fresh <work> holding bin/, lib/, glibc_required and
+# glibc_needs (each file's newest GLIBC_ symbol version).
 gpu_unpack() {
   rm -rf "$2" && mkdir -p "$2" && tar -C "$2" -xJf "$1"
+}
+
+# gpu_fit_glibc <work>: a packed library that needs a newer glibc than this machine's is
+# moved out of lib/ when the machine has its own (libstdc++.so.6, say); one line each.
+gpu_fit_glibc() {
+  local have file need
+  have=$(getconf GNU_LIBC_VERSION 2> /dev/null | awk '{print $2}')
+  [ -n "$have" ] && [ -f "$1/glibc_needs" ] || return 0
+  while read -r file need; do
+    [[ $file == lib/* ]] && [ -n "$need" ] || continue
+    [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | tail -n 1)" = "$have" ] && continue
+    if ldconfig -p 2> /dev/null | grep -q "^[[:space:]]*${file#lib/} "; then
+      mkdir -p "$1/lib-newer-glibc" && mv "$1/$file" "$1/lib-newer-glibc/" &&
+        echo "glibc: the packed ${file#lib/} needs glibc $need, this machine has $have: the machine's own is used"
+    else
+      echo "glibc: the packed ${file#lib/} needs glibc $need, this machine has $have and no ${file#lib/} of its own"
+    fi
+  done < "$1/glibc_needs"
 }
 
 # gpu_lib_dirs: the folders the NVIDIA libraries are looked for in, in order: the CUDA

@@ -12,6 +12,8 @@
 #     variables, with Open MPI hidden (the store world; no MPI_Init, no orted), while the
 #     packed ndmesh started without them (as an MPI singleton) fails there: the hiding works;
 #   - the machine's lines come first, failing logs' last lines are printed;
+#   - with a fake getconf saying glibc 2.35, packed libraries that need 2.36 give way to the
+#     machine's own copies;
 #   - $OUT holds the summary and the log archive only (at most 8 files, each under 16 MiB),
 #     and the archive holds the steps' logs.
 # Usage: bash tests/gpu/gpu_check_selftest.sh <build>
@@ -40,7 +42,7 @@ mkdir "$tmp/unpacked"
 tar -C "$tmp/unpacked" -xJf "$tmp/pack/gpu.tar.xz"
 printf '#!/bin/sh\necho "a test that crashes"\nkill -SEGV $$\n' > "$tmp/unpacked/bin/gpu_test_aaa_crash"
 chmod +x "$tmp/unpacked/bin/gpu_test_aaa_crash"
-XZ_OPT="-0 -T1" tar -C "$tmp/unpacked" -cJf "$tmp/pack/gpu.tar.xz" bin lib glibc_required
+XZ_OPT="-0 -T1" tar -C "$tmp/unpacked" -cJf "$tmp/pack/gpu.tar.xz" bin lib glibc_required glibc_needs
 packed_ndmesh=$tmp/unpacked/bin/ndmesh
 
 mkdir "$tmp/fake"
@@ -54,6 +56,12 @@ case "$*" in
 esac
 EOF
 chmod +x "$tmp/fake/nvidia-smi"
+# A machine with glibc 2.35 (Ubuntu 22.04): the packed libraries that need 2.36 give way to
+# the machine's own copies.
+real_getconf=$(command -v getconf)
+printf '#!/bin/sh\n[ "$1" = GNU_LIBC_VERSION ] && { echo "glibc 2.35"; exit 0; }\nexec %s "$@"\n' "$real_getconf" \
+  > "$tmp/fake/getconf"
+chmod +x "$tmp/fake/getconf"
 
 have_driver=0
 python3 -c 'import ctypes; ctypes.CDLL("libcuda.so.1")' 2> /dev/null && have_driver=1
@@ -124,6 +132,13 @@ if [ $hidden -eq 1 ]; then
     --batch 2 --steps 1 --eval-batches 0 --threads 1 --device cpu" > "$tmp/mpi.log" 2>&1; then
     fail "with Open MPI hidden, the packed ndmesh still started MPI as a singleton: the hiding does not work"
   fi
+fi
+
+# The machine's glibc (2.35, faked) is older than the packed libstdc++'s need (2.36 here).
+grep '^glibc: ' "$tmp/run.log"
+if grep -q '^lib/libstdc++.so.6 2.36' "$tmp/unpacked/glibc_needs"; then
+  grep -q 'glibc: the packed libstdc++.so.6 needs glibc 2.36, this machine has 2.35: the machine.s own is used' \
+    "$tmp/run.log" || fail "the packed libstdc++ that needs a newer glibc was not replaced by the machine's"
 fi
 
 # The machine first, failing logs' last lines.
