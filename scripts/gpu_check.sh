@@ -78,7 +78,7 @@ pack() {
     exit 2
   echo "gpu_check.sh: $(du -h "$dir/gpu.tar.xz" | cut -f1) in $dir/gpu.tar.xz (needs glibc >=" \
     "$(tar -xJOf "$dir/gpu.tar.xz" glibc_required)); copy the repository with $dir to the GPU machine and run" \
-    "'bash scripts/gpu_check.sh run${2:+ $build}' there, from the repository root"
+    "'bash scripts/gpu_check.sh run$([ "$build" = build ] || echo " $build")' there, from the repository root"
 }
 
 # ---- run: helpers ---------------------------------------------------------------------

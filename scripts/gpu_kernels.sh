@@ -50,7 +50,7 @@ pack() {
   # shellcheck disable=SC2086,SC2046
   gpu_pack "$dir/bundle.tar.xz" $(printf "$build/tests/%s " $tests) "$build/bench/bench_gpu_kernels" || exit 2
   echo "gpu_kernels.sh: $(du -h "$dir/bundle.tar.xz" | cut -f1) in $dir/bundle.tar.xz: copy the repository with $dir" \
-    "to the GPU machine and run 'bash scripts/gpu_kernels.sh run${build:+ $build}' there"
+    "to the GPU machine and run 'bash scripts/gpu_kernels.sh run$([ "$build" = build ] || echo " $build")' there"
 }
 
 # describe <exit status> <seconds allowed>: why a command ended unsuccessfully.

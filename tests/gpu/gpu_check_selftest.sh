@@ -11,6 +11,7 @@
 #   - the --device cpu runs of the train steps succeed as one rank with torchrun's
 #     variables, with Open MPI hidden (the store world; no MPI_Init, no orted), while the
 #     packed ndmesh started without them (as an MPI singleton) fails there: the hiding works;
+#     a packed kernel test starts there too (its tests skip without a GPU);
 #   - the machine's lines come first, failing logs' last lines are printed;
 #   - with a fake getconf saying glibc 2.35, packed libraries that need 2.36 give way to the
 #     machine's own copies;
@@ -131,6 +132,11 @@ if [ $hidden -eq 1 ]; then
     timeout 60 '$packed_ndmesh' train --layers 1 --hidden 32 --heads 2 --seq 16 --vocab 64 --markov-vocab 64 \
     --batch 2 --steps 1 --eval-batches 0 --threads 1 --device cpu" > "$tmp/mpi.log" 2>&1; then
     fail "with Open MPI hidden, the packed ndmesh still started MPI as a singleton: the hiding does not work"
+  fi
+  # The kernels' tests need no part of Open MPI but its libraries either (skipped: no GPU).
+  if [ $have_driver -eq 0 ] && ! unshare --mount --propagation private -- bash -c "$hide && exec env \
+    LD_LIBRARY_PATH='$tmp/unpacked/lib' timeout 60 '$tmp/unpacked/bin/gpu_test_gelu'" > "$tmp/kernel.log" 2>&1; then
+    fail "with Open MPI hidden, the packed gpu_test_gelu fails without NDMESH_REQUIRE_GPU: $(tail -n 3 "$tmp/kernel.log")"
   fi
 fi
 
