@@ -180,34 +180,18 @@ ndmesh_gpu() {
 # json_of <name>: <name>.out's last line (ndmesh train --json) into <name>.json.
 json_of() { tail -n 1 "$logs/$1.out" > "$logs/$1.json" 2> /dev/null; }
 
-# py <name> <script> <args>...: a comparison in the machine's python3; its last line is the
-# result, a Python error becomes that line.
+# py <name> <comparison> <args>...: scripts/gpu_check_compare.py in the machine's python3; its
+# last line is the result (PASS or FAIL ...), a Python error becomes a FAIL line.
 py() {
-  local name=$1 script=$2 rc
-  shift 2
-  timeout -k 5 60 python3 -c "$script" "$@" > "$logs/$name.py.out" 2>&1
-  rc=$?
-  if [ $rc -ne 0 ] && ! grep -qE '^(PASS|FAIL)' "$logs/$name.py.out"; then
-    echo "FAIL python: $(tail -n 1 "$logs/$name.py.out")"
+  local name=$1
+  shift
+  timeout -k 5 60 python3 "$here/gpu_check_compare.py" "$@" > "$logs/$name.compare.out" 2>&1
+  if grep -qE '^(PASS|FAIL)' "$logs/$name.compare.out"; then
+    grep -E '^(PASS|FAIL)' "$logs/$name.compare.out" | tail -n 1
   else
-    tail -n 1 "$logs/$name.py.out"
+    echo "FAIL python: $(tail -n 1 "$logs/$name.compare.out")"
   fi
 }
-
-# The comparison of tests/mpi/train_lib.sh: losses 1e-5, step-1 norm 1e-5, later norms 1e-4.
-rel_check_py='
-import json, sys
-a, b = (json.load(open(f)) for f in sys.argv[1:3])
-def rel(x, y):
-    return max((abs(p - q) / abs(p) if p else abs(q)) for p, q in zip(x, y)) if x else 0.0
-if len(a["losses"]) != len(b["losses"]) or len(a["grad_norms"]) != len(b["grad_norms"]):
-    print(f"FAIL different numbers of steps: {len(a[\"losses\"])} and {len(b[\"losses\"])}"); sys.exit(1)
-l, g1 = rel(a["losses"], b["losses"]), rel(a["grad_norms"][:1], b["grad_norms"][:1])
-g = rel(a["grad_norms"][1:], b["grad_norms"][1:])
-ok = l < 1e-5 and g1 < 1e-5 and g < 1e-4
-print(f"{\"PASS\" if ok else \"FAIL\"} {len(a[\"losses\"])} steps, largest relative difference: losses {l:.3g} "
-      f"(bound 1e-5), step-1 gradient norm {g1:.3g} (1e-5), later gradient norms {g:.3g} (1e-4)")
-'
 
 # ---- run: the steps ---------------------------------------------------------------------
 
@@ -368,7 +352,7 @@ step_train() {
   fi
   json_of "$step.cuda"
   local r
-  r=$(py "$step" "$rel_check_py" "$logs/$step.cpu.json" "$logs/$step.cuda.json")
+  r=$(py "$step" equal "$logs/$step.cpu.json" "$logs/$step.cuda.json")
   report "${r%% *}" "$step" "cuda against cpu${*:+ ($*)}: ${r#* }"
   if [ "$name" = default ]; then
     # Which cuBLASLt the packed ndmesh loaded (its one log line).
@@ -400,14 +384,7 @@ step_checkpoint() {
   fi
   json_of checkpoint.cpu
   local r
-  r=$(py checkpoint '
-import json, sys
-a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-d = max(abs(p - q) / abs(p) for p, q in zip(a["losses"][10:], b["losses"]))
-ok = len(b["losses"]) == 10 and d < 1e-4
-print(f"{\"PASS\" if ok else \"FAIL\"} saved on cuda at step 10, resumed on cpu: {len(b[\"losses\"])} steps, "
-      f"losses of steps 11-20 within {d:.3g} of the uninterrupted cpu run (bound 1e-4)")' \
-    "$logs/train-default.cpu.json" "$logs/checkpoint.cpu.json")
+  r=$(py checkpoint resumed "$logs/train-default.cpu.json" "$logs/checkpoint.cpu.json")
   report "${r%% *}" checkpoint "${r#* }"
 }
 
@@ -420,11 +397,7 @@ step_bf16() {
   if [ $rc -eq 0 ]; then
     json_of bf16
     local r
-    r=$(py bf16 'import json, sys
-a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-d = abs(a["final_loss"] - b["final_loss"]) / a["final_loss"]
-print(f"PASS final loss {b[\"final_loss\"]:.5f} against fp32 {a[\"final_loss\"]:.5f}: {100 * d:.2f}% after 20 steps")' \
-      "$logs/train-default.cuda.json" "$logs/bf16.json")
+    r=$(py bf16 bf16 "$logs/train-default.cuda.json" "$logs/bf16.json")
     report "${r%% *}" bf16 "${r#* }"
   elif grep -q 'not implemented' "$logs/bf16.err"; then
     report SKIP bf16 "refused in one line: $(head -n 1 "$logs/bf16.err")"
@@ -453,21 +426,7 @@ step_gpt2_ndmesh() {
   json_of gpt2
   # The step lines' tok/s is the mean since the start: step k ended at k * tokens / tok/s.
   local r
-  r=$(py gpt2-ndmesh '
-import json, re, sys
-warm, tokens = int(sys.argv[2]), 8 * 1024
-ends = {}
-for line in open(sys.argv[1]):
-    m = re.match(r"step (\d+)/\d+ .* tok/s (\d+)", line)
-    if m and int(m.group(2)) > 0:
-        ends[int(m.group(1))] = int(m.group(1)) * tokens / int(m.group(2))
-last = max(ends)
-tps = (last - warm) * tokens / (ends[last] - ends[warm])
-json.dump({"tokens_per_second": tps, "timed_steps": last - warm, "warmup_steps": warm,
-           "step_seconds": (ends[last] - ends[warm]) / (last - warm)}, open(sys.argv[3], "w"))
-print(f"PASS tokens/s {tps:.0f} over steps {warm + 1}-{last} ({(ends[last] - ends[warm]) / (last - warm) * 1e3:.1f} ms a step; "
-      f"the first {warm} left out: {ends[warm]:.2f} s), fp32, batch 8 x 1024")' \
-    "$logs/gpt2.out" "$gpt2_warmup" "$logs/gpt2.speed.json")
+  r=$(py gpt2-ndmesh speed "$logs/gpt2.out" "$gpt2_warmup" $((8 * 1024)) "$logs/gpt2.speed.json")
   report "${r%% *}" gpt2-ndmesh "${r#* }"
   grep -h 'cuBLASLt' "$logs/gpt2.err" | head -n 1 | sed 's/^/  ndmesh: /' | tee -a "$summary"
 }
@@ -488,13 +447,7 @@ step_gpt2_memory() {
     return
   fi
   local r
-  r=$(py gpt2-memory '
-import json, sys
-peak = json.load(open(sys.argv[1]))["memory_bytes"]["device_peak"]
-planned = json.loads(open(sys.argv[2]).read())["memory_bytes"]["total"]
-ok = peak > 0 and abs(peak / planned - 1) <= 0.10
-print(f"{\"PASS\" if ok else \"FAIL\"} device peak {peak / 2**30:.3f} GiB, ndmesh plan memory {planned / 2**30:.3f} GiB: "
-      f"measured/planned {peak / planned:.3f} (bound: within 10%)")' "$logs/gpt2.json" "$logs/plan-memory.out")
+  r=$(py gpt2-memory memory "$logs/gpt2.json" "$logs/plan-memory.out")
   report "${r%% *}" gpt2-memory "${r#* }"
 }
 
@@ -511,17 +464,7 @@ step_gpt2_torch() {
     return
   fi
   local r
-  r=$(py gpt2-torch '
-import json, os, sys
-t = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-line = (f"PyTorch {t[\"torch\"]} (CUDA {t[\"cuda\"]}) fp32, TF32 off: tokens/s {t[\"tokens_per_second\"]:.0f} over "
-        f"{t[\"timed_steps\"]} steps after {t[\"warmup_steps\"]}, peak {t[\"device_peak\"] / 2**30:.3f} GiB")
-if os.path.exists(sys.argv[2]):
-    n = json.load(open(sys.argv[2]))["tokens_per_second"]
-    line += f"; ndmesh/PyTorch tokens/s: {n / t[\"tokens_per_second\"]:.3f}"
-else:
-    line += "; no ndmesh tokens/s to compare"
-print("PASS " + line)' "$logs/gpt2-torch.json" "$logs/gpt2.speed.json")
+  r=$(py gpt2-torch torch "$logs/gpt2-torch.json" "$logs/gpt2.speed.json")
   report "${r%% *}" gpt2-torch "${r#* }"
 }
 
