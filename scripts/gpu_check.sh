@@ -28,28 +28,33 @@
 #   bash scripts/gpu_check.sh steps
 #       The steps' names, one a line.
 #
-# Steps, with the most seconds each may take (timeout); the whole run stops starting steps
-# at 540 s (each step's bound is cut to what is left; a step with no time left is a FAIL
-# line), so it ends within about 9 minutes, under the 10-minute bound of one command:
-#   gpu                       60  nvidia-smi sees a GPU and the driver initialises (cuInit)
-#   glibc                      5  this machine's glibc is at least the pack's need
+# Steps, with the most seconds each may take (its commands' timeouts; a failing GPU command's
+# rerun with CUDA_LAUNCH_BLOCKING=1 shares its command's bound). Every bound is cut to what is
+# left of 540 s, and a step with no time left is a FAIL line, so the run ends within about
+# 9 minutes, under the 10-minute bound of one command:
+#   (the machine's lines first: seconds; 30 to 60 s timeouts on each of their commands)
+#   gpu                       90  nvidia-smi sees a GPU and the driver initialises (cuInit)
+#   glibc                     30  every packed binary finds its libraries and glibc symbol versions
+#                                 (ldd; packed ones that need a newer glibc give way to the machine's)
 #   cublaslt                  30  libcublasLt.so.13, else .so.12, from the toolkit or PyTorch's
 #                                 nvidia/*/lib, loads and answers cublasLtGetVersion
-#   kernels                  100  every gpu_test_* with NDMESH_REQUIRE_GPU=1 (scripts/gpu_kernels.sh)
-#   kernels-bench             45  bench_gpu_kernels (kernels against cuBLAS / device copies)
-#   train-default             35  ndmesh train --device cuda against --device cpu (same model,
-#   train-recompute-selective 35    seed, batch): losses within 1e-5 relative, step-1 gradient
-#   train-recompute-full      35    norm 1e-5, later norms 1e-4 (tests/mpi/train_lib.sh's bounds)
-#   train-untied              35
-#   checkpoint                35  saved on cuda at step 10, resumed on cpu: steps 11-20 within 1e-4
+#   kernels                  115  every gpu_test_* with NDMESH_REQUIRE_GPU=1 (scripts/gpu_kernels.sh)
+#   kernels-bench             60  bench_gpu_kernels (kernels against cuBLAS / device copies)
+#   train-default             70  ndmesh train --device cuda (35) against --device cpu (35) on
+#   train-recompute-selective 70    the same model, seed and batch: losses within 1e-5 relative,
+#   train-recompute-full      70    step-1 gradient norm 1e-5, later norms 1e-4
+#   train-untied              70    (tests/mpi/train_lib.sh's bounds)
+#   checkpoint                70  saved on cuda at step 10 (35), resumed on cpu (35): steps 11-20
+#                                 within 1e-4 of train-default's cpu run
 #   bf16                      20  --precision bf16 (SKIP while refused as not implemented)
 #   gpt2-ndmesh               90  GPT-2 small body (12 x 768, 12 heads, sequence 1024, vocabulary
 #                                 1024, batch 8) fp32: 40 steps, tokens/s over the last 35
 #   gpt2-memory               15  its device peak against ndmesh plan memory's prediction
 #   gpt2-torch                75  scripts/gpt2_torch_baseline.py, same shape, fp32, TF32 off: 5
 #                                 warm-up steps, 30 timed; ndmesh's tokens/s as a ratio of it
-#   kernels-memcheck          75  the kernel tests under compute-sanitizer (SKIP without it)
-#   kernels-racecheck         75
+#   kernels-memcheck          90  the kernel tests under compute-sanitizer (SKIP without it)
+#   kernels-racecheck         90
+#   (the kernel steps: gpu_kernels.sh's own budget, 100, 45, 75 and 75 s, plus 15 s to end it)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/gpu_lib.sh
