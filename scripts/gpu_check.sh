@@ -1,195 +1,549 @@
 #!/usr/bin/env bash
-# The GPU check of issue 24, in one call on a GPU machine that cannot build ndmesh (no
-# compiler, no Open MPI, no OpenBLAS there: ../shared/design/GPU.md). Pack here, run there.
+# The GPU check: every CUDA kernel test, --device cuda against --device cpu, a checkpoint
+# from the GPU resumed on the CPU, and GPT-2 small's speed against PyTorch's, in one command
+# of at most 10 minutes on a GPU machine that cannot build ndmesh (no compiler, no Open MPI,
+# no OpenBLAS there; one H100/H200, a CUDA 13 driver, nvcc, PyTorch with its pip NVIDIA
+# libraries). Pack here, run there (docs/gpu.md).
 #
-#   bash scripts/gpu_check.sh pack [build]
-#       On the CPU machine, in a CUDA build (default build/): the kernels' bundle
-#       (scripts/gpu_kernels.sh pack: every gpu_test_* and bench_gpu_kernels) and
-#       build/gpu-check/ndmesh.tar.xz: the ndmesh command, the shared libraries it loads
-#       from this machine (not glibc, not cuBLAS/cuBLASLt: the GPU machine's CUDA 13 has
-#       them) and Open MPI's run-time files (orted, its plugins, help texts and
-#       configuration), which a process of one rank needs to start MPI. Checked here with
-#       Open MPI hidden (a mount namespace binding empty folders over its files): the
-#       unpacked command trains with --device cpu. Carry build/gpu-kernels and
-#       build/gpu-check (both git-ignored).
-#   bash scripts/gpu_check.sh run [build]
-#       On the GPU machine, from the repository root, one summary at the end:
-#       1. the CUDA kernels against their CPU twins (gpu_kernels.sh run: NDMESH_REQUIRE_GPU=1,
-#          so a missing GPU fails) and bench_gpu_kernels;
-#       2. ndmesh train --device cuda against --device cpu on the same model, seed and batch:
-#          per-step losses within 1e-5 relative, the step-1 gradient norm within 1e-5, later
-#          norms within 1e-4 (the CPU tests' bounds, tests/mpi/train_lib.sh);
-#       3. --precision bf16 (refused in one line until it exists: the refusal is checked);
-#       4. the GPT-2 small body (12 layers, hidden 768, 12 heads, sequence 1024) in fp32 on
-#          the GPU: tokens/s, device memory peak beside ndmesh plan memory's prediction for
-#          the same model. The vocabulary is 1024, not 50304: the Markov source has at most
-#          1024 tokens and the vocabulary must match the data (byte-level --data has 256).
-#       Logs under $OUT (or build/gpu-check/out).
+#   bash scripts/gpu_check.sh pack [build] [dir]
+#       On the CPU machine, in a CUDA build (default build/): builds ndmesh, every gpu_test_*
+#       and bench_gpu_kernels, and writes <dir>/gpu.tar.xz (default dir: build/gpu-check,
+#       git-ignored): the binaries (stripped) and every shared library they load from this
+#       machine but glibc's, the driver's and cuBLAS/cuBLASLt (the GPU machine has those).
+#       Open MPI's libraries are packed only because ndmesh is linked with them: every step
+#       starts one rank with torchrun's variables (RANK=0 WORLD_SIZE=1 LOCAL_RANK=0
+#       MASTER_ADDR=127.0.0.1 MASTER_PORT=<a free port>), which uses the TCP store and never
+#       calls MPI_Init, so no orted, plugin or help file of Open MPI is needed. Any failure
+#       is printed and exits 2.
+#   bash scripts/gpu_check.sh run [build] [dir]
+#       On the GPU machine, from the repository root, with <dir> copied there (the
+#       repository's tracked files plus build/gpu-check). Never stops early: each step
+#       below ends in one PASS, FAIL or SKIP line, a failing command's last lines are
+#       printed, and a failing GPU command is run once more with CUDA_LAUNCH_BLOCKING=1.
+#       It first prints the machine: nvidia-smi, driver and CUDA versions, glibc, the
+#       cuBLASLt, cuDNN, NCCL and CUDA runtime files found and their versions as loaded
+#       (cublasLtGetVersion, ...), the GPU's name and memory, compute-sanitizer, torch.
+#       Returned in $OUT (default <dir>/out), two files: gpu_check_summary.txt and
+#       gpu_check_logs.tar.xz (every log and JSON; rewritten after each step).
+#   bash scripts/gpu_check.sh steps
+#       The steps' names, one a line.
 #
-# With the device tool:
-#   run(command="bash scripts/gpu_check.sh run", carry=["build/gpu-kernels", "build/gpu-check"])
-set -euo pipefail
+# Steps, with the most seconds each may take (its commands' timeouts; a failing GPU command's
+# rerun with CUDA_LAUNCH_BLOCKING=1 shares its command's bound). Every bound is cut to what is
+# left of 540 s, and a step with no time left is a FAIL line, so the run ends within about
+# 9 minutes, under the 10-minute bound of one command:
+#   (the machine's lines first: seconds; 30 to 60 s timeouts on each of their commands)
+#   gpu                       90  nvidia-smi sees a GPU and the driver initialises (cuInit)
+#   glibc                     30  every packed binary finds its libraries and glibc symbol versions
+#                                 (ldd; packed ones that need a newer glibc give way to the machine's)
+#   cublaslt                  30  libcublasLt.so.13, else .so.12, from the toolkit or PyTorch's
+#                                 nvidia/*/lib, loads and answers cublasLtGetVersion
+#   kernels                  115  every gpu_test_* with NDMESH_REQUIRE_GPU=1 (scripts/gpu_kernels.sh)
+#   kernels-bench             60  bench_gpu_kernels (kernels against cuBLAS / device copies)
+#   train-default             70  ndmesh train --device cuda (35) against --device cpu (35) on
+#   train-recompute-selective 70    the same model, seed and batch: losses within 1e-5 relative,
+#   train-recompute-full      70    step-1 gradient norm 1e-5, later norms 1e-4
+#   train-untied              70    (tests/mpi/train_lib.sh's bounds)
+#   checkpoint                70  saved on cuda at step 10 (35), resumed on cpu (35): steps 11-20
+#                                 within 1e-4 of train-default's cpu run
+#   bf16                      20  --precision bf16 (SKIP while refused as not implemented)
+#   gpt2-ndmesh               90  GPT-2 small body (12 x 768, 12 heads, sequence 1024, vocabulary
+#                                 1024, batch 8) fp32: 40 steps, tokens/s over the last 35
+#   gpt2-memory               15  its device peak against ndmesh plan memory's prediction
+#   gpt2-torch                75  scripts/gpt2_torch_baseline.py, same shape, fp32, TF32 off: 5
+#                                 warm-up steps, 30 timed; ndmesh's tokens/s as a ratio of it
+#   kernels-memcheck          90  the kernel tests under compute-sanitizer (SKIP without it)
+#   kernels-racecheck         90
+#   (the kernel steps: gpu_kernels.sh's own budget, 100, 45, 75 and 75 s, plus 15 s to end it)
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/gpu_lib.sh
+. "$here/gpu_lib.sh"
 mode=${1:-}
 build=${2:-build}
-here=$(cd "$(dirname "$0")" && pwd)
-dest=$build/gpu-check
-ompi_lib=/usr/lib/x86_64-linux-gnu/openmpi
+dir=${3:-$build/gpu-check}
+total_budget=540
+
+steps=(gpu glibc cublaslt kernels kernels-bench train-default train-recompute-selective train-recompute-full
+  train-untied checkpoint bf16 gpt2-ndmesh gpt2-memory gpt2-torch kernels-memcheck kernels-racecheck)
 
 pack() {
-  bash "$here/gpu_kernels.sh" pack "$build"
-  [ -x "$build/bin/ndmesh" ] || { echo "gpu_check.sh: no $build/bin/ndmesh (make build first)" >&2; exit 2; }
+  [ -f "$build/CMakeCache.txt" ] || { echo "gpu_check.sh: no build in $build (make build first)" >&2; exit 2; }
+  local tests
+  tests=$(gpu_kernel_tests "$build")
+  [ -n "$tests" ] || { echo "gpu_check.sh: $build has no gpu_test_* targets: configure it with -DNDMESH_CUDA=ON" >&2; exit 2; }
+  # shellcheck disable=SC2086,SC2046
+  cmake --build "$build" -j2 --target ndmesh $tests bench_gpu_kernels > /dev/null ||
+    { echo "gpu_check.sh: building ndmesh and the GPU tests in $build failed (cmake --build $build)" >&2; exit 2; }
   ldd "$build/bin/ndmesh" | grep -q libcudart ||
-    { echo "gpu_check.sh: $build was configured without CUDA (-DNDMESH_CUDA=ON)" >&2; exit 2; }
-  local stage=$dest/stage
-  rm -rf "$dest" && mkdir -p "$stage/bin" "$stage/lib" "$stage/ompi/lib/x86_64-linux-gnu" "$stage/ompi/share"
-  strip -o "$stage/bin/ndmesh" "$build/bin/ndmesh"
-  # Open MPI relocated under OPAL_PREFIX=<work>/ompi: its libdir and plugins keep their
-  # place below the prefix (/usr), its help texts under share/openmpi.
-  cp -a "$ompi_lib" "$stage/ompi/lib/x86_64-linux-gnu/"
-  rm -rf "$stage/ompi/lib/x86_64-linux-gnu/openmpi/include"
-  cp -a /usr/share/openmpi "$stage/ompi/share/"
-  mkdir -p "$stage/ompi/etc" && cp -a /etc/openmpi/. "$stage/ompi/etc/"
-  # A process of one rank starts MPI as a singleton, which forks orted from <prefix>/bin.
-  mkdir -p "$stage/ompi/bin" && cp "$(command -v orted)" "$stage/ompi/bin/"
-  # Every library the command and Open MPI's plugins load, but the C library and cuBLAS.
-  { ldd "$stage/bin/ndmesh" "$stage/ompi/bin/orted"; find "$stage/ompi" -name '*.so*' -type f -exec ldd {} + 2>/dev/null; } |
-    awk '/=> \// {print $3}' | sort -u | while read -r lib; do
-      case $(basename "$lib") in
-        libc.so* | libm.so* | libdl.so* | libpthread.so* | librt.so* | ld-linux* | libcublas*) ;;
-        *) cp -Ln "$lib" "$stage/lib/" 2> /dev/null || true ;;
-      esac
-    done
-  tar -C "$stage" -cJf "$dest/ndmesh.tar.xz" bin lib ompi
-  rm -rf "$stage"
-  echo "gpu_check.sh: $(du -h "$dest/ndmesh.tar.xz" | cut -f1) in $dest/ndmesh.tar.xz; carry $build/gpu-kernels" \
-    "and $dest, then run 'bash scripts/gpu_check.sh run' on the GPU machine"
+    { echo "gpu_check.sh: $build/bin/ndmesh is built without CUDA: configure with -DNDMESH_CUDA=ON" >&2; exit 2; }
+  rm -rf "$dir" && mkdir -p "$dir" || { echo "gpu_check.sh: cannot create $dir" >&2; exit 2; }
+  # shellcheck disable=SC2086,SC2046
+  gpu_pack "$dir/gpu.tar.xz" "$build/bin/ndmesh" $(printf "$build/tests/%s " $tests) "$build/bench/bench_gpu_kernels" ||
+    exit 2
+  echo "gpu_check.sh: $(du -h "$dir/gpu.tar.xz" | cut -f1) in $dir/gpu.tar.xz (needs glibc >=" \
+    "$(tar -xJOf "$dir/gpu.tar.xz" glibc_required)); copy the repository with $dir to the GPU machine and run" \
+    "'bash scripts/gpu_check.sh run$([ "$build" = build ] || echo " $build")' there, from the repository root"
 }
 
-# setup_env <work>: the unpacked command finds its libraries, cuBLASLt and Open MPI.
-setup_env() {
-  local work=$1 lt
-  lt=$(ls /usr/local/cuda*/lib*/libcublasLt.so.13* /usr/local/cuda*/targets/*/lib/libcublasLt.so.13* \
-    /usr/lib/x86_64-linux-gnu/libcublasLt.so.13* 2> /dev/null | head -1 || true)
-  if [ -z "$lt" ]; then  # PyTorch's pip packages: site-packages/nvidia/*/lib
-    lt=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2> /dev/null |
-      xargs -r -I{} find {} -name 'libcublasLt.so.13*' | head -1 || true)
+# ---- run: helpers ---------------------------------------------------------------------
+
+declare -A reported=()
+failed=0 current="" step_start=0 out="" logs="" summary="" archive="" work="" libs=""
+
+# report <PASS|FAIL|SKIP> <step> <text>: the step's one line, in the summary and printed.
+report() {
+  local status=$1 text=$3
+  case $status in
+    PASS | FAIL | SKIP) ;;
+    *) status=FAIL text="no result line (got '$1 $3')" ;;
+  esac
+  reported[$2]=1
+  [ "$status" = FAIL ] && failed=1
+  echo "$status $2 [$((SECONDS - step_start)) s]: $text" | tee -a "$summary"
+}
+
+# note <text>: a line of the summary that is not a step's result.
+note() { echo "$*" | tee -a "$summary"; }
+
+# tail_of <file>...: the last lines of each failing log, indented, printed and in the summary.
+tail_of() {
+  local f
+  for f in "$@"; do
+    [ -s "$f" ] || continue
+    echo "    -- last lines of $(basename "$f"):"
+    tail -n 12 "$f" | cut -c 1-400 | sed 's/^/    /'
+  done | tee -a "$summary"
+}
+
+# bound <seconds>: the step's bound, cut to what is left of the run's budget (0: none left).
+bound() {
+  local left=$((total_budget - SECONDS))
+  [ "$left" -lt 5 ] && left=0
+  echo $(($1 < left ? $1 : left))
+}
+
+# describe <exit status> <seconds allowed>
+describe() {
+  if [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; then
+    echo "timed out after $2 s"
+  elif [ "$1" -gt 128 ]; then
+    echo "killed by signal $(($1 - 128)) (SIG$(kill -l $(($1 - 128)) 2> /dev/null || echo '?'))"
+  else
+    echo "exit status $1"
   fi
-  export LD_LIBRARY_PATH="$work/lib:$work/ompi/lib/x86_64-linux-gnu/openmpi/lib${lt:+:$(dirname "$lt")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  export OPAL_PREFIX=$work/ompi OPAL_SYSCONFDIR=$work/ompi/etc
-  export OMPI_MCA_mca_base_component_path=$work/ompi/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  CUBLASLT=${lt:-not found}
 }
 
-# rel_check <what> <a.json> <b.json>: losses 1e-5, step-1 norm 1e-5, later norms 1e-4.
-rel_check() {
-  python3 - "$@" << 'EOF'
-import json, sys
-what, a, b = sys.argv[1], json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
-def rel(x, y):
-    return max((abs(p - q) / abs(p) if p else abs(q)) for p, q in zip(x, y)) if x else 0.0
-if len(a["losses"]) != len(b["losses"]) or len(a["grad_norms"]) != len(b["grad_norms"]):
-    print(f"FAIL {what}: different numbers of steps"); sys.exit(1)
-l, g1, g = rel(a["losses"], b["losses"]), rel(a["grad_norms"][:1], b["grad_norms"][:1]), rel(a["grad_norms"][1:], b["grad_norms"][1:])
-ok = l < 1e-5 and g1 < 1e-5 and g < 1e-4
-print(f"{'PASS' if ok else 'FAIL'} {what}: max relative difference: losses {l:.3g} (bound 1e-5), "
-      f"step-1 gradient norm {g1:.3g} (1e-5), later gradient norms {g:.3g} (1e-4)")
-sys.exit(0 if ok else 1)
+# save_logs: every log into the archive (a log over 4 MiB keeps its first and last 2 MiB).
+save_logs() {
+  local f
+  for f in "$logs"/*; do
+    [ -f "$f" ] || continue
+    if [ "$(stat -c %s "$f")" -gt $((4 << 20)) ]; then
+      { head -c $((2 << 20)) "$f" && printf '\n[... cut by gpu_check.sh ...]\n' && tail -c $((2 << 20)) "$f"; } > "$f.cut" &&
+        mv "$f.cut" "$f"
+    fi
+  done
+  tar -C "$logs" -cJf "$archive.part" . 2> /dev/null && mv "$archive.part" "$archive" ||
+    echo "gpu_check.sh: cannot write $archive" | tee -a "$summary"
+}
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2> /dev/null ||
+    echo $((20000 + RANDOM % 20000))
+}
+
+# ndmesh <seconds> <name> <args>...: one rank of the packed ndmesh started as torchrun would
+# (the store world: no MPI_Init, no orted), stdout and stderr in <name>.out/.err.
+ndmesh() {
+  local seconds=$1 name=$2
+  shift 2
+  timeout -k 5 "$seconds" env LD_LIBRARY_PATH="$libs" RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+    MASTER_ADDR=127.0.0.1 MASTER_PORT="$(free_port)" "$work/bin/ndmesh" "$@" > "$logs/$name.out" 2> "$logs/$name.err"
+}
+
+# ndmesh_gpu <seconds> <name> <args>...: as ndmesh; when it fails, once more with
+# CUDA_LAUNCH_BLOCKING=1 (<name>.blocking.out/.err). Prints why it failed; returns its status.
+ndmesh_gpu() {
+  local seconds=$1 name=$2 rc rc2 start=$SECONDS
+  shift 2
+  ndmesh "$seconds" "$name" "$@"
+  rc=$?
+  [ $rc -eq 0 ] && return 0
+  local msg left
+  msg="$(describe $rc "$seconds")"
+  left=$(bound $((seconds - (SECONDS - start))))
+  if [ "$left" -ge 5 ]; then
+    CUDA_LAUNCH_BLOCKING=1 ndmesh "$left" "$name.blocking" "$@"
+    rc2=$?
+    msg+="; once more with CUDA_LAUNCH_BLOCKING=1: $([ $rc2 -eq 0 ] && echo passed || describe $rc2 "$left")"
+  fi
+  echo "$msg"
+  return $rc
+}
+
+# json_of <name>: <name>.out's last line (ndmesh train --json) into <name>.json.
+json_of() { tail -n 1 "$logs/$1.out" > "$logs/$1.json" 2> /dev/null; }
+
+# py <name> <comparison> <args>...: scripts/gpu_check_compare.py in the machine's python3; its
+# last line is the result (PASS or FAIL ...), a Python error becomes a FAIL line.
+py() {
+  local name=$1
+  shift
+  timeout -k 5 60 python3 "$here/gpu_check_compare.py" "$@" > "$logs/$name.compare.out" 2>&1
+  if grep -qE '^(PASS|FAIL)' "$logs/$name.compare.out"; then
+    grep -E '^(PASS|FAIL)' "$logs/$name.compare.out" | tail -n 1
+  else
+    echo "FAIL python: $(tail -n 1 "$logs/$name.compare.out")"
+  fi
+}
+
+# ---- run: the steps ---------------------------------------------------------------------
+
+machine() {
+  note "== gpu_check.sh on $(hostname) at $(date -u '+%Y-%m-%d %H:%M:%S UTC'), pack $dir/gpu.tar.xz"
+  note "== nvidia-smi"
+  if command -v nvidia-smi > /dev/null; then
+    timeout 30 nvidia-smi 2>&1 | head -n 20 | tee -a "$summary"
+    note "GPU: $(timeout 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -n 4 | tr '\n' ';')"
+    note "driver's CUDA version: $(timeout 30 nvidia-smi 2>&1 | grep -o 'CUDA Version: *[0-9.]*' | head -n 1 | sed 's/.*: *//')"
+  else
+    note "nvidia-smi: not on PATH"
+  fi
+  note "glibc: $(getconf GNU_LIBC_VERSION 2>&1); the pack needs >= $(cat "$work/glibc_required" 2> /dev/null)"
+  tee -a "$summary" < "$logs/glibc.log"
+  note "kernel: $(uname -r); CPUs: $(nproc); python3: $(python3 --version 2>&1)"
+  note "== NVIDIA libraries found (toolkit, system, PyTorch's pip nvidia/*/lib) and their versions as loaded"
+  local files=() name d
+  for name in libcublasLt.so.13 libcublasLt.so.12 libcublas.so.13 libcublas.so.12 libcudnn.so.9 libcudnn.so.8 \
+    libnccl.so.2 libcudart.so.13 libcudart.so.12 libcuda.so.1; do
+    while read -r d; do
+      [ -n "$d" ] && [ -e "$d/$name" ] && files+=("$d/$name")
+    done <<< "$GPU_LIB_DIRS"
+  done
+  mapfile -t files < <(for d in "${files[@]}"; do readlink -f "$d"; done | awk '!seen[$0]++')
+  [ ${#files[@]} -gt 0 ] || note "none in: $(tr '\n' ' ' <<< "$GPU_LIB_DIRS")"
+  timeout -k 5 60 python3 - "${files[@]}" << 'EOF' 2>&1 | tee -a "$summary"
+import ctypes, os, sys
+for path in sys.argv[1:]:
+    base, real = os.path.basename(path), os.path.realpath(path)
+    try:
+        lib = ctypes.CDLL(path)
+        v = ctypes.c_int(0)
+        if base.startswith("libcublasLt"):
+            f = lib.cublasLtGetVersion; f.restype = ctypes.c_size_t; what = f"cublasLtGetVersion {f()}"
+        elif base.startswith("libcublas"):
+            what = "loaded"
+        elif base.startswith("libcudnn"):
+            f = lib.cudnnGetVersion; f.restype = ctypes.c_size_t; what = f"cudnnGetVersion {f()}"
+        elif base.startswith("libnccl"):
+            lib.ncclGetVersion(ctypes.byref(v)); what = f"ncclGetVersion {v.value}"
+        elif base.startswith("libcudart"):
+            lib.cudaRuntimeGetVersion(ctypes.byref(v)); what = f"cudaRuntimeGetVersion {v.value}"
+        else:
+            lib.cuDriverGetVersion(ctypes.byref(v)); what = f"cuDriverGetVersion {v.value}"
+    except Exception as e:
+        what = f"cannot load: {e}"
+    print(f"{path} ({os.path.basename(real)}): {what}")
 EOF
+  gpu_find_cublaslt | tee -a "$summary"
+  local cs
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2> /dev/null | head -n 1)
+  note "compute-sanitizer: ${cs:-not found}"
+  note "torch: $(timeout 60 python3 -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "GPU available:", torch.cuda.is_available())' 2>&1 | tail -n 1)"
+}
+
+step_gpu() {
+  local smi="" cu
+  if ! command -v nvidia-smi > /dev/null; then
+    smi="nvidia-smi is not on PATH"
+  elif ! timeout 30 nvidia-smi -L > "$logs/nvidia-smi.log" 2>&1 || ! grep -q '^GPU ' "$logs/nvidia-smi.log"; then
+    smi="nvidia-smi -L lists no GPU: $(tail -n 1 "$logs/nvidia-smi.log")"
+  fi
+  cu=$(timeout -k 5 "$(bound 60)" python3 -c '
+import ctypes
+try:
+    cuda = ctypes.CDLL("libcuda.so.1")
+except OSError as e:
+    print(f"no CUDA driver: {e}"); raise SystemExit(1)
+n = ctypes.c_int(0)
+r = cuda.cuInit(0)
+if r != 0:
+    print(f"cuInit failed: CUresult {r}"); raise SystemExit(1)
+cuda.cuDeviceGetCount(ctypes.byref(n))
+print(f"{\"OK\" if n.value > 0 else \"no device:\"} {n.value} device(s)")' 2>&1 | tail -n 1)
+  if [ -z "$smi" ] && [[ $cu == OK* ]]; then
+    report PASS gpu "$(head -n 1 "$logs/nvidia-smi.log"); the driver (cuInit): $cu"
+  else
+    report FAIL gpu "${smi:+$smi; }the driver (cuInit): $cu"
+  fi
+}
+
+# glibc: every packed binary finds every library and symbol version it needs (ldd, with the
+# packed libraries that fit this machine's glibc).
+step_glibc() {
+  local have missing
+  have=$(getconf GNU_LIBC_VERSION 2> /dev/null | awk '{print $2}')
+  missing=$(cd "$work/bin" && timeout -k 5 30 env LD_LIBRARY_PATH="$libs" ldd ./* 2>&1 |
+    awk '/^\.\// {bin = $1} /not found/ {print bin " " $0}' | tr -s ' \t' ' ' | sort -u | head -n 20)
+  if [ -n "$missing" ]; then
+    report FAIL glibc "glibc $have here (the pack needs >= $(cat "$work/glibc_required")); not found: $(tr '\n' ';' <<< "$missing")"
+  else
+    report PASS glibc "glibc $have here; every packed binary finds its libraries ($(wc -l < "$logs/glibc.log") packed ones replaced by the machine's)"
+  fi
+}
+
+step_cublaslt() {
+  if [ -z "$CUBLASLT" ]; then
+    report FAIL cublaslt "neither libcublasLt.so.13 nor .so.12 in the toolkit, the system or PyTorch's nvidia/*/lib"
+    return
+  fi
+  local v
+  v=$(timeout -k 5 "$(bound 30)" python3 -c 'import ctypes, sys
+f = ctypes.CDLL(sys.argv[1]).cublasLtGetVersion; f.restype = ctypes.c_size_t; print(f())' "$CUBLASLT" 2>&1 | tail -n 1)
+  if [[ $v =~ ^[0-9]+$ ]]; then
+    report PASS cublaslt "took $CUBLASLT, cublasLtGetVersion $v (the packed binaries find it on LD_LIBRARY_PATH)"
+  else
+    report FAIL cublaslt "took $CUBLASLT, but it does not load: $v"
+  fi
+}
+
+# kernels_step <step> <bound> <gpu_kernels.sh run flags>...
+kernels_step() {
+  local step=$1 seconds
+  seconds=$(bound "$2")
+  shift 2
+  if [ "$seconds" -eq 0 ]; then
+    report FAIL "$step" "not run: no time left of the $total_budget s budget"
+    return
+  fi
+  timeout -k 10 $((seconds + 15)) bash "$here/gpu_kernels.sh" run "$build" --work "$work" --logs "$logs" \
+    --budget "$seconds" "$@" > "$logs/$step.out" 2>&1
+  local rc=$? lines
+  lines=$(grep -cE '^(PASS|FAIL|SKIP) ' "$logs/$step.out")
+  if grep -q '^SKIP ' "$logs/$step.out" && [ "$lines" -eq 1 ]; then
+    report SKIP "$step" "$(sed -n 's/^SKIP [^:]*: //p' "$logs/$step.out")"
+  elif [ $rc -eq 0 ] && [ "$lines" -gt 0 ]; then
+    report PASS "$step" "$(grep -c '^PASS ' "$logs/$step.out") binaries passed"
+  else
+    report FAIL "$step" "$(grep -c '^FAIL ' "$logs/$step.out") of $lines binaries failed ($(describe $rc "$seconds") of gpu_kernels.sh)"
+    [ "$lines" -gt 0 ] || tail_of "$logs/$step.out"
+  fi
+  sed 's/^/  /' "$logs/$step.out" | grep -vE '^  cuBLASLt: ' | head -n 80 | tee -a "$summary"
+}
+
+# The small model of the equivalence steps: --device cuda must reproduce --device cpu.
+model=(train --layers 4 --hidden 128 --heads 4 --kv-heads 2 --seq 64 --vocab 256 --markov-vocab 256 --batch 8
+  --steps 20 --seed 11 --eval-batches 2 --threads 4 --json)
+
+step_train() {
+  local step=$1 name=${1#train-} seconds why
+  shift
+  seconds=$(bound 35)
+  [ "$seconds" -eq 0 ] && { report FAIL "$step" "not run: no time left of the $total_budget s budget"; return; }
+  ndmesh "$seconds" "$step.cpu" "${model[@]}" "$@" --device cpu
+  local rc=$?
+  if [ $rc -ne 0 ]; then
+    report FAIL "$step" "--device cpu $*: $(describe $rc "$seconds")"
+    tail_of "$logs/$step.cpu.err"
+    return
+  fi
+  json_of "$step.cpu"
+  seconds=$(bound 35)
+  if ! why=$(ndmesh_gpu "$seconds" "$step.cuda" "${model[@]}" "$@" --device cuda); then
+    report FAIL "$step" "--device cuda $*: $why"
+    tail_of "$logs/$step.cuda.err" "$logs/$step.cuda.blocking.err"
+    return
+  fi
+  json_of "$step.cuda"
+  local r
+  r=$(py "$step" equal "$logs/$step.cpu.json" "$logs/$step.cuda.json")
+  report "${r%% *}" "$step" "cuda against cpu${*:+ ($*)}: ${r#* }"
+  if [ "$name" = default ]; then
+    # Which cuBLASLt the packed ndmesh loaded (its one log line).
+    grep -h 'cuBLASLt' "$logs/$step.cuda.err" | head -n 1 | sed 's/^/  ndmesh: /' | tee -a "$summary"
+  fi
+}
+
+step_checkpoint() {
+  local seconds why
+  seconds=$(bound 35)
+  [ "$seconds" -eq 0 ] && { report FAIL checkpoint "not run: no time left of the $total_budget s budget"; return; }
+  if [ ! -s "$logs/train-default.cpu.json" ]; then
+    report FAIL checkpoint "not run: train-default's --device cpu run did not finish"
+    return
+  fi
+  rm -rf "$work/gpu.ckpt"
+  if ! why=$(ndmesh_gpu "$seconds" checkpoint.cuda "${model[@]}" --device cuda --until 10 --save "$work/gpu.ckpt"); then
+    report FAIL checkpoint "saving on cuda: $why"
+    tail_of "$logs/checkpoint.cuda.err" "$logs/checkpoint.cuda.blocking.err"
+    return
+  fi
+  seconds=$(bound 35)
+  ndmesh "$seconds" checkpoint.cpu "${model[@]}" --device cpu --load "$work/gpu.ckpt"
+  local rc=$?
+  if [ $rc -ne 0 ]; then
+    report FAIL checkpoint "resuming on cpu: $(describe $rc "$seconds")"
+    tail_of "$logs/checkpoint.cpu.err"
+    return
+  fi
+  json_of checkpoint.cpu
+  local r
+  r=$(py checkpoint resumed "$logs/train-default.cpu.json" "$logs/checkpoint.cpu.json")
+  report "${r%% *}" checkpoint "${r#* }"
+}
+
+step_bf16() {
+  local seconds rc
+  seconds=$(bound 20)
+  [ "$seconds" -eq 0 ] && { report FAIL bf16 "not run: no time left of the $total_budget s budget"; return; }
+  ndmesh "$seconds" bf16 "${model[@]}" --device cuda --precision bf16
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    json_of bf16
+    local r
+    r=$(py bf16 bf16 "$logs/train-default.cuda.json" "$logs/bf16.json")
+    report "${r%% *}" bf16 "${r#* }"
+  elif grep -q 'not implemented' "$logs/bf16.err"; then
+    report SKIP bf16 "refused in one line: $(head -n 1 "$logs/bf16.err")"
+  else
+    report FAIL bf16 "$(describe $rc "$seconds")"
+    tail_of "$logs/bf16.err"
+  fi
+}
+
+# GPT-2 small's body; the vocabulary is 1024, not 50304: the Markov source has at most 1024
+# tokens and the vocabulary must match the data.
+gpt2_shape=(--layers 12 --hidden 768 --heads 12 --seq 1024 --vocab 1024 --batch 8)
+gpt2_warmup=5
+gpt2_steps=40
+
+step_gpt2_ndmesh() {
+  local seconds why
+  seconds=$(bound 90)
+  [ "$seconds" -eq 0 ] && { report FAIL gpt2-ndmesh "not run: no time left of the $total_budget s budget"; return; }
+  if ! why=$(ndmesh_gpu "$seconds" gpt2 train "${gpt2_shape[@]}" --kv-heads 12 --markov-vocab 1024 \
+    --steps $gpt2_steps --eval-batches 0 --threads 8 --json --device cuda); then
+    report FAIL gpt2-ndmesh "$why"
+    tail_of "$logs/gpt2.err" "$logs/gpt2.blocking.err"
+    return
+  fi
+  json_of gpt2
+  # The step lines' tok/s is the mean since the start: step k ended at k * tokens / tok/s.
+  local r
+  r=$(py gpt2-ndmesh speed "$logs/gpt2.out" "$gpt2_warmup" $((8 * 1024)) "$logs/gpt2.speed.json")
+  report "${r%% *}" gpt2-ndmesh "${r#* }"
+  grep -h 'cuBLASLt' "$logs/gpt2.err" | head -n 1 | sed 's/^/  ndmesh: /' | tee -a "$summary"
+}
+
+step_gpt2_memory() {
+  local seconds
+  seconds=$(bound 15)
+  if [ ! -s "$logs/gpt2.json" ]; then
+    report FAIL gpt2-memory "not run: gpt2-ndmesh did not finish"
+    return
+  fi
+  ndmesh "$seconds" plan-memory plan memory "${gpt2_shape[@]/--batch/--micro-batch}" --precision fp32 --no-dropout \
+    --attention flash --mlp gelu --json
+  local rc=$?
+  if [ $rc -ne 0 ]; then
+    report FAIL gpt2-memory "ndmesh plan memory: $(describe $rc "$seconds")"
+    tail_of "$logs/plan-memory.err"
+    return
+  fi
+  local r
+  r=$(py gpt2-memory memory "$logs/gpt2.json" "$logs/plan-memory.out")
+  report "${r%% *}" gpt2-memory "${r#* }"
+}
+
+step_gpt2_torch() {
+  local seconds rc
+  seconds=$(bound 75)
+  [ "$seconds" -eq 0 ] && { report FAIL gpt2-torch "not run: no time left of the $total_budget s budget"; return; }
+  timeout -k 5 "$seconds" python3 "$here/gpt2_torch_baseline.py" "${gpt2_shape[@]}" --warmup 5 --steps 30 \
+    > "$logs/gpt2-torch.json" 2> "$logs/gpt2-torch.err"
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    report FAIL gpt2-torch "scripts/gpt2_torch_baseline.py: $(describe $rc "$seconds"): $(tail -n 1 "$logs/gpt2-torch.err")"
+    tail_of "$logs/gpt2-torch.err"
+    return
+  fi
+  local r
+  r=$(py gpt2-torch torch "$logs/gpt2-torch.json" "$logs/gpt2.speed.json")
+  report "${r%% *}" gpt2-torch "${r#* }"
+}
+
+on_signal() {
+  report FAIL "${current:-gpu_check}" "gpu_check.sh was stopped by a signal during this step"
+  save_logs
+  exit 1
 }
 
 run() {
-  local out=${OUT:-$dest/out} work=/tmp/ndmesh-gpu-check failed=0
-  mkdir -p "$out" && rm -rf "$work" && mkdir -p "$work"
-  [ -f "$dest/ndmesh.tar.xz" ] || { echo "gpu_check.sh: no $dest/ndmesh.tar.xz (pack it on the CPU machine)" >&2; exit 2; }
-  tar -C "$work" -xJf "$dest/ndmesh.tar.xz"
-  setup_env "$work"
-  local ndmesh=$work/bin/ndmesh summary=$out/gpu_check_summary.txt
+  out=${OUT:-$dir/out}
+  mkdir -p "$out" || { echo "gpu_check.sh: cannot create $out" >&2; exit 2; }
+  summary=$out/gpu_check_summary.txt archive=$out/gpu_check_logs.tar.xz
   : > "$summary"
-
-  echo "== 1. kernels against their CPU twins, and their benchmark" | tee -a "$summary"
-  if OUT=$out bash "$here/gpu_kernels.sh" run "$build" > "$out/kernels.log" 2>&1; then
-    echo "PASS kernels" | tee -a "$summary"
-  else
-    failed=1
-    echo "FAIL kernels (kernels.log)" | tee -a "$summary"
+  logs=$(mktemp -d "${TMPDIR:-/tmp}/ndmesh-gpu-check-logs.XXXXXX")
+  work=$(mktemp -d "${TMPDIR:-/tmp}/ndmesh-gpu-check.XXXXXX")
+  trap on_signal TERM INT
+  if ! gpu_unpack "$dir/gpu.tar.xz" "$work" 2> "$logs/unpack.log"; then
+    note "gpu_check.sh: cannot unpack $dir/gpu.tar.xz ($(head -n 1 "$logs/unpack.log")): run 'bash scripts/gpu_check.sh pack' on the CPU machine and copy $dir here"
   fi
-  grep -E '^(PASS|FAIL)' "$out/summary.txt" 2> /dev/null | sed 's/^/  /' | tee -a "$summary" || true
-
-  echo "== 2. ndmesh train --device cuda against --device cpu (cuBLASLt: $CUBLASLT)" | tee -a "$summary"
-  local model=(--layers 4 --hidden 128 --heads 4 --kv-heads 2 --seq 64 --vocab 256 --markov-vocab 256 --batch 8
-    --steps 20 --seed 11 --eval-batches 2 --threads 4 --json)
-  local layout
-  for layout in "" "--recompute selective" "--recompute full" "--untied"; do
-    local name=${layout// /_}
-    name=${name:-default}
-    # shellcheck disable=SC2086
-    if "$ndmesh" train "${model[@]}" $layout --device cpu > "$out/cpu_$name.out" 2> "$out/cpu_$name.err" &&
-      "$ndmesh" train "${model[@]}" $layout --device cuda > "$out/cuda_$name.out" 2> "$out/cuda_$name.err"; then
-      tail -n 1 "$out/cpu_$name.out" > "$out/cpu_$name.json"
-      tail -n 1 "$out/cuda_$name.out" > "$out/cuda_$name.json"
-      rel_check "fp32 cuda vs cpu ${layout:-(defaults)}" "$out/cpu_$name.json" "$out/cuda_$name.json" |
-        tee -a "$summary" || failed=1
-    else
-      failed=1
-      echo "FAIL fp32 ${layout:-(defaults)}: $(tail -q -n 3 "$out"/c*_"$name".err | tr '\n' ' ')" | tee -a "$summary"
+  gpu_fit_glibc "$work" > "$logs/glibc.log" 2>&1
+  GPU_LIB_DIRS=$(gpu_lib_dirs)
+  CUBLASLT=$(gpu_find libcublasLt.so.13 libcublasLt.so.12)
+  export GPU_LIB_DIRS CUBLASLT
+  libs=$(gpu_libraries "$work")
+  current=machine
+  machine
+  save_logs
+  note "== steps (run 'bash scripts/gpu_check.sh steps' for their list; bounds in its header)"
+  local s
+  for s in "${steps[@]}"; do
+    current=$s step_start=$SECONDS
+    if [ ! -x "$work/bin/ndmesh" ] && [ "$s" != gpu ]; then
+      report FAIL "$s" "not run: no unpacked pack"
+      continue
     fi
+    case $s in
+      gpu) step_gpu ;;
+      glibc) step_glibc ;;
+      cublaslt) step_cublaslt ;;
+      kernels) kernels_step kernels 100 --what tests ;;
+      kernels-bench) kernels_step kernels-bench 45 --what bench ;;
+      train-default) step_train train-default ;;
+      train-recompute-selective) step_train train-recompute-selective --recompute selective ;;
+      train-recompute-full) step_train train-recompute-full --recompute full ;;
+      train-untied) step_train train-untied --untied ;;
+      checkpoint) step_checkpoint ;;
+      bf16) step_bf16 ;;
+      gpt2-ndmesh) step_gpt2_ndmesh ;;
+      gpt2-memory) step_gpt2_memory ;;
+      gpt2-torch) step_gpt2_torch ;;
+      kernels-memcheck) kernels_step kernels-memcheck 75 --what tests --tool memcheck ;;
+      kernels-racecheck) kernels_step kernels-racecheck 75 --what tests --tool racecheck ;;
+      *) report FAIL "$s" "gpu_check.sh has no such step" ;;
+    esac
+    [ -n "${reported[$s]:-}" ] || report FAIL "$s" "reported nothing (a bug of gpu_check.sh)"
+    save_logs
   done
-  # A checkpoint written on the GPU loads on the CPU.
-  if "$ndmesh" train "${model[@]}" --device cuda --until 10 --save "$out/gpu.ckpt" > /dev/null 2> "$out/ckpt.err" &&
-    "$ndmesh" train "${model[@]}" --device cpu --load "$out/gpu.ckpt" > "$out/resumed.out" 2>> "$out/ckpt.err"; then
-    tail -n 1 "$out/resumed.out" > "$out/resumed.json"
-    python3 - "$out/cpu_default.json" "$out/resumed.json" << 'EOF' | tee -a "$summary" || failed=1
-import json, sys
-a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-d = max(abs(p - q) / abs(p) for p, q in zip(a["losses"][10:], b["losses"]))
-print(f"{'PASS' if d < 1e-4 else 'FAIL'} checkpoint saved on cuda at step 10, resumed on cpu: losses of steps 11-20 within {d:.3g} of the cpu run (bound 1e-4)")
-sys.exit(0 if d < 1e-4 else 1)
-EOF
-  else
-    failed=1
-    echo "FAIL checkpoint cuda -> cpu: $(tail -n 2 "$out/ckpt.err" | tr '\n' ' ')" | tee -a "$summary"
-  fi
-
-  echo "== 3. bf16" | tee -a "$summary"
-  if "$ndmesh" train "${model[@]}" --device cuda --precision bf16 > "$out/bf16.out" 2> "$out/bf16.err"; then
-    tail -n 1 "$out/bf16.out" > "$out/bf16.json"
-    python3 -c 'import json,sys; a,b=json.load(open(sys.argv[1])),json.load(open(sys.argv[2])); d=abs(a["final_loss"]-b["final_loss"])/a["final_loss"]; print(f"bf16 final loss {b[\"final_loss\"]:.5f} vs fp32 {a[\"final_loss\"]:.5f}: {100*d:.2f}% (20 steps; the issue asks 1% after 300)")' \
-      "$out/cuda_default.json" "$out/bf16.json" | tee -a "$summary"
-  else
-    echo "bf16: $(head -n 1 "$out/bf16.err")" | tee -a "$summary"
-  fi
-
-  echo "== 4. GPT-2 small body (vocabulary 1024), fp32, one GPU" | tee -a "$summary"
-  local gpt2=(--layers 12 --hidden 768 --heads 12 --kv-heads 12 --seq 1024 --vocab 1024 --markov-vocab 1024
-    --batch 8 --steps 10 --eval-batches 0 --threads 8 --json)
-  if "$ndmesh" train "${gpt2[@]}" --device cuda > "$out/gpt2.out" 2> "$out/gpt2.err"; then
-    tail -n 1 "$out/gpt2.out" > "$out/gpt2.json"
-    "$ndmesh" plan memory --layers 12 --hidden 768 --heads 12 --seq 1024 --vocab 1024 --micro-batch 8 \
-      --precision fp32 --no-dropout --attention flash --mlp gelu --json > "$out/plan_memory.json" 2> "$out/plan_memory.err" || true
-    python3 - "$out/gpt2.json" "$out/plan_memory.json" << 'EOF' | tee -a "$summary"
-import json, sys
-r = json.load(open(sys.argv[1]))
-peak = r.get("memory_bytes", {}).get("device_peak", 0)
-line = f"tokens/s {r.get('tokens_per_second', 0):.0f} (fp32, batch 8 x 1024), device peak {peak / 2**30:.2f} GiB"
-try:
-    planned = json.load(open(sys.argv[2]))["memory_bytes"]["total"]
-    line += f"; ndmesh plan memory: {planned / 2**30:.2f} GiB, measured/planned {peak / planned:.3f} (issue: within 10%)"
-except Exception as e:
-    line += f"; plan memory failed: {e}"
-print(line)
-EOF
-  else
-    failed=1
-    echo "FAIL GPT-2 small: $(tail -n 2 "$out/gpt2.err" | tr '\n' ' ')" | tee -a "$summary"
-  fi
-
-  echo "== $([ $failed -eq 0 ] && echo PASS || echo FAIL): summary in $summary" | tee -a "$summary"
+  current=""
+  local pass fail skip
+  pass=$(grep -c '^PASS ' "$summary") fail=$(grep -c '^FAIL ' "$summary") skip=$(grep -c '^SKIP ' "$summary")
+  note "== $([ $failed -eq 0 ] && echo PASS || echo FAIL): $pass passed, $fail failed, $skip skipped of ${#steps[@]} steps in $SECONDS s;" \
+    "summary $summary, logs $archive"
+  save_logs
+  rm -rf "$logs" "$work"
   exit $failed
 }
 
 case $mode in
-  pack) pack ;;
+  pack) pack "$@" ;;
   run) run ;;
-  *) echo "usage: bash scripts/gpu_check.sh pack|run [build]" >&2; exit 2 ;;
+  steps) printf '%s\n' "${steps[@]}" ;;
+  *)
+    echo "usage: bash scripts/gpu_check.sh pack|run [build] [dir], or steps" >&2
+    exit 2
+    ;;
 esac

@@ -2,6 +2,7 @@
 #include "ndmesh/tensor/device.hpp"
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/core/log.hpp"
 #include "tensor/cuda/errors.hpp"
 
 namespace ndmesh {
@@ -9,6 +10,7 @@ namespace ndmesh {
 namespace cuda::detail {
 void fail_error(const std::string& message) { throw Error("cuda", message); }
 void fail_config(const std::string& message) { throw ConfigError("cuda", message); }
+void note(const std::string& message) { log::info("[cuda] {}", message); }
 }  // namespace cuda::detail
 
 std::string_view device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }

@@ -14,10 +14,15 @@
 //
 // cuBLASLt is loaded on the first product (dlopen), not linked: the library is over 500 MB,
 // and loading it cost every process of a CPU run about 55 ms at start-up (0.25 s on each
-// 8-rank job of the test suite) although only --device cuda uses it.
+// 8-rank job of the test suite) although only --device cuda uses it. The major version of
+// the toolkit ndmesh was built with is tried first, then the one before it (PyTorch's pip
+// packages may carry only that one; the functions and types used here are the same in
+// both), and one log line says which file was loaded and its cublasLtGetVersion.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+
+#include <link.h>
 
 #include <cstdint>
 #include <map>
@@ -54,12 +59,11 @@ struct LtApi {
 };
 
 // libcublasLt.so.<major> from the library path, else from beside the CUDA runtime this
-// process loaded (the toolkit keeps them in one directory).
-void* open_lt() {
-  const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+// process loaded (the toolkit keeps them in one directory); nullptr when neither has it.
+void* open_lt_soname(const std::string& soname, std::string& why) {
   if (void* h = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
-  const char* why = dlerror();
-  const std::string first = why ? why : "not found";
+  const char* error = dlerror();
+  if (why.empty()) why = error ? error : soname + ": not found";
   Dl_info info{};
   const auto probe = static_cast<cudaError_t (*)(int*)>(&cudaGetDeviceCount);
   if (dladdr(reinterpret_cast<void*>(probe), &info) != 0 && info.dli_fname != nullptr) {
@@ -68,8 +72,39 @@ void* open_lt() {
     if (!dir.empty())
       if (void* h = dlopen((dir + soname).c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
   }
-  detail::fail_error("cuBLASLt: cannot load " + soname + " (" + first +
-                     "): put the CUDA toolkit's library directory on LD_LIBRARY_PATH");
+  return nullptr;
+}
+
+// The file a dlopen handle came from ("?" when the loader does not say).
+std::string loaded_path(void* h) {
+  link_map* map = nullptr;
+  if (dlinfo(h, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
+      *map->l_name != '\0')
+    return map->l_name;
+  return "?";
+}
+
+// libcublasLt.so.<built major>, else .so.<built major - 1>, with one log line naming it.
+void* open_lt() {
+  std::string why, tried;
+  for (int major = CUBLAS_VER_MAJOR; major >= CUBLAS_VER_MAJOR - 1 && major >= 12; --major) {
+    const std::string soname = "libcublasLt.so." + std::to_string(major);
+    tried += (tried.empty() ? "" : ", then ") + soname;
+    void* h = open_lt_soname(soname, why);
+    if (h == nullptr) continue;
+    std::string version = "unknown";
+    if (void* get = dlsym(h, "cublasLtGetVersion"))
+      version = std::to_string(reinterpret_cast<std::size_t (*)()>(get)());
+    detail::note("cuBLASLt: loaded " + loaded_path(h) + " (cublasLtGetVersion " + version + ")" +
+                 (major == CUBLAS_VER_MAJOR ? std::string()
+                                            : "; built with cuBLAS " + std::to_string(CUBLAS_VER_MAJOR) +
+                                                  ", whose library was not found"));
+    return h;
+  }
+  detail::fail_error(
+      "cuBLASLt: cannot load " + tried + " (" + why +
+      "): put the CUDA toolkit's library directory, or PyTorch's site-packages/nvidia/*/lib that "
+      "has it, on LD_LIBRARY_PATH");
 }
 
 const LtApi& lt_api() {
@@ -78,9 +113,9 @@ const LtApi& lt_api() {
     auto sym = [h](auto& fn, const char* name) {
       void* p = dlsym(h, name);
       if (p == nullptr)
-        detail::fail_error(std::string("cuBLASLt: the loaded library has no ") + name + ": put the library of the " +
-                           "CUDA toolkit ndmesh was built with (cuBLAS " + std::to_string(CUBLAS_VER_MAJOR) +
-                           ") first on LD_LIBRARY_PATH");
+        detail::fail_error(std::string("cuBLASLt: the loaded library has no ") + name +
+                           ": put the library of the " + "CUDA toolkit ndmesh was built with (cuBLAS " +
+                           std::to_string(CUBLAS_VER_MAJOR) + ") first on LD_LIBRARY_PATH");
       fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
     };
     LtApi a{};
@@ -152,10 +187,10 @@ Plan make_plan(cublasLtHandle_t handle, const Key& key) {
   // Stored (column-major) shapes: B is n x k (k x n when transposed), A is k x m (m x k).
   const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
   check_lt(lt_api().MatrixLayoutCreate(&p.first, CUDA_R_32F, key.trans_b ? u(key.k) : u(key.n),
-                                      key.trans_b ? u(key.n) : u(key.k), key.ldb),
+                                       key.trans_b ? u(key.n) : u(key.k), key.ldb),
            "layout of B");
   check_lt(lt_api().MatrixLayoutCreate(&p.second, CUDA_R_32F, key.trans_a ? u(key.m) : u(key.k),
-                                      key.trans_a ? u(key.k) : u(key.m), key.lda),
+                                       key.trans_a ? u(key.k) : u(key.m), key.lda),
            "layout of A");
   check_lt(lt_api().MatrixLayoutCreate(&p.out, CUDA_R_32F, u(key.n), u(key.m), key.ldc), "layout of C");
 
@@ -174,12 +209,12 @@ Plan make_plan(cublasLtHandle_t handle, const Key& key) {
     check_lt(lt_api().MatmulPreferenceSetAttribute(pref, which[i], &aligns[i], sizeof aligns[i]),
              "alignment preference");
   check_lt(lt_api().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &aligns[2],
-                                                sizeof aligns[2]),
+                                                 sizeof aligns[2]),
            "alignment preference");
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t s = lt_api().MatmulAlgoGetHeuristic(handle, p.desc, p.first, p.second, p.out, p.out,
-                                                          pref, 1, &result, &found);
+                                                           pref, 1, &result, &found);
   lt_api().MatmulPreferenceDestroy(pref);
   if (s != CUBLAS_STATUS_SUCCESS || found == 0)
     detail::fail_error("cuBLASLt has no fp32 algorithm for gemm(trans_a=" + std::to_string(key.trans_a) +
@@ -226,7 +261,7 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
     plan = &it->second;  // std::map nodes never move
   }
   check_lt(lt_api().Matmul(s.handle, plan->desc, &alpha, b, plan->first, a, plan->second, &beta, c, plan->out,
-                          c, plan->out, &plan->algo, s.workspace, kWorkspaceBytes, compute_stream()),
+                           c, plan->out, &plan->algo, s.workspace, kWorkspaceBytes, compute_stream()),
            "matmul");
 }
 

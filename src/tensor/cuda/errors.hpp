@@ -11,6 +11,8 @@ namespace ndmesh::cuda::detail {
 [[noreturn]] void fail_error(const std::string& message);
 /// Throws ndmesh::ConfigError("[cuda] " + message) (bad input: exit 2).
 [[noreturn]] void fail_config(const std::string& message);
+/// Logs "[cuda] " + message at info level (one line on stderr).
+void note(const std::string& message);
 
 }  // namespace ndmesh::cuda::detail
 

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""The comparisons of scripts/gpu_check.sh, each printing one line that starts with PASS or FAIL.
+
+    gpu_check_compare.py equal <cpu.json> <cuda.json>        ndmesh train --json of both devices
+    gpu_check_compare.py resumed <full.json> <resumed.json>  a run resumed at step 10 against the full one
+    gpu_check_compare.py bf16 <fp32.json> <bf16.json>        final losses
+    gpu_check_compare.py speed <train.out> <warmup> <tokens per step> <speed.json>
+    gpu_check_compare.py memory <train.json> <plan.json>     device peak against ndmesh plan memory
+    gpu_check_compare.py torch <baseline.json> <speed.json>  PyTorch's tokens/s and the ratio
+
+Bounds: losses 1e-5 relative, the step-1 gradient norm 1e-5, later norms 1e-4 (as
+tests/mpi/train_lib.sh); resumed losses 1e-4; memory within 10% of the plan. Exit 0 on PASS,
+1 on FAIL; any error in reading the inputs is a FAIL line naming it.
+"""
+import json
+import re
+import sys
+
+
+def last_json(path):
+    """The file as one JSON object (ndmesh plan --json), else its last line that starts with '{'
+    (ndmesh train --json prints its object last, after the step lines)."""
+    with open(path) as f:
+        text = f.read()
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith("{")]
+    if not lines:
+        raise ValueError(f"{path} has no JSON object")
+    return json.loads(lines[-1])
+
+
+def rel(xs, ys):
+    return max((abs(x - y) / abs(x) if x else abs(y)) for x, y in zip(xs, ys)) if xs else 0.0
+
+
+def equal(cpu_path, cuda_path):
+    a, b = last_json(cpu_path), last_json(cuda_path)
+    la, lb, ga, gb = a["losses"], b["losses"], a["grad_norms"], b["grad_norms"]
+    if len(la) != len(lb) or len(ga) != len(gb) or not la:
+        return False, f"different numbers of steps: {len(la)} and {len(lb)} losses, {len(ga)} and {len(gb)} norms"
+    loss, first, later = rel(la, lb), rel(ga[:1], gb[:1]), rel(ga[1:], gb[1:])
+    ok = loss < 1e-5 and first < 1e-5 and later < 1e-4
+    return ok, (f"{len(la)} steps, largest relative difference: losses {loss:.3g} (bound 1e-5), "
+                f"step-1 gradient norm {first:.3g} (1e-5), later gradient norms {later:.3g} (1e-4)")
+
+
+def resumed(full_path, resumed_path):
+    a, b = last_json(full_path), last_json(resumed_path)
+    tail, got = a["losses"][10:], b["losses"]
+    if len(got) != len(tail) or not got:
+        return False, f"the resumed run has {len(got)} steps, the full run {len(tail)} after step 10"
+    d = rel(tail, got)
+    return d < 1e-4, (f"saved on cuda at step 10, resumed on cpu: losses of steps 11-{10 + len(got)} within "
+                      f"{d:.3g} of the uninterrupted cpu run (bound 1e-4)")
+
+
+def bf16(fp32_path, bf16_path):
+    a, b = last_json(fp32_path)["final_loss"], last_json(bf16_path)["final_loss"]
+    return True, f"final loss {b:.5f} against fp32 {a:.5f}: {100 * abs(a - b) / a:.2f}% after the same steps"
+
+
+def speed(out_path, warmup, tokens_per_step, speed_path):
+    # Step k's line gives the mean tokens/s since the start, so step k ended at k * tokens / tok/s.
+    warmup, tokens = int(warmup), float(tokens_per_step)
+    ends = {}
+    with open(out_path) as f:
+        for line in f:
+            m = re.match(r"step (\d+)/\d+ .* tok/s (\d+)", line)
+            if m and int(m.group(2)) > 0:
+                ends[int(m.group(1))] = int(m.group(1)) * tokens / int(m.group(2))
+    if warmup not in ends or not ends or max(ends) - warmup < 30:
+        return False, f"{len(ends)} step lines in {out_path}: need steps {warmup} to {warmup + 30} at least"
+    last = max(ends)
+    seconds = ends[last] - ends[warmup]
+    tps = (last - warmup) * tokens / seconds
+    with open(speed_path, "w") as f:
+        json.dump({"tokens_per_second": tps, "timed_steps": last - warmup, "warmup_steps": warmup,
+                   "step_seconds": seconds / (last - warmup)}, f)
+    return True, (f"tokens/s {tps:.0f} over steps {warmup + 1}-{last} ({1e3 * seconds / (last - warmup):.1f} ms a "
+                  f"step; the first {warmup}, left out, took {ends[warmup]:.2f} s)")
+
+
+def memory(train_path, plan_path):
+    peak = last_json(train_path)["memory_bytes"]["device_peak"]
+    planned = last_json(plan_path)["memory_bytes"]["total"]
+    ok = peak > 0 and abs(peak / planned - 1) <= 0.10
+    return ok, (f"device peak {peak / 2**30:.3f} GiB, ndmesh plan memory {planned / 2**30:.3f} GiB: "
+                f"measured/planned {peak / planned:.3f} (bound: within 10%)")
+
+
+def torch(baseline_path, speed_path):
+    t = last_json(baseline_path)
+    line = (f"PyTorch {t['torch']} (CUDA {t['cuda']}) on {t['gpu']}, fp32, TF32 off: tokens/s "
+            f"{t['tokens_per_second']:.0f} over {t['timed_steps']} steps after {t['warmup_steps']}, "
+            f"peak {t['device_peak'] / 2**30:.3f} GiB")
+    try:
+        n = last_json(speed_path)["tokens_per_second"]
+        line += f"; ndmesh/PyTorch tokens/s {n / t['tokens_per_second']:.3f}"
+    except (OSError, ValueError, KeyError):
+        line += "; no ndmesh tokens/s to compare with"
+    return True, line
+
+
+def main():
+    commands = {"equal": (equal, 2), "resumed": (resumed, 2), "bf16": (bf16, 2), "speed": (speed, 4),
+                "memory": (memory, 2), "torch": (torch, 2)}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands or len(sys.argv) != 2 + commands[sys.argv[1]][1]:
+        print(f"FAIL usage: gpu_check_compare.py {'|'.join(commands)} <files> (got {sys.argv[1:]})")
+        return 1
+    fn = commands[sys.argv[1]][0]
+    try:
+        ok, line = fn(*sys.argv[2:])
+    except Exception as e:  # noqa: BLE001: whatever goes wrong is the step's FAIL line
+        ok, line = False, f"{sys.argv[1]}: {type(e).__name__}: {e}"
+    print(("PASS " if ok else "FAIL ") + line)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

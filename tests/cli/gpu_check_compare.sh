@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# scripts/gpu_check_compare.py, the GPU check's comparisons, on real ndmesh outputs of this
+# machine (train --json, its step lines, a checkpoint resumed, plan memory --json) and on
+# made-up GPU results: each gives its PASS line on agreeing inputs and its FAIL line on
+# disagreeing or broken ones, never a traceback. These paths run only on a GPU in the check
+# itself, so their bugs are found here.
+# Usage: bash tests/cli/gpu_check_compare.sh <ndmesh>
+set -uo pipefail
+ndmesh=${1:?usage: gpu_check_compare.sh <ndmesh>}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+compare=$root/scripts/gpu_check_compare.py
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-compare.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+errors=0
+
+# expect <PASS|FAIL> <pattern> <comparison> <args>...: the one line and the exit status.
+expect() {
+  local want=$1 pattern=$2 got rc
+  shift 2
+  got=$(python3 "$compare" "$@" 2>&1)
+  rc=$?
+  if [[ $got != "$want "* ]] || [[ $got != *$pattern* ]] || [ "$(wc -l <<< "$got")" -ne 1 ] ||
+    { [ "$want" = PASS ] && [ $rc -ne 0 ]; } || { [ "$want" = FAIL ] && [ $rc -ne 1 ]; }; then
+    echo "FAIL: gpu_check_compare.py $* gave (exit $rc) '$got'; expected $want ... '$pattern'" >&2
+    errors=$((errors + 1))
+  fi
+}
+
+model=(train --layers 1 --hidden 32 --heads 2 --seq 16 --vocab 64 --markov-vocab 64 --batch 2 --seed 3
+  --eval-batches 0 --threads 1 --json --device cpu)
+"$ndmesh" "${model[@]}" --steps 36 > "$tmp/full.out" || exit 1
+"$ndmesh" "${model[@]}" --steps 36 --until 10 --save "$tmp/ckpt" > /dev/null || exit 1
+"$ndmesh" "${model[@]}" --steps 36 --load "$tmp/ckpt" > "$tmp/resumed.out" || exit 1
+"$ndmesh" plan memory --layers 12 --hidden 768 --heads 12 --seq 1024 --vocab 1024 --micro-batch 8 --precision fp32 \
+  --no-dropout --attention flash --mlp gelu --json > "$tmp/plan.json" || exit 1
+
+# equal: the same run twice agrees; a loss off by 1e-4 relative, or a step missing, does not.
+expect PASS 'losses 0 (bound 1e-5)' equal "$tmp/full.out" "$tmp/full.out"
+python3 - "$tmp/full.out" "$tmp/off.json" "$tmp/short.json" << 'EOF'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+r["losses"][7] *= 1 + 1e-4
+json.dump(r, open(sys.argv[2], "w"))
+r["losses"], r["grad_norms"] = r["losses"][:-1], r["grad_norms"][:-1]
+json.dump(r, open(sys.argv[3], "w"))
+EOF
+expect FAIL 'losses 0.0001 (bound 1e-5)' equal "$tmp/full.out" "$tmp/off.json"
+expect FAIL 'different numbers of steps' equal "$tmp/full.out" "$tmp/short.json"
+expect FAIL 'equal: ' equal "$tmp/full.out" "$tmp/missing.json"
+echo 'not json' > "$tmp/broken.json"
+expect FAIL 'equal: ValueError' equal "$tmp/full.out" "$tmp/broken.json"
+
+# resumed: steps 11-36 of a run resumed at step 10 against the uninterrupted one.
+expect PASS 'losses of steps 11-36 within 0 of' resumed "$tmp/full.out" "$tmp/resumed.out"
+expect FAIL 'the resumed run has 36 steps' resumed "$tmp/full.out" "$tmp/full.out"
+
+# bf16: a report of the final losses.
+expect PASS 'final loss' bf16 "$tmp/full.out" "$tmp/full.out"
+
+# speed: steps 6-36 of the step lines (31 timed), and too few steps.
+expect PASS 'over steps 6-36' speed "$tmp/full.out" 5 32 "$tmp/speed.json"
+python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); assert s["timed_steps"] == 31 and s["tokens_per_second"] > 0' \
+  "$tmp/speed.json" || { echo "FAIL: speed.json: $(cat "$tmp/speed.json")" >&2; errors=$((errors + 1)); }
+head -n 20 "$tmp/full.out" > "$tmp/few.out"
+expect FAIL 'need steps 5 to 35' speed "$tmp/few.out" 5 32 "$tmp/unused.json"
+
+# memory: a device peak 5% over the plan passes, 20% over fails.
+planned=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["memory_bytes"]["total"])' "$tmp/plan.json")
+echo "{\"memory_bytes\": {\"device_peak\": $(python3 -c "print(1.05 * $planned)")}}" > "$tmp/near.json"
+echo "{\"memory_bytes\": {\"device_peak\": $(python3 -c "print(1.2 * $planned)")}}" > "$tmp/far.json"
+expect PASS 'measured/planned 1.050' memory "$tmp/near.json" "$tmp/plan.json"
+expect FAIL 'measured/planned 1.200' memory "$tmp/far.json" "$tmp/plan.json"
+
+# torch: the baseline's line and the ratio of ndmesh's tokens/s to it.
+tps=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["tokens_per_second"])' "$tmp/speed.json")
+echo "{\"tokens_per_second\": $(python3 -c "print(2 * $tps)"), \"timed_steps\": 30, \"warmup_steps\": 5," \
+  "\"device_peak\": 1073741824, \"gpu\": \"NVIDIA H100\", \"torch\": \"2.11.0\", \"cuda\": \"13.0\"}" > "$tmp/torch.json"
+expect PASS 'ndmesh/PyTorch tokens/s 0.500' torch "$tmp/torch.json" "$tmp/speed.json"
+expect PASS 'no ndmesh tokens/s to compare' torch "$tmp/torch.json" "$tmp/missing.json"
+expect FAIL 'usage' nonsense
+
+[ $errors -eq 0 ] || exit 1
+echo "PASS: every comparison gives its one line"
