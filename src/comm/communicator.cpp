@@ -215,14 +215,20 @@ std::shared_ptr<detail::CommImpl> make_store_world(const LaunchEnv& launch, std:
       "set by torchrun (or your launcher); under {} unset NDMESH_BACKEND (mpi is used)",
       name, launcher_name(launch.launcher));
   launch.require_store();
-  job_store_slot() = launch::rendezvous(launch, env::seconds("NDMESH_INIT_TIMEOUT_S", default_timeout_s()));
+  // One NDMESH_INIT_TIMEOUT_S bounds the whole start-up: the store's connection, every
+  // rank's arrival and the backend's world.
+  const double init_timeout_s = env::seconds("NDMESH_INIT_TIMEOUT_S", default_timeout_s());
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double>(init_timeout_s));
+  job_store_slot() = launch::rendezvous(launch, init_timeout_s);
   if (name == "nccl")
     fail<ConfigError>(
         "comm",
         "NDMESH_BACKEND=nccl: this ndmesh has no NCCL backend yet; unset NDMESH_BACKEND to use gloo "
         "(CPU) under this launch");
 #ifdef NDMESH_HAVE_GLOO
-  return gloo::make_world(job_store_slot(), launch);
+  return gloo::make_world(job_store_slot(), launch, deadline, init_timeout_s);
 #else
   fail<ConfigError>(
       "comm",

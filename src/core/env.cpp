@@ -16,8 +16,12 @@ const std::vector<Variable>& variables() {
        "process exits 124 with one line"},
       {"NDMESH_CHECKPOINT_PAUSE_S", "seconds", "unset",
        "test hook: a checkpoint save waits this long with its shard files written, before its manifest"},
+      {"NDMESH_TEST_EXIT_BEFORE_GLOO", "integer", "0",
+       "test hook: 1 makes this rank exit after the store's rendezvous, before it publishes its Gloo "
+       "address"},
       {"NDMESH_TEST_LOSS_SCALE", "number", "1",
-       "test hook: ndmesh train multiplies every token's loss weight in the gradient by this (a deliberately wrong "
+       "test hook: ndmesh train multiplies every token's loss weight in the gradient by this (a deliberately "
+       "wrong "
        "weight, e.g. a missing 1/dp, that the equivalence tests must catch)"},
       {"NDMESH_REQUIRE_GPU", "integer", "0",
        "1: the GPU tests fail instead of being skipped when no GPU can run (scripts/gpu_check.sh sets it)"},
@@ -101,6 +105,7 @@ void check_all() {
   (void)seconds("NDMESH_INIT_TIMEOUT_S", 300);
   (void)seconds("NDMESH_CHECKPOINT_PAUSE_S", 1);
   (void)number("NDMESH_TEST_LOSS_SCALE", 1);
+  (void)integer("NDMESH_TEST_EXIT_BEFORE_GLOO", 0, 0, 1);
   (void)integer("NDMESH_THREADS", 1, 1, 1024);
   (void)integer("NDMESH_REQUIRE_GPU", 0, 0, 1);  // the bounds of tensor/blas.cpp
   one_of("NDMESH_LOG", {"error", "warn", "info", "debug"}, "error, warn, info or debug");

@@ -197,6 +197,9 @@ LaunchEnv LaunchEnv::detect(const EnvLookup& lookup) {
   }
   LaunchEnv result = chosen;
   if (result.launcher == Launcher::kTorchrun) read_store(lookup, result);
+  if (result.launcher == Launcher::kSlurm)
+    result.slurm_without_pmi = !lookup("PMIX_RANK") && !lookup("PMI_FD") &&
+                               (result.world_size > 1 || lookup("SLURM_STEP_ID") || lookup("SLURM_STEPID"));
   // A family lower in the list that agrees on the rank may know what the chosen one does
   // not (SLURM_NODEID under srun with Open MPI's PMIx).
   for (std::size_t i = 1; i < found.size(); ++i) {
@@ -209,7 +212,8 @@ LaunchEnv LaunchEnv::detect(const EnvLookup& lookup) {
 }
 
 bool LaunchEnv::has_mpi_world() const {
-  return launcher == Launcher::kOpenMpi || launcher == Launcher::kHydra || launcher == Launcher::kSlurm;
+  return launcher == Launcher::kOpenMpi || launcher == Launcher::kHydra ||
+         (launcher == Launcher::kSlurm && !slurm_without_pmi);
 }
 
 bool LaunchEnv::has_store() const { return launcher == Launcher::kTorchrun && master_addr && master_port; }
@@ -228,6 +232,12 @@ void LaunchEnv::require_store() const {
 }
 
 void LaunchEnv::require_mpi_world() const {
+  if (launcher == Launcher::kSlurm && !has_mpi_world())
+    fail<ConfigError>("launch",
+                      "started by srun ({}) without PMIx (PMIX_RANK is not set), so MPI cannot join the {} "
+                      "tasks into one job; launch with `srun --mpi=pmix -n {} <prog> <args>`, or set "
+                      "MpiDefault=pmix in slurm.conf (`srun --mpi=list` shows the plugins)",
+                      fmt::join(sources, " "), world_size, world_size);
   if (launcher != Launcher::kTorchrun) return;
   fail<ConfigError>("launch",
                     "started by torchrun ({}), which creates no MPI world, and NDMESH_BACKEND=mpi; unset "

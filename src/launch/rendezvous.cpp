@@ -43,6 +43,11 @@ JobStore rendezvous(const LaunchEnv& env, double timeout_s) {
   NDMESH_CHECK(env.has_store(), "launch", "rendezvous without a store launch ({})", env.describe());
   const std::string& host = *env.master_addr;
   const int port = static_cast<int>(*env.master_port);
+  // One timeout for all of it: connecting, then every rank's arrival.
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto deadline =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   JobStore job;
   job.agent_store = env.agent_store;
   if (env.rank == 0 && !env.agent_store) job.server = std::make_shared<StoreServer>(host, port);
@@ -91,10 +96,6 @@ JobStore rendezvous(const LaunchEnv& env, double timeout_s) {
         "RANK in [0, WORLD_SIZE)",
         env.rank, env.world_size));
 
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  const auto deadline =
-      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   auto failed_elsewhere = [&] {
     if (!s.check({"failed"})) return;
     std::string message = fmt::format("another rank failed at start-up: {}", s.get("failed"));

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/core/log.hpp"
 
 namespace ndmesh::model {
 
@@ -597,11 +598,21 @@ std::string checkpoint_temp_dir(const std::string& dir) {
 
 void prepare_checkpoint_temp_dir(const std::string& tmp) {
   std::error_code ec;
+  if (fs::exists(fs::symlink_status(tmp, ec)))
+    log::warn("[checkpoint] removing '{}', left behind by a save that was interrupted", tmp);
   fs::remove_all(tmp, ec);
   if (ec) fail<IoError>("checkpoint", "cannot remove the leftover '{}': {}", tmp, ec.message());
   if (!fs::create_directory(tmp, ec) || ec)
     fail<IoError>("checkpoint", "cannot create '{}': {}; check that the folder exists and is writable", tmp,
                   ec ? ec.message() : "it exists");
+}
+
+void discard_checkpoint_temp_dir(const std::string& tmp) {
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (ec)
+    log::warn("[checkpoint] cannot remove '{}' after the failed save: {}; remove it by hand", tmp,
+              ec.message());
 }
 
 void check_shard_files(const std::string& dir, const Manifest& manifest) {

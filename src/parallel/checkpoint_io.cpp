@@ -47,9 +47,9 @@ void agree_or_throw(const comm::Communicator& world, const std::string& what, co
   if (failed > 0) fail<IoError>("checkpoint", "{}: {} other rank(s) failed (their errors above say why)", what, failed);
 }
 
-void save_checkpoint_dir(const std::string& dir, const StateDict& state, const CheckpointInfo& info,
-                         const comm::Communicator& world) {
-  const std::string tmp = model::checkpoint_temp_dir(dir);
+namespace {
+void save_into(const std::string& tmp, const std::string& dir, const StateDict& state,
+               const CheckpointInfo& info, const comm::Communicator& world) {
   const std::string what = fmt::format("saving '{}'", dir);
   agree_or_throw(world, what, [&] {
     if (world.rank() == 0) model::prepare_checkpoint_temp_dir(tmp);
@@ -103,6 +103,21 @@ void save_checkpoint_dir(const std::string& dir, const StateDict& state, const C
     model::write_manifest(tmp, manifest);
     model::commit_checkpoint_dir(tmp, dir);
   });
+}
+}  // namespace
+
+void save_checkpoint_dir(const std::string& dir, const StateDict& state, const CheckpointInfo& info,
+                         const comm::Communicator& world) {
+  const std::string tmp = model::checkpoint_temp_dir(dir);
+  try {
+    save_into(tmp, dir, state, info, world);
+  } catch (...) {
+    // Every phase is agreed over the world, so no rank writes into it any more: rank 0,
+    // which prepared it, removes it (a full disk keeps no half-written copy; the previous
+    // checkpoint is untouched).
+    if (world.rank() == 0) model::discard_checkpoint_temp_dir(tmp);
+    throw;
+  }
 }
 
 CheckpointInfo load_checkpoint_dir(const std::string& dir, StateDict& state, const ModelSpec& spec,

@@ -95,11 +95,13 @@ int run(const LaunchOptions& o) {
       !program.empty(), "launch",
       "no program to launch; write it after `--`, e.g. ndmesh launch -n {} -- ndmesh check --tp {}", o.n,
       o.n);
+  // How long the ranks (or mpirun) get to end after SIGTERM before SIGKILL.
+  const double grace = std::clamp(env::seconds("NDMESH_TIMEOUT_S", 300) / 4, 1.0, 10.0);
   if (o.store) {
     NDMESH_CHECK_CONFIG(extra.empty(), "launch",
                         "--store starts the ranks itself: mpirun options ({}) do not apply",
                         fmt::join(extra, " "));
-    return launch_store(o.n, program, !o.no_tag, o.dry_run);
+    return launch_store(o.n, program, !o.no_tag, o.dry_run, grace);
   }
   std::string mpirun = find_program(o.mpirun);
   if (mpirun.empty()) {
@@ -144,7 +146,6 @@ int run(const LaunchOptions& o) {
     args.insert(args.begin() + 3, {"-x", "NDMESH_LAUNCH_NOTIFY"});
   else
     args.insert(args.begin() + 3, {"-genv", "NDMESH_LAUNCH_NOTIFY", notify.path()});
-  const double grace = std::clamp(env::seconds("NDMESH_TIMEOUT_S", 300) / 4, 1.0, 10.0);
   return supervise(args, notify, grace);
 }
 

@@ -35,6 +35,13 @@ volatile std::sig_atomic_t g_forward = 0;  // a signal to pass on to the child
 
 void on_signal(int sig) { g_forward = sig; }
 
+// The terminal's SIGINT reaches mpirun by itself (the same process group); one sent to
+// this process alone (kill, a scheduler) is passed on.
+void on_sigint(int, siginfo_t* info, void*) {
+  if (info == nullptr || info->si_code == SI_USER || info->si_code == SI_QUEUE || info->si_code == SI_TKILL)
+    g_forward = SIGINT;
+}
+
 // The processes descending from `root` (not root itself), from /proc: mpirun puts each
 // rank in a process group of its own, so a group kill would miss them.
 std::vector<pid_t> descendants(pid_t root) {
@@ -121,12 +128,13 @@ int supervise(const std::vector<std::string>& argv, const NotifySocket& socket, 
     std::_Exit(127);
   }
   // The terminal's SIGINT reaches mpirun directly (same process group); this process
-  // stays to the end to reap it.
-  struct sigaction ignore {
+  // stays to the end to reap it, and passes on a SIGINT sent to it alone.
+  struct sigaction interrupt {
   }, forward{}, old_int{}, old_term{}, old_hup{};
-  ignore.sa_handler = SIG_IGN;
+  interrupt.sa_sigaction = on_sigint;
+  interrupt.sa_flags = SA_SIGINFO;
   forward.sa_handler = on_signal;
-  sigaction(SIGINT, &ignore, &old_int);
+  sigaction(SIGINT, &interrupt, &old_int);
   sigaction(SIGTERM, &forward, &old_term);
   sigaction(SIGHUP, &forward, &old_hup);
 
@@ -138,6 +146,7 @@ int supervise(const std::vector<std::string>& argv, const NotifySocket& socket, 
   };
   bool killed = false;
   int wstatus = 0;
+  int forwarded = 0;  // the last signal passed on
   for (;;) {
     pollfd p{socket.fd(), POLLIN, 0};
     if (poll(&p, 1, 50) > 0) {
@@ -150,6 +159,7 @@ int supervise(const std::vector<std::string>& argv, const NotifySocket& socket, 
     }
     if (g_forward != 0) {
       kill(child, g_forward);
+      forwarded = g_forward;
       g_forward = 0;
       deadline = std::min(deadline, after(grace_s + 1));
     }
@@ -181,7 +191,10 @@ int supervise(const std::vector<std::string>& argv, const NotifySocket& socket, 
       std::fprintf(stderr, "ndmesh: [launch] the job ended after %s%s\n", report.c_str(), more.c_str());
     std::fflush(stderr);
   }
-  if (killed) return !reports.empty() ? comm::kTimeoutExitCode : 128 + SIGKILL;
+  if (killed && !reports.empty()) return comm::kTimeoutExitCode;
+  if (killed && forwarded == 0) return 128 + SIGKILL;
+  // Ended on a signal passed on: its status (mpirun's own is 1 then), as a shell reports it.
+  if (forwarded != 0 && status_of(wstatus) != 0) return 128 + forwarded;
   return status_of(wstatus);
 }
 

@@ -36,7 +36,7 @@ class NotifySocket {
 /// `socket`, the child gets `grace_s` seconds to end, then it and its local descendants
 /// are killed, the telling line is printed and the result is kTimeoutExitCode. SIGTERM and SIGHUP
 /// are passed on to the child (which then gets grace_s + 1 s); SIGINT reaches it from the
-/// terminal.
+/// terminal, and one sent to this process alone (kill -INT) is passed on too.
 int supervise(const std::vector<std::string>& argv, const NotifySocket& socket, double grace_s);
 
 }  // namespace ndmesh::cli

@@ -56,6 +56,10 @@ struct LaunchEnv {
   std::int64_t restart_count = 0;
   /// TORCHELASTIC_RUN_ID: the job's id (its store keys carry it); "none" when unset.
   std::string run_id = "none";
+  /// Slurm family: started as a task of srun (SLURM_STEP_ID, or several tasks) without a
+  /// process-management interface (no PMIX_RANK from srun --mpi=pmix, no PMI_FD from
+  /// PMI-2), so MPI_Init cannot join srun's tasks into one job.
+  bool slurm_without_pmi = false;
 
   /// Detects from the process environment. ConfigError naming the variables when a
   /// value is malformed (not a non-negative integer, rank >= size, ...) or when two
@@ -73,8 +77,9 @@ struct LaunchEnv {
   /// without MASTER_ADDR or MASTER_PORT; returns otherwise.
   void require_store() const;
   /// ConfigError with the commands to use instead when the process was started by a
-  /// launcher that creates no MPI world (torchrun) and the MPI backend was asked for;
-  /// returns otherwise.
+  /// launcher that creates no MPI world (torchrun, or srun of several tasks without PMIx,
+  /// whose MPI_Init would print Open MPI's page of text) and the MPI backend was asked
+  /// for; returns otherwise. Called before MPI_Init.
   void require_mpi_world() const;
   /// One line: "openmpi rank 1 of 4, local 1 of 4, node ?".
   std::string describe() const;

@@ -141,8 +141,12 @@ std::int64_t verify_checkpoint_dir(const std::string& dir, const Manifest& manif
 
 /// The temporary sibling a save of DIR writes into.
 std::string checkpoint_temp_dir(const std::string& dir);
-/// Removes a leftover temporary directory and creates it empty. IoError on failure.
+/// Removes a leftover temporary directory (with a warning naming it: a save was
+/// interrupted) and creates it empty. IoError on failure.
 void prepare_checkpoint_temp_dir(const std::string& tmp);
+/// Removes the temporary directory of a save that failed (a warning, no error, when that
+/// fails too: the save's own error is the one to report).
+void discard_checkpoint_temp_dir(const std::string& tmp);
 /// Checks that every shard file the manifest lists is in DIR with the size its writer
 /// recorded. IoError naming the file and the rank and node that wrote it otherwise: with
 /// node-local disks a writer on another node saved its shard where this node cannot see it

@@ -35,7 +35,8 @@ struct CheckpointInfo {
 void agree_or_throw(const comm::Communicator& world, const std::string& what, const std::function<void()>& work);
 
 /// Writes checkpoint directory `dir` from `state` (collective over `world`). IoError on
-/// every rank when any rank fails; the previous checkpoint in `dir` then stays.
+/// every rank when any rank fails; the previous checkpoint in `dir` then stays, and rank 0
+/// removes the temporary `.DIR.saving` (of a shared folder: all of it).
 void save_checkpoint_dir(const std::string& dir, const StateDict& state, const CheckpointInfo& info,
                          const comm::Communicator& world);
 

@@ -15,8 +15,11 @@
 //
 // Collectives of zero elements return at once without calling Gloo (whose algorithms
 // divide by the element count), as they move nothing.
-// Gloo 0.5 (Debian's) has no reduce-scatter in its options API: reduce_scatter is an
-// all-reduce of the whole input followed by a copy of this rank's block.
+// Gloo 0.5 (Debian's) has no reduce-scatter in its options API: reduce_scatter runs its
+// algorithm class ReduceScatterHalvingDoubling (what PyTorch's Gloo group uses) for inputs
+// below kHalvingDoublingMaxBytes, and an all-reduce of the whole input and a copy of this
+// rank's block above, where that measured faster. The algorithm reduces in place in its
+// input, so a caller's separate input is copied first.
 #include "backends/gloo/gloo_backend.hpp"
 
 #include <arpa/inet.h>
@@ -30,6 +33,7 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
+#include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
@@ -48,6 +52,8 @@
 
 #include <fmt/format.h>
 
+#include "ndmesh/comm/communicator.hpp"
+#include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/log.hpp"
 
@@ -56,15 +62,25 @@ namespace {
 
 // Far beyond any NDMESH_TIMEOUT_S: the Communicator's deadline ends a stuck operation.
 constexpr std::chrono::milliseconds kGlooTimeout = std::chrono::hours(24 * 30);
+// Reduce-scatter runs Gloo's ReduceScatterHalvingDoubling below this input size and an
+// all-reduce and a copy from it on: bench/bench_reduce_scatter.sh measured Gloo 0.5's
+// algorithm (its buffers made and registered per call, on the older pair API) 2 to 9 times
+// faster up to 64 KiB, even at 256 KiB and 4 to 8 times slower from 1 MiB, on 2 and 4
+// ranks.
+constexpr std::size_t kHalvingDoublingMaxBytes = std::size_t{256} << 10;
 // Point-to-point slots: a prefix byte Gloo's collectives do not use, then the tag.
 constexpr std::uint64_t kP2pSlot = std::uint64_t{0x80} << 56;
 
 std::uint64_t p2p_slot(int tag) { return kP2pSlot | static_cast<std::uint32_t>(tag); }
 
-// Gloo's rendezvous store over the job's store (a view under the group's prefix).
+using Clock = std::chrono::steady_clock;
+
+// Gloo's rendezvous store over the job's store (a view under the group's prefix). With a
+// deadline (the world's creation), no wait outlasts it.
 class StoreAdapter final : public ::gloo::rendezvous::Store {
  public:
-  explicit StoreAdapter(launch::Store store) : store_(std::move(store)) {}
+  explicit StoreAdapter(launch::Store store, Clock::time_point deadline = Clock::time_point::max())
+      : store_(std::move(store)), deadline_(deadline) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     store_.set(key, std::string(data.begin(), data.end()));
   }
@@ -72,14 +88,17 @@ class StoreAdapter final : public ::gloo::rendezvous::Store {
     std::string v = store_.get(key);
     return {v.begin(), v.end()};
   }
-  void wait(const std::vector<std::string>& keys) override { store_.wait(keys, seconds(kGlooTimeout)); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, kGlooTimeout); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    store_.wait(keys, seconds(timeout));
+    double s = timeout.count() > 0 ? timeout.count() / 1000.0 : 0;
+    if (deadline_ != Clock::time_point::max())  // never 0: that would mean the store's default
+      s = std::clamp(std::chrono::duration<double>(deadline_ - Clock::now()).count(), 1e-3, s > 0 ? s : 1e9);
+    store_.wait(keys, s);
   }
 
  private:
-  static double seconds(std::chrono::milliseconds t) { return t.count() > 0 ? t.count() / 1000.0 : 0; }
   launch::Store store_;
+  Clock::time_point deadline_;
 };
 
 // The address of this host that peers reach: the one its route to MASTER_ADDR leaves
@@ -301,6 +320,30 @@ template <typename T>
   }
 }
 
+// The element-wise reduction of ReduceScatterHalvingDoubling (x = x op y), typed.
+template <typename T>
+typename ::gloo::ReductionFunction<T>::Function* reduction(ReduceOp op) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    switch (op) {
+      case ReduceOp::kMax:
+        return [](T* x, const T* y, std::size_t n) { bf16_reduce<Max>(x, x, y, n); };
+      case ReduceOp::kMin:
+        return [](T* x, const T* y, std::size_t n) { bf16_reduce<Min>(x, x, y, n); };
+      default:
+        return [](T* x, const T* y, std::size_t n) { bf16_reduce<Add>(x, x, y, n); };
+    }
+  } else {
+    switch (op) {
+      case ReduceOp::kMax:
+        return [](T* x, const T* y, std::size_t n) { ::gloo::max<T>(x, x, y, n); };
+      case ReduceOp::kMin:
+        return [](T* x, const T* y, std::size_t n) { ::gloo::min<T>(x, x, y, n); };
+      default:
+        return [](T* x, const T* y, std::size_t n) { ::gloo::sum<T>(x, x, y, n); };
+    }
+  }
+}
+
 // A byte that gives empty buffers an address.
 char g_empty_byte = 0;
 void* addr(void* p) { return p != nullptr ? p : &g_empty_byte; }
@@ -323,13 +366,16 @@ class GlooComm final : public detail::CommImpl {
     return gloo::wrap(op, members_, std::forward<F>(f));
   }
 
-  // Connects a group of `size` ranks (this one `rank`) under `store`'s prefix.
-  static std::shared_ptr<::gloo::rendezvous::Context> connect(const launch::Store& store, int rank,
-                                                              int size) {
+  // Connects a group of `size` ranks (this one `rank`) under `store`'s prefix; no store
+  // wait outlasts `deadline`. Each member then sets "connected/<rank>" there (which the
+  // world's start-up guard reads).
+  static std::shared_ptr<::gloo::rendezvous::Context> connect(
+      const launch::Store& store, int rank, int size, Clock::time_point deadline = Clock::time_point::max()) {
     auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(kGlooTimeout);
-    StoreAdapter adapter(store);
+    StoreAdapter adapter(store, deadline);
     ctx->connectFullMesh(adapter, device_slot());
+    if (deadline != Clock::time_point::max()) store.set(fmt::format("connected/{}", rank), "1");
     // connectFullMesh returns once this rank's pairs are connected, which may be before a
     // peer's side has finished its handshake; a rank that then dropped the group (a
     // temporary node group) would close a pair the peer is still connecting. A barrier
@@ -418,18 +464,34 @@ class GlooComm final : public detail::CommImpl {
                                                    bool blocking) override {
     check_block("reduce_scatter", out.count);
     if (out.count == 0) return nullptr;
-    const int r = rank();
-    return collective("reduce_scatter", blocking, [ctx = ctx_, in, out, op, r] {
-      const std::size_t block = out.bytes();
-      if (in.data == out.data) {  // in place: the result goes to the start of the buffer
-        reduce_in_place(ctx, in, op);
-        std::memmove(in.data, static_cast<char*>(in.data) + static_cast<std::size_t>(r) * block, block);
+    return collective("reduce_scatter", blocking, [ctx = ctx_, in, out, op] {
+      if (in.bytes() >= kHalvingDoublingMaxBytes) {
+        // Large inputs: an all-reduce and this rank's block (see kHalvingDoublingMaxBytes).
+        std::vector<char> scratch(static_cast<const char*>(in.data),
+                                  static_cast<const char*>(in.data) + in.bytes());
+        reduce_in_place(ctx, ElementSpan{scratch.data(), in.count, in.dtype}, op);
+        std::memcpy(out.data, scratch.data() + static_cast<std::size_t>(ctx->rank) * out.bytes(),
+                    out.bytes());
         return;
       }
-      std::vector<char> scratch(static_cast<const char*>(in.data),
-                                static_cast<const char*>(in.data) + in.bytes());
-      reduce_in_place(ctx, ElementSpan{scratch.data(), in.count, in.dtype}, op);
-      std::memcpy(out.data, scratch.data() + static_cast<std::size_t>(r) * block, block);
+      std::vector<char> scratch;
+      char* work = static_cast<char*>(in.data);
+      if (in.data != out.data) {
+        scratch.assign(static_cast<const char*>(in.data), static_cast<const char*>(in.data) + in.bytes());
+        work = scratch.data();
+      }
+      visit_dtype(in.dtype, [&]<typename T>(T) {
+        const ::gloo::ReductionFunction<T> fn(op == ReduceOp::kMax   ? ::gloo::MAX
+                                              : op == ReduceOp::kMin ? ::gloo::MIN
+                                                                     : ::gloo::SUM,
+                                              reduction<T>(op));
+        const std::vector<int> blocks(static_cast<std::size_t>(ctx->size), static_cast<int>(out.count));
+        ::gloo::ReduceScatterHalvingDoubling<T> algorithm(ctx, {reinterpret_cast<T*>(work)},
+                                                          static_cast<int>(in.count), blocks, &fn);
+        algorithm.run();
+      });
+      // The result is this rank's block, at the start of the buffer.
+      if (work != out.data) std::memcpy(out.data, work, out.bytes());
     });
   }
 
@@ -609,9 +671,79 @@ class GlooComm final : public detail::CommImpl {
   Lane lane_;  // last: its thread uses the members above
 };
 
+std::string rank_list(const std::vector<std::int64_t>& ranks) {
+  if (ranks.size() <= 16) return fmt::format("{}", fmt::join(ranks, ","));
+  return fmt::format("{},{},{},...,{} ({} ranks)", ranks[0], ranks[1], ranks[2], ranks.back(), ranks.size());
+}
+
+// The bound of the world's creation: Gloo waits for the store and its pairs with its own
+// (30-day) timeout and has no deadline of the Communicator yet. Past the deadline this
+// names, from the store, the ranks that did not publish their address (Gloo's key: the
+// rank) or did not connect ("connected/<rank>"), and ends the process with
+// kTimeoutExitCode, as the rendezvous does. The store's calls are serialized: its check
+// waits for a store wait of the creating thread, which the deadline also bounds.
+class WorldGuard {
+ public:
+  WorldGuard(launch::Store store, const LaunchEnv& env, Clock::time_point deadline, double timeout_s)
+      : thread_([this, store = std::move(store), &env, deadline, timeout_s] {
+          {
+            std::unique_lock lock(mutex_);
+            if (cv_.wait_until(lock, deadline, [this] { return done_; })) return;
+          }
+          std::string line;
+          try {
+            std::vector<std::int64_t> unpublished, unconnected;
+            for (std::int64_t r = 0; r < env.world_size; ++r) {
+              if (!store.check({std::to_string(r)}))
+                unpublished.push_back(r);
+              else if (!store.check({fmt::format("connected/{}", r)}))
+                unconnected.push_back(r);
+            }
+            auto ranks = [&](const std::vector<std::int64_t>& v) {
+              return fmt::format("rank{} {} of WORLD_SIZE={}", v.size() == 1 ? "" : "s", rank_list(v),
+                                 env.world_size);
+            };
+            if (!unpublished.empty())
+              line = fmt::format("{} arrived but did not publish {} Gloo address", ranks(unpublished),
+                                 unpublished.size() == 1 ? "its" : "their");
+            else if (!unconnected.empty())
+              line = fmt::format("{} published {} Gloo address but did not connect to the others",
+                                 ranks(unconnected), unconnected.size() == 1 ? "its" : "their");
+            else
+              line = "the Gloo world's last barrier did not complete";
+          } catch (const std::exception& e) {
+            line = fmt::format("the store is gone ({}): rank 0, which serves it, has exited", e.what());
+          }
+          log::error(
+              "[comm] rank {}: {} within {:g} s of the start (NDMESH_INIT_TIMEOUT_S): a rank exited or hangs "
+              "while joining the Gloo world; its own output says why",
+              env.rank, line, timeout_s);
+          std::fflush(stdout);
+          std::fflush(stderr);
+          std::_Exit(kTimeoutExitCode);
+        }) {}
+  ~WorldGuard() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  WorldGuard(const WorldGuard&) = delete;
+  WorldGuard& operator=(const WorldGuard&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: started after the members it uses
+};
+
 }  // namespace
 
-std::shared_ptr<detail::CommImpl> make_world(const launch::JobStore& job, const LaunchEnv& env) {
+std::shared_ptr<detail::CommImpl> make_world(const launch::JobStore& job, const LaunchEnv& env,
+                                             Clock::time_point deadline, double timeout_s) {
   ::gloo::transport::tcp::attr attr;
   attr.hostname = local_address(*env.master_addr);
   device_slot() = ::gloo::transport::tcp::CreateDevice(attr);
@@ -619,13 +751,20 @@ std::shared_ptr<detail::CommImpl> make_world(const launch::JobStore& job, const 
   ::gethostname(host, sizeof host - 1);
   std::string node_id = fmt::format("{}/{}", host, env.node_rank ? *env.node_rank : -1);
   launch::Store store = job.store.prefixed("gloo/world/");
+  // A test hook: this rank exits after arriving, before publishing its address.
+  if (env::integer("NDMESH_TEST_EXIT_BEFORE_GLOO", 0, 0, 1) == 1) std::_Exit(3);
   std::shared_ptr<::gloo::rendezvous::Context> ctx;
-  try {
-    ctx = GlooComm::connect(store, static_cast<int>(env.rank), static_cast<int>(env.world_size));
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    fail<>("comm", "gloo could not connect the world of {} ranks: {}", env.world_size, e.what());
+  {
+    WorldGuard guard(store, env, deadline, timeout_s);
+    try {
+      ctx = GlooComm::connect(store, static_cast<int>(env.rank), static_cast<int>(env.world_size), deadline);
+    } catch (const std::exception& e) {
+      // A store wait cut at the deadline: the guard names the ranks and ends the process.
+      if (Clock::now() + std::chrono::milliseconds(100) >= deadline)
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+      if (dynamic_cast<const Error*>(&e) != nullptr) throw;
+      fail<>("comm", "gloo could not connect the world of {} ranks: {}", env.world_size, e.what());
+    }
   }
   std::vector<std::int64_t> members(static_cast<std::size_t>(env.world_size));
   for (std::size_t i = 0; i < members.size(); ++i) members[i] = static_cast<std::int64_t>(i);

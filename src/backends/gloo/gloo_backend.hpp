@@ -3,6 +3,7 @@
 // the job's TCP store, each under its own key prefix.
 #pragma once
 
+#include <chrono>
 #include <memory>
 
 #include "comm/backend.hpp"
@@ -11,7 +12,12 @@
 namespace ndmesh::comm::gloo {
 
 /// The world communicator of a store launch: a full mesh of TCP pairs between the
-/// job's ranks, connected through `job.store`.
-std::shared_ptr<detail::CommImpl> make_world(const launch::JobStore& job, const LaunchEnv& env);
+/// job's ranks, connected through `job.store`. Bounded by `deadline`, the end of the
+/// start-up's one NDMESH_INIT_TIMEOUT_S (`timeout_s`, for the message): a rank that has
+/// not published its address or connected by then is named in one line, and this process
+/// exits with kTimeoutExitCode, as the rendezvous does.
+std::shared_ptr<detail::CommImpl> make_world(const launch::JobStore& job, const LaunchEnv& env,
+                                             std::chrono::steady_clock::time_point deadline,
+                                             double timeout_s);
 
 }  // namespace ndmesh::comm::gloo

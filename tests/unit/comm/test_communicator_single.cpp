@@ -32,9 +32,18 @@ TEST(CommunicatorSingle, TorchrunWithoutAStoreIsRefusedBeforeTheEngineStarts) {
 }
 
 TEST(CommunicatorSingle, ALauncherWorldTheEngineDoesNotSeeIsAnError) {
-  // As if started by srun without --mpi=pmix: Slurm says 4 ranks, MPI starts a singleton.
+  // As if started by srun without --mpi=pmix: refused before MPI_Init, naming the fix.
   setenv("SLURM_PROCID", "2", 1);
   setenv("SLURM_NTASKS", "4", 1);
+  try {
+    Communicator::world();
+    FAIL() << "srun without PMIx must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("without PMIx"), std::string::npos) << e.what();
+  }
+  // With a PMI to use (PMI-2's PMI_FD) that MPI still starts as a singleton: Slurm says 4
+  // ranks, MPI has 1.
+  setenv("PMI_FD", "999", 1);
   try {
     Communicator::world();
     FAIL() << "a launcher world of 4 with an engine world of 1 must be refused";
@@ -47,6 +56,7 @@ TEST(CommunicatorSingle, ALauncherWorldTheEngineDoesNotSeeIsAnError) {
   }
   unsetenv("SLURM_PROCID");
   unsetenv("SLURM_NTASKS");
+  unsetenv("PMI_FD");
 }
 
 TEST(CommunicatorSingle, CollectivesOnAWorldOfOne) {

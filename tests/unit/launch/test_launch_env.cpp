@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -43,6 +44,9 @@ class ScopedEnv {
                                            "SLURM_NPROCS",
                                            "SLURM_LOCALID",
                                            "SLURM_NODEID",
+                                           "PMIX_RANK",
+                                           "PMI_FD",
+                                           "SLURM_STEP_ID",
                                            "RANK",
                                            "WORLD_SIZE",
                                            "LOCAL_RANK",
@@ -113,6 +117,42 @@ TEST(LaunchEnv, SlurmWithNodeAndNprocsFallback) {
   EXPECT_EQ(e.local_rank, 2);
   EXPECT_FALSE(e.local_world_size.has_value());
   EXPECT_EQ(e.node_rank, 1);
+}
+
+TEST(LaunchEnv, SlurmWithoutPmixIsRefusedBeforeMpiInit) {
+  // Plain `srun -n 4` where MpiDefault is none: Slurm's variables, none of PMIx's.
+  ScopedEnv env(
+      {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "0"}});
+  LaunchEnv e = LaunchEnv::detect();
+  EXPECT_EQ(e.launcher, Launcher::kSlurm);
+  EXPECT_FALSE(e.has_mpi_world());
+  try {
+    e.require_mpi_world();
+    FAIL() << "srun without PMIx must be refused";
+  } catch (const ConfigError& err) {
+    std::string msg = err.what();
+    EXPECT_NE(msg.find("SLURM_PROCID=1 SLURM_NTASKS=4"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("srun --mpi=pmix -n 4"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("MpiDefault=pmix"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
+TEST(LaunchEnv, SlurmWithPmixOrPmi2OrOutsideAStepFormsAnMpiWorld) {
+  for (auto extra : std::vector<std::map<std::string, std::string>>{
+           {{"PMIX_RANK", "1"}, {"SLURM_NTASKS", "4"}}, {{"PMI_FD", "7"}, {"SLURM_NTASKS", "4"}}}) {
+    extra["SLURM_PROCID"] = "1";
+    ScopedEnv env(extra);
+    LaunchEnv e = LaunchEnv::detect();
+    EXPECT_TRUE(e.has_mpi_world());
+    EXPECT_NO_THROW(e.require_mpi_world());
+  }
+  {
+    ScopedEnv env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});  // a batch script's one task
+    EXPECT_NO_THROW(LaunchEnv::detect().require_mpi_world());
+  }
+  ScopedEnv env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_STEP_ID", "0"}});  // srun -n 1
+  EXPECT_THROW(LaunchEnv::detect().require_mpi_world(), ConfigError);
 }
 
 TEST(LaunchEnv, TorchrunIsDetectedButNeedsAnMpiLauncher) {
