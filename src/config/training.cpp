@@ -158,9 +158,7 @@ std::vector<std::string> training_problems(const TrainingRun& r, const ModelSpec
                     r.pp, microbatches, r.vpp, kMaxPipelineWork));
   if (r.zero < 0 || r.zero > kMaxTrainZero)
     out.push_back(
-        fmt::format("--zero={} is not a ZeRO stage ndmesh train runs; use 0, 1 or 2 (ZeRO-3 is not "
-                    "implemented)",
-                    r.zero));
+        fmt::format("--zero={} is not a ZeRO stage ndmesh train runs; use 0, 1, 2 or 3", r.zero));
   if (r.sequence_parallel && r.tp <= 1)
     out.push_back(
         "--sequence-parallel needs --tp > 1 (it splits the tokens of the norms over tp); add --tp 2 or leave "
