@@ -10,7 +10,9 @@
 # refused layouts print the reason.
 # Model: 4 blocks, hidden 32, 4 heads / 2 key-value heads (so tp <= 2), seq 16 (zigzag cp
 # <= 8), batch 16; pp > 1 runs 1f1b with 2 x pp micro-batches per dp rank where possible;
-# dp > 1 with pp > 1 also runs with ZeRO (1 without tp, 2 with tp and sequence parallelism).
+# dp > 1 with pp > 1 also runs with ZeRO (1 without tp, 2 with tp and sequence parallelism);
+# every layout with dp > 1 also runs with ZeRO-3 (fully sharded parameters; with sequence
+# parallelism when tp > 1).
 #   scripts/matrix_4d.sh [path/to/ndmesh] [steps]
 # Environment: MPIRUN (default: mpirun --allow-run-as-root --oversubscribe), MAX_RANKS
 # (default 16), ONLY (an extended regex the row name must match, e.g. '^dp2_pp2'),
@@ -99,6 +101,14 @@ for tp in 1 2; do
         fi
         run "$name" dp,pp,cp,tp "${flags[@]}"
         [ "$tp" -gt 1 ] && run "${name}_sp" dp,pp,cp,tp "${flags[@]}" --sequence-parallel
+        # ZeRO-3 on every layout with dp > 1.
+        if [ "$dp" -gt 1 ]; then
+          if [ "$tp" -gt 1 ]; then
+            run "${name}_sp_zero3" dp,pp,cp,tp "${flags[@]}" --sequence-parallel --zero 3
+          else
+            run "${name}_zero3" dp,pp,cp,tp "${flags[@]}" --zero 3
+          fi
+        fi
         # ZeRO under pipelines: stage 1 without tp, stage 2 with sequence parallelism.
         if [ "$dp" -gt 1 ] && [ "$pp" -gt 1 ]; then
           if [ "$tp" -gt 1 ]; then

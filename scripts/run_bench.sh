@@ -10,6 +10,8 @@ for b in "$build"/bench/bench_*; do
 done
 echo "== bench_dp (ndmesh train) =="
 bash bench/bench_dp.sh "$build/bin/ndmesh"
+echo "== bench_zero3 (ZeRO-3 against ZeRO-2 step time, with and without prefetch) =="
+bash bench/bench_zero3.sh "$build/bin/ndmesh"
 echo "== bench_cp (ring attention, ndmesh train --cp) =="
 bash bench/bench_cp.sh "$build"
 echo "== bench_tp (ndmesh train) =="

@@ -93,7 +93,7 @@ std::vector<std::string> cp_chunk_problems(std::int64_t seq, std::int64_t cp, bo
 std::vector<std::string> zero_problems(int zero) {
   if (zero >= 0 && zero <= kMaxTrainZero) return {};
   return {fmt::format(
-      "--zero={} is not a ZeRO stage ndmesh train runs; use 0, 1 or 2 (ZeRO-3 is not implemented)", zero)};
+      "--zero={} is not a ZeRO stage ndmesh train runs; use 0, 1, 2 or 3", zero)};
 }
 
 std::vector<std::string> training_problems(const TrainingRun& r, const ModelSpec* model) {

@@ -91,6 +91,7 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
                    tp_);
   blocks_.reserve(static_cast<std::size_t>(last_block_ - first_block_));
   for (std::int64_t l = first_block_; l < last_block_; ++l) {
+    if (options.pad_units) store_.align_to(options.pad_to);
     block_offset_.push_back(store_.size());
     blocks_.emplace_back(store_,
                          nn::BlockOptions{.channels = spec.hidden,
@@ -100,6 +101,7 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
                                           .name = fmt::format("block.{}", l)},
                          tp_);
   }
+  if (options.pad_units) store_.align_to(options.pad_to);
   head_offset_ = store_.size();
   if (last_block_ == spec.layers) {
     lnf_.emplace(store_,
@@ -118,6 +120,22 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
             .vocab = spec.vocab, .channels = spec.hidden, .tied_weight = tied, .name = "lm_head", .tp = tps});
   }
   store_.allocate(options.pad_to);
+  // The units: the embedding, each block, the head, in the order of the flat buffer.
+  auto add_unit = [&](std::string name, std::int64_t lo, std::int64_t hi) {
+    unit_ranges_.push_back({lo, hi - lo});
+    units_.push_back({std::move(name), {static_cast<int>(units_.size())}});
+    return static_cast<int>(units_.size()) - 1;
+  };
+  if (embed_) embed_unit_ = add_unit("embed", 0, block_offset_.front());
+  for (std::size_t l = 0; l < blocks_.size(); ++l)
+    add_unit(fmt::format("block.{}", first_block_ + static_cast<std::int64_t>(l)), block_offset_[l],
+             l + 1 < blocks_.size() ? block_offset_[l + 1] : head_offset_);
+  if (head_) {
+    head_unit_ = add_unit("head", head_offset_, store_.size());
+    if (spec.tied_embeddings && embed_) units_.back().ranges.push_back(embed_unit_);  // reads the token table
+  } else {
+    unit_ranges_.back().count = store_.size() - unit_ranges_.back().offset;  // the padding at the end
+  }
   init(options.seed, options.init_std);
   // Initialised on the host; then placed.
   device_ = options.device;
@@ -306,7 +324,9 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
       upload_checked(a.device_tokens, here, n, spec_.vocab, "token");
       here = a.device_tokens.data();
     }
+    unit_event(UnitEvent::kForwardBegin, embed_unit_);
     embed_->forward_at(here, a.input.data(), batch_, seq_, positions_here());
+    unit_event(UnitEvent::kForwardEnd, embed_unit_);
   } else {
     NDMESH_CHECK(input != nullptr, "model", "stage from block {} needs its input hidden states",
                  first_block_);
@@ -316,6 +336,7 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
   const std::int64_t out_elems = tp_.local_rows(n) * spec_.hidden;
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
     nn::BlockActivations<T>& keep = a.blocks[l];
+    unit_event(UnitEvent::kForwardBegin, block_unit(l));
     if (recompute_ == nn::Recompute::kFull) {
       // The whole block runs in the workspace; only its output is kept.
       blocks_[l].forward(x, *work_, batch_, seq_, core_.get(), positions_here());
@@ -327,15 +348,18 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
       blocks_[l].forward(x, keep, batch_, seq_, core_.get(), positions_here());
       lend(keep, l);
     }
+    unit_event(UnitEvent::kForwardEnd, block_unit(l));
     x = keep.out.numel() > 0 ? keep.out.data() : work_->out.data();
     if (progress_) progress_();  // e.g. a pipeline's transfers in flight move between blocks
   }
   a.have_targets = head_ && targets != nullptr;
   if (!head_) return std::numeric_limits<double>::quiet_NaN();
   const std::int64_t c = spec_.hidden;
+  unit_event(UnitEvent::kForwardBegin, head_unit_);
   lnf_->forward(x, a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), tp_.local_rows(n));
   T* lnf_full = a.lnf_full.numel() > 0 ? a.lnf_full.data() : lnf_full_.data();
   head_->forward(tp_.f_forward(a.lnf.data(), lnf_full, n, c), a.probs.data(), n);
+  unit_event(UnitEvent::kForwardEnd, head_unit_);
   // Probabilities without a loss: a throwaway target 0 is as good as any.
   if (a.have_targets)
     std::copy(targets, targets + n, a.targets.begin());
@@ -375,10 +399,12 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     // Sequence parallelism: the head's input is gathered again (not kept per micro-batch).
     const T* lnf_in =
         a.lnf_full.numel() > 0 ? a.lnf_full.data() : tp_.f_forward(a.lnf.data(), lnf_full_.data(), n, c);
+    unit_event(UnitEvent::kBackwardBegin, head_unit_);
     head_->backward(dlogits_.data(), lnf_in, dlnf_full_.data(), n);
     tp_.f_backward(dlnf_full_.data(), dlnf_.data(), n, c);
     dres_a_.zero();
     lnf_->backward(dlnf_.data(), output(a), a.lnf_mean.data(), a.lnf_rstd.data(), dres_a_.data(), nl);
+    unit_event(UnitEvent::kBackwardEnd, head_unit_);
     if (grads_final_) grads_final_(head_offset_);
   } else {
     NDMESH_CHECK(doutput != nullptr, "model", "stage up to block {} needs the gradient of its output",
@@ -390,6 +416,7 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
   for (std::size_t l = blocks_.size(); l-- > 0;) {
     const T* inp = l == 0 ? a.input.data() : a.blocks[l - 1].out.data();
     nn::BlockActivations<T>* acts = &a.blocks[l];
+    unit_event(UnitEvent::kBackwardBegin, block_unit(l));
     if (recompute_ == nn::Recompute::kFull) {
       blocks_[l].forward(inp, *work_, batch_, seq_, core_.get(), positions_here());
       acts = work_.get();
@@ -404,6 +431,7 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     blocks_[l].backward(dout->data(), inp, *acts, scratch_, dinp->data(), batch_, seq_,
                         progress_ ? &progress_ : nullptr, core_.get(), positions_here());
     if (recompute_ != nn::Recompute::kFull) lend(*acts, l);
+    unit_event(UnitEvent::kBackwardEnd, block_unit(l));
     std::swap(dout, dinp);
     // With a tied head on this stage the token table (offset 0) is final only after the
     // embedding: block offsets are above it, so the watermark stays correct.
@@ -415,6 +443,14 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
   else
     ops::copy(input_grad_.data(), dout->data(), nl * c, device_);
   if (grads_final_) grads_final_(0);
+}
+
+template <typename T>
+std::vector<int> GptT<T>::backward_units() const {
+  std::vector<int> out;
+  if (head_) out.push_back(head_unit_);
+  for (std::size_t l = blocks_.size(); l-- > 0;) out.push_back(block_unit(l));
+  return out;  // the embedding's backward reads no parameter
 }
 
 template <typename T>

@@ -18,9 +18,17 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
   for (std::size_t c = 0; c < model.chunks.size(); ++c) {
     model::Gpt& g = *model.chunks[c];
     chunks_.push_back(&g);
-    reducers_.push_back(std::make_unique<GradReducer>(grad_, g.params().size(), options));
+    reducers_.push_back(std::make_unique<GradReducer>(grad_, g.params().size(), options, g.unit_ranges()));
     GradReducer* r = reducers_.back().get();
     g.set_grads_final_hook([r](std::int64_t from) { r->grads_final(from); });
+    if (r->zero() == 3) {
+      NDMESH_CHECK(g.device() == Device::kCpu, "train", "ZeRO-3 runs on the CPU only");
+      gatherers_.push_back(std::make_unique<ParamGatherer>(grad_, g.params().params().data(), g.unit_ranges(),
+                                                           g.units(), g.backward_units(), options.zero3));
+      ParamGatherer* pg = gatherers_.back().get();
+      g.set_unit_hook([pg](model::UnitEvent e, int unit) { pg->on_unit(e, unit); });
+      release_memory(g.params().grads().data(), g.params().size(), 0.0f);
+    }
     if (pipelined && model.plan.spec.tied_embeddings) {
       if (g.has_head() && !g.has_embedding()) tied_copy_chunk_ = static_cast<int>(c);
       if (g.has_embedding() && !g.has_head()) tied_main_chunk_ = static_cast<int>(c);
@@ -29,9 +37,17 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
   embedding_ = groups.embedding();  // collective over the world, on every rank
 }
 
+void GradSync::params_updated() {
+  for (auto& g : gatherers_) g->free_all();
+}
+
 void GradSync::start_step() {
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    chunks_[c]->params().zero_grad();
+    if (gatherers_.empty())
+      chunks_[c]->params().zero_grad();
+    else  // zeros without touching the pages (the backward writes one unit at a time)
+      release_memory(chunks_[c]->params().grads().data(), chunks_[c]->params().size(), 0.0f);
+    if (!gatherers_.empty()) gatherers_[c]->reset_timers();
     reducers_[c]->zero_shard_grads();
     reducers_[c]->reset_timers();
   }

@@ -15,6 +15,7 @@ void Optimizer::step(double lr, double grad_norm) {
     adams_[c]->update(chunks_[c]->params(), lr, grad_norm, r.shard_grads());
     r.gather_params(chunks_[c]->params().params().data());
   }
+  sync_.params_updated();
 }
 
 void Optimizer::set_steps(std::int64_t steps) {

@@ -89,6 +89,7 @@ std::vector<std::unique_ptr<model::Gpt>> build_chunks(const ModelPlan& plan) {
                                                                     .first_block = c.first_block,
                                                                     .last_block = c.last_block,
                                                                     .pad_to = plan.pad_to,
+                                                                    .pad_units = plan.pad_units,
                                                                     .recompute = plan.recompute,
                                                                     .split_backward = plan.split_backward,
                                                                     .device = plan.device},

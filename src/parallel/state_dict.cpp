@@ -7,7 +7,7 @@
 namespace ndmesh::parallel {
 
 StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& sync, bool gather_moments)
-    : optimizer_(optimizer) {
+    : optimizer_(optimizer), sync_(sync) {
   const int tp_rank = model.plan.tp.rank();
   const bool writer = sync.group().rank() == 0;
   const bool pipelined = model.plan.pp.size() > 1;
@@ -39,7 +39,18 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
     // On a device the entries point into a host copy of the parameters (downloaded here
     // for a save; commit() uploads it after a load).
     float* p = g.params().params().data();
-    if (g.params().device() != Device::kCpu) {
+    if (sync.zero() == 3) {
+      // ZeRO-3: each rank holds its blocks of the parameters (the rest is freed): a sum over
+      // the gradient group gathers them, as for the moments; a load fills the copy and
+      // commit() writes the own blocks back.
+      host_params_[c].assign(size, 0.0f);
+      if (gather_moments) {
+        for (const nn::Segment& seg : sync.reducer(c).shard())
+          std::copy_n(p + seg.offset, seg.count, host_params_[c].begin() + seg.offset);
+        sync.group().all_reduce(std::span<float>(host_params_[c]));
+      }
+      p = host_params_[c].data();
+    } else if (g.params().device() != Device::kCpu) {
       host_params_[c] = gather_moments ? g.params().params_to_host() : std::vector<float>(size, 0.0f);
       p = host_params_[c].data();
     }
@@ -64,7 +75,14 @@ void StateDict::commit() {
       av.insert(av.end(), v_[c].begin() + seg.offset, v_[c].begin() + seg.offset + seg.count);
     }
     adam.moments_from_host(am.data(), av.data());
-    if (!host_params_[c].empty()) chunks_[c]->params().params_from_host(host_params_[c].data());
+    if (host_params_[c].empty()) continue;
+    if (sync_.zero() == 3) {  // the own blocks only: the rest of the buffer stays freed
+      float* p = chunks_[c]->params().params().data();
+      for (const nn::Segment& seg : sync_.reducer(c).shard())
+        std::copy_n(host_params_[c].begin() + seg.offset, seg.count, p + seg.offset);
+    } else {
+      chunks_[c]->params().params_from_host(host_params_[c].data());
+    }
   }
 }
 

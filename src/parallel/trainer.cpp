@@ -112,9 +112,15 @@ MemoryBytes Trainer::memory() const {
   const double optimizer = static_cast<double>(optimizer_.state_elements());
   MemoryBytes m;
   m.params = elements * sizeof(float);
-  m.grads = (sync_.zero() == 2 ? optimizer / 2 : elements) * sizeof(float);
+  if (sync_.zero() == 3) {  // the own blocks, plus the most gathered at once (measured)
+    m.params_gathered = 0;
+    for (std::size_t c = 0; c < model_.chunks.size(); ++c)
+      m.params_gathered += static_cast<double>(sync_.gatherer(c)->peak_gathered_elements()) * sizeof(float);
+    m.params = optimizer / 2 * sizeof(float) + m.params_gathered;
+  }
+  m.grads = (sync_.zero() >= 2 ? optimizer / 2 : elements) * sizeof(float);
   m.optimizer = optimizer * sizeof(float);
-  m.grad_workspace = sync_.zero() == 2 ? elements * sizeof(float) : 0.0;
+  m.grad_workspace = sync_.zero() >= 2 ? elements * sizeof(float) : 0.0;
   // Activations: measured, not estimated. The micro-batch activations the executor held at
   // once at its peak, plus the recompute workspace the chunks share.
   m.activations = static_cast<double>(executor_->peak_live_activation_bytes() +
@@ -152,6 +158,7 @@ void Trainer::save(const std::string& dir) {
 void Trainer::load(const std::string& path) {
   StateDict state(model_, optimizer_, sync_, false);
   const CheckpointInfo info = load_checkpoint_dir(path, state, options_.model, data().describe(), groups_.world());
+  sync_.params_updated();
   optimizer_.set_steps(info.adam_steps);
   step_ = first_step_ = info.step;
 }

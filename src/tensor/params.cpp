@@ -1,6 +1,7 @@
 #include "ndmesh/tensor/params.hpp"
 
 #include <algorithm>
+#include <numeric>
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/ops.hpp"
@@ -27,6 +28,14 @@ int ParamStore<T>::add(std::string name, std::vector<std::int64_t> shape, bool d
   views_.push_back({std::move(name), size_, std::move(shape), numel, decay, std::move(shard)});
   size_ += (numel + kParamAlign - 1) / kParamAlign * kParamAlign;
   return static_cast<int>(views_.size()) - 1;
+}
+
+template <typename T>
+void ParamStore<T>::align_to(std::int64_t multiple) {
+  NDMESH_CHECK(params_.numel() == 0, "nn", "parameter store aligned after it was allocated");
+  NDMESH_CHECK(multiple >= 1, "nn", "alignment {} must be at least 1", multiple);
+  const std::int64_t m = std::lcm(multiple, kParamAlign);
+  size_ = (size_ + m - 1) / m * m;
 }
 
 template <typename T>

@@ -49,6 +49,7 @@ struct Options {
   std::string grad_dtype = "fp32";
   bool sequence_parallel = false;
   int zero = 0;
+  bool zero3_reshard_after_forward = true, zero3_prefetch = true;
   std::string allreduce = "mpi";
   std::string cp_layout = "zigzag";
   std::string recompute = "none";
@@ -105,7 +106,9 @@ parallel::TrainOptions train_options(const Options& o, std::int64_t vocab, std::
                                   .algorithm = comm::parse_algorithm(o.allreduce),
                                   .ranks_per_node = ranks_per_node,
                                   .progress_thread = !o.no_progress_thread,
-                                  .bf16 = o.grad_dtype == "bf16"},
+                                  .bf16 = o.grad_dtype == "bf16",
+                                  .zero3 = {.reshard_after_forward = o.zero3_reshard_after_forward,
+                                            .prefetch = o.zero3_prefetch}},
                            .pp = {.schedule = parse_schedule(o.schedule),
                                   .virtual_stages = o.virtual_stages,
                                   .layers = o.pp_layers,
@@ -474,6 +477,7 @@ int train(Options o, comm::Communicator& world) {
     j["comm_seconds"] = slowest[0];
     j["exposed_comm_seconds"] = slowest[1];
     j["memory_bytes"] = {{"params", mem.params},
+                         {"params_gathered", mem.params_gathered},
                          {"grads", mem.grads},
                          {"optimizer", mem.optimizer},
                          {"activations", mem.activations},
@@ -552,7 +556,19 @@ Action setup(CLI::App& app) {
                "with --tp: norms and residuals hold 1/tp of the tokens (all-gather before the column-parallel "
                "linears, reduce-scatter after the row-parallel ones)")
       ->group("Parallel");
-  app.add_option("--zero", o->zero, "ZeRO stage over dp: 0, 1 (shard optimizer state) or 2 (and gradients)")
+  app.add_option("--zero", o->zero,
+                 "ZeRO stage over dp (x cp): 0, 1 (shard optimizer state), 2 (and gradients) or 3 (and parameters: "
+                 "each block, the embedding and the head gathered before use and freed after)")
+      ->capture_default_str()
+      ->group("Parallel");
+  app.add_option("--zero3-reshard-after-forward", o->zero3_reshard_after_forward,
+                 "with --zero 3: free a unit's gathered parameters after its forward and gather them again for "
+                 "its backward (true), or keep them until the backward (false: less communication, more memory)")
+      ->capture_default_str()
+      ->group("Parallel");
+  app.add_option("--zero3-prefetch", o->zero3_prefetch,
+                 "with --zero 3: start gathering the next unit while the current one computes (true), or only "
+                 "when it is needed (false: the baseline the prefetch is measured against)")
       ->capture_default_str()
       ->group("Parallel");
   app.add_option("--allreduce", o->allreduce, "gradient all-reduce: mpi, ring, tree, hierarchical or adaptive")

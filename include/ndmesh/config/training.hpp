@@ -24,8 +24,9 @@ namespace ndmesh {
 inline constexpr std::int64_t kMaxPipelineStages = 256;
 /// The most pp x micro-batches x virtual stages of one step's schedule.
 inline constexpr std::int64_t kMaxPipelineWork = 1'000'000;
-/// The highest ZeRO stage `ndmesh train` implements (optimizer states and gradients sharded).
-inline constexpr int kMaxTrainZero = 2;
+/// The highest ZeRO stage `ndmesh train` implements (optimizer states, gradients and
+/// parameters sharded).
+inline constexpr int kMaxTrainZero = 3;
 
 /// A training run as `ndmesh train` runs it: the sizes of the standard dims and the options
 /// whose rules involve the layout or the model.
@@ -37,7 +38,7 @@ struct TrainingRun {
   std::int64_t micro_batch = 0;   ///< sequences per micro-batch; 0: the whole local batch
   bool sequence_parallel = false;
   bool recompute = false;      ///< any activation recompute (selective or full)
-  int zero = 0;                ///< ZeRO stage over dp (ndmesh train: 0, 1 or 2)
+  int zero = 0;                ///< ZeRO stage over dp (ndmesh train: 0 to 3)
   bool cp_contiguous = false;  ///< --cp-layout contiguous: cp chunks (default zigzag: 2 cp)
   /// Entries of an explicit --pp-layers partition (0: the balanced partition, which needs
   /// layers >= pp x vpp); parse_partition() (config/partition.hpp) checks an explicit one.

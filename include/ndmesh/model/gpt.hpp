@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "ndmesh/config/config.hpp"
+#include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/nn/block.hpp"
 #include "ndmesh/nn/embedding.hpp"
 #include "ndmesh/nn/layernorm.hpp"
@@ -49,6 +50,9 @@ struct GptOptions {
   std::int64_t last_block = -1;  ///< -1: spec.layers
   /// The flat buffers are padded to a multiple of this many elements (ZeRO shards).
   std::int64_t pad_to = 1;
+  /// ZeRO-3: every unit's range of the flat buffers (see ParamUnit) is padded to a multiple
+  /// of pad_to as well, so that each unit splits into equal shards.
+  bool pad_units = false;
   /// What each block's forward keeps and its backward recomputes (nn::Recompute): the
   /// losses and gradients are the same bit for bit in every mode.
   nn::Recompute recompute = nn::Recompute::kNone;
@@ -62,6 +66,19 @@ struct GptOptions {
   /// parallelism (not yet available on GPUs).
   Device device = Device::kCpu;
 };
+
+/// A unit of fully sharded data parallelism (ZeRO-3): the parameters gathered together
+/// before use. The embedding, each block and the head (final norm and output layer) are
+/// units of their own; each owns one contiguous range of the flat buffers. A head whose
+/// weight is the embedding's token table on the same model also reads the embedding's
+/// range (tied parameters are gathered together).
+struct ParamUnit {
+  std::string name;         ///< "embed", "block.3", "head"
+  std::vector<int> ranges;  ///< indices into GptT::unit_ranges(); the first is the unit's own
+};
+
+/// What the model reports around each unit's use (GptT::set_unit_hook).
+enum class UnitEvent { kForwardBegin, kForwardEnd, kBackwardBegin, kBackwardEnd };
 
 /// Every problem with a ModelSpec for this model, one line each (field, value, fix).
 std::vector<std::string> gpt_problems(const ModelSpec& spec);
@@ -156,6 +173,20 @@ class GptT {
   /// finer grain than per block.
   void set_progress_hook(std::function<void()> hook) { progress_ = std::move(hook); }
 
+  /// The units of this model (ParamUnit), in the order of their ranges in the flat buffer,
+  /// which is the forward's order. The backward uses them in reverse, except the embedding,
+  /// whose backward reads no parameter (backward_units()).
+  const std::vector<ParamUnit>& units() const { return units_; }
+  /// Contiguous ranges of the flat buffers, one per unit, ascending and covering them.
+  const std::vector<nn::Segment>& unit_ranges() const { return unit_ranges_; }
+  /// The units a backward uses, in its order.
+  std::vector<int> backward_units() const;
+  /// Called just before and just after each unit's parameters are read by the forward and
+  /// by the backward (recompute included): where ZeRO-3 gathers and frees them. The model
+  /// reads a unit's parameters only between its Begin and End events.
+  using UnitHook = std::function<void(UnitEvent, int unit)>;
+  void set_unit_hook(UnitHook hook) { unit_hook_ = std::move(hook); }
+
   /// Global positions of this model's seq rows (the same for every sequence of a batch):
   /// 0..seq-1 by default; a context-parallel rank holds its chunks of a longer sequence
   /// (the embedding reads wpe at these rows, the causal mask compares them).
@@ -223,6 +254,10 @@ class GptT {
   void size_workspace();
   // Swaps the workspace's tensors in (or back out of) block l's activations.
   void lend(nn::BlockActivations<T>& acts, std::size_t l);
+  void unit_event(UnitEvent e, int unit) const {
+    if (unit_hook_ && unit >= 0) unit_hook_(e, unit);
+  }
+  int block_unit(std::size_t l) const { return (embed_ ? 1 : 0) + static_cast<int>(l); }
   // The positions where the kernels read them (device memory on CUDA).
   const std::int64_t* positions_here() const {
     return device_ == Device::kCpu ? positions_.data() : positions_device_.data();
@@ -251,6 +286,10 @@ class GptT {
   std::shared_ptr<const nn::AttentionCore<T>> core_;
   std::vector<std::int64_t> block_offset_;  ///< flat offset of each block's first parameter
   std::int64_t head_offset_ = 0;            ///< flat offset of the final norm's first parameter
+  std::vector<ParamUnit> units_;
+  std::vector<nn::Segment> unit_ranges_;
+  int embed_unit_ = -1, head_unit_ = -1;
+  UnitHook unit_hook_;
 
   nn::Recompute recompute_ = nn::Recompute::kNone;
   bool split_backward_ = false;

@@ -23,6 +23,9 @@
 //     member of the gradient group; tp-sharded parameters on every tp rank, replicated ones
 //     on tp rank 0; the tied copy of the table not at all), and one all-reduce over the
 //     world sums the squares together with the loss.
+//  5. ZeRO-3: the parameters are sharded on the reducers' blocks; one ParamGatherer per
+//     chunk, on the chunk's unit hook, gathers each unit before use and frees it after, and
+//     params_updated() frees every gathered copy once the optimizer changed the shards.
 // Buffers: between begin_backward() and end_backward() the started buckets' ranges of a
 // chunk's gradient buffer belong to the reductions (see GradReducer).
 #pragma once
@@ -36,6 +39,7 @@
 #include "ndmesh/comm/process_groups.hpp"
 #include "ndmesh/model/gpt.hpp"
 #include "ndmesh/parallel/dp/grad_reducer.hpp"
+#include "ndmesh/parallel/dp/param_gatherer.hpp"
 #include "ndmesh/parallel/parallelize.hpp"
 
 namespace ndmesh::parallel {
@@ -89,8 +93,18 @@ class GradSync {
   /// executor's hooks); `last` marks the chunk's last of the step.
   void begin_backward(int chunk, bool last);
   void end_backward(int chunk);
-  /// Drives the reductions of chunk c in flight (between layers).
-  void progress(int chunk) { reducers_[static_cast<std::size_t>(chunk)]->progress(); }
+  /// Drives the reductions (and ZeRO-3 gathers) of chunk c in flight (between layers).
+  void progress(int chunk) {
+    reducers_[static_cast<std::size_t>(chunk)]->progress();
+    if (!gatherers_.empty()) gatherers_[static_cast<std::size_t>(chunk)]->poll();
+  }
+  /// ZeRO-3: the shards changed (optimizer step, checkpoint load): every gathered copy is
+  /// stale and is freed. Nothing otherwise.
+  void params_updated();
+  /// ZeRO-3: the gatherer of chunk c; nullptr otherwise.
+  const ParamGatherer* gatherer(std::size_t chunk) const {
+    return gatherers_.empty() ? nullptr : gatherers_[chunk].get();
+  }
   /// After the step's backwards: the embedding-group and tp sums, then the loss and the
   /// norm in one all-reduce over the world. `loss_sum` is this rank's sum of per-token
   /// losses (its head's micro-batches; 0 on stages without the head). Collective.
@@ -121,6 +135,7 @@ class GradSync {
   nn::TpContext<float> tp_;
   double tokens_;  // of a step's global batch
   std::vector<std::unique_ptr<GradReducer>> reducers_;
+  std::vector<std::unique_ptr<ParamGatherer>> gatherers_;  // ZeRO-3, one per chunk
   int tied_copy_chunk_ = -1;  // local chunk holding the token table for a tied head on another rank
   int tied_main_chunk_ = -1;  // local chunk holding the embedding whose table is tied to a remote head
   std::vector<float> work_;   // the tp sum's packed elements

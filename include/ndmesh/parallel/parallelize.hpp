@@ -61,6 +61,7 @@ struct ModelPlan {
   // Data parallelism: the group replicated parameters' gradients are summed over.
   comm::Communicator grad_group;
   std::int64_t pad_to = 1;  ///< flat buffers padded to a multiple of this (ZeRO shards)
+  bool pad_units = false;   ///< ZeRO-3: each unit's range too (model::GptOptions::pad_units)
   // Activation recompute.
   nn::Recompute recompute = nn::Recompute::kNone;
   // Where the chunks run.

@@ -20,7 +20,8 @@
 
 namespace ndmesh::parallel {
 
-/// One parameter slice of this rank (host memory: on a device, a copy).
+/// One parameter slice of this rank (host memory: on a device, or under ZeRO-3 where each
+/// rank holds only its blocks, a copy).
 struct StateEntry {
   const ParamView* view = nullptr;  ///< logical name, local shape, tp split
   float* params = nullptr;          ///< view->numel elements each
@@ -49,6 +50,7 @@ class StateDict {
 
  private:
   Optimizer& optimizer_;
+  const GradSync& sync_;
   std::vector<model::Gpt*> chunks_;
   std::vector<std::vector<float>> m_, v_;  // per chunk, laid out like its flat buffer
   std::vector<std::vector<float>> host_params_;  // per chunk on a device: the parameters on the host

@@ -70,9 +70,13 @@ struct StepStats {
 
 /// Bytes one rank holds.
 struct MemoryBytes {
+  /// Parameters (ZeRO-3: this rank's shard plus params_gathered).
   double params = 0;
-  double grads = 0;      ///< gradients kept between micro-batches (ZeRO-2: the shard)
-  double optimizer = 0;  ///< AdamW moments (ZeRO 1/2: the shard)
+  /// ZeRO-3: the most parameter elements of other ranks' shards that were gathered at once
+  /// (the units in use and the one prefetched), measured; 0 otherwise.
+  double params_gathered = 0;
+  double grads = 0;      ///< gradients kept between micro-batches (ZeRO 2/3: the shard)
+  double optimizer = 0;  ///< AdamW moments (ZeRO 1-3: the shard)
   /// Measured: the bytes of the micro-batch activations alive at once at this rank's peak
   /// (the pipeline executor's GptActivations of every chunk) plus the recompute workspace.
   double activations = 0;
@@ -81,7 +85,9 @@ struct MemoryBytes {
   /// before it is sent (full recompute: the recomputed block's output) and its input
   /// gradient before it is sent back.
   double activation_buffers = 0;
-  double grad_workspace = 0;  ///< ZeRO-2: the full-size buffer the backward writes into
+  /// ZeRO 2/3: the full-size buffer the backward writes into (ZeRO-3 hands its pages back to
+  /// the system after each reduction, so this is its peak, not what stays resident).
+  double grad_workspace = 0;
   /// --device cuda: the most device memory this process's allocator handed out at once
   /// (parameters, gradients, optimizer state, activations and work space); 0 on the CPU.
   double device_peak = 0;

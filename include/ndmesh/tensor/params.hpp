@@ -70,6 +70,10 @@ class ParamStore {
   /// Allocates both buffers (zeroed), padded to a multiple of `multiple` elements (so that
   /// a ZeRO shard split of the buffer is even). After this no parameter can be added.
   void allocate(std::int64_t multiple = 1);
+  /// Pads the buffer so far to a multiple of `multiple` (and of kParamAlign): the next
+  /// parameter starts a range whose length can be split evenly (a ZeRO-3 unit). Only
+  /// before allocate().
+  void align_to(std::int64_t multiple);
   /// True once allocate() ran (or when nothing was declared).
   bool allocated() const { return params_.numel() > 0 || views_.empty(); }
   /// Moves both buffers to `device`: the parameters are copied, the gradients zeroed (a

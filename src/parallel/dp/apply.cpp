@@ -8,6 +8,7 @@ namespace ndmesh::parallel {
 void apply_data_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& o) {
   plan.grad_group = plan.batch.cp_size > 1 ? groups.cp_dp() : groups.dp();
   plan.pad_to = o.dp.zero > 0 ? plan.grad_group.size() : 1;
+  plan.pad_units = o.dp.zero == 3 && plan.grad_group.size() > 1;
 }
 
 }  // namespace ndmesh::parallel

@@ -32,7 +32,8 @@ std::vector<std::string> data_parallel_option_problems(const DataParallelOptions
   return out;
 }
 
-GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataParallelOptions options)
+GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataParallelOptions options,
+                         const std::vector<nn::Segment>& units)
     : group_(std::move(group)), options_(options), zero_(group_.size() > 1 ? options.zero : 0) {
   if (auto problems = data_parallel_option_problems(options); !problems.empty())
     fail<ConfigError>("dp", "{}", fmt::join(problems, "; "));
@@ -60,7 +61,17 @@ GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataP
   // member owns one equal block of it.
   const auto target = std::max<std::int64_t>(
       p, static_cast<std::int64_t>(options_.bucket_mb * 1024 * 1024 / sizeof(float)) / p * p);
-  for (std::int64_t hi = flat_size; hi > 0;) {
+  if (zero_ == 3) {  // one bucket per unit, from the end
+    NDMESH_CHECK(!units.empty() && units.front().offset == 0 &&
+                     units.back().offset + units.back().count == flat_size,
+                 "dp", "ZeRO-3 needs the model's unit ranges covering its flat buffer of {} elements", flat_size);
+    for (auto it = units.rbegin(); it != units.rend(); ++it) {
+      NDMESH_CHECK(it->count % p == 0, "dp", "ZeRO-3 unit range [{}, {}) is not a multiple of the group size {}",
+                   it->offset, it->offset + it->count, p);
+      buckets_.push_back(Bucket{.lo = it->offset, .hi = it->offset + it->count});
+    }
+  }
+  for (std::int64_t hi = zero_ == 3 ? 0 : flat_size; hi > 0;) {
     std::int64_t lo = std::max<std::int64_t>(0, hi - target);
     buckets_.push_back(Bucket{.lo = lo, .hi = hi});
     hi = lo;
@@ -75,7 +86,7 @@ GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataP
       const std::int64_t block = (it->hi - it->lo) / p;
       shard_.push_back({it->lo + r * block, block});
     }
-    if (zero_ == 2) shard_grads_.assign(static_cast<std::size_t>(flat_size / p), 0.0f);
+    if (zero_ >= 2) shard_grads_.assign(static_cast<std::size_t>(flat_size / p), 0.0f);
     counted_ = shard_;
   }
 }
@@ -147,7 +158,7 @@ void GradReducer::begin_backward(float* grads, bool last) {
   next_ = 0;
   for (Bucket& b : buckets_) b.started = false;
   // One rank alone has nothing to reduce; ZeRO-2 reduces every micro-batch.
-  reduce_now_ = group_.size() > 1 && (last || zero_ == 2);
+  reduce_now_ = group_.size() > 1 && (last || zero_ >= 2);
 }
 
 void GradReducer::start(Bucket& b) {
@@ -258,7 +269,7 @@ void GradReducer::finish_backward() {
   exposed_seconds_ += t1 - t0;
   // From the first bucket's start to the last one's completion (buckets start in order).
   comm_seconds_ += t1 - buckets_.front().start_time;
-  if (zero_ == 2) {
+  if (zero_ >= 2) {
     // Add this rank's block of every bucket to the shard, and clear the work space.
     std::int64_t at = 0;
     for (const nn::Segment& seg : shard_) {
@@ -266,13 +277,17 @@ void GradReducer::finish_backward() {
         shard_grads_[static_cast<std::size_t>(at + i)] += grads_[seg.offset + i];
       at += seg.count;
     }
-    for (const Bucket& b : buckets_) std::fill(grads_ + b.lo, grads_ + b.hi, 0.0f);
+    for (const Bucket& b : buckets_)
+      if (zero_ == 3)
+        release_memory(grads_ + b.lo, b.hi - b.lo, 0.0f);  // zeros, and the pages back to the system
+      else
+        std::fill(grads_ + b.lo, grads_ + b.hi, 0.0f);
   }
   reduce_now_ = false;  // until the next begin_backward: a backward in between reduces nothing
 }
 
 void GradReducer::gather_params(float* params) {
-  if (zero_ == 0 || group_.size() == 1) return;
+  if (zero_ == 0 || zero_ == 3 || group_.size() == 1) return;
   std::vector<comm::Work> works;
   works.reserve(buckets_.size());
   for (const Bucket& b : buckets_)

@@ -1,17 +1,21 @@
 // GradReducer on in-process jobs of 1 to 4 ranks (comm/inproc.hpp):
 //  - with a real model's backward driving it (grads-final watermarks, progress hooks),
-//    every option (overlap, progress thread, ZeRO 1 and 2, micro-batches, every all-reduce
+//    every option (overlap, progress thread, ZeRO 1, 2 and 3, micro-batches, every all-reduce
 //    algorithm, bf16) gives each element of the gradient, on exactly one owner, the serial
 //    model's gradient over the whole batch; a failure names the tensor;
 //  - buckets start only above the watermark and in order, and no earlier: what the model
 //    writes below it after the call still counts;
 //  - no-sync micro-batches only accumulate; ZeRO's shards cover the buffer once and
 //    gather_params hands every rank every owner's block;
+//  - ZeRO-3: the ParamGatherer holds a unit's parameters exactly between its Begin and End
+//    events (freed ranges read NaN or zero, never the values), prefetches the next unit,
+//    keeps the units after the forward when told, and a shared range until its last user;
 //  - the progress thread completes the buckets alone, also after an idle gap longer than
 //    the timeout (issue 22 item 4: its clock restarts when it is handed work).
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,9 +63,17 @@ TEST_P(GradReducerModel, OwnedGradientsEqualTheSerialRunByName) {
   comm::inproc::run(c.ranks, [&](const Communicator& world) {
     testing_support::single_blas_thread();
     const int r = world.rank(), p = world.size();
-    model::Gpt gpt(spec, {.batch = micro, .pad_to = c.options.zero > 0 ? p : 1});
+    const bool zero3 = c.options.zero == 3 && p > 1;
+    model::Gpt gpt(spec, {.batch = micro, .pad_to = c.options.zero > 0 ? p : 1, .pad_units = zero3});
     gpt.set_loss_weight(1.0 / static_cast<double>(global * spec.seq));
-    GradReducer reducer(world, gpt.params().size(), c.options);
+    GradReducer reducer(world, gpt.params().size(), c.options, gpt.unit_ranges());
+    // ZeRO-3: the parameters sharded like the gradients, gathered around each unit's use.
+    std::unique_ptr<ParamGatherer> gatherer;
+    if (zero3) {
+      gatherer = std::make_unique<ParamGatherer>(world, gpt.params().params().data(), gpt.unit_ranges(), gpt.units(),
+                                                 gpt.backward_units(), c.options.zero3);
+      gpt.set_unit_hook([&](model::UnitEvent e, int unit) { gatherer->on_unit(e, unit); });
+    }
     gpt.set_grads_final_hook([&](std::int64_t from) { reducer.grads_final(from); });
     gpt.set_progress_hook([&] { reducer.progress(); });
     // bf16: the bound on a sum of p bf16-rounded terms needs the magnitudes of the terms
@@ -69,14 +81,14 @@ TEST_P(GradReducerModel, OwnedGradientsEqualTheSerialRunByName) {
     // micro-batch), summed over ranks and micro-batches.
     std::vector<float> abs_sum(static_cast<std::size_t>(gpt.params().size()), 0.0f);
     if (c.options.bf16) {
-      model::Gpt plain(spec, {.batch = micro, .pad_to = c.options.zero > 0 ? p : 1});
+      model::Gpt plain(spec, {.batch = micro, .pad_to = c.options.zero > 0 ? p : 1, .pad_units = zero3});
       plain.set_loss_weight(1.0 / static_cast<double>(global * spec.seq));
       plain.params().zero_grad();
       for (int m = 0; m < c.micro; ++m) {
         const Batch b = batch.slice(r * local + m * micro, micro);
         plain.forward(b.tokens.data(), b.targets.data());
         plain.backward();
-        if (c.options.zero == 2 || m + 1 == c.micro) {
+        if (c.options.zero >= 2 || m + 1 == c.micro) {
           for (std::size_t i = 0; i < abs_sum.size(); ++i) abs_sum[i] += std::abs(plain.params().grads()[i]);
           plain.params().zero_grad();
         }
@@ -117,17 +129,19 @@ TEST_P(GradReducerModel, OwnedGradientsEqualTheSerialRunByName) {
     const auto& want = ref.model().params().grads();
     std::int64_t bad = 0;
     for (const ParamView& v : gpt.params().views()) {
+      // The serial model's offset of the same parameter (ZeRO-3 pads the units).
+      const std::int64_t shift = ref.model().params().view(ref.model().params().find(v.name)).offset - v.offset;
       double max_want = 0;
       for (std::int64_t i = v.offset; i < v.offset + v.numel; ++i)
-        max_want = std::max(max_want, std::abs(static_cast<double>(want[i])));
+        max_want = std::max(max_want, std::abs(static_cast<double>(want[i + shift])));
       for (std::int64_t i = v.offset; i < v.offset + v.numel; ++i) {
         const double bound = (p + 1) * u * abs_sum[static_cast<std::size_t>(i)] +
-                             fp32.rel * std::abs(want[i]) + fp32.scale * max_want;
-        if (std::abs(owned[static_cast<std::size_t>(i)] - want[i]) > bound && bad++ == 0)
+                             fp32.rel * std::abs(want[i + shift]) + fp32.scale * max_want;
+        if (std::abs(owned[static_cast<std::size_t>(i)] - want[i + shift]) > bound && bad++ == 0)
           ADD_FAILURE() << fmt::format(
               "{}, rank {}: first differing tensor {} element {}: {:.6g} vs serial {:.6g}, "
               "bound {:.3g}",
-              c.name, r, v.name, i - v.offset, owned[static_cast<std::size_t>(i)], want[i], bound);
+              c.name, r, v.name, i - v.offset, owned[static_cast<std::size_t>(i)], want[i + shift], bound);
       }
     }
     EXPECT_EQ(bad, 0) << c.name << ", rank " << r;
@@ -162,7 +176,15 @@ INSTANTIATE_TEST_SUITE_P(
              {.bucket_mb = kSmall, .algorithm = AllReduceAlgorithm::kHierarchical, .ranks_per_node = 2}},
         Case{"bf16", 3, 1, {.bucket_mb = kSmall, .bf16 = true}},
         Case{"bf16 ZeRO 1", 2, 2, {.bucket_mb = kSmall, .zero = 1, .bf16 = true}},
-        Case{"bf16 ZeRO 2", 4, 3, {.bucket_mb = kSmall, .zero = 2, .bf16 = true}}),
+        Case{"bf16 ZeRO 2", 4, 3, {.bucket_mb = kSmall, .zero = 2, .bf16 = true}},
+        Case{"ZeRO 3", 2, 1, {.zero = 3}},
+        Case{"ZeRO 3, dp 3, micro-batches", 3, 2, {.zero = 3}},
+        Case{"ZeRO 3, dp 4, no prefetch", 4, 3, {.zero = 3, .zero3 = {.prefetch = false}}},
+        Case{"ZeRO 3, keep after forward",
+             2,
+             2,
+             {.overlap = false, .zero = 3, .zero3 = {.reshard_after_forward = false}}},
+        Case{"bf16 ZeRO 3", 3, 2, {.zero = 3, .bf16 = true}}),
     [](const ::testing::TestParamInfo<Case>& param_info) {
       std::string s;
       for (char ch : param_info.param.name) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
@@ -265,6 +287,69 @@ TEST(GradReducer, ZeroShardsCoverTheBufferOnceAndGatherParams) {
       for (std::int64_t i = 0; i < n; ++i)
         ASSERT_EQ(params[static_cast<std::size_t>(i)], static_cast<float>(i));
     });
+}
+
+TEST(ParamGatherer, HoldsAUnitExactlyBetweenItsEventsAndPrefetchesTheNext) {
+  using model::UnitEvent;
+  for (int p : {2, 3})
+    for (bool keep : {false, true})
+      comm::inproc::run(p, [&](const Communicator& world) {
+        const int r = world.rank();
+        // Three ranges of 3 pages each (whole pages freed, NaN on the shared ones); unit 2
+        // also reads range 0 (a tied head).
+        const std::int64_t len = 3 * 1024 * p;
+        const std::vector<nn::Segment> ranges = {{0, len}, {len, len}, {2 * len, len}};
+        const std::vector<model::ParamUnit> units = {{"embed", {0}}, {"block.0", {1}}, {"head", {2, 0}}};
+        const auto value = [](std::int64_t i) { return static_cast<float>(i % 1000) + 1.0f; };
+        std::vector<float> params(static_cast<std::size_t>(3 * len));
+        for (std::int64_t i = 0; i < 3 * len; ++i) params[static_cast<std::size_t>(i)] = value(i);
+        ParamGatherer g(world, params.data(), ranges, units, {2, 1}, {.reshard_after_forward = !keep});
+        // state[k]: 1 range k reads its values everywhere; 0 only on the own block (freed);
+        // -1 a gather in flight (not looked at).
+        auto check = [&](std::vector<int> state, const char* when) {
+          for (std::size_t k = 0; k < 3; ++k) {
+            const nn::Segment own = g.shard()[k];
+            ASSERT_EQ(own.count, len / p);
+            ASSERT_EQ(own.offset, ranges[k].offset + r * len / p);
+            if (state[k] < 0) continue;
+            for (std::int64_t i = ranges[k].offset; i < ranges[k].offset + len; ++i) {
+              const bool mine = i >= own.offset && i < own.offset + own.count;
+              const float x = params[static_cast<std::size_t>(i)];
+              if (state[k] == 1 || mine)
+                ASSERT_EQ(x, value(i)) << when << ": range " << k << " element " << i;
+              else
+                ASSERT_TRUE(std::isnan(x) || x == 0.0f) << when << ": range " << k << " element " << i << " = " << x;
+            }
+          }
+        };
+        const int kept = keep ? 1 : 0, kept_or_flight = keep ? 1 : -1;
+        check({0, 0, 0}, "after construction");
+        g.on_unit(UnitEvent::kForwardBegin, 0);  // gathers 0, prefetches 1
+        EXPECT_EQ(g.gathers(), 2);
+        check({1, -1, 0}, "embed forward");
+        g.on_unit(UnitEvent::kForwardEnd, 0);
+        g.on_unit(UnitEvent::kForwardBegin, 1);  // prefetched; prefetches the head's 2 (and 0 unless kept)
+        check({kept_or_flight, 1, -1}, "block forward");
+        g.on_unit(UnitEvent::kForwardEnd, 1);
+        g.on_unit(UnitEvent::kForwardBegin, 2);
+        check({1, kept, 1}, "head forward");
+        g.on_unit(UnitEvent::kForwardEnd, 2);
+        EXPECT_EQ(g.gathers(), keep ? 3 : 4);
+        check({kept, kept, kept}, "after the forward");
+        g.on_unit(UnitEvent::kBackwardBegin, 2);  // prefetches block 0 (unless kept)
+        check({1, kept_or_flight, 1}, "head backward");
+        g.on_unit(UnitEvent::kBackwardEnd, 2);
+        g.on_unit(UnitEvent::kBackwardBegin, 1);
+        check({0, 1, 0}, "block backward");
+        g.on_unit(UnitEvent::kBackwardEnd, 1);
+        check({0, 0, 0}, "after the backward");
+        EXPECT_EQ(g.gathers(), keep ? 3 : 7);
+        // The most elements of other ranks' blocks resident at once: all three ranges (the
+        // block's forward prefetches the head's two).
+        EXPECT_EQ(g.peak_gathered_elements(), 3 * len / p * (p - 1));
+        g.free_all();
+        check({0, 0, 0}, "free_all");
+      });
 }
 
 // Waits up to `limit` for the progress thread to have seen `want` completions, without

@@ -5,7 +5,8 @@
 // against the serial model: tensor-parallel slices against the slice of the full tensor,
 // pipeline chunks against their blocks, a tied head's copy of the token table against the
 // table's whole gradient (the embedding-group sum). A failure names the rank, the chunk and
-// the first differing tensor. The batch slicing here is written independently of the
+// the first differing tensor. Under ZeRO-3 the parameters are sharded too: each unit is
+// gathered by the chunk's ParamGatherer around its use. The batch slicing here is written independently of the
 // BatchSource (dp slice, micro-batches, cp positions), so the test checks the components
 // that do it, not a copy of them.
 #include <cmath>
@@ -116,7 +117,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"dp 2 ZeRO 1 tp 2 sp", "dp=2,tp=2", 1, 1, true},
                       Case{"dp 2 ZeRO 2 pp 2 tied", "dp=2,pp=2", 1, 2},
                       Case{"dp 2 cp 2 ZeRO 1", "dp=2,cp=2", 0, 1},
-                      Case{"pp 2 tp 2 sp tied", "pp=2,tp=2", 1, 0, true}),
+                      Case{"pp 2 tp 2 sp tied", "pp=2,tp=2", 1, 0, true},
+                      Case{"dp 2 ZeRO 3 micro-batches", "dp=2", 1, 3},
+                      Case{"dp 2 ZeRO 3 tp 2 sp", "dp=2,tp=2", 1, 3, true},
+                      Case{"dp 2 ZeRO 3 pp 2 tied", "dp=2,pp=2", 1, 3},
+                      Case{"dp 2 ZeRO 3 pp 2 untied zb-h1", "dp=2,pp=2", 1, 3, false, Schedule::kZbH1, false},
+                      Case{"dp 2 cp 2 ZeRO 3", "dp=2,cp=2", 0, 3}),
     [](const ::testing::TestParamInfo<Case>& param_info) {
       std::string s;
       for (char ch : param_info.param.name) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';

@@ -18,6 +18,11 @@
 // backward reduce-scatters its buckets and adds this rank's blocks to a shard
 // accumulator, and the bucket's full-size gradients are zeroed for the next micro-batch
 // (the layers still write into the model's full-size flat buffer as their work space).
+// Stage 3 reduces like stage 2, with one bucket per unit of the model (model::ParamUnit:
+// the embedding, each block, the head), so that each unit's gradients are reduce-scattered
+// as soon as the backward has produced them; the parameters are sharded on the same blocks
+// (ParamGatherer), so gather_params() has nothing to do, and the full-size gradient work
+// space is handed back to the system after each reduction (release_memory).
 //
 // Progress: Open MPI moves the data of a nonblocking operation only inside MPI calls. With
 // `progress_thread` (the default with overlap) a helper thread polls the started buckets
@@ -50,6 +55,7 @@
 #include "ndmesh/comm/allreduce.hpp"
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/nn/adamw.hpp"
+#include "ndmesh/parallel/dp/param_gatherer.hpp"
 
 namespace ndmesh::parallel {
 
@@ -57,7 +63,7 @@ namespace ndmesh::parallel {
 struct DataParallelOptions {
   double bucket_mb = 25;  ///< bucket size in MiB
   bool overlap = true;    ///< start buckets during the backward
-  int zero = 0;           ///< 0: all-reduce; 1: shard optimizer state; 2: also gradients
+  int zero = 0;           ///< 0: all-reduce; 1: shard optimizer state; 2: also gradients; 3: also parameters
   comm::AllReduceAlgorithm algorithm = comm::AllReduceAlgorithm::kMpi;
   std::int64_t ranks_per_node = 0;  ///< hierarchical: simulated ranks per node (0: real nodes)
   bool progress_thread = true;      ///< with overlap: a thread polls the buckets in flight
@@ -65,6 +71,7 @@ struct DataParallelOptions {
   /// reduced in bf16 (sums in fp32, rounded per step) and widened back into the fp32
   /// buffer; the master weights and AdamW state stay fp32.
   bool bf16 = false;
+  GatherOptions zero3;  ///< ZeRO-3: how the parameters are gathered (ParamGatherer)
 };
 
 /// Every problem with `options`, one line each naming the flag, the value and the fix.
@@ -75,8 +82,10 @@ class GradReducer {
  public:
   /// `flat_size` must be a multiple of the group size when zero > 0. ConfigError listing
   /// data_parallel_option_problems(options). Collective over `group` (the hierarchical
-  /// algorithm builds node sub-groups).
-  GradReducer(comm::Communicator group, std::int64_t flat_size, DataParallelOptions options);
+  /// algorithm builds node sub-groups). Under ZeRO-3 `units` are the buckets (ascending,
+  /// covering the buffer, each a multiple of the group size; model::GptT::unit_ranges()).
+  GradReducer(comm::Communicator group, std::int64_t flat_size, DataParallelOptions options,
+              const std::vector<nn::Segment>& units = {});
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -95,8 +104,8 @@ class GradReducer {
   const std::vector<nn::Segment>& shard() const { return shard_; }
   /// ZeRO-2: the reduced gradients of the shard, one segment after another; nullptr
   /// otherwise (the reduced gradients are in the flat buffer).
-  const float* shard_grads() const { return zero_ == 2 ? shard_grads_.data() : nullptr; }
-  float* shard_grads() { return zero_ == 2 ? shard_grads_.data() : nullptr; }
+  const float* shard_grads() const { return zero_ >= 2 ? shard_grads_.data() : nullptr; }
+  float* shard_grads() { return zero_ >= 2 ? shard_grads_.data() : nullptr; }
   /// Calls f(gradients, n, at) for each run of the flat range [offset, offset + count)
   /// whose reduced gradients this rank updates (all of it without ZeRO, its shard's part
   /// with ZeRO): `at` is the run's distance from `offset`; the gradients are in `grads`
@@ -116,7 +125,8 @@ class GradReducer {
   bool progress_thread() const { return options_.overlap && options_.progress_thread; }
   /// Buckets whose completion the progress thread saw, since construction.
   std::int64_t thread_completions() const { return thread_completions_.load(); }
-  /// ZeRO: all-gathers the updated parameters bucket by bucket (collective).
+  /// ZeRO 1/2: all-gathers the updated parameters bucket by bucket (collective); nothing
+  /// under ZeRO-3 (the parameters stay sharded).
   void gather_params(float* params);
   /// Sets the ZeRO-2 shard accumulator to zero (start of a step).
   void zero_shard_grads();

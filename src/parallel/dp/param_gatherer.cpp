@@ -1,0 +1,126 @@
+#include "ndmesh/parallel/dp/param_gatherer.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::parallel {
+
+void release_memory(float* data, std::int64_t count, float fill) {
+  if (count <= 0) return;
+  static const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(data);
+  const auto end = reinterpret_cast<std::uintptr_t>(data + count);
+  const std::uintptr_t lo = (begin + page - 1) / page * page, hi = end / page * page;
+  if (lo >= hi) {
+    std::fill(data, data + count, fill);
+    return;
+  }
+  float* inner_lo = reinterpret_cast<float*>(lo);
+  float* inner_hi = reinterpret_cast<float*>(hi);
+  std::fill(data, inner_lo, fill);
+  std::fill(inner_hi, data + count, fill);
+  // Private anonymous memory (the heap and malloc's mappings) reads as zeros after this.
+  if (madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) != 0) std::fill(inner_lo, inner_hi, fill);
+}
+
+ParamGatherer::ParamGatherer(comm::Communicator group, float* params, std::vector<nn::Segment> ranges,
+                             std::vector<model::ParamUnit> units, std::vector<int> backward_order,
+                             GatherOptions options)
+    : group_(std::move(group)),
+      params_(params),
+      options_(options),
+      units_(std::move(units)),
+      backward_order_(std::move(backward_order)) {
+  const std::int64_t p = group_.size(), r = group_.rank();
+  for (const nn::Segment& s : ranges) {
+    NDMESH_CHECK(s.count % p == 0, "dp", "ZeRO-3 unit range [{}, {}) is not a multiple of the group size {}",
+                 s.offset, s.offset + s.count, p);
+    ranges_.push_back({.lo = s.offset, .hi = s.offset + s.count});
+    const std::int64_t block = s.count / p;
+    shard_.push_back({s.offset + r * block, block});
+  }
+  forward_order_.resize(units_.size());
+  std::iota(forward_order_.begin(), forward_order_.end(), 0);
+  for (Range& range : ranges_) release(range);
+  gathered_ = 0;
+}
+
+void ParamGatherer::start(Range& r) {
+  r.work = group_.all_gather_in_place_async(
+      std::span<float>(params_ + r.lo, static_cast<std::size_t>(r.hi - r.lo)));
+  r.state = State::kInFlight;
+  ++gathers_;
+  const std::int64_t p = group_.size();
+  gathered_ += (r.hi - r.lo) / p * (p - 1);
+  peak_gathered_ = std::max(peak_gathered_, gathered_);
+}
+
+void ParamGatherer::release(Range& r) {
+  const std::int64_t block = (r.hi - r.lo) / group_.size();
+  const std::int64_t own = r.lo + group_.rank() * block;
+  // Every element but the own block; NaN where a page is shared with it.
+  release_memory(params_ + r.lo, own - r.lo, std::numeric_limits<float>::quiet_NaN());
+  release_memory(params_ + own + block, r.hi - own - block, std::numeric_limits<float>::quiet_NaN());
+  if (r.state != State::kFree) gathered_ -= block * (group_.size() - 1);
+  r.state = State::kFree;
+}
+
+void ParamGatherer::acquire(int unit) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int id : units_.at(static_cast<std::size_t>(unit)).ranges) {
+    Range& r = ranges_[static_cast<std::size_t>(id)];
+    if (r.state == State::kFree) start(r);
+    if (r.state == State::kInFlight) {
+      r.work.wait();
+      r.state = State::kGathered;
+    }
+    ++r.users;
+  }
+  exposed_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void ParamGatherer::prefetch_after(const std::vector<int>& order, int unit) {
+  auto it = std::find(order.begin(), order.end(), unit);
+  if (it == order.end() || ++it == order.end()) return;
+  for (int id : units_[static_cast<std::size_t>(*it)].ranges)
+    if (Range& r = ranges_[static_cast<std::size_t>(id)]; r.state == State::kFree) start(r);
+}
+
+void ParamGatherer::on_unit(model::UnitEvent event, int unit) {
+  using model::UnitEvent;
+  const bool forward = event == UnitEvent::kForwardBegin || event == UnitEvent::kForwardEnd;
+  if (event == UnitEvent::kForwardBegin || event == UnitEvent::kBackwardBegin) {
+    acquire(unit);
+    if (options_.prefetch) prefetch_after(forward ? forward_order_ : backward_order_, unit);
+    return;
+  }
+  for (int id : units_.at(static_cast<std::size_t>(unit)).ranges) {
+    Range& r = ranges_[static_cast<std::size_t>(id)];
+    NDMESH_CHECK(r.users > 0, "dp", "ZeRO-3 unit {} ended without beginning",
+                 units_[static_cast<std::size_t>(unit)].name);
+    if (--r.users == 0 && (!forward || options_.reshard_after_forward)) release(r);
+  }
+}
+
+void ParamGatherer::poll() {
+  for (Range& r : ranges_)
+    if (r.state == State::kInFlight && r.work.test()) r.state = State::kGathered;
+}
+
+void ParamGatherer::free_all() {
+  for (Range& r : ranges_) {
+    NDMESH_CHECK(r.users == 0, "dp", "ZeRO-3 range [{}, {}) freed while a unit uses it", r.lo, r.hi);
+    if (r.state == State::kInFlight) r.work.wait();
+    if (r.state != State::kFree) release(r);
+  }
+}
+
+}  // namespace ndmesh::parallel
