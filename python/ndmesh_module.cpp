@@ -517,7 +517,7 @@ void bind(py::module_& m) {
       "make_schedule()/simulate()/svg_timeline() generate, time and draw pipeline schedules.\n"
       "Errors: ConfigError (ValueError), IoError (OSError), Error (RuntimeError), with the\n"
       "same one-line messages as the ndmesh command.";
-  m.attr("__version__") = "0.1.0";
+  m.attr("__version__") = NDMESH_VERSION;
   register_exceptions(m);
 
   py::class_<Mesh>(
@@ -787,6 +787,10 @@ void bind(py::module_& m) {
       },
       "Names of the hardware presets.");
 
+  m.def(
+      "_gpus_per_node", [](const py::object& hardware) { return to_hardware(hardware).gpus_per_node; },
+      "hardware"_a, "GPUs per node of a hardware preset name or dict (for ndmesh.plan's torchrun command).");
+
   py::class_<pp::PipelineSchedule>(m, "PipelineSchedule",
                                    "The actions of every pipeline stage for one step (make_schedule()).")
       .def_property_readonly("kind",
@@ -868,4 +872,4 @@ void bind(py::module_& m) {
 }  // namespace
 }  // namespace ndmesh::python
 
-PYBIND11_MODULE(ndmesh, m) { ndmesh::python::bind(m); }
+PYBIND11_MODULE(_ndmesh, m) { ndmesh::python::bind(m); }
