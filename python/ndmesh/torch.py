@@ -172,9 +172,9 @@ def check(mesh: Mesh, groups: Optional[Dict[str, Any]] = None, kinds: Kinds = No
     Returns what `ndmesh check --json` reports: {"ok": True, "groups_verified": number of
     groups, "kinds": [{"kind", "groups", "size"}, ...]}.
 
-    >>> mesh = ndmesh.Mesh(dp=1, tp=1)
+    >>> mesh = ndmesh.Mesh(dp=1, tp=1)  # dims dp, pp, cp, tp: one group each
     >>> ndmesh.torch.check(mesh)["groups_verified"]
-    2
+    4
     """
     dist = _initialized(mesh)
     import torch
