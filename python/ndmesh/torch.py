@@ -21,12 +21,9 @@ The examples below run on a one-rank Gloo job:
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Union
+from typing import Any, Dict, Iterable, List, Optional, Union
 
 from . import ConfigError, Error, Mesh, _error
-
-if TYPE_CHECKING:  # torch is optional: only the type checker imports it here
-    from torch.distributed import ProcessGroup
 
 __all__ = ["check", "device_mesh", "device_mesh_unavailable", "process_groups"]
 
@@ -83,7 +80,7 @@ def _kind_names(mesh: Mesh, kinds: Kinds) -> List[str]:
 
 def process_groups(
     mesh: Mesh, kinds: Kinds = None, *, backend: Optional[str] = None, timeout: Any = None
-) -> Dict[str, "ProcessGroup"]:
+) -> Dict[str, Any]:
     """This rank's torch.distributed ProcessGroup of each kind of group, created in one pass.
 
     kinds: 'tp,dp-cp', ['tp', 'dp-cp'] or [['dp', 'cp']] (a kind joins dims: the ranks that
