@@ -18,11 +18,18 @@ endif
 # build skips with a warning when they are absent. libgloo-dev is the Gloo backend (launches
 # without mpirun); python3-torch (PyTorch 1.13, 77 MB to download, about 1.5 min to install
 # here) serves a real c10d TCPStore in the agent-store tests (tests/store), which skip
-# without it.
+# without it, and runs the PyTorch interop's tests (ndmesh.torch, under torchrun).
+#
+# The Python package's build backend, scikit-build-core, is not packaged by Debian 12: deps
+# downloads it (and mypy, for the type stubs' test) from PyPI into the wheelhouse WHEELHOUSE,
+# once; `pip install --no-index --find-links $(WHEELHOUSE) .` then builds offline, and so
+# does the test (tests/python/pip_install.sh, skipped when the wheelhouse is empty).
+WHEELHOUSE ?= .wheels
+PY_WHEELS := scikit-build-core mypy
 DEB_PACKAGES := build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev \
   libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libfmt-dev \
   librsvg2-bin jq zlib1g-dev pybind11-dev python3-dev python3-pytest clang libclang-rt-dev \
-  libgloo-dev python3-torch
+  libgloo-dev python3-torch python3-venv python3-pip
 
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
@@ -36,6 +43,10 @@ deps:
 	  echo "installing missing Debian packages:" $$missing; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
+	@ls $(WHEELHOUSE)/scikit_build_core-*.whl $(WHEELHOUSE)/mypy-*.whl >/dev/null 2>&1 || \
+	  { echo "downloading into $(WHEELHOUSE) from PyPI:" $(PY_WHEELS); \
+	    /usr/bin/python3 -m pip download -q --disable-pip-version-check --dest $(WHEELHOUSE) $(PY_WHEELS) || \
+	    echo "warning: PyPI unreachable; the pip install test will be skipped"; }
 
 $(BUILD_DIR)/Makefile:
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)

@@ -6,7 +6,7 @@
 #                                           find_dependency() for MPI, fmt, tomlplusplus,
 #                                           BLAS, ZLIB, Threads (and Gloo when built with it)
 #   P/lib/pkgconfig/ndmesh.pc               pkg-config --cflags --libs ndmesh
-#   P/lib/python3/dist-packages/ndmesh*.so  the Python module (when built)
+#   P/lib/python3/dist-packages/ndmesh/     the Python package (when built)
 include(CMakePackageConfigHelpers)
 
 get_property(NDMESH_INSTALL_LAYERS GLOBAL PROPERTY NDMESH_LAYERS)

@@ -20,13 +20,13 @@
 #include <pybind11/stl.h>
 
 #include "ndmesh/config/config.hpp"
+#include "ndmesh/config/partition.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/mesh/mesh.hpp"
 #include "ndmesh/parallel/pp/check.hpp"
 #include "ndmesh/parallel/pp/render.hpp"
 #include "ndmesh/parallel/pp/schedule.hpp"
 #include "ndmesh/parallel/pp/simulate.hpp"
-#include "ndmesh/config/partition.hpp"
 #include "ndmesh/plan/report.hpp"
 #include "ndmesh/plan/search.hpp"
 
@@ -426,7 +426,8 @@ plan::Hardware to_hardware(const py::object& hardware) {
         fail<ConfigError>(
             "plan",
             "hardware key '{}' is unknown; use preset, gpu_memory_gib, reserved_gib, peak_tflops, "
-            "efficiency, intra_node_gbps, inter_node_gbps, gpus_per_node, memory_gbps, intra_node_latency_us, "
+            "efficiency, intra_node_gbps, inter_node_gbps, gpus_per_node, memory_gbps, "
+            "intra_node_latency_us, "
             "inter_node_latency_us, gemm_overhead_us",
             key);
     }
@@ -517,7 +518,7 @@ void bind(py::module_& m) {
       "make_schedule()/simulate()/svg_timeline() generate, time and draw pipeline schedules.\n"
       "Errors: ConfigError (ValueError), IoError (OSError), Error (RuntimeError), with the\n"
       "same one-line messages as the ndmesh command.";
-  m.attr("__version__") = "0.1.0";
+  m.attr("__version__") = NDMESH_VERSION;
   register_exceptions(m);
 
   py::class_<Mesh>(
@@ -529,7 +530,9 @@ void bind(py::module_& m) {
       "Mesh('pipe=2,tensor=2,data=4')              any names, outer to inner\n"
       "Mesh([('pipe', 2), ('data', 4)])            the same as pairs (or a dict)\n"
       "Mesh(tp=8, dp=-1, world=64)                 one size inferred from the world\n\n"
-      "Bad layouts raise ConfigError with the message `ndmesh mesh` prints.")
+      "Bad layouts raise ConfigError with the message `ndmesh mesh` prints.\n\n>>> ndmesh.Mesh(tp=2, pp=2, "
+      "dp=2)\nndmesh.Mesh('dp=2,pp=2,cp=1,tp=2')\n>>> ndmesh.Mesh('pipe=2,data=4').names\n['pipe', "
+      "'data']\n>>> ndmesh.Mesh(tp=8, dp=-1, world=64).dims\n[('dp', 8), ('pp', 1), ('cp', 1), ('tp', 8)]")
       .def(py::init([](const py::object& spec, const py::kwargs& kwargs) { return make_mesh(spec, kwargs); }),
            "spec"_a = py::none())
       .def_static(
@@ -544,7 +547,9 @@ void bind(py::module_& m) {
           },
           "path"_a,
           "The mesh of a TOML config file's [parallel] section, validated with its [model] and [training] "
-          "sections (as `ndmesh mesh --config`). IoError when unreadable, ConfigError when invalid.")
+          "sections (as `ndmesh mesh --config`). IoError when unreadable, ConfigError when invalid.\n\n>>> "
+          "ndmesh.Mesh.from_config('missing.toml')\nTraceback (most recent call last):\n    "
+          "...\nndmesh.ConfigError: [config] config file 'missing.toml' does not exist; check the path")
       .def_property_readonly("world_size", &Mesh::world_size, "Number of ranks.")
       .def_property_readonly("ndims", &Mesh::ndims, "Number of dims.")
       .def_property_readonly(
@@ -574,11 +579,15 @@ void bind(py::module_& m) {
                       [](const std::string& text) { return Mesh::parse(text); }))
       .def(
           "size_of", [](const Mesh& self, const std::string& name) { return self.size_of(name); }, "name"_a,
-          "Size of the named dim; 1 when the mesh has no such dim.")
+          "Size of the named dim; 1 when the mesh has no such dim.\n\n>>> ndmesh.Mesh(tp=2, "
+          "dp=2).size_of('tp'), ndmesh.Mesh('a=2').size_of('tp')\n(2, 1)")
       .def(
           "index", [](const Mesh& self, const std::string& name) { return self.index(name); }, "name"_a,
-          "Index of the named dim (0 = outermost); ConfigError when absent.")
-      .def("coords", &coords_dict, "rank"_a, "{dim name: coordinate} of a rank.")
+          "Index of the named dim (0 = outermost); ConfigError when absent.\n\n>>> ndmesh.Mesh(tp=2, "
+          "dp=2).index('tp')\n3")
+      .def("coords", &coords_dict, "rank"_a,
+           "{dim name: coordinate} of a rank.\n\n>>> ndmesh.Mesh(dp=2, tp=2).coords(3)\n{'dp': 1, 'pp': 0, "
+           "'cp': 0, 'tp': 1}")
       .def(
           "rank",
           [](const Mesh& self, const py::object& coords) {
@@ -597,7 +606,9 @@ void bind(py::module_& m) {
             return self.rank(c);
           },
           "coords"_a,
-          "The rank at coordinates given as {name: coord} (missing dims are 0) or a list outer to inner.")
+          "The rank at coordinates given as {name: coord} (missing dims are 0) or a list outer to "
+          "inner.\n\n>>> m = ndmesh.Mesh(dp=2, tp=2)\n>>> m.rank({'dp': 1, 'tp': 1}), m.rank([1, 0, 0, "
+          "0])\n(3, 2)")
       .def(
           "group",
           [](const Mesh& self, std::int64_t rank, const py::object& dims) {
@@ -606,7 +617,8 @@ void bind(py::module_& m) {
           },
           "rank"_a, "dims"_a,
           "Members of the group of `dims` ('dp-cp', 'dp,cp' or ['dp', 'cp']) that holds `rank`, row-major "
-          "over those dims in mesh order.")
+          "over those dims in mesh order.\n\n>>> ndmesh.Mesh(dp=2, cp=2, tp=2).group(5, 'dp-cp')\n[1, 3, 5, "
+          "7]")
       .def(
           "groups",
           [](const Mesh& self, const py::object& dims) {
@@ -616,40 +628,52 @@ void bind(py::module_& m) {
             return out;
           },
           "dims"_a,
-          "Every group of `dims`, in color order: what torch.distributed.new_group needs, one list each.")
+          "Every group of `dims`, in color order: what torch.distributed.new_group needs, one list "
+          "each.\n\n>>> ndmesh.Mesh(dp=2, tp=2).groups('dp')\n[[0, 2], [1, 3]]")
       .def(
           "group_size",
           [](const Mesh& self, const py::object& dims) { return self.group_size(to_dims(self, dims)); },
-          "dims"_a, "Size of every group of `dims`.")
+          "dims"_a,
+          "Size of every group of `dims`.\n\n>>> ndmesh.Mesh(dp=2, cp=2, tp=2).group_size('dp-cp')\n4")
       .def(
           "num_groups",
           [](const Mesh& self, const py::object& dims) { return self.num_groups(to_dims(self, dims)); },
-          "dims"_a, "How many groups `dims` splits the world into.")
+          "dims"_a,
+          "How many groups `dims` splits the world into.\n\n>>> ndmesh.Mesh(dp=2, cp=2, "
+          "tp=2).num_groups('tp')\n4")
       .def(
           "color",
           [](const Mesh& self, std::int64_t rank, const py::object& dims) {
             self.coords(rank);
             return self.color(rank, to_dims(self, dims));
           },
-          "rank"_a, "dims"_a, "Index of the group of `dims` holding `rank` (the split color).")
+          "rank"_a, "dims"_a,
+          "Index of the group of `dims` holding `rank` (the split color).\n\n>>> ndmesh.Mesh(dp=2, "
+          "tp=2).color(3, 'dp')\n1")
       .def(
           "key",
           [](const Mesh& self, std::int64_t rank, const py::object& dims) {
             self.coords(rank);
             return self.key(rank, to_dims(self, dims));
           },
-          "rank"_a, "dims"_a, "Index of `rank` inside its group of `dims` (the split key).")
+          "rank"_a, "dims"_a,
+          "Index of `rank` inside its group of `dims` (the split key).\n\n>>> ndmesh.Mesh(dp=2, tp=2).key(3, "
+          "'dp')\n1")
       .def(
           "group_label",
           [](const Mesh& self, std::int64_t rank, const py::object& dims) {
             self.coords(rank);
             return self.group_label(rank, to_dims(self, dims));
           },
-          "rank"_a, "dims"_a, "A readable id of the group, e.g. 'dp_group_tp1_pp0'.")
+          "rank"_a, "dims"_a,
+          "A readable id of the group, e.g. 'dp_group_tp1_pp0'.\n\n>>> ndmesh.Mesh(dp=2, "
+          "tp=2).group_label(3, 'dp')\n'dp_group_pp0_cp0_tp1'")
       .def(
           "key_name",
           [](const Mesh& self, const py::object& dims) { return self.key_name(to_dims(self, dims)); },
-          "dims"_a, "The dims joined by '-' in mesh order: the name of the group kind ('dp-cp').")
+          "dims"_a,
+          "The dims joined by '-' in mesh order: the name of the group kind ('dp-cp').\n\n>>> "
+          "ndmesh.Mesh(dp=2, cp=2).key_name('cp,dp')\n'dp-cp'")
       .def(
           "neighbour",
           [](const Mesh& self, std::int64_t rank, const py::object& dim, std::int64_t offset,
@@ -660,14 +684,17 @@ void bind(py::module_& m) {
           "rank"_a, "dim"_a, "offset"_a = 1, "edge"_a = "ring",
           "The rank `offset` steps along `dim` (name or index); edge='ring' wraps, edge='line' gives None "
           "past "
-          "the ends (pipeline stages).")
+          "the ends (pipeline stages).\n\n>>> m = ndmesh.Mesh(pp=4)\n>>> m.neighbour(3, 'pp'), "
+          "m.neighbour(3, 'pp', edge='line')\n(0, None)")
       .def(
           "first",
           [](const Mesh& self, std::int64_t rank, const py::object& dim) {
             self.coords(rank);
             return self.first(rank, to_dim(self, dim));
           },
-          "rank"_a, "dim"_a, "The rank with coordinate 0 along `dim`, the other coordinates as `rank`'s.")
+          "rank"_a, "dim"_a,
+          "The rank with coordinate 0 along `dim`, the other coordinates as `rank`'s.\n\n>>> "
+          "ndmesh.Mesh(pp=2, tp=2).first(3, 'pp')\n1")
       .def(
           "last",
           [](const Mesh& self, std::int64_t rank, const py::object& dim) {
@@ -675,7 +702,8 @@ void bind(py::module_& m) {
             return self.last(rank, to_dim(self, dim));
           },
           "rank"_a, "dim"_a,
-          "The rank with the last coordinate along `dim`, the other coordinates as `rank`'s.")
+          "The rank with the last coordinate along `dim`, the other coordinates as `rank`'s.\n\n>>> "
+          "ndmesh.Mesh(pp=2, tp=2).last(1, 'pp')\n3")
       .def_static(
           "placement",
           [](std::int64_t rank, std::int64_t ranks_per_node) {
@@ -685,7 +713,8 @@ void bind(py::module_& m) {
             return std::pair{p.node, p.local_rank};
           },
           "rank"_a, "ranks_per_node"_a,
-          "(node, local_rank) when consecutive ranks fill nodes of ranks_per_node.")
+          "(node, local_rank) when consecutive ranks fill nodes of ranks_per_node.\n\n>>> "
+          "ndmesh.Mesh.placement(13, 8)\n(1, 5)")
       .def(
           "group_placement",
           [](const Mesh& self, const py::object& dims, std::int64_t ranks_per_node) {
@@ -696,9 +725,13 @@ void bind(py::module_& m) {
                             "max_nodes_spanned"_a = p.max_nodes_spanned);
           },
           "dims"_a, "ranks_per_node"_a,
-          "How the groups of `dims` sit on nodes (the keys of `ndmesh mesh --json`).")
-      .def_static("permutation", &Mesh::permutation, "source"_a, "target"_a,
-                  "perm[r]: the rank of `target` with the same named coordinates as rank r of `source`.")
+          "How the groups of `dims` sit on nodes (the keys of `ndmesh mesh --json`).\n\n>>> "
+          "ndmesh.Mesh(dp=2, tp=8).group_placement('dp', 8)\n{'groups': 8, 'groups_crossing_nodes': 8, "
+          "'max_nodes_spanned': 2}")
+      .def_static(
+          "permutation", &Mesh::permutation, "source"_a, "target"_a,
+          "perm[r]: the rank of `target` with the same named coordinates as rank r of `source`.\n\n>>> "
+          "ndmesh.Mesh.permutation(ndmesh.Mesh('dp=2,tp=2'), ndmesh.Mesh('tp=2,dp=2'))\n[0, 2, 1, 3]")
       .def(
           "to_dict",
           [](const Mesh& self, const py::object& groups, std::int64_t ranks_per_node) {
@@ -706,14 +739,18 @@ void bind(py::module_& m) {
           },
           "groups"_a = py::none(), "ranks_per_node"_a = 0,
           "What `ndmesh mesh --json` prints: world_size, dims, the groups of each kind in `groups` (default "
-          "every single dim) and, with ranks_per_node, their placement.")
+          "every single dim) and, with ranks_per_node, their placement.\n\n>>> ndmesh.Mesh(dp=2, "
+          "tp=2).to_dict(groups='tp')\n{'world_size': 4, 'dims': [{'name': 'dp', 'size': 2}, {'name': 'pp', "
+          "'size': 1}, {'name': 'cp', 'size': 1}, {'name': 'tp', 'size': 2}], 'groups': {'tp': [[0, 1], [2, "
+          "3]]}}")
       .def(
           "view",
           [](const Mesh& self, std::int64_t rank, const py::object& groups, std::int64_t ranks_per_node) {
             return rank_dict(self, rank, groups, ranks_per_node);
           },
           "rank"_a, "groups"_a = py::none(), "ranks_per_node"_a = 0,
-          "One rank's view, what `ndmesh mesh --rank R --json` prints: coords, node, groups, neighbours.");
+          "One rank's view, what `ndmesh mesh --rank R --json` prints: coords, node, groups, "
+          "neighbours.\n\n>>> ndmesh.Mesh(dp=2, tp=2).view(3, groups='dp')['groups']\n{'dp': [1, 3]}");
 
   auto problems_fn = [](const Mesh& mesh, const py::object& model, const std::string& schedule,
                         std::int64_t vpp, bool sequence_parallel, std::int64_t micro_batch,
@@ -737,7 +774,8 @@ void bind(py::module_& m) {
       "sequence_parallel"_a = false, "micro_batch"_a = 1, "global_batch"_a = 0, "ranks_per_node"_a = 0,
       "Every problem with a layout and training options (and a model: a dict of layers, hidden, heads, "
       "kv_heads, "
-      "ffn, seq, vocab, experts), one line each, as the C++ config validation finds them. [] when valid.");
+      "ffn, seq, vocab, experts), one line each, as the C++ config validation finds them. [] when "
+      "valid.\n\n>>> ndmesh.problems(ndmesh.Mesh(pp=2, dp=2), micro_batch=2, global_batch=4)\n[]");
   m.def(
       "validate",
       [problems_fn](const Mesh& mesh, const py::object& model, const std::string& schedule, std::int64_t vpp,
@@ -750,7 +788,8 @@ void bind(py::module_& m) {
       "mesh"_a, py::kw_only(), "model"_a = py::none(), "schedule"_a = "1f1b", "vpp"_a = 1,
       "sequence_parallel"_a = false, "micro_batch"_a = 1, "global_batch"_a = 0, "ranks_per_node"_a = 0,
       "Like problems(), but raises one ConfigError listing every problem (the message `ndmesh mesh --config` "
-      "prints), or returns None.");
+      "prints), or returns None.\n\n>>> ndmesh.validate(ndmesh.Mesh(tp=2, dp=2), model={'layers': 2, "
+      "'hidden': 64, 'heads': 4, 'vocab': 128, 'seq': 16})");
 
   m.def("plan", &plan_search, "model"_a, py::kw_only(), "gpus"_a, "global_batch"_a, "hardware"_a = "h100",
         "seq"_a = 0, "precision"_a = "mixed", "top"_a = 10, "no_dropout"_a = false, "attention"_a = "flash",
@@ -762,14 +801,16 @@ void bind(py::module_& m) {
         "a dict "
         "{preset, gpu_memory_gib, reserved_gib, peak_tflops, efficiency, intra_node_gbps, inter_node_gbps, "
         "gpus_per_node}. precision: 'mixed' or 'fp32'. attention: 'flash' (no s x s scores stored) or "
-        "'standard'.");
+        "'standard'.\n\n>>> ndmesh._ndmesh.plan('llama3-8b', gpus=8, global_batch=64, "
+        "top=1)['layouts'][0]['dp']\n8");
   m.def("plan_memory", &plan_memory, "model"_a, py::kw_only(), "tp"_a = 1, "cp"_a = 1, "pp"_a = 1, "dp"_a = 1,
         "vpp"_a = 1, "micro_batch"_a = 1, "schedule"_a = "1f1b", "recompute"_a = "none",
         "sequence_parallel"_a = false, "zero"_a = 0, "global_batch"_a = 0, "hardware"_a = "h100", "seq"_a = 0,
         "precision"_a = "mixed", "no_dropout"_a = false, "attention"_a = "flash", "pp_layers"_a = "",
         "Memory per GPU and time per step of one layout: the dict `ndmesh plan memory --json` prints. "
         "global_batch 0 means micro_batch * dp * pp; pp_layers: blocks per pipeline chunk, e.g. '3,3,2' "
-        "(default balanced).");
+        "(default balanced).\n\n>>> m = ndmesh.plan_memory('llama3-8b', tp=2, dp=4, zero=1)\n>>> "
+        "m['memory_bytes']['total'] < m['capacity_bytes']\nTrue");
   m.def(
       "model_presets",
       [] {
@@ -777,7 +818,7 @@ void bind(py::module_& m) {
         for (const auto& p : plan::model_presets()) out.push_back(p.name);
         return out;
       },
-      "Names of the model presets.");
+      "Names of the model presets.\n\n>>> 'llama3-8b' in ndmesh.model_presets()\nTrue");
   m.def(
       "hardware_presets",
       [] {
@@ -785,7 +826,11 @@ void bind(py::module_& m) {
         for (const auto& h : plan::hardware_presets()) out.push_back(h.name);
         return out;
       },
-      "Names of the hardware presets.");
+      "Names of the hardware presets.\n\n>>> ndmesh.hardware_presets()\n['a100-80gb', 'h100', 'h200']");
+
+  m.def(
+      "_gpus_per_node", [](const py::object& hardware) { return to_hardware(hardware).gpus_per_node; },
+      "hardware"_a, "GPUs per node of a hardware preset name or dict (for ndmesh.plan's torchrun command).");
 
   py::class_<pp::PipelineSchedule>(m, "PipelineSchedule",
                                    "The actions of every pipeline stage for one step (make_schedule()).")
@@ -824,7 +869,10 @@ void bind(py::module_& m) {
       "schedule"_a = "1f1b", py::kw_only(), "stages"_a = 4, "microbatches"_a = 8, "chunks"_a = 0,
       "Generates a pipeline schedule: 'gpipe', '1f1b', 'interleaved' (chunks virtual stages per rank, "
       "default 2) "
-      "or 'zb-h1'. Checked for deadlocks before it is returned.");
+      "or 'zb-h1'. Checked for deadlocks before it is returned.\n\n>>> s = ndmesh.make_schedule('1f1b', "
+      "stages=2, microbatches=2)\n>>> s\nndmesh.PipelineSchedule('1f1b', stages=2, microbatches=2, "
+      "chunks=1)\n>>> [a['kind'] for a in s.actions[1]]\n['recv-activation', 'forward', 'recv-activation', "
+      "'backward', 'send-gradient', 'forward', 'backward', 'send-gradient']");
   m.def(
       "simulate",
       [](const pp::PipelineSchedule& s, double forward, double backward_input, double backward_weight,
@@ -844,7 +892,8 @@ void bind(py::module_& m) {
       "p2p"_a = 0.0,
       "Times the schedule with these per-stage costs: {makespan, bubble_fraction, busy, peak_in_flight, "
       "peak_in_flight_chunks, spans[stage][action] = (start, end)}, the numbers of `ndmesh schedule "
-      "--json`.");
+      "--json`.\n\n>>> round(ndmesh.simulate(ndmesh.make_schedule('gpipe', stages=4, "
+      "microbatches=4))['bubble_fraction'], 3)\n0.429");
   m.def(
       "svg_timeline",
       [](const pp::PipelineSchedule& s, double forward, double backward_input, double backward_weight,
@@ -853,7 +902,9 @@ void bind(py::module_& m) {
       },
       "schedule"_a, py::kw_only(), "forward"_a = 1.0, "backward_input"_a = 1.0, "backward_weight"_a = 1.0,
       "p2p"_a = 0.0,
-      "The SVG picture of the simulated timeline (what `ndmesh schedule --svg` writes), as a str.");
+      "The SVG picture of the simulated timeline (what `ndmesh schedule --svg` writes), as a str.\n\n>>> "
+      "ndmesh.svg_timeline(ndmesh.make_schedule('gpipe', stages=2, "
+      "microbatches=2)).startswith('<svg')\nTrue");
   m.def(
       "ascii_timeline",
       [](const pp::PipelineSchedule& s, double forward, double backward_input, double backward_weight,
@@ -862,10 +913,14 @@ void bind(py::module_& m) {
                                   pp::simulate(s, to_costs(forward, backward_input, backward_weight, p2p)));
       },
       "schedule"_a, py::kw_only(), "forward"_a = 1.0, "backward_input"_a = 1.0, "backward_weight"_a = 1.0,
-      "p2p"_a = 0.0, "The ASCII timeline `ndmesh schedule` prints, one line per stage.");
+      "p2p"_a = 0.0,
+      "The ASCII timeline `ndmesh schedule` prints, one line per stage.\n\n>>> "
+      "print(ndmesh.ascii_timeline(ndmesh.make_schedule('gpipe', stages=2, microbatches=2)))\nstage 0 |F0 F1 "
+      ".  .  .  B0 -- B1 --| in flight 2\nstage 1 |.  F0 F1 B0 -- B1 -- .  . | in flight 2\n        1 cell = "
+      "1 time units; F forward, B backward, . idle");
 }
 
 }  // namespace
 }  // namespace ndmesh::python
 
-PYBIND11_MODULE(ndmesh, m) { ndmesh::python::bind(m); }
+PYBIND11_MODULE(_ndmesh, m) { ndmesh::python::bind(m); }

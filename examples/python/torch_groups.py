@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """PyTorch process groups from an ndmesh Mesh, in one pass, checked against `ndmesh check`.
 
-ndmesh's Mesh is the one place that knows the rank layout; this example asks it for the
-members of every group of every combination of the dims of a 4D layout (dp, pp, cp, tp:
-15 kinds) and creates them with torch.distributed.new_group, then checks each one by
-communication (all_reduce of the ranks = their sum, all_gather = the members in order,
-the group rank = the mesh key) and checks the whole layout against ndmesh itself:
+ndmesh's Mesh is the one place that knows the rank layout; this example creates the
+groups of every combination of the dims of a 4D layout (dp, pp, cp, tp: 15 kinds) with
+ndmesh.torch.process_groups, checks each one by communication with ndmesh.torch.check
+(all_reduce of the ranks = their sum, all_gather = the members in order, the group rank =
+the mesh key) and checks the whole layout against ndmesh itself:
 `ndmesh mesh --json` must list the same members, and `ndmesh check --json` (the same
 layout verified by ndmesh's own MPI communicators under mpirun) the same number and size
 of groups per kind with no failures.
@@ -22,15 +22,13 @@ torch is not a dependency of ndmesh: without it the example prints SKIPPED and e
 (what ctest's SKIP_RETURN_CODE reports as skipped). Exit 0 when everything matches, 1 on
 any mismatch.
 
-The core of it, for your own training script:
+The core of it, for your own training script (ndmesh.torch creates every group of every
+kind with dist.new_group, in the same order on every rank, and keeps this rank's):
 
     mesh = ndmesh.Mesh(dp=2, pp=2, cp=1, tp=2)
-    groups = {}
-    for kind in ("tp", "cp", "pp", "dp", "dp-cp"):          # any dims, any combination
-        for ranks in mesh.groups(kind):                      # every group, same order on every rank
-            g = dist.new_group(ranks)                        # every rank calls it for every group
-            if dist.get_rank() in ranks:
-                groups[kind] = g
+    groups = ndmesh.torch.process_groups(mesh, "tp,cp,pp,dp,dp-cp")  # {kind: ProcessGroup}
+    ndmesh.torch.check(mesh, groups)                                  # proven by communication
+    dm = ndmesh.torch.device_mesh(mesh)                               # PyTorch 2.2+: a DeviceMesh
 """
 import argparse
 import itertools
@@ -62,36 +60,21 @@ def all_kinds(mesh):
 
 
 def build_and_check_groups(mesh, kinds, rank):
-    """Creates every group of every kind (all ranks, same order) and checks this rank's own.
+    """Creates every group of every kind in one pass (ndmesh.torch.process_groups) and checks
+    each by communication (ndmesh.torch.check: members, all_reduce, all_gather, group rank;
+    a mismatch raises ndmesh.ConfigError naming the group on every rank).
     Returns ({kind: members seen by torch}, [failure lines])."""
-    import torch
     import torch.distributed as dist
+    import ndmesh
+    import ndmesh.torch
 
-    mine = {}
-    for kind in kinds:  # one pass: every group of every kind, in the mesh's order
-        for ranks in mesh.groups(kind):
-            group = dist.new_group(ranks)
-            if rank in ranks:
-                mine[kind] = (group, ranks)
-    failures, seen = [], {}
-    for kind in kinds:
-        group, ranks = mine[kind]
-        members = dist.get_process_group_ranks(group)
-        seen[kind] = members
-        total = torch.tensor([rank], dtype=torch.int64)
-        dist.all_reduce(total, group=group)
-        gathered = [torch.zeros(1, dtype=torch.int64) for _ in ranks]
-        dist.all_gather(gathered, torch.tensor([rank], dtype=torch.int64), group=group)
-        got = [int(t.item()) for t in gathered]
-        if members != ranks:
-            failures.append(f"rank {rank} {kind}: torch group has ranks {members}, the mesh says {ranks}")
-        if int(total.item()) != sum(ranks):
-            failures.append(f"rank {rank} {kind}: all_reduce of ranks gave {int(total.item())}, want {sum(ranks)}")
-        if got != ranks:
-            failures.append(f"rank {rank} {kind}: all_gather gave {got}, want {ranks}")
-        if dist.get_rank(group) != mesh.key(rank, kind):
-            failures.append(f"rank {rank} {kind}: group rank {dist.get_rank(group)}, mesh key {mesh.key(rank, kind)}")
-    return seen, failures
+    groups = ndmesh.torch.process_groups(mesh, kinds)
+    seen = {kind: dist.get_process_group_ranks(group) for kind, group in groups.items()}
+    try:
+        ndmesh.torch.check(mesh, groups)
+    except ndmesh.ConfigError as e:
+        return seen, [str(e)]
+    return seen, []
 
 
 def worker(rank, world, init_method, sizes, result_path):
@@ -177,7 +160,7 @@ def main():
             with open(result) as f:
                 everything = json.load(f)
     print(f"torch: mesh {mesh}, {len(kinds)} kinds, "
-          f"{sum(mesh.num_groups(k) for k in kinds)} groups created with dist.new_group and checked by all_reduce")
+          f"{sum(mesh.num_groups(k) for k in kinds)} groups created by ndmesh.torch.process_groups and checked by ndmesh.torch.check")
     problems = compare_with_ndmesh(args, mesh, kinds, everything)
     for p in problems:
         print("MISMATCH:", p)

@@ -46,11 +46,12 @@ want=$(for base in 0 2 4 6; do echo "$base $((base + 1)) "; done)
 [ "$got" = "$want" ] || fail "pkg-config program printed '$got', want '$want'"
 echo "pkg-config: built and ran a program with: $flags"
 
-# 4. The installed command and Python module.
+# 4. The installed command and Python package.
 "$prefix/bin/ndmesh" mesh --dims a=2,b=3 --json | grep -q '"world_size":6' || fail "installed ndmesh mesh"
 if [ -n "$python" ]; then
   site="$prefix/$libdir/python3/dist-packages"
-  [ -n "$(ls "$site"/ndmesh*.so 2>/dev/null)" ] || fail "the Python module is not installed in $site"
+  { ls "$site"/ndmesh/_ndmesh*.so && [ -f "$site/ndmesh/__init__.py" ] && [ -f "$site/ndmesh/torch.py" ]; } >/dev/null 2>&1 ||
+    fail "the Python package (ndmesh/_ndmesh*.so, __init__.py, torch.py) is not installed in $site"
   got=$(cd / && PYTHONPATH="$site" "$python" -c 'import ndmesh; print(ndmesh.__file__.startswith("'"$site"'"), ndmesh.Mesh(tp=2, dp=3).groups("dp"))')
   [ "$got" = "True [[0, 2, 4], [1, 3, 5]]" ] || fail "installed Python module: got '$got'"
   echo "python: the installed module imports from $site"

@@ -33,7 +33,13 @@ class Search(unittest.TestCase):
                 self.assertTrue(got["layouts"], "no layout fits")
                 best = {k: got["layouts"][0][k] for k in ("tp", "cp", "pp", "dp", "vpp", "micro_batch", "schedule")}
                 self.assertEqual(best, {k: want["layouts"][0][k] for k in best})
+                launches = [layout.pop("launch") for layout in got["layouts"]]  # Python's addition
                 self.assertEqual(got, want)
+                hw = kwargs.get("hardware")
+                per_node = hw.get("gpus_per_node", 8) if isinstance(hw, dict) else 8
+                for launch, layout in zip(launches, want["layouts"]):
+                    self.assertEqual(launch, ndmesh.launch_of(layout, gpus_per_node=per_node, seq=want["seq"],
+                                                              global_batch=want["global_batch"]))
 
     def test_nothing_fits(self):
         got = ndmesh.plan("llama3-405b", gpus=8, global_batch=8)
@@ -41,6 +47,51 @@ class Search(unittest.TestCase):
         self.assertEqual(got["layouts"], [])
         self.assertEqual(got, want)
         self.assertGreater(got["smallest"]["memory_bytes"]["total"], got["smallest"]["capacity_bytes"])
+
+
+class Launch(unittest.TestCase):
+    """Each layout of ndmesh.plan() carries its torchrun command and torchtitan-style arguments."""
+
+    def test_torchrun_and_torchtitan_arguments(self):
+        got = ndmesh.plan("gpt3-175b", gpus=1024, global_batch=1536, hardware="a100-80gb", top=3)
+        for layout in got["layouts"]:
+            launch = layout["launch"]
+            with self.subTest(layout=launch["mesh"]):
+                self.assertEqual((launch["nodes"], launch["nproc_per_node"]), (128, 8))
+                cmd = launch["torchrun"].split()
+                self.assertEqual(cmd[:6], ["torchrun", "--nnodes=128", "--nproc_per_node=8", "--rdzv_backend=c10d",
+                                           "--rdzv_endpoint=$MASTER_ADDR:29500", "train.py"])
+                self.assertEqual(cmd[6:], launch["args"])
+                args = dict(a[2:].split("=", 1) for a in launch["args"])
+                dp = int(args["parallelism.data_parallel_replicate_degree"]) * int(
+                    args["parallelism.data_parallel_shard_degree"])
+                self.assertEqual([dp, int(args["parallelism.pipeline_parallel_degree"]),
+                                  int(args["parallelism.context_parallel_degree"]),
+                                  int(args["parallelism.tensor_parallel_degree"])],
+                                 [layout["dp"], layout["pp"], layout["cp"], layout["tp"]])
+                self.assertEqual(args["training.global_batch_size"], "1536")
+                self.assertEqual(args["training.seq_len"], str(got["seq"]))
+                self.assertEqual(args["activation_checkpoint.mode"], layout["recompute"])
+                if layout["pp"] > 1:
+                    self.assertIn(args["parallelism.pipeline_parallel_schedule"],
+                                  ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"))
+                # dims and their order: a mesh of the same ranks, pp outermost, tp innermost
+                mesh = ndmesh.Mesh(launch["mesh"])
+                self.assertEqual(mesh.names, ["pp", "dp", "cp", "tp"])
+                self.assertEqual(mesh.dims, [tuple(d) for d in launch["dims"]])
+                self.assertEqual(mesh.world_size, 1024)
+                self.assertEqual(mesh.group_size("tp"), layout["tp"])
+
+    def test_one_node_needs_no_rendezvous_endpoint(self):
+        layout = ndmesh.plan("llama3-8b", gpus=4, global_batch=16, top=1)["layouts"][0]
+        self.assertEqual(layout["launch"]["torchrun"].split(" train.py")[0], "torchrun --nnodes=1 --nproc_per_node=4")
+
+    def test_script_and_gpus_per_node(self):
+        got = ndmesh.plan("llama3-8b", gpus=16, global_batch=64, top=1, script="my train.py",
+                          hardware={"preset": "h100", "gpus_per_node": 4})
+        launch = got["layouts"][0]["launch"]
+        self.assertEqual((launch["nodes"], launch["nproc_per_node"]), (4, 4))
+        self.assertIn(" 'my train.py' ", launch["torchrun"])
 
 
 class Memory(unittest.TestCase):

@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
       "Run 'ndmesh <command> --help' for the options of a command."};
   app.name("ndmesh");
   app.require_subcommand(1);
-  app.set_version_flag("--version", "ndmesh 0.1.0");
+  app.set_version_flag("--version", "ndmesh " NDMESH_VERSION);
 
   auto& entries = cli::registry();
   std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
