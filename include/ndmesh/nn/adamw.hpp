@@ -9,9 +9,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "ndmesh/nn/offload.hpp"
 #include "ndmesh/tensor/params.hpp"
 #include "ndmesh/tensor/tensor.hpp"
 
@@ -67,6 +70,14 @@ class AdamW {
   void set_steps(std::int64_t t) { t_ = t; }
   /// The owned segments.
   const std::vector<Segment>& segments() const { return segments_; }
+  /// Moves the moments into the file `path` (nn/offload.hpp; CPU stores only): from now on
+  /// update() streams them chunk by chunk and m() / v() are empty; the arithmetic is the
+  /// same, so the results are the same bit for bit.
+  void offload_to(const std::string& path, std::int64_t chunk = OffloadFile::kDefaultChunk);
+  /// The offload file, or nullptr when the moments are in memory.
+  const OffloadFile* offload() const { return offload_.get(); }
+  /// Elements of each moment (the owned segments' total), wherever they live.
+  std::int64_t state_elements() const { return state_; }
 
  private:
   // Owned elements that are parameters (not padding), split by weight decay.
@@ -80,6 +91,8 @@ class AdamW {
   std::vector<Segment> segments_;
   std::vector<Piece> pieces_;
   std::int64_t t_ = 0;
+  std::int64_t state_ = 0;
+  std::unique_ptr<OffloadFile> offload_;
   Tensor<T> m_;
   Tensor<T> v_;
 };
