@@ -12,9 +12,11 @@
 #include <filesystem>
 #include <future>
 #include <memory>
+#include <thread>
 
 #include <fmt/format.h>
 
+#include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 
 namespace ndmesh::nn {
@@ -39,6 +41,7 @@ OffloadFile::OffloadFile(std::string path, std::int64_t elements, std::int64_t c
     : path_(std::move(path)), elements_(elements) {
   NDMESH_CHECK(elements >= 0 && chunk >= 1, "offload", "elements={} chunk={}", elements, chunk);
   // A chunk's block is 2 x chunk floats, a multiple of 4096 bytes when chunk is of 1024.
+  pause_s_ = env::seconds("NDMESH_OFFLOAD_PAUSE_S", 0);
   chunk_ = (std::min(chunk, std::max<std::int64_t>(elements, 1)) + 1023) / 1024 * 1024;
   chunks_ = (elements_ + chunk_ - 1) / chunk_;
   block_bytes_ = 2 * chunk_ * static_cast<std::int64_t>(sizeof(float));
@@ -87,6 +90,7 @@ void OffloadFile::io(bool write, std::int64_t chunk, void* buffer, bool count) {
     ::posix_fadvise(fd_, at, static_cast<off_t>(block_bytes_), POSIX_FADV_DONTNEED);
   }
   if (!count) return;
+  if (write && pause_s_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(pause_s_));
   (write ? bytes_written_ : bytes_read_) += block_bytes_;
   io_ns_ +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();

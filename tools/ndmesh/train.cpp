@@ -48,6 +48,7 @@ struct Options {
   bool sequence_parallel = false;
   int zero = 0;
   std::string offload = "none", offload_dir;
+  double offload_chunk_mb = 32;
   std::string memory;  // --memory: a strategy that sets --recompute, --zero and --offload (given ones win)
   bool zero_given = false, recompute_given = false, offload_given = false, offload_dir_given = false;
   std::string allreduce = "mpi";
@@ -167,6 +168,8 @@ void validate(const Options& o) {
       (!std::filesystem::is_directory(o.offload_dir) || ::access(o.offload_dir.c_str(), W_OK) != 0))
     fail<ConfigError>("train", "--offload-dir={}: not a writable folder; create it or pick another",
                       o.offload_dir);
+  need(o.offload_chunk_mb >= 0.001 && o.offload_chunk_mb <= 4096, "--offload-chunk-mb", o.offload_chunk_mb,
+       "must be in [0.001, 4096] (MiB of both moments per streamed chunk)", "32");
   need(parse_device(o.device).has_value(), "--device", o.device, "is not a device (cpu, cuda)", "cuda");
   need(o.precision == "fp32" || o.precision == "bf16", "--precision", o.precision, "must be fp32 or bf16",
        "fp32");
@@ -604,6 +607,11 @@ Action setup(CLI::App& app) {
          "folder for the offload files (a local disk; one file per rank; removed at the end, and files "
          "left by a killed run are refused)")
       ->each([o](const std::string&) { o->offload_dir_given = true; })
+      ->group("Memory");
+  app.add_option(
+         "--offload-chunk-mb", o->offload_chunk_mb,
+         "MiB of optimizer state (both moments) per streamed chunk; three chunks are in memory at once")
+      ->capture_default_str()
       ->group("Memory");
   app.add_option("--allreduce", o->allreduce,
                  "gradient all-reduce: mpi, ring, tree, hierarchical or adaptive")

@@ -56,6 +56,7 @@ class OffloadFile {
   std::int64_t elements_, chunk_, chunks_, block_bytes_;
   int fd_ = -1;
   bool direct_ = false;
+  double pause_s_ = 0;  // NDMESH_OFFLOAD_PAUSE_S (a test hook)
   std::atomic<std::int64_t> bytes_read_{0}, bytes_written_{0}, io_ns_{0};
 };
 
