@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "ndmesh/core/error.hpp"
+
 #include "suggest.hpp"
 
 namespace ndmesh {
@@ -29,6 +31,22 @@ std::int64_t mulmod(std::int64_t a, std::int64_t b, std::int64_t m) {
 }
 
 }  // namespace
+
+MemoryStrategy memory_strategy(std::string_view name, std::string_view flag) {
+  static constexpr MemoryStrategy kStrategies[] = {
+      {.name = "basic", .recompute = "none", .zero = 0, .offload = false},
+      {.name = "standard", .recompute = "selective", .zero = 0, .offload = false},
+      {.name = "aggressive", .recompute = "full", .zero = 2, .offload = false},
+      {.name = "extreme", .recompute = "full", .zero = 3, .offload = true},
+  };
+  for (const MemoryStrategy& s : kStrategies)
+    if (s.name == name) return s;
+  fail<ConfigError>(
+      "config",
+      "{}={} is not a memory strategy; use basic, standard (selective recompute), aggressive (full "
+      "recompute + ZeRO 2) or extreme (full recompute + ZeRO 3 + optimizer offload to disk)",
+      flag, name);
+}
 
 TrainingRun training_run(const ParallelConfig& c) {
   TrainingRun r;
@@ -156,11 +174,8 @@ std::vector<std::string> training_problems(const TrainingRun& r, const ModelSpec
                     "fewer micro-batches "
                     "(a larger --micro-batch)",
                     r.pp, microbatches, r.vpp, kMaxPipelineWork));
-  if (r.zero < 0 || r.zero > kMaxTrainZero)
-    out.push_back(
-        fmt::format("--zero={} is not a ZeRO stage ndmesh train runs; use 0, 1 or 2 (ZeRO-3 is not "
-                    "implemented)",
-                    r.zero));
+  if (r.zero < 0 || r.zero > 3)
+    out.push_back(fmt::format("--zero={} is not a ZeRO stage; use 0, 1, 2 or 3", r.zero));
   if (r.sequence_parallel && r.tp <= 1)
     out.push_back(
         "--sequence-parallel needs --tp > 1 (it splits the tokens of the norms over tp); add --tp 2 or leave "

@@ -27,6 +27,7 @@
 #include "mesh_flags.hpp"
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/comm/process_groups.hpp"
+#include "ndmesh/config/training.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/log.hpp"
 #include "ndmesh/model/checkpoint_dir.hpp"
@@ -50,6 +51,7 @@ struct Options {
   std::string offload = "none", offload_dir;
   double offload_chunk_mb = 32;
   std::string memory;  // --memory: a strategy that sets --recompute, --zero and --offload (given ones win)
+  std::string memory_choice;  // what it chose, printed by rank 0
   bool zero_given = false, recompute_given = false, offload_given = false, offload_dir_given = false;
   std::string allreduce = "mpi";
   std::string cp_layout = "zigzag";
@@ -546,7 +548,47 @@ int train(Options o, comm::Communicator& world) {
   return 0;
 }
 
-int run(const Options& o) {
+// --memory (or [training] memory of --config): the strategy's flags, except those given.
+void expand_memory(Options& o) {
+  std::string name = o.memory, from = "--memory";
+  if (name.empty() && !o.layout.config_path().empty()) {
+    name = load_config_file(o.layout.config_path()).parallel.memory;
+    from = o.layout.config_path() + " [training] memory";
+  }
+  if (name.empty()) return;
+  const MemoryStrategy s = memory_strategy(name);
+  std::vector<std::string> chose, kept;
+  auto pick = [&](bool given, std::string flag, std::string value, std::string mine) {
+    if (given && value != mine)
+      kept.push_back(fmt::format("{} {}", flag, mine));
+    else if (!given && value != "none" && value != "0")
+      chose.push_back(fmt::format("{} {}", flag, value));
+  };
+  pick(o.recompute_given, "--recompute", std::string(s.recompute), o.recompute);
+  if (!o.recompute_given) o.recompute = s.recompute;
+  pick(o.zero_given, "--zero", std::to_string(s.zero), std::to_string(o.zero));
+  if (!o.zero_given) o.zero = s.zero;
+  if (s.offload) {
+    pick(o.offload_given, "--offload", "optimizer", o.offload);
+    if (!o.offload_given) {
+      o.offload = "optimizer";
+      if (!o.offload_dir_given) o.offload_dir = std::filesystem::temp_directory_path().string();
+      chose.push_back(fmt::format("--offload-dir {}", o.offload_dir));
+    }
+  }
+  o.memory_choice =
+      fmt::format("memory: {} ({}) = {}{}", name, from,
+                  chose.empty() ? "nothing" : fmt::format("{}", fmt::join(chose, " ")),
+                  kept.empty() ? "" : fmt::format("; given explicitly: {}", fmt::join(kept, " ")));
+}
+
+int run(Options o) {
+  expand_memory(o);
+  // Printed before anything is checked, so that what the strategy chose shows with any refusal.
+  if (!o.memory_choice.empty() && LaunchEnv::detect().rank == 0) {
+    fmt::print("{}\n", o.memory_choice);
+    std::fflush(stdout);
+  }
   validate(o);
   comm::Communicator world = comm::Communicator::world();
   try {
@@ -594,6 +636,7 @@ Action setup(CLI::App& app) {
       ->group("Parallel");
   app.add_option("--zero", o->zero, "ZeRO stage over dp: 0, 1 (shard optimizer state) or 2 (and gradients)")
       ->capture_default_str()
+      ->each([o](const std::string&) { o->zero_given = true; })
       ->group("Parallel");
   app.add_option(
          "--offload", o->offload,
@@ -633,6 +676,7 @@ Action setup(CLI::App& app) {
          "output and log-sum-exp are not kept) or full (a block keeps only its input and the backward "
          "re-runs its forward); the losses are the same bit for bit")
       ->capture_default_str()
+      ->each([o](const std::string&) { o->recompute_given = true; })
       ->group("Parallel");
   app.add_option("--vpp,--virtual-stages", o->virtual_stages,
                  "virtual stages: model chunks per pipeline rank (--schedule interleaved)")
@@ -725,6 +769,12 @@ Action setup(CLI::App& app) {
       "too\n"
       "  mpirun -np 4 ndmesh train --pp 4 --schedule 1f1b --batch 8 --micro-batch 1 --layers 4 --trace "
       "pp.json");
+  app.add_option(
+         "--memory", o->memory,
+         "memory strategy, expanded to flags (printed): basic (nothing), standard (--recompute selective), "
+         "aggressive (--recompute full --zero 2), extreme (--recompute full --zero 3 --offload optimizer "
+         "--offload-dir $TMPDIR); a flag given explicitly wins")
+      ->group("Memory");
   return [o] { return run(*o); };
 }
 

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ndmesh/config/config.hpp"
@@ -25,7 +26,22 @@ inline constexpr std::int64_t kMaxPipelineStages = 256;
 /// The most pp x micro-batches x virtual stages of one step's schedule.
 inline constexpr std::int64_t kMaxPipelineWork = 1'000'000;
 /// The highest ZeRO stage `ndmesh train` implements (optimizer states and gradients sharded).
+/// training_problems() allows stages 0-3 (the planner plans ZeRO-3); the trainer refuses
+/// stages above this one (parallel::data_parallel_option_problems).
 inline constexpr int kMaxTrainZero = 2;
+
+/// A memory strategy (`--memory NAME`, `memory = "NAME"` in [training]): the concrete
+/// flags it stands for. basic: nothing; standard: selective recompute; aggressive: full
+/// recompute + ZeRO 2; extreme: full recompute + ZeRO 3 + the optimizer state offloaded to
+/// disk. A flag given explicitly wins over the strategy's value.
+struct MemoryStrategy {
+  std::string_view name;
+  std::string_view recompute;  ///< --recompute: none, selective or full
+  int zero = 0;                ///< --zero
+  bool offload = false;        ///< --offload optimizer
+};
+/// The strategy of `name`; ConfigError naming `flag`, the value and the names otherwise.
+MemoryStrategy memory_strategy(std::string_view name, std::string_view flag = "--memory");
 
 /// A training run as `ndmesh train` runs it: the sizes of the standard dims and the options
 /// whose rules involve the layout or the model.
