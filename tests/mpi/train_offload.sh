@@ -105,4 +105,19 @@ expect_train_usage "--offload-dir=$tmp/nowhere: not a writable folder" 1 "${comm
   --offload-dir "$tmp/nowhere"
 expect_train_usage "--offload-chunk-mb=0 must be in" 1 "${common[@]}" --offload optimizer --offload-dir "$odir" \
   --offload-chunk-mb 0
+# --memory: the choice is printed (before any refusal: extreme asks for ZeRO 3, which train
+# runs once it is built), flags given explicitly win, and [training] memory of --config.
+out=$("$ndmesh" train "${common[@]}" --steps 1 --memory extreme --offload-dir "$odir" 2>&1 || true)
+echo "$out" | grep -q "^memory: extreme (--memory) = --recompute full --zero 3 --offload optimizer" ||
+  fail "--memory extreme: $out"
+launch mem_aggr 1 --memory aggressive --zero 1 --dp 1
+grep -q "^memory: aggressive (--memory) = --recompute full; given explicitly: --zero 1" "$tmp/mem_aggr.out" ||
+  fail "--memory aggressive: $(head -2 "$tmp/mem_aggr.out")"
+jq -e '.recompute == "full" and .zero == 1' "$tmp/mem_aggr.json" > /dev/null || fail "--memory aggressive did not apply"
+printf '[training]\nmemory = "standard"\n' > "$tmp/mem.toml"
+launch mem_toml 1 --config "$tmp/mem.toml"
+jq -e '.recompute == "selective"' "$tmp/mem_toml.json" > /dev/null || fail "[training] memory did not apply"
+grep -q "^memory: standard ($tmp/mem.toml \[training\] memory) = --recompute selective" "$tmp/mem_toml.out" ||
+  fail "[training] memory: $(head -2 "$tmp/mem_toml.out")"
+expect_train_usage "--memory=huge is not a memory strategy" 1 "${common[@]}" --memory huge
 echo "train_offload: OK"
