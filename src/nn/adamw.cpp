@@ -30,9 +30,9 @@ AdamW<T>::AdamW(const ParamStore<T>& store, AdamWOptions options, std::vector<Se
     state += seg.count;
   }
   state_ = state;
-  // The moments live with the parameters.
-  m_ = Tensor<T>({state}, store.device());
-  v_ = Tensor<T>({state}, store.device());
+  // The moments live with the parameters; allocated on first use (offload_to() may move
+  // them to a file before, and they then never take memory).
+  device_ = store.device();
 }
 
 template <typename T>
@@ -42,11 +42,18 @@ void AdamW<T>::offload_to(const std::string& path, std::int64_t chunk) {
   } else {
     NDMESH_CHECK(m_.device() == Device::kCpu, "nn", "AdamW offload to a file needs the CPU store");
     NDMESH_CHECK(offload_ == nullptr, "nn", "AdamW moments offloaded twice");
-    offload_ = std::make_unique<OffloadFile>(path, state_, chunk);
-    offload_->write_all(m_.data(), v_.data());
+    offload_ = std::make_unique<OffloadFile>(path, state_, chunk);  // zero-filled
+    if (m_.numel() > 0) offload_->write_all(m_.data(), v_.data());
     m_ = Tensor<T>();
     v_ = Tensor<T>();
   }
+}
+
+template <typename T>
+void AdamW<T>::allocate() const {
+  if (offload_ || m_.numel() == state_) return;
+  m_ = Tensor<T>({state_}, device_);
+  v_ = Tensor<T>({state_}, device_);
 }
 
 template <typename T>
@@ -58,6 +65,7 @@ void AdamW<T>::moments_to_host(std::vector<T>& m, std::vector<T>& v) const {
       offload_->read_all(m.data(), v.data());
       return;
     }
+  allocate();
   m = m_.to_host();
   v = v_.to_host();
 }
@@ -69,6 +77,7 @@ void AdamW<T>::moments_from_host(const T* m, const T* v) {
       offload_->write_all(m, v);
       return;
     }
+  allocate();
   const auto n = static_cast<std::size_t>(m_.numel());
   if (m_.device() == Device::kCpu) {
     std::copy(m, m + n, m_.data());
@@ -132,6 +141,7 @@ void AdamW<T>::update(ParamStore<T>& store, double lr, double grad_norm, const T
       });
       return;
     }
+  allocate();
   for (const Piece& piece : pieces_)
     update(piece, 0, piece.count, m_.data() + piece.state, v_.data() + piece.state);
 }
