@@ -5,9 +5,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
 #include <toml++/toml.h>
 
 #include "ndmesh/config/config.hpp"
+#include "ndmesh/config/training.hpp"
 #include "ndmesh/core/error.hpp"
 
 namespace ndmesh {
@@ -99,8 +101,8 @@ ConfigFile load_config_file(const std::string& path) {
   constexpr std::uintmax_t kMaxBytes = 16u << 20;
   const auto bytes = std::filesystem::file_size(path, ec);
   NDMESH_CHECK_CONFIG(!ec && bytes <= kMaxBytes, "config",
-                      "config file '{}' has {} bytes, more than the limit of {}; a config is a few lines", path,
-                      bytes, kMaxBytes);
+                      "config file '{}' has {} bytes, more than the limit of {}; a config is a few lines",
+                      path, bytes, kMaxBytes);
   toml::table root;
   try {
     root = toml::parse_file(path);
@@ -153,10 +155,14 @@ ConfigFile load_config_file(const std::string& path) {
     out.model = m;
   }
 
-  r.section(root, "training", {"micro_batch", "global_batch"});
+  r.section(root, "training", {"micro_batch", "global_batch", "memory"});
   if (root.get("training") != nullptr) {
     if (r.has("micro_batch")) out.parallel.micro_batch = r.integer("micro_batch");
     if (r.has("global_batch")) out.parallel.global_batch = r.integer("global_batch");
+    if (r.has("memory")) {
+      out.parallel.memory = r.string("memory");
+      memory_strategy(out.parallel.memory, fmt::format("{}: training.memory", path));  // a known name
+    }
   }
   return out;
 }

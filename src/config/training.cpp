@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "ndmesh/core/error.hpp"
+
 #include "suggest.hpp"
 
 namespace ndmesh {
@@ -29,6 +31,22 @@ std::int64_t mulmod(std::int64_t a, std::int64_t b, std::int64_t m) {
 }
 
 }  // namespace
+
+MemoryStrategy memory_strategy(std::string_view name, std::string_view flag) {
+  static constexpr MemoryStrategy kStrategies[] = {
+      {.name = "basic", .recompute = "none", .zero = 0, .offload = false},
+      {.name = "standard", .recompute = "selective", .zero = 0, .offload = false},
+      {.name = "aggressive", .recompute = "full", .zero = 2, .offload = false},
+      {.name = "extreme", .recompute = "full", .zero = 3, .offload = true},
+  };
+  for (const MemoryStrategy& s : kStrategies)
+    if (s.name == name) return s;
+  fail<ConfigError>(
+      "config",
+      "{}={} is not a memory strategy; use basic, standard (selective recompute), aggressive (full "
+      "recompute + ZeRO 2) or extreme (full recompute + ZeRO 3 + optimizer offload to disk)",
+      flag, name);
+}
 
 TrainingRun training_run(const ParallelConfig& c) {
   TrainingRun r;

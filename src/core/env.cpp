@@ -19,6 +19,9 @@ const std::vector<Variable>& variables() {
       {"NDMESH_TEST_EXIT_BEFORE_GLOO", "integer", "0",
        "test hook: 1 makes this rank exit after the store's rendezvous, before it publishes its Gloo "
        "address"},
+      {"NDMESH_OFFLOAD_PAUSE_S", "seconds", "unset",
+       "test hook: each chunk the optimizer writes back to its offload file waits this long once written (a "
+       "process can be killed in the middle of the write-back)"},
       {"NDMESH_TEST_LOSS_SCALE", "number", "1",
        "test hook: ndmesh train multiplies every token's loss weight in the gradient by this (a deliberately "
        "wrong "
@@ -75,13 +78,15 @@ double positive(std::string_view name, double fallback, std::string_view what) {
   char* end = nullptr;
   double parsed = std::strtod(value->c_str(), &end);
   if (errno != 0 || end == value->c_str() || *end != '\0' || !(parsed > 0) || parsed > 1e7)
-    fail<ConfigError>("env", "{}='{}' is not a positive {}; set it to e.g. {} or unset it", name, *value, what,
-                      fallback);
+    fail<ConfigError>("env", "{}='{}' is not a positive {}; set it to e.g. {} or unset it", name, *value,
+                      what, fallback);
   return parsed;
 }
 }  // namespace
 
-double seconds(std::string_view name, double fallback) { return positive(name, fallback, "number of seconds"); }
+double seconds(std::string_view name, double fallback) {
+  return positive(name, fallback, "number of seconds");
+}
 
 double number(std::string_view name, double fallback) { return positive(name, fallback, "number"); }
 
@@ -104,6 +109,7 @@ void check_all() {
   (void)seconds("NDMESH_TIMEOUT_S", 300);
   (void)seconds("NDMESH_INIT_TIMEOUT_S", 300);
   (void)seconds("NDMESH_CHECKPOINT_PAUSE_S", 1);
+  (void)seconds("NDMESH_OFFLOAD_PAUSE_S", 1);
   (void)number("NDMESH_TEST_LOSS_SCALE", 1);
   (void)integer("NDMESH_TEST_EXIT_BEFORE_GLOO", 0, 0, 1);
   (void)integer("NDMESH_THREADS", 1, 1, 1024);

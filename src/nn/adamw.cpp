@@ -20,8 +20,8 @@ AdamW<T>::AdamW(const ParamStore<T>& store, AdamWOptions options, std::vector<Se
   std::int64_t state = 0;
   for (const Segment& seg : segments_) {
     NDMESH_CHECK(seg.offset >= 0 && seg.count >= 0 && seg.offset + seg.count <= store.size(), "nn",
-                 "AdamW segment [{}, {}) is outside the store of {} elements", seg.offset, seg.offset + seg.count,
-                 store.size());
+                 "AdamW segment [{}, {}) is outside the store of {} elements", seg.offset,
+                 seg.offset + seg.count, store.size());
     for (const auto& view : store.views()) {
       const std::int64_t lo = std::max(seg.offset, view.offset);
       const std::int64_t hi = std::min(seg.offset + seg.count, view.offset + view.numel);
@@ -29,19 +29,55 @@ AdamW<T>::AdamW(const ParamStore<T>& store, AdamWOptions options, std::vector<Se
     }
     state += seg.count;
   }
-  // The moments live with the parameters.
-  m_ = Tensor<T>({state}, store.device());
-  v_ = Tensor<T>({state}, store.device());
+  state_ = state;
+  // The moments live with the parameters; allocated on first use (offload_to() may move
+  // them to a file before, and they then never take memory).
+  device_ = store.device();
+}
+
+template <typename T>
+void AdamW<T>::offload_to(const std::string& path, std::int64_t chunk) {
+  if constexpr (!std::is_same_v<T, float>) {
+    fail<InternalError>("nn", "AdamW offload is float only");
+  } else {
+    NDMESH_CHECK(m_.device() == Device::kCpu, "nn", "AdamW offload to a file needs the CPU store");
+    NDMESH_CHECK(offload_ == nullptr, "nn", "AdamW moments offloaded twice");
+    offload_ = std::make_unique<OffloadFile>(path, state_, chunk);  // zero-filled
+    if (m_.numel() > 0) offload_->write_all(m_.data(), v_.data());
+    m_ = Tensor<T>();
+    v_ = Tensor<T>();
+  }
+}
+
+template <typename T>
+void AdamW<T>::allocate() const {
+  if (offload_ || m_.numel() == state_) return;
+  m_ = Tensor<T>({state_}, device_);
+  v_ = Tensor<T>({state_}, device_);
 }
 
 template <typename T>
 void AdamW<T>::moments_to_host(std::vector<T>& m, std::vector<T>& v) const {
+  if constexpr (std::is_same_v<T, float>)
+    if (offload_) {
+      m.resize(static_cast<std::size_t>(state_));
+      v.resize(static_cast<std::size_t>(state_));
+      offload_->read_all(m.data(), v.data());
+      return;
+    }
+  allocate();
   m = m_.to_host();
   v = v_.to_host();
 }
 
 template <typename T>
 void AdamW<T>::moments_from_host(const T* m, const T* v) {
+  if constexpr (std::is_same_v<T, float>)
+    if (offload_) {
+      offload_->write_all(m, v);
+      return;
+    }
+  allocate();
   const auto n = static_cast<std::size_t>(m_.numel());
   if (m_.device() == Device::kCpu) {
     std::copy(m, m + n, m_.data());
@@ -65,20 +101,20 @@ void AdamW<T>::update(ParamStore<T>& store, double lr, double grad_norm, const T
   const double b1 = options_.beta1, b2 = options_.beta2;
   const double c1 = 1.0 - std::pow(b1, static_cast<double>(t_));
   const double c2 = 1.0 - std::pow(b2, static_cast<double>(t_));
-  for (const Piece& piece : pieces_) {
+  // The update of the elements [from, from + count) of a piece, with its moments at ms, vs.
+  auto update = [&](const Piece& piece, std::int64_t from, std::int64_t count, T* ms, T* vs) {
     const double decay = piece.decay ? options_.weight_decay : 0.0;
-    T* w = store.params().data() + piece.offset;
-    const T* grads = segment_grads ? segment_grads + piece.state : store.grads().data() + piece.offset;
-    T* ms = m_.data() + piece.state;
-    T* vs = v_.data() + piece.state;
+    T* w = store.params().data() + piece.offset + from;
+    const T* grads =
+        (segment_grads ? segment_grads + piece.state : store.grads().data() + piece.offset) + from;
 #if NDMESH_WITH_CUDA
     if constexpr (std::is_same_v<T, float>)
       if (store.device() == Device::kCuda) {
-        cuda::adamw_update(w, grads, ms, vs, piece.count, lr, b1, b2, options_.eps, decay, clip, c1, c2);
-        continue;
+        cuda::adamw_update(w, grads, ms, vs, count, lr, b1, b2, options_.eps, decay, clip, c1, c2);
+        return;
       }
 #endif
-    for (std::int64_t i = 0; i < piece.count; ++i) {
+    for (std::int64_t i = 0; i < count; ++i) {
       const double g = static_cast<double>(grads[i]) * clip;
       const double m = b1 * static_cast<double>(ms[i]) + (1 - b1) * g;
       const double v = b2 * static_cast<double>(vs[i]) + (1 - b2) * g * g;
@@ -87,7 +123,27 @@ void AdamW<T>::update(ParamStore<T>& store, double lr, double grad_norm, const T
       const double wi = static_cast<double>(w[i]);
       w[i] = static_cast<T>(wi - lr * ((m / c1) / (std::sqrt(v / c2) + options_.eps) + decay * wi));
     }
-  }
+  };
+  if constexpr (std::is_same_v<T, float>)
+    if (offload_) {
+      // The pieces are in state order; each streamed chunk updates the parts of the pieces
+      // it holds (elementwise, so the split changes no result).
+      std::size_t next = 0;
+      offload_->stream([&](std::int64_t first, std::int64_t count, float* ms, float* vs) {
+        const std::int64_t last = first + count;
+        while (next < pieces_.size() && pieces_[next].state + pieces_[next].count <= first) ++next;
+        for (std::size_t p = next; p < pieces_.size() && pieces_[p].state < last; ++p) {
+          const Piece& piece = pieces_[p];
+          const std::int64_t lo = std::max(first, piece.state),
+                             hi = std::min(last, piece.state + piece.count);
+          update(piece, lo - piece.state, hi - lo, ms + (lo - first), vs + (lo - first));
+        }
+      });
+      return;
+    }
+  allocate();
+  for (const Piece& piece : pieces_)
+    update(piece, 0, piece.count, m_.data() + piece.state, v_.data() + piece.state);
 }
 
 template <typename T>

@@ -8,9 +8,28 @@ namespace ndmesh::parallel {
 
 const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
 
+const char* offload_name(Offload o) {
+  switch (o) {
+    case Offload::kOptimizer:
+      return "optimizer";
+    case Offload::kOptimizerParams:
+      return "optimizer+params";
+    case Offload::kNone:
+      break;
+  }
+  return "none";
+}
+
+std::optional<Offload> parse_offload(std::string_view text) {
+  for (Offload o : {Offload::kNone, Offload::kOptimizer, Offload::kOptimizerParams})
+    if (text == offload_name(o)) return o;
+  return std::nullopt;
+}
+
 std::vector<std::string> train_option_problems(const TrainOptions& o) {
   std::vector<std::string> out;
-  auto need = [&](bool ok, std::string_view flag, auto value, std::string_view rule, std::string_view example) {
+  auto need = [&](bool ok, std::string_view flag, auto value, std::string_view rule,
+                  std::string_view example) {
     if (!ok) out.push_back(fmt::format("{}={} {}; e.g. {} {}", flag, value, rule, flag, example));
   };
   need(o.batch >= 1, "--global-batch", o.batch, "must be at least 1", "16");
@@ -18,17 +37,38 @@ std::vector<std::string> train_option_problems(const TrainOptions& o) {
   need(o.steps >= 1, "--steps", o.steps, "must be at least 1", "1000");
   need(o.warmup >= 0, "--warmup", o.warmup, "must be >= 0", "20");
   need(o.lr > 0 && std::isfinite(o.lr), "--lr", o.lr, "must be a positive number", "3e-3");
-  need(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio", o.min_lr_ratio, "must be in [0, 1]", "0.1");
+  need(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio", o.min_lr_ratio, "must be in [0, 1]",
+       "0.1");
   need(o.adamw.weight_decay >= 0, "--weight-decay", o.adamw.weight_decay, "must be >= 0", "0.1");
   need(o.adamw.clip_norm >= 0, "--clip", o.adamw.clip_norm, "must be >= 0 (0: no clipping)", "1.0");
   need(o.pp.virtual_stages >= 1, "--vpp", o.pp.virtual_stages, "must be at least 1", "2");
   need(o.pp.trace_steps >= 1, "--trace-steps", o.pp.trace_steps, "must be at least 1", "32");
   for (std::string& p : data_parallel_option_problems(o.dp)) out.push_back(std::move(p));
   if (o.precision == Precision::kBf16)
-    out.push_back(o.device == Device::kCpu
-                      ? "--precision=bf16 is mixed precision for GPUs; on the CPU use --precision fp32, or add "
-                        "--device cuda on a GPU machine"
-                      : "--precision=bf16: mixed precision is not implemented yet; use --precision fp32");
+    out.push_back(
+        o.device == Device::kCpu
+            ? "--precision=bf16 is mixed precision for GPUs; on the CPU use --precision fp32, or add "
+              "--device cuda on a GPU machine"
+            : "--precision=bf16: mixed precision is not implemented yet; use --precision fp32");
+  if (o.offload.what == Offload::kOptimizerParams)
+    out.push_back(
+        "--offload=optimizer+params: offloading the parameters between uses needs ZeRO-3 (parameters sharded "
+        "and "
+        "gathered per block), which offload does not drive yet; use --offload optimizer");
+  if (o.offload.what != Offload::kNone && o.offload.dir.empty())
+    out.push_back(
+        fmt::format("--offload={} needs --offload-dir DIR (a folder on a local disk for the state files); "
+                    "e.g. --offload-dir /tmp",
+                    offload_name(o.offload.what)));
+  if (o.offload.what == Offload::kNone && !o.offload.dir.empty())
+    out.push_back(
+        fmt::format("--offload-dir={} is given without --offload; add --offload optimizer or leave it out",
+                    o.offload.dir));
+  if (o.offload.what != Offload::kNone && o.device != Device::kCpu)
+    out.push_back(
+        "--offload with --device cuda (to pinned host memory) is not implemented yet; use --device cpu or "
+        "leave "
+        "--offload out");
   return out;
 }
 

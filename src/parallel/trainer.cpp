@@ -19,8 +19,9 @@ namespace {
 // The options, once the data has been checked against them (before anything is built).
 TrainOptions check_data(TrainOptions o, const model::DataSource* data) {
   NDMESH_CHECK(data != nullptr, "train", "no data source");
-  NDMESH_CHECK_CONFIG(o.model.vocab == data->vocab(), "train", "vocab={} but the data ({}) has {} tokens; use --vocab {}",
-                      o.model.vocab, data->describe(), data->vocab(), data->vocab());
+  NDMESH_CHECK_CONFIG(o.model.vocab == data->vocab(), "train",
+                      "vocab={} but the data ({}) has {} tokens; use --vocab {}", o.model.vocab,
+                      data->describe(), data->vocab(), data->vocab());
   data->check_seq(o.model.seq);
   return o;
 }
@@ -32,7 +33,7 @@ Trainer::Trainer(TrainOptions options, std::unique_ptr<model::DataSource> data, 
       model_(parallelize(options_, groups_)),
       batches_(model_.plan.batch, std::move(data)),
       sync_(model_, groups_, options_.dp),
-      optimizer_(model_, sync_, options_.adamw),
+      optimizer_(model_, sync_, options_.adamw, options_.offload, static_cast<int>(groups_.rank())),
       trace_(options_.pp.trace_steps) {
   std::vector<model::Gpt*> raw;
   for (auto& c : model_.chunks) raw.push_back(c.get());
@@ -47,7 +48,8 @@ Trainer::Trainer(TrainOptions options, std::unique_ptr<model::DataSource> data, 
   if (!options_.pp.drop_action.empty()) {
     int st = -1, index = -1;
     NDMESH_CHECK_CONFIG(std::sscanf(options_.pp.drop_action.c_str(), "%d:%d", &st, &index) == 2, "train",
-                        "--pp-drop-action={} is not STAGE:INDEX; e.g. --pp-drop-action 0:1", options_.pp.drop_action);
+                        "--pp-drop-action={} is not STAGE:INDEX; e.g. --pp-drop-action 0:1",
+                        options_.pp.drop_action);
     if (st == executor_->stage()) executor_->drop_action(index);
   }
   const Mesh& mesh = groups_.mesh();
@@ -119,7 +121,10 @@ MemoryBytes Trainer::memory() const {
     m.params = optimizer / 2 * sizeof(float) + m.params_gathered;
   }
   m.grads = (sync_.zero() >= 2 ? optimizer / 2 : elements) * sizeof(float);
-  m.optimizer = optimizer * sizeof(float);
+  // Offloaded: the moments are in files; memory holds the streaming window.
+  m.optimizer = optimizer_.offloaded() ? static_cast<double>(optimizer_.offload_window_bytes())
+                                       : optimizer * sizeof(float);
+  m.optimizer_offloaded = optimizer_.offloaded() ? optimizer * sizeof(float) : 0.0;
   m.grad_workspace = sync_.zero() >= 2 ? elements * sizeof(float) : 0.0;
   // Activations: measured, not estimated. The micro-batch activations the executor held at
   // once at its peak, plus the recompute workspace the chunks share.

@@ -109,10 +109,18 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
     double params = layers_on_stage * layer_params;
     if (first) params += embedding;
     if (last) params += head + final_norm;
-    ModelStates states = model_state_bytes(params, l.zero, l.dp, precision);
-    // ZeRO-3 gathers each layer's weights before using it and prefetches the next one:
-    // two whole layers (of this tp rank) live at once besides the shards.
-    if (l.zero >= 3 && l.dp > 1) states.params += 2 * layer_params * precision.param_bytes;
+    // ZeRO shards over the gradient group, dp x cp (cp ranks hold the same parameters).
+    const std::int64_t group = l.dp * l.cp;
+    ModelStates states = model_state_bytes(params, l.zero, group, precision);
+    // ZeRO-3 gathers each layer's weights before using it and prefetches zero3_prefetch
+    // more (1 + depth whole layers of this tp rank live at once besides the shards); the
+    // backward produces one layer's full gradient before reduce-scattering it.
+    if (l.zero >= 3 && group > 1) {
+      states.params += d(1 + l.zero3_prefetch) * layer_params * precision.param_bytes;
+      states.grads += layer_params * precision.grad_bytes;
+    }
+    double offloaded = 0;
+    if (l.offload_optimizer) std::swap(offloaded, states.optimizer);
 
     const double in_flight = microbatches_in_flight(l.schedule, l.pp, m, l.vpp, stage);
     double activations = layers_on_stage * in_flight * per_layer;
@@ -138,6 +146,7 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
       worst = MemoryBreakdown{.params = states.params,
                               .grads = states.grads,
                               .optimizer = states.optimizer,
+                              .optimizer_offloaded = offloaded,
                               .activations = activations,
                               .total = total,
                               .stage = stage,
@@ -273,7 +282,15 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
     if (!l.dp_overlap) r.dp_overlap = 0;
     r.dp_exposed = std::max(0.0, r.dp_comm - r.dp_overlap);
   }
-  r.total = work + r.bubble + r.dp_exposed;
+  if (l.offload_optimizer && memory.optimizer_offloaded > 0) {
+    // The node's GPUs share its disk: each reads and writes its optimizer state once.
+    const double per_node = d(std::min(l.gpus(), hw.gpus_per_node));
+    r.offload_bytes = memory.optimizer_offloaded;
+    r.offload = hw.disk_read_bw > 0 && hw.disk_write_bw > 0
+                    ? per_node * r.offload_bytes * (1 / hw.disk_read_bw + 1 / hw.disk_write_bw)
+                    : 0.0;
+  }
+  r.total = work + r.bubble + r.dp_exposed + r.offload;
   return r;
 }
 

@@ -30,6 +30,8 @@ const std::vector<std::string_view> kKeys = {"name",
                                              "intra_node_latency_us",
                                              "inter_node_latency_us",
                                              "gemm_overhead_us",
+                                             "disk_read_gbps",
+                                             "disk_write_gbps",
                                              "source"};
 
 // The [gemm] section: measured products, four arrays of one length.
@@ -128,6 +130,11 @@ Hardware load_hardware_file(const std::string& path) {
   hw.gpus_per_node = static_cast<std::int64_t>(per_node);
   hw.memory_bw = number("memory_gbps", 0.0) * 1e9;
   hw.intra_node_latency = number("intra_node_latency_us", 0.0) * 1e-6;
+  hw.disk_read_bw = number("disk_read_gbps", 0.0) * 1e9;
+  hw.disk_write_bw = number("disk_write_gbps", 0.0) * 1e9;
+  NDMESH_CHECK_CONFIG(hw.disk_read_bw >= 0 && hw.disk_write_bw >= 0, "plan",
+                      "--hardware {}: hardware.disk_read_gbps and disk_write_gbps must be >= 0 (0: unknown)",
+                      path);
   hw.inter_node_latency = number("inter_node_latency_us", hw.intra_node_latency * 1e6) * 1e-6;
   if (const toml::table* g = root["gemm"].as_table()) {
     hw.gemm_points = gemm_points(*g, path);
@@ -189,10 +196,13 @@ std::string hardware_file_text(const Hardware& hw) {
       "intra_node_latency_us = {:.6g}\n"
       "inter_node_latency_us = {:.6g}\n"
       "gemm_overhead_us = {:.6g}\n"
+      "disk_read_gbps = {:.6g}\n"
+      "disk_write_gbps = {:.6g}\n"
       "source = \"{}\"\n",
       hw.name, hw.memory_bytes / kGiB, hw.reserved_bytes / kGiB, hw.peak_flops / 1e12, hw.achievable_fraction,
       hw.intra_node_bw / 1e9, hw.inter_node_bw / 1e9, hw.gpus_per_node, hw.memory_bw / 1e9,
-      hw.intra_node_latency * 1e6, hw.inter_node_latency * 1e6, hw.gemm_overhead * 1e6, hw.source);
+      hw.intra_node_latency * 1e6, hw.inter_node_latency * 1e6, hw.gemm_overhead * 1e6, hw.disk_read_bw / 1e9,
+      hw.disk_write_bw / 1e9, hw.source);
 }
 
 }  // namespace ndmesh::plan

@@ -57,8 +57,8 @@ bool allowed(const std::vector<T>& list, const T& value) {
 
 bool Constraints::any() const {
   return !tp.empty() || !cp.empty() || !pp.empty() || !dp.empty() || !vpp.empty() || !micro_batch.empty() ||
-         max_zero < 3 || !schedules.empty() || !recomputes.empty() || !sequence_parallel || !dp_overlap ||
-         !stage_layers.empty();
+         max_zero < 3 || min_zero > 0 || offload_optimizer || !schedules.empty() || !recomputes.empty() ||
+         !sequence_parallel || !dp_overlap || !stage_layers.empty();
 }
 
 std::string Constraints::text() const {
@@ -72,7 +72,9 @@ std::string Constraints::text() const {
   add("dp", dp);
   add("vpp", vpp);
   add("micro_batch", micro_batch);
+  if (min_zero > 0) parts.push_back(fmt::format("zero>={}", min_zero));
   if (max_zero < 3) parts.push_back(fmt::format("zero<={}", max_zero));
+  if (offload_optimizer) parts.push_back("offload=optimizer");
   if (!schedules.empty()) {
     std::vector<std::string_view> n;
     for (Schedule x : schedules) n.push_back(schedule_name(x));
@@ -175,7 +177,8 @@ SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOpti
             layout.vpp = sc.vpp;
             layout.micro_batch = mb;
             const int zero_max = std::min(pp == 1 ? 3 : 1, c.max_zero);
-            const std::int64_t variants = static_cast<std::int64_t>(recomputes.size()) * (zero_max + 1);
+            const int zeros = std::max(0, zero_max - c.min_zero + 1);
+            const std::int64_t variants = static_cast<std::int64_t>(recomputes.size()) * zeros;
             result.considered += variants;
 
             const auto probs = problems(parallel_config(layout, o.workload, hw.gpus_per_node), &spec);
@@ -198,16 +201,17 @@ SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOpti
               layout.stage_layers = balanced_partition(model.spec.layers, pp, sc.vpp);
             for (Recompute rc : recomputes) {
               if (rc != Recompute::kNone && !recompute_ok) {
-                result.invalid += zero_max + 1;
+                result.invalid += zeros;
                 continue;
               }
-              for (int zero = 0; zero <= zero_max; ++zero) {
+              for (int zero = c.min_zero; zero <= zero_max; ++zero) {
                 if (!zero_runs[static_cast<std::size_t>(zero)]) {
                   ++result.invalid;
                   continue;
                 }
                 layout.recompute = rc;
                 layout.zero = zero;
+                layout.offload_optimizer = c.offload_optimizer;
                 Estimate e;
                 e.layout = layout;
                 e.microbatches = microbatches(layout, o.workload);

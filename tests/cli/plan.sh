@@ -150,5 +150,28 @@ echo "$out" | grep -q '"parameters": 99968' || fail "trainer model untied: param
 expect_rc 2 "bad precision" -- "$ndmesh" plan memory --model llama3-8b --precision fp8
 echo "$out" | grep -q "'fp8'" || fail "bad precision: message: $out"
 
+# ZeRO-3 is planned again: plan memory --zero 3 works, and a large model on few GPUs ranks a
+# ZeRO-3 layout first (it fits in 4 GPUs without tp); --max-zero 2 keeps it out.
+expect_rc 0 "zero 3 memory" -- "$ndmesh" plan memory --model llama3-8b --dp 8 --global-batch 8 --zero 3 --json
+echo "$out" | jq -e '.zero == 3 and .memory_bytes.params < 3e9' > /dev/null || fail "zero 3 memory: $out"
+expect_rc 0 "zero 3 ranked" -- "$ndmesh" plan --model llama3-8b --gpus 4 --global-batch 16 --top 1 --json
+echo "$out" | jq -e '.layouts[0].zero == 3' > /dev/null || fail "zero 3 ranked: not first: $out"
+expect_rc 0 "max zero 2" -- "$ndmesh" plan --model llama3-8b --gpus 4 --global-batch 16 --top 1 --max-zero 2 --json
+echo "$out" | jq -e '.layouts[0].zero <= 2' > /dev/null || fail "max zero 2: $out"
+# --memory expands (printed), explicit flags win; extreme offloads at the disk rates.
+expect_rc 0 "memory aggressive" -- "$ndmesh" plan memory --model llama3-8b --dp 8 --global-batch 8 --memory aggressive
+echo "$out" | grep -q "memory: aggressive = --recompute full --zero 2" || fail "memory aggressive: $out"
+expect_rc 0 "memory extreme" -- "$ndmesh" plan memory --model llama3-8b --dp 8 --global-batch 8 --memory extreme \
+  --zero 1 --disk-read-gbps 4 --disk-write-gbps 2 --json
+echo "$out" | jq -e '.zero == 1 and .recompute == "full" and .offload == "optimizer" and .memory_bytes.optimizer == 0 and
+  .memory_bytes.optimizer_offloaded > 0 and (.time_s.offload - 8 * .memory_bytes.optimizer_offloaded * (1/4e9 + 1/2e9) | fabs) < 1e-6' \
+  > /dev/null || fail "memory extreme: $out"
+expect_rc 0 "memory search" -- "$ndmesh" plan --model llama3-8b --gpus 8 --global-batch 16 --memory aggressive --top 3 --json
+echo "$out" | jq -e '[.layouts[] | .zero == 2 and .recompute == "full"] | all' > /dev/null || fail "memory search: $out"
+expect_rc 2 "offload without disk rates" -- "$ndmesh" plan memory --model llama3-8b --dp 8 --global-batch 8 --offload optimizer
+echo "$out" | grep -q "ndmesh calibrate" || fail "offload without disk rates: $out"
+expect_rc 2 "bad memory" -- "$ndmesh" plan memory --model llama3-8b --memory huge
+echo "$out" | grep -q -- "--memory=huge is not a memory strategy" || fail "bad memory: $out"
+
 [ "$failures" -eq 0 ] && echo "plan.sh: all passed"
 exit $((failures > 0))

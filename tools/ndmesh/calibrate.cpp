@@ -16,10 +16,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <fmt/core.h>
@@ -27,6 +29,7 @@
 
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/nn/offload.hpp"
 #include "ndmesh/plan/formulas.hpp"
 #include "ndmesh/plan/hardware_file.hpp"
 #include "ndmesh/tensor/blas.hpp"
@@ -49,9 +52,28 @@ struct CalibrateOptions {
   std::string name;
   std::string device = "cpu";
   bool json = false;
+  std::string disk_dir;   // where the disk rates are measured (default: the temporary folder)
+  double disk_mib = 256;  // bytes of the file written and read back
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The disk a node offloads to: rank 0 writes a file of `mib` MiB through the offload
+// path (O_DIRECT blocks, nn/offload.hpp) and reads it back; bytes/s of each.
+std::pair<double, double> disk_rates(const std::string& dir, double mib) {
+  const auto elements = static_cast<std::int64_t>(mib * (1 << 20) / 8);  // two moments of 4 bytes
+  std::vector<float> m(static_cast<std::size_t>(elements), 1.0f), v(m.size(), 2.0f);
+  const std::string path =
+      (std::filesystem::path(dir) / fmt::format("ndmesh-calibrate-{}.adamw", ::getpid())).string();
+  nn::OffloadFile file(path, elements);
+  const double bytes = 8.0 * static_cast<double>(elements);
+  auto t0 = Clock::now();
+  file.write_all(m.data(), v.data());
+  const double write = bytes / seconds_since(t0);
+  t0 = Clock::now();
+  file.read_all(m.data(), v.data());
+  return {bytes / seconds_since(t0), write};
+}
 
 // Runs `op` repeatedly on every member of `c` for about `budget` seconds and returns the
 // mean seconds per call of the slowest member. The count is fixed from a first call on
@@ -253,6 +275,8 @@ int run(const CalibrateOptions& o) {
   hw.intra_node_latency = node.size() > 1 ? intra.p2p_latency_us * 1e-6 : 0.0;
   hw.inter_node_latency = nodes > 1 ? inter.p2p_latency_us * 1e-6 : hw.intra_node_latency;
   hw.gemm_overhead = plan::fit_gemm(curve, "calibrate").overhead_s;
+  std::tie(hw.disk_read_bw, hw.disk_write_bw) = disk_rates(
+      o.disk_dir.empty() ? std::filesystem::temp_directory_path().string() : o.disk_dir, o.disk_mib);
   hw.source = fmt::format(
       "ndmesh calibrate on {} ({} ranks, {} node{}, {} BLAS thread{} per rank, sgemm {}^3, {} B messages)",
       host, world.size(), nodes, nodes == 1 ? "" : "s", threads, threads == 1 ? "" : "s", n, o.bytes);
@@ -289,13 +313,17 @@ int run(const CalibrateOptions& o) {
                      {"nodes", nodes},
                      {"threads", threads},
                      {"gemm_tflops", flops / 1e12},
-                     {"memory_gib", memory / (1024.0 * 1024.0 * 1024.0)}};
+                     {"memory_gib", memory / (1024.0 * 1024.0 * 1024.0)},
+                     {"disk_read_gbps", hw.disk_read_bw / 1e9},
+                     {"disk_write_gbps", hw.disk_write_bw / 1e9}};
     if (node.size() > 1) j["intra"] = comm_json(intra);
     if (nodes > 1) j["inter"] = comm_json(inter);
     fmt::print("{}\n", j.dump());
   } else {
     fmt::print("sgemm {}^3: {:.2f} GFLOP/s per rank ({} thread{}, slowest of {} ranks)\n", n, flops / 1e9,
                threads, threads == 1 ? "" : "s", world.size());
+    fmt::print("disk: {:.3g} GB/s read, {:.3g} GB/s write (O_DIRECT, {} MiB)\n", hw.disk_read_bw / 1e9,
+               hw.disk_write_bw / 1e9, o.disk_mib);
     if (node.size() > 1)
       fmt::print(
           "inside a node ({} ranks): all-reduce {:.2f} GB/s bus, {:.1f} us; all-gather {:.2f} GB/s, {:.1f} "
@@ -330,6 +358,13 @@ Action setup(CLI::App& app) {
                  "cpu (matrix products through BLAS, MPI communication); cuda needs the GPU path (not yet)")
       ->capture_default_str();
   app.add_flag("--json", o->json, "Print the numbers as one JSON line");
+  app.add_option(
+      "--disk-dir", o->disk_dir,
+      "Folder on the disk offload uses, where rank 0 times writing and reading a file (default: the "
+      "temporary folder)");
+  app.add_option("--disk-mib", o->disk_mib, "MiB of that file")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 65536.0));
   app.footer(
       "Run under mpirun on the ranks the plan is for (e.g. mpirun -np 2), or alone. See "
       "docs/plan.md.");

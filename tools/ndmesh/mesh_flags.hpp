@@ -43,6 +43,8 @@ class MeshFlags {
 
   /// True when any layout flag (a size, --order, --megatron-order, --dims, --config) was given.
   bool layout_given() const;
+  /// The --config file, or empty.
+  const std::string& config_path() const { return config_; }
   /// Sizes used when no layout flag is given (e.g. `ndmesh train` under mpirun: dp = -1,
   /// all ranks data-parallel).
   void set_default_sizes(std::map<std::string, std::int64_t> sizes) { default_sizes_ = std::move(sizes); }

@@ -16,6 +16,7 @@
 
 #include "ndmesh/config/config.hpp"
 #include "ndmesh/config/partition.hpp"
+#include "ndmesh/config/training.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/strings.hpp"
 #include "ndmesh/plan/hardware_file.hpp"
@@ -43,6 +44,10 @@ struct ModelHardwareFlags {
   std::optional<double> gpu_memory_gib, reserved_gib, peak_tflops, efficiency, intra_gbps, inter_gbps;
   std::optional<std::int64_t> gpus_per_node;
   std::optional<double> memory_gbps, intra_latency_us, inter_latency_us, gemm_overhead_us;
+  std::optional<double> disk_read_gbps, disk_write_gbps;
+  std::string memory;            // --memory strategy (or [training] memory of --config)
+  std::string offload = "none";  // --offload none|optimizer
+  bool offload_given = false;
   bool no_dp_overlap = false;
   std::int64_t seq = 0;
   std::int64_t global_batch = 0;
@@ -106,7 +111,61 @@ void add_model_hardware_flags(CLI::App& app, ModelHardwareFlags& f) {
          "flash (no s x s scores stored, Q K^T recomputed in the backward; Dao et al. 2022) or standard "
          "(Korthikanti et al. 2022)")
       ->capture_default_str();
+  app.add_option("--disk-read-gbps", f.disk_read_gbps,
+                 "Override: GB/s a node reads from the disk offload uses (`ndmesh calibrate` measures it)");
+  app.add_option("--disk-write-gbps", f.disk_write_gbps, "Override: GB/s a node writes to that disk");
+  app.add_option(
+         "--memory", f.memory,
+         "Memory strategy: basic, standard (selective recompute), aggressive (full recompute + ZeRO 2) or "
+         "extreme (full recompute + ZeRO 3 + optimizer offload to disk); flags given explicitly win")
+      ->group("Memory");
+  app.add_option(
+         "--offload", f.offload,
+         "none, or optimizer: the optimizer state lives on the node's disk, read and written once per "
+         "step at the hardware's disk rates")
+      ->each([&f](const std::string&) { f.offload_given = true; })
+      ->capture_default_str()
+      ->group("Memory");
   app.add_flag("--json", f.json, "Print JSON");
+}
+
+// The memory strategy of --memory or of --config's [training] memory, if any.
+std::optional<MemoryStrategy> resolve_memory(const ModelHardwareFlags& f) {
+  std::string name = f.memory;
+  if (name.empty() && !f.config_file.empty()) {
+    try {
+      name = load_config_file(f.config_file).parallel.memory;
+    } catch (const IoError& e) {
+      throw ConfigError("plan", fmt::format("--config: {}", e.what()));
+    }
+  }
+  if (name.empty()) return std::nullopt;
+  return memory_strategy(name);
+}
+
+// Whether the optimizer state is offloaded: --offload, else the strategy's; the hardware
+// must then know its disk rates.
+bool resolve_offload(const ModelHardwareFlags& f, const std::optional<MemoryStrategy>& s,
+                     const Hardware& hw) {
+  NDMESH_CHECK_CONFIG(f.offload == "none" || f.offload == "optimizer", "plan",
+                      "--offload={} is not an offload mode the planner plans; use none or optimizer",
+                      f.offload);
+  const bool offload = f.offload_given ? f.offload == "optimizer" : s && s->offload;
+  NDMESH_CHECK_CONFIG(
+      !offload || (hw.disk_read_bw > 0 && hw.disk_write_bw > 0), "plan",
+      "--offload optimizer: the hardware '{}' has no disk rates; measure this machine's with "
+      "`ndmesh calibrate --output hw.toml` and pass --hardware hw.toml, or give --disk-read-gbps "
+      "and --disk-write-gbps",
+      hw.name);
+  return offload;
+}
+
+// The line that says what a strategy chose.
+void print_memory_choice(const std::optional<MemoryStrategy>& s, const std::string& recompute, int zero,
+                         bool offload) {
+  if (s)
+    fmt::print("memory: {} = --recompute {} --zero {}{} (flags given explicitly win)\n", s->name, recompute,
+               zero, offload ? " --offload optimizer" : "");
 }
 
 // The model from a preset, a TOML [model] section and/or flags (flags win).
@@ -177,6 +236,10 @@ Hardware resolve_hardware(const ModelHardwareFlags& f) {
   if (f.intra_latency_us) hw.intra_node_latency = *f.intra_latency_us * 1e-6;
   if (f.inter_latency_us) hw.inter_node_latency = *f.inter_latency_us * 1e-6;
   if (f.gemm_overhead_us) hw.gemm_overhead = *f.gemm_overhead_us * 1e-6;
+  if (f.disk_read_gbps) hw.disk_read_bw = *f.disk_read_gbps * 1e9;
+  if (f.disk_write_gbps) hw.disk_write_bw = *f.disk_write_gbps * 1e9;
+  NDMESH_CHECK_CONFIG(hw.disk_read_bw >= 0 && hw.disk_write_bw >= 0, "plan",
+                      "--disk-read-gbps and --disk-write-gbps must be >= 0; e.g. --disk-read-gbps 3");
   const auto probs = plan::hardware_problems(hw);
   NDMESH_CHECK_CONFIG(probs.empty(), "plan", "bad hardware: {}", fmt::join(probs, "; "));
   return hw;
@@ -245,12 +308,20 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
              m.layers_on_stage, l.tp, m.stage == 0 ? " + embedding" : "",
              m.stage == l.pp - 1 ? " + output layer" : "");
   fmt::print("  params                  {:>8}  {} B each{}\n", gib(m.params), pr.param_bytes,
-             l.zero >= 3 ? ", / dp (ZeRO-3), plus 2 gathered layers" : "");
+             l.zero >= 3
+                 ? fmt::format(", / dp x cp (ZeRO-3), plus {} gathered layers (in use + prefetch depth {})",
+                               1 + l.zero3_prefetch, l.zero3_prefetch)
+                 : "");
   fmt::print("  grads                   {:>8}  {} B each{}\n", gib(m.grads), pr.grad_bytes,
-             l.zero >= 2 ? ", / dp (ZeRO-2+)" : "");
+             l.zero >= 3   ? ", / dp x cp (ZeRO-3), plus one layer's full gradient before its reduce-scatter"
+             : l.zero >= 2 ? ", / dp x cp (ZeRO-2+)"
+                           : "");
   fmt::print("  optimizer               {:>8}  {} B each ({}momentum, variance){}\n", gib(m.optimizer),
              pr.optimizer_bytes, pr.optimizer_bytes > 8 ? "fp32 weights, " : "",
-             l.zero >= 1 ? ", / dp (ZeRO-1+)" : "");
+             l.zero >= 1 ? ", / dp x cp (ZeRO-1+)" : "");
+  if (l.offload_optimizer)
+    fmt::print("  optimizer on disk       {:>8}  --offload optimizer: read and written once per step\n",
+               gib(m.optimizer_offloaded));
   fmt::print(
       "  activations             {:>8}  {} layers x {:.2f} micro-batches in flight x {:.1f} MiB per layer "
       "(Korthikanti et al. 2022, s={} b={} {}), plus embedding masks / logits\n",
@@ -319,6 +390,13 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
       "overlapped with {:.3f} s of backward\n",
       t.dp_exposed, t.dp_comm, l.zero == 3 ? " and weight" : "", l.dp * l.cp,
       where_text(e.where.dp_in_node, t.dp_bw), t.dp_overlap);
+  if (l.offload_optimizer)
+    fmt::print(
+        "  offload                 {:>8.3f}  {} GiB of optimizer state read and written per GPU, {} GPUs "
+        "sharing "
+        "a node's disk at {:.3g} GB/s read, {:.3g} GB/s write\n",
+        t.offload, gib(t.offload_bytes), std::min(l.gpus(), hw.gpus_per_node), hw.disk_read_bw / 1e9,
+        hw.disk_write_bw / 1e9);
   fmt::print(
       "  total                   {:>8.3f}  {} tokens/s, MFU {:.1f}% (model FLOPs {:.3g} per step, {})\n",
       t.total, human(e.tokens_per_second), 100 * e.mfu, e.model_flops, model.spec.name);
@@ -382,6 +460,7 @@ struct PlanFlags {
   // Constraints: each a size or a comma-separated list.
   std::string tp, cp, pp, dp, vpp, micro_batch, schedules, recompute, pp_layers;
   int max_zero = 3;
+  bool max_zero_given = false;
   bool no_sequence_parallel = false;
 };
 
@@ -392,6 +471,7 @@ struct MemoryFlags {
   std::string recompute = "none";
   std::string pp_layers;
   bool explain = false;
+  bool recompute_given = false, zero_given = false;
 };
 
 plan::Constraints resolve_constraints(const PlanFlags& f, const PlanModel& model) {
@@ -450,7 +530,13 @@ int run_search(const PlanFlags& f) {
   const Hardware hw = resolve_hardware(f.common);
   const plan::Workload w{.seq = model.spec.seq, .global_batch = f.common.global_batch};
   const plan::Precision precision = resolve_precision(f.common);
-  const plan::Constraints constraints = resolve_constraints(f, model);
+  plan::Constraints constraints = resolve_constraints(f, model);
+  const auto strategy = resolve_memory(f.common);
+  constraints.offload_optimizer = resolve_offload(f.common, strategy, hw);
+  if (strategy) {
+    if (f.recompute.empty()) constraints.recomputes = {plan::parse_recompute(strategy->recompute)};
+    if (!f.max_zero_given) constraints.max_zero = constraints.min_zero = strategy->zero;
+  }
   const plan::Attention attention = plan::parse_attention(f.common.attention);
   const plan::SearchOptions options{.gpus = f.gpus,
                                     .workload = w,
@@ -466,6 +552,12 @@ int run_search(const PlanFlags& f) {
   }
 
   print_header(model, hw, f.gpus, w.seq, w.global_batch);
+  if (strategy)
+    fmt::print(
+        "memory: {} = --recompute {} --zero {}{} (flags given explicitly win)\n", strategy->name,
+        constraints.recomputes.size() == 1 ? plan::recompute_name(constraints.recomputes.front()) : "any",
+        constraints.min_zero == constraints.max_zero ? std::to_string(constraints.max_zero) : "any",
+        constraints.offload_optimizer ? " --offload optimizer" : "");
   fmt::print("constraints: {}; attention: {}; precision: {}\n", constraints.text(),
              plan::attention_name(attention), f.common.precision);
   fmt::print("{} layouts considered: {} fail validation, {} do not fit, {} fit\n", r.considered, r.invalid,
@@ -522,6 +614,11 @@ int run_search(const PlanFlags& f) {
 
 int run_memory(MemoryFlags f) {
   Layout& l = f.layout;
+  const auto strategy = resolve_memory(f.common);
+  if (strategy) {
+    if (!f.recompute_given) f.recompute = strategy->recompute;
+    if (!f.zero_given) l.zero = strategy->zero;
+  }
   l.schedule = parse_schedule(f.schedule);
   l.recompute = plan::parse_recompute(f.recompute);
   l.attention = plan::parse_attention(f.common.attention);
@@ -540,6 +637,7 @@ int run_memory(MemoryFlags f) {
   const plan::Precision precision = resolve_precision(f.common);
   l.stage_layers = f.pp_layers.empty() ? plan::stage_chunks(model, l)
                                        : parse_partition(f.pp_layers, model.spec.layers, l.pp, l.vpp);
+  l.offload_optimizer = resolve_offload(f.common, strategy, hw);
   const Estimate e = plan::estimate(model, hw, l, w, precision);
 
   if (f.common.json) {
@@ -547,6 +645,7 @@ int run_memory(MemoryFlags f) {
     return 0;
   }
   print_header(model, hw, l.gpus(), w.seq, w.global_batch);
+  print_memory_choice(strategy, f.recompute, l.zero, l.offload_optimizer);
   print_explain(model, hw, precision, e, w.seq, w.global_batch);
   return 0;
 }
@@ -565,7 +664,9 @@ Action setup(CLI::App& app) {
                  "Constraint: virtual stages per rank or list (above 1: interleaved)");
   app.add_option("--micro-batch", pf->micro_batch,
                  "Constraint: sequences per micro-batch or list (default 1,2,4,8)");
-  app.add_option("--max-zero", pf->max_zero, "Constraint: highest ZeRO stage tried")->capture_default_str();
+  app.add_option("--max-zero", pf->max_zero, "Constraint: highest ZeRO stage tried")
+      ->capture_default_str()
+      ->each([pf](const std::string&) { pf->max_zero_given = true; });
   app.add_option("--schedules", pf->schedules, "Constraint: schedules tried, e.g. 1f1b,interleaved");
   app.add_option("--recompute", pf->recompute, "Constraint: recompute modes tried, e.g. none,selective");
   app.add_flag("--no-sequence-parallel", pf->no_sequence_parallel,
@@ -591,9 +692,13 @@ Action setup(CLI::App& app) {
   mem->add_option("--micro-batch", mf->layout.micro_batch, "Sequences per micro-batch")
       ->capture_default_str();
   mem->add_option("--schedule", mf->schedule, "gpipe, 1f1b, interleaved or zb-h1")->capture_default_str();
-  mem->add_option("--recompute", mf->recompute, "none, selective or full")->capture_default_str();
+  mem->add_option("--recompute", mf->recompute, "none, selective or full")
+      ->capture_default_str()
+      ->each([mf](const std::string&) { mf->recompute_given = true; });
   mem->add_flag("--sequence-parallel", mf->layout.sequence_parallel, "Sequence parallelism with tp");
-  mem->add_option("--zero", mf->layout.zero, "ZeRO stage 0-3 over dp")->capture_default_str();
+  mem->add_option("--zero", mf->layout.zero, "ZeRO stage 0-3 over dp")
+      ->capture_default_str()
+      ->each([mf](const std::string&) { mf->zero_given = true; });
   mem->add_option(
       "--pp-layers", mf->pp_layers,
       "Blocks per pipeline chunk, e.g. 3,3,2 (pp*vpp entries, chunk k on rank k mod pp); default: "

@@ -28,6 +28,7 @@
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/comm/process_groups.hpp"
 #include "ndmesh/config/partition.hpp"
+#include "ndmesh/config/training.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/log.hpp"
 #include "ndmesh/model/checkpoint_dir.hpp"
@@ -50,6 +51,11 @@ struct Options {
   bool sequence_parallel = false;
   int zero = 0;
   bool zero3_reshard_after_forward = true, zero3_prefetch = true;
+  std::string offload = "none", offload_dir;
+  double offload_chunk_mb = 32;
+  std::string memory;  // --memory: a strategy that sets --recompute, --zero and --offload (given ones win)
+  std::string memory_choice;  // what it chose, printed by rank 0
+  bool zero_given = false, recompute_given = false, offload_given = false, offload_dir_given = false;
   std::string allreduce = "mpi";
   std::string cp_layout = "zigzag";
   std::string recompute = "none";
@@ -118,7 +124,9 @@ parallel::TrainOptions train_options(const Options& o, std::int64_t vocab, std::
                            .sequence_parallel = o.sequence_parallel,
                            .recompute = parse_recompute(o.recompute),
                            .device = parse_device(o.device).value_or(Device::kCpu),
-                           .precision = o.precision == "bf16" ? parallel::Precision::kBf16 : parallel::Precision::kFp32};
+                           .precision = o.precision == "bf16" ? parallel::Precision::kBf16 : parallel::Precision::kFp32,
+                           .offload = {.what = parallel::parse_offload(o.offload).value_or(parallel::Offload::kNone),
+                                       .dir = o.offload_dir}};
 }
 
 void validate(const Options& o) {
@@ -141,10 +149,22 @@ void validate(const Options& o) {
     bool known = false;
     for (Schedule sc : {Schedule::kGpipe, Schedule::k1F1B, Schedule::kInterleaved, Schedule::kZbH1})
       known = known || schedule_name(sc) == o.schedule;
-    need(known, "--schedule", o.schedule, "is not a pipeline schedule (gpipe, 1f1b, interleaved, zb-h1)", "1f1b");
+    need(known, "--schedule", o.schedule, "is not a pipeline schedule (gpipe, 1f1b, interleaved, zb-h1)",
+         "1f1b");
   }
   parse_recompute(o.recompute);
   model::parse_data_format(o.data_format);
+  need(parallel::parse_offload(o.offload).has_value(), "--offload", o.offload,
+       "is not an offload mode (none, optimizer, optimizer+params)", "optimizer");
+  if (o.offload_dir_given && o.offload_dir.empty())
+    fail<ConfigError>("train",
+                      "--offload-dir is empty; pass a folder on a local disk, e.g. --offload-dir /tmp");
+  if (!o.offload_dir.empty() &&
+      (!std::filesystem::is_directory(o.offload_dir) || ::access(o.offload_dir.c_str(), W_OK) != 0))
+    fail<ConfigError>("train", "--offload-dir={}: not a writable folder; create it or pick another",
+                      o.offload_dir);
+  need(o.offload_chunk_mb >= 0.001 && o.offload_chunk_mb <= 4096, "--offload-chunk-mb", o.offload_chunk_mb,
+       "must be in [0.001, 4096] (MiB of both moments per streamed chunk)", "32");
   need(parse_device(o.device).has_value(), "--device", o.device, "is not a device (cpu, cuda)", "cuda");
   need(o.precision == "fp32" || o.precision == "bf16", "--precision", o.precision, "must be fp32 or bf16", "fp32");
   // The model's shape rules (config's model_problems, named as the flags) and the options
@@ -160,17 +180,21 @@ void validate(const Options& o) {
   std::error_code ec;
   // An empty value must not silently switch the feature off.
   if (o.data_given && o.data.empty())
-    fail<ConfigError>("train", "--data is empty; pass a text file, or leave --data out for the Markov source");
+    fail<ConfigError>("train",
+                      "--data is empty; pass a text file, or leave --data out for the Markov source");
   if (o.save_given && o.save.empty())
-    fail<ConfigError>("train", "--save is empty; pass a directory name such as run.ckpt, or leave --save out");
+    fail<ConfigError>("train",
+                      "--save is empty; pass a directory name such as run.ckpt, or leave --save out");
   if (o.load_given && o.load.empty())
     fail<ConfigError>("train", "--load is empty; pass a checkpoint written with --save, or leave --load out");
   if (!o.load.empty()) {
     if (!fs::exists(o.load, ec))
-      fail<ConfigError>("train", "--load={}: no such file or directory; pass a checkpoint written with --save", o.load);
+      fail<ConfigError>(
+          "train", "--load={}: no such file or directory; pass a checkpoint written with --save", o.load);
     if (!fs::is_regular_file(o.load, ec) && !fs::is_directory(o.load, ec))
-      fail<ConfigError>("train", "--load={}: not a checkpoint directory or file; pass a checkpoint written with --save",
-                        o.load);
+      fail<ConfigError>(
+          "train", "--load={}: not a checkpoint directory or file; pass a checkpoint written with --save",
+          o.load);
     if (::access(o.load.c_str(), R_OK) != 0)
       fail<ConfigError>("train", "--load={}: cannot read it; check its permissions", o.load);
   }
@@ -182,10 +206,11 @@ void validate(const Options& o) {
     while (!target.empty() && target.filename().empty()) target = target.parent_path();  // "ck/" -> "ck"
     const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
     if (fs::exists(target, ec) && !fs::is_directory(target, ec))
-      fail<ConfigError>("train",
-                        "--save={}: is a file (a single-file checkpoint of an older ndmesh?); --save writes a "
-                        "checkpoint directory: pick a new name",
-                        o.save);
+      fail<ConfigError>(
+          "train",
+          "--save={}: is a file (a single-file checkpoint of an older ndmesh?); --save writes a "
+          "checkpoint directory: pick a new name",
+          o.save);
     if (fs::is_directory(target, ec) && !model::is_checkpoint_dir(target.string()) &&
         !fs::is_empty(target, ec))
       fail<ConfigError>("train",
@@ -193,11 +218,13 @@ void validate(const Options& o) {
                         "checkpoint directory: pick a new name",
                         o.save);
     if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0)
-      fail<ConfigError>("train", "--save={}: the folder '{}' does not exist or is not writable; create it or pick another",
-                        o.save, dir.string());
+      fail<ConfigError>(
+          "train", "--save={}: the folder '{}' does not exist or is not writable; create it or pick another",
+          o.save, dir.string());
     if (target.filename().string().size() + 17 > 255)
-      fail<ConfigError>("train", "--save={}: the name is too long ({} bytes with the temporary suffix; the limit is 255)",
-                        o.save, target.filename().string().size() + 17);
+      fail<ConfigError>(
+          "train", "--save={}: the name is too long ({} bytes with the temporary suffix; the limit is 255)",
+          o.save, target.filename().string().size() + 17);
   }
 }
 
@@ -217,6 +244,7 @@ double rank_memory_bytes(const parallel::TrainOptions& t, const Mesh& mesh) {
                  .zero = t.dp.zero,
                  .attention = plan::Attention::kFlash};
   l.micro_batch = t.micro_batch > 0 ? t.micro_batch : std::max<std::int64_t>(1, t.batch / l.dp);
+  l.offload_optimizer = t.offload.what != parallel::Offload::kNone;  // the moments are in files
   try {
     l.stage_layers = t.pp.layers.empty() ? plan::stage_chunks(model, l)
                                          : parse_partition(t.pp.layers, t.model.layers, l.pp, l.vpp, "--pp-layers");
@@ -241,9 +269,10 @@ int train(Options o, comm::Communicator& world) {
   MeshSetup layout = o.layout.resolve(world.size());
   ProcessGroups groups(layout.mesh, world);
   const bool lead = world.rank() == 0;
-  const int threads = o.threads > 0 ? static_cast<int>(o.threads)
-                                    : threads_from_env(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                                                                       static_cast<int>(world.size())));
+  const int threads =
+      o.threads > 0 ? static_cast<int>(o.threads)
+                    : threads_from_env(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                                       static_cast<int>(world.size())));
   set_blas_threads(threads);
 
   std::unique_ptr<model::DataSource> data;
@@ -259,7 +288,8 @@ int train(Options o, comm::Communicator& world) {
         "--vocab={} does not match the data ({}), which has {} tokens; use --vocab {} or leave it out",
         o.vocab, data->describe(), data->vocab(), data->vocab());
 
-  const parallel::TrainOptions t = train_options(o, o.vocab > 0 ? o.vocab : data->vocab(), layout.config.ranks_per_node);
+  const parallel::TrainOptions t =
+      train_options(o, o.vocab > 0 ? o.vocab : data->vocab(), layout.config.ranks_per_node);
   // Refuse sizes that would not fit instead of being killed half-way through allocation:
   // the ranks of one node share its memory, so the node's ranks times one rank's need
   // against the node's memory, agreed over the world (the fullest node decides for all).
@@ -271,8 +301,9 @@ int train(Options o, comm::Communicator& world) {
   const double node_memory =
       static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
   // The fullest node: its share of memory needed, its ranks and its memory.
-  std::array<double, 3> fullest = {node_memory > 0 ? rank_bytes * static_cast<double>(node_ranks) / node_memory : 0.0,
-                                   static_cast<double>(node_ranks), node_memory};
+  std::array<double, 3> fullest = {
+      node_memory > 0 ? rank_bytes * static_cast<double>(node_ranks) / node_memory : 0.0,
+      static_cast<double>(node_ranks), node_memory};
   if (world.size() > 1) {
     std::vector<double> all(3 * static_cast<std::size_t>(world.size()));
     world.all_gather(std::span<const double>(fullest), std::span<double>(all));
@@ -319,24 +350,27 @@ int train(Options o, comm::Communicator& world) {
     fmt::print("model: {} layers, hidden {}, heads {}/{} kv, ffn {}, seq {}, vocab {}, {} parameters ({})\n",
                o.layers, o.hidden, o.heads, t.model.kv_heads_or_heads(), t.model.ffn_or_default(), o.seq,
                t.model.vocab, params, t.model.tied_embeddings ? "tied head" : "untied head");
-    fmt::print("data: {}{}\n", source,
-               entropy ? fmt::format(", entropy rate {:.4f} nats/token (best achievable loss)", *entropy) : "");
+    fmt::print(
+        "data: {}{}\n", source,
+        entropy ? fmt::format(", entropy rate {:.4f} nats/token (best achievable loss)", *entropy) : "");
     if (world.size() > 1)
-      fmt::print("layout: {} on {} ranks; micro-batches {} of {} sequences per dp rank; ZeRO {}, all-reduce {} in {}, "
-                 "buckets of {} MiB{}{}\n",
-                 layout_text, world.size(), trainer.microbatches(), trainer.model().batch(), o.zero, o.allreduce,
-                 o.grad_dtype,
-                 o.bucket_mb, o.no_overlap ? ", no overlap" : ", overlapped with backward",
-                 layout.mesh.size_of("tp") > 1
-                     ? fmt::format("; tp {} ({} parameters per rank{})", layout.mesh.size_of("tp"), params_per_rank,
-                                   o.sequence_parallel ? ", sequence parallel" : "")
-                     : "");
+      fmt::print(
+          "layout: {} on {} ranks; micro-batches {} of {} sequences per dp rank; ZeRO {}, all-reduce {} in "
+          "{}, "
+          "buckets of {} MiB{}{}\n",
+          layout_text, world.size(), trainer.microbatches(), trainer.model().batch(), o.zero, o.allreduce,
+          o.grad_dtype, o.bucket_mb, o.no_overlap ? ", no overlap" : ", overlapped with backward",
+          layout.mesh.size_of("tp") > 1
+              ? fmt::format("; tp {} ({} parameters per rank{})", layout.mesh.size_of("tp"), params_per_rank,
+                            o.sequence_parallel ? ", sequence parallel" : "")
+              : "");
     if (layout.mesh.size_of("cp") > 1)
-      fmt::print("context parallel: {} ranks, {} layout, {} of {} tokens per sequence per rank, ring attention\n",
-                 layout.mesh.size_of("cp"), o.cp_layout, trainer.model().seq(), o.seq);
+      fmt::print(
+          "context parallel: {} ranks, {} layout, {} of {} tokens per sequence per rank, ring attention\n",
+          layout.mesh.size_of("cp"), o.cp_layout, trainer.model().seq(), o.seq);
     if (!o.load.empty()) fmt::print("resumed from {} at step {}\n", o.load, first);
-    fmt::print("train: batch {}, steps {}..{}, lr {} (warmup {}, cosine to {}x), {} BLAS thread{}{}\n", o.batch,
-               first + 1, stop, o.lr, o.warmup, o.min_lr_ratio, threads, threads == 1 ? "" : "s",
+    fmt::print("train: batch {}, steps {}..{}, lr {} (warmup {}, cosine to {}x), {} BLAS thread{}{}\n",
+               o.batch, first + 1, stop, o.lr, o.warmup, o.min_lr_ratio, threads, threads == 1 ? "" : "s",
                world.size() > 1 ? " per rank" : "");
     std::fflush(stdout);
   }
@@ -347,8 +381,8 @@ int train(Options o, comm::Communicator& world) {
   std::vector<double> losses, grad_norms;
   double comm_seconds = 0, exposed_seconds = 0, step_seconds = 0;
   std::int64_t grad_comm_bytes = 0;  // the last step's
-  parallel::TpCommStats tp_comm;  // of the last step
-  double tp_seconds = 0;          // in tp communication, all steps
+  parallel::TpCommStats tp_comm;     // of the last step
+  double tp_seconds = 0;             // in tp communication, all steps
   const double tokens_per_step = static_cast<double>(trainer.tokens_per_step());
   while (trainer.steps_done() < stop) {
     parallel::StepStats s = trainer.step();
@@ -430,15 +464,22 @@ int train(Options o, comm::Communicator& world) {
     fmt::print("pipeline: {} over {} stages x {} chunk{}, {} micro-batches, blocks per chunk {}\n",
                schedule_name(sc.kind), sc.stages, sc.chunks, sc.chunks == 1 ? "" : "s", sc.microbatches,
                fmt::join(trainer.partition(), ","));
-    fmt::print("pipeline bubble: measured {:.1f}%, simulated {:.1f}% for the measured mean costs (forward {:.3g} ms, "
-               "backward {:.3g} + {:.3g} ms per stage), {:.1f}% for each stage's own\n",
-               100 * pipe.bubble_measured, 100 * pipe.bubble_simulated, 1e3 * pipe.costs.forward,
-               1e3 * pipe.costs.backward_input, 1e3 * pipe.costs.backward_weight, 100 * pipe.bubble_simulated_stages);
+    fmt::print(
+        "pipeline bubble: measured {:.1f}%, simulated {:.1f}% for the measured mean costs (forward {:.3g} "
+        "ms, "
+        "backward {:.3g} + {:.3g} ms per stage), {:.1f}% for each stage's own\n",
+        100 * pipe.bubble_measured, 100 * pipe.bubble_simulated, 1e3 * pipe.costs.forward,
+        1e3 * pipe.costs.backward_input, 1e3 * pipe.costs.backward_weight,
+        100 * pipe.bubble_simulated_stages);
     fmt::print("pipeline activations held per stage: measured peak {}, schedule {}\n",
                fmt::join(pipe.peak_activations, ","), fmt::join(pipe.expected_peak_activations, ","));
     if (!o.trace.empty()) fmt::print("trace: {} actions written to {}\n", pipe.events, o.trace);
   }
   if (!o.save.empty()) fmt::print("saved checkpoint {} (step {})\n", o.save, trainer.steps_done());
+  if (trainer.optimizer().offloaded())
+    fmt::print(
+        "offload: optimizer state {:.1f} MiB per rank in {} (rank 0), streamed through a {:.0f} MiB window\n",
+        mem.optimizer_offloaded / (1 << 20), o.offload_dir, mem.optimizer / (1 << 20));
   if (o.json) {
     nlohmann::ordered_json j;
     j["final_loss"] = final_loss;
@@ -460,10 +501,22 @@ int train(Options o, comm::Communicator& world) {
     j["zero"] = o.zero;
     j["sequence_parallel"] = o.sequence_parallel;
     j["recompute"] = o.recompute;
+    j["offload"] = o.offload;
+    if (trainer.optimizer().offloaded()) {
+      // Rank 0's files: bytes moved per step and the rate of the I/O tasks (read and write
+      // run beside each other and beside the update).
+      const auto& opt = trainer.optimizer();
+      j["offload_io"] = {
+          {"bytes_read_per_step", static_cast<double>(opt.offload_bytes_read()) / steps_run},
+          {"bytes_written_per_step", static_cast<double>(opt.offload_bytes_written()) / steps_run},
+          {"io_seconds_per_step", opt.offload_io_seconds() / steps_run}};
+    }
     j["device"] = o.device;
     j["precision"] = o.precision;
     // What the last step moved over this rank's tp group (bytes of the full buffers).
-    auto count = [](const parallel::CommCount& c) { return nlohmann::ordered_json{{"calls", c.calls}, {"bytes", c.bytes}}; };
+    auto count = [](const parallel::CommCount& c) {
+      return nlohmann::ordered_json{{"calls", c.calls}, {"bytes", c.bytes}};
+    };
     j["tp_comm_per_step"] = {{"all_reduce", count(tp_comm.all_reduce)},
                              {"all_gather", count(tp_comm.all_gather)},
                              {"reduce_scatter", count(tp_comm.reduce_scatter)}};
@@ -480,6 +533,7 @@ int train(Options o, comm::Communicator& world) {
                          {"params_gathered", mem.params_gathered},
                          {"grads", mem.grads},
                          {"optimizer", mem.optimizer},
+                         {"optimizer_offloaded", mem.optimizer_offloaded},
                          {"activations", mem.activations},
                          {"activation_buffers", mem.activation_buffers},
                          {"grad_workspace", mem.grad_workspace},
@@ -512,7 +566,47 @@ int train(Options o, comm::Communicator& world) {
   return 0;
 }
 
-int run(const Options& o) {
+// --memory (or [training] memory of --config): the strategy's flags, except those given.
+void expand_memory(Options& o) {
+  std::string name = o.memory, from = "--memory";
+  if (name.empty() && !o.layout.config_path().empty()) {
+    name = load_config_file(o.layout.config_path()).parallel.memory;
+    from = o.layout.config_path() + " [training] memory";
+  }
+  if (name.empty()) return;
+  const MemoryStrategy s = memory_strategy(name);
+  std::vector<std::string> chose, kept;
+  auto pick = [&](bool given, std::string flag, std::string value, std::string mine) {
+    if (given && value != mine)
+      kept.push_back(fmt::format("{} {}", flag, mine));
+    else if (!given && value != "none" && value != "0")
+      chose.push_back(fmt::format("{} {}", flag, value));
+  };
+  pick(o.recompute_given, "--recompute", std::string(s.recompute), o.recompute);
+  if (!o.recompute_given) o.recompute = s.recompute;
+  pick(o.zero_given, "--zero", std::to_string(s.zero), std::to_string(o.zero));
+  if (!o.zero_given) o.zero = s.zero;
+  if (s.offload) {
+    pick(o.offload_given, "--offload", "optimizer", o.offload);
+    if (!o.offload_given) {
+      o.offload = "optimizer";
+      if (!o.offload_dir_given) o.offload_dir = std::filesystem::temp_directory_path().string();
+      chose.push_back(fmt::format("--offload-dir {}", o.offload_dir));
+    }
+  }
+  o.memory_choice =
+      fmt::format("memory: {} ({}) = {}{}", name, from,
+                  chose.empty() ? "nothing" : fmt::format("{}", fmt::join(chose, " ")),
+                  kept.empty() ? "" : fmt::format("; given explicitly: {}", fmt::join(kept, " ")));
+}
+
+int run(Options o) {
+  expand_memory(o);
+  // Printed before anything is checked, so that what the strategy chose shows with any refusal.
+  if (!o.memory_choice.empty() && LaunchEnv::detect().rank == 0) {
+    fmt::print("{}\n", o.memory_choice);
+    std::fflush(stdout);
+  }
   validate(o);
   comm::Communicator world = comm::Communicator::world();
   try {
@@ -533,8 +627,9 @@ int run(const Options& o) {
 Action setup(CLI::App& app) {
   auto o = std::make_shared<Options>();
   o->layout.add_to(app);
-  app.add_option("--micro-batch", o->micro_batch,
-                 "sequences per micro-batch per data-parallel rank (0: the whole local batch, no accumulation)")
+  app.add_option(
+         "--micro-batch", o->micro_batch,
+         "sequences per micro-batch per data-parallel rank (0: the whole local batch, no accumulation)")
       ->capture_default_str()
       ->group("Parallel");
   app.add_option("--bucket-mb", o->bucket_mb, "gradient bucket size in MiB for the data-parallel reduction")
@@ -552,9 +647,10 @@ Action setup(CLI::App& app) {
                "with overlap: advance the buckets in flight from the backward itself (between sub-layers) "
                "instead of from a helper thread")
       ->group("Parallel");
-  app.add_flag("--sequence-parallel", o->sequence_parallel,
-               "with --tp: norms and residuals hold 1/tp of the tokens (all-gather before the column-parallel "
-               "linears, reduce-scatter after the row-parallel ones)")
+  app.add_flag(
+         "--sequence-parallel", o->sequence_parallel,
+         "with --tp: norms and residuals hold 1/tp of the tokens (all-gather before the column-parallel "
+         "linears, reduce-scatter after the row-parallel ones)")
       ->group("Parallel");
   app.add_option("--zero", o->zero,
                  "ZeRO stage over dp (x cp): 0, 1 (shard optimizer state), 2 (and gradients) or 3 (and parameters: "
@@ -570,19 +666,39 @@ Action setup(CLI::App& app) {
                  "with --zero 3: start gathering the next unit while the current one computes (true), or only "
                  "when it is needed (false: the baseline the prefetch is measured against)")
       ->capture_default_str()
+      ->each([o](const std::string&) { o->zero_given = true; })
       ->group("Parallel");
-  app.add_option("--allreduce", o->allreduce, "gradient all-reduce: mpi, ring, tree, hierarchical or adaptive")
+  app.add_option(
+         "--offload", o->offload,
+         "keep state in files under --offload-dir instead of memory: none, optimizer (the AdamW moments, "
+         "streamed through the step in chunks; the same results bit for bit)")
+      ->capture_default_str()
+      ->each([o](const std::string&) { o->offload_given = true; })
+      ->group("Memory");
+  app.add_option(
+         "--offload-dir", o->offload_dir,
+         "folder for the offload files (a local disk; one file per rank; removed at the end, and files "
+         "left by a killed run are refused)")
+      ->each([o](const std::string&) { o->offload_dir_given = true; })
+      ->group("Memory");
+  app.add_option(
+         "--offload-chunk-mb", o->offload_chunk_mb,
+         "MiB of optimizer state (both moments) per streamed chunk; three chunks are in memory at once")
+      ->capture_default_str()
+      ->group("Memory");
+  app.add_option("--allreduce", o->allreduce,
+                 "gradient all-reduce: mpi, ring, tree, hierarchical or adaptive")
       ->capture_default_str()
       ->group("Parallel");
   app.add_option("--schedule", o->schedule, "pipeline schedule: gpipe, 1f1b, interleaved or zb-h1")
       ->capture_default_str()
       ->group("Parallel");
-  app.add_option("--device", o->device,
-                 "where the model runs: cpu (the fp32 reference) or cuda (one GPU per rank; built where the CUDA "
-                 "toolkit is found; one rank for now)")
+  app.add_option(
+         "--device", o->device,
+         "where the model runs: cpu (the fp32 reference) or cuda (one GPU per rank; built where the CUDA "
+         "toolkit is found; one rank for now)")
       ->capture_default_str();
-  app.add_option("--precision", o->precision,
-                 "fp32, or bf16 mixed precision (GPUs; not implemented yet)")
+  app.add_option("--precision", o->precision, "fp32, or bf16 mixed precision (GPUs; not implemented yet)")
       ->capture_default_str();
   app.add_option(
          "--recompute", o->recompute,
@@ -590,6 +706,7 @@ Action setup(CLI::App& app) {
          "output and log-sum-exp are not kept) or full (a block keeps only its input and the backward "
          "re-runs its forward); the losses are the same bit for bit")
       ->capture_default_str()
+      ->each([o](const std::string&) { o->recompute_given = true; })
       ->group("Parallel");
   app.add_option("--vpp,--virtual-stages", o->virtual_stages,
                  "virtual stages: model chunks per pipeline rank (--schedule interleaved)")
@@ -598,9 +715,10 @@ Action setup(CLI::App& app) {
   app.add_option("--pp-layers", o->pp_layers,
                  "blocks per pipeline chunk, e.g. 3,3,2 (pp x virtual-stages entries; default: balanced)")
       ->group("Parallel");
-  app.add_option("--trace", o->trace,
-                 "write every pipeline action of every rank with start and end as Chrome trace-event JSON (the "
-                 "last --trace-steps steps)")
+  app.add_option(
+         "--trace", o->trace,
+         "write every pipeline action of every rank with start and end as Chrome trace-event JSON (the "
+         "last --trace-steps steps)")
       ->group("Parallel");
   app.add_option("--trace-steps", o->trace_steps,
                  "steps each rank keeps in its pipeline trace, the latest (the bubble is measured over them)")
@@ -609,9 +727,10 @@ Action setup(CLI::App& app) {
   app.add_option("--pp-drop-action", o->drop_action,
                  "testing: stage STAGE skips action INDEX of its list (STAGE:INDEX), a mismatched schedule")
       ->group("Testing");
-  app.add_option("--cp-layout", o->cp_layout,
-                 "chunks of each sequence a context-parallel rank holds: zigzag (chunks i and 2cp-1-i of 2cp, "
-                 "balanced causal work) or contiguous (chunk i of cp)")
+  app.add_option(
+         "--cp-layout", o->cp_layout,
+         "chunks of each sequence a context-parallel rank holds: zigzag (chunks i and 2cp-1-i of 2cp, "
+         "balanced causal work) or contiguous (chunk i of cp)")
       ->capture_default_str()
       ->group("Parallel");
   app.add_option("--layers", o->layers, "transformer blocks")->capture_default_str();
@@ -624,7 +743,8 @@ Action setup(CLI::App& app) {
   app.add_option("--vocab", o->vocab, "vocabulary (0: the data's: --markov-vocab, or 256 for a text --data; token files need it)")
       ->capture_default_str();
   app.add_flag("--untied", o->untied, "give the LM head its own weight instead of the token embedding");
-  app.add_option("--global-batch,--batch", o->batch, "sequences per step over all ranks")->capture_default_str();
+  app.add_option("--global-batch,--batch", o->batch, "sequences per step over all ranks")
+      ->capture_default_str();
   app.add_option("--steps", o->steps, "total steps (a --load run continues up to this step)")
       ->capture_default_str();
   app.add_option("--lr", o->lr, "peak learning rate")->capture_default_str();
@@ -656,9 +776,10 @@ Action setup(CLI::App& app) {
          "stop after this step (0: --steps); the learning-rate schedule still spans --steps, so a run "
          "resumed with --load continues exactly")
       ->capture_default_str();
-  app.add_option("--save", o->save,
-                 "write a checkpoint directory here at the end: a manifest and one shard file per stage and tp "
-                 "rank, replacing the previous one atomically; it loads under any layout")
+  app.add_option(
+         "--save", o->save,
+         "write a checkpoint directory here at the end: a manifest and one shard file per stage and tp "
+         "rank, replacing the previous one atomically; it loads under any layout")
       ->each([o](const std::string&) { o->save_given = true; });
   app.add_option("--save-every", o->save_every,
                  "also checkpoint to --save every N steps (0: only at the end)")
@@ -678,16 +799,26 @@ Action setup(CLI::App& app) {
       "  ndmesh train --steps 200 --until 100 --save run.ckpt && ndmesh train --steps 200 --load run.ckpt\n"
       "  mpirun -np 4 ndmesh train --dp 4                # data parallel: the same losses as the serial run\n"
       "  mpirun -np 2 ndmesh train --dp 2 --micro-batch 2 --zero 1 --allreduce ring\n"
-      "  mpirun -np 4 ndmesh train --cp 2 --dp 2 --seq 64  # context parallel: ring attention over --cp ranks\n"
-      "  mpirun -np 4 ndmesh train --dp 2 --tp 2 --sequence-parallel   # tensor parallel: the same losses too\n"
-      "  mpirun -np 4 ndmesh train --pp 4 --schedule 1f1b --batch 8 --micro-batch 1 --layers 4 --trace pp.json");
+      "  mpirun -np 4 ndmesh train --cp 2 --dp 2 --seq 64  # context parallel: ring attention over --cp "
+      "ranks\n"
+      "  mpirun -np 4 ndmesh train --dp 2 --tp 2 --sequence-parallel   # tensor parallel: the same losses "
+      "too\n"
+      "  mpirun -np 4 ndmesh train --pp 4 --schedule 1f1b --batch 8 --micro-batch 1 --layers 4 --trace "
+      "pp.json");
+  app.add_option(
+         "--memory", o->memory,
+         "memory strategy, expanded to flags (printed): basic (nothing), standard (--recompute selective), "
+         "aggressive (--recompute full --zero 2), extreme (--recompute full --zero 3 --offload optimizer "
+         "--offload-dir $TMPDIR); a flag given explicitly wins")
+      ->group("Memory");
   return [o] { return run(*o); };
 }
 
-const Subcommand kTrain{"train",
-                        "Train the GPT model, alone or data-, context- and tensor-parallel under mpirun (Markov source "
-                        "or a file)",
-                        setup};
+const Subcommand kTrain{
+    "train",
+    "Train the GPT model, alone or data-, context- and tensor-parallel under mpirun (Markov source "
+    "or a file)",
+    setup};
 
 }  // namespace
 }  // namespace ndmesh::cli

@@ -81,6 +81,7 @@ struct ParallelConfig {
   int zero = 0;                   ///< ZeRO stage over dp
   std::int64_t micro_batch = 1;   ///< sequences per micro-batch
   std::int64_t global_batch = 0;  ///< sequences per step; 0: micro_batch * dp
+  std::string memory;             ///< a memory strategy ([training] memory; config/training.hpp); empty: none
   /// Layers need not divide pp*vpp: the blocks are split by balanced_partition()
   /// (config/partition.hpp), each of the pp*vpp chunks still needs one block. This is what
   /// `ndmesh train`'s pipeline runs; false also asks for layers divisible by pp*vpp.
@@ -126,7 +127,7 @@ std::vector<std::string> model_problems(const ModelSpec& model,
 ///   [parallel]  tp pp dp cp ep (integers, one may be -1), order | megatron_order | dims,
 ///               world, ranks_per_node, heavy_dims, schedule, vpp, sequence_parallel
 ///   [model]     name layers hidden heads kv_heads ffn seq vocab experts tied_embeddings
-///   [training]  micro_batch global_batch
+///   [training]  micro_batch global_batch memory
 struct ConfigFile {
   LayoutSpec layout;
   ParallelConfig parallel;  ///< non-layout fields (dims come from `layout`)

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ndmesh/config/config.hpp"
@@ -27,6 +28,19 @@ inline constexpr std::int64_t kMaxPipelineWork = 1'000'000;
 /// The highest ZeRO stage `ndmesh train` implements (optimizer states, gradients and
 /// parameters sharded).
 inline constexpr int kMaxTrainZero = 3;
+
+/// A memory strategy (`--memory NAME`, `memory = "NAME"` in [training]): the concrete
+/// flags it stands for. basic: nothing; standard: selective recompute; aggressive: full
+/// recompute + ZeRO 2; extreme: full recompute + ZeRO 3 + the optimizer state offloaded to
+/// disk. A flag given explicitly wins over the strategy's value.
+struct MemoryStrategy {
+  std::string_view name;
+  std::string_view recompute;  ///< --recompute: none, selective or full
+  int zero = 0;                ///< --zero
+  bool offload = false;        ///< --offload optimizer
+};
+/// The strategy of `name`; ConfigError naming `flag`, the value and the names otherwise.
+MemoryStrategy memory_strategy(std::string_view name, std::string_view flag = "--memory");
 
 /// A training run as `ndmesh train` runs it: the sizes of the standard dims and the options
 /// whose rules involve the layout or the model.

@@ -9,9 +9,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "ndmesh/nn/offload.hpp"
 #include "ndmesh/tensor/params.hpp"
 #include "ndmesh/tensor/tensor.hpp"
 
@@ -56,10 +59,14 @@ class AdamW {
   std::int64_t steps() const { return t_; }
   /// First and second moments of the owned segments, one after another (on the store's
   /// device: CPU only through these spans; moments_to_host / moments_from_host anywhere).
-  std::span<T> m() { return {m_.data(), static_cast<std::size_t>(m_.numel())}; }
-  std::span<T> v() { return {v_.data(), static_cast<std::size_t>(v_.numel())}; }
-  std::span<const T> m() const { return {m_.data(), static_cast<std::size_t>(m_.numel())}; }
-  std::span<const T> v() const { return {v_.data(), static_cast<std::size_t>(v_.numel())}; }
+  std::span<T> m() { return allocate(), std::span<T>{m_.data(), static_cast<std::size_t>(m_.numel())}; }
+  std::span<T> v() { return allocate(), std::span<T>{v_.data(), static_cast<std::size_t>(v_.numel())}; }
+  std::span<const T> m() const {
+    return allocate(), std::span<const T>{m_.data(), static_cast<std::size_t>(m_.numel())};
+  }
+  std::span<const T> v() const {
+    return allocate(), std::span<const T>{v_.data(), static_cast<std::size_t>(v_.numel())};
+  }
   /// The moments on the host (checkpoints), and back.
   void moments_to_host(std::vector<T>& m, std::vector<T>& v) const;
   void moments_from_host(const T* m, const T* v);
@@ -67,6 +74,15 @@ class AdamW {
   void set_steps(std::int64_t t) { t_ = t; }
   /// The owned segments.
   const std::vector<Segment>& segments() const { return segments_; }
+  /// Moves the moments into the file `path` (nn/offload.hpp; CPU stores only): from now on
+  /// update() streams them chunk by chunk and m() / v() are empty; the arithmetic is the
+  /// same, so the results are the same bit for bit. Called before the first update the
+  /// moments are zero and never take memory (AdamW allocates them on first use).
+  void offload_to(const std::string& path, std::int64_t chunk = OffloadFile::kDefaultChunk);
+  /// The offload file, or nullptr when the moments are in memory.
+  const OffloadFile* offload() const { return offload_.get(); }
+  /// Elements of each moment (the owned segments' total), wherever they live.
+  std::int64_t state_elements() const { return state_; }
 
  private:
   // Owned elements that are parameters (not padding), split by weight decay.
@@ -80,8 +96,13 @@ class AdamW {
   std::vector<Segment> segments_;
   std::vector<Piece> pieces_;
   std::int64_t t_ = 0;
-  Tensor<T> m_;
-  Tensor<T> v_;
+  std::int64_t state_ = 0;
+  std::unique_ptr<OffloadFile> offload_;
+  Device device_ = Device::kCpu;
+  // Allocates the (zero) moments in memory unless they are offloaded or allocated already.
+  void allocate() const;
+  mutable Tensor<T> m_;
+  mutable Tensor<T> v_;
 };
 
 }  // namespace ndmesh::nn

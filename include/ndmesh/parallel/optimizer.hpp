@@ -10,13 +10,18 @@
 #include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/parallel/grad_sync.hpp"
 #include "ndmesh/parallel/parallelize.hpp"
+#include "ndmesh/parallel/train_options.hpp"
 
 namespace ndmesh::parallel {
 
 /// One AdamW per local chunk over the segments its reducer says this rank updates.
 class Optimizer {
  public:
-  Optimizer(RankModel& model, GradSync& sync, const nn::AdamWOptions& options);
+  /// With `offload` set (--offload optimizer), the moments live in files
+  /// `<dir>/rank<world_rank>-chunk<c>.adamw`; ConfigError naming them, and the command that
+  /// clears them, when files of this rank are there already (a run that was killed).
+  Optimizer(RankModel& model, GradSync& sync, const nn::AdamWOptions& options,
+            const OffloadOptions& offload = {}, int world_rank = 0);
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
@@ -30,8 +35,16 @@ class Optimizer {
   /// Updates done so far (the same for every chunk).
   std::int64_t steps() const { return adams_.front()->steps(); }
   void set_steps(std::int64_t steps);
-  /// Moment elements this rank holds (two per updated element).
+  /// Moment elements this rank holds (two per updated element), in memory or offloaded.
   std::int64_t state_elements() const;
+  /// Whether the moments are in files.
+  bool offloaded() const { return adams_.front()->offload() != nullptr; }
+  /// Bytes of the offload files' I/O windows (0 in memory).
+  std::int64_t offload_window_bytes() const;
+  /// Bytes read and written by the offload files so far, and the seconds their I/O took.
+  std::int64_t offload_bytes_read() const;
+  std::int64_t offload_bytes_written() const;
+  double offload_io_seconds() const;
 
  private:
   std::vector<model::Gpt*> chunks_;

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ndmesh/config/config.hpp"
@@ -32,6 +34,22 @@ enum class Precision { kFp32, kBf16 };
 /// "fp32", "bf16".
 const char* precision_name(Precision p);
 
+/// What lives in files instead of memory (--offload): nothing, or the optimizer state (the
+/// AdamW moments of what the rank updates; in fp32 the parameters are their own master
+/// copy). The parameters too (optimizer+params) needs ZeRO-3 and is refused.
+enum class Offload { kNone, kOptimizer, kOptimizerParams };
+/// "none", "optimizer", "optimizer+params".
+const char* offload_name(Offload o);
+/// The mode of a --offload value, or nullopt.
+std::optional<Offload> parse_offload(std::string_view text);
+
+/// Where the offloaded state lives: --offload and --offload-dir.
+struct OffloadOptions {
+  Offload what = Offload::kNone;
+  std::string dir;                  ///< the folder of the state files (one per rank and model chunk)
+  std::int64_t chunk_elements = 0;  ///< elements per streamed chunk; 0: nn::OffloadFile's default
+};
+
 /// Options of a training run.
 struct TrainOptions {
   ModelSpec model;
@@ -53,6 +71,7 @@ struct TrainOptions {
   /// Where the model runs (--device): the CPU reference, or one GPU per rank.
   Device device = Device::kCpu;
   Precision precision = Precision::kFp32;  ///< --precision
+  OffloadOptions offload;                  ///< --offload, --offload-dir
 };
 
 /// Every problem with the values of `options` that no layout changes (one line each naming

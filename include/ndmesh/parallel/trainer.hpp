@@ -46,7 +46,7 @@ struct PipelineReport {
   bool valid = false;
   double bubble_measured =
       0;  ///< idle share of stage time, mean over pipelines and steps (first step left out)
-  double bubble_simulated = 0;  ///< simulate() of the schedule with the measured mean costs
+  double bubble_simulated = 0;         ///< simulate() of the schedule with the measured mean costs
   double bubble_simulated_stages = 0;  ///< the same with each stage's own measured costs
   pp::Costs costs;  ///< measured mean forward / backward-input / backward-weight of a stage, seconds
   std::vector<int> peak_activations;           ///< per stage: most live micro-batch activations (chunks)
@@ -61,11 +61,11 @@ struct StepStats {
   double loss = 0;        ///< mean loss over the global batch, before the update
   double grad_norm = 0;   ///< global, before clipping
   double lr = 0;
-  double seconds = 0;               ///< wall time of the step on this rank
-  double comm_seconds = 0;          ///< first bucket start to last bucket done (see GradReducer)
-  double exposed_comm_seconds = 0;  ///< the part the step waited for
+  double seconds = 0;                ///< wall time of the step on this rank
+  double comm_seconds = 0;           ///< first bucket start to last bucket done (see GradReducer)
+  double exposed_comm_seconds = 0;   ///< the part the step waited for
   std::int64_t grad_comm_bytes = 0;  ///< gradient bytes this rank handed to the dp reductions
-  TpCommStats tp_comm;              ///< what the step moved over the tp group (this rank)
+  TpCommStats tp_comm;               ///< what the step moved over the tp group (this rank)
 };
 
 /// Bytes one rank holds.
@@ -77,6 +77,7 @@ struct MemoryBytes {
   double params_gathered = 0;
   double grads = 0;      ///< gradients kept between micro-batches (ZeRO 2/3: the shard)
   double optimizer = 0;  ///< AdamW moments (ZeRO 1-3: the shard)
+  double optimizer_offloaded = 0;  ///< --offload optimizer: the moments' bytes in files instead
   /// Measured: the bytes of the micro-batch activations alive at once at this rank's peak
   /// (the pipeline executor's GptActivations of every chunk) plus the recompute workspace.
   double activations = 0;
@@ -147,6 +148,8 @@ class Trainer {
   /// Bytes of parameters, gradients, optimizer state and activations on this rank.
   MemoryBytes memory() const;
   const Mesh& mesh() const { return groups_.mesh(); }
+  /// The optimizer (its offload counters among others).
+  const Optimizer& optimizer() const { return optimizer_; }
 
  private:
   model::CheckpointLayout checkpoint_layout() const;

@@ -41,6 +41,11 @@ struct Layout {
   /// Blocks per pipeline chunk (pp*vpp entries, chunk k on rank k mod pp); empty: the
   /// balanced partition of config/partition.hpp, what the pipeline executor runs.
   std::vector<std::int64_t> stage_layers;
+  /// --offload optimizer: the optimizer state (fp32 master weights and AdamW moments) lives
+  /// on the node's disk and is streamed through each step (read once, written once).
+  bool offload_optimizer = false;
+  /// ZeRO-3: units (blocks) gathered ahead of the one in use, forward and backward.
+  std::int64_t zero3_prefetch = 1;
 
   std::int64_t gpus() const { return tp * cp * pp * dp; }
 };
@@ -59,9 +64,10 @@ std::int64_t microbatches(const Layout& layout, const Workload& workload);
 
 /// Bytes per GPU on the worst stage.
 struct MemoryBreakdown {
-  double params = 0;  ///< with ZeRO-3: the shard plus two gathered layers (in use, prefetched)
-  double grads = 0;
-  double optimizer = 0;
+  double params = 0;     ///< with ZeRO-3: the shard plus 1 + zero3_prefetch gathered layers
+  double grads = 0;      ///< with ZeRO-3: the shard plus one layer's full gradient before its reduce-scatter
+  double optimizer = 0;  ///< 0 when offloaded
+  double optimizer_offloaded = 0;   ///< --offload optimizer: the optimizer bytes on disk instead
   double activations = 0;           ///< layers x in flight, plus embedding masks / logits on the end stages
   double total = 0;                 ///< params + grads + optimizer + activations
   std::int64_t stage = 0;           ///< which stage is the worst (0 = first)
@@ -103,6 +109,10 @@ struct TimeBreakdown {
   double dp_comm = 0;     ///< data-parallel gradient (and ZeRO parameter) traffic in total
   double dp_overlap = 0;  ///< backward time it can hide under
   double dp_exposed = 0;  ///< max(0, dp_comm - dp_overlap)
+  /// --offload optimizer: reading and writing the optimizer state once per step at the
+  /// node's disk rates (shared by the node's GPUs); not overlapped (the update needs it).
+  double offload = 0;
+  double offload_bytes = 0;  ///< bytes one GPU reads (and writes) per step
   double total = 0;
   double bubble_fraction = 0;
   double tp_bw = 0, cp_bw = 0, pp_bw = 0, dp_bw = 0;  ///< bytes/s used for each

@@ -88,6 +88,9 @@ struct Hardware {
   double gemm_overhead = 0;
   /// The measured products gemm_overhead was fitted to (a hardware file's [gemm]), for the record.
   std::vector<GemmPoint> gemm_points;
+  /// Bytes/s of the local disk a node's GPUs offload to (read, write; all of a node's ranks
+  /// share it), measured by `ndmesh calibrate`; 0: unknown (offload cannot be planned).
+  double disk_read_bw = 0, disk_write_bw = 0;
 
   /// Memory a GPU can give to parameters, gradients, optimizer states and activations.
   double usable_bytes() const { return memory_bytes - reserved_bytes; }

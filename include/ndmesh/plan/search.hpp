@@ -26,6 +26,8 @@ namespace ndmesh::plan {
 struct Constraints {
   std::vector<std::int64_t> tp, cp, pp, dp, vpp, micro_batch;
   int max_zero = 3;                   ///< highest ZeRO stage tried
+  int min_zero = 0;                   ///< lowest ZeRO stage tried (--memory aggressive: 2)
+  bool offload_optimizer = false;     ///< every layout offloads its optimizer state (--offload optimizer)
   std::vector<Schedule> schedules;    ///< empty: every schedule
   std::vector<Recompute> recomputes;  ///< empty: every recompute mode
   bool sequence_parallel = true;      ///< false: never use sequence parallelism

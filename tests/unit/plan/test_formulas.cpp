@@ -256,12 +256,41 @@ TEST(ModelStates, ZeroStages) {
 
 TEST(ModelStates, Zero3KeepsTwoGatheredLayers) {
   // gpt3-1.7b: P = 12*24*2304^2 + 13*2304*24 + 53248*2304 + 2*2304 = 1,652,230,656 and one
-  // layer 12*2304^2 + 13*2304 = 63,730,944. ZeRO-3 over dp = 8: 2P/8 + 2 layers x 2 bytes.
+  // layer 12*2304^2 + 13*2304 = 63,730,944. ZeRO-3 over dp = 8: 2P/8 + 2 layers x 2 bytes
+  // (the one in use and the one prefetched), and one layer's full gradient.
   const Layout l{.dp = 8, .zero = 3};
   const MemoryBreakdown mem = estimate_memory(model_preset("gpt3-1.7b"), l, {.seq = 2048, .global_batch = 8});
   EXPECT_DOUBLE_EQ(mem.params, 2 * 1652230656.0 / 8 + 2 * 2 * 63730944.0);
-  EXPECT_DOUBLE_EQ(mem.grads, 2 * 1652230656.0 / 8);
+  EXPECT_DOUBLE_EQ(mem.grads, 2 * 1652230656.0 / 8 + 2 * 63730944.0);
   EXPECT_DOUBLE_EQ(mem.optimizer, 12 * 1652230656.0 / 8);
+  // Sharded over the gradient group dp x cp; a deeper prefetch holds one more layer.
+  const MemoryBreakdown cp2 = estimate_memory(model_preset("gpt3-1.7b"), {.cp = 2, .dp = 4, .zero = 3},
+                                              {.seq = 2048, .global_batch = 8});
+  EXPECT_DOUBLE_EQ(cp2.optimizer, mem.optimizer);
+  Layout deep = l;
+  deep.zero3_prefetch = 2;
+  const MemoryBreakdown d2 =
+      estimate_memory(model_preset("gpt3-1.7b"), deep, {.seq = 2048, .global_batch = 8});
+  EXPECT_DOUBLE_EQ(d2.params, mem.params + 2 * 63730944.0);
+}
+
+TEST(ModelStates, OffloadMovesTheOptimizerStateToDisk) {
+  Layout l{.dp = 8, .zero = 1};
+  const Workload w{.seq = 2048, .global_batch = 8};
+  const PlanModel model = model_preset("gpt3-1.7b");
+  const MemoryBreakdown in_memory = estimate_memory(model, l, w);
+  l.offload_optimizer = true;
+  const MemoryBreakdown offloaded = estimate_memory(model, l, w);
+  EXPECT_DOUBLE_EQ(offloaded.optimizer, 0.0);
+  EXPECT_DOUBLE_EQ(offloaded.optimizer_offloaded, in_memory.optimizer);
+  EXPECT_DOUBLE_EQ(offloaded.total, in_memory.total - in_memory.optimizer);
+  // Time: 8 GPUs of a node share its disk; each reads and writes its state once per step.
+  Hardware hw = hardware_preset("h100");
+  hw.disk_read_bw = 4e9, hw.disk_write_bw = 2e9;
+  const Estimate e = estimate(model, hw, l, w);
+  EXPECT_DOUBLE_EQ(e.time.offload, 8 * in_memory.optimizer * (1 / 4e9 + 1 / 2e9));
+  l.offload_optimizer = false;
+  EXPECT_DOUBLE_EQ(e.time.total - estimate(model, hw, l, w).time.total, e.time.offload);
 }
 
 TEST(Bubble, ClosedForms) {

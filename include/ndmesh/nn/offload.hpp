@@ -1,0 +1,67 @@
+// Offload of the optimizer state to a file: the storage tier below AdamW (--offload
+// optimizer). The state of n elements (first and second moments) lives in one file, laid
+// out as chunks of `chunk` elements, each chunk one aligned block [m of the chunk][v of the
+// chunk]. stream() walks the chunks through a window of three buffers: while chunk i is
+// updated, chunk i+1 is read and chunk i-1 written back (one I/O task each, on threads).
+// The file is opened with O_DIRECT where the file system takes it (no page cache at all);
+// elsewhere (tmpfs) every block is flushed and dropped from the page cache after use
+// (posix_fadvise DONTNEED), so the resident set holds the window, not the state.
+//
+// The file is the run's scratch space, not a checkpoint: it is removed when the object is
+// destroyed (a normal end or an error), so a file found at the next start is the trace of
+// a process that was killed; find_stale_offload() names such files.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ndmesh::nn {
+
+/// The moments of `elements` elements in the file `path` (created, zero-filled; IoError
+/// when it cannot be). `chunk`: elements per streamed chunk (rounded up to 1024).
+class OffloadFile {
+ public:
+  OffloadFile(std::string path, std::int64_t elements, std::int64_t chunk = kDefaultChunk);
+  ~OffloadFile();
+  OffloadFile(const OffloadFile&) = delete;
+  OffloadFile& operator=(const OffloadFile&) = delete;
+
+  /// 4 Mi elements: 32 MiB per chunk (both moments), a window of 96 MiB.
+  static constexpr std::int64_t kDefaultChunk = std::int64_t{1} << 22;
+
+  /// Calls fn(first, count, m, v) for the chunks in order, with the moments of elements
+  /// [first, first + count) in buffers it may change; the changes are written back.
+  /// Reads run one chunk ahead, writes one behind, beside fn.
+  void stream(const std::function<void(std::int64_t first, std::int64_t count, float* m, float* v)>& fn);
+  /// Every element's moments, to and from host arrays of `elements()` each.
+  void read_all(float* m, float* v);
+  void write_all(const float* m, const float* v);
+
+  std::int64_t elements() const { return elements_; }
+  const std::string& path() const { return path_; }
+  bool direct() const { return direct_; }
+  /// Bytes of the three buffers of the window.
+  std::int64_t window_bytes() const { return 3 * block_bytes_; }
+  /// Bytes stream() read and wrote so far, and the seconds its I/O tasks took (summed).
+  std::int64_t bytes_read() const { return bytes_read_.load(); }
+  std::int64_t bytes_written() const { return bytes_written_.load(); }
+  double io_seconds() const { return static_cast<double>(io_ns_.load()) * 1e-9; }
+
+ private:
+  void io(bool write, std::int64_t chunk, void* buffer, bool count);
+  std::string path_;
+  std::int64_t elements_, chunk_, chunks_, block_bytes_;
+  int fd_ = -1;
+  bool direct_ = false;
+  double pause_s_ = 0;  // NDMESH_OFFLOAD_PAUSE_S (a test hook)
+  std::atomic<std::int64_t> bytes_read_{0}, bytes_written_{0}, io_ns_{0};
+};
+
+/// The offload files (`*.adamw`) in `dir` whose names start with `prefix` (a run's rank
+/// prefix, or empty: any), sorted; for the check at start.
+std::vector<std::string> find_stale_offload(const std::string& dir, const std::string& prefix = "");
+
+}  // namespace ndmesh::nn

@@ -1,0 +1,160 @@
+#include "ndmesh/nn/offload.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <memory>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "ndmesh/core/env.hpp"
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::nn {
+namespace {
+
+constexpr std::int64_t kAlign = 4096;  // O_DIRECT: offsets, sizes and buffers on this boundary
+
+struct FreeAligned {
+  void operator()(void* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<char, FreeAligned>;
+
+Buffer aligned_buffer(std::int64_t bytes) {
+  void* p = std::aligned_alloc(kAlign, static_cast<std::size_t>(bytes));
+  if (p == nullptr) fail<Error>("offload", "cannot allocate a {} byte I/O buffer", bytes);
+  return Buffer(static_cast<char*>(p));
+}
+
+}  // namespace
+
+OffloadFile::OffloadFile(std::string path, std::int64_t elements, std::int64_t chunk)
+    : path_(std::move(path)), elements_(elements) {
+  NDMESH_CHECK(elements >= 0 && chunk >= 1, "offload", "elements={} chunk={}", elements, chunk);
+  // A chunk's block is 2 x chunk floats, a multiple of 4096 bytes when chunk is of 1024.
+  pause_s_ = env::seconds("NDMESH_OFFLOAD_PAUSE_S", 0);
+  chunk_ = (std::min(chunk, std::max<std::int64_t>(elements, 1)) + 1023) / 1024 * 1024;
+  chunks_ = (elements_ + chunk_ - 1) / chunk_;
+  block_bytes_ = 2 * chunk_ * static_cast<std::int64_t>(sizeof(float));
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0600);
+  direct_ = fd_ >= 0;
+  if (fd_ < 0 && errno == EINVAL) {  // no O_DIRECT here (tmpfs): the page cache, dropped after use
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  }
+  if (fd_ < 0)
+    fail<IoError>("offload", "cannot create the offload file '{}': {}; check --offload-dir", path_,
+                  std::strerror(errno));
+  // Zero-filled by ftruncate; blocks are allocated as they are first written.
+  if (::ftruncate(fd_, chunks_ * block_bytes_) != 0) {
+    const int e = errno;
+    ::close(fd_);
+    ::unlink(path_.c_str());
+    fail<IoError>("offload", "cannot size the offload file '{}' to {} bytes: {}", path_,
+                  chunks_ * block_bytes_, std::strerror(e));
+  }
+}
+
+OffloadFile::~OffloadFile() {
+  ::close(fd_);
+  ::unlink(path_.c_str());
+}
+
+void OffloadFile::io(bool write, std::int64_t chunk, void* buffer, bool count) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const off_t at = static_cast<off_t>(chunk * block_bytes_);
+  // The last chunk's block is full size too (the file is), so every transfer is aligned.
+  std::int64_t done = 0;
+  while (done < block_bytes_) {
+    char* p = static_cast<char*>(buffer) + done;
+    const auto left = static_cast<std::size_t>(block_bytes_ - done);
+    const ssize_t n = write ? ::pwrite(fd_, p, left, at + done) : ::pread(fd_, p, left, at + done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      fail<IoError>("offload", "{} the offload file '{}' at byte {} failed: {}",
+                    write ? "writing" : "reading", path_, at + done,
+                    n < 0 ? std::strerror(errno) : "unexpected end of file");
+    done += n;
+  }
+  if (!direct_) {
+    // Written pages must be clean before the kernel drops them.
+    if (write) ::fdatasync(fd_);
+    ::posix_fadvise(fd_, at, static_cast<off_t>(block_bytes_), POSIX_FADV_DONTNEED);
+  }
+  if (!count) return;
+  if (write && pause_s_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(pause_s_));
+  (write ? bytes_written_ : bytes_read_) += block_bytes_;
+  io_ns_ +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void OffloadFile::stream(const std::function<void(std::int64_t, std::int64_t, float*, float*)>& fn) {
+  if (chunks_ == 0) return;
+  std::array<Buffer, 3> buffers;
+  for (auto& b : buffers) b = aligned_buffer(block_bytes_);
+  // Declared after the buffers: a future's destructor waits for its task, so on an error
+  // every task ends before the buffers are freed.
+  std::array<std::future<void>, 3> reads, writes;
+  auto start_read = [&](std::int64_t k) {
+    const auto b = static_cast<std::size_t>(k % 3);
+    if (writes[b].valid()) writes[b].get();  // chunk k - 3's write-back left this buffer
+    reads[b] = std::async(std::launch::async, [this, k, p = buffers[b].get()] { io(false, k, p, true); });
+  };
+  start_read(0);
+  for (std::int64_t k = 0; k < chunks_; ++k) {
+    const auto b = static_cast<std::size_t>(k % 3);
+    reads[b].get();
+    if (k + 1 < chunks_) start_read(k + 1);
+    auto* m = reinterpret_cast<float*>(buffers[b].get());
+    const std::int64_t first = k * chunk_;
+    fn(first, std::min(chunk_, elements_ - first), m, m + chunk_);
+    writes[b] = std::async(std::launch::async, [this, k, p = buffers[b].get()] { io(true, k, p, true); });
+  }
+  for (auto& w : writes)
+    if (w.valid()) w.get();
+}
+
+void OffloadFile::read_all(float* m, float* v) {
+  Buffer buffer = aligned_buffer(block_bytes_);
+  for (std::int64_t k = 0; k < chunks_; ++k) {
+    io(false, k, buffer.get(), false);
+    const auto* b = reinterpret_cast<const float*>(buffer.get());
+    const std::int64_t first = k * chunk_, count = std::min(chunk_, elements_ - first);
+    std::copy_n(b, count, m + first);
+    std::copy_n(b + chunk_, count, v + first);
+  }
+}
+
+void OffloadFile::write_all(const float* m, const float* v) {
+  Buffer buffer = aligned_buffer(block_bytes_);
+  std::memset(buffer.get(), 0, static_cast<std::size_t>(block_bytes_));
+  for (std::int64_t k = 0; k < chunks_; ++k) {
+    auto* b = reinterpret_cast<float*>(buffer.get());
+    const std::int64_t first = k * chunk_, count = std::min(chunk_, elements_ - first);
+    std::copy_n(m + first, count, b);
+    std::copy_n(v + first, count, b + chunk_);
+    io(true, k, buffer.get(), false);
+  }
+}
+
+std::vector<std::string> find_stale_offload(const std::string& dir, const std::string& prefix) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() > 6 && name.ends_with(".adamw") && name.starts_with(prefix)) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace ndmesh::nn

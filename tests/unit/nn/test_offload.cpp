@@ -1,0 +1,109 @@
+// AdamW with its moments offloaded to a file (nn/offload.hpp): the same updates bit for bit
+// as in memory, for a whole store and for ZeRO-like segments cut across chunks; the file
+// is removed at the end; the streaming window's I/O counts.
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ndmesh/nn/adamw.hpp"
+#include "ndmesh/nn/offload.hpp"
+#include "ndmesh/tensor/rng.hpp"
+
+namespace ndmesh::nn {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "ndmesh-offload-XXXXXX").string();
+    path = ::mkdtemp(t.data());
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+ParamStore<float> make_store() {
+  ParamStore<float> s;
+  s.add("a", {3001}, true);
+  s.add("b", {17}, false);
+  s.add("c", {2500}, true);
+  s.allocate();
+  return s;
+}
+
+void fill(ParamStore<float>& s, std::uint64_t seed, bool grads) {
+  Rng rng(seed);
+  float* p = grads ? s.grads().data() : s.params().data();
+  for (std::int64_t i = 0; i < s.size(); ++i) p[i] = static_cast<float>(rng.normal());
+}
+
+// Three steps of AdamW over `segments`, in memory or offloaded with chunks of `chunk`.
+std::vector<float> run(const std::vector<Segment>& segments, const fs::path* dir, std::int64_t chunk,
+                       std::vector<float>* m_out = nullptr) {
+  ParamStore<float> s = make_store();
+  fill(s, 1, false);
+  AdamW<float> adam(s, {.weight_decay = 0.1, .clip_norm = 1.0}, segments);
+  if (dir) adam.offload_to((*dir / "x.adamw").string(), chunk);
+  for (int step = 0; step < 3; ++step) {
+    fill(s, 10 + static_cast<std::uint64_t>(step), true);
+    adam.update(s, 1e-2, 2.0);
+  }
+  if (m_out) {
+    std::vector<float> v;
+    adam.moments_to_host(*m_out, v);
+  }
+  return {s.params().data(), s.params().data() + s.size()};
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(Offload, AdamWUpdatesAreTheSameBitForBit) {
+  TempDir dir;
+  const std::vector<std::vector<Segment>> layouts = {{}, {{1000, 2100}, {4000, 1518}}};
+  for (const auto& segments : layouts) {
+    std::vector<float> m_mem, m_file;
+    const auto mem = run(segments, nullptr, 0, &m_mem);
+    for (std::int64_t chunk : {1024, 2048, 1 << 20}) {  // chunks cut through pieces, or one chunk
+      const auto file = run(segments, &dir.path, chunk, &m_file);
+      EXPECT_TRUE(same_bits(mem, file)) << "chunk " << chunk << " segments " << segments.size();
+      EXPECT_TRUE(same_bits(m_mem, m_file)) << "chunk " << chunk;
+      EXPECT_TRUE(fs::is_empty(dir.path)) << "the offload file outlived its optimizer";
+    }
+  }
+}
+
+TEST(Offload, StreamsEveryChunkOnceEachWay) {
+  TempDir dir;
+  OffloadFile f((dir.path / "y.adamw").string(), 5000, 1024);  // 5 chunks
+  std::vector<std::int64_t> firsts;
+  f.stream([&](std::int64_t first, std::int64_t count, float* m, float* v) {
+    firsts.push_back(first);
+    for (std::int64_t i = 0; i < count; ++i) m[i] = static_cast<float>(first + i), v[i] = -m[i];
+  });
+  EXPECT_EQ(firsts, (std::vector<std::int64_t>{0, 1024, 2048, 3072, 4096}));
+  EXPECT_EQ(f.bytes_read(), 5 * 2 * 1024 * 4);
+  EXPECT_EQ(f.bytes_written(), f.bytes_read());
+  EXPECT_EQ(f.window_bytes(), 3 * 2 * 1024 * 4);
+  std::vector<float> m(5000), v(5000);
+  f.read_all(m.data(), v.data());
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    ASSERT_EQ(m[i], static_cast<float>(i));
+    ASSERT_EQ(v[i], -m[i]);
+  }
+  EXPECT_EQ(find_stale_offload(dir.path.string()), std::vector<std::string>{"y.adamw"});
+}
+
+TEST(Offload, AFileThatCannotBeCreatedIsAnIoError) {
+  EXPECT_THROW(OffloadFile("/nonexistent-ndmesh-dir/z.adamw", 10), IoError);
+}
+
+}  // namespace
+}  // namespace ndmesh::nn
