@@ -105,11 +105,18 @@ expect_train_usage "--offload-dir=$tmp/nowhere: not a writable folder" 1 "${comm
   --offload-dir "$tmp/nowhere"
 expect_train_usage "--offload-chunk-mb=0 must be in" 1 "${common[@]}" --offload optimizer --offload-dir "$odir" \
   --offload-chunk-mb 0
-# --memory: the choice is printed (before any refusal: extreme asks for ZeRO 3, which train
-# runs once it is built), flags given explicitly win, and [training] memory of --config.
+# --memory: the choice is printed, flags given explicitly win, and [training] memory of --config.
 out=$("$ndmesh" train "${common[@]}" --steps 1 --memory extreme --offload-dir "$odir" 2>&1 || true)
 echo "$out" | grep -q "^memory: extreme (--memory) = --recompute full --zero 3 --offload optimizer" ||
   fail "--memory extreme: $out"
+# extreme on dp 2 (ZeRO-3 with the moments offloaded, full recompute) equals the serial run.
+launch serial_ref 1
+launch mem_extreme 2 --dp 2 --memory extreme --offload-dir "$odir"
+grep -q "^memory: extreme (--memory) = --recompute full --zero 3 --offload optimizer" "$tmp/mem_extreme.out" ||
+  fail "--memory extreme on dp 2: $(head -2 "$tmp/mem_extreme.out")"
+jq -e '.zero == 3 and .recompute == "full" and .memory_bytes.optimizer_offloaded > 0' "$tmp/mem_extreme.json" \
+  > /dev/null || fail "--memory extreme did not apply ZeRO 3 and offload: $(tail -c 300 "$tmp/mem_extreme.json")"
+expect_same "dp 2 --memory extreme (ZeRO-3 + offload + full recompute)" "$tmp/serial_ref.json" "$tmp/mem_extreme.json"
 launch mem_aggr 1 --memory aggressive --zero 1 --dp 1
 grep -q "^memory: aggressive (--memory) = --recompute full; given explicitly: --zero 1" "$tmp/mem_aggr.out" ||
   fail "--memory aggressive: $(head -2 "$tmp/mem_aggr.out")"

@@ -75,6 +75,6 @@ for resume in "z3 1 --dp 1" "z3 4 --dp 2 --tp 2 --zero 2" "z3 4 --dp 4 --zero 3"
   expect_same "saved under $name, resumed under $*" "$tmp/serial.json" "$tmp/resumed.json" --from 6
 done
 
-expect_train_usage "--zero=4 is not a supported ZeRO stage" 2 "${model[@]}" --dp 2 --zero 4
+expect_train_usage "--zero=4 is not a ZeRO stage ndmesh train runs; use 0, 1, 2 or 3" 2 "${model[@]}" --dp 2 --zero 4
 expect_train_usage "--zero3-prefetch" 2 "${model[@]}" --dp 2 --zero 3 --zero3-prefetch maybe
 echo "train_zero3.sh: ok"

@@ -656,6 +656,7 @@ Action setup(CLI::App& app) {
                  "ZeRO stage over dp (x cp): 0, 1 (shard optimizer state), 2 (and gradients) or 3 (and parameters: "
                  "each block, the embedding and the head gathered before use and freed after)")
       ->capture_default_str()
+      ->each([o](const std::string&) { o->zero_given = true; })
       ->group("Parallel");
   app.add_option("--zero3-reshard-after-forward", o->zero3_reshard_after_forward,
                  "with --zero 3: free a unit's gathered parameters after its forward and gather them again for "
@@ -666,7 +667,6 @@ Action setup(CLI::App& app) {
                  "with --zero 3: start gathering the next unit while the current one computes (true), or only "
                  "when it is needed (false: the baseline the prefetch is measured against)")
       ->capture_default_str()
-      ->each([o](const std::string&) { o->zero_given = true; })
       ->group("Parallel");
   app.add_option(
          "--offload", o->offload,

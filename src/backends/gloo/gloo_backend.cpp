@@ -15,11 +15,12 @@
 //
 // Collectives of zero elements return at once without calling Gloo (whose algorithms
 // divide by the element count), as they move nothing.
-// Gloo 0.5 (Debian's) has no reduce-scatter in its options API: reduce_scatter runs its
-// algorithm class ReduceScatterHalvingDoubling (what PyTorch's Gloo group uses) for inputs
-// below kHalvingDoublingMaxBytes, and an all-reduce of the whole input and a copy of this
-// rank's block above, where that measured faster. The algorithm reduces in place in its
-// input, so a caller's separate input is copied first.
+// Gloo 0.5 (Debian's) has no reduce-scatter in its options API: reduce_scatter is an
+// all-reduce of the whole input followed by a copy of this rank's block. Its algorithm class
+// ReduceScatterHalvingDoubling (old pair API, what PyTorch's Gloo group uses) was tried: it
+// was 4-8x slower from 1 MiB on (bench/bench_reduce_scatter.sh), and next to the
+// options-API collectives on the same context it left the ranks waiting in each other's
+// sends (store.collectives_np3: a hang in the next point-to-point or all-gather).
 #include "backends/gloo/gloo_backend.hpp"
 
 #include <arpa/inet.h>
@@ -33,7 +34,6 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
-#include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
@@ -62,12 +62,6 @@ namespace {
 
 // Far beyond any NDMESH_TIMEOUT_S: the Communicator's deadline ends a stuck operation.
 constexpr std::chrono::milliseconds kGlooTimeout = std::chrono::hours(24 * 30);
-// Reduce-scatter runs Gloo's ReduceScatterHalvingDoubling below this input size and an
-// all-reduce and a copy from it on: bench/bench_reduce_scatter.sh measured Gloo 0.5's
-// algorithm (its buffers made and registered per call, on the older pair API) 2 to 9 times
-// faster up to 64 KiB, even at 256 KiB and 4 to 8 times slower from 1 MiB, on 2 and 4
-// ranks.
-constexpr std::size_t kHalvingDoublingMaxBytes = std::size_t{256} << 10;
 // Point-to-point slots: a prefix byte Gloo's collectives do not use, then the tag.
 constexpr std::uint64_t kP2pSlot = std::uint64_t{0x80} << 56;
 
@@ -320,30 +314,6 @@ template <typename T>
   }
 }
 
-// The element-wise reduction of ReduceScatterHalvingDoubling (x = x op y), typed.
-template <typename T>
-typename ::gloo::ReductionFunction<T>::Function* reduction(ReduceOp op) {
-  if constexpr (std::is_same_v<T, BFloat16>) {
-    switch (op) {
-      case ReduceOp::kMax:
-        return [](T* x, const T* y, std::size_t n) { bf16_reduce<Max>(x, x, y, n); };
-      case ReduceOp::kMin:
-        return [](T* x, const T* y, std::size_t n) { bf16_reduce<Min>(x, x, y, n); };
-      default:
-        return [](T* x, const T* y, std::size_t n) { bf16_reduce<Add>(x, x, y, n); };
-    }
-  } else {
-    switch (op) {
-      case ReduceOp::kMax:
-        return [](T* x, const T* y, std::size_t n) { ::gloo::max<T>(x, x, y, n); };
-      case ReduceOp::kMin:
-        return [](T* x, const T* y, std::size_t n) { ::gloo::min<T>(x, x, y, n); };
-      default:
-        return [](T* x, const T* y, std::size_t n) { ::gloo::sum<T>(x, x, y, n); };
-    }
-  }
-}
-
 // A byte that gives empty buffers an address.
 char g_empty_byte = 0;
 void* addr(void* p) { return p != nullptr ? p : &g_empty_byte; }
@@ -465,33 +435,10 @@ class GlooComm final : public detail::CommImpl {
     check_block("reduce_scatter", out.count);
     if (out.count == 0) return nullptr;
     return collective("reduce_scatter", blocking, [ctx = ctx_, in, out, op] {
-      if (in.bytes() >= kHalvingDoublingMaxBytes) {
-        // Large inputs: an all-reduce and this rank's block (see kHalvingDoublingMaxBytes).
-        std::vector<char> scratch(static_cast<const char*>(in.data),
-                                  static_cast<const char*>(in.data) + in.bytes());
-        reduce_in_place(ctx, ElementSpan{scratch.data(), in.count, in.dtype}, op);
-        std::memcpy(out.data, scratch.data() + static_cast<std::size_t>(ctx->rank) * out.bytes(),
-                    out.bytes());
-        return;
-      }
-      std::vector<char> scratch;
-      char* work = static_cast<char*>(in.data);
-      if (in.data != out.data) {
-        scratch.assign(static_cast<const char*>(in.data), static_cast<const char*>(in.data) + in.bytes());
-        work = scratch.data();
-      }
-      visit_dtype(in.dtype, [&]<typename T>(T) {
-        const ::gloo::ReductionFunction<T> fn(op == ReduceOp::kMax   ? ::gloo::MAX
-                                              : op == ReduceOp::kMin ? ::gloo::MIN
-                                                                     : ::gloo::SUM,
-                                              reduction<T>(op));
-        const std::vector<int> blocks(static_cast<std::size_t>(ctx->size), static_cast<int>(out.count));
-        ::gloo::ReduceScatterHalvingDoubling<T> algorithm(ctx, {reinterpret_cast<T*>(work)},
-                                                          static_cast<int>(in.count), blocks, &fn);
-        algorithm.run();
-      });
-      // The result is this rank's block, at the start of the buffer.
-      if (work != out.data) std::memcpy(out.data, work, out.bytes());
+      // An all-reduce and this rank's block (the file comment says why not Gloo's algorithm).
+      std::vector<char> scratch(static_cast<const char*>(in.data), static_cast<const char*>(in.data) + in.bytes());
+      reduce_in_place(ctx, ElementSpan{scratch.data(), in.count, in.dtype}, op);
+      std::memcpy(out.data, scratch.data() + static_cast<std::size_t>(ctx->rank) * out.bytes(), out.bytes());
     });
   }
 
