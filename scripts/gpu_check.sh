@@ -271,7 +271,7 @@ r = cuda.cuInit(0)
 if r != 0:
     print(f"cuInit failed: CUresult {r}"); raise SystemExit(1)
 cuda.cuDeviceGetCount(ctypes.byref(n))
-print(f"{\"OK\" if n.value > 0 else \"no device:\"} {n.value} device(s)")' 2>&1 | tail -n 1)
+print(("OK" if n.value > 0 else "no device:") + f" {n.value} device(s)")' 2>&1 | tail -n 1)
   if [ -z "$smi" ] && [[ $cu == OK* ]]; then
     report PASS gpu "$(head -n 1 "$logs/nvidia-smi.log"); the driver (cuInit): $cu"
   else

@@ -83,7 +83,9 @@ gpu_fit_glibc() {
   while read -r file need; do
     [[ $file == lib/* ]] && [ -n "$need" ] || continue
     [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | tail -n 1)" = "$have" ] && continue
-    if "$(command -v ldconfig || echo /sbin/ldconfig)" -p 2> /dev/null | grep -q "^[[:space:]]*${file#lib/} "; then
+    # grep reads the whole list: with -q it may stop early, and under pipefail the SIGPIPE
+    # of ldconfig would turn a found library into "not found".
+    if "$(command -v ldconfig || echo /sbin/ldconfig)" -p 2> /dev/null | grep "^[[:space:]]*${file#lib/} " > /dev/null; then
       mkdir -p "$1/lib-newer-glibc" && mv "$1/$file" "$1/lib-newer-glibc/" &&
         echo "glibc: the packed ${file#lib/} needs glibc $need, this machine has $have: the machine's own is used"
     else

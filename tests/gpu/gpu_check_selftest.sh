@@ -148,6 +148,9 @@ if grep -q '^lib/libstdc++.so.6 2.36' "$tmp/unpacked/glibc_needs"; then
 fi
 
 # The machine first, failing logs' last lines.
+# The script's own Python must run on the GPU machine's Python (3.10+): no syntax it lacks.
+! grep 'SyntaxError' "$tmp/run.log" ||
+  fail "a Python error of the script itself (not of the GPU) in the run's output"
 head -n 12 "$tmp/run.log" | grep -q 'nvidia-smi' || fail "the run does not start with nvidia-smi's lines"
 for what in 'glibc' 'driver.s CUDA version' 'cuBLASLt: ' 'GPU: NVIDIA'; do
   sed -n '1,/^== steps/p' "$tmp/run.log" | grep -q "$what" || fail "the machine's lines before the steps lack '$what'"
