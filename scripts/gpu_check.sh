@@ -123,17 +123,6 @@ bound() {
   echo $(($1 < left ? $1 : left))
 }
 
-# describe <exit status> <seconds allowed>
-describe() {
-  if [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; then
-    echo "timed out after $2 s"
-  elif [ "$1" -gt 128 ]; then
-    echo "killed by signal $(($1 - 128)) (SIG$(kill -l $(($1 - 128)) 2> /dev/null || echo '?'))"
-  else
-    echo "exit status $1"
-  fi
-}
-
 # save_logs: every log into the archive (a log over 4 MiB keeps its first and last 2 MiB).
 save_logs() {
   local f

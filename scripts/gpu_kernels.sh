@@ -53,17 +53,6 @@ pack() {
     "to the GPU machine and run 'bash scripts/gpu_kernels.sh run$([ "$build" = build ] || echo " $build")' there"
 }
 
-# describe <exit status> <seconds allowed>: why a command ended unsuccessfully.
-describe() {
-  if [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; then
-    echo "timed out after $2 s"
-  elif [ "$1" -gt 128 ]; then
-    echo "killed by signal $(($1 - 128)) (SIG$(kill -l $(($1 - 128)) 2> /dev/null || echo '?'))"
-  else
-    echo "exit status $1"
-  fi
-}
-
 # gpu_bench_ran <name> <log>: false when the benchmark exited 0 without a GPU (it prints
 # why and exits 0, so that make bench goes on).
 gpu_bench_ran() {

@@ -68,6 +68,17 @@ gpu_kernel_tests() {
   (cd "$1" && cmake --build . --target help) | sed -n 's/^\.\.\. \(gpu_test_[a-z_]*\)$/\1/p'
 }
 
+# describe <exit status> <seconds allowed>: why a command ended unsuccessfully.
+describe() {
+  if [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; then
+    echo "timed out after $2 s"
+  elif [ "$1" -gt 128 ]; then
+    echo "killed by signal $(($1 - 128)) (SIG$(kill -l $(($1 - 128)) 2> /dev/null || echo '?'))"
+  else
+    echo "exit status $1"
+  fi
+}
+
 # gpu_unpack <tarball> <work>: a fresh <work> holding bin/, lib/, glibc_required and
 # glibc_needs (each file's newest GLIBC_ symbol version).
 gpu_unpack() {
