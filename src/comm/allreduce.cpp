@@ -231,21 +231,24 @@ std::pair<std::size_t, std::size_t> ring_chunk(std::size_t n, std::size_t p, std
   return {chunk_start(n, p, c), chunk_start(n, p, c + 1) - chunk_start(n, p, c)};
 }
 
-// The chunk group rank r holds reduced after add_ring_reduce_scatter over p ranks.
+// The chunk group rank r holds reduced after add_ring_reduce_scatter over p ranks (with
+// the default `shift` of 1).
 std::size_t ring_owned_chunk(std::size_t p, std::size_t r) { return (r + 1) % p; }
 
 // Ring reduce-scatter of data[offset, offset + n) over g (p-1 steps), appended to stream
 // `st`, receiving into the scratch elements from `scratch` (ring_scratch of them): rank r
-// ends with chunk ring_owned_chunk(p, r) summed over the group.
+// ends with chunk (r + shift) % p summed over the group: ring_owned_chunk(p, r) with the
+// all-reduce's shift of 1 (its all-gather starts from there), chunk r with 0 (the
+// reduce-scatter collective's layout).
 void add_ring_reduce_scatter(Stream& st, const Communicator& g, std::size_t offset, std::size_t n,
-                             std::size_t scratch) {
+                             std::size_t scratch, std::size_t shift = 1) {
   const auto p = static_cast<std::size_t>(g.size());
   if (p <= 1) return;
   const auto r = static_cast<std::size_t>(g.rank());
   const int next = static_cast<int>((r + 1) % p), prev = static_cast<int>((r + p - 1) % p);
   for (std::size_t s = 0; s + 1 < p; ++s) {
-    auto [so, sc] = ring_chunk(n, p, (r + p - s) % p);
-    auto [ro, rc] = ring_chunk(n, p, (r + 2 * p - s - 1) % p);
+    auto [so, sc] = ring_chunk(n, p, (r + shift + 2 * p - 1 - s) % p);
+    auto [ro, rc] = ring_chunk(n, p, (r + shift + 2 * p - 2 - s) % p);
     st.steps.push_back({{{&g, next, true, false, offset + so, sc}, {&g, prev, false, true, scratch, rc}},
                         {{offset + ro, scratch, rc}}});
   }
@@ -433,6 +436,22 @@ void add_node_rings(AllReduceProgram& prog, const Communicator& intra, const Com
 
 }  // namespace
 }  // namespace detail
+
+void ring_reduce_scatter(const Communicator& group, ElementSpan data, int tag) {
+  NDMESH_CHECK(group.valid(), "comm", "ring_reduce_scatter on the empty handle");
+  const auto p = static_cast<std::size_t>(group.size());
+  NDMESH_CHECK(data.count % p == 0, "comm", "ring_reduce_scatter on group {}: {} elements are not {} equal blocks",
+               group.name(), data.count, p);
+  detail::AllReduceProgram prog;
+  prog.data = data;
+  prog.tag = tag;
+  prog.streams.resize(1);
+  // Equal blocks: the ring's chunks are the blocks, and chunk r ends on rank r.
+  detail::add_ring_reduce_scatter(prog.streams[0], group, 0, data.count,
+                                  prog.reserve(detail::ring_scratch(group, data.count)), 0);
+  prog.scratch.resize(prog.scratch_elements * dtype_size(data.dtype));
+  prog.wait();
+}
 
 PendingAllReduce::PendingAllReduce(std::unique_ptr<detail::AllReduceProgram> program)
     : program_(std::move(program)) {}

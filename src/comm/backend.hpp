@@ -105,6 +105,9 @@ std::size_t count_limit(std::size_t backend_limit);
 /// count_limit(backend_limit) (the block collectives are not chunked).
 void check_block_count(std::string_view op, std::size_t count, std::size_t backend_limit);
 
+/// The Gloo reduce-scatter algorithm set by testing::set_gloo_reduce_scatter (kAuto unless set).
+testing::GlooReduceScatter gloo_reduce_scatter();
+
 /// Overrides default_timeout_s() on the calling thread (the ranks of an in-process job);
 /// 0 restores NDMESH_TIMEOUT_S.
 void set_thread_default_timeout(double seconds);

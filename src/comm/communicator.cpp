@@ -48,6 +48,7 @@ std::string_view reduce_op_name(ReduceOp op) {
 
 namespace {
 std::atomic<std::size_t> g_count_cap{0};
+std::atomic<testing::GlooReduceScatter> g_gloo_reduce_scatter{testing::GlooReduceScatter::kAuto};
 thread_local double t_default_timeout = 0;  // the ranks of an in-process job
 }  // namespace
 
@@ -59,6 +60,7 @@ double default_timeout_s() {
 
 namespace testing {
 void set_max_count_per_call(std::size_t count) { g_count_cap.store(count); }
+void set_gloo_reduce_scatter(GlooReduceScatter algorithm) { g_gloo_reduce_scatter.store(algorithm); }
 }  // namespace testing
 
 namespace detail {
@@ -80,6 +82,8 @@ void set_thread_default_timeout(double seconds) { t_default_timeout = seconds; }
 Communicator make_communicator(std::shared_ptr<CommImpl> impl, std::string name) {
   return Communicator(std::move(impl), std::move(name));
 }
+
+testing::GlooReduceScatter gloo_reduce_scatter() { return g_gloo_reduce_scatter.load(); }
 
 std::size_t count_limit(std::size_t backend_limit) {
   std::size_t cap = g_count_cap.load();

@@ -118,6 +118,67 @@ TYPED_TEST(Collectives, ReduceScatterSumAndAvg) {
   });
 }
 
+// Every reduce-scatter algorithm of the Gloo backend (testing::set_gloo_reduce_scatter;
+// other backends ignore the choice) gives the same values, and leaves the group usable:
+// each call is followed by a point-to-point ring and an all-gather on the same group, and
+// an async reduce-scatter overlaps a point-to-point exchange (Gloo's halving-doubling,
+// made per call on the group's own context, hung there in the sends that followed it).
+TYPED_TEST(Collectives, GlooReduceScatterAlgorithmsAgree) {
+  using T = TypeParam;
+  using Algorithm = testing::GlooReduceScatter;
+  for_each_world([&](const Communicator& world) {
+    const std::int64_t n = world.size(), r = world.rank();
+    const int next = static_cast<int>((r + 1) % n), prev = static_cast<int>((r + n - 1) % n);
+    for (Algorithm algorithm :
+         {Algorithm::kAllReduce, Algorithm::kHalvingDoubling, Algorithm::kRing, Algorithm::kAuto}) {
+      testing::set_gloo_reduce_scatter(algorithm);  // the same on every rank (a global of the process)
+      for (std::size_t count : {std::size_t{1}, std::size_t{7}, kCounts[2], kCounts[3]}) {
+        std::vector<T> in(count * static_cast<std::size_t>(n));
+        for (std::int64_t j = 0; j < n; ++j)
+          for (std::size_t i = 0; i < count; ++i)
+            in[static_cast<std::size_t>(j) * count + i] =
+                static_cast<T>((r + 1) * (j + 1) + static_cast<std::int64_t>(i % 5));
+        auto expected = [&](std::size_t i) {
+          return static_cast<T>((r + 1) * n * (n + 1) / 2 + n * static_cast<std::int64_t>(i % 5));
+        };
+        std::vector<T> out(count, static_cast<T>(-1)), ring_out(count), ring_in(count);
+        for (std::size_t i = 0; i < count; ++i) ring_out[i] = static_cast<T>(r * 3 + static_cast<int>(i % 11));
+        // Async, overlapping a point-to-point exchange on the same group.
+        Work rs = world.reduce_scatter_async(std::span<const T>(in), std::span<T>(out));
+        Work sent = world.send_async(std::span<const T>(ring_out), next, {.tag = 9});
+        world.recv(std::span<T>(ring_in), prev, {.tag = 9});
+        sent.wait();
+        rs.wait();
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < count; ++i) bad += out[i] != expected(i);
+        EXPECT_EQ(bad, 0u) << "async, algorithm " << static_cast<int>(algorithm) << ", count " << count;
+        // Blocking, in place, then a ring and an all-gather.
+        std::vector<T> data = in;
+        world.reduce_scatter_in_place(std::span<T>(data));
+        bad = 0;
+        for (std::size_t i = 0; i < count; ++i) bad += data[static_cast<std::size_t>(r) * count + i] != expected(i);
+        EXPECT_EQ(bad, 0u) << "in place, algorithm " << static_cast<int>(algorithm) << ", count " << count;
+        sent = world.send_async(std::span<const T>(ring_out), next, {.tag = 9});
+        world.recv(std::span<T>(ring_in), prev, {.tag = 9});
+        sent.wait();
+        bad = 0;
+        for (std::size_t i = 0; i < count; ++i) bad += ring_in[i] != static_cast<T>(prev * 3 + static_cast<int>(i % 11));
+        EXPECT_EQ(bad, 0u) << "ring after, algorithm " << static_cast<int>(algorithm) << ", count " << count;
+        std::vector<T> all(count * static_cast<std::size_t>(n));
+        world.all_gather(std::span<const T>(out), std::span<T>(all));
+        EXPECT_EQ(all[static_cast<std::size_t>(r) * count], expected(0));
+      }
+      // Max goes through the all-reduce on the ring's choice, through Gloo's own on halving-doubling.
+      std::vector<T> in(3 * static_cast<std::size_t>(n));
+      for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<T>((static_cast<std::int64_t>(i) + r) % n);
+      std::vector<T> out(3);
+      world.reduce_scatter(std::span<const T>(in), std::span<T>(out), {.op = ReduceOp::kMax});
+      for (T v : out) EXPECT_EQ(v, static_cast<T>(n - 1));
+    }
+    testing::set_gloo_reduce_scatter(Algorithm::kAuto);
+  });
+}
+
 TYPED_TEST(Collectives, AllGather) {
   using T = TypeParam;
   for_each_world([&](const Communicator& world) {

@@ -123,4 +123,13 @@ class AllReducer {
   std::shared_ptr<detail::ScratchPool> pool_;  // scratch buffers reused across calls
 };
 
+/// Ring reduce-scatter (sum) in place: `data` holds group.size() equal blocks; afterwards
+/// block group.rank() holds the sum of every member's block (the other blocks are left
+/// unspecified). The ring's reduce-scatter half over the group's point-to-point, p-1 steps
+/// in which each rank sends and receives one block: (p-1)/p of the data per rank, half of
+/// what an all-reduce moves. Blocking; every member calls it. It sends with `tag` on
+/// `group` itself, so the caller gives it a communicator that carries no other messages of
+/// that tag (the Gloo backend's reduce_scatter runs it on a duplicate of its own).
+void ring_reduce_scatter(const Communicator& group, ElementSpan data, int tag = tags::kReduceScatter);
+
 }  // namespace ndmesh::comm

@@ -328,6 +328,15 @@ namespace testing {
 /// for MPI), so tests can exercise the chunking of large counts with small buffers.
 /// 0 restores the default.
 void set_max_count_per_call(std::size_t count);
+
+/// The algorithms of the Gloo backend's reduce_scatter: kAuto (the default) picks one by
+/// input size, as bench/bench_reduce_scatter.sh measured; the others force one, so that
+/// the benchmark compares them in one run and the tests check each. kAllReduce: an
+/// all-reduce of the whole input and a copy of this rank's block; kHalvingDoubling:
+/// Gloo's ReduceScatterHalvingDoubling; kRing: ring_reduce_scatter (comm/allreduce.hpp).
+/// Reductions other than sum always take kAllReduce. Other backends ignore it.
+enum class GlooReduceScatter { kAuto, kAllReduce, kHalvingDoubling, kRing };
+void set_gloo_reduce_scatter(GlooReduceScatter algorithm);
 }  // namespace testing
 
 }  // namespace ndmesh::comm

@@ -42,6 +42,10 @@ inline constexpr int kRingDkv = 133;
 inline constexpr int kAllReduceFirst = 7700;
 inline constexpr int kAllReduceSequences = 4096;
 
+/// The ring reduce-scatter (comm/allreduce.hpp ring_reduce_scatter), on the Gloo
+/// backend's own duplicate of the group it reduces over, one at a time.
+inline constexpr int kReduceScatter = 7699;
+
 /// The runtime on the world: the pipeline trace events gathered to rank 0
 /// (parallel/pp/trace.cpp), and the checkpoint manifest parts sent to rank 0 when saving
 /// (parallel/checkpoint_io.cpp).

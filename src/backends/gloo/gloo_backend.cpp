@@ -15,12 +15,26 @@
 //
 // Collectives of zero elements return at once without calling Gloo (whose algorithms
 // divide by the element count), as they move nothing.
-// Gloo 0.5 (Debian's) has no reduce-scatter in its options API: reduce_scatter is an
-// all-reduce of the whole input followed by a copy of this rank's block. Its algorithm class
-// ReduceScatterHalvingDoubling (old pair API, what PyTorch's Gloo group uses) was tried: it
-// was 4-8x slower from 1 MiB on (bench/bench_reduce_scatter.sh), and next to the
-// options-API collectives on the same context it left the ranks waiting in each other's
-// sends (store.collectives_np3: a hang in the next point-to-point or all-gather).
+// Gloo 0.5 (Debian's) has no reduce-scatter in its options API. reduce_scatter runs one
+// of three algorithms (testing::GlooReduceScatter), on a duplicate of the group of its own
+// (its own TCP pairs, made at the first reduce_scatter) for the two that are not an
+// all-reduce: an all-reduce of the whole input and a copy of this rank's block (2(p-1)/p
+// of the input sent per rank), the ring reduce-scatter of comm/allreduce.hpp ((p-1)/p),
+// or Gloo's ReduceScatterHalvingDoubling. By default (kAuto) the size decides, as
+// bench/bench_reduce_scatter.sh measured: see kRingMinBytes.
+//
+// ReduceScatterHalvingDoubling is made per call, as PyTorch's Gloo group does, but it is
+// written to live across calls (Gloo's benchmarks make it once): (1) run() returns
+// without waiting for its data sends, which its notifications make safe only for the next
+// run() of the same object, so destroying it leaves sends queued in the pairs that point
+// at freed buffers (tcp::Buffer's destructor only unregisters it); (2) it uses the older
+// pair API, whose receiving side stops reading a pair, spinning, when data arrives for a
+// slot not registered yet, and a new object takes new slots (Context::nextSlot), so
+// whatever follows on that pair (the unbound-buffer messages of point-to-point and of
+// the options-API collectives) waits until the peer reaches the same call. Together they
+// hung store.collectives_np3 in the sends that followed it when it ran on the group's own
+// context. Here every send is waited for before the object goes (HalvingDoubling below),
+// and it runs on the duplicate, where nothing else travels.
 #include "backends/gloo/gloo_backend.hpp"
 
 #include <arpa/inet.h>
@@ -34,6 +48,7 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
+#include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
@@ -52,6 +67,7 @@
 
 #include <fmt/format.h>
 
+#include "ndmesh/comm/allreduce.hpp"
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
@@ -62,6 +78,9 @@ namespace {
 
 // Far beyond any NDMESH_TIMEOUT_S: the Communicator's deadline ends a stuck operation.
 constexpr std::chrono::milliseconds kGlooTimeout = std::chrono::hours(24 * 30);
+// kAuto's choice: the ring from this input size on, below it the all-reduce and a copy
+// (bench/bench_reduce_scatter.sh, see docs/launch.md).
+constexpr std::size_t kRingMinBytes = std::size_t{256} << 10;
 // Point-to-point slots: a prefix byte Gloo's collectives do not use, then the tag.
 constexpr std::uint64_t kP2pSlot = std::uint64_t{0x80} << 56;
 
@@ -314,6 +333,53 @@ template <typename T>
   }
 }
 
+// The element-wise reduction of ReduceScatterHalvingDoubling (x = x op y), typed.
+template <typename T>
+typename ::gloo::ReductionFunction<T>::Function* reduction(ReduceOp op) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    switch (op) {
+      case ReduceOp::kMax:
+        return [](T* x, const T* y, std::size_t n) { bf16_reduce<Max>(x, x, y, n); };
+      case ReduceOp::kMin:
+        return [](T* x, const T* y, std::size_t n) { bf16_reduce<Min>(x, x, y, n); };
+      default:
+        return [](T* x, const T* y, std::size_t n) { bf16_reduce<Add>(x, x, y, n); };
+    }
+  } else {
+    switch (op) {
+      case ReduceOp::kMax:
+        return [](T* x, const T* y, std::size_t n) { ::gloo::max<T>(x, x, y, n); };
+      case ReduceOp::kMin:
+        return [](T* x, const T* y, std::size_t n) { ::gloo::min<T>(x, x, y, n); };
+      default:
+        return [](T* x, const T* y, std::size_t n) { ::gloo::sum<T>(x, x, y, n); };
+    }
+  }
+}
+
+// Gloo's ReduceScatterHalvingDoubling, made for one call: run() then waits for every send
+// it made, so that nothing queued in a pair outlives the object (the file comment says
+// why). Which sends run() made is read from the same members and conditions it uses.
+template <typename T>
+class HalvingDoubling final : public ::gloo::ReduceScatterHalvingDoubling<T> {
+ public:
+  using ::gloo::ReduceScatterHalvingDoubling<T>::ReduceScatterHalvingDoubling;
+
+  void run_and_drain() {
+    this->run();
+    if (this->contextSize_ == 1) return;
+    for (std::size_t i = 0; i < this->stepsWithinBlock_; ++i)
+      if (this->sendOffsets_[i] < static_cast<std::size_t>(this->count_)) this->sendDataBufs_[i]->waitSend();
+    const std::size_t to_larger = this->stepsWithinBlock_ > 0 ? this->recvCounts_[this->stepsWithinBlock_ - 1]
+                                                              : static_cast<std::size_t>(this->count_);
+    if (this->nextLargerBlockSize_ != 0 && to_larger != 0)
+      for (std::size_t i = 0; i < this->largerBlockSendDataBufs_.size(); ++i)
+        if (this->sendCountToLargerBlock_ * i < to_larger) this->largerBlockSendDataBufs_[i]->waitSend();
+    for (auto& buf : this->distSendDataBufs_) buf->waitSend();
+    for (auto& buf : this->sendNotificationBufs_) buf->waitSend();
+  }
+};
+
 // A byte that gives empty buffers an address.
 char g_empty_byte = 0;
 void* addr(void* p) { return p != nullptr ? p : &g_empty_byte; }
@@ -434,12 +500,52 @@ class GlooComm final : public detail::CommImpl {
                                                    bool blocking) override {
     check_block("reduce_scatter", out.count);
     if (out.count == 0) return nullptr;
-    return collective("reduce_scatter", blocking, [ctx = ctx_, in, out, op] {
-      // An all-reduce and this rank's block (the file comment says why not Gloo's algorithm).
-      std::vector<char> scratch(static_cast<const char*>(in.data), static_cast<const char*>(in.data) + in.bytes());
-      reduce_in_place(ctx, ElementSpan{scratch.data(), in.count, in.dtype}, op);
-      std::memcpy(out.data, scratch.data() + static_cast<std::size_t>(ctx->rank) * out.bytes(), out.bytes());
-    });
+    using Algorithm = testing::GlooReduceScatter;
+    Algorithm algorithm = detail::gloo_reduce_scatter();
+    if (algorithm == Algorithm::kAuto) algorithm = in.bytes() >= kRingMinBytes ? Algorithm::kRing : Algorithm::kAllReduce;
+    if (op != ReduceOp::kSum && algorithm == Algorithm::kRing) algorithm = Algorithm::kAllReduce;
+    if (algorithm == Algorithm::kHalvingDoubling && in.count > static_cast<std::size_t>(INT32_MAX))
+      algorithm = Algorithm::kAllReduce;  // its counts are int
+    if (size() == 1) algorithm = Algorithm::kAllReduce;  // a copy
+    if (algorithm != Algorithm::kAllReduce && !reducer_) {
+      // Collective: every member reaches its first such reduce_scatter in the same order.
+      reducer_ = std::static_pointer_cast<GlooComm>(dup());
+      reducer_handle_ = detail::make_communicator(reducer_, "reduce_scatter");
+    }
+    std::function<void()> fn;
+    switch (algorithm) {
+      case Algorithm::kRing:
+        fn = [group = reducer_handle_, in, out] {
+          std::vector<char> work(static_cast<const char*>(in.data), static_cast<const char*>(in.data) + in.bytes());
+          ring_reduce_scatter(group, ElementSpan{work.data(), in.count, in.dtype});
+          std::memcpy(out.data, work.data() + static_cast<std::size_t>(group.rank()) * out.bytes(), out.bytes());
+        };
+        break;
+      case Algorithm::kHalvingDoubling:
+        fn = [ctx = reducer_->ctx_, in, out, op] {
+          // It reduces in place; the result is this rank's block, at the start of the buffer.
+          std::vector<char> work(static_cast<const char*>(in.data), static_cast<const char*>(in.data) + in.bytes());
+          visit_dtype(in.dtype, [&]<typename T>(T) {
+            const ::gloo::ReductionFunction<T> reduce(op == ReduceOp::kMax   ? ::gloo::MAX
+                                                      : op == ReduceOp::kMin ? ::gloo::MIN
+                                                                             : ::gloo::SUM,
+                                                      reduction<T>(op));
+            const std::vector<int> blocks(static_cast<std::size_t>(ctx->size), static_cast<int>(out.count));
+            HalvingDoubling<T> rshd(ctx, {reinterpret_cast<T*>(work.data())}, static_cast<int>(in.count), blocks,
+                                    &reduce);
+            rshd.run_and_drain();
+          });
+          std::memcpy(out.data, work.data(), out.bytes());
+        };
+        break;
+      default:
+        fn = [ctx = ctx_, in, out, op] {
+          std::vector<char> work(static_cast<const char*>(in.data), static_cast<const char*>(in.data) + in.bytes());
+          reduce_in_place(ctx, ElementSpan{work.data(), in.count, in.dtype}, op);
+          std::memcpy(out.data, work.data() + static_cast<std::size_t>(ctx->rank) * out.bytes(), out.bytes());
+        };
+    }
+    return collective("reduce_scatter", blocking, std::move(fn));
   }
 
   std::unique_ptr<detail::WorkImpl> all_gather(ElementSpan in, ElementSpan out, bool blocking) override {
@@ -612,6 +718,10 @@ class GlooComm final : public detail::CommImpl {
   launch::Store store_;  // this group's prefix
   std::string node_id_;
   int splits_ = 0, selves_ = 0;
+  // The reduce-scatter's own duplicate of this group (see the file comment), and a handle
+  // over it for ring_reduce_scatter; made at the first reduce_scatter that needs it.
+  std::shared_ptr<GlooComm> reducer_;
+  Communicator reducer_handle_;
   std::mutex self_mutex_;
   std::map<int, std::deque<std::string>> self_sends_;
   std::map<int, std::deque<SelfRecv>> self_recvs_;
