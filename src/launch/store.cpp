@@ -43,6 +43,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr std::size_t kMaxReply = StoreLimits{}.value_bytes;  // the largest value a server holds
+// How long identify() waits for the answer to one probe: a server answers a query it
+// understands at once, and one it does not may stay silent.
+constexpr double kProbeS = 3;
 
 // A message being built.
 struct Out {
@@ -221,19 +224,25 @@ class StoreConnection {
  private:
   Out start(Cmd c) const {
     Out out;
+    if (query_magic_) out.value(kQueryMagic);
     out.value<std::uint8_t>(wire_code(c, protocol_));
     return out;
   }
 
   // Tells the server's generation on the connection fd_ (dialled) and leaves fd_ open
   // for it; false with `why` when the server is not (yet) answering. Each generation is
-  // confirmed by an answer, never assumed:
+  // confirmed by an answer, never assumed; every server answers a query it understands
+  // at once, so each probe waits kProbeS at most and a probe that is not answered is
+  // closed before the next (a query-magic server reads a probe it does not understand
+  // in 4-byte pieces and waits for the rest of the last one):
   //   1. VALIDATE + PING, the nonce comes back: recent PyTorch 2.x servers and ndmesh's.
-  //   2. Otherwise (the server closed the connection) a new connection asks PyTorch 1.x's
-  //      GETNUMKEYS: an 8-byte count back means 1.x (no handshake, 1.x command numbers).
-  //   3. Closed again: a 2.x server from before PING (it accepts VALIDATE only first).
-  //      Confirmed on a third connection by VALIDATE + GETNUMKEYS (2.x numbers).
+  //   2. The query magic + GETNUMKEYS (1.x numbers), an 8-byte count back: a PyTorch 2.x
+  //      server from before VALIDATE. The others close the connection on its first byte.
+  //   3. PyTorch 1.x's GETNUMKEYS alone, a count back: 1.x (no handshake, 1.x numbers).
+  //   4. VALIDATE + GETNUMKEYS (2.x numbers), a count back: a 2.x server from before PING
+  //      (it accepts VALIDATE only first, and closes on PING).
   bool identify(Clock::time_point deadline, std::string& why) {
+    auto probe_deadline = [&] { return std::min(deadline, after(kProbeS)); };
     const std::uint32_t nonce = std::random_device{}() | 0x80000000u;  // a v1 server reads a huge length
     Out v2;
     v2.value<std::uint8_t>(static_cast<std::uint8_t>(Cmd::kValidate)).value(kValidationMagic);
@@ -242,21 +251,21 @@ class StoreConnection {
     try {
       send_all(fd_, v2.bytes);
       std::uint32_t echo = 0;
-      if (!recv_exact(fd_, &echo, sizeof echo, deadline)) {
-        why = "no answer to PyTorch 2.x's VALIDATE + PING";
-        return false;
+      if (recv_exact(fd_, &echo, sizeof echo, probe_deadline())) {
+        if (echo != nonce) {
+          why = fmt::format("PING {:#x} was answered with {:#x}: not a c10d TCPStore", nonce, echo);
+          return false;
+        }
+        protocol_ = 2;
+        generation_ = "v2";
+        return true;
       }
-      if (echo != nonce) {
-        why = fmt::format("PING {:#x} was answered with {:#x}: not a c10d TCPStore", nonce, echo);
-        return false;
-      }
-      protocol_ = 2;
-      generation_ = "v2";
-      return true;
+      seen = fmt::format("no answer within {:g} s", kProbeS);
     } catch (const std::exception& e) {
-      seen = fmt::format("PyTorch 2.x's VALIDATE + PING: {}", e.what());
+      seen = e.what();
     }
-    // A count back from GETNUMKEYS in `protocol`'s numbering, after `opening`.
+    // A count back from GETNUMKEYS in `protocol`'s numbering, after `opening`, on a new
+    // connection.
     auto count_answered = [&](int protocol, const std::string& opening, std::string& what) {
       ::close(fd_);
       fd_ = dial(host_, port_, what);
@@ -267,14 +276,24 @@ class StoreConnection {
         out.value<std::uint8_t>(wire_code(Cmd::kGetNumKeys, protocol));
         send_all(fd_, out.bytes);
         std::int64_t count = 0;
-        if (recv_exact(fd_, &count, sizeof count, deadline)) return true;
-        what = "no answer";
+        if (recv_exact(fd_, &count, sizeof count, probe_deadline())) return true;
+        what = fmt::format("no answer within {:g} s", kProbeS);
       } catch (const std::exception& e) {
         what = e.what();
       }
       return false;
     };
-    std::string v1_why, old_why;
+    std::string magic_why, v1_why, old_why;
+    Out magic;
+    magic.value(kQueryMagic);
+    if (count_answered(1, magic.bytes, magic_why)) {
+      protocol_ = 1;
+      query_magic_ = true;
+      generation_ = "query magic";
+      log::debug("[store] {} is a PyTorch 2.x server from before VALIDATE: every query opens with the magic ({})",
+                 address_, seen);
+      return true;
+    }
     if (count_answered(1, "", v1_why)) {
       protocol_ = 1;
       generation_ = "v1";
@@ -290,10 +309,18 @@ class StoreConnection {
       return true;
     }
     why = fmt::format(
-        "the server at {} answered no c10d TCPStore generation: {}; PyTorch 1.x's GETNUMKEYS: {}; "
-        "VALIDATE + GETNUMKEYS: {}",
-        address_, seen, v1_why, old_why);
+        "the server at {} answered no c10d TCPStore generation: PyTorch 2.x's VALIDATE + PING: {}; the query "
+        "magic + GETNUMKEYS: {}; PyTorch 1.x's GETNUMKEYS: {}; VALIDATE + GETNUMKEYS: {}",
+        address_, seen, magic_why, v1_why, old_why);
     return false;
+  }
+
+  // "a PyTorch 1.x server", for messages.
+  std::string kind() const {
+    if (generation_ == "v1") return "a PyTorch 1.x server";
+    if (generation_ == "query magic") return "a PyTorch 2.x server from before VALIDATE (a magic per query)";
+    if (generation_ == "v2 without PING") return "a PyTorch 2.x server from before PING";
+    return "a PyTorch 2.x or ndmesh server";
   }
 
   // Reads a reply; the server answers at once, so a bound of the default timeout only
@@ -313,9 +340,9 @@ class StoreConnection {
       ::close(fd_);
       fd_ = -1;
       fail<>("store",
-             "{} of '{}' on the store at {} failed: {}; the process serving it (rank 0 or the launcher) may "
+             "{} of '{}' on the store at {} ({}) failed: {}; the process serving it (rank 0 or the launcher) may "
              "have exited",
-             op, key, address_, e.what());
+             op, key, address_, kind(), e.what());
     }
   }
 
@@ -353,6 +380,7 @@ class StoreConnection {
   double timeout_s_;
   std::string address_;
   int protocol_ = 2;
+  bool query_magic_ = false;  // every query opens with kQueryMagic
   std::string generation_ = "v2";
   int fd_ = -1;
   std::mutex mutex_;

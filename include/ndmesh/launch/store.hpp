@@ -8,9 +8,16 @@
 //      numbered VALIDATE=0, SET=1, ...
 //   v2 without PING (earlier PyTorch 2.x): VALIDATE first, then the same numbers; PING
 //      closes the connection.
+//   query magic (PyTorch 2.x servers from before VALIDATE, classic backend, as in
+//      pytorch/pytorch 00321a02's TCPStore.cpp and TCPStoreBackend.cpp): no handshake;
+//      every query opens with a 4-byte magic, then the command byte numbered SET=0,
+//      COMPARE_SET=1, ..., GETNUMKEYS=6 as in 1.x (DELETE_KEY=7, APPEND, MULTI_GET,
+//      MULTI_SET, CANCEL_WAIT=11 after it). A query without the magic is not answered: the
+//      server skips its first 4 bytes and reads on, so a client that omits it waits forever.
 //   v1 (PyTorch 1.x, e.g. Debian's 1.13): no handshake; SET=0, COMPARE_SET=1, GET=2, ...
 // The client confirms each generation by an answer (see StoreConnection::identify) and
-// never falls back unchecked. The server answers v2 and v1 (it tells them apart by the
+// never falls back unchecked; a store it cannot identify, and a command a server of a
+// known generation does not answer, end in one line naming the server's generation. The server answers v2 and v1 (it tells them apart by the
 // opening). Keys are sent with torch's leading "/".
 //
 // Store is a cheap handle over one connection (calls are serialized on it); prefixed()
@@ -65,9 +72,10 @@ class Store {
   /// value.
   std::string share(const std::string& key, bool is_root, const std::string& value = "") const;
 
-  /// 1 or 2: the wire protocol the server speaks (1: PyTorch 1.x, 2: PyTorch 2.x, ndmesh).
+  /// 1 or 2: the command numbering the server speaks (1: PyTorch 1.x's, also that of the
+  /// "query magic" servers; 2: PyTorch 2.x's with VALIDATE, ndmesh's).
   int protocol() const;
-  /// The server's generation: "v2", "v2 without PING" or "v1".
+  /// The server's generation: "v2", "v2 without PING", "query magic" or "v1".
   const std::string& generation() const;
   /// The default bound of get and wait.
   double timeout_s() const;

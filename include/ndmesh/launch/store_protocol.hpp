@@ -29,6 +29,9 @@ struct StoreLimits {
 
 /// The v2 handshake's magic (VALIDATE's argument).
 inline constexpr std::uint32_t kValidationMagic = 0x3C85F7CE;
+/// The magic that opens every query of the PyTorch 2.x servers from before VALIDATE
+/// (store.hpp, "query magic"); the value the next generation sends once as VALIDATE's.
+inline constexpr std::uint32_t kQueryMagic = kValidationMagic;
 
 /// Commands, numbered as in the v2 protocol; v1 numbers are mapped onto these.
 enum class Cmd : std::uint8_t {

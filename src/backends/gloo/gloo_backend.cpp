@@ -20,8 +20,9 @@
 // (its own TCP pairs, made at the first reduce_scatter) for the two that are not an
 // all-reduce: an all-reduce of the whole input and a copy of this rank's block (2(p-1)/p
 // of the input sent per rank), the ring reduce-scatter of comm/allreduce.hpp ((p-1)/p),
-// or Gloo's ReduceScatterHalvingDoubling. By default (kAuto) the size decides, as
-// bench/bench_reduce_scatter.sh measured: see kRingMinBytes.
+// or Gloo's ReduceScatterHalvingDoubling. By default (kAuto) the ring, as
+// bench/bench_reduce_scatter.sh measured (see reduce_scatter below). Reductions other than
+// a sum (max, min) take the all-reduce.
 //
 // ReduceScatterHalvingDoubling is made per call, as PyTorch's Gloo group does, but it is
 // written to live across calls (Gloo's benchmarks make it once): (1) run() returns
@@ -78,9 +79,6 @@ namespace {
 
 // Far beyond any NDMESH_TIMEOUT_S: the Communicator's deadline ends a stuck operation.
 constexpr std::chrono::milliseconds kGlooTimeout = std::chrono::hours(24 * 30);
-// kAuto's choice: the ring from this input size on, below it the all-reduce and a copy
-// (bench/bench_reduce_scatter.sh, see docs/launch.md).
-constexpr std::size_t kRingMinBytes = std::size_t{256} << 10;
 // Point-to-point slots: a prefix byte Gloo's collectives do not use, then the tag.
 constexpr std::uint64_t kP2pSlot = std::uint64_t{0x80} << 56;
 
@@ -502,7 +500,10 @@ class GlooComm final : public detail::CommImpl {
     if (out.count == 0) return nullptr;
     using Algorithm = testing::GlooReduceScatter;
     Algorithm algorithm = detail::gloo_reduce_scatter();
-    if (algorithm == Algorithm::kAuto) algorithm = in.bytes() >= kRingMinBytes ? Algorithm::kRing : Algorithm::kAllReduce;
+    // kAuto: the ring at every size (bench/bench_reduce_scatter.sh, docs/launch.md: it beat the
+    // all-reduce and a copy at most sizes from 64 KiB to 64 MiB on 2-4 ranks, and Gloo's
+    // halving-doubling lost to both from 1 MiB on).
+    if (algorithm == Algorithm::kAuto) algorithm = Algorithm::kRing;
     if (op != ReduceOp::kSum && algorithm == Algorithm::kRing) algorithm = Algorithm::kAllReduce;
     if (algorithm == Algorithm::kHalvingDoubling && in.count > static_cast<std::size_t>(INT32_MAX))
       algorithm = Algorithm::kAllReduce;  // its counts are int
