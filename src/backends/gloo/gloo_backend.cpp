@@ -32,10 +32,13 @@
 // pair API, whose receiving side stops reading a pair, spinning, when data arrives for a
 // slot not registered yet, and a new object takes new slots (Context::nextSlot), so
 // whatever follows on that pair (the unbound-buffer messages of point-to-point and of
-// the options-API collectives) waits until the peer reaches the same call. Together they
-// hung store.collectives_np3 in the sends that followed it when it ran on the group's own
-// context. Here every send is waited for before the object goes (HalvingDoubling below),
-// and it runs on the duplicate, where nothing else travels.
+// the options-API collectives) waits until the peer reaches the same call: a rank that
+// posts a point-to-point receive before its own reduce_scatter then never gets the message
+// queued behind the peer's. (store.collectives_np3 once hung in the sends after it; with
+// the arrangement of then, made per call on the group's own context, that did not recur in
+// five runs here, so which of the two it was is not shown.) Here every send is waited for
+// before the object goes (HalvingDoubling below), and it runs on the duplicate, where
+// nothing else travels.
 #include "backends/gloo/gloo_backend.hpp"
 
 #include <arpa/inet.h>
