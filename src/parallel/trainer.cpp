@@ -125,7 +125,10 @@ MemoryBytes Trainer::memory() const {
   m.optimizer = optimizer_.offloaded() ? static_cast<double>(optimizer_.offload_window_bytes())
                                        : optimizer * sizeof(float);
   m.optimizer_offloaded = optimizer_.offloaded() ? optimizer * sizeof(float) : 0.0;
-  m.grad_workspace = sync_.zero() >= 2 ? elements * sizeof(float) : 0.0;
+  m.grad_workspace = sync_.zero() == 2 ? elements * sizeof(float) : 0.0;
+  if (sync_.zero() == 3)  // measured: the pages of the work space resident at once
+    for (std::size_t c = 0; c < model_.chunks.size(); ++c)
+      m.grad_workspace += static_cast<double>(sync_.reducer(c).peak_workspace_bytes());
   // Activations: measured, not estimated. The micro-batch activations the executor held at
   // once at its peak, plus the recompute workspace the chunks share.
   m.activations = static_cast<double>(executor_->peak_live_activation_bytes() +

@@ -86,8 +86,9 @@ struct MemoryBytes {
   /// before it is sent (full recompute: the recomputed block's output) and its input
   /// gradient before it is sent back.
   double activation_buffers = 0;
-  /// ZeRO 2/3: the full-size buffer the backward writes into (ZeRO-3 hands its pages back to
-  /// the system after each reduction, so this is its peak, not what stays resident).
+  /// ZeRO 2/3: the full-size buffer the backward writes into. ZeRO-3 hands each unit's pages
+  /// back to the system once its reduce-scatter completed: there it is the most bytes of the
+  /// buffer that were resident at once, measured (GradReducer::peak_workspace_bytes).
   double grad_workspace = 0;
   /// --device cuda: the most device memory this process's allocator handed out at once
   /// (parameters, gradients, optimizer state, activations and work space); 0 on the CPU.
