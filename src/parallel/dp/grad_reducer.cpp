@@ -142,7 +142,7 @@ void GradReducer::progress_loop() {
       std::erase_if(active_, [&](Bucket* b) {
         return std::find(finished.begin(), finished.end(), b) != finished.end();
       });
-      if (active_.empty()) done_cv_.notify_all();
+      done_cv_.notify_all();  // finish_backward waits for none left, wait_in_flight for some
       continue;
     }
     if (now - last_change > give_up) {
@@ -240,6 +240,26 @@ void GradReducer::retire_done() {
   for (Bucket* b : done) retire(*b);
 }
 
+void GradReducer::wait_in_flight() {
+  const double t0 = now_s();
+  if (progress_thread()) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [&] {
+      if (thread_gave_up_) return true;  // finish_backward reports what stopped the thread
+      for (std::size_t i = 0; i < next_; ++i)
+        if (!buckets_[i].retired && std::find(active_.begin(), active_.end(), &buckets_[i]) != active_.end())
+          return false;
+      return true;
+    });
+    if (thread_gave_up_) return;
+  } else {
+    for (std::size_t i = 0; i < next_; ++i)
+      if (!buckets_[i].retired) buckets_[i].scatter.wait();
+  }
+  exposed_seconds_ += now_s() - t0;
+  retire_done();
+}
+
 void GradReducer::sample_workspace() {
   static const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
   const auto begin = reinterpret_cast<std::uintptr_t>(grads_) / page * page;
@@ -250,13 +270,19 @@ void GradReducer::sample_workspace() {
   std::int64_t n = 0;
   for (unsigned char c : resident_) n += c & 1;
   peak_workspace_bytes_ = std::max(peak_workspace_bytes_, n * static_cast<std::int64_t>(page));
+
 }
 
 void GradReducer::grads_final(std::int64_t from) {
   if (!reduce_now_) return;
   // ZeRO-3: just after a unit's backward, before its reduction starts, is when the most
-  // full-size gradients are resident (that unit's and those still in flight).
-  if (zero_ == 3) sample_workspace();
+  // full-size gradients are resident (that unit's and the one still in flight).
+  if (zero_ == 3) {
+    sample_workspace();
+    // FSDP's bound: the previous unit's reduce-scatter completes before this one's starts,
+    // so the backward holds two units' full gradients at most, however far a peer lags.
+    if (options_.overlap) wait_in_flight();
+  }
   if (!options_.overlap) return;
   while (next_ < buckets_.size() && buckets_[next_].lo >= from) start(buckets_[next_++]);
   progress();

@@ -27,8 +27,11 @@
 // handed back to the system (release_memory), so that during the backward the work space
 // holds about the unit being written and those in flight, not the whole model's gradients
 // (with bf16 reduction the fp32 range goes back as soon as it is rounded into the bucket).
-// Its resident bytes are measured (mincore) at every grads-final hook, where the most
-// units are written: peak_workspace_bytes().
+// As FSDP does, a unit's reduce-scatter starts only once the previous unit's completed
+// (waited for at the grads-final hook, counted as exposed time), so that the backward
+// holds at most two units' full gradients even where a peer lags behind. The work
+// space's resident bytes are measured (mincore) at every grads-final hook, before that
+// wait, where the most are resident: peak_workspace_bytes().
 //
 // Progress: Open MPI moves the data of a nonblocking operation only inside MPI calls. With
 // `progress_thread` (the default with overlap) a helper thread polls the started buckets
@@ -185,6 +188,7 @@ class GradReducer {
   bool poll(Bucket& b);
   void retire(Bucket& b);   // ZeRO-3: b's reduction is complete
   void retire_done();       // ZeRO-3: retires every started bucket whose reduction completed
+  void wait_in_flight();    // ZeRO-3: waits for the started buckets and retires them
   void sample_workspace();  // ZeRO-3: measures the work space's resident bytes
   void expire_if_stuck();  // after the thread timed out: end the job unless every bucket completes
   void progress_loop();
