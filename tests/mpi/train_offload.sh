@@ -54,6 +54,9 @@ for layout in "serial 1" "dp2_zero1 2 --dp 2 --zero 1" "dp2_zero2 2 --dp 2 --zer
       .offload_io.bytes_read_per_step >= .memory_bytes.optimizer_offloaded and
       .offload_io.bytes_written_per_step == .offload_io.bytes_read_per_step' "$tmp/$name.off$chunk.json" > /dev/null ||
       fail "$name --offload-chunk-mb $chunk: offloaded bytes or I/O do not match: $(jq -c '[.memory_bytes, .offload_io]' "$tmp/$name.off$chunk.json")"
+    # The window is three chunks: 0.01 MiB chunks (rounded up to 1024 elements) keep it small.
+    [ "$chunk" != 0.01 ] || jq -e '.memory_bytes.optimizer <= 3 * 8 * 2048' "$tmp/$name.off$chunk.json" > /dev/null ||
+      fail "$name --offload-chunk-mb $chunk: the window is $(jq .memory_bytes.optimizer "$tmp/$name.off$chunk.json") bytes"
     grep -q "^offload: optimizer state" "$tmp/$name.off$chunk.out" || fail "$name: no offload line"
     [ -z "$(ls -A "$odir")" ] || fail "$name: the offload folder is not empty after the run: $(ls "$odir")"
   done
