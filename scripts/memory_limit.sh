@@ -3,13 +3,14 @@
 # train without offload and trains with `--memory extreme` (full recompute, ZeRO-3 and the
 # optimizer state in files), with the losses of an unlimited run.
 #
-# 1. An unlimited run (no limit, no offload) gives the reference losses and the bytes of the
-#    fp32 weights and AdamW moments (memory_bytes.params + memory_bytes.optimizer).
-# 2. A memory cgroup is made with a limit of LIMIT_FRACTION (default 0.9) of those bytes
-#    (or LIMIT_MIB), swap forbidden: cgroup v2's memory.max (+ memory.swap.max 0) where a
-#    cgroup2 mount has the memory controller, else cgroup v1's memory.limit_in_bytes (+
-#    memory.memsw.limit_in_bytes). Where neither can be made (not root, no controller, a
-#    container without them) the script says why and exits 77 (ctest's skip).
+# 1. A memory cgroup is made, swap forbidden: cgroup v2's memory.max (+ memory.swap.max 0)
+#    where a cgroup2 mount has the memory controller, else cgroup v1's
+#    memory.limit_in_bytes (+ memory.memsw.limit_in_bytes). Where neither can be made (not
+#    root, no controller, a container without them) the script says why and exits 77
+#    (ctest's skip).
+# 2. An unlimited run (no limit, no offload) gives the reference losses and the bytes of the
+#    fp32 weights and AdamW moments (memory_bytes.params + memory_bytes.optimizer); the
+#    group's limit is LIMIT_FRACTION (default 0.9) of those bytes (or LIMIT_MIB).
 # 3. The same run inside the cgroup must fail (the kernel's OOM killer ends it, or it
 #    stops with an allocation error); the run with --memory extreme inside it must succeed,
 #    and its losses and gradient norms must equal the unlimited run's
@@ -28,12 +29,18 @@ steps=${STEPS:-2}
 model=${MODEL:-"--layers 8 --hidden 768 --heads 12 --kv-heads 12 --seq 16 --markov-vocab 64"}
 command -v jq > /dev/null || { echo "memory_limit.sh: needs jq (apt-get install jq)" >&2; exit 2; }
 tmp=$(mktemp -d)
-offload_dir=${2:-$(mktemp -d /var/tmp/ndmesh_offload.XXXXXX)}
+own_dir=""
+if [ -n "${2:-}" ]; then
+  offload_dir=$2
+else
+  offload_dir=$(mktemp -d /var/tmp/ndmesh_offload.XXXXXX)
+  own_dir=$offload_dir
+fi
 group=""
 cleanup() {
   if [ -n "$group" ] && [ -d "$group" ]; then rmdir "$group" 2> /dev/null || true; fi
   rm -rf "$tmp"
-  [ -n "${2:-}" ] || rm -rf "$offload_dir"
+  [ -z "$own_dir" ] || rm -rf "$own_dir"
 }
 trap cleanup EXIT
 skip() {
@@ -51,19 +58,8 @@ mib() { awk -v b="$1" 'BEGIN { printf "%.0f", b / 1048576 }'; }
 # shellcheck disable=SC2206
 flags=($model --batch 2 --steps "$steps" --warmup 0 --eval-batches 0 --threads 1 --json)
 
-# 1. The unlimited reference.
-"$ndmesh" train "${flags[@]}" > "$tmp/free.out" 2> "$tmp/free.err" ||
-  fail "the unlimited run failed: $(tail -2 "$tmp/free.err")"
-tail -n 1 "$tmp/free.out" > "$tmp/free.json"
-states=$(jq '.memory_bytes.params + .memory_bytes.optimizer' "$tmp/free.json")
-if [ -n "${LIMIT_MIB:-}" ]; then
-  limit=$((LIMIT_MIB * 1048576))
-else
-  limit=$(awk -v s="$states" -v f="${LIMIT_FRACTION:-0.9}" 'BEGIN { printf "%.0f", s * f }')
-fi
-
-# 2. The cgroup: v2 where a cgroup2 mount has the memory controller, else v1.
-kind="" why=""
+# 1. The cgroup: v2 where a cgroup2 mount has the memory controller, else v1.
+kind="" why="" limit_file="" swap_file="" swap_value=""
 v2=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts)
 if [ -n "$v2" ]; then
   if grep -qw memory "$v2/cgroup.controllers" 2> /dev/null; then
@@ -71,8 +67,8 @@ if [ -n "$v2" ]; then
     echo +memory > "$v2/cgroup.subtree_control" 2> /dev/null || true
     if mkdir "$v2/ndmesh_memory_limit_$$" 2> /dev/null; then
       group="$v2/ndmesh_memory_limit_$$"
-      if [ -e "$group/memory.max" ] && echo "$limit" > "$group/memory.max" 2> /dev/null; then
-        echo 0 > "$group/memory.swap.max" 2> /dev/null || true
+      if [ -e "$group/memory.max" ] && echo max > "$group/memory.max" 2> /dev/null; then
+        limit_file=$group/memory.max swap_file=$group/memory.swap.max swap_value=0
         kind="cgroup v2 ($group/memory.max)"
       else
         rmdir "$group"
@@ -92,9 +88,10 @@ if [ -z "$kind" ]; then
     why="${why:+$why; }no cgroup v1 memory hierarchy is mounted"
   elif mkdir "$v1/ndmesh_memory_limit_$$" 2> /dev/null; then
     group="$v1/ndmesh_memory_limit_$$"
-    if echo "$limit" > "$group/memory.limit_in_bytes" 2> /dev/null; then
+    if echo -1 > "$group/memory.limit_in_bytes" 2> /dev/null; then
       # No swap either (where swap accounting exists): over the limit means killed.
-      echo "$limit" > "$group/memory.memsw.limit_in_bytes" 2> /dev/null || true
+      limit_file=$group/memory.limit_in_bytes swap_file="" swap_value=""
+      [ ! -e "$group/memory.memsw.limit_in_bytes" ] || swap_file=$group/memory.memsw.limit_in_bytes swap_value=LIMIT
       kind="cgroup v1 ($group/memory.limit_in_bytes)"
     else
       rmdir "$group"
@@ -106,8 +103,21 @@ if [ -z "$kind" ]; then
   fi
 fi
 [ -n "$kind" ] || skip "no memory limit can be set here: $why"
-[ "$(cat "$group/memory.limit_in_bytes" 2> /dev/null || cat "$group/memory.max")" -le "$limit" ] ||
-  skip "the kernel did not take the limit of $limit bytes"
+
+# 2. The unlimited reference: its losses, and the bytes the limit is cut from.
+"$ndmesh" train "${flags[@]}" > "$tmp/free.out" 2> "$tmp/free.err" ||
+  fail "the unlimited run failed: $(tail -2 "$tmp/free.err")"
+tail -n 1 "$tmp/free.out" > "$tmp/free.json"
+states=$(jq '.memory_bytes.params + .memory_bytes.optimizer' "$tmp/free.json")
+if [ -n "${LIMIT_MIB:-}" ]; then
+  limit=$((LIMIT_MIB * 1048576))
+else
+  limit=$(awk -v s="$states" -v f="${LIMIT_FRACTION:-0.9}" 'BEGIN { printf "%.0f", s * f }')
+fi
+
+echo "$limit" > "$limit_file" || skip "the kernel did not take the limit of $limit bytes in $limit_file"
+[ "$swap_value" != LIMIT ] || swap_value=$limit
+[ -z "$swap_file" ] || echo "$swap_value" > "$swap_file" 2> /dev/null || true
 
 # limited <name> <flags...>: runs ndmesh train inside the group; its exit status in $tmp/<name>.rc.
 limited() {
