@@ -533,6 +533,7 @@ int train(Options o, comm::Communicator& world) {
     j["exposed_comm_seconds"] = slowest[1];
     j["memory_bytes"] = {{"params", mem.params},
                          {"params_gathered", mem.params_gathered},
+                         {"params_offloaded", mem.params_offloaded},
                          {"grads", mem.grads},
                          {"optimizer", mem.optimizer},
                          {"optimizer_offloaded", mem.optimizer_offloaded},

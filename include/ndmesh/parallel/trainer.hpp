@@ -75,6 +75,8 @@ struct MemoryBytes {
   /// ZeRO-3: the most parameter elements of other ranks' shards that were gathered at once
   /// (the units in use and the one prefetched), measured; 0 otherwise.
   double params_gathered = 0;
+  /// --offload optimizer+params: this rank's shard of the parameters, in files instead.
+  double params_offloaded = 0;
   double grads = 0;      ///< gradients kept between micro-batches (ZeRO 2/3: the shard)
   double optimizer = 0;  ///< AdamW moments (ZeRO 1-3: the shard)
   double optimizer_offloaded = 0;  ///< --offload optimizer: the moments' bytes in files instead
