@@ -131,6 +131,7 @@ void AdamW<T>::update(ParamStore<T>& store, double lr, double grad_norm, const T
       std::size_t next = 0;
       offload_->stream([&](std::int64_t first, std::int64_t count, float* ms, float* vs) {
         const std::int64_t last = first + count;
+        if (chunk_hook_) chunk_hook_(first, count, false);
         while (next < pieces_.size() && pieces_[next].state + pieces_[next].count <= first) ++next;
         for (std::size_t p = next; p < pieces_.size() && pieces_[p].state < last; ++p) {
           const Piece& piece = pieces_[p];
@@ -138,6 +139,7 @@ void AdamW<T>::update(ParamStore<T>& store, double lr, double grad_norm, const T
                              hi = std::min(last, piece.state + piece.count);
           update(piece, lo - piece.state, hi - lo, ms + (lo - first), vs + (lo - first));
         }
+        if (chunk_hook_) chunk_hook_(first, count, true);
       });
       return;
     }

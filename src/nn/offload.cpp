@@ -145,6 +145,76 @@ void OffloadFile::write_all(const float* m, const float* v) {
   }
 }
 
+OffloadArray::OffloadArray(std::string path, std::int64_t elements) : path_(std::move(path)), elements_(elements) {
+  NDMESH_CHECK(elements >= 0, "offload", "elements={}", elements);
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0600);
+  direct_ = fd_ >= 0;
+  if (fd_ < 0 && errno == EINVAL) fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd_ < 0)
+    fail<IoError>("offload", "cannot create the offload file '{}': {}; check --offload-dir", path_,
+                  std::strerror(errno));
+  const std::int64_t bytes = (elements * 4 + kAlign - 1) / kAlign * kAlign;
+  if (::ftruncate(fd_, bytes) != 0) {
+    const int e = errno;
+    ::close(fd_);
+    ::unlink(path_.c_str());
+    fail<IoError>("offload", "cannot size the offload file '{}' to {} bytes: {}", path_, bytes, std::strerror(e));
+  }
+}
+
+OffloadArray::~OffloadArray() {
+  ::close(fd_);
+  ::unlink(path_.c_str());
+}
+
+void OffloadArray::io(bool write, std::int64_t page, std::int64_t pages, void* buffer) {
+  const std::int64_t bytes = pages * kAlign;
+  const off_t at = static_cast<off_t>(page * kAlign);
+  std::int64_t done = 0;
+  while (done < bytes) {
+    char* p = static_cast<char*>(buffer) + done;
+    const auto left = static_cast<std::size_t>(bytes - done);
+    const ssize_t n = write ? ::pwrite(fd_, p, left, at + done) : ::pread(fd_, p, left, at + done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      fail<IoError>("offload", "{} the offload file '{}' at byte {} failed: {}", write ? "writing" : "reading",
+                    path_, at + done, n < 0 ? std::strerror(errno) : "unexpected end of file");
+    done += n;
+  }
+  if (!direct_) {
+    if (write) ::fdatasync(fd_);
+    ::posix_fadvise(fd_, at, static_cast<off_t>(bytes), POSIX_FADV_DONTNEED);
+  }
+  (write ? bytes_written_ : bytes_read_) += bytes;
+}
+
+void OffloadArray::read(std::int64_t first, std::int64_t count, float* out) {
+  if (count <= 0) return;
+  NDMESH_CHECK(first >= 0 && first + count <= elements_, "offload", "read of [{}, {}) from {} elements", first,
+               first + count, elements_);
+  constexpr std::int64_t per_page = kAlign / 4;
+  const std::int64_t lo = first / per_page, hi = (first + count + per_page - 1) / per_page;
+  Buffer buffer = aligned_buffer((hi - lo) * kAlign);
+  io(false, lo, hi - lo, buffer.get());
+  std::copy_n(reinterpret_cast<const float*>(buffer.get()) + (first - lo * per_page), count, out);
+}
+
+void OffloadArray::write(std::int64_t first, std::int64_t count, const float* in) {
+  if (count <= 0) return;
+  NDMESH_CHECK(first >= 0 && first + count <= elements_, "offload", "write of [{}, {}) to {} elements", first,
+               first + count, elements_);
+  constexpr std::int64_t per_page = kAlign / 4;
+  const std::int64_t lo = first / per_page, hi = (first + count + per_page - 1) / per_page;
+  Buffer buffer = aligned_buffer((hi - lo) * kAlign);
+  auto* b = reinterpret_cast<float*>(buffer.get());
+  // Partial edge pages keep the elements beside the range.
+  if (first % per_page != 0) io(false, lo, 1, b);
+  if ((first + count) % per_page != 0 && (hi - 1 != lo || first % per_page == 0))
+    io(false, hi - 1, 1, b + (hi - 1 - lo) * per_page);
+  std::copy_n(in, count, b + (first - lo * per_page));
+  io(true, lo, hi - lo, b);
+}
+
 std::vector<std::string> find_stale_offload(const std::string& dir, const std::string& prefix) {
   namespace fs = std::filesystem;
   std::vector<std::string> out;

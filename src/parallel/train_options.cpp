@@ -50,11 +50,11 @@ std::vector<std::string> train_option_problems(const TrainOptions& o) {
             ? "--precision=bf16 is mixed precision for GPUs; on the CPU use --precision fp32, or add "
               "--device cuda on a GPU machine"
             : "--precision=bf16: mixed precision is not implemented yet; use --precision fp32");
-  if (o.offload.what == Offload::kOptimizerParams)
-    out.push_back(
-        "--offload=optimizer+params: offloading the parameters between uses needs ZeRO-3 (parameters sharded "
-        "and "
-        "gathered per block), which offload does not drive yet; use --offload optimizer");
+  if (o.offload.what == Offload::kOptimizerParams && o.dp.zero != 3)
+    out.push_back(fmt::format(
+        "--offload=optimizer+params with --zero {}: the parameters live in files between uses only under ZeRO-3 "
+        "(gathered per unit); add --zero 3 or use --offload optimizer",
+        o.dp.zero));
   if (o.offload.what != Offload::kNone && o.offload.dir.empty())
     out.push_back(
         fmt::format("--offload={} needs --offload-dir DIR (a folder on a local disk for the state files); "

@@ -119,13 +119,20 @@ MemoryBytes Trainer::memory() const {
     for (std::size_t c = 0; c < model_.chunks.size(); ++c)
       m.params_gathered += static_cast<double>(sync_.gatherer(c)->peak_gathered_elements()) * sizeof(float);
     m.params = optimizer / 2 * sizeof(float) + m.params_gathered;
+    // --offload optimizer+params: the shard is in files; memory holds what was gathered
+    // (own blocks included) and, during the step, one streamed chunk (within the window).
+    m.params_offloaded = static_cast<double>(optimizer_.offloaded_param_elements()) * sizeof(float);
+    m.params -= m.params_offloaded;
   }
   m.grads = (sync_.zero() >= 2 ? optimizer / 2 : elements) * sizeof(float);
   // Offloaded: the moments are in files; memory holds the streaming window.
   m.optimizer = optimizer_.offloaded() ? static_cast<double>(optimizer_.offload_window_bytes())
                                        : optimizer * sizeof(float);
   m.optimizer_offloaded = optimizer_.offloaded() ? optimizer * sizeof(float) : 0.0;
-  m.grad_workspace = sync_.zero() >= 2 ? elements * sizeof(float) : 0.0;
+  m.grad_workspace = sync_.zero() == 2 ? elements * sizeof(float) : 0.0;
+  if (sync_.zero() == 3)  // measured: the pages of the work space resident at once
+    for (std::size_t c = 0; c < model_.chunks.size(); ++c)
+      m.grad_workspace += static_cast<double>(sync_.reducer(c).peak_workspace_bytes());
   // Activations: measured, not estimated. The micro-batch activations the executor held at
   // once at its peak, plus the recompute workspace the chunks share.
   m.activations = static_cast<double>(executor_->peak_live_activation_bytes() +
@@ -150,19 +157,27 @@ model::CheckpointLayout Trainer::checkpoint_layout() const {
 }
 
 void Trainer::save(const std::string& dir) {
-  const StateDict state(model_, optimizer_, sync_, true);
-  save_checkpoint_dir(dir, state,
-                      {.spec = options_.model,
-                       .step = step_,
-                       .adam_steps = optimizer_.steps(),
-                       .data = data().describe(),
-                       .layout = checkpoint_layout()},
-                      groups_.world());
+  sync_.own_params_in();  // --offload optimizer+params: the shard back from its files
+  try {
+    const StateDict state(model_, optimizer_, sync_, true);
+    save_checkpoint_dir(dir, state,
+                        {.spec = options_.model,
+                         .step = step_,
+                         .adam_steps = optimizer_.steps(),
+                         .data = data().describe(),
+                         .layout = checkpoint_layout()},
+                        groups_.world());
+  } catch (...) {
+    sync_.own_params_out(false);
+    throw;
+  }
+  sync_.own_params_out(false);
 }
 
 void Trainer::load(const std::string& path) {
   StateDict state(model_, optimizer_, sync_, false);
   const CheckpointInfo info = load_checkpoint_dir(path, state, options_.model, data().describe(), groups_.world());
+  sync_.own_params_out(true);  // --offload optimizer+params: the loaded shard into its files
   sync_.params_updated();
   optimizer_.set_steps(info.adam_steps);
   step_ = first_step_ = info.step;

@@ -11,6 +11,8 @@
 #      start with the same --offload-dir is refused in one line naming the files it found
 #      and the command that clears them; after that command the run resumes from the
 #      checkpoint with the losses of the uninterrupted run;
+#  (a') --offload optimizer+params under ZeRO-3 (dp 2, dp 2 x pp 2): bit for bit as without,
+#      the shard reported offloaded, checkpoints to and from it (see below);
 #  (c) bad values of the flags exit 2 with one line naming the flag.
 #   train_offload.sh <mpirun command...> <path to ndmesh>
 source "$(dirname "$0")/train_lib.sh" "$@"
@@ -54,11 +56,55 @@ for layout in "serial 1" "dp2_zero1 2 --dp 2 --zero 1" "dp2_zero2 2 --dp 2 --zer
       .offload_io.bytes_read_per_step >= .memory_bytes.optimizer_offloaded and
       .offload_io.bytes_written_per_step == .offload_io.bytes_read_per_step' "$tmp/$name.off$chunk.json" > /dev/null ||
       fail "$name --offload-chunk-mb $chunk: offloaded bytes or I/O do not match: $(jq -c '[.memory_bytes, .offload_io]' "$tmp/$name.off$chunk.json")"
+    # The window is three chunks: 0.01 MiB chunks (rounded up to 1024 elements) keep it small.
+    [ "$chunk" != 0.01 ] || jq -e '.memory_bytes.optimizer <= 3 * 8 * 2048' "$tmp/$name.off$chunk.json" > /dev/null ||
+      fail "$name --offload-chunk-mb $chunk: the window is $(jq .memory_bytes.optimizer "$tmp/$name.off$chunk.json") bytes"
     grep -q "^offload: optimizer state" "$tmp/$name.off$chunk.out" || fail "$name: no offload line"
     [ -z "$(ls -A "$odir")" ] || fail "$name: the offload folder is not empty after the run: $(ls "$odir")"
   done
   echo "$name: --offload optimizer gives the same losses and gradient norms bit for bit" \
     "($(jq -c '.offload_io' "$tmp/$name.off0.01.json"))"
+done
+
+# (a') --offload optimizer+params: under ZeRO-3 the rank's shard of the parameters lives in a
+# file too (read back for each unit's gather, streamed with the moments by the step): dp 2
+# (micro-batches; chunks of 0.01 MiB and 32) and dp 2 x pp 2 equal the same runs without
+# offload bit for bit; the shard is reported offloaded and its bytes move every step; a
+# checkpoint saved under it resumes with and without it as the uninterrupted run.
+for layout in "z3_dp2 2 --dp 2 --zero 3" "z3_dp2_pp2 4 --dp 2 --pp 2 --zero 3"; do
+  read -r -a args <<< "$layout"
+  name=${args[0]} np=${args[1]}
+  flags=("${args[@]:2}")
+  launch "$name" "$np" "${flags[@]}"
+  for chunk in 0.01 32; do
+    launch "$name.par$chunk" "$np" "${flags[@]}" --offload optimizer+params --offload-dir "$odir" --offload-chunk-mb $chunk
+    for field in losses grad_norms; do
+      a=$(grep -o "\"$field\":\[[^]]*\]" "$tmp/$name.json")
+      b=$(grep -o "\"$field\":\[[^]]*\]" "$tmp/$name.par$chunk.json")
+      [ -n "$a" ] && [ "$a" = "$b" ] ||
+        fail "$name --offload optimizer+params (chunk $chunk MiB): $field $b differ from those without offload $a"
+    done
+    # The shard (what the run without offload keeps: its params less the gathered units) is
+    # in files; what stays is the gathered units; each step reads the shard at least once.
+    jq -e --slurpfile m "$tmp/$name.json" '.offload == "optimizer+params" and
+      .memory_bytes.params_offloaded == $m[0].memory_bytes.params - $m[0].memory_bytes.params_gathered and
+      .memory_bytes.params_offloaded > 0 and $m[0].memory_bytes.params_offloaded == 0 and
+      .memory_bytes.params == .memory_bytes.params_gathered and
+      .offload_io.bytes_read_per_step >= .memory_bytes.optimizer_offloaded + .memory_bytes.params_offloaded' \
+      "$tmp/$name.par$chunk.json" > /dev/null ||
+      fail "$name --offload optimizer+params: memory or I/O: $(jq -c '[.memory_bytes, .offload_io]' "$tmp/$name.par$chunk.json")"
+    [ -z "$(ls -A "$odir")" ] || fail "$name: the offload folder is not empty after the run: $(ls "$odir")"
+  done
+  echo "$name: --offload optimizer+params gives the same losses and gradient norms bit for bit" \
+    "($(jq -c '[.memory_bytes.params, .memory_bytes.params_offloaded]' "$tmp/$name.par0.01.json"))"
+done
+"${mpirun[@]}" -np 2 "$ndmesh" train "${common[@]}" --steps 4 --until 2 --dp 2 --zero 3 --offload optimizer+params \
+  --offload-dir "$odir" --save "$tmp/par.ckpt" > /dev/null 2> "$tmp/par_save.err" ||
+  fail "save under optimizer+params: $(tail -3 "$tmp/par_save.err")"
+for resume in "--dp 2 --zero 3 --offload optimizer+params --offload-dir $odir" "--dp 2 --zero 1"; do
+  # shellcheck disable=SC2086
+  launch par_resumed 2 $resume --load "$tmp/par.ckpt"
+  expect_same "saved under optimizer+params, resumed under $resume" "$tmp/z3_dp2.json" "$tmp/par_resumed.json" --from 2
 done
 
 # (b) kill -9 during a write-back: each step's write-back waits 3 s once written.
@@ -100,7 +146,10 @@ expect_same "resumed after the kill vs uninterrupted" "$tmp/ref.json" "$tmp/resu
 expect_train_usage "--offload=disk is not an offload mode" 1 "${common[@]}" --offload disk --offload-dir "$odir"
 expect_train_usage "--offload=optimizer needs --offload-dir" 1 "${common[@]}" --offload optimizer
 expect_train_usage "--offload-dir=$odir is given without --offload" 1 "${common[@]}" --offload-dir "$odir"
-expect_train_usage "--offload=optimizer+params" 1 "${common[@]}" --offload optimizer+params --offload-dir "$odir"
+expect_train_usage "--offload=optimizer+params with --zero 0: the parameters live in files between uses only under ZeRO-3" \
+  1 "${common[@]}" --offload optimizer+params --offload-dir "$odir"
+expect_train_usage "--offload=optimizer+params needs ZeRO-3 over a gradient group of 2 or more ranks" 1 "${common[@]}" \
+  --zero 3 --offload optimizer+params --offload-dir "$odir"
 expect_train_usage "--offload-dir=$tmp/nowhere: not a writable folder" 1 "${common[@]}" --offload optimizer \
   --offload-dir "$tmp/nowhere"
 expect_train_usage "--offload-chunk-mb=0 must be in" 1 "${common[@]}" --offload optimizer --offload-dir "$odir" \

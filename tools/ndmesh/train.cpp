@@ -126,7 +126,9 @@ parallel::TrainOptions train_options(const Options& o, std::int64_t vocab, std::
                            .device = parse_device(o.device).value_or(Device::kCpu),
                            .precision = o.precision == "bf16" ? parallel::Precision::kBf16 : parallel::Precision::kFp32,
                            .offload = {.what = parallel::parse_offload(o.offload).value_or(parallel::Offload::kNone),
-                                       .dir = o.offload_dir}};
+                                       .dir = o.offload_dir,
+                                       // MiB of both moments: 8 bytes an element
+                                       .chunk_elements = static_cast<std::int64_t>(o.offload_chunk_mb * 1024 * 1024 / 8)}};
 }
 
 void validate(const Options& o) {
@@ -531,6 +533,7 @@ int train(Options o, comm::Communicator& world) {
     j["exposed_comm_seconds"] = slowest[1];
     j["memory_bytes"] = {{"params", mem.params},
                          {"params_gathered", mem.params_gathered},
+                         {"params_offloaded", mem.params_offloaded},
                          {"grads", mem.grads},
                          {"optimizer", mem.optimizer},
                          {"optimizer_offloaded", mem.optimizer_offloaded},

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -81,6 +82,11 @@ class AdamW {
   void offload_to(const std::string& path, std::int64_t chunk = OffloadFile::kDefaultChunk);
   /// The offload file, or nullptr when the moments are in memory.
   const OffloadFile* offload() const { return offload_.get(); }
+  /// With the moments offloaded: called around the update of each streamed chunk of state
+  /// elements [first, first + count), with done = false before and true after (where
+  /// --offload optimizer+params reads those parameters in and writes them back).
+  using ChunkHook = std::function<void(std::int64_t first, std::int64_t count, bool done)>;
+  void set_chunk_hook(ChunkHook hook) { chunk_hook_ = std::move(hook); }
   /// Elements of each moment (the owned segments' total), wherever they live.
   std::int64_t state_elements() const { return state_; }
 
@@ -98,6 +104,7 @@ class AdamW {
   std::int64_t t_ = 0;
   std::int64_t state_ = 0;
   std::unique_ptr<OffloadFile> offload_;
+  ChunkHook chunk_hook_;
   Device device_ = Device::kCpu;
   // Allocates the (zero) moments in memory unless they are offloaded or allocated already.
   void allocate() const;

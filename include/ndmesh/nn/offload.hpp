@@ -60,6 +60,37 @@ class OffloadFile {
   std::atomic<std::int64_t> bytes_read_{0}, bytes_written_{0}, io_ns_{0};
 };
 
+/// One array of `elements` floats in the file `path` (created, zero-filled; IoError when it
+/// cannot be), read and written by element ranges: --offload optimizer+params keeps a rank's
+/// shard of the parameters here between uses. O_DIRECT where the file system takes it
+/// (whole 4 KiB pages through a bounce buffer: a range's partial edge pages are read before
+/// they are written), else the page cache, flushed and dropped after each transfer. The
+/// file is removed when the object is destroyed.
+class OffloadArray {
+ public:
+  OffloadArray(std::string path, std::int64_t elements);
+  ~OffloadArray();
+  OffloadArray(const OffloadArray&) = delete;
+  OffloadArray& operator=(const OffloadArray&) = delete;
+
+  /// Elements [first, first + count) into `out` / from `in`.
+  void read(std::int64_t first, std::int64_t count, float* out);
+  void write(std::int64_t first, std::int64_t count, const float* in);
+
+  std::int64_t elements() const { return elements_; }
+  const std::string& path() const { return path_; }
+  std::int64_t bytes_read() const { return bytes_read_; }
+  std::int64_t bytes_written() const { return bytes_written_; }
+
+ private:
+  void io(bool write, std::int64_t page, std::int64_t pages, void* buffer);
+  std::string path_;
+  std::int64_t elements_ = 0;
+  int fd_ = -1;
+  bool direct_ = false;
+  std::int64_t bytes_read_ = 0, bytes_written_ = 0;
+};
+
 /// The offload files (`*.adamw`) in `dir` whose names start with `prefix` (a run's rank
 /// prefix, or empty: any), sorted; for the check at start.
 std::vector<std::string> find_stale_offload(const std::string& dir, const std::string& prefix = "");

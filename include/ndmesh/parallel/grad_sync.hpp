@@ -105,6 +105,15 @@ class GradSync {
   const ParamGatherer* gatherer(std::size_t chunk) const {
     return gatherers_.empty() ? nullptr : gatherers_[chunk].get();
   }
+  ParamGatherer* gatherer(std::size_t chunk) { return gatherers_.empty() ? nullptr : gatherers_[chunk].get(); }
+  /// --offload optimizer+params: the own blocks of the parameters back in memory (before a
+  /// checkpoint is written from them), and out again (after; `changed`: a load wrote them).
+  void own_params_in() {
+    for (auto& g : gatherers_) g->fetch_own();
+  }
+  void own_params_out(bool changed) {
+    for (auto& g : gatherers_) g->release_own(changed);
+  }
   /// After the step's backwards: the embedding-group and tp sums, then the loss and the
   /// norm in one all-reduce over the world. `loss_sum` is this rank's sum of per-token
   /// losses (its head's micro-batches; 0 on stages without the head). Collective.

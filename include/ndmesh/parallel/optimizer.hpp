@@ -45,11 +45,14 @@ class Optimizer {
   std::int64_t offload_bytes_read() const;
   std::int64_t offload_bytes_written() const;
   double offload_io_seconds() const;
+  /// --offload optimizer+params: the parameter elements this rank keeps in files (its shard).
+  std::int64_t offloaded_param_elements() const;
 
  private:
   std::vector<model::Gpt*> chunks_;
   GradSync& sync_;
   std::vector<std::unique_ptr<nn::AdamW<float>>> adams_;
+  std::vector<std::unique_ptr<nn::OffloadArray>> params_files_;  // optimizer+params, one per chunk
 };
 
 }  // namespace ndmesh::parallel

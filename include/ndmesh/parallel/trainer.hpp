@@ -75,6 +75,8 @@ struct MemoryBytes {
   /// ZeRO-3: the most parameter elements of other ranks' shards that were gathered at once
   /// (the units in use and the one prefetched), measured; 0 otherwise.
   double params_gathered = 0;
+  /// --offload optimizer+params: this rank's shard of the parameters, in files instead.
+  double params_offloaded = 0;
   double grads = 0;      ///< gradients kept between micro-batches (ZeRO 2/3: the shard)
   double optimizer = 0;  ///< AdamW moments (ZeRO 1-3: the shard)
   double optimizer_offloaded = 0;  ///< --offload optimizer: the moments' bytes in files instead
@@ -86,8 +88,9 @@ struct MemoryBytes {
   /// before it is sent (full recompute: the recomputed block's output) and its input
   /// gradient before it is sent back.
   double activation_buffers = 0;
-  /// ZeRO 2/3: the full-size buffer the backward writes into (ZeRO-3 hands its pages back to
-  /// the system after each reduction, so this is its peak, not what stays resident).
+  /// ZeRO 2/3: the full-size buffer the backward writes into. ZeRO-3 hands each unit's pages
+  /// back to the system once its reduce-scatter completed: there it is the most bytes of the
+  /// buffer that were resident at once, measured (GradReducer::peak_workspace_bytes).
   double grad_workspace = 0;
   /// --device cuda: the most device memory this process's allocator handed out at once
   /// (parameters, gradients, optimizer state, activations and work space); 0 on the CPU.

@@ -64,8 +64,10 @@ std::int64_t microbatches(const Layout& layout, const Workload& workload);
 
 /// Bytes per GPU on the worst stage.
 struct MemoryBreakdown {
-  double params = 0;     ///< with ZeRO-3: the shard plus 1 + zero3_prefetch gathered layers
-  double grads = 0;      ///< with ZeRO-3: the shard plus one layer's full gradient before its reduce-scatter
+  double params = 0;  ///< with ZeRO-3: the shard plus 1 + zero3_prefetch gathered layers (less the own block)
+  /// With ZeRO-3: the shard plus two layers' full gradients (one written, one being
+  /// reduce-scattered) and, with a tied head on the embedding's rank, the token table's.
+  double grads = 0;
   double optimizer = 0;  ///< 0 when offloaded
   double optimizer_offloaded = 0;   ///< --offload optimizer: the optimizer bytes on disk instead
   double activations = 0;           ///< layers x in flight, plus embedding masks / logits on the end stages

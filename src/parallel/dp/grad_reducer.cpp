@@ -1,5 +1,8 @@
 #include "ndmesh/parallel/dp/grad_reducer.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -34,7 +37,7 @@ std::vector<std::string> data_parallel_option_problems(const DataParallelOptions
 
 GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataParallelOptions options,
                          const std::vector<nn::Segment>& units)
-    : group_(std::move(group)), options_(options), zero_(group_.size() > 1 ? options.zero : 0) {
+    : group_(std::move(group)), options_(options), zero_(group_.size() > 1 ? options.zero : 0), flat_size_(flat_size) {
   if (auto problems = data_parallel_option_problems(options); !problems.empty())
     fail<ConfigError>("dp", "{}", fmt::join(problems, "; "));
   const std::int64_t p = group_.size();
@@ -82,9 +85,12 @@ GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataP
     counted_.push_back({r * flat_size / p, (r + 1) * flat_size / p - r * flat_size / p});
   } else {
     const std::int64_t r = group_.rank();
+    std::int64_t at = 0;
     for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) {
       const std::int64_t block = (it->hi - it->lo) / p;
       shard_.push_back({it->lo + r * block, block});
+      it->shard_at = at;
+      at += block;
     }
     if (zero_ >= 2) shard_grads_.assign(static_cast<std::size_t>(flat_size / p), 0.0f);
     counted_ = shard_;
@@ -136,7 +142,7 @@ void GradReducer::progress_loop() {
       std::erase_if(active_, [&](Bucket* b) {
         return std::find(finished.begin(), finished.end(), b) != finished.end();
       });
-      if (active_.empty()) done_cv_.notify_all();
+      done_cv_.notify_all();  // finish_backward waits for none left, wait_in_flight for some
       continue;
     }
     if (now - last_change > give_up) {
@@ -156,7 +162,7 @@ void GradReducer::zero_shard_grads() { std::fill(shard_grads_.begin(), shard_gra
 void GradReducer::begin_backward(float* grads, bool last) {
   grads_ = grads;
   next_ = 0;
-  for (Bucket& b : buckets_) b.started = false;
+  for (Bucket& b : buckets_) b.started = b.retired = false;
   // One rank alone has nothing to reduce; ZeRO-2 reduces every micro-batch.
   reduce_now_ = group_.size() > 1 && (last || zero_ >= 2);
 }
@@ -174,6 +180,8 @@ void GradReducer::start(Bucket& b) {
     else
       b.scatter = group_.reduce_scatter_in_place_async(low);
     reduced_bytes_ += static_cast<std::int64_t>(low.size_bytes());
+    // ZeRO-3: the reduction reads only the rounded copy; the fp32 range goes back now.
+    if (zero_ == 3) release_memory(range.data(), static_cast<std::int64_t>(range.size()), 0.0f);
   } else {
     if (zero_ == 0)
       b.reduce = reducer_.start(range);
@@ -198,14 +206,95 @@ void GradReducer::start(Bucket& b) {
 
 bool GradReducer::poll(Bucket& b) { return zero_ == 0 ? b.reduce.test() : b.scatter.test(); }
 
+void GradReducer::retire(Bucket& b) {
+  b.scatter.wait();  // complete already: runs the completion step, if any, once
+  const std::int64_t block = (b.hi - b.lo) / group_.size();
+  const std::int64_t own = b.lo + group_.rank() * block;
+  float* shard = shard_grads_.data() + b.shard_at;
+  // The same sums as ZeRO-2's (widened, then added): bit for bit the same shard.
+  if (options_.bf16) {
+    const BFloat16* low = b.low.data() + (own - b.lo);
+    for (std::int64_t i = 0; i < block; ++i) shard[i] += static_cast<float>(low[i]);
+    std::vector<BFloat16>().swap(b.low);
+  } else {
+    for (std::int64_t i = 0; i < block; ++i) shard[i] += grads_[own + i];
+  }
+  release_memory(grads_ + b.lo, b.hi - b.lo, 0.0f);  // zeros, and the pages back to the system
+  b.retired = true;
+}
+
+void GradReducer::retire_done() {
+  if (!progress_thread()) {
+    for (std::size_t i = 0; i < next_; ++i)
+      if (Bucket& b = buckets_[i]; !b.retired && poll(b)) retire(b);
+    return;
+  }
+  // The thread drops a bucket from active_ once it saw it complete; then it is ours again.
+  std::vector<Bucket*> done;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (std::size_t i = 0; i < next_; ++i)
+      if (Bucket& b = buckets_[i]; !b.retired && std::find(active_.begin(), active_.end(), &b) == active_.end())
+        done.push_back(&b);
+  }
+  for (Bucket* b : done) retire(*b);
+}
+
+void GradReducer::wait_in_flight() {
+  const double t0 = now_s();
+  if (progress_thread()) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [&] {
+      if (thread_gave_up_) return true;  // finish_backward reports what stopped the thread
+      for (std::size_t i = 0; i < next_; ++i)
+        if (!buckets_[i].retired && std::find(active_.begin(), active_.end(), &buckets_[i]) != active_.end())
+          return false;
+      return true;
+    });
+    if (thread_gave_up_) return;
+  } else {
+    for (std::size_t i = 0; i < next_; ++i)
+      if (!buckets_[i].retired) buckets_[i].scatter.wait();
+  }
+  exposed_seconds_ += now_s() - t0;
+  retire_done();
+}
+
+void GradReducer::sample_workspace() {
+  static const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(grads_) / page * page;
+  const auto end = reinterpret_cast<std::uintptr_t>(grads_ + flat_size_);
+  const std::size_t pages = (end - begin + page - 1) / page;
+  resident_.resize(pages);
+  if (mincore(reinterpret_cast<void*>(begin), end - begin, resident_.data()) != 0) return;
+  std::int64_t n = 0;
+  for (unsigned char c : resident_) n += c & 1;
+  peak_workspace_bytes_ = std::max(peak_workspace_bytes_, n * static_cast<std::int64_t>(page));
+
+}
+
 void GradReducer::grads_final(std::int64_t from) {
-  if (!reduce_now_ || !options_.overlap) return;
+  if (!reduce_now_) return;
+  // ZeRO-3: just after a unit's backward, before its reduction starts, is when the most
+  // full-size gradients are resident (that unit's and the one still in flight).
+  if (zero_ == 3) {
+    sample_workspace();
+    // FSDP's bound: the previous unit's reduce-scatter completes before this one's starts,
+    // so the backward holds two units' full gradients at most, however far a peer lags.
+    if (options_.overlap) wait_in_flight();
+  }
+  if (!options_.overlap) return;
   while (next_ < buckets_.size() && buckets_[next_].lo >= from) start(buckets_[next_++]);
   progress();
 }
 
 void GradReducer::progress() {
-  if (!reduce_now_ || !options_.overlap || options_.progress_thread) return;  // the thread polls
+  if (!reduce_now_ || !options_.overlap) return;
+  if (zero_ == 3) {  // polls, or asks the thread, and retires what completed
+    retire_done();
+    return;
+  }
+  if (options_.progress_thread) return;  // the thread polls
   for (std::size_t i = 0; i < next_; ++i) poll(buckets_[i]);
 }
 
@@ -251,6 +340,10 @@ void GradReducer::finish_backward() {
     }
   }
   for (Bucket& b : buckets_) {
+    if (zero_ == 3) {
+      if (!b.retired) retire(b);
+      continue;
+    }
     if (zero_ == 0)
       b.reduce.wait();
     else
@@ -269,7 +362,7 @@ void GradReducer::finish_backward() {
   exposed_seconds_ += t1 - t0;
   // From the first bucket's start to the last one's completion (buckets start in order).
   comm_seconds_ += t1 - buckets_.front().start_time;
-  if (zero_ >= 2) {
+  if (zero_ == 2) {
     // Add this rank's block of every bucket to the shard, and clear the work space.
     std::int64_t at = 0;
     for (const nn::Segment& seg : shard_) {
@@ -277,11 +370,7 @@ void GradReducer::finish_backward() {
         shard_grads_[static_cast<std::size_t>(at + i)] += grads_[seg.offset + i];
       at += seg.count;
     }
-    for (const Bucket& b : buckets_)
-      if (zero_ == 3)
-        release_memory(grads_ + b.lo, b.hi - b.lo, 0.0f);  // zeros, and the pages back to the system
-      else
-        std::fill(grads_ + b.lo, grads_ + b.hi, 0.0f);
+    for (const Bucket& b : buckets_) std::fill(grads_ + b.lo, grads_ + b.hi, 0.0f);
   }
   reduce_now_ = false;  // until the next begin_backward: a backward in between reduces nothing
 }

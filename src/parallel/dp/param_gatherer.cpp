@@ -45,6 +45,7 @@ ParamGatherer::ParamGatherer(comm::Communicator group, float* params, std::vecto
                  s.offset, s.offset + s.count, p);
     ranges_.push_back({.lo = s.offset, .hi = s.offset + s.count});
     const std::int64_t block = s.count / p;
+    own_at_.push_back(shard_.empty() ? 0 : own_at_.back() + shard_.back().count);
     shard_.push_back({s.offset + r * block, block});
   }
   forward_order_.resize(units_.size());
@@ -53,7 +54,34 @@ ParamGatherer::ParamGatherer(comm::Communicator group, float* params, std::vecto
   gathered_ = 0;
 }
 
+void ParamGatherer::offload_to(nn::OffloadArray* file) {
+  for (const Range& r : ranges_)
+    NDMESH_CHECK(r.users == 0 && r.state == State::kFree, "dp", "ZeRO-3 parameters offloaded while in use");
+  file_ = file;
+  release_own(true);
+}
+
+void ParamGatherer::fetch_own() {
+  if (file_ == nullptr) return;
+  for (std::size_t k = 0; k < shard_.size(); ++k)
+    if (ranges_[k].state == State::kFree) file_->read(own_at_[k], shard_[k].count, params_ + shard_[k].offset);
+}
+
+void ParamGatherer::release_own(bool changed) {
+  if (file_ == nullptr) return;
+  for (std::size_t k = 0; k < shard_.size(); ++k) {
+    if (ranges_[k].state != State::kFree) continue;
+    if (changed) file_->write(own_at_[k], shard_[k].count, params_ + shard_[k].offset);
+    release_memory(params_ + shard_[k].offset, shard_[k].count, std::numeric_limits<float>::quiet_NaN());
+  }
+}
+
 void ParamGatherer::start(Range& r) {
+  if (file_ != nullptr) {  // the own block comes back from the file first
+    const auto k = static_cast<std::size_t>(&r - ranges_.data());
+    file_->read(own_at_[k], shard_[k].count, params_ + shard_[k].offset);
+    gathered_ += shard_[k].count;
+  }
   r.work = group_.all_gather_in_place_async(
       std::span<float>(params_ + r.lo, static_cast<std::size_t>(r.hi - r.lo)));
   r.state = State::kInFlight;
@@ -70,6 +98,10 @@ void ParamGatherer::release(Range& r) {
   release_memory(params_ + r.lo, own - r.lo, std::numeric_limits<float>::quiet_NaN());
   release_memory(params_ + own + block, r.hi - own - block, std::numeric_limits<float>::quiet_NaN());
   if (r.state != State::kFree) gathered_ -= block * (group_.size() - 1);
+  if (file_ != nullptr && r.state != State::kFree) {  // the file holds the own block: it goes too
+    release_memory(params_ + own, block, std::numeric_limits<float>::quiet_NaN());
+    gathered_ -= block;
+  }
   r.state = State::kFree;
 }
 

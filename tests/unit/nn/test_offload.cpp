@@ -3,7 +3,9 @@
 // is removed at the end; the streaming window's I/O counts.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -99,6 +101,37 @@ TEST(Offload, StreamsEveryChunkOnceEachWay) {
     ASSERT_EQ(v[i], -m[i]);
   }
   EXPECT_EQ(find_stale_offload(dir.path.string()), std::vector<std::string>{"y.adamw"});
+}
+
+// OffloadArray (--offload optimizer+params): ranges that start and end inside 4 KiB pages
+// keep the elements beside them; it reads back what was written; the file goes at the end.
+TEST(Offload, AnArrayReadsAndWritesRangesAcrossPageEdges) {
+  TempDir dir;
+  const std::int64_t n = 5000;  // 5 pages, the last one partial
+  std::vector<float> want(static_cast<std::size_t>(n), 0.0f);
+  {
+    OffloadArray a((dir.path / "p.params.adamw").string(), n);
+    std::vector<float> got(static_cast<std::size_t>(n), -1.0f);
+    a.read(0, n, got.data());
+    EXPECT_EQ(got, want);  // zero-filled
+    // Ranges: whole, inside one page, across two edges, up to the end, one element.
+    for (auto [first, count] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+             {0, n}, {10, 20}, {1000, 2100}, {4090, 910}, {1024, 1}, {3, 1021}}) {
+      std::vector<float> in(static_cast<std::size_t>(count));
+      for (std::int64_t i = 0; i < count; ++i) in[static_cast<std::size_t>(i)] = static_cast<float>(first * 7 + i);
+      a.write(first, count, in.data());
+      std::copy(in.begin(), in.end(), want.begin() + first);
+      a.read(0, n, got.data());
+      ASSERT_EQ(got, want) << "after writing [" << first << ", " << first + count << ")";
+      std::vector<float> part(static_cast<std::size_t>(count));
+      a.read(first, count, part.data());
+      ASSERT_EQ(part, in);
+    }
+    EXPECT_THROW(a.read(n - 1, 2, got.data()), InternalError);
+    EXPECT_EQ(find_stale_offload(dir.path.string()), std::vector<std::string>{"p.params.adamw"});
+  }
+  EXPECT_TRUE(find_stale_offload(dir.path.string()).empty());
+  EXPECT_THROW(OffloadArray("/nonexistent-ndmesh-dir/p.adamw", 10), IoError);
 }
 
 TEST(Offload, AFileThatCannotBeCreatedIsAnIoError) {

@@ -254,14 +254,17 @@ TEST(ModelStates, ZeroStages) {
       model_state_bytes(p, 0, 1, {.param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8}).total(), 16e9);
 }
 
-TEST(ModelStates, Zero3KeepsTwoGatheredLayers) {
+TEST(ModelStates, Zero3KeepsTwoGatheredLayersAndTwoLayersOfGradients) {
   // gpt3-1.7b: P = 12*24*2304^2 + 13*2304*24 + 53248*2304 + 2*2304 = 1,652,230,656 and one
   // layer 12*2304^2 + 13*2304 = 63,730,944. ZeRO-3 over dp = 8: 2P/8 + 2 layers x 2 bytes
-  // (the one in use and the one prefetched), and one layer's full gradient.
+  // (the one in use and the one prefetched) less the own 1/8 of them (in the shard already);
+  // gradients: 2P/8 + two layers' full gradients (one written, one being reduce-scattered)
+  // + the tied token table's (vocab 51200 x 2304; P's 53248 rows add the 2048 positions): the
+  // head writes it first, it is reduced last.
   const Layout l{.dp = 8, .zero = 3};
   const MemoryBreakdown mem = estimate_memory(model_preset("gpt3-1.7b"), l, {.seq = 2048, .global_batch = 8});
-  EXPECT_DOUBLE_EQ(mem.params, 2 * 1652230656.0 / 8 + 2 * 2 * 63730944.0);
-  EXPECT_DOUBLE_EQ(mem.grads, 2 * 1652230656.0 / 8 + 2 * 63730944.0);
+  EXPECT_DOUBLE_EQ(mem.params, 2 * 1652230656.0 / 8 + 2 * 2 * 63730944.0 * 7 / 8);
+  EXPECT_DOUBLE_EQ(mem.grads, 2 * 1652230656.0 / 8 + 2 * 2 * 63730944.0 + 2 * 51200.0 * 2304);
   EXPECT_DOUBLE_EQ(mem.optimizer, 12 * 1652230656.0 / 8);
   // Sharded over the gradient group dp x cp; a deeper prefetch holds one more layer.
   const MemoryBreakdown cp2 = estimate_memory(model_preset("gpt3-1.7b"), {.cp = 2, .dp = 4, .zero = 3},
@@ -271,7 +274,7 @@ TEST(ModelStates, Zero3KeepsTwoGatheredLayers) {
   deep.zero3_prefetch = 2;
   const MemoryBreakdown d2 =
       estimate_memory(model_preset("gpt3-1.7b"), deep, {.seq = 2048, .global_batch = 8});
-  EXPECT_DOUBLE_EQ(d2.params, mem.params + 2 * 63730944.0);
+  EXPECT_DOUBLE_EQ(d2.params, mem.params + 2 * 63730944.0 * 7 / 8);
 }
 
 TEST(ModelStates, OffloadMovesTheOptimizerStateToDisk) {

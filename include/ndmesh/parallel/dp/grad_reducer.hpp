@@ -21,8 +21,17 @@
 // Stage 3 reduces like stage 2, with one bucket per unit of the model (model::ParamUnit:
 // the embedding, each block, the head), so that each unit's gradients are reduce-scattered
 // as soon as the backward has produced them; the parameters are sharded on the same blocks
-// (ParamGatherer), so gather_params() has nothing to do, and the full-size gradient work
-// space is handed back to the system after each reduction (release_memory).
+// (ParamGatherer), so gather_params() has nothing to do. A unit whose reduce-scatter has
+// completed is retired at the next hook (grads_final() or progress()): this rank's block is
+// added to the shard accumulator and the unit's full-size range of the work space is
+// handed back to the system (release_memory), so that during the backward the work space
+// holds about the unit being written and those in flight, not the whole model's gradients
+// (with bf16 reduction the fp32 range goes back as soon as it is rounded into the bucket).
+// As FSDP does, a unit's reduce-scatter starts only once the previous unit's completed
+// (waited for at the grads-final hook, counted as exposed time), so that the backward
+// holds at most two units' full gradients even where a peer lags behind. The work
+// space's resident bytes are measured (mincore) at every grads-final hook, before that
+// wait, where the most are resident: peak_workspace_bytes().
 //
 // Progress: Open MPI moves the data of a nonblocking operation only inside MPI calls. With
 // `progress_thread` (the default with overlap) a helper thread polls the started buckets
@@ -130,6 +139,9 @@ class GradReducer {
   void gather_params(float* params);
   /// Sets the ZeRO-2 shard accumulator to zero (start of a step).
   void zero_shard_grads();
+  /// ZeRO-3: the most bytes of the full-size gradient work space that were resident at once
+  /// (measured with mincore at the grads-final hooks, since construction); 0 otherwise.
+  std::int64_t peak_workspace_bytes() const { return peak_workspace_bytes_; }
 
   /// Seconds from the first bucket's start to the last bucket's completion, summed over
   /// the backwards since the last reset, and the part of it the step waited for (in
@@ -157,6 +169,8 @@ class GradReducer {
     comm::PendingAllReduce reduce;  // without ZeRO
     comm::Work scatter;             // with ZeRO
     std::vector<BFloat16> low;      // --grad-dtype bf16: the bucket as reduced
+    std::int64_t shard_at = 0;      // ZeRO 2/3: where this rank's block goes in shard_grads_
+    bool retired = false;           // ZeRO-3: added to the shard, its work space released
   };
   // for_each_owned / for_each_counted over `segments` (a subset of shard_'s elements).
   template <typename F>
@@ -172,6 +186,10 @@ class GradReducer {
   }
   void start(Bucket& b);
   bool poll(Bucket& b);
+  void retire(Bucket& b);   // ZeRO-3: b's reduction is complete
+  void retire_done();       // ZeRO-3: retires every started bucket whose reduction completed
+  void wait_in_flight();    // ZeRO-3: waits for the started buckets and retires them
+  void sample_workspace();  // ZeRO-3: measures the work space's resident bytes
   void expire_if_stuck();  // after the thread timed out: end the job unless every bucket completes
   void progress_loop();
 
@@ -184,6 +202,9 @@ class GradReducer {
   std::vector<nn::Segment> counted_;  // see for_each_counted (shard_ under ZeRO)
   std::vector<float> shard_grads_;
   float* grads_ = nullptr;
+  std::int64_t flat_size_ = 0;
+  std::vector<unsigned char> resident_;  // sample_workspace()'s mincore vector
+  std::int64_t peak_workspace_bytes_ = 0;
   bool reduce_now_ = false;
   std::size_t next_ = 0;  // the next bucket to start
   double comm_seconds_ = 0, exposed_seconds_ = 0;

@@ -29,6 +29,7 @@
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/model/gpt.hpp"
 #include "ndmesh/nn/adamw.hpp"
+#include "ndmesh/nn/offload.hpp"
 
 namespace ndmesh::parallel {
 
@@ -61,9 +62,21 @@ class ParamGatherer {
   /// the own blocks, or a checkpoint load wrote them (the gathered copies are stale).
   void free_all();
 
+  /// --offload optimizer+params: the own blocks move into `file` (this rank's shard, the
+  /// blocks one after another: the optimizer's state order) and leave memory; from now on a
+  /// gather first reads the own block back, and a release drops it too. No range may be in
+  /// use. The file must outlive this object's use of it.
+  void offload_to(nn::OffloadArray* file);
+  bool offloaded() const { return file_ != nullptr; }
+  /// With offload: reads every own block back into the buffer (for a checkpoint save) ...
+  void fetch_own();
+  /// ... and drops them again, after writing them to the file when `changed` (a load).
+  void release_own(bool changed);
+
   /// This rank's own block of every range (what it keeps and updates).
   const std::vector<nn::Segment>& shard() const { return shard_; }
-  /// The most elements outside the own blocks that were resident at once (gathered ranges).
+  /// The most elements outside the own blocks that were resident at once (gathered ranges;
+  /// with offload the own blocks of the gathered ranges count too).
   std::int64_t peak_gathered_elements() const { return peak_gathered_; }
   /// All-gathers started since construction.
   std::int64_t gathers() const { return gathers_; }
@@ -91,6 +104,8 @@ class ParamGatherer {
   std::vector<model::ParamUnit> units_;
   std::vector<int> forward_order_, backward_order_;
   std::vector<nn::Segment> shard_;
+  std::vector<std::int64_t> own_at_;  // each range's own block in the shard (the file's order)
+  nn::OffloadArray* file_ = nullptr;
   std::int64_t gathered_ = 0, peak_gathered_ = 0, gathers_ = 0;
   double exposed_seconds_ = 0;
 };
