@@ -3,6 +3,7 @@
 # (tp 2) under mpirun, one fault per run, then every committed step checked against the
 # uninterrupted serial run of the same flags.
 # Usage: elastic_faults.sh <mode> <mpirun command...> <path to ndmesh>
+#   (ELASTIC_TEST_LAYOUT: a replica's layout flags for its 2 ranks, default --tp 2)
 #   mode reduce|vote|update: replica 1's rank 1 SIGKILLs itself at step 4 at that point
 #        (NDMESH_TEST_ELASTIC_KILL); this script restarts replica 1, which rejoins and heals;
 #   mode stop: replica 2 is stopped (SIGSTOP) past the heartbeat timeout, then resumed; it
@@ -53,7 +54,7 @@ start_replica() {  # start_replica <id> <name> [env...]: sets rpid
   local r=$1 name=$2
   shift 2
   env NDMESH_COORDINATOR="$addr" NDMESH_REPLICA_ID="$r" "$@" \
-    timeout -k 5 90 "${mpirun[@]}" -np 2 "$ndmesh" train --tp 2 "${flags[@]}" > "$tmp/$name.out" 2> "$tmp/$name.err" &
+    timeout -k 5 90 "${mpirun[@]}" -np 2 "$ndmesh" train ${ELASTIC_TEST_LAYOUT:---tp 2} "${flags[@]}" > "$tmp/$name.out" 2> "$tmp/$name.err" &
   rpid=$!
   pids+=("$rpid")
 }
