@@ -215,6 +215,7 @@ ElasticReplica::ElasticReplica(ReplicaOptions options, parallel::Trainer& traine
 }
 
 ElasticReplica::~ElasticReplica() {
+  trainer_.grad_sync().set_across_replicas({});  // the trainer may outlive this
   stop_.store(true);
   if (heartbeat_.joinable()) heartbeat_.join();
 }
@@ -436,7 +437,7 @@ CommittedStep ElasticReplica::step() {
     const std::string text = leader_text([&] {
       store_.set(fmt::format("vote/{}/{}/{}", gen_.id, attempt_step_, options_.replica), ok == 1 ? "1" : "0");
       const std::string key = fmt::format("dec/{}/{}", gen_.id, attempt_step_);
-      while (!store_.check({key})) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      while (!store_.check({key})) std::this_thread::sleep_for(std::chrono::milliseconds(2));
       return store_.get(key);
     });
     if (text == "rejoin") {
