@@ -179,6 +179,10 @@ std::pair<std::string, int> parse_address(const std::string& text, std::string_v
 ElasticReplica::ElasticReplica(ReplicaOptions options, parallel::Trainer& trainer,
                                const comm::Communicator& world)
     : options_(std::move(options)), trainer_(trainer), world_(world), leader_(world.rank() == 0) {
+  // Peers of a generation vanish (killed, or moved on to the next generation while this
+  // replica was stopped): Gloo's TCP writes to their closed connections must fail with an
+  // error that ends the attempt, not kill this process with SIGPIPE.
+  ::signal(SIGPIPE, SIG_IGN);
   const KillPoint k = parse_kill(env::string("NDMESH_TEST_ELASTIC_KILL", ""));
   kill_ = k.point.empty() ? "" : env::string("NDMESH_TEST_ELASTIC_KILL", "");
   trainer_.grad_sync().set_across_replicas([this](double& loss_sum) {
