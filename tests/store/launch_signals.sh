@@ -22,6 +22,7 @@ left() { pgrep -f -- "--seed $marker|sleep 999.$marker"; }
 run_and_signal() {
   local label=$1 sig=$2 want=$3 limit=$4 job port start rc elapsed rank_pid
   shift 4
+  : > "$tmp/out.txt"  # emptied here: the job's own redirection may come after the first grep below
   "$@" > "$tmp/out.txt" 2>&1 &
   job=$!
   for _ in $(seq 1 600); do
