@@ -173,7 +173,7 @@ echo "ok: bad flag combinations get one line each"
 # 7. --print-cluster-commands: the coordinator, then one launcher per replica.
 out=$("$ndmesh" launch --elastic --replicas 3 --max-restarts 2 -n 4 --coordinator 10.0.0.1:29400 \
   --print-cluster-commands -- ndmesh train --tp 4 --steps 100) || fail "--print-cluster-commands: $out"
-grep -qx 'ndmesh coordinator --host 0.0.0.0 --port 29400 --min-replicas 2 --state-file ndmesh-coordinator.state' \
+grep -qx 'ndmesh coordinator --host 10.0.0.1 --port 29400 --min-replicas 2 --state-file ndmesh-coordinator.state' \
   <<< "$out" || fail "no coordinator command: $out"
 for r in 0 1 2; do
   grep -qx "ndmesh launch --elastic --replicas 3 --replica-id $r --coordinator 10.0.0.1:29400 --max-restarts 2 -n 4 -- ndmesh train --tp 4 --steps 100" \

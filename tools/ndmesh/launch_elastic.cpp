@@ -282,17 +282,16 @@ int launch_elastic(const ElasticOptions& o) {
 }
 
 void print_cluster_commands(const ElasticOptions& o) {
-  const bool known = !o.coordinator.empty();
-  const std::string address = known ? o.coordinator : "COORDINATOR_HOST:29400";
+  // Without --coordinator the address is a placeholder the user replaces.
+  const std::string address = o.coordinator.empty() ? "COORDINATOR_HOST:29400" : o.coordinator;
+  const std::string host = address.substr(0, address.rfind(':'));
   const std::string port = address.substr(address.rfind(':') + 1);
-  fmt::print("# 1. On one host that every replica's node reaches{}, the coordinator:\n",
-             known ? fmt::format(" ({})", address.substr(0, address.rfind(':')))
-                   : " (COORDINATOR_HOST: its address)");
+  fmt::print("# 1. The coordinator, on the host {} (an address every replica's node reaches):\n", host);
   fmt::print(
-      "ndmesh coordinator --host 0.0.0.0 --port {} --min-replicas {} --state-file ndmesh-coordinator.state\n",
-      port, o.min_replicas);
+      "ndmesh coordinator --host {} --port {} --min-replicas {} --state-file ndmesh-coordinator.state\n",
+      host, port, o.min_replicas);
   fmt::print(
-      "# 2. One launcher per replica, each on its own node ({} ranks there), e.g. under your scheduler:\n",
+      "# 2. One launcher per replica, each on its own node with {} ranks, e.g. one scheduler task each:\n",
       o.n);
   for (std::int64_t r = 0; r < o.replicas; ++r)
     fmt::print(
