@@ -252,7 +252,7 @@ int run(const LaunchOptions& o) {
 
 Action setup(CLI::App& app) {
   auto o = std::make_shared<LaunchOptions>();
-  app.add_option("-n,--np", o->n, "number of processes")->required();
+  app.add_option("-n,--np", o->n, "number of processes (--elastic: of each replica)")->required();
   o->mpirun_opt = app.add_option("--mpirun", o->mpirun, "the MPI launcher to use (default: mpirun on PATH)");
   app.add_flag("--dry-run", o->dry_run, "print the mpirun command instead of running it");
   app.add_flag("--no-tag", o->no_tag, "do not prefix output lines with the rank (e.g. to pipe JSON)");
