@@ -54,7 +54,8 @@ run_and_signal() {
   coord=$(sed -n 's/^\[coordinator\] coordinator listening on 127.0.0.1:\([0-9]*\)$/\1/p' "$tmp/out.txt")
   [[ "$label" != *elastic* ]] || [ -n "$coord" ] || fail "$label: no coordinator line: $(head -n 3 "$tmp/out.txt")"
   [ -z "$coord" ] || free "$coord" || fail "$label: the coordinator's port $coord is not free"
-  echo "ok: $label: exit $rc ${elapsed} s after SIG$sig, nothing left, port $port${coord:+ and the coordinator's $coord} free"
+  [ -z "$coord" ] || port="$port and the coordinator's $coord"
+  echo "ok: $label: exit $rc ${elapsed} s after SIG$sig, nothing left, port $port free"
 }
 free() {
   python3 -c "import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);
@@ -74,10 +75,11 @@ run_and_signal "ranks wrapped in bash -c with a child" TERM 143 5 "${launch[@]}"
 # wrapped with a child of its own).
 elastic=("$ndmesh" launch --elastic --replicas 2 --max-restarts 3 -n 2 --)
 "$ndmesh" coordinator --help > /dev/null 2>&1 || { echo "TEMPORARY: no ndmesh coordinator yet"; elastic=(); }
-[ ${#elastic[@]} -eq 0 ] || run_and_signal "SIGTERM to the elastic launcher" TERM 143 5 "${elastic[@]}" "${train[@]/#--dp/--tp}"
+[ ${#elastic[@]} -eq 0 ] ||
+  run_and_signal "SIGTERM to the elastic launcher" TERM 143 5 "${elastic[@]}" "${train[@]/#--dp/--tp}"
 # shellcheck disable=SC2016
-[ ${#elastic[@]} -eq 0 ] || run_and_signal "SIGINT to the elastic launcher, ranks wrapped in bash -c with a child" INT 130 5 "${elastic[@]}" \
-  bash -c 'sleep 999.'$marker' & "$@"; exit $?' rank "${train[@]/#--dp/--tp}"
+[ ${#elastic[@]} -eq 0 ] || run_and_signal "SIGINT to the elastic launcher, ranks wrapped in bash -c with a child" \
+  INT 130 5 "${elastic[@]}" bash -c 'sleep 999.'$marker' & "$@"; exit $?' rank "${train[@]/#--dp/--tp}"
 # A job that ends by itself: the wrapped ranks' children end with it.
 # shellcheck disable=SC2016
 "$ndmesh" launch --store -n 2 -- bash -c 'sleep 999.'$marker' & exec "$@"' rank "$ndmesh" check --tp 2 \
