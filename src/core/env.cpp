@@ -36,6 +36,18 @@ const std::vector<Variable>& variables() {
        "communication backend: mpi (under mpirun, srun, or no launcher), gloo (CPU over TCP, under torchrun "
        "or any "
        "launcher that sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), nccl (when built with GPUs)"},
+      {"NDMESH_COORDINATOR", "string", "unset",
+       "HOST:PORT of an ndmesh coordinator: ndmesh train runs as one elastic data-parallel replica (docs/elastic.md)"},
+      {"NDMESH_REPLICA_ID", "integer", "unset",
+       "with NDMESH_COORDINATOR: this replica's id, 0..R-1, the same across its restarts"},
+      {"NDMESH_ELASTIC_TIMEOUT_S", "seconds", "10",
+       "elastic: bound of the reduction across replicas and of a generation's rendezvous; a replica silent "
+       "longer is left out of the step"},
+      {"NDMESH_ELASTIC_RECONNECT_S", "seconds", "30",
+       "elastic: how long a replica retries an unreachable coordinator (a restart) before it stops"},
+      {"NDMESH_TEST_ELASTIC_KILL", "string", "unset",
+       "test hook: REPLICA:RANK:STEP:POINT makes that rank of that replica SIGKILL itself at that step, at "
+       "POINT reduce (inside the reduction across replicas), vote or update"},
       {"NDMESH_LAUNCH_NOTIFY", "string", "set by ndmesh launch",
        "socket of the supervising ndmesh launch: a rank ending the job on a timeout tells it why"},
   };
@@ -113,7 +125,10 @@ void check_all() {
   (void)number("NDMESH_TEST_LOSS_SCALE", 1);
   (void)integer("NDMESH_TEST_EXIT_BEFORE_GLOO", 0, 0, 1);
   (void)integer("NDMESH_THREADS", 1, 1, 1024);
-  (void)integer("NDMESH_REQUIRE_GPU", 0, 0, 1);  // the bounds of tensor/blas.cpp
+  (void)integer("NDMESH_REQUIRE_GPU", 0, 0, 1);
+  (void)integer("NDMESH_REPLICA_ID", 0, 0, 1 << 20);
+  (void)seconds("NDMESH_ELASTIC_TIMEOUT_S", 10);
+  (void)seconds("NDMESH_ELASTIC_RECONNECT_S", 30);  // the bounds of tensor/blas.cpp
   one_of("NDMESH_LOG", {"error", "warn", "info", "debug"}, "error, warn, info or debug");
   one_of("NDMESH_BACKEND", {"mpi", "gloo", "nccl"}, "mpi, gloo (or nccl when built with GPUs)");
 }

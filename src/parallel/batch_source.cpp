@@ -45,7 +45,7 @@ BatchSource::BatchSource(BatchLayout layout, std::unique_ptr<model::DataSource> 
 void BatchSource::fill(std::uint64_t stream, std::int64_t step, int mb, std::int32_t* tokens,
                        std::int32_t* targets) {
   const BatchLayout& l = layout_;
-  const std::int64_t first = l.dp_rank * l.local_batch + mb * l.micro_batch;
+  const std::int64_t first = l.dp_rank * l.local_batch + (first_microbatch_ + mb) * l.micro_batch;
   if (l.cp_size == 1) {
     data_->batch(stream, step, first, l.micro_batch, l.seq, tokens, targets);
     return;

@@ -115,6 +115,7 @@ StepSums GradSync::finish_step(double loss_sum) {
   if (tied_copy_chunk_ >= 0) sum_tied_table(static_cast<std::size_t>(tied_copy_chunk_));
   if (tied_main_chunk_ >= 0) sum_tied_table(static_cast<std::size_t>(tied_main_chunk_));
   sum_replicated_over_tp();
+  if (across_replicas_) across_replicas_(loss_sum);
   // Every tp rank computes the same loss (the vocabulary-parallel loss reduces over tp):
   // tp rank 0 counts it.
   std::array<double, 2> sums = {tp_.rank() == 0 ? loss_sum : 0.0, counted_square_sum()};

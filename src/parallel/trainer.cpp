@@ -39,11 +39,12 @@ Trainer::Trainer(TrainOptions options, std::unique_ptr<model::DataSource> data, 
   for (auto& c : model_.chunks) raw.push_back(c.get());
   executor_ = std::make_unique<pp::Executor>(model_.plan.schedule, model_.plan.pp, std::move(raw),
                                              pp::ExecutorOptions{.timeout_s = options_.pp.timeout_s});
+  active_ = executor_.get();
   // Between the layers of a chunk: drive the gradient buckets and the pipeline transfers in flight.
   for (std::size_t c = 0; c < model_.chunks.size(); ++c)
     model_.chunks[c]->set_progress_hook([this, c] {
       sync_.progress(static_cast<int>(c));
-      executor_->poll();
+      active_->poll();
     });
   if (!options_.pp.drop_action.empty()) {
     int st = -1, index = -1;
@@ -68,6 +69,39 @@ double Trainer::lr_at(std::int64_t step) const {
 }
 
 StepStats Trainer::step() {
+  StepStats s = compute_step();
+  apply_step(s);
+  return s;
+}
+
+void Trainer::set_share(std::int64_t first, std::int64_t count) {
+  batches_.set_first_microbatch(first);
+  if (count == model_.plan.schedule.microbatches) {
+    active_ = executor_.get();
+    return;
+  }
+  auto& e = shares_[count];
+  if (!e) {
+    const pp::PipelineSchedule& base = model_.plan.schedule;
+    std::vector<model::Gpt*> raw;
+    for (auto& c : model_.chunks) raw.push_back(c.get());
+    e = std::make_unique<pp::Executor>(pp::make_schedule({.schedule = base.kind,
+                                                          .stages = base.stages,
+                                                          .microbatches = static_cast<int>(count),
+                                                          .chunks = base.chunks}),
+                                       model_.plan.pp, std::move(raw),
+                                       pp::ExecutorOptions{.timeout_s = options_.pp.timeout_s});
+  }
+  active_ = e.get();
+}
+
+void Trainer::set_progress(std::int64_t steps, std::int64_t adam_steps) {
+  step_ = steps;
+  optimizer_.set_steps(adam_steps);
+  sync_.params_updated();
+}
+
+StepStats Trainer::compute_step() {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   sync_.start_step();
@@ -78,25 +112,35 @@ StepStats Trainer::step() {
   };
   hooks.before_backward = [&](int c, bool last) { sync_.begin_backward(c, last); };
   hooks.after_backward = [&](int c) { sync_.end_backward(c); };
-  const pp::WalkResult walk = executor_->train_step(hooks);
-  trace_.add(pipeline_, executor_->stage(), static_cast<int>(step_), walk.timings);
+  const pp::WalkResult walk = active_->train_step(hooks);
+  if (active_ == executor_.get()) trace_.add(pipeline_, executor_->stage(), static_cast<int>(step_), walk.timings);
 
   const StepSums sums = sync_.finish_step(walk.loss_sum);
   StepStats s;
   s.loss = sums.loss;
   s.grad_norm = sums.grad_norm;
   s.lr = lr_at(step_);
-  optimizer_.step(s.lr, s.grad_norm);
   s.comm_seconds = sync_.comm_seconds();
   s.exposed_comm_seconds = sync_.exposed_seconds();
   s.grad_comm_bytes = sync_.reduced_bytes();
-  s.step = ++step_;
+  s.step = step_ + 1;
   s.tp_comm = *model_.plan.tp_stats;
   s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return s;
 }
 
+void Trainer::apply_step(StepStats& s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  optimizer_.step(s.lr, s.grad_norm);
+  s.step = ++step_;
+  s.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 double Trainer::evaluate(std::int64_t batches) {
+  // The whole evaluation batch on the executor of the whole batch (an elastic replica's
+  // share is set again before its next step).
+  batches_.set_first_microbatch(0);
+  active_ = executor_.get();
   double sum = 0;
   for (std::int64_t b = 0; b < batches; ++b) {
     pp::StageHooks hooks;

@@ -29,8 +29,12 @@
 #include "ndmesh/comm/process_groups.hpp"
 #include "ndmesh/config/partition.hpp"
 #include "ndmesh/config/training.hpp"
+#include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/log.hpp"
+#ifdef NDMESH_HAVE_ELASTIC
+#include "ndmesh/elastic/replica.hpp"
+#endif
 #include "ndmesh/model/checkpoint_dir.hpp"
 #include "ndmesh/model/data.hpp"
 #include "ndmesh/parallel/trainer.hpp"
@@ -80,7 +84,35 @@ struct Options {
   std::int64_t virtual_stages = 1;
   std::string pp_layers, trace, drop_action;
   std::int64_t trace_steps = 32;
+  std::string coordinator;  // elastic: --coordinator or NDMESH_COORDINATOR
+  std::int64_t replica_id = -1;
 };
+
+// Elastic data parallelism (docs/elastic.md): each replica is its own job with dp = 1 (the
+// dp dimension is the set of live replicas); what cannot live in one replica is refused.
+void check_elastic(Options& o, const Mesh& mesh) {
+  if (o.coordinator.empty()) return;
+#ifndef NDMESH_HAVE_ELASTIC
+  fail<ConfigError>("train", "--coordinator={}: this ndmesh is built without Gloo, which elastic training needs "
+                    "(Debian: apt-get install libgloo-dev, then rebuild)", o.coordinator);
+#endif
+  if (o.replica_id < 0)
+    fail<ConfigError>("train", "--coordinator={} needs the replica's id: set NDMESH_REPLICA_ID or --replica-id "
+                      "(0..R-1, the same across restarts)", o.coordinator);
+  if (mesh.size_of("dp") != 1)
+    fail<ConfigError>("train", "--dp={} with a coordinator: the dp dimension of an elastic run is the set of live "
+                      "replicas; run each replica with --dp 1 (its ranks as tp x pp x cp)", mesh.size_of("dp"));
+  if (o.zero != 0)
+    fail<ConfigError>("train", "--zero={} with a coordinator: ZeRO would shard the state across ranks that die "
+                      "together and cannot be healed from another replica; use --zero 0 for elastic runs", o.zero);
+  if (o.offload != "none")
+    fail<ConfigError>("train", "--offload={} with a coordinator: a replica's state must be in memory to be copied to "
+                      "a healing replica; use --offload none for elastic runs", o.offload);
+  if (o.device != "cpu")
+    fail<ConfigError>("train", "--device={} with a coordinator: elastic runs are CPU-only for now; use --device cpu",
+                      o.device);
+  if (o.micro_batch == 0) o.micro_batch = 1;  // the global batch is split over replicas by micro-batches
+}
 
 // Bad flag values are ConfigErrors (exit 2) naming the flag, the value and a fix.
 void need(bool ok, std::string_view flag, auto value, std::string_view rule, std::string_view example) {
@@ -267,6 +299,7 @@ int train(Options o, comm::Communicator& world) {
   // Under a launcher with no layout flag every rank is data-parallel.
   o.layout.set_default_sizes({{"dp", -1}});
   MeshSetup layout = o.layout.resolve(world.size());
+  check_elastic(o, layout.mesh);
   ProcessGroups groups(layout.mesh, world);
   const bool lead = world.rank() == 0;
   const int threads =
@@ -330,6 +363,22 @@ int train(Options o, comm::Communicator& world) {
                         e.what());
     }
   }
+#ifdef NDMESH_HAVE_ELASTIC
+  std::unique_ptr<elastic::ElasticReplica> replica;
+  if (!o.coordinator.empty()) {
+    auto [host, port] = elastic::parse_address(o.coordinator, "--coordinator");
+    replica = std::make_unique<elastic::ElasticReplica>(
+        elastic::ReplicaOptions{.host = host,
+                                .port = port,
+                                .replica = static_cast<int>(o.replica_id),
+                                .reduce_timeout_s = env::seconds("NDMESH_ELASTIC_TIMEOUT_S", 10),
+                                .reconnect_s = env::seconds("NDMESH_ELASTIC_RECONNECT_S", 30)},
+        trainer, world);
+  }
+#endif
+  std::vector<std::string> param_hashes;    // elastic: after each committed step
+  std::vector<std::int64_t> elastic_steps;  // elastic: the committed steps this replica computed
+  bool write_checkpoint = true;             // elastic: the first member of the last generation writes
   const std::int64_t first = trainer.steps_done();
   const std::int64_t stop = o.until > 0 ? o.until : o.steps;
   if (first >= stop)
@@ -385,7 +434,30 @@ int train(Options o, comm::Communicator& world) {
   double tp_seconds = 0;             // in tp communication, all steps
   const double tokens_per_step = static_cast<double>(trainer.tokens_per_step());
   while (trainer.steps_done() < stop) {
-    parallel::StepStats s = trainer.step();
+    parallel::StepStats s;
+#ifdef NDMESH_HAVE_ELASTIC
+    if (replica) {
+      const elastic::CommittedStep c = replica->step();
+      if (c.finished) break;
+      s = c.stats;
+      write_checkpoint = c.first_member;
+      param_hashes.push_back(fmt::format("{:016x}", c.param_hash));
+      elastic_steps.push_back(s.step);
+      if (lead && o.json) {
+        nlohmann::ordered_json j;
+        j["elastic_step"] = s.step;
+        j["loss"] = s.loss;
+        j["grad_norm"] = s.grad_norm;
+        j["param_hash"] = param_hashes.back();
+        j["generation"] = c.generation;
+        j["replicas"] = c.replicas;
+        j["replica"] = o.replica_id;
+        fmt::print("{}\n", j.dump());
+        std::fflush(stdout);
+      }
+    } else
+#endif
+      s = trainer.step();
     if (!std::isfinite(s.loss))
       fail<Error>("train", "loss became {} at step {}; lower --lr (now {})", s.loss, s.step, o.lr);
     last_loss = s.loss;
@@ -397,7 +469,7 @@ int train(Options o, comm::Communicator& world) {
     step_seconds += s.seconds;
     tp_comm = s.tp_comm;
     tp_seconds += s.tp_comm.seconds;
-    if (o.save_every > 0 && s.step % o.save_every == 0 && s.step < stop) trainer.save(o.save);
+    if (o.save_every > 0 && s.step % o.save_every == 0 && s.step < stop && write_checkpoint) trainer.save(o.save);
     if (!lead) continue;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     const double done = static_cast<double>(s.step - first);
@@ -417,7 +489,10 @@ int train(Options o, comm::Communicator& world) {
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const double tokens_per_second = static_cast<double>(stop - first) * tokens_per_step / seconds;
-  if (!o.save.empty()) trainer.save(o.save);
+#ifdef NDMESH_HAVE_ELASTIC
+  if (replica) replica->finish();
+#endif
+  if (!o.save.empty() && write_checkpoint) trainer.save(o.save);
   // The final loss is measured on evaluation batches drawn from another stream of the same
   // source: one training batch is too noisy to compare with the entropy rate. (For --data
   // this is the same file, not a held-out split.)
@@ -523,6 +598,10 @@ int train(Options o, comm::Communicator& world) {
     j["tp_comm_seconds"] = slowest[3] / steps_run;  // per step, the slowest rank
     j["allreduce"] = o.allreduce;
     j["losses"] = losses;
+    if (!o.coordinator.empty()) {
+      j["elastic_steps"] = elastic_steps;  // the step of each entry of losses, grad_norms, param_hashes
+      j["param_hashes"] = param_hashes;
+    }
     j["grad_norms"] = grad_norms;
     j["step_seconds"] = slowest[2] / steps_run;
     j["grad_dtype"] = o.grad_dtype;
@@ -602,6 +681,8 @@ void expand_memory(Options& o) {
 
 int run(Options o) {
   expand_memory(o);
+  if (o.coordinator.empty()) o.coordinator = env::string("NDMESH_COORDINATOR", "");
+  if (o.replica_id < 0 && env::raw("NDMESH_REPLICA_ID")) o.replica_id = env::integer("NDMESH_REPLICA_ID", 0, 0, 1 << 20);
   // Printed before anything is checked, so that what the strategy chose shows with any refusal.
   if (!o.memory_choice.empty() && LaunchEnv::detect().rank == 0) {
     fmt::print("{}\n", o.memory_choice);
@@ -792,6 +873,13 @@ Action setup(CLI::App& app) {
                  "evaluation batches for the final loss (a sampling stream apart from training)")
       ->capture_default_str();
   app.add_flag("--json", o->json, "print one JSON summary object as the last line");
+  app.add_option("--coordinator", o->coordinator,
+                 "HOST:PORT of an 'ndmesh coordinator': run as one replica of elastic data parallelism "
+                 "(docs/elastic.md; NDMESH_COORDINATOR)")
+      ->group("Elastic");
+  app.add_option("--replica-id", o->replica_id,
+                 "with --coordinator: this replica's id, 0..R-1, the same across restarts (NDMESH_REPLICA_ID)")
+      ->group("Elastic");
   app.footer(
       "Examples:\n"
       "  ndmesh train                                   # small model on the Markov source, about a minute\n"

@@ -55,10 +55,14 @@ class BatchSource {
 
   const BatchLayout& layout() const { return layout_; }
   const model::DataSource& data() const { return *data_; }
+  /// Elastic data parallelism: micro-batch mb of a step is micro-batch `first + mb` of the
+  /// global batch (this replica's share starts there).
+  void set_first_microbatch(std::int64_t first) { first_microbatch_ = first; }
 
  private:
   BatchLayout layout_;
   std::unique_ptr<model::DataSource> data_;
+  std::int64_t first_microbatch_ = 0;
   std::vector<std::int32_t> full_tokens_, full_targets_;  // whole sequences, before the cp slice
 };
 

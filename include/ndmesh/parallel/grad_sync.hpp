@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -109,6 +110,10 @@ class GradSync {
   /// norm in one all-reduce over the world. `loss_sum` is this rank's sum of per-token
   /// losses (its head's micro-batches; 0 on stages without the head). Collective.
   StepSums finish_step(double loss_sum);
+  /// Elastic data parallelism: finish_step() calls `f` with this rank's loss sum once the
+  /// gradients hold this replica's sums and before the norm; `f` sums the gradients and the
+  /// loss over the replicas (an Error from it ends the step attempt).
+  void set_across_replicas(std::function<void(double& loss_sum)> f) { across_replicas_ = std::move(f); }
   /// The mean loss over `tokens` tokens of a sum like finish_step's (evaluation; collective).
   double global_loss(double loss_sum, double tokens) const;
 
@@ -139,6 +144,7 @@ class GradSync {
   int tied_copy_chunk_ = -1;  // local chunk holding the token table for a tied head on another rank
   int tied_main_chunk_ = -1;  // local chunk holding the embedding whose table is tied to a remote head
   std::vector<float> work_;   // the tp sum's packed elements
+  std::function<void(double&)> across_replicas_;
 };
 
 }  // namespace ndmesh::parallel

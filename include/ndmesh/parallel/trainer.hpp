@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -108,8 +109,21 @@ class Trainer {
   Trainer(Trainer&&) = delete;
   Trainer& operator=(Trainer&&) = delete;
 
-  /// One optimizer step (collective).
+  /// One optimizer step (collective): compute_step() then apply_step().
   StepStats step();
+  /// The forward, backward and gradient synchronisation of the next step; nothing is
+  /// updated, so it can be dropped and computed again (elastic data parallelism).
+  StepStats compute_step();
+  /// The optimizer step with what compute_step() returned; counts the step.
+  void apply_step(StepStats& s);
+  /// Elastic data parallelism: from now on this replica computes micro-batches
+  /// [first, first + count) of the global batch's batch / micro_batch (collective over the
+  /// pipeline group the first time a count is used: its schedule's executor is built).
+  void set_share(std::int64_t first, std::int64_t count);
+  /// Steps done and optimizer updates done, set after the state was copied from a peer.
+  void set_progress(std::int64_t steps, std::int64_t adam_steps);
+  GradSync& grad_sync() { return sync_; }
+  Optimizer& optimizer() { return optimizer_; }
   /// Steps done so far.
   std::int64_t steps_done() const { return step_; }
   /// The learning rate of step `step` (0-based).
@@ -143,6 +157,10 @@ class Trainer {
   const TrainOptions& options() const { return options_; }
   /// Tokens per step over all ranks (batch * seq).
   std::int64_t tokens_per_step() const { return options_.batch * options_.model.seq; }
+  /// Micro-batches of the whole global batch (batch / micro-batch).
+  std::int64_t microbatches_total() const {
+    return options_.batch / model_.plan.batch.micro_batch;
+  }
   /// Micro-batches per step on each rank.
   std::int64_t microbatches() const { return model_.plan.batch.microbatches; }
   /// Bytes of parameters, gradients, optimizer state and activations on this rank.
@@ -161,6 +179,8 @@ class Trainer {
   GradSync sync_;
   Optimizer optimizer_;
   std::unique_ptr<pp::Executor> executor_;
+  pp::Executor* active_ = nullptr;  // the executor of the step: executor_, or shares_'s
+  std::map<std::int64_t, std::unique_ptr<pp::Executor>> shares_;  // elastic: by micro-batch count
   pp::TraceRecorder trace_;
   int pipeline_ = 0;  // this rank's pipeline (its pp group's color), for the trace
   std::int64_t step_ = 0, first_step_ = 0;

@@ -1,0 +1,451 @@
+#include "ndmesh/elastic/replica.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "ndmesh/core/env.hpp"
+#include "ndmesh/core/error.hpp"
+#include "ndmesh/core/log.hpp"
+#include "ndmesh/elastic/coordinator.hpp"
+
+namespace ndmesh::elastic {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Gloo's rendezvous over the coordinator's store: waits poll, bounded by a deadline.
+class StoreAdapter final : public ::gloo::rendezvous::Store {
+ public:
+  StoreAdapter(launch::Store store, Clock::time_point deadline) : store_(std::move(store)), deadline_(deadline) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.set(key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    wait({key});
+    std::string v = store_.get(key);
+    return {v.begin(), v.end()};
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    while (!store_.check(keys)) {
+      if (Clock::now() > deadline_)
+        fail<>("elastic", "the replicas of this generation did not all meet at the store in time (keys {}...)",
+               keys.front());
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override { wait(keys); }
+
+ private:
+  launch::Store store_;
+  Clock::time_point deadline_;
+};
+
+// The address of this host on the route to the coordinator (a UDP connect sends nothing).
+std::string local_address(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr)
+    fail<ConfigError>("elastic", "NDMESH_COORDINATOR host '{}' does not resolve; set it to the coordinator's host",
+                      host);
+  std::string out;
+  int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    char text[INET6_ADDRSTRLEN] = {};
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      const void* a = addr.ss_family == AF_INET6
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&addr)->sin_addr);
+      if (::inet_ntop(addr.ss_family, a, text, sizeof text)) out = text;
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  if (out.empty()) fail<>("elastic", "no route from this host to the coordinator at {}", host);
+  return out;
+}
+
+std::shared_ptr<::gloo::transport::Device>& device_for(const std::string& host) {
+  static std::shared_ptr<::gloo::transport::Device> device;
+  if (!device) {
+    ::gloo::transport::tcp::attr attr;
+    attr.hostname = local_address(host);
+    device = ::gloo::transport::tcp::CreateDevice(attr);
+  }
+  return device;
+}
+
+std::chrono::milliseconds ms(double s) { return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000)); }
+
+template <typename T>
+void gloo_sum(const std::shared_ptr<::gloo::rendezvous::Context>& ctx, T* data, std::size_t n, double timeout_s) {
+  if (n == 0) return;
+  ::gloo::AllreduceOptions o(ctx);
+  o.setOutput(data, n);
+  void (*fn)(void*, const void*, const void*, std::size_t) = &::gloo::sum<T>;
+  o.setReduceFunction(fn);
+  o.setTimeout(ms(timeout_s));
+  ::gloo::allreduce(o);
+}
+
+template <typename T>
+void gloo_broadcast(const std::shared_ptr<::gloo::rendezvous::Context>& ctx, T* data, std::size_t n, int root,
+                    double timeout_s) {
+  if (n == 0) return;
+  ::gloo::BroadcastOptions o(ctx);
+  o.setOutput(data, n);
+  o.setRoot(root);
+  o.setTimeout(ms(timeout_s));
+  ::gloo::broadcast(o);
+}
+
+// A rank that fails the test switch's point ends here, as a killed process does.
+struct KillPoint {
+  int replica = -1, rank = -1;
+  std::int64_t step = -1;
+  std::string point;
+};
+
+KillPoint parse_kill(const std::string& text) {
+  KillPoint k;
+  if (text.empty()) return k;
+  std::string rest = text;
+  for (char& c : rest)
+    if (c == ':') c = ' ';
+  std::istringstream in(rest);
+  in >> k.replica >> k.rank >> k.step >> k.point;
+  if (in.fail() || (k.point != "reduce" && k.point != "vote" && k.point != "update"))
+    fail<ConfigError>("elastic",
+                      "NDMESH_TEST_ELASTIC_KILL={} is not REPLICA:RANK:STEP:POINT with POINT reduce, vote or "
+                      "update; e.g. 1:0:3:reduce",
+                      text);
+  return k;
+}
+
+}  // namespace
+
+struct ElasticReplica::Context {
+  std::shared_ptr<::gloo::rendezvous::Context> ctx;
+};
+
+std::pair<std::string, int> parse_address(const std::string& text, std::string_view what) {
+  const auto colon = text.rfind(':');
+  int port = -1;
+  if (colon != std::string::npos && colon > 0) {
+    try {
+      std::size_t used = 0;
+      port = std::stoi(text.substr(colon + 1), &used);
+      if (used != text.size() - colon - 1) port = -1;
+    } catch (const std::exception&) {
+      port = -1;
+    }
+  }
+  if (port <= 0 || port > 65535)
+    fail<ConfigError>("elastic", "{}={} is not HOST:PORT; pass the address 'ndmesh coordinator' printed, e.g. "
+                      "127.0.0.1:29400", what, text);
+  return {text.substr(0, colon), port};
+}
+
+ElasticReplica::ElasticReplica(ReplicaOptions options, parallel::Trainer& trainer, const comm::Communicator& world)
+    : options_(std::move(options)), trainer_(trainer), world_(world), leader_(world.rank() == 0) {
+  const KillPoint k = parse_kill(env::string("NDMESH_TEST_ELASTIC_KILL", ""));
+  kill_ = k.point.empty() ? "" : env::string("NDMESH_TEST_ELASTIC_KILL", "");
+  trainer_.grad_sync().set_across_replicas([this](double& loss_sum) {
+    if (failed_ || gen_.members.size() < 2) return;
+    maybe_kill("reduce");
+    try {
+      for (const auto& c : trainer_.chunks()) {
+        auto g = c->params().grads();
+        gloo_sum(ctx_->ctx, g.data(), g.size(), options_.reduce_timeout_s);
+      }
+      gloo_sum(ctx_->ctx, &loss_sum, 1, options_.reduce_timeout_s);
+    } catch (const std::exception& e) {
+      failed_ = true;
+      why_ = e.what();
+    }
+  });
+  if (leader_) {
+    store_ = connect_or_stop();
+    heartbeat_ = std::thread([this] {
+      launch::Store hb;
+      const auto period = ms(heartbeat_period_s(options_.heartbeat_timeout_s));
+      while (!stop_.load()) {
+        try {
+          if (!hb.valid()) hb = launch::Store::connect(options_.host, options_.port, 1).prefixed("elastic/");
+          hb.add(fmt::format("hb/{}", options_.replica), 1);
+        } catch (const Error&) {
+          hb = launch::Store();
+        }
+        std::this_thread::sleep_for(period);
+      }
+    });
+  }
+  join();
+}
+
+ElasticReplica::~ElasticReplica() {
+  stop_.store(true);
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+launch::Store ElasticReplica::connect_or_stop() {
+  const auto deadline = Clock::now() + ms(options_.reconnect_s);
+  std::string why;
+  while (Clock::now() < deadline) {
+    try {
+      return launch::Store::connect(options_.host, options_.port, 1).prefixed("elastic/");
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  world_.abort_job(1, "elastic",
+                   fmt::format("the coordinator at {}:{} is gone (no answer for {:g} s: {}); replica {} stops",
+                               options_.host, options_.port, options_.reconnect_s, why, options_.replica));
+}
+
+std::string ElasticReplica::share_text(const std::string& text) const {
+  std::int64_t n = static_cast<std::int64_t>(text.size());
+  world_.broadcast(std::span<std::int64_t>(&n, 1), 0);
+  std::vector<std::int64_t> bytes(static_cast<std::size_t>(n));
+  if (leader_)
+    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(text[i]);
+  if (n > 0) world_.broadcast(std::span<std::int64_t>(bytes), 0);
+  std::string out(bytes.size(), '\0');
+  for (std::size_t i = 0; i < bytes.size(); ++i) out[i] = static_cast<char>(bytes[i]);
+  return out;
+}
+
+template <typename F>
+std::string ElasticReplica::leader_text(F&& f) {
+  std::string text;
+  if (leader_) {
+    try {
+      text = f();
+    } catch (const Error& e) {
+      log::warn("[elastic] replica {}: lost the coordinator at {}:{} ({}); reconnecting", options_.replica,
+                options_.host, options_.port, e.what());
+      store_ = connect_or_stop();
+      text = "rejoin";
+    }
+  }
+  return share_text(text);
+}
+
+void ElasticReplica::join() {
+  for (;;) {
+    const std::string k = leader_text([&] {
+      const std::int64_t inc = store_.add("join_seq", 1);
+      store_.set(fmt::format("join/{}", inc), fmt::format("{} {}", options_.replica, trainer_.steps_done()));
+      return std::to_string(inc);
+    });
+    if (k == "rejoin") continue;
+    incarnation_ = std::stoll(k);
+    if (await_membership(0)) return;
+    if (finished_) return;
+  }
+}
+
+bool ElasticReplica::await_membership(std::int64_t from) {
+  const std::string text = leader_text([&] {
+    std::int64_t g = from;
+    if (g == 0) g = store_.check({"latest"}) ? std::stoll(store_.get("latest")) : 1;
+    for (;;) {
+      if (store_.check({"finished"})) return std::string("finished");
+      const std::string key = fmt::format("gen/{}", g);
+      if (store_.check({key})) {
+        const std::string t = store_.get(key);
+        if (Generation::decode(t).position(options_.replica, incarnation_)) return t;
+        ++g;
+        continue;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  if (text == "rejoin") return false;
+  if (text == "finished") {
+    finished_ = true;
+    return true;
+  }
+  gen_ = Generation::decode(text);
+  position_ = *gen_.position(options_.replica, incarnation_);
+  attempt_step_ = gen_.step;
+  healed_ = false;
+  return true;
+}
+
+void ElasticReplica::build_context() {
+  ctx_.reset();
+  ctx_generation_ = -1;
+  if (gen_.members.size() < 2) {
+    ctx_generation_ = gen_.id;
+    return;
+  }
+  const launch::Store store = launch::Store::connect(options_.host, options_.port, options_.reduce_timeout_s)
+                                  .prefixed(fmt::format("elastic/ctx/{}/{}/", gen_.id, world_.rank()));
+  auto c = std::make_unique<Context>();
+  c->ctx = std::make_shared<::gloo::rendezvous::Context>(position_, static_cast<int>(gen_.members.size()));
+  c->ctx->setTimeout(ms(options_.reduce_timeout_s));
+  StoreAdapter adapter(store, Clock::now() + ms(options_.reduce_timeout_s));
+  c->ctx->connectFullMesh(adapter, device_for(options_.host));
+  ::gloo::BarrierOptions barrier(c->ctx);
+  barrier.setTimeout(ms(options_.reduce_timeout_s));
+  ::gloo::barrier(barrier);
+  ctx_ = std::move(c);
+  ctx_generation_ = gen_.id;
+}
+
+void ElasticReplica::heal() {
+  const double t = options_.reduce_timeout_s;
+  auto& opt = trainer_.optimizer();
+  for (std::size_t c = 0; c < trainer_.chunks().size(); ++c) {
+    auto p = trainer_.chunks()[c]->params().params();
+    gloo_broadcast(ctx_->ctx, p.data(), p.size(), gen_.root, t);
+    auto m = opt.adam(c).m();
+    auto v = opt.adam(c).v();
+    gloo_broadcast(ctx_->ctx, m.data(), m.size(), gen_.root, t);
+    gloo_broadcast(ctx_->ctx, v.data(), v.size(), gen_.root, t);
+  }
+  std::int64_t counters[2] = {trainer_.steps_done(), opt.steps()};
+  gloo_broadcast(ctx_->ctx, counters, 2, gen_.root, t);
+  NDMESH_CHECK(counters[0] == gen_.step, "elastic", "the donor holds step {} but generation {} starts at step {}",
+               counters[0], gen_.id, gen_.step);
+  if (position_ != gen_.root) trainer_.set_progress(counters[0], counters[1]);
+}
+
+void ElasticReplica::maybe_kill(std::string_view point) const {
+  if (kill_.empty()) return;
+  const KillPoint k = parse_kill(kill_);
+  if (k.replica == options_.replica && k.rank == world_.rank() && k.step == attempt_step_ + 1 && k.point == point) {
+    fmt::print(stderr, "ndmesh: [elastic] test: replica {} rank {} kills itself at step {} ({})\n", k.replica,
+               k.rank, k.step, point);
+    std::fflush(stderr);
+    ::kill(::getpid(), SIGKILL);
+  }
+}
+
+std::uint64_t ElasticReplica::hash_params() const {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (const auto& c : trainer_.chunks()) {
+    const auto p = std::as_const(*c).params().params();
+    const auto* b = reinterpret_cast<const unsigned char*>(p.data());
+    for (std::size_t i = 0; i < p.size_bytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  std::vector<std::int64_t> all(static_cast<std::size_t>(world_.size()));
+  const std::int64_t mine = static_cast<std::int64_t>(h);
+  world_.all_gather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all));
+  std::uint64_t out = 1469598103934665603ull;
+  for (std::int64_t x : all) out = (out ^ static_cast<std::uint64_t>(x)) * 1099511628211ull;
+  return out;
+}
+
+void ElasticReplica::finish() {
+  if (leader_) {
+    try {
+      store_.set("finished", std::to_string(trainer_.steps_done()));
+    } catch (const Error&) {
+    }
+  }
+}
+
+CommittedStep ElasticReplica::step() {
+  for (;;) {
+    if (finished_) return CommittedStep{.finished = true};
+    // The attempt: generation's context, healing, this replica's share of the step.
+    failed_ = false;
+    why_.clear();
+    parallel::StepStats stats;
+    try {
+      if (ctx_generation_ != gen_.id) build_context();
+      if (gen_.heal && !healed_ && gen_.members.size() > 1) {
+        heal();
+        healed_ = true;
+      }
+    } catch (const std::exception& e) {
+      failed_ = true;
+      why_ = e.what();
+    }
+    std::int32_t ok = failed_ ? 0 : 1;
+    world_.all_reduce(std::span<std::int32_t>(&ok, 1), {.op = comm::ReduceOp::kMin});
+    if (ok == 1) {
+      const std::int64_t m = trainer_.microbatches_total();
+      const auto l = static_cast<std::int64_t>(gen_.members.size());
+      const std::int64_t base = m / l, extra = m % l, i = position_;
+      const std::int64_t count = base + (i < extra ? 1 : 0), first = i * base + std::min(i, extra);
+      if (count == 0)
+        world_.abort_job(2, "elastic",
+                         fmt::format("the global batch has {} micro-batches (--batch / --micro-batch), fewer than the "
+                                     "{} live replicas; raise --batch or lower --micro-batch",
+                                     m, l));
+      NDMESH_CHECK(trainer_.steps_done() == attempt_step_, "elastic",
+                   "replica {} holds step {} but generation {} computes step {}", options_.replica,
+                   trainer_.steps_done(), gen_.id, attempt_step_ + 1);
+      trainer_.set_share(first, count);
+      stats = trainer_.compute_step();
+      ok = failed_ ? 0 : 1;
+      world_.all_reduce(std::span<std::int32_t>(&ok, 1), {.op = comm::ReduceOp::kMin});
+    }
+    if (ok == 0 && !why_.empty())
+      log::warn("[elastic] replica {} rank {}: step {} failed in generation {}: {}", options_.replica,
+                world_.rank(), attempt_step_ + 1, gen_.id, why_);
+    if (ok == 0) {  // this generation's context is suspect
+      ctx_.reset();
+      ctx_generation_ = -1;
+    }
+    maybe_kill("vote");
+    // The vote; the coordinator's decision.
+    const std::string text = leader_text([&] {
+      store_.set(fmt::format("vote/{}/{}/{}", gen_.id, attempt_step_, options_.replica), ok == 1 ? "1" : "0");
+      const std::string key = fmt::format("dec/{}/{}", gen_.id, attempt_step_);
+      while (!store_.check({key})) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return store_.get(key);
+    });
+    if (text == "rejoin") {
+      ctx_.reset();
+      ctx_generation_ = -1;
+      join();
+      continue;
+    }
+    const Decision d = Decision::decode(gen_.id, attempt_step_, text);
+    if (d.commit) {
+      NDMESH_CHECK(ok == 1, "elastic", "the coordinator committed step {} that replica {} voted against",
+                   attempt_step_ + 1, options_.replica);
+      maybe_kill("update");
+      trainer_.apply_step(stats);
+      CommittedStep out{.stats = stats,
+                        .generation = gen_.id,
+                        .replicas = static_cast<int>(gen_.members.size()),
+                        .param_hash = hash_params(),
+                        .first_member = position_ == 0};
+      ++attempt_step_;
+      if (d.next_generation != gen_.id && !await_membership(d.next_generation)) join();
+      return out;
+    }
+    if (!await_membership(d.next_generation)) join();
+  }
+}
+
+}  // namespace ndmesh::elastic
