@@ -71,15 +71,13 @@ run_and_signal "a rank ignoring SIGTERM" TERM 143 6 "${launch[@]}" bash -c 'trap
 # shellcheck disable=SC2016
 run_and_signal "ranks wrapped in bash -c with a child" TERM 143 5 "${launch[@]}" \
   bash -c 'sleep 999.'$marker' & "$@"; exit $?' rank "${train[@]}"
-# --elastic: the coordinator and every replica end (2 replicas of tp 2, a rank of each
-# wrapped with a child of its own).
+# --elastic: the coordinator and every replica end (2 replicas of tp 2; then every rank
+# wrapped, with a child of its own).
 elastic=("$ndmesh" launch --elastic --replicas 2 --max-restarts 3 -n 2 --)
-"$ndmesh" coordinator --help > /dev/null 2>&1 || { echo "TEMPORARY: no ndmesh coordinator yet"; elastic=(); }
-[ ${#elastic[@]} -eq 0 ] ||
-  run_and_signal "SIGTERM to the elastic launcher" TERM 143 5 "${elastic[@]}" "${train[@]/#--dp/--tp}"
+run_and_signal "SIGTERM to the elastic launcher" TERM 143 5 "${elastic[@]}" "${train[@]/#--dp/--tp}"
 # shellcheck disable=SC2016
-[ ${#elastic[@]} -eq 0 ] || run_and_signal "SIGINT to the elastic launcher, ranks wrapped in bash -c with a child" \
-  INT 130 5 "${elastic[@]}" bash -c 'sleep 999.'$marker' & "$@"; exit $?' rank "${train[@]/#--dp/--tp}"
+run_and_signal "SIGINT to the elastic launcher, ranks wrapped in bash -c with a child" INT 130 5 "${elastic[@]}" \
+  bash -c 'sleep 999.'$marker' & "$@"; exit $?' rank "${train[@]/#--dp/--tp}"
 # A job that ends by itself: the wrapped ranks' children end with it.
 # shellcheck disable=SC2016
 "$ndmesh" launch --store -n 2 -- bash -c 'sleep 999.'$marker' & exec "$@"' rank "$ndmesh" check --tp 2 \

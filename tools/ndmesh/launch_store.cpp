@@ -166,7 +166,8 @@ void LocalJob::flush_lines(Proc& p, bool all) {
   auto emit = [&](const std::string& line) {
     if (!watch_.empty() && p.matched.empty() && line.starts_with(watch_)) p.matched = line;
     p.last_line = line;
-    std::fprintf(sink_, "%s%s\n", p.tag.c_str(), line.c_str());
+    // A line that already starts with the tag (the coordinator's "[coordinator] ...") keeps one.
+    std::fprintf(sink_, "%s%s\n", line.starts_with(p.tag) ? "" : p.tag.c_str(), line.c_str());
   };
   while ((pos = p.partial.find('\n')) != std::string::npos) {
     emit(p.partial.substr(0, pos));
