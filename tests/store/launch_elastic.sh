@@ -12,7 +12,9 @@
 #  - a rank's exit 2 (bad input) is not restarted;
 #  - --replica-id runs only that replica;
 #  - SIGTERM to the launcher ends every replica (a rank's own child included) with 143;
-#  - bad flag combinations get one-line errors naming the flag; --print-cluster-commands.
+#  - bad flag combinations get one-line errors naming the flag; --print-cluster-commands;
+#  - with the coordinator started by the launcher (the real one): a failure when fewer than
+#    --min-replicas replicas are left to take part ends the job, the coordinator included.
 #   launch_elastic.sh <ndmesh>
 set -uo pipefail
 ndmesh=$1
@@ -37,7 +39,7 @@ env | grep -E '^(NDMESH_COORDINATOR|NDMESH_REPLICA_ID|RANK|WORLD_SIZE|MASTER_POR
 echo "replica $NDMESH_REPLICA_ID rank $RANK up"
 if [ "$NDMESH_REPLICA_ID" = "${DIE_REPLICA:--}" ] && [ "$TORCHELASTIC_RESTART_COUNT" -le "${DIE_UNTIL:-0}" ]; then
   if [ "$RANK" = 1 ]; then
-    sleep 0.5
+    sleep "${DIE_AFTER:-0.5}"
     [ -n "${DIE_STATUS:-}" ] && exit "$DIE_STATUS"
     kill -9 $$
   fi
@@ -180,4 +182,23 @@ for r in 0 1 2; do
     <<< "$out" || fail "no launcher command for replica $r: $out"
 done
 echo "ok: --print-cluster-commands"
+
+# 8. With the coordinator started here (--min-replicas 2 of 2): replica 0 finishes, then a
+# rank of replica 1 dies: fewer than 2 replicas could take part, so no restart; the
+# coordinator ends with the job.
+mkdir "$tmp/f"
+DIE_REPLICA=1 DIE_UNTIL=5 DIE_AFTER=2 SLEEP=0 "$ndmesh" launch --elastic --replicas 2 --max-restarts 3 -n 2 \
+  -- "$tmp/replica.sh" "$tmp/f" > "$tmp/f.out" 2>&1
+rc=$?
+[ $rc -eq 137 ] || fail "fewer than M: exit $rc, expected 137: $(cat "$tmp/f.out")"
+[ "$(tail -n 1 "$tmp/f.out")" = "ndmesh: [launch] replica 1 rank 1 exited with status 137 (SIGKILL); 1 replica finished, so fewer than --min-replicas 2 can take part: the job ends" ] ||
+  fail "fewer than M: last line: $(tail -n 1 "$tmp/f.out")"
+[ ! -e "$tmp/f/start.1.1.1" ] || fail "fewer than M: replica 1 was restarted"
+port=$(sed -n 's/^\[coordinator\] coordinator listening on 127.0.0.1:\([0-9]*\)$/\1/p' "$tmp/f.out")
+[ -n "$port" ] || fail "fewer than M: no coordinator line: $(cat "$tmp/f.out")"
+python3 -c "import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);
+s.bind(('127.0.0.1', $port)); s.listen()" || fail "fewer than M: the coordinator's port $port is not free"
+sleep 0.2
+left > /dev/null && fail "fewer than M: processes remain: $(ps -o pid,args -p "$(left | paste -sd,)")"
+echo "ok: fewer than --min-replicas left: no restart, the job ends; the coordinator started here ended"
 echo PASS
