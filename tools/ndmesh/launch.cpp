@@ -102,40 +102,46 @@ int run_elastic(const LaunchOptions& o, const std::vector<std::string>& extra,
                 const std::vector<std::string>& program, double grace) {
   const std::string example = fmt::format(
       "e.g. ndmesh launch --elastic --replicas 3 --max-restarts 2 -n {} -- ndmesh train --tp {}", o.n, o.n);
-  NDMESH_CHECK_CONFIG(o.elastic, "launch", "--print-cluster-commands shows an elastic job's commands; add --elastic, {}",
-                      example);
-  NDMESH_CHECK_CONFIG(o.replicas_opt->count() > 0, "launch",
-                      "--elastic needs --replicas R, the number of data-parallel replicas of -n {} ranks each; {}",
-                      o.n, example);
+  NDMESH_CHECK_CONFIG(o.elastic, "launch",
+                      "--print-cluster-commands shows an elastic job's commands; add --elastic, {}", example);
+  NDMESH_CHECK_CONFIG(
+      o.replicas_opt->count() > 0, "launch",
+      "--elastic needs --replicas R, the number of data-parallel replicas of -n {} ranks each; {}", o.n,
+      example);
   NDMESH_CHECK_CONFIG(o.replicas >= 1 && o.replicas <= 4096, "launch",
                       "--replicas {} must be between 1 and 4096; {}", o.replicas, example);
   NDMESH_CHECK_CONFIG(o.max_restarts >= 0 && o.max_restarts <= 1000000, "launch",
-                      "--max-restarts {} must be between 0 (no restart) and 1000000; {}", o.max_restarts, example);
-  NDMESH_CHECK_CONFIG(extra.empty() && o.mpirun_opt->count() == 0 && !o.dry_run, "launch",
-                      "--elastic starts each replica's ranks itself (as --store does), so it takes no {}; drop it",
-                      o.dry_run ? "--dry-run (--print-cluster-commands shows the commands)"
-                      : !extra.empty() ? fmt::format("mpirun options ({})", fmt::join(extra, " "))
-                                       : fmt::format("--mpirun {}", o.mpirun));
+                      "--max-restarts {} must be between 0 (no restart) and 1000000; {}", o.max_restarts,
+                      example);
+  NDMESH_CHECK_CONFIG(
+      extra.empty() && o.mpirun_opt->count() == 0 && !o.dry_run, "launch",
+      "--elastic starts each replica's ranks itself (as --store does), so it takes no {}; drop it",
+      o.dry_run        ? "--dry-run (--print-cluster-commands shows the commands)"
+      : !extra.empty() ? fmt::format("mpirun options ({})", fmt::join(extra, " "))
+                       : fmt::format("--mpirun {}", o.mpirun));
   const std::string dp = dp_flag(program);
-  NDMESH_CHECK_CONFIG(dp.empty() || dp == "1", "launch",
-                      "the program's --dp {}: with --elastic dp is 1 inside a replica and the replicas are the "
-                      "data-parallel dimension; drop --dp and set --replicas (now {})",
-                      dp, o.replicas);
+  NDMESH_CHECK_CONFIG(
+      dp.empty() || dp == "1", "launch",
+      "the program's --dp {}: with --elastic dp is 1 inside a replica and the replicas are the "
+      "data-parallel dimension; drop --dp and set --replicas (now {})",
+      dp, o.replicas);
   const bool external = o.coordinator_opt->count() > 0;
   if (external) {
     const auto colon = o.coordinator.rfind(':');
     const std::string port = colon == std::string::npos ? "" : o.coordinator.substr(colon + 1);
-    NDMESH_CHECK_CONFIG(colon != std::string::npos && colon > 0 && !port.empty() && port.size() <= 5 &&
-                            port.find_first_not_of("0123456789") == std::string::npos && std::stoi(port) >= 1 &&
-                            std::stoi(port) <= 65535,
-                        "launch",
-                        "--coordinator {} is not HOST:PORT (a port 1-65535); give the address the coordinator "
-                        "printed, e.g. --coordinator 10.0.0.1:29400",
-                        o.coordinator);
-    NDMESH_CHECK_CONFIG(o.min_replicas_opt->count() == 0 || o.cluster_commands, "launch",
-                        "--min-replicas {} is for the coordinator this launcher starts; with --coordinator {} give it "
-                        "to that coordinator (ndmesh coordinator --min-replicas {}) and drop it here",
-                        o.min_replicas, o.coordinator, o.min_replicas);
+    NDMESH_CHECK_CONFIG(
+        colon != std::string::npos && colon > 0 && !port.empty() && port.size() <= 5 &&
+            port.find_first_not_of("0123456789") == std::string::npos && std::stoi(port) >= 1 &&
+            std::stoi(port) <= 65535,
+        "launch",
+        "--coordinator {} is not HOST:PORT (a port 1-65535); give the address the coordinator "
+        "printed, e.g. --coordinator 10.0.0.1:29400",
+        o.coordinator);
+    NDMESH_CHECK_CONFIG(
+        o.min_replicas_opt->count() == 0 || o.cluster_commands, "launch",
+        "--min-replicas {} is for the coordinator this launcher starts; with --coordinator {} give it "
+        "to that coordinator (ndmesh coordinator --min-replicas {}) and drop it here",
+        o.min_replicas, o.coordinator, o.min_replicas);
   }
   if (o.replica_id_opt->count() > 0) {
     NDMESH_CHECK_CONFIG(external, "launch",
@@ -152,8 +158,8 @@ int run_elastic(const LaunchOptions& o, const std::vector<std::string>& extra,
   const std::int64_t min_replicas =
       o.min_replicas_opt->count() > 0 ? o.min_replicas : default_min_replicas(o.replicas);
   NDMESH_CHECK_CONFIG(min_replicas >= 1 && min_replicas <= o.replicas, "launch",
-                      "--min-replicas {} must be between 1 and --replicas {} (default {}, a majority)", min_replicas,
-                      o.replicas, default_min_replicas(o.replicas));
+                      "--min-replicas {} must be between 1 and --replicas {} (default {}, a majority)",
+                      min_replicas, o.replicas, default_min_replicas(o.replicas));
   ElasticOptions e;
   e.n = o.n;
   e.replicas = o.replicas;
@@ -194,10 +200,11 @@ int run(const LaunchOptions& o) {
   if (o.elastic || o.cluster_commands) return run_elastic(o, extra, program, grace);
   for (const CLI::Option* given : {o.replicas_opt, o.max_restarts_opt, o.min_replicas_opt, o.replica_id_opt,
                                    o.coordinator_opt, o.cluster_opt})
-    NDMESH_CHECK_CONFIG(given->count() == 0, "launch",
-                        "{} belongs to an elastic launch; add --elastic, e.g. ndmesh launch --elastic --replicas 3 "
-                        "--max-restarts 2 -n {} -- prog",
-                        given->get_name(), o.n);
+    NDMESH_CHECK_CONFIG(
+        given->count() == 0, "launch",
+        "{} belongs to an elastic launch; add --elastic, e.g. ndmesh launch --elastic --replicas 3 "
+        "--max-restarts 2 -n {} -- prog",
+        given->get_name(), o.n);
   if (o.store) {
     NDMESH_CHECK_CONFIG(extra.empty(), "launch",
                         "--store starts the ranks itself: mpirun options ({}) do not apply",
@@ -262,29 +269,35 @@ Action setup(CLI::App& app) {
   app.add_flag("--elastic", o->elastic,
                "elastic data parallelism: --replicas jobs of -n ranks each (started as --store does), a "
                "coordinator, and a failed replica restarted while the others train on");
-  o->replicas_opt = app.add_option("--replicas", o->replicas, "--elastic: the number of data-parallel replicas R")
-                        ->group("Elastic");
+  o->replicas_opt =
+      app.add_option("--replicas", o->replicas, "--elastic: the number of data-parallel replicas R")
+          ->group("Elastic");
   o->max_restarts_opt =
-      app.add_option("--max-restarts", o->max_restarts,
-                     "--elastic: how often each replica may be restarted (default 0); one more failure ends the job")
+      app.add_option(
+             "--max-restarts", o->max_restarts,
+             "--elastic: how often each replica may be restarted (default 0); one more failure ends the job")
           ->group("Elastic");
   o->min_replicas_opt =
-      app.add_option("--min-replicas", o->min_replicas,
-                     "--elastic: the fewest replicas that may commit a step (default R/2+1, a majority); given to "
-                     "the coordinator started here")
+      app.add_option(
+             "--min-replicas", o->min_replicas,
+             "--elastic: the fewest replicas that may commit a step (default R/2+1, a majority); given to "
+             "the coordinator started here")
           ->group("Elastic");
   o->coordinator_opt =
-      app.add_option("--coordinator", o->coordinator,
-                     "--elastic: HOST:PORT of a coordinator started elsewhere (ndmesh coordinator) instead of one "
-                     "started here")
+      app.add_option(
+             "--coordinator", o->coordinator,
+             "--elastic: HOST:PORT of a coordinator started elsewhere (ndmesh coordinator) instead of one "
+             "started here")
           ->group("Elastic");
-  o->replica_id_opt = app.add_option("--replica-id", o->replica_id,
-                                     "--elastic with --coordinator: run only this replica (one launcher per node)")
-                          ->group("Elastic");
-  o->cluster_opt = app.add_flag("--print-cluster-commands", o->cluster_commands,
-                                "--elastic: print the coordinator's and each replica's launcher command for a "
-                                "cluster instead of running")
-                       ->group("Elastic");
+  o->replica_id_opt =
+      app.add_option("--replica-id", o->replica_id,
+                     "--elastic with --coordinator: run only this replica (one launcher per node)")
+          ->group("Elastic");
+  o->cluster_opt =
+      app.add_flag("--print-cluster-commands", o->cluster_commands,
+                   "--elastic: print the coordinator's and each replica's launcher command for a "
+                   "cluster instead of running")
+          ->group("Elastic");
   app.add_option("args", o->rest, "[-- mpirun options] -- program and its arguments");
   app.footer(
       "Examples:\n"
@@ -294,7 +307,8 @@ Action setup(CLI::App& app) {
       "  ndmesh launch --elastic --replicas 3 --max-restarts 2 -n 2 -- ndmesh train --tp 2\n"
       "      (3 replicas of tp 2 and their coordinator; a replica whose rank fails is restarted, up to\n"
       "      2 times each, while the others train on; output lines tagged [rREPLICA.RANK])\n"
-      "  ndmesh launch --elastic --replicas 3 --max-restarts 2 -n 2 --print-cluster-commands -- ndmesh train --tp 2\n"
+      "  ndmesh launch --elastic --replicas 3 --max-restarts 2 -n 2 --print-cluster-commands -- ndmesh train "
+      "--tp 2\n"
       "      (the coordinator's command and one launcher command per replica, for a cluster)\n"
       "On a cluster use the scheduler instead: srun --mpi=pmix -n 64 ndmesh check --tp 8 --dp 8");
   return [o] { return run(*o); };
