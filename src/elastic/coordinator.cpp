@@ -26,7 +26,8 @@ namespace {
 PersistedState load_state(const std::string& path) {
   if (path.empty() || !std::filesystem::exists(path)) return {};
   std::ifstream in(path);
-  NDMESH_CHECK_CONFIG(in.good(), "coordinator", "--state-file={}: cannot read it; check its permissions", path);
+  NDMESH_CHECK_CONFIG(in.good(), "coordinator", "--state-file={}: cannot read it; check its permissions",
+                      path);
   std::stringstream text;
   text << in.rdbuf();
   try {
@@ -109,8 +110,9 @@ void run_coordinator(const CoordinatorOptions& o, const std::atomic<bool>& stop,
       store.set("latest", std::to_string(g.id));
       std::vector<std::string> who;
       for (const Member& m : g.members) who.push_back(fmt::format("{}@{}", m.replica, m.step));
-      log::info("[coordinator] generation {}: replicas {} from step {}{}", g.id, fmt::join(who, ","), g.step + 1,
-                g.heal ? fmt::format(" (behind replicas heal from replica {})", g.members[g.root].replica) : "");
+      log::info(
+          "[coordinator] generation {}: replicas {} from step {}{}", g.id, fmt::join(who, ","), g.step + 1,
+          g.heal ? fmt::format(" (behind replicas heal from replica {})", g.members[g.root].replica) : "");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

@@ -44,7 +44,8 @@ Generation Generation::decode(const std::string& text) {
     char c1 = 0, c2 = 0;
     std::istringstream one(item);
     one >> x.replica >> c1 >> x.incarnation >> c2 >> x.step;
-    NDMESH_CHECK(!one.fail() && c1 == ':' && c2 == ':', "elastic", "malformed member '{}' in '{}'", item, text);
+    NDMESH_CHECK(!one.fail() && c1 == ':' && c2 == ':', "elastic", "malformed member '{}' in '{}'", item,
+                 text);
     g.members.push_back(x);
   }
   NDMESH_CHECK(g.root >= 0 && g.root < static_cast<int>(g.members.size()), "elastic",
@@ -83,8 +84,9 @@ PersistedState PersistedState::from_json(const std::string& text) {
     fail<ConfigError>("elastic", "the coordinator's state is not valid ({}); remove the file to start afresh",
                       e.what());
   }
-  NDMESH_CHECK_CONFIG(s.generation >= 0 && s.committed >= 0, "elastic",
-                      "the coordinator's state has a negative generation or step; remove the file to start afresh");
+  NDMESH_CHECK_CONFIG(
+      s.generation >= 0 && s.committed >= 0, "elastic",
+      "the coordinator's state has a negative generation or step; remove the file to start afresh");
   return s;
 }
 

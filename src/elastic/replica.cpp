@@ -37,7 +37,8 @@ using Clock = std::chrono::steady_clock;
 // Gloo's rendezvous over the coordinator's store: waits poll, bounded by a deadline.
 class StoreAdapter final : public ::gloo::rendezvous::Store {
  public:
-  StoreAdapter(launch::Store store, Clock::time_point deadline) : store_(std::move(store)), deadline_(deadline) {}
+  StoreAdapter(launch::Store store, Clock::time_point deadline)
+      : store_(std::move(store)), deadline_(deadline) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     store_.set(key, std::string(data.begin(), data.end()));
   }
@@ -49,7 +50,8 @@ class StoreAdapter final : public ::gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys) override {
     while (!store_.check(keys)) {
       if (Clock::now() > deadline_)
-        fail<>("elastic", "the replicas of this generation did not all meet at the store in time (keys {}...)",
+        fail<>("elastic",
+               "the replicas of this generation did not all meet at the store in time (keys {}...)",
                keys.front());
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
@@ -67,8 +69,8 @@ std::string local_address(const std::string& host) {
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* res = nullptr;
   if (::getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr)
-    fail<ConfigError>("elastic", "NDMESH_COORDINATOR host '{}' does not resolve; set it to the coordinator's host",
-                      host);
+    fail<ConfigError>(
+        "elastic", "NDMESH_COORDINATOR host '{}' does not resolve; set it to the coordinator's host", host);
   std::string out;
   int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
@@ -98,10 +100,13 @@ std::shared_ptr<::gloo::transport::Device>& device_for(const std::string& host) 
   return device;
 }
 
-std::chrono::milliseconds ms(double s) { return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000)); }
+std::chrono::milliseconds ms(double s) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000));
+}
 
 template <typename T>
-void gloo_sum(const std::shared_ptr<::gloo::rendezvous::Context>& ctx, T* data, std::size_t n, double timeout_s) {
+void gloo_sum(const std::shared_ptr<::gloo::rendezvous::Context>& ctx, T* data, std::size_t n,
+              double timeout_s) {
   if (n == 0) return;
   ::gloo::AllreduceOptions o(ctx);
   o.setOutput(data, n);
@@ -164,12 +169,15 @@ std::pair<std::string, int> parse_address(const std::string& text, std::string_v
     }
   }
   if (port <= 0 || port > 65535)
-    fail<ConfigError>("elastic", "{}={} is not HOST:PORT; pass the address 'ndmesh coordinator' printed, e.g. "
-                      "127.0.0.1:29400", what, text);
+    fail<ConfigError>("elastic",
+                      "{}={} is not HOST:PORT; pass the address 'ndmesh coordinator' printed, e.g. "
+                      "127.0.0.1:29400",
+                      what, text);
   return {text.substr(0, colon), port};
 }
 
-ElasticReplica::ElasticReplica(ReplicaOptions options, parallel::Trainer& trainer, const comm::Communicator& world)
+ElasticReplica::ElasticReplica(ReplicaOptions options, parallel::Trainer& trainer,
+                               const comm::Communicator& world)
     : options_(std::move(options)), trainer_(trainer), world_(world), leader_(world.rank() == 0) {
   const KillPoint k = parse_kill(env::string("NDMESH_TEST_ELASTIC_KILL", ""));
   kill_ = k.point.empty() ? "" : env::string("NDMESH_TEST_ELASTIC_KILL", "");
@@ -222,9 +230,10 @@ launch::Store ElasticReplica::connect_or_stop() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  world_.abort_job(1, "elastic",
-                   fmt::format("the coordinator at {}:{} is gone (no answer for {:g} s: {}); replica {} stops",
-                               options_.host, options_.port, options_.reconnect_s, why, options_.replica));
+  world_.abort_job(
+      1, "elastic",
+      fmt::format("the coordinator at {}:{} is gone (no answer for {:g} s: {}); replica {} stops",
+                  options_.host, options_.port, options_.reconnect_s, why, options_.replica));
 }
 
 std::string ElasticReplica::share_text(const std::string& text) const {
@@ -282,6 +291,10 @@ bool ElasticReplica::await_membership(std::int64_t from) {
         ++g;
         continue;
       }
+      // A restarted coordinator numbers on from its state: generations before its first
+      // never appear in its store.
+      if (store_.check({"latest"})) g = std::max<std::int64_t>(g, std::stoll(store_.get("latest")));
+      if (store_.check({fmt::format("gen/{}", g)})) continue;
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   });
@@ -331,15 +344,17 @@ void ElasticReplica::heal() {
   }
   std::int64_t counters[2] = {trainer_.steps_done(), opt.steps()};
   gloo_broadcast(ctx_->ctx, counters, 2, gen_.root, t);
-  NDMESH_CHECK(counters[0] == gen_.step, "elastic", "the donor holds step {} but generation {} starts at step {}",
-               counters[0], gen_.id, gen_.step);
+  NDMESH_CHECK(counters[0] == gen_.step, "elastic",
+               "the donor holds step {} but generation {} starts at step {}", counters[0], gen_.id,
+               gen_.step);
   if (position_ != gen_.root) trainer_.set_progress(counters[0], counters[1]);
 }
 
 void ElasticReplica::maybe_kill(std::string_view point) const {
   if (kill_.empty()) return;
   const KillPoint k = parse_kill(kill_);
-  if (k.replica == options_.replica && k.rank == world_.rank() && k.step == attempt_step_ + 1 && k.point == point) {
+  if (k.replica == options_.replica && k.rank == world_.rank() && k.step == attempt_step_ + 1 &&
+      k.point == point) {
     fmt::print(stderr, "ndmesh: [elastic] test: replica {} rank {} kills itself at step {} ({})\n", k.replica,
                k.rank, k.step, point);
     std::fflush(stderr);
@@ -396,10 +411,11 @@ CommittedStep ElasticReplica::step() {
       const std::int64_t base = m / l, extra = m % l, i = position_;
       const std::int64_t count = base + (i < extra ? 1 : 0), first = i * base + std::min(i, extra);
       if (count == 0)
-        world_.abort_job(2, "elastic",
-                         fmt::format("the global batch has {} micro-batches (--batch / --micro-batch), fewer than the "
-                                     "{} live replicas; raise --batch or lower --micro-batch",
-                                     m, l));
+        world_.abort_job(
+            2, "elastic",
+            fmt::format("the global batch has {} micro-batches (--batch / --micro-batch), fewer than the "
+                        "{} live replicas; raise --batch or lower --micro-batch",
+                        m, l));
       NDMESH_CHECK(trainer_.steps_done() == attempt_step_, "elastic",
                    "replica {} holds step {} but generation {} computes step {}", options_.replica,
                    trainer_.steps_done(), gen_.id, attempt_step_ + 1);

@@ -112,7 +112,7 @@ class Quorum {
   PersistedState state_;
   std::map<int, Replica> replicas_;
   std::optional<Generation> current_;
-  bool forming_ = true;  // the next generation is to be formed (no attempt running)
+  bool forming_ = true;        // the next generation is to be formed (no attempt running)
   std::map<int, bool> votes_;  // of the running attempt, by replica
   std::optional<double> first_failure_;
 };

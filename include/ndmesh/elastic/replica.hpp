@@ -48,7 +48,7 @@ struct ReplicaOptions {
 struct CommittedStep {
   parallel::StepStats stats;
   std::int64_t generation = 0;
-  int replicas = 0;          ///< live replicas that computed it
+  int replicas = 0;              ///< live replicas that computed it
   std::uint64_t param_hash = 0;  ///< of every rank's parameters after the update, in rank order
   bool first_member = false;     ///< this replica is the generation's first (it writes checkpoints)
   bool finished = false;         ///< nothing computed: the other replicas finished the run
@@ -100,7 +100,7 @@ class ElasticReplica {
   bool finished_ = false;          // the other replicas finished the run
   bool failed_ = false;            // the running attempt failed on this rank ...
   std::string why_;                // ... for this reason
-  bool healed_ = false;  // in gen_
+  bool healed_ = false;            // in gen_
   std::unique_ptr<Context> ctx_;
   std::int64_t ctx_generation_ = -1;
   std::atomic<bool> stop_{false};
