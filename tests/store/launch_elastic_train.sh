@@ -6,15 +6,19 @@
 # 0; the committed steps are 1..8 with no gap and no repeat, the replicas agree on each
 # step's loss, gradient norm and parameter hash, and the losses and gradient norms equal the
 # serial run's (compare_runs.sh); afterwards no process of the job is left and the
-# coordinator's port is free. Then the coordinator is killed mid-training: the launcher ends
-# every replica within seconds, with one line naming it.
+# coordinator's port is free. The same job as on a cluster: a coordinator started by hand
+# and the launcher commands --print-cluster-commands prints (one per replica, --replica-id),
+# a replica killed and restarted by its own launcher. Then the coordinator is killed
+# mid-training: the launcher ends every replica within seconds, with one line naming it.
 #   launch_elastic_train.sh <ndmesh>
 set -uo pipefail
 ndmesh=$1
 fail() { echo "FAIL: $*" >&2; exit 1; }
 tmp=$(mktemp -d)
 marker=4343
-trap 'pkill -9 -f -- "--seed $marker" 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
+coordinator=""
+trap 'pkill -9 -f -- "--seed $marker" 2>/dev/null; [ -z "$coordinator" ] || kill -9 "$coordinator" 2>/dev/null
+  [ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
 source "$(dirname "$0")/../support/compare_runs.sh"
 steps=8
 model=(--layers 2 --hidden 32 --heads 4 --kv-heads 2 --seq 16 --markov-vocab 16 --threads 1 --eval-batches 0
@@ -68,6 +72,47 @@ python3 -c "import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, so
 s.bind(('127.0.0.1', $port)); s.listen()" || fail "the coordinator's port $port is not free"
 echo "ok: a replica killed at step 3 was restarted and rejoined; every committed step equals the serial run's"
 
+# As on a cluster: a coordinator started by hand, and the launcher commands that
+# --print-cluster-commands prints, one per replica (`--replica-id r`), run as printed (with
+# this ndmesh first on PATH). Replica 2's rank 0 dies at step 4 once; its own launcher
+# restarts it; every launcher exits 0 and the steps equal the serial run's.
+"$ndmesh" coordinator --port 0 --min-replicas 3 > "$tmp/coord.out" 2>&1 &
+coordinator=$!
+for _ in $(seq 1 300); do grep -q 'listening' "$tmp/coord.out" && break; sleep 0.1; done
+address=$(sed -n 's/^coordinator listening on \(.*\)$/\1/p' "$tmp/coord.out")
+[ -n "$address" ] || fail "the coordinator printed no address: $(cat "$tmp/coord.out")"
+"$ndmesh" launch --elastic --replicas 3 --max-restarts 1 -n 2 --coordinator "$address" --print-cluster-commands \
+  -- bash -c "$once" rank ndmesh train "${model[@]}" --steps $steps --tp 2 > "$tmp/commands" ||
+  fail "--print-cluster-commands: $(cat "$tmp/commands")"
+[ "$(grep -c '^ndmesh launch --elastic' "$tmp/commands")" -eq 3 ] || fail "not 3 launchers: $(cat "$tmp/commands")"
+pids=()
+r=0
+while IFS= read -r line; do
+  PATH="$(dirname "$ndmesh"):$PATH" NDMESH_TEST_ELASTIC_KILL=2:0:4:reduce bash -c "$line" > "$tmp/node$r.out" \
+    2> "$tmp/node$r.err" &
+  pids+=($!)
+  r=$((r + 1))
+done < <(grep '^ndmesh launch --elastic' "$tmp/commands")
+for r in 0 1 2; do
+  wait "${pids[$r]}" || fail "the launcher of replica $r exited $?: $(tail -n 5 "$tmp/node$r.err")"
+done
+kill -TERM $coordinator
+wait $coordinator || fail "the coordinator did not exit 0 on SIGTERM"
+coordinator=""
+grep -q 'replica 2 rank 0 exited with status 137 (SIGKILL); ending its ranks to start it again (restart 1 of 1)' \
+  "$tmp/node2.err" || fail "replica 2 was not restarted by its launcher: $(cat "$tmp/node2.err")"
+cat "$tmp"/node*.out | sed -n 's/^\[r[0-9]*\.0\] \({"elastic_step".*\)$/\1/p' |
+  jq -s -c 'group_by(.elastic_step) | {disagree: map(map([.loss, .grad_norm, .param_hash]) | unique
+  | select(length > 1)), steps: map(.[0].elastic_step), losses: map(.[0].loss), grad_norms: map(.[0].grad_norm)}' \
+  > "$tmp/cluster.json"
+[ "$(jq -c .disagree "$tmp/cluster.json")" = "[]" ] ||
+  fail "one launcher per replica: replicas disagree: $(jq -c .disagree "$tmp/cluster.json")"
+[ "$(jq -c .steps "$tmp/cluster.json")" = "[$(seq -s, 1 $steps)]" ] ||
+  fail "one launcher per replica: the committed steps are $(jq -c .steps "$tmp/cluster.json")"
+expect_same "one launcher per replica (--replica-id), replica 2 killed at step 4" "$tmp/serial.json" \
+  "$tmp/cluster.json"
+echo "ok: the printed cluster commands run the job: a killed replica restarted by its own launcher"
+
 # The coordinator dies (SIGKILL) mid-training: the launcher ends every replica at once, with
 # one line naming the coordinator, and leaves nothing.
 : > "$tmp/out"
@@ -79,9 +124,9 @@ for _ in $(seq 1 600); do
   kill -0 $job 2> /dev/null || fail "the job ended early: $(tail -n 5 "$tmp/err")"
   sleep 0.1
 done
-coordinator=$(pgrep -P $job -f ' coordinator --port 0 ')
-[ -n "$coordinator" ] || fail "no coordinator child of the launcher: $(ps -o pid,args --ppid $job)"
-kill -9 "$coordinator"
+child=$(pgrep -P $job -f ' coordinator --port 0 ')
+[ -n "$child" ] || fail "no coordinator child of the launcher: $(ps -o pid,args --ppid $job)"
+kill -9 "$child"
 start=$(date +%s.%N)
 wait $job
 rc=$?
