@@ -170,6 +170,8 @@ bad "--replica-id 2 is not one of the replicas 0..1" --elastic --replicas 2 -n 2
 bad "--min-replicas 2 is for the coordinator this launcher starts" --elastic --replicas 2 -n 2 --min-replicas 2 \
   --coordinator $coord -- true
 bad "-n 0 must be at least 1" --elastic --replicas 2 -n 0 -- true
+bad "--print-cluster-commands shows an elastic job's commands; add --elastic" --print-cluster-commands -n 2 -- true
+bad "takes no --mpirun mpiexec" --elastic --replicas 2 -n 2 --mpirun mpiexec -- true
 echo "ok: bad flag combinations get one line each"
 
 # 7. --print-cluster-commands: the coordinator, then one launcher per replica.
