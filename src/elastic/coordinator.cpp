@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -61,7 +62,19 @@ void run_coordinator(const CoordinatorOptions& o, const std::atomic<bool>& stop,
   if (q.state().generation > 0)
     log::info("[coordinator] resumed from {}: generation {}, {} committed steps, replicas heard from {}",
               o.state_file, q.state().generation, q.state().committed, fmt::join(q.state().heard, ","));
-  launch::StoreServer server(o.host, o.port, "--port");
+  std::unique_ptr<launch::StoreServer> served;
+  try {
+    served = std::make_unique<launch::StoreServer>(o.host, o.port, "--port");
+  } catch (const ConfigError& e) {
+    // The store names its launch variable; the coordinator's is --host.
+    if (std::string(e.what()).find("MASTER_ADDR") == std::string::npos) throw;
+    fail<ConfigError>(
+        "coordinator",
+        "--host={} is not an address of this host (or does not resolve); pass one of its addresses "
+        "or names, e.g. 127.0.0.1 (this machine only) or the name other nodes reach it by",
+        o.host);
+  }
+  const launch::StoreServer& server = *served;
   const launch::Store store = launch::Store::connect(o.host, server.port(), 30).prefixed("elastic/");
   listening(o.host, server.port());
 

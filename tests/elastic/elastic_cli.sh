@@ -26,6 +26,8 @@ expect() {
 
 expect 2 "--min-replicas=0" "$ndmesh" coordinator --port 0 --min-replicas 0
 expect 2 "--port=70000" "$ndmesh" coordinator --port 70000 --min-replicas 1
+expect 2 "--host=10.255.255.254 is not an address of this host" "$ndmesh" coordinator --port 0 --min-replicas 1 \
+  --host 10.255.255.254
 echo '{"generation": "x"' > "$tmp/bad.json"
 expect 2 "--state-file=$tmp/bad.json" "$ndmesh" coordinator --port 0 --min-replicas 1 --state-file "$tmp/bad.json"
 

@@ -378,7 +378,9 @@ int train(Options o, comm::Communicator& world) {
 #endif
   std::vector<std::string> param_hashes;    // elastic: after each committed step
   std::vector<std::int64_t> elastic_steps;  // elastic: the committed steps this replica computed
-  bool write_checkpoint = true;             // elastic: the first member of the last generation writes
+  // Elastic: only the first member of the generation of the last committed step writes
+  // checkpoints, and only committed state (a replica that committed nothing writes none).
+  bool write_checkpoint = o.coordinator.empty();
   const std::int64_t first = trainer.steps_done();
   const std::int64_t stop = o.until > 0 ? o.until : o.steps;
   if (first >= stop)
@@ -438,7 +440,10 @@ int train(Options o, comm::Communicator& world) {
 #ifdef NDMESH_HAVE_ELASTIC
     if (replica) {
       const elastic::CommittedStep c = replica->step();
-      if (c.finished) break;
+      if (c.finished) {  // the others committed the last step while this one waited to join
+        write_checkpoint = false;
+        break;
+      }
       s = c.stats;
       write_checkpoint = c.first_member;
       param_hashes.push_back(fmt::format("{:016x}", c.param_hash));
