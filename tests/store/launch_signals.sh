@@ -4,8 +4,9 @@
 # SIGTERM gets SIGKILL after the grace period (NDMESH_TIMEOUT_S / 4, here 2 s); a rank
 # started through `bash -c` with a child of its own in the background leaves no process,
 # whether the job is signalled or ends by itself. Afterwards no process of the job remains
-# and the store's port can be listened on again. Also `ndmesh launch` (mpirun) passes on a
-# SIGINT sent to it alone.
+# and the store's port can be listened on again. The same for `ndmesh launch --elastic`
+# (every replica and the coordinator end, its port is free too). Also `ndmesh launch`
+# (mpirun) passes on a SIGINT sent to it alone.
 #   launch_signals.sh <ndmesh>
 set -uo pipefail
 ndmesh=$1
@@ -22,6 +23,7 @@ left() { pgrep -f -- "--seed $marker|sleep 999.$marker"; }
 run_and_signal() {
   local label=$1 sig=$2 want=$3 limit=$4 job port start rc elapsed rank_pid
   shift 4
+  : > "$tmp/out.txt"  # emptied here: the job's own redirection may come after the first grep below
   "$@" > "$tmp/out.txt" 2>&1 &
   job=$!
   for _ in $(seq 1 600); do
@@ -47,9 +49,17 @@ run_and_signal() {
   left > /dev/null && fail "$label: processes of the job remain: $(ps -o pid,pgid,args -p "$(left | paste -sd,)")"
   [[ "$label" == *mpirun* ]] && { echo "ok: $label: exit $rc ${elapsed} s after SIG$sig, nothing left"; return; }
   [ -n "$port" ] || fail "$label: no MASTER_PORT in the rank's environment"
-  python3 -c "import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);
-s.bind(('127.0.0.1', $port)); s.listen()" || fail "$label: the store's port $port is not free"
+  free "$port" || fail "$label: the store's port $port is not free"
+  # An elastic launch's coordinator: its port is free too (it ended).
+  coord=$(sed -n 's/^\[coordinator\] coordinator listening on 127.0.0.1:\([0-9]*\)$/\1/p' "$tmp/out.txt")
+  [[ "$label" != *elastic* ]] || [ -n "$coord" ] || fail "$label: no coordinator line: $(head -n 3 "$tmp/out.txt")"
+  [ -z "$coord" ] || free "$coord" || fail "$label: the coordinator's port $coord is not free"
+  [ -z "$coord" ] || port="$port and the coordinator's $coord"
   echo "ok: $label: exit $rc ${elapsed} s after SIG$sig, nothing left, port $port free"
+}
+free() {
+  python3 -c "import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);
+s.bind(('127.0.0.1', $1)); s.listen()"
 }
 
 launch=("$ndmesh" launch --store -n 2 --)
@@ -61,6 +71,13 @@ run_and_signal "a rank ignoring SIGTERM" TERM 143 6 "${launch[@]}" bash -c 'trap
 # shellcheck disable=SC2016
 run_and_signal "ranks wrapped in bash -c with a child" TERM 143 5 "${launch[@]}" \
   bash -c 'sleep 999.'$marker' & "$@"; exit $?' rank "${train[@]}"
+# --elastic: the coordinator and every replica end (2 replicas of tp 2; then every rank
+# wrapped, with a child of its own).
+elastic=("$ndmesh" launch --elastic --replicas 2 --max-restarts 3 -n 2 --)
+run_and_signal "SIGTERM to the elastic launcher" TERM 143 5 "${elastic[@]}" "${train[@]/#--dp/--tp}"
+# shellcheck disable=SC2016
+run_and_signal "SIGINT to the elastic launcher, ranks wrapped in bash -c with a child" INT 130 5 "${elastic[@]}" \
+  bash -c 'sleep 999.'$marker' & "$@"; exit $?' rank "${train[@]/#--dp/--tp}"
 # A job that ends by itself: the wrapped ranks' children end with it.
 # shellcheck disable=SC2016
 "$ndmesh" launch --store -n 2 -- bash -c 'sleep 999.'$marker' & exec "$@"' rank "$ndmesh" check --tp 2 \

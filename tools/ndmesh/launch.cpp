@@ -22,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "launch_elastic.hpp"
 #include "launch_store.hpp"
 #include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
@@ -38,6 +39,14 @@ struct LaunchOptions {
   bool no_tag = false;
   bool store = false;
   std::vector<std::string> rest;  // [mpirun options --] prog args
+  // --elastic (launch_elastic.hpp); the options record whether they were given.
+  bool elastic = false;
+  bool cluster_commands = false;
+  std::int64_t replicas = 0, max_restarts = 0, min_replicas = 0, replica_id = -1;
+  std::string coordinator;
+  CLI::Option *replicas_opt = nullptr, *max_restarts_opt = nullptr, *min_replicas_opt = nullptr,
+              *replica_id_opt = nullptr, *coordinator_opt = nullptr, *mpirun_opt = nullptr,
+              *cluster_opt = nullptr;
 };
 
 // The full path of `name` on PATH (or `name` itself when it holds a '/'), or empty.
@@ -78,6 +87,97 @@ std::string quote(const std::string& s) {
   return out + "'";
 }
 
+// The train command's --dp value (empty when it has none): inside a replica dp is 1.
+std::string dp_flag(const std::vector<std::string>& program) {
+  for (std::size_t i = 0; i < program.size(); ++i) {
+    if (program[i] == "--dp" && i + 1 < program.size()) return program[i + 1];
+    if (program[i].starts_with("--dp=")) return program[i].substr(5);
+  }
+  return "";
+}
+
+// `--elastic` and `--print-cluster-commands`: the flags checked together, then
+// launch_elastic.cpp.
+int run_elastic(const LaunchOptions& o, const std::vector<std::string>& extra,
+                const std::vector<std::string>& program, double grace) {
+  const std::string example = fmt::format(
+      "e.g. ndmesh launch --elastic --replicas 3 --max-restarts 2 -n {} -- ndmesh train --tp {}", o.n, o.n);
+  NDMESH_CHECK_CONFIG(o.elastic, "launch",
+                      "--print-cluster-commands shows an elastic job's commands; add --elastic, {}", example);
+  NDMESH_CHECK_CONFIG(
+      o.replicas_opt->count() > 0, "launch",
+      "--elastic needs --replicas R, the number of data-parallel replicas of -n {} ranks each; {}", o.n,
+      example);
+  NDMESH_CHECK_CONFIG(o.replicas >= 1 && o.replicas <= 4096, "launch",
+                      "--replicas {} must be between 1 and 4096; {}", o.replicas, example);
+  NDMESH_CHECK_CONFIG(o.max_restarts >= 0 && o.max_restarts <= 1000000, "launch",
+                      "--max-restarts {} must be between 0 (no restart) and 1000000; {}", o.max_restarts,
+                      example);
+  NDMESH_CHECK_CONFIG(
+      extra.empty() && o.mpirun_opt->count() == 0 && !o.dry_run, "launch",
+      "--elastic starts each replica's ranks itself (as --store does), so it takes no {}; drop it",
+      o.dry_run        ? "--dry-run (--print-cluster-commands shows the commands)"
+      : !extra.empty() ? fmt::format("mpirun options ({})", fmt::join(extra, " "))
+                       : fmt::format("--mpirun {}", o.mpirun));
+  const std::string dp = dp_flag(program);
+  NDMESH_CHECK_CONFIG(
+      dp.empty() || dp == "1", "launch",
+      "the program's --dp {}: with --elastic dp is 1 inside a replica and the replicas are the "
+      "data-parallel dimension; drop --dp and set --replicas (now {})",
+      dp, o.replicas);
+  const bool external = o.coordinator_opt->count() > 0;
+  if (external) {
+    const auto colon = o.coordinator.rfind(':');
+    const std::string port = colon == std::string::npos ? "" : o.coordinator.substr(colon + 1);
+    NDMESH_CHECK_CONFIG(
+        colon != std::string::npos && colon > 0 && !port.empty() && port.size() <= 5 &&
+            port.find_first_not_of("0123456789") == std::string::npos && std::stoi(port) >= 1 &&
+            std::stoi(port) <= 65535,
+        "launch",
+        "--coordinator {} is not HOST:PORT (a port 1-65535); give the address the coordinator "
+        "printed, e.g. --coordinator 10.0.0.1:29400",
+        o.coordinator);
+    NDMESH_CHECK_CONFIG(
+        o.min_replicas_opt->count() == 0 || o.cluster_commands, "launch",
+        "--min-replicas {} is for the coordinator this launcher starts; with --coordinator {} give it "
+        "to that coordinator (ndmesh coordinator --min-replicas {}) and drop it here",
+        o.min_replicas, o.coordinator, o.min_replicas);
+  }
+  if (o.replica_id_opt->count() > 0) {
+    NDMESH_CHECK_CONFIG(external, "launch",
+                        "--replica-id {} runs one replica of a job whose coordinator runs elsewhere; add "
+                        "--coordinator HOST:PORT (see --print-cluster-commands)",
+                        o.replica_id);
+    NDMESH_CHECK_CONFIG(o.replica_id >= 0 && o.replica_id < o.replicas, "launch",
+                        "--replica-id {} is not one of the replicas 0..{} (--replicas {})", o.replica_id,
+                        o.replicas - 1, o.replicas);
+    NDMESH_CHECK_CONFIG(!o.cluster_commands, "launch",
+                        "--print-cluster-commands prints every replica's command; drop --replica-id {}",
+                        o.replica_id);
+  }
+  const std::int64_t min_replicas =
+      o.min_replicas_opt->count() > 0 ? o.min_replicas : default_min_replicas(o.replicas);
+  NDMESH_CHECK_CONFIG(min_replicas >= 1 && min_replicas <= o.replicas, "launch",
+                      "--min-replicas {} must be between 1 and --replicas {} (default {}, a majority)",
+                      min_replicas, o.replicas, default_min_replicas(o.replicas));
+  ElasticOptions e;
+  e.n = o.n;
+  e.replicas = o.replicas;
+  e.max_restarts = o.max_restarts;
+  e.min_replicas = min_replicas;
+  e.coordinator = o.coordinator;
+  e.replica_id = o.replica_id_opt->count() > 0 ? o.replica_id : -1;
+  e.program = program;
+  e.tag = !o.no_tag;
+  e.grace_s = grace;
+  e.startup_s = env::seconds("NDMESH_INIT_TIMEOUT_S", env::seconds("NDMESH_TIMEOUT_S", 300));
+  if (o.cluster_commands) {
+    print_cluster_commands(e);
+    return 0;
+  }
+  return launch_elastic(e);
+}
+
 int run(const LaunchOptions& o) {
   NDMESH_CHECK_CONFIG(o.n >= 1, "launch", "-n {} must be at least 1; e.g. ndmesh launch -n 4 -- prog", o.n);
   NDMESH_CHECK_CONFIG(o.n <= (std::int64_t{1} << 20), "launch",
@@ -97,6 +197,14 @@ int run(const LaunchOptions& o) {
       o.n);
   // How long the ranks (or mpirun) get to end after SIGTERM before SIGKILL.
   const double grace = std::clamp(env::seconds("NDMESH_TIMEOUT_S", 300) / 4, 1.0, 10.0);
+  if (o.elastic || o.cluster_commands) return run_elastic(o, extra, program, grace);
+  for (const CLI::Option* given : {o.replicas_opt, o.max_restarts_opt, o.min_replicas_opt, o.replica_id_opt,
+                                   o.coordinator_opt, o.cluster_opt})
+    NDMESH_CHECK_CONFIG(
+        given->count() == 0, "launch",
+        "{} belongs to an elastic launch; add --elastic, e.g. ndmesh launch --elastic --replicas 3 "
+        "--max-restarts 2 -n {} -- prog",
+        given->get_name(), o.n);
   if (o.store) {
     NDMESH_CHECK_CONFIG(extra.empty(), "launch",
                         "--store starts the ranks itself: mpirun options ({}) do not apply",
@@ -151,19 +259,57 @@ int run(const LaunchOptions& o) {
 
 Action setup(CLI::App& app) {
   auto o = std::make_shared<LaunchOptions>();
-  app.add_option("-n,--np", o->n, "number of processes")->required();
-  app.add_option("--mpirun", o->mpirun, "the MPI launcher to use (default: mpirun on PATH)");
+  app.add_option("-n,--np", o->n, "number of processes (--elastic: of each replica)")->required();
+  o->mpirun_opt = app.add_option("--mpirun", o->mpirun, "the MPI launcher to use (default: mpirun on PATH)");
   app.add_flag("--dry-run", o->dry_run, "print the mpirun command instead of running it");
   app.add_flag("--no-tag", o->no_tag, "do not prefix output lines with the rank (e.g. to pipe JSON)");
   app.add_flag(
       "--store", o->store,
       "no mpirun: start the ranks with torchrun's variables (a TCP store on 127.0.0.1, the Gloo backend)");
+  app.add_flag("--elastic", o->elastic,
+               "elastic data parallelism: --replicas jobs of -n ranks each (started as --store does), a "
+               "coordinator, and a failed replica restarted while the others train on");
+  o->replicas_opt =
+      app.add_option("--replicas", o->replicas, "--elastic: the number of data-parallel replicas R")
+          ->group("Elastic");
+  o->max_restarts_opt =
+      app.add_option(
+             "--max-restarts", o->max_restarts,
+             "--elastic: how often each replica may be restarted (default 0); one more failure ends the job")
+          ->group("Elastic");
+  o->min_replicas_opt =
+      app.add_option(
+             "--min-replicas", o->min_replicas,
+             "--elastic: the fewest replicas that may commit a step (default R/2+1, a majority); given to "
+             "the coordinator started here")
+          ->group("Elastic");
+  o->coordinator_opt =
+      app.add_option(
+             "--coordinator", o->coordinator,
+             "--elastic: HOST:PORT of a coordinator started elsewhere (ndmesh coordinator) instead of one "
+             "started here")
+          ->group("Elastic");
+  o->replica_id_opt =
+      app.add_option("--replica-id", o->replica_id,
+                     "--elastic with --coordinator: run only this replica (one launcher per node)")
+          ->group("Elastic");
+  o->cluster_opt =
+      app.add_flag("--print-cluster-commands", o->cluster_commands,
+                   "--elastic: print the coordinator's and each replica's launcher command for a "
+                   "cluster instead of running")
+          ->group("Elastic");
   app.add_option("args", o->rest, "[-- mpirun options] -- program and its arguments");
   app.footer(
       "Examples:\n"
       "  ndmesh launch -n 8 -- ndmesh check --dp 2 --pp 2 --tp 2\n"
       "  ndmesh launch -n 4 -- --bind-to none -- build/bin/parallel_config --tp 2 --dp 2\n"
       "  ndmesh launch --store -n 4 -- ndmesh train --dp 2 --tp 2     (no mpirun: Gloo)\n"
+      "  ndmesh launch --elastic --replicas 3 --max-restarts 2 -n 2 -- ndmesh train --tp 2\n"
+      "      (3 replicas of tp 2 and their coordinator; a replica whose rank fails is restarted, up to\n"
+      "      2 times each, while the others train on; output lines tagged [rREPLICA.RANK])\n"
+      "  ndmesh launch --elastic --replicas 3 --max-restarts 2 -n 2 --print-cluster-commands -- ndmesh train "
+      "--tp 2\n"
+      "      (the coordinator's command and one launcher command per replica, for a cluster)\n"
       "On a cluster use the scheduler instead: srun --mpi=pmix -n 64 ndmesh check --tp 8 --dp 8");
   return [o] { return run(*o); };
 }

@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -33,7 +34,7 @@
 namespace ndmesh::cli {
 namespace {
 
-volatile std::sig_atomic_t g_signal = 0;  // the last SIGINT/SIGTERM/SIGHUP received
+volatile std::sig_atomic_t g_signal = 0;   // the last SIGINT/SIGTERM/SIGHUP received
 volatile std::sig_atomic_t g_signals = 0;  // how many
 
 void on_signal(int sig) {
@@ -41,37 +42,30 @@ void on_signal(int sig) {
   g_signals = g_signals + 1;
 }
 
-// The store's port, held for the whole job: bound on the loopback with SO_REUSEADDR and
-// never listening, so the kernel gives it to no other program, while rank 0's server
-// (SO_REUSEADDR too) can still bind and listen on it. Close-on-exec: no rank inherits it.
-class PortHold {
- public:
-  PortHold() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    int one = 1;
-    if (fd_ < 0 || ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      const int err = errno;
-      if (fd_ >= 0) ::close(fd_);
-      fail<>("launch", "cannot find a free port for the store: {}", std::strerror(err));
-    }
-    port_ = ntohs(addr.sin_port);
+struct sigaction g_old_int {}, g_old_term{}, g_old_hup{};
+
+}  // namespace
+
+PortHold::PortHold() {
+  fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int one = 1;
+  if (fd_ < 0 || ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    if (fd_ >= 0) ::close(fd_);
+    fail<>("launch", "cannot find a free port for the store: {}", std::strerror(err));
   }
-  ~PortHold() { ::close(fd_); }
-  PortHold(const PortHold&) = delete;
-  PortHold& operator=(const PortHold&) = delete;
-  int port() const { return port_; }
+  port_ = ntohs(addr.sin_port);
+}
 
- private:
-  int fd_ = -1, port_ = 0;
-};
+PortHold::~PortHold() { ::close(fd_); }
 
-std::vector<std::pair<std::string, std::string>> rank_env(std::int64_t rank, std::int64_t n, int port) {
+EnvList store_env(std::int64_t rank, std::int64_t n, int port) {
   auto s = [](std::int64_t v) { return std::to_string(v); };
   return {{"RANK", s(rank)},         {"LOCAL_RANK", s(rank)},
           {"WORLD_SIZE", s(n)},      {"LOCAL_WORLD_SIZE", s(n)},
@@ -81,49 +75,193 @@ std::vector<std::pair<std::string, std::string>> rank_env(std::int64_t rank, std
           {"MASTER_PORT", s(port)},  {"TORCHELASTIC_USE_AGENT_STORE", "False"}};
 }
 
-struct Rank {
-  pid_t pid = -1;  // also its process group
-  int out = -1;    // the read end of its output pipe, -1 once closed (or untagged)
-  std::string partial;
-  bool running = true;
-};
-
-void flush_lines(Rank& r, std::int64_t index, bool all) {
-  std::size_t pos;
-  while ((pos = r.partial.find('\n')) != std::string::npos) {
-    std::fprintf(stdout, "[%lld] %s\n", static_cast<long long>(index), r.partial.substr(0, pos).c_str());
-    r.partial.erase(0, pos + 1);
-  }
-  if (all && !r.partial.empty()) {
-    std::fprintf(stdout, "[%lld] %s\n", static_cast<long long>(index), r.partial.c_str());
-    r.partial.clear();
-  }
-  std::fflush(stdout);
+LaunchSignals::LaunchSignals() {
+  g_signal = 0;
+  g_signals = 0;
+  struct sigaction forward {};
+  forward.sa_handler = on_signal;
+  sigemptyset(&forward.sa_mask);
+  sigaction(SIGINT, &forward, &g_old_int);
+  sigaction(SIGTERM, &forward, &g_old_term);
+  sigaction(SIGHUP, &forward, &g_old_hup);
 }
 
-// Reads what the pipe holds now; false at its end.
-bool drain(Rank& r, std::int64_t index) {
+LaunchSignals::~LaunchSignals() {
+  sigaction(SIGINT, &g_old_int, nullptr);
+  sigaction(SIGTERM, &g_old_term, nullptr);
+  sigaction(SIGHUP, &g_old_hup, nullptr);
+}
+
+int LaunchSignals::next() {
+  const int count = g_signals;
+  if (count <= taken_) return 0;
+  taken_ = count;
+  return g_signal;
+}
+
+int exit_status(int wstatus) {
+  if (WIFEXITED(wstatus)) return WEXITSTATUS(wstatus);
+  if (WIFSIGNALED(wstatus)) return 128 + WTERMSIG(wstatus);
+  return 1;
+}
+
+LocalJob::~LocalJob() {
+  if (!finished_) {
+    signal(SIGKILL, true);
+    finish();
+  }
+}
+
+void LocalJob::start(const std::vector<ProcessSpec>& specs) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t launcher = ::getpid();
+  procs_.reserve(procs_.size() + specs.size());
+  for (const ProcessSpec& spec : specs) {
+    const bool capture = !spec.tag.empty();
+    int fds[2] = {-1, -1};
+    if (capture && ::pipe2(fds, O_CLOEXEC) != 0) {
+      signal(SIGKILL, true);
+      fail<>("launch", "pipe: {}", std::strerror(errno));
+    }
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      const int err = errno;
+      if (capture) ::close(fds[0]), ::close(fds[1]);
+      signal(SIGKILL, true);
+      fail<>("launch", "cannot start {}: {}", spec.argv.front(), std::strerror(err));
+    }
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) std::_Exit(128 + SIGKILL);  // the launcher died meanwhile
+      if (capture) {
+        ::dup2(fds[1], STDOUT_FILENO);  // dup2 clears close-on-exec on the copies
+        ::dup2(fds[1], STDERR_FILENO);
+      }
+      for (const auto& [k, v] : spec.env) ::setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> argv;
+      for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execvp(argv[0], argv.data());
+      std::fprintf(stderr, "ndmesh: [launch] could not run %s: %s\n", argv[0], std::strerror(errno));
+      std::_Exit(127);
+    }
+    ::setpgid(pid, pid);  // also here: no signal may find the child still in ours
+    Proc p;
+    p.pid = pid;
+    p.running = true;
+    p.tag = spec.tag;
+    if (capture) {
+      ::close(fds[1]);
+      ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+      p.out = fds[0];
+    }
+    procs_.push_back(std::move(p));
+  }
+}
+
+void LocalJob::flush_lines(Proc& p, bool all) {
+  std::size_t pos;
+  auto emit = [&](const std::string& line) {
+    if (!watch_.empty() && p.matched.empty() && line.starts_with(watch_)) p.matched = line;
+    p.last_line = line;
+    // A line that already starts with the tag (the coordinator's "[coordinator] ...") keeps one.
+    std::fprintf(sink_, "%s%s\n", line.starts_with(p.tag) ? "" : p.tag.c_str(), line.c_str());
+  };
+  while ((pos = p.partial.find('\n')) != std::string::npos) {
+    emit(p.partial.substr(0, pos));
+    p.partial.erase(0, pos + 1);
+  }
+  if (all && !p.partial.empty()) {
+    emit(p.partial);
+    p.partial.clear();
+  }
+  std::fflush(sink_);
+}
+
+bool LocalJob::drain(Proc& p) {
   char buf[4096];
   for (;;) {
-    const ssize_t got = ::read(r.out, buf, sizeof buf);
+    const ssize_t got = ::read(p.out, buf, sizeof buf);
     if (got > 0) {
-      r.partial.append(buf, static_cast<std::size_t>(got));
+      p.partial.append(buf, static_cast<std::size_t>(got));
       continue;
     }
     if (got < 0 && errno == EINTR) continue;
-    flush_lines(r, index, got == 0 || errno != EAGAIN);
+    flush_lines(p, got == 0 || errno != EAGAIN);
     return got < 0 && errno == EAGAIN;
   }
 }
 
-// Signals the process group of every rank whose leader still runs (or, `all`, of every
-// rank: what the leaders left behind).
-void signal_ranks(const std::vector<Rank>& ranks, int sig, bool all) {
-  for (const Rank& r : ranks)
-    if (r.pid > 0 && (r.running || all)) ::kill(-r.pid, sig);
+void LocalJob::add_fds(std::vector<pollfd>& fds) const {
+  for (const Proc& p : procs_)
+    if (p.out >= 0) fds.push_back({p.out, POLLIN, 0});
 }
 
-}  // namespace
+void LocalJob::read(const std::vector<pollfd>& fds) {
+  for (const pollfd& f : fds) {
+    if (f.revents == 0) continue;
+    for (Proc& p : procs_) {
+      if (p.out != f.fd) continue;
+      if (!drain(p)) {
+        ::close(p.out);
+        p.out = -1;
+      }
+      break;
+    }
+  }
+}
+
+std::int64_t LocalJob::reaped(pid_t pid, int wstatus) {
+  for (std::size_t i = 0; i < procs_.size(); ++i) {
+    Proc& p = procs_[i];
+    if (p.pid != pid || !p.running) continue;
+    p.running = false;
+    p.status = exit_status(wstatus);
+    return static_cast<std::int64_t>(i);
+  }
+  return -1;
+}
+
+void LocalJob::signal(int sig, bool all) {
+  for (const Proc& p : procs_)
+    if (p.pid > 0 && (p.running || all)) ::kill(-p.pid, sig);
+}
+
+void LocalJob::end(int sig) {
+  using Clock = std::chrono::steady_clock;
+  signal(sig, false);
+  kill_at_ = std::min(kill_at_, Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                   std::chrono::duration<double>(grace_s_)));
+}
+
+void LocalJob::kill_now() { signal(SIGKILL, false); }
+
+void LocalJob::tick() {
+  if (std::chrono::steady_clock::now() < kill_at_) return;
+  signal(SIGKILL, false);
+  kill_at_ = std::chrono::steady_clock::time_point::max();
+}
+
+std::size_t LocalJob::running() const {
+  std::size_t n = 0;
+  for (const Proc& p : procs_) n += p.running ? 1 : 0;
+  return n;
+}
+
+void LocalJob::finish() {
+  finished_ = true;
+  signal(SIGKILL, true);  // what the leaders left in their groups ends with them
+  for (Proc& p : procs_) {
+    if (p.out >= 0) {
+      drain(p);
+      ::close(p.out);
+      p.out = -1;
+    }
+    flush_lines(p, true);
+  }
+}
 
 int launch_store(std::int64_t n, const std::vector<std::string>& program, bool tag, bool dry_run,
                  double grace_s) {
@@ -132,128 +270,51 @@ int launch_store(std::int64_t n, const std::vector<std::string>& program, bool t
   if (dry_run) {
     for (std::int64_t r = 0; r < n; ++r) {
       std::string line;
-      for (const auto& [k, v] : rank_env(r, n, port)) line += fmt::format("{}={} ", k, v);
+      for (const auto& [k, v] : store_env(r, n, port)) line += fmt::format("{}={} ", k, v);
       fmt::print("{}{} &\n", line, fmt::join(program, " "));
     }
     fmt::print("wait\n");
     return 0;
   }
-  std::fflush(stdout);
-  std::fflush(stderr);
-  // Handlers before the first fork: a signal at any moment reaches every rank started.
-  struct sigaction forward {};
-  forward.sa_handler = on_signal;
-  sigemptyset(&forward.sa_mask);
-  struct sigaction old_int {}, old_term{}, old_hup{};
-  sigaction(SIGINT, &forward, &old_int);
-  sigaction(SIGTERM, &forward, &old_term);
-  sigaction(SIGHUP, &forward, &old_hup);
-  const pid_t launcher = ::getpid();
-  std::vector<Rank> ranks(static_cast<std::size_t>(n));
-  for (std::int64_t r = 0; r < n; ++r) {
-    int fds[2] = {-1, -1};
-    if (tag && ::pipe2(fds, O_CLOEXEC) != 0) fail<>("launch", "pipe: {}", std::strerror(errno));
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      signal_ranks(ranks, SIGKILL, true);
-      fail<>("launch", "cannot start rank {}: {}", r, std::strerror(errno));
-    }
-    if (pid == 0) {
-      ::setpgid(0, 0);
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != launcher) std::_Exit(128 + SIGKILL);  // the launcher died meanwhile
-      if (tag) {
-        ::dup2(fds[1], STDOUT_FILENO);  // dup2 clears close-on-exec on the copies
-        ::dup2(fds[1], STDERR_FILENO);
-      }
-      for (const auto& [k, v] : rank_env(r, n, port)) ::setenv(k.c_str(), v.c_str(), 1);
-      std::vector<char*> argv;
-      for (const auto& a : program) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execvp(argv[0], argv.data());
-      std::fprintf(stderr, "ndmesh: [launch] could not run %s: %s\n", argv[0], std::strerror(errno));
-      std::_Exit(127);
-    }
-    ::setpgid(pid, pid);  // also here: no signal may find the child still in ours
-    ranks[static_cast<std::size_t>(r)].pid = pid;
-    if (tag) {
-      ::close(fds[1]);
-      ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
-      ranks[static_cast<std::size_t>(r)].out = fds[0];
-    }
-  }
-  using Clock = std::chrono::steady_clock;
-  auto kill_at = Clock::time_point::max();  // when the ranks still there get SIGKILL
-  auto end_ranks = [&](int sig) {
-    signal_ranks(ranks, sig, false);
-    kill_at = std::min(kill_at, Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                   std::chrono::duration<double>(grace_s)));
-  };
+  std::vector<ProcessSpec> specs;
+  for (std::int64_t r = 0; r < n; ++r)
+    specs.push_back({program, store_env(r, n, port), tag ? fmt::format("[{}] ", r) : std::string()});
+  LaunchSignals signals;  // before the first fork: a signal at any moment reaches every rank
+  LocalJob job(grace_s, stdout);
+  job.start(specs);
   int status = 0;
-  int handled = 0;  // signals to the launcher already passed on
-  std::size_t running = ranks.size();
-  while (running > 0) {
+  while (job.running() > 0) {
     std::vector<pollfd> fds;
-    std::vector<std::size_t> owner;
-    for (std::size_t i = 0; i < ranks.size(); ++i)
-      if (ranks[i].out >= 0) {
-        fds.push_back({ranks[i].out, POLLIN, 0});
-        owner.push_back(i);
-      }
-    if (!fds.empty()) ::poll(fds.data(), fds.size(), 20);
-    for (std::size_t j = 0; j < fds.size(); ++j) {
-      if (fds[j].revents == 0) continue;
-      Rank& r = ranks[owner[j]];
-      if (!drain(r, static_cast<std::int64_t>(owner[j]))) {
-        ::close(r.out);
-        r.out = -1;
-      }
+    job.add_fds(fds);
+    if (!fds.empty()) {
+      ::poll(fds.data(), fds.size(), 20);
+      job.read(fds);
+    } else {
+      ::usleep(20000);
     }
-    if (fds.empty()) ::usleep(20000);
-    if (g_signals > handled) {
-      const int sig = g_signal;
+    if (const int sig = signals.next()) {
       if (status == 0) status = 128 + sig;
-      if (handled == 0) {
-        end_ranks(sig);
-      } else {
-        signal_ranks(ranks, SIGKILL, false);  // asked twice: at once
-      }
-      handled = g_signals;
+      if (signals.taken() == 1)
+        job.end(sig);
+      else
+        job.kill_now();  // asked twice: at once
     }
-    if (Clock::now() >= kill_at) {
-      signal_ranks(ranks, SIGKILL, false);
-      kill_at = Clock::time_point::max();
-    }
+    job.tick();
     int ws = 0;
     pid_t done;
     while ((done = ::waitpid(-1, &ws, WNOHANG)) > 0) {
-      for (auto& r : ranks) {
-        if (r.pid != done || !r.running) continue;
-        r.running = false;
-        --running;
-        const int rc = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-        if (rc != 0 && status == 0) {
-          status = rc;
-          end_ranks(SIGTERM);
-        }
+      const std::int64_t i = job.reaped(done, ws);
+      if (i < 0) continue;
+      const int rc = job.status(static_cast<std::size_t>(i));
+      if (rc != 0 && status == 0) {
+        status = rc;
+        job.end(SIGTERM);
       }
     }
   }
-  // What the ranks' leaders left in their groups (a wrapper's children) ends with them.
-  signal_ranks(ranks, SIGKILL, true);
-  for (std::size_t i = 0; i < ranks.size(); ++i) {  // what is left in the pipes
-    Rank& r = ranks[i];
-    if (r.out >= 0) {
-      drain(r, static_cast<std::int64_t>(i));
-      ::close(r.out);
-    }
-    flush_lines(r, static_cast<std::int64_t>(i), true);
-  }
+  job.finish();
   while (::waitpid(-1, nullptr, WNOHANG) > 0) {
   }
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
-  sigaction(SIGHUP, &old_hup, nullptr);
   return status;
 }
 
