@@ -48,6 +48,7 @@ std::string_view reduce_op_name(ReduceOp op) {
 
 namespace {
 std::atomic<std::size_t> g_count_cap{0};
+thread_local detail::CallSite t_call;
 thread_local double t_default_timeout = 0;  // the ranks of an in-process job
 }  // namespace
 
@@ -80,6 +81,10 @@ void set_thread_default_timeout(double seconds) { t_default_timeout = seconds; }
 Communicator make_communicator(std::shared_ptr<CommImpl> impl, std::string name) {
   return Communicator(std::move(impl), std::move(name));
 }
+
+std::shared_ptr<CommImpl> impl_of(const Communicator& c) { return c.impl_; }
+
+const CallSite& current_call() { return t_call; }
 
 std::size_t count_limit(std::size_t backend_limit) {
   std::size_t cap = g_count_cap.load();
@@ -365,6 +370,10 @@ template <typename Start>
 Work Communicator::run(const char* op, int peer, const Options& opts, bool blocking, const Start& start,
                        detail::Finish finish) const {
   double timeout = opts.timeout_s > 0 ? opts.timeout_s : default_timeout_s();
+  struct Site {
+    explicit Site(detail::CallSite s) { t_call = s; }
+    ~Site() { t_call = {}; }
+  } site({.op = op, .group = &name_, .timeout_s = timeout});
   if (blocking) {
     {
       detail::WatchScope watch(op, *impl_, name_, timeout, peer);
@@ -424,6 +433,9 @@ Work Communicator::broadcast_impl(ElementSpan data, int root, const Options& opt
 Work Communicator::all_reduce_impl(ElementSpan data, const Options& opts, bool blocking) const {
   require("all_reduce");
   check_reduce_op("all_reduce", opts.op, data.dtype);
+  if (impl_->handles_device(data.data))  // device memory: the backend averages
+    return run("all_reduce", -1, opts, blocking,
+               [&](detail::CommImpl& c, bool b) { return c.all_reduce(data, opts.op, b); });
   bool avg = opts.op == ReduceOp::kAvg;
   ReduceOp op = avg ? ReduceOp::kSum : opts.op;
   return run(
@@ -440,6 +452,9 @@ Work Communicator::reduce_scatter_impl(ElementSpan in, ElementSpan out, const Op
   NDMESH_CHECK(in.count == out.count * static_cast<std::size_t>(size()), "comm",
                "reduce_scatter on group {}: input has {} elements but must hold size {} x output {} = {}",
                name_, in.count, size(), out.count, out.count * static_cast<std::size_t>(size()));
+  if (impl_->handles_device(in.data))
+    return run("reduce_scatter", -1, opts, blocking,
+               [&](detail::CommImpl& c, bool b) { return c.reduce_scatter(in, out, opts.op, b); });
   bool avg = opts.op == ReduceOp::kAvg;
   ReduceOp op = avg ? ReduceOp::kSum : opts.op;
   return run(
@@ -461,6 +476,9 @@ Work Communicator::reduce_scatter_in_place_impl(ElementSpan data, const Options&
   ElementSpan mine{static_cast<char*>(data.data) + static_cast<std::size_t>(rank()) * n * dtype_size(data.dtype),
                    n, data.dtype};
   ElementSpan first{data.data, n, data.dtype};
+  if (impl_->handles_device(data.data))  // the backend reduces into this rank's block in place
+    return run("reduce_scatter_in_place", -1, opts, blocking,
+               [&](detail::CommImpl& c, bool b) { return c.reduce_scatter(data, mine, opts.op, b); });
   bool avg = opts.op == ReduceOp::kAvg;
   ReduceOp op = avg ? ReduceOp::kSum : opts.op;
   detail::Finish finish{.data = mine, .divisor = avg ? size() : 0, .move_from = rank() == 0 ? nullptr : first.data};

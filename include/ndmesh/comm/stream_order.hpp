@@ -63,7 +63,8 @@ class PendingOps {
   using Clock = std::chrono::steady_clock;
   struct Op {
     Event done;
-    std::string op;  ///< "all_reduce"
+    std::string op;     ///< "all_reduce"
+    std::string group;  ///< "tp"
     Clock::time_point start;
     double timeout_s = 0;
   };
