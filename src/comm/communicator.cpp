@@ -227,11 +227,6 @@ std::shared_ptr<detail::CommImpl> make_store_world(const LaunchEnv& launch, std:
       std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                              std::chrono::duration<double>(init_timeout_s));
   job_store_slot() = launch::rendezvous(launch, init_timeout_s);
-  if (name == "nccl")
-    fail<ConfigError>(
-        "comm",
-        "NDMESH_BACKEND=nccl: this ndmesh has no NCCL backend yet; unset NDMESH_BACKEND to use gloo "
-        "(CPU) under this launch");
 #ifdef NDMESH_HAVE_GLOO
   return gloo::make_world(job_store_slot(), launch, deadline, init_timeout_s);
 #else
@@ -247,13 +242,16 @@ std::shared_ptr<detail::CommImpl> make_store_world(const LaunchEnv& launch, std:
 // (torchrun), mpi otherwise.
 std::shared_ptr<detail::CommImpl> make_backend_world(const LaunchEnv& launch) {
   std::string name = env::string("NDMESH_BACKEND", launch.launcher == Launcher::kTorchrun ? "gloo" : "mpi");
+  // NCCL carries the device buffers of a GPU run (parallel::device_communicator) over the
+  // default CPU backend, which is the world: its bootstrap and the path of host buffers.
+  if (name == "nccl") name = launch.launcher == Launcher::kTorchrun ? "gloo" : "mpi";
   if (name == "mpi") {
     launch.require_mpi_world();  // before MPI_Init: torchrun would give N worlds of one
     return mpi::make_world();
   }
-  if (name == "gloo" || name == "nccl") return make_store_world(launch, name);
+  if (name == "gloo") return make_store_world(launch, name);
   // A new backend adds a folder src/backends/<name>/ and one line here.
-  fail<ConfigError>("comm", "NDMESH_BACKEND='{}' is not built into this ndmesh; available: mpi, gloo", name);
+  fail<ConfigError>("comm", "NDMESH_BACKEND='{}' is not built into this ndmesh; available: mpi, gloo, nccl", name);
 }
 
 }  // namespace

@@ -22,7 +22,11 @@
 namespace ndmesh::parallel {
 
 comm::Communicator device_communicator(const comm::Communicator& world, Device device) {
-  if (device == Device::kCpu || world.size() <= 1) return world;
+  if (device == Device::kCpu) return world;
+  // Before any group exists: a rank without a GPU ends with its own line, never with a peer's
+  // store or group gone.
+  cuda::init(static_cast<int>(LaunchEnv::detect().local_rank.value_or(0)));
+  if (world.size() <= 1) return world;
 #if NDMESH_WITH_CUDA
   // NDMESH_BACKEND names the CPU backend; naming mpi or gloo on a GPU run stages through it.
   const std::string backend = env::string("NDMESH_BACKEND", "");
@@ -38,7 +42,7 @@ comm::Communicator device_communicator(const comm::Communicator& world, Device d
                     world.size(), world.backend() == "mpi" ? "mpi" : "gloo");
 #endif
 #else
-  return world;  // apply_device says why CUDA cannot run
+  return world;  // not reached: cuda::init said why CUDA cannot run
 #endif
 }
 
