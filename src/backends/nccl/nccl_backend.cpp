@@ -12,7 +12,8 @@
 //
 // NCCL has no tags, and stream-ordered send/recv pairs deadlock unless grouped: send and
 // recv are batched and issued as one ncclGroupStart/End when one of their Works is tested
-// or waited, before the next collective, or at once when blocking. Messages of one
+// or waited, before the next collective or operation on host buffers, or at once when
+// blocking. Messages of one
 // communicator match in issue order per peer (the tag is not sent; subsystems use their own
 // duplicate, as on every backend).
 //
@@ -138,7 +139,9 @@ void watch() {
   }
   const auto now = Clock::now();
   for (auto& s : live) {
-    if (s->comm == nullptr || s->aborted) continue;
+    // An operation holds the lock only while it enqueues (bounded by its own timeout).
+    std::unique_lock lock(s->mutex, std::try_to_lock);
+    if (!lock.owns_lock() || s->comm == nullptr || s->aborted) continue;
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(s->comm, &async);
     if (async != ncclSuccess && async != ncclInProgress)
@@ -234,16 +237,31 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
   }
   ~NcclComm() override {
     State& s = *state_;
-    if (s.comm != nullptr && !s.aborted) {
+    try {
       flush_batch();
-      ncclCommFinalize(s.comm);
-      ncclResult_t r = ncclInProgress;
-      while (r == ncclInProgress && ncclCommGetAsyncError(s.comm, &r) == ncclSuccess)
-        std::this_thread::yield();
-      ncclCommDestroy(s.comm);
+    } catch (const std::exception& e) {
+      log::error("{} (sends and receives never waited for on group {})", e.what(), s.group);
+    }
+    std::lock_guard lock(s.mutex);  // the watchdog skips it meanwhile
+    if (s.comm != nullptr && !s.aborted) {
+      // Finalize flushes this rank's operations; bounded, so that a gone peer cannot hold
+      // the exit (then abort).
+      ncclResult_t r = ncclCommFinalize(s.comm);
+      const auto until = Clock::now() + std::chrono::seconds(10);
+      while (r == ncclInProgress && Clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (ncclCommGetAsyncError(s.comm, &r) != ncclSuccess) break;
+      }
+      if (r == ncclSuccess) {
+        ncclCommDestroy(s.comm);
+      } else {
+        s.aborted = true;
+        ncclCommAbort(s.comm);
+      }
       s.comm = nullptr;
     }
     if (s.stream != nullptr) cudaStreamDestroy(s.stream);
+    s.stream = nullptr;
   }
 
   std::string_view backend() const override { return "nccl"; }
@@ -252,29 +270,29 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
   std::string_view host_of(std::int64_t r) const override { return cpu().host_of(r); }
   std::size_t max_count() const override { return cpu().max_count(); }
   std::shared_ptr<detail::CommImpl> split(std::optional<std::int64_t> color, std::int64_t key) override {
-    auto c = cpu().split(color, key);
+    auto c = host().split(color, key);
     return c ? wrap(std::move(c)) : nullptr;
   }
   std::shared_ptr<detail::CommImpl> self() override { return wrap(cpu().self()); }
   std::shared_ptr<detail::CommImpl> split_node() override { return wrap(cpu().split_node()); }
-  std::shared_ptr<detail::CommImpl> dup() override { return wrap(cpu().dup()); }
+  std::shared_ptr<detail::CommImpl> dup() override { return wrap(host().dup()); }
   std::string thread_limit() const override { return cpu().thread_limit(); }
   bool wait_for_progress(std::chrono::microseconds at_most) override {
     return cpu().wait_for_progress(at_most);
   }
   bool handles_device(const void* data) const override { return is_device_pointer(data); }
 
-  std::unique_ptr<detail::WorkImpl> barrier(bool blocking) override { return cpu().barrier(blocking); }
+  std::unique_ptr<detail::WorkImpl> barrier(bool blocking) override { return host().barrier(blocking); }
 
   std::unique_ptr<detail::WorkImpl> broadcast(ElementSpan data, int root, bool blocking) override {
-    if (!is_device_pointer(data.data)) return cpu().broadcast(data, root, blocking);
+    if (!is_device_pointer(data.data)) return host().broadcast(data, root, blocking);
     return collective(blocking, {data.data}, [&](State& s) {
       return ncclBroadcast(data.data, data.data, data.count, nccl_type(data.dtype), root, s.comm, s.stream);
     });
   }
 
   std::unique_ptr<detail::WorkImpl> all_reduce(ElementSpan data, ReduceOp op, bool blocking) override {
-    if (!is_device_pointer(data.data)) return cpu().all_reduce(data, op, blocking);
+    if (!is_device_pointer(data.data)) return host().all_reduce(data, op, blocking);
     return collective(blocking, {data.data}, [&](State& s) {
       return ncclAllReduce(data.data, data.data, data.count, nccl_type(data.dtype), nccl_op(op), s.comm,
                            s.stream);
@@ -283,7 +301,7 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
 
   std::unique_ptr<detail::WorkImpl> reduce_scatter(ElementSpan in, ElementSpan out, ReduceOp op,
                                                    bool blocking) override {
-    if (!is_device_pointer(in.data)) return cpu().reduce_scatter(in, out, op, blocking);
+    if (!is_device_pointer(in.data)) return host().reduce_scatter(in, out, op, blocking);
     return collective(blocking, {in.data, out.data}, [&](State& s) {
       return ncclReduceScatter(in.data, out.data, out.count, nccl_type(in.dtype), nccl_op(op), s.comm,
                                s.stream);
@@ -291,14 +309,14 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
   }
 
   std::unique_ptr<detail::WorkImpl> all_gather(ElementSpan in, ElementSpan out, bool blocking) override {
-    if (!is_device_pointer(out.data)) return cpu().all_gather(in, out, blocking);
+    if (!is_device_pointer(out.data)) return host().all_gather(in, out, blocking);
     return collective(blocking, {in.data, out.data}, [&](State& s) {
       return ncclAllGather(in.data, out.data, in.count, nccl_type(in.dtype), s.comm, s.stream);
     });
   }
 
   std::unique_ptr<detail::WorkImpl> all_to_all(ElementSpan in, ElementSpan out, bool blocking) override {
-    if (!is_device_pointer(in.data)) return cpu().all_to_all(in, out, blocking);
+    if (!is_device_pointer(in.data)) return host().all_to_all(in, out, blocking);
     const std::size_t n = in.count / static_cast<std::size_t>(size());
     const std::size_t bytes = n * dtype_size(in.dtype);
     return collective(blocking, {in.data, out.data}, [&](State& s) {
@@ -316,11 +334,11 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
   }
 
   std::unique_ptr<detail::WorkImpl> send(ElementSpan data, int peer, int tag, bool blocking) override {
-    if (!is_device_pointer(data.data)) return cpu().send(data, peer, tag, blocking);
+    if (!is_device_pointer(data.data)) return host().send(data, peer, tag, blocking);
     return point_to_point(true, data, peer, blocking);
   }
   std::unique_ptr<detail::WorkImpl> recv(ElementSpan data, int peer, int tag, bool blocking) override {
-    if (!is_device_pointer(data.data)) return cpu().recv(data, peer, tag, blocking);
+    if (!is_device_pointer(data.data)) return host().recv(data, peer, tag, blocking);
     return point_to_point(false, data, peer, blocking);
   }
 
@@ -341,6 +359,12 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
   };
 
   detail::CommImpl& cpu() const { return *state_->cpu; }
+  // The CPU backend for an operation on host buffers: the sends and receives batched so far
+  // go out first, so that a peer never waits on the host for a message still held here.
+  detail::CommImpl& host() {
+    flush_batch();
+    return cpu();
+  }
 
   // Makes the NCCL communicator and the communication stream (the first device operation).
   void ensure(State& s, double timeout_s) {
