@@ -384,6 +384,10 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
     log::debug("[comm] NCCL communicator of {} ranks for group {}", size(), s.group);
   }
 
+  // The calling thread (the data-parallel progress thread, say) works on this process's GPU:
+  // events and streams belong to the device current when they are made.
+  static void use_device() { check_cuda(cudaSetDevice(cuda::current_device()), "cudaSetDevice"); }
+
   static void check_cuda(cudaError_t e, const char* what) {
     if (e != cudaSuccess) fail<>("comm", "{} failed: {}", what, cudaGetErrorString(e));
   }
@@ -392,6 +396,7 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
   template <typename Enqueue>
   std::unique_ptr<detail::WorkImpl> collective(bool blocking, std::initializer_list<const void*> buffers,
                                                const Enqueue& enqueue) {
+    use_device();
     flush_batch();
     const detail::CallSite& site = detail::current_call();
     State& s = *state_;
@@ -455,6 +460,7 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
       group = batch_group_;
       timeout = batch_timeout_;
     }
+    use_device();
     State& s = *state_;
     std::lock_guard lock(s.mutex);
     s.group = group;

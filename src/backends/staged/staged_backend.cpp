@@ -41,6 +41,7 @@ void check(cudaError_t e, const char* what) {
 void copy_now(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   auto s = static_cast<cudaStream_t>(cuda::stream());
+  check(cudaSetDevice(cuda::current_device()), "cudaSetDevice");  // on any thread: this process's GPU
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
   check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 }
