@@ -31,7 +31,7 @@ comm::Communicator device_communicator(const comm::Communicator& world, Device d
   // NDMESH_BACKEND names the CPU backend; naming mpi or gloo on a GPU run stages through it.
   const std::string backend = env::string("NDMESH_BACKEND", "");
   if (backend == "mpi" || backend == "gloo")
-    return comm::detail::make_communicator(comm::staged::wrap(comm::detail::impl_of(world)), world.name());
+    return comm::staged(world, comm::staging::cuda_memory());
 #if NDMESH_WITH_NCCL
   return comm::detail::make_communicator(comm::nccl::wrap(comm::detail::impl_of(world)), world.name());
 #else

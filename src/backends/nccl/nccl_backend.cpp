@@ -50,7 +50,7 @@ namespace ndmesh::comm::nccl {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using staged::is_device_pointer;
+using staging::is_device_pointer;
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {

@@ -7,17 +7,16 @@
 #include <cstddef>
 #include <memory>
 
-#include "comm/backend.hpp"
+#include "ndmesh/comm/staged.hpp"
 
-namespace ndmesh::comm::staged {
+namespace ndmesh::comm::staging {
 
-/// A communicator with the members of `cpu` whose operations on device buffers stage them
-/// through pinned host memory; host buffers go to `cpu` as they are. Its splits and
-/// duplicates are staged too.
-std::shared_ptr<detail::CommImpl> wrap(std::shared_ptr<detail::CommImpl> cpu);
+/// CUDA's device memory for comm::staged (comm/staged.hpp): pinned host buffers, copies on
+/// the compute stream.
+std::shared_ptr<StagingMemory> cuda_memory();
 
 /// True when `p` is CUDA device memory (cudaPointerGetAttributes); false for host memory,
 /// nullptr, or where no driver answers.
 bool is_device_pointer(const void* p);
 
-}  // namespace ndmesh::comm::staged
+}  // namespace ndmesh::comm::staging
