@@ -47,6 +47,10 @@
 #   checkpoint                70  saved on cuda at step 10 (35), resumed on cpu (35): steps 11-20
 #                                 within 1e-4 of train-default's cpu run
 #   bf16                      20  --precision bf16 (SKIP while refused as not implemented)
+#   nccl                     200  several ranks on the one GPU (scripts/gpu_nccl.sh): dp 2, tp 2 + sp,
+#                                 pp 2 1F1B and interleaved, cp 2, dp 2 + ZeRO 2 on NCCL (NCCL_HOSTID
+#                                 per rank over loopback), 4 and 8 ranks staged over Gloo, each against
+#                                 the single-GPU run; a killed rank; NCCL vs Gloo bus bandwidth
 #   gpt2-ndmesh               90  GPT-2 small body (12 x 768, 12 heads, sequence 1024, vocabulary
 #                                 1024, batch 8) fp32: 40 steps, tokens/s over the last 35
 #   gpt2-memory               15  its device peak against ndmesh plan memory's prediction
@@ -65,7 +69,7 @@ dir=${3:-$build/gpu-check}
 total_budget=540
 
 steps=(gpu glibc cublaslt kernels kernels-bench train-default train-recompute-selective train-recompute-full
-  train-untied checkpoint bf16 gpt2-ndmesh gpt2-memory gpt2-torch kernels-memcheck kernels-racecheck)
+  train-untied checkpoint bf16 nccl gpt2-ndmesh gpt2-memory gpt2-torch kernels-memcheck kernels-racecheck)
 
 pack() {
   [ -f "$build/CMakeCache.txt" ] || { echo "gpu_check.sh: no build in $build (make build first)" >&2; exit 2; }
@@ -73,13 +77,14 @@ pack() {
   tests=$(gpu_kernel_tests "$build")
   [ -n "$tests" ] || { echo "gpu_check.sh: $build has no gpu_test_* targets: configure it with -DNDMESH_CUDA=ON" >&2; exit 2; }
   # shellcheck disable=SC2086,SC2046
-  cmake --build "$build" -j2 --target ndmesh $tests bench_gpu_kernels > /dev/null ||
+  cmake --build "$build" -j2 --target ndmesh $tests bench_gpu_kernels bench_gpu_allreduce > /dev/null ||
     { echo "gpu_check.sh: building ndmesh and the GPU tests in $build failed (cmake --build $build)" >&2; exit 2; }
   ldd "$build/bin/ndmesh" | grep -q libcudart ||
     { echo "gpu_check.sh: $build/bin/ndmesh is built without CUDA: configure with -DNDMESH_CUDA=ON" >&2; exit 2; }
   rm -rf "$dir" && mkdir -p "$dir" || { echo "gpu_check.sh: cannot create $dir" >&2; exit 2; }
   # shellcheck disable=SC2086,SC2046
-  gpu_pack "$dir/gpu.tar.xz" "$build/bin/ndmesh" $(printf "$build/tests/%s " $tests) "$build/bench/bench_gpu_kernels" ||
+  gpu_pack "$dir/gpu.tar.xz" "$build/bin/ndmesh" $(printf "$build/tests/%s " $tests) "$build/bench/bench_gpu_kernels" \
+    "$build/bench/bench_gpu_allreduce" ||
     exit 2
   echo "gpu_check.sh: $(du -h "$dir/gpu.tar.xz" | cut -f1) in $dir/gpu.tar.xz (needs glibc >=" \
     "$(tar -xJOf "$dir/gpu.tar.xz" glibc_required)); copy the repository with $dir to the GPU machine and run" \
@@ -236,6 +241,11 @@ for path in sys.argv[1:]:
     print(f"{path} ({os.path.basename(real)}): {what}")
 EOF
   gpu_find_cublaslt | tee -a "$summary"
+  if [ -n "$NCCL_LIB" ]; then
+    note "NCCL: took $NCCL_LIB (the packed binaries find it on LD_LIBRARY_PATH)"
+  else
+    note "NCCL: no libnccl.so.2 in the toolkit, the system or the pip nvidia/*/lib folders: ndmesh will not start"
+  fi
   local cs
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2> /dev/null | head -n 1)
   note "compute-sanitizer: ${cs:-not found}"
@@ -462,6 +472,10 @@ step_gpt2_torch() {
   report "${r%% *}" gpt2-torch "${r#* }"
 }
 
+# The nccl step (several ranks on the one GPU).
+# shellcheck source=scripts/gpu_nccl.sh
+. "$here/gpu_nccl.sh"
+
 on_signal() {
   report FAIL "${current:-gpu_check}" "gpu_check.sh was stopped by a signal during this step"
   save_logs
@@ -482,7 +496,8 @@ run() {
   gpu_fit_glibc "$work" > "$logs/glibc.log" 2>&1
   GPU_LIB_DIRS=$(gpu_lib_dirs)
   CUBLASLT=$(gpu_find libcublasLt.so.13 libcublasLt.so.12)
-  export GPU_LIB_DIRS CUBLASLT
+  NCCL_LIB=$(gpu_find libnccl.so.2)
+  export GPU_LIB_DIRS CUBLASLT NCCL_LIB
   libs=$(gpu_libraries "$work")
   current=machine
   machine
@@ -507,6 +522,7 @@ run() {
       train-untied) step_train train-untied --untied ;;
       checkpoint) step_checkpoint ;;
       bf16) step_bf16 ;;
+      nccl) step_nccl ;;
       gpt2-ndmesh) step_gpt2_ndmesh ;;
       gpt2-memory) step_gpt2_memory ;;
       gpt2-torch) step_gpt2_torch ;;

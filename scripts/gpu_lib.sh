@@ -8,11 +8,12 @@
 # and nvidia-smi use the machine's own.
 
 # The C library's parts (they must come from the machine that runs the binary), the driver,
-# and cuBLAS/cuBLASLt (the GPU machine's toolkit or PyTorch's pip packages have them).
+# cuBLAS/cuBLASLt and NCCL (the GPU machine's toolkit or PyTorch's pip packages have them;
+# libnccl.so.2 is 200 MB, beyond what a device call carries).
 gpu_not_packed() {
   case $1 in
     libc.so* | libm.so* | libdl.so* | libpthread.so* | librt.so* | ld-linux* | libresolv.so* | libutil.so* | \
-      libanl.so* | libnsl.so* | libmvec.so* | libcuda.so* | libnvidia-*.so* | libcublas*) return 0 ;;
+      libanl.so* | libnsl.so* | libmvec.so* | libcuda.so* | libnvidia-*.so* | libcublas* | libnccl*) return 0 ;;
   esac
   return 1
 }
@@ -165,7 +166,10 @@ gpu_find_cublaslt() {
 }
 
 # gpu_libraries <work>: LD_LIBRARY_PATH for the packed binaries: the pack's lib/, then the
-# folder of the cuBLASLt that gpu_find_cublaslt took.
+# folder of the cuBLASLt that gpu_find_cublaslt took, then that of NCCL_LIB (libnccl.so.2,
+# gpu_find's) when it is elsewhere.
 gpu_libraries() {
-  echo "$1/lib${CUBLASLT:+:$(dirname "$CUBLASLT")}"
+  local p="$1/lib${CUBLASLT:+:$(dirname "$CUBLASLT")}"
+  [ -n "${NCCL_LIB:-}" ] && [[ ":$p:" != *":$(dirname "$NCCL_LIB"):"* ]] && p+=":$(dirname "$NCCL_LIB")"
+  echo "$p"
 }

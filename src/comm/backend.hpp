@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,6 +52,11 @@ class CommImpl {
   /// Blocking duplicate: the same members, a separate message space. The default is a
   /// split with one color, which every backend's split makes.
   virtual std::shared_ptr<CommImpl> dup() { return split(0, rank()); }
+  /// True when `data` is device memory that this backend reduces, scatters and gathers
+  /// itself (the device communicators: nccl, staged). For such buffers the Communicator
+  /// passes ReduceOp::kAvg through, touches no element on the host, and an in-place
+  /// reduce_scatter's output is this rank's block of the input.
+  virtual bool handles_device(const void* /*data*/) const { return false; }
   /// Empty when any thread may call any operation at any time; otherwise why not.
   virtual std::string thread_limit() const { return {}; }
   /// A Work waiting on this backend calls this between polls: a backend whose operations
@@ -91,6 +97,24 @@ class CommImpl {
  protected:
   std::vector<std::int64_t> members_;
 };
+
+/// What the Communicator call now starting on this thread is (set around a backend's
+/// start of an operation), for backends that watch their operations themselves after
+/// the call returned (the device communicators).
+struct CallSite {
+  const char* op = "";
+  const std::string* group = nullptr;
+  double timeout_s = 0;
+};
+const CallSite& current_call();
+
+/// Runs `poll` on the watchdog's thread at every tick (about 10 ms) for the rest of the
+/// process; it may end the job (a device backend's stuck or failed operations).
+void add_watchdog_poll(std::function<void()> poll);
+
+/// The backend communicator behind a handle (nullptr for the empty handle): what a
+/// device communicator wraps.
+std::shared_ptr<CommImpl> impl_of(const Communicator& c);
 
 /// The job's TCP store under a launch without MPI (torchrun), once Communicator::world()
 /// has run the rendezvous; nullptr under MPI launchers. Backends bootstrap through it

@@ -49,6 +49,7 @@ std::string_view reduce_op_name(ReduceOp op) {
 namespace {
 std::atomic<std::size_t> g_count_cap{0};
 std::atomic<testing::GlooReduceScatter> g_gloo_reduce_scatter{testing::GlooReduceScatter::kAuto};
+thread_local detail::CallSite t_call;
 thread_local double t_default_timeout = 0;  // the ranks of an in-process job
 }  // namespace
 
@@ -84,6 +85,9 @@ Communicator make_communicator(std::shared_ptr<CommImpl> impl, std::string name)
 }
 
 testing::GlooReduceScatter gloo_reduce_scatter() { return g_gloo_reduce_scatter.load(); }
+std::shared_ptr<CommImpl> impl_of(const Communicator& c) { return c.impl_; }
+
+const CallSite& current_call() { return t_call; }
 
 std::size_t count_limit(std::size_t backend_limit) {
   std::size_t cap = g_count_cap.load();
@@ -226,11 +230,6 @@ std::shared_ptr<detail::CommImpl> make_store_world(const LaunchEnv& launch, std:
       std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                              std::chrono::duration<double>(init_timeout_s));
   job_store_slot() = launch::rendezvous(launch, init_timeout_s);
-  if (name == "nccl")
-    fail<ConfigError>(
-        "comm",
-        "NDMESH_BACKEND=nccl: this ndmesh has no NCCL backend yet; unset NDMESH_BACKEND to use gloo "
-        "(CPU) under this launch");
 #ifdef NDMESH_HAVE_GLOO
   return gloo::make_world(job_store_slot(), launch, deadline, init_timeout_s);
 #else
@@ -246,13 +245,16 @@ std::shared_ptr<detail::CommImpl> make_store_world(const LaunchEnv& launch, std:
 // (torchrun), mpi otherwise.
 std::shared_ptr<detail::CommImpl> make_backend_world(const LaunchEnv& launch) {
   std::string name = env::string("NDMESH_BACKEND", launch.launcher == Launcher::kTorchrun ? "gloo" : "mpi");
+  // NCCL carries the device buffers of a GPU run (parallel::device_communicator) over the
+  // default CPU backend, which is the world: its bootstrap and the path of host buffers.
+  if (name == "nccl") name = launch.launcher == Launcher::kTorchrun ? "gloo" : "mpi";
   if (name == "mpi") {
     launch.require_mpi_world();  // before MPI_Init: torchrun would give N worlds of one
     return mpi::make_world();
   }
-  if (name == "gloo" || name == "nccl") return make_store_world(launch, name);
+  if (name == "gloo") return make_store_world(launch, name);
   // A new backend adds a folder src/backends/<name>/ and one line here.
-  fail<ConfigError>("comm", "NDMESH_BACKEND='{}' is not built into this ndmesh; available: mpi, gloo", name);
+  fail<ConfigError>("comm", "NDMESH_BACKEND='{}' is not built into this ndmesh; available: mpi, gloo, nccl", name);
 }
 
 }  // namespace
@@ -369,6 +371,10 @@ template <typename Start>
 Work Communicator::run(const char* op, int peer, const Options& opts, bool blocking, const Start& start,
                        detail::Finish finish) const {
   double timeout = opts.timeout_s > 0 ? opts.timeout_s : default_timeout_s();
+  struct Site {
+    explicit Site(detail::CallSite s) { t_call = s; }
+    ~Site() { t_call = {}; }
+  } site({.op = op, .group = &name_, .timeout_s = timeout});
   if (blocking) {
     {
       detail::WatchScope watch(op, *impl_, name_, timeout, peer);
@@ -428,6 +434,9 @@ Work Communicator::broadcast_impl(ElementSpan data, int root, const Options& opt
 Work Communicator::all_reduce_impl(ElementSpan data, const Options& opts, bool blocking) const {
   require("all_reduce");
   check_reduce_op("all_reduce", opts.op, data.dtype);
+  if (impl_->handles_device(data.data))  // device memory: the backend averages
+    return run("all_reduce", -1, opts, blocking,
+               [&](detail::CommImpl& c, bool b) { return c.all_reduce(data, opts.op, b); });
   bool avg = opts.op == ReduceOp::kAvg;
   ReduceOp op = avg ? ReduceOp::kSum : opts.op;
   return run(
@@ -444,6 +453,9 @@ Work Communicator::reduce_scatter_impl(ElementSpan in, ElementSpan out, const Op
   NDMESH_CHECK(in.count == out.count * static_cast<std::size_t>(size()), "comm",
                "reduce_scatter on group {}: input has {} elements but must hold size {} x output {} = {}",
                name_, in.count, size(), out.count, out.count * static_cast<std::size_t>(size()));
+  if (impl_->handles_device(in.data))
+    return run("reduce_scatter", -1, opts, blocking,
+               [&](detail::CommImpl& c, bool b) { return c.reduce_scatter(in, out, opts.op, b); });
   bool avg = opts.op == ReduceOp::kAvg;
   ReduceOp op = avg ? ReduceOp::kSum : opts.op;
   return run(
@@ -465,6 +477,9 @@ Work Communicator::reduce_scatter_in_place_impl(ElementSpan data, const Options&
   ElementSpan mine{static_cast<char*>(data.data) + static_cast<std::size_t>(rank()) * n * dtype_size(data.dtype),
                    n, data.dtype};
   ElementSpan first{data.data, n, data.dtype};
+  if (impl_->handles_device(data.data))  // the backend reduces into this rank's block in place
+    return run("reduce_scatter_in_place", -1, opts, blocking,
+               [&](detail::CommImpl& c, bool b) { return c.reduce_scatter(data, mine, opts.op, b); });
   bool avg = opts.op == ReduceOp::kAvg;
   ReduceOp op = avg ? ReduceOp::kSum : opts.op;
   detail::Finish finish{.data = mine, .divisor = avg ? size() : 0, .move_from = rank() == 0 ? nullptr : first.data};

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -75,10 +76,24 @@ std::vector<std::string_view> member_nodes(const CommImpl& comm) {
   std::abort();  // not reached: abort_job ends the process
 }
 
+struct Polls {
+  std::mutex mutex;
+  std::vector<std::function<void()>> polls;
+};
+
+Polls& polls() {
+  static auto* p = new Polls;  // never destroyed: the watchdog may run during exit
+  return *p;
+}
+
 void watch_loop() {
   Registry& reg = registry();
   for (;;) {
     std::this_thread::sleep_for(kTick);
+    {
+      std::lock_guard<std::mutex> lock(polls().mutex);
+      for (const auto& poll : polls().polls) poll();
+    }
     auto now = Clock::now();
     std::lock_guard<std::mutex> lock(reg.mutex);
     for (Slot* s : reg.slots) {
@@ -112,10 +127,14 @@ void watch_loop() {
   }
 }
 
+void start_watchdog() {
+  static std::once_flag started;
+  std::call_once(started, [] { std::thread(watch_loop).detach(); });
+}
+
 Slot& my_slot() {
   thread_local Slot* slot = [] {
-    static std::once_flag started;
-    std::call_once(started, [] { std::thread(watch_loop).detach(); });
+    start_watchdog();
     auto* s = new Slot;
     std::lock_guard<std::mutex> lock(registry().mutex);
     registry().slots.push_back(s);
@@ -125,6 +144,14 @@ Slot& my_slot() {
 }
 
 }  // namespace
+
+void add_watchdog_poll(std::function<void()> poll) {
+  {
+    std::lock_guard<std::mutex> lock(polls().mutex);
+    polls().polls.push_back(std::move(poll));
+  }
+  start_watchdog();
+}
 
 WatchScope::WatchScope(const char* op, const CommImpl& comm, const std::string& group, double timeout_s,
                        int peer)

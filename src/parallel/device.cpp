@@ -1,25 +1,56 @@
 // The device as the last transformation of the plan: the chunks are built where they run.
 // On CUDA each process takes one GPU (its local rank modulo the GPUs it sees, with one
-// compute stream). What a GPU run supports so far is one rank with the whole model: the
-// collectives of every other strategy run on host buffers (issue 25 brings them to the GPU
-// with NCCL), so those layouts are refused here with one line each.
+// compute stream). Several GPU ranks communicate through a device communicator
+// (device_communicator): NCCL, or the CPU backend with device buffers staged through pinned
+// host memory. Ring attention (cp) and the split backward (zb-h1) run on the CPU only, so
+// those layouts are refused here with one line each.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "comm/backend.hpp"
+#include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/launch/launch_env.hpp"
 #include "ndmesh/parallel/parallelize.hpp"
+#if NDMESH_WITH_CUDA
+#include "backends/staged/staged_backend.hpp"
+#endif
+#if NDMESH_WITH_NCCL
+#include "backends/nccl/nccl_backend.hpp"
+#endif
 
 namespace ndmesh::parallel {
 
+comm::Communicator device_communicator(const comm::Communicator& world, Device device) {
+  if (device == Device::kCpu) return world;
+  // Before any group exists: a rank without a GPU ends with its own line, never with a peer's
+  // store or group gone.
+  cuda::init(static_cast<int>(LaunchEnv::detect().local_rank.value_or(0)));
+  if (world.size() <= 1) return world;
+#if NDMESH_WITH_CUDA
+  // NDMESH_BACKEND names the CPU backend; naming mpi or gloo on a GPU run stages through it.
+  const std::string backend = env::string("NDMESH_BACKEND", "");
+  if (backend == "mpi" || backend == "gloo")
+    return comm::staged(world, comm::staging::cuda_memory());
+#if NDMESH_WITH_NCCL
+  return comm::detail::make_communicator(comm::nccl::wrap(comm::detail::impl_of(world)), world.name());
+#else
+  fail<ConfigError>("train",
+                    "--device cuda on {} ranks: this ndmesh was built without NCCL (nccl.h and libnccl were not "
+                    "found); rebuild where NCCL is installed, or set NDMESH_BACKEND={} to stage device buffers "
+                    "through host memory",
+                    world.size(), world.backend() == "mpi" ? "mpi" : "gloo");
+#endif
+#else
+  return world;  // not reached: cuda::init said why CUDA cannot run
+#endif
+}
+
 void apply_device(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& o) {
+  (void)groups;
   plan.device = o.device;
   if (o.device == Device::kCpu) return;
   std::vector<std::string> problems;
-  if (groups.world().size() > 1)
-    problems.push_back(fmt::format("--device cuda on {} ranks: training on several GPUs (NCCL, or ranks sharing a GPU) "
-                                   "is not available yet; run one rank with --device cuda, or use --device cpu",
-                                   groups.world().size()));
   if (plan.attention) problems.push_back("--device cuda with --cp > 1: ring attention runs on the CPU only for now");
   if (plan.split_backward)
     problems.push_back("--device cuda with --schedule zb-h1: the split backward runs on the CPU only for now; use "

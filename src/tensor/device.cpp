@@ -39,6 +39,8 @@ void* stream() { unavailable(); }
 void synchronize() {}
 void* alloc(std::size_t) { unavailable(); }
 void free(void*) noexcept {}
+void record_stream(void*, void*) {}
+StreamOps& stream_ops() { unavailable(); }
 AllocatorStats allocator_stats() { return {}; }
 void copy_to_device(void*, const void*, std::size_t) { unavailable(); }
 void copy_to_host(void*, const void*, std::size_t) { unavailable(); }

@@ -8,6 +8,8 @@
 #   - every step of `gpu_check.sh steps` reports exactly one PASS, FAIL or SKIP line, and no
 #     step that needs a GPU passes without one;
 #   - the segfaulting binary is one FAIL line naming SIGSEGV, the kernels after it still run;
+#   - the nccl step's 2-rank --device cpu control (tests/store/torchrun_env.py, Gloo) runs
+#     with Open MPI hidden, and its GPU sub-checks fail without a GPU (none passes);
 #   - the --device cpu runs of the train steps succeed as one rank with torchrun's
 #     variables, with Open MPI hidden (the store world; no MPI_Init, no orted), while the
 #     packed ndmesh started without them (as an MPI singleton) fails there: the hiding works;
@@ -105,7 +107,7 @@ tail -n 1 "$tmp/run.log" | grep -qE '^== (PASS|FAIL): [0-9]+ passed, [0-9]+ fail
 # One result line per step, none missing, none doubled, none unknown.
 mapfile -t steps < <(bash scripts/gpu_check.sh steps)
 [ ${#steps[@]} -ge 10 ] || fail "gpu_check.sh steps lists ${#steps[@]} steps"
-gpu_steps=" gpu kernels kernels-bench train-default train-recompute-selective train-recompute-full train-untied checkpoint gpt2-ndmesh gpt2-memory gpt2-torch "
+gpu_steps=" gpu kernels kernels-bench train-default train-recompute-selective train-recompute-full train-untied checkpoint nccl gpt2-ndmesh gpt2-memory gpt2-torch "
 for s in "${steps[@]}"; do
   n=$(grep -cE "^(PASS|FAIL|SKIP) $s \[" "$summary")
   [ "$n" -eq 1 ] || fail "step $s has $n result lines in the summary, expected 1"
@@ -126,6 +128,13 @@ for s in train-default train-recompute-selective train-recompute-full train-unti
   grep -qE "^FAIL $s \[.*--device cpu" "$summary" && fail "$s: the --device cpu run failed: $(grep -E "^FAIL $s \[" "$summary")"
   [[ $(tar -xJOf "$archive" "./$s.cpu.out" 2> /dev/null) == *'"losses"'* ]] || fail "$s: no --device cpu JSON in the log archive"
 done
+# The nccl step: its launch of 2 ranks needs no GPU and no Open MPI; nothing else passes here.
+grep -q '^  PASS nccl/launch: ' "$summary" || fail "nccl: the 2-rank --device cpu launch failed: $(grep 'nccl/launch' "$summary")"
+if [ $have_driver -eq 0 ]; then
+  grep -E '^  PASS nccl/' "$summary" | grep -v 'nccl/launch' | grep -q . &&
+    fail "nccl: a GPU sub-check passed without a GPU: $(grep -E '^  PASS nccl/' "$summary" | grep -v nccl/launch)"
+  grep -q '^  FAIL nccl/reference: ' "$summary" || fail "nccl: no FAIL line for the single-GPU reference without a GPU"
+fi
 if [ $hidden -eq 1 ]; then
   # The control: the same hiding stops the packed ndmesh when it starts MPI (a singleton).
   if unshare --mount --propagation private -- bash -c "$hide && exec env LD_LIBRARY_PATH='$tmp/unpacked/lib' \

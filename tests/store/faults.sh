@@ -2,7 +2,7 @@
 # Launches without mpirun that go wrong end fast with one line naming the cause:
 # a rank that never arrives (exit 124 naming it, within twice NDMESH_INIT_TIMEOUT_S), a
 # wrong WORLD_SIZE on one rank, MASTER_PORT missing or in use, RANK given twice,
-# NDMESH_BACKEND=nccl or mpi (exit 2), and a rank killed mid-training: the launcher leaves
+# NDMESH_BACKEND=nccl without a GPU or mpi (exit 2), and a rank killed mid-training: the launcher leaves
 # the others running (--keep-going), and they must end non-zero by themselves within
 # twice NDMESH_TIMEOUT_S.
 #   faults.sh <ndmesh> <launcher command...>
@@ -43,8 +43,9 @@ agent=0
   expect 2 "WORLD_SIZE=5 on rank 2 but rank 0 has WORLD_SIZE=4" 6 \
     "${run[@]}" --set 2:WORLD_SIZE=5 -np 4 "$ndmesh" check --tp 2 --dp 2
   expect 2 "MASTER_PORT is not" 6 "${run[@]}" --set 1:MASTER_PORT= -np 2 "$ndmesh" check --tp 2
-  NDMESH_BACKEND=nccl expect 2 "NDMESH_BACKEND=nccl: this ndmesh has no NCCL backend yet" 6 \
-    "${run[@]}" -np 2 "$ndmesh" check --tp 2
+  # nccl carries device buffers over the Gloo bootstrap: without a GPU each rank says so.
+  NDMESH_BACKEND=nccl expect 2 "use --device cpu" 6 \
+    "${run[@]}" -np 2 "$ndmesh" train --device cuda --dp 2 --steps 1 --layers 1 --hidden 16 --heads 2 --seq 8 --batch 2
   NDMESH_BACKEND=mpi expect 2 "NDMESH_BACKEND=mpi" 6 "${run[@]}" -np 2 "$ndmesh" check --tp 2
 }
 

@@ -303,7 +303,9 @@ int train(Options o, comm::Communicator& world) {
   o.layout.set_default_sizes({{"dp", -1}});
   MeshSetup layout = o.layout.resolve(world.size());
   check_elastic(o, layout.mesh);
-  ProcessGroups groups(layout.mesh, world);
+  // Several GPU ranks: every group carries device buffers (NCCL, or staged).
+  ProcessGroups groups(layout.mesh,
+                       parallel::device_communicator(world, parse_device(o.device).value_or(Device::kCpu)));
   const bool lead = world.rank() == 0;
   const int threads =
       o.threads > 0 ? static_cast<int>(o.threads)

@@ -41,6 +41,7 @@ class WorkImpl;
 struct WorkState;
 /// A handle over a backend communicator (what a backend's world maker returns).
 Communicator make_communicator(std::shared_ptr<CommImpl> impl, std::string name);
+std::shared_ptr<CommImpl> impl_of(const Communicator& c);
 /// What runs when an operation completes: an in-place reduce_scatter moves its result
 /// block to where the caller expects it, then avg divides the summed elements by the size.
 struct Finish {
@@ -290,6 +291,7 @@ class Communicator {
 
  private:
   friend Communicator detail::make_communicator(std::shared_ptr<detail::CommImpl> impl, std::string name);
+  friend std::shared_ptr<detail::CommImpl> detail::impl_of(const Communicator& c);
   Communicator(std::shared_ptr<detail::CommImpl> impl, std::string name)
       : impl_(std::move(impl)), name_(std::move(name)) {}
   // A read-only span as the backend's ElementSpan (the backend never writes to it).

@@ -92,6 +92,13 @@ void apply_data_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOpti
 void apply_recompute(ModelPlan& plan, const TrainOptions& options);
 void apply_device(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& options);
 
+/// The world that a run on `device` makes its groups from: `world` itself on the CPU or on
+/// one rank; on several GPU ranks a device communicator over it (NCCL; with NDMESH_BACKEND=mpi
+/// or gloo, that backend with device buffers staged through pinned host memory), whose
+/// splits and duplicates carry device buffers too (docs/gpu.md). ConfigError where this
+/// ndmesh has no such communicator.
+comm::Communicator device_communicator(const comm::Communicator& world, Device device);
+
 /// One Gpt per chunk of the plan (the chunks of a rank share one recompute workspace).
 std::vector<std::unique_ptr<model::Gpt>> build_chunks(const ModelPlan& plan);
 

@@ -18,6 +18,8 @@
 #include <string>
 #include <string_view>
 
+#include "ndmesh/core/streams.hpp"
+
 namespace ndmesh {
 
 /// Where elements live.
@@ -53,6 +55,14 @@ void synchronize();
 void* alloc(std::size_t bytes);
 /// Gives a block back to the allocator's cache (nullptr is ignored).
 void free(void* p) noexcept;
+
+/// Work enqueued now on `stream`, a stream other than the compute stream (a communication
+/// stream), uses the device memory at `p` (anywhere inside a block): the block is not handed
+/// out again after its free before that stream has passed this point
+/// (tensor/block_cache.hpp). Without CUDA, does nothing.
+void record_stream(void* p, void* stream);
+/// CUDA's events and streams behind StreamOps (core/streams.hpp).
+StreamOps& stream_ops();
 
 /// What the allocator holds and has handed out.
 struct AllocatorStats {

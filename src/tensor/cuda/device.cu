@@ -2,8 +2,10 @@
 // allocator. Blocks are rounded up to a size class (512 B below 1 MiB, 2 MiB above) and a
 // freed block waits in its class's free list for the next request of that class. With one
 // compute stream per process, reusing a block is ordered after every earlier use of it, so
-// no event is needed. When the driver refuses a request the cache is released and the
-// request retried once.
+// no event is needed, except for blocks that work on another stream used (record_stream: the
+// communication streams of NCCL): those wait for an event of that stream before they are
+// handed out again (tensor/block_cache.hpp). When the driver refuses a request the cache is
+// released and the request retried once.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <mutex>
 #include <vector>
 
+#include "ndmesh/tensor/block_cache.hpp"
 #include "ndmesh/tensor/device.hpp"
 #include "tensor/cuda/errors.hpp"
 
@@ -31,8 +34,8 @@ struct State {
   std::mutex mutex;
   int device = -1;
   cudaStream_t stream = nullptr;
-  std::map<std::size_t, std::vector<void*>> free_blocks;  // by size class
-  std::map<void*, std::size_t> sizes;                     // every block obtained from the driver
+  BlockCache cache{nullptr, nullptr};   // the free blocks, by size class
+  std::map<void*, std::size_t> sizes;  // every block obtained from the driver
   AllocatorStats stats;
 };
 
@@ -49,14 +52,35 @@ std::size_t size_class(std::size_t bytes) {
 
 // Gives every cached block back to the driver (caller holds the mutex).
 void release_cache(State& s) {
-  for (auto& [size, blocks] : s.free_blocks)
-    for (void* p : blocks) {
-      cudaFree(p);
-      s.sizes.erase(p);
-      s.stats.reserved_bytes -= static_cast<std::int64_t>(size);
-    }
-  s.free_blocks.clear();
+  for (auto [p, size] : s.cache.drain()) {
+    cudaFree(p);
+    s.sizes.erase(p);
+    s.stats.reserved_bytes -= static_cast<std::int64_t>(size);
+  }
 }
+
+class CudaStreamOps final : public StreamOps {
+ public:
+  void* create_event() override {
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    return e;
+  }
+  void destroy_event(void* e) noexcept override { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
+  void record(void* e, void* stream) override {
+    check(cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(stream)), "cudaEventRecord");
+  }
+  void wait(void* stream, void* e) override {
+    check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(e), 0),
+          "cudaStreamWaitEvent");
+  }
+  bool query(void* e) override {
+    const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e));
+    if (r == cudaErrorNotReady) return false;
+    check(r, "a kernel before an event (cudaEventQuery)");
+    return true;
+  }
+};
 
 }  // namespace
 
@@ -94,6 +118,7 @@ void init(int local_rank) {
   const int device = local_rank % n;
   check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  s.cache.set_streams(&stream_ops(), s.stream);
   s.device = device;
 }
 
@@ -116,12 +141,8 @@ void* alloc(std::size_t bytes) {
   if (s.device < 0) detail::fail_error("device memory is allocated before cuda::init()");
   const std::size_t size = size_class(bytes);
   std::lock_guard<std::mutex> lock(s.mutex);
-  void* p = nullptr;
-  auto it = s.free_blocks.find(size);
-  if (it != s.free_blocks.end() && !it->second.empty()) {
-    p = it->second.back();
-    it->second.pop_back();
-  } else {
+  void* p = s.cache.take(size);
+  if (p == nullptr) {
     cudaError_t e = cudaMalloc(&p, size);
     if (e == cudaErrorMemoryAllocation) {
       cudaGetLastError();
@@ -148,8 +169,25 @@ void free(void* p) noexcept {
   std::lock_guard<std::mutex> lock(s.mutex);
   auto it = s.sizes.find(p);
   if (it == s.sizes.end()) return;  // not ours: never happens through DeviceBuffer
-  s.free_blocks[it->second].push_back(p);
+  s.cache.give(p, it->second);
   s.stats.allocated_bytes -= static_cast<std::int64_t>(it->second);
+}
+
+StreamOps& stream_ops() {
+  static CudaStreamOps ops;
+  return ops;
+}
+
+void record_stream(void* p, void* stream) {
+  if (p == nullptr) return;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  // The block holding p (p may point inside it: a view of a flat buffer).
+  auto it = s.sizes.upper_bound(p);
+  if (it == s.sizes.begin()) return;
+  --it;
+  if (static_cast<char*>(p) >= static_cast<char*>(it->first) + it->second) return;  // not ours
+  s.cache.note_use(it->first, stream);
 }
 
 AllocatorStats allocator_stats() {
