@@ -6,9 +6,7 @@
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/ops.hpp"
-#if NDMESH_WITH_CUDA
-#include "ndmesh/nn/cuda_ops.hpp"
-#endif
+#include "tensor/cuda_twin.hpp"
 
 namespace ndmesh::nn {
 
@@ -107,13 +105,8 @@ void AdamW<T>::update(ParamStore<T>& store, double lr, double grad_norm, const T
     T* w = store.params().data() + piece.offset + from;
     const T* grads =
         (segment_grads ? segment_grads + piece.state : store.grads().data() + piece.offset) + from;
-#if NDMESH_WITH_CUDA
-    if constexpr (std::is_same_v<T, float>)
-      if (store.device() == Device::kCuda) {
-        cuda::adamw_update(w, grads, ms, vs, count, lr, b1, b2, options_.eps, decay, clip, c1, c2);
-        return;
-      }
-#endif
+    NDMESH_CUDA_TWIN(store.device(),
+                     cuda::adamw_update(w, grads, ms, vs, count, lr, b1, b2, options_.eps, decay, clip, c1, c2))
     for (std::int64_t i = 0; i < count; ++i) {
       const double g = static_cast<double>(grads[i]) * clip;
       const double m = b1 * static_cast<double>(ms[i]) + (1 - b1) * g;

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "ndmesh/tensor/device.hpp"
+#include "ndmesh/tensor/tensor.hpp"
 
 namespace ndmesh::ops {
 
@@ -31,5 +32,24 @@ void gemm(Device device, bool trans_a, bool trans_b, std::int64_t m, std::int64_
 /// ConfigError when `device` cannot hold elements of T (CUDA holds float only).
 template <typename T>
 void check_device(Device device);
+
+/// Host elements (tokens, targets, positions) where the kernels on `device` read them: `host`
+/// itself on the CPU; on CUDA a copy of its n elements in `staged` (resized to [n] on
+/// `device` when needed), ordered on the compute stream.
+template <typename T>
+const T* stage(Tensor<T>& staged, const T* host, std::int64_t n, Device device) {
+  if (device == Device::kCpu) return host;
+  if (staged.device() != device || staged.numel() != n) {
+    staged.set_device(device);
+    staged.resize({n});
+  }
+  cuda::copy_to_device(staged.data(), host, static_cast<std::size_t>(n) * sizeof(T));
+  return staged.data();
+}
+/// What stage() returned last for the same `host` and `staged`.
+template <typename T>
+const T* staged(const Tensor<T>& staged, const T* host, Device device) {
+  return device == Device::kCpu ? host : staged.data();
+}
 
 }  // namespace ndmesh::ops
