@@ -135,6 +135,20 @@ void AdamW<T>::update(ParamStore<T>& store, double lr, double grad_norm, const T
       return;
     }
   allocate();
+  // On CUDA every piece in one launch (the same element update, bit for bit).
+  NDMESH_CUDA_TWIN(store.device(), {
+    std::vector<cuda::AdamWSegment> segments;
+    segments.reserve(pieces_.size());
+    for (const Piece& piece : pieces_)
+      segments.push_back({.param = piece.offset,
+                          .grad = segment_grads ? piece.state : piece.offset,
+                          .state = piece.state,
+                          .count = piece.count,
+                          .decay = piece.decay ? options_.weight_decay : 0.0});
+    cuda::adamw_update_multi(store.params().data(), nullptr, segment_grads ? segment_grads : store.grads().data(),
+                             m_.data(), v_.data(), segments.data(), static_cast<int>(segments.size()), lr, b1, b2,
+                             options_.eps, clip, c1, c2);
+  })
   for (const Piece& piece : pieces_)
     update(piece, 0, piece.count, m_.data() + piece.state, v_.data() + piece.state);
 }

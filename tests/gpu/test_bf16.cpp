@@ -270,8 +270,10 @@ TEST(CudaBf16, ClassifierInPlace) {
 TEST(CudaBf16, MultiTensorAdamWWritesTheBf16Copy) {
   NDMESH_GPU_OR_SKIP();
   // Segments of odd sizes (one over a chunk of 4096, one empty) and two decays, with a gap.
+  // {param, grad, state, count, decay}: the moments packed (state offsets differ from the
+  // parameters'), the gradients where the parameters are.
   const std::vector<cuda::AdamWSegment> segments = {
-      {0, 5, 0.1}, {5, 4099, 0.0}, {4104, 0, 0.1}, {4110, 771, 0.1}};
+      {0, 0, 0, 5, 0.1}, {5, 5, 5, 4099, 0.0}, {4104, 4104, 4104, 0, 0.1}, {4110, 4110, 4104, 771, 0.1}};
   const std::size_t n = 4110 + 771;
   const auto w0 = normal(n, 41), g = normal(n, 42), m0 = normal(n, 43, 0.1f);
   auto v0 = normal(n, 44, 0.1f);
@@ -282,8 +284,8 @@ TEST(CudaBf16, MultiTensorAdamWWritesTheBf16Copy) {
   for (int step = 1; step <= 2; ++step) {
     const double c1 = 1 - std::pow(0.9, step), c2 = 1 - std::pow(0.95, step);
     for (const auto& s : segments)
-      cuda::adamw_update(ptr<float>(rw) + s.offset, ptr<float>(dg) + s.offset, ptr<float>(rm) + s.offset,
-                         ptr<float>(rv) + s.offset, s.count, 1e-3, 0.9, 0.95, 1e-8, s.decay, 0.5, c1, c2);
+      cuda::adamw_update(ptr<float>(rw) + s.param, ptr<float>(dg) + s.grad, ptr<float>(rm) + s.state,
+                         ptr<float>(rv) + s.state, s.count, 1e-3, 0.9, 0.95, 1e-8, s.decay, 0.5, c1, c2);
     cuda::adamw_update_multi(ptr<float>(mw), ptr<BFloat16>(mb), ptr<float>(dg), ptr<float>(mm),
                              ptr<float>(mv), segments.data(), static_cast<int>(segments.size()), 1e-3, 0.9,
                              0.95, 1e-8, 0.5, c1, c2);

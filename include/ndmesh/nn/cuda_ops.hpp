@@ -154,10 +154,11 @@ void classifier_forward_backward(float* logits, float* losses, const std::int32_
 void classifier_forward_backward(BFloat16* logits, float* losses, const std::int32_t* targets, std::int64_t rows,
                                  std::int64_t vocab, std::int64_t padded_vocab, float scale);
 
-/// One parameter tensor of a multi-tensor AdamW step: elements [offset, offset + count) of
-/// the flat parameter, gradient and moment buffers, with its weight decay.
+/// One parameter tensor (or piece of one) of a multi-tensor AdamW step: `count` elements
+/// from `param` in the flat parameters, from `grad` in the gradients and from `state` in
+/// the moments, with its weight decay.
 struct AdamWSegment {
-  std::int64_t offset = 0, count = 0;
+  std::int64_t param = 0, grad = 0, state = 0, count = 0;
   double decay = 0;
 };
 /// adamw_update over every segment in one launch (the segments and their chunk table are

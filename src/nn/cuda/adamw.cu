@@ -59,7 +59,8 @@ __global__ void adamw_multi_kernel(float* w, detail::Bf16Bits* w_bf16, const flo
     step.decay = seg.decay;
     const std::int64_t end = ch.begin + kChunk < seg.count ? ch.begin + kChunk : seg.count;
     for (std::int64_t i = ch.begin + threadIdx.x; i < end; i += blockDim.x)
-      adamw_element(w, w_bf16, grad, m, v, seg.offset + i, step);
+      adamw_element(w + seg.param, w_bf16 ? w_bf16 + seg.param : nullptr, grad + seg.grad, m + seg.state,
+                    v + seg.state, i, step);
   }
 }
 
@@ -90,10 +91,12 @@ struct MultiTables {
 
 bool same(const std::vector<AdamWSegment>& a, const AdamWSegment* b, int n) {
   if (a.size() != static_cast<std::size_t>(n)) return false;
-  for (int i = 0; i < n; ++i)
-    if (a[static_cast<std::size_t>(i)].offset != b[i].offset || a[static_cast<std::size_t>(i)].count != b[i].count ||
-        a[static_cast<std::size_t>(i)].decay != b[i].decay)
+  for (int i = 0; i < n; ++i) {
+    const AdamWSegment& x = a[static_cast<std::size_t>(i)];
+    if (x.param != b[i].param || x.grad != b[i].grad || x.state != b[i].state || x.count != b[i].count ||
+        x.decay != b[i].decay)
       return false;
+  }
   return true;
 }
 
