@@ -147,7 +147,8 @@ struct Bf16Product {  // row-major C[m, n] = A[m, k] B[n, k]^T (the linear forwa
     for (std::int64_t i = 0; i < m; ++i)
       for (std::int64_t j = 0; j < n; ++j)
         for (std::int64_t l = 0; l < k; ++l) {
-          const double t = as_double(a[static_cast<std::size_t>(i * k + l)]) * as_double(b[static_cast<std::size_t>(j * k + l)]);
+          const double t =
+              as_double(a[static_cast<std::size_t>(i * k + l)]) * as_double(b[static_cast<std::size_t>(j * k + l)]);
           ref[static_cast<std::size_t>(i * n + j)] += t;
           sum_abs[static_cast<std::size_t>(i * n + j)] += std::fabs(t);
         }

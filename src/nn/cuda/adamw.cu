@@ -125,7 +125,8 @@ void adamw_update_multi(float* w, BFloat16* w_bf16, const float* grad, float* m,
   const AdamWStep s{lr, beta1, beta2, 1 - beta1, 1 - beta2, eps, 0.0, clip, c1, c2};
   const unsigned blocks = static_cast<unsigned>(t.chunk_count < 65535 ? t.chunk_count : 65535);
   adamw_multi_kernel<<<blocks, detail::kThreads, 0, detail::compute_stream()>>>(
-      w, w_bf16 ? detail::bits(w_bf16) : nullptr, grad, m, v, static_cast<const AdamWSegment*>(t.device_segments.data()),
+      w, w_bf16 ? detail::bits(w_bf16) : nullptr, grad, m, v,
+      static_cast<const AdamWSegment*>(t.device_segments.data()),
       static_cast<const Chunk*>(t.device_chunks.data()), t.chunk_count, s);
   detail::check_launch("adamw_update_multi");
 }

@@ -87,7 +87,8 @@ constexpr int kColTile = 32, kRowLanes = 8;
 
 // Chunk sums of dout xhat (dw) and dout (db): partials [chunks, c] each.
 template <typename S>
-__global__ void layernorm_param_partials_kernel(float* dw_part, float* db_part, const S* dout, const S* inp, const float* mean, const float* rstd,
+__global__ void layernorm_param_partials_kernel(float* dw_part, float* db_part, const S* dout, const S* inp,
+                                                const float* mean, const float* rstd,
                                                 std::int64_t rows, std::int64_t c, std::int64_t chunk_rows) {
   __shared__ float dw_sums[kRowLanes][kColTile + 1], db_sums[kRowLanes][kColTile + 1];
   const std::int64_t j = std::int64_t{blockIdx.x} * kColTile + threadIdx.x;

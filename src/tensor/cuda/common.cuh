@@ -44,7 +44,9 @@ __device__ __forceinline__ float warp_max(float v) {
 /// BFloat16::from_float does.
 using Bf16Bits = std::uint16_t;
 __device__ __forceinline__ float load(const float* p) { return *p; }
-__device__ __forceinline__ float load(const Bf16Bits* p) { return __uint_as_float(static_cast<std::uint32_t>(*p) << 16); }
+__device__ __forceinline__ float load(const Bf16Bits* p) {
+  return __uint_as_float(static_cast<std::uint32_t>(*p) << 16);
+}
 __device__ __forceinline__ Bf16Bits to_bf16(float f) {
   std::uint32_t u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<Bf16Bits>((u >> 16) | 0x40u);
