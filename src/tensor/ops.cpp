@@ -12,8 +12,9 @@ namespace ndmesh::ops {
 template <typename T>
 void check_device(Device device) {
   if (device == Device::kCpu) return;
-  if constexpr (!std::is_same_v<T, float>)
-    fail<InternalError>("tensor", "CUDA holds float elements only; double runs on the CPU");
+  if constexpr (!kCudaHolds<T>)
+    fail<InternalError>("tensor", "CUDA holds float and bfloat16 elements only; {} runs on the CPU",
+                        dtype_name(DTypeOf<T>::value));
   if (!cuda::built()) fail<ConfigError>("cuda", "{}", cuda::unavailable_reason());
 }
 
@@ -60,5 +61,9 @@ void gemm(Device device, bool trans_a, bool trans_b, std::int64_t m, std::int64_
                         const T*, std::int64_t, T, T*, std::int64_t);
 NDMESH_OPS(float)
 NDMESH_OPS(double)
+// bfloat16 tensors: placed, copied and zeroed here; computed on by the bf16 kernels.
+template void check_device<BFloat16>(Device);
+template void copy<BFloat16>(BFloat16*, const BFloat16*, std::int64_t, Device);
+template void zero<BFloat16>(BFloat16*, std::int64_t, Device);
 
 }  // namespace ndmesh::ops

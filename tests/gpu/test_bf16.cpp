@@ -23,6 +23,8 @@
 #include "gpu_test.hpp"
 #include "ndmesh/core/dtype.hpp"
 #include "ndmesh/nn/cuda_ops.hpp"
+#include "ndmesh/tensor/ops.hpp"
+#include "ndmesh/tensor/tensor.hpp"
 
 namespace ndmesh {
 namespace {
@@ -57,6 +59,18 @@ std::vector<float> bf16_on_host(const DeviceBuffer& b, std::size_t n) {
   return widen(to_host<BFloat16>(b, n));
 }
 std::vector<BFloat16> bf16_nans(std::size_t n) { return to_bf16(nans(n)); }
+
+TEST(CudaBf16, Bf16TensorsLiveOnTheDevice) {
+  NDMESH_GPU_OR_SKIP();
+  Tensor<BFloat16> a({3, 5}, Device::kCuda), b({3, 5}, Device::kCuda);
+  EXPECT_EQ(a.dtype(), DType::kBFloat16);
+  const Bf16Input x = draw(15, 51);
+  cuda::copy_to_device(a.data(), x.bf16.data(), 15 * sizeof(BFloat16));
+  ops::copy(b.data(), a.data(), 15, Device::kCuda);
+  EXPECT_TRUE(same_bits(b.to_host(), x.bf16));
+  ops::zero(b.data(), 15, Device::kCuda);
+  EXPECT_TRUE(same_bits(b.to_host(), std::vector<BFloat16>(15, BFloat16(0.0f))));
+}
 
 TEST(CudaBf16, ResidualLayerNorm) {
   NDMESH_GPU_OR_SKIP();

@@ -1,10 +1,13 @@
 // Element-wise helpers that run where the elements live: the CPU loop, or its CUDA twin
 // (nn/cuda_ops.hpp). The layers call these instead of std::copy / std::fill / a loop, so the
-// same layer code serves both devices. CUDA holds float only; double (the
-// finite-difference checks) is CPU only.
+// same layer code serves both devices. CUDA holds float (and bfloat16, copied and zeroed
+// here); double (the finite-difference checks) is CPU only.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+
+#include "ndmesh/core/dtype.hpp"
 
 #include "ndmesh/tensor/device.hpp"
 #include "ndmesh/tensor/tensor.hpp"
@@ -29,7 +32,12 @@ template <typename T>
 void gemm(Device device, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc);
 
-/// ConfigError when `device` cannot hold elements of T (CUDA holds float only).
+/// The element types CUDA holds: float, and bfloat16 (the activations of bf16 mixed
+/// precision; copy and zero only here, its arithmetic is the kernels' of nn/cuda_ops.hpp).
+template <typename T>
+inline constexpr bool kCudaHolds = std::is_same_v<T, float> || std::is_same_v<T, BFloat16>;
+
+/// ConfigError when `device` cannot hold elements of T (CUDA holds float and bfloat16).
 template <typename T>
 void check_device(Device device);
 
