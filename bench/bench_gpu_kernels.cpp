@@ -12,6 +12,9 @@
 //  - attention against the cuBLASLt gemm doing the same useful FLOPs (the causal half of
 //    QKᵀ and PV: one [B H T, hd] x [hd, T] product for the forward, 2.5 of them for the
 //    backward's five products).
+// Then the bf16 mixed-precision kernels, each against its fp32 twin (or the unfused fp32
+// kernels it replaces) in the same run: ratio < 1 is the speed-up; the gemms print the
+// TFLOP/s they reach on tensor cores (an H100's dense bf16 peak is 989).
 // Each time is the median of 7 samples of 10 launches between CUDA events, after a warm-up.
 // The table ends with ratio = kernel / baseline (lower is better; 1 = as fast as the baseline).
 #include <cublas_v2.h>
@@ -144,6 +147,12 @@ class Bench {
     rows_.push_back({name, shape, ms, baseline, base_ms, fmt::format("{:.1f} TFLOP/s", flops / ms / 1e9)});
   }
 
+  // A kernel against another measured in the same run (its fp32 twin): no rate.
+  void versus(const std::string& name, const std::string& shape, const std::string& baseline, double base_ms,
+              const std::function<void()>& f) {
+    rows_.push_back({name, shape, time_ms(f), baseline, base_ms, "-"});
+  }
+
   void print() const {
     fmt::print("\n{:<28} {:<26} {:>10} {:>14} {:>10} {:>8}  {}\n", "kernel", "shape", "ms", "rate", "base ms",
                "ratio", "baseline (same run)");
@@ -255,6 +264,96 @@ void run() {
     bench.compute_bound("attention_backward", shape, 2.5 * flops, "cuBLASLt gemm, same FLOPs", 2.5 * gemm_ms, [&] {
       cuda::attention_backward(f32(dqkv), f32(dout), f32(qkv), f32(out), f32(lse), B, T, H, H, hd, nullptr);
     });
+  }
+  {  // bf16 mixed precision against the fp32 twins
+    const auto bf16 = [](std::int64_t n, float scale = 1.0f) {
+      DeviceBuffer x = floats(n, scale), h(static_cast<std::size_t>(n) * sizeof(ndmesh::BFloat16));
+      cuda::cast(static_cast<ndmesh::BFloat16*>(h.data()), f32(x), n);
+      return h;
+    };
+    const auto b16 = [](const DeviceBuffer& b) { return static_cast<ndmesh::BFloat16*>(b.data()); };
+    // Products: bf16 in, fp32 accumulation, bf16 out, against the fp32 gemm of the shape.
+    const auto gemm_pair = [&](const std::string& name, std::int64_t m, std::int64_t n, std::int64_t k) {
+      DeviceBuffer a = floats(m * k), b = floats(n * k), c = floats(m * n);
+      DeviceBuffer ha = bf16(m * k), hb = bf16(n * k), hc = bf16(m * n);
+      const double base =
+          time_ms([&] { cuda::gemm(false, true, m, n, k, 1.0f, f32(a), k, f32(b), k, 0.0f, f32(c), n); });
+      const std::string shape = fmt::format("{}x{}x{} NT", m, n, k);
+      bench.compute_bound(name, shape, 2.0 * m * n * k, "fp32 gemm (same run)", base, [&] {
+        cuda::gemm_bf16(false, true, m, n, k, 1.0f, b16(ha), k, b16(hb), k, 0.0f, b16(hc), n);
+      });
+    };
+    gemm_pair("gemm_bf16 qkv", N, 3 * C, C);
+    gemm_pair("gemm_bf16 fc", N, 4 * C, C);
+    gemm_pair("gemm_bf16 lm head", N, V, C);
+    {  // fc + bias + GELU in one call (aux kept) against fp32 gemm, bias_forward, gelu_forward
+      DeviceBuffer a = floats(N * C), w = floats(4 * C * C), pre = floats(N * 4 * C), act = floats(N * 4 * C),
+                   bias = floats(4 * C);
+      DeviceBuffer ha = bf16(N * C), hw = bf16(4 * C * C), hact = bf16(N * 4 * C), haux = bf16(N * 4 * C);
+      const double base = time_ms([&] {
+        cuda::gemm(false, true, N, 4 * C, C, 1.0f, f32(a), C, f32(w), C, 0.0f, f32(pre), 4 * C);
+        cuda::bias_forward(f32(pre), f32(bias), N, 4 * C);
+        cuda::gelu_forward(f32(act), f32(pre), N * 4 * C);
+      });
+      bench.compute_bound("gemm_bf16 fc+bias+gelu", fmt::format("{}x{}x{} NT", N, 4 * C, C), 2.0 * N * 4 * C * C,
+                          "fp32 gemm, bias, gelu", base, [&] {
+                            cuda::gemm_bf16(false, true, N, 4 * C, C, 1.0f, b16(ha), C, b16(hw), C, 0.0f, b16(hact),
+                                            4 * C, cuda::GemmEpilogue::kGeluAux, f32(bias), b16(haux));
+                          });
+    }
+    {  // residual + LayerNorm, and the LayerNorm backward
+      DeviceBuffer x = floats(N * C), r = floats(N * C), out = floats(N * C), mean = floats(N), rstd = floats(N),
+                   w = floats(C), b = floats(C), dw = floats(C), db = floats(C), d = floats(N * C), dx = floats(N * C);
+      DeviceBuffer hx = bf16(N * C), hr = bf16(N * C), hres = bf16(N * C), hout = bf16(N * C), hdy = bf16(N * C),
+                   hdx = bf16(N * C);
+      const std::string nc = fmt::format("{}x{}", N, C);
+      const double base = time_ms([&] {
+        cuda::add_inplace(f32(x), f32(r), N * C);
+        cuda::layernorm_forward(f32(out), f32(mean), f32(rstd), f32(x), f32(w), f32(b), N, C, 1e-5f);
+      });
+      bench.versus("residual_layernorm bf16", nc, "fp32 add_inplace + layernorm", base, [&] {
+        cuda::residual_layernorm_forward(b16(hres), b16(hout), f32(mean), f32(rstd), b16(hx), b16(hr), f32(w), f32(b),
+                                         N, C, 1e-5f);
+      });
+      const double base_bwd = time_ms([&] {
+        cuda::layernorm_backward(f32(dx), f32(dw), f32(db), f32(d), f32(x), f32(w), f32(mean), f32(rstd), N, C);
+      });
+      bench.versus("layernorm_backward bf16", nc, "fp32 layernorm_backward", base_bwd, [&] {
+        cuda::layernorm_backward(b16(hdx), f32(dw), f32(db), b16(hdy), b16(hres), f32(w), f32(mean), f32(rstd), N, C);
+      });
+    }
+    {  // the classifier in place on bf16 logits against the fp32 forward + backward pair
+      DeviceBuffer logits = floats(N * V, 4.0f), probs = floats(N * V), losses = floats(N), dlogits = floats(N * V);
+      DeviceBuffer hl = bf16(N * V, 4.0f), targets = ints<std::int32_t>(N, 50257);
+      const auto* tg = static_cast<const std::int32_t*>(targets.data());
+      const double base = time_ms([&] {
+        cuda::cross_entropy_forward(f32(probs), f32(losses), f32(logits), tg, N, V);
+        cuda::cross_entropy_backward(f32(dlogits), f32(probs), tg, N, V, 1.0f / N);
+      });
+      bench.versus("classifier bf16 (in place)", fmt::format("{}x{} of {}", N, 50257, V),
+                   "fp32 cross_entropy fwd + bwd", base,
+                          [&] { cuda::classifier_forward_backward(b16(hl), f32(losses), tg, N, 50257, V, 1.0f / N); });
+    }
+    {  // multi-tensor AdamW (with the bf16 weight copy) against one adamw_update per tensor
+      constexpr int kTensors = 148;  // GPT-2 small's parameter tensors
+      const std::int64_t per = P / kTensors;
+      DeviceBuffer w = floats(P, 0.02f), g = floats(P, 1e-3f), m = floats(P, 1e-4f), v = floats(P, 1e-6f),
+                   hw(static_cast<std::size_t>(P) * sizeof(ndmesh::BFloat16));
+      std::vector<cuda::AdamWSegment> segments;
+      for (int i = 0; i < kTensors; ++i)
+        segments.push_back(
+            {.param = i * per, .grad = i * per, .state = i * per, .count = per, .decay = i % 2 ? 0.1 : 0.0});
+      const double base = time_ms([&] {
+        for (const auto& sg : segments)
+          cuda::adamw_update(f32(w) + sg.param, f32(g) + sg.grad, f32(m) + sg.state, f32(v) + sg.state, sg.count,
+                             6e-4, 0.9, 0.95, 1e-8, sg.decay, 1.0, 0.1, 0.05);
+      });
+      bench.versus("adamw_update_multi + bf16 copy", fmt::format("{} in {}", P, kTensors),
+                   "one adamw_update per tensor", base, [&] {
+                            cuda::adamw_update_multi(f32(w), b16(hw), f32(g), f32(m), f32(v), segments.data(),
+                                                     kTensors, 6e-4, 0.9, 0.95, 1e-8, 1.0, 0.1, 0.05);
+                          });
+    }
   }
   cuda::synchronize();
   bench.print();

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch's GPT-2 small in fp32 with TF32 off: the baseline of ndmesh's tokens/s on one GPU.
+"""PyTorch's GPT-2 small (fp32 with TF32 off, or bf16): the baseline of ndmesh's tokens/s on one GPU.
 
 scripts/gpu_check.sh runs it on the same GPU in the same call as `ndmesh train --device cuda`
 with the same shape (layers, hidden, heads, sequence, vocabulary, batch: the flags below, the
@@ -14,6 +14,19 @@ causal attention through F.scaled_dot_product_attention, tied embeddings. tokens
 caching allocator's pool), each step ending with torch.cuda.synchronize(). Prints one JSON
 line: tokens_per_second, step_seconds, device_peak (torch.cuda.max_memory_allocated), the
 torch and CUDA versions and the GPU's name. Exit 2 with one line when torch or a GPU is missing.
+
+The bf16 baseline of the GPT-2 small benchmark (what a GPU user runs):
+
+    python3 scripts/gpt2_torch_baseline.py --vocab 50257 --pad-vocab 128 --batch 16 \
+        --precision bf16 [--compile] --data tokens.bin --warmup 5 --steps 30
+
+--precision bf16: bf16 autocast (fp32 master weights, fp32 AdamW, fused), flash SDPA, TF32
+allowed for what stays fp32; --compile: torch.compile(model) (the warm-up steps compile);
+--pad-vocab M: the embedding rows padded to a multiple of M (the loss reads the first
+--vocab logits); --data: a raw uint16 token file (nanoGPT's train.bin, or llm.c's .bin
+with its 1024-byte header: scripts/make_token_file.py), read as consecutive batches.
+The JSON adds mfu: (6 N + 6 L T C) FLOPs a token (N the parameters, L layers, T the
+sequence, C the width) times tokens/s over --peak-tflops (989: an H100's dense bf16).
 """
 import argparse
 import json
@@ -33,10 +46,16 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--pad-vocab", type=int, default=1)
+    p.add_argument("--data", default="")
+    p.add_argument("--peak-tflops", type=float, default=989.0)
     a = p.parse_args()
-    for name in ("layers", "hidden", "heads", "seq", "vocab", "batch", "steps"):
+    for name in ("layers", "hidden", "heads", "seq", "vocab", "batch", "steps", "pad_vocab"):
         if getattr(a, name) < 1:
-            print(f"gpt2_torch_baseline.py: --{name}={getattr(a, name)} must be >= 1", file=sys.stderr)
+            print(f"gpt2_torch_baseline.py: --{name.replace('_', '-')}={getattr(a, name)} must be >= 1",
+                  file=sys.stderr)
             return 2
     if a.hidden % a.heads:
         print(f"gpt2_torch_baseline.py: --hidden={a.hidden} is not a multiple of --heads={a.heads}", file=sys.stderr)
@@ -52,10 +71,12 @@ def main() -> int:
         print(f"gpt2_torch_baseline.py: torch {torch.__version__} sees no CUDA GPU", file=sys.stderr)
         return 2
 
-    # fp32 with TF32 off, as ndmesh's CUBLAS_COMPUTE_32F.
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
+    bf16 = a.precision == "bf16"
+    # fp32 with TF32 off, as ndmesh's CUBLAS_COMPUTE_32F; bf16: autocast, TF32 for the rest.
+    torch.backends.cuda.matmul.allow_tf32 = bf16
+    torch.backends.cudnn.allow_tf32 = bf16
+    torch.set_float32_matmul_precision("high" if bf16 else "highest")
+    padded = (a.vocab + a.pad_vocab - 1) // a.pad_vocab * a.pad_vocab
     torch.manual_seed(a.seed)
     dev = torch.device("cuda")
 
@@ -80,7 +101,7 @@ def main() -> int:
     class GPT(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.wte = nn.Embedding(a.vocab, a.hidden)
+            self.wte = nn.Embedding(padded, a.hidden)
             self.wpe = nn.Embedding(a.seq, a.hidden)
             self.blocks = nn.ModuleList(Block() for _ in range(a.layers))
             self.ln_f = nn.LayerNorm(a.hidden)
@@ -94,17 +115,40 @@ def main() -> int:
             for blk in self.blocks:
                 x = blk(x)
             logits = self.ln_f(x) @ self.wte.weight.t()  # tied
-            return F.cross_entropy(logits.view(-1, a.vocab), targets.view(-1))
+            if padded != a.vocab:
+                logits = logits[..., : a.vocab]
+            return F.cross_entropy(logits.reshape(-1, a.vocab).float(), targets.view(-1))
 
     model = GPT().to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=bf16)
     params = sum(x.numel() for x in model.parameters())
-    data = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device=dev)
-    x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    run = torch.compile(model) if a.compile else model
+    batches = []
+    if a.data:
+        import numpy as np
+
+        raw = np.memmap(a.data, dtype=np.uint16, mode="r")
+        header = np.frombuffer(raw[:512].tobytes(), dtype=np.int32) if raw.size >= 512 else None
+        tokens = raw[512:] if header is not None and header[0] == 20240520 else raw  # llm.c's header
+        need = a.batch * (a.seq + 1)
+        if tokens.size < need:
+            print(f"gpt2_torch_baseline.py: --data {a.data} has {tokens.size} tokens, a batch needs {need}",
+                  file=sys.stderr)
+            return 2
+        for i in range(min(a.warmup + a.steps, tokens.size // need)):
+            chunk = torch.from_numpy(tokens[i * need:(i + 1) * need].astype(np.int64)).view(a.batch, a.seq + 1)
+            batches.append(chunk.to(dev))
+    else:
+        batches.append(torch.randint(0, a.vocab, (a.batch, a.seq + 1), device=dev))
+    count = [0]
 
     def step() -> float:
+        data = batches[count[0] % len(batches)]
+        count[0] += 1
+        x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = run(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -122,8 +166,14 @@ def main() -> int:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     total = sum(times)
+    tps = a.steps * a.batch * a.seq / total
+    flops_per_token = 6 * params + 6 * a.layers * a.seq * a.hidden
     print(json.dumps({
-        "tokens_per_second": a.steps * a.batch * a.seq / total,
+        "precision": a.precision,
+        "compiled": a.compile,
+        "mfu": tps * flops_per_token / (a.peak_tflops * 1e12),
+        "flops_per_token": flops_per_token,
+        "tokens_per_second": tps,
         "step_seconds": total / a.steps,
         "step_seconds_min": min(times),
         "step_seconds_max": max(times),

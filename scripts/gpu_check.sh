@@ -46,7 +46,10 @@
 #   train-untied              70    (tests/mpi/train_lib.sh's bounds)
 #   checkpoint                70  saved on cuda at step 10 (35), resumed on cpu (35): steps 11-20
 #                                 within 1e-4 of train-default's cpu run
-#   bf16                      20  --precision bf16 (SKIP while refused as not implemented)
+#   bf16                     100  --precision bf16 tracks fp32 on cuda over 300 steps, for the default model
+#                                 and a 6-layer 384-wide one: losses within 1% at every step, the
+#                                 step-1 gradient norm within 2% (25 s each run; SKIP while refused
+#                                 as not implemented, after one run)
 #   nccl                     200  several ranks on the one GPU (scripts/gpu_nccl.sh): dp 2, tp 2 + sp,
 #                                 pp 2 1F1B and interleaved, cp 2, dp 2 + ZeRO 2 on NCCL (NCCL_HOSTID
 #                                 per rank over loopback), 4 and 8 ranks staged over Gloo, each against
@@ -56,6 +59,12 @@
 #   gpt2-memory               15  its device peak against ndmesh plan memory's prediction
 #   gpt2-torch                75  scripts/gpt2_torch_baseline.py, same shape, fp32, TF32 off: 5
 #                                 warm-up steps, 30 timed; ndmesh's tokens/s as a ratio of it
+#   gpt2-bf16                195  GPT-2 small in bf16 on a token file (scripts/make_token_file.py: 12 x 768,
+#                                 12 heads, sequence 1024, vocabulary 50257 padded to 128, micro-batch
+#                                 16; 5 warm-up steps, 30 timed): ndmesh --precision bf16 (40; only
+#                                 noted while refused), PyTorch eager (35) and torch.compile (90) with
+#                                 bf16 autocast, fused AdamW, flash SDPA; tokens/s, MFU over 989
+#                                 TFLOP/s, peak memory, ndmesh's tokens/s as ratios of PyTorch's
 #   kernels-memcheck          90  the kernel tests under compute-sanitizer (SKIP without it)
 #   kernels-racecheck         90
 #   (the kernel steps: gpu_kernels.sh's own budget, 100, 45, 75 and 75 s, plus 15 s to end it)
@@ -69,7 +78,7 @@ dir=${3:-$build/gpu-check}
 total_budget=540
 
 steps=(gpu glibc cublaslt kernels kernels-bench train-default train-recompute-selective train-recompute-full
-  train-untied checkpoint bf16 nccl gpt2-ndmesh gpt2-memory gpt2-torch kernels-memcheck kernels-racecheck)
+  train-untied checkpoint bf16 nccl gpt2-ndmesh gpt2-memory gpt2-torch gpt2-bf16 kernels-memcheck kernels-racecheck)
 
 pack() {
   [ -f "$build/CMakeCache.txt" ] || { echo "gpu_check.sh: no build in $build (make build first)" >&2; exit 2; }
@@ -392,23 +401,38 @@ step_checkpoint() {
   report "${r%% *}" checkpoint "${r#* }"
 }
 
+# bf16 against fp32 on cuda: the default model and a 6-layer 384-wide one, 300 steps each.
+bf16_models=("default:" "wide:--layers 6 --hidden 384 --heads 6")
+bf16_run=(train --steps 300 --seed 11 --eval-batches 0 --threads 4 --json --device cuda)
+
 step_bf16() {
-  local seconds rc
-  seconds=$(bound 20)
-  [ "$seconds" -eq 0 ] && { report FAIL bf16 "not run: no time left of the $total_budget s budget"; return; }
-  ndmesh "$seconds" bf16 "${model[@]}" --device cuda --precision bf16
-  rc=$?
-  if [ $rc -eq 0 ]; then
-    json_of bf16
-    local r
-    r=$(py bf16 bf16 "$logs/train-default.cuda.json" "$logs/bf16.json")
-    report "${r%% *}" bf16 "${r#* }"
-  elif grep -q 'not implemented' "$logs/bf16.err"; then
-    report SKIP bf16 "refused in one line: $(head -n 1 "$logs/bf16.err")"
-  else
-    report FAIL bf16 "$(describe $rc "$seconds")"
-    tail_of "$logs/bf16.err"
-  fi
+  local seconds rc entry name pairs=()
+  for entry in "${bf16_models[@]}"; do
+    name=${entry%%:*}
+    local shape=()
+    read -r -a shape <<< "${entry#*:}"
+    local precision
+    for precision in bf16 fp32; do
+      seconds=$(bound 25)
+      [ "$seconds" -eq 0 ] && { report FAIL bf16 "not run: no time left of the $total_budget s budget"; return; }
+      ndmesh "$seconds" "bf16.$name.$precision" "${bf16_run[@]}" "${shape[@]}" --precision $precision
+      rc=$?
+      if [ $rc -ne 0 ]; then
+        if [ $precision = bf16 ] && grep -q 'not implemented' "$logs/bf16.$name.bf16.err"; then
+          report SKIP bf16 "refused in one line: $(head -n 1 "$logs/bf16.$name.bf16.err")"
+        else
+          report FAIL bf16 "$name model, --precision $precision: $(describe $rc "$seconds")"
+          tail_of "$logs/bf16.$name.$precision.err"
+        fi
+        return
+      fi
+      json_of "bf16.$name.$precision"
+    done
+    pairs+=("$logs/bf16.$name.fp32.json" "$logs/bf16.$name.bf16.json")
+  done
+  local r
+  r=$(py bf16 bf16 "${pairs[@]}")
+  report "${r%% *}" bf16 "${r#* }"
 }
 
 # GPT-2 small's body; the vocabulary is 1024, not 50304: the Markov source has at most 1024
@@ -476,6 +500,55 @@ step_gpt2_torch() {
 # shellcheck source=scripts/gpu_nccl.sh
 . "$here/gpu_nccl.sh"
 
+# GPT-2 small in bf16 on a token file (the vocabulary 50257 needs one): ndmesh, and PyTorch
+# eager and compiled, in the same call.
+gpt2_bf16_shape=(--layers 12 --hidden 768 --heads 12 --seq 1024 --vocab 50257 --batch 16)
+
+step_gpt2_bf16() {
+  local seconds rc tokens=$work/gpt2-bf16.tokens.bin
+  seconds=$(bound 195)
+  [ "$seconds" -lt 30 ] && { report FAIL gpt2-bf16 "not run: $seconds s left of the $total_budget s budget"; return; }
+  # 40 batches of 16 x 1025 tokens, and some.
+  if ! timeout -k 5 30 python3 "$here/make_token_file.py" "$tokens" --tokens 700000 --vocab 50257 --format llmc \
+    > "$logs/gpt2-bf16.tokens.log" 2>&1; then
+    report FAIL gpt2-bf16 "scripts/make_token_file.py: $(tail -n 1 "$logs/gpt2-bf16.tokens.log")"
+    return
+  fi
+  local note=""
+  seconds=$(bound 40)
+  ndmesh "$seconds" gpt2-bf16 train "${gpt2_bf16_shape[@]}" --data "$tokens" --data-format llmc --steps 35 \
+    --eval-batches 0 --threads 8 --json --device cuda --precision bf16
+  rc=$?
+  rm -f "$logs/gpt2-bf16.speed.json"
+  if [ $rc -eq 0 ]; then
+    local r
+    r=$(py gpt2-bf16.speed speed "$logs/gpt2-bf16.out" 5 $((16 * 1024)) "$logs/gpt2-bf16.speed.json")
+    [ "${r%% *}" = PASS ] || note="; ndmesh: ${r#* }"
+  elif grep -q 'not implemented' "$logs/gpt2-bf16.err"; then
+    note="; ndmesh --precision bf16 refused: $(head -n 1 "$logs/gpt2-bf16.err")"
+  else
+    note="; ndmesh: $(describe $rc "$seconds")"
+    tail_of "$logs/gpt2-bf16.err"
+  fi
+  local mode
+  for mode in eager compiled; do
+    seconds=$(bound $([ $mode = eager ] && echo 35 || echo 90))
+    [ "$seconds" -lt 10 ] && continue
+    timeout -k 5 "$seconds" python3 "$here/gpt2_torch_baseline.py" "${gpt2_bf16_shape[@]}" --pad-vocab 128 \
+      --precision bf16 $([ $mode = compiled ] && echo --compile) --data "$tokens" --warmup 5 --steps 30 \
+      > "$logs/gpt2-bf16.torch-$mode.json" 2> "$logs/gpt2-bf16.torch-$mode.err"
+    rc=$?
+    if [ $rc -ne 0 ]; then
+      note+="; PyTorch $mode: $(describe $rc "$seconds"): $(tail -n 1 "$logs/gpt2-bf16.torch-$mode.err")"
+      tail_of "$logs/gpt2-bf16.torch-$mode.err"
+    fi
+  done
+  local r
+  r=$(py gpt2-bf16 bf16-bench "$logs/gpt2-bf16.torch-eager.json" "$logs/gpt2-bf16.torch-compiled.json" \
+    "$logs/gpt2-bf16.speed.json")
+  report "${r%% *}" gpt2-bf16 "${r#* }$note"
+}
+
 on_signal() {
   report FAIL "${current:-gpu_check}" "gpu_check.sh was stopped by a signal during this step"
   save_logs
@@ -526,6 +599,7 @@ run() {
       gpt2-ndmesh) step_gpt2_ndmesh ;;
       gpt2-memory) step_gpt2_memory ;;
       gpt2-torch) step_gpt2_torch ;;
+      gpt2-bf16) step_gpt2_bf16 ;;
       kernels-memcheck) kernels_step kernels-memcheck 75 --what tests --tool memcheck ;;
       kernels-racecheck) kernels_step kernels-racecheck 75 --what tests --tool racecheck ;;
       *) report FAIL "$s" "gpu_check.sh has no such step" ;;

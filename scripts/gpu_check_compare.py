@@ -13,6 +13,7 @@ tests/mpi/train_lib.sh); resumed losses 1e-4; memory within 10% of the plan. Exi
 1 on FAIL; any error in reading the inputs is a FAIL line naming it.
 """
 import json
+import os
 import re
 import sys
 
@@ -57,9 +58,49 @@ def resumed(full_path, resumed_path):
                       f"{d:.3g} of the uninterrupted cpu run (bound 1e-4)")
 
 
-def bf16(fp32_path, bf16_path):
-    a, b = last_json(fp32_path)["final_loss"], last_json(bf16_path)["final_loss"]
-    return True, f"final loss {b:.5f} against fp32 {a:.5f}: {100 * abs(a - b) / a:.2f}% after the same steps"
+def bf16(*paths):
+    """Pairs of (fp32, bf16) runs of one model: bf16 tracks fp32 within 1% of the loss at every
+    step and within 2% of the step-1 gradient norm."""
+    parts, ok = [], True
+    for fp32_path, bf16_path in zip(paths[::2], paths[1::2]):
+        a, b = last_json(fp32_path), last_json(bf16_path)
+        la, lb, ga, gb = a["losses"], b["losses"], a["grad_norms"], b["grad_norms"]
+        if len(la) != len(lb) or not la or not ga or not gb:
+            return False, f"{bf16_path}: {len(lb)} losses against {len(la)} in {fp32_path}"
+        loss, first = rel(la, lb), rel(ga[:1], gb[:1])
+        ok = ok and loss <= 0.01 and first <= 0.02
+        parts.append(f"{os.path.basename(bf16_path)}: {len(la)} steps, losses within {100 * loss:.2f}% (bound 1%), "
+                     f"step-1 gradient norm {100 * first:.2f}% (2%), final loss {lb[-1]:.4f} against {la[-1]:.4f}")
+    return ok, "; ".join(parts)
+
+
+def bf16_bench(eager_path, compiled_path, ndmesh_path):
+    """GPT-2 small in bf16: PyTorch eager and torch.compile, and ndmesh's tokens/s as ratios of them."""
+    parts, runs = [], {}
+    for name, path in (("eager", eager_path), ("compiled", compiled_path)):
+        try:
+            t = last_json(path)
+        except (OSError, ValueError) as e:
+            parts.append(f"PyTorch {name}: no result ({e})")
+            continue
+        runs[name] = t
+        parts.append(f"PyTorch {t['torch']} {name} bf16: tokens/s {t['tokens_per_second']:.0f}, MFU "
+                     f"{100 * t['mfu']:.1f}%, peak {t['device_peak'] / 2**30:.2f} GiB")
+    if not runs:
+        return False, "; ".join(parts)
+    try:
+        n = last_json(ndmesh_path)
+        tps = n["tokens_per_second"]
+        flops = next(iter(runs.values()))["flops_per_token"]
+        line = f"ndmesh bf16: tokens/s {tps:.0f}, MFU {100 * tps * flops / 989e12:.1f}%"
+        if "device_peak" in n:
+            line += f", peak {n['device_peak'] / 2**30:.2f} GiB"
+        for name, t in runs.items():
+            line += f"; ndmesh/PyTorch {name} {tps / t['tokens_per_second']:.3f}"
+        parts.insert(0, line)
+    except (OSError, ValueError, KeyError):
+        parts.insert(0, "ndmesh bf16: no tokens/s (see the step's ndmesh line)")
+    return True, "; ".join(parts)
 
 
 def speed(out_path, warmup, tokens_per_step, speed_path):
@@ -105,8 +146,8 @@ def torch(baseline_path, speed_path):
 
 
 def main():
-    commands = {"equal": (equal, 2), "resumed": (resumed, 2), "bf16": (bf16, 2), "speed": (speed, 4),
-                "memory": (memory, 2), "torch": (torch, 2)}
+    commands = {"equal": (equal, 2), "resumed": (resumed, 2), "bf16": (bf16, 4), "speed": (speed, 4),
+                "memory": (memory, 2), "torch": (torch, 2), "bf16-bench": (bf16_bench, 3)}
     if len(sys.argv) < 2 or sys.argv[1] not in commands or len(sys.argv) != 2 + commands[sys.argv[1]][1]:
         print(f"FAIL usage: gpu_check_compare.py {'|'.join(commands)} <files> (got {sys.argv[1:]})")
         return 1

@@ -14,9 +14,6 @@
 #include "ndmesh/nn/cross_entropy.hpp"
 #include "ndmesh/tensor/ops.hpp"
 #include "ndmesh/tensor/rng.hpp"
-#if NDMESH_WITH_CUDA
-#include "ndmesh/nn/cuda_ops.hpp"
-#endif
 
 namespace ndmesh::model {
 
@@ -139,9 +136,7 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
   init(options.seed, options.init_std);
   // Initialised on the host; then placed.
   device_ = options.device;
-  NDMESH_CHECK_CONFIG(device_ == Device::kCpu || tp_.size() == 1, "model",
-                      "tensor parallelism (tp={}) on a GPU is not available yet; use --tp 1 or --device cpu",
-                      tp_.size());
+  tp_.check_device();
   store_.to(device_);
   for (Tensor<T>* t : {&dlogits_, &dlnf_, &dlnf_full_, &dres_a_, &dres_b_, &lnf_full_, &input_grad_})
     t->set_device(device_);
@@ -173,23 +168,16 @@ void GptT<T>::set_positions(std::vector<std::int64_t> positions) {
   for (std::int64_t p : positions)
     NDMESH_CHECK(p >= 0 && p < spec_.seq, "model", "position {} is outside the model's seq={}", p, spec_.seq);
   positions_ = std::move(positions);
-  if (device_ != Device::kCpu) {
-    positions_device_.resize({seq_});
-    cuda::copy_to_device(positions_device_.data(), positions_.data(), positions_.size() * sizeof(std::int64_t));
-  }
+  ops::stage(positions_device_, positions_.data(), seq_, device_);
 }
 
 template <typename T>
-void GptT<T>::upload_checked(Tensor<std::int32_t>& dst, const std::int32_t* src, std::int64_t n, std::int64_t limit,
-                             const char* what) const {
+const std::int32_t* GptT<T>::upload_checked(Tensor<std::int32_t>& dst, const std::int32_t* src, std::int64_t n,
+                                            std::int64_t limit, const char* what) const {
   for (std::int64_t i = 0; i < n; ++i)
     NDMESH_CHECK(src[i] >= 0 && src[i] < limit, "model", "{} {} at batch {} position {} is outside [0, {})", what,
                  src[i], i / seq_, positions_[static_cast<std::size_t>(i % seq_)], limit);
-  if (dst.numel() != n) {
-    dst.set_device(device_);
-    dst.resize({n});
-  }
-  cuda::copy_to_device(dst.data(), src, static_cast<std::size_t>(n) * sizeof(std::int32_t));
+  return ops::stage(dst, src, n, device_);
 }
 
 template <typename T>
@@ -319,11 +307,7 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
   if (embed_) {
     NDMESH_CHECK(tokens != nullptr, "model", "the first stage needs tokens");
     std::copy(tokens, tokens + n, a.tokens.begin());
-    const std::int32_t* here = a.tokens.data();
-    if (device_ != Device::kCpu) {
-      upload_checked(a.device_tokens, here, n, spec_.vocab, "token");
-      here = a.device_tokens.data();
-    }
+    const std::int32_t* here = upload_checked(a.device_tokens, a.tokens.data(), n, spec_.vocab, "token");
     unit_event(UnitEvent::kForwardBegin, embed_unit_);
     embed_->forward_at(here, a.input.data(), batch_, seq_, positions_here());
     unit_event(UnitEvent::kForwardEnd, embed_unit_);
@@ -365,16 +349,8 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
     std::copy(targets, targets + n, a.targets.begin());
   else
     std::fill(a.targets.begin(), a.targets.end(), 0);
-#if NDMESH_WITH_CUDA
-  if constexpr (std::is_same_v<T, float>)
-    if (device_ == Device::kCuda) {
-      upload_checked(a.device_targets, a.targets.data(), n, spec_.vocab, "target");
-      const double loss = cuda::cross_entropy_forward(a.probs.data(), a.losses.data(), a.probs.data(),
-                                                      a.device_targets.data(), n, spec_.vocab);
-      return a.have_targets ? loss : std::numeric_limits<double>::quiet_NaN();
-    }
-#endif
-  const double loss = nn::CrossEntropy<T>::forward(a.probs.data(), a.targets.data(), a.probs.data(),
+  const std::int32_t* targets_here = upload_checked(a.device_targets, a.targets.data(), n, spec_.vocab, "target");
+  const double loss = nn::CrossEntropy<T>::forward(device_, a.probs.data(), targets_here, a.probs.data(),
                                                    a.losses.data(), n, head_->local_vocab(),
                                                    head_->local_vocab() * tp_.rank(), spec_.vocab, *tp_.comm);
   return a.have_targets ? loss : std::numeric_limits<double>::quiet_NaN();
@@ -386,15 +362,9 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
   if (head_) {
     NDMESH_CHECK(a.have_targets, "model", "backward() after a forward without targets");
     dlogits_.zero();
-#if NDMESH_WITH_CUDA
-    if constexpr (std::is_same_v<T, float>)
-      if (device_ == Device::kCuda)
-        cuda::cross_entropy_backward(dlogits_.data(), a.probs.data(), a.device_targets.data(), n, spec_.vocab,
-                                     static_cast<float>(loss_weight_));
-    if (device_ == Device::kCpu)
-#endif
-      nn::CrossEntropy<T>::backward(a.probs.data(), a.targets.data(), dlogits_.data(), n, head_->local_vocab(),
-                                    head_->local_vocab() * tp_.rank(), static_cast<T>(loss_weight_));
+    nn::CrossEntropy<T>::backward(device_, a.probs.data(), ops::staged(a.device_targets, a.targets.data(), device_),
+                                  dlogits_.data(), n, head_->local_vocab(), head_->local_vocab() * tp_.rank(),
+                                  static_cast<T>(loss_weight_));
     dlnf_full_.zero();
     // Sequence parallelism: the head's input is gathered again (not kept per micro-batch).
     const T* lnf_in =
@@ -438,8 +408,8 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     if (grads_final_) grads_final_(block_offset_[l]);
   }
   if (embed_)
-    embed_->backward_at(dout->data(), device_ == Device::kCpu ? a.tokens.data() : a.device_tokens.data(), batch_,
-                        seq_, positions_here());
+    embed_->backward_at(dout->data(), ops::staged(a.device_tokens, a.tokens.data(), device_), batch_, seq_,
+                        positions_here());
   else
     ops::copy(input_grad_.data(), dout->data(), nl * c, device_);
   if (grads_final_) grads_final_(0);

@@ -6,9 +6,7 @@
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/ops.hpp"
-#if NDMESH_WITH_CUDA
-#include "ndmesh/nn/cuda_ops.hpp"
-#endif
+#include "tensor/cuda_twin.hpp"
 
 namespace ndmesh::nn {
 
@@ -107,13 +105,8 @@ void AdamW<T>::update(ParamStore<T>& store, double lr, double grad_norm, const T
     T* w = store.params().data() + piece.offset + from;
     const T* grads =
         (segment_grads ? segment_grads + piece.state : store.grads().data() + piece.offset) + from;
-#if NDMESH_WITH_CUDA
-    if constexpr (std::is_same_v<T, float>)
-      if (store.device() == Device::kCuda) {
-        cuda::adamw_update(w, grads, ms, vs, count, lr, b1, b2, options_.eps, decay, clip, c1, c2);
-        return;
-      }
-#endif
+    NDMESH_CUDA_TWIN(store.device(),
+                     cuda::adamw_update(w, grads, ms, vs, count, lr, b1, b2, options_.eps, decay, clip, c1, c2))
     for (std::int64_t i = 0; i < count; ++i) {
       const double g = static_cast<double>(grads[i]) * clip;
       const double m = b1 * static_cast<double>(ms[i]) + (1 - b1) * g;
@@ -144,6 +137,20 @@ void AdamW<T>::update(ParamStore<T>& store, double lr, double grad_norm, const T
       return;
     }
   allocate();
+  // On CUDA every piece in one launch (the same element update, bit for bit).
+  NDMESH_CUDA_TWIN(store.device(), {
+    std::vector<cuda::AdamWSegment> segments;
+    segments.reserve(pieces_.size());
+    for (const Piece& piece : pieces_)
+      segments.push_back({.param = piece.offset,
+                          .grad = segment_grads ? piece.state : piece.offset,
+                          .state = piece.state,
+                          .count = piece.count,
+                          .decay = piece.decay ? options_.weight_decay : 0.0});
+    cuda::adamw_update_multi(store.params().data(), nullptr, segment_grads ? segment_grads : store.grads().data(),
+                             m_.data(), v_.data(), segments.data(), static_cast<int>(segments.size()), lr, b1, b2,
+                             options_.eps, clip, c1, c2);
+  })
   for (const Piece& piece : pieces_)
     update(piece, 0, piece.count, m_.data() + piece.state, v_.data() + piece.state);
 }

@@ -4,7 +4,7 @@
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/ops.hpp"
-#include "nn/cuda_twin.hpp"
+#include "tensor/cuda_twin.hpp"
 
 namespace ndmesh::nn {
 

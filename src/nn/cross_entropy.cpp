@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ndmesh/core/error.hpp"
+#include "tensor/cuda_twin.hpp"
 
 namespace ndmesh::nn {
 
@@ -95,6 +96,25 @@ void CrossEntropy<T>::backward(const T* probs, const std::int32_t* targets, T* d
     const std::int64_t t = targets[r] - vocab_start;
     if (t >= 0 && t < local_vocab) d[t] -= scale;
   }
+}
+
+template <typename T>
+double CrossEntropy<T>::forward(Device device, const T* logits, const std::int32_t* targets, T* probs, T* losses,
+                                std::int64_t rows, std::int64_t local_vocab, std::int64_t vocab_start,
+                                std::int64_t vocab, TpComm<T>& comm) {
+  NDMESH_CUDA_TWIN(device, {
+    NDMESH_CHECK(local_vocab == vocab && comm.size() == 1, "nn",
+                 "the CUDA cross-entropy needs the whole vocabulary on one rank ({} of {})", local_vocab, vocab);
+    return cuda::cross_entropy_forward(probs, losses, logits, targets, rows, vocab);
+  })
+  return forward(logits, targets, probs, losses, rows, local_vocab, vocab_start, vocab, comm);
+}
+
+template <typename T>
+void CrossEntropy<T>::backward(Device device, const T* probs, const std::int32_t* targets, T* dlogits,
+                               std::int64_t rows, std::int64_t local_vocab, std::int64_t vocab_start, T scale) {
+  NDMESH_CUDA_TWIN(device, cuda::cross_entropy_backward(dlogits, probs, targets, rows, local_vocab, scale))
+  backward(probs, targets, dlogits, rows, local_vocab, vocab_start, scale);
 }
 
 template struct CrossEntropy<float>;

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "ndmesh/core/error.hpp"
-#include "nn/cuda_twin.hpp"
+#include "tensor/cuda_twin.hpp"
 
 namespace ndmesh::nn {
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <type_traits>
 
-#include "nn/cuda_twin.hpp"
+#include "tensor/cuda_twin.hpp"
 
 namespace ndmesh::nn {
 

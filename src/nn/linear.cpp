@@ -6,9 +6,7 @@
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/blas.hpp"
 #include "ndmesh/tensor/ops.hpp"
-#if NDMESH_WITH_CUDA
-#include "ndmesh/nn/cuda_ops.hpp"
-#endif
+#include "tensor/cuda_twin.hpp"
 
 namespace ndmesh::nn {
 
@@ -84,10 +82,7 @@ void Linear<T>::add_bias(T* out, std::int64_t rows) const {
   if (bias_ < 0) return;
   const std::int64_t n_out = options_.out;
   const T* b = store_->param(bias_);
-#if NDMESH_WITH_CUDA
-  if constexpr (std::is_same_v<T, float>)
-    if (store_->device() == Device::kCuda) return cuda::bias_forward(out, b, rows, n_out);
-#endif
+  NDMESH_CUDA_TWIN(store_->device(), cuda::bias_forward(out, b, rows, n_out))
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t o = 0; o < n_out; ++o) out[r * n_out + o] += b[o];
 }
@@ -97,10 +92,7 @@ void Linear<T>::backward_bias(const T* dout, std::int64_t rows) const {
   if (bias_ < 0) return;
   const std::int64_t n_out = options_.out;
   T* db = store_->grad(bias_);
-#if NDMESH_WITH_CUDA
-  if constexpr (std::is_same_v<T, float>)
-    if (store_->device() == Device::kCuda) return cuda::bias_backward(db, dout, rows, n_out);
-#endif
+  NDMESH_CUDA_TWIN(store_->device(), cuda::bias_backward(db, dout, rows, n_out))
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t o = 0; o < n_out; ++o) db[o] += dout[r * n_out + o];
 }

@@ -5,65 +5,40 @@
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/blas.hpp"
-#if NDMESH_WITH_CUDA
-#include "ndmesh/nn/cuda_ops.hpp"
-#endif
+#include "tensor/cuda_twin.hpp"
 
 namespace ndmesh::ops {
 
 template <typename T>
 void check_device(Device device) {
   if (device == Device::kCpu) return;
-  if constexpr (!std::is_same_v<T, float>)
-    fail<InternalError>("tensor", "CUDA holds float elements only; double runs on the CPU");
+  if constexpr (!kCudaHolds<T>)
+    fail<InternalError>("tensor", "CUDA holds float and bfloat16 elements only; {} runs on the CPU",
+                        dtype_name(DTypeOf<T>::value));
   if (!cuda::built()) fail<ConfigError>("cuda", "{}", cuda::unavailable_reason());
 }
 
-// Each function: the CPU loop, or (float on CUDA) its CUDA twin. check_device() has refused
-// every other combination, and a build without CUDA never has device memory.
-#if NDMESH_WITH_CUDA
-#define NDMESH_ON_CUDA(device, call)       \
-  if ((device) == Device::kCuda) {         \
-    if constexpr (std::is_same_v<T, float>) { \
-      call;                                \
-      return;                              \
-    } else {                               \
-      check_device<T>(device);             \
-    }                                      \
-  }
-#define NDMESH_ON_CUDA_RETURN(device, call) \
-  if ((device) == Device::kCuda) {          \
-    if constexpr (std::is_same_v<T, float>) \
-      return call;                          \
-    else                                    \
-      check_device<T>(device);              \
-  }
-#else
-#define NDMESH_ON_CUDA(device, call) check_device<T>(device);
-#define NDMESH_ON_CUDA_RETURN(device, call) check_device<T>(device);
-#endif
-
 template <typename T>
 void copy(T* dst, const T* src, std::int64_t n, Device device) {
-  NDMESH_ON_CUDA(device, cuda::copy_device(dst, src, static_cast<std::size_t>(n) * sizeof(T)))
+  NDMESH_CUDA_TWIN(device, cuda::copy_device(dst, src, static_cast<std::size_t>(n) * sizeof(T)))
   std::copy(src, src + n, dst);
 }
 
 template <typename T>
 void zero(T* dst, std::int64_t n, Device device) {
-  NDMESH_ON_CUDA(device, cuda::memset_zero(dst, static_cast<std::size_t>(n) * sizeof(T)))
+  NDMESH_CUDA_TWIN(device, cuda::memset_zero(dst, static_cast<std::size_t>(n) * sizeof(T)))
   std::fill(dst, dst + n, T(0));
 }
 
 template <typename T>
 void add(T* dst, const T* src, std::int64_t n, Device device) {
-  NDMESH_ON_CUDA(device, cuda::add_inplace(dst, src, n))
+  NDMESH_CUDA_TWIN(device, cuda::add_inplace(dst, src, n))
   for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
 template <typename T>
 double square_sum(const T* x, std::int64_t n, Device device) {
-  NDMESH_ON_CUDA_RETURN(device, cuda::square_sum(x, n))
+  NDMESH_CUDA_TWIN(device, return cuda::square_sum(x, n))
   double s = 0;
   for (std::int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
   return s;
@@ -72,7 +47,7 @@ double square_sum(const T* x, std::int64_t n, Device device) {
 template <typename T>
 void gemm(Device device, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
-  NDMESH_ON_CUDA(device, cuda::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+  NDMESH_CUDA_TWIN(device, cuda::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
   ndmesh::gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -86,5 +61,9 @@ void gemm(Device device, bool trans_a, bool trans_b, std::int64_t m, std::int64_
                         const T*, std::int64_t, T, T*, std::int64_t);
 NDMESH_OPS(float)
 NDMESH_OPS(double)
+// bfloat16 tensors: placed, copied and zeroed here; computed on by the bf16 kernels.
+template void check_device<BFloat16>(Device);
+template void copy<BFloat16>(BFloat16*, const BFloat16*, std::int64_t, Device);
+template void zero<BFloat16>(BFloat16*, std::int64_t, Device);
 
 }  // namespace ndmesh::ops

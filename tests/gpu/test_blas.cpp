@@ -1,7 +1,9 @@
 // cuda::gemm (cuBLASLt, TF32 off) against ndmesh::gemm (OpenBLAS) on odd shapes, every
 // transpose, padded leading dimensions, beta = 0 over a poisoned C and beta != 0 over a
 // filled one; and Linear's forward composed on the device (gemm, then bias_forward)
-// against nn::Linear<float>::forward. GPU only: the CPU emulator has no cuBLASLt.
+// against nn::Linear<float>::forward. The bf16 products (gemm_bf16, gemm_bf16_f32) and
+// their epilogues against a double reference on the same bf16 inputs. GPU only: the CPU
+// emulator has no cuBLASLt.
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "gpu_test.hpp"
 #include "ndmesh/nn/cuda_ops.hpp"
 #include "ndmesh/nn/linear.hpp"
+#include "ndmesh/core/dtype.hpp"
 #include "ndmesh/tensor/blas.hpp"
 
 namespace ndmesh {
@@ -101,6 +104,140 @@ TEST(CudaGemm, GemmPlusBiasIsTheLinearForward) {
     // The bound above (2e-6 k) scaled by the weights' 0.2.
     EXPECT_TRUE(all_close(to_host<float>(dout, ref.size()), ref, 4e-7 * static_cast<double>(in), 1e-5))
         << "rows=" << rows << " in=" << in << " out=" << out;
+  }
+}
+
+// ---------------------------------------------------------------- bf16 (tensor cores)
+
+std::vector<BFloat16> bf16_of(const std::vector<float>& x) {
+  std::vector<BFloat16> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = BFloat16(x[i]);
+  return out;
+}
+double as_double(BFloat16 x) { return static_cast<double>(static_cast<float>(x)); }
+double gelu(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+double gelu_grad(double x) {
+  const double a = 0.7978845608028654, t = std::tanh(a * (x + 0.044715 * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * a * (1 + 3 * 0.044715 * x * x);
+}
+
+// |got - ref| <= rtol |ref| + acc_tol S for every element, S the sum of |terms| of the dot
+// product (the fp32 accumulation's error bound: k terms, each rounding at most 2^-24
+// relative of a partial sum below S: k 2^-24 S; acc_tol states it per test).
+::testing::AssertionResult within(const std::vector<double>& got, const std::vector<double>& ref,
+                                  const std::vector<double>& s, double rtol, double acc_tol) {
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double bound = rtol * std::fabs(ref[i]) + acc_tol * s[i];
+    if (!(std::fabs(got[i] - ref[i]) <= bound))
+      return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << ", ref " << ref[i]
+                                           << ", bound " << bound;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+struct Bf16Product {  // row-major C[m, n] = A[m, k] B[n, k]^T (the linear forward's shape)
+  std::int64_t m, n, k;
+  std::vector<BFloat16> a, b;
+  std::vector<double> ref, sum_abs;  // in double from the bf16 values
+  Bf16Product(std::int64_t m_, std::int64_t n_, std::int64_t k_, std::uint64_t seed) : m(m_), n(n_), k(k_) {
+    a = bf16_of(normal(static_cast<std::size_t>(m * k), seed));
+    b = bf16_of(normal(static_cast<std::size_t>(n * k), seed + 1));
+    ref.assign(static_cast<std::size_t>(m * n), 0.0);
+    sum_abs.assign(ref.size(), 0.0);
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j)
+        for (std::int64_t l = 0; l < k; ++l) {
+          const double t =
+              as_double(a[static_cast<std::size_t>(i * k + l)]) * as_double(b[static_cast<std::size_t>(j * k + l)]);
+          ref[static_cast<std::size_t>(i * n + j)] += t;
+          sum_abs[static_cast<std::size_t>(i * n + j)] += std::fabs(t);
+        }
+  }
+};
+
+std::vector<double> doubles(const std::vector<BFloat16>& x) {
+  std::vector<double> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = as_double(x[i]);
+  return out;
+}
+
+// Bounds: fp32 accumulation of k terms (k 2^-24 S, stated as 2^-22 S: 4x margin for the
+// split-k and tree orders cuBLASLt may pick), then one bf16 rounding of each output (2^-8
+// relative, 2^-7 to allow the neighbour when the fp32 result sits at a rounding midpoint);
+// GELU and its derivative are 1.2-Lipschitz in the range drawn, so they carry the product's
+// error over at most 1.2x: the GELU cases use rtol 2^-6. A missing bias, GELU or dGELU is
+// off by O(1).
+TEST(CudaGemmBf16, ProductsAndEpiloguesMatchADoubleReference) {
+  NDMESH_GPU_OR_SKIP();
+  const double kRound = 1.0 / 128, kAcc = std::ldexp(1.0, -22);
+  for (const GemmCase& g : {GemmCase{64, 96, 128}, GemmCase{40, 24, 72}, GemmCase{8, 768, 768}}) {
+    const Bf16Product p(g.m, g.n, g.k, 100 + static_cast<std::uint64_t>(g.k));
+    const auto mn = static_cast<std::size_t>(g.m * g.n), ns = static_cast<std::size_t>(g.n);
+    const auto bias = normal(ns, 7);
+    DeviceBuffer da = to_device(p.a), db = to_device(p.b), dbias = to_device(bias);
+    const std::string where = "m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k);
+
+    DeviceBuffer c = to_device(bf16_of(nans(mn)));
+    cuda::gemm_bf16(false, true, g.m, g.n, g.k, 1.0f, ptr<BFloat16>(da), g.k, ptr<BFloat16>(db), g.k, 0.0f,
+                    ptr<BFloat16>(c), g.n);
+    EXPECT_TRUE(within(doubles(to_host<BFloat16>(c, mn)), p.ref, p.sum_abs, kRound, kAcc)) << "plain " << where;
+
+    std::vector<double> pre(mn), act(mn);
+    for (std::size_t i = 0; i < mn; ++i) pre[i] = p.ref[i] + bias[i % ns], act[i] = gelu(pre[i]);
+    cuda::gemm_bf16(false, true, g.m, g.n, g.k, 1.0f, ptr<BFloat16>(da), g.k, ptr<BFloat16>(db), g.k, 0.0f,
+                    ptr<BFloat16>(c), g.n, cuda::GemmEpilogue::kBias, ptr<float>(dbias));
+    EXPECT_TRUE(within(doubles(to_host<BFloat16>(c, mn)), pre, p.sum_abs, kRound, kAcc)) << "bias " << where;
+
+    DeviceBuffer aux = to_device(bf16_of(nans(mn)));
+    cuda::gemm_bf16(false, true, g.m, g.n, g.k, 1.0f, ptr<BFloat16>(da), g.k, ptr<BFloat16>(db), g.k, 0.0f,
+                    ptr<BFloat16>(c), g.n, cuda::GemmEpilogue::kGeluAux, ptr<float>(dbias), ptr<BFloat16>(aux));
+    const auto aux_host = to_host<BFloat16>(aux, mn);
+    EXPECT_TRUE(within(doubles(aux_host), pre, p.sum_abs, kRound, kAcc)) << "gelu aux " << where;
+    EXPECT_TRUE(within(doubles(to_host<BFloat16>(c, mn)), act, p.sum_abs, 2 * kRound, 1.2 * kAcc))
+        << "gelu " << where;
+
+    // dGELU with the bias gradient: C = product * gelu'(aux), dbias = column sums of C.
+    std::vector<double> dgelu(mn), dgelu_s(mn), dbias_ref(ns, 0.0), dbias_s(ns, 0.0);
+    for (std::size_t i = 0; i < mn; ++i) {
+      const double d = gelu_grad(as_double(aux_host[i]));
+      dgelu[i] = p.ref[i] * d, dgelu_s[i] = p.sum_abs[i] * std::fabs(d);
+      dbias_ref[i % ns] += dgelu[i], dbias_s[i % ns] += dgelu_s[i] + std::fabs(dgelu[i]);
+    }
+    DeviceBuffer ddbias = to_device(nans(ns));
+    cuda::gemm_bf16(false, true, g.m, g.n, g.k, 1.0f, ptr<BFloat16>(da), g.k, ptr<BFloat16>(db), g.k, 0.0f,
+                    ptr<BFloat16>(c), g.n, cuda::GemmEpilogue::kDGelu, nullptr, ptr<BFloat16>(aux),
+                    ptr<float>(ddbias));
+    EXPECT_TRUE(within(doubles(to_host<BFloat16>(c, mn)), dgelu, dgelu_s, 2 * kRound, 1.2 * kAcc)) << "dgelu " << where;
+    // The column sums may be taken before or after the rounding of C: 2^-7 of the sum of
+    // |terms| covers both.
+    std::vector<double> got_dbias(ns);
+    const auto h = to_host<float>(ddbias, ns);
+    for (std::size_t j = 0; j < ns; ++j) got_dbias[j] = h[j];
+    EXPECT_TRUE(within(got_dbias, dbias_ref, dbias_s, 0, kRound)) << "dgelu bias gradient " << where;
+
+    // The weight gradient into fp32 with beta 1: dW[n, k] += dout[m, n]^T inp[m, k], and
+    // the bias gradient of dout (BGRADB) from the same read.
+    const auto w0 = normal(static_cast<std::size_t>(g.n * g.k), 9);
+    DeviceBuffer dw = to_device(w0), gb = to_device(nans(ns));
+    // dout = C's shape [m, n] (the a of the product: trans_a), inp = A [m, k].
+    const auto dout = bf16_of(normal(mn, 10));
+    DeviceBuffer ddout = to_device(dout);
+    cuda::gemm_bf16_f32(true, false, g.n, g.k, g.m, 1.0f, ptr<BFloat16>(ddout), g.n, ptr<BFloat16>(da), g.k, 1.0f,
+                        ptr<float>(dw), g.k, cuda::GemmEpilogue::kBGradB, ptr<float>(gb));
+    std::vector<double> wref(w0.begin(), w0.end()), ws(w0.size(), 0.0), gref(ns, 0.0), gs(ns, 0.0);
+    for (std::int64_t i = 0; i < g.m; ++i)
+      for (std::int64_t o = 0; o < g.n; ++o) {
+        const double d = as_double(dout[static_cast<std::size_t>(i * g.n + o)]);
+        gref[static_cast<std::size_t>(o)] += d, gs[static_cast<std::size_t>(o)] += std::fabs(d);
+        for (std::int64_t l = 0; l < g.k; ++l) {
+          const double t = d * as_double(p.a[static_cast<std::size_t>(i * g.k + l)]);
+          wref[static_cast<std::size_t>(o * g.k + l)] += t, ws[static_cast<std::size_t>(o * g.k + l)] += std::fabs(t);
+        }
+      }
+    for (std::size_t i = 0; i < ws.size(); ++i) ws[i] += std::fabs(w0[i]);  // beta C joins the sum
+    const auto wh = to_host<float>(dw, w0.size()), gh = to_host<float>(gb, ns);
+    EXPECT_TRUE(within(std::vector<double>(wh.begin(), wh.end()), wref, ws, 1e-6, kAcc)) << "weight gradient " << where;
+    EXPECT_TRUE(within(std::vector<double>(gh.begin(), gh.end()), gref, gs, 1e-6, kAcc)) << "BGRADB " << where;
   }
 }
 

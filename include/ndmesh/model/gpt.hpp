@@ -260,12 +260,12 @@ class GptT {
   int block_unit(std::size_t l) const { return (embed_ ? 1 : 0) + static_cast<int>(l); }
   // The positions where the kernels read them (device memory on CUDA).
   const std::int64_t* positions_here() const {
-    return device_ == Device::kCpu ? positions_.data() : positions_device_.data();
+    return ops::staged(positions_device_, positions_.data(), device_);
   }
-  // Copies n host integers of [0, limit) into `dst` on the model's device (ConfigError
-  // naming `what` for one outside the range: the kernels do not check).
-  void upload_checked(Tensor<std::int32_t>& dst, const std::int32_t* src, std::int64_t n, std::int64_t limit,
-                      const char* what) const;
+  // Checks n host integers against [0, limit) (Error naming `what` for one outside: the
+  // kernels do not check) and returns where the kernels read them (ops::stage into `dst`).
+  const std::int32_t* upload_checked(Tensor<std::int32_t>& dst, const std::int32_t* src, std::int64_t n,
+                                     std::int64_t limit, const char* what) const;
 
   ModelSpec spec_;
   nn::TpContext<T> tp_;

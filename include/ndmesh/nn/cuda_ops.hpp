@@ -7,8 +7,10 @@
 // Declared only; defined where CUDA is built (NDMESH_CUDA). Every pointer is device
 // memory; every call is ordered on the process's compute stream (cuda::stream()) and
 // returns without waiting for it, except those that return a number to the host. fp32
-// throughout, TF32 off: the CUDA fp32 path reproduces the CPU run (bf16 mixed precision
-// adds its own entry points).
+// throughout, TF32 off: the CUDA fp32 path reproduces the CPU run. bf16 mixed precision
+// adds its own entry points (the last section): bfloat16 activations, fp32 parameters,
+// statistics, accumulation and loss; each is the same kernel as its fp32 twin with the
+// loads widened and the stores rounded (tests/gpu compares the two).
 #pragma once
 
 #include <cstdint>
@@ -102,5 +104,91 @@ void cross_entropy_backward(float* dlogits, const float* probs, const std::int32
 /// with c1 = 1 - b1^t, c2 = 1 - b2^t given by the caller.
 void adamw_update(float* w, const float* grad, float* m, float* v, std::int64_t n, double lr, double beta1,
                   double beta2, double eps, double decay, double clip, double c1, double c2);
+
+// ---------------------------------------------------------------- bf16 mixed precision
+// Activations and their gradients are bfloat16 (ndmesh::BFloat16), everything else fp32.
+// Each kernel reads bf16 as float, computes exactly what its fp32 overload computes, and
+// rounds each output once (to nearest even) when it stores it.
+
+/// residual = x + r (stored, rounded to the element type), then layernorm_forward of the
+/// residual as stored into out; mean, rstd fp32. The float overload is the fp32 twin.
+void residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd, const float* x,
+                                const float* r, const float* weight, const float* bias, std::int64_t rows,
+                                std::int64_t channels, float eps);
+void residual_layernorm_forward(BFloat16* residual, BFloat16* out, float* mean, float* rstd, const BFloat16* x,
+                                const BFloat16* r, const float* weight, const float* bias, std::int64_t rows,
+                                std::int64_t channels, float eps);
+/// layernorm_backward on bf16 rows: dinp accumulated in float and rounded once; the
+/// weight and bias gradients fp32.
+void layernorm_backward(BFloat16* dinp, float* dweight, float* dbias, const BFloat16* dout, const BFloat16* inp,
+                        const float* weight, const float* mean, const float* rstd, std::int64_t rows,
+                        std::int64_t channels);
+
+/// gelu_forward / gelu_backward on bf16 elements.
+void gelu_forward(BFloat16* out, const BFloat16* inp, std::int64_t n);
+void gelu_backward(BFloat16* dinp, const BFloat16* dout, const BFloat16* inp, std::int64_t n);
+
+/// bias_forward on bf16 rows (fp32 bias); bias_backward from bf16 rows into an fp32 dbias.
+void bias_forward(BFloat16* out, const float* bias, std::int64_t rows, std::int64_t cols);
+void bias_backward(float* dbias, const BFloat16* dout, std::int64_t rows, std::int64_t cols);
+
+/// Tokens and positions in one pass: out[r, :] = wte[tokens[r], :] + wpe[positions[r % seq], :]
+/// (fp32 tables, the whole vocabulary), rounded once; the float overload is the fp32 twin of
+/// embedding_tokens_forward followed by embedding_positions_forward.
+void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
+                       const std::int64_t* positions, std::int64_t rows, std::int64_t seq, std::int64_t channels);
+void embedding_forward(BFloat16* out, const std::int32_t* tokens, const float* wte, const float* wpe,
+                       const std::int64_t* positions, std::int64_t rows, std::int64_t seq, std::int64_t channels);
+/// embedding_backward from a bf16 d output into the fp32 tables (whole vocabulary).
+void embedding_backward(float* dwte, float* dwpe, const BFloat16* dout, const std::int32_t* tokens,
+                        const std::int64_t* positions, std::int64_t rows, std::int64_t seq, std::int64_t channels);
+
+/// The classifier's loss and gradient in one kernel, in place and without a probs buffer:
+/// logits [rows, padded_vocab] (the vocabulary padded to a multiple of 128, the padding
+/// columns never read) become dlogits = (softmax(z) - onehot(target)) * scale over the
+/// first `vocab` columns and 0 in the padding; losses[rows] = log(sum) - (z_target - max),
+/// fp32. The loss stays on the device (cuda::sum of the losses when it is printed). The
+/// float overload is the fp32 twin.
+void classifier_forward_backward(float* logits, float* losses, const std::int32_t* targets, std::int64_t rows,
+                                 std::int64_t vocab, std::int64_t padded_vocab, float scale);
+void classifier_forward_backward(BFloat16* logits, float* losses, const std::int32_t* targets, std::int64_t rows,
+                                 std::int64_t vocab, std::int64_t padded_vocab, float scale);
+
+/// One parameter tensor (or piece of one) of a multi-tensor AdamW step: `count` elements
+/// from `param` in the flat parameters, from `grad` in the gradients and from `state` in
+/// the moments, with its weight decay.
+struct AdamWSegment {
+  std::int64_t param = 0, grad = 0, state = 0, count = 0;
+  double decay = 0;
+};
+/// adamw_update over every segment in one launch (the segments and their chunk table are
+/// uploaded once and cached for the same list): w, m, v as adamw_update computes them, bit
+/// for bit, and, when w_bf16 is not null, w_bf16[i] = the new w[i] rounded to bfloat16 (the
+/// copy the bf16 forward reads, written by the step itself).
+void adamw_update_multi(float* w, BFloat16* w_bf16, const float* grad, float* m, float* v,
+                        const AdamWSegment* segments, int segment_count, double lr, double beta1, double beta2,
+                        double eps, double clip, double c1, double c2);
+
+/// What a bf16 gemm fuses after the product (cuBLASLt epilogues; row-major C[m, n]):
+///   kBias:    C += bias[n] on every row (fp32 bias);
+///   kGeluAux: aux = product + bias[n] (stored as C), C = gelu(aux) (tanh form): the MLP's
+///             fc and GELU in one call, aux kept for the backward;
+///   kDGelu:   C = product * gelu'(aux) and dbias[n] = its column sums: the backward of
+///             kGeluAux with its bias gradient;
+///   kBGradB:  (gemm_bf16_f32, the weight gradient with trans_a: A = dout [k, m]) also
+///             dbias[m] = the sums of op(A) over k: the bias gradient from the same read.
+/// Bias gradients are written, not accumulated.
+enum class GemmEpilogue : std::uint8_t { kNone, kBias, kGeluAux, kDGelu, kBGradB };
+/// gemm with bf16 A, B and C (row-major as gemm), fp32 accumulation (cuBLASLt,
+/// CUBLAS_COMPUTE_32F) and one rounding of each output. GPU only: cuBLASLt does not run in
+/// the emulator.
+void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+               const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, BFloat16* c,
+               std::int64_t ldc, GemmEpilogue epilogue = GemmEpilogue::kNone, const float* bias = nullptr,
+               BFloat16* aux = nullptr, float* dbias = nullptr);
+/// gemm with bf16 A and B into an fp32 C: the weight gradient accumulated in fp32 (beta 1).
+void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                   const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, float* c,
+                   std::int64_t ldc, GemmEpilogue epilogue = GemmEpilogue::kNone, float* dbias = nullptr);
 
 }  // namespace ndmesh::cuda

@@ -1,12 +1,16 @@
 // Element-wise helpers that run where the elements live: the CPU loop, or its CUDA twin
 // (nn/cuda_ops.hpp). The layers call these instead of std::copy / std::fill / a loop, so the
-// same layer code serves both devices. CUDA holds float only; double (the
-// finite-difference checks) is CPU only.
+// same layer code serves both devices. CUDA holds float (and bfloat16, copied and zeroed
+// here); double (the finite-difference checks) is CPU only.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+
+#include "ndmesh/core/dtype.hpp"
 
 #include "ndmesh/tensor/device.hpp"
+#include "ndmesh/tensor/tensor.hpp"
 
 namespace ndmesh::ops {
 
@@ -28,8 +32,32 @@ template <typename T>
 void gemm(Device device, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc);
 
-/// ConfigError when `device` cannot hold elements of T (CUDA holds float only).
+/// The element types CUDA holds: float, and bfloat16 (the activations of bf16 mixed
+/// precision; copy and zero only here, its arithmetic is the kernels' of nn/cuda_ops.hpp).
+template <typename T>
+inline constexpr bool kCudaHolds = std::is_same_v<T, float> || std::is_same_v<T, BFloat16>;
+
+/// ConfigError when `device` cannot hold elements of T (CUDA holds float and bfloat16).
 template <typename T>
 void check_device(Device device);
+
+/// Host elements (tokens, targets, positions) where the kernels on `device` read them: `host`
+/// itself on the CPU; on CUDA a copy of its n elements in `staged` (resized to [n] on
+/// `device` when needed), ordered on the compute stream.
+template <typename T>
+const T* stage(Tensor<T>& staged, const T* host, std::int64_t n, Device device) {
+  if (device == Device::kCpu) return host;
+  if (staged.device() != device || staged.numel() != n) {
+    staged.set_device(device);
+    staged.resize({n});
+  }
+  cuda::copy_to_device(staged.data(), host, static_cast<std::size_t>(n) * sizeof(T));
+  return staged.data();
+}
+/// What stage() returned last for the same `host` and `staged`.
+template <typename T>
+const T* staged(const Tensor<T>& staged, const T* host, Device device) {
+  return device == Device::kCpu ? host : staged.data();
+}
 
 }  // namespace ndmesh::ops

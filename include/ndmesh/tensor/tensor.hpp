@@ -1,9 +1,10 @@
-// Tensor: a contiguous, row-major array of float or double with a shape, on a device.
+// Tensor: a contiguous, row-major array of elements with a shape, on a device.
 //
 // The layers in ndmesh/nn work on raw pointers into buffers like this one (llm.c style);
 // Tensor only owns memory and remembers the shape and the device, so that buffers can be
 // named after what they hold and sized once. Scalars are float for training and double for
-// the finite-difference checks. On the CPU the elements are a std::vector (the reference
+// the finite-difference checks; bfloat16 (BFloat16) for the activations of bf16 mixed
+// precision. The element type is part of the tensor (dtype()). On the CPU the elements are a std::vector (the reference
 // path, unchanged); on CUDA (tensor/device.hpp) they are device memory from the caching
 // allocator, addressed by data() but not by operator[] or span().
 #pragma once
@@ -16,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "ndmesh/core/dtype.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/device.hpp"
 
@@ -26,7 +28,8 @@ inline std::int64_t shape_numel(const std::vector<std::int64_t>& shape) {
   return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
 }
 
-/// An owning, contiguous, zero-initialised tensor of T (float or double).
+/// An owning, contiguous, zero-initialised tensor of T (float, double, BFloat16, or the
+/// integers of tokens and positions).
 template <typename T>
 class Tensor {
  public:
@@ -70,6 +73,8 @@ class Tensor {
 
   /// Where the elements live.
   Device device() const { return device_; }
+  /// The element type.
+  static constexpr DType dtype() { return DTypeOf<T>::value; }
   /// The sizes, outermost first.
   const std::vector<std::int64_t>& shape() const { return shape_; }
   /// Size of dimension `d`.

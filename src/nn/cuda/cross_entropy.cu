@@ -10,10 +10,14 @@
 //
 // Backward: dlogits += probs * scale, then dlogits[target] -= scale, with the _rn
 // intrinsics (no FMA): the CPU loop's arithmetic bit for bit.
+//
+// classifier_forward_backward: both in one kernel, in place on the (padded) logits, fp32 or
+// bf16; no probs buffer, the per-row losses stay on the device.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "ndmesh/nn/cuda_ops.hpp"
 #include "tensor/cuda/common.cuh"
@@ -71,6 +75,49 @@ __global__ void cross_entropy_forward_kernel(float* probs, float* losses, const 
   if (threadIdx.x == 0) losses[row] = logf(all.sum) - (z_target - all.max);
 }
 
+// The classifier: the forward above and the backward below in one kernel, in place on the
+// logits (S: float, or bfloat16 bits), without a probs buffer. Each thread reads and
+// then overwrites only its own columns, after the barrier that orders the target's read.
+// d = p scale - [i == target] scale with the backward's operations: the float twin writes
+// what cross_entropy_forward then cross_entropy_backward into zeros write, bit for bit.
+template <typename S>
+__global__ void classifier_kernel(S* logits, float* losses, const std::int32_t* targets, std::int64_t vocab,
+                                  std::int64_t padded_vocab, float scale) {
+  __shared__ MaxSum warp_parts[kThreads / 32];
+  __shared__ float z_target;
+  const std::int64_t row = blockIdx.x;
+  S* z = logits + row * padded_vocab;
+  const std::int32_t target = targets[row];
+  if (threadIdx.x == 0) z_target = target >= 0 && target < vocab ? detail::load(z + target) : NAN;
+  MaxSum part{-INFINITY, 0.0f};
+  for (std::int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+    const float v = detail::load(z + i);
+    if (v > part.max) {
+      part.sum = part.sum * expf(part.max - v) + 1.0f;
+      part.max = v;
+    } else if (v != -INFINITY) {
+      part.sum += expf(v - part.max);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1)
+    part =
+        merge(part, {__shfl_xor_sync(0xffffffffu, part.max, o), __shfl_xor_sync(0xffffffffu, part.sum, o)});
+  if (threadIdx.x % 32 == 0) warp_parts[threadIdx.x / 32] = part;
+  __syncthreads();
+  MaxSum all = warp_parts[0];
+  for (int w = 1; w < kThreads / 32; ++w) all = merge(all, warp_parts[w]);
+  const float inv = 1.0f / all.sum;
+  for (std::int64_t i = threadIdx.x; i < padded_vocab; i += kThreads) {
+    float d = 0.0f;
+    if (i < vocab) {
+      d = __fmul_rn(expf(detail::load(z + i) - all.max) * inv, scale);
+      if (i == target) d = __fsub_rn(d, scale);
+    }
+    detail::store(z + i, d);
+  }
+  if (threadIdx.x == 0) losses[row] = logf(all.sum) - (z_target - all.max);
+}
+
 constexpr int kBackwardThreads = 256, kPerThread = 4;
 
 __global__ void cross_entropy_backward_kernel(float* dlogits, const float* probs, const std::int32_t* targets,
@@ -90,7 +137,29 @@ __global__ void cross_entropy_backward_kernel(float* dlogits, const float* probs
   }
 }
 
+template <typename S>
+void classifier(S* logits, float* losses, const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
+                std::int64_t padded_vocab, float scale) {
+  if (rows <= 0) return;
+  if (padded_vocab < vocab)
+    detail::fail_error("classifier_forward_backward: padded vocabulary " + std::to_string(padded_vocab) +
+                       " is smaller than the vocabulary " + std::to_string(vocab));
+  classifier_kernel<S><<<static_cast<unsigned>(rows), kThreads, 0, compute_stream()>>>(logits, losses, targets,
+                                                                                       vocab, padded_vocab, scale);
+  check_launch("classifier_forward_backward");
+}
+
 }  // namespace
+
+void classifier_forward_backward(float* logits, float* losses, const std::int32_t* targets, std::int64_t rows,
+                                 std::int64_t vocab, std::int64_t padded_vocab, float scale) {
+  classifier(logits, losses, targets, rows, vocab, padded_vocab, scale);
+}
+
+void classifier_forward_backward(BFloat16* logits, float* losses, const std::int32_t* targets, std::int64_t rows,
+                                 std::int64_t vocab, std::int64_t padded_vocab, float scale) {
+  classifier(detail::bits(logits), losses, targets, rows, vocab, padded_vocab, scale);
+}
 
 double cross_entropy_forward(float* probs, float* losses, const float* logits, const std::int32_t* targets,
                              std::int64_t rows, std::int64_t vocab) {

@@ -1,7 +1,8 @@
 // nn::Gelu on the device (cuda_ops.hpp): GELU with the tanh approximation,
 //   gelu(x) = x/2 (1 + tanh(a (x + k x³))), a = sqrt(2/pi), k = 0.044715,
 //   gelu'(x) = (1 + t)/2 + x/2 (1 - t²) a (1 + 3 k x²), t = tanh(a (x + k x³)).
-// tanhf here and the CPU's 1 - 2/(exp(2u) + 1) differ by a few 1e-8 absolute. Like the CPU
+// The bf16 overloads are the same kernels on bf16 elements (float math, one rounding per
+// store). tanhf here and the CPU's 1 - 2/(exp(2u) + 1) differ by a few 1e-8 absolute. Like the CPU
 // layer it reads the biased input; fusing the bias (a cuBLASLt GELU_BIAS epilogue) is later
 // work for the bf16 path.
 #include <cuda_runtime.h>
@@ -18,38 +19,54 @@ namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 
-__global__ void gelu_forward_kernel(float* out, const float* inp, std::int64_t n) {
+using detail::bits;
+using detail::load;
+using detail::store;
+
+// S: float, or bfloat16 bits (computed in float, rounded once on the store).
+template <typename S>
+__global__ void gelu_forward_kernel(S* out, const S* inp, std::int64_t n) {
   const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kCubic * x * x * x)));
+    const float x = load(inp + i);
+    store(out + i, 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kCubic * x * x * x))));
   }
 }
 
-__global__ void gelu_backward_kernel(float* dinp, const float* dout, const float* inp, std::int64_t n) {
+template <typename S>
+__global__ void gelu_backward_kernel(S* dinp, const S* dout, const S* inp, std::int64_t n) {
   const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float x = inp[i];
+    const float x = load(inp + i);
     const float t = tanhf(kSqrt2OverPi * (x + kCubic * x * x * x));
     const float d =
         0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
-    dinp[i] = __fadd_rn(dinp[i], __fmul_rn(d, dout[i]));
+    store(dinp + i, __fadd_rn(load(dinp + i), __fmul_rn(d, load(dout + i))));
   }
+}
+
+template <typename S>
+void forward(S* out, const S* inp, std::int64_t n) {
+  if (n <= 0) return;
+  gelu_forward_kernel<S><<<detail::blocks_for(n), detail::kThreads, 0, detail::compute_stream()>>>(out, inp, n);
+  detail::check_launch("gelu_forward");
+}
+
+template <typename S>
+void backward(S* dinp, const S* dout, const S* inp, std::int64_t n) {
+  if (n <= 0) return;
+  gelu_backward_kernel<S><<<detail::blocks_for(n), detail::kThreads, 0, detail::compute_stream()>>>(dinp, dout,
+                                                                                                    inp, n);
+  detail::check_launch("gelu_backward");
 }
 
 }  // namespace
 
-void gelu_forward(float* out, const float* inp, std::int64_t n) {
-  if (n <= 0) return;
-  gelu_forward_kernel<<<detail::blocks_for(n), detail::kThreads, 0, detail::compute_stream()>>>(out, inp, n);
-  detail::check_launch("gelu_forward");
-}
-
-void gelu_backward(float* dinp, const float* dout, const float* inp, std::int64_t n) {
-  if (n <= 0) return;
-  gelu_backward_kernel<<<detail::blocks_for(n), detail::kThreads, 0, detail::compute_stream()>>>(dinp, dout,
-                                                                                                 inp, n);
-  detail::check_launch("gelu_backward");
+void gelu_forward(float* out, const float* inp, std::int64_t n) { forward(out, inp, n); }
+void gelu_forward(BFloat16* out, const BFloat16* inp, std::int64_t n) { forward(bits(out), bits(inp), n); }
+void gelu_backward(float* dinp, const float* dout, const float* inp, std::int64_t n) { backward(dinp, dout, inp, n); }
+void gelu_backward(BFloat16* dinp, const BFloat16* dout, const BFloat16* inp, std::int64_t n) {
+  backward(bits(dinp), bits(dout), bits(inp), n);
 }
 
 }  // namespace ndmesh::cuda

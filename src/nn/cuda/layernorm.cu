@@ -8,6 +8,8 @@
 // tree). The weight and bias gradients are column sums, computed deterministically like
 // bias_backward: chunks of rows summed by 32 x 8 thread blocks, then the chunk sums added
 // in order (detail::add_column_partials). No atomics anywhere: the same bits every run.
+// residual_layernorm_forward adds the residual first (stored, then normalised as stored);
+// every kernel is templated on the rows' storage (float, or bf16 bits: detail::load/store).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -19,58 +21,74 @@ namespace ndmesh::cuda {
 
 namespace {
 
+using detail::Bf16Bits;
+using detail::bits;
 using detail::check_launch;
 using detail::compute_stream;
+using detail::load;
+using detail::store;
 using detail::warp_sum;
 
 constexpr int kWarpsPerBlock = 8;
 
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
+// S: the storage type of the rows (float, or bfloat16 bits with float statistics). With
+// `add`, the row is first residual = inp + add, stored (rounded to S) and normalised as
+// stored: the residual connection and the next norm in one pass over the row.
+template <typename S>
+__global__ void layernorm_forward_kernel(S* out, float* mean, float* rstd, S* residual, const S* inp, const S* add,
                                          const float* weight, const float* bias, std::int64_t rows, int c,
                                          float eps) {
   const std::int64_t row = std::int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
-  const float* x = inp + row * c;
+  const S* x = inp + row * c;
+  if (add != nullptr) {  // each lane reads back only what it wrote: no barrier
+    S* res = residual + row * c;
+    const S* a = add + row * c;
+    for (int i = lane; i < c; i += 32) store(res + i, load(x + i) + load(a + i));
+    x = res;
+  }
   float s = 0;
-  for (int i = lane; i < c; i += 32) s += x[i];
+  for (int i = lane; i < c; i += 32) s += load(x + i);
   const float m = warp_sum(s) / static_cast<float>(c);
   float v = 0;
-  for (int i = lane; i < c; i += 32) v += (x[i] - m) * (x[i] - m);
+  for (int i = lane; i < c; i += 32) v += (load(x + i) - m) * (load(x + i) - m);
   const float r = 1.0f / sqrtf(warp_sum(v) / static_cast<float>(c) + eps);
-  float* y = out + row * c;
-  for (int i = lane; i < c; i += 32) y[i] = (x[i] - m) * r * weight[i] + bias[i];
+  S* y = out + row * c;
+  for (int i = lane; i < c; i += 32) store(y + i, (load(x + i) - m) * r * weight[i] + bias[i]);
   if (lane == 0) mean[row] = m, rstd[row] = r;
 }
 
-__global__ void layernorm_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* weight,
+template <typename S>
+__global__ void layernorm_dinp_kernel(S* dinp, const S* dout, const S* inp, const float* weight,
                                       const float* mean, const float* rstd, std::int64_t rows, int c) {
   const std::int64_t row = std::int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
-  const float* x = inp + row * c;
-  const float* dy = dout + row * c;
+  const S* x = inp + row * c;
+  const S* dy = dout + row * c;
   const float m = mean[row], r = rstd[row];
   float g_sum = 0, gx_sum = 0;
   for (int i = lane; i < c; i += 32) {
-    const float g = dy[i] * weight[i];
+    const float g = load(dy + i) * weight[i];
     g_sum += g;
-    gx_sum += g * ((x[i] - m) * r);
+    gx_sum += g * ((load(x + i) - m) * r);
   }
   const float g_mean = warp_sum(g_sum) / static_cast<float>(c);
   const float gx_mean = warp_sum(gx_sum) / static_cast<float>(c);
-  float* dx = dinp + row * c;
+  S* dx = dinp + row * c;
   for (int i = lane; i < c; i += 32) {
-    const float xhat = (x[i] - m) * r;
-    dx[i] += r * (dy[i] * weight[i] - g_mean - xhat * gx_mean);
+    const float xhat = (load(x + i) - m) * r;
+    store(dx + i, load(dx + i) + r * (load(dy + i) * weight[i] - g_mean - xhat * gx_mean));
   }
 }
 
 constexpr int kColTile = 32, kRowLanes = 8;
 
 // Chunk sums of dout xhat (dw) and dout (db): partials [chunks, c] each.
-__global__ void layernorm_param_partials_kernel(float* dw_part, float* db_part, const float* dout,
-                                                const float* inp, const float* mean, const float* rstd,
+template <typename S>
+__global__ void layernorm_param_partials_kernel(float* dw_part, float* db_part, const S* dout, const S* inp,
+                                                const float* mean, const float* rstd,
                                                 std::int64_t rows, std::int64_t c, std::int64_t chunk_rows) {
   __shared__ float dw_sums[kRowLanes][kColTile + 1], db_sums[kRowLanes][kColTile + 1];
   const std::int64_t j = std::int64_t{blockIdx.x} * kColTile + threadIdx.x;
@@ -79,8 +97,8 @@ __global__ void layernorm_param_partials_kernel(float* dw_part, float* db_part, 
   float dw = 0, db = 0;
   if (j < c)
     for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
-      const float dy = dout[r * c + j];
-      dw += dy * ((inp[r * c + j] - mean[r]) * rstd[r]);
+      const float dy = load(dout + r * c + j);
+      dw += dy * ((load(inp + r * c + j) - mean[r]) * rstd[r]);
       db += dy;
     }
   dw_sums[threadIdx.y][threadIdx.x] = dw;
@@ -98,21 +116,20 @@ unsigned row_blocks(std::int64_t rows) {
   return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
-}  // namespace
-
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, std::int64_t rows, std::int64_t channels, float eps) {
+template <typename S>
+void forward(S* out, float* mean, float* rstd, S* residual, const S* inp, const S* add, const float* weight,
+             const float* bias, std::int64_t rows, std::int64_t channels, float eps, const char* what) {
   if (rows <= 0 || channels <= 0) return;
-  layernorm_forward_kernel<<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
-      out, mean, rstd, inp, weight, bias, rows, static_cast<int>(channels), eps);
-  check_launch("layernorm_forward");
+  layernorm_forward_kernel<S><<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
+      out, mean, rstd, residual, inp, add, weight, bias, rows, static_cast<int>(channels), eps);
+  check_launch(what);
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, std::int64_t rows,
-                        std::int64_t channels) {
+template <typename S>
+void backward(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const float* weight,
+              const float* mean, const float* rstd, std::int64_t rows, std::int64_t channels) {
   if (rows <= 0 || channels <= 0) return;
-  layernorm_dinp_kernel<<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
+  layernorm_dinp_kernel<S><<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
       dinp, dout, inp, weight, mean, rstd, rows, static_cast<int>(channels));
   check_launch("layernorm_backward (dinp)");
   const std::int64_t chunk_rows = detail::column_chunk_rows(rows),
@@ -121,11 +138,43 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   float* dw_part = static_cast<float*>(partials.data());
   float* db_part = dw_part + chunks * channels;
   const dim3 grid(static_cast<unsigned>((channels + kColTile - 1) / kColTile), static_cast<unsigned>(chunks));
-  layernorm_param_partials_kernel<<<grid, dim3(kColTile, kRowLanes), 0, compute_stream()>>>(
+  layernorm_param_partials_kernel<S><<<grid, dim3(kColTile, kRowLanes), 0, compute_stream()>>>(
       dw_part, db_part, dout, inp, mean, rstd, rows, channels, chunk_rows);
   check_launch("layernorm_backward (weight and bias)");
   detail::add_column_partials(dweight, dw_part, chunks, channels);
   detail::add_column_partials(dbias, db_part, chunks, channels);
+}
+
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, std::int64_t rows, std::int64_t channels, float eps) {
+  forward<float>(out, mean, rstd, nullptr, inp, nullptr, weight, bias, rows, channels, eps, "layernorm_forward");
+}
+
+void residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd, const float* x,
+                                const float* r, const float* weight, const float* bias, std::int64_t rows,
+                                std::int64_t channels, float eps) {
+  forward<float>(out, mean, rstd, residual, x, r, weight, bias, rows, channels, eps, "residual_layernorm_forward");
+}
+
+void residual_layernorm_forward(BFloat16* residual, BFloat16* out, float* mean, float* rstd, const BFloat16* x,
+                                const BFloat16* r, const float* weight, const float* bias, std::int64_t rows,
+                                std::int64_t channels, float eps) {
+  forward<Bf16Bits>(bits(out), mean, rstd, bits(residual), bits(x), bits(r), weight, bias, rows, channels, eps,
+                    "residual_layernorm_forward (bf16)");
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, std::int64_t rows,
+                        std::int64_t channels) {
+  backward<float>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, channels);
+}
+
+void layernorm_backward(BFloat16* dinp, float* dweight, float* dbias, const BFloat16* dout, const BFloat16* inp,
+                        const float* weight, const float* mean, const float* rstd, std::int64_t rows,
+                        std::int64_t channels) {
+  backward<Bf16Bits>(bits(dinp), dweight, dbias, bits(dout), bits(inp), weight, mean, rstd, rows, channels);
 }
 
 }  // namespace ndmesh::cuda

@@ -5,6 +5,7 @@
 // 32 x 8 threads sums 32 columns of one chunk (thread (x, y) rows y, y + 8, ... of column
 // x, then the 8 partial sums in order y = 0..7), and a second pass adds the chunk sums in
 // chunk order (detail::add_column_partials). No atomics: the same bits on every run.
+// Both kernels take fp32 or bf16 rows (detail::load/store); the bias and its gradient are fp32.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -16,22 +17,28 @@ namespace ndmesh::cuda {
 
 namespace {
 
+using detail::bits;
 using detail::check_launch;
 using detail::compute_stream;
+using detail::load;
+using detail::store;
 
-__global__ void bias_forward_kernel(float* out, const float* bias, std::int64_t rows, std::int64_t cols) {
+// S: float, or bfloat16 bits (the bf16 overloads: float math, one rounding per store).
+template <typename S>
+__global__ void bias_forward_kernel(S* out, const float* bias, std::int64_t rows, std::int64_t cols) {
   const std::int64_t j = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (j >= cols) return;
   const float b = bias[j];
   for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    float& o = out[r * cols + j];
-    o = __fadd_rn(o, b);
+    S* o = out + r * cols + j;
+    store(o, __fadd_rn(load(o), b));
   }
 }
 
 constexpr int kColTile = 32, kRowLanes = 8;
 
-__global__ void bias_partials_kernel(float* partials, const float* dout, std::int64_t rows, std::int64_t cols,
+template <typename S>
+__global__ void bias_partials_kernel(float* partials, const S* dout, std::int64_t rows, std::int64_t cols,
                                      std::int64_t chunk_rows) {
   __shared__ float sums[kRowLanes][kColTile + 1];
   const std::int64_t j = std::int64_t{blockIdx.x} * kColTile + threadIdx.x;
@@ -39,7 +46,7 @@ __global__ void bias_partials_kernel(float* partials, const float* dout, std::in
   const std::int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
   float acc = 0;
   if (j < cols)
-    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) acc = __fadd_rn(acc, dout[r * cols + j]);
+    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) acc = __fadd_rn(acc, load(dout + r * cols + j));
   sums[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && j < cols) {
@@ -49,26 +56,41 @@ __global__ void bias_partials_kernel(float* partials, const float* dout, std::in
   }
 }
 
-}  // namespace
-
-void bias_forward(float* out, const float* bias, std::int64_t rows, std::int64_t cols) {
+template <typename S>
+void forward(S* out, const float* bias, std::int64_t rows, std::int64_t cols) {
   if (rows <= 0 || cols <= 0) return;
   const dim3 grid(static_cast<unsigned>((cols + detail::kThreads - 1) / detail::kThreads),
                   static_cast<unsigned>(rows < 4096 ? rows : 4096));
-  bias_forward_kernel<<<grid, detail::kThreads, 0, compute_stream()>>>(out, bias, rows, cols);
+  bias_forward_kernel<S><<<grid, detail::kThreads, 0, compute_stream()>>>(out, bias, rows, cols);
   check_launch("bias_forward");
 }
 
-void bias_backward(float* dbias, const float* dout, std::int64_t rows, std::int64_t cols) {
+template <typename S>
+void backward(float* dbias, const S* dout, std::int64_t rows, std::int64_t cols) {
   if (rows <= 0 || cols <= 0) return;
   const std::int64_t chunk_rows = detail::column_chunk_rows(rows),
                      chunks = (rows + chunk_rows - 1) / chunk_rows;
   DeviceBuffer partials(static_cast<std::size_t>(chunks * cols) * sizeof(float));
   const dim3 grid(static_cast<unsigned>((cols + kColTile - 1) / kColTile), static_cast<unsigned>(chunks));
-  bias_partials_kernel<<<grid, dim3(kColTile, kRowLanes), 0, compute_stream()>>>(
+  bias_partials_kernel<S><<<grid, dim3(kColTile, kRowLanes), 0, compute_stream()>>>(
       static_cast<float*>(partials.data()), dout, rows, cols, chunk_rows);
   check_launch("bias_backward");
   detail::add_column_partials(dbias, static_cast<const float*>(partials.data()), chunks, cols);
+}
+
+}  // namespace
+
+void bias_forward(float* out, const float* bias, std::int64_t rows, std::int64_t cols) {
+  forward(out, bias, rows, cols);
+}
+void bias_forward(BFloat16* out, const float* bias, std::int64_t rows, std::int64_t cols) {
+  forward(bits(out), bias, rows, cols);
+}
+void bias_backward(float* dbias, const float* dout, std::int64_t rows, std::int64_t cols) {
+  backward(dbias, dout, rows, cols);
+}
+void bias_backward(float* dbias, const BFloat16* dout, std::int64_t rows, std::int64_t cols) {
+  backward(dbias, bits(dout), rows, cols);
 }
 
 }  // namespace ndmesh::cuda

@@ -153,7 +153,11 @@ struct Key {
   bool trans_a, trans_b;
   std::int64_t m, n, k, lda, ldb, ldc;
   std::uint32_t align_a, align_b, align_c;
-  auto tie() const { return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, align_a, align_b, align_c); }
+  cudaDataType_t ab = CUDA_R_32F, c = CUDA_R_32F;  // element types of A and B, of C
+  GemmEpilogue epilogue = GemmEpilogue::kNone;
+  auto tie() const {
+    return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, align_a, align_b, align_c, ab, c, epilogue);
+  }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -186,13 +190,33 @@ Plan make_plan(cublasLtHandle_t handle, const Key& key) {
            "transpose attribute");
   // Stored (column-major) shapes: B is n x k (k x n when transposed), A is k x m (m x k).
   const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
-  check_lt(lt_api().MatrixLayoutCreate(&p.first, CUDA_R_32F, key.trans_b ? u(key.k) : u(key.n),
+  if (key.epilogue != GemmEpilogue::kNone) {
+    cublasLtEpilogue_t e = CUBLASLT_EPILOGUE_DEFAULT;
+    switch (key.epilogue) {
+      case GemmEpilogue::kNone: break;
+      case GemmEpilogue::kBias: e = CUBLASLT_EPILOGUE_BIAS; break;
+      case GemmEpilogue::kGeluAux: e = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
+      case GemmEpilogue::kDGelu: e = CUBLASLT_EPILOGUE_DGELU_BGRAD; break;
+      case GemmEpilogue::kBGradB: e = CUBLASLT_EPILOGUE_BGRADB; break;
+    }
+    check_lt(lt_api().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), "epilogue");
+    const cudaDataType_t bias_type = CUDA_R_32F;  // bias and bias gradient stay fp32
+    check_lt(lt_api().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                             sizeof bias_type),
+             "bias type");
+    if (key.epilogue == GemmEpilogue::kGeluAux || key.epilogue == GemmEpilogue::kDGelu) {
+      const std::int64_t ld = key.ldc;  // aux [m, n] row-major, as C
+      check_lt(lt_api().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld),
+               "aux leading dimension");
+    }
+  }
+  check_lt(lt_api().MatrixLayoutCreate(&p.first, key.ab, key.trans_b ? u(key.k) : u(key.n),
                                        key.trans_b ? u(key.n) : u(key.k), key.ldb),
            "layout of B");
-  check_lt(lt_api().MatrixLayoutCreate(&p.second, CUDA_R_32F, key.trans_a ? u(key.m) : u(key.k),
+  check_lt(lt_api().MatrixLayoutCreate(&p.second, key.ab, key.trans_a ? u(key.m) : u(key.k),
                                        key.trans_a ? u(key.k) : u(key.m), key.lda),
            "layout of A");
-  check_lt(lt_api().MatrixLayoutCreate(&p.out, CUDA_R_32F, u(key.n), u(key.m), key.ldc), "layout of C");
+  check_lt(lt_api().MatrixLayoutCreate(&p.out, key.c, u(key.n), u(key.m), key.ldc), "layout of C");
 
   cublasLtMatmulPreference_t pref = nullptr;
   check_lt(lt_api().MatmulPreferenceCreate(&pref), "preference");
@@ -217,7 +241,9 @@ Plan make_plan(cublasLtHandle_t handle, const Key& key) {
                                                            pref, 1, &result, &found);
   lt_api().MatmulPreferenceDestroy(pref);
   if (s != CUBLAS_STATUS_SUCCESS || found == 0)
-    detail::fail_error("cuBLASLt has no fp32 algorithm for gemm(trans_a=" + std::to_string(key.trans_a) +
+    detail::fail_error(std::string("cuBLASLt has no ") + (key.ab == CUDA_R_32F ? "fp32" : "bf16") +
+                       " algorithm (epilogue " + std::to_string(static_cast<int>(key.epilogue)) +
+                       ") for gemm(trans_a=" + std::to_string(key.trans_a) +
                        ", trans_b=" + std::to_string(key.trans_b) + ", m=" + std::to_string(key.m) +
                        ", n=" + std::to_string(key.n) + ", k=" + std::to_string(key.k) +
                        ", lda=" + std::to_string(key.lda) + ", ldb=" + std::to_string(key.ldb) +
@@ -235,6 +261,40 @@ __global__ void scale_rows_kernel(float* c, std::int64_t m, std::int64_t n, std:
   }
 }
 
+// C = alpha op(A) op(B) + beta C with the plan of `key`; the epilogue's pointers (bias, aux,
+// dbias) are set on the cached descriptor under the lock, just before the call.
+void run(const Key& key, float alpha, const void* a, const void* b, float beta, void* c, const float* bias,
+         void* aux, float* dbias) {
+  Lt& s = lt();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.handle == nullptr) {
+    check_lt(lt_api().Create(&s.handle), "handle creation");
+    s.workspace = alloc(kWorkspaceBytes);
+  }
+  auto it = s.plans.find(key);
+  if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(s.handle, key)).first;
+  const Plan& plan = it->second;  // std::map nodes never move
+  const void* bias_pointer = key.epilogue == GemmEpilogue::kBias || key.epilogue == GemmEpilogue::kGeluAux
+                                 ? static_cast<const void*>(bias)
+                                 : static_cast<const void*>(dbias);
+  if (key.epilogue != GemmEpilogue::kNone) {
+    if (bias_pointer == nullptr)
+      detail::fail_error("gemm: the epilogue " + std::to_string(static_cast<int>(key.epilogue)) +
+                         " needs its bias (or bias gradient) pointer");
+    check_lt(lt_api().MatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer,
+                                             sizeof bias_pointer),
+             "bias pointer");
+  }
+  if (key.epilogue == GemmEpilogue::kGeluAux || key.epilogue == GemmEpilogue::kDGelu) {
+    if (aux == nullptr) detail::fail_error("gemm: the GELU epilogues need the aux pointer");
+    check_lt(lt_api().MatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
+             "aux pointer");
+  }
+  check_lt(lt_api().Matmul(s.handle, plan.desc, &alpha, b, plan.first, a, plan.second, &beta, c, plan.out, c,
+                           plan.out, &plan.algo, s.workspace, kWorkspaceBytes, compute_stream()),
+           "matmul");
+}
+
 }  // namespace
 
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
@@ -247,22 +307,30 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
     check_launch("gemm with k = 0");
     return;
   }
-  Lt& s = lt();
-  const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, alignment(a), alignment(b), alignment(c)};
-  const Plan* plan = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    if (s.handle == nullptr) {
-      check_lt(lt_api().Create(&s.handle), "handle creation");
-      s.workspace = alloc(kWorkspaceBytes);
-    }
-    auto it = s.plans.find(key);
-    if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(s.handle, key)).first;
-    plan = &it->second;  // std::map nodes never move
-  }
-  check_lt(lt_api().Matmul(s.handle, plan->desc, &alpha, b, plan->first, a, plan->second, &beta, c, plan->out,
-                           c, plan->out, &plan->algo, s.workspace, kWorkspaceBytes, compute_stream()),
-           "matmul");
+  run(Key{trans_a, trans_b, m, n, k, lda, ldb, ldc, alignment(a), alignment(b), alignment(c)}, alpha, a, b, beta,
+      c, nullptr, nullptr, nullptr);
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+               const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, BFloat16* c,
+               std::int64_t ldc, GemmEpilogue epilogue, const float* bias, BFloat16* aux, float* dbias) {
+  if (m <= 0 || n <= 0 || k <= 0)
+    detail::fail_error("gemm_bf16: m, n and k must be positive (" + std::to_string(m) + ", " + std::to_string(n) +
+                       ", " + std::to_string(k) + ")");
+  const Key key{trans_a,      trans_b,      m,           n,          k,        lda,      ldb, ldc,
+                alignment(a), alignment(b), alignment(c), CUDA_R_16BF, CUDA_R_16BF, epilogue};
+  run(key, alpha, a, b, beta, c, bias, aux, dbias);
+}
+
+void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                   const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, float* c,
+                   std::int64_t ldc, GemmEpilogue epilogue, float* dbias) {
+  if (m <= 0 || n <= 0 || k <= 0)
+    detail::fail_error("gemm_bf16_f32: m, n and k must be positive (" + std::to_string(m) + ", " +
+                       std::to_string(n) + ", " + std::to_string(k) + ")");
+  const Key key{trans_a,      trans_b,      m,           n,          k,          lda,      ldb, ldc,
+                alignment(a), alignment(b), alignment(c), CUDA_R_16BF, CUDA_R_32F, epilogue};
+  run(key, alpha, a, b, beta, c, nullptr, nullptr, dbias);
 }
 
 }  // namespace ndmesh::cuda

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "ndmesh/core/dtype.hpp"
 #include "ndmesh/tensor/device.hpp"
 #include "tensor/cuda/errors.hpp"
 
@@ -35,6 +36,28 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+
+/// Storage types of the kernels templated on it: float (the fp32 path, and the twin every
+/// bf16 kernel is tested against) or bfloat16 as its bits (std::uint16_t: the layout of
+/// ndmesh::BFloat16, no cuda_bf16.h, so that the emulator runs it). Arithmetic is float:
+/// load() widens exactly, store() rounds to nearest even (NaN stays a quiet NaN) as
+/// BFloat16::from_float does.
+using Bf16Bits = std::uint16_t;
+__device__ __forceinline__ float load(const float* p) { return *p; }
+__device__ __forceinline__ float load(const Bf16Bits* p) {
+  return __uint_as_float(static_cast<std::uint32_t>(*p) << 16);
+}
+__device__ __forceinline__ Bf16Bits to_bf16(float f) {
+  std::uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<Bf16Bits>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<Bf16Bits>(u >> 16);
+}
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(Bf16Bits* p, float v) { *p = to_bf16(v); }
+/// The bits behind a BFloat16 pointer (the public API's type).
+inline Bf16Bits* bits(BFloat16* p) { return reinterpret_cast<Bf16Bits*>(p); }
+inline const Bf16Bits* bits(const BFloat16* p) { return reinterpret_cast<const Bf16Bits*>(p); }
 
 /// Rows per chunk of a column sum over `rows` rows: at most 64 chunks of at least 64 rows.
 inline std::int64_t column_chunk_rows(std::int64_t rows) {
