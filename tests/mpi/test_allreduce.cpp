@@ -72,6 +72,33 @@ TEST(AllReduce, EveryAlgorithmEqualsMpiExactlyOnEveryDtype) {
   });
 }
 
+// ring_reduce_scatter (the Gloo backend's reduce-scatter) leaves on every rank exactly the
+// engine's reduce-scatter of its block, for every dtype and block size (1 element
+// included), on a duplicate of the group as the backend uses it.
+TEST(AllReduce, RingReduceScatterEqualsTheEnginesExactly) {
+  for_each_world([&](const Communicator& world) {
+    const Communicator ring = world.dup("ring-rs");
+    const auto p = static_cast<std::size_t>(world.size()), r = static_cast<std::size_t>(world.rank());
+    auto check = [&]<typename T>(T) {
+      for (std::size_t block : {std::size_t{1}, std::size_t{2}, std::size_t{13}, std::size_t{4099}}) {
+        std::vector<T> data(block * p);
+        for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<T>(value(world.rank(), i));
+        const std::vector<T> in = data;
+        std::vector<T> engine(block);
+        world.reduce_scatter(std::span<const T>(in), std::span<T>(engine));
+        ring_reduce_scatter(ring, ElementSpan::of(std::span<T>(data)));
+        for (std::size_t i = 0; i < block; ++i)
+          ASSERT_EQ(data[r * block + i], engine[i]) << "block " << block << " i=" << i << " ranks=" << p;
+      }
+    };
+    check(float{});
+    check(double{});
+    check(std::int32_t{});
+    check(std::int64_t{});
+    check(BFloat16{});
+  });
+}
+
 TEST(AllReduce, HierarchicalOnSimulatedNodes) {
   for_each_world([&](const Communicator& world) {
     // Two, three and one rank per node: uneven last nodes included.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# ZeRO-2 over Gloo under `ndmesh launch --store` (its gradients reduce-scattered by Gloo's
-# ReduceScatterHalvingDoubling, on 4 ranks and on 3, not a power of two) reproduces the
+# ZeRO-2 over Gloo under `ndmesh launch --store` (its gradients reduce-scattered by the
+# ring reduce-scatter of comm/allreduce.hpp, on 4 ranks and on 3, not a power of two) reproduces the
 # serial run's losses and gradient norms.
 #   zero2_launch.sh <ndmesh>
 source "$(dirname "$0")/../mpi/train_lib.sh"

@@ -24,7 +24,7 @@
 // bench/bench_reduce_scatter.sh measured (see reduce_scatter below). Reductions other than
 // a sum (max, min) take the all-reduce.
 //
-// ReduceScatterHalvingDoubling is made per call, as PyTorch's Gloo group does, but it is
+// ReduceScatterHalvingDoubling is made per call here, but it is
 // written to live across calls (Gloo's benchmarks make it once): (1) run() returns
 // without waiting for its data sends, which its notifications make safe only for the next
 // run() of the same object, so destroying it leaves sends queued in the pairs that point
