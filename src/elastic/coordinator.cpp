@@ -108,6 +108,10 @@ void run_coordinator(const CoordinatorOptions& o, const std::atomic<bool>& stop,
         if (store.check({key})) q.vote(g->id, q.state().committed, m.replica, store.get(key) == "1", t);
       }
     }
+    for (const Quorum::Fenced& f : q.fenced()) {  // late votes of fenced replicas
+      const std::string key = fmt::format("vote/{}/{}/{}", f.generation, f.step, f.replica);
+      if (store.check({key})) q.vote(f.generation, f.step, f.replica, store.get(key) == "1", t);
+    }
     const Quorum::Events ev = q.tick(now());
     if (ev.decision || ev.generation) save_state(o.state_file, q.state());
     if (ev.decision) {

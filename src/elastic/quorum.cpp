@@ -99,7 +99,7 @@ void Quorum::join(int replica, std::int64_t incarnation, std::int64_t step, doub
   r.step = step;
   r.last_seen = now;
   r.alive = true;
-  r.excluded_from = -1;
+  r.fenced = false;
   state_.heard.insert(replica);
 }
 
@@ -108,7 +108,21 @@ void Quorum::heartbeat(int replica, double now) {
   if (it != replicas_.end()) it->second.last_seen = std::max(it->second.last_seen, now);
 }
 
+std::vector<Quorum::Fenced> Quorum::fenced() const {
+  std::vector<Fenced> out;
+  for (const auto& [id, r] : replicas_)
+    if (r.fenced) out.push_back({id, r.fenced_generation, r.fenced_step});
+  return out;
+}
+
 void Quorum::vote(std::int64_t generation, std::int64_t step, int replica, bool ok, double now) {
+  if (auto it = replicas_.find(replica); it != replicas_.end() && it->second.fenced &&
+                                         it->second.fenced_generation == generation &&
+                                         it->second.fenced_step == step) {
+    it->second.fenced = false;
+    heartbeat(replica, now);
+    return;
+  }
   if (!current_ || forming_ || generation != current_->id || step != state_.committed) return;
   bool member = false;
   for (const Member& m : current_->members) member = member || m.replica == replica;
@@ -133,7 +147,7 @@ std::optional<Generation> Quorum::form(double) {
   const std::int64_t next = state_.generation + 1;
   Generation g;
   for (const auto& [id, r] : replicas_)
-    if (r.alive && r.excluded_from != next) g.members.push_back({id, r.incarnation, r.step});
+    if (r.alive && !r.fenced) g.members.push_back({id, r.incarnation, r.step});
   if (g.members.empty() || !quorum(g.members.size())) return std::nullopt;
   // The committed steps: those of the state when some member holds them. After a restart
   // of the coordinator that lost a commit nobody applied, the most any member holds.
@@ -183,17 +197,22 @@ Quorum::Events Quorum::tick(double now) {
       for (const auto& [id, r] : replicas_) {
         bool member = false;
         for (const Member& m : current_->members) member = member || m.replica == id;
-        joiners = joiners || (r.alive && !member);
+        joiners = joiners || (r.alive && !r.fenced && !member);
       }
       d.next_generation = joiners ? state_.generation + 1 : current_->id;
       forming_ = joiners;
       ev.decision = d;
     } else if (any_failed && (all_heard || (first_failure_ && now - *first_failure_ >= kVoteGraceS))) {
-      // Members alive that did not vote sit out the next generation (they join the one after).
+      // Members alive that did not vote are fenced: no candidates until they vote late on
+      // this attempt (then they were slow or stopped) or a new process of theirs joins (this
+      // one was dying while its heartbeat still ran).
       for (const Member& m : current_->members) {
         Replica& r = replicas_.at(m.replica);
-        if (votes_.count(m.replica) == 0 && r.incarnation == m.incarnation && r.alive)
-          r.excluded_from = state_.generation + 1;
+        if (votes_.count(m.replica) == 0 && r.incarnation == m.incarnation && r.alive) {
+          r.fenced = true;
+          r.fenced_generation = current_->id;
+          r.fenced_step = state_.committed;
+        }
       }
       d.commit = false;
       d.next_generation = state_.generation + 1;

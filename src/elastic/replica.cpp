@@ -179,6 +179,10 @@ std::pair<std::string, int> parse_address(const std::string& text, std::string_v
 ElasticReplica::ElasticReplica(ReplicaOptions options, parallel::Trainer& trainer,
                                const comm::Communicator& world)
     : options_(std::move(options)), trainer_(trainer), world_(world), leader_(world.rank() == 0) {
+  // Peers of a generation vanish (killed, or moved on to the next generation while this
+  // replica was stopped): Gloo's TCP writes to their closed connections must fail with an
+  // error that ends the attempt, not kill this process with SIGPIPE.
+  ::signal(SIGPIPE, SIG_IGN);
   const KillPoint k = parse_kill(env::string("NDMESH_TEST_ELASTIC_KILL", ""));
   kill_ = k.point.empty() ? "" : env::string("NDMESH_TEST_ELASTIC_KILL", "");
   trainer_.grad_sync().set_across_replicas([this](double& loss_sum) {
@@ -215,6 +219,7 @@ ElasticReplica::ElasticReplica(ReplicaOptions options, parallel::Trainer& traine
 }
 
 ElasticReplica::~ElasticReplica() {
+  trainer_.grad_sync().set_across_replicas({});  // the trainer may outlive this
   stop_.store(true);
   if (heartbeat_.joinable()) heartbeat_.join();
 }
@@ -436,7 +441,7 @@ CommittedStep ElasticReplica::step() {
     const std::string text = leader_text([&] {
       store_.set(fmt::format("vote/{}/{}/{}", gen_.id, attempt_step_, options_.replica), ok == 1 ? "1" : "0");
       const std::string key = fmt::format("dec/{}/{}", gen_.id, attempt_step_);
-      while (!store_.check({key})) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      while (!store_.check({key})) std::this_thread::sleep_for(std::chrono::milliseconds(2));
       return store_.get(key);
     });
     if (text == "rejoin") {

@@ -64,7 +64,7 @@ committed() {  # the highest step printed by replica output $1
 }
 
 wait_step() {  # wait_step <output> <step>
-  for _ in $(seq 600); do
+  for _ in $(seq 2400); do  # up to 2 minutes (sanitizer builds, a loaded machine)
     local s
     s=$(committed "$1")
     [ -n "$s" ] && [ "$s" -ge "$2" ] && return 0

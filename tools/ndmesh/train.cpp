@@ -103,8 +103,9 @@ void check_elastic(Options& o, const Mesh& mesh) {
     fail<ConfigError>("train", "--dp={} with a coordinator: the dp dimension of an elastic run is the set of live "
                       "replicas; run each replica with --dp 1 (its ranks as tp x pp x cp)", mesh.size_of("dp"));
   if (o.zero != 0)
-    fail<ConfigError>("train", "--zero={} with a coordinator: ZeRO would shard the state across ranks that die "
-                      "together and cannot be healed from another replica; use --zero 0 for elastic runs", o.zero);
+    fail<ConfigError>("train", "--zero={} with a coordinator: the reduction across replicas and the healing of a "
+                      "replica move whole gradient and optimizer buffers, not ZeRO shards; use --zero 0 for elastic "
+                      "runs", o.zero);
   if (o.offload != "none")
     fail<ConfigError>("train", "--offload={} with a coordinator: a replica's state must be in memory to be copied to "
                       "a healing replica; use --offload none for elastic runs", o.offload);

@@ -76,8 +76,18 @@ class Quorum {
   void join(int replica, std::int64_t incarnation, std::int64_t step, double now);
   /// Replica `replica` is alive at `now`.
   void heartbeat(int replica, double now);
-  /// A vote of the attempt (generation, step); votes of any other attempt are ignored.
+  /// A vote of the attempt (generation, step). A vote on the attempt a fenced replica
+  /// missed lifts its fence (it is alive and has left that attempt); votes of any other
+  /// attempt are ignored.
   void vote(std::int64_t generation, std::int64_t step, int replica, bool ok, double now);
+  /// A replica left out because it did not vote on an attempt, and that attempt: it is no
+  /// candidate for a generation until it votes there (late: it was slow or stopped) or a new
+  /// process of it joins (it was dying while its heartbeat still ran).
+  struct Fenced {
+    int replica = 0;
+    std::int64_t generation = 0, step = 0;
+  };
+  std::vector<Fenced> fenced() const;
 
   /// What happened since the last call, in order: the decision of the running attempt, if
   /// it is decided now, then a new generation, if one formed. The caller persists state()
@@ -103,7 +113,8 @@ class Quorum {
     std::int64_t step = 0;
     double last_seen = 0;
     bool alive = true;
-    std::int64_t excluded_from = -1;  // not a candidate of this generation (it missed a vote)
+    bool fenced = false;  // missed the vote of attempt (fenced_generation, fenced_step)
+    std::int64_t fenced_generation = 0, fenced_step = 0;
   };
   std::optional<Generation> form(double now);
 

@@ -70,9 +70,42 @@ TEST(Quorum, AFailedVoteAbortsAndTheStepIsRedoneInTheNextGeneration) {
   EXPECT_FALSE(ev.decision->commit);
   EXPECT_EQ(ev.decision->next_generation, 2);
   ASSERT_TRUE(ev.generation);
-  EXPECT_EQ(replicas(*ev.generation), (std::vector<int>{0, 1}));  // the silent member sits out
+  EXPECT_EQ(replicas(*ev.generation), (std::vector<int>{0, 1}));  // the silent member is fenced
   EXPECT_EQ(ev.generation->step, 0);                              // the same step again
   EXPECT_EQ(q.state().committed, 0);
+  ASSERT_EQ(q.fenced().size(), 1u);
+  EXPECT_EQ(q.fenced()[0].replica, 2);
+  // Its heartbeat still runs (a dying process): no candidate at the next step boundary.
+  for (int r = 0; r < 3; ++r) q.heartbeat(r, 1.5);
+  vote_all(q, true, 1.5);
+  auto next = q.tick(1.5);
+  ASSERT_TRUE(next.decision);
+  EXPECT_TRUE(next.decision->commit);
+  EXPECT_EQ(next.decision->next_generation, 2);  // unchanged
+  EXPECT_FALSE(next.generation);
+  // It votes late on the attempt it missed (it was slow): a candidate again, at the next boundary.
+  q.vote(1, 0, 2, false, 1.6);
+  EXPECT_TRUE(q.fenced().empty());
+  vote_all(q, true, 1.7);
+  next = q.tick(1.7);
+  ASSERT_TRUE(next.generation);
+  EXPECT_EQ(replicas(*next.generation), (std::vector<int>{0, 1, 2}));
+  EXPECT_TRUE(next.generation->heal);
+}
+
+TEST(Quorum, AFencedReplicaRestartedIsACandidateAgain) {
+  Quorum q(2, kTimeout);
+  for (int r = 0; r < 3; ++r) q.join(r, r + 1, 0, 0);
+  q.tick(0);
+  q.vote(1, 0, 0, false, 0.1);
+  q.vote(1, 0, 1, false, 0.1);
+  ASSERT_TRUE(q.tick(1.2).generation);  // without replica 2, fenced
+  q.join(2, 4, 0, 1.3);                 // its new process
+  vote_all(q, true, 1.4);
+  const auto ev = q.tick(1.4);
+  ASSERT_TRUE(ev.generation);
+  EXPECT_EQ(replicas(*ev.generation), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(ev.generation->members[2].incarnation, 4);
 }
 
 TEST(Quorum, AJoinerEntersAtTheNextStepBoundaryAndHealsFromAnUpToDateMember) {
