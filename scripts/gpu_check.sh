@@ -25,6 +25,7 @@
 #       (cublasLtGetVersion, ...), the GPU's name and memory, compute-sanitizer, torch.
 #       Returned in $OUT (default <dir>/out), two files: gpu_check_summary.txt and
 #       gpu_check_logs.tar.xz (every log and JSON; rewritten after each step).
+#       GPU_CHECK_STEPS="nccl ..." runs only those steps (NCCL_CHECK_DEVICE=cpu: scripts/gpu_nccl.sh).
 #   bash scripts/gpu_check.sh steps
 #       The steps' names, one a line.
 #
@@ -577,6 +578,8 @@ run() {
   save_logs
   note "== steps (run 'bash scripts/gpu_check.sh steps' for their list; bounds in its header)"
   local s
+  # GPU_CHECK_STEPS="a b": only those steps (the self-test's run of the nccl step on the CPU).
+  [ -n "${GPU_CHECK_STEPS:-}" ] && read -r -a steps <<< "$GPU_CHECK_STEPS"
   for s in "${steps[@]}"; do
     current=$s step_start=$SECONDS
     if [ ! -x "$work/bin/ndmesh" ] && [ "$s" != gpu ]; then

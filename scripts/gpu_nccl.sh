@@ -23,12 +23,17 @@
 #   staged4        45  Gloo staged, 4 ranks: --dp 2 --tp 2 --sequence-parallel
 #   staged8        60  Gloo staged, 8 ranks: --dp 2 --pp 2 --tp 2 --micro-batch 2
 #   fault          40  NCCL dp 2 with NDMESH_TIMEOUT_S=8, rank 1 killed at step 3: the other ends
-#                      non-zero within 16 s with a line naming the group
+#                      non-zero within 16 s with a line naming the group (NCCL's watchdog) or
+#                      the members (the Gloo bootstrap's host operation that saw the peer go)
 #   bench          40  bench_gpu_allreduce, 2 ranks: NCCL (cuda) and Gloo (cpu) bus bandwidth
 #                      up to 16 MiB (the loopback arrangement is no speed claim)
+# NCCL_CHECK_DEVICE=cpu runs every sub-check on --device cpu over Gloo (the bench is skipped):
+# the step's own plumbing (launch, JSON, comparison, kill) tried where no GPU is.
 # Expected on an H100: about 2 minutes (each run a few seconds: CUDA and NCCL start-up, 6 steps).
 
 NCCL_STEP_BUDGET=${NCCL_STEP_BUDGET:-200}
+# cpu: every sub-check on --device cpu (Gloo), to try the step's plumbing where no GPU is.
+nccl_device=${NCCL_CHECK_DEVICE:-cuda}
 nccl_shape=(train --layers 4 --hidden 64 --heads 4 --kv-heads 2 --seq 32 --vocab 64 --markov-vocab 64 --batch 8
   --seed 23 --eval-batches 0 --threads 2)
 nccl_model=("${nccl_shape[@]}" --steps 6 --json)
@@ -73,7 +78,7 @@ nccl_layout() {
   shift
   seconds=$(nccl_bound "$nccl_timeout")
   [ "$seconds" -eq 0 ] && { nccl_sub FAIL "$name" "not run: no time left"; return; }
-  nccl_ranks "$seconds" "nccl-$name" "$n" "${envs[@]}" -- "$work/bin/ndmesh" "${nccl_model[@]}" "$@" --device cuda
+  nccl_ranks "$seconds" "nccl-$name" "$n" "${envs[@]}" -- "$work/bin/ndmesh" "${nccl_model[@]}" "$@" --device "$nccl_device"
   rc=$?
   if [ $rc -ne 0 ]; then
     if [ "$name" = cp2 ] && grep -q 'ring attention runs on the CPU only' "$logs/nccl-$name.err"; then
@@ -97,7 +102,7 @@ nccl_fault() {
   NDMESH_TIMEOUT_S=$timeout_s timeout -k 5 "$seconds" env LD_LIBRARY_PATH="$libs" "${nccl_env[@]}" \
     python3 "$here/../tests/store/torchrun_env.py" --keep-going --set 0:NCCL_HOSTID=ndmesh-fault-rank0 \
     --set 1:NCCL_HOSTID=ndmesh-fault-rank1 -np 2 "$work/bin/ndmesh" "${nccl_shape[@]}" \
-    --steps 100000 --dp 2 --device cuda > "$logs/nccl-fault.out" 2> "$logs/nccl-fault.err" &
+    --steps 100000 --dp 2 --device "$nccl_device" > "$logs/nccl-fault.out" 2> "$logs/nccl-fault.err" &
   job=$!
   for _ in $(seq 1 $((seconds * 10 - 150))); do
     grep -q '^step 3/' "$logs/nccl-fault.out" "$logs/nccl-fault.err" 2> /dev/null && break
@@ -108,18 +113,27 @@ nccl_fault() {
     wait "$job"
     nccl_sub FAIL fault "training did not reach step 3 before the kill ($(describe $? "$seconds"))"
     tail_of "$logs/nccl-fault.err"
-    kill -- -"$job" 2> /dev/null
     return
   fi
-  victim=$(pgrep -P "$job" | sed -n 2p)  # rank 1: the launcher's second child
+  # timeout -> torchrun_env.py (env execs it) -> the ranks; rank 1 is the launcher's second child.
+  victim=$(pgrep -P "$(pgrep -P "$job" | head -n 1)" | sed -n 2p)
+  if [ -z "$victim" ]; then
+    nccl_sub FAIL fault "no rank process to kill (a bug of gpu_nccl.sh)"
+    kill "$job" 2> /dev/null
+    wait "$job"
+    return
+  fi
   kill -9 "$victim" 2> /dev/null
   start=$SECONDS
   wait "$job"
   rc=$?
   elapsed=$((SECONDS - start))
   local line
-  line=$(grep -m 1 -E 'on group [a-z-]+ \(ranks|NCCL failed on group|among world ranks' "$logs/nccl-fault.err")
-  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$elapsed" -lt $((2 * timeout_s)) ] && [[ $line == *group* ]]; then
+  # The line that ends the job: NCCL's watchdog names the group; a host operation on the Gloo
+  # bootstrap that sees the peer's socket close first names the members ("among world ranks").
+  line=$(grep -m 1 -E 'on group [a-z-]+|NCCL failed on group' "$logs/nccl-fault.err")
+  [ -n "$line" ] || line=$(grep -m 1 -E 'among world ranks' "$logs/nccl-fault.err")
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$elapsed" -lt $((2 * timeout_s)) ] && [ -n "$line" ]; then
     nccl_sub PASS fault "rank 1 killed at step 3: the job ended in ${elapsed} s (limit $((2 * timeout_s)) s), exit $rc: ${line#*ndmesh: }"
   else
     nccl_sub FAIL fault "rank 1 killed at step 3: exit $rc after ${elapsed} s (limit $((2 * timeout_s)) s, non-zero, a line naming the group): ${line:-no such line}"
@@ -129,6 +143,7 @@ nccl_fault() {
 
 nccl_bench() {
   local seconds rc
+  [ "$nccl_device" = cuda ] || { nccl_sub SKIP bench "needs --device cuda"; return; }
   seconds=$(nccl_bound 40)
   [ "$seconds" -eq 0 ] && { nccl_sub FAIL bench "not run: no time left"; return; }
   nccl_ranks "$seconds" nccl-bench 2 -- "$work/bin/bench_gpu_allreduce" $((16 << 20))
@@ -157,7 +172,7 @@ step_nccl() {
     tail_of "$logs/nccl-launch.err"
   fi
   seconds=$(nccl_bound 30)
-  if ! why=$(ndmesh_gpu "$seconds" nccl-reference "${nccl_model[@]}" --device cuda); then
+  if ! why=$(ndmesh_gpu "$seconds" nccl-reference "${nccl_model[@]}" --device "$nccl_device"); then
     nccl_sub FAIL reference "the single-GPU run: $why"
     tail_of "$logs/nccl-reference.err"
     report FAIL nccl "no single-GPU reference, so no multi-rank GPU run was tried ($nccl_passed passed)"

@@ -9,7 +9,8 @@
 #     step that needs a GPU passes without one;
 #   - the segfaulting binary is one FAIL line naming SIGSEGV, the kernels after it still run;
 #   - the nccl step's 2-rank --device cpu control (tests/store/torchrun_env.py, Gloo) runs
-#     with Open MPI hidden, and its GPU sub-checks fail without a GPU (none passes);
+#     with Open MPI hidden, and its GPU sub-checks fail without a GPU (none passes); the step
+#     run again on --device cpu (NCCL_CHECK_DEVICE=cpu) passes every sub-check but the bench;
 #   - the --device cpu runs of the train steps succeed as one rank with torchrun's
 #     variables, with Open MPI hidden (the store world; no MPI_Init, no orted), while the
 #     packed ndmesh started without them (as an MPI singleton) fails there: the hiding works;
@@ -148,6 +149,20 @@ if [ $hidden -eq 1 ]; then
     fail "with Open MPI hidden, the packed gpu_test_gelu fails without NDMESH_REQUIRE_GPU: $(tail -n 3 "$tmp/kernel.log")"
   fi
 fi
+
+# The nccl step's own plumbing on --device cpu (NCCL_CHECK_DEVICE=cpu), Open MPI hidden: every
+# layout launched as torchrun would and compared with the serial run, the 4 and 8 rank ones,
+# the killed rank (the bench needs a GPU: skipped).
+runner=(bash scripts/gpu_check.sh run "$build" "$tmp/pack")
+[ $hidden -eq 1 ] && runner=(unshare --mount --propagation private -- bash -c "$hide && exec ${runner[*]@Q}")
+start=$SECONDS
+GPU_CHECK_STEPS=nccl NCCL_CHECK_DEVICE=cpu PATH="$tmp/fake:$PATH" OUT="$tmp/out-nccl" timeout 300 "${runner[@]}" \
+  > "$tmp/run-nccl.log" 2>&1
+echo "gpu_check.sh run of the nccl step on the cpu: exit status $? in $((SECONDS - start)) s"
+grep -q '^PASS nccl \[' "$tmp/out-nccl/gpu_check_summary.txt" 2> /dev/null ||
+  fail "the nccl step on --device cpu failed: $(grep -E '^ *(FAIL|PASS|SKIP) nccl' "$tmp/run-nccl.log" | tr '\n' ';')"
+n=$(grep -cE '^  PASS nccl/' "$tmp/out-nccl/gpu_check_summary.txt" 2> /dev/null)
+[ "${n:-0}" -eq 11 ] || fail "the nccl step on --device cpu passed ${n:-0} sub-checks, expected 11 (all but the bench)"
 
 # The machine's glibc (2.35, faked) is older than the packed libstdc++'s need (2.36 here).
 grep '^glibc: ' "$tmp/run.log"
