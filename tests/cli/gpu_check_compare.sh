@@ -54,8 +54,20 @@ expect FAIL 'equal: ValueError' equal "$tmp/full.out" "$tmp/broken.json"
 expect PASS 'losses of steps 11-36 within 0 of' resumed "$tmp/full.out" "$tmp/resumed.out"
 expect FAIL 'the resumed run has 36 steps' resumed "$tmp/full.out" "$tmp/full.out"
 
-# bf16: a report of the final losses.
-expect PASS 'final loss' bf16 "$tmp/full.out" "$tmp/full.out"
+# bf16: pairs of (fp32, bf16) runs; losses within 1% at every step, the step-1 gradient norm
+# within 2%; a second pair 1.5% off at one step fails the whole comparison.
+python3 - "$tmp/full.out" "$tmp/bf16-off.json" "$tmp/bf16-norm-off.json" << 'EOF'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+r["losses"][20] *= 1.015
+json.dump(r, open(sys.argv[2], "w"))
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+r["grad_norms"][0] *= 1.03
+json.dump(r, open(sys.argv[3], "w"))
+EOF
+expect PASS 'losses within 0.00% (bound 1%)' bf16 "$tmp/full.out" "$tmp/full.out" "$tmp/full.out" "$tmp/full.out"
+expect FAIL 'losses within 1.50% (bound 1%)' bf16 "$tmp/full.out" "$tmp/full.out" "$tmp/full.out" "$tmp/bf16-off.json"
+expect FAIL 'step-1 gradient norm 3.00% (2%)' bf16 "$tmp/full.out" "$tmp/bf16-norm-off.json" "$tmp/full.out" "$tmp/full.out"
 
 # speed: steps 6-36 of the step lines (31 timed), and too few steps.
 expect PASS 'over steps 6-36' speed "$tmp/full.out" 5 32 "$tmp/speed.json"
