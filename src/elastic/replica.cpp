@@ -1,8 +1,5 @@
 #include "ndmesh/elastic/replica.hpp"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <gloo/allreduce.h>
@@ -27,6 +24,7 @@
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/log.hpp"
 #include "ndmesh/elastic/coordinator.hpp"
+#include "ndmesh/launch/route.hpp"
 
 namespace ndmesh::elastic {
 
@@ -63,38 +61,12 @@ class StoreAdapter final : public ::gloo::rendezvous::Store {
   Clock::time_point deadline_;
 };
 
-// The address of this host on the route to the coordinator (a UDP connect sends nothing).
-std::string local_address(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr)
-    fail<ConfigError>(
-        "elastic", "NDMESH_COORDINATOR host '{}' does not resolve; set it to the coordinator's host", host);
-  std::string out;
-  int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-    sockaddr_storage addr{};
-    socklen_t len = sizeof addr;
-    char text[INET6_ADDRSTRLEN] = {};
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-      const void* a = addr.ss_family == AF_INET6
-                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr)
-                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&addr)->sin_addr);
-      if (::inet_ntop(addr.ss_family, a, text, sizeof text)) out = text;
-    }
-  }
-  if (fd >= 0) ::close(fd);
-  ::freeaddrinfo(res);
-  if (out.empty()) fail<>("elastic", "no route from this host to the coordinator at {}", host);
-  return out;
-}
-
 std::shared_ptr<::gloo::transport::Device>& device_for(const std::string& host) {
   static std::shared_ptr<::gloo::transport::Device> device;
   if (!device) {
     ::gloo::transport::tcp::attr attr;
-    attr.hostname = local_address(host);
+    attr.hostname = launch::local_address_toward(host, "elastic", fmt::format("the coordinator's host {}", host),
+                                                 "set NDMESH_COORDINATOR to the coordinator's HOST:PORT");
     device = ::gloo::transport::tcp::CreateDevice(attr);
   }
   return device;

@@ -41,9 +41,6 @@
 // nothing else travels.
 #include "backends/gloo/gloo_backend.hpp"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <gloo/allgather.h>
@@ -76,6 +73,7 @@
 #include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/log.hpp"
+#include "ndmesh/launch/route.hpp"
 
 namespace ndmesh::comm::gloo {
 namespace {
@@ -114,35 +112,6 @@ class StoreAdapter final : public ::gloo::rendezvous::Store {
   launch::Store store_;
   Clock::time_point deadline_;
 };
-
-// The address of this host that peers reach: the one its route to MASTER_ADDR leaves
-// from (a UDP connect sends nothing), so loopback jobs stay on 127.0.0.1 and a
-// multi-node job uses the interface facing the master.
-std::string local_address(const std::string& master) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(master.c_str(), "9", &hints, &res) != 0 || res == nullptr)
-    fail<ConfigError>("comm", "MASTER_ADDR={} does not resolve to an address; set it to the host of rank 0",
-                      master);
-  std::string out;
-  int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-    sockaddr_storage addr{};
-    socklen_t len = sizeof addr;
-    char text[INET6_ADDRSTRLEN] = {};
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-      const void* a = addr.ss_family == AF_INET6
-                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr)
-                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&addr)->sin_addr);
-      if (::inet_ntop(addr.ss_family, a, text, sizeof text)) out = text;
-    }
-  }
-  if (fd >= 0) ::close(fd);
-  ::freeaddrinfo(res);
-  if (out.empty()) fail<>("comm", "no route from this host to MASTER_ADDR={}", master);
-  return out;
-}
 
 // A unit of work run on another thread; its Work polls `done`.
 struct Task {
@@ -806,7 +775,8 @@ class WorldGuard {
 std::shared_ptr<detail::CommImpl> make_world(const launch::JobStore& job, const LaunchEnv& env,
                                              Clock::time_point deadline, double timeout_s) {
   ::gloo::transport::tcp::attr attr;
-  attr.hostname = local_address(*env.master_addr);
+  attr.hostname = launch::local_address_toward(*env.master_addr, "comm", fmt::format("MASTER_ADDR={}", *env.master_addr),
+                                               "set it to the host of rank 0");
   device_slot() = ::gloo::transport::tcp::CreateDevice(attr);
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
