@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <gloo/allreduce.h>
-#include <gloo/allreduce_ring_chunked.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
@@ -113,13 +112,12 @@ template <typename T>
 void gloo_sum(const std::shared_ptr<::gloo::rendezvous::Context>& ctx, T* data, std::size_t n,
               double timeout_s) {
   if (n == 0) return;
-  // The ring of bound buffers, not gloo::allreduce: when a peer's connection closes, Gloo
-  // wakes the waits of bound buffers, sends included, but leaves an unbound buffer's send
-  // waiting for the whole timeout (SupersededWatch relies on the wake-up). Chunked:
-  // every rank ends with the same bits (reduce-scatter, then all-gather).
-  (void)timeout_s;  // the context's timeout (build_context)
-  ::gloo::AllreduceRingChunked<T> ring(ctx, std::vector<T*>{data}, static_cast<int>(n));
-  ring.run();
+  ::gloo::AllreduceOptions o(ctx);
+  o.setOutput(data, n);
+  void (*fn)(void*, const void*, const void*, std::size_t) = &::gloo::sum<T>;
+  o.setReduceFunction(fn);
+  o.setTimeout(ms(timeout_s));
+  ::gloo::allreduce(o);
 }
 
 template <typename T>
