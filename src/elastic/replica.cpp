@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
@@ -196,25 +197,35 @@ std::vector<int> open_fds() {
 
 struct ElasticReplica::Context {
   std::shared_ptr<::gloo::rendezvous::Context> ctx;
-  // The descriptors open before connectFullMesh: Gloo keeps its pairs' sockets private, and
-  // the accepting side of a pair may get its socket only when the pair is first used, so
-  // the context's connections are the sockets opened since, but the store's.
-  // (A descriptor closed since and reused is told apart by its ends.)
+  // Gloo keeps its pairs' sockets private. The context's connections are the sockets that
+  // connectFullMesh, the barrier and the all-to-all after it opened (the all-to-all uses every
+  // pair, so the accepting sides have theirs too), but the store's: found once, right after,
+  // against the descriptors open before, and kept with their ends. Sockets opened later (a
+  // group of the replica's own world made lazily, MPI's TCP connections) are never among them,
+  // and a descriptor closed and reused since is told apart by its ends.
   std::map<int, std::string> before;
+  std::map<int, std::string> mine;
   std::string coordinator_port;  // ":PORT"
   static std::string ends(int fd) { return endpoint(fd, false) + " " + endpoint(fd, true); }
   void snapshot() {
     before.clear();
     for (int fd : open_fds()) before[fd] = ends(fd);
   }
-  std::vector<int> connections() const {
-    std::vector<int> out;
+  void find_mine() {
+    mine.clear();
     for (int fd : open_fds()) {
       const std::string peer = endpoint(fd, true);
       if (peer.empty() || peer.ends_with(coordinator_port)) continue;
-      if (auto it = before.find(fd); it != before.end() && it->second == ends(fd)) continue;
-      out.push_back(fd);
+      const std::string e = ends(fd);
+      if (auto it = before.find(fd); it != before.end() && it->second == e) continue;
+      mine[fd] = e;
     }
+    before.clear();
+  }
+  std::vector<int> connections() const {
+    std::vector<int> out;
+    for (const auto& [fd, e] : mine)
+      if (ends(fd) == e) out.push_back(fd);
     return out;
   }
 };
@@ -452,6 +463,17 @@ void ElasticReplica::build_context() {
   ::gloo::BarrierOptions barrier(c->ctx);
   barrier.setTimeout(ms(options_.reduce_timeout_s));
   ::gloo::barrier(barrier);
+  {
+    // One byte to and from every member: every pair has carried data, so each side holds its
+    // socket before they are listed.
+    std::vector<char> in(gen_.members.size()), out(gen_.members.size());
+    ::gloo::AlltoallOptions all(c->ctx);
+    all.setInput(in.data(), in.size());
+    all.setOutput(out.data(), out.size());
+    all.setTimeout(ms(options_.reduce_timeout_s));
+    ::gloo::alltoall(all);
+  }
+  c->find_mine();
   ctx_ = std::move(c);
   ctx_generation_ = gen_.id;
 }
