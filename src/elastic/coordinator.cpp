@@ -80,6 +80,7 @@ void run_coordinator(const CoordinatorOptions& o, const std::atomic<bool>& stop,
 
   std::int64_t next_join = 1;
   std::map<int, std::int64_t> beats;  // last heartbeat counter seen per replica
+  std::int64_t lost_told = 0;         // the last generation announced to have lost a member
   while (!stop.load()) {
     // New replica processes.
     while (store.check({fmt::format("join/{}", next_join)})) {
@@ -120,6 +121,18 @@ void run_coordinator(const CoordinatorOptions& o, const std::atomic<bool>& stop,
       if (!d.commit || d.next_generation != d.generation)
         log::info("[coordinator] step {} of generation {}: {}; next generation {}", d.step + 1, d.generation,
                   d.commit ? "committed" : "aborted (redone)", d.next_generation);
+    }
+    // A member silent past the heartbeat timeout: the others may wait for it in their
+    // reduction, which then cannot finish; they watch for this key and end it at once.
+    if (const auto& g = q.current(); g && g->id != lost_told) {
+      const std::vector<int> alive = q.alive();
+      for (const Member& m : g->members) {
+        if (std::find(alive.begin(), alive.end(), m.replica) != alive.end()) continue;
+        store.set(fmt::format("lost/{}", g->id), std::to_string(m.replica));
+        lost_told = g->id;
+        log::info("[coordinator] generation {}: replica {} is silent past the heartbeat timeout", g->id, m.replica);
+        break;
+      }
     }
     if (ev.generation) {
       const Generation& g = *ev.generation;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
@@ -11,6 +12,10 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <filesystem>
+#include <map>
+#include <mutex>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -124,8 +129,130 @@ KillPoint parse_kill(const std::string& text) {
 
 }  // namespace
 
+namespace {
+
+// "ADDR:PORT" of a socket's own end or its peer's; empty when it has none.
+std::string endpoint(int fd, bool peer) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  auto* sa = reinterpret_cast<sockaddr*>(&addr);
+  if ((peer ? ::getpeername(fd, sa, &len) : ::getsockname(fd, sa, &len)) != 0) return "";
+  char text[INET6_ADDRSTRLEN] = {};
+  int port = 0;
+  if (addr.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
+    if (!::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text)) return "";
+    port = ntohs(in->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    const auto* in = reinterpret_cast<const sockaddr_in6*>(&addr);
+    if (!::inet_ntop(AF_INET6, &in->sin6_addr, text, sizeof text)) return "";
+    port = ntohs(in->sin6_port);
+  } else {
+    return "";
+  }
+  return fmt::format("{}:{}", text, port);
+}
+
+std::vector<int> open_fds() {
+  std::vector<int> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos) out.push_back(std::stoi(name));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+
+}  // namespace
+
 struct ElasticReplica::Context {
   std::shared_ptr<::gloo::rendezvous::Context> ctx;
+  // Gloo keeps its pairs' sockets private. The context's connections are the sockets that
+  // connectFullMesh, the barrier and the all-to-all after it opened (the all-to-all uses every
+  // pair, so the accepting sides have theirs too), but the store's: found once, right after,
+  // against the descriptors open before, and kept with their ends. Sockets opened later (a
+  // group of the replica's own world made lazily, MPI's TCP connections) are never among them,
+  // and a descriptor closed and reused since is told apart by its ends.
+  std::map<int, std::string> before;
+  std::map<int, std::string> mine;
+  std::string coordinator_port;  // ":PORT"
+  static std::string ends(int fd) { return endpoint(fd, false) + " " + endpoint(fd, true); }
+  void snapshot() {
+    before.clear();
+    for (int fd : open_fds()) before[fd] = ends(fd);
+  }
+  void find_mine() {
+    mine.clear();
+    for (int fd : open_fds()) {
+      const std::string peer = endpoint(fd, true);
+      if (peer.empty() || peer.ends_with(coordinator_port)) continue;
+      const std::string e = ends(fd);
+      if (auto it = before.find(fd); it != before.end() && it->second == e) continue;
+      mine[fd] = e;
+    }
+    before.clear();
+  }
+  std::vector<int> connections() const {
+    std::vector<int> out;
+    for (const auto& [fd, e] : mine)
+      if (ends(fd) == e) out.push_back(fd);
+    return out;
+  }
+};
+
+// While a reduction runs, watches the coordinator for word that a member of the reducing
+// generation fell silent past the heartbeat timeout (a lost node, a partition), or for a
+// newer generation: that member will never send. Shutting this rank's Gloo sockets down
+// ends the wait at once with an error (the attempt fails and is redone under the new
+// generation) instead of at the reduction timeout.
+class ElasticReplica::SupersededWatch {
+ public:
+  SupersededWatch(ElasticReplica& r, const Context& ctx) {
+    thread_ = std::thread([&r, &ctx, this, generation = r.gen_.id] {
+      std::unique_lock lock(m_);
+      while (!done_) {
+        lock.unlock();
+        try {
+          if (!r.watch_store_.valid())
+            r.watch_store_ = launch::Store::connect(r.options_.host, r.options_.port, 1).prefixed("elastic/");
+          if (r.watch_store_.check({fmt::format("lost/{}", generation)}) ||
+              (r.watch_store_.check({"latest"}) && std::stoll(r.watch_store_.get("latest")) > generation)) {
+            int shut = 0;
+            for (int fd : ctx.connections())
+              if (::shutdown(fd, SHUT_RDWR) == 0) ++shut;
+            log::info("[elastic] replica {} rank {}: generation {} lost a member; {} connections shut down",
+                      r.options_.replica, r.world_.rank(), generation, shut);
+            fired_.store(true);
+            return;
+          }
+        } catch (const Error&) {
+          r.watch_store_ = launch::Store();
+        }
+        lock.lock();
+        cv_.wait_for(lock, std::chrono::milliseconds(20), [this] { return done_; });
+      }
+    });
+  }
+  ~SupersededWatch() {
+    {
+      std::lock_guard lock(m_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  SupersededWatch(const SupersededWatch&) = delete;
+  SupersededWatch& operator=(const SupersededWatch&) = delete;
+  bool fired() const { return fired_.load(); }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::atomic<bool> fired_{false};
+  std::thread thread_;
 };
 
 std::pair<std::string, int> parse_address(const std::string& text, std::string_view what) {
@@ -160,6 +287,7 @@ ElasticReplica::ElasticReplica(ReplicaOptions options, parallel::Trainer& traine
   trainer_.grad_sync().set_across_replicas([this](double& loss_sum) {
     if (failed_ || gen_.members.size() < 2) return;
     maybe_kill("reduce");
+    SupersededWatch watch(*this, *ctx_);
     try {
       for (const auto& c : trainer_.chunks()) {
         auto g = c->params().grads();
@@ -168,7 +296,8 @@ ElasticReplica::ElasticReplica(ReplicaOptions options, parallel::Trainer& traine
       gloo_sum(ctx_->ctx, &loss_sum, 1, options_.reduce_timeout_s);
     } catch (const std::exception& e) {
       failed_ = true;
-      why_ = e.what();
+      why_ = watch.fired() ? fmt::format("generation {} lost a member (the coordinator heard no heartbeat): {}", gen_.id, e.what())
+                           : e.what();
     }
   });
   if (leader_) {
@@ -300,10 +429,23 @@ void ElasticReplica::build_context() {
   c->ctx = std::make_shared<::gloo::rendezvous::Context>(position_, static_cast<int>(gen_.members.size()));
   c->ctx->setTimeout(ms(options_.reduce_timeout_s));
   StoreAdapter adapter(store, Clock::now() + ms(options_.reduce_timeout_s));
+  c->snapshot();
+  c->coordinator_port = fmt::format(":{}", options_.port);
   c->ctx->connectFullMesh(adapter, device_for(options_.host));
   ::gloo::BarrierOptions barrier(c->ctx);
   barrier.setTimeout(ms(options_.reduce_timeout_s));
   ::gloo::barrier(barrier);
+  {
+    // One byte to and from every member: every pair has carried data, so each side holds its
+    // socket before they are listed.
+    std::vector<char> in(gen_.members.size()), out(gen_.members.size());
+    ::gloo::AlltoallOptions all(c->ctx);
+    all.setInput(in.data(), in.size());
+    all.setOutput(out.data(), out.size());
+    all.setTimeout(ms(options_.reduce_timeout_s));
+    ::gloo::alltoall(all);
+  }
+  c->find_mine();
   ctx_ = std::move(c);
   ctx_generation_ = gen_.id;
 }

@@ -71,6 +71,7 @@ class ElasticReplica {
 
  private:
   struct Context;
+  class SupersededWatch;
   // Every rank: the leader's join, then the first generation that includes this process.
   void join();
   // Every rank: the first generation from `from` (0: the latest) that includes this
@@ -93,6 +94,7 @@ class ElasticReplica {
   comm::Communicator world_;
   bool leader_;
   launch::Store store_;  // the leader's connection (others: only for the Gloo rendezvous)
+  launch::Store watch_store_;  // every rank's, for SupersededWatch (one reduction at a time)
   std::int64_t incarnation_ = 0;
   Generation gen_;
   int position_ = 0;
