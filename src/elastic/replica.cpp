@@ -1,5 +1,8 @@
 #include "ndmesh/elastic/replica.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <gloo/allreduce.h>
