@@ -25,7 +25,6 @@ fail() {
   for f in "$tmp"/*.err "$tmp"/coord.out; do [ -s "$f" ] && { echo "--- $f" >&2; tail -n 30 "$f" >&2; }; done
   exit 1
 }
-source "$(dirname "$0")/../support/compare_runs.sh"
 
 steps=40
 every=5
@@ -33,45 +32,16 @@ flags=(--steps "$steps" --batch 6 --micro-batch 1 --layers 2 --hidden 64 --heads
        --warmup 4 --eval-batches 1 --threads 1 --json)
 export NDMESH_ELASTIC_TIMEOUT_S=5 NDMESH_ELASTIC_RECONNECT_S=2 NDMESH_LOG=info
 
-"$ndmesh" coordinator --port 0 --min-replicas 2 --heartbeat-timeout-s 2 > "$tmp/coord.out" 2> "$tmp/coord.err" &
-coord=$!
-pids+=("$coord")
-for _ in $(seq 100); do
-  grep -q "^coordinator listening on " "$tmp/coord.out" && break
-  sleep 0.1
-done
-addr=$(sed -n 's/^coordinator listening on //p' "$tmp/coord.out")
-[ -n "$addr" ] || fail "the coordinator did not print its address"
+source "$(dirname "$0")/elastic_lib.sh"
+save=(-- --save "$tmp/ckpt" --save-every "$every")
 
-start_replica() {  # start_replica <id> <name> [env...]: sets rpid
-  local r=$1 name=$2
-  shift 2
-  env NDMESH_COORDINATOR="$addr" NDMESH_REPLICA_ID="$r" "$@" \
-    timeout -k 5 200 "${mpirun[@]}" -np 2 "$ndmesh" train --tp 2 "${flags[@]}" --save "$tmp/ckpt" \
-    --save-every "$every" > "$tmp/$name.out" 2> "$tmp/$name.err" &
-  rpid=$!
-  pids+=("$rpid")
-}
-
-committed() {  # the highest step printed by replica output $1
-  { grep -o '"elastic_step":[0-9]*' "$tmp/$1.out" 2> /dev/null || true; } | tail -n 1 | cut -d: -f2
-}
-
-wait_step() {  # wait_step <output> <step>
-  for _ in $(seq 2400); do  # up to 2 minutes (sanitizer builds, a loaded machine)
-    local s
-    s=$(committed "$1")
-    [ -n "$s" ] && [ "$s" -ge "$2" ] && return 0
-    sleep 0.05
-  done
-  fail "$1 never reached step $2"
-}
-
-start_replica 0 r0 NDMESH_TEST_ELASTIC_KILL=0:1:10:update
+start_coordinator coord:0
+coord=$coord_pid
+start_replica 0 r0 NDMESH_TEST_ELASTIC_KILL=0:1:10:update "${save[@]}"
 r0=$rpid
-start_replica 1 r1
+start_replica 1 r1 "${save[@]}"
 r1=$rpid
-start_replica 2 r2
+start_replica 2 r2 "${save[@]}"
 r2=$rpid
 set +e
 wait "$r0"
@@ -79,7 +49,7 @@ rc=$?
 set -e
 [ "$rc" -ne 0 ] || fail "replica 0 should have died at step 10, it exited 0"
 grep -q "kills itself at step 10 (update)" "$tmp/r0.err" || fail "replica 0 did not kill itself at step 10 (update)"
-start_replica 0 r0b
+start_replica 0 r0b "${save[@]}"
 r0b=$rpid
 wait_step r1 17
 # The whole job is lost: no coordinator, the replicas stop without a final checkpoint.
