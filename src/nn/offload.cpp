@@ -35,6 +35,47 @@ Buffer aligned_buffer(std::int64_t bytes) {
   return Buffer(static_cast<char*>(p));
 }
 
+// A new offload file of `bytes` (zero-filled by ftruncate; blocks are allocated as they are
+// first written), O_DIRECT where the file system has it (not tmpfs: there the page cache,
+// dropped after each transfer). Returns the descriptor; `direct` says which.
+int create_file(const std::string& path, std::int64_t bytes, bool& direct) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0600);
+  direct = fd >= 0;
+  if (fd < 0 && errno == EINVAL) fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    fail<IoError>("offload", "cannot create the offload file '{}': {}; check --offload-dir", path,
+                  std::strerror(errno));
+  if (::ftruncate(fd, bytes) != 0) {
+    const int e = errno;
+    ::close(fd);
+    ::unlink(path.c_str());
+    fail<IoError>("offload", "cannot size the offload file '{}' to {} bytes: {}", path, bytes, std::strerror(e));
+  }
+  return fd;
+}
+
+// All `bytes` at byte `at` of the file, read into or written from `buffer` (aligned for
+// O_DIRECT); without O_DIRECT the pages are dropped from the cache after (written ones synced
+// first), so that the resident set really shrinks.
+void transfer(int fd, bool direct, const std::string& path, bool write, off_t at, std::int64_t bytes,
+              void* buffer) {
+  std::int64_t done = 0;
+  while (done < bytes) {
+    char* p = static_cast<char*>(buffer) + done;
+    const auto left = static_cast<std::size_t>(bytes - done);
+    const ssize_t n = write ? ::pwrite(fd, p, left, at + done) : ::pread(fd, p, left, at + done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      fail<IoError>("offload", "{} the offload file '{}' at byte {} failed: {}", write ? "writing" : "reading",
+                    path, at + done, n < 0 ? std::strerror(errno) : "unexpected end of file");
+    done += n;
+  }
+  if (!direct) {
+    if (write) ::fdatasync(fd);
+    ::posix_fadvise(fd, at, static_cast<off_t>(bytes), POSIX_FADV_DONTNEED);
+  }
+}
+
 }  // namespace
 
 OffloadFile::OffloadFile(std::string path, std::int64_t elements, std::int64_t chunk)
@@ -45,22 +86,7 @@ OffloadFile::OffloadFile(std::string path, std::int64_t elements, std::int64_t c
   chunk_ = (std::min(chunk, std::max<std::int64_t>(elements, 1)) + 1023) / 1024 * 1024;
   chunks_ = (elements_ + chunk_ - 1) / chunk_;
   block_bytes_ = 2 * chunk_ * static_cast<std::int64_t>(sizeof(float));
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0600);
-  direct_ = fd_ >= 0;
-  if (fd_ < 0 && errno == EINVAL) {  // no O_DIRECT here (tmpfs): the page cache, dropped after use
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  }
-  if (fd_ < 0)
-    fail<IoError>("offload", "cannot create the offload file '{}': {}; check --offload-dir", path_,
-                  std::strerror(errno));
-  // Zero-filled by ftruncate; blocks are allocated as they are first written.
-  if (::ftruncate(fd_, chunks_ * block_bytes_) != 0) {
-    const int e = errno;
-    ::close(fd_);
-    ::unlink(path_.c_str());
-    fail<IoError>("offload", "cannot size the offload file '{}' to {} bytes: {}", path_,
-                  chunks_ * block_bytes_, std::strerror(e));
-  }
+  fd_ = create_file(path_, chunks_ * block_bytes_, direct_);
 }
 
 OffloadFile::~OffloadFile() {
@@ -72,23 +98,7 @@ void OffloadFile::io(bool write, std::int64_t chunk, void* buffer, bool count) {
   const auto t0 = std::chrono::steady_clock::now();
   const off_t at = static_cast<off_t>(chunk * block_bytes_);
   // The last chunk's block is full size too (the file is), so every transfer is aligned.
-  std::int64_t done = 0;
-  while (done < block_bytes_) {
-    char* p = static_cast<char*>(buffer) + done;
-    const auto left = static_cast<std::size_t>(block_bytes_ - done);
-    const ssize_t n = write ? ::pwrite(fd_, p, left, at + done) : ::pread(fd_, p, left, at + done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0)
-      fail<IoError>("offload", "{} the offload file '{}' at byte {} failed: {}",
-                    write ? "writing" : "reading", path_, at + done,
-                    n < 0 ? std::strerror(errno) : "unexpected end of file");
-    done += n;
-  }
-  if (!direct_) {
-    // Written pages must be clean before the kernel drops them.
-    if (write) ::fdatasync(fd_);
-    ::posix_fadvise(fd_, at, static_cast<off_t>(block_bytes_), POSIX_FADV_DONTNEED);
-  }
+  transfer(fd_, direct_, path_, write, at, block_bytes_, buffer);
   if (!count) return;
   if (write && pause_s_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(pause_s_));
   (write ? bytes_written_ : bytes_read_) += block_bytes_;
@@ -147,19 +157,7 @@ void OffloadFile::write_all(const float* m, const float* v) {
 
 OffloadArray::OffloadArray(std::string path, std::int64_t elements) : path_(std::move(path)), elements_(elements) {
   NDMESH_CHECK(elements >= 0, "offload", "elements={}", elements);
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0600);
-  direct_ = fd_ >= 0;
-  if (fd_ < 0 && errno == EINVAL) fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd_ < 0)
-    fail<IoError>("offload", "cannot create the offload file '{}': {}; check --offload-dir", path_,
-                  std::strerror(errno));
-  const std::int64_t bytes = (elements * 4 + kAlign - 1) / kAlign * kAlign;
-  if (::ftruncate(fd_, bytes) != 0) {
-    const int e = errno;
-    ::close(fd_);
-    ::unlink(path_.c_str());
-    fail<IoError>("offload", "cannot size the offload file '{}' to {} bytes: {}", path_, bytes, std::strerror(e));
-  }
+  fd_ = create_file(path_, (elements * 4 + kAlign - 1) / kAlign * kAlign, direct_);
 }
 
 OffloadArray::~OffloadArray() {
@@ -169,22 +167,7 @@ OffloadArray::~OffloadArray() {
 
 void OffloadArray::io(bool write, std::int64_t page, std::int64_t pages, void* buffer) {
   const std::int64_t bytes = pages * kAlign;
-  const off_t at = static_cast<off_t>(page * kAlign);
-  std::int64_t done = 0;
-  while (done < bytes) {
-    char* p = static_cast<char*>(buffer) + done;
-    const auto left = static_cast<std::size_t>(bytes - done);
-    const ssize_t n = write ? ::pwrite(fd_, p, left, at + done) : ::pread(fd_, p, left, at + done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0)
-      fail<IoError>("offload", "{} the offload file '{}' at byte {} failed: {}", write ? "writing" : "reading",
-                    path_, at + done, n < 0 ? std::strerror(errno) : "unexpected end of file");
-    done += n;
-  }
-  if (!direct_) {
-    if (write) ::fdatasync(fd_);
-    ::posix_fadvise(fd_, at, static_cast<off_t>(bytes), POSIX_FADV_DONTNEED);
-  }
+  transfer(fd_, direct_, path_, write, static_cast<off_t>(page * kAlign), bytes, buffer);
   (write ? bytes_written_ : bytes_read_) += bytes;
 }
 
