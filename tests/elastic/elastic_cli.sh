@@ -46,6 +46,7 @@ expect 2 "--zero=1 with a coordinator" "$ndmesh" train --coordinator "$addr" --r
 expect 2 "NDMESH_REPLICA_ID" env NDMESH_COORDINATOR="$addr" "$ndmesh" train "${small[@]}"
 expect 2 "--coordinator=nowhere is not HOST:PORT" "$ndmesh" train --coordinator nowhere --replica-id 0 "${small[@]}"
 expect 2 "NDMESH_REPLICA_ID='-1'" env NDMESH_COORDINATOR="$addr" NDMESH_REPLICA_ID=-1 "$ndmesh" train "${small[@]}"
+expect 2 "--replica-id: Value -3 not in range 0 to 1048576" "$ndmesh" train --coordinator "$addr" --replica-id -3 "${small[@]}"
 
 # One replica with --min-replicas 1 trains; then the coordinator is stopped: exit 0.
 NDMESH_COORDINATOR="$addr" NDMESH_REPLICA_ID=0 timeout 60 "$ndmesh" train "${small[@]}" --json > "$tmp/one.out" \

@@ -890,6 +890,7 @@ Action setup(CLI::App& app) {
       ->group("Elastic");
   app.add_option("--replica-id", o->replica_id,
                  "with --coordinator: this replica's id, 0..R-1, the same across restarts (NDMESH_REPLICA_ID)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20))
       ->group("Elastic");
   app.footer(
       "Examples:\n"
