@@ -18,6 +18,7 @@
 #   tp2-sp         40  --tp 2 --sequence-parallel
 #   pp2-1f1b       40  --pp 2 --micro-batch 2 --schedule 1f1b
 #   pp2-interleaved 40 --pp 2 --vpp 2 --micro-batch 2 --schedule interleaved
+#   pp2-zbh1       40  --pp 2 --micro-batch 2 --schedule zb-h1 (the split backward on the device)
 #   cp2            40  --cp 2 (SKIP while --device cuda refuses cp in one line)
 #   dp2-zero2      40  --dp 2 --zero 2
 #   staged4        45  Gloo staged, 4 ranks: --dp 2 --tp 2 --sequence-parallel
@@ -184,6 +185,7 @@ step_nccl() {
   nccl_layout tp2-sp 2 -- --tp 2 --sequence-parallel
   nccl_layout pp2-1f1b 2 -- --pp 2 --micro-batch 2 --schedule 1f1b
   nccl_layout pp2-interleaved 2 -- --pp 2 --vpp 2 --micro-batch 2 --schedule interleaved
+  nccl_layout pp2-zbh1 2 -- --pp 2 --micro-batch 2 --schedule zb-h1
   nccl_layout cp2 2 -- --cp 2
   nccl_layout dp2-zero2 2 -- --dp 2 --zero 2
   nccl_timeout=45 nccl_layout staged4 4 NDMESH_BACKEND=gloo -- --dp 2 --tp 2 --sequence-parallel

@@ -61,8 +61,6 @@ void Linear<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t rows
     ops::gemm<T>(store_->device(), false, false, rows, in, n_out, T(1), dout, n_out, store_->param(weight_), in,
                  T(1), dinp, in);
   if (DeferredWeightGrads<T>* sink = deferred_sink<T>()) {
-    NDMESH_CHECK(store_->device() == Device::kCpu, "nn",
-                 "linear '{}': a split backward (zero-bubble schedules) runs on the CPU only", options_.name);
     sink->record(*this, dout, inp, rows);
     return;
   }
@@ -99,7 +97,12 @@ void Linear<T>::backward_bias(const T* dout, std::int64_t rows) const {
 
 template <typename T>
 void DeferredWeightGrads<T>::record(const Linear<T>& layer, const T* dout, const T* inp, std::int64_t rows) {
-  entries_.push_back({&layer, std::vector<T>(dout, dout + rows * layer.options().out), inp, rows});
+  // The copy stays where the layer runs (a device-to-device copy on CUDA): the caller's
+  // dout buffer is reused before run().
+  const std::int64_t n = rows * layer.options().out;
+  Tensor<T> copy({n}, layer.device());
+  ops::copy<T>(copy.data(), dout, n, layer.device());
+  entries_.push_back({&layer, std::move(copy), inp, rows});
 }
 
 template <typename T>

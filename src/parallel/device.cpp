@@ -2,8 +2,8 @@
 // On CUDA each process takes one GPU (its local rank modulo the GPUs it sees, with one
 // compute stream). Several GPU ranks communicate through a device communicator
 // (device_communicator): NCCL, or the CPU backend with device buffers staged through pinned
-// host memory. Ring attention (cp) and the split backward (zb-h1) run on the CPU only, so
-// those layouts are refused here with one line each.
+// host memory. Ring attention (cp) runs on the CPU only, so that layout is refused here
+// with one line (the split backward, zb-h1, keeps its deferred gradients in device memory).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -52,9 +52,6 @@ void apply_device(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& o)
   if (o.device == Device::kCpu) return;
   std::vector<std::string> problems;
   if (plan.attention) problems.push_back("--device cuda with --cp > 1: ring attention runs on the CPU only for now");
-  if (plan.split_backward)
-    problems.push_back("--device cuda with --schedule zb-h1: the split backward runs on the CPU only for now; use "
-                       "--schedule 1f1b");
   if (!problems.empty()) fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
   cuda::init(static_cast<int>(LaunchEnv::detect().local_rank.value_or(0)));
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ndmesh/tensor/params.hpp"
+#include "ndmesh/tensor/tensor.hpp"
 
 namespace ndmesh::nn {
 
@@ -72,8 +73,9 @@ class Linear {
 
 /// Weight gradients set aside by Linear::backward for a later pass: the "W" half of the
 /// zero-bubble schedules' split backward. Each entry holds a copy of the layer's output
-/// gradient and a pointer to its input, which must stay alive (it lives in the
-/// micro-batch's activations) until run().
+/// gradient where the layer lives (device memory on CUDA, copied on the compute stream) and
+/// a pointer to its input, which must stay alive (it lives in the micro-batch's
+/// activations) until run().
 template <typename T>
 class DeferredWeightGrads {
  public:
@@ -88,7 +90,7 @@ class DeferredWeightGrads {
  private:
   struct Entry {
     const Linear<T>* layer;
-    std::vector<T> dout;
+    Tensor<T> dout;  // [rows, out] on the layer's device
     const T* inp;
     std::int64_t rows;
   };
