@@ -89,6 +89,36 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
                         std::int64_t head_dim, const std::int64_t* positions);
 
+// Ring attention (context parallelism, parallel/cp/ring_attention.cpp): the building blocks
+// of nn/attention.hpp over a batch. Every sequence b holds `seq` query rows at q + (b seq + t)
+// q_ld (head h at + h hd) and `seq` key/value rows at kv + (b seq + t) kv_ld, packed [k heads
+// | v heads]; q_pos and kv_pos ([seq], device memory, the same for every sequence) are their
+// global positions: key j is visible to query i iff kv_pos[j] <= q_pos[i]. out is [b, seq,
+// H hd], lse, delta [b, H, seq].
+
+/// nn::attention_partial_forward: overwrites out and lse with the softmax over these keys
+/// only (a query with no visible key gets out = 0, lse = -inf).
+void attention_partial_forward(float* out, float* lse, const float* q, std::int64_t q_ld, const std::int64_t* q_pos,
+                               const float* kv, std::int64_t kv_ld, const std::int64_t* kv_pos, std::int64_t batch,
+                               std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim);
+/// nn::attention_merge: (out, lse) <- the softmax over the union of both key sets.
+void attention_merge(float* out, float* lse, const float* part_out, const float* part_lse, std::int64_t batch,
+                     std::int64_t seq, std::int64_t heads, std::int64_t head_dim);
+/// nn::attention_row_dot: delta[b, h, t] = sum_d dout[b, t, h, d] out[b, t, h, d].
+void attention_row_dot(float* delta, const float* out, const float* dout, std::int64_t batch, std::int64_t seq,
+                       std::int64_t heads, std::int64_t head_dim);
+/// nn::attention_partial_backward with the FINAL lse and delta: accumulates dQ into dq
+/// (rows dq_ld apart, head h at + h hd) and dK, dV into dkv (rows dkv_ld apart, [dk | dv]).
+void attention_partial_backward(float* dq, std::int64_t dq_ld, float* dkv, std::int64_t dkv_ld, const float* dout,
+                                const float* q, std::int64_t q_ld, const std::int64_t* q_pos, const float* kv,
+                                std::int64_t kv_ld, const std::int64_t* kv_pos, const float* lse, const float* delta,
+                                std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
+                                std::int64_t head_dim);
+/// dst[r ld_dst + c] = src[r ld_src + c] (or += with accumulate), r < rows, c < cols: the
+/// key/value columns of qkv rows into a ring block and its dK/dV back.
+void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src, std::int64_t rows,
+               std::int64_t cols, bool accumulate);
+
 /// nn::CrossEntropy::forward (one rank holds the whole vocabulary): probs[rows, vocab] =
 /// softmax(logits) (may alias logits), losses[rows] = -log probs[target]; returns the mean
 /// loss (accumulated in double; waits for the stream).

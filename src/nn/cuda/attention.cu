@@ -49,14 +49,21 @@ constexpr int kScoreLd = kTile + 1;
 constexpr std::int64_t kNoQuery = INT64_MIN;  // position of a padding query row: sees nothing
 constexpr std::int64_t kNoKey = INT64_MAX;    // position of a padding key row: seen by nothing
 
+// Queries and keys/values are addressed separately (the ring's partial calls): query row t
+// of sequence b starts at q + (b seq + t) q_ld (head h at + h hd), key/value row t at
+// kv + (b seq + t) kv_ld with [k heads | v heads] (k head g at + g hd, v head g at + (KV + g)
+// hd); the gradients dq and dkv are addressed the same way with dq_ld and dkv_ld. The whole
+// attention is q = qkv, kv = qkv + H hd, every stride the qkv width.
 struct Shape {
   std::int64_t seq;
   int heads, kv_heads, head_dim;
-  const std::int64_t* positions;  // nullptr: 0..seq-1
+  const std::int64_t* qpos;  // [seq] positions of the query rows; nullptr: 0..seq-1
+  const std::int64_t* kpos;  // [seq] positions of the key rows; nullptr: 0..seq-1
+  std::int64_t q_ld, kv_ld, dq_ld, dkv_ld;
   float scale;
 
-  __device__ std::int64_t width() const { return std::int64_t{heads + 2 * kv_heads} * head_dim; }
-  __device__ std::int64_t position(std::int64_t t) const { return positions ? positions[t] : t; }
+  __device__ std::int64_t qposition(std::int64_t t) const { return qpos ? qpos[t] : t; }
+  __device__ std::int64_t kposition(std::int64_t t) const { return kpos ? kpos[t] : t; }
   __device__ int tiles() const { return static_cast<int>((seq + kTile - 1) / kTile); }
 };
 
@@ -128,7 +135,7 @@ std::size_t forward_smem(int hd) {
 
 template <int DC>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel(float* out, float* lse, const float* qkv, Shape s) {
+    attention_forward_kernel(float* out, float* lse, const float* q, const float* kv, Shape s) {
   extern __shared__ std::int64_t smem_forward[];
   const int hd = s.head_dim, ld = hd + 1, tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   std::int64_t* qpos = smem_forward;
@@ -141,12 +148,13 @@ __global__ void __launch_bounds__(kThreads)
   const int tiles = s.tiles();
   const std::int64_t q0 = std::int64_t{tiles - 1 - static_cast<int>(blockIdx.x)} * kTile;  // longest first
   const int h = blockIdx.y, g = h / (s.heads / s.kv_heads);
-  const std::int64_t b = blockIdx.z, width = s.width();
-  const float* rows = qkv + b * s.seq * width;
+  const std::int64_t b = blockIdx.z;
+  const float* qrows = q + b * s.seq * s.q_ld;
+  const float* kvrows = kv + b * s.seq * s.kv_ld;
 
   if (threadIdx.x < kTile)
-    qpos[threadIdx.x] = q0 + threadIdx.x < s.seq ? s.position(q0 + threadIdx.x) : kNoQuery;
-  load_tile(qs, ld, rows + h * hd, width, q0, s.seq, hd);
+    qpos[threadIdx.x] = q0 + threadIdx.x < s.seq ? s.qposition(q0 + threadIdx.x) : kNoQuery;
+  load_tile(qs, ld, qrows + h * hd, s.q_ld, q0, s.seq, hd);
   __syncthreads();
   std::int64_t qmax = kNoQuery;
   for (int i = 0; i < kTile; ++i) qmax = qpos[i] > qmax ? qpos[i] : qmax;
@@ -163,10 +171,10 @@ __global__ void __launch_bounds__(kThreads)
     const std::int64_t k0 = std::int64_t{kt} * kTile;
     __syncthreads();  // the previous tile's K, V, P and positions are no longer read
     if (threadIdx.x < kTile)
-      kpos[threadIdx.x] = k0 + threadIdx.x < s.seq ? s.position(k0 + threadIdx.x) : kNoKey;
+      kpos[threadIdx.x] = k0 + threadIdx.x < s.seq ? s.kposition(k0 + threadIdx.x) : kNoKey;
     if (!__syncthreads_or(threadIdx.x < kTile && kpos[threadIdx.x] <= qmax)) continue;
-    load_tile(ks, ld, rows + std::int64_t{s.heads + g} * hd, width, k0, s.seq, hd);
-    load_tile(vs, ld, rows + std::int64_t{s.heads + s.kv_heads + g} * hd, width, k0, s.seq, hd);
+    load_tile(ks, ld, kvrows + std::int64_t{g} * hd, s.kv_ld, k0, s.seq, hd);
+    load_tile(vs, ld, kvrows + std::int64_t{s.kv_heads + g} * hd, s.kv_ld, k0, s.seq, hd);
     __syncthreads();
 
     float sc[4][4];
@@ -242,7 +250,7 @@ __device__ void load_query_stats(std::int64_t* qpos, float* lse_s, float* delta_
   const std::int64_t t = q0 + threadIdx.x;
   const bool valid = t < s.seq;
   const std::int64_t at = (b * s.heads + h) * s.seq + t;
-  qpos[threadIdx.x] = valid ? s.position(t) : kNoQuery;
+  qpos[threadIdx.x] = valid ? s.qposition(t) : kNoQuery;
   lse_s[threadIdx.x] = valid ? lse[at] : -INFINITY;
   delta_s[threadIdx.x] = valid ? delta[at] : 0.0f;
 }
@@ -278,7 +286,7 @@ struct BackwardShared {
 // dK, dV of one key tile of kv head g: sums over the query tiles of the group's heads.
 template <int DC>
 __global__ void __launch_bounds__(kThreads)
-    attention_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+    attention_dkv_kernel(float* dkv, const float* dout, const float* q, const float* kv, const float* lse,
                          const float* delta, Shape s) {
   extern __shared__ std::int64_t smem_dkv[];
   const int hd = s.head_dim, ld = hd + 1, tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -291,14 +299,15 @@ __global__ void __launch_bounds__(kThreads)
   const int tiles = s.tiles(), group = s.heads / s.kv_heads;
   const std::int64_t k0 = std::int64_t{blockIdx.x} * kTile;
   const int g = blockIdx.y;
-  const std::int64_t b = blockIdx.z, width = s.width(), out_width = std::int64_t{s.heads} * hd;
-  const float* rows = qkv + b * s.seq * width;
+  const std::int64_t b = blockIdx.z, out_width = std::int64_t{s.heads} * hd;
+  const float* qrows = q + b * s.seq * s.q_ld;
+  const float* kvrows = kv + b * s.seq * s.kv_ld;
   const float* drows = dout + b * s.seq * out_width;
 
   if (threadIdx.x < kTile)
-    kpos[threadIdx.x] = k0 + threadIdx.x < s.seq ? s.position(k0 + threadIdx.x) : kNoKey;
-  load_tile(ks, ld, rows + std::int64_t{s.heads + g} * hd, width, k0, s.seq, hd);
-  load_tile(vs, ld, rows + std::int64_t{s.heads + s.kv_heads + g} * hd, width, k0, s.seq, hd);
+    kpos[threadIdx.x] = k0 + threadIdx.x < s.seq ? s.kposition(k0 + threadIdx.x) : kNoKey;
+  load_tile(ks, ld, kvrows + std::int64_t{g} * hd, s.kv_ld, k0, s.seq, hd);
+  load_tile(vs, ld, kvrows + std::int64_t{s.kv_heads + g} * hd, s.kv_ld, k0, s.seq, hd);
   __syncthreads();
   std::int64_t kmin = kNoKey;
   for (int j = 0; j < kTile; ++j) kmin = kpos[j] < kmin ? kpos[j] : kmin;
@@ -315,7 +324,7 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
       load_query_stats(qpos, lse_s, delta_s, lse, delta, s, b, h, q0);
       if (!__syncthreads_or(threadIdx.x < kTile && qpos[threadIdx.x] >= kmin)) continue;
-      load_tile(qs, ld, rows + std::int64_t{h} * hd, width, q0, s.seq, hd);
+      load_tile(qs, ld, qrows + std::int64_t{h} * hd, s.q_ld, q0, s.seq, hd);
       load_tile(dos, ld, drows + std::int64_t{h} * hd, out_width, q0, s.seq, hd);
       __syncthreads();
 
@@ -337,13 +346,13 @@ __global__ void __launch_bounds__(kThreads)
       tile_mul_acc<DC>(dk, dsts, qs, hd, ld);
     }
 
-  float* drow = dqkv + b * s.seq * width;
+  float* drow = dkv + b * s.seq * s.dkv_ld;
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const std::int64_t t = k0 + ty + 16 * r;
     if (t >= s.seq) continue;
-    float* dkr = drow + t * width + std::int64_t{s.heads + g} * hd;
-    float* dvr = drow + t * width + std::int64_t{s.heads + s.kv_heads + g} * hd;
+    float* dkr = drow + t * s.dkv_ld + std::int64_t{g} * hd;
+    float* dvr = drow + t * s.dkv_ld + std::int64_t{s.kv_heads + g} * hd;
 #pragma unroll
     for (int c = 0; c < DC; ++c)
       if (tx + 16 * c < hd) dkr[tx + 16 * c] += dk[r][c], dvr[tx + 16 * c] += dv[r][c];
@@ -353,7 +362,7 @@ __global__ void __launch_bounds__(kThreads)
 // dQ of one query tile of head h: sums over its key tiles.
 template <int DC>
 __global__ void __launch_bounds__(kThreads)
-    attention_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+    attention_dq_kernel(float* dq_out, const float* dout, const float* q, const float* kv, const float* lse,
                         const float* delta, Shape s) {
   extern __shared__ std::int64_t smem_dq[];
   const int hd = s.head_dim, ld = hd + 1, tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -365,11 +374,12 @@ __global__ void __launch_bounds__(kThreads)
   const int tiles = s.tiles();
   const std::int64_t q0 = std::int64_t{tiles - 1 - static_cast<int>(blockIdx.x)} * kTile;  // longest first
   const int h = blockIdx.y, g = h / (s.heads / s.kv_heads);
-  const std::int64_t b = blockIdx.z, width = s.width(), out_width = std::int64_t{s.heads} * hd;
-  const float* rows = qkv + b * s.seq * width;
+  const std::int64_t b = blockIdx.z, out_width = std::int64_t{s.heads} * hd;
+  const float* qrows = q + b * s.seq * s.q_ld;
+  const float* kvrows = kv + b * s.seq * s.kv_ld;
 
   load_query_stats(qpos, lse_s, delta_s, lse, delta, s, b, h, q0);
-  load_tile(qs, ld, rows + std::int64_t{h} * hd, width, q0, s.seq, hd);
+  load_tile(qs, ld, qrows + std::int64_t{h} * hd, s.q_ld, q0, s.seq, hd);
   load_tile(dos, ld, dout + b * s.seq * out_width + std::int64_t{h} * hd, out_width, q0, s.seq, hd);
   __syncthreads();
   std::int64_t qmax = kNoQuery;
@@ -385,10 +395,10 @@ __global__ void __launch_bounds__(kThreads)
     const std::int64_t k0 = std::int64_t{kt} * kTile;
     __syncthreads();
     if (threadIdx.x < kTile)
-      kpos[threadIdx.x] = k0 + threadIdx.x < s.seq ? s.position(k0 + threadIdx.x) : kNoKey;
+      kpos[threadIdx.x] = k0 + threadIdx.x < s.seq ? s.kposition(k0 + threadIdx.x) : kNoKey;
     if (!__syncthreads_or(threadIdx.x < kTile && kpos[threadIdx.x] <= qmax)) continue;
-    load_tile(ks, ld, rows + std::int64_t{s.heads + g} * hd, width, k0, s.seq, hd);
-    load_tile(vs, ld, rows + std::int64_t{s.heads + s.kv_heads + g} * hd, width, k0, s.seq, hd);
+    load_tile(ks, ld, kvrows + std::int64_t{g} * hd, s.kv_ld, k0, s.seq, hd);
+    load_tile(vs, ld, kvrows + std::int64_t{s.kv_heads + g} * hd, s.kv_ld, k0, s.seq, hd);
     __syncthreads();
 
     float sc[4][4], dp[4][4];  // [query ty + 16 r][key tx + 16 c]
@@ -411,19 +421,55 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = 0; r < 4; ++r) {
     const std::int64_t t = q0 + ty + 16 * r;
     if (t >= s.seq) continue;
-    float* dqr = dqkv + (b * s.seq + t) * width + std::int64_t{h} * hd;
+    float* dqr = dq_out + (b * s.seq + t) * s.dq_ld + std::int64_t{h} * hd;
 #pragma unroll
     for (int c = 0; c < DC; ++c)
       if (tx + 16 * c < hd) dqr[tx + 16 * c] += dq[r][c];
   }
 }
 
+// ------------------------------------------------------------- ring attention helpers
+
+// nn::attention_merge for every (b, t, h): one thread each, the CPU's formula in float.
+__global__ void attention_merge_kernel(float* out, float* lse, const float* part_out, const float* part_lse,
+                                       std::int64_t batch, std::int64_t seq, int heads, int hd) {
+  const std::int64_t idx = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (idx >= batch * seq * heads) return;
+  const std::int64_t row = idx / heads;  // b * seq + t
+  const int h = static_cast<int>(idx % heads);
+  const std::int64_t b = row / seq, t = row % seq, at = (b * heads + h) * seq + t;
+  const float a = lse[at], p = part_lse[at];
+  if (p == -INFINITY) return;  // the part saw no visible key: nothing to add
+  float* oa = out + row * heads * hd + std::int64_t{h} * hd;
+  const float* ob = part_out + row * heads * hd + std::int64_t{h} * hd;
+  if (a == -INFINITY) {
+    for (int d = 0; d < hd; ++d) oa[d] = ob[d];
+    lse[at] = p;
+    return;
+  }
+  const float mx = fmaxf(a, p);
+  const float wa = expf(a - mx), wb = expf(p - mx), sum = wa + wb;
+  const float ca = wa / sum, cb = wb / sum;
+  for (int d = 0; d < hd; ++d) oa[d] = ca * oa[d] + cb * ob[d];
+  lse[at] = mx + logf(sum);
+}
+
+// dst[r * ld_dst + c] (+)= src[r * ld_src + c] for r < rows, c < cols.
+__global__ void copy_rows_kernel(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src,
+                                 std::int64_t rows, std::int64_t cols, bool accumulate) {
+  const std::int64_t idx = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (idx >= rows * cols) return;
+  const std::int64_t r = idx / cols, c = idx % cols;
+  float* d = dst + r * ld_dst + c;
+  const float v = src[r * ld_src + c];
+  *d = accumulate ? *d + v : v;
+}
+
 // ------------------------------------------------------------------------------ launch
 
 constexpr int kMaxHeadDim = 128;
 
-Shape make_shape(std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
-                 const std::int64_t* positions, const char* what) {
+void check_heads(std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, const char* what) {
   if (heads <= 0 || kv_heads <= 0 || head_dim <= 0 || heads % kv_heads != 0)
     detail::fail_error(std::string(what) + ": heads=" + std::to_string(heads) +
                        " kv_heads=" + std::to_string(kv_heads) + " head_dim=" + std::to_string(head_dim) +
@@ -432,12 +478,31 @@ Shape make_shape(std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, st
     detail::fail_error(std::string(what) + ": head_dim " + std::to_string(head_dim) +
                        " is above the CUDA kernel's limit of " + std::to_string(kMaxHeadDim) +
                        "; use fewer channels per head or --device cpu");
+}
+
+// The shape of a call over separately addressed query and key/value rows.
+Shape make_shape(std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
+                 const std::int64_t* qpos, const std::int64_t* kpos, std::int64_t q_ld, std::int64_t kv_ld,
+                 std::int64_t dq_ld, std::int64_t dkv_ld, const char* what) {
+  check_heads(heads, kv_heads, head_dim, what);
   return Shape{seq,
                static_cast<int>(heads),
                static_cast<int>(kv_heads),
                static_cast<int>(head_dim),
-               positions,
+               qpos,
+               kpos,
+               q_ld,
+               kv_ld,
+               dq_ld,
+               dkv_ld,
                1.0f / std::sqrt(static_cast<float>(head_dim))};
+}
+
+// The whole attention over packed qkv rows: every stride the qkv width.
+Shape whole_shape(std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
+                  const std::int64_t* positions, const char* what) {
+  const std::int64_t width = (heads + 2 * kv_heads) * head_dim;
+  return make_shape(seq, heads, kv_heads, head_dim, positions, positions, width, width, width, width, what);
 }
 
 // Raises the kernel's dynamic shared memory limit to `bytes`, then launches it.
@@ -450,55 +515,108 @@ void launch(Kernel kernel, dim3 grid, std::size_t bytes, const char* what, Args.
 }
 
 template <int DC>
-void forward(float* out, float* lse, const float* qkv, std::int64_t batch, const Shape& s) {
+void forward(float* out, float* lse, const float* q, const float* kv, std::int64_t batch, const Shape& s) {
   const dim3 grid(static_cast<unsigned>((s.seq + kTile - 1) / kTile), static_cast<unsigned>(s.heads),
                   static_cast<unsigned>(batch));
-  launch(attention_forward_kernel<DC>, grid, forward_smem(s.head_dim), "attention_forward", out, lse, qkv, s);
+  launch(attention_forward_kernel<DC>, grid, forward_smem(s.head_dim), "attention_forward", out, lse, q, kv, s);
 }
 
 template <int DC>
-void backward(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta,
-              std::int64_t batch, const Shape& s) {
+void backward(float* dq, float* dkv, const float* dout, const float* q, const float* kv, const float* lse,
+              const float* delta, std::int64_t batch, const Shape& s) {
   const unsigned tiles = static_cast<unsigned>((s.seq + kTile - 1) / kTile);
   launch(attention_dkv_kernel<DC>,
          dim3(tiles, static_cast<unsigned>(s.kv_heads), static_cast<unsigned>(batch)),
-         BackwardShared::bytes(s.head_dim, 2), "attention_backward (dk, dv)", dqkv, dout, qkv, lse, delta, s);
+         BackwardShared::bytes(s.head_dim, 2), "attention_backward (dk, dv)", dkv, dout, q, kv, lse, delta, s);
   launch(attention_dq_kernel<DC>, dim3(tiles, static_cast<unsigned>(s.heads), static_cast<unsigned>(batch)),
-         BackwardShared::bytes(s.head_dim, 1), "attention_backward (dq)", dqkv, dout, qkv, lse, delta, s);
+         BackwardShared::bytes(s.head_dim, 1), "attention_backward (dq)", dq, dout, q, kv, lse, delta, s);
 }
+
+void forward_any(float* out, float* lse, const float* q, const float* kv, std::int64_t batch, const Shape& s) {
+  if (batch <= 0 || s.seq <= 0) return;
+  if (s.head_dim <= 32)
+    forward<2>(out, lse, q, kv, batch, s);
+  else if (s.head_dim <= 64)
+    forward<4>(out, lse, q, kv, batch, s);
+  else
+    forward<8>(out, lse, q, kv, batch, s);
+}
+
+void backward_any(float* dq, float* dkv, const float* dout, const float* q, const float* kv, const float* lse,
+                  const float* delta, std::int64_t batch, const Shape& s) {
+  if (batch <= 0 || s.seq <= 0) return;
+  if (s.head_dim <= 32)
+    backward<2>(dq, dkv, dout, q, kv, lse, delta, batch, s);
+  else if (s.head_dim <= 64)
+    backward<4>(dq, dkv, dout, q, kv, lse, delta, batch, s);
+  else
+    backward<8>(dq, dkv, dout, q, kv, lse, delta, batch, s);
+}
+
+unsigned blocks_for(std::int64_t threads) { return static_cast<unsigned>((threads + kThreads - 1) / kThreads); }
 
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* qkv, std::int64_t batch, std::int64_t seq,
                        std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
                        const std::int64_t* positions) {
-  const Shape s = make_shape(seq, heads, kv_heads, head_dim, positions, "attention_forward");
+  const Shape s = whole_shape(seq, heads, kv_heads, head_dim, positions, "attention_forward");
+  forward_any(out, lse, qkv, qkv + heads * head_dim, batch, s);
+}
+
+void attention_row_dot(float* delta, const float* out, const float* dout, std::int64_t batch, std::int64_t seq,
+                       std::int64_t heads, std::int64_t head_dim) {
   if (batch <= 0 || seq <= 0) return;
-  if (head_dim <= 32)
-    forward<2>(out, lse, qkv, batch, s);
-  else if (head_dim <= 64)
-    forward<4>(out, lse, qkv, batch, s);
-  else
-    forward<8>(out, lse, qkv, batch, s);
+  const std::int64_t warps = batch * seq * heads;
+  attention_delta_kernel<<<blocks_for(warps * 32), kThreads, 0, compute_stream()>>>(
+      delta, dout, out, batch, seq, static_cast<int>(heads), static_cast<int>(head_dim));
+  check_launch("attention_row_dot");
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                         std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
                         std::int64_t head_dim, const std::int64_t* positions) {
-  const Shape s = make_shape(seq, heads, kv_heads, head_dim, positions, "attention_backward");
+  const Shape s = whole_shape(seq, heads, kv_heads, head_dim, positions, "attention_backward");
   if (batch <= 0 || seq <= 0) return;
   DeviceBuffer delta_buffer(static_cast<std::size_t>(batch * heads * seq) * sizeof(float));
   auto* delta = static_cast<float*>(delta_buffer.data());
-  const std::int64_t warps = batch * seq * heads;
-  attention_delta_kernel<<<static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads), kThreads, 0,
-                           compute_stream()>>>(delta, dout, out, batch, seq, s.heads, s.head_dim);
-  check_launch("attention_backward (delta)");
-  if (head_dim <= 32)
-    backward<2>(dqkv, dout, qkv, lse, delta, batch, s);
-  else if (head_dim <= 64)
-    backward<4>(dqkv, dout, qkv, lse, delta, batch, s);
-  else
-    backward<8>(dqkv, dout, qkv, lse, delta, batch, s);
+  attention_row_dot(delta, out, dout, batch, seq, heads, head_dim);
+  const std::int64_t q_width = heads * head_dim;
+  backward_any(dqkv, dqkv + q_width, dout, qkv, qkv + q_width, lse, delta, batch, s);
+}
+
+void attention_partial_forward(float* out, float* lse, const float* q, std::int64_t q_ld, const std::int64_t* q_pos,
+                               const float* kv, std::int64_t kv_ld, const std::int64_t* kv_pos, std::int64_t batch,
+                               std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim) {
+  const Shape s = make_shape(seq, heads, kv_heads, head_dim, q_pos, kv_pos, q_ld, kv_ld, 0, 0,
+                             "attention_partial_forward");
+  forward_any(out, lse, q, kv, batch, s);
+}
+
+void attention_merge(float* out, float* lse, const float* part_out, const float* part_lse, std::int64_t batch,
+                     std::int64_t seq, std::int64_t heads, std::int64_t head_dim) {
+  if (batch <= 0 || seq <= 0) return;
+  attention_merge_kernel<<<blocks_for(batch * seq * heads), kThreads, 0, compute_stream()>>>(
+      out, lse, part_out, part_lse, batch, seq, static_cast<int>(heads), static_cast<int>(head_dim));
+  check_launch("attention_merge");
+}
+
+void attention_partial_backward(float* dq, std::int64_t dq_ld, float* dkv, std::int64_t dkv_ld, const float* dout,
+                                const float* q, std::int64_t q_ld, const std::int64_t* q_pos, const float* kv,
+                                std::int64_t kv_ld, const std::int64_t* kv_pos, const float* lse, const float* delta,
+                                std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
+                                std::int64_t head_dim) {
+  const Shape s = make_shape(seq, heads, kv_heads, head_dim, q_pos, kv_pos, q_ld, kv_ld, dq_ld, dkv_ld,
+                             "attention_partial_backward");
+  backward_any(dq, dkv, dout, q, kv, lse, delta, batch, s);
+}
+
+void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src, std::int64_t rows,
+               std::int64_t cols, bool accumulate) {
+  if (rows <= 0 || cols <= 0) return;
+  copy_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, compute_stream()>>>(dst, ld_dst, src, ld_src, rows, cols,
+                                                                               accumulate);
+  check_launch("copy_rows");
 }
 
 }  // namespace ndmesh::cuda
