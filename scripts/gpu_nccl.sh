@@ -19,10 +19,11 @@
 #   pp2-1f1b       40  --pp 2 --micro-batch 2 --schedule 1f1b
 #   pp2-interleaved 40 --pp 2 --vpp 2 --micro-batch 2 --schedule interleaved
 #   pp2-zbh1       40  --pp 2 --micro-batch 2 --schedule zb-h1 (the split backward on the device)
-#   cp2            40  --cp 2 (SKIP while --device cuda refuses cp in one line)
+#   cp2            40  --cp 2 (ring attention on the device, kv blocks over NCCL)
 #   dp2-zero2      40  --dp 2 --zero 2
 #   staged4        45  Gloo staged, 4 ranks: --dp 2 --tp 2 --sequence-parallel
 #   staged8        60  Gloo staged, 8 ranks: --dp 2 --pp 2 --tp 2 --micro-batch 2
+#   staged4-cp     45  Gloo staged, 4 ranks: --dp 2 --cp 2
 #   fault          40  NCCL dp 2 with NDMESH_TIMEOUT_S=8, rank 1 killed at step 3: the other ends
 #                      non-zero within 16 s with a line naming the group (NCCL's watchdog) or
 #                      the members (the Gloo bootstrap's host operation that saw the peer go)
@@ -30,7 +31,7 @@
 #                      up to 16 MiB (the loopback arrangement is no speed claim)
 # NCCL_CHECK_DEVICE=cpu runs every sub-check on --device cpu over Gloo (the bench is skipped):
 # the step's own plumbing (launch, JSON, comparison, kill) tried where no GPU is.
-# Expected on an H100: about 2 minutes (each run a few seconds: CUDA and NCCL start-up, 6 steps).
+# Expected on an H100: about 2 to 2.5 minutes (each run a few seconds: CUDA and NCCL start-up, 6 steps).
 
 NCCL_STEP_BUDGET=${NCCL_STEP_BUDGET:-200}
 # cpu: every sub-check on --device cpu (Gloo), to try the step's plumbing where no GPU is.
@@ -82,10 +83,6 @@ nccl_layout() {
   nccl_ranks "$seconds" "nccl-$name" "$n" "${envs[@]}" -- "$work/bin/ndmesh" "${nccl_model[@]}" "$@" --device "$nccl_device"
   rc=$?
   if [ $rc -ne 0 ]; then
-    if [ "$name" = cp2 ] && grep -q 'ring attention runs on the CPU only' "$logs/nccl-$name.err"; then
-      nccl_sub SKIP "$name" "refused in one line: $(grep -m 1 -o 'ring attention runs on the CPU only[^;]*' "$logs/nccl-$name.err")"
-      return
-    fi
     nccl_sub FAIL "$name" "$* on $n ranks: $(describe $rc "$seconds")"
     tail_of "$logs/nccl-$name.err"
     return
@@ -190,6 +187,7 @@ step_nccl() {
   nccl_layout dp2-zero2 2 -- --dp 2 --zero 2
   nccl_timeout=45 nccl_layout staged4 4 NDMESH_BACKEND=gloo -- --dp 2 --tp 2 --sequence-parallel
   nccl_timeout=60 nccl_layout staged8 8 NDMESH_BACKEND=gloo -- --dp 2 --pp 2 --tp 2 --micro-batch 2
+  nccl_timeout=45 nccl_layout staged4-cp 4 NDMESH_BACKEND=gloo -- --dp 2 --cp 2
   nccl_fault
   nccl_bench
   if [ "$nccl_failed" -eq 0 ]; then

@@ -120,8 +120,8 @@ template <typename T>
 void Block<T>::attention_forward(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq,
                                  const AttentionCore<T>* core, const std::int64_t* positions) const {
   NDMESH_CUDA_TWIN(device(), {
-    NDMESH_CHECK(core == nullptr, "nn", "block '{}': ring attention (context parallelism) runs on the CPU only",
-                 options_.name);
+    // A ring (context parallelism) runs on the device too: the core gets device pointers.
+    if (core) return core->forward(attn_, a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
     const AttentionOptions& o = attn_.options();
     cuda::attention_forward(a.atty.data(), a.lse.data(), a.qkv.data(), batch, seq, o.heads, o.kv_heads, o.head_dim,
                             positions);
@@ -137,8 +137,9 @@ void Block<T>::attention_backward(const BlockActivations<T>& a, BlockScratch<T>&
                                   std::int64_t seq, const AttentionCore<T>* core,
                                   const std::int64_t* positions) const {
   NDMESH_CUDA_TWIN(device(), {
-    NDMESH_CHECK(core == nullptr, "nn", "block '{}': ring attention (context parallelism) runs on the CPU only",
-                 options_.name);
+    if (core)
+      return core->backward(attn_, s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch,
+                            seq, positions);
     const AttentionOptions& o = attn_.options();
     cuda::attention_backward(s.dqkv.data(), s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq,
                              o.heads, o.kv_heads, o.head_dim, positions);

@@ -2,10 +2,10 @@
 // On CUDA each process takes one GPU (its local rank modulo the GPUs it sees, with one
 // compute stream). Several GPU ranks communicate through a device communicator
 // (device_communicator): NCCL, or the CPU backend with device buffers staged through pinned
-// host memory. Ring attention (cp) runs on the CPU only, so that layout is refused here
-// with one line (the split backward, zb-h1, keeps its deferred gradients in device memory).
+// host memory. Every strategy runs on the device: ring attention (cp) on the device
+// communicator of the cp group, the split backward (zb-h1) with its deferred gradients in
+// device memory.
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "comm/backend.hpp"
 #include "ndmesh/core/env.hpp"
@@ -50,9 +50,6 @@ void apply_device(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& o)
   (void)groups;
   plan.device = o.device;
   if (o.device == Device::kCpu) return;
-  std::vector<std::string> problems;
-  if (plan.attention) problems.push_back("--device cuda with --cp > 1: ring attention runs on the CPU only for now");
-  if (!problems.empty()) fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
   cuda::init(static_cast<int>(LaunchEnv::detect().local_rank.value_or(0)));
 }
 

@@ -45,8 +45,8 @@ std::vector<std::int64_t> zigzag(std::int64_t r, std::int64_t c) {
   std::size_t infs = 0;
   for (std::size_t i = 0; i < got.size() && i < ref.size(); ++i) {
     if ((got[i] == neg_inf) != (ref[i] == neg_inf))
-      return ::testing::AssertionFailure() << "-inf at [" << i << "] on one side only: got " << got[i] << ", ref "
-                                           << ref[i];
+      return ::testing::AssertionFailure()
+             << "-inf at [" << i << "] on one side only: got " << got[i] << ", ref " << ref[i];
     if (ref[i] == neg_inf) got[i] = ref[i] = 0, ++infs;
   }
   return all_close(got, ref, atol, rtol);
@@ -59,7 +59,9 @@ struct Rank {
 };
 
 Rank make_rank(const Case& c, const nn::Attention<float>& attn, std::int64_t r, std::uint64_t seed) {
-  Rank k{zigzag(r, c.chunk), normal(static_cast<std::size_t>(c.batch * 2 * c.chunk * attn.qkv_width()), seed), {}};
+  Rank k{zigzag(r, c.chunk),
+         normal(static_cast<std::size_t>(c.batch * 2 * c.chunk * attn.qkv_width()), seed),
+         {}};
   const std::int64_t R = attn.qkv_width(), W = 2 * c.kv_heads * c.head_dim, q_width = attn.out_width();
   for (std::int64_t i = 0; i < c.batch * 2 * c.chunk; ++i)
     for (std::int64_t j = 0; j < W; ++j) k.kv.push_back(k.qkv[static_cast<std::size_t>(i * R + q_width + j)]);
@@ -74,35 +76,39 @@ TEST(CudaRingAttention, PartialForwardAndMergeMatchTheCpu) {
   for (const Case& c : kCases) {
     const nn::AttentionOptions o{.heads = c.heads, .kv_heads = c.kv_heads, .head_dim = c.head_dim};
     const nn::Attention<float> attn(o);
-    const std::int64_t seq = 2 * c.chunk, R = attn.qkv_width(), O = attn.out_width(), W = 2 * c.kv_heads * c.head_dim,
-                       H = c.heads;
+    const std::int64_t seq = 2 * c.chunk, R = attn.qkv_width(), O = attn.out_width(),
+                       W = 2 * c.kv_heads * c.head_dim, H = c.heads;
     const Rank me = make_rank(c, attn, 0, seed++), other = make_rank(c, attn, 1, seed++);
-    const auto out_n = static_cast<std::size_t>(c.batch * seq * O), lse_n = static_cast<std::size_t>(c.batch * H * seq);
+    const auto out_n = static_cast<std::size_t>(c.batch * seq * O),
+               lse_n = static_cast<std::size_t>(c.batch * H * seq);
 
     // CPU: own block (keys inside the qkv rows), then the other rank's block (standalone), merged.
     std::vector<float> out(out_n), lse(lse_n), part_out(out_n), part_lse(lse_n);
     for (std::int64_t b = 0; b < c.batch; ++b) {
       const nn::AttentionRows<const float> q{me.qkv.data() + b * seq * R, R, me.pos.data(), seq};
-      nn::attention_partial_forward<float>(o, q, {me.qkv.data() + b * seq * R + H * c.head_dim, R, me.pos.data(), seq},
-                                           {out.data() + b * seq * O, O, lse.data() + b * H * seq});
+      nn::attention_partial_forward<float>(
+          o, q, {me.qkv.data() + b * seq * R + H * c.head_dim, R, me.pos.data(), seq},
+          {out.data() + b * seq * O, O, lse.data() + b * H * seq});
       nn::attention_partial_forward<float>(o, q, {other.kv.data() + b * seq * W, W, other.pos.data(), seq},
                                            {part_out.data() + b * seq * O, O, part_lse.data() + b * H * seq});
     }
 
     DeviceBuffer qkv = to_device(me.qkv), kv = to_device(other.kv), qpos = to_device(me.pos),
                  kpos = to_device(other.pos);
-    DeviceBuffer g_out = to_device(nans(out_n)), g_lse = to_device(nans(lse_n)), g_part_out = to_device(nans(out_n)),
-                 g_part_lse = to_device(nans(lse_n));
+    DeviceBuffer g_out = to_device(nans(out_n)), g_lse = to_device(nans(lse_n)),
+                 g_part_out = to_device(nans(out_n)), g_part_lse = to_device(nans(lse_n));
     cuda::attention_partial_forward(ptr<float>(g_out), ptr<float>(g_lse), ptr<float>(qkv), R,
                                     ptr<std::int64_t>(qpos), ptr<float>(qkv) + H * c.head_dim, R,
                                     ptr<std::int64_t>(qpos), c.batch, seq, c.heads, c.kv_heads, c.head_dim);
     cuda::attention_partial_forward(ptr<float>(g_part_out), ptr<float>(g_part_lse), ptr<float>(qkv), R,
-                                    ptr<std::int64_t>(qpos), ptr<float>(kv), W, ptr<std::int64_t>(kpos), c.batch,
-                                    seq, c.heads, c.kv_heads, c.head_dim);
+                                    ptr<std::int64_t>(qpos), ptr<float>(kv), W, ptr<std::int64_t>(kpos),
+                                    c.batch, seq, c.heads, c.kv_heads, c.head_dim);
     // The bounds of test_attention.cpp (sums over at most 80 keys in another order, expf).
     EXPECT_TRUE(all_close(to_host<float>(g_out, out_n), out, 2e-5, 1e-4)) << "own block out, " << describe(c);
-    EXPECT_TRUE(close_or_both_neg_inf(to_host<float>(g_lse, lse_n), lse, 2e-5, 1e-5)) << "own lse, " << describe(c);
-    EXPECT_TRUE(all_close(to_host<float>(g_part_out, out_n), part_out, 2e-5, 1e-4)) << "block out, " << describe(c);
+    EXPECT_TRUE(close_or_both_neg_inf(to_host<float>(g_lse, lse_n), lse, 2e-5, 1e-5))
+        << "own lse, " << describe(c);
+    EXPECT_TRUE(all_close(to_host<float>(g_part_out, out_n), part_out, 2e-5, 1e-4))
+        << "block out, " << describe(c);
     EXPECT_TRUE(close_or_both_neg_inf(to_host<float>(g_part_lse, lse_n), part_lse, 2e-5, 1e-5))
         << "block lse, " << describe(c);
 
@@ -116,10 +122,11 @@ TEST(CudaRingAttention, PartialForwardAndMergeMatchTheCpu) {
       for (std::int64_t b = 0; b < c.batch; ++b)
         nn::attention_merge<float>(o, seq, acc_out.data() + b * seq * O, O, acc_lse.data() + b * H * seq,
                                    add_out.data() + b * seq * O, O, add_lse.data() + b * H * seq);
-      cuda::attention_merge(ptr<float>(m_out), ptr<float>(m_lse), ptr<float>(a_out), ptr<float>(a_lse), c.batch,
-                            seq, c.heads, c.head_dim);
+      cuda::attention_merge(ptr<float>(m_out), ptr<float>(m_lse), ptr<float>(a_out), ptr<float>(a_lse),
+                            c.batch, seq, c.heads, c.head_dim);
       // Two exp, a log and a weighted average of two rows: a few float ulps.
-      EXPECT_TRUE(all_close(to_host<float>(m_out, out_n), acc_out, 1e-6, 1e-5)) << "merged out, " << describe(c);
+      EXPECT_TRUE(all_close(to_host<float>(m_out, out_n), acc_out, 1e-6, 1e-5))
+          << "merged out, " << describe(c);
       EXPECT_TRUE(close_or_both_neg_inf(to_host<float>(m_lse, lse_n), acc_lse, 1e-6, 1e-6))
           << "merged lse, " << describe(c);
     }
@@ -132,18 +139,20 @@ TEST(CudaRingAttention, RowDotAndPartialBackwardMatchTheCpu) {
   for (const Case& c : kCases) {
     const nn::AttentionOptions o{.heads = c.heads, .kv_heads = c.kv_heads, .head_dim = c.head_dim};
     const nn::Attention<float> attn(o);
-    const std::int64_t seq = 2 * c.chunk, R = attn.qkv_width(), O = attn.out_width(), W = 2 * c.kv_heads * c.head_dim,
-                       H = c.heads;
+    const std::int64_t seq = 2 * c.chunk, R = attn.qkv_width(), O = attn.out_width(),
+                       W = 2 * c.kv_heads * c.head_dim, H = c.heads;
     const Rank me = make_rank(c, attn, 1, seed++), other = make_rank(c, attn, 0, seed++);
-    const auto out_n = static_cast<std::size_t>(c.batch * seq * O), lse_n = static_cast<std::size_t>(c.batch * H * seq);
+    const auto out_n = static_cast<std::size_t>(c.batch * seq * O),
+               lse_n = static_cast<std::size_t>(c.batch * H * seq);
 
     // The FINAL out and lse of rank 1's queries (both blocks merged), and D.
     std::vector<float> out(out_n), lse(lse_n), part_out(out_n), part_lse(lse_n), delta(lse_n);
     const auto dout = normal(out_n, seed++);
     for (std::int64_t b = 0; b < c.batch; ++b) {
       const nn::AttentionRows<const float> q{me.qkv.data() + b * seq * R, R, me.pos.data(), seq};
-      nn::attention_partial_forward<float>(o, q, {me.qkv.data() + b * seq * R + H * c.head_dim, R, me.pos.data(), seq},
-                                           {out.data() + b * seq * O, O, lse.data() + b * H * seq});
+      nn::attention_partial_forward<float>(
+          o, q, {me.qkv.data() + b * seq * R + H * c.head_dim, R, me.pos.data(), seq},
+          {out.data() + b * seq * O, O, lse.data() + b * H * seq});
       nn::attention_partial_forward<float>(o, q, {other.kv.data() + b * seq * W, W, other.pos.data(), seq},
                                            {part_out.data() + b * seq * O, O, part_lse.data() + b * H * seq});
       nn::attention_merge<float>(o, seq, out.data() + b * seq * O, O, lse.data() + b * H * seq,
@@ -176,10 +185,10 @@ TEST(CudaRingAttention, RowDotAndPartialBackwardMatchTheCpu) {
     DeviceBuffer qkv = to_device(me.qkv), kv = to_device(other.kv), qpos = to_device(me.pos),
                  kpos = to_device(other.pos), g_lse = to_device(lse), g_delta_cpu = to_device(delta),
                  g_dqkv = to_device(dqkv0), g_dkv = to_device(dkv0);
-    cuda::attention_partial_backward(ptr<float>(g_dqkv), R, ptr<float>(g_dkv), W, ptr<float>(g_dout), ptr<float>(qkv),
-                                     R, ptr<std::int64_t>(qpos), ptr<float>(kv), W, ptr<std::int64_t>(kpos),
-                                     ptr<float>(g_lse), ptr<float>(g_delta_cpu), c.batch, seq, c.heads, c.kv_heads,
-                                     c.head_dim);
+    cuda::attention_partial_backward(ptr<float>(g_dqkv), R, ptr<float>(g_dkv), W, ptr<float>(g_dout),
+                                     ptr<float>(qkv), R, ptr<std::int64_t>(qpos), ptr<float>(kv), W,
+                                     ptr<std::int64_t>(kpos), ptr<float>(g_lse), ptr<float>(g_delta_cpu),
+                                     c.batch, seq, c.heads, c.kv_heads, c.head_dim);
     // The bound of test_attention.cpp's backward.
     EXPECT_TRUE(all_close(to_host<float>(g_dqkv, dqkv.size()), dqkv, 2e-5, 1e-4)) << "dq, " << describe(c);
     EXPECT_TRUE(all_close(to_host<float>(g_dkv, dkv.size()), dkv, 2e-5, 1e-4)) << "dkv, " << describe(c);
@@ -189,12 +198,15 @@ TEST(CudaRingAttention, RowDotAndPartialBackwardMatchTheCpu) {
 TEST(CudaRingAttention, CopyRowsGathersAndAddsColumns) {
   NDMESH_GPU_OR_SKIP();
   const std::int64_t rows = 37, ld_src = 50, cols = 19, offset = 23, ld_dst = cols;
-  const auto src = normal(static_cast<std::size_t>(rows * ld_src), 3), dst0 = normal(static_cast<std::size_t>(rows * ld_dst), 4);
+  const auto src = normal(static_cast<std::size_t>(rows * ld_src), 3),
+             dst0 = normal(static_cast<std::size_t>(rows * ld_dst), 4);
   std::vector<float> gathered(dst0.size()), added = dst0;
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t j = 0; j < cols; ++j) {
-      gathered[static_cast<std::size_t>(r * ld_dst + j)] = src[static_cast<std::size_t>(r * ld_src + offset + j)];
-      added[static_cast<std::size_t>(r * ld_dst + j)] += src[static_cast<std::size_t>(r * ld_src + offset + j)];
+      gathered[static_cast<std::size_t>(r * ld_dst + j)] =
+          src[static_cast<std::size_t>(r * ld_src + offset + j)];
+      added[static_cast<std::size_t>(r * ld_dst + j)] +=
+          src[static_cast<std::size_t>(r * ld_src + offset + j)];
     }
   DeviceBuffer s = to_device(src), g = to_device(nans(dst0.size())), a = to_device(dst0);
   cuda::copy_rows(ptr<float>(g), ld_dst, ptr<float>(s) + offset, ld_src, rows, cols, false);

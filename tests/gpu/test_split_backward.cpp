@@ -66,11 +66,13 @@ TEST(CudaSplitBackward, DeferredWeightGradsEqualTheWholeBackward) {
     deferred.run();
     EXPECT_TRUE(deferred.empty());
 
-    EXPECT_TRUE(same_bits(to_host<float>(dinp_split, inp_h.size()), to_host<float>(dinp_whole, inp_h.size())));
+    EXPECT_TRUE(
+        same_bits(to_host<float>(dinp_split, inp_h.size()), to_host<float>(dinp_whole, inp_h.size())));
     EXPECT_TRUE(same_bits(split.grad(split.linear.weight_id(), s.out * s.in),
                           whole.grad(whole.linear.weight_id(), s.out * s.in)))
         << "rows=" << s.rows << " in=" << s.in << " out=" << s.out;
-    EXPECT_TRUE(same_bits(split.grad(split.linear.bias_id(), s.out), whole.grad(whole.linear.bias_id(), s.out)));
+    EXPECT_TRUE(
+        same_bits(split.grad(split.linear.bias_id(), s.out), whole.grad(whole.linear.bias_id(), s.out)));
   }
 }
 

@@ -6,9 +6,10 @@
 
 namespace ndmesh::parallel {
 
-void apply_context_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& /*options*/) {
+void apply_context_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& options) {
   const comm::Communicator& cp = groups.cp();
-  if (cp.size() > 1) plan.attention = std::make_shared<RingAttention<float>>(cp);
+  // On CUDA the ring runs on the model's device buffers (kernels and device communicator).
+  if (cp.size() > 1) plan.attention = std::make_shared<RingAttention<float>>(cp, options.device);
 }
 
 }  // namespace ndmesh::parallel

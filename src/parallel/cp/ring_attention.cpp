@@ -3,12 +3,17 @@
 #include <algorithm>
 #include <chrono>
 #include <numeric>
+#include <type_traits>
 
 #include <fmt/format.h>
 
 #include "ndmesh/comm/tags.hpp"
 #include "ndmesh/config/training.hpp"
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/tensor/ops.hpp"
+#if NDMESH_WITH_CUDA
+#include "ndmesh/nn/cuda_ops.hpp"
+#endif
 
 namespace ndmesh::parallel {
 
@@ -91,6 +96,7 @@ template <typename T>
 void RingAttention<T>::forward(const nn::Attention<T>& attn, const T* qkv, T* out, T* lse, std::int64_t batch,
                                std::int64_t seq, const std::int64_t* positions) const {
   const int P = cp_.size();
+  if (device_ != Device::kCpu) return forward_device(attn, qkv, out, lse, batch, seq, positions);
   if (P == 1) return attn.forward(qkv, out, lse, batch, seq, positions);
   const Ring ring = start(attn, qkv, batch, seq, positions);
   const std::vector<std::int64_t> own = pos_[0];  // pos_[0] is overwritten as blocks arrive
@@ -152,6 +158,7 @@ void RingAttention<T>::backward(const nn::Attention<T>& attn, const T* dout, con
                                 const T* lse, T* dqkv, std::int64_t batch, std::int64_t seq,
                                 const std::int64_t* positions) const {
   const int P = cp_.size();
+  if (device_ != Device::kCpu) return backward_device(attn, dout, qkv, out, lse, dqkv, batch, seq, positions);
   if (P == 1) return attn.backward(dout, qkv, out, lse, dqkv, batch, seq, positions);
   const Ring ring = start(attn, qkv, batch, seq, positions);
   const std::vector<std::int64_t> own = pos_[0];  // pos_[0] is overwritten as blocks arrive
@@ -238,6 +245,177 @@ void RingAttention<T>::backward(const nn::Attention<T>& attn, const T* dout, con
     T* g = dqkv + i * R + H * hd;
     for (std::int64_t j = 0; j < W; ++j) g[j] += d[j];
   }
+}
+
+// ------------------------------------------------------------------------------- device
+
+namespace {
+// Resizes a device tensor to n elements (zeroed) only when its size changes.
+template <typename U>
+void device_size(Tensor<U>& t, std::int64_t n, Device device) {
+  if (t.device() != device) t.set_device(device);
+  if (t.numel() != n) t.resize({n});
+}
+}  // namespace
+
+template <typename T>
+typename RingAttention<T>::Ring RingAttention<T>::start_device(const nn::Attention<T>& attn, const T* qkv,
+                                                               std::int64_t batch, std::int64_t seq,
+                                                               const std::int64_t* positions) const {
+  const nn::AttentionOptions& o = attn.options();
+  const int P = cp_.size();
+  Ring g{.R = attn.qkv_width(),
+         .O = attn.out_width(),
+         .W = 2 * o.kv_heads * o.head_dim,
+         .n = batch * seq,
+         .next = (cp_.rank() + 1) % P,
+         .prev = (cp_.rank() + P - 1) % P};
+  for (int i = 0; i < 2; ++i) {
+    device_size(kv_dev_[i], g.n * g.W, device_);
+    pos_[i].resize(static_cast<std::size_t>(seq));
+  }
+  // positions is device memory (the model's staged copy); the host needs them for the skips.
+  if (positions)
+    cuda::copy_to_host(pos_[0].data(), positions, static_cast<std::size_t>(seq) * sizeof(std::int64_t));
+  else
+    std::iota(pos_[0].begin(), pos_[0].end(), std::int64_t{0});
+  ops::stage(qpos_dev_, pos_[0].data(), seq, device_);
+#if NDMESH_WITH_CUDA
+  if constexpr (std::is_same_v<T, float>)
+    cuda::copy_rows(kv_dev_[0].data(), g.W, qkv + o.heads * o.head_dim, g.R, g.n, g.W, false);
+#else
+  (void)qkv;
+#endif
+  return g;
+}
+
+template <typename T>
+void RingAttention<T>::forward_device(const nn::Attention<T>& attn, const T* qkv, T* out, T* lse,
+                                      std::int64_t batch, std::int64_t seq, const std::int64_t* positions) const {
+  ops::check_device<T>(device_);
+#if NDMESH_WITH_CUDA
+  if constexpr (std::is_same_v<T, float>) {
+    const nn::AttentionOptions& o = attn.options();
+    const int P = cp_.size();
+    if (P == 1)
+      return cuda::attention_forward(out, lse, qkv, batch, seq, o.heads, o.kv_heads, o.head_dim, positions);
+    const Ring ring = start_device(attn, qkv, batch, seq, positions);
+    const std::vector<std::int64_t> own = pos_[0];  // pos_[0] is overwritten as blocks arrive
+    const std::int64_t H = o.heads, R = ring.R, W = ring.W, n = ring.n;
+    device_size(part_out_dev_, n * ring.O, device_);
+    device_size(part_lse_dev_, batch * H * seq, device_);
+    int cur = 0;
+    for (int s = 0; s < P; ++s) {
+      std::vector<comm::Work> works;
+      if (s + 1 < P) {
+        // The device messages first (one order on every rank), then the host positions.
+        works.push_back(cp_.send_async(std::span<const T>(kv_dev_[cur].data(), static_cast<std::size_t>(n * W)),
+                                       ring.next, {.tag = kTagKv}));
+        works.push_back(cp_.recv_async(std::span<T>(kv_dev_[1 - cur].data(), static_cast<std::size_t>(n * W)),
+                                       ring.prev, {.tag = kTagKv}));
+        works.push_back(cp_.send_async(std::span<const std::int64_t>(pos_[cur]), ring.next, {.tag = kTagPos}));
+        works.push_back(cp_.recv_async(std::span<std::int64_t>(pos_[1 - cur]), ring.prev, {.tag = kTagPos}));
+      }
+      const auto t0 = Clock::now();
+      if (s == 0 || any_visible(own.data(), pos_[cur].data(), seq)) {
+        ++stats_.blocks_computed;
+        stats_.score_elements +=
+            nn::attention_tiles(own.data(), seq, pos_[cur].data(), seq).elements * H * batch;
+        const std::int64_t* kpos =
+            s == 0 ? qpos_dev_.data() : ops::stage(kpos_dev_[cur], pos_[cur].data(), seq, device_);
+        T* dst_out = s == 0 ? out : part_out_dev_.data();
+        T* dst_lse = s == 0 ? lse : part_lse_dev_.data();
+        cuda::attention_partial_forward(dst_out, dst_lse, qkv, R, qpos_dev_.data(), kv_dev_[cur].data(), W, kpos,
+                                        batch, seq, H, o.kv_heads, o.head_dim);
+        if (s > 0)
+          cuda::attention_merge(out, lse, part_out_dev_.data(), part_lse_dev_.data(), batch, seq, H, o.head_dim);
+      } else {
+        ++stats_.blocks_skipped;
+      }
+      stats_.compute_seconds += since(t0);
+      const auto t1 = Clock::now();
+      comm::wait_all(works);
+      stats_.exposed_seconds += since(t1);
+      cur = 1 - cur;
+    }
+    return;
+  }
+#endif
+  (void)attn, (void)qkv, (void)out, (void)lse, (void)batch, (void)seq, (void)positions;
+}
+
+template <typename T>
+void RingAttention<T>::backward_device(const nn::Attention<T>& attn, const T* dout, const T* qkv, const T* out,
+                                       const T* lse, T* dqkv, std::int64_t batch, std::int64_t seq,
+                                       const std::int64_t* positions) const {
+  ops::check_device<T>(device_);
+#if NDMESH_WITH_CUDA
+  if constexpr (std::is_same_v<T, float>) {
+    const nn::AttentionOptions& o = attn.options();
+    const int P = cp_.size();
+    if (P == 1)
+      return cuda::attention_backward(dqkv, dout, qkv, out, lse, batch, seq, o.heads, o.kv_heads, o.head_dim,
+                                      positions);
+    const Ring ring = start_device(attn, qkv, batch, seq, positions);
+    const std::vector<std::int64_t> own = pos_[0];
+    const std::int64_t H = o.heads, hd = o.head_dim, R = ring.R, W = ring.W, n = ring.n;
+    for (int i = 0; i < 2; ++i) device_size(dkv_dev_[i], n * W, device_);
+    device_size(acc_in_dev_, n * W, device_);
+    device_size(delta_dev_, batch * H * seq, device_);
+    cuda::attention_row_dot(delta_dev_.data(), out, dout, batch, seq, H, hd);
+    const auto count = static_cast<std::size_t>(n * W);  // elements of a block and of its dK/dV
+    int cur = 0;
+    comm::Work recv_acc, send_acc[2];
+    for (int s = 0; s < P; ++s) {
+      // Device messages in one order on every rank (NCCL matches them in order per peer):
+      // the accumulator of the block in hand, then the next block; the accumulator sent at
+      // the end of the previous step is issued with them.
+      if (s > 0) recv_acc = cp_.recv_async(std::span<T>(acc_in_dev_.data(), count), ring.prev, {.tag = kTagDkv});
+      std::vector<comm::Work> works;
+      if (s + 1 < P) {
+        works.push_back(
+            cp_.send_async(std::span<const T>(kv_dev_[cur].data(), count), ring.next, {.tag = kTagKv}));
+        works.push_back(cp_.recv_async(std::span<T>(kv_dev_[1 - cur].data(), count), ring.prev, {.tag = kTagKv}));
+        works.push_back(cp_.send_async(std::span<const std::int64_t>(pos_[cur]), ring.next, {.tag = kTagPos}));
+        works.push_back(cp_.recv_async(std::span<std::int64_t>(pos_[1 - cur]), ring.prev, {.tag = kTagPos}));
+      }
+      Tensor<T>& local = dkv_dev_[s % 2];
+      auto t = Clock::now();
+      send_acc[s % 2].wait();  // the send of this buffer two steps ago
+      stats_.exposed_seconds += since(t);
+      t = Clock::now();
+      local.zero();
+      if (s == 0 || any_visible(own.data(), pos_[cur].data(), seq)) {
+        const std::int64_t* kpos =
+            s == 0 ? qpos_dev_.data() : ops::stage(kpos_dev_[cur], pos_[cur].data(), seq, device_);
+        cuda::attention_partial_backward(dqkv, R, local.data(), W, dout, qkv, R, qpos_dev_.data(), kv_dev_[cur].data(),
+                                         W, kpos, lse, delta_dev_.data(), batch, seq, H, o.kv_heads, hd);
+      }
+      stats_.compute_seconds += since(t);
+      if (s > 0) {
+        t = Clock::now();
+        recv_acc.wait();
+        stats_.exposed_seconds += since(t);
+        cuda::add_inplace(local.data(), acc_in_dev_.data(), n * W);
+      }
+      send_acc[s % 2] = cp_.send_async(std::span<const T>(local.data(), count), ring.next, {.tag = kTagDkv});
+      t = Clock::now();
+      comm::wait_all(works);
+      stats_.exposed_seconds += since(t);
+      cur = 1 - cur;
+    }
+    // After cp hops this rank's own block comes back with every rank's part of its dK/dV
+    // (the receive is issued with the last send).
+    auto t = Clock::now();
+    cp_.recv(std::span<T>(acc_in_dev_.data(), count), ring.prev, {.tag = kTagDkv});
+    send_acc[0].wait();
+    send_acc[1].wait();
+    stats_.exposed_seconds += since(t);
+    cuda::copy_rows(dqkv + H * hd, R, acc_in_dev_.data(), W, n, W, true);
+    return;
+  }
+#endif
+  (void)attn, (void)dout, (void)qkv, (void)out, (void)lse, (void)dqkv, (void)batch, (void)seq, (void)positions;
 }
 
 template class RingAttention<float>;

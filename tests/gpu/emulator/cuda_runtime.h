@@ -9,7 +9,8 @@
 // float4). A launch runs its blocks one after another; a block runs its threads as fibers
 // on the calling thread (emulator.cpp), each until it reaches a barrier, in a pseudo-random
 // order that changes every pass, so that a missing barrier shows up as a wrong result
-// more often than not. __shared__ variables are function statics (one block at a time),
+// more often than not. __shared__ variables are function statics (one block at a time per
+// host thread: in-process ranks may launch concurrently; the scheduler state is per thread too),
 // shuffles exchange through a slot per lane at a warp barrier, and a barrier that some
 // threads never reach stops the program with a message (a divergent __syncthreads or
 // shuffle). Device memory is host memory (tests/gpu/emulator/device.cpp).
@@ -37,7 +38,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static
+#define __shared__ static thread_local
 
 struct dim3 {
   unsigned x, y, z;

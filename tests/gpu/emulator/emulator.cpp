@@ -17,7 +17,8 @@ namespace emu {
 
 namespace {
 
-Block* running = nullptr;
+// Per host thread: in-process ranks (threads) may run kernels at the same time.
+thread_local Block* running = nullptr;
 constexpr std::size_t kStackBytes = 256 * 1024;
 
 [[noreturn]] void die(const char* what) {
@@ -29,7 +30,7 @@ constexpr std::size_t kStackBytes = 256 * 1024;
 // Fiber stacks, reused by every block (not zeroed: a fresh 256 KiB per thread and block
 // was most of the emulator's time, in page faults).
 unsigned char* stack(std::size_t t) {
-  static std::vector<std::unique_ptr<unsigned char[]>> pool;
+  thread_local std::vector<std::unique_ptr<unsigned char[]>> pool;
   while (pool.size() <= t) pool.emplace_back(new unsigned char[kStackBytes]);
   return pool[t].get();
 }

@@ -10,6 +10,15 @@
 // passes the sum on; after cp hops the sum is back at the owner. Blocks the causal mask
 // empties are skipped.
 //
+// On CUDA (device kCuda) the same ring runs on device buffers: the blocks of [k | v] rows,
+// the partial outputs and the travelling dK/dV are device memory passed through the group's
+// device communicator (NCCL, or staged through pinned host memory), the partial attention,
+// merge and backward are the kernels of nn/cuda_ops.hpp (attention.cu), and the positions
+// travel as host vectors (the skip decisions are made on the host) with a device copy per
+// block for the kernels. NCCL has no tags, so the device messages are posted in one order on
+// every rank (each step: the dK/dV accumulator's receive, then the block's send and receive)
+// and every send is issued together with the next receives.
+//
 // Layouts: a sequence of seq tokens is cut into 2*cp chunks; zigzag gives rank i chunks
 // i and 2cp-1-i (every rank gets the same amount of causal work), contiguous gives rank i
 // the tokens [i*seq/cp, (i+1)*seq/cp) (the last rank does about 2x the mean).
@@ -21,6 +30,7 @@
 
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/nn/attention.hpp"
+#include "ndmesh/tensor/tensor.hpp"
 
 namespace ndmesh::parallel {
 
@@ -51,7 +61,9 @@ struct RingAttentionStats {
 template <typename T>
 class RingAttention final : public nn::AttentionCore<T> {
  public:
-  explicit RingAttention(const comm::Communicator& cp) : cp_(cp.dup()) {}
+  /// `device`: where the attention's buffers live (the model's device).
+  explicit RingAttention(const comm::Communicator& cp, Device device = Device::kCpu)
+      : cp_(cp.dup()), device_(device) {}
 
   void forward(const nn::Attention<T>& attn, const T* qkv, T* out, T* lse, std::int64_t batch, std::int64_t seq,
                const std::int64_t* positions) const override;
@@ -70,12 +82,26 @@ class RingAttention final : public nn::AttentionCore<T> {
   // Sizes the ring buffers and puts this rank's keys, values and positions in slot 0.
   Ring start(const nn::Attention<T>& attn, const T* qkv, std::int64_t batch, std::int64_t seq,
              const std::int64_t* positions) const;
+  // The ring on device buffers (float on CUDA).
+  void forward_device(const nn::Attention<T>& attn, const T* qkv, T* out, T* lse, std::int64_t batch,
+                      std::int64_t seq, const std::int64_t* positions) const;
+  void backward_device(const nn::Attention<T>& attn, const T* dout, const T* qkv, const T* out, const T* lse,
+                       T* dqkv, std::int64_t batch, std::int64_t seq, const std::int64_t* positions) const;
+  // Sizes the device buffers, gathers this rank's keys and values into block 0 and its
+  // positions into pos_[0] (host) and qpos_dev_ (device).
+  Ring start_device(const nn::Attention<T>& attn, const T* qkv, std::int64_t batch, std::int64_t seq,
+                    const std::int64_t* positions) const;
   comm::Communicator cp_;
+  Device device_ = Device::kCpu;
   mutable RingAttentionStats stats_;
   // Ring buffers, reused between calls: [k | v] rows of the block in hand and the next,
   // their positions, and the travelling dK/dV.
   mutable std::vector<T> kv_[2], dkv_[2], acc_in_, part_out_, part_lse_, delta_, chunk_lse_;
   mutable std::vector<std::int64_t> pos_[2];
+  // Their device twins (CUDA): blocks, dK/dV, partial results, D, and the positions the
+  // kernels read (own queries; the block in hand).
+  mutable Tensor<T> kv_dev_[2], dkv_dev_[2], acc_in_dev_, part_out_dev_, part_lse_dev_, delta_dev_;
+  mutable Tensor<std::int64_t> qpos_dev_, kpos_dev_[2];
 };
 
 }  // namespace ndmesh::parallel
