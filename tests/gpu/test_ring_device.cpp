@@ -1,16 +1,21 @@
 // parallel::RingAttention on device buffers (--cp with --device cuda): the ring's device path
 // (kernels of attention.cu, [k | v] blocks and the travelling dK/dV in device memory, the
-// positions on the host) on in-process cp groups of 2 and 3 ranks, each rank's output,
+// positions on the host) on in-process cp groups of 2 and 3 ranks, directly and through the
+// staged communicator (NDMESH_BACKEND=gloo|mpi on GPUs: every buffer copied to a host
+// buffer before it is sent and back once received), each rank's output,
 // log-sum-exp and q/k/v gradients against nn::Attention<float> over the whole sequence at
 // that rank's positions, for zigzag and contiguous layouts. The in-process communicator
 // copies with memcpy, so this runs in the emulator only (gpu_emulated.*, where device memory
 // is host memory); on a GPU, scripts/gpu_nccl.sh's cp 2 case runs the ring over NCCL.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <vector>
 
 #include "gpu_test.hpp"
 #include "ndmesh/comm/inproc.hpp"
+#include "ndmesh/comm/staged.hpp"
 #include "ndmesh/nn/attention.hpp"
 #include "ndmesh/parallel/cp/ring_attention.hpp"
 
@@ -23,6 +28,19 @@ using parallel::CpLayout;
 struct Case {
   std::int64_t heads, kv_heads, head_dim, batch, seq;
   CpLayout layout;
+};
+
+// The staging memory of an emulated GPU: device memory is host memory, so every buffer may
+// be staged (copied through a host buffer); the result must not change.
+class EmulatedStaging final : public comm::StagingMemory {
+ public:
+  bool is_device(const void* p) const override { return p != nullptr; }
+  void copy(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  std::shared_ptr<char> host_buffer(std::size_t bytes) override {
+    return std::shared_ptr<char>(new char[bytes == 0 ? 1 : bytes], std::default_delete<char[]>());
+  }
 };
 
 void check_case(const comm::Communicator& cp, const Case& c) {
@@ -79,11 +97,15 @@ TEST(CudaRingAttentionDevice, EqualsTheWholeAttention) {
   const Case cases[] = {{4, 2, 16, 2, 24, CpLayout::kZigzag},
                         {3, 1, 8, 1, 36, CpLayout::kContiguous},
                         {2, 2, 24, 1, 84, CpLayout::kZigzag}};
-  for (int n : {2, 3})
-    for (const Case& c : cases) {
-      if (c.seq % (c.layout == CpLayout::kZigzag ? 2 * n : n) != 0) continue;
-      comm::inproc::run(n, [&](const comm::Communicator& cp) { check_case(cp, c); });
-    }
+  for (bool staged : {false, true})
+    for (int n : {2, 3})
+      for (const Case& c : cases) {
+        if (c.seq % (c.layout == CpLayout::kZigzag ? 2 * n : n) != 0) continue;
+        comm::inproc::run(n, [&](const comm::Communicator& world) {
+          if (!staged) return check_case(world, c);
+          check_case(comm::staged(world, std::make_shared<EmulatedStaging>()), c);
+        });
+      }
 }
 
 }  // namespace
