@@ -98,9 +98,9 @@ void add_model_hardware_flags(CLI::App& app, ModelHardwareFlags& f) {
   app.add_option("--precision", f.precision,
                  "mixed (bf16 weights and grads + 12 B fp32 Adam states, 16-bit activations), "
                  "mixed-fp32-grads (the same "
-                 "with fp32 gradients: Megatron's bf16 default, DeepSpeed's BF16_Optimizer) or fp32 (4 + 4 + "
-                 "8 B AdamW, fp32 "
-                 "activations)")
+                 "with fp32 gradients: Megatron's bf16 default, DeepSpeed's BF16_Optimizer), bf16 (what ndmesh "
+                 "train --precision bf16 keeps: as mixed-fp32-grads) or fp32 (4 + 4 + 8 B AdamW, fp32 "
+                 "activations and products; a calibrated GPU file's fp32 rate)")
       ->capture_default_str();
   app.add_flag("--no-dropout", f.no_dropout,
                "The model stores no dropout masks (GPT presets do, Llama ones do not)");
@@ -224,7 +224,8 @@ PlanModel resolve_model(const ModelHardwareFlags& f) {
 plan::Precision resolve_precision(const ModelHardwareFlags& f) { return plan::parse_precision(f.precision); }
 
 Hardware resolve_hardware(const ModelHardwareFlags& f) {
-  Hardware hw = plan::hardware_by_name_or_file(f.hardware);
+  // A calibrated GPU file has an fp32 and a bf16 product rate: the precision's is the peak.
+  Hardware hw = plan::for_precision(plan::hardware_by_name_or_file(f.hardware), resolve_precision(f).bf16_products);
   if (f.gpu_memory_gib) hw.memory_bytes = *f.gpu_memory_gib * kGiB;
   if (f.reserved_gib) hw.reserved_bytes = *f.reserved_gib * kGiB;
   if (f.peak_tflops) hw.peak_flops = *f.peak_tflops * 1e12;
