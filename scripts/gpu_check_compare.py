@@ -167,14 +167,16 @@ def toml_numbers(path):
 
 def calibration(toml_path):
     n = toml_numbers(toml_path)
-    keys = ["peak_tflops", "bf16_tflops", "memory_gbps", "host_to_device_gbps", "device_to_host_gbps", "memory_gib"]
+    keys = ["peak_tflops", "bf16_tflops", "attention_tflops", "memory_gbps", "host_to_device_gbps",
+            "device_to_host_gbps", "memory_gib"]
     missing = [k for k in keys if f"hardware.{k}" not in n]
     if missing:
         return False, f"{toml_path} lacks hardware.{', hardware.'.join(missing)}"
     v = {k: n[f"hardware.{k}"] for k in keys + ["gemm_overhead_us", "reserved_gib"] if f"hardware.{k}" in n}
     bad = [k for k in keys if not v[k] > 0]
     line = (f"fp32 products {v['peak_tflops']:.1f} TFLOP/s, bf16 {v['bf16_tflops']:.1f} TFLOP/s, "
-            f"{v.get('gemm_overhead_us', 0):.2f} us per product; device copies {v['memory_gbps']:.0f} GB/s; pinned "
+            f"{v.get('gemm_overhead_us', 0):.2f} us per product; fp32 attention {v['attention_tflops']:.1f} "
+            f"TFLOP/s; device copies {v['memory_gbps']:.0f} GB/s; pinned "
             f"host to device {v['host_to_device_gbps']:.1f} GB/s, device to host {v['device_to_host_gbps']:.1f} GB/s; "
             f"memory {v['memory_gib']:.2f} GiB ({v.get('reserved_gib', 0):.2f} not free)")
     if bad:

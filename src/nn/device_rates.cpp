@@ -64,6 +64,32 @@ void GpuProduct::run(int times) const {
 #endif
 }
 
+GpuAttention::GpuAttention(std::int64_t batch, std::int64_t seq, std::int64_t hidden, std::int64_t heads)
+    : batch_(batch), seq_(seq), heads_(heads), head_dim_(hidden / heads) {
+  require_cuda();
+  const std::int64_t tokens = batch * seq;
+  qkv_ = filled<float>(tokens * 3 * hidden), out_ = filled<float>(tokens * hidden);
+  lse_ = filled<float>(batch * heads * seq), dout_ = filled<float>(tokens * hidden);
+  dqkv_ = filled<float>(tokens * 3 * hidden);
+}
+
+void GpuAttention::run(int times) const {
+#if NDMESH_WITH_CUDA
+  for (int i = 0; i < times; ++i) {
+    cuda::attention_forward(static_cast<float*>(out_.data()), static_cast<float*>(lse_.data()),
+                            static_cast<const float*>(qkv_.data()), batch_, seq_, heads_, heads_, head_dim_,
+                            nullptr);
+    cuda::attention_backward(static_cast<float*>(dqkv_.data()), static_cast<const float*>(dout_.data()),
+                             static_cast<const float*>(qkv_.data()), static_cast<const float*>(out_.data()),
+                             static_cast<const float*>(lse_.data()), batch_, seq_, heads_, heads_, head_dim_,
+                             nullptr);
+  }
+  cuda::synchronize();
+#else
+  (void)times;
+#endif
+}
+
 GpuCopy::GpuCopy(CopyKind kind, std::size_t bytes) : kind_(kind), bytes_(bytes) {
   require_cuda();
   const auto floats = static_cast<std::int64_t>(bytes / sizeof(float));

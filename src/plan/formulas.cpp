@@ -259,7 +259,8 @@ LayerMatrices layer_matrices(const PlanModel& m, std::int64_t tp) {
 }
 
 LayerTime layer_time(const PlanModel& m, const LayerShape& s, double rate, double overhead,
-                     double memory_bw) {
+                     double memory_bw, double attention_rate) {
+  const double core_rate = attention_rate > 0 ? attention_rate : rate;
   const double t = d(s.tp), h = d(m.spec.hidden), a = d(m.spec.heads), e = s.activation_bytes;
   const double s_local = s.tokens / s.micro_batch;
   const bool flash = s.attention == Attention::kFlash;
@@ -280,15 +281,15 @@ LayerTime layer_time(const PlanModel& m, const LayerShape& s, double rate, doubl
   // Attention core, forward: Q K^T and attention over V, 4 b s_local s h / t model FLOPs.
   const double causal = flash ? 0.5 : 1.0;
   const double core_forward = 4 * s.micro_batch * s_local * s.seq * h / t;
-  r.attention = kernel_seconds(causal * 3 * core_forward, rate, (flash ? 2 : 6) * overhead);
+  r.attention = kernel_seconds(causal * 3 * core_forward, core_rate, (flash ? 2 : 6) * overhead);
   const double scores = s.micro_batch * (a / t) * s_local * s.seq;  // score elements per GPU
   const double bw = memory_bw;
   if (!flash && bw > 0) r.memory = (13 * e + 2) * scores / bw;
 
   // Recompute: flash's backward rebuilds Q K^T (2 b s_local s h / t, causal half) whatever
   // the mode; selective re-runs the attention core forward, full the whole forward.
-  if (flash) r.recompute += causal * 2 * s.micro_batch * s_local * s.seq * h / t / rate;
-  const double core_again = kernel_seconds(causal * core_forward, rate, (flash ? 1 : 2) * overhead) +
+  if (flash) r.recompute += causal * 2 * s.micro_batch * s_local * s.seq * h / t / core_rate;
+  const double core_again = kernel_seconds(causal * core_forward, core_rate, (flash ? 1 : 2) * overhead) +
                             (!flash && bw > 0 ? (6 * e + 1) * scores / bw : 0.0);
   if (s.recompute == Recompute::kSelective) r.recompute += core_again;
   if (s.recompute == Recompute::kFull) r.recompute += forward_gemm + core_again;

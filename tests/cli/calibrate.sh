@@ -26,7 +26,7 @@ done
 out=$("$ndmesh" calibrate --device cuda --seconds 2 --disk-mib 8 --output "$dir/gpu.toml" 2>&1)
 rc=$?
 if [ "$rc" -eq 0 ]; then
-  for key in '^bf16_tflops = ' '^host_to_device_gbps = ' '^device_to_host_gbps = ' '^memory_gbps = ' '^\[gemm\]'; do
+  for key in '^bf16_tflops = ' '^attention_tflops = ' '^host_to_device_gbps = ' '^device_to_host_gbps = ' '^memory_gbps = ' '^\[gemm\]'; do
     grep -q "$key" "$dir/gpu.toml" || fail "calibrate --device cuda: the file lacks $key: $(cat "$dir/gpu.toml")"
   done
 else
@@ -40,7 +40,7 @@ else
 fi
 # --help tells what --device cuda measures.
 help=$("$ndmesh" calibrate --help 2>&1)
-for what in 'cuda (each rank.s GPU: fp32 and bf16 products' '--tokens' '--hidden'; do
+for what in 'cuda (each rank.s GPU: fp32 and bf16 products, fp32 attention' '--tokens' '--hidden' '--heads' '--seq'; do
   echo "$help" | grep -q -- "$what" || fail "calibrate --help lacks '$what'"
 done
 echo "$help" | grep -q "not yet" && fail "calibrate --help still says the GPU path is missing"

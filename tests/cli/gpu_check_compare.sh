@@ -94,16 +94,17 @@ expect FAIL 'usage' nonsense
 # calibration: a GPU's hardware file gives its rates; a CPU's (no bf16_tflops) or a rate of 0 fails.
 gpu_file() {  # gpu_file <bf16_tflops> > file
   printf '[hardware]\nname = "gpu"\nmemory_gib = 79.2\nreserved_gib = 0.5\npeak_tflops = 51\nbf16_tflops = %s\n' "$1"
+  printf 'attention_tflops = 12.5\n'
   printf 'intra_node_gbps = 1000\ngpus_per_node = 1\nmemory_gbps = 2900\ngemm_overhead_us = 4\n'
   printf 'host_to_device_gbps = 53\ndevice_to_host_gbps = 49 # a comment\n\n[measured]\nranks = 1\n'
 }
 gpu_file 640 > "$tmp/gpu.toml"
 gpu_file 0 > "$tmp/gpu0.toml"
-grep -v -e bf16 -e _to_ "$tmp/gpu.toml" > "$tmp/cpu.toml"
-expect PASS 'fp32 products 51.0 TFLOP/s, bf16 640.0 TFLOP/s, 4.00 us per product; device copies 2900 GB/s; pinned host to device 53.0 GB/s, device to host 49.0 GB/s' \
+grep -v -e bf16 -e _to_ -e attention "$tmp/gpu.toml" > "$tmp/cpu.toml"
+expect PASS 'fp32 products 51.0 TFLOP/s, bf16 640.0 TFLOP/s, 4.00 us per product; fp32 attention 12.5 TFLOP/s; device copies 2900 GB/s; pinned host to device 53.0 GB/s, device to host 49.0 GB/s' \
   calibration "$tmp/gpu.toml"
 expect FAIL 'not positive: bf16_tflops' calibration "$tmp/gpu0.toml"
-expect FAIL 'lacks hardware.bf16_tflops, hardware.host_to_device_gbps' calibration "$tmp/cpu.toml"
+expect FAIL 'lacks hardware.bf16_tflops, hardware.attention_tflops, hardware.host_to_device_gbps' calibration "$tmp/cpu.toml"
 expect FAIL 'calibration: ' calibration "$tmp/missing.toml"
 
 # plan: ndmesh plan memory on that file against a measured step 20% longer (passes) or 50%

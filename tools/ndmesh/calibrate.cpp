@@ -18,7 +18,8 @@
 // nn::Linear's forward) in fp32 (cuBLASLt, TF32 off: peak_tflops, and the [gemm] curve the
 // overhead is fitted to, at tokens/8 and tokens) and with bf16 operands (bf16_tflops), a
 // device-to-device copy (memory_gbps), copies between pinned host memory and the GPU
-// (host_to_device_gbps, device_to_host_gbps), the GPU's memory (cudaMemGetInfo), and with
+// (host_to_device_gbps, device_to_host_gbps), the fp32 attention kernel (--seq, --heads:
+// attention_tflops), the GPU's memory (cudaMemGetInfo), and with
 // several ranks the collectives over device buffers (NCCL, or staged: the train's device
 // communicator).
 #include <unistd.h>
@@ -70,6 +71,8 @@ struct CalibrateOptions {
   double disk_mib = 256;  // bytes of the file written and read back
   std::int64_t tokens = 8192;  // --device cuda: rows of the layer products (batch 8 x sequence 1024)
   std::int64_t hidden = 768;   // --device cuda: the layer's width (GPT-2 small)
+  std::int64_t heads = 12;     // --device cuda: its attention heads
+  std::int64_t seq = 1024;     // --device cuda: tokens per sequence of the attention core
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -217,6 +220,7 @@ std::string comm_toml(const char* prefix, const CommNumbers& c) {
 // What --device cuda measures on each rank's GPU.
 struct GpuNumbers {
   double fp32_flops = 0, bf16_flops = 0;  // the layer's products at --tokens rows
+  double attention_flops = 0;             // the fp32 attention kernel, FLOPs as the planner counts them
   std::vector<plan::GemmPoint> fp32_curve, bf16_curve;
   double memory_bw = 0, host_to_device_bw = 0, device_to_host_bw = 0;
   cuda::MemoryInfo memory;  // before any buffer of calibrate's
@@ -228,13 +232,13 @@ std::vector<std::array<std::int64_t, 3>> layer_products(std::int64_t tokens, std
   return {{tokens, 3 * h, h}, {tokens, h, h}, {tokens, 4 * h, h}, {tokens, h, 4 * h}};
 }
 
-// Every rank at once on its GPU, for about `budget` seconds: 80% products, 20% copies. Each
-// timed call runs kReps products (copies) and waits once.
+// Every rank at once on its GPU, for about `budget` seconds: 70% products, 10% attention, 20%
+// copies. Each timed call runs kReps products (copies) and waits once.
 GpuNumbers measure_gpu(const Communicator& world, const CalibrateOptions& o, double budget) {
   constexpr int kReps = 10;
   GpuNumbers g;
   g.memory = cuda::memory_info();
-  const double per_product = budget * 0.8 / 16;
+  const double per_product = budget * 0.7 / 16;
   for (const bool bf16 : {false, true}) {
     double flops = 0, seconds = 0;
     for (const std::int64_t rows : {std::max<std::int64_t>(o.tokens / 8, 1), o.tokens})
@@ -250,6 +254,16 @@ GpuNumbers measure_gpu(const Communicator& world, const CalibrateOptions& o, dou
         if (rows == o.tokens) flops += product.flops(), seconds += t;
       }
     (bf16 ? g.bf16_flops : g.fp32_flops) = flops / seconds;
+  }
+  {
+    // The causal attention core of --tokens / --seq sequences, forward and backward: the
+    // planner counts 3 x 4 b s^2 h / 2 FLOPs and 2 b s^2 h / 2 more for the backward's Q K^T.
+    const std::int64_t batch = std::max<std::int64_t>(o.tokens / o.seq, 1);
+    const nn::GpuAttention attention(batch, o.seq, o.hidden, o.heads);
+    attention.run(1);
+    const double t = time_op(world, budget * 0.1, [&] { attention.run(1); });
+    const double b = static_cast<double>(batch), s = static_cast<double>(o.seq), h = static_cast<double>(o.hidden);
+    g.attention_flops = 0.5 * (3 * 4 + 2) * b * s * s * h / t;
   }
   const std::size_t bytes = std::size_t{256} << 20;
   for (const nn::CopyKind kind : {nn::CopyKind::kDeviceToDevice, nn::CopyKind::kHostToDevice,
@@ -292,6 +306,10 @@ int run(const CalibrateOptions& o) {
                       "--tokens {} must be 8 to 1048576, e.g. --tokens 8192", o.tokens);
   NDMESH_CHECK_CONFIG(o.hidden >= 8 && o.hidden <= 65536, "calibrate",
                       "--hidden {} must be 8 to 65536, e.g. --hidden 768", o.hidden);
+  NDMESH_CHECK_CONFIG(o.heads >= 1 && o.hidden % o.heads == 0, "calibrate",
+                      "--heads {} must divide --hidden {}, e.g. --heads 12", o.heads, o.hidden);
+  NDMESH_CHECK_CONFIG(o.seq >= 1 && o.seq <= o.tokens, "calibrate", "--seq {} must be 1 to --tokens {}, e.g. --seq 1024",
+                      o.seq, o.tokens);
   if (gpu) {
     // No GPU here (or no CUDA in this build): one line, before any rank starts measuring.
     const std::string why = cuda::unavailable_reason();
@@ -399,6 +417,7 @@ int run(const CalibrateOptions& o) {
   std::tie(hw.disk_read_bw, hw.disk_write_bw) = disk_rates(
       o.disk_dir.empty() ? std::filesystem::temp_directory_path().string() : o.disk_dir, o.disk_mib);
   hw.bf16_flops = g.bf16_flops;
+  hw.attention_flops = g.attention_flops;
   hw.host_to_device_bw = g.host_to_device_bw;
   hw.device_to_host_bw = g.device_to_host_bw;
   hw.source =
@@ -416,11 +435,12 @@ int run(const CalibrateOptions& o) {
     text += fmt::format(
         "# peak_tflops is the fp32 rate (cuBLASLt, TF32 off) of the slowest rank's GPU over a {0} x {1} layer's\n"
         "# products (QKV, output, MLP up and down), bf16_tflops the same with bf16 operands (fp32 accumulation),\n"
-        "# so achievable_fraction = 1; memory_gbps is a device-to-device copy's, host_to_device_gbps and\n"
-        "# device_to_host_gbps copies with pinned host memory; reserved_gib what was not free before them.\n"
-        "# Not measured (the planner's own model): the attention kernel (planned at the product rate), the\n"
-        "# element-wise kernels beyond memory_gbps' traffic, the optimizer step.\n",
-        o.tokens, o.hidden);
+        "# so achievable_fraction = 1; attention_tflops is the fp32 attention kernel's (causal, {2} heads,\n"
+        "# sequences of {3}: forward and backward, FLOPs as the planner counts them); memory_gbps is a\n"
+        "# device-to-device copy's, host_to_device_gbps and device_to_host_gbps copies with pinned host\n"
+        "# memory; reserved_gib what was not free before them. Not measured (the planner's own model): the\n"
+        "# element-wise kernels beyond memory_gbps' traffic, the bf16 attention, the optimizer step.\n",
+        o.tokens, o.hidden, o.heads, o.seq);
   else
     text += "# peak_tflops is the measured fp32 sgemm rate of the slowest rank, so achievable_fraction = 1.\n";
   if (node.size() == 1)
@@ -441,9 +461,11 @@ int run(const CalibrateOptions& o) {
   }
   if (gpu)
     text += fmt::format(
-        "\n[measured]\nranks = {}\nnodes = {}\ngpus_seen = {}\ntokens = {}\nhidden = {}\nfp32_tflops = {:.6g}\n"
-        "bf16_tflops = {:.6g}\nbf16_products_tflops = [{}]\nmemory_total_gib = {:.6g}\nmemory_free_gib = {:.6g}\n",
-        world.size(), nodes, cuda::device_count(), o.tokens, o.hidden, g.fp32_flops / 1e12, g.bf16_flops / 1e12,
+        "\n[measured]\nranks = {}\nnodes = {}\ngpus_seen = {}\ntokens = {}\nhidden = {}\nheads = {}\nseq = {}\n"
+        "fp32_tflops = {:.6g}\nbf16_tflops = {:.6g}\nbf16_products_tflops = [{}]\nmemory_total_gib = {:.6g}\n"
+        "memory_free_gib = {:.6g}\n",
+        world.size(), nodes, cuda::device_count(), o.tokens, o.hidden, o.heads, o.seq, g.fp32_flops / 1e12,
+        g.bf16_flops / 1e12,
         tflops_list(g.bf16_curve), static_cast<double>(g.memory.total_bytes) / kGiB,
         static_cast<double>(g.memory.free_bytes) / kGiB);
   else
@@ -470,6 +492,7 @@ int run(const CalibrateOptions& o) {
     if (gpu) {
       j["device"] = "cuda";
       j["bf16_tflops"] = g.bf16_flops / 1e12;
+      j["attention_tflops"] = g.attention_flops / 1e12;
       j["memory_gbps"] = g.memory_bw / 1e9;
       j["host_to_device_gbps"] = g.host_to_device_bw / 1e9;
       j["device_to_host_gbps"] = g.device_to_host_bw / 1e9;
@@ -480,8 +503,9 @@ int run(const CalibrateOptions& o) {
   } else {
     if (gpu) {
       fmt::print(
-        "products of a {} x {} layer: fp32 {:.2f} TFLOP/s, bf16 {:.2f} TFLOP/s per GPU (slowest of {} ranks)\n",
-        o.tokens, o.hidden, g.fp32_flops / 1e12, g.bf16_flops / 1e12, world.size());
+          "products of a {} x {} layer: fp32 {:.2f} TFLOP/s, bf16 {:.2f} TFLOP/s; fp32 attention {:.2f} TFLOP/s per "
+          "GPU (slowest of {} ranks)\n",
+          o.tokens, o.hidden, g.fp32_flops / 1e12, g.bf16_flops / 1e12, g.attention_flops / 1e12, world.size());
       fmt::print(
           "device memory: {:.2f} GiB per rank, copies {:.0f} GB/s; pinned host to device {:.2f} GB/s, device to "
           "host {:.2f} GB/s\n",
@@ -524,11 +548,14 @@ Action setup(CLI::App& app) {
   app.add_option("--name", o->name, "Name in the file (default calibrated-<host>)");
   app.add_option("--device", o->device,
                  "cpu (matrix products through BLAS, communication over MPI or Gloo) or cuda (each rank's GPU: "
-                 "fp32 and bf16 products, device and pinned host copies, its memory, collectives over NCCL)")
+                 "fp32 and bf16 products, fp32 attention, device and pinned host copies, its memory, collectives over NCCL)")
       ->capture_default_str();
   app.add_option("--tokens", o->tokens, "--device cuda: rows of the layer's products (batch x sequence)")
       ->capture_default_str();
   app.add_option("--hidden", o->hidden, "--device cuda: width of the layer whose products are timed")
+      ->capture_default_str();
+  app.add_option("--heads", o->heads, "--device cuda: attention heads of that layer")->capture_default_str();
+  app.add_option("--seq", o->seq, "--device cuda: tokens per sequence of its attention (--tokens / --seq sequences)")
       ->capture_default_str();
   app.add_flag("--json", o->json, "Print the numbers as one JSON line");
   app.add_option(

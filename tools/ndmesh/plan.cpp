@@ -357,11 +357,18 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
       t.compute, hw.peak_flops / 1e12, hw.achievable_fraction, t.layers_on_stage,
       t.end_stage_extra > 0 ? " + output layer" : "", t.tokens_per_gpu, 100 * t.gemm_efficiency,
       hw.gemm_overhead * 1e6,
-      l.attention == plan::Attention::kFlash ? "; causal flash: half the s x s FLOPs" : "");
-  fmt::print("  recompute               {:>8.3f}  recompute={}{}: its extra FLOPs at {:.3g} TFLOP/s\n",
+      std::string(l.attention == plan::Attention::kFlash ? "; causal flash: half the s x s FLOPs" : "") +
+          (hw.attention_flops > 0
+               ? fmt::format("; the attention core at {:.3g} TFLOP/s (the hardware's attention kernel)",
+                             hw.attention_flops * hw.achievable_fraction / 1e12)
+               : ""));
+  fmt::print("  recompute               {:>8.3f}  recompute={}{}: its extra FLOPs at {:.3g} TFLOP/s{}\n",
              t.recompute, plan::recompute_name(l.recompute),
              l.attention == plan::Attention::kFlash ? " + flash attention's Q K^T in the backward" : "",
-             rate / 1e12);
+             rate / 1e12,
+             hw.attention_flops > 0 ? fmt::format(" (the attention core's at {:.3g})",
+                                                  hw.attention_flops * hw.achievable_fraction / 1e12)
+                                    : "");
   fmt::print("  memory-bound            {:>8.3f}  at {:.0f} GB/s HBM: {}\n", t.memory, hw.memory_bw / 1e9,
              hw.memory_bw <= 0 ? "not counted (no memory bandwidth)"
              : l.attention == plan::Attention::kStandard

@@ -31,6 +31,19 @@ class GpuProduct {
   DeviceBuffer a_, b_, c_;
 };
 
+/// The fp32 attention core of a layer (cuda::attention_forward then attention_backward, causal,
+/// heads of hidden / heads), as nn::Attention runs it on `batch` sequences of `seq` tokens.
+class GpuAttention {
+ public:
+  GpuAttention(std::int64_t batch, std::int64_t seq, std::int64_t hidden, std::int64_t heads);
+  /// One forward and one backward per time.
+  void run(int times) const;
+
+ private:
+  std::int64_t batch_, seq_, heads_, head_dim_;
+  DeviceBuffer qkv_, out_, lse_, dout_, dqkv_;
+};
+
 /// Which way a GpuCopy moves its bytes.
 enum class CopyKind { kDeviceToDevice, kHostToDevice, kDeviceToHost };
 

@@ -230,8 +230,10 @@ struct LayerShape {
 /// attention also moves (13 e + 2) b (a/t) s_local s bytes at `memory_bw` (0: not counted).
 /// Recompute: selective re-runs the attention core forward, full the whole forward; flash
 /// also recomputes Q K^T in its backward (2 b s_local s h / t FLOPs, causal half).
+/// `attention_rate` (FLOP/s; 0: `rate`) is the attention core's rate where it runs in a kernel
+/// of its own that is not a product (a calibrated GPU's fp32 attention kernel).
 LayerTime layer_time(const PlanModel& model, const LayerShape& shape, double rate, double overhead_s,
-                     double memory_bw);
+                     double memory_bw, double attention_rate = 0);
 
 /// A ring all-reduce over n ranks: 2 (n-1) latency + 2 (n-1)/n bytes / bandwidth.
 double allreduce_seconds(double bytes, std::int64_t n, double bandwidth, double latency);

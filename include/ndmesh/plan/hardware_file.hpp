@@ -21,6 +21,8 @@
 //   bf16_tflops = 600               optional, products with bf16 operands, TFLOP/s, where
 //                                   peak_tflops is the fp32 rate (a GPU's calibration); plans
 //                                   of 16-bit precisions take it as the peak (0: peak_tflops)
+//   attention_tflops = 20           optional, the fp32 attention kernel, TFLOP/s as the planner
+//                                   counts its FLOPs (0: the attention core at the products' rate)
 //   host_to_device_gbps = 50        optional, pinned host memory to one GPU, GB/s (0: unknown)
 //   device_to_host_gbps = 50        optional, the other way
 //   source = "..."                  optional, where the numbers come from
