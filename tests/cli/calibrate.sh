@@ -38,6 +38,14 @@ else
   echo "$out" | grep -qi "issue" && fail "calibrate --device cuda: an issue number in a user's message: $out"
   [ ! -e "$dir/gpu.toml" ] || fail "calibrate --device cuda wrote a file"
 fi
+# Its shape flags: a bad value is one line naming the flag, before any GPU is asked for.
+for bad in "--tokens 4" "--hidden 100000" "--heads 7" "--seq 9000"; do
+  # shellcheck disable=SC2086
+  out=$("$ndmesh" calibrate --device cuda $bad --output "$dir/gpu.toml" 2>&1)
+  rc=$?
+  [ "$rc" -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q -- "${bad% *} " ||
+    fail "calibrate --device cuda $bad: exit $rc, want 2 and one line naming ${bad% *}: $out"
+done
 # --help tells what --device cuda measures.
 help=$("$ndmesh" calibrate --help 2>&1)
 for what in 'cuda (each rank.s GPU: fp32 and bf16 products, fp32 attention' '--tokens' '--hidden' '--heads' '--seq'; do
