@@ -55,9 +55,14 @@
 #                                 pp 2 1F1B and interleaved, cp 2, dp 2 + ZeRO 2 on NCCL (NCCL_HOSTID
 #                                 per rank over loopback), 4 and 8 ranks staged over Gloo, each against
 #                                 the single-GPU run; a killed rank; NCCL vs Gloo bus bandwidth
+#   calibrate                 30  ndmesh calibrate --device cuda --seconds 8: the GPU's fp32 and bf16
+#                                 product rates, copies, pinned host links, memory; the hardware file
+#                                 (calibrate.toml) is in the log archive and its keys in the summary
 #   gpt2-ndmesh               90  GPT-2 small body (12 x 768, 12 heads, sequence 1024, vocabulary
 #                                 1024, batch 8) fp32: 40 steps, tokens/s over the last 35
 #   gpt2-memory               15  its device peak against ndmesh plan memory's prediction
+#   gpt2-plan                 15  ndmesh plan memory of that run on calibrate.toml: its step time
+#                                 within 25% of gpt2-ndmesh's, its memory within 10% of the peak
 #   gpt2-torch                75  scripts/gpt2_torch_baseline.py, same shape, fp32, TF32 off: 5
 #                                 warm-up steps, 30 timed; ndmesh's tokens/s as a ratio of it
 #   gpt2-bf16                195  GPT-2 small in bf16 on a token file (scripts/make_token_file.py: 12 x 768,
@@ -79,7 +84,8 @@ dir=${3:-$build/gpu-check}
 total_budget=540
 
 steps=(gpu glibc cublaslt kernels kernels-bench train-default train-recompute-selective train-recompute-full
-  train-untied checkpoint bf16 nccl gpt2-ndmesh gpt2-memory gpt2-torch gpt2-bf16 kernels-memcheck kernels-racecheck)
+  train-untied checkpoint bf16 nccl calibrate gpt2-ndmesh gpt2-memory gpt2-plan gpt2-torch gpt2-bf16 kernels-memcheck
+  kernels-racecheck)
 
 pack() {
   [ -f "$build/CMakeCache.txt" ] || { echo "gpu_check.sh: no build in $build (make build first)" >&2; exit 2; }
@@ -436,6 +442,24 @@ step_bf16() {
   report "${r%% *}" bf16 "${r#* }"
 }
 
+# The GPU's rates for the planner: the hardware file stays in the logs (calibrate.toml).
+step_calibrate() {
+  local seconds why
+  seconds=$(bound 30)
+  [ "$seconds" -lt 10 ] && { report FAIL calibrate "not run: $seconds s left of the $total_budget s budget"; return; }
+  rm -f "$logs/calibrate.toml"
+  if ! why=$(ndmesh_gpu "$seconds" calibrate calibrate --device cuda --seconds 8 --disk-mib 64 \
+    --output "$logs/calibrate.toml"); then
+    report FAIL calibrate "ndmesh calibrate --device cuda: $why"
+    tail_of "$logs/calibrate.err" "$logs/calibrate.blocking.err"
+    return
+  fi
+  local r
+  r=$(py calibrate calibration "$logs/calibrate.toml")
+  report "${r%% *}" calibrate "${r#* }"
+  sed -n '/^\[hardware\]/,/^$/p' "$logs/calibrate.toml" | sed 's/^/  /' | tee -a "$summary"
+}
+
 # GPT-2 small's body; the vocabulary is 1024, not 50304: the Markov source has at most 1024
 # tokens and the vocabulary must match the data.
 gpt2_shape=(--layers 12 --hidden 768 --heads 12 --seq 1024 --vocab 1024 --batch 8)
@@ -478,6 +502,31 @@ step_gpt2_memory() {
   local r
   r=$(py gpt2-memory memory "$logs/gpt2.json" "$logs/plan-memory.out")
   report "${r%% *}" gpt2-memory "${r#* }"
+}
+
+# The planner's step time and memory for gpt2-ndmesh's run, on the GPU's calibrated rates.
+step_gpt2_plan() {
+  local seconds rc
+  seconds=$(bound 15)
+  if [ ! -s "$logs/calibrate.toml" ]; then
+    report FAIL gpt2-plan "not run: calibrate wrote no hardware file"
+    return
+  fi
+  if [ ! -s "$logs/gpt2.json" ] || [ ! -s "$logs/gpt2.speed.json" ]; then
+    report FAIL gpt2-plan "not run: gpt2-ndmesh did not finish"
+    return
+  fi
+  ndmesh "$seconds" plan-gpt2 plan memory "${gpt2_shape[@]/--batch/--micro-batch}" --precision fp32 --no-dropout \
+    --attention flash --mlp gelu --hardware "$logs/calibrate.toml" --json
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    report FAIL gpt2-plan "ndmesh plan memory --hardware calibrate.toml: $(describe $rc "$seconds")"
+    tail_of "$logs/plan-gpt2.err"
+    return
+  fi
+  local r
+  r=$(py gpt2-plan plan "$logs/plan-gpt2.out" "$logs/gpt2.speed.json" "$logs/gpt2.json")
+  report "${r%% *}" gpt2-plan "${r#* }"
 }
 
 step_gpt2_torch() {
@@ -599,8 +648,10 @@ run() {
       checkpoint) step_checkpoint ;;
       bf16) step_bf16 ;;
       nccl) step_nccl ;;
+      calibrate) step_calibrate ;;
       gpt2-ndmesh) step_gpt2_ndmesh ;;
       gpt2-memory) step_gpt2_memory ;;
+      gpt2-plan) step_gpt2_plan ;;
       gpt2-torch) step_gpt2_torch ;;
       gpt2-bf16) step_gpt2_bf16 ;;
       kernels-memcheck) kernels_step kernels-memcheck 75 --what tests --tool memcheck ;;

@@ -7,9 +7,13 @@
     gpu_check_compare.py speed <train.out> <warmup> <tokens per step> <speed.json>
     gpu_check_compare.py memory <train.json> <plan.json>     device peak against ndmesh plan memory
     gpu_check_compare.py torch <baseline.json> <speed.json>  PyTorch's tokens/s and the ratio
+    gpu_check_compare.py calibration <hardware.toml>         ndmesh calibrate --device cuda's file: its rates
+    gpu_check_compare.py plan <plan.json> <speed.json> <train.json>
+                                                             ndmesh plan on that file against the measured run
 
 Bounds: losses 1e-5 relative, the step-1 gradient norm 1e-5, later norms 1e-4 (as
-tests/mpi/train_lib.sh); resumed losses 1e-4; memory within 10% of the plan. Exit 0 on PASS,
+tests/mpi/train_lib.sh); resumed losses 1e-4; memory within 10% of the plan; the planned step
+time within 25% of the measured one. Exit 0 on PASS,
 1 on FAIL; any error in reading the inputs is a FAIL line naming it.
 """
 import json
@@ -145,9 +149,60 @@ def torch(baseline_path, speed_path):
     return True, line
 
 
+def toml_numbers(path):
+    """The `key = number` lines of a hardware file, by section ("hardware.peak_tflops", ...)."""
+    out, section = {}, ""
+    with open(path) as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            m = re.match(r"^\[([a-z_]+)\]$", line)
+            if m:
+                section = m.group(1)
+                continue
+            m = re.match(r"^([a-z0-9_]+) = (-?[0-9.eE+-]+)$", line)
+            if m:
+                out[f"{section}.{m.group(1)}"] = float(m.group(2))
+    return out
+
+
+def calibration(toml_path):
+    n = toml_numbers(toml_path)
+    keys = ["peak_tflops", "bf16_tflops", "attention_tflops", "memory_gbps", "host_to_device_gbps",
+            "device_to_host_gbps", "memory_gib"]
+    missing = [k for k in keys if f"hardware.{k}" not in n]
+    if missing:
+        return False, f"{toml_path} lacks hardware.{', hardware.'.join(missing)}"
+    v = {k: n[f"hardware.{k}"] for k in keys + ["gemm_overhead_us", "reserved_gib"] if f"hardware.{k}" in n}
+    bad = [k for k in keys if not v[k] > 0]
+    line = (f"fp32 products {v['peak_tflops']:.1f} TFLOP/s, bf16 {v['bf16_tflops']:.1f} TFLOP/s, "
+            f"{v.get('gemm_overhead_us', 0):.2f} us per product; fp32 attention {v['attention_tflops']:.1f} "
+            f"TFLOP/s; device copies {v['memory_gbps']:.0f} GB/s; pinned "
+            f"host to device {v['host_to_device_gbps']:.1f} GB/s, device to host {v['device_to_host_gbps']:.1f} GB/s; "
+            f"memory {v['memory_gib']:.2f} GiB ({v.get('reserved_gib', 0):.2f} not free)")
+    if bad:
+        return False, f"not positive: {', '.join(bad)}; {line}"
+    return True, line
+
+
+def plan(plan_path, speed_path, train_path):
+    p = last_json(plan_path)
+    predicted, planned = p["step_time_s"], p["memory_bytes"]["total"]
+    measured = last_json(speed_path)["step_seconds"]
+    peak = last_json(train_path)["memory_bytes"]["device_peak"]
+    time_ok = predicted > 0 and measured > 0 and abs(predicted / measured - 1) <= 0.25
+    memory_ok = peak > 0 and planned > 0 and abs(peak / planned - 1) <= 0.10
+    terms = ", ".join(f"{k} {1e3 * v:.1f}" for k, v in sorted(p.get("time_s", {}).items()) if v > 0)
+    return time_ok and memory_ok, (
+        f"ndmesh plan on the calibrated file ({p.get('hardware', '?')}): step {1e3 * predicted:.1f} ms predicted "
+        f"({terms} ms), {1e3 * measured:.1f} ms measured: predicted/measured {predicted / measured:.3f} "
+        f"(bound: within 25%); device memory {planned / 2**30:.3f} GiB predicted, peak {peak / 2**30:.3f} GiB "
+        f"measured: measured/predicted {peak / planned:.3f} (bound: within 10%)")
+
+
 def main():
     commands = {"equal": (equal, 2), "resumed": (resumed, 2), "bf16": (bf16, 4), "speed": (speed, 4),
-                "memory": (memory, 2), "torch": (torch, 2), "bf16-bench": (bf16_bench, 3)}
+                "memory": (memory, 2), "torch": (torch, 2), "bf16-bench": (bf16_bench, 3),
+                "calibration": (calibration, 1), "plan": (plan, 3)}
     if len(sys.argv) < 2 or sys.argv[1] not in commands or len(sys.argv) != 2 + commands[sys.argv[1]][1]:
         print(f"FAIL usage: gpu_check_compare.py {'|'.join(commands)} <files> (got {sys.argv[1:]})")
         return 1

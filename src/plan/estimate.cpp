@@ -206,7 +206,8 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
                          .recompute = l.recompute,
                          .attention = l.attention,
                          .activation_bytes = e};
-  const LayerTime layer = layer_time(model, shape, rate, hw.gemm_overhead, hw.memory_bw);
+  const double attention_rate = hw.attention_flops * hw.achievable_fraction;  // 0: the products' rate
+  const LayerTime layer = layer_time(model, shape, rate, hw.gemm_overhead, hw.memory_bw, attention_rate);
   r.tokens_per_gpu = b * s;
   r.gemm_efficiency = layer.gemm > 0 ? layer.gemm_ideal / (layer.gemm - 0.0) : 1.0;
   // Tensor parallelism: 4 all-reduces of b (s/cp) h activations per layer and micro-batch (2
@@ -220,7 +221,7 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
   RingTime ring;
   if (l.cp > 1) {
     const double kv_rank = std::max(d(model.spec.kv_heads_or_heads()) / t, 1.0) * h / d(model.spec.heads);
-    const double step = (flash ? 0.5 : 1.0) * 4 * b * s * s * h / t / rate;
+    const double step = (flash ? 0.5 : 1.0) * 4 * b * s * s * h / t / (attention_rate > 0 ? attention_rate : rate);
     ring = ring_attention_time(2 * b * s * kv_rank * e, l.cp, step, r.cp_bw, latency(where.cp_in_node),
                                flash ? 2.5 : 2.0);
   }

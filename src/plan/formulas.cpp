@@ -39,12 +39,13 @@ Attention parse_attention(std::string_view name, std::string_view flag) {
 
 Precision parse_precision(std::string_view name, std::string_view flag) {
   if (name == "mixed") return {};
-  if (name == "mixed-fp32-grads") return {.grad_bytes = 4};
-  if (name == "fp32") return {.param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4};
+  if (name == "mixed-fp32-grads" || name == "bf16") return {.grad_bytes = 4};
+  if (name == "fp32")
+    return {.param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4, .bf16_products = false};
   fail<ConfigError>(
       "plan",
-      "{} '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter), mixed-fp32-grads (2 + 4 + "
-      "12 B) or fp32 (4 + 4 + 8 B)",
+      "{} '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter), mixed-fp32-grads or bf16 (2 + "
+      "4 + 12 B) or fp32 (4 + 4 + 8 B)",
       flag, name);
 }
 
@@ -258,7 +259,8 @@ LayerMatrices layer_matrices(const PlanModel& m, std::int64_t tp) {
 }
 
 LayerTime layer_time(const PlanModel& m, const LayerShape& s, double rate, double overhead,
-                     double memory_bw) {
+                     double memory_bw, double attention_rate) {
+  const double core_rate = attention_rate > 0 ? attention_rate : rate;
   const double t = d(s.tp), h = d(m.spec.hidden), a = d(m.spec.heads), e = s.activation_bytes;
   const double s_local = s.tokens / s.micro_batch;
   const bool flash = s.attention == Attention::kFlash;
@@ -279,15 +281,15 @@ LayerTime layer_time(const PlanModel& m, const LayerShape& s, double rate, doubl
   // Attention core, forward: Q K^T and attention over V, 4 b s_local s h / t model FLOPs.
   const double causal = flash ? 0.5 : 1.0;
   const double core_forward = 4 * s.micro_batch * s_local * s.seq * h / t;
-  r.attention = kernel_seconds(causal * 3 * core_forward, rate, (flash ? 2 : 6) * overhead);
+  r.attention = kernel_seconds(causal * 3 * core_forward, core_rate, (flash ? 2 : 6) * overhead);
   const double scores = s.micro_batch * (a / t) * s_local * s.seq;  // score elements per GPU
   const double bw = memory_bw;
   if (!flash && bw > 0) r.memory = (13 * e + 2) * scores / bw;
 
   // Recompute: flash's backward rebuilds Q K^T (2 b s_local s h / t, causal half) whatever
   // the mode; selective re-runs the attention core forward, full the whole forward.
-  if (flash) r.recompute += causal * 2 * s.micro_batch * s_local * s.seq * h / t / rate;
-  const double core_again = kernel_seconds(causal * core_forward, rate, (flash ? 1 : 2) * overhead) +
+  if (flash) r.recompute += causal * 2 * s.micro_batch * s_local * s.seq * h / t / core_rate;
+  const double core_again = kernel_seconds(causal * core_forward, core_rate, (flash ? 1 : 2) * overhead) +
                             (!flash && bw > 0 ? (6 * e + 1) * scores / bw : 0.0);
   if (s.recompute == Recompute::kSelective) r.recompute += core_again;
   if (s.recompute == Recompute::kFull) r.recompute += forward_gemm + core_again;

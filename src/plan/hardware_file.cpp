@@ -32,6 +32,10 @@ const std::vector<std::string_view> kKeys = {"name",
                                              "gemm_overhead_us",
                                              "disk_read_gbps",
                                              "disk_write_gbps",
+                                             "bf16_tflops",
+                                             "attention_tflops",
+                                             "host_to_device_gbps",
+                                             "device_to_host_gbps",
                                              "source"};
 
 // The [gemm] section: measured products, four arrays of one length.
@@ -66,6 +70,17 @@ std::vector<GemmPoint> gemm_points(const toml::table& g, const std::string& path
   std::vector<GemmPoint> out;
   for (std::size_t i = 0; i < m.size(); ++i)
     out.push_back({.m = m[i], .n = n[i], .k = k[i], .flops = tflops[i] * 1e12});
+  return out;
+}
+
+// The keys a GPU calibration adds (none when the file is a CPU's).
+std::string gpu_keys(const Hardware& hw) {
+  std::string out;
+  if (hw.bf16_flops > 0) out += fmt::format("bf16_tflops = {:.6g}\n", hw.bf16_flops / 1e12);
+  if (hw.attention_flops > 0) out += fmt::format("attention_tflops = {:.6g}\n", hw.attention_flops / 1e12);
+  if (hw.host_to_device_bw > 0 || hw.device_to_host_bw > 0)
+    out += fmt::format("host_to_device_gbps = {:.6g}\ndevice_to_host_gbps = {:.6g}\n", hw.host_to_device_bw / 1e9,
+                       hw.device_to_host_bw / 1e9);
   return out;
 }
 
@@ -136,6 +151,10 @@ Hardware load_hardware_file(const std::string& path) {
                       "--hardware {}: hardware.disk_read_gbps and disk_write_gbps must be >= 0 (0: unknown)",
                       path);
   hw.inter_node_latency = number("inter_node_latency_us", hw.intra_node_latency * 1e6) * 1e-6;
+  hw.bf16_flops = number("bf16_tflops", 0.0) * 1e12;
+  hw.attention_flops = number("attention_tflops", 0.0) * 1e12;
+  hw.host_to_device_bw = number("host_to_device_gbps", 0.0) * 1e9;
+  hw.device_to_host_bw = number("device_to_host_gbps", 0.0) * 1e9;
   if (const toml::table* g = root["gemm"].as_table()) {
     hw.gemm_points = gemm_points(*g, path);
     // Measured products give the per-kernel overhead unless the file states it.
@@ -157,7 +176,10 @@ Hardware load_hardware_file(const std::string& path) {
                              {"--memory-gbps", "memory_gbps"},
                              {"--intra-node-latency-us", "intra_node_latency_us"},
                              {"--inter-node-latency-us", "inter_node_latency_us"},
-                             {"--gemm-overhead-us", "gemm_overhead_us"}}) {
+                             {"--gemm-overhead-us", "gemm_overhead_us"},
+                             {"bf16_tflops", "bf16_tflops"},
+                             {"attention_tflops", "attention_tflops"},
+                             {"host_to_device_gbps", "host_to_device_gbps"}}) {
       const std::string f(flag);
       if (p.rfind(f, 0) == 0) p = "hardware." + std::string(key) + p.substr(f.size());
     }
@@ -198,11 +220,12 @@ std::string hardware_file_text(const Hardware& hw) {
       "gemm_overhead_us = {:.6g}\n"
       "disk_read_gbps = {:.6g}\n"
       "disk_write_gbps = {:.6g}\n"
+      "{}"
       "source = \"{}\"\n",
       hw.name, hw.memory_bytes / kGiB, hw.reserved_bytes / kGiB, hw.peak_flops / 1e12, hw.achievable_fraction,
       hw.intra_node_bw / 1e9, hw.inter_node_bw / 1e9, hw.gpus_per_node, hw.memory_bw / 1e9,
       hw.intra_node_latency * 1e6, hw.inter_node_latency * 1e6, hw.gemm_overhead * 1e6, hw.disk_read_bw / 1e9,
-      hw.disk_write_bw / 1e9, hw.source);
+      hw.disk_write_bw / 1e9, gpu_keys(hw), hw.source);
 }
 
 }  // namespace ndmesh::plan

@@ -249,6 +249,12 @@ std::vector<std::string> plan_model_problems(const PlanModel& model) {
   return out;
 }
 
+Hardware for_precision(Hardware hw, bool bf16_products) {
+  if (bf16_products && hw.bf16_flops > 0) hw.peak_flops = hw.bf16_flops, hw.bf16_flops = 0;
+  if (bf16_products) hw.attention_flops = 0;
+  return hw;
+}
+
 std::vector<std::string> hardware_problems(const Hardware& hw) {
   std::vector<std::string> out;
   if (!(hw.memory_bytes > 0))
@@ -277,6 +283,14 @@ std::vector<std::string> hardware_problems(const Hardware& hw) {
   if (!(hw.inter_node_latency >= 0 && hw.inter_node_latency < 1))
     out.push_back(
         fmt::format("--inter-node-latency-us {} must be in [0, 1e6), e.g. 10", hw.inter_node_latency * 1e6));
+  if (!(hw.attention_flops >= 0))
+    out.push_back(
+        fmt::format("attention_tflops {} must be positive (or 0: the products' rate), e.g. 20", hw.attention_flops / 1e12));
+  if (!(hw.bf16_flops >= 0))
+    out.push_back(fmt::format("bf16_tflops {} must be positive (or 0: the peak), e.g. 700", hw.bf16_flops / 1e12));
+  if (!(hw.host_to_device_bw >= 0 && hw.device_to_host_bw >= 0))
+    out.push_back(fmt::format("host_to_device_gbps {} and device_to_host_gbps {} must be positive (or 0: unknown)",
+                              hw.host_to_device_bw / 1e9, hw.device_to_host_bw / 1e9));
   if (!(hw.gemm_overhead >= 0 && hw.gemm_overhead < 1))
     out.push_back(
         fmt::format("--gemm-overhead-us {} must be in [0, 1e6), e.g. 6.75", hw.gemm_overhead * 1e6));

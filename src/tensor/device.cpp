@@ -46,6 +46,9 @@ void copy_to_device(void*, const void*, std::size_t) { unavailable(); }
 void copy_to_host(void*, const void*, std::size_t) { unavailable(); }
 void copy_device(void*, const void*, std::size_t) { unavailable(); }
 void memset_zero(void*, std::size_t) { unavailable(); }
+MemoryInfo memory_info() { unavailable(); }
+void* alloc_pinned(std::size_t) { unavailable(); }
+void free_pinned(void*) noexcept {}
 }  // namespace cuda
 #endif
 

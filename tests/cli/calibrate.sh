@@ -21,12 +21,37 @@ for key in '^\[hardware\]' '^name = "test-host"' '^memory_gib = ' '^peak_tflops 
   '^gemm_overhead_us = ' '^\[gemm\]' '^m = \[32, 32, 32, 32, 128, 128, 128, 128\]$' '^tflops = \['; do
   grep -q "$key" "$dir/host.toml" || fail "file lacks $key: $(cat "$dir/host.toml")"
 done
-# The GPU calibration needs the GPU path: one line, exit 2, nothing written.
-out=$("$ndmesh" calibrate --device cuda --output "$dir/gpu.toml" 2>&1)
+# The GPU calibration: where there is a GPU it writes the GPU's keys; elsewhere (no GPU, or a
+# build without CUDA) one line naming --device and the fix, exit 2, nothing written.
+out=$("$ndmesh" calibrate --device cuda --seconds 2 --disk-mib 8 --output "$dir/gpu.toml" 2>&1)
 rc=$?
-[ "$rc" -eq 2 ] || fail "calibrate --device cuda: exit $rc, want 2: $out"
-echo "$out" | grep -q -- "--device cuda: this ndmesh has no GPU path yet" || fail "calibrate --device cuda: $out"
-[ ! -e "$dir/gpu.toml" ] || fail "calibrate --device cuda wrote a file"
+if [ "$rc" -eq 0 ]; then
+  for key in '^bf16_tflops = ' '^attention_tflops = ' '^host_to_device_gbps = ' '^device_to_host_gbps = ' '^memory_gbps = ' '^\[gemm\]'; do
+    grep -q "$key" "$dir/gpu.toml" || fail "calibrate --device cuda: the file lacks $key: $(cat "$dir/gpu.toml")"
+  done
+else
+  [ "$rc" -eq 2 ] || fail "calibrate --device cuda without a GPU: exit $rc, want 2: $out"
+  [ "$(echo "$out" | wc -l)" -eq 1 ] || fail "calibrate --device cuda without a GPU: not one line: $out"
+  echo "$out" | grep -qE -- '^ndmesh: \[calibrate\] --device cuda: .*(no usable CUDA GPU|built without CUDA|sees no GPU)' ||
+    fail "calibrate --device cuda without a GPU: $out"
+  echo "$out" | grep -q -- "--device cpu" || fail "calibrate --device cuda without a GPU: no fix named: $out"
+  echo "$out" | grep -qi "issue" && fail "calibrate --device cuda: an issue number in a user's message: $out"
+  [ ! -e "$dir/gpu.toml" ] || fail "calibrate --device cuda wrote a file"
+fi
+# Its shape flags: a bad value is one line naming the flag, before any GPU is asked for.
+for bad in "--tokens 4" "--hidden 100000" "--heads 7" "--seq 9000"; do
+  # shellcheck disable=SC2086
+  out=$("$ndmesh" calibrate --device cuda $bad --output "$dir/gpu.toml" 2>&1)
+  rc=$?
+  [ "$rc" -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q -- "${bad% *} " ||
+    fail "calibrate --device cuda $bad: exit $rc, want 2 and one line naming ${bad% *}: $out"
+done
+# --help tells what --device cuda measures.
+help=$("$ndmesh" calibrate --help 2>&1)
+for what in 'cuda (each rank.s GPU: fp32 and bf16 products, fp32 attention' '--tokens' '--hidden' '--heads' '--seq'; do
+  echo "$help" | grep -q -- "$what" || fail "calibrate --help lacks '$what'"
+done
+echo "$help" | grep -q "not yet" && fail "calibrate --help still says the GPU path is missing"
 
 # The numbers are positive.
 awk -F' = ' '/^(peak_tflops|intra_node_gbps|memory_gib|memory_gbps) = / && !($2 > 0) {print; bad=1} END {exit bad}' \
@@ -59,6 +84,18 @@ t=$(echo "$out" | sed -n 's/.*"step_time_s": \([0-9.e+-]*\).*/\1/p')
 awk -v t="$t" 'BEGIN { b=1; s=2048; l=24; h=2304; v=51200;
   f = 72*b*s*l*h*h*(1 + s/(6*h) + v/(12*l*h)); exit !(t > 0.999999*f/1e12 && t < 1.000001*f/1e12) }' ||
   fail "hand file: step_time_s $t is not the model FLOPs / 1e12"
+# A GPU's file: peak_tflops is its fp32 rate, bf16_tflops its bf16 one; --precision bf16 (and
+# mixed) plans run the products at 2 TFLOP/s, fp32 plans at 1.
+printf 'bf16_tflops = 2\nhost_to_device_gbps = 50\ndevice_to_host_gbps = 50\n' >> "$dir/hand.toml"
+for precision in fp32 bf16 mixed; do
+  out=$("$ndmesh" plan memory --model gpt3-1.7b --seq 2048 --hardware "$dir/hand.toml" --attention standard \
+    --precision $precision --json 2>&1) || fail "hand file, --precision $precision: exit $?: $out"
+  t=$(echo "$out" | sed -n 's/.*"step_time_s": \([0-9.e+-]*\).*/\1/p')
+  rate=$([ $precision = fp32 ] && echo 1e12 || echo 2e12)
+  awk -v t="$t" -v r="$rate" 'BEGIN { b=1; s=2048; l=24; h=2304; v=51200;
+    f = 72*b*s*l*h*h*(1 + s/(6*h) + v/(12*l*h)); exit !(t > 0.999999*f/r && t < 1.000001*f/r) }' ||
+    fail "hand file with bf16_tflops, --precision $precision: step_time_s $t is not the model FLOPs / $rate"
+done
 
 # Bad files: exit 2, one line naming the file and the key.
 bad() {  # bad DESCRIPTION PATTERN -- file content on stdin

@@ -91,5 +91,34 @@ expect PASS 'ndmesh/PyTorch tokens/s 0.500' torch "$tmp/torch.json" "$tmp/speed.
 expect PASS 'no ndmesh tokens/s to compare' torch "$tmp/torch.json" "$tmp/missing.json"
 expect FAIL 'usage' nonsense
 
+# calibration: a GPU's hardware file gives its rates; a CPU's (no bf16_tflops) or a rate of 0 fails.
+gpu_file() {  # gpu_file <bf16_tflops> > file
+  printf '[hardware]\nname = "gpu"\nmemory_gib = 79.2\nreserved_gib = 0.5\npeak_tflops = 51\nbf16_tflops = %s\n' "$1"
+  printf 'attention_tflops = 12.5\n'
+  printf 'intra_node_gbps = 1000\ngpus_per_node = 1\nmemory_gbps = 2900\ngemm_overhead_us = 4\n'
+  printf 'host_to_device_gbps = 53\ndevice_to_host_gbps = 49 # a comment\n\n[measured]\nranks = 1\n'
+}
+gpu_file 640 > "$tmp/gpu.toml"
+gpu_file 0 > "$tmp/gpu0.toml"
+grep -v -e bf16 -e _to_ -e attention "$tmp/gpu.toml" > "$tmp/cpu.toml"
+expect PASS 'fp32 products 51.0 TFLOP/s, bf16 640.0 TFLOP/s, 4.00 us per product; fp32 attention 12.5 TFLOP/s; device copies 2900 GB/s; pinned host to device 53.0 GB/s, device to host 49.0 GB/s' \
+  calibration "$tmp/gpu.toml"
+expect FAIL 'not positive: bf16_tflops' calibration "$tmp/gpu0.toml"
+expect FAIL 'lacks hardware.bf16_tflops, hardware.attention_tflops, hardware.host_to_device_gbps' calibration "$tmp/cpu.toml"
+expect FAIL 'calibration: ' calibration "$tmp/missing.toml"
+
+# plan: ndmesh plan memory on that file against a measured step 20% longer (passes) or 50%
+# longer (fails), and a device peak 20% over the plan (fails).
+"$ndmesh" plan memory --layers 12 --hidden 768 --heads 12 --seq 1024 --vocab 1024 --micro-batch 8 --precision fp32 \
+  --no-dropout --attention flash --mlp gelu --hardware "$tmp/gpu.toml" --json > "$tmp/plan-gpu.json" || exit 1
+step=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["step_time_s"])' "$tmp/plan-gpu.json")
+echo "{\"step_seconds\": $(python3 -c "print(1.2 * $step)")}" > "$tmp/speed-near.json"
+echo "{\"step_seconds\": $(python3 -c "print(1.5 * $step)")}" > "$tmp/speed-far.json"
+expect PASS 'predicted/measured 0.833 (bound: within 25%); device memory' plan "$tmp/plan-gpu.json" "$tmp/speed-near.json" \
+  "$tmp/near.json"
+expect FAIL 'predicted/measured 0.667' plan "$tmp/plan-gpu.json" "$tmp/speed-far.json" "$tmp/near.json"
+expect FAIL 'measured/predicted 1.200' plan "$tmp/plan-gpu.json" "$tmp/speed-near.json" "$tmp/far.json"
+expect FAIL 'plan: ' plan "$tmp/plan-gpu.json" "$tmp/missing.json" "$tmp/near.json"
+
 [ $errors -eq 0 ] || exit 1
 echo "PASS: every comparison gives its one line"

@@ -108,7 +108,7 @@ tail -n 1 "$tmp/run.log" | grep -qE '^== (PASS|FAIL): [0-9]+ passed, [0-9]+ fail
 # One result line per step, none missing, none doubled, none unknown.
 mapfile -t steps < <(bash scripts/gpu_check.sh steps)
 [ ${#steps[@]} -ge 10 ] || fail "gpu_check.sh steps lists ${#steps[@]} steps"
-gpu_steps=" gpu kernels kernels-bench train-default train-recompute-selective train-recompute-full train-untied checkpoint bf16 nccl gpt2-ndmesh gpt2-memory gpt2-torch gpt2-bf16 "
+gpu_steps=" gpu kernels kernels-bench train-default train-recompute-selective train-recompute-full train-untied checkpoint bf16 nccl calibrate gpt2-ndmesh gpt2-memory gpt2-plan gpt2-torch gpt2-bf16 "
 for s in "${steps[@]}"; do
   n=$(grep -cE "^(PASS|FAIL|SKIP) $s \[" "$summary")
   [ "$n" -eq 1 ] || fail "step $s has $n result lines in the summary, expected 1"
@@ -123,6 +123,20 @@ results=$(grep -cE '^(PASS|FAIL|SKIP) [a-z0-9-]+ \[' "$summary")
 grep -q 'FAIL gpu_test_aaa_crash: killed by signal 11 (SIGSEGV)' "$summary" ||
   fail "the segfaulting test binary is not a FAIL line naming SIGSEGV"
 grep -qE '(PASS|FAIL) gpu_test_layernorm' "$summary" || fail "the kernel tests after the crashing one did not run"
+
+# calibrate before the gpt2 steps; without a GPU it fails in ndmesh's one line (not in the
+# script), and gpt2-plan, which needs its hardware file, says so.
+order=$(bash scripts/gpu_check.sh steps | tr '\n' ' ')
+[[ $order == *" calibrate gpt2-ndmesh gpt2-memory gpt2-plan "* ]] ||
+  fail "the steps' order does not run calibrate before the gpt2 steps and gpt2-plan after gpt2-memory: $order"
+if [ $have_driver -eq 0 ]; then
+  grep -qE '^FAIL calibrate \[.*ndmesh calibrate --device cuda: ' "$summary" ||
+    fail "calibrate without a GPU: $(grep -E '^(PASS|FAIL|SKIP) calibrate ' "$summary")"
+  tar -xJOf "$archive" ./calibrate.err 2> /dev/null | grep -q -- '--device cuda: ' ||
+    fail "calibrate without a GPU: ndmesh's line is not in calibrate.err of the log archive"
+  grep -qE '^FAIL gpt2-plan \[.*not run: calibrate wrote no hardware file' "$summary" ||
+    fail "gpt2-plan without calibrate's file: $(grep -E '^(PASS|FAIL|SKIP) gpt2-plan ' "$summary")"
+fi
 
 # The cpu runs: one rank with torchrun's variables, Open MPI hidden; only cuda may fail.
 for s in train-default train-recompute-selective train-recompute-full train-untied; do

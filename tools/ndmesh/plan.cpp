@@ -98,9 +98,9 @@ void add_model_hardware_flags(CLI::App& app, ModelHardwareFlags& f) {
   app.add_option("--precision", f.precision,
                  "mixed (bf16 weights and grads + 12 B fp32 Adam states, 16-bit activations), "
                  "mixed-fp32-grads (the same "
-                 "with fp32 gradients: Megatron's bf16 default, DeepSpeed's BF16_Optimizer) or fp32 (4 + 4 + "
-                 "8 B AdamW, fp32 "
-                 "activations)")
+                 "with fp32 gradients: Megatron's bf16 default, DeepSpeed's BF16_Optimizer), bf16 (what ndmesh "
+                 "train --precision bf16 keeps: as mixed-fp32-grads) or fp32 (4 + 4 + 8 B AdamW, fp32 "
+                 "activations and products; a calibrated GPU file's fp32 rate)")
       ->capture_default_str();
   app.add_flag("--no-dropout", f.no_dropout,
                "The model stores no dropout masks (GPT presets do, Llama ones do not)");
@@ -224,7 +224,8 @@ PlanModel resolve_model(const ModelHardwareFlags& f) {
 plan::Precision resolve_precision(const ModelHardwareFlags& f) { return plan::parse_precision(f.precision); }
 
 Hardware resolve_hardware(const ModelHardwareFlags& f) {
-  Hardware hw = plan::hardware_by_name_or_file(f.hardware);
+  // A calibrated GPU file has an fp32 and a bf16 product rate: the precision's is the peak.
+  Hardware hw = plan::for_precision(plan::hardware_by_name_or_file(f.hardware), resolve_precision(f).bf16_products);
   if (f.gpu_memory_gib) hw.memory_bytes = *f.gpu_memory_gib * kGiB;
   if (f.reserved_gib) hw.reserved_bytes = *f.reserved_gib * kGiB;
   if (f.peak_tflops) hw.peak_flops = *f.peak_tflops * 1e12;
@@ -356,11 +357,18 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
       t.compute, hw.peak_flops / 1e12, hw.achievable_fraction, t.layers_on_stage,
       t.end_stage_extra > 0 ? " + output layer" : "", t.tokens_per_gpu, 100 * t.gemm_efficiency,
       hw.gemm_overhead * 1e6,
-      l.attention == plan::Attention::kFlash ? "; causal flash: half the s x s FLOPs" : "");
-  fmt::print("  recompute               {:>8.3f}  recompute={}{}: its extra FLOPs at {:.3g} TFLOP/s\n",
+      std::string(l.attention == plan::Attention::kFlash ? "; causal flash: half the s x s FLOPs" : "") +
+          (hw.attention_flops > 0
+               ? fmt::format("; the attention core at {:.3g} TFLOP/s (the hardware's attention kernel)",
+                             hw.attention_flops * hw.achievable_fraction / 1e12)
+               : ""));
+  fmt::print("  recompute               {:>8.3f}  recompute={}{}: its extra FLOPs at {:.3g} TFLOP/s{}\n",
              t.recompute, plan::recompute_name(l.recompute),
              l.attention == plan::Attention::kFlash ? " + flash attention's Q K^T in the backward" : "",
-             rate / 1e12);
+             rate / 1e12,
+             hw.attention_flops > 0 ? fmt::format(" (the attention core's at {:.3g})",
+                                                  hw.attention_flops * hw.achievable_fraction / 1e12)
+                                    : "");
   fmt::print("  memory-bound            {:>8.3f}  at {:.0f} GB/s HBM: {}\n", t.memory, hw.memory_bw / 1e9,
              hw.memory_bw <= 0 ? "not counted (no memory bandwidth)"
              : l.attention == plan::Attention::kStandard

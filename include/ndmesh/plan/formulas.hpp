@@ -87,11 +87,13 @@ struct Precision {
   double grad_bytes = 2;        ///< gradients (also what data parallelism reduces)
   double optimizer_bytes = 12;  ///< fp32 master weights, momentum and variance
   double activation_bytes = 2;  ///< stored activations (dropout masks are 1 byte regardless)
+  bool bf16_products = true;    ///< matrix products take bf16 operands (fp32: fp32 ones)
 };
 
 /// Parses a precision name: "mixed" (2 + 2 + 12 bytes per parameter, 16-bit activations),
 /// "mixed-fp32-grads" (2 + 4 + 12: fp32 gradients, Megatron's bf16 default and DeepSpeed's
-/// BF16_Optimizer) or "fp32" (4 + 4 + 8 AdamW, fp32 activations); ConfigError naming `flag`,
+/// BF16_Optimizer), "bf16" (what `ndmesh train --precision bf16` keeps: the same 2 + 4 + 12)
+/// or "fp32" (4 + 4 + 8 AdamW, fp32 activations and products); ConfigError naming `flag`,
 /// the value and the valid names.
 Precision parse_precision(std::string_view name, std::string_view flag = "--precision");
 
@@ -228,8 +230,10 @@ struct LayerShape {
 /// attention also moves (13 e + 2) b (a/t) s_local s bytes at `memory_bw` (0: not counted).
 /// Recompute: selective re-runs the attention core forward, full the whole forward; flash
 /// also recomputes Q K^T in its backward (2 b s_local s h / t FLOPs, causal half).
+/// `attention_rate` (FLOP/s; 0: `rate`) is the attention core's rate where it runs in a kernel
+/// of its own that is not a product (a calibrated GPU's fp32 attention kernel).
 LayerTime layer_time(const PlanModel& model, const LayerShape& shape, double rate, double overhead_s,
-                     double memory_bw);
+                     double memory_bw, double attention_rate = 0);
 
 /// A ring all-reduce over n ranks: 2 (n-1) latency + 2 (n-1)/n bytes / bandwidth.
 double allreduce_seconds(double bytes, std::int64_t n, double bandwidth, double latency);

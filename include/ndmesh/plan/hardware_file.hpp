@@ -16,6 +16,15 @@
 //   inter_node_latency_us = 12      optional, the same across nodes (default = intra)
 //   gemm_overhead_us = 6.75         optional, fixed us per matrix-product kernel; default: fitted
 //                                   to [gemm] when present, else 0
+//   disk_read_gbps = 2.5            optional, the disk offload uses, GB/s (0: unknown)
+//   disk_write_gbps = 1.8           optional, likewise
+//   bf16_tflops = 600               optional, products with bf16 operands, TFLOP/s, where
+//                                   peak_tflops is the fp32 rate (a GPU's calibration); plans
+//                                   of 16-bit precisions take it as the peak (0: peak_tflops)
+//   attention_tflops = 20           optional, the fp32 attention kernel, TFLOP/s as the planner
+//                                   counts its FLOPs (0: the attention core at the products' rate)
+//   host_to_device_gbps = 50        optional, pinned host memory to one GPU, GB/s (0: unknown)
+//   device_to_host_gbps = 50        optional, the other way
 //   source = "..."                  optional, where the numbers come from
 //   [gemm]                          optional, measured matrix products (what `ndmesh calibrate`
 //   m = [512, 1024], n = [...],     times): arrays of one length; the planner fits t = F / rate +

@@ -91,6 +91,18 @@ struct Hardware {
   /// Bytes/s of the local disk a node's GPUs offload to (read, write; all of a node's ranks
   /// share it), measured by `ndmesh calibrate`; 0: unknown (offload cannot be planned).
   double disk_read_bw = 0, disk_write_bw = 0;
+  /// FLOP/s per GPU of matrix products with bf16 operands (fp32 accumulation) where it is not
+  /// peak_flops: `ndmesh calibrate --device cuda` measures peak_flops in fp32 and this in
+  /// bf16; 0 (the presets, older files): peak_flops is the rate of every precision.
+  double bf16_flops = 0;
+  /// Bytes/s between pinned host memory and one GPU (host to device, device to host),
+  /// measured by `ndmesh calibrate --device cuda`; 0: unknown. Not in the time model yet.
+  double host_to_device_bw = 0, device_to_host_bw = 0;
+  /// FLOP/s of the fp32 attention kernel (ndmesh's flash kernel on a GPU, measured by
+  /// `ndmesh calibrate --device cuda` as the planner counts its FLOPs: forward, backward and
+  /// the backward's Q K^T); 0: the attention core runs at the products' rate. Plans of bf16
+  /// products do not use it (their attention is another kernel).
+  double attention_flops = 0;
 
   /// Memory a GPU can give to parameters, gradients, optimizer states and activations.
   double usable_bytes() const { return memory_bytes - reserved_bytes; }
@@ -109,6 +121,11 @@ std::string hardware_preset_names();
 
 /// Every problem with a planner model (ModelSpec checks plus ours), one line each.
 std::vector<std::string> plan_model_problems(const PlanModel& model);
+/// `hw` as the planner sees it for products of `bf16_products` operands: with bf16 products,
+/// peak_flops is bf16_flops where there is one (bf16_flops then 0) and attention_flops (the
+/// fp32 kernel's) is 0; otherwise `hw` as is.
+Hardware for_precision(Hardware hw, bool bf16_products);
+
 /// Every problem with a hardware description, one line each, naming the flag.
 std::vector<std::string> hardware_problems(const Hardware& hw);
 

@@ -81,6 +81,18 @@ void copy_device(void* device_dst, const void* device_src, std::size_t bytes);
 /// Sets `bytes` of device memory to zero.
 void memset_zero(void* device_dst, std::size_t bytes);
 
+/// The memory of this process's GPU as the driver reports it (cudaMemGetInfo); init() first.
+struct MemoryInfo {
+  std::int64_t free_bytes = 0;   ///< not held by any process (nor by this one's allocator)
+  std::int64_t total_bytes = 0;  ///< the GPU's memory
+};
+MemoryInfo memory_info();
+/// `bytes` of page-locked host memory (cudaMallocHost): copies from and to it run at the
+/// link's rate, without a staging copy. Error when it cannot be had.
+void* alloc_pinned(std::size_t bytes);
+/// Gives memory of alloc_pinned back (nullptr is ignored).
+void free_pinned(void* p) noexcept;
+
 }  // namespace cuda
 
 /// Device memory of `bytes` from cuda::alloc, freed when it goes away. Move-only; the

@@ -220,4 +220,21 @@ void memset_zero(void* dst, std::size_t bytes) {
   check(cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(stream())), "cudaMemsetAsync");
 }
 
+MemoryInfo memory_info() {
+  if (state().device < 0) detail::fail_error("memory_info() is asked before cuda::init()");
+  std::size_t free_bytes = 0, total_bytes = 0;
+  check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  return {.free_bytes = static_cast<std::int64_t>(free_bytes), .total_bytes = static_cast<std::int64_t>(total_bytes)};
+}
+
+void* alloc_pinned(std::size_t bytes) {
+  void* p = nullptr;
+  check(cudaMallocHost(&p, std::max<std::size_t>(bytes, 1)), "cudaMallocHost");
+  return p;
+}
+
+void free_pinned(void* p) noexcept {
+  if (p != nullptr) cudaFreeHost(p);
+}
+
 }  // namespace ndmesh::cuda

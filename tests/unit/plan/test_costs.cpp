@@ -244,5 +244,103 @@ TEST(HardwareFile, GemmSectionGivesTheOverhead) {
   }
 }
 
+// A GPU's calibration adds a bf16 product rate and the pinned host links: they are written
+// only when measured, read back, and a file without them (a CPU's, an older one) still loads.
+TEST(HardwareFile, GpuKeysRoundTripAndOlderFilesLoad) {
+  const std::string path = ::testing::TempDir() + "/hw_gpu." + std::to_string(::getpid()) + ".toml";
+  Hardware gpu = hardware_preset("h100");
+  gpu.peak_flops = 51e12, gpu.bf16_flops = 640e12, gpu.host_to_device_bw = 53e9, gpu.device_to_host_bw = 49e9;
+  gpu.attention_flops = 12e12;
+  const std::string text = hardware_file_text(gpu);
+  EXPECT_NE(text.find("attention_tflops = 12\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("bf16_tflops = 640\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("host_to_device_gbps = 53\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("device_to_host_gbps = 49\n"), std::string::npos) << text;
+  std::ofstream(path) << text;
+  Hardware back = load_hardware_file(path);
+  EXPECT_DOUBLE_EQ(back.peak_flops, 51e12);
+  EXPECT_DOUBLE_EQ(back.bf16_flops, 640e12);
+  EXPECT_DOUBLE_EQ(back.host_to_device_bw, 53e9);
+  EXPECT_DOUBLE_EQ(back.device_to_host_bw, 49e9);
+  EXPECT_DOUBLE_EQ(back.attention_flops, 12e12);
+
+  Hardware cpu = gpu;
+  cpu.bf16_flops = cpu.host_to_device_bw = cpu.device_to_host_bw = cpu.attention_flops = 0;
+  const std::string cpu_text = hardware_file_text(cpu);
+  EXPECT_EQ(cpu_text.find("bf16_tflops"), std::string::npos) << cpu_text;
+  EXPECT_EQ(cpu_text.find("host_to_device_gbps"), std::string::npos) << cpu_text;
+  EXPECT_EQ(cpu_text.find("attention_tflops"), std::string::npos) << cpu_text;
+  std::ofstream(path) << "[hardware]\nmemory_gib = 80\npeak_tflops = 989\nintra_node_gbps = 450\ngpus_per_node = 8\n";
+  back = load_hardware_file(path);
+  EXPECT_EQ(back.bf16_flops, 0.0);
+  EXPECT_EQ(back.host_to_device_bw, 0.0);
+  EXPECT_EQ(back.device_to_host_bw, 0.0);
+  EXPECT_EQ(back.attention_flops, 0.0);
+
+  std::ofstream(path) << "[hardware]\nmemory_gib = 80\npeak_tflops = 50\nintra_node_gbps = 450\ngpus_per_node = 8\n"
+                         "bf16_tflops = -3\n";
+  try {
+    load_hardware_file(path);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("hardware.bf16_tflops -3 must be positive"), std::string::npos) << e.what();
+  }
+}
+
+// `--precision bf16` is what `ndmesh train --precision bf16` keeps (2 + 4 + 12 B, bf16
+// products); fp32 plans run their products at the fp32 rate (peak_tflops of a calibrated GPU
+// file) and 16-bit ones at bf16_tflops, so the products' time scales by the rates' ratio.
+TEST(Precision, Bf16PlansUseTheBf16Rate) {
+  const Precision bf16 = parse_precision("bf16"), fp32 = parse_precision("fp32");
+  EXPECT_EQ(bf16.param_bytes, 2);
+  EXPECT_EQ(bf16.grad_bytes, 4);
+  EXPECT_EQ(bf16.optimizer_bytes, 12);
+  EXPECT_TRUE(bf16.bf16_products);
+  EXPECT_TRUE(parse_precision("mixed").bf16_products);
+  EXPECT_FALSE(fp32.bf16_products);
+
+  Hardware hw = hardware_preset("h100");
+  hw.peak_flops = 50e12, hw.bf16_flops = 600e12, hw.achievable_fraction = 1, hw.gemm_overhead = 0;
+  EXPECT_DOUBLE_EQ(for_precision(hw, false).peak_flops, 50e12);
+  EXPECT_DOUBLE_EQ(for_precision(hw, true).peak_flops, 600e12);
+  EXPECT_DOUBLE_EQ(for_precision(for_precision(hw, true), true).peak_flops, 600e12);  // idempotent
+  Hardware preset = hardware_preset("h100");
+  EXPECT_DOUBLE_EQ(for_precision(preset, true).peak_flops, preset.peak_flops);  // no bf16 rate: as before
+
+  const PlanModel model = model_preset("gpt3-1.7b");
+  const Layout l{.micro_batch = 1};
+  const Workload w{.seq = 2048, .global_batch = 1};
+  const Estimate e32 = estimate(model, for_precision(hw, fp32.bf16_products), l, w, fp32);
+  const Estimate e16 = estimate(model, for_precision(hw, bf16.bf16_products), l, w, bf16);
+  EXPECT_NEAR(e32.time.compute / e16.time.compute, 12.0, 1e-9);
+}
+
+// A calibrated GPU's fp32 attention kernel: the attention core (and flash's Q K^T in the
+// backward) at its rate, the products at theirs; bf16 plans do not take it.
+TEST(LayerTime, AttentionAtTheAttentionKernelsRate) {
+  const PlanModel m = model_preset("gpt3-1.7b");
+  const LayerShape shape{.tokens = 2048, .seq = 2048, .micro_batch = 1, .attention = Attention::kFlash};
+  const double rate = 50e12, attention_rate = 10e12;
+  const LayerTime same = layer_time(m, shape, rate, 0, 0);
+  const LayerTime own = layer_time(m, shape, rate, 0, 0, attention_rate);
+  EXPECT_DOUBLE_EQ(own.gemm, same.gemm);
+  EXPECT_NEAR(own.attention / same.attention, 5.0, 1e-12);
+  EXPECT_NEAR(own.recompute / same.recompute, 5.0, 1e-12);  // flash: Q K^T again, in the attention kernel
+  // 0.5 x 3 x 4 b s^2 h FLOPs (b 1, s 2048, h 2304) at 10 TFLOP/s.
+  EXPECT_NEAR(own.attention, 0.5 * 12 * 2048.0 * 2048 * 2304 / attention_rate, 1e-12);
+
+  Hardware hw = hardware_preset("h100");
+  hw.peak_flops = 50e12, hw.attention_flops = 10e12, hw.achievable_fraction = 1, hw.gemm_overhead = 0;
+  EXPECT_DOUBLE_EQ(for_precision(hw, false).attention_flops, 10e12);
+  EXPECT_DOUBLE_EQ(for_precision(hw, true).attention_flops, 0.0);
+  const Layout l{.micro_batch = 1, .attention = Attention::kFlash};
+  const Workload w{.seq = 2048, .global_batch = 1};
+  Hardware plain = hw;
+  plain.attention_flops = 0;
+  const double slower = estimate(m, hw, l, w, parse_precision("fp32")).time.compute -
+                        estimate(m, plain, l, w, parse_precision("fp32")).time.compute;
+  EXPECT_NEAR(slower, 24 * (own.attention - same.attention), 1e-9);  // 24 layers
+}
+
 }  // namespace
 }  // namespace ndmesh::plan
