@@ -114,12 +114,14 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
     ModelStates states = model_state_bytes(params, l.zero, group, precision);
     // ZeRO-3 gathers each layer's weights before using it and prefetches zero3_prefetch
     // more: 1 + depth layers of this tp rank live at once, of which the own 1/group block
-    // is in the shard already. The backward writes one layer's full-size gradient while the
-    // previous layer's reduce-scatter is in flight (FSDP's 2x unit gradients): each is
-    // handed back once reduced into the shard. A head tied to the embedding on the same
-    // rank writes the token table's gradient first, and it is reduced last (its unit).
-    if (l.zero >= 3 && group > 1) {
+    // is in the shard already. ZeRO 2 and 3: the backward writes one layer's full-size
+    // gradient while the previous layer's reduce-scatter is in flight (FSDP's 2x unit
+    // gradients): each is handed back once reduced into the shard. A head tied to the
+    // embedding on the same rank writes the token table's gradient first, and it is reduced
+    // last (its unit).
+    if (l.zero >= 3 && group > 1)
       states.params += d(1 + l.zero3_prefetch) * layer_params * d(group - 1) / d(group) * precision.param_bytes;
+    if (l.zero >= 2 && group > 1) {
       states.grads += 2 * layer_params * precision.grad_bytes;
       if (first && last && model.spec.tied_embeddings) states.grads += vocab * h / t * precision.grad_bytes;
     }
