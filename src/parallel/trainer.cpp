@@ -173,6 +173,7 @@ MemoryBytes Trainer::memory() const {
   m.optimizer = optimizer_.offloaded() ? static_cast<double>(optimizer_.offload_window_bytes())
                                        : optimizer * sizeof(float);
   m.optimizer_offloaded = optimizer_.offloaded() ? optimizer * sizeof(float) : 0.0;
+  m.optimizer_host = static_cast<double>(optimizer_.pinned_host_bytes());
   // ZeRO-2 in buckets: the whole work space; per unit (ZeRO-3, ZeRO-2 on the CPU) measured:
   // the pages of the work space resident at once.
   m.grad_workspace = 0;

@@ -46,6 +46,11 @@ void copy_to_device(void*, const void*, std::size_t) { unavailable(); }
 void copy_to_host(void*, const void*, std::size_t) { unavailable(); }
 void copy_device(void*, const void*, std::size_t) { unavailable(); }
 void memset_zero(void*, std::size_t) { unavailable(); }
+void* alloc_pinned(std::size_t) { unavailable(); }
+void free_pinned(void*) noexcept {}
+void* copy_stream() { unavailable(); }
+void copy_async(void*, const void*, std::size_t, void*) { unavailable(); }
+void wait_event(void*) { unavailable(); }
 }  // namespace cuda
 #endif
 

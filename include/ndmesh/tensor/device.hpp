@@ -81,6 +81,22 @@ void copy_device(void* device_dst, const void* device_src, std::size_t bytes);
 /// Sets `bytes` of device memory to zero.
 void memset_zero(void* device_dst, std::size_t bytes);
 
+/// Pinned (page-locked) host memory of `bytes` (cudaMallocHost; Error when it cannot be had,
+/// naming the request): the host reads and writes it like any memory, and copies between it
+/// and the device run asynchronously at the link's full rate. free_pinned gives it back
+/// (nullptr is ignored).
+void* alloc_pinned(std::size_t bytes);
+void free_pinned(void* p) noexcept;
+/// A stream of its own for host-device copies beside the compute stream (--offload optimizer:
+/// nn::PinnedOffload); created on first use, it lives as long as the process.
+void* copy_stream();
+/// Enqueues a copy of `bytes` on `stream`, in whichever direction the two pointers say
+/// (cudaMemcpyDefault); returns at once. Order it against other streams with stream_ops().
+void copy_async(void* dst, const void* src, std::size_t bytes, void* stream);
+/// Blocks the host until `event` (stream_ops()) has passed; Error naming the CUDA error if
+/// the work before it failed.
+void wait_event(void* event);
+
 }  // namespace cuda
 
 /// Device memory of `bytes` from cuda::alloc, freed when it goes away. Move-only; the
