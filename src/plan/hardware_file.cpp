@@ -32,6 +32,7 @@ const std::vector<std::string_view> kKeys = {"name",
                                              "gemm_overhead_us",
                                              "disk_read_gbps",
                                              "disk_write_gbps",
+                                             "host_link_gbps",
                                              "source"};
 
 // The [gemm] section: measured products, four arrays of one length.
@@ -132,6 +133,9 @@ Hardware load_hardware_file(const std::string& path) {
   hw.intra_node_latency = number("intra_node_latency_us", 0.0) * 1e-6;
   hw.disk_read_bw = number("disk_read_gbps", 0.0) * 1e9;
   hw.disk_write_bw = number("disk_write_gbps", 0.0) * 1e9;
+  hw.host_link_bw = number("host_link_gbps", 0.0) * 1e9;
+  NDMESH_CHECK_CONFIG(hw.host_link_bw >= 0, "plan", "--hardware {}: hardware.host_link_gbps must be >= 0 (0: unknown)",
+                      path);
   NDMESH_CHECK_CONFIG(hw.disk_read_bw >= 0 && hw.disk_write_bw >= 0, "plan",
                       "--hardware {}: hardware.disk_read_gbps and disk_write_gbps must be >= 0 (0: unknown)",
                       path);
@@ -202,7 +206,8 @@ std::string hardware_file_text(const Hardware& hw) {
       hw.name, hw.memory_bytes / kGiB, hw.reserved_bytes / kGiB, hw.peak_flops / 1e12, hw.achievable_fraction,
       hw.intra_node_bw / 1e9, hw.inter_node_bw / 1e9, hw.gpus_per_node, hw.memory_bw / 1e9,
       hw.intra_node_latency * 1e6, hw.inter_node_latency * 1e6, hw.gemm_overhead * 1e6, hw.disk_read_bw / 1e9,
-      hw.disk_write_bw / 1e9, hw.source);
+      hw.disk_write_bw / 1e9, hw.source) +
+         (hw.host_link_bw > 0 ? fmt::format("host_link_gbps = {:.6g}\n", hw.host_link_bw / 1e9) : "");
 }
 
 }  // namespace ndmesh::plan

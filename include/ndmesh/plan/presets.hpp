@@ -91,6 +91,9 @@ struct Hardware {
   /// Bytes/s of the local disk a node's GPUs offload to (read, write; all of a node's ranks
   /// share it), measured by `ndmesh calibrate`; 0: unknown (offload cannot be planned).
   double disk_read_bw = 0, disk_write_bw = 0;
+  /// Bytes/s between a GPU and host memory, one direction (PCIe), for --offload optimizer
+  /// --offload-to host (pinned host memory); 0: unknown (that offload cannot be planned).
+  double host_link_bw = 0;
 
   /// Memory a GPU can give to parameters, gradients, optimizer states and activations.
   double usable_bytes() const { return memory_bytes - reserved_bytes; }
