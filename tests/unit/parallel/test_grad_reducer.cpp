@@ -300,64 +300,65 @@ TEST(GradReducer, ZeroShardsCoverTheBufferOnceAndGatherParams) {
     });
 }
 
-// ZeRO-3, and ZeRO-2 given the units: a unit's reduce-scatter, once complete, is added to the shard and its full-size
-// range handed back during the backward (at the next hook), not after it: while unit k is
-// written the units above it are already gone, so the work space's measured resident peak
-// is about one unit, not the buffer; two micro-batches accumulate in the shard.
+// ZeRO-3, and ZeRO-2 given the units: a unit's reduce-scatter, once complete, is added to
+// the shard and its full-size range handed back during the backward (at the next hook), not
+// after it: while unit k is written the units above it are already gone, so the work
+// space's measured resident peak is about one unit, not the buffer; two micro-batches
+// accumulate in the shard.
 TEST(GradReducer, Zero2And3RetireEachUnitDuringTheBackward) {
   for (int zero : {2, 3}) {
     for (bool thread : {false, true}) {
-    comm::inproc::run(2, [&](const Communicator& world) {
-      const int r = world.rank(), p = world.size();
-      const auto page = static_cast<std::int64_t>(sysconf(_SC_PAGESIZE));
-      const std::int64_t unit = 16 * page / 4, units = 8, n = unit * units;
-      std::vector<nn::Segment> ranges;
-      for (std::int64_t k = 0; k < units; ++k) ranges.push_back({k * unit, unit});
-      // Pages of its own (mmap): untouched ones are not resident, as in the trainer's buffer.
-      void* mem = mmap(nullptr, static_cast<std::size_t>(n * 4), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                       -1, 0);
-      ASSERT_NE(mem, MAP_FAILED);
-      float* g = static_cast<float*>(mem);
-      GradReducer reducer(world, n, {.zero = zero, .progress_thread = thread}, ranges);
-      ASSERT_TRUE(reducer.per_unit());
-      // Unit k is retired when its part of the shard holds the sum over m + 1 micro-batches
-      // (reading the released range itself would map the zero page, which mincore counts).
-      auto retired = [&](std::int64_t k, int m) {
-        bool all = true;
-        reducer.for_each_owned(g, k * unit, unit, [&](const float* x, std::int64_t count, std::int64_t at) {
-          for (std::int64_t i = 0; i < count; ++i)
-            all = all && x[i] == static_cast<float>(m + 1) * summed(p, k * unit + at + i);
-        });
-        return all;
-      };
-      reducer.zero_shard_grads();
-      for (int m = 0; m < 2; ++m) {
-        reducer.begin_backward(g, m == 1);
-        for (std::int64_t k = units; k-- > 0;) {
-          for (std::int64_t i = k * unit; i < (k + 1) * unit; ++i) g[i] += local_grad(r, i);
-          reducer.grads_final(k * unit);
-          // The "backward" goes on: polled between its sub-layers, the unit is retired.
-          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-          while (!retired(k, m) && std::chrono::steady_clock::now() < deadline) {
-            reducer.progress();
-            std::this_thread::sleep_for(std::chrono::microseconds(50));
+      comm::inproc::run(2, [&](const Communicator& world) {
+        const int r = world.rank(), p = world.size();
+        const auto page = static_cast<std::int64_t>(sysconf(_SC_PAGESIZE));
+        const std::int64_t unit = 16 * page / 4, units = 8, n = unit * units;
+        std::vector<nn::Segment> ranges;
+        for (std::int64_t k = 0; k < units; ++k) ranges.push_back({k * unit, unit});
+        // Pages of its own (mmap): untouched ones are not resident, as in the trainer's buffer.
+        void* mem = mmap(nullptr, static_cast<std::size_t>(n * 4), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                         -1, 0);
+        ASSERT_NE(mem, MAP_FAILED);
+        float* g = static_cast<float*>(mem);
+        GradReducer reducer(world, n, {.zero = zero, .progress_thread = thread}, ranges);
+        ASSERT_TRUE(reducer.per_unit());
+        // Unit k is retired when its part of the shard holds the sum over m + 1 micro-batches
+        // (reading the released range itself would map the zero page, which mincore counts).
+        auto retired = [&](std::int64_t k, int m) {
+          bool all = true;
+          reducer.for_each_owned(g, k * unit, unit, [&](const float* x, std::int64_t count, std::int64_t at) {
+            for (std::int64_t i = 0; i < count; ++i)
+              all = all && x[i] == static_cast<float>(m + 1) * summed(p, k * unit + at + i);
+          });
+          return all;
+        };
+        reducer.zero_shard_grads();
+        for (int m = 0; m < 2; ++m) {
+          reducer.begin_backward(g, m == 1);
+          for (std::int64_t k = units; k-- > 0;) {
+            for (std::int64_t i = k * unit; i < (k + 1) * unit; ++i) g[i] += local_grad(r, i);
+            reducer.grads_final(k * unit);
+            // The "backward" goes on: polled between its sub-layers, the unit is retired.
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+            while (!retired(k, m) && std::chrono::steady_clock::now() < deadline) {
+              reducer.progress();
+              std::this_thread::sleep_for(std::chrono::microseconds(50));
+            }
+            ASSERT_TRUE(retired(k, m)) << "ZeRO " << zero << ": unit " << k << " still held during the backward, thread "
+                                       << thread;
           }
-          ASSERT_TRUE(retired(k, m)) << "ZeRO " << zero << ": unit " << k << " still held during the backward, thread "
-                                     << thread;
+          reducer.finish_backward();
         }
-        reducer.finish_backward();
-      }
-      // Sampled as each unit ends: that unit, the others retired (plus a page at each edge).
-      EXPECT_GT(reducer.peak_workspace_bytes(), 0);
-      EXPECT_LE(reducer.peak_workspace_bytes(), unit * 4 + 2 * page) << "ZeRO " << zero << ", thread " << thread;
-      std::int64_t seen = 0;
-      reducer.for_each_owned(g, 0, n, [&](const float* x, std::int64_t count, std::int64_t at) {
-        for (std::int64_t k = 0; k < count; ++k) ASSERT_EQ(x[k], 2.0f * summed(p, at + k)) << at + k;
-        seen += count;
+        // Sampled as each unit ends: that unit, the others retired (plus a page at each edge).
+        EXPECT_GT(reducer.peak_workspace_bytes(), 0);
+        EXPECT_LE(reducer.peak_workspace_bytes(), unit * 4 + 2 * page) << "ZeRO " << zero << ", thread " << thread;
+        std::int64_t seen = 0;
+        reducer.for_each_owned(g, 0, n, [&](const float* x, std::int64_t count, std::int64_t at) {
+          for (std::int64_t k = 0; k < count; ++k) ASSERT_EQ(x[k], 2.0f * summed(p, at + k)) << at + k;
+          seen += count;
+        });
+        EXPECT_EQ(seen, n / p);
+        munmap(mem, static_cast<std::size_t>(n * 4));
       });
-      EXPECT_EQ(seen, n / p);
-      munmap(mem, static_cast<std::size_t>(n * 4));
-    });
     }
   }
 }
