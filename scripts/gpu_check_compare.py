@@ -60,7 +60,8 @@ def offload(cuda_path, offload_path):
     pcie = b.get("offload_pcie", {})
     moved = pcie.get("bytes_to_host_per_step", 0) + pcie.get("bytes_to_device_per_step", 0)
     if b.get("offload") != "optimizer" or host <= 0 or pcie.get("bytes_to_device_per_step", 0) <= 0:
-        return False, f"the offload run reports no pinned offload: offload {b.get('offload')}, optimizer_host {host}, offload_pcie {pcie}"
+        return False, (f"the offload run reports no pinned offload: offload {b.get('offload')}, "
+                       f"optimizer_host {host}, offload_pcie {pcie}")
     return ok, (f"against cuda without offload: {'bit for bit' if same else 'not bit for bit'}; {line}; "
                 f"pinned host {host / 2**20:.2f} MiB, PCIe {moved / 2**20:.2f} MiB per step")
 
@@ -163,8 +164,8 @@ def torch(baseline_path, speed_path):
 
 
 def main():
-    commands = {"equal": (equal, 2), "resumed": (resumed, 2), "offload": (offload, 2), "bf16": (bf16, 4), "speed": (speed, 4),
-                "memory": (memory, 2), "torch": (torch, 2), "bf16-bench": (bf16_bench, 3)}
+    commands = {"equal": (equal, 2), "resumed": (resumed, 2), "offload": (offload, 2), "bf16": (bf16, 4),
+                "speed": (speed, 4), "memory": (memory, 2), "torch": (torch, 2), "bf16-bench": (bf16_bench, 3)}
     if len(sys.argv) < 2 or sys.argv[1] not in commands or len(sys.argv) != 2 + commands[sys.argv[1]][1]:
         print(f"FAIL usage: gpu_check_compare.py {'|'.join(commands)} <files> (got {sys.argv[1:]})")
         return 1
