@@ -47,6 +47,9 @@
 #   train-untied              70    (tests/mpi/train_lib.sh's bounds)
 #   checkpoint                70  saved on cuda at step 10 (35), resumed on cpu (35): steps 11-20
 #                                 within 1e-4 of train-default's cpu run
+#   offload-host              35  --device cuda --offload optimizer (moments and fp32 master in pinned host
+#                                 memory, 0.05 MiB chunks) against train-default's cuda run: its bounds,
+#                                 bit for bit or not said (host loop vs CUDA AdamW kernel), PCIe bytes
 #   bf16                     100  --precision bf16 tracks fp32 on cuda over 300 steps, for the default model
 #                                 and a 6-layer 384-wide one: losses within 1% at every step, the
 #                                 step-1 gradient norm within 2% (25 s each run; SKIP while refused
@@ -84,7 +87,7 @@ dir=${3:-$build/gpu-check}
 total_budget=540
 
 steps=(gpu glibc cublaslt kernels kernels-bench train-default train-recompute-selective train-recompute-full
-  train-untied checkpoint bf16 nccl calibrate gpt2-ndmesh gpt2-memory gpt2-plan gpt2-torch gpt2-bf16 kernels-memcheck
+  train-untied checkpoint offload-host bf16 nccl calibrate gpt2-ndmesh gpt2-memory gpt2-plan gpt2-torch gpt2-bf16 kernels-memcheck
   kernels-racecheck)
 
 pack() {
@@ -408,6 +411,27 @@ step_checkpoint() {
   report "${r%% *}" checkpoint "${r#* }"
 }
 
+# --offload optimizer on cuda (pinned host memory) against train-default's cuda run.
+step_offload_host() {
+  local seconds why
+  seconds=$(bound 35)
+  [ "$seconds" -eq 0 ] && { report FAIL offload-host "not run: no time left of the $total_budget s budget"; return; }
+  if [ ! -s "$logs/train-default.cuda.json" ]; then
+    report FAIL offload-host "not run: train-default's --device cuda run did not finish"
+    return
+  fi
+  if ! why=$(ndmesh_gpu "$seconds" offload-host.cuda "${model[@]}" --device cuda --offload optimizer \
+    --offload-chunk-mb 0.05); then
+    report FAIL offload-host "--device cuda --offload optimizer: $why"
+    tail_of "$logs/offload-host.cuda.err" "$logs/offload-host.cuda.blocking.err"
+    return
+  fi
+  json_of offload-host.cuda
+  local r
+  r=$(py offload-host offload "$logs/train-default.cuda.json" "$logs/offload-host.cuda.json")
+  report "${r%% *}" offload-host "${r#* }"
+}
+
 # bf16 against fp32 on cuda: the default model and a 6-layer 384-wide one, 300 steps each.
 bf16_models=("default:" "wide:--layers 6 --hidden 384 --heads 6")
 bf16_run=(train --steps 300 --seed 11 --eval-batches 0 --threads 4 --json --device cuda)
@@ -646,6 +670,7 @@ run() {
       train-recompute-full) step_train train-recompute-full --recompute full ;;
       train-untied) step_train train-untied --untied ;;
       checkpoint) step_checkpoint ;;
+      offload-host) step_offload_host ;;
       bf16) step_bf16 ;;
       nccl) step_nccl ;;
       calibrate) step_calibrate ;;

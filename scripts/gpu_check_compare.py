@@ -3,6 +3,7 @@
 
     gpu_check_compare.py equal <cpu.json> <cuda.json>        ndmesh train --json of both devices
     gpu_check_compare.py resumed <full.json> <resumed.json>  a run resumed at step 10 against the full one
+    gpu_check_compare.py offload <cuda.json> <offload.json>  --offload optimizer (pinned host) against without
     gpu_check_compare.py bf16 <fp32.json> <bf16.json>        final losses
     gpu_check_compare.py speed <train.out> <warmup> <tokens per step> <speed.json>
     gpu_check_compare.py memory <train.json> <plan.json>     device peak against ndmesh plan memory
@@ -50,6 +51,23 @@ def equal(cpu_path, cuda_path):
     ok = loss < 1e-5 and first < 1e-5 and later < 1e-4
     return ok, (f"{len(la)} steps, largest relative difference: losses {loss:.3g} (bound 1e-5), "
                 f"step-1 gradient norm {first:.3g} (1e-5), later gradient norms {later:.3g} (1e-4)")
+
+
+def offload(cuda_path, offload_path):
+    """--offload optimizer on cuda updates on the host with the CPU optimizer's loop, the run without
+    it with the CUDA AdamW kernel (the same IEEE double operations, no FMA): equal within the
+    equivalence bounds, and says whether bit for bit; the pinned bytes and PCIe traffic reported."""
+    ok, line = equal(cuda_path, offload_path)
+    a, b = last_json(cuda_path), last_json(offload_path)
+    same = a["losses"] == b["losses"] and a["grad_norms"] == b["grad_norms"]
+    host = b.get("memory_bytes", {}).get("optimizer_host", 0)
+    pcie = b.get("offload_pcie", {})
+    moved = pcie.get("bytes_to_host_per_step", 0) + pcie.get("bytes_to_device_per_step", 0)
+    if b.get("offload") != "optimizer" or host <= 0 or pcie.get("bytes_to_device_per_step", 0) <= 0:
+        return False, (f"the offload run reports no pinned offload: offload {b.get('offload')}, "
+                       f"optimizer_host {host}, offload_pcie {pcie}")
+    return ok, (f"against cuda without offload: {'bit for bit' if same else 'not bit for bit'}; {line}; "
+                f"pinned host {host / 2**20:.2f} MiB, PCIe {moved / 2**20:.2f} MiB per step")
 
 
 def resumed(full_path, resumed_path):
@@ -200,7 +218,7 @@ def plan(plan_path, speed_path, train_path):
 
 
 def main():
-    commands = {"equal": (equal, 2), "resumed": (resumed, 2), "bf16": (bf16, 4), "speed": (speed, 4),
+    commands = {"equal": (equal, 2), "resumed": (resumed, 2), "offload": (offload, 2), "bf16": (bf16, 4), "speed": (speed, 4),
                 "memory": (memory, 2), "torch": (torch, 2), "bf16-bench": (bf16_bench, 3),
                 "calibration": (calibration, 1), "plan": (plan, 3)}
     if len(sys.argv) < 2 or sys.argv[1] not in commands or len(sys.argv) != 2 + commands[sys.argv[1]][1]:

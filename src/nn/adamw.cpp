@@ -5,6 +5,8 @@
 #include <type_traits>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/core/streams.hpp"
+#include "ndmesh/tensor/device.hpp"
 #include "ndmesh/tensor/ops.hpp"
 #include "tensor/cuda_twin.hpp"
 
@@ -48,8 +50,26 @@ void AdamW<T>::offload_to(const std::string& path, std::int64_t chunk) {
 }
 
 template <typename T>
+void AdamW<T>::offload_to_host(std::int64_t chunk) {
+  if constexpr (!std::is_same_v<T, float>) {
+    fail<InternalError>("nn", "AdamW offload is float only");
+  } else {
+    NDMESH_CHECK(device_ == Device::kCuda, "nn", "AdamW offload to pinned host memory needs a CUDA store");
+    NDMESH_CHECK(offload_ == nullptr && pinned_ == nullptr, "nn", "AdamW moments offloaded twice");
+    pinned_ = std::make_unique<PinnedOffload>(state_, chunk);  // zero moments
+    if (m_.numel() > 0) {
+      cuda::copy_to_host(pinned_->m(), m_.data(), static_cast<std::size_t>(state_) * sizeof(T));
+      cuda::copy_to_host(pinned_->v(), v_.data(), static_cast<std::size_t>(state_) * sizeof(T));
+    }
+    m_ = Tensor<T>();
+    v_ = Tensor<T>();
+    master_stale_ = true;
+  }
+}
+
+template <typename T>
 void AdamW<T>::allocate() const {
-  if (offload_ || m_.numel() == state_) return;
+  if (offload_ || pinned_ || m_.numel() == state_) return;
   m_ = Tensor<T>({state_}, device_);
   v_ = Tensor<T>({state_}, device_);
 }
@@ -63,6 +83,11 @@ void AdamW<T>::moments_to_host(std::vector<T>& m, std::vector<T>& v) const {
       offload_->read_all(m.data(), v.data());
       return;
     }
+  if (pinned_) {
+    m.assign(pinned_->m(), pinned_->m() + state_);
+    v.assign(pinned_->v(), pinned_->v() + state_);
+    return;
+  }
   allocate();
   m = m_.to_host();
   v = v_.to_host();
@@ -75,6 +100,12 @@ void AdamW<T>::moments_from_host(const T* m, const T* v) {
       offload_->write_all(m, v);
       return;
     }
+  if (pinned_) {
+    std::copy(m, m + state_, pinned_->m());
+    std::copy(v, v + state_, pinned_->v());
+    master_stale_ = true;  // a checkpoint load writes the parameters too
+    return;
+  }
   allocate();
   const auto n = static_cast<std::size_t>(m_.numel());
   if (m_.device() == Device::kCpu) {
@@ -99,14 +130,8 @@ void AdamW<T>::update(ParamStore<T>& store, double lr, double grad_norm, const T
   const double b1 = options_.beta1, b2 = options_.beta2;
   const double c1 = 1.0 - std::pow(b1, static_cast<double>(t_));
   const double c2 = 1.0 - std::pow(b2, static_cast<double>(t_));
-  // The update of the elements [from, from + count) of a piece, with its moments at ms, vs.
-  auto update = [&](const Piece& piece, std::int64_t from, std::int64_t count, T* ms, T* vs) {
-    const double decay = piece.decay ? options_.weight_decay : 0.0;
-    T* w = store.params().data() + piece.offset + from;
-    const T* grads =
-        (segment_grads ? segment_grads + piece.state : store.grads().data() + piece.offset) + from;
-    NDMESH_CUDA_TWIN(store.device(),
-                     cuda::adamw_update(w, grads, ms, vs, count, lr, b1, b2, options_.eps, decay, clip, c1, c2))
+  // The CPU loop over n elements: weights w, gradients grads, moments ms, vs (host memory).
+  auto host_update = [&](T* w, const T* grads, T* ms, T* vs, std::int64_t count, double decay) {
     for (std::int64_t i = 0; i < count; ++i) {
       const double g = static_cast<double>(grads[i]) * clip;
       const double m = b1 * static_cast<double>(ms[i]) + (1 - b1) * g;
@@ -116,6 +141,21 @@ void AdamW<T>::update(ParamStore<T>& store, double lr, double grad_norm, const T
       const double wi = static_cast<double>(w[i]);
       w[i] = static_cast<T>(wi - lr * ((m / c1) / (std::sqrt(v / c2) + options_.eps) + decay * wi));
     }
+  };
+  if constexpr (std::is_same_v<T, float>)
+    if (pinned_) {
+      update_pinned(store, segment_grads, host_update);
+      return;
+    }
+  // The update of the elements [from, from + count) of a piece, with its moments at ms, vs.
+  auto update = [&](const Piece& piece, std::int64_t from, std::int64_t count, T* ms, T* vs) {
+    const double decay = piece.decay ? options_.weight_decay : 0.0;
+    T* w = store.params().data() + piece.offset + from;
+    const T* grads =
+        (segment_grads ? segment_grads + piece.state : store.grads().data() + piece.offset) + from;
+    NDMESH_CUDA_TWIN(store.device(),
+                     cuda::adamw_update(w, grads, ms, vs, count, lr, b1, b2, options_.eps, decay, clip, c1, c2))
+    host_update(w, grads, ms, vs, count, decay);
   };
   if constexpr (std::is_same_v<T, float>)
     if (offload_) {
@@ -153,6 +193,68 @@ void AdamW<T>::update(ParamStore<T>& store, double lr, double grad_norm, const T
   })
   for (const Piece& piece : pieces_)
     update(piece, 0, piece.count, m_.data() + piece.state, v_.data() + piece.state);
+}
+
+template <typename T>
+template <typename Loop>
+void AdamW<T>::update_pinned(ParamStore<T>& store, const T* segment_grads, Loop&& host_update) {
+  PinnedOffload& p = *pinned_;
+  StreamOps& ops = cuda::stream_ops();
+  void* copies = cuda::copy_stream();
+  const std::int64_t chunk = p.chunk(), chunks = (state_ + chunk - 1) / chunk;
+  T* params = store.params().data();
+  const T* grads = store.grads().data();
+  // Calls f(piece, lo, hi) for the part [lo, hi) of each piece inside state [first, last).
+  std::size_t next = 0;
+  auto each = [&](std::int64_t first, std::int64_t last, std::size_t from, auto&& f) {
+    for (std::size_t k = from; k < pieces_.size() && pieces_[k].state < last; ++k) {
+      const Piece& piece = pieces_[k];
+      const std::int64_t lo = std::max(first, piece.state), hi = std::min(last, piece.state + piece.count);
+      if (lo < hi) f(piece, lo, hi);
+    }
+  };
+  auto bytes = [](std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(T); };
+  // The copy stream starts after the backward and the reductions on the compute stream.
+  ops.record(p.event(2), cuda::stream());
+  ops.wait(copies, p.event(2));
+  if (master_stale_) {  // the parameters are the master's source (start, or a load)
+    each(0, state_, 0, [&](const Piece& piece, std::int64_t lo, std::int64_t hi) {
+      cuda::copy_async(p.master() + lo, params + piece.offset + (lo - piece.state), bytes(hi - lo), copies);
+      p.bytes_to_host += static_cast<std::int64_t>(bytes(hi - lo));
+    });
+    master_stale_ = false;
+  }
+  // Chunk c's gradients into staging buffer c % 2 (padding between pieces is not copied).
+  std::size_t fetch_from = 0;
+  auto fetch = [&](std::int64_t c) {
+    const std::int64_t first = c * chunk, last = std::min(state_, first + chunk);
+    while (fetch_from < pieces_.size() && pieces_[fetch_from].state + pieces_[fetch_from].count <= first) ++fetch_from;
+    T* staging = p.staging(static_cast<int>(c % 2));
+    each(first, last, fetch_from, [&](const Piece& piece, std::int64_t lo, std::int64_t hi) {
+      const T* src = segment_grads ? segment_grads + lo : grads + piece.offset + (lo - piece.state);
+      cuda::copy_async(staging + (lo - first), src, bytes(hi - lo), copies);
+      p.bytes_to_host += static_cast<std::int64_t>(bytes(hi - lo));
+    });
+    ops.record(p.event(static_cast<int>(c % 2)), copies);
+  };
+  if (chunks > 0) fetch(0);
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    // Chunk c+1's gradients move while chunk c is updated (its buffer's chunk c-1 is done).
+    if (c + 1 < chunks) fetch(c + 1);
+    cuda::wait_event(p.event(static_cast<int>(c % 2)));
+    const std::int64_t first = c * chunk, last = std::min(state_, first + chunk);
+    while (next < pieces_.size() && pieces_[next].state + pieces_[next].count <= first) ++next;
+    const T* staging = p.staging(static_cast<int>(c % 2));
+    each(first, last, next, [&](const Piece& piece, std::int64_t lo, std::int64_t hi) {
+      host_update(p.master() + lo, staging + (lo - first), p.m() + lo, p.v() + lo, hi - lo,
+                  piece.decay ? options_.weight_decay : 0.0);
+      cuda::copy_async(params + piece.offset + (lo - piece.state), p.master() + lo, bytes(hi - lo), copies);
+      p.bytes_to_device += static_cast<std::int64_t>(bytes(hi - lo));
+    });
+  }
+  // The parameters are on the device before the next forward (and before the master changes).
+  ops.record(p.event(3), copies);
+  cuda::wait_event(p.event(3));
 }
 
 template <typename T>

@@ -18,6 +18,7 @@
 
 #include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/tensor/device.hpp"
 
 namespace ndmesh::nn {
 namespace {
@@ -208,6 +209,27 @@ std::vector<std::string> find_stale_offload(const std::string& dir, const std::s
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+PinnedOffload::PinnedOffload(std::int64_t elements, std::int64_t chunk)
+    : elements_(elements), chunk_(std::max<std::int64_t>(1, std::min(chunk, std::max<std::int64_t>(1, elements)))) {
+  NDMESH_CHECK(elements >= 0 && chunk > 0, "offload", "pinned offload of {} elements in chunks of {}", elements, chunk);
+  host_ = static_cast<float*>(cuda::alloc_pinned(static_cast<std::size_t>(host_bytes())));
+  std::fill(host_, host_ + 2 * elements_, 0.0f);  // the moments start at zero
+  try {
+    for (void*& e : events_) e = cuda::stream_ops().create_event();
+  } catch (...) {
+    for (void* e : events_)
+      if (e != nullptr) cuda::stream_ops().destroy_event(e);
+    cuda::free_pinned(host_);
+    throw;
+  }
+}
+
+PinnedOffload::~PinnedOffload() {
+  for (void* e : events_)
+    if (e != nullptr) cuda::stream_ops().destroy_event(e);
+  cuda::free_pinned(host_);
 }
 
 }  // namespace ndmesh::nn

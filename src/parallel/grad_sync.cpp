@@ -18,7 +18,10 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
   for (std::size_t c = 0; c < model.chunks.size(); ++c) {
     model::Gpt& g = *model.chunks[c];
     chunks_.push_back(&g);
-    reducers_.push_back(std::make_unique<GradReducer>(grad_, g.params().size(), options, g.unit_ranges()));
+    // ZeRO 2 and 3 reduce unit by unit where the units are padded to shards (apply.cpp).
+    reducers_.push_back(std::make_unique<GradReducer>(grad_, g.params().size(), options,
+                                                      model.plan.pad_units ? g.unit_ranges()
+                                                                           : std::vector<nn::Segment>{}));
     GradReducer* r = reducers_.back().get();
     g.set_grads_final_hook([r](std::int64_t from) { r->grads_final(from); });
     if (r->zero() == 3) {
@@ -27,8 +30,9 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
                                                            g.units(), g.backward_units(), options.zero3));
       ParamGatherer* pg = gatherers_.back().get();
       g.set_unit_hook([pg](model::UnitEvent e, int unit) { pg->on_unit(e, unit); });
-      release_memory(g.params().grads().data(), g.params().size(), 0.0f);
     }
+    // Per unit the work space is written one unit at a time: none of it resident until then.
+    if (r->per_unit()) release_memory(g.params().grads().data(), g.params().size(), 0.0f);
     if (pipelined && model.plan.spec.tied_embeddings) {
       if (g.has_head() && !g.has_embedding()) tied_copy_chunk_ = static_cast<int>(c);
       if (g.has_embedding() && !g.has_head()) tied_main_chunk_ = static_cast<int>(c);
@@ -43,7 +47,7 @@ void GradSync::params_updated() {
 
 void GradSync::start_step() {
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    if (gatherers_.empty())
+    if (!reducers_[c]->per_unit())
       chunks_[c]->params().zero_grad();
     else  // zeros without touching the pages (the backward writes one unit at a time)
       release_memory(chunks_[c]->params().grads().data(), chunks_[c]->params().size(), 0.0f);

@@ -15,7 +15,9 @@ Optimizer::Optimizer(RankModel& model, GradSync& sync, const nn::AdamWOptions& o
                      const OffloadOptions& offload, int world_rank)
     : sync_(sync) {
   const std::string prefix = fmt::format("rank{:05}-", world_rank);
-  if (offload.what != Offload::kNone) {
+  // --offload optimizer on a GPU: pinned host memory, no files.
+  const bool pinned = offload.what == Offload::kOptimizer && model.plan.device == Device::kCuda;
+  if (offload.what != Offload::kNone && !pinned) {
     // The files are removed when the run ends, by an error too: any left are a killed run's.
     const auto stale = nn::find_stale_offload(offload.dir, prefix);
     if (!stale.empty())
@@ -30,7 +32,10 @@ Optimizer::Optimizer(RankModel& model, GradSync& sync, const nn::AdamWOptions& o
     chunks_.push_back(model.chunks[c].get());
     adams_.push_back(
         std::make_unique<nn::AdamW<float>>(model.chunks[c]->params(), options, sync.reducer(c).shard()));
-    if (offload.what != Offload::kNone)
+    if (pinned)
+      adams_.back()->offload_to_host(offload.chunk_elements > 0 ? offload.chunk_elements
+                                                                : nn::PinnedOffload::kDefaultChunk);
+    else if (offload.what != Offload::kNone)
       adams_.back()->offload_to(
           (std::filesystem::path(offload.dir) / fmt::format("{}chunk{}.adamw", prefix, c)).string(),
           offload.chunk_elements > 0 ? offload.chunk_elements : nn::OffloadFile::kDefaultChunk);
@@ -92,6 +97,27 @@ std::int64_t Optimizer::offload_window_bytes() const {
   std::int64_t n = 0;
   for (const auto& a : adams_)
     if (a->offload()) n += a->offload()->window_bytes();
+  return n;
+}
+
+std::int64_t Optimizer::pinned_host_bytes() const {
+  std::int64_t n = 0;
+  for (const auto& a : adams_)
+    if (a->pinned()) n += a->pinned()->host_bytes();
+  return n;
+}
+
+std::int64_t Optimizer::pinned_bytes_to_host() const {
+  std::int64_t n = 0;
+  for (const auto& a : adams_)
+    if (a->pinned()) n += a->pinned()->bytes_to_host;
+  return n;
+}
+
+std::int64_t Optimizer::pinned_bytes_to_device() const {
+  std::int64_t n = 0;
+  for (const auto& a : adams_)
+    if (a->pinned()) n += a->pinned()->bytes_to_device;
   return n;
 }
 

@@ -55,7 +55,8 @@ std::vector<std::string> train_option_problems(const TrainOptions& o) {
         "--offload=optimizer+params with --zero {}: the parameters live in files between uses only under ZeRO-3 "
         "(gathered per unit); add --zero 3 or use --offload optimizer",
         o.dp.zero));
-  if (o.offload.what != Offload::kNone && o.offload.dir.empty())
+  const bool on_gpu = o.device != Device::kCpu;  // --offload optimizer goes to pinned host memory there
+  if (o.offload.what != Offload::kNone && o.offload.dir.empty() && !on_gpu)
     out.push_back(
         fmt::format("--offload={} needs --offload-dir DIR (a folder on a local disk for the state files); "
                     "e.g. --offload-dir /tmp",
@@ -64,11 +65,15 @@ std::vector<std::string> train_option_problems(const TrainOptions& o) {
     out.push_back(
         fmt::format("--offload-dir={} is given without --offload; add --offload optimizer or leave it out",
                     o.offload.dir));
-  if (o.offload.what != Offload::kNone && o.device != Device::kCpu)
+  if (o.offload.what == Offload::kOptimizerParams && on_gpu)
     out.push_back(
-        "--offload with --device cuda (to pinned host memory) is not implemented yet; use --device cpu or "
-        "leave "
-        "--offload out");
+        "--offload=optimizer+params with --device cuda: the parameters are offloaded only under ZeRO-3, which "
+        "runs on the CPU; use --offload optimizer (pinned host memory) or --device cpu");
+  if (o.offload.what == Offload::kOptimizer && on_gpu && !o.offload.dir.empty())
+    out.push_back(
+        fmt::format("--offload-dir={} with --device cuda: the optimizer state goes to pinned host memory, not to "
+                    "files; leave --offload-dir out",
+                    o.offload.dir));
   return out;
 }
 

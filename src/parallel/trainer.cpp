@@ -173,10 +173,17 @@ MemoryBytes Trainer::memory() const {
   m.optimizer = optimizer_.offloaded() ? static_cast<double>(optimizer_.offload_window_bytes())
                                        : optimizer * sizeof(float);
   m.optimizer_offloaded = optimizer_.offloaded() ? optimizer * sizeof(float) : 0.0;
-  m.grad_workspace = sync_.zero() == 2 ? elements * sizeof(float) : 0.0;
-  if (sync_.zero() == 3)  // measured: the pages of the work space resident at once
-    for (std::size_t c = 0; c < model_.chunks.size(); ++c)
-      m.grad_workspace += static_cast<double>(sync_.reducer(c).peak_workspace_bytes());
+  m.optimizer_host = static_cast<double>(optimizer_.pinned_host_bytes());
+  // ZeRO-2 in buckets: the whole work space; per unit (ZeRO-3, ZeRO-2 on the CPU) measured:
+  // the pages of the work space resident at once.
+  m.grad_workspace = 0;
+  for (std::size_t c = 0; c < model_.chunks.size(); ++c) {
+    const GradReducer& r = sync_.reducer(c);
+    if (r.per_unit())
+      m.grad_workspace += static_cast<double>(r.peak_workspace_bytes());
+    else if (r.zero() == 2)
+      m.grad_workspace += static_cast<double>(model_.chunks[c]->params().size()) * sizeof(float);
+  }
   // Activations: measured, not estimated. The micro-batch activations the executor held at
   // once at its peak, plus the recompute workspace the chunks share.
   m.activations = static_cast<double>(executor_->peak_live_activation_bytes() +

@@ -114,17 +114,24 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
     ModelStates states = model_state_bytes(params, l.zero, group, precision);
     // ZeRO-3 gathers each layer's weights before using it and prefetches zero3_prefetch
     // more: 1 + depth layers of this tp rank live at once, of which the own 1/group block
-    // is in the shard already. The backward writes one layer's full-size gradient while the
-    // previous layer's reduce-scatter is in flight (FSDP's 2x unit gradients): each is
-    // handed back once reduced into the shard. A head tied to the embedding on the same
-    // rank writes the token table's gradient first, and it is reduced last (its unit).
-    if (l.zero >= 3 && group > 1) {
+    // is in the shard already. ZeRO 2 and 3: the backward writes one layer's full-size
+    // gradient while the previous layer's reduce-scatter is in flight (FSDP's 2x unit
+    // gradients): each is handed back once reduced into the shard. A head tied to the
+    // embedding on the same rank writes the token table's gradient first, and it is reduced
+    // last (its unit).
+    if (l.zero >= 3 && group > 1)
       states.params += d(1 + l.zero3_prefetch) * layer_params * d(group - 1) / d(group) * precision.param_bytes;
+    if (l.zero >= 2 && group > 1) {
       states.grads += 2 * layer_params * precision.grad_bytes;
       if (first && last && model.spec.tied_embeddings) states.grads += vocab * h / t * precision.grad_bytes;
     }
     double offloaded = 0;
     if (l.offload_optimizer) std::swap(offloaded, states.optimizer);
+    // To pinned host memory: the moments, plus the fp32 master copy of the shard where the
+    // GPU's parameters are fp32 (their own master there; the host updates its copy).
+    const double host = l.offload_optimizer && l.offload_to_host
+                            ? offloaded + (precision.param_bytes >= 4 ? 4.0 * params / d(l.zero >= 1 ? group : 1) : 0.0)
+                            : 0.0;
 
     const double in_flight = microbatches_in_flight(l.schedule, l.pp, m, l.vpp, stage);
     double activations = layers_on_stage * in_flight * per_layer;
@@ -151,6 +158,7 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
                               .grads = states.grads,
                               .optimizer = states.optimizer,
                               .optimizer_offloaded = offloaded,
+                              .optimizer_host = host,
                               .activations = activations,
                               .total = total,
                               .stage = stage,
@@ -287,7 +295,15 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
     if (!l.dp_overlap) r.dp_overlap = 0;
     r.dp_exposed = std::max(0.0, r.dp_comm - r.dp_overlap);
   }
-  if (l.offload_optimizer && memory.optimizer_offloaded > 0) {
+  if (l.offload_optimizer && l.offload_to_host && memory.optimizer_offloaded > 0) {
+    // Each GPU over its own host link: the shard's gradients to the host, its updated
+    // parameters back (ndmesh copies them in fp32), one after the other on one copy stream.
+    const double shard = memory.optimizer_offloaded / precision.optimizer_bytes;
+    r.offload_bytes = shard * (precision.grad_bytes + precision.param_bytes);
+    r.offload = hw.device_to_host_bw > 0 && hw.host_to_device_bw > 0
+                    ? shard * (precision.grad_bytes / hw.device_to_host_bw + precision.param_bytes / hw.host_to_device_bw)
+                    : 0.0;
+  } else if (l.offload_optimizer && memory.optimizer_offloaded > 0) {
     // The node's GPUs share its disk: each reads and writes its optimizer state once.
     const double per_node = d(std::min(l.gpus(), hw.gpus_per_node));
     r.offload_bytes = memory.optimizer_offloaded;

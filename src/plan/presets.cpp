@@ -188,12 +188,14 @@ const std::vector<Hardware>& hardware_presets() {
                  .intra_node_bw = 300e9,
                  .inter_node_bw = 25e9,
                  .gpus_per_node = 8,
-                 .source = "NVIDIA A100 datasheet (SXM4 80GB, NVLink 3 600 GB/s, HBM2e 2039 GB/s), DGX A100 "
-                           "(8x HDR 200 Gb/s)",
+                 .source = "NVIDIA A100 datasheet (SXM4 80GB, NVLink 3 600 GB/s, HBM2e 2039 GB/s, PCIe Gen4 "
+                           "64 GB/s both ways), DGX A100 (8x HDR 200 Gb/s)",
                  .memory_bw = 2039e9,
                  .intra_node_latency = 5e-6,
                  .inter_node_latency = 10e-6,
-                 .gemm_overhead = overhead},
+                 .gemm_overhead = overhead,
+                 .host_to_device_bw = 32e9,
+                 .device_to_host_bw = 32e9},
         Hardware{.name = "h100",
                  .memory_bytes = 81559 * kMiB,
                  .reserved_bytes = 4 * kGiB,
@@ -203,12 +205,14 @@ const std::vector<Hardware>& hardware_presets() {
                  .inter_node_bw = 50e9,
                  .gpus_per_node = 8,
                  .source =
-                     "NVIDIA H100 datasheet (SXM5 80GB, NVLink 4 900 GB/s, HBM3 3.35 TB/s), DGX H100 (8x "
+                     "NVIDIA H100 datasheet (SXM5 80GB, NVLink 4 900 GB/s, HBM3 3.35 TB/s, PCIe Gen5 128 GB/s both ways), DGX H100 (8x "
                      "NDR 400 Gb/s)",
                  .memory_bw = 3.35e12,
                  .intra_node_latency = 5e-6,
                  .inter_node_latency = 10e-6,
-                 .gemm_overhead = overhead},
+                 .gemm_overhead = overhead,
+                 .host_to_device_bw = 64e9,
+                 .device_to_host_bw = 64e9},
         Hardware{.name = "h200",
                  .memory_bytes = 143771 * kMiB,
                  .reserved_bytes = 4 * kGiB,
@@ -218,12 +222,14 @@ const std::vector<Hardware>& hardware_presets() {
                  .inter_node_bw = 50e9,
                  .gpus_per_node = 8,
                  .source =
-                     "NVIDIA H200 datasheet (SXM 141GB, NVLink 4 900 GB/s, HBM3e 4.8 TB/s), DGX H200 (8x "
+                     "NVIDIA H200 datasheet (SXM 141GB, NVLink 4 900 GB/s, HBM3e 4.8 TB/s, PCIe Gen5 128 GB/s both ways), DGX H200 (8x "
                      "NDR 400 Gb/s)",
                  .memory_bw = 4.8e12,
                  .intra_node_latency = 5e-6,
                  .inter_node_latency = 10e-6,
-                 .gemm_overhead = overhead},
+                 .gemm_overhead = overhead,
+                 .host_to_device_bw = 64e9,
+                 .device_to_host_bw = 64e9},
     };
   }();
   return kPresets;

@@ -212,6 +212,7 @@ SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOpti
                 layout.recompute = rc;
                 layout.zero = zero;
                 layout.offload_optimizer = c.offload_optimizer;
+                layout.offload_to_host = c.offload_to_host;
                 Estimate e;
                 e.layout = layout;
                 e.microbatches = microbatches(layout, o.workload);

@@ -49,6 +49,9 @@ void memset_zero(void*, std::size_t) { unavailable(); }
 MemoryInfo memory_info() { unavailable(); }
 void* alloc_pinned(std::size_t) { unavailable(); }
 void free_pinned(void*) noexcept {}
+void* copy_stream() { unavailable(); }
+void copy_async(void*, const void*, std::size_t, void*) { unavailable(); }
+void wait_event(void*) { unavailable(); }
 }  // namespace cuda
 #endif
 

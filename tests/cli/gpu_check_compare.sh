@@ -54,6 +54,23 @@ expect FAIL 'equal: ValueError' equal "$tmp/full.out" "$tmp/broken.json"
 expect PASS 'losses of steps 11-36 within 0 of' resumed "$tmp/full.out" "$tmp/resumed.out"
 expect FAIL 'the resumed run has 36 steps' resumed "$tmp/full.out" "$tmp/full.out"
 
+# offload: a made-up --offload optimizer run on cuda (the pinned fields) against the run
+# without: bit for bit, 1e-7 off (within the bounds, not bit for bit), and no pinned fields.
+python3 - "$tmp/full.out" "$tmp/pinned.json" "$tmp/pinned-off.json" << 'EOF'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+r["offload"] = "optimizer"
+r["memory_bytes"]["optimizer_host"] = 3 << 20
+r["offload_pcie"] = {"bytes_to_host_per_step": 1 << 20, "bytes_to_device_per_step": 1 << 20}
+json.dump(r, open(sys.argv[2], "w"))
+r["losses"][5] *= 1 + 1e-7
+json.dump(r, open(sys.argv[3], "w"))
+EOF
+expect PASS 'without offload: bit for bit;' offload "$tmp/full.out" "$tmp/pinned.json"
+expect PASS 'pinned host 3.00 MiB, PCIe 2.00 MiB per step' offload "$tmp/full.out" "$tmp/pinned.json"
+expect PASS 'not bit for bit' offload "$tmp/full.out" "$tmp/pinned-off.json"
+expect FAIL 'reports no pinned offload' offload "$tmp/full.out" "$tmp/full.out"
+
 # bf16: pairs of (fp32, bf16) runs; losses within 1% at every step, the step-1 gradient norm
 # within 2%; a second pair 1.5% off at one step fails the whole comparison.
 python3 - "$tmp/full.out" "$tmp/bf16-off.json" "$tmp/bf16-norm-off.json" << 'EOF'

@@ -170,6 +170,26 @@ expect_rc 0 "memory search" -- "$ndmesh" plan --model llama3-8b --gpus 8 --globa
 echo "$out" | jq -e '[.layouts[] | .zero == 2 and .recompute == "full"] | all' > /dev/null || fail "memory search: $out"
 expect_rc 2 "offload without disk rates" -- "$ndmesh" plan memory --model llama3-8b --dp 8 --global-batch 8 --offload optimizer
 echo "$out" | grep -q "ndmesh calibrate" || fail "offload without disk rates: $out"
+# --offload-to host (ndmesh train --device cuda --offload optimizer): pinned host bytes (fp32:
+# the 8 B of moments plus the 4 B master copy per shard element) and the shard's gradients
+# to the host and parameters back (4 + 4 B) at the preset's host link rate; no disk rates.
+expect_rc 0 "offload to host" -- "$ndmesh" plan memory --model llama3-8b --dp 8 --global-batch 8 --zero 1 \
+  --precision fp32 --offload optimizer --offload-to host --json
+echo "$out" | jq -e '.offload_to == "host" and .memory_bytes.optimizer == 0 and .memory_bytes.optimizer_offloaded > 0 and
+  (.memory_bytes.optimizer_host / .memory_bytes.optimizer_offloaded - 1.5 | fabs) < 1e-9 and
+  (.offload_bytes_per_step - .memory_bytes.optimizer_offloaded | fabs) < 1 and
+  (.time_s.offload - .offload_bytes_per_step / 64e9 | fabs) < 1e-9' > /dev/null || fail "offload to host: $out"
+expect_rc 2 "offload to host without a link rate" -- "$ndmesh" plan memory --model llama3-8b --dp 8 --global-batch 8 \
+  --offload optimizer --offload-to host --host-link-gbps 0
+echo "$out" | grep -q -- "--host-link-gbps" || fail "offload to host without a link rate: $out"
+expect_rc 2 "bad offload-to" -- "$ndmesh" plan memory --model llama3-8b --offload optimizer --offload-to nvme
+echo "$out" | grep -q -- "--offload-to=nvme is not a place" || fail "bad offload-to: $out"
+# ZeRO 2 keeps what ZeRO 3 keeps of the gradients: the shard plus two layers' full gradients
+# (both reduce-scatter unit by unit during the backward).
+expect_rc 0 "zero 2 grads" -- "$ndmesh" plan memory --model llama3-8b --dp 8 --global-batch 8 --zero 2 --json
+z2=$(echo "$out" | jq .memory_bytes.grads)
+expect_rc 0 "zero 3 grads" -- "$ndmesh" plan memory --model llama3-8b --dp 8 --global-batch 8 --zero 3 --json
+[ "$z2" = "$(echo "$out" | jq .memory_bytes.grads)" ] || fail "zero 2 grads $z2 differ from zero 3's: $out"
 expect_rc 2 "bad memory" -- "$ndmesh" plan memory --model llama3-8b --memory huge
 echo "$out" | grep -q -- "--memory=huge is not a memory strategy" || fail "bad memory: $out"
 

@@ -108,7 +108,7 @@ tail -n 1 "$tmp/run.log" | grep -qE '^== (PASS|FAIL): [0-9]+ passed, [0-9]+ fail
 # One result line per step, none missing, none doubled, none unknown.
 mapfile -t steps < <(bash scripts/gpu_check.sh steps)
 [ ${#steps[@]} -ge 10 ] || fail "gpu_check.sh steps lists ${#steps[@]} steps"
-gpu_steps=" gpu kernels kernels-bench train-default train-recompute-selective train-recompute-full train-untied checkpoint bf16 nccl calibrate gpt2-ndmesh gpt2-memory gpt2-plan gpt2-torch gpt2-bf16 "
+gpu_steps=" gpu kernels kernels-bench train-default train-recompute-selective train-recompute-full train-untied checkpoint offload-host bf16 nccl calibrate gpt2-ndmesh gpt2-memory gpt2-plan gpt2-torch gpt2-bf16 "
 for s in "${steps[@]}"; do
   n=$(grep -cE "^(PASS|FAIL|SKIP) $s \[" "$summary")
   [ "$n" -eq 1 ] || fail "step $s has $n result lines in the summary, expected 1"

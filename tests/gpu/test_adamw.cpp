@@ -1,8 +1,10 @@
 // cuda::adamw_update against nn::AdamW<float>::update over three steps: a store with a
 // decayed matrix and an undecayed vector of odd sizes, gradients large enough that the
 // global-norm clipping acts, the moments carried from step to step on both sides.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "gpu_test.hpp"
@@ -99,6 +101,87 @@ TEST(CudaAdamW, TheLayerOnCudaIsOneLaunchThatMatchesTheCpu) {
     gpu.update(gpu_store, 1e-2 / step, norm);
     const std::vector<float> cpu_w(cpu_store.params().begin(), cpu_store.params().end());
     EXPECT_TRUE(all_close(gpu_store.params_to_host(), cpu_w, 0, 1.2e-7)) << "parameters after step " << step;
+  }
+}
+
+// --offload optimizer on a GPU (nn::PinnedOffload): the moments and the master copy in
+// pinned host memory, the gradients copied to the host in chunks (small ones here, so that
+// pieces straddle chunk edges and the two staging buffers alternate), the CPU loop, the
+// parameters copied back. The same arithmetic as the CPU optimizer, so bit for bit its
+// parameters and moments: over the whole store and over a shard of segments whose gradients
+// come packed (ZeRO-2's segment_grads, here in device memory); after step 2 both sides load
+// new parameters and moments (a checkpoint): the master is read from the device again.
+// The copies are counted: per step every owned element's gradient to the host and its
+// parameter back, plus the master's reads.
+TEST(CudaAdamW, PinnedHostOffloadIsTheCpuUpdateBitForBit) {
+  NDMESH_GPU_OR_SKIP();
+  for (bool shard : {false, true}) {
+    auto build = [](ParamStore<float>& store) {
+      store.add("w", {33, 31}, true);
+      store.add("b", {771}, false);
+      store.add("w2", {5000}, true);
+      store.allocate();
+    };
+    ParamStore<float> cpu_store, gpu_store;
+    build(cpu_store);
+    build(gpu_store);
+    const auto n = static_cast<std::size_t>(cpu_store.size());
+    const auto w0 = normal(n, 3, 0.1f);
+    std::copy(w0.begin(), w0.end(), cpu_store.params().begin());
+    gpu_store.params_from_host(w0.data());
+    gpu_store.to(Device::kCuda);
+    // The shard: two segments across the tensors' edges (a ZeRO shard of a padded buffer).
+    std::vector<nn::Segment> segments;
+    if (shard) segments = {{900, 1500}, {4000, static_cast<std::int64_t>(n) - 4100}};
+    std::int64_t owned = 0;
+    for (const nn::Segment& seg : segments) owned += seg.count;
+    const nn::AdamWOptions options{.clip_norm = 1.0};
+    nn::AdamW<float> cpu(cpu_store, options, segments), gpu(gpu_store, options, segments);
+    gpu.offload_to_host(777);
+    ASSERT_NE(gpu.pinned(), nullptr);
+    EXPECT_TRUE(gpu.m().empty());
+    // Elements the pieces cover (parameters, not padding), the bytes each step moves.
+    std::int64_t covered = 0;
+    for (const ParamView& view : cpu_store.views())
+      for (const nn::Segment& seg : shard ? segments : std::vector<nn::Segment>{{0, cpu_store.size()}})
+        covered += std::max<std::int64_t>(
+            0, std::min(seg.offset + seg.count, view.offset + view.numel) - std::max(seg.offset, view.offset));
+    std::int64_t master_reads = 1;
+    for (int step = 1; step <= 4; ++step) {
+      const auto g = normal(n, 30 + static_cast<std::uint64_t>(step));
+      std::copy(g.begin(), g.end(), cpu_store.grads().begin());
+      cuda::copy_to_device(gpu_store.grads().data(), g.data(), n * sizeof(float));
+      // Packed gradients of the shard (segment_grads), on the host for the CPU, on the device for the GPU.
+      std::vector<float> packed;
+      for (const nn::Segment& seg : segments) packed.insert(packed.end(), g.begin() + seg.offset, g.begin() + seg.offset + seg.count);
+      DeviceBuffer packed_device = to_device(packed);
+      const double norm = std::sqrt(nn::AdamW<float>::grad_square_sum(cpu_store));
+      cpu.update(cpu_store, 1e-2 / step, norm, shard ? packed.data() : nullptr);
+      gpu.update(gpu_store, 1e-2 / step, norm, shard ? ptr<float>(packed_device) : nullptr);
+      const std::vector<float> cpu_w(cpu_store.params().begin(), cpu_store.params().end());
+      const std::vector<float> gpu_w = gpu_store.params_to_host();
+      ASSERT_EQ(std::memcmp(gpu_w.data(), cpu_w.data(), n * sizeof(float)), 0)
+          << "parameters after step " << step << (shard ? " (shard)" : "");
+      std::vector<float> cm, cv, gm, gv;
+      cpu.moments_to_host(cm, cv);
+      gpu.moments_to_host(gm, gv);
+      ASSERT_EQ(cm, gm) << "first moment after step " << step;
+      ASSERT_EQ(cv, gv) << "second moment after step " << step;
+      EXPECT_EQ(gpu.pinned()->bytes_to_device, 4 * covered * step);
+      EXPECT_EQ(gpu.pinned()->bytes_to_host, 4 * covered * (step + master_reads));
+      if (step == 2) {  // a checkpoint load: new parameters and moments on both sides
+        const auto w1 = normal(n, 99, 0.1f);
+        std::copy(w1.begin(), w1.end(), cpu_store.params().begin());
+        cuda::copy_to_device(gpu_store.params().data(), w1.data(), n * sizeof(float));
+        for (float& x : cm) x *= 0.5f;
+        cpu.moments_from_host(cm.data(), cv.data());
+        gpu.moments_from_host(cm.data(), cv.data());
+        cpu.set_steps(2);
+        gpu.set_steps(2);
+        ++master_reads;
+      }
+    }
+    EXPECT_EQ(owned > 0, shard);
   }
 }
 

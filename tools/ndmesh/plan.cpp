@@ -44,7 +44,8 @@ struct ModelHardwareFlags {
   std::optional<double> gpu_memory_gib, reserved_gib, peak_tflops, efficiency, intra_gbps, inter_gbps;
   std::optional<std::int64_t> gpus_per_node;
   std::optional<double> memory_gbps, intra_latency_us, inter_latency_us, gemm_overhead_us;
-  std::optional<double> disk_read_gbps, disk_write_gbps;
+  std::optional<double> disk_read_gbps, disk_write_gbps, host_link_gbps;
+  std::string offload_to = "disk";  // --offload-to disk|host
   std::string memory;            // --memory strategy (or [training] memory of --config)
   std::string offload = "none";  // --offload none|optimizer
   bool offload_given = false;
@@ -114,6 +115,8 @@ void add_model_hardware_flags(CLI::App& app, ModelHardwareFlags& f) {
   app.add_option("--disk-read-gbps", f.disk_read_gbps,
                  "Override: GB/s a node reads from the disk offload uses (`ndmesh calibrate` measures it)");
   app.add_option("--disk-write-gbps", f.disk_write_gbps, "Override: GB/s a node writes to that disk");
+  app.add_option("--host-link-gbps", f.host_link_gbps,
+                 "Override: GB/s between a GPU and host memory, each direction (PCIe), for --offload-to host");
   app.add_option(
          "--memory", f.memory,
          "Memory strategy: basic, standard (selective recompute), aggressive (full recompute + ZeRO 2) or "
@@ -124,6 +127,12 @@ void add_model_hardware_flags(CLI::App& app, ModelHardwareFlags& f) {
          "none, or optimizer: the optimizer state lives on the node's disk, read and written once per "
          "step at the hardware's disk rates")
       ->each([&f](const std::string&) { f.offload_given = true; })
+      ->capture_default_str()
+      ->group("Memory");
+  app.add_option("--offload-to", f.offload_to,
+                 "where --offload optimizer puts the state: disk (read and written once per step at the disk "
+                 "rates), or host (pinned host memory, ZeRO-Offload as `ndmesh train --device cuda --offload "
+                 "optimizer`: the gradients to the host and the parameters back over the host link each step)")
       ->capture_default_str()
       ->group("Memory");
   app.add_flag("--json", f.json, "Print JSON");
@@ -150,7 +159,17 @@ bool resolve_offload(const ModelHardwareFlags& f, const std::optional<MemoryStra
   NDMESH_CHECK_CONFIG(f.offload == "none" || f.offload == "optimizer", "plan",
                       "--offload={} is not an offload mode the planner plans; use none or optimizer",
                       f.offload);
+  NDMESH_CHECK_CONFIG(f.offload_to == "disk" || f.offload_to == "host", "plan",
+                      "--offload-to={} is not a place for the optimizer state; use disk or host", f.offload_to);
   const bool offload = f.offload_given ? f.offload == "optimizer" : s && s->offload;
+  if (offload && f.offload_to == "host") {
+    NDMESH_CHECK_CONFIG(hw.host_to_device_bw > 0 && hw.device_to_host_bw > 0, "plan",
+                        "--offload-to host: the hardware '{}' has no host link rate; give --host-link-gbps "
+                        "(PCIe Gen5 x16: 64), or host_to_device_gbps and device_to_host_gbps in the hardware file "
+                        "(ndmesh calibrate --device cuda measures them)",
+                        hw.name);
+    return offload;
+  }
   NDMESH_CHECK_CONFIG(
       !offload || (hw.disk_read_bw > 0 && hw.disk_write_bw > 0), "plan",
       "--offload optimizer: the hardware '{}' has no disk rates; measure this machine's with "
@@ -241,6 +260,11 @@ Hardware resolve_hardware(const ModelHardwareFlags& f) {
   if (f.disk_write_gbps) hw.disk_write_bw = *f.disk_write_gbps * 1e9;
   NDMESH_CHECK_CONFIG(hw.disk_read_bw >= 0 && hw.disk_write_bw >= 0, "plan",
                       "--disk-read-gbps and --disk-write-gbps must be >= 0; e.g. --disk-read-gbps 3");
+  if (f.host_link_gbps) {
+    NDMESH_CHECK_CONFIG(*f.host_link_gbps >= 0, "plan", "--host-link-gbps={} must be >= 0; e.g. --host-link-gbps 64",
+                        *f.host_link_gbps);
+    hw.host_to_device_bw = hw.device_to_host_bw = *f.host_link_gbps * 1e9;
+  }
   const auto probs = plan::hardware_problems(hw);
   NDMESH_CHECK_CONFIG(probs.empty(), "plan", "bad hardware: {}", fmt::join(probs, "; "));
   return hw;
@@ -314,13 +338,15 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
                                1 + l.zero3_prefetch, l.zero3_prefetch)
                  : "");
   fmt::print("  grads                   {:>8}  {} B each{}\n", gib(m.grads), pr.grad_bytes,
-             l.zero >= 3   ? ", / dp x cp (ZeRO-3), plus one layer's full gradient before its reduce-scatter"
-             : l.zero >= 2 ? ", / dp x cp (ZeRO-2+)"
+             l.zero >= 2 ? fmt::format(", / dp x cp (ZeRO-{}), plus two layers' full gradients (written, reduce-scattered)", l.zero)
                            : "");
   fmt::print("  optimizer               {:>8}  {} B each ({}momentum, variance){}\n", gib(m.optimizer),
              pr.optimizer_bytes, pr.optimizer_bytes > 8 ? "fp32 weights, " : "",
              l.zero >= 1 ? ", / dp x cp (ZeRO-1+)" : "");
-  if (l.offload_optimizer)
+  if (l.offload_optimizer && l.offload_to_host)
+    fmt::print("  optimizer in host RAM   {:>8}  --offload-to host: pinned, {} with the fp32 master copy\n",
+               gib(m.optimizer_offloaded), gib(m.optimizer_host));
+  else if (l.offload_optimizer)
     fmt::print("  optimizer on disk       {:>8}  --offload optimizer: read and written once per step\n",
                gib(m.optimizer_offloaded));
   fmt::print(
@@ -398,7 +424,11 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
       "overlapped with {:.3f} s of backward\n",
       t.dp_exposed, t.dp_comm, l.zero == 3 ? " and weight" : "", l.dp * l.cp,
       where_text(e.where.dp_in_node, t.dp_bw), t.dp_overlap);
-  if (l.offload_optimizer)
+  if (l.offload_optimizer && l.offload_to_host)
+    fmt::print("  offload                 {:>8.3f}  {} GiB of gradients to the host and parameters back per GPU "
+               "at {:.3g} GB/s to the host, {:.3g} GB/s back\n",
+               t.offload, gib(t.offload_bytes), hw.device_to_host_bw / 1e9, hw.host_to_device_bw / 1e9);
+  else if (l.offload_optimizer)
     fmt::print(
         "  offload                 {:>8.3f}  {} GiB of optimizer state read and written per GPU, {} GPUs "
         "sharing "
@@ -541,6 +571,7 @@ int run_search(const PlanFlags& f) {
   plan::Constraints constraints = resolve_constraints(f, model);
   const auto strategy = resolve_memory(f.common);
   constraints.offload_optimizer = resolve_offload(f.common, strategy, hw);
+  constraints.offload_to_host = constraints.offload_optimizer && f.common.offload_to == "host";
   if (strategy) {
     if (f.recompute.empty()) constraints.recomputes = {plan::parse_recompute(strategy->recompute)};
     if (!f.max_zero_given) constraints.max_zero = constraints.min_zero = strategy->zero;
@@ -646,6 +677,7 @@ int run_memory(MemoryFlags f) {
   l.stage_layers = f.pp_layers.empty() ? plan::stage_chunks(model, l)
                                        : parse_partition(f.pp_layers, model.spec.layers, l.pp, l.vpp);
   l.offload_optimizer = resolve_offload(f.common, strategy, hw);
+  l.offload_to_host = l.offload_optimizer && f.common.offload_to == "host";
   const Estimate e = plan::estimate(model, hw, l, w, precision);
 
   if (f.common.json) {

@@ -561,7 +561,14 @@ int train(Options o, comm::Communicator& world) {
     if (!o.trace.empty()) fmt::print("trace: {} actions written to {}\n", pipe.events, o.trace);
   }
   if (!o.save.empty()) fmt::print("saved checkpoint {} (step {})\n", o.save, trainer.steps_done());
-  if (trainer.optimizer().offloaded())
+  if (trainer.optimizer().pinned())
+    fmt::print(
+        "offload: optimizer state {:.1f} MiB per rank in pinned host memory ({:.1f} MiB with the fp32 master and "
+        "the staging chunks), {:.1f} MiB over PCIe per step (rank 0)\n",
+        mem.optimizer_offloaded / (1 << 20), mem.optimizer_host / (1 << 20),
+        static_cast<double>(trainer.optimizer().pinned_bytes_to_host() + trainer.optimizer().pinned_bytes_to_device()) /
+            steps_run / (1 << 20));
+  else if (trainer.optimizer().offloaded())
     fmt::print(
         "offload: optimizer state {:.1f} MiB per rank in {} (rank 0), streamed through a {:.0f} MiB window\n",
         mem.optimizer_offloaded / (1 << 20), o.offload_dir, mem.optimizer / (1 << 20));
@@ -587,7 +594,11 @@ int train(Options o, comm::Communicator& world) {
     j["sequence_parallel"] = o.sequence_parallel;
     j["recompute"] = o.recompute;
     j["offload"] = o.offload;
-    if (trainer.optimizer().offloaded()) {
+    if (trainer.optimizer().pinned()) {  // rank 0's copies over PCIe (the first step also reads the master)
+      j["offload_pcie"] = {
+          {"bytes_to_host_per_step", static_cast<double>(trainer.optimizer().pinned_bytes_to_host()) / steps_run},
+          {"bytes_to_device_per_step", static_cast<double>(trainer.optimizer().pinned_bytes_to_device()) / steps_run}};
+    } else if (trainer.optimizer().offloaded()) {
       // Rank 0's files: bytes moved per step and the rate of the I/O tasks (read and write
       // run beside each other and beside the update).
       const auto& opt = trainer.optimizer();
@@ -624,6 +635,7 @@ int train(Options o, comm::Communicator& world) {
                          {"grads", mem.grads},
                          {"optimizer", mem.optimizer},
                          {"optimizer_offloaded", mem.optimizer_offloaded},
+                         {"optimizer_host", mem.optimizer_host},
                          {"activations", mem.activations},
                          {"activation_buffers", mem.activation_buffers},
                          {"grad_workspace", mem.grad_workspace},

@@ -71,8 +71,13 @@ class AdamW {
   /// The moments on the host (checkpoints), and back.
   void moments_to_host(std::vector<T>& m, std::vector<T>& v) const;
   void moments_from_host(const T* m, const T* v);
-  /// Restores the step count (the moments are restored through m() and v()).
-  void set_steps(std::int64_t t) { t_ = t; }
+  /// Restores the step count (the moments are restored through m() and v()). With the
+  /// moments in pinned host memory the master copy is read from the parameters again at the
+  /// next update (a checkpoint load wrote them).
+  void set_steps(std::int64_t t) {
+    t_ = t;
+    master_stale_ = true;
+  }
   /// The owned segments.
   const std::vector<Segment>& segments() const { return segments_; }
   /// Moves the moments into the file `path` (nn/offload.hpp; CPU stores only): from now on
@@ -82,6 +87,15 @@ class AdamW {
   void offload_to(const std::string& path, std::int64_t chunk = OffloadFile::kDefaultChunk);
   /// The offload file, or nullptr when the moments are in memory.
   const OffloadFile* offload() const { return offload_.get(); }
+  /// --offload optimizer on a GPU (float CUDA stores only; ZeRO-Offload): the moments move to
+  /// pinned host memory beside an fp32 master copy of the owned parameters (PinnedOffload).
+  /// update() then copies the gradients to the host in chunks of `chunk` elements, updates
+  /// the master and the moments there with the CPU loop (the CPU run's arithmetic, not the
+  /// CUDA kernel's), and copies the updated parameters back, chunk i+1's gradients moving
+  /// while chunk i is updated. m() / v() are empty; moments_to_host / _from_host reach them.
+  void offload_to_host(std::int64_t chunk = PinnedOffload::kDefaultChunk);
+  /// The pinned host offload, or nullptr.
+  const PinnedOffload* pinned() const { return pinned_.get(); }
   /// With the moments offloaded: called around the update of each streamed chunk of state
   /// elements [first, first + count), with done = false before and true after (where
   /// --offload optimizer+params reads those parameters in and writes them back).
@@ -104,10 +118,16 @@ class AdamW {
   std::int64_t t_ = 0;
   std::int64_t state_ = 0;
   std::unique_ptr<OffloadFile> offload_;
+  std::unique_ptr<PinnedOffload> pinned_;
+  bool master_stale_ = true;  // pinned_: the master is read from the parameters at the next update
   ChunkHook chunk_hook_;
   Device device_ = Device::kCpu;
   // Allocates the (zero) moments in memory unless they are offloaded or allocated already.
   void allocate() const;
+  // update() with the moments in pinned host memory; `host_update(w, g, m, v, n, decay)` is
+  // the CPU loop.
+  template <typename Loop>
+  void update_pinned(ParamStore<T>& store, const T* segment_grads, Loop&& host_update);
   mutable Tensor<T> m_;
   mutable Tensor<T> v_;
 };

@@ -91,6 +91,44 @@ class OffloadArray {
   std::int64_t bytes_read_ = 0, bytes_written_ = 0;
 };
 
+/// --offload optimizer on a GPU (ZeRO-Offload's shape): the moments and an fp32 master copy
+/// of `elements` owned elements live in pinned host memory (cuda::alloc_pinned), beside two
+/// staging buffers of `chunk` elements for the gradients on their way to the host. AdamW
+/// streams its update through it (AdamW::offload_to_host): on the copy stream
+/// (cuda::copy_stream) the gradients of chunk i+1 go device-to-host while the host updates
+/// chunk i with the CPU optimizer's loop, and each updated chunk of the master goes
+/// host-to-device into the parameters. The GPU keeps the parameters and gradients only.
+class PinnedOffload {
+ public:
+  PinnedOffload(std::int64_t elements, std::int64_t chunk = kDefaultChunk);
+  ~PinnedOffload();
+  PinnedOffload(const PinnedOffload&) = delete;
+  PinnedOffload& operator=(const PinnedOffload&) = delete;
+
+  /// 1 Mi elements: 4 MiB per staging buffer.
+  static constexpr std::int64_t kDefaultChunk = std::int64_t{1} << 20;
+
+  /// The moments (zero at first) and the master copy, `elements()` each, in state order;
+  /// staging buffer k (0 or 1) of `chunk()` elements.
+  float* m() const { return host_; }
+  float* v() const { return host_ + elements_; }
+  float* master() const { return host_ + 2 * elements_; }
+  float* staging(int k) const { return host_ + 3 * elements_ + k * chunk_; }
+  std::int64_t elements() const { return elements_; }
+  std::int64_t chunk() const { return chunk_; }
+  /// Pinned host bytes held (moments, master, staging).
+  std::int64_t host_bytes() const { return (3 * elements_ + 2 * chunk_) * static_cast<std::int64_t>(sizeof(float)); }
+  /// Events on the copy stream: staging buffer k filled (0, 1), the stream's start (2), its end (3).
+  void* event(int k) const { return events_[k]; }
+  /// Bytes copied device-to-host and host-to-device so far (AdamW counts them here).
+  std::int64_t bytes_to_host = 0, bytes_to_device = 0;
+
+ private:
+  std::int64_t elements_, chunk_;
+  float* host_ = nullptr;
+  void* events_[4] = {};
+};
+
 /// The offload files (`*.adamw`) in `dir` whose names start with `prefix` (a run's rank
 /// prefix, or empty: any), sorted; for the check at start.
 std::vector<std::string> find_stale_offload(const std::string& dir, const std::string& prefix = "");

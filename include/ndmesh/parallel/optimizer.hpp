@@ -19,7 +19,8 @@ class Optimizer {
  public:
   /// With `offload` set (--offload optimizer), the moments live in files
   /// `<dir>/rank<world_rank>-chunk<c>.adamw`; ConfigError naming them, and the command that
-  /// clears them, when files of this rank are there already (a run that was killed).
+  /// clears them, when files of this rank are there already (a run that was killed). On a GPU
+  /// (the model's chunks on CUDA) they live in pinned host memory (AdamW::offload_to_host).
   Optimizer(RankModel& model, GradSync& sync, const nn::AdamWOptions& options,
             const OffloadOptions& offload = {}, int world_rank = 0);
   Optimizer(const Optimizer&) = delete;
@@ -37,10 +38,18 @@ class Optimizer {
   void set_steps(std::int64_t steps);
   /// Moment elements this rank holds (two per updated element), in memory or offloaded.
   std::int64_t state_elements() const;
-  /// Whether the moments are in files.
-  bool offloaded() const { return adams_.front()->offload() != nullptr; }
-  /// Bytes of the offload files' I/O windows (0 in memory).
+  /// Whether the moments are offloaded: in files, or on a GPU in pinned host memory.
+  bool offloaded() const { return adams_.front()->offload() != nullptr || pinned(); }
+  /// Whether they are in pinned host memory (--offload optimizer with --device cuda).
+  bool pinned() const { return adams_.front()->pinned() != nullptr; }
+  /// Bytes of the offload files' I/O windows (0 in memory and in pinned host memory).
   std::int64_t offload_window_bytes() const;
+  /// Pinned host bytes (nn::PinnedOffload::host_bytes, every chunk; 0 otherwise).
+  std::int64_t pinned_host_bytes() const;
+  /// Pinned: bytes copied device-to-host (gradients; the master's first read) and
+  /// host-to-device (updated parameters) so far.
+  std::int64_t pinned_bytes_to_host() const;
+  std::int64_t pinned_bytes_to_device() const;
   /// Bytes read and written by the offload files so far, and the seconds their I/O took.
   std::int64_t offload_bytes_read() const;
   std::int64_t offload_bytes_written() const;

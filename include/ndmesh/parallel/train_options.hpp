@@ -37,7 +37,8 @@ const char* precision_name(Precision p);
 /// What lives in files instead of memory (--offload): nothing, or the optimizer state (the
 /// AdamW moments of what the rank updates; in fp32 the parameters are their own master
 /// copy). The parameters too (optimizer+params): the ZeRO-3 shard of the parameters, which
-/// needs ZeRO-3 over a gradient group of 2 or more.
+/// needs ZeRO-3 over a gradient group of 2 or more. With --device cuda, optimizer moves the
+/// moments and an fp32 master copy to pinned host memory instead (ZeRO-Offload; no files).
 enum class Offload { kNone, kOptimizer, kOptimizerParams };
 /// "none", "optimizer", "optimizer+params".
 const char* offload_name(Offload o);

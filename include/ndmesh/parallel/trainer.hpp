@@ -80,7 +80,10 @@ struct MemoryBytes {
   double params_offloaded = 0;
   double grads = 0;      ///< gradients kept between micro-batches (ZeRO 2/3: the shard)
   double optimizer = 0;  ///< AdamW moments (ZeRO 1-3: the shard)
-  double optimizer_offloaded = 0;  ///< --offload optimizer: the moments' bytes in files instead
+  double optimizer_offloaded = 0;  ///< --offload optimizer: the moments' bytes in files (on a GPU: pinned host memory) instead
+  /// --offload optimizer on a GPU: the pinned host bytes (moments, the fp32 master copy of the
+  /// shard and the two gradient staging chunks); 0 otherwise.
+  double optimizer_host = 0;
   /// Measured: the bytes of the micro-batch activations alive at once at this rank's peak
   /// (the pipeline executor's GptActivations of every chunk) plus the recompute workspace.
   double activations = 0;
@@ -89,9 +92,10 @@ struct MemoryBytes {
   /// before it is sent (full recompute: the recomputed block's output) and its input
   /// gradient before it is sent back.
   double activation_buffers = 0;
-  /// ZeRO 2/3: the full-size buffer the backward writes into. ZeRO-3 hands each unit's pages
-  /// back to the system once its reduce-scatter completed: there it is the most bytes of the
-  /// buffer that were resident at once, measured (GradReducer::peak_workspace_bytes).
+  /// ZeRO 2/3: the full-size buffer the backward writes into. ZeRO-3, and ZeRO-2 on the CPU,
+  /// hand each unit's pages back to the system once its reduce-scatter completed: there it is
+  /// the most bytes of the buffer that were resident at once, measured
+  /// (GradReducer::peak_workspace_bytes).
   double grad_workspace = 0;
   /// --device cuda: the most device memory this process's allocator handed out at once
   /// (parameters, gradients, optimizer state, activations and work space); 0 on the CPU.

@@ -44,6 +44,11 @@ struct Layout {
   /// --offload optimizer: the optimizer state (fp32 master weights and AdamW moments) lives
   /// on the node's disk and is streamed through each step (read once, written once).
   bool offload_optimizer = false;
+  /// With offload_optimizer: the state lives in the node's pinned host memory instead of on
+  /// disk (ndmesh train --device cuda --offload optimizer, ZeRO-Offload): the host holds the
+  /// moments and an fp32 master copy of the shard, and each step moves the shard's gradients
+  /// to the host and its parameters back over the GPU's host link.
+  bool offload_to_host = false;
   /// ZeRO-3: units (blocks) gathered ahead of the one in use, forward and backward.
   std::int64_t zero3_prefetch = 1;
 
@@ -65,11 +70,14 @@ std::int64_t microbatches(const Layout& layout, const Workload& workload);
 /// Bytes per GPU on the worst stage.
 struct MemoryBreakdown {
   double params = 0;  ///< with ZeRO-3: the shard plus 1 + zero3_prefetch gathered layers (less the own block)
-  /// With ZeRO-3: the shard plus two layers' full gradients (one written, one being
+  /// With ZeRO 2 and 3: the shard plus two layers' full gradients (one written, one being
   /// reduce-scattered) and, with a tied head on the embedding's rank, the token table's.
   double grads = 0;
   double optimizer = 0;  ///< 0 when offloaded
-  double optimizer_offloaded = 0;   ///< --offload optimizer: the optimizer bytes on disk instead
+  double optimizer_offloaded = 0;   ///< --offload optimizer: the optimizer bytes on disk (or host memory) instead
+  /// offload_to_host: the pinned host bytes per GPU (the moments, and with fp32 parameters the
+  /// fp32 master copy the host updates; mixed precision counts it in the optimizer bytes).
+  double optimizer_host = 0;
   double activations = 0;           ///< layers x in flight, plus embedding masks / logits on the end stages
   double total = 0;                 ///< params + grads + optimizer + activations
   std::int64_t stage = 0;           ///< which stage is the worst (0 = first)
@@ -114,7 +122,7 @@ struct TimeBreakdown {
   /// --offload optimizer: reading and writing the optimizer state once per step at the
   /// node's disk rates (shared by the node's GPUs); not overlapped (the update needs it).
   double offload = 0;
-  double offload_bytes = 0;  ///< bytes one GPU reads (and writes) per step
+  double offload_bytes = 0;  ///< bytes one GPU reads (and writes) per step; to the host: PCIe bytes both ways
   double total = 0;
   double bubble_fraction = 0;
   double tp_bw = 0, cp_bw = 0, pp_bw = 0, dp_bw = 0;  ///< bytes/s used for each

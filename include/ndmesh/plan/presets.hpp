@@ -96,7 +96,8 @@ struct Hardware {
   /// bf16; 0 (the presets, older files): peak_flops is the rate of every precision.
   double bf16_flops = 0;
   /// Bytes/s between pinned host memory and one GPU (host to device, device to host),
-  /// measured by `ndmesh calibrate --device cuda`; 0: unknown. Not in the time model yet.
+  /// measured by `ndmesh calibrate --device cuda` (the presets: PCIe's per-direction rate);
+  /// 0: unknown (--offload optimizer --offload-to host cannot be planned).
   double host_to_device_bw = 0, device_to_host_bw = 0;
   /// FLOP/s of the fp32 attention kernel (ndmesh's flash kernel on a GPU, measured by
   /// `ndmesh calibrate --device cuda` as the planner counts its FLOPs: forward, backward and

@@ -28,6 +28,7 @@ struct Constraints {
   int max_zero = 3;                   ///< highest ZeRO stage tried
   int min_zero = 0;                   ///< lowest ZeRO stage tried (--memory aggressive: 2)
   bool offload_optimizer = false;     ///< every layout offloads its optimizer state (--offload optimizer)
+  bool offload_to_host = false;       ///< ... to pinned host memory, not disk (--offload-to host)
   std::vector<Schedule> schedules;    ///< empty: every schedule
   std::vector<Recompute> recomputes;  ///< empty: every recompute mode
   bool sequence_parallel = true;      ///< false: never use sequence parallelism

@@ -87,11 +87,21 @@ struct MemoryInfo {
   std::int64_t total_bytes = 0;  ///< the GPU's memory
 };
 MemoryInfo memory_info();
-/// `bytes` of page-locked host memory (cudaMallocHost): copies from and to it run at the
-/// link's rate, without a staging copy. Error when it cannot be had.
+/// Pinned (page-locked) host memory of `bytes` (cudaMallocHost; Error when it cannot be had,
+/// naming the request): the host reads and writes it like any memory, and copies between it
+/// and the device run asynchronously at the link's full rate. free_pinned gives it back
+/// (nullptr is ignored).
 void* alloc_pinned(std::size_t bytes);
-/// Gives memory of alloc_pinned back (nullptr is ignored).
 void free_pinned(void* p) noexcept;
+/// A stream of its own for host-device copies beside the compute stream (--offload optimizer:
+/// nn::PinnedOffload); created on first use, it lives as long as the process.
+void* copy_stream();
+/// Enqueues a copy of `bytes` on `stream`, in whichever direction the two pointers say
+/// (cudaMemcpyDefault); returns at once. Order it against other streams with stream_ops().
+void copy_async(void* dst, const void* src, std::size_t bytes, void* stream);
+/// Blocks the host until `event` (stream_ops()) has passed; Error naming the CUDA error if
+/// the work before it failed.
+void wait_event(void* event);
 
 }  // namespace cuda
 

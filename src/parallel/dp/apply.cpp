@@ -8,7 +8,10 @@ namespace ndmesh::parallel {
 void apply_data_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& o) {
   plan.grad_group = plan.batch.cp_size > 1 ? groups.cp_dp() : groups.dp();
   plan.pad_to = o.dp.zero > 0 ? plan.grad_group.size() : 1;
-  plan.pad_units = o.dp.zero == 3 && plan.grad_group.size() > 1;
+  // ZeRO-3, and ZeRO-2 on the CPU, reduce-scatter unit by unit (GradReducer::per_unit):
+  // each unit's range is padded to a multiple of the group too.
+  plan.pad_units =
+      plan.grad_group.size() > 1 && (o.dp.zero == 3 || (o.dp.zero == 2 && o.device == Device::kCpu));
 }
 
 }  // namespace ndmesh::parallel

@@ -64,17 +64,20 @@ GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataP
   // member owns one equal block of it.
   const auto target = std::max<std::int64_t>(
       p, static_cast<std::int64_t>(options_.bucket_mb * 1024 * 1024 / sizeof(float)) / p * p);
-  if (zero_ == 3) {  // one bucket per unit, from the end
+  // ZeRO-3 always, ZeRO-2 where the model's units are given (on the CPU): one bucket per unit.
+  per_unit_ = zero_ == 3 || (zero_ == 2 && !units.empty());
+  if (per_unit_) {  // one bucket per unit, from the end
     NDMESH_CHECK(!units.empty() && units.front().offset == 0 &&
                      units.back().offset + units.back().count == flat_size,
-                 "dp", "ZeRO-3 needs the model's unit ranges covering its flat buffer of {} elements", flat_size);
+                 "dp", "ZeRO-{} needs the model's unit ranges covering its flat buffer of {} elements", zero_,
+                 flat_size);
     for (auto it = units.rbegin(); it != units.rend(); ++it) {
-      NDMESH_CHECK(it->count % p == 0, "dp", "ZeRO-3 unit range [{}, {}) is not a multiple of the group size {}",
-                   it->offset, it->offset + it->count, p);
+      NDMESH_CHECK(it->count % p == 0, "dp", "ZeRO-{} unit range [{}, {}) is not a multiple of the group size {}",
+                   zero_, it->offset, it->offset + it->count, p);
       buckets_.push_back(Bucket{.lo = it->offset, .hi = it->offset + it->count});
     }
   }
-  for (std::int64_t hi = zero_ == 3 ? 0 : flat_size; hi > 0;) {
+  for (std::int64_t hi = per_unit_ ? 0 : flat_size; hi > 0;) {
     std::int64_t lo = std::max<std::int64_t>(0, hi - target);
     buckets_.push_back(Bucket{.lo = lo, .hi = hi});
     hi = lo;
@@ -180,8 +183,8 @@ void GradReducer::start(Bucket& b) {
     else
       b.scatter = group_.reduce_scatter_in_place_async(low);
     reduced_bytes_ += static_cast<std::int64_t>(low.size_bytes());
-    // ZeRO-3: the reduction reads only the rounded copy; the fp32 range goes back now.
-    if (zero_ == 3) release_memory(range.data(), static_cast<std::int64_t>(range.size()), 0.0f);
+    // Per unit: the reduction reads only the rounded copy; the fp32 range goes back now.
+    if (per_unit_) release_memory(range.data(), static_cast<std::int64_t>(range.size()), 0.0f);
   } else {
     if (zero_ == 0)
       b.reduce = reducer_.start(range);
@@ -275,9 +278,9 @@ void GradReducer::sample_workspace() {
 
 void GradReducer::grads_final(std::int64_t from) {
   if (!reduce_now_) return;
-  // ZeRO-3: just after a unit's backward, before its reduction starts, is when the most
+  // Per unit: just after a unit's backward, before its reduction starts, is when the most
   // full-size gradients are resident (that unit's and the one still in flight).
-  if (zero_ == 3) {
+  if (per_unit_) {
     sample_workspace();
     // FSDP's bound: the previous unit's reduce-scatter completes before this one's starts,
     // so the backward holds two units' full gradients at most, however far a peer lags.
@@ -290,7 +293,7 @@ void GradReducer::grads_final(std::int64_t from) {
 
 void GradReducer::progress() {
   if (!reduce_now_ || !options_.overlap) return;
-  if (zero_ == 3) {  // polls, or asks the thread, and retires what completed
+  if (per_unit_) {  // polls, or asks the thread, and retires what completed
     retire_done();
     return;
   }
@@ -340,7 +343,7 @@ void GradReducer::finish_backward() {
     }
   }
   for (Bucket& b : buckets_) {
-    if (zero_ == 3) {
+    if (per_unit_) {
       if (!b.retired) retire(b);
       continue;
     }
@@ -362,7 +365,7 @@ void GradReducer::finish_backward() {
   exposed_seconds_ += t1 - t0;
   // From the first bucket's start to the last one's completion (buckets start in order).
   comm_seconds_ += t1 - buckets_.front().start_time;
-  if (zero_ == 2) {
+  if (zero_ == 2 && !per_unit_) {
     // Add this rank's block of every bucket to the shard, and clear the work space.
     std::int64_t at = 0;
     for (const nn::Segment& seg : shard_) {

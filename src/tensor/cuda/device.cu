@@ -228,13 +228,36 @@ MemoryInfo memory_info() {
 }
 
 void* alloc_pinned(std::size_t bytes) {
+  if (state().device < 0) detail::fail_error("pinned host memory is allocated before cuda::init()");
   void* p = nullptr;
-  check(cudaMallocHost(&p, std::max<std::size_t>(bytes, 1)), "cudaMallocHost");
+  const cudaError_t e = cudaMallocHost(&p, std::max<std::size_t>(bytes, 1));
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    detail::fail_error("cannot pin " + mib(static_cast<double>(bytes)) + " of host memory (cudaMallocHost: " +
+                       cudaGetErrorString(e) + "); leave --offload out, or free host memory");
+  }
   return p;
 }
 
 void free_pinned(void* p) noexcept {
   if (p != nullptr) cudaFreeHost(p);
 }
+
+void* copy_stream() {
+  State& s = state();
+  if (s.device < 0) detail::fail_error("the copy stream is used before cuda::init()");
+  std::lock_guard<std::mutex> lock(s.mutex);
+  static cudaStream_t copies = nullptr;
+  if (copies == nullptr) check(cudaStreamCreateWithFlags(&copies, cudaStreamNonBlocking), "cudaStreamCreate");
+  return copies;
+}
+
+void copy_async(void* dst, const void* src, std::size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
+        "cudaMemcpyAsync (offload)");
+}
+
+void wait_event(void* event) { check(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "a copy before an event"); }
 
 }  // namespace ndmesh::cuda

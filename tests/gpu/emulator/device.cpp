@@ -1,6 +1,7 @@
 // tensor/device.hpp for the CUDA emulator (cuda_runtime.h beside this): "device" memory is
 // host memory, the stream is a token, copies are memcpy. Linked into the emulated test
 // binaries in place of src/tensor/cuda/device.cu, so that the GPU tests run unchanged.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -96,5 +97,17 @@ void copy_device(void* dst, const void* src, std::size_t bytes) {
 void memset_zero(void* dst, std::size_t bytes) {
   if (bytes) std::memset(dst, 0, bytes);
 }
+
+// Pinned memory is host memory; the copy stream is the one stream (copies end when enqueued).
+namespace {
+int copy_stream_token = 0;
+}  // namespace
+void* alloc_pinned(std::size_t bytes) { return std::malloc(std::max<std::size_t>(bytes, 1)); }
+void free_pinned(void* p) noexcept { std::free(p); }
+void* copy_stream() { return &copy_stream_token; }
+void copy_async(void* dst, const void* src, std::size_t bytes, void*) {
+  if (bytes) std::memmove(dst, src, bytes);
+}
+void wait_event(void*) {}
 
 }  // namespace ndmesh::cuda

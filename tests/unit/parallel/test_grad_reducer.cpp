@@ -44,6 +44,7 @@ struct Case {
   int ranks = 2;
   int micro = 1;  // micro-batches per step
   DataParallelOptions options;
+  bool buckets = false;  // ZeRO 2 in bucket_mb buckets, not per unit (the trainer's path on a GPU)
 };
 
 // Bytes of a bucket of `floats` elements, as bucket_mb.
@@ -68,9 +69,13 @@ TEST_P(GradReducerModel, OwnedGradientsEqualTheSerialRunByName) {
     testing_support::single_blas_thread();
     const int r = world.rank(), p = world.size();
     const bool zero3 = c.options.zero == 3 && p > 1;
-    model::Gpt gpt(spec, {.batch = micro, .pad_to = c.options.zero > 0 ? p : 1, .pad_units = zero3});
+    // ZeRO 2 and 3 reduce per unit, as the trainer does on the CPU (parallel/dp/apply.cpp).
+    const bool per_unit = c.options.zero >= 2 && p > 1 && !c.buckets;
+    model::Gpt gpt(spec, {.batch = micro, .pad_to = c.options.zero > 0 ? p : 1, .pad_units = per_unit});
     gpt.set_loss_weight(1.0 / static_cast<double>(global * spec.seq));
-    GradReducer reducer(world, gpt.params().size(), c.options, gpt.unit_ranges());
+    GradReducer reducer(world, gpt.params().size(), c.options,
+                        per_unit ? gpt.unit_ranges() : std::vector<nn::Segment>{});
+    EXPECT_EQ(reducer.per_unit(), per_unit) << c.name;
     // ZeRO-3: the parameters sharded like the gradients, gathered around each unit's use.
     std::unique_ptr<ParamGatherer> gatherer;
     if (zero3) {
@@ -85,7 +90,7 @@ TEST_P(GradReducerModel, OwnedGradientsEqualTheSerialRunByName) {
     // micro-batch), summed over ranks and micro-batches.
     std::vector<float> abs_sum(static_cast<std::size_t>(gpt.params().size()), 0.0f);
     if (c.options.bf16) {
-      model::Gpt plain(spec, {.batch = micro, .pad_to = c.options.zero > 0 ? p : 1, .pad_units = zero3});
+      model::Gpt plain(spec, {.batch = micro, .pad_to = c.options.zero > 0 ? p : 1, .pad_units = per_unit});
       plain.set_loss_weight(1.0 / static_cast<double>(global * spec.seq));
       plain.params().zero_grad();
       for (int m = 0; m < c.micro; ++m) {
@@ -170,6 +175,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"ZeRO 1", 3, 2, {.bucket_mb = kSmall, .zero = 1}},
         Case{"ZeRO 2", 4, 3, {.bucket_mb = kSmall, .zero = 2}},
         Case{"ZeRO 2, no overlap", 2, 2, {.bucket_mb = kSmall, .overlap = false, .zero = 2}},
+        Case{"ZeRO 2 in buckets", 3, 2, {.bucket_mb = kSmall, .zero = 2}, true},
+        Case{"bf16 ZeRO 2 in buckets", 2, 2, {.bucket_mb = kSmall, .zero = 2, .bf16 = true}, true},
         Case{"ring", 4, 1, {.bucket_mb = kSmall, .algorithm = AllReduceAlgorithm::kRing}},
         Case{"ring, dp 3", 3, 1, {.bucket_mb = kSmall, .algorithm = AllReduceAlgorithm::kRing}},
         Case{"tree", 4, 1, {.bucket_mb = kSmall, .algorithm = AllReduceAlgorithm::kTree}},
@@ -293,61 +300,67 @@ TEST(GradReducer, ZeroShardsCoverTheBufferOnceAndGatherParams) {
     });
 }
 
-// ZeRO-3: a unit's reduce-scatter, once complete, is added to the shard and its full-size
-// range handed back during the backward (at the next hook), not after it: while unit k is
-// written the units above it are already gone, so the work space's measured resident peak
-// is about one unit, not the buffer; two micro-batches accumulate in the shard.
-TEST(GradReducer, Zero3RetiresEachUnitDuringTheBackward) {
-  for (bool thread : {false, true})
-    comm::inproc::run(2, [&](const Communicator& world) {
-      const int r = world.rank(), p = world.size();
-      const auto page = static_cast<std::int64_t>(sysconf(_SC_PAGESIZE));
-      const std::int64_t unit = 16 * page / 4, units = 8, n = unit * units;
-      std::vector<nn::Segment> ranges;
-      for (std::int64_t k = 0; k < units; ++k) ranges.push_back({k * unit, unit});
-      // Pages of its own (mmap): untouched ones are not resident, as in the trainer's buffer.
-      void* mem = mmap(nullptr, static_cast<std::size_t>(n * 4), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                       -1, 0);
-      ASSERT_NE(mem, MAP_FAILED);
-      float* g = static_cast<float*>(mem);
-      GradReducer reducer(world, n, {.zero = 3, .progress_thread = thread}, ranges);
-      // Unit k is retired when its part of the shard holds the sum over m + 1 micro-batches
-      // (reading the released range itself would map the zero page, which mincore counts).
-      auto retired = [&](std::int64_t k, int m) {
-        bool all = true;
-        reducer.for_each_owned(g, k * unit, unit, [&](const float* x, std::int64_t count, std::int64_t at) {
-          for (std::int64_t i = 0; i < count; ++i)
-            all = all && x[i] == static_cast<float>(m + 1) * summed(p, k * unit + at + i);
-        });
-        return all;
-      };
-      reducer.zero_shard_grads();
-      for (int m = 0; m < 2; ++m) {
-        reducer.begin_backward(g, m == 1);
-        for (std::int64_t k = units; k-- > 0;) {
-          for (std::int64_t i = k * unit; i < (k + 1) * unit; ++i) g[i] += local_grad(r, i);
-          reducer.grads_final(k * unit);
-          // The "backward" goes on: polled between its sub-layers, the unit is retired.
-          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-          while (!retired(k, m) && std::chrono::steady_clock::now() < deadline) {
-            reducer.progress();
-            std::this_thread::sleep_for(std::chrono::microseconds(50));
+// ZeRO-3, and ZeRO-2 given the units: a unit's reduce-scatter, once complete, is added to
+// the shard and its full-size range handed back during the backward (at the next hook), not
+// after it: while unit k is written the units above it are already gone, so the work
+// space's measured resident peak is about one unit, not the buffer; two micro-batches
+// accumulate in the shard.
+TEST(GradReducer, Zero2And3RetireEachUnitDuringTheBackward) {
+  for (int zero : {2, 3}) {
+    for (bool thread : {false, true}) {
+      comm::inproc::run(2, [&](const Communicator& world) {
+        const int r = world.rank(), p = world.size();
+        const auto page = static_cast<std::int64_t>(sysconf(_SC_PAGESIZE));
+        const std::int64_t unit = 16 * page / 4, units = 8, n = unit * units;
+        std::vector<nn::Segment> ranges;
+        for (std::int64_t k = 0; k < units; ++k) ranges.push_back({k * unit, unit});
+        // Pages of its own (mmap): untouched ones are not resident, as in the trainer's buffer.
+        void* mem = mmap(nullptr, static_cast<std::size_t>(n * 4), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                         -1, 0);
+        ASSERT_NE(mem, MAP_FAILED);
+        float* g = static_cast<float*>(mem);
+        GradReducer reducer(world, n, {.zero = zero, .progress_thread = thread}, ranges);
+        ASSERT_TRUE(reducer.per_unit());
+        // Unit k is retired when its part of the shard holds the sum over m + 1 micro-batches
+        // (reading the released range itself would map the zero page, which mincore counts).
+        auto retired = [&](std::int64_t k, int m) {
+          bool all = true;
+          reducer.for_each_owned(g, k * unit, unit, [&](const float* x, std::int64_t count, std::int64_t at) {
+            for (std::int64_t i = 0; i < count; ++i)
+              all = all && x[i] == static_cast<float>(m + 1) * summed(p, k * unit + at + i);
+          });
+          return all;
+        };
+        reducer.zero_shard_grads();
+        for (int m = 0; m < 2; ++m) {
+          reducer.begin_backward(g, m == 1);
+          for (std::int64_t k = units; k-- > 0;) {
+            for (std::int64_t i = k * unit; i < (k + 1) * unit; ++i) g[i] += local_grad(r, i);
+            reducer.grads_final(k * unit);
+            // The "backward" goes on: polled between its sub-layers, the unit is retired.
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+            while (!retired(k, m) && std::chrono::steady_clock::now() < deadline) {
+              reducer.progress();
+              std::this_thread::sleep_for(std::chrono::microseconds(50));
+            }
+            ASSERT_TRUE(retired(k, m)) << "ZeRO " << zero << ": unit " << k << " still held during the backward, thread "
+                                       << thread;
           }
-          ASSERT_TRUE(retired(k, m)) << "unit " << k << " still held during the backward, thread " << thread;
+          reducer.finish_backward();
         }
-        reducer.finish_backward();
-      }
-      // Sampled as each unit ends: that unit, the others retired (plus a page at each edge).
-      EXPECT_GT(reducer.peak_workspace_bytes(), 0);
-      EXPECT_LE(reducer.peak_workspace_bytes(), unit * 4 + 2 * page) << "thread " << thread;
-      std::int64_t seen = 0;
-      reducer.for_each_owned(g, 0, n, [&](const float* x, std::int64_t count, std::int64_t at) {
-        for (std::int64_t k = 0; k < count; ++k) ASSERT_EQ(x[k], 2.0f * summed(p, at + k)) << at + k;
-        seen += count;
+        // Sampled as each unit ends: that unit, the others retired (plus a page at each edge).
+        EXPECT_GT(reducer.peak_workspace_bytes(), 0);
+        EXPECT_LE(reducer.peak_workspace_bytes(), unit * 4 + 2 * page) << "ZeRO " << zero << ", thread " << thread;
+        std::int64_t seen = 0;
+        reducer.for_each_owned(g, 0, n, [&](const float* x, std::int64_t count, std::int64_t at) {
+          for (std::int64_t k = 0; k < count; ++k) ASSERT_EQ(x[k], 2.0f * summed(p, at + k)) << at + k;
+          seen += count;
+        });
+        EXPECT_EQ(seen, n / p);
+        munmap(mem, static_cast<std::size_t>(n * 4));
       });
-      EXPECT_EQ(seen, n / p);
-      munmap(mem, static_cast<std::size_t>(n * 4));
-    });
+    }
+  }
 }
 
 TEST(ParamGatherer, HoldsAUnitExactlyBetweenItsEventsAndPrefetchesTheNext) {

@@ -187,5 +187,27 @@ TEST(Trainer, MicroBatchesGiveTheSameLossesAsOneBatch) {
   EXPECT_THROW(SerialRun(o, markov16()), ConfigError);
 }
 
+// --offload optimizer: files under --offload-dir on the CPU; on a GPU pinned host memory, so
+// no folder (one given is refused, as is optimizer+params: ZeRO-3 runs on the CPU only).
+TEST(TrainOptions, OffloadOnAGpuGoesToPinnedHostMemoryWithoutAFolder) {
+  auto problems = [](Device device, Offload what, std::string dir, int zero) {
+    TrainOptions o;
+    o.device = device;
+    o.offload = {.what = what, .dir = std::move(dir)};
+    o.dp.zero = zero;
+    std::string all;
+    for (const std::string& p : train_option_problems(o)) all += p + "\n";
+    return all;
+  };
+  EXPECT_EQ(problems(Device::kCuda, Offload::kOptimizer, "", 0), "");
+  EXPECT_EQ(problems(Device::kCuda, Offload::kOptimizer, "", 1), "");
+  EXPECT_EQ(problems(Device::kCpu, Offload::kOptimizer, "/tmp", 0), "");
+  EXPECT_NE(problems(Device::kCpu, Offload::kOptimizer, "", 0).find("needs --offload-dir"), std::string::npos);
+  EXPECT_NE(problems(Device::kCuda, Offload::kOptimizer, "/tmp", 0).find("--offload-dir=/tmp with --device cuda"),
+            std::string::npos);
+  EXPECT_NE(problems(Device::kCuda, Offload::kOptimizerParams, "", 3).find("--offload=optimizer+params with --device cuda"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace ndmesh::parallel

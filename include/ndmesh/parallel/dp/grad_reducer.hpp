@@ -16,8 +16,12 @@
 // only the shard, then the parameters are all-gathered bucket by bucket); stage 2 also
 // keeps only the shard of the gradients between micro-batches: every micro-batch's
 // backward reduce-scatters its buckets and adds this rank's blocks to a shard
-// accumulator, and the bucket's full-size gradients are zeroed for the next micro-batch
-// (the layers still write into the model's full-size flat buffer as their work space).
+// accumulator (DeepSpeed's stage 2: one reduce-scatter per micro-batch, the price of not
+// keeping the full gradients between them). The layers still write into the model's
+// full-size flat buffer as their work space; on the CPU (the model's units given) stage 2
+// reduces and retires per unit as stage 3 does below, so the work space holds about two
+// units, not the model; elsewhere its buckets are bucket_mb ones, zeroed after each
+// micro-batch, and the whole work space stays resident.
 // Stage 3 reduces like stage 2, with one bucket per unit of the model (model::ParamUnit:
 // the embedding, each block, the head), so that each unit's gradients are reduce-scattered
 // as soon as the backward has produced them; the parameters are sharded on the same blocks
@@ -91,8 +95,9 @@ class GradReducer {
  public:
   /// `flat_size` must be a multiple of the group size when zero > 0. ConfigError listing
   /// data_parallel_option_problems(options). Collective over `group` (the hierarchical
-  /// algorithm builds node sub-groups). Under ZeRO-3 `units` are the buckets (ascending,
-  /// covering the buffer, each a multiple of the group size; model::GptT::unit_ranges()).
+  /// algorithm builds node sub-groups). Under ZeRO-3, and under ZeRO-2 when given, `units`
+  /// are the buckets (ascending, covering the buffer, each a multiple of the group size;
+  /// model::GptT::unit_ranges()): see per_unit().
   GradReducer(comm::Communicator group, std::int64_t flat_size, DataParallelOptions options,
               const std::vector<nn::Segment>& units = {});
   ~GradReducer();
@@ -139,8 +144,9 @@ class GradReducer {
   void gather_params(float* params);
   /// Sets the ZeRO-2 shard accumulator to zero (start of a step).
   void zero_shard_grads();
-  /// ZeRO-3: the most bytes of the full-size gradient work space that were resident at once
-  /// (measured with mincore at the grads-final hooks, since construction); 0 otherwise.
+  /// Per unit (per_unit()): the most bytes of the full-size gradient work space that were
+  /// resident at once (measured with mincore at the grads-final hooks, since construction);
+  /// 0 otherwise.
   std::int64_t peak_workspace_bytes() const { return peak_workspace_bytes_; }
 
   /// Seconds from the first bucket's start to the last bucket's completion, summed over
@@ -159,6 +165,9 @@ class GradReducer {
   /// reduced elements times the element size: 4 in fp32, 2 in bf16).
   std::int64_t reduced_bytes() const { return reduced_bytes_; }
   int zero() const { return zero_; }
+  /// Whether each unit is reduce-scattered and retired on its own (ZeRO-3; ZeRO-2 built with
+  /// the model's units): the full-size work space holds about two units, peak_workspace_bytes().
+  bool per_unit() const { return per_unit_; }
   const comm::Communicator& group() const { return group_; }
 
  private:
@@ -170,7 +179,7 @@ class GradReducer {
     comm::Work scatter;             // with ZeRO
     std::vector<BFloat16> low;      // --grad-dtype bf16: the bucket as reduced
     std::int64_t shard_at = 0;      // ZeRO 2/3: where this rank's block goes in shard_grads_
-    bool retired = false;           // ZeRO-3: added to the shard, its work space released
+    bool retired = false;           // per unit: added to the shard, its work space released
   };
   // for_each_owned / for_each_counted over `segments` (a subset of shard_'s elements).
   template <typename F>
@@ -186,10 +195,10 @@ class GradReducer {
   }
   void start(Bucket& b);
   bool poll(Bucket& b);
-  void retire(Bucket& b);   // ZeRO-3: b's reduction is complete
-  void retire_done();       // ZeRO-3: retires every started bucket whose reduction completed
-  void wait_in_flight();    // ZeRO-3: waits for the started buckets and retires them
-  void sample_workspace();  // ZeRO-3: measures the work space's resident bytes
+  void retire(Bucket& b);   // per unit: b's reduction is complete
+  void retire_done();       // per unit: retires every started bucket whose reduction completed
+  void wait_in_flight();    // per unit: waits for the started buckets and retires them
+  void sample_workspace();  // per unit: measures the work space's resident bytes
   void expire_if_stuck();  // after the thread timed out: end the job unless every bucket completes
   void progress_loop();
 
@@ -197,6 +206,7 @@ class GradReducer {
   comm::AllReducer reducer_;
   DataParallelOptions options_;
   int zero_ = 0;
+  bool per_unit_ = false;  // see per_unit()
   std::vector<Bucket> buckets_;  // from the end of the buffer to its start
   std::vector<nn::Segment> shard_;
   std::vector<nn::Segment> counted_;  // see for_each_counted (shard_ under ZeRO)
