@@ -21,7 +21,8 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
     // ZeRO 2 and 3 reduce unit by unit where the units are padded to shards (apply.cpp).
     reducers_.push_back(std::make_unique<GradReducer>(grad_, g.params().size(), options,
                                                       model.plan.pad_units ? g.unit_ranges()
-                                                                           : std::vector<nn::Segment>{}));
+                                                                           : std::vector<nn::Segment>{},
+                                                      g.device()));
     GradReducer* r = reducers_.back().get();
     g.set_grads_final_hook([r](std::int64_t from) { r->grads_final(from); });
     if (r->zero() == 3) {

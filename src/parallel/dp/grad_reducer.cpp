@@ -18,6 +18,7 @@
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/log.hpp"
+#include "ndmesh/tensor/ops.hpp"
 
 namespace ndmesh::parallel {
 namespace {
@@ -36,8 +37,12 @@ std::vector<std::string> data_parallel_option_problems(const DataParallelOptions
 }
 
 GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataParallelOptions options,
-                         const std::vector<nn::Segment>& units)
-    : group_(std::move(group)), options_(options), zero_(group_.size() > 1 ? options.zero : 0), flat_size_(flat_size) {
+                         const std::vector<nn::Segment>& units, Device device)
+    : group_(std::move(group)),
+      options_(options),
+      zero_(group_.size() > 1 ? options.zero : 0),
+      device_(device),
+      flat_size_(flat_size) {
   if (auto problems = data_parallel_option_problems(options); !problems.empty())
     fail<ConfigError>("dp", "{}", fmt::join(problems, "; "));
   const std::int64_t p = group_.size();
@@ -95,7 +100,7 @@ GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataP
       it->shard_at = at;
       at += block;
     }
-    if (zero_ >= 2) shard_grads_.assign(static_cast<std::size_t>(flat_size / p), 0.0f);
+    if (zero_ >= 2) shard_grads_ = Tensor<float>({flat_size / p}, device_);
     counted_ = shard_;
   }
 }
@@ -160,7 +165,7 @@ void GradReducer::progress_loop() {
   }
 }
 
-void GradReducer::zero_shard_grads() { std::fill(shard_grads_.begin(), shard_grads_.end(), 0.0f); }
+void GradReducer::zero_shard_grads() { shard_grads_.zero(); }
 
 void GradReducer::begin_backward(float* grads, bool last) {
   grads_ = grads;
@@ -367,13 +372,13 @@ void GradReducer::finish_backward() {
   comm_seconds_ += t1 - buckets_.front().start_time;
   if (zero_ == 2 && !per_unit_) {
     // Add this rank's block of every bucket to the shard, and clear the work space.
+    // On a GPU both live in device memory (ops run where the buffers are).
     std::int64_t at = 0;
     for (const nn::Segment& seg : shard_) {
-      for (std::int64_t i = 0; i < seg.count; ++i)
-        shard_grads_[static_cast<std::size_t>(at + i)] += grads_[seg.offset + i];
+      ops::add(shard_grads_.data() + at, grads_ + seg.offset, seg.count, device_);
       at += seg.count;
     }
-    for (const Bucket& b : buckets_) std::fill(grads_ + b.lo, grads_ + b.hi, 0.0f);
+    for (const Bucket& b : buckets_) ops::zero(grads_ + b.lo, b.hi - b.lo, device_);
   }
   reduce_now_ = false;  // until the next begin_backward: a backward in between reduces nothing
 }

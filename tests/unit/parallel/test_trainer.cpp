@@ -209,5 +209,26 @@ TEST(TrainOptions, OffloadOnAGpuGoesToPinnedHostMemoryWithoutAFolder) {
             std::string::npos);
 }
 
+// ZeRO-3 and bf16 gradient communication touch the gradient and parameter buffers in host
+// loops: on a GPU they are refused in one line each, not left to read device memory.
+TEST(TrainOptions, HostOnlyDataParallelPartsAreRefusedOnAGpu) {
+  TrainOptions o;
+  o.device = Device::kCuda;
+  o.dp.zero = 3;
+  auto all = [&] {
+    std::string s;
+    for (const std::string& p : train_option_problems(o)) s += p + "\n";
+    return s;
+  };
+  EXPECT_NE(all().find("--zero=3 with --device cuda"), std::string::npos) << all();
+  o.dp.zero = 2;
+  EXPECT_EQ(all(), "");
+  o.dp.bf16 = true;
+  EXPECT_NE(all().find("--grad-dtype=bf16 with --device cuda"), std::string::npos) << all();
+  o.device = Device::kCpu;
+  o.dp.zero = 3;
+  EXPECT_EQ(all(), "");
+}
+
 }  // namespace
 }  // namespace ndmesh::parallel

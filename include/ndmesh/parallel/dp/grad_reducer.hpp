@@ -67,6 +67,7 @@
 
 #include "ndmesh/comm/allreduce.hpp"
 #include "ndmesh/comm/communicator.hpp"
+#include "ndmesh/tensor/tensor.hpp"
 #include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/parallel/dp/param_gatherer.hpp"
 
@@ -98,8 +99,9 @@ class GradReducer {
   /// algorithm builds node sub-groups). Under ZeRO-3, and under ZeRO-2 when given, `units`
   /// are the buckets (ascending, covering the buffer, each a multiple of the group size;
   /// model::GptT::unit_ranges()): see per_unit().
+  /// `device` is where the gradient buffer lives (ZeRO-2's shard is kept there too).
   GradReducer(comm::Communicator group, std::int64_t flat_size, DataParallelOptions options,
-              const std::vector<nn::Segment>& units = {});
+              const std::vector<nn::Segment>& units = {}, Device device = Device::kCpu);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -210,7 +212,8 @@ class GradReducer {
   std::vector<Bucket> buckets_;  // from the end of the buffer to its start
   std::vector<nn::Segment> shard_;
   std::vector<nn::Segment> counted_;  // see for_each_counted (shard_ under ZeRO)
-  std::vector<float> shard_grads_;
+  Tensor<float> shard_grads_;  // on device_
+  Device device_ = Device::kCpu;
   float* grads_ = nullptr;
   std::int64_t flat_size_ = 0;
   std::vector<unsigned char> resident_;  // sample_workspace()'s mincore vector
