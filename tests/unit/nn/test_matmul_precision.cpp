@@ -13,6 +13,7 @@
 // of it), so a rounding that is silently off fails.
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -171,6 +172,38 @@ TEST(MatmulPrecision, Bf16GemmEveryTransposeAndStride) {
         EXPECT_GT(worst(got32, ref, k + 2), 10.0)
             << "trans_a=" << ta << " trans_b=" << tb << " beta=" << beta;
       }
+}
+
+// The rounding is BFloat16's on every kind of value: ties to even both ways, the largest
+// floats to infinity, infinities, subnormals, NaN (as a 1 x 1 x k product with B = 1 and A
+// one value and zeros, so C is the rounded value itself).
+TEST(MatmulPrecision, Bf16RoundingIsBFloat16s) {
+  const float values[] = {1.0f + 0x1p-8f,
+                          1.0f + 0x3p-8f,
+                          -(1.0f + 0x1p-8f),
+                          1.0f + 0x1p-8f + 0x1p-20f,
+                          3.4028235e38f,
+                          -3.4028235e38f,
+                          0x1p-140f,
+                          0x1.ffp-127f,
+                          1e-45f,
+                          -0.0f,
+                          0.1f,
+                          std::numeric_limits<float>::infinity()};
+  for (float v : values) {
+    const std::vector<float> a = {v, 0.0f, 0.0f}, b = {1.0f, 1.0f, 1.0f};
+    float c = std::nanf("");
+    ops::gemm<float>(Device::kCpu, MatmulPrecision::kBf16, false, false, 1, 1, 3, 1.0f, a.data(), 3, b.data(),
+                     1, 0.0f, &c, 1);
+    const float want = static_cast<float>(BFloat16(v));
+    EXPECT_TRUE(c == want || (std::isnan(c) && std::isnan(want)))
+        << v << " became " << c << ", BFloat16 " << want;
+  }
+  const std::vector<float> a = {std::nanf(""), 0.0f}, b = {1.0f, 1.0f};
+  float c = 0.0f;
+  ops::gemm<float>(Device::kCpu, MatmulPrecision::kBf16, false, false, 1, 1, 2, 1.0f, a.data(), 2, b.data(),
+                   1, 0.0f, &c, 1);
+  EXPECT_TRUE(std::isnan(c)) << "NaN became " << c;
 }
 
 }  // namespace
