@@ -50,10 +50,14 @@
 #   offload-host              35  --device cuda --offload optimizer (moments and fp32 master in pinned host
 #                                 memory, 0.05 MiB chunks) against train-default's cuda run: its bounds,
 #                                 bit for bit or not said (host loop vs CUDA AdamW kernel), PCIe bytes
-#   bf16                     100  --precision bf16 tracks fp32 on cuda over 300 steps, for the default model
-#                                 and a 6-layer 384-wide one: losses within 1% at every step, the
-#                                 step-1 gradient norm within 2% (25 s each run; SKIP while refused
-#                                 as not implemented, after one run)
+#   bf16                     100  --precision bf16 (bf16 operands at the matrix products) tracks fp32 on
+#                                 cuda over 300 steps, for the default model and a 6-layer 384-wide
+#                                 one: losses within 1% at every step, the step-1 gradient norm within
+#                                 2% (22 s each run; the CPU's wide model misses the every-step bound
+#                                 in its warmup, 4.6% at step 18: docs/train.md); and cuda bf16
+#                                 against cpu bf16 (10 s) over the default model's first 20 steps:
+#                                 losses 2e-4, step-1 gradient norm 5e-5 (bf16 against fp32 differ
+#                                 there by 2e-4), later norms 5e-3
 #   nccl                     200  several ranks on the one GPU (scripts/gpu_nccl.sh): dp 2, tp 2 + sp,
 #                                 pp 2 1F1B and interleaved, cp 2, dp 2 + ZeRO 2 on NCCL (NCCL_HOSTID
 #                                 per rank over loopback), 4 and 8 ranks staged over Gloo, each against
@@ -432,9 +436,11 @@ step_offload_host() {
   report "${r%% *}" offload-host "${r#* }"
 }
 
-# bf16 against fp32 on cuda: the default model and a 6-layer 384-wide one, 300 steps each.
+# bf16 against fp32 on cuda: the default model and a 6-layer 384-wide one, 300 steps each;
+# then cuda bf16 against cpu bf16 over the default model's first 20 steps (--until 20: the
+# same learning-rate schedule).
 bf16_models=("default:" "wide:--layers 6 --hidden 384 --heads 6")
-bf16_run=(train --steps 300 --seed 11 --eval-batches 0 --threads 4 --json --device cuda)
+bf16_run=(train --steps 300 --seed 11 --eval-batches 0 --threads 4 --json)
 
 step_bf16() {
   local seconds rc entry name pairs=()
@@ -444,26 +450,36 @@ step_bf16() {
     read -r -a shape <<< "${entry#*:}"
     local precision
     for precision in bf16 fp32; do
-      seconds=$(bound 25)
+      seconds=$(bound 22)
       [ "$seconds" -eq 0 ] && { report FAIL bf16 "not run: no time left of the $total_budget s budget"; return; }
-      ndmesh "$seconds" "bf16.$name.$precision" "${bf16_run[@]}" "${shape[@]}" --precision $precision
+      ndmesh "$seconds" "bf16.$name.$precision" "${bf16_run[@]}" "${shape[@]}" --device cuda --precision $precision
       rc=$?
       if [ $rc -ne 0 ]; then
-        if [ $precision = bf16 ] && grep -q 'not implemented' "$logs/bf16.$name.bf16.err"; then
-          report SKIP bf16 "refused in one line: $(head -n 1 "$logs/bf16.$name.bf16.err")"
-        else
-          report FAIL bf16 "$name model, --precision $precision: $(describe $rc "$seconds")"
-          tail_of "$logs/bf16.$name.$precision.err"
-        fi
+        report FAIL bf16 "$name model, --precision $precision: $(describe $rc "$seconds")"
+        tail_of "$logs/bf16.$name.$precision.err"
         return
       fi
       json_of "bf16.$name.$precision"
     done
     pairs+=("$logs/bf16.$name.fp32.json" "$logs/bf16.$name.bf16.json")
   done
-  local r
+  local r r2
   r=$(py bf16 bf16 "${pairs[@]}")
-  report "${r%% *}" bf16 "${r#* }"
+  seconds=$(bound 10)
+  [ "$seconds" -gt 0 ] && ndmesh "$seconds" bf16.default.cpu "${bf16_run[@]}" --until 20 --device cpu --precision bf16
+  rc=$?
+  if [ "$seconds" -eq 0 ]; then
+    r2="FAIL cuda against cpu bf16 not run: no time left of the $total_budget s budget"
+  elif [ $rc -ne 0 ]; then
+    r2="FAIL the default model on --device cpu: $(describe $rc "$seconds")"
+    tail_of "$logs/bf16.default.cpu.err"
+  else
+    json_of bf16.default.cpu
+    r2=$(py bf16-devices bf16-devices "$logs/bf16.default.cpu.json" "$logs/bf16.default.bf16.json")
+  fi
+  local status=PASS
+  [ "${r%% *}" = PASS ] && [ "${r2%% *}" = PASS ] || status=FAIL
+  report $status bf16 "${r#* }; ${r2#* }"
 }
 
 # The GPU's rates for the planner: the hardware file stays in the logs (calibrate.toml).

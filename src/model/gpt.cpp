@@ -81,6 +81,7 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
   if (auto problems = tp_problems(spec, tp_.size(), tp_.sequence_parallel, batch_ * seq_); !problems.empty())
     fail<ConfigError>("model", "{}", fmt::join(problems, "; "));
   const nn::TpShape tps = tp_.shape();
+  store_.set_matmul_precision(options.matmul);
   if (first_block_ == 0)
     embed_.emplace(store_,
                    nn::EmbeddingOptions{

@@ -32,8 +32,10 @@ template <typename T>
 void Linear<T>::forward(const T* inp, T* out, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
   const Device device = store_->device();
+  const MatmulPrecision precision = store_->matmul_precision();
   if (device != Device::kCpu) {
-    ops::gemm<T>(device, false, true, rows, n_out, in, T(1), inp, in, store_->param(weight_), in, T(0), out, n_out);
+    ops::gemm<T>(device, precision, false, true, rows, n_out, in, T(1), inp, in, store_->param(weight_), in, T(0),
+                 out, n_out);
     if (!options_.deferred_bias) add_bias(out, rows);
     return;
   }
@@ -43,7 +45,8 @@ void Linear<T>::forward(const T* inp, T* out, std::int64_t rows) const {
     for (std::int64_t r = 0; r < rows; ++r) std::copy(b, b + n_out, out + r * n_out);
     beta = T(1);
   }
-  gemm<T>(false, true, rows, n_out, in, T(1), inp, in, store_->param(weight_), in, beta, out, n_out);
+  ops::gemm<T>(device, precision, false, true, rows, n_out, in, T(1), inp, in, store_->param(weight_), in, beta, out,
+               n_out);
 }
 
 namespace {
@@ -58,8 +61,8 @@ template <typename T>
 void Linear<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
   if (dinp != nullptr)
-    ops::gemm<T>(store_->device(), false, false, rows, in, n_out, T(1), dout, n_out, store_->param(weight_), in,
-                 T(1), dinp, in);
+    ops::gemm<T>(store_->device(), store_->matmul_precision(), false, false, rows, in, n_out, T(1), dout, n_out,
+                 store_->param(weight_), in, T(1), dinp, in);
   if (DeferredWeightGrads<T>* sink = deferred_sink<T>()) {
     sink->record(*this, dout, inp, rows);
     return;
@@ -70,8 +73,8 @@ void Linear<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t rows
 template <typename T>
 void Linear<T>::backward_weight(const T* dout, const T* inp, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
-  ops::gemm<T>(store_->device(), true, false, n_out, in, rows, T(1), dout, n_out, inp, in, T(1), store_->grad(weight_),
-               in);
+  ops::gemm<T>(store_->device(), store_->matmul_precision(), true, false, n_out, in, rows, T(1), dout, n_out, inp, in,
+               T(1), store_->grad(weight_), in);
   if (!options_.deferred_bias) backward_bias(dout, rows);
 }
 

@@ -74,6 +74,7 @@ RankModel parallelize(const TrainOptions& o, ProcessGroups& groups) {
   apply_data_parallel(plan, groups, o);
   apply_recompute(plan, o);
   apply_device(plan, groups, o);
+  plan.matmul = o.precision == Precision::kBf16 ? MatmulPrecision::kBf16 : MatmulPrecision::kFp32;
 
   m.chunks = build_chunks(plan);
   return m;
@@ -92,7 +93,8 @@ std::vector<std::unique_ptr<model::Gpt>> build_chunks(const ModelPlan& plan) {
                                                                     .pad_units = plan.pad_units,
                                                                     .recompute = plan.recompute,
                                                                     .split_backward = plan.split_backward,
-                                                                    .device = plan.device},
+                                                                    .device = plan.device,
+                                                                    .matmul = plan.matmul},
                                                   plan.tp));
     model::Gpt& g = *chunks.back();
     // The chunks of a rank run one backward at a time: one recompute workspace for all.

@@ -44,12 +44,6 @@ std::vector<std::string> train_option_problems(const TrainOptions& o) {
   need(o.pp.virtual_stages >= 1, "--vpp", o.pp.virtual_stages, "must be at least 1", "2");
   need(o.pp.trace_steps >= 1, "--trace-steps", o.pp.trace_steps, "must be at least 1", "32");
   for (std::string& p : data_parallel_option_problems(o.dp)) out.push_back(std::move(p));
-  if (o.precision == Precision::kBf16)
-    out.push_back(
-        o.device == Device::kCpu
-            ? "--precision=bf16 is mixed precision for GPUs; on the CPU use --precision fp32, or add "
-              "--device cuda on a GPU machine"
-            : "--precision=bf16: mixed precision is not implemented yet; use --precision fp32");
   if (o.offload.what == Offload::kOptimizerParams && o.dp.zero != 3)
     out.push_back(fmt::format(
         "--offload=optimizer+params with --zero {}: the parameters live in files between uses only under ZeRO-3 "

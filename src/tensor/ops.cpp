@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/blas.hpp"
@@ -51,6 +52,44 @@ void gemm(Device device, bool trans_a, bool trans_b, std::int64_t m, std::int64_
   ndmesh::gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+namespace {
+// The first `extent` elements of an operand, rounded to bfloat16: its rows and whatever lies
+// between them under a row stride longer than a row (never read by the product).
+template <typename T>
+const T* rounded_to_bf16(std::vector<T>& scratch, const T* x, std::int64_t extent) {
+  scratch.resize(static_cast<std::size_t>(extent));
+  for (std::int64_t i = 0; i < extent; ++i)
+    scratch[static_cast<std::size_t>(i)] = static_cast<T>(static_cast<float>(BFloat16(static_cast<float>(x[i]))));
+  return scratch.data();
+}
+}  // namespace
+
+template <typename T>
+void gemm(Device device, MatmulPrecision precision, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+          std::int64_t k, T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+          std::int64_t ldc) {
+  if (precision == MatmulPrecision::kFp32 || m <= 0 || n <= 0 || k <= 0)  // no product: nothing to round
+    return gemm<T>(device, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  // Stored shapes: A is m x k (k x m transposed), B is k x n (n x k transposed).
+  const std::int64_t a_extent = ((trans_a ? k : m) - 1) * lda + (trans_a ? m : k);
+  const std::int64_t b_extent = ((trans_b ? n : k) - 1) * ldb + (trans_b ? k : n);
+  NDMESH_CUDA_TWIN(device, {
+    DeviceBuffer a16(static_cast<std::size_t>(a_extent) * sizeof(BFloat16));
+    DeviceBuffer b16(static_cast<std::size_t>(b_extent) * sizeof(BFloat16));
+    cuda::cast(static_cast<BFloat16*>(a16.data()), a, a_extent);
+    cuda::cast(static_cast<BFloat16*>(b16.data()), b, b_extent);
+    // The buffers go back to the caching allocator, which hands them out again only to
+    // work ordered after this product on the compute stream.
+    cuda::gemm_bf16_f32(trans_a, trans_b, m, n, k, alpha, static_cast<const BFloat16*>(a16.data()), lda,
+                        static_cast<const BFloat16*>(b16.data()), ldb, beta, c, ldc);
+  })
+  // A product of two bf16 values is exact in fp32 (8 + 8 significant bits): on the rounded
+  // copies the fp32 gemm is a bf16 product with fp32 accumulation.
+  thread_local std::vector<T> a16, b16;
+  ndmesh::gemm<T>(trans_a, trans_b, m, n, k, alpha, rounded_to_bf16(a16, a, a_extent), lda,
+                  rounded_to_bf16(b16, b, b_extent), ldb, beta, c, ldc);
+}
+
 #define NDMESH_OPS(T)                                                                                         \
   template void check_device<T>(Device);                                                                      \
   template void copy<T>(T*, const T*, std::int64_t, Device);                                                  \
@@ -58,7 +97,9 @@ void gemm(Device device, bool trans_a, bool trans_b, std::int64_t m, std::int64_
   template void add<T>(T*, const T*, std::int64_t, Device);                                                   \
   template double square_sum<T>(const T*, std::int64_t, Device);                                              \
   template void gemm<T>(Device, bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const T*, std::int64_t, \
-                        const T*, std::int64_t, T, T*, std::int64_t);
+                        const T*, std::int64_t, T, T*, std::int64_t);                                   \
+  template void gemm<T>(Device, MatmulPrecision, bool, bool, std::int64_t, std::int64_t, std::int64_t, T,      \
+                        const T*, std::int64_t, const T*, std::int64_t, T, T*, std::int64_t);
 NDMESH_OPS(float)
 NDMESH_OPS(double)
 // bfloat16 tensors: placed, copied and zeroed here; computed on by the bf16 kernels.

@@ -86,6 +86,20 @@ expect PASS 'losses within 0.00% (bound 1%)' bf16 "$tmp/full.out" "$tmp/full.out
 expect FAIL 'losses within 1.50% (bound 1%)' bf16 "$tmp/full.out" "$tmp/full.out" "$tmp/full.out" "$tmp/bf16-off.json"
 expect FAIL 'step-1 gradient norm 3.00% (2%)' bf16 "$tmp/full.out" "$tmp/bf16-norm-off.json" "$tmp/full.out" "$tmp/full.out"
 
+# bf16-devices: cuda bf16 against cpu bf16 over the cpu run's steps (10 of the full run's 36
+# here); a step-1 gradient norm 1e-4 off (what fp32 against bf16 gives) fails, and so does a
+# cuda run shorter than the cpu run.
+python3 - "$tmp/full.out" "$tmp/cpu10.json" "$tmp/norm1e-4.json" << 'EOF'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+json.dump(dict(r, losses=r["losses"][:10], grad_norms=r["grad_norms"][:10]), open(sys.argv[2], "w"))
+r["grad_norms"][0] *= 1 + 1e-4
+json.dump(r, open(sys.argv[3], "w"))
+EOF
+expect PASS 'over 10 steps: losses 0 (bound 2e-4), step-1 gradient norm 0 (5e-5)' bf16-devices "$tmp/cpu10.json" "$tmp/full.out"
+expect FAIL 'step-1 gradient norm 0.0001 (5e-5)' bf16-devices "$tmp/cpu10.json" "$tmp/norm1e-4.json"
+expect FAIL '10 of 36 steps' bf16-devices "$tmp/full.out" "$tmp/cpu10.json"
+
 # speed: steps 6-36 of the step lines (31 timed), and too few steps.
 expect PASS 'over steps 6-36' speed "$tmp/full.out" 5 32 "$tmp/speed.json"
 python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); assert s["timed_steps"] == 31 and s["tokens_per_second"] > 0' \

@@ -6,6 +6,7 @@
 // emulator has no cuBLASLt.
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "gpu_test.hpp"
@@ -238,6 +239,90 @@ TEST(CudaGemmBf16, ProductsAndEpiloguesMatchADoubleReference) {
     const auto wh = to_host<float>(dw, w0.size()), gh = to_host<float>(gb, ns);
     EXPECT_TRUE(within(std::vector<double>(wh.begin(), wh.end()), wref, ws, 1e-6, kAcc)) << "weight gradient " << where;
     EXPECT_TRUE(within(std::vector<double>(gh.begin(), gh.end()), gref, gs, 1e-6, kAcc)) << "BGRADB " << where;
+  }
+}
+
+// --precision bf16 on the device: a Linear whose store says MatmulPrecision::kBf16 casts both
+// operands of each product to bf16 (cuda::cast, bit-exact with BFloat16) and runs
+// gemm_bf16_f32; the CPU layer multiplies the same rounded values in fp32. Both sum the same
+// exact products (8 x 8 significant bits fit fp32), in other orders: each within (k + 1) u S
+// of the exact sum (u = 2^-24, S the sum of |terms|), the tensor cores' adder (truncating,
+// Fasi et al. 2021) within twice that, so the two within 4 (k + 1) u S. The CPU's fp32 layer
+// (no rounding) misses the device's result by far more somewhere: the rounding is on.
+TEST(CudaGemmBf16, Bf16LinearOnTheDeviceIsTheCpuBf16Linear) {
+  NDMESH_GPU_OR_SKIP();
+  for (const GemmCase& g : {GemmCase{7, 5, 5}, GemmCase{33, 130, 96}, GemmCase{129, 96, 130}}) {
+    const std::int64_t rows = g.m, out = g.n, in = g.k;
+    const std::string where =
+        "rows=" + std::to_string(rows) + " in=" + std::to_string(in) + " out=" + std::to_string(out);
+    const auto inp = normal(static_cast<std::size_t>(rows * in), 3);
+    const auto dout = normal(static_cast<std::size_t>(rows * out), 4);
+    struct Run {
+      std::vector<float> out, dinp, dweight;
+    };
+    auto run = [&](MatmulPrecision precision, Device device) {
+      ParamStore<float> store;
+      store.set_matmul_precision(precision);
+      const nn::Linear<float> linear(store, {.in = in, .out = out});
+      store.allocate();
+      const auto params = normal(static_cast<std::size_t>(store.size()), 7);
+      store.params_from_host(params.data());
+      store.to(device);
+      const std::size_t n_out = static_cast<std::size_t>(rows * out), n_in = static_cast<std::size_t>(rows * in);
+      Run r;
+      if (device == Device::kCpu) {
+        r.out.assign(n_out, 0.0f), r.dinp.assign(n_in, 0.5f);
+        linear.forward(inp.data(), r.out.data(), rows);
+        linear.backward(dout.data(), inp.data(), r.dinp.data(), rows);
+        const float* dw = store.grad(linear.weight_id());
+        r.dweight.assign(dw, dw + in * out);
+        return r;
+      }
+      DeviceBuffer din = to_device(inp), ddout = to_device(dout), dy = to_device(nans(n_out)),
+                   ddinp = to_device(std::vector<float>(n_in, 0.5f));
+      linear.forward(ptr<float>(din), ptr<float>(dy), rows);
+      linear.backward(ptr<float>(ddout), ptr<float>(din), ptr<float>(ddinp), rows);
+      r.out = to_host<float>(dy, n_out), r.dinp = to_host<float>(ddinp, n_in);
+      const auto grads = store.grads();
+      std::vector<float> host(grads.size());
+      cuda::copy_to_host(host.data(), grads.data(), grads.size() * sizeof(float));
+      const auto offset = static_cast<std::size_t>(store.view(linear.weight_id()).offset);
+      r.dweight.assign(host.begin() + static_cast<std::ptrdiff_t>(offset),
+                       host.begin() + static_cast<std::ptrdiff_t>(offset + static_cast<std::size_t>(in * out)));
+      return r;
+    };
+    const Run gpu = run(MatmulPrecision::kBf16, Device::kCuda), cpu = run(MatmulPrecision::kBf16, Device::kCpu),
+              fp32 = run(MatmulPrecision::kFp32, Device::kCpu);
+    // S per element, from the rounded operands (the weights as the store holds them).
+    ParamStore<float> store;
+    const nn::Linear<float> shape(store, {.in = in, .out = out});
+    store.allocate();
+    const auto params = normal(static_cast<std::size_t>(store.size()), 7);
+    const float* w = params.data() + store.view(shape.weight_id()).offset;
+    const float* b = params.data() + store.view(shape.bias_id()).offset;
+    auto r16 = [](float x) { return std::fabs(static_cast<double>(static_cast<float>(BFloat16(x)))); };
+    std::vector<double> s_out(gpu.out.size()), s_dinp(gpu.dinp.size(), 0.5), s_dw(gpu.dweight.size(), 0.0);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t o = 0; o < out; ++o) {
+        const auto ro = static_cast<std::size_t>(r * out + o);
+        s_out[ro] += std::fabs(b[o]);
+        for (std::int64_t i = 0; i < in; ++i) {
+          const auto ri = static_cast<std::size_t>(r * in + i), oi = static_cast<std::size_t>(o * in + i);
+          s_out[ro] += r16(inp[ri]) * r16(w[oi]);
+          s_dinp[ri] += r16(dout[ro]) * r16(w[oi]);
+          s_dw[oi] += r16(dout[ro]) * r16(inp[ri]);
+        }
+      }
+    const double u = std::ldexp(1.0, -24);
+    auto d = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+    EXPECT_TRUE(within(d(gpu.out), d(cpu.out), s_out, 0, 4.0 * static_cast<double>(in + 2) * u))
+        << "forward " << where;
+    EXPECT_TRUE(within(d(gpu.dinp), d(cpu.dinp), s_dinp, 0, 4.0 * static_cast<double>(out + 2) * u))
+        << "input gradient " << where;
+    EXPECT_TRUE(within(d(gpu.dweight), d(cpu.dweight), s_dw, 0, 4.0 * static_cast<double>(rows + 2) * u))
+        << "weight gradient " << where;
+    EXPECT_FALSE(within(d(gpu.out), d(fp32.out), s_out, 0, 4.0 * static_cast<double>(in + 2) * u))
+        << "the device's bf16 forward equals the fp32 one within the bound: not rounded " << where;
   }
 }
 

@@ -802,7 +802,9 @@ Action setup(CLI::App& app) {
          "where the model runs: cpu (the fp32 reference) or cuda (one GPU per rank; built where the CUDA "
          "toolkit is found; one rank for now)")
       ->capture_default_str();
-  app.add_option("--precision", o->precision, "fp32, or bf16 mixed precision (GPUs; not implemented yet)")
+  app.add_option("--precision", o->precision,
+                 "fp32, or bf16: mixed precision at the matrix products (bf16 operands, fp32 accumulation; "
+                 "fp32 weights and activations)")
       ->capture_default_str();
   app.add_option(
          "--recompute", o->recompute,

@@ -37,6 +37,12 @@ struct BFloat16 {
   bool operator==(const BFloat16&) const = default;
 };
 
+/// The operands of a matrix product: fp32 as stored, or each operand rounded to bfloat16
+/// (to nearest even, as BFloat16) with the products accumulated in fp32 into an fp32 result:
+/// the arithmetic of a bf16 tensor-core product (a product of two bf16 values is exact in
+/// fp32), up to summation order. Mixed precision at the matrix products (--precision bf16).
+enum class MatmulPrecision : std::uint8_t { kFp32, kBf16 };
+
 /// DTypeOf<T>::value is the DType of T; only defined for supported element types.
 template <typename T>
 struct DTypeOf;

@@ -65,6 +65,10 @@ struct GptOptions {
   /// host and copied. ConfigError when the device cannot run here, or on CUDA with tensor
   /// parallelism (not yet available on GPUs).
   Device device = Device::kCpu;
+  /// The operands of every matrix product of the linears and the LM head (ParamStore::
+  /// set_matmul_precision): fp32, or rounded to bfloat16 with fp32 accumulation. The
+  /// attention core's products (QK^T, PV) stay fp32.
+  MatmulPrecision matmul = MatmulPrecision::kFp32;
 };
 
 /// A unit of fully sharded data parallelism (ZeRO-3): the parameters gathered together

@@ -30,7 +30,10 @@ struct LinearOptions {
   bool deferred_bias = false;
 };
 
-/// A fully connected layer over rows of features.
+/// A fully connected layer over rows of features. Its three products (forward, input and
+/// weight gradient) take their operands as its store's matmul_precision() says: under bf16
+/// both operands rounded to bfloat16, accumulated in fp32 into the fp32 output, input
+/// gradient and weight gradient (the bias and everything else stay T).
 template <typename T>
 class Linear {
  public:

@@ -66,6 +66,8 @@ struct ModelPlan {
   nn::Recompute recompute = nn::Recompute::kNone;
   // Where the chunks run.
   Device device = Device::kCpu;
+  // The operands of the linears' and the head's products (--precision bf16: bfloat16).
+  MatmulPrecision matmul = MatmulPrecision::kFp32;
 };
 
 /// This rank's part of the model: the plan and one Gpt per local chunk.

@@ -29,7 +29,10 @@ struct PipelineOptions {
 };
 
 /// Arithmetic of a run: fp32 everywhere (the CPU reference and its CUDA twin), or bf16 mixed
-/// precision (bf16 weights copy and activations, fp32 master weights, AdamW state and loss).
+/// precision at the matrix products: the linears and the LM head take their operands rounded
+/// to bfloat16 and accumulate in fp32 (ModelPlan::matmul); weights, AdamW state, activations,
+/// the attention core, reductions and the loss stay fp32. (bf16 activation storage is the
+/// next step.)
 enum class Precision { kFp32, kBf16 };
 /// "fp32", "bf16".
 const char* precision_name(Precision p);

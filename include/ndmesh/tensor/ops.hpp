@@ -32,6 +32,15 @@ template <typename T>
 void gemm(Device device, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc);
 
+/// gemm with the operands A and B rounded as `precision` says: kFp32 is gemm above; kBf16
+/// rounds each stored element of A and B to bfloat16 (nearest even; double through float)
+/// into scratch copies and accumulates in T into C (CPU: ndmesh::gemm on the rounded copies;
+/// CUDA: cuda::cast into bf16 scratch and cuda::gemm_bf16_f32).
+template <typename T>
+void gemm(Device device, MatmulPrecision precision, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+          std::int64_t k, T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+          std::int64_t ldc);
+
 /// The element types CUDA holds: float, and bfloat16 (the activations of bf16 mixed
 /// precision; copy and zero only here, its arithmetic is the kernels' of nn/cuda_ops.hpp).
 template <typename T>

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ndmesh/core/dtype.hpp"
 #include "ndmesh/tensor/device.hpp"
 #include "ndmesh/tensor/tensor.hpp"
 
@@ -111,6 +112,11 @@ class ParamStore {
   std::int64_t parameter_count() const;
   /// Sets every gradient to zero.
   void zero_grad();
+  /// The operands of the matrix products of the layers over this store (nn::Linear: forward,
+  /// input and weight gradients): fp32, or rounded to bfloat16 with fp32 accumulation. The
+  /// parameters, gradients and everything else stay T.
+  void set_matmul_precision(MatmulPrecision p) { matmul_ = p; }
+  MatmulPrecision matmul_precision() const { return matmul_; }
   /// Offsets of every view in the flat buffer of the full (serial) model with the same
   /// views (unpadded): what checkpoints store, whatever the tp layout; and its size.
   std::vector<std::int64_t> logical_offsets(std::int64_t* total = nullptr) const;
@@ -120,6 +126,7 @@ class ParamStore {
   std::int64_t size_ = 0;
   Tensor<T> params_;
   Tensor<T> grads_;
+  MatmulPrecision matmul_ = MatmulPrecision::kFp32;
 };
 
 }  // namespace ndmesh
