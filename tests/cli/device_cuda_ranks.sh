@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# --device cuda on several ranks where no GPU is (this machine, CI): every rank ends with its
-# one line saying why CUDA cannot run (no GPU here, or a build without CUDA) and the job exits
+# --device cuda on several ranks where no GPU is (this machine, CI): every rank that ends by
+# itself ends with its one line saying why CUDA cannot run (no GPU here, or a build without CUDA) and the job exits
 # non-zero within seconds: under mpirun, under the store launch (NCCL over the Gloo
 # bootstrap), and staged over Gloo (NDMESH_BACKEND=gloo). Several GPU ranks are no longer
 # refused as "not available".
@@ -25,10 +25,14 @@ check() {
   [ "$rc" -ne 124 ] || fail "$what: hung (timeout): $out"
   [ "$elapsed" -lt 60 ] || fail "$what: took $elapsed s"
   ! grep -q "not available yet" <<< "$out" || fail "$what: several GPU ranks still refused: $out"
-  local lines
+  # Each rank that says anything says why CUDA cannot run, never that a peer's store or group
+  # went away. Usually both ranks print it; under load the launcher may end the slower rank
+  # (its sibling failed first) before it gets there, so one line is enough, none is not.
+  local lines others
   lines=$(grep -E '\[cuda\] (no usable CUDA GPU here|the CUDA driver sees no GPU|this ndmesh was built without CUDA)' <<< "$out")
-  [ "$(grep -c . <<< "$lines")" -eq 2 ] || fail "$what: expected one [cuda] line per rank (2), got: $out"
-  grep -q '\[rank 0\]' <<< "$lines" && grep -q '\[rank 1\]' <<< "$lines" || fail "$what: a rank's line is missing: $out"
+  [ -n "$lines" ] || fail "$what: no rank said why CUDA cannot run: $out"
+  others=$(grep -E 'ndmesh: \[rank [0-9]+\]' <<< "$out" | grep -vF "$lines" || true)
+  [ -z "$others" ] || fail "$what: a rank ended with another error than the [cuda] line: $others"
   echo "ok $what (exit $rc, ${elapsed} s): $(head -n 1 <<< "$lines")"
 }
 
