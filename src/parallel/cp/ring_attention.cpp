@@ -68,17 +68,23 @@ constexpr std::int64_t kPollRows = 4 * nn::kAttentionTile;
 }  // namespace
 
 template <typename T>
+typename RingAttention<T>::Ring RingAttention<T>::ring_of(const nn::Attention<T>& attn, std::int64_t batch,
+                                                          std::int64_t seq) const {
+  const int P = cp_.size();
+  return {.R = attn.qkv_width(),
+          .O = attn.out_width(),
+          .W = 2 * attn.options().kv_heads * attn.options().head_dim,
+          .n = batch * seq,
+          .next = (cp_.rank() + 1) % P,
+          .prev = (cp_.rank() + P - 1) % P};
+}
+
+template <typename T>
 typename RingAttention<T>::Ring RingAttention<T>::start(const nn::Attention<T>& attn, const T* qkv,
                                                         std::int64_t batch, std::int64_t seq,
                                                         const std::int64_t* positions) const {
   const nn::AttentionOptions& o = attn.options();
-  const int P = cp_.size();
-  Ring g{.R = attn.qkv_width(),
-         .O = attn.out_width(),
-         .W = 2 * o.kv_heads * o.head_dim,
-         .n = batch * seq,
-         .next = (cp_.rank() + 1) % P,
-         .prev = (cp_.rank() + P - 1) % P};
+  const Ring g = ring_of(attn, batch, seq);
   for (int i = 0; i < 2; ++i) {
     kv_[i].resize(static_cast<std::size_t>(g.n * g.W));
     pos_[i].resize(static_cast<std::size_t>(seq));
@@ -262,14 +268,7 @@ template <typename T>
 typename RingAttention<T>::Ring RingAttention<T>::start_device(const nn::Attention<T>& attn, const T* qkv,
                                                                std::int64_t batch, std::int64_t seq,
                                                                const std::int64_t* positions) const {
-  const nn::AttentionOptions& o = attn.options();
-  const int P = cp_.size();
-  Ring g{.R = attn.qkv_width(),
-         .O = attn.out_width(),
-         .W = 2 * o.kv_heads * o.head_dim,
-         .n = batch * seq,
-         .next = (cp_.rank() + 1) % P,
-         .prev = (cp_.rank() + P - 1) % P};
+  const Ring g = ring_of(attn, batch, seq);
   for (int i = 0; i < 2; ++i) {
     device_size(kv_dev_[i], g.n * g.W, device_);
     pos_[i].resize(static_cast<std::size_t>(seq));
@@ -282,7 +281,8 @@ typename RingAttention<T>::Ring RingAttention<T>::start_device(const nn::Attenti
   ops::stage(qpos_dev_, pos_[0].data(), seq, device_);
 #if NDMESH_WITH_CUDA
   if constexpr (std::is_same_v<T, float>)
-    cuda::copy_rows(kv_dev_[0].data(), g.W, qkv + o.heads * o.head_dim, g.R, g.n, g.W, false);
+    cuda::copy_rows(kv_dev_[0].data(), g.W, qkv + attn.options().heads * attn.options().head_dim, g.R, g.n, g.W,
+                    false);
 #else
   (void)qkv;
 #endif

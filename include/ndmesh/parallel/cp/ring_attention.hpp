@@ -79,6 +79,8 @@ class RingAttention final : public nn::AttentionCore<T> {
     std::int64_t R, O, W, n;  // qkv row width, output row width, k|v row width, rows
     int next, prev;
   };
+  // The layer's row widths and this rank's ring neighbours in the cp group (host and device).
+  Ring ring_of(const nn::Attention<T>& attn, std::int64_t batch, std::int64_t seq) const;
   // Sizes the ring buffers and puts this rank's keys, values and positions in slot 0.
   Ring start(const nn::Attention<T>& attn, const T* qkv, std::int64_t batch, std::int64_t seq,
              const std::int64_t* positions) const;
