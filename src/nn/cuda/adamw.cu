@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "ndmesh/nn/cuda_ops.hpp"
@@ -81,8 +82,8 @@ __global__ void adamw_kernel(float* w, const float* grad, float* m, float* v, st
   }
 }
 
-// The segment and chunk tables of the last list, in device memory (kept for the process:
-// a training run passes the same list every step).
+// The segment and chunk tables of a list, in device memory (kept for the process: a
+// training run passes the same lists every step).
 struct MultiTables {
   std::vector<AdamWSegment> segments;
   DeviceBuffer device_segments, device_chunks;
@@ -101,8 +102,16 @@ bool same(const std::vector<AdamWSegment>& a, const AdamWSegment* b, int n) {
 }
 
 const MultiTables& tables_for(const AdamWSegment* segments, int n) {
-  static MultiTables* t = new MultiTables();  // never freed: outlives the allocator's users
-  if (same(t->segments, segments, n)) return *t;
+  // One table per list, per host thread: a rank with several model chunks (the interleaved
+  // pipeline's virtual stages) passes one list per chunk every step, and ranks that are
+  // threads of one process (the emulator's in-process tests) each pass their own. A table
+  // evicted while a kernel may read it is freed in stream order (tensor/device.hpp).
+  constexpr std::size_t kKept = 16;
+  thread_local auto* kept = new std::vector<std::unique_ptr<MultiTables>>();  // never freed: outlives the allocator
+  for (const auto& t : *kept)
+    if (same(t->segments, segments, n)) return *t;
+  if (kept->size() == kKept) kept->erase(kept->begin());
+  auto t = std::make_unique<MultiTables>();
   std::vector<Chunk> chunks;
   for (int i = 0; i < n; ++i)
     for (std::int64_t b = 0; b < segments[i].count; b += kChunk) chunks.push_back({i, b});
@@ -112,7 +121,8 @@ const MultiTables& tables_for(const AdamWSegment* segments, int n) {
   t->device_chunks = DeviceBuffer(chunks.size() * sizeof(Chunk));
   if (n > 0) copy_to_device(t->device_segments.data(), segments, static_cast<std::size_t>(n) * sizeof(AdamWSegment));
   if (!chunks.empty()) copy_to_device(t->device_chunks.data(), chunks.data(), chunks.size() * sizeof(Chunk));
-  return *t;
+  kept->push_back(std::move(t));
+  return *kept->back();
 }
 
 }  // namespace
