@@ -16,6 +16,7 @@
 #include "ndmesh/comm/tags.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/parallel/pp/check.hpp"
+#include "ndmesh/tensor/ops.hpp"
 
 namespace ndmesh::pp {
 
@@ -57,6 +58,7 @@ Executor::Executor(PipelineSchedule schedule, comm::Communicator pp, std::vector
   // What crosses a stage boundary: the residual stream of a micro-batch (this rank's rows of
   // it under sequence parallelism).
   hidden_elems_ = first.tp().local_rows(first.batch() * first.seq()) * first.spec().hidden;
+  device_ = first.device();
   tokens_.resize(static_cast<std::size_t>(first.batch() * first.seq()));
   targets_.resize(tokens_.size());
   free_acts_.resize(chunks_.size());
@@ -89,9 +91,9 @@ double Executor::now() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - origin_).count();
 }
 
-std::vector<float> Executor::take_buffer() {
-  if (free_buffers_.empty()) return std::vector<float>(static_cast<std::size_t>(hidden_elems_));
-  std::vector<float> b = std::move(free_buffers_.back());
+Tensor<float> Executor::take_buffer() {
+  if (free_buffers_.empty()) return Tensor<float>({hidden_elems_}, device_);
+  Tensor<float> b = std::move(free_buffers_.back());
   free_buffers_.pop_back();
   return b;
 }
@@ -114,7 +116,7 @@ void Executor::post_receives(const PipelineSchedule& s, std::size_t upto) {
     t.index = static_cast<int>(posted_upto_);
     // The transfer's own deadline lies past ours, so that wait() reports the action first.
     const double timeout = options_.timeout_s > 0 ? options_.timeout_s : comm::default_timeout_s();
-    t.work = pp_.recv_async(std::span<float>(t.buffer), a.peer,
+    t.work = pp_.recv_async(std::span<float>(t.buffer.data(), static_cast<std::size_t>(hidden_elems_)), a.peer,
                             {.timeout_s = 2 * timeout + 60, .tag = tag(a.kind, a.microbatch, a.chunk)});
     t.posted = true;
     recvs_[key(a.kind, a.microbatch, a.chunk, s.microbatches)] = std::move(t);
@@ -211,8 +213,8 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
     recvs_.erase(it);
   };
   auto outbox = [&](ActionKind send_kind, int mb, int c, const float* data) {
-    std::vector<float> b = take_buffer();
-    std::copy(data, data + hidden_elems_, b.begin());
+    Tensor<float> b = take_buffer();
+    ops::copy(b.data(), data, hidden_elems_, device_);
     outbox_[key(send_kind, mb, c, m)] = std::move(b);
   };
 
@@ -312,7 +314,7 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
         outbox_.erase(it);
         t.index = static_cast<int>(i);
         const double timeout = options_.timeout_s > 0 ? options_.timeout_s : comm::default_timeout_s();
-        t.work = pp_.send_async(std::span<const float>(t.buffer), a.peer,
+        t.work = pp_.send_async(std::span<const float>(t.buffer.data(), static_cast<std::size_t>(hidden_elems_)), a.peer,
                                 {.timeout_s = 2 * timeout + 60, .tag = tag(a.kind, mb, c)});
         t.posted = true;
         sends_.push_back(std::move(t));

@@ -37,6 +37,7 @@
 #include "ndmesh/model/gpt.hpp"
 #include "ndmesh/nn/linear.hpp"
 #include "ndmesh/parallel/pp/schedule.hpp"
+#include "ndmesh/tensor/tensor.hpp"
 
 namespace ndmesh::pp {
 
@@ -112,7 +113,7 @@ class Executor {
 
  private:
   struct Transfer {
-    std::vector<float> buffer;
+    Tensor<float> buffer;  // hidden_elems_ elements where the chunks live (device memory on CUDA)
     comm::Work work;
     int index = -1;  // action index, for messages
     bool posted = false;
@@ -124,7 +125,7 @@ class Executor {
   WalkResult walk(const PipelineSchedule& s, const StageHooks& hooks, bool train);
   void post_receives(const PipelineSchedule& s, std::size_t upto);
   void wait(Transfer& t, const Action& a);
-  std::vector<float> take_buffer();
+  Tensor<float> take_buffer();
   double now() const;
 
   PipelineSchedule schedule_, forward_schedule_;
@@ -133,13 +134,14 @@ class Executor {
   ExecutorOptions options_;
   int stage_ = 0;
   std::int64_t hidden_elems_ = 0;
+  Device device_ = Device::kCpu;  // of the chunks: where the transfer buffers live
   std::chrono::steady_clock::time_point origin_;
   // Per walk.
   std::map<std::int64_t, Transfer> recvs_;  // by key(recv kind, mb, chunk)
   std::size_t posted_upto_ = 0;             // receives of actions below this index are posted
   std::vector<Transfer> sends_;
-  std::map<std::int64_t, std::vector<float>> outbox_;  // data produced for a later send
-  std::vector<std::vector<float>> free_buffers_;
+  std::map<std::int64_t, Tensor<float>> outbox_;  // data produced for a later send
+  std::vector<Tensor<float>> free_buffers_;
   // Activation pools, per local chunk; live ones by key(forward, mb, chunk).
   std::vector<std::vector<std::unique_ptr<Acts>>> free_acts_;
   std::map<std::int64_t, std::unique_ptr<Acts>> live_;
