@@ -81,11 +81,21 @@ void GradSync::sum_tied_table(std::size_t c) {
     embedding_.all_reduce(std::span<float>(g.params().grad(id), static_cast<std::size_t>(g.params().view(id).numel)));
     return;
   }
-  std::vector<float> table(static_cast<std::size_t>(g.params().view(g.params().find("embed.tokens")).numel), 0.0f);
-  for_each_owned_table_grad(c, [&](float* p, std::int64_t n, std::int64_t at) { std::copy_n(p, n, table.begin() + at); });
-  grad_.all_reduce(std::span<float>(table));
-  embedding_.all_reduce(std::span<float>(table));
-  for_each_owned_table_grad(c, [&](float* p, std::int64_t n, std::int64_t at) { std::copy_n(table.begin() + at, n, p); });
+  // Under ZeRO each element has one owner in the gradient group: a zero-filled table with
+  // this rank's owned runs, summed over the group, is the whole table's gradient (where the
+  // gradients live: device memory on CUDA).
+  const Device device = g.device();
+  const std::int64_t numel = g.params().view(g.params().find("embed.tokens")).numel;
+  Tensor<float> table({numel}, device);
+  for_each_owned_table_grad(c, [&](float* p, std::int64_t n, std::int64_t at) {
+    ops::copy(table.data() + at, p, n, device);
+  });
+  const std::span<float> all(table.data(), static_cast<std::size_t>(numel));
+  grad_.all_reduce(all);
+  embedding_.all_reduce(all);
+  for_each_owned_table_grad(c, [&](float* p, std::int64_t n, std::int64_t at) {
+    ops::copy(p, table.data() + at, n, device);
+  });
 }
 
 void GradSync::sum_replicated_over_tp() {

@@ -69,7 +69,7 @@ TEST_P(TpGrad, SliceOfSerialAndFiniteDifferences) {
   const double loss = split.forward(tokens.data(), targets.data());
   split.backward();
   // The tp part of the gradient rule, as training applies it (GradSync).
-  std::vector<double> work;
+  Tensor<double> work;
   ParamStore<double>* stores[] = {&split.params()};
   parallel::sum_replicated_over_tp<double>(
       split.tp(), stores,

@@ -42,6 +42,8 @@
 #include "ndmesh/parallel/dp/grad_reducer.hpp"
 #include "ndmesh/parallel/dp/param_gatherer.hpp"
 #include "ndmesh/parallel/parallelize.hpp"
+#include "ndmesh/tensor/ops.hpp"
+#include "ndmesh/tensor/tensor.hpp"
 
 namespace ndmesh::parallel {
 
@@ -60,21 +62,30 @@ struct StepSums {
 /// tp tests apply the same function to their models.
 template <typename T, typename Runs>
 void sum_replicated_over_tp(const nn::TpContext<T>& tp, std::span<ParamStore<T>* const> stores, Runs&& runs,
-                            std::vector<T>& work) {
-  if (tp.size() == 1) return;
+                            Tensor<T>& work) {
+  if (tp.size() == 1 || stores.empty()) return;
   auto visit = [&](auto&& f) {
     for (std::size_t c = 0; c < stores.size(); ++c)
       for (const ParamView& v : stores[c]->views())
         if (v.shard.grad_sum) runs(c, v, f);
   };
-  work.clear();
-  visit([&](T* p, std::int64_t n, std::int64_t) { work.insert(work.end(), p, p + n); });
-  if (work.empty()) return;  // no sequence parallelism (the same on every tp rank)
-  tp.comm->all_reduce_sum(work.data(), static_cast<std::int64_t>(work.size()));
-  std::size_t at = 0;
+  std::int64_t total = 0;
+  visit([&](T*, std::int64_t n, std::int64_t) { total += n; });
+  if (total == 0) return;  // no sequence parallelism (the same on every tp rank)
+  // Packed where the gradients live (device memory on CUDA).
+  const Device device = stores.front()->device();
+  work.set_device(device);
+  work.resize({total});
+  std::int64_t at = 0;
   visit([&](T* p, std::int64_t n, std::int64_t) {
-    std::copy_n(work.begin() + static_cast<std::ptrdiff_t>(at), n, p);
-    at += static_cast<std::size_t>(n);
+    ops::copy(work.data() + at, p, n, device);
+    at += n;
+  });
+  tp.comm->all_reduce_sum(work.data(), total);
+  at = 0;
+  visit([&](T* p, std::int64_t n, std::int64_t) {
+    ops::copy(p, work.data() + at, n, device);
+    at += n;
   });
 }
 
@@ -152,7 +163,7 @@ class GradSync {
   std::vector<std::unique_ptr<ParamGatherer>> gatherers_;  // ZeRO-3, one per chunk
   int tied_copy_chunk_ = -1;  // local chunk holding the token table for a tied head on another rank
   int tied_main_chunk_ = -1;  // local chunk holding the embedding whose table is tied to a remote head
-  std::vector<float> work_;   // the tp sum's packed elements
+  Tensor<float> work_;        // the tp sum's packed elements
   std::function<void(double&)> across_replicas_;
 };
 
