@@ -137,7 +137,6 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
   init(options.seed, options.init_std);
   // Initialised on the host; then placed.
   device_ = options.device;
-  tp_.check_device();
   store_.to(device_);
   for (Tensor<T>* t : {&dlogits_, &dlnf_, &dlnf_full_, &dres_a_, &dres_b_, &lnf_full_, &input_grad_})
     t->set_device(device_);

@@ -103,9 +103,18 @@ double CrossEntropy<T>::forward(Device device, const T* logits, const std::int32
                                 std::int64_t rows, std::int64_t local_vocab, std::int64_t vocab_start,
                                 std::int64_t vocab, TpComm<T>& comm) {
   NDMESH_CUDA_TWIN(device, {
-    NDMESH_CHECK(local_vocab == vocab && comm.size() == 1, "nn",
-                 "the CUDA cross-entropy needs the whole vocabulary on one rank ({} of {})", local_vocab, vocab);
-    return cuda::cross_entropy_forward(probs, losses, logits, targets, rows, vocab);
+    if (comm.size() == 1) return cuda::cross_entropy_forward(probs, losses, logits, targets, rows, vocab);
+    // The vocabulary split over tp: the CPU's passes, with the two all-reduces on device
+    // buffers (the group's device communicator).
+    DeviceBuffer row_max(static_cast<std::size_t>(rows) * sizeof(float)),
+        sums(static_cast<std::size_t>(2 * rows) * sizeof(float));
+    auto* mx = static_cast<float*>(row_max.data());
+    auto* s = static_cast<float*>(sums.data());
+    cuda::cross_entropy_row_max(mx, logits, rows, local_vocab);
+    comm.all_reduce_max(mx, rows);
+    cuda::cross_entropy_row_sums(s, logits, mx, targets, rows, local_vocab, vocab_start);
+    comm.all_reduce_sum(s, 2 * rows);
+    return cuda::cross_entropy_finish(probs, losses, logits, mx, s, rows, local_vocab);
   })
   return forward(logits, targets, probs, losses, rows, local_vocab, vocab_start, vocab, comm);
 }
@@ -113,7 +122,8 @@ double CrossEntropy<T>::forward(Device device, const T* logits, const std::int32
 template <typename T>
 void CrossEntropy<T>::backward(Device device, const T* probs, const std::int32_t* targets, T* dlogits,
                                std::int64_t rows, std::int64_t local_vocab, std::int64_t vocab_start, T scale) {
-  NDMESH_CUDA_TWIN(device, cuda::cross_entropy_backward(dlogits, probs, targets, rows, local_vocab, scale))
+  NDMESH_CUDA_TWIN(device,
+                   cuda::cross_entropy_backward(dlogits, probs, targets, rows, local_vocab, scale, vocab_start))
   backward(probs, targets, dlogits, rows, local_vocab, vocab_start, scale);
 }
 

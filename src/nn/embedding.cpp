@@ -35,6 +35,13 @@ std::vector<std::int64_t> offset_positions(std::int64_t offset, std::int64_t seq
 }  // namespace
 
 template <typename T>
+T* Embedding<T>::work(std::int64_t elements) const {
+  work_.set_device(store_->device());
+  work_.resize({elements});
+  return work_.data();
+}
+
+template <typename T>
 void Embedding<T>::forward(const std::int32_t* tokens, T* out, std::int64_t batch, std::int64_t seq,
                            std::int64_t position_offset) const {
   forward_at(tokens, out, batch, seq, offset_positions(position_offset, seq).data());
@@ -53,8 +60,11 @@ void Embedding<T>::forward_at(const std::int32_t* tokens, T* out, std::int64_t b
   const std::int64_t nl = tp_.local_rows(n), first = tp_.first_row(n);
   // On CUDA tokens and positions are device memory, checked by the caller on the host.
   NDMESH_CUDA_TWIN(store_->device(), {
-    cuda::embedding_tokens_forward(out, tokens, store_->param(tokens_), n, c, vocab_start_, local_vocab_);
-    tp_.g_forward(out, out, n, c);
+    // Every rank embeds the rows of its vocabulary shard (zeros for the others); g sums them
+    // (under sequence parallelism into this rank's rows of the [N, C] partial).
+    T* part = tp_.sequence_parallel ? work(n * c) : out;
+    cuda::embedding_tokens_forward(part, tokens, store_->param(tokens_), n, c, vocab_start_, local_vocab_);
+    tp_.g_forward(part, out, n, c);
     cuda::embedding_positions_forward(out, store_->param(positions_), positions, first, nl, seq, c);
   })
   for (std::int64_t t = 0; t < seq; ++t)
@@ -64,8 +74,7 @@ void Embedding<T>::forward_at(const std::int32_t* tokens, T* out, std::int64_t b
   const T* wte = store_->param(tokens_);
   const T* wpe = store_->param(positions_);
   // Every rank embeds the tokens of its vocabulary shard (zeros for the others); g sums them.
-  if (tp_.sequence_parallel) work_.resize(static_cast<std::size_t>(n * c));
-  T* part = tp_.sequence_parallel ? work_.data() : out;
+  T* part = tp_.sequence_parallel ? work(n * c) : out;
   for (std::int64_t r = 0; r < n; ++r) {
     const std::int32_t tok = tokens[r];
     NDMESH_CHECK(tok >= 0 && tok < options_.vocab, "nn",
@@ -90,17 +99,12 @@ template <typename T>
 void Embedding<T>::backward_at(const T* dout, const std::int32_t* tokens, std::int64_t batch,
                                std::int64_t seq, const std::int64_t* positions) const {
   const std::int64_t c = options_.channels, n = batch * seq;
-  // On CUDA the d output is used as it is: gathering it under sequence parallelism needs a
-  // device buffer, and CUDA runs one rank for now (parallel/device.cpp refuses more).
-  NDMESH_CUDA_TWIN(store_->device(), {
-    NDMESH_CHECK(!tp_.sequence_parallel, "nn", "the CUDA embedding backward does not gather under sequence parallelism");
-    cuda::embedding_backward(store_->grad(tokens_), store_->grad(positions_), dout, tokens, positions, n, seq, c,
-                             vocab_start_, local_vocab_);
-  })
-  if (tp_.sequence_parallel) work_.resize(static_cast<std::size_t>(n * c));
   // The full d output (gathered under sequence parallelism): every rank computes the
   // whole position gradient, so the replicated table needs no reduction.
-  const T* full = tp_.g_backward(dout, work_.data(), n, c);
+  const T* full = tp_.g_backward(dout, tp_.sequence_parallel ? work(n * c) : nullptr, n, c);
+  NDMESH_CUDA_TWIN(store_->device(), cuda::embedding_backward(store_->grad(tokens_), store_->grad(positions_), full,
+                                                              tokens, positions, n, seq, c, vocab_start_,
+                                                              local_vocab_))
   T* dwte = store_->grad(tokens_);
   T* dwpe = store_->grad(positions_);
   for (std::int64_t r = 0; r < n; ++r) {

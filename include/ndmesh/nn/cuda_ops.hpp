@@ -124,9 +124,23 @@ void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t l
 /// loss (accumulated in double; waits for the stream).
 double cross_entropy_forward(float* probs, float* losses, const float* logits, const std::int32_t* targets,
                              std::int64_t rows, std::int64_t vocab);
-/// nn::CrossEntropy::backward: dlogits[rows, vocab] += (probs - onehot(target)) * scale.
+/// The vocabulary-parallel cross-entropy (nn::CrossEntropy::forward with a tp group): each
+/// rank holds the columns [vocab_start, vocab_start + local_vocab) of every row's logits, and
+/// the caller all-reduces over the group between the passes:
+///   1. row_max[r] = max of the row's local logits;              then all-reduce max;
+///   2. sums[r] = sum exp(z - row_max[r]) over the local columns, sums[rows + r] = the target's
+///      z - row_max[r] on the rank that holds it, 0 elsewhere;   then all-reduce sum;
+///   3. probs = exp(z - row_max) / sums[r] (may alias logits), losses[r] = log sums[r] -
+///      sums[rows + r]; returns the mean loss (accumulated in double; waits for the stream).
+void cross_entropy_row_max(float* row_max, const float* logits, std::int64_t rows, std::int64_t local_vocab);
+void cross_entropy_row_sums(float* sums, const float* logits, const float* row_max, const std::int32_t* targets,
+                            std::int64_t rows, std::int64_t local_vocab, std::int64_t vocab_start);
+double cross_entropy_finish(float* probs, float* losses, const float* logits, const float* row_max,
+                            const float* sums, std::int64_t rows, std::int64_t local_vocab);
+/// nn::CrossEntropy::backward: dlogits[rows, vocab] += (probs - onehot(target)) * scale, the
+/// columns being [vocab_start, vocab_start + vocab) of the vocabulary (tensor parallelism).
 void cross_entropy_backward(float* dlogits, const float* probs, const std::int32_t* targets, std::int64_t rows,
-                            std::int64_t vocab, float scale);
+                            std::int64_t vocab, float scale, std::int64_t vocab_start = 0);
 
 /// One AdamW step over n elements, as nn::AdamW::update computes each (in double):
 ///   g = grad * clip; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;

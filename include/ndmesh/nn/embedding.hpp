@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ndmesh/nn/tp.hpp"
+#include "ndmesh/tensor/tensor.hpp"
 #include "ndmesh/tensor/params.hpp"
 
 namespace ndmesh::nn {
@@ -45,7 +46,7 @@ class Embedding {
   /// Same with the global position of each of the seq rows (the same for every sequence of
   /// the batch): out[b, t, :] = wte[token[b, t], :] + wpe[positions[t], :]. On CUDA (the
   /// store's device) tokens and positions are device memory too, and the caller has checked
-  /// them on the host (a GPU run has no sequence parallelism yet).
+  /// them on the host.
   void forward_at(const std::int32_t* tokens, T* out, std::int64_t batch, std::int64_t seq,
                   const std::int64_t* positions) const;
   void backward_at(const T* dout, const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
@@ -66,7 +67,9 @@ class Embedding {
   EmbeddingOptions options_;
   TpContext<T> tp_;
   std::int64_t vocab_start_ = 0, local_vocab_ = 0;
-  mutable std::vector<T> work_;  // sequence parallel: the [N, C] partial or gathered rows
+  // Sequence parallel: the [N, C] partial or gathered rows, where the store's buffers live.
+  T* work(std::int64_t elements) const;
+  mutable Tensor<T> work_;
   int tokens_ = -1;
   int positions_ = -1;
 };

@@ -81,13 +81,6 @@ struct TpContext {
   int rank() const { return comm->rank(); }
   int size() const { return comm->size(); }
   TpShape shape() const { return {rank(), size(), sequence_parallel}; }
-  /// ConfigError when the group cannot run on `device` (tensor parallelism on CUDA is not
-  /// available yet).
-  void check_device() const {
-    NDMESH_CHECK_CONFIG(device == Device::kCpu || size() == 1, "model",
-                        "tensor parallelism (tp={}) on a GPU is not available yet; use --tp 1 or --device cpu",
-                        size());
-  }
   /// Token rows a rank holds between the tp regions: rows / size() with sequence
   /// parallelism, all of them otherwise.
   std::int64_t local_rows(std::int64_t rows) const { return sequence_parallel ? rows / size() : rows; }

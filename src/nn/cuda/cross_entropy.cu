@@ -121,9 +121,10 @@ __global__ void classifier_kernel(S* logits, float* losses, const std::int32_t* 
 constexpr int kBackwardThreads = 256, kPerThread = 4;
 
 __global__ void cross_entropy_backward_kernel(float* dlogits, const float* probs, const std::int32_t* targets,
-                                              std::int64_t rows, std::int64_t vocab, float scale) {
+                                              std::int64_t rows, std::int64_t vocab, float scale,
+                                              std::int64_t vocab_start) {
   for (std::int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
-    const std::int64_t target = targets[row];
+    const std::int64_t target = targets[row] - vocab_start;
     const float* p = probs + row * vocab;
     float* d = dlogits + row * vocab;
     const std::int64_t begin = std::int64_t{blockIdx.x} * kBackwardThreads * kPerThread + threadIdx.x;
@@ -135,6 +136,61 @@ __global__ void cross_entropy_backward_kernel(float* dlogits, const float* probs
       d[i] = v;
     }
   }
+}
+
+// The vocabulary-parallel passes, one block per row (the caller all-reduces between them).
+__device__ float block_max(float v) {
+  __shared__ float parts[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x % 32 == 0) parts[threadIdx.x / 32] = v;
+  __syncthreads();
+  float all = parts[0];
+  for (int w = 1; w < kThreads / 32; ++w) all = fmaxf(all, parts[w]);
+  return all;
+}
+
+__device__ float block_sum(float v) {
+  __shared__ float parts[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) parts[threadIdx.x / 32] = v;
+  __syncthreads();
+  float all = parts[0];
+  for (int w = 1; w < kThreads / 32; ++w) all += parts[w];
+  return all;
+}
+
+__global__ void row_max_kernel(float* row_max, const float* logits, std::int64_t local_vocab) {
+  const float* z = logits + blockIdx.x * local_vocab;
+  float m = -INFINITY;
+  for (std::int64_t i = threadIdx.x; i < local_vocab; i += kThreads) m = fmaxf(m, z[i]);
+  m = block_max(m);
+  if (threadIdx.x == 0) row_max[blockIdx.x] = m;
+}
+
+__global__ void row_sums_kernel(float* sums, const float* logits, const float* row_max,
+                                const std::int32_t* targets, std::int64_t rows, std::int64_t local_vocab,
+                                std::int64_t vocab_start) {
+  const std::int64_t row = blockIdx.x;
+  const float* z = logits + row * local_vocab;
+  const float m = row_max[row];
+  float s = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < local_vocab; i += kThreads) s += expf(z[i] - m);
+  s = block_sum(s);
+  if (threadIdx.x == 0) {
+    const std::int64_t t = targets[row] - vocab_start;
+    sums[row] = s;
+    sums[rows + row] = t >= 0 && t < local_vocab ? z[t] - m : 0.0f;
+  }
+}
+
+__global__ void finish_kernel(float* probs, float* losses, const float* logits, const float* row_max,
+                              const float* sums, std::int64_t rows, std::int64_t local_vocab) {
+  const std::int64_t row = blockIdx.x;
+  const float* z = logits + row * local_vocab;
+  float* p = probs + row * local_vocab;
+  const float m = row_max[row], sum = sums[row], inv = 1.0f / sum;
+  for (std::int64_t i = threadIdx.x; i < local_vocab; i += kThreads) p[i] = expf(z[i] - m) * inv;
+  if (threadIdx.x == 0) losses[row] = logf(sum) - sums[rows + row];
 }
 
 template <typename S>
@@ -170,14 +226,37 @@ double cross_entropy_forward(float* probs, float* losses, const float* logits, c
   return sum(losses, rows) / static_cast<double>(rows);
 }
 
+void cross_entropy_row_max(float* row_max, const float* logits, std::int64_t rows, std::int64_t local_vocab) {
+  if (rows <= 0) return;
+  row_max_kernel<<<static_cast<unsigned>(rows), kThreads, 0, compute_stream()>>>(row_max, logits, local_vocab);
+  check_launch("cross_entropy_row_max");
+}
+
+void cross_entropy_row_sums(float* sums, const float* logits, const float* row_max, const std::int32_t* targets,
+                            std::int64_t rows, std::int64_t local_vocab, std::int64_t vocab_start) {
+  if (rows <= 0) return;
+  row_sums_kernel<<<static_cast<unsigned>(rows), kThreads, 0, compute_stream()>>>(sums, logits, row_max, targets,
+                                                                                  rows, local_vocab, vocab_start);
+  check_launch("cross_entropy_row_sums");
+}
+
+double cross_entropy_finish(float* probs, float* losses, const float* logits, const float* row_max,
+                            const float* sums, std::int64_t rows, std::int64_t local_vocab) {
+  if (rows <= 0) return 0.0;
+  finish_kernel<<<static_cast<unsigned>(rows), kThreads, 0, compute_stream()>>>(probs, losses, logits, row_max,
+                                                                                sums, rows, local_vocab);
+  check_launch("cross_entropy_finish");
+  return sum(losses, rows) / static_cast<double>(rows);
+}
+
 void cross_entropy_backward(float* dlogits, const float* probs, const std::int32_t* targets,
-                            std::int64_t rows, std::int64_t vocab, float scale) {
+                            std::int64_t rows, std::int64_t vocab, float scale, std::int64_t vocab_start) {
   if (rows <= 0 || vocab <= 0) return;
   const std::int64_t per_block = kBackwardThreads * kPerThread;
   const dim3 grid(static_cast<unsigned>((vocab + per_block - 1) / per_block),
                   static_cast<unsigned>(rows < 65535 ? rows : 65535));
   cross_entropy_backward_kernel<<<grid, kBackwardThreads, 0, compute_stream()>>>(dlogits, probs, targets,
-                                                                                 rows, vocab, scale);
+                                                                                 rows, vocab, scale, vocab_start);
   check_launch("cross_entropy_backward");
 }
 
