@@ -5,6 +5,8 @@
 // linker never takes blas.cu's object from the library. The bf16 products stay GPU only.
 #include <cstdint>
 
+#include "cuda_runtime.h"
+
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/nn/cuda_ops.hpp"
 #include "ndmesh/tensor/blas.hpp"
@@ -14,6 +16,7 @@ namespace ndmesh::cuda {
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
           std::int64_t ldc) {
+  const emu::DeviceWork work;  // reads and writes device memory
   ndmesh::gemm<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

@@ -100,6 +100,22 @@ inline Fiber& self() { return block().fibers[static_cast<std::size_t>(block().cu
 /// Waits until every live thread of the barrier's group has arrived.
 void wait(Barrier& b);
 
+/// The scope of device work (a kernel, a copy, a memset): while any thread is inside one,
+/// device memory may be read and written. Outside, with the guard on (guard_device_memory()),
+/// it is inaccessible and the host code that touches it stops with a message, as a GPU's
+/// host would crash on a device pointer.
+struct DeviceWork {
+  DeviceWork();
+  ~DeviceWork();
+  DeviceWork(const DeviceWork&) = delete;
+  DeviceWork& operator=(const DeviceWork&) = delete;
+};
+/// From now on, "device" memory comes from one arena that is inaccessible outside device
+/// work (mprotect): host code that reads or writes it through a device pointer faults, and
+/// the fault is reported as such. Call before the allocations to check; opt-in (the
+/// in-process tests that exchange device buffers through host memcpy cannot use it).
+void guard_device_memory();
+
 /// Runs `body` as every thread of one block.
 void run_block(dim3 grid, dim3 threads, dim3 index, std::size_t shared_bytes,
                const std::function<void()>& body);
@@ -109,6 +125,7 @@ void run_block(dim3 grid, dim3 threads, dim3 index, std::size_t shared_bytes,
 template <typename... P, typename... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 threads, std::size_t shared_bytes, cudaStream_t,
             A&&... args) {
+  const DeviceWork work;  // device memory is readable while the kernel runs (device.cpp's guard)
   std::tuple<std::decay_t<P>...> params(static_cast<std::decay_t<P>>(std::forward<A>(args))...);
   const std::function<void()> body = [&] { std::apply(kernel, params); };
   for (unsigned z = 0; z < grid.z; ++z)

@@ -1,14 +1,126 @@
 // tensor/device.hpp for the CUDA emulator (cuda_runtime.h beside this): "device" memory is
 // host memory, the stream is a token, copies are memcpy. Linked into the emulated test
 // binaries in place of src/tensor/cuda/device.cu, so that the GPU tests run unchanged.
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 
+#include "cuda_runtime.h"
+
 #include "ndmesh/core/streams.hpp"
 #include "ndmesh/tensor/device.hpp"
+
+// The guard (emu::guard_device_memory): one arena of reserved address space, page-granular
+// blocks, all inaccessible (PROT_NONE) while no thread does device work.
+namespace emu {
+namespace {
+struct Guard {
+  std::mutex mutex;
+  bool on = false;
+  char* arena = nullptr;
+  std::size_t capacity = 0, top = 0;                // bytes reserved, bytes handed out so far
+  std::multimap<std::size_t, char*> free_blocks;   // by size
+  int active = 0;                                   // threads inside device work
+};
+Guard& guard() {
+  static Guard g;
+  return g;
+}
+constexpr std::size_t kPage = 4096;
+
+void protect_locked(Guard& g, int prot) {
+  if (g.top > 0 && mprotect(g.arena, g.top, prot) != 0) {
+    std::perror("emulator: mprotect");
+    std::abort();
+  }
+}
+
+void on_fault(int, siginfo_t* info, void*) {
+  const Guard& g = guard();
+  const char* a = static_cast<const char*>(info->si_addr);
+  const char* msg = a >= g.arena && a < g.arena + g.capacity
+                        ? "emulator: host code read or wrote device memory outside a kernel or a copy "
+                          "(on a GPU this is a crash or garbage); run under gdb for the stack\n"
+                        : "emulator: segmentation fault outside device memory\n";
+  (void)!write(2, msg, std::strlen(msg));
+  signal(SIGSEGV, SIG_DFL);
+  raise(SIGSEGV);
+}
+}  // namespace
+
+DeviceWork::DeviceWork() {
+  Guard& g = guard();
+  if (!g.on) return;
+  std::lock_guard<std::mutex> lock(g.mutex);
+  if (g.active++ == 0) protect_locked(g, PROT_READ | PROT_WRITE);
+}
+DeviceWork::~DeviceWork() {
+  Guard& g = guard();
+  if (!g.on) return;
+  std::lock_guard<std::mutex> lock(g.mutex);
+  if (--g.active == 0) protect_locked(g, PROT_NONE);
+}
+
+void guard_device_memory() {
+  Guard& g = guard();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  if (g.on) return;
+  g.capacity = std::size_t{8} << 30;  // address space only
+  void* p = mmap(nullptr, g.capacity, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    std::perror("emulator: mmap");
+    std::abort();
+  }
+  g.arena = static_cast<char*>(p);
+  struct sigaction sa {};
+  sa.sa_sigaction = on_fault;
+  sa.sa_flags = SA_SIGINFO;
+  sigaction(SIGSEGV, &sa, nullptr);
+  g.on = true;
+}
+
+namespace {
+// A block of the arena (the guard on), accessible when device work is in progress.
+void* guarded_alloc(std::size_t bytes) {
+  Guard& g = guard();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  const std::size_t size = std::max<std::size_t>((bytes + kPage - 1) / kPage * kPage, kPage);
+  char* p = nullptr;
+  if (auto it = g.free_blocks.find(size); it != g.free_blocks.end()) {
+    p = it->second;
+    g.free_blocks.erase(it);
+  } else {
+    if (g.top + size > g.capacity) {
+      std::fputs("emulator: the guarded device arena is full\n", stderr);
+      std::abort();
+    }
+    p = g.arena + g.top;
+    g.top += size;
+  }
+  mprotect(p, size, PROT_READ | PROT_WRITE);
+  std::memset(p, 0xA5, size);  // not zero: device memory starts as garbage
+  if (g.active == 0) mprotect(p, size, PROT_NONE);
+  return p;
+}
+// True when p was a guarded block (returned to the arena's free list).
+bool guarded_free(void* p, std::size_t size) {
+  Guard& g = guard();
+  if (!g.on) return false;
+  char* c = static_cast<char*>(p);
+  if (c < g.arena || c >= g.arena + g.capacity) return false;
+  std::lock_guard<std::mutex> lock(g.mutex);
+  g.free_blocks.emplace(std::max<std::size_t>((size + kPage - 1) / kPage * kPage, kPage), c);
+  return true;
+}
+}  // namespace
+}  // namespace emu
 
 namespace ndmesh::cuda {
 
@@ -35,8 +147,13 @@ void synchronize() {}
 
 void* alloc(std::size_t bytes) {
   const std::size_t size = (bytes + 255) / 256 * 256;
-  void* p = std::aligned_alloc(256, size == 0 ? 256 : size);
-  std::memset(p, 0xA5, size);  // not zero: device memory starts as garbage
+  void* p = nullptr;
+  if (emu::guard().on) {
+    p = emu::guarded_alloc(size);
+  } else {
+    p = std::aligned_alloc(256, size == 0 ? 256 : size);
+    std::memset(p, 0xA5, size);  // not zero: device memory starts as garbage
+  }
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   s.sizes[p] = size;
@@ -55,8 +172,9 @@ void free(void* p) noexcept {
   if (it == s.sizes.end()) return;
   s.stats.allocated_bytes -= static_cast<std::int64_t>(it->second);
   s.stats.reserved_bytes = s.stats.allocated_bytes;
+  const std::size_t size = it->second;
   s.sizes.erase(it);
-  std::free(p);
+  if (!emu::guarded_free(p, size)) std::free(p);
 }
 
 // One stream, and every kernel has ended when its launch returns: an event has passed as soon
@@ -86,15 +204,19 @@ AllocatorStats allocator_stats() {
 }
 
 void copy_to_device(void* dst, const void* src, std::size_t bytes) {
+  const emu::DeviceWork work;
   if (bytes) std::memcpy(dst, src, bytes);
 }
 void copy_to_host(void* dst, const void* src, std::size_t bytes) {
+  const emu::DeviceWork work;
   if (bytes) std::memcpy(dst, src, bytes);
 }
 void copy_device(void* dst, const void* src, std::size_t bytes) {
+  const emu::DeviceWork work;
   if (bytes) std::memmove(dst, src, bytes);
 }
 void memset_zero(void* dst, std::size_t bytes) {
+  const emu::DeviceWork work;
   if (bytes) std::memset(dst, 0, bytes);
 }
 
@@ -106,6 +228,7 @@ void* alloc_pinned(std::size_t bytes) { return std::malloc(std::max<std::size_t>
 void free_pinned(void* p) noexcept { std::free(p); }
 void* copy_stream() { return &copy_stream_token; }
 void copy_async(void* dst, const void* src, std::size_t bytes, void*) {
+  const emu::DeviceWork work;
   if (bytes) std::memmove(dst, src, bytes);
 }
 void wait_event(void*) {}
