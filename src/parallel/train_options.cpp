@@ -73,6 +73,13 @@ std::vector<std::string> train_option_problems(const TrainOptions& o) {
     out.push_back(
         "--grad-dtype=bf16 with --device cuda: the rounding into bf16 buckets runs on the host (CPU runs only); "
         "use --grad-dtype fp32");
+  // ndmesh's own all-reduce programs (comm/allreduce.hpp) add the received chunks in host
+  // loops; on a GPU the device communicator's all-reduce (NCCL's ring or tree) is the one.
+  if (on_gpu && o.dp.algorithm != comm::AllReduceAlgorithm::kMpi)
+    out.push_back(fmt::format(
+        "--allreduce={} with --device cuda: ndmesh's all-reduce programs sum on the host (CPU runs only); "
+        "leave --allreduce out (NCCL picks its ring or tree: NCCL_ALGO=Ring|Tree chooses)",
+        comm::algorithm_name(o.dp.algorithm)));
   if (o.offload.what == Offload::kOptimizer && on_gpu && !o.offload.dir.empty())
     out.push_back(
         fmt::format("--offload-dir={} with --device cuda: the optimizer state goes to pinned host memory, not to "

@@ -2,8 +2,11 @@
 // (OpenBLAS, the CPU twin), so that emulated tests can run whole layers (nn::Linear on a
 // CUDA store). Linked into the emulated test binaries in place of src/tensor/cuda/blas.cu
 // (cuBLASLt does not run here): this file defines every function blas.cu exports, so the
-// linker never takes blas.cu's object from the library. The bf16 products stay GPU only.
+// linker never takes blas.cu's object from the library. The bf16 product into fp32 without an
+// epilogue runs here too (widened operands, fp32 product); gemm_bf16 and the epilogues stay
+// GPU only.
 #include <cstdint>
+#include <vector>
 
 #include "cuda_runtime.h"
 
@@ -26,9 +29,27 @@ void gemm_bf16(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, cons
   fail<>("cuda", "gemm_bf16 (cuBLASLt) does not run in the CUDA emulator; run the gpu. tests on a GPU");
 }
 
-void gemm_bf16_f32(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const BFloat16*, std::int64_t,
-                   const BFloat16*, std::int64_t, float, float*, std::int64_t, GemmEpilogue, float*) {
-  fail<>("cuda", "gemm_bf16_f32 (cuBLASLt) does not run in the CUDA emulator; run the gpu. tests on a GPU");
+// The bf16 product into fp32 without an epilogue (what --precision bf16's linear layers
+// call): the bf16 operands widened to fp32 and the fp32 product, which is a bf16 product with
+// fp32 accumulation (a product of two bf16 values is exact in fp32), as the CPU's bf16
+// path computes it. cuBLASLt's epilogues stay GPU only.
+void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                   const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, float* c,
+                   std::int64_t ldc, GemmEpilogue epilogue, float*) {
+  if (epilogue != GemmEpilogue::kNone)
+    fail<>("cuda", "gemm_bf16_f32 with an epilogue (cuBLASLt) does not run in the CUDA emulator; run the gpu. tests "
+                   "on a GPU");
+  if (m <= 0 || n <= 0) return;
+  const emu::DeviceWork work;  // reads and writes device memory
+  auto widened = [](const BFloat16* x, std::int64_t extent) {
+    std::vector<float> w(static_cast<std::size_t>(extent));
+    for (std::int64_t i = 0; i < extent; ++i) w[static_cast<std::size_t>(i)] = static_cast<float>(x[i]);
+    return w;
+  };
+  const std::int64_t a_extent = k <= 0 ? 0 : ((trans_a ? k : m) - 1) * lda + (trans_a ? m : k);
+  const std::int64_t b_extent = k <= 0 ? 0 : ((trans_b ? n : k) - 1) * ldb + (trans_b ? k : n);
+  const std::vector<float> a32 = widened(a, a_extent), b32 = widened(b, b_extent);
+  ndmesh::gemm<float>(trans_a, trans_b, m, n, k, alpha, a32.data(), lda, b32.data(), ldb, beta, c, ldc);
 }
 
 }  // namespace ndmesh::cuda
