@@ -14,9 +14,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "gpu_test.hpp"
 #include "ndmesh/comm/inproc.hpp"
@@ -91,9 +94,11 @@ struct Steps {
   std::vector<double> loss, norm;
 };
 
-// Every rank's per-step (loss, norm); rank 0's are returned (they are the same on every rank:
-// StepStats says so, and the test checks it).
-Steps train(const TrainOptions& o, const Mesh& mesh, Device device) {
+// Every rank's per-step (loss, norm) of `steps` steps after loading checkpoint `load` (when
+// given), then saving to `save` (when given); rank 0's are returned (they are the same on
+// every rank: StepStats says so, and the test checks it).
+Steps train(const TrainOptions& o, const Mesh& mesh, Device device, int steps = kSteps,
+            const std::string& load = "", const std::string& save = "") {
   std::vector<Steps> runs(static_cast<std::size_t>(mesh.world_size()));
   comm::inproc::run(static_cast<int>(mesh.world_size()), [&](const comm::Communicator& world) {
     testing_support::single_blas_thread();
@@ -105,12 +110,14 @@ Steps train(const TrainOptions& o, const Mesh& mesh, Device device) {
     parallel::Trainer trainer(
         mine, std::make_unique<model::MarkovSource>(model::MarkovOptions{.vocab = o.model.vocab, .seed = 3}),
         groups);
+    if (!load.empty()) trainer.load(load);
     Steps& r = runs[static_cast<std::size_t>(world.rank())];
-    for (int s = 0; s < kSteps; ++s) {
+    for (int s = 0; s < steps; ++s) {
       const parallel::StepStats st = trainer.step();
       r.loss.push_back(st.loss);
       r.norm.push_back(st.grad_norm);
     }
+    if (!save.empty()) trainer.save(save);
   });
   for (const Steps& r : runs) {
     EXPECT_EQ(r.loss, runs.front().loss) << "ranks disagree on the loss";
@@ -153,6 +160,38 @@ TEST_P(CudaTrainLayouts, ThreeStepsEqualTheSerialCpuRun) {
     const double nb = s == 0 ? 1e-5 : 1e-4;
     EXPECT_NEAR(got.loss[s], want.loss[s], 1e-5 * want.loss[s]) << c.name << ", step " << s + 1;
     EXPECT_NEAR(got.norm[s], want.norm[s], nb * want.norm[s]) << c.name << ", step " << s + 1;
+  }
+}
+
+// A checkpoint written by CUDA ranks under one layout loads on CUDA under another and on
+// the CPU, and both continue the uninterrupted CPU run (checkpoints are host copies in one
+// format for every device).
+TEST(CudaTrainCheckpoint, WrittenOnCudaLoadsUnderAnotherLayoutAndOnTheCpu) {
+  NDMESH_GPU_OR_SKIP();
+#ifndef NDMESH_CUDA_EMULATED
+  GTEST_SKIP() << "in-process ranks exchange host memory: emulator only";
+#endif
+#ifdef NDMESH_CUDA_EMULATED
+  emu::guard_device_memory();
+#endif
+  TrainOptions o = options_of(Case{"", ""});
+  o.steps = 4;
+  const Steps whole = train(o, Mesh::parse("dp=1"), Device::kCpu, 4);
+  const std::string dir = ::testing::TempDir() + "ndmesh_cuda_ckpt_" + std::to_string(::getpid());
+  TrainOptions a = o;
+  a.sequence_parallel = true;
+  a.dp.zero = 1;
+  train(a, Mesh::parse("dp=2,tp=2"), Device::kCuda, 2, "", dir);
+  TrainOptions b = o;
+  b.micro_batch = 1;
+  const Steps on_cuda = train(b, Mesh::parse("pp=2"), Device::kCuda, 2, dir);
+  const Steps on_cpu = train(o, Mesh::parse("dp=1"), Device::kCpu, 2, dir);
+  std::filesystem::remove_all(dir);
+  for (std::size_t s = 0; s < 2; ++s) {
+    EXPECT_NEAR(on_cuda.loss[s], whole.loss[s + 2], 1e-5 * whole.loss[s + 2]) << "cuda pp 2, step " << s + 3;
+    EXPECT_NEAR(on_cuda.norm[s], whole.norm[s + 2], 1e-4 * whole.norm[s + 2]) << "cuda pp 2, step " << s + 3;
+    EXPECT_NEAR(on_cpu.loss[s], whole.loss[s + 2], 1e-5 * whole.loss[s + 2]) << "cpu, step " << s + 3;
+    EXPECT_NEAR(on_cpu.norm[s], whole.norm[s + 2], 1e-4 * whole.norm[s + 2]) << "cpu, step " << s + 3;
   }
 }
 
