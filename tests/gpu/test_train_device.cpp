@@ -92,6 +92,7 @@ TrainOptions options_of(const Case& c) {
 
 struct Steps {
   std::vector<double> loss, norm;
+  double eval = 0;  // Trainer::evaluate(1) after the steps
 };
 
 // Every rank's per-step (loss, norm) of `steps` steps after loading checkpoint `load` (when
@@ -117,11 +118,13 @@ Steps train(const TrainOptions& o, const Mesh& mesh, Device device, int steps = 
       r.loss.push_back(st.loss);
       r.norm.push_back(st.grad_norm);
     }
+    r.eval = trainer.evaluate(1);
     if (!save.empty()) trainer.save(save);
   });
   for (const Steps& r : runs) {
     EXPECT_EQ(r.loss, runs.front().loss) << "ranks disagree on the loss";
     EXPECT_EQ(r.norm, runs.front().norm) << "ranks disagree on the gradient norm";
+    EXPECT_EQ(r.eval, runs.front().eval) << "ranks disagree on the evaluation loss";
   }
   return runs.front();
 }
@@ -161,6 +164,7 @@ TEST_P(CudaTrainLayouts, ThreeStepsEqualTheSerialCpuRun) {
     EXPECT_NEAR(got.loss[s], want.loss[s], 1e-5 * want.loss[s]) << c.name << ", step " << s + 1;
     EXPECT_NEAR(got.norm[s], want.norm[s], nb * want.norm[s]) << c.name << ", step " << s + 1;
   }
+  EXPECT_NEAR(got.eval, want.eval, 1e-5 * want.eval) << c.name << ", evaluation";
 }
 
 // A checkpoint written by CUDA ranks under one layout loads on CUDA under another and on
