@@ -214,7 +214,12 @@ std::vector<std::string> find_stale_offload(const std::string& dir, const std::s
 PinnedOffload::PinnedOffload(std::int64_t elements, std::int64_t chunk)
     : elements_(elements), chunk_(std::max<std::int64_t>(1, std::min(chunk, std::max<std::int64_t>(1, elements)))) {
   NDMESH_CHECK(elements >= 0 && chunk > 0, "offload", "pinned offload of {} elements in chunks of {}", elements, chunk);
-  host_ = static_cast<float*>(cuda::alloc_pinned(static_cast<std::size_t>(host_bytes())));
+  try {
+    host_ = static_cast<float*>(cuda::alloc_pinned(static_cast<std::size_t>(host_bytes())));
+  } catch (const Error& e) {
+    fail<>("offload", "--offload optimizer keeps the optimizer state in pinned host memory: {}; leave --offload out",
+           e.what());
+  }
   std::fill(host_, host_ + 2 * elements_, 0.0f);  // the moments start at zero
   try {
     for (void*& e : events_) e = cuda::stream_ops().create_event();

@@ -234,7 +234,7 @@ void* alloc_pinned(std::size_t bytes) {
   if (e != cudaSuccess) {
     cudaGetLastError();
     detail::fail_error("cannot pin " + mib(static_cast<double>(bytes)) + " of host memory (cudaMallocHost: " +
-                       cudaGetErrorString(e) + "); leave --offload out, or free host memory");
+                       cudaGetErrorString(e) + "); free host memory or ask for less");
   }
   return p;
 }
