@@ -98,9 +98,15 @@ struct Steps {
 // Every rank's per-step (loss, norm) of `steps` steps after loading checkpoint `load` (when
 // given), then saving to `save` (when given); rank 0's are returned (they are the same on
 // every rank: StepStats says so, and the test checks it).
+//
+// CUDA runs are tagless (comm::inproc::JobOptions): point-to-point messages match in issue
+// order per peer, as on NCCL, so a pipeline or ring whose two sides post in different orders
+// fails here (a size mismatch, a wrong result or a timeout naming the group) instead of on
+// the GPU.
 Steps train(const TrainOptions& o, const Mesh& mesh, Device device, int steps = kSteps,
             const std::string& load = "", const std::string& save = "") {
   std::vector<Steps> runs(static_cast<std::size_t>(mesh.world_size()));
+  const comm::inproc::JobOptions job{.timeout_s = 60, .tagless = device == Device::kCuda};
   comm::inproc::run(static_cast<int>(mesh.world_size()), [&](const comm::Communicator& world) {
     testing_support::single_blas_thread();
     TrainOptions mine = o;
@@ -120,7 +126,7 @@ Steps train(const TrainOptions& o, const Mesh& mesh, Device device, int steps = 
     }
     r.eval = trainer.evaluate(1);
     if (!save.empty()) trainer.save(save);
-  });
+  }, job);
   for (const Steps& r : runs) {
     EXPECT_EQ(r.loss, runs.front().loss) << "ranks disagree on the loss";
     EXPECT_EQ(r.norm, runs.front().norm) << "ranks disagree on the gradient norm";

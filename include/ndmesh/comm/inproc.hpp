@@ -42,6 +42,10 @@ struct JobOptions {
   double timeout_s = 30;
   /// split_node() groups consecutive ranks into nodes of this many; 0: one node.
   std::int64_t ranks_per_node = 0;
+  /// Point-to-point messages match in issue order per peer and communicator, their tags
+  /// ignored: NCCL's semantics (it has no tags), for tests of what runs on its device
+  /// communicators. A send and a receive of different sizes that meet fail the receive.
+  bool tagless = false;
 };
 
 /// Runs `body(world)` on `ranks` threads, thread r as rank r of a new job whose world

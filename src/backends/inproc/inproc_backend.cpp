@@ -145,6 +145,7 @@ struct Job {
         signals(static_cast<std::size_t>(n)) {}
   const int size;
   const std::int64_t ranks_per_node;
+  bool tagless = false;  // JobOptions::tagless (set before the ranks start)
   std::mutex mutex;
   // The failure that ended the job (guarded by mutex).
   bool failed = false, timed_out = false;
@@ -380,7 +381,7 @@ class InprocComm final : public CommImpl {
     if (job_->failed) job_->throw_failure();
     auto& posted = ctx_->recvs[static_cast<std::size_t>(peer)];
     auto it = std::find_if(posted.begin(), posted.end(),
-                           [&](const auto& r) { return r->src == rank_ && r->tag == tag; });
+                           [&](const auto& r) { return r->src == rank_ && (job_->tagless || r->tag == tag); });
     if (it != posted.end()) {
       match(*m, **it);
       posted.erase(it);
@@ -397,7 +398,7 @@ class InprocComm final : public CommImpl {
     if (job_->failed) job_->throw_failure();
     auto& unmatched = ctx_->sends[static_cast<std::size_t>(rank_)];
     auto it = std::find_if(unmatched.begin(), unmatched.end(),
-                           [&](const auto& s) { return s->src == peer && s->tag == tag; });
+                           [&](const auto& s) { return s->src == peer && (job_->tagless || s->tag == tag); });
     if (it != unmatched.end()) {
       match(**it, *m);
       unmatched.erase(it);
@@ -548,6 +549,7 @@ void run(int ranks, const std::function<void(const Communicator& world)>& body, 
   NDMESH_CHECK(ranks >= 1, "comm", "an in-process job needs at least one rank, got {}", ranks);
   NDMESH_CHECK(options.ranks_per_node >= 0, "comm", "ranks_per_node={} must be >= 0", options.ranks_per_node);
   auto job = std::make_shared<Job>(ranks, options.ranks_per_node);
+  job->tagless = options.tagless;
   std::vector<std::int64_t> members(static_cast<std::size_t>(ranks));
   for (int r = 0; r < ranks; ++r) members[static_cast<std::size_t>(r)] = r;
   auto world = std::make_shared<Context>(std::move(members));

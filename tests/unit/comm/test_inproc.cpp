@@ -67,6 +67,36 @@ TEST(Inproc, MessagesMatchOnPeerAndTagInPostingOrder) {
   });
 }
 
+// JobOptions::tagless (NCCL's semantics): the same posting as above matches in issue order
+// per peer, whatever the tags.
+TEST(Inproc, TaglessMessagesMatchInIssueOrderPerPeer) {
+  inproc::run(
+      3,
+      [](const Communicator& world) {
+        const int r = world.rank();
+        if (r == 0) {
+          const int v[] = {1, 2, 3, 40};
+          std::vector<Work> sent;
+          for (int i = 0; i < 4; ++i)
+            sent.push_back(world.send_async(std::span<const int>(&v[i], 1), 1, {.tag = i == 1 ? 8 : 7}));
+          wait_all(sent);
+        } else if (r == 1) {
+          int from2 = -1, a = -1, b = -1, c = -1, d = -1;
+          Work early = world.recv_async(std::span<int>(&from2, 1), 2, {.tag = 7});
+          world.recv(std::span<int>(&b, 1), 0, {.tag = 8});  // takes the first message of rank 0
+          world.recv(std::span<int>(&a, 1), 0, {.tag = 7});
+          world.recv(std::span<int>(&c, 1), 0, {.tag = 7});
+          world.recv(std::span<int>(&d, 1), 0, {.tag = 9});
+          early.wait();
+          EXPECT_EQ(std::vector<int>({b, a, c, d, from2}), std::vector<int>({1, 2, 3, 40, 22}));
+        } else {
+          const int v = 22;
+          world.send(std::span<const int>(&v, 1), 1, {.tag = 5});
+        }
+      },
+      {.tagless = true});
+}
+
 TEST(Inproc, ASendCompletesOnlyWhenReceived) {
   inproc::run(2, [](const Communicator& world) {
     std::vector<double> data(100, 1.5);
