@@ -21,6 +21,8 @@
 #   pp2-zbh1       40  --pp 2 --micro-batch 2 --schedule zb-h1 (the split backward on the device)
 #   cp2            40  --cp 2 (ring attention on the device, kv blocks over NCCL)
 #   dp2-zero2      40  --dp 2 --zero 2
+#   dp2-bf16   30+40  --dp 2 --grad-dtype bf16 (buckets rounded, reduced and widened on the device)
+#                      against the same flags on --device cpu over Gloo, and half dp2's bytes
 #   staged4        45  Gloo staged, 4 ranks: --dp 2 --tp 2 --sequence-parallel
 #   staged8        60  Gloo staged, 8 ranks: --dp 2 --pp 2 --tp 2 --micro-batch 2
 #   staged4-cp     45  Gloo staged, 4 ranks: --dp 2 --cp 2
@@ -91,6 +93,41 @@ nccl_layout() {
   local r
   r=$(py "nccl-$name" equal "$logs/nccl-reference.json" "$logs/nccl-$name.json")
   nccl_sub "${r%% *}" "$name" "$* on $n ranks ($(grep -q NDMESH_BACKEND=gloo <<< "${envs[*]}" && echo staged over gloo || echo nccl)) against one GPU: ${r#* }"
+}
+
+# dp2-bf16: --dp 2 --grad-dtype bf16 over NCCL against the same flags on --device cpu over Gloo,
+# with the equal bounds: a bf16 sum of two terms is the same in any order, so the runs differ by
+# the devices' fp32 arithmetic only (where that moves an element across a bf16 rounding midpoint,
+# that element's reduced gradient moves by 2^-8 relative: far below the bounds in a norm or a
+# loss); and bf16 on the wire: grad_comm_bytes_per_step half the fp32 dp2 run's.
+nccl_bf16() {
+  local seconds rc r half full
+  seconds=$(nccl_bound 30)
+  [ "$seconds" -eq 0 ] && { nccl_sub FAIL dp2-bf16 "not run: no time left"; return; }
+  if ! nccl_ranks "$seconds" nccl-dp2-bf16-cpu 2 -- "$work/bin/ndmesh" "${nccl_model[@]}" --dp 2 --grad-dtype bf16 \
+    --device cpu; then
+    nccl_sub FAIL dp2-bf16 "the --device cpu run on 2 ranks (gloo): $(describe $? "$seconds")"
+    tail_of "$logs/nccl-dp2-bf16-cpu.err"
+    return
+  fi
+  grep -E '^\{' "$logs/nccl-dp2-bf16-cpu.out" | tail -n 1 > "$logs/nccl-dp2-bf16-cpu.json"
+  seconds=$(nccl_bound "$nccl_timeout")
+  [ "$seconds" -eq 0 ] && { nccl_sub FAIL dp2-bf16 "not run: no time left"; return; }
+  nccl_ranks "$seconds" nccl-dp2-bf16 2 -- "$work/bin/ndmesh" "${nccl_model[@]}" --dp 2 --grad-dtype bf16 \
+    --device "$nccl_device"
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    nccl_sub FAIL dp2-bf16 "--dp 2 --grad-dtype bf16 on 2 ranks: $(describe $rc "$seconds")"
+    tail_of "$logs/nccl-dp2-bf16.err"
+    return
+  fi
+  grep -E '^\{' "$logs/nccl-dp2-bf16.out" | tail -n 1 > "$logs/nccl-dp2-bf16.json"
+  r=$(py nccl-dp2-bf16 equal "$logs/nccl-dp2-bf16-cpu.json" "$logs/nccl-dp2-bf16.json")
+  half=$(grep -o '"grad_comm_bytes_per_step":[0-9]*' "$logs/nccl-dp2-bf16.json" | cut -d: -f2)
+  full=$(grep -o '"grad_comm_bytes_per_step":[0-9]*' "$logs/nccl-dp2.json" 2> /dev/null | cut -d: -f2)
+  [ -n "$half" ] && [ -n "$full" ] && [ $((2 * half)) -eq "$full" ] ||
+    r="FAIL grad_comm_bytes_per_step ${half:-none}, not half the fp32 dp2 run's ${full:-none}; ${r#* }"
+  nccl_sub "${r%% *}" dp2-bf16 "--dp 2 --grad-dtype bf16 on 2 ranks ($([ "$nccl_device" = cuda ] && echo nccl || echo gloo)) against the same on --device cpu (gloo): ${r#* }"
 }
 
 nccl_fault() {
@@ -185,6 +222,7 @@ step_nccl() {
   nccl_layout pp2-zbh1 2 -- --pp 2 --micro-batch 2 --schedule zb-h1
   nccl_layout cp2 2 -- --cp 2
   nccl_layout dp2-zero2 2 -- --dp 2 --zero 2
+  nccl_bf16
   nccl_timeout=45 nccl_layout staged4 4 NDMESH_BACKEND=gloo -- --dp 2 --tp 2 --sequence-parallel
   nccl_timeout=60 nccl_layout staged8 8 NDMESH_BACKEND=gloo -- --dp 2 --pp 2 --tp 2 --micro-batch 2
   nccl_timeout=45 nccl_layout staged4-cp 4 NDMESH_BACKEND=gloo -- --dp 2 --cp 2

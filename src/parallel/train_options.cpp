@@ -63,16 +63,12 @@ std::vector<std::string> train_option_problems(const TrainOptions& o) {
     out.push_back(
         "--offload=optimizer+params with --device cuda: the parameters are offloaded only under ZeRO-3, which "
         "runs on the CPU; use --offload optimizer (pinned host memory) or --device cpu");
-  // The host-side parts of data parallelism: ZeRO-3 gathers into and frees host pages, and
-  // bf16 gradient communication rounds and widens its buckets in host loops.
+  // The host-side part of data parallelism: ZeRO-3 gathers into and frees host pages (bf16
+  // gradient communication rounds and widens its buckets where the gradients are).
   if (on_gpu && o.dp.zero == 3 && o.offload.what != Offload::kOptimizerParams)
     out.push_back(
         "--zero=3 with --device cuda: ZeRO-3 gathers and frees its units in host memory (CPU runs only); use "
         "--zero 2 or --device cpu");
-  if (on_gpu && o.dp.bf16)
-    out.push_back(
-        "--grad-dtype=bf16 with --device cuda: the rounding into bf16 buckets runs on the host (CPU runs only); "
-        "use --grad-dtype fp32");
   // ndmesh's own all-reduce programs (comm/allreduce.hpp) add the received chunks in host
   // loops; on a GPU the device communicator's all-reduce (NCCL's ring or tree) is the one.
   if (on_gpu && o.dp.algorithm != comm::AllReduceAlgorithm::kMpi)

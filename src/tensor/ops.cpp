@@ -45,6 +45,19 @@ double square_sum(const T* x, std::int64_t n, Device device) {
   return s;
 }
 
+// NDMESH_CUDA_TWIN's element type is the bfloat16 side: CUDA holds both.
+void cast(BFloat16* dst, const float* src, std::int64_t n, Device device) {
+  using T = BFloat16;
+  NDMESH_CUDA_TWIN(device, cuda::cast(dst, src, n))
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = BFloat16(src[i]);
+}
+
+void cast(float* dst, const BFloat16* src, std::int64_t n, Device device) {
+  using T = BFloat16;
+  NDMESH_CUDA_TWIN(device, cuda::cast(dst, src, n))
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
 template <typename T>
 void gemm(Device device, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {

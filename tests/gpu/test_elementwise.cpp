@@ -14,6 +14,7 @@
 #include "ndmesh/core/dtype.hpp"
 #include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/nn/cuda_ops.hpp"
+#include "ndmesh/tensor/ops.hpp"
 #include "ndmesh/tensor/params.hpp"
 
 namespace ndmesh {
@@ -95,6 +96,21 @@ TEST(CudaElementwise, BFloat16CastsRoundLikeTheHost) {
   std::vector<float> widened(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) widened[i] = static_cast<float>(ref[i]);
   EXPECT_TRUE(same_bits(to_host<float>(dback, x.size()), widened)) << "bfloat16 -> float";
+  // ops::cast (what GradReducer's bf16 buckets use): these kernels on CUDA, BFloat16 on the CPU.
+  DeviceBuffer oh(x.size() * sizeof(BFloat16)), oback(x.size() * sizeof(float));
+  ops::cast(ptr<BFloat16>(oh), ptr<float>(dx), n, Device::kCuda);
+  ops::cast(ptr<float>(oback), ptr<BFloat16>(oh), n, Device::kCuda);
+  std::vector<BFloat16> host_h(x.size());
+  std::vector<float> host_back(x.size());
+  ops::cast(host_h.data(), x.data(), n, Device::kCpu);
+  ops::cast(host_back.data(), host_h.data(), n, Device::kCpu);
+  const auto ops_got = to_host<BFloat16>(oh, x.size());
+  std::vector<std::uint16_t> ops_bits(x.size()), host_bits(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) ops_bits[i] = ops_got[i].bits, host_bits[i] = host_h[i].bits;
+  EXPECT_TRUE(same_bits(ops_bits, ref_bits)) << "ops::cast on CUDA, float -> bfloat16";
+  EXPECT_TRUE(same_bits(host_bits, ref_bits)) << "ops::cast on the CPU, float -> bfloat16";
+  EXPECT_TRUE(same_bits(to_host<float>(oback, x.size()), widened)) << "ops::cast on CUDA, bfloat16 -> float";
+  EXPECT_TRUE(same_bits(host_back, widened)) << "ops::cast on the CPU, bfloat16 -> float";
 }
 
 }  // namespace

@@ -67,6 +67,8 @@ struct Case {
   nn::Recompute recompute = nn::Recompute::kNone;
   parallel::Offload offload = parallel::Offload::kNone;
   parallel::Precision precision = parallel::Precision::kFp32;
+  bool grad_bf16 = false;  // --grad-dtype bf16: its reference is the CPU run of the same
+                           // layout (the rounding of the reduced buckets is the layout's)
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -87,6 +89,7 @@ TrainOptions options_of(const Case& c) {
   o.recompute = c.recompute;
   o.offload.what = c.offload;
   o.precision = c.precision;
+  o.dp.bf16 = c.grad_bf16;
   return o;
 }
 
@@ -156,7 +159,8 @@ TEST_P(CudaTrainLayouts, ThreeStepsEqualTheSerialCpuRun) {
   serial.pp.virtual_stages = 1;
   serial.dp.algorithm = comm::AllReduceAlgorithm::kMpi;
   serial.offload.what = parallel::Offload::kNone;
-  const Steps want = train(serial, Mesh::parse("dp=1"), Device::kCpu);
+  const Steps want = c.grad_bf16 ? train(o, Mesh::parse(c.mesh), Device::kCpu)
+                                  : train(serial, Mesh::parse("dp=1"), Device::kCpu);
   const Steps got = train(o, Mesh::parse(c.mesh), Device::kCuda);
   ASSERT_EQ(got.loss.size(), want.loss.size());
   // The device kernels sum in other orders than the CPU loops (blocks, warps, the ring's
@@ -250,7 +254,10 @@ INSTANTIATE_TEST_SUITE_P(
                            parallel::Precision::kBf16},
                       Case{"bf16 pp 2 cp 2", "pp=2,cp=2", 1, 0, false, Schedule::k1F1B, true, 1,
                            comm::AllReduceAlgorithm::kMpi, nn::Recompute::kNone, parallel::Offload::kNone,
-                           parallel::Precision::kBf16}),
+                           parallel::Precision::kBf16},
+                      Case{"bf16 gradient communication dp 2 ZeRO 2", "dp=2", 1, 2, false, Schedule::k1F1B, true, 1,
+                           comm::AllReduceAlgorithm::kMpi, nn::Recompute::kNone, parallel::Offload::kNone,
+                           parallel::Precision::kFp32, true}),
     [](const ::testing::TestParamInfo<Case>& param_info) {
       std::string s;
       for (char ch : param_info.param.name) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';

@@ -1,7 +1,7 @@
 // Element-wise helpers that run where the elements live: the CPU loop, or its CUDA twin
 // (nn/cuda_ops.hpp). The layers call these instead of std::copy / std::fill / a loop, so the
-// same layer code serves both devices. CUDA holds float (and bfloat16, copied and zeroed
-// here); double (the finite-difference checks) is CPU only.
+// same layer code serves both devices. CUDA holds float (and bfloat16, copied, zeroed and
+// cast here); double (the finite-difference checks) is CPU only.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,11 @@ void add(T* dst, const T* src, std::int64_t n, Device device);
 /// Sum of x[i]^2, i < n, in double (waits for the device).
 template <typename T>
 double square_sum(const T* x, std::int64_t n, Device device);
+/// dst[i] = src[i] rounded to bfloat16 (nearest even, NaN stays a quiet NaN: ndmesh::BFloat16),
+/// i < n; on CUDA cuda::cast, bit for bit the same.
+void cast(BFloat16* dst, const float* src, std::int64_t n, Device device);
+/// dst[i] = src[i] widened to float (exact), i < n.
+void cast(float* dst, const BFloat16* src, std::int64_t n, Device device);
 
 /// C = alpha op(A) op(B) + beta C (ndmesh::gemm, tensor/blas.hpp) where the matrices live.
 template <typename T>

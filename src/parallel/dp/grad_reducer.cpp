@@ -71,6 +71,8 @@ GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataP
       p, static_cast<std::int64_t>(options_.bucket_mb * 1024 * 1024 / sizeof(float)) / p * p);
   // ZeRO-3 always, ZeRO-2 where the model's units are given (on the CPU): one bucket per unit.
   per_unit_ = zero_ == 3 || (zero_ == 2 && !units.empty());
+  NDMESH_CHECK(!per_unit_ || device_ == Device::kCpu, "dp",
+               "ZeRO-{} unit by unit hands pages of host memory back: its gradients must be on the CPU", zero_);
   if (per_unit_) {  // one bucket per unit, from the end
     NDMESH_CHECK(!units.empty() && units.front().offset == 0 &&
                      units.back().offset + units.back().count == flat_size,
@@ -180,9 +182,12 @@ void GradReducer::start(Bucket& b) {
   b.start_time = now_s();
   std::span<float> range(grads_ + b.lo, static_cast<std::size_t>(b.hi - b.lo));
   if (options_.bf16) {
-    b.low.resize(range.size());
-    for (std::size_t i = 0; i < range.size(); ++i) b.low[i] = BFloat16(range[i]);
-    const std::span<BFloat16> low(b.low);
+    // Rounded where the gradients are (a kernel on the compute stream on CUDA, ordered
+    // before the collective that reads the copy); the bucket keeps its copy between steps.
+    const auto n = static_cast<std::int64_t>(range.size());
+    if (b.low.numel() != n) b.low = Tensor<BFloat16>({n}, device_);
+    ops::cast(b.low.data(), range.data(), n, device_);
+    const std::span<BFloat16> low(b.low.data(), range.size());
     if (zero_ == 0)
       b.reduce = reducer_.start(low);
     else
@@ -220,10 +225,10 @@ void GradReducer::retire(Bucket& b) {
   const std::int64_t own = b.lo + group_.rank() * block;
   float* shard = shard_grads_.data() + b.shard_at;
   // The same sums as ZeRO-2's (widened, then added): bit for bit the same shard.
-  if (options_.bf16) {
+  if (options_.bf16) {  // per unit runs on host memory only (the constructor's check)
     const BFloat16* low = b.low.data() + (own - b.lo);
     for (std::int64_t i = 0; i < block; ++i) shard[i] += static_cast<float>(low[i]);
-    std::vector<BFloat16>().swap(b.low);
+    b.low = Tensor<BFloat16>();
   } else {
     for (std::int64_t i = 0; i < block; ++i) shard[i] += grads_[own + i];
   }
@@ -363,7 +368,7 @@ void GradReducer::finish_backward() {
         lo = b.lo + group_.rank() * block;
         hi = lo + block;
       }
-      for (std::int64_t i = lo; i < hi; ++i) grads_[i] = static_cast<float>(b.low[static_cast<std::size_t>(i - b.lo)]);
+      ops::cast(grads_ + lo, b.low.data() + (lo - b.lo), hi - lo, device_);
     }
   }
   const double t1 = now_s();

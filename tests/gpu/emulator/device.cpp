@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "cuda_runtime.h"
+#include "memory.hpp"  // emulator/memory.hpp
 
 #include "ndmesh/core/streams.hpp"
 #include "ndmesh/tensor/device.hpp"
@@ -176,6 +177,18 @@ void free(void* p) noexcept {
   s.sizes.erase(it);
   if (!emu::guarded_free(p, size)) std::free(p);
 }
+
+namespace emulator {
+bool is_device(const void* p) {
+  if (p == nullptr) return false;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto it = s.sizes.upper_bound(const_cast<void*>(p));  // the first block above p
+  if (it == s.sizes.begin()) return false;
+  --it;
+  return static_cast<const char*>(p) < static_cast<const char*>(it->first) + it->second;
+}
+}  // namespace emulator
 
 // One stream, and every kernel has ended when its launch returns: an event has passed as soon
 // as it is recorded, waits have nothing to wait for, and a block is never in use on another stream.

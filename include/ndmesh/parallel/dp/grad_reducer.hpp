@@ -83,7 +83,8 @@ struct DataParallelOptions {
   bool progress_thread = true;      ///< with overlap: a thread polls the buckets in flight
   /// Reduce the gradients in bfloat16 (--grad-dtype bf16): each bucket is rounded to bf16,
   /// reduced in bf16 (sums in fp32, rounded per step) and widened back into the fp32
-  /// buffer; the master weights and AdamW state stay fp32.
+  /// buffer; the master weights and AdamW state stay fp32. The rounded copy lives where the
+  /// gradients do (ops::cast on CUDA), so the collective runs on device buffers there.
   bool bf16 = false;
   GatherOptions zero3;  ///< ZeRO-3: how the parameters are gathered (ParamGatherer)
 };
@@ -179,7 +180,7 @@ class GradReducer {
     double start_time = 0;
     comm::PendingAllReduce reduce;  // without ZeRO
     comm::Work scatter;             // with ZeRO
-    std::vector<BFloat16> low;      // --grad-dtype bf16: the bucket as reduced
+    Tensor<BFloat16> low;           // --grad-dtype bf16: the bucket as reduced, on device_
     std::int64_t shard_at = 0;      // ZeRO 2/3: where this rank's block goes in shard_grads_
     bool retired = false;           // per unit: added to the shard, its work space released
   };
