@@ -111,19 +111,19 @@ void GradSync::sum_replicated_over_tp() {
 
 double GradSync::counted_square_sum() const {
   const bool tp_lead = tp_.rank() == 0;
-  double sum = 0;
+  // Every counted run, summed in this order (on CUDA in one pass with one read back, not a
+  // host sync per tensor).
+  std::vector<std::pair<const float*, std::int64_t>> runs;
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     model::Gpt& g = *chunks_[c];
     for (const ParamView& v : g.params().views()) {
       if (!v.shard.sharded() && !tp_lead) continue;  // replicated over tp: counted on tp rank 0
       if (static_cast<int>(c) == tied_copy_chunk_ && v.name == "embed.tokens") continue;  // the embedding's counts
       reducers_[c]->for_each_counted(g.params().grads().data(), v.offset, v.numel,
-                                     [&](const float* x, std::int64_t n, std::int64_t) {
-                                       sum += ops::square_sum(x, n, g.device());
-                                     });
+                                     [&](const float* x, std::int64_t n, std::int64_t) { runs.emplace_back(x, n); });
     }
   }
-  return sum;
+  return chunks_.empty() ? 0.0 : ops::square_sum_many<float>(runs, chunks_.front()->device());
 }
 
 StepSums GradSync::finish_step(double loss_sum) {

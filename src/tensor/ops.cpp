@@ -45,6 +45,19 @@ double square_sum(const T* x, std::int64_t n, Device device) {
   return s;
 }
 
+template <typename T>
+double square_sum_many(std::span<const std::pair<const T*, std::int64_t>> pieces, Device device) {
+  NDMESH_CUDA_TWIN(device, {
+    std::vector<const float*> xs;
+    std::vector<std::int64_t> ns;
+    for (const auto& [x, n] : pieces) xs.push_back(x), ns.push_back(n);
+    return cuda::square_sum_many(xs.data(), ns.data(), static_cast<int>(xs.size()));
+  })
+  double sum = 0;
+  for (const auto& [x, n] : pieces) sum += square_sum(x, n, device);
+  return sum;
+}
+
 // NDMESH_CUDA_TWIN's element type is the bfloat16 side: CUDA holds both.
 void cast(BFloat16* dst, const float* src, std::int64_t n, Device device) {
   using T = BFloat16;
@@ -109,6 +122,7 @@ void gemm(Device device, MatmulPrecision precision, bool trans_a, bool trans_b, 
   template void zero<T>(T*, std::int64_t, Device);                                                            \
   template void add<T>(T*, const T*, std::int64_t, Device);                                                   \
   template double square_sum<T>(const T*, std::int64_t, Device);                                              \
+  template double square_sum_many<T>(std::span<const std::pair<const T*, std::int64_t>>, Device);            \
   template void gemm<T>(Device, bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const T*, std::int64_t, \
                         const T*, std::int64_t, T, T*, std::int64_t);                                   \
   template void gemm<T>(Device, MatmulPrecision, bool, bool, std::int64_t, std::int64_t, std::int64_t, T,      \

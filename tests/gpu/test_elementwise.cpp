@@ -72,6 +72,29 @@ TEST(CudaElementwise, SquareSumIsTheOptimizersNormAndSumTheDoubleSum) {
   EXPECT_EQ(cuda::sum(nullptr, 0), 0.0);
 }
 
+// The global gradient norm's pass over many tensors: the per-piece square sums added in
+// piece order, the same double arithmetic bit for bit, with one read back (pieces of odd
+// sizes, an empty one, one larger than a block's share).
+TEST(CudaElementwise, SquareSumManyIsEachPiecesSquareSumAddedInOrder) {
+  NDMESH_GPU_OR_SKIP();
+  const std::int64_t sizes[] = {1, 1000, 0, 33, 70001, 7};
+  std::vector<DeviceBuffer> buffers;
+  std::vector<const float*> xs;
+  std::vector<std::int64_t> ns;
+  double expected = 0;
+  for (std::size_t i = 0; i < std::size(sizes); ++i) {
+    buffers.push_back(to_device(normal(static_cast<std::size_t>(sizes[i]), 10 + i, 2.0f)));
+    xs.push_back(ptr<float>(buffers.back()));
+    ns.push_back(sizes[i]);
+    expected += cuda::square_sum(xs.back(), sizes[i]);
+  }
+  EXPECT_EQ(cuda::square_sum_many(xs.data(), ns.data(), static_cast<int>(xs.size())), expected);
+  EXPECT_EQ(cuda::square_sum_many(nullptr, nullptr, 0), 0.0);
+  std::vector<std::pair<const float*, std::int64_t>> pieces;
+  for (std::size_t i = 0; i < xs.size(); ++i) pieces.emplace_back(xs[i], ns[i]);
+  EXPECT_EQ(ops::square_sum_many<float>(pieces, Device::kCuda), expected);
+}
+
 TEST(CudaElementwise, BFloat16CastsRoundLikeTheHost) {
   NDMESH_GPU_OR_SKIP();
   std::vector<float> x = normal(1031, 4, 100.0f);

@@ -5,7 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "ndmesh/core/dtype.hpp"
 
@@ -26,6 +29,10 @@ void add(T* dst, const T* src, std::int64_t n, Device device);
 /// Sum of x[i]^2, i < n, in double (waits for the device).
 template <typename T>
 double square_sum(const T* x, std::int64_t n, Device device);
+/// Sum over the pieces (x, n), in their order, of square_sum(x, n): on CUDA one read back for
+/// all of them (cuda::square_sum_many), the same arithmetic.
+template <typename T>
+double square_sum_many(std::span<const std::pair<const T*, std::int64_t>> pieces, Device device);
 /// dst[i] = src[i] rounded to bfloat16 (nearest even, NaN stays a quiet NaN: ndmesh::BFloat16),
 /// i < n; on CUDA cuda::cast, bit for bit the same.
 void cast(BFloat16* dst, const float* src, std::int64_t n, Device device);

@@ -184,6 +184,40 @@ void scale(float* x, float factor, std::int64_t n) { map(x, n, Scale{factor}, "s
 
 double square_sum(const float* x, std::int64_t n) { return reduce<true>(x, n); }
 
+namespace {
+// sums[0..count) added in order, as the host adds the pieces' results.
+__global__ void ordered_sum_kernel(double* result, const double* sums, int count) {
+  double acc = 0;
+  for (int i = 0; i < count; ++i) acc += sums[i];
+  *result = acc;
+}
+}  // namespace
+
+double square_sum_many(const float* const* xs, const std::int64_t* ns, int count) {
+  if (count <= 0) return 0.0;
+  // Each piece reduced as reduce<true> does, its result left in sums[i] on the device.
+  std::int64_t most = 0;
+  for (int i = 0; i < count; ++i) most = ns[i] > most ? ns[i] : most;
+  const unsigned max_blocks = most > 0 ? blocks_for(most, kReduceThreads, kReduceBlocks) : 1;
+  DeviceBuffer scratch((max_blocks + static_cast<std::size_t>(count) + 1) * sizeof(double));
+  double* partials = static_cast<double*>(scratch.data());
+  double* sums = partials + max_blocks;
+  memset_zero(sums, static_cast<std::size_t>(count) * sizeof(double));
+  for (int i = 0; i < count; ++i) {
+    if (ns[i] <= 0) continue;
+    const unsigned blocks = blocks_for(ns[i], kReduceThreads, kReduceBlocks);
+    partial_sum_kernel<true><<<blocks, kReduceThreads, 0, compute_stream()>>>(partials, xs[i], ns[i]);
+    check_launch("square_sum_many");
+    final_sum_kernel<<<1, kReduceThreads, 0, compute_stream()>>>(sums + i, partials, static_cast<int>(blocks));
+    check_launch("square_sum_many (final pass)");
+  }
+  ordered_sum_kernel<<<1, 1, 0, compute_stream()>>>(sums + count, sums, count);
+  check_launch("square_sum_many (pieces)");
+  double result = 0;
+  copy_to_host(&result, sums + count, sizeof result);
+  return result;
+}
+
 double sum(const float* x, std::int64_t n) { return reduce<false>(x, n); }
 
 void cast(BFloat16* dst, const float* src, std::int64_t n) {
