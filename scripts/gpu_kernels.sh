@@ -88,6 +88,7 @@ run() {
     gpu_fit_glibc "$work"
   fi
   [ -n "${CUBLASLT+set}" ] || gpu_find_cublaslt
+  [ -n "${CUDNN_LIB+set}" ] || CUDNN_LIB=$(gpu_find libcudnn.so.9)
   local libs sanitizer=() suffix=""
   libs=$(gpu_libraries "$work")
   if [ -n "$tool" ]; then
