@@ -169,10 +169,13 @@ gpu_find_cublaslt() {
 # gpu_libraries <work>: LD_LIBRARY_PATH for the packed binaries: the pack's lib/, then the
 # folder of the cuBLASLt that gpu_find_cublaslt took, then those of NCCL_LIB (libnccl.so.2)
 # and CUDNN_LIB (libcudnn.so.9, gpu_find's; cuDNN attention dlopens it, and it its
-# sub-libraries libcudnn_graph, libcudnn_engines_*, libcudnn_ops, ... beside it) when elsewhere.
+# sub-libraries libcudnn_graph, libcudnn_engines_*, libcudnn_ops, ... beside it) when elsewhere;
+# with cuDNN, those of NVRTC (libnvrtc.so.13 and .so.12, for cuDNN's runtime-compiled engines,
+# whichever CUDA its build wants).
 gpu_libraries() {
-  local p="$1/lib${CUBLASLT:+:$(dirname "$CUBLASLT")}" lib
-  for lib in "${NCCL_LIB:-}" "${CUDNN_LIB:-}"; do
+  local p="$1/lib${CUBLASLT:+:$(dirname "$CUBLASLT")}" lib nvrtc=()
+  [ -n "${CUDNN_LIB:-}" ] && nvrtc=("$(gpu_find libnvrtc.so.13)" "$(gpu_find libnvrtc.so.12)")
+  for lib in "${NCCL_LIB:-}" "${CUDNN_LIB:-}" "${nvrtc[@]}"; do
     [ -n "$lib" ] && [[ ":$p:" != *":$(dirname "$lib"):"* ]] && p+=":$(dirname "$lib")"
   done
   echo "$p"
