@@ -129,9 +129,8 @@ void magnitudes(const Case& c, const std::vector<float>& qkv, const std::vector<
     }
 }
 
-const Case kCases[] = {
-    {2, 128, 4, 4, 64}, {1, 200, 6, 2, 64}, {2, 256, 8, 2, 128}, {1, 77, 4, 1, 128}, {1, 512, 4, 4, 64},
-};
+// Few shapes: each builds two graphs, and cuDNN may compile its engines at run time.
+const Case kCases[] = {{1, 512, 4, 4, 64}, {1, 200, 6, 2, 64}, {2, 256, 8, 2, 128}, {1, 77, 4, 1, 128}};
 
 TEST(CudnnAttention, ForwardAndBackwardMatchTheFlashKernelWithinBf16Rounding) {
   NDMESH_GPU_OR_SKIP();
