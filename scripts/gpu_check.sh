@@ -106,7 +106,9 @@ pack() {
   # shellcheck disable=SC2086,SC2046
   cmake --build "$build" -j2 --target ndmesh $tests bench_gpu_kernels bench_gpu_allreduce > /dev/null ||
     { echo "gpu_check.sh: building ndmesh and the GPU tests in $build failed (cmake --build $build)" >&2; exit 2; }
-  ldd "$build/bin/ndmesh" | grep -q libcudart ||
+  # grep reads all of ldd's output: with -q it may stop early, and under pipefail the SIGPIPE
+  # of ldd would say "built without CUDA" of a CUDA build.
+  ldd "$build/bin/ndmesh" | grep libcudart > /dev/null ||
     { echo "gpu_check.sh: $build/bin/ndmesh is built without CUDA: configure with -DNDMESH_CUDA=ON" >&2; exit 2; }
   rm -rf "$dir" && mkdir -p "$dir" || { echo "gpu_check.sh: cannot create $dir" >&2; exit 2; }
   # shellcheck disable=SC2086,SC2046

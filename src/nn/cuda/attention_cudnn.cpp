@@ -267,7 +267,7 @@ const Plan* plan_for(const Shape& s, bool required, const char* what) {
   Library& lib = library();
   if (!lib.why.empty()) {
     static bool warned = false;
-    if (required) fail<Error>("cuda", "{} under NDMESH_ATTENTION=cudnn ({}): {}", what, s.str(), lib.why);
+    if (required) fail<ConfigError>("cuda", "{} under NDMESH_ATTENTION=cudnn ({}): {}", what, s.str(), lib.why);
     if (!warned)
       log::warn("[cuda] cuDNN attention unavailable ({}): attention runs on the flash kernel", lib.why);
     warned = true;
