@@ -24,6 +24,10 @@ endif
 # downloads it (and mypy, for the type stubs' test) from PyPI into the wheelhouse WHEELHOUSE,
 # once; `pip install --no-index --find-links $(WHEELHOUSE) .` then builds offline, and so
 # does the test (tests/python/pip_install.sh, skipped when the wheelhouse is empty).
+# The same wheelhouse holds the nvidia-cudnn-frontend wheel (downloaded without its
+# dependencies): CMake extracts the cuDNN frontend's headers from it into the build folder for
+# cuDNN attention (NDMESH_CUDNN, docs/gpu.md); without it (PyPI unreachable) cuDNN attention
+# is not built and the configure summary says so.
 WHEELHOUSE ?= .wheels
 PY_WHEELS := scikit-build-core mypy
 DEB_PACKAGES := build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev \
@@ -47,6 +51,10 @@ deps:
 	  { echo "downloading into $(WHEELHOUSE) from PyPI:" $(PY_WHEELS); \
 	    /usr/bin/python3 -m pip download -q --disable-pip-version-check --dest $(WHEELHOUSE) $(PY_WHEELS) || \
 	    echo "warning: PyPI unreachable; the pip install test will be skipped"; }
+	@ls $(WHEELHOUSE)/nvidia_cudnn_frontend-*.whl >/dev/null 2>&1 || \
+	  { echo "downloading into $(WHEELHOUSE) from PyPI: nvidia-cudnn-frontend (the cuDNN frontend's headers)"; \
+	    /usr/bin/python3 -m pip download -q --disable-pip-version-check --no-deps --dest $(WHEELHOUSE) \
+	      nvidia-cudnn-frontend || echo "warning: PyPI unreachable; cuDNN attention will not be built"; }
 
 $(BUILD_DIR)/Makefile:
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)

@@ -39,7 +39,8 @@
 #                                 (ldd; packed ones that need a newer glibc give way to the machine's)
 #   cublaslt                  30  libcublasLt.so.13, else .so.12, from the toolkit or PyTorch's
 #                                 nvidia/*/lib, loads and answers cublasLtGetVersion
-#   kernels                  115  every gpu_test_* with NDMESH_REQUIRE_GPU=1 (scripts/gpu_kernels.sh)
+#   kernels                  115  every gpu_test_* with NDMESH_REQUIRE_GPU=1 (scripts/gpu_kernels.sh; with
+#                                 cuDNN built, gpu_test_attention_cudnn: cuDNN's SDPA against the flash kernel)
 #   kernels-bench             60  bench_gpu_kernels (kernels against cuBLAS / device copies)
 #   train-default             70  ndmesh train --device cuda (35) against --device cpu (35) on
 #   train-recompute-selective 70    the same model, seed and batch: losses within 1e-5 relative,
@@ -50,14 +51,15 @@
 #   offload-host              35  --device cuda --offload optimizer (moments and fp32 master in pinned host
 #                                 memory, 0.05 MiB chunks) against train-default's cuda run: its bounds,
 #                                 bit for bit or not said (host loop vs CUDA AdamW kernel), PCIe bytes
-#   bf16                     100  --precision bf16 (bf16 operands at the matrix products) tracks fp32 on
+#   bf16                     110  --precision bf16 (bf16 operands at the matrix products) tracks fp32 on
 #                                 cuda over 300 steps, for the default model and a 6-layer 384-wide
 #                                 one at --lr 1e-3: losses within 1% at every step, the step-1 gradient
 #                                 norm within 2% (22 s each run; on the CPU 0.05% and 0.02%; at the
 #                                 default lr the wide model's warmup spikes: docs/train.md); and cuda bf16
-#                                 against cpu bf16 (10 s) over the default model's first 20 steps:
-#                                 losses 2e-4, step-1 gradient norm 5e-5 (bf16 against fp32 differ
-#                                 there by 2e-4), later norms 5e-3
+#                                 against cpu bf16 (10 s each) over the default model's first 20 steps,
+#                                 the cuda run with NDMESH_ATTENTION=flash (cuDNN's attention rounds
+#                                 more than the CPU's bf16): losses 2e-4, step-1 gradient norm 5e-5
+#                                 (bf16 against fp32 differ there by 2e-4), later norms 5e-3
 #   nccl                     200  several ranks on the one GPU (scripts/gpu_nccl.sh): dp 2, tp 2 + sp,
 #                                 pp 2 1F1B and interleaved, cp 2, dp 2 + ZeRO 2 on NCCL (NCCL_HOSTID
 #                                 per rank over loopback), 4 and 8 ranks staged over Gloo, each against
@@ -72,12 +74,14 @@
 #                                 within 25% of gpt2-ndmesh's, its memory within 10% of the peak
 #   gpt2-torch                75  scripts/gpt2_torch_baseline.py, same shape, fp32, TF32 off: 5
 #                                 warm-up steps, 30 timed; ndmesh's tokens/s as a ratio of it
-#   gpt2-bf16                195  GPT-2 small in bf16 on a token file (scripts/make_token_file.py: 12 x 768,
+#   gpt2-bf16                235  GPT-2 small in bf16 on a token file (scripts/make_token_file.py: 12 x 768,
 #                                 12 heads, sequence 1024, vocabulary 50257 padded to 128, micro-batch
 #                                 16; 5 warm-up steps, 30 timed): ndmesh --precision bf16 (40; only
-#                                 noted while refused), PyTorch eager (35) and torch.compile (90) with
-#                                 bf16 autocast, fused AdamW, flash SDPA; tokens/s, MFU over 989
-#                                 TFLOP/s, peak memory, ndmesh's tokens/s as ratios of PyTorch's
+#                                 noted while refused; attention on cuDNN where built), the same with
+#                                 NDMESH_ATTENTION=flash (40; cuDNN's tokens/s as a ratio of it), PyTorch
+#                                 eager (35) and torch.compile (90) with bf16 autocast, fused AdamW, flash
+#                                 SDPA; tokens/s, MFU over 989 TFLOP/s, peak memory, ndmesh's tokens/s as
+#                                 ratios of PyTorch's
 #   kernels-memcheck          90  the kernel tests under compute-sanitizer (SKIP without it)
 #   kernels-racecheck         90
 #   (the kernel steps: gpu_kernels.sh's own budget, 100, 45, 75 and 75 s, plus 15 s to end it)
@@ -102,7 +106,9 @@ pack() {
   # shellcheck disable=SC2086,SC2046
   cmake --build "$build" -j2 --target ndmesh $tests bench_gpu_kernels bench_gpu_allreduce > /dev/null ||
     { echo "gpu_check.sh: building ndmesh and the GPU tests in $build failed (cmake --build $build)" >&2; exit 2; }
-  ldd "$build/bin/ndmesh" | grep -q libcudart ||
+  # grep reads all of ldd's output: with -q it may stop early, and under pipefail the SIGPIPE
+  # of ldd would say "built without CUDA" of a CUDA build.
+  ldd "$build/bin/ndmesh" | grep libcudart > /dev/null ||
     { echo "gpu_check.sh: $build/bin/ndmesh is built without CUDA: configure with -DNDMESH_CUDA=ON" >&2; exit 2; }
   rm -rf "$dir" && mkdir -p "$dir" || { echo "gpu_check.sh: cannot create $dir" >&2; exit 2; }
   # shellcheck disable=SC2086,SC2046
@@ -268,6 +274,11 @@ EOF
     note "NCCL: took $NCCL_LIB (the packed binaries find it on LD_LIBRARY_PATH)"
   else
     note "NCCL: no libnccl.so.2 in the toolkit, the system or the pip nvidia/*/lib folders: ndmesh will not start"
+  fi
+  if [ -n "$CUDNN_LIB" ]; then
+    note "cuDNN: took $CUDNN_LIB (its folder on LD_LIBRARY_PATH: ndmesh loads libcudnn.so.9 and its sub-libraries on first use)"
+  else
+    note "cuDNN: no libcudnn.so.9 in the toolkit, the system or the pip nvidia/*/lib folders: bf16 attention runs on the flash kernel, gpu_test_attention_cudnn fails"
   fi
   local cs
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2> /dev/null | head -n 1)
@@ -475,7 +486,20 @@ step_bf16() {
     tail_of "$logs/bf16.default.cpu.err"
   else
     json_of bf16.default.cpu
-    r2=$(py bf16-devices bf16-devices "$logs/bf16.default.cpu.json" "$logs/bf16.default.bf16.json")
+    # cuDNN's attention (the cuda bf16 default) also rounds q, k, v and P to bf16, which the
+    # CPU's bf16 does not: the devices are compared with the flash kernel on the GPU (its
+    # 300-step tracking of fp32 above is cuDNN's).
+    seconds=$(bound 10)
+    NDMESH_ATTENTION=flash ndmesh "$seconds" bf16.default.flash "${bf16_run[@]}" --until 20 --device cuda \
+      --precision bf16
+    rc=$?
+    if [ $rc -ne 0 ]; then
+      r2="FAIL the default model on --device cuda with NDMESH_ATTENTION=flash: $(describe $rc "$seconds")"
+      tail_of "$logs/bf16.default.flash.err"
+    else
+      json_of bf16.default.flash
+      r2=$(py bf16-devices bf16-devices "$logs/bf16.default.cpu.json" "$logs/bf16.default.flash.json")
+    fi
   fi
   local status=PASS
   [ "${r%% *}" = PASS ] && [ "${r2%% *}" = PASS ] || status=FAIL
@@ -596,7 +620,7 @@ gpt2_bf16_shape=(--layers 12 --hidden 768 --heads 12 --seq 1024 --vocab 50257 --
 
 step_gpt2_bf16() {
   local seconds rc tokens=$work/gpt2-bf16.tokens.bin
-  seconds=$(bound 195)
+  seconds=$(bound 235)
   [ "$seconds" -lt 30 ] && { report FAIL gpt2-bf16 "not run: $seconds s left of the $total_budget s budget"; return; }
   # 40 batches of 16 x 1025 tokens, and some.
   if ! timeout -k 5 30 python3 "$here/make_token_file.py" "$tokens" --tokens 700000 --vocab 50257 --format llmc \
@@ -614,6 +638,24 @@ step_gpt2_bf16() {
     local r
     r=$(py gpt2-bf16.speed speed "$logs/gpt2-bf16.out" 5 $((16 * 1024)) "$logs/gpt2-bf16.speed.json")
     [ "${r%% *}" = PASS ] || note="; ndmesh: ${r#* }"
+    # The same run with attention on the fp32 flash kernel: cuDNN attention's speed as a ratio.
+    seconds=$(bound 40)
+    if [ "$seconds" -ge 20 ]; then
+      NDMESH_ATTENTION=flash ndmesh "$seconds" gpt2-bf16.flash train "${gpt2_bf16_shape[@]}" --data "$tokens" \
+        --data-format llmc --steps 35 --eval-batches 0 --threads 8 --json --device cuda --precision bf16
+      rc=$?
+      local rf
+      rf=$(py gpt2-bf16.flash.speed speed "$logs/gpt2-bf16.flash.out" 5 $((16 * 1024)) "$logs/gpt2-bf16.flash.speed.json")
+      if [ $rc -eq 0 ] && [ "${rf%% *}" = PASS ] && [ -f "$logs/gpt2-bf16.speed.json" ]; then
+        note+="; attention: cuDNN (default) tokens/s over NDMESH_ATTENTION=flash's: $(python3 -c '
+import json, sys
+a, b = (json.load(open(p))["tokens_per_second"] for p in sys.argv[1:])
+print(f"{a / b:.3f} ({a:.0f} / {b:.0f})")' "$logs/gpt2-bf16.speed.json" "$logs/gpt2-bf16.flash.speed.json" 2>&1 | tail -n 1)"
+      else
+        note+="; NDMESH_ATTENTION=flash run: $([ $rc -eq 0 ] && echo "${rf#* }" || describe $rc "$seconds")"
+      fi
+      grep -h 'cuDNN' "$logs/gpt2-bf16.err" | head -n 3 | sed 's/^/  /' | tee -a "$summary"
+    fi
   elif grep -q 'not implemented' "$logs/gpt2-bf16.err"; then
     note="; ndmesh --precision bf16 refused: $(head -n 1 "$logs/gpt2-bf16.err")"
   else
@@ -660,7 +702,8 @@ run() {
   GPU_LIB_DIRS=$(gpu_lib_dirs)
   CUBLASLT=$(gpu_find libcublasLt.so.13 libcublasLt.so.12)
   NCCL_LIB=$(gpu_find libnccl.so.2)
-  export GPU_LIB_DIRS CUBLASLT NCCL_LIB
+  CUDNN_LIB=$(gpu_find libcudnn.so.9)
+  export GPU_LIB_DIRS CUBLASLT NCCL_LIB CUDNN_LIB
   libs=$(gpu_libraries "$work")
   current=machine
   machine

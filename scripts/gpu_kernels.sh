@@ -88,6 +88,7 @@ run() {
     gpu_fit_glibc "$work"
   fi
   [ -n "${CUBLASLT+set}" ] || gpu_find_cublaslt
+  [ -n "${CUDNN_LIB+set}" ] || CUDNN_LIB=$(gpu_find libcudnn.so.9)
   local libs sanitizer=() suffix=""
   libs=$(gpu_libraries "$work")
   if [ -n "$tool" ]; then
@@ -104,6 +105,14 @@ run() {
   local t name left allowed rc cap
   local binaries=()
   [ "$what" = bench ] || binaries+=("$work"/bin/gpu_test_*)
+  if [ -n "$tool" ] && [ -e "$work/bin/gpu_test_attention_cudnn" ]; then
+    # cuDNN's kernels are not ndmesh's to sanitize, and under the tool its engines' run-time
+    # compilation outlasts a binary's share of the budget.
+    local kept=()
+    for t in "${binaries[@]}"; do [ "$(basename "$t")" = gpu_test_attention_cudnn ] || kept+=("$t"); done
+    binaries=("${kept[@]}")
+    echo "SKIP gpu_test_attention_cudnn$suffix: cuDNN's own kernels (the tool runs ndmesh's)"
+  fi
   [ "$what" = tests ] || [ -n "$tool" ] || binaries+=("$work/bin/bench_gpu_kernels")
   local n=${#binaries[@]} i=0
   for t in "${binaries[@]}"; do

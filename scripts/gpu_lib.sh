@@ -8,12 +8,13 @@
 # and nvidia-smi use the machine's own.
 
 # The C library's parts (they must come from the machine that runs the binary), the driver,
-# cuBLAS/cuBLASLt and NCCL (the GPU machine's toolkit or PyTorch's pip packages have them;
-# libnccl.so.2 is 200 MB, beyond what a device call carries).
+# cuBLAS/cuBLASLt, NCCL and cuDNN (the GPU machine's toolkit or PyTorch's pip packages have them;
+# libnccl.so.2 is 200 MB and cuDNN's engines 500 MB, beyond what a device call carries; ndmesh
+# loads cuDNN with dlopen, so ldd never lists it anyway).
 gpu_not_packed() {
   case $1 in
     libc.so* | libm.so* | libdl.so* | libpthread.so* | librt.so* | ld-linux* | libresolv.so* | libutil.so* | \
-      libanl.so* | libnsl.so* | libmvec.so* | libcuda.so* | libnvidia-*.so* | libcublas* | libnccl*) return 0 ;;
+      libanl.so* | libnsl.so* | libmvec.so* | libcuda.so* | libnvidia-*.so* | libcublas* | libnccl* | libcudnn*) return 0 ;;
   esac
   return 1
 }
@@ -166,10 +167,16 @@ gpu_find_cublaslt() {
 }
 
 # gpu_libraries <work>: LD_LIBRARY_PATH for the packed binaries: the pack's lib/, then the
-# folder of the cuBLASLt that gpu_find_cublaslt took, then that of NCCL_LIB (libnccl.so.2,
-# gpu_find's) when it is elsewhere.
+# folder of the cuBLASLt that gpu_find_cublaslt took, then those of NCCL_LIB (libnccl.so.2)
+# and CUDNN_LIB (libcudnn.so.9, gpu_find's; cuDNN attention dlopens it, and it its
+# sub-libraries libcudnn_graph, libcudnn_engines_*, libcudnn_ops, ... beside it) when elsewhere;
+# with cuDNN, those of NVRTC (libnvrtc.so.13 and .so.12, for cuDNN's runtime-compiled engines,
+# whichever CUDA its build wants).
 gpu_libraries() {
-  local p="$1/lib${CUBLASLT:+:$(dirname "$CUBLASLT")}"
-  [ -n "${NCCL_LIB:-}" ] && [[ ":$p:" != *":$(dirname "$NCCL_LIB"):"* ]] && p+=":$(dirname "$NCCL_LIB")"
+  local p="$1/lib${CUBLASLT:+:$(dirname "$CUBLASLT")}" lib nvrtc=()
+  [ -n "${CUDNN_LIB:-}" ] && nvrtc=("$(gpu_find libnvrtc.so.13)" "$(gpu_find libnvrtc.so.12)")
+  for lib in "${NCCL_LIB:-}" "${CUDNN_LIB:-}" "${nvrtc[@]}"; do
+    [ -n "$lib" ] && [[ ":$p:" != *":$(dirname "$lib"):"* ]] && p+=":$(dirname "$lib")"
+  done
   echo "$p"
 }

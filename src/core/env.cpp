@@ -32,6 +32,10 @@ const std::vector<Variable>& variables() {
        "the core count for one process (ndmesh train); 1 per rank when several share a machine",
        "BLAS and compute threads per process"},
       {"NDMESH_LOG", "string", "info", "log level: error, warn, info, debug"},
+      {"NDMESH_ATTENTION", "string", "auto",
+       "attention core on CUDA: auto (cuDNN's fused flash attention under --precision bf16 where built and "
+       "loadable, else the flash kernel), flash (always the fp32 flash kernel), cudnn (as auto, but cuDNN's "
+       "absence is an error)"},
       {"NDMESH_BACKEND", "string", "mpi; gloo under torchrun",
        "communication backend: mpi (under mpirun, srun, or no launcher), gloo (CPU over TCP, under torchrun "
        "or any "
@@ -130,6 +134,7 @@ void check_all() {
   (void)seconds("NDMESH_ELASTIC_TIMEOUT_S", 10);
   (void)seconds("NDMESH_ELASTIC_RECONNECT_S", 30);  // the bounds of tensor/blas.cpp
   one_of("NDMESH_LOG", {"error", "warn", "info", "debug"}, "error, warn, info or debug");
+  one_of("NDMESH_ATTENTION", {"auto", "flash", "cudnn"}, "auto, flash or cudnn");
   one_of("NDMESH_BACKEND", {"mpi", "gloo", "nccl"}, "mpi, gloo (or nccl when built with GPUs)");
 }
 

@@ -323,13 +323,13 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
     unit_event(UnitEvent::kForwardBegin, block_unit(l));
     if (recompute_ == nn::Recompute::kFull) {
       // The whole block runs in the workspace; only its output is kept.
-      blocks_[l].forward(x, *work_, batch_, seq_, core_.get(), positions_here());
+      blocks_[l].forward(x, *work_, batch_, seq_, core_.get(), block_positions());
       if (keep.out.numel() > 0) ops::copy(keep.out.data(), work_->out.data(), out_elems, device_);
     } else {
       // The tensors the workspace holds (recomputed or gathered again in the backward)
       // are lent to the block for its forward.
       lend(keep, l);
-      blocks_[l].forward(x, keep, batch_, seq_, core_.get(), positions_here());
+      blocks_[l].forward(x, keep, batch_, seq_, core_.get(), block_positions());
       lend(keep, l);
     }
     unit_event(UnitEvent::kForwardEnd, block_unit(l));
@@ -388,18 +388,18 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     nn::BlockActivations<T>* acts = &a.blocks[l];
     unit_event(UnitEvent::kBackwardBegin, block_unit(l));
     if (recompute_ == nn::Recompute::kFull) {
-      blocks_[l].forward(inp, *work_, batch_, seq_, core_.get(), positions_here());
+      blocks_[l].forward(inp, *work_, batch_, seq_, core_.get(), block_positions());
       acts = work_.get();
     } else {
       lend(*acts, l);
       if (in_workspace(nn::BlockActivations<T>::kLn1Full, false))
         blocks_[l].gather_norms(*acts, batch_, seq_);
       if (recompute_ == nn::Recompute::kSelective)
-        blocks_[l].recompute_attention(*acts, batch_, seq_, core_.get(), positions_here());
+        blocks_[l].recompute_attention(*acts, batch_, seq_, core_.get(), block_positions());
     }
     dinp->zero();
     blocks_[l].backward(dout->data(), inp, *acts, scratch_, dinp->data(), batch_, seq_,
-                        progress_ ? &progress_ : nullptr, core_.get(), positions_here());
+                        progress_ ? &progress_ : nullptr, core_.get(), block_positions());
     if (recompute_ != nn::Recompute::kFull) lend(*acts, l);
     unit_event(UnitEvent::kBackwardEnd, block_unit(l));
     std::swap(dout, dinp);

@@ -22,8 +22,10 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
+#include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/blas.hpp"
 
@@ -346,6 +348,14 @@ AttentionTiles attention_partial_backward(const AttentionOptions& o, AttentionRo
     }
   }
   return tiles;
+}
+
+AttentionKernel attention_kernel(MatmulPrecision precision, bool positioned) {
+  if (precision != MatmulPrecision::kBf16 || positioned) return AttentionKernel::kFlash;
+  const std::string kernel = env::string("NDMESH_ATTENTION", "auto");
+  return kernel == "flash"   ? AttentionKernel::kFlash
+         : kernel == "cudnn" ? AttentionKernel::kCudnnRequired
+                             : AttentionKernel::kCudnn;
 }
 
 template <typename T>

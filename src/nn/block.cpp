@@ -123,6 +123,12 @@ void Block<T>::attention_forward(BlockActivations<T>& a, std::int64_t batch, std
     // A ring (context parallelism) runs on the device too: the core gets device pointers.
     if (core) return core->forward(attn_, a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
     const AttentionOptions& o = attn_.options();
+    // positions: cuDNN's causal mask is by index (0..seq-1) only.
+    if (const AttentionKernel k = attention_kernel(qkv_.matmul_precision(), positions != nullptr);
+        k != AttentionKernel::kFlash &&
+        cuda::attention_forward_cudnn(a.atty.data(), a.lse.data(), a.qkv.data(), batch, seq, o.heads, o.kv_heads,
+                                      o.head_dim, k == AttentionKernel::kCudnnRequired))
+      return;
     cuda::attention_forward(a.atty.data(), a.lse.data(), a.qkv.data(), batch, seq, o.heads, o.kv_heads, o.head_dim,
                             positions);
   })
@@ -141,6 +147,11 @@ void Block<T>::attention_backward(const BlockActivations<T>& a, BlockScratch<T>&
       return core->backward(attn_, s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch,
                             seq, positions);
     const AttentionOptions& o = attn_.options();
+    if (const AttentionKernel k = attention_kernel(qkv_.matmul_precision(), positions != nullptr);
+        k != AttentionKernel::kFlash &&
+        cuda::attention_backward_cudnn(s.dqkv.data(), s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), batch,
+                                       seq, o.heads, o.kv_heads, o.head_dim, k == AttentionKernel::kCudnnRequired))
+      return;
     cuda::attention_backward(s.dqkv.data(), s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq,
                              o.heads, o.kv_heads, o.head_dim, positions);
   })

@@ -144,6 +144,7 @@ NDMESH_TIMEOUT_S=5m expect "NDMESH_TIMEOUT_S" mesh
 NDMESH_TIMEOUT_S=-1 expect "NDMESH_TIMEOUT_S" env
 NDMESH_THREADS=many expect "NDMESH_THREADS" schedule
 NDMESH_BACKEND=ucc expect "NDMESH_BACKEND" check
+NDMESH_ATTENTION=cudnn9 expect "NDMESH_ATTENTION" mesh
 
 echo "$runs runs, $failures failures"
 [ "$failures" -eq 0 ]

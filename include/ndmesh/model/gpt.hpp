@@ -266,6 +266,15 @@ class GptT {
   const std::int64_t* positions_here() const {
     return ops::staged(positions_device_, positions_.data(), device_);
   }
+  // The positions the blocks' attention reads: nullptr (the kernels' 0..seq-1, the same mask)
+  // when they are 0..seq-1 and no ring runs it, which lets bf16 attention run on cuDNN (its
+  // causal mask is by index), else positions_here().
+  const std::int64_t* block_positions() const {
+    if (core_) return positions_here();
+    for (std::size_t i = 0; i < positions_.size(); ++i)
+      if (positions_[i] != static_cast<std::int64_t>(i)) return positions_here();
+    return nullptr;
+  }
   // Checks n host integers against [0, limit) (Error naming `what` for one outside: the
   // kernels do not check) and returns where the kernels read them (ops::stage into `dst`).
   const std::int32_t* upload_checked(Tensor<std::int32_t>& dst, const std::int32_t* src, std::int64_t n,

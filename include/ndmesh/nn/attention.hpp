@@ -22,6 +22,8 @@
 
 #include <cstdint>
 
+#include "ndmesh/core/dtype.hpp"
+
 namespace ndmesh::nn {
 
 /// Head counts of an Attention.
@@ -119,6 +121,19 @@ void attention_row_dot(const AttentionOptions& options, std::int64_t rows, const
 template <typename T>
 AttentionTiles attention_partial_backward(const AttentionOptions& options, AttentionRows<const T> q,
                                           AttentionRows<const T> kv, const AttentionGrads<T>& g);
+
+/// Which kernel runs a Block's attention core on CUDA.
+enum class AttentionKernel : std::uint8_t {
+  kFlash,          ///< the fp32 flash kernel (src/nn/cuda/attention.cu)
+  kCudnn,          ///< cuDNN's SDPA where it can run, else the flash kernel (one warning line)
+  kCudnnRequired,  ///< cuDNN's SDPA, or an Error naming the call and the shape
+};
+
+/// The kernel for products at `precision`: cuDNN's SDPA under bf16 (NDMESH_ATTENTION=auto,
+/// the default; kCudnnRequired with NDMESH_ATTENTION=cudnn), the flash kernel under fp32, with
+/// NDMESH_ATTENTION=flash, and for rows at given positions (`positioned`: the ring of context
+/// parallelism, which merges partial results through their lse).
+AttentionKernel attention_kernel(MatmulPrecision precision, bool positioned);
 
 /// Causal scaled dot-product attention over packed q/k/v rows of whole sequences
 /// (positions 0..seq-1): one partial call with all keys.

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "ndmesh/core/dtype.hpp"
 
@@ -92,6 +93,30 @@ void attention_forward(float* out, float* lse, const float* qkv, std::int64_t ba
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                         std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
                         std::int64_t head_dim, const std::int64_t* positions);
+
+// attention_forward and attention_backward on the tensor cores, through cuDNN's fused flash
+// attention (SDPA, src/nn/cuda/attention_cudnn.cpp; built with NDMESH_CUDNN): the same
+// layouts and the same causal, grouped-query attention over whole sequences (positions
+// 0..seq-1), with q, k, v, out and dout rounded to bfloat16 (cuda::cast), fp32 statistics and
+// accumulation, and out, lse and the gradient written back as fp32. lse is the same natural
+// log-sum-exp of the scaled scores as the flash kernel's, so either backward reads either
+// forward's. One graph per shape, built on first use and cached. They return false when cuDNN
+// cannot run here (not built, libcudnn.so.9 not loadable, or no engine for this shape; one
+// warning line the first time, naming the shape): the caller then runs the flash kernel.
+// With `required` (NDMESH_ATTENTION=cudnn) each of those is an Error naming the call and the
+// shape instead. A failing cuDNN call is an Error naming the call and the shape.
+
+/// cuDNN SDPA forward: out[b, t, H hd], lse[b, H, t] from qkv (as attention_forward).
+bool attention_forward_cudnn(float* out, float* lse, const float* qkv, std::int64_t batch, std::int64_t seq,
+                             std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, bool required);
+/// cuDNN SDPA backward: accumulates dqkv from dout, qkv and the forward's out and lse (as
+/// attention_backward).
+bool attention_backward_cudnn(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                              std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
+                              std::int64_t head_dim, bool required);
+/// Empty when cuDNN attention can run in this process (built, libcudnn.so.9 loaded, a handle
+/// made; loads it on the first call), else why not. init() first.
+std::string attention_cudnn_unavailable_reason();
 
 // Ring attention (context parallelism, parallel/cp/ring_attention.cpp): the building blocks
 // of nn/attention.hpp over a batch. Every sequence b holds `seq` query rows at q + (b seq + t)

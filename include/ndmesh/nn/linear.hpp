@@ -59,6 +59,8 @@ class Linear {
   const LinearOptions& options() const { return options_; }
   /// Where its parameters live (its store's device).
   Device device() const { return store_->device(); }
+  /// How its products take their operands (its store's matmul_precision()).
+  MatmulPrecision matmul_precision() const { return store_->matmul_precision(); }
   /// The [out, in] weight (shared when tied).
   int weight_id() const { return weight_; }
   /// -1 without bias.

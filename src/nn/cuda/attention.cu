@@ -34,6 +34,9 @@
 
 #include "ndmesh/nn/cuda_ops.hpp"
 #include "tensor/cuda/common.cuh"
+#if NDMESH_WITH_CUDNN
+#include "nn/cuda/attention_cudnn.hpp"
+#endif
 
 namespace ndmesh::cuda {
 
@@ -618,5 +621,43 @@ void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t l
                                                                                accumulate);
   check_launch("copy_rows");
 }
+
+// cuDNN attention (attention_cudnn.cpp) where it is built; without it (a build without
+// NDMESH_CUDNN, and the CUDA emulator's translation of this file) it is never available and the
+// flash kernel runs.
+#if NDMESH_WITH_CUDNN
+bool attention_forward_cudnn(float* out, float* lse, const float* qkv, std::int64_t batch, std::int64_t seq,
+                             std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, bool required) {
+  return detail::cudnn_forward(out, lse, qkv, batch, seq, heads, kv_heads, head_dim, required);
+}
+
+bool attention_backward_cudnn(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                              std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
+                              std::int64_t head_dim, bool required) {
+  return detail::cudnn_backward(dqkv, dout, qkv, out, lse, batch, seq, heads, kv_heads, head_dim, required);
+}
+
+std::string attention_cudnn_unavailable_reason() { return detail::cudnn_unavailable_reason(); }
+#else
+namespace {
+const char* const kNoCudnn = "this build has no cuDNN attention (configure with -DNDMESH_CUDNN=ON; docs/gpu.md)";
+bool no_cudnn(bool required, const char* what) {
+  if (required) detail::fail_config(std::string(what) + " under NDMESH_ATTENTION=cudnn: " + kNoCudnn);
+  return false;
+}
+}  // namespace
+
+bool attention_forward_cudnn(float*, float*, const float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                             std::int64_t, bool required) {
+  return no_cudnn(required, "attention_forward_cudnn");
+}
+
+bool attention_backward_cudnn(float*, const float*, const float*, const float*, const float*, std::int64_t,
+                              std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool required) {
+  return no_cudnn(required, "attention_backward_cudnn");
+}
+
+std::string attention_cudnn_unavailable_reason() { return kNoCudnn; }
+#endif
 
 }  // namespace ndmesh::cuda

@@ -1,8 +1,10 @@
 // Blockwise attention against a plain reference (full score matrix, masked softmax) in
 // double precision, the ring-ready partial/merge building blocks against the whole-sequence
-// call, the tile skipping count, and the float path against the double path.
+// call, the tile skipping count, the float path against the double path, and which kernel a
+// Block runs on CUDA (attention_kernel).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <tuple>
@@ -336,6 +338,26 @@ TEST(Attention, FloatPathMatchesDoublePath) {
   expect_near_all("float out", V(outf.begin(), outf.end()), out, 1e-5);
   expect_near_all("float lse", V(lsef.begin(), lsef.end()), lse, 1e-5);
   expect_near_all("float dqkv", V(dqkvf.begin(), dqkvf.end()), dqkv, 1e-4);
+}
+
+// cuDNN's SDPA under bf16 products unless NDMESH_ATTENTION=flash; never under fp32 or for
+// positioned rows (the ring); NDMESH_ATTENTION=cudnn makes it required.
+TEST(Attention, KernelIsCudnnUnderBf16UnlessFlashIsAskedFor) {
+  const auto bf16 = MatmulPrecision::kBf16, fp32 = MatmulPrecision::kFp32;
+  for (const char* value : {"", "auto"}) {
+    setenv("NDMESH_ATTENTION", value, 1);
+    EXPECT_EQ(attention_kernel(bf16, false), AttentionKernel::kCudnn) << value;
+    EXPECT_EQ(attention_kernel(fp32, false), AttentionKernel::kFlash) << value;
+    EXPECT_EQ(attention_kernel(bf16, true), AttentionKernel::kFlash) << value;
+  }
+  setenv("NDMESH_ATTENTION", "flash", 1);
+  EXPECT_EQ(attention_kernel(bf16, false), AttentionKernel::kFlash);
+  setenv("NDMESH_ATTENTION", "cudnn", 1);
+  EXPECT_EQ(attention_kernel(bf16, false), AttentionKernel::kCudnnRequired);
+  EXPECT_EQ(attention_kernel(fp32, false), AttentionKernel::kFlash);
+  EXPECT_EQ(attention_kernel(bf16, true), AttentionKernel::kFlash);
+  unsetenv("NDMESH_ATTENTION");
+  EXPECT_EQ(attention_kernel(bf16, false), AttentionKernel::kCudnn);
 }
 
 }  // namespace
