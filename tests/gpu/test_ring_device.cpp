@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "emulated_staging.hpp"
 #include "gpu_test.hpp"
 #include "ndmesh/comm/inproc.hpp"
 #include "ndmesh/comm/staged.hpp"
@@ -28,19 +29,6 @@ using parallel::CpLayout;
 struct Case {
   std::int64_t heads, kv_heads, head_dim, batch, seq;
   CpLayout layout;
-};
-
-// The staging memory of an emulated GPU: device memory is host memory, so every buffer may
-// be staged (copied through a host buffer); the result must not change.
-class EmulatedStaging final : public comm::StagingMemory {
- public:
-  bool is_device(const void* p) const override { return p != nullptr; }
-  void copy(void* dst, const void* src, std::size_t bytes) override {
-    if (bytes) std::memcpy(dst, src, bytes);
-  }
-  std::shared_ptr<char> host_buffer(std::size_t bytes) override {
-    return std::shared_ptr<char>(new char[bytes == 0 ? 1 : bytes], std::default_delete<char[]>());
-  }
 };
 
 void check_case(const comm::Communicator& cp, const Case& c) {

@@ -21,6 +21,7 @@
 
 #include <unistd.h>
 
+#include "emulated_staging.hpp"
 #include "gpu_test.hpp"
 #include "ndmesh/comm/inproc.hpp"
 #include "ndmesh/comm/process_groups.hpp"
@@ -29,30 +30,12 @@
 #include "ndmesh/parallel/trainer.hpp"
 #include "support/model_fixtures.hpp"
 
-#ifdef NDMESH_CUDA_EMULATED
-namespace emu {
-void guard_device_memory();  // emulator/cuda_runtime.h
-}
-#endif
-
 namespace ndmesh {
 namespace {
 
 
 using parallel::TrainOptions;
-
-// Device memory is host memory in the emulator: every buffer is a device buffer to stage,
-// copied by the emulator's device copy (the guard below lets only device work touch it).
-class EmulatedStaging final : public comm::StagingMemory {
- public:
-  bool is_device(const void* p) const override { return p != nullptr; }
-  void copy(void* dst, const void* src, std::size_t bytes) override {
-    if (bytes) cuda::copy_device(dst, src, bytes);
-  }
-  std::shared_ptr<char> host_buffer(std::size_t bytes) override {
-    return std::shared_ptr<char>(new char[bytes == 0 ? 1 : bytes], std::default_delete<char[]>());
-  }
-};
+using testing::EmulatedStaging;
 
 struct Case {
   std::string name;
