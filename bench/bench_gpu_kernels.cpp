@@ -289,7 +289,8 @@ void run() {
     {  // fc + bias + GELU in one call (aux kept) against fp32 gemm, bias_forward, gelu_forward
       DeviceBuffer a = floats(N * C), w = floats(4 * C * C), pre = floats(N * 4 * C), act = floats(N * 4 * C),
                    bias = floats(4 * C);
-      DeviceBuffer ha = bf16(N * C), hw = bf16(4 * C * C), hact = bf16(N * 4 * C), haux = bf16(N * 4 * C);
+      DeviceBuffer ha = bf16(N * C), hw = bf16(4 * C * C), hact = bf16(N * 4 * C), haux = bf16(N * 4 * C),
+                   hbias = bf16(4 * C);
       const double base = time_ms([&] {
         cuda::gemm(false, true, N, 4 * C, C, 1.0f, f32(a), C, f32(w), C, 0.0f, f32(pre), 4 * C);
         cuda::bias_forward(f32(pre), f32(bias), N, 4 * C);
@@ -298,7 +299,7 @@ void run() {
       bench.compute_bound("gemm_bf16 fc+bias+gelu", fmt::format("{}x{}x{} NT", N, 4 * C, C), 2.0 * N * 4 * C * C,
                           "fp32 gemm, bias, gelu", base, [&] {
                             cuda::gemm_bf16(false, true, N, 4 * C, C, 1.0f, b16(ha), C, b16(hw), C, 0.0f, b16(hact),
-                                            4 * C, cuda::GemmEpilogue::kGeluAux, f32(bias), b16(haux));
+                                            4 * C, cuda::GemmEpilogue::kGeluAux, b16(hbias), b16(haux));
                           });
     }
     {  // residual + LayerNorm, and the LayerNorm backward

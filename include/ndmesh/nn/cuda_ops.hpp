@@ -243,22 +243,24 @@ void adamw_update_multi(float* w, BFloat16* w_bf16, const float* grad, float* m,
                         double eps, double clip, double c1, double c2);
 
 /// What a bf16 gemm fuses after the product (cuBLASLt epilogues; row-major C[m, n]):
-///   kBias:    C += bias[n] on every row (fp32 bias);
+///   kBias:    C += bias[n] on every row;
 ///   kGeluAux: aux = product + bias[n] (stored as C), C = gelu(aux) (tanh form): the MLP's
 ///             fc and GELU in one call, aux kept for the backward;
 ///   kDGelu:   C = product * gelu'(aux) and dbias[n] = its column sums: the backward of
 ///             kGeluAux with its bias gradient;
 ///   kBGradB:  (gemm_bf16_f32, the weight gradient with trans_a: A = dout [k, m]) also
 ///             dbias[m] = the sums of op(A) over k: the bias gradient from the same read.
-/// Bias gradients are written, not accumulated.
+/// Bias gradients are written, not accumulated. The bias and its gradient have C's element
+/// type: cuBLASLt 13.1 (H200) offers no algorithm for an fp32 bias with a bf16 C, nor for a
+/// bf16 bias with an fp32 C (every epilogue, every shape tried; docs/gpu.md).
 enum class GemmEpilogue : std::uint8_t { kNone, kBias, kGeluAux, kDGelu, kBGradB };
 /// gemm with bf16 A, B and C (row-major as gemm), fp32 accumulation (cuBLASLt,
 /// CUBLAS_COMPUTE_32F) and one rounding of each output. GPU only: cuBLASLt does not run in
 /// the emulator.
 void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, BFloat16* c,
-               std::int64_t ldc, GemmEpilogue epilogue = GemmEpilogue::kNone, const float* bias = nullptr,
-               BFloat16* aux = nullptr, float* dbias = nullptr);
+               std::int64_t ldc, GemmEpilogue epilogue = GemmEpilogue::kNone, const BFloat16* bias = nullptr,
+               BFloat16* aux = nullptr, BFloat16* dbias = nullptr);
 /// gemm with bf16 A and B into an fp32 C: the weight gradient accumulated in fp32 (beta 1).
 void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                    const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, float* c,

@@ -200,7 +200,8 @@ Plan make_plan(cublasLtHandle_t handle, const Key& key) {
       case GemmEpilogue::kBGradB: e = CUBLASLT_EPILOGUE_BGRADB; break;
     }
     check_lt(lt_api().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), "epilogue");
-    const cudaDataType_t bias_type = CUDA_R_32F;  // bias and bias gradient stay fp32
+    // The bias and its gradient have C's type: cuBLASLt 13.1 finds no algorithm otherwise.
+    const cudaDataType_t bias_type = key.c;
     check_lt(lt_api().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                              sizeof bias_type),
              "bias type");
@@ -263,8 +264,8 @@ __global__ void scale_rows_kernel(float* c, std::int64_t m, std::int64_t n, std:
 
 // C = alpha op(A) op(B) + beta C with the plan of `key`; the epilogue's pointers (bias, aux,
 // dbias) are set on the cached descriptor under the lock, just before the call.
-void run(const Key& key, float alpha, const void* a, const void* b, float beta, void* c, const float* bias,
-         void* aux, float* dbias) {
+void run(const Key& key, float alpha, const void* a, const void* b, float beta, void* c, const void* bias,
+         void* aux, void* dbias) {
   Lt& s = lt();
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.handle == nullptr) {
@@ -275,7 +276,7 @@ void run(const Key& key, float alpha, const void* a, const void* b, float beta, 
   if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(s.handle, key)).first;
   const Plan& plan = it->second;  // std::map nodes never move
   const void* bias_pointer = key.epilogue == GemmEpilogue::kBias || key.epilogue == GemmEpilogue::kGeluAux
-                                 ? static_cast<const void*>(bias)
+                                 ? bias
                                  : static_cast<const void*>(dbias);
   if (key.epilogue != GemmEpilogue::kNone) {
     if (bias_pointer == nullptr)
@@ -313,7 +314,7 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 
 void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, BFloat16* c,
-               std::int64_t ldc, GemmEpilogue epilogue, const float* bias, BFloat16* aux, float* dbias) {
+               std::int64_t ldc, GemmEpilogue epilogue, const BFloat16* bias, BFloat16* aux, BFloat16* dbias) {
   if (m <= 0 || n <= 0 || k <= 0)
     detail::fail_error("gemm_bf16: m, n and k must be positive (" + std::to_string(m) + ", " + std::to_string(n) +
                        ", " + std::to_string(k) + ")");

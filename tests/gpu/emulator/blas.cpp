@@ -24,8 +24,8 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 }
 
 void gemm_bf16(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const BFloat16*, std::int64_t,
-               const BFloat16*, std::int64_t, float, BFloat16*, std::int64_t, GemmEpilogue, const float*,
-               BFloat16*, float*) {
+               const BFloat16*, std::int64_t, float, BFloat16*, std::int64_t, GemmEpilogue, const BFloat16*,
+               BFloat16*, BFloat16*) {
   fail<>("cuda", "gemm_bf16 (cuBLASLt) does not run in the CUDA emulator; run the gpu. tests on a GPU");
 }
 
