@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,6 +58,9 @@ class CommImpl {
   /// passes ReduceOp::kAvg through, touches no element on the host, and an in-place
   /// reduce_scatter's output is this rank's block of the input.
   virtual bool handles_device(const void* /*data*/) const { return false; }
+  /// Sets up the point-to-point connections with `peers` (both directions) before the first
+  /// message: Communicator::connect_peers. Nothing on backends that connect on demand.
+  virtual void connect_peers(std::span<const int> /*peers*/, double /*timeout_s*/) {}
   /// Empty when any thread may call any operation at any time; otherwise why not.
   virtual std::string thread_limit() const { return {}; }
   /// A Work waiting on this backend calls this between polls: a backend whose operations

@@ -324,6 +324,15 @@ Communicator Communicator::split(std::optional<std::int64_t> color, std::int64_t
   return Communicator(std::move(child), name.empty() ? name_ + "/split" : std::move(name));
 }
 
+void Communicator::connect_peers(std::span<const int> peers, const Options& opts) const {
+  require("connect_peers");
+  for (int p : peers)
+    NDMESH_CHECK(p >= 0 && p < size() && p != rank(), "comm",
+                 "connect_peers on group {}: peer {} is not another rank of its {}", name_, p, size());
+  detail::WatchScope watch("connect_peers", *impl_, name_, opts.timeout_s > 0 ? opts.timeout_s : default_timeout_s());
+  impl_->connect_peers(peers, opts.timeout_s > 0 ? opts.timeout_s : default_timeout_s());
+}
+
 Communicator Communicator::dup(std::string name, const Options& opts) const {
   require("dup");
   std::shared_ptr<detail::CommImpl> copy;

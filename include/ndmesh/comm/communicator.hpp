@@ -174,6 +174,16 @@ class Communicator {
   /// this one's name).
   Communicator dup(std::string name = "", const Options& opts = {}) const;
 
+  /// Connects this rank with `peers` for point-to-point messages in both directions, before
+  /// the first one. Every rank named must call it naming this one (the pipeline executor:
+  /// each stage its neighbours). NCCL needs it where two ranks first meet asymmetrically:
+  /// its first send/recv group with a peer exchanges the connection details of every
+  /// direction in that group and expects the peer's group to mirror them (a stage that
+  /// sends and receives in one group, its neighbour only receiving, fails with "Message
+  /// truncated" in NCCL's bootstrap; NVIDIA/nccl#1279). Other backends connect on demand:
+  /// nothing happens there. opts.timeout_s bounds the wait for the peers.
+  void connect_peers(std::span<const int> peers, const Options& opts = {}) const;
+
   /// Waits until every member has arrived.
   void barrier(const Options& opts = {}) const { barrier_impl(opts, true); }
   Work barrier_async(const Options& opts = {}) const { return barrier_impl(opts, false); }

@@ -183,16 +183,18 @@ void settle(State& s, const char* op, double timeout_s) {
   }
 }
 
-// The unique id of the next NCCL communicator of these members, from rank 0.
-ncclUniqueId share_id(detail::CommImpl& cpu) {
+// The number of the next NCCL communicator of these members in this process. Taken when the
+// communicator is made (wrap): every member makes its communicators of one member list in
+// the same order (splits and duplicates are collective), so the numbers agree across ranks.
+int next_id_seq(const std::string& members) {
   static std::mutex mutex;
   static std::map<std::string, int> made;  // NCCL communicators made per member list
-  std::string key = fmt::format("{}", fmt::join(cpu.members(), ","));
-  int n = 0;
-  {
-    std::lock_guard lock(mutex);
-    n = made[key]++;
-  }
+  std::lock_guard lock(mutex);
+  return made[members]++;
+}
+
+// The unique id of NCCL communicator `seq` of these members, from rank 0.
+ncclUniqueId share_id(detail::CommImpl& cpu, const std::string& members, int seq) {
   ncclUniqueId id{};
   if (cpu.rank() == 0) {
     const ncclResult_t r = ncclGetUniqueId(&id);
@@ -200,7 +202,7 @@ ncclUniqueId share_id(detail::CommImpl& cpu) {
   }
   if (const launch::Store* store = detail::job_store()) {
     std::string bytes(reinterpret_cast<const char*>(&id), sizeof id);
-    bytes = store->share(fmt::format("nccl/{}/{}/id", key, n), cpu.rank() == 0, bytes);
+    bytes = store->share(fmt::format("nccl/{}/{}/id", members, seq), cpu.rank() == 0, bytes);
     NDMESH_CHECK(bytes.size() == sizeof id, "comm", "the NCCL unique id from the store has {} bytes, not {}",
                  bytes.size(), sizeof id);
     std::memcpy(&id, bytes.data(), sizeof id);
@@ -234,6 +236,21 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
   explicit NcclComm(std::shared_ptr<detail::CommImpl> cpu) : state_(std::make_shared<State>()) {
     state_->cpu = std::move(cpu);
     members_ = state_->cpu->members();
+    id_members_ = fmt::format("{}", fmt::join(members_, ","));
+    id_seq_ = next_id_seq(id_members_);
+    state_->group = fmt::format("of ranks {}", id_members_);  // until an operation names it
+  }
+
+  // Makes the NCCL communicator now, while every member makes this communicator (wrap).
+  // NCCL's creation is collective: made on first use instead, two ranks whose first device
+  // operations fall on different groups would each wait in a creation the other never
+  // reaches. One rank has no peer to wait for: its communicator is made on first use.
+  void start() {
+    if (size() <= 1) return;
+    use_device();
+    State& s = *state_;
+    std::lock_guard lock(s.mutex);
+    ensure(s, default_timeout_s());
   }
   ~NcclComm() override {
     State& s = *state_;
@@ -283,6 +300,42 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
   bool handles_device(const void* data) const override { return is_device_pointer(data); }
 
   std::unique_ptr<detail::WorkImpl> barrier(bool blocking) override { return host().barrier(blocking); }
+
+  // One byte each way with every peer in one group: the connections of both directions are
+  // made in one exchange per peer, which mirrors the peer's (it names this rank too).
+  void connect_peers(std::span<const int> peers, double timeout_s) override {
+    if (peers.empty()) return;
+    use_device();
+    flush_batch();
+    State& s = *state_;
+    std::lock_guard lock(s.mutex);
+    ensure(s, timeout_s);
+    const std::size_t bytes = 2 * peers.size();
+    void* buffer = nullptr;
+    check_cuda(cudaMalloc(&buffer, bytes), "cudaMalloc (connect_peers)");
+    auto* b = static_cast<unsigned char*>(buffer);
+    check_cuda(cudaMemsetAsync(buffer, 0, bytes, s.stream), "cudaMemsetAsync (connect_peers)");
+    ncclResult_t r = ncclGroupStart();
+    for (std::size_t i = 0; i < peers.size() && (r == ncclSuccess || r == ncclInProgress); ++i) {
+      r = ncclSend(b + 2 * i, 1, ncclUint8, peers[i], s.comm, s.stream);
+      if (r == ncclSuccess || r == ncclInProgress) r = ncclRecv(b + 2 * i + 1, 1, ncclUint8, peers[i], s.comm, s.stream);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    check_nccl(r == ncclSuccess || r == ncclInProgress ? end : r, "connect_peers", s);
+    settle(s, "connect_peers", timeout_s);
+    const auto start = Clock::now();
+    cudaError_t e = cudaSuccess;
+    while ((e = cudaStreamQuery(s.stream)) == cudaErrorNotReady) {
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(s.comm, &async);
+      check_nccl(async, "connect_peers", s);
+      if (Clock::now() - start > std::chrono::duration<double>(timeout_s))
+        end_job(s, kTimeoutExitCode, detail::timeout_message("connect_peers", "", s.group, *s.cpu, timeout_s));
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    cudaFree(buffer);
+    check_cuda(e, "connect_peers");
+  }
 
   std::unique_ptr<detail::WorkImpl> broadcast(ElementSpan data, int root, bool blocking) override {
     if (!is_device_pointer(data.data)) return host().broadcast(data, root, blocking);
@@ -370,7 +423,7 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
   void ensure(State& s, double timeout_s) {
     if (s.comm != nullptr) return;
     check_cuda(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    const ncclUniqueId id = share_id(cpu());
+    const ncclUniqueId id = share_id(cpu(), id_members_, id_seq_);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     check_nccl(ncclCommInitRankConfig(&s.comm, size(), id, rank(), &config), "ncclCommInitRankConfig", s);
@@ -487,6 +540,8 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
   }
 
   std::shared_ptr<State> state_;
+  std::string id_members_;  // the store key of the unique id: members and number (share_id)
+  int id_seq_ = 0;
   std::mutex batch_mutex_;
   std::vector<P2p> batch_;
   std::shared_ptr<StreamOrder> batch_order_;
@@ -498,7 +553,9 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
 
 std::shared_ptr<detail::CommImpl> wrap(std::shared_ptr<detail::CommImpl> cpu) {
   NDMESH_CHECK(cpu != nullptr, "comm", "an NCCL communicator needs a bootstrap communicator");
-  return std::make_shared<NcclComm>(std::move(cpu));
+  auto c = std::make_shared<NcclComm>(std::move(cpu));
+  c->start();
+  return c;
 }
 
 std::string version() {

@@ -40,6 +40,14 @@ Executor::Executor(PipelineSchedule schedule, comm::Communicator pp, std::vector
                pp_.name(), pp_.size());
   pp_ = pp_.dup();  // the transfers' own message space (comm/tags.hpp)
   stage_ = pp_.rank();
+  // Both directions with every neighbour connected before the first transfer
+  // (Communicator::connect_peers: NCCL's first exchange with a peer must mirror its).
+  std::vector<int> peers;
+  for (const Action& a : schedule_.actions[stage_])
+    if (is_p2p(a.kind) && a.peer != stage_) peers.push_back(a.peer);
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  pp_.connect_peers(peers);
   NDMESH_CHECK(static_cast<int>(chunks_.size()) == schedule_.chunks, "pp",
                "the schedule has {} chunks per rank but stage {} holds {} model chunks", schedule_.chunks,
                stage_, chunks_.size());

@@ -128,6 +128,26 @@ TEST(Inproc, AReceiveOfAnotherCountIsAnError) {
   });
 }
 
+// connect_peers names other ranks of the group only (on NCCL it makes the connections; here
+// there is nothing to connect and messages flow as before).
+TEST(Inproc, ConnectPeersChecksThePeersAndKeepsMessagesFlowing) {
+  inproc::run(3, [](const Communicator& world) {
+    const int r = world.rank(), next = (r + 1) % 3, prev = (r + 2) % 3;
+    const std::vector<int> peers = {prev, next};
+    world.connect_peers(peers);
+    int got = -1;
+    Work w = world.recv_async(std::span<int>(&got, 1), prev);
+    world.send(std::span<const int>(&r, 1), next);
+    w.wait();
+    EXPECT_EQ(got, prev);
+    for (const int bad : {r, 3, -1}) {
+      const std::vector<int> wrong = {bad};
+      const std::string msg = what_of<Error>([&] { world.connect_peers(wrong); });
+      EXPECT_NE(msg.find("peer " + std::to_string(bad) + " is not another rank of its 3"), std::string::npos) << msg;
+    }
+  });
+}
+
 TEST(Inproc, DupSelfAndSplitNode) {
   inproc::run(5,
               [](const Communicator& world) {
