@@ -82,6 +82,13 @@
 #                                 eager (35) and torch.compile (90) with bf16 autocast, fused AdamW, flash
 #                                 SDPA; tokens/s, MFU over 989 TFLOP/s, peak memory, ndmesh's tokens/s as
 #                                 ratios of PyTorch's
+#   profile                   75  nsys (when on the machine) over 20 steps of gpt2-bf16's run: the GPU's
+#                                 busy time against the wall, the top kernels by time, and the CUDA
+#                                 API calls that wait (SKIP without nsys)
+#   torchrun                  60  tests/store/torch2.sh with the machine's PyTorch 2.x: ndmesh ranks (--device cpu)
+#                                 at torch's TCPStore, torch's client at ndmesh's store, and
+#                                 torchrun --nproc_per_node=4 --no-python ndmesh train --dp 2 --tp 2,
+#                                 each against the serial run (SKIP without torch >= 2)
 #   kernels-memcheck          90  the kernel tests under compute-sanitizer (SKIP without it)
 #   kernels-racecheck         90
 #   (the kernel steps: gpu_kernels.sh's own budget, 100, 45, 75 and 75 s, plus 15 s to end it)
@@ -95,8 +102,8 @@ dir=${3:-$build/gpu-check}
 total_budget=540
 
 steps=(gpu glibc cublaslt kernels kernels-bench train-default train-recompute-selective train-recompute-full
-  train-untied checkpoint offload-host bf16 nccl calibrate gpt2-ndmesh gpt2-memory gpt2-plan gpt2-torch gpt2-bf16 kernels-memcheck
-  kernels-racecheck)
+  train-untied checkpoint offload-host bf16 nccl calibrate gpt2-ndmesh gpt2-memory gpt2-plan gpt2-torch gpt2-bf16 profile
+  torchrun kernels-memcheck kernels-racecheck)
 
 pack() {
   [ -f "$build/CMakeCache.txt" ] || { echo "gpu_check.sh: no build in $build (make build first)" >&2; exit 2; }
@@ -283,6 +290,7 @@ EOF
   local cs
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2> /dev/null | head -n 1)
   note "compute-sanitizer: ${cs:-not found}"
+  note "nsys: $(find_nsys || echo not found)"
   note "torch: $(timeout 60 python3 -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "GPU available:", torch.cuda.is_available())' 2>&1 | tail -n 1)"
 }
 
@@ -507,6 +515,62 @@ step_bf16() {
 }
 
 # The GPU's rates for the planner: the hardware file stays in the logs (calibrate.toml).
+find_nsys() {
+  command -v nsys 2> /dev/null ||
+    ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys /usr/lib/nsight-systems*/bin/nsys 2> /dev/null |
+    head -n 1 | grep .
+}
+
+# profile: where gpt2-bf16's step time goes, for the next round of speed work (issue 33).
+step_profile() {
+  local seconds nsys tokens=$work/gpt2-bf16.tokens.bin rep=$work/profile-bf16 rc
+  nsys=$(find_nsys) || { report SKIP profile "nsys is not on this machine"; return; }
+  seconds=$(bound 75)
+  [ "$seconds" -lt 30 ] && { report FAIL profile "not run: $seconds s left of the $total_budget s budget"; return; }
+  if [ ! -f "$tokens" ] && ! timeout -k 5 30 python3 "$here/make_token_file.py" "$tokens" --tokens 700000 \
+    --vocab 50257 --format llmc > "$logs/profile.tokens.log" 2>&1; then
+    report FAIL profile "scripts/make_token_file.py: $(tail -n 1 "$logs/profile.tokens.log")"
+    return
+  fi
+  # nsys runs with the machine's libraries; env gives the packed ndmesh its own.
+  timeout -k 5 $((seconds - 25)) "$nsys" profile --trace cuda,nvtx --sample none --cpuctxsw none \
+    --force-overwrite true -o "$rep" env LD_LIBRARY_PATH="$libs" RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
+    LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT="$(free_port)" "$work/bin/ndmesh" train \
+    "${gpt2_bf16_shape[@]}" --data "$tokens" --data-format llmc --steps 20 --eval-batches 0 --threads 8 --json \
+    --device cuda --precision bf16 > "$logs/profile.out" 2> "$logs/profile.err"
+  rc=$?
+  if [ $rc -ne 0 ] || [ ! -f "$rep.nsys-rep" ]; then
+    report FAIL profile "nsys profile of 20 bf16 steps: $(describe $rc $((seconds - 25)))"
+    tail_of "$logs/profile.err" "$logs/profile.out"
+    return
+  fi
+  timeout -k 5 25 "$nsys" stats --force-export true --report cuda_gpu_kern_sum,cuda_api_sum,cuda_gpu_mem_time_sum \
+    --format csv --output "$logs/profile" "$rep.nsys-rep" > "$logs/profile.stats.log" 2>&1
+  timeout -k 5 30 python3 "$here/gpu_profile_summary.py" "$logs" > "$logs/profile.summary" 2>&1
+  local r
+  r=$(head -n 1 "$logs/profile.summary")
+  case $r in PASS* | FAIL*) ;; *) r="FAIL python: $(tail -n 1 "$logs/profile.summary")" ;; esac
+  report "${r%% *}" profile "${r#* }"
+  tail -n +2 "$logs/profile.summary" | grep '^  ' | tee -a "$summary"
+}
+
+# torchrun: the packed ndmesh (a wrapper that sets its libraries) through store.torch2's script.
+step_torchrun() {
+  local seconds rc py
+  seconds=$(bound 60)
+  [ "$seconds" -lt 15 ] && { report FAIL torchrun "not run: $seconds s left of the $total_budget s budget"; return; }
+  py=$(command -v python3)
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$libs" "$work/bin/ndmesh" > "$work/ndmesh-torch2"
+  chmod +x "$work/ndmesh-torch2"
+  timeout -k 5 "$seconds" bash "$here/../tests/store/torch2.sh" "$work/ndmesh-torch2" "$py" > "$logs/torchrun.out" 2>&1
+  rc=$?
+  case $rc in
+    0) report PASS torchrun "$(grep -E '^[123]\. ' "$logs/torchrun.out" | tr '\n' ' ')" ;;
+    77) report SKIP torchrun "$(tail -n 1 "$logs/torchrun.out")" ;;
+    *) report FAIL torchrun "tests/store/torch2.sh: $(describe $rc "$seconds")"; tail_of "$logs/torchrun.out" ;;
+  esac
+}
+
 step_calibrate() {
   local seconds why
   seconds=$(bound 30)
@@ -738,6 +802,8 @@ run() {
       gpt2-plan) step_gpt2_plan ;;
       gpt2-torch) step_gpt2_torch ;;
       gpt2-bf16) step_gpt2_bf16 ;;
+      profile) step_profile ;;
+      torchrun) step_torchrun ;;
       kernels-memcheck) kernels_step kernels-memcheck 75 --what tests --tool memcheck ;;
       kernels-racecheck) kernels_step kernels-racecheck 75 --what tests --tool racecheck ;;
       *) report FAIL "$s" "gpu_check.sh has no such step" ;;

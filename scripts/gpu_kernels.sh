@@ -119,10 +119,10 @@ run() {
     name=$(basename "$t")
     i=$((i + 1))
     left=$((deadline - SECONDS))
-    # Up to 40 s (20 under a sanitizer) or a fair share of what is left, if more; the
+    # Up to 40 s (30 under a sanitizer) or a fair share of what is left, if more; the
     # benchmark may take all that is left.
     allowed=$((left / (n - i + 1)))
-    cap=$([ -n "$tool" ] && echo 20 || echo 40)
+    cap=$([ -n "$tool" ] && echo 30 || echo 40)
     [ "$allowed" -lt "$cap" ] && allowed=$((cap < left ? cap : left))
     [ "$name" = bench_gpu_kernels ] && allowed=$left
     if [ "$allowed" -lt 5 ]; then
@@ -131,11 +131,13 @@ run() {
       continue
     fi
     local log=$logs/$name$suffix.log
-    timeout -k 5 "$allowed" "${sanitizer[@]}" env LD_LIBRARY_PATH="$libs" NDMESH_REQUIRE_GPU=1 "$t" > "$log" 2>&1
+    # NDMESH_GPU_SANITIZER: tests that run fewer cases under a sanitizer (test_attention).
+    timeout -k 5 "$allowed" "${sanitizer[@]}" env LD_LIBRARY_PATH="$libs" NDMESH_REQUIRE_GPU=1 \
+      ${tool:+NDMESH_GPU_SANITIZER=$tool} "$t" > "$log" 2>&1
     rc=$?
     [ $rc -eq 0 ] && ! gpu_bench_ran "$name" "$log" && rc=1
     if [ $rc -eq 0 ]; then
-      echo "PASS $name$suffix: $(grep -c '^\[       OK' "$log") tests ($(grep -c '^\[ RUN' "$log") run)"
+      echo "PASS $name$suffix: $(grep -c '^\[       OK' "$log") tests ($(grep -c '^\[ RUN' "$log") run, $(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$log") skipped)"
       continue
     fi
     failed=1

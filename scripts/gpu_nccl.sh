@@ -36,6 +36,10 @@
 # Expected on an H100: about 2 to 2.5 minutes (each run a few seconds: CUDA and NCCL start-up, 6 steps).
 
 NCCL_STEP_BUDGET=${NCCL_STEP_BUDGET:-200}
+# NCCL_CHECK_ONLY="pp2-1f1b cp2": only those sub-checks (and the reference), to rerun a failure
+# with, say, NCCL_DEBUG=INFO.
+nccl_only=${NCCL_CHECK_ONLY:-}
+nccl_wanted() { [ -z "$nccl_only" ] || [[ " $nccl_only " == *" $1 "* ]]; }
 # cpu: every sub-check on --device cpu (Gloo), to try the step's plumbing where no GPU is.
 nccl_device=${NCCL_CHECK_DEVICE:-cuda}
 nccl_shape=(train --layers 4 --hidden 64 --heads 4 --kv-heads 2 --seq 32 --vocab 64 --markov-vocab 64 --batch 8
@@ -76,6 +80,7 @@ nccl_sub() {
 # nccl_layout <name> <ranks> [VAR=VALUE...] -- <layout flags...>: a layout against the reference.
 nccl_layout() {
   local name=$1 n=$2 seconds rc
+  nccl_wanted "$name" || return 0
   shift 2
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
@@ -102,6 +107,7 @@ nccl_layout() {
 # loss); and bf16 on the wire: grad_comm_bytes_per_step half the fp32 dp2 run's.
 nccl_bf16() {
   local seconds rc r half full
+  nccl_wanted dp2-bf16 || return 0
   seconds=$(nccl_bound 30)
   [ "$seconds" -eq 0 ] && { nccl_sub FAIL dp2-bf16 "not run: no time left"; return; }
   if ! nccl_ranks "$seconds" nccl-dp2-bf16-cpu 2 -- "$work/bin/ndmesh" "${nccl_model[@]}" --dp 2 --grad-dtype bf16 \
@@ -132,6 +138,7 @@ nccl_bf16() {
 
 nccl_fault() {
   local seconds timeout_s=8 job victim start elapsed rc
+  nccl_wanted fault || return 0
   seconds=$(nccl_bound 40)
   [ "$seconds" -lt 20 ] && { nccl_sub FAIL fault "not run: no time left"; return; }
   NDMESH_TIMEOUT_S=$timeout_s timeout -k 5 "$seconds" env LD_LIBRARY_PATH="$libs" "${nccl_env[@]}" \
@@ -178,6 +185,7 @@ nccl_fault() {
 
 nccl_bench() {
   local seconds rc
+  nccl_wanted bench || return 0
   [ "$nccl_device" = cuda ] || { nccl_sub SKIP bench "needs --device cuda"; return; }
   seconds=$(nccl_bound 40)
   [ "$seconds" -eq 0 ] && { nccl_sub FAIL bench "not run: no time left"; return; }
@@ -199,7 +207,9 @@ step_nccl() {
   local seconds rc why
   # The launch itself, no GPU needed: 2 ranks, --device cpu over Gloo (no mpirun, no Open MPI).
   seconds=$(nccl_bound 30)
-  if nccl_ranks "$seconds" nccl-launch 2 -- "$work/bin/ndmesh" "${nccl_model[@]}" --dp 2 --device cpu &&
+  if ! nccl_wanted launch; then
+    :
+  elif nccl_ranks "$seconds" nccl-launch 2 -- "$work/bin/ndmesh" "${nccl_model[@]}" --dp 2 --device cpu &&
     grep -q '"losses"' "$logs/nccl-launch.out"; then
     nccl_sub PASS launch "2 ranks started as torchrun would, --dp 2 --device cpu over gloo"
   else

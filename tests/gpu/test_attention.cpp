@@ -6,7 +6,9 @@
 // two backward runs compared bit for bit (no atomics).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -61,8 +63,12 @@ TEST(CudaAttention, ForwardAndBackwardMatchTheCpu) {
       {2, 130, 4, 2, 64, Positions::kDefault},       {1, 200, 2, 1, 32, Positions::kDescending},
       {1, 17, 6, 2, 80, Positions::kOffsetWithGaps}, {1, 100, 4, 4, 128, Positions::kZigzag},
   };
+  // Under compute-sanitizer (scripts/gpu_kernels.sh sets NDMESH_GPU_SANITIZER) the first
+  // three cases: one and two key tiles, GQA, zigzag positions, one row; racecheck runs the
+  // flash kernel's shared memory hundreds of times slower, and all eight outlast its bound.
+  const std::size_t n = std::getenv("NDMESH_GPU_SANITIZER") != nullptr ? 3 : std::size(cases);
   std::uint64_t seed = 1;
-  for (const Case& c : cases) {
+  for (const Case& c : std::span(cases, n)) {
     const nn::Attention<float> attn({.heads = c.heads, .kv_heads = c.kv_heads, .head_dim = c.head_dim});
     const auto pos = make_positions(c.positions, c.seq);
     const std::int64_t* cpu_pos = c.positions == Positions::kDefault ? nullptr : pos.data();

@@ -52,7 +52,7 @@ compare "$tmp/client.json" "the job whose store torch's client used"
 
 # 3. torchrun 2.x itself.
 torchrun=$(dirname "$python")/torchrun
-[ -x "$torchrun" ] || fail "no torchrun beside $python"
+[ -x "$torchrun" ] || torchrun=$(command -v torchrun) || fail "no torchrun beside $python or on PATH"
 port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 timeout -k 5 180 "$torchrun" --nproc_per_node=4 --master_addr 127.0.0.1 --master_port "$port" --no-python \
   "$ndmesh" train "${model[@]}" --dp 2 --tp 2 > "$tmp/torchrun.out" 2> "$tmp/torchrun.err" ||
