@@ -1,9 +1,10 @@
 // The NCCL device communicator (nccl_backend.hpp).
 //
 // Each communicator has its NCCL communicator (non-blocking: config.blocking = 0, so that
-// the watchdog can abort it) and a communication stream, both made on its first device
-// operation: rank 0 takes a unique id and shares it over the job's store
-// ("nccl/<members>/<n>/id") or, under MPI, by a broadcast over the bootstrap group.
+// the watchdog can abort it) and a communication stream, both made when the communicator is
+// (wrap; a one-rank group on its first device operation): rank 0 takes a unique id and shares
+// it over the job's store ("nccl/<members>/<n>/id", n its number among the communicators of
+// those members) or, under MPI, by a broadcast over the bootstrap group.
 // Every device operation is stream-ordered (comm/stream_order.hpp): the communication
 // stream waits for an event of the compute stream, NCCL runs there, and the Work is
 // complete once the compute stream waits for the operation's end event; nothing waits on
@@ -419,7 +420,8 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
     return cpu();
   }
 
-  // Makes the NCCL communicator and the communication stream (the first device operation).
+  // Makes the NCCL communicator and the communication stream (start, or a one-rank group's
+  // first device operation).
   void ensure(State& s, double timeout_s) {
     if (s.comm != nullptr) return;
     check_cuda(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreate");

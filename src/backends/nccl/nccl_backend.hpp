@@ -9,7 +9,7 @@ namespace ndmesh::comm::nccl {
 
 /// A communicator with the members of `cpu` (the bootstrap: MPI or Gloo) whose operations on
 /// device buffers run on NCCL, stream-ordered; host buffers go to `cpu`. The NCCL
-/// communicator is made on the first device operation, from a unique id that rank 0 shares
+/// communicator is made here (with more than one member), from a unique id that rank 0 shares
 /// over the job's store (or `cpu` under MPI). Its splits and duplicates are NCCL too.
 std::shared_ptr<detail::CommImpl> wrap(std::shared_ptr<detail::CommImpl> cpu);
 
