@@ -287,14 +287,23 @@ TEST(HardwareFile, GpuKeysRoundTripAndOlderFilesLoad) {
   }
 }
 
-// `--precision bf16` is what `ndmesh train --precision bf16` keeps (2 + 4 + 12 B, bf16
-// products); fp32 plans run their products at the fp32 rate (peak_tflops of a calibrated GPU
-// file) and 16-bit ones at bf16_tflops, so the products' time scales by the rates' ratio.
+// `--precision bf16` is what `ndmesh train --precision bf16` keeps today (fp32 weights,
+// gradients, moments and activations: 4 + 4 + 8 B; the H200 run's memory_bytes said so), with
+// bf16 products; `mixed-fp32-grads` is Megatron's (2 + 4 + 12 B, 2-byte activations). fp32
+// plans run their products at the fp32 rate (peak_tflops of a calibrated GPU file) and 16-bit
+// ones at bf16_tflops, so the products' time scales by the rates' ratio.
 TEST(Precision, Bf16PlansUseTheBf16Rate) {
   const Precision bf16 = parse_precision("bf16"), fp32 = parse_precision("fp32");
-  EXPECT_EQ(bf16.param_bytes, 2);
+  EXPECT_EQ(bf16.param_bytes, 4);
   EXPECT_EQ(bf16.grad_bytes, 4);
-  EXPECT_EQ(bf16.optimizer_bytes, 12);
+  EXPECT_EQ(bf16.optimizer_bytes, 8);
+  EXPECT_EQ(bf16.activation_bytes, 4);
+  const Precision megatron = parse_precision("mixed-fp32-grads");
+  EXPECT_EQ(megatron.param_bytes, 2);
+  EXPECT_EQ(megatron.grad_bytes, 4);
+  EXPECT_EQ(megatron.optimizer_bytes, 12);
+  EXPECT_EQ(megatron.activation_bytes, 2);
+  EXPECT_TRUE(megatron.bf16_products);
   EXPECT_TRUE(bf16.bf16_products);
   EXPECT_TRUE(parse_precision("mixed").bf16_products);
   EXPECT_FALSE(fp32.bf16_products);
