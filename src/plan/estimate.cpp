@@ -149,8 +149,11 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
     if (first && model.dropout) activations += s * b * h * in_flight / sp;
     // ... and on the last stage the final norm and output-projection inputs (4sbh/t with
     // sequence parallelism) and the fp32 logits of the cross entropy (4sbV/t), for the one
-    // micro-batch whose loss is being computed.
-    if (last) activations += precision.activation_bytes * 2 * s * b * h / sp + 4 * s * b * vocab / t;
+    // micro-batch whose loss is being computed, with what ndmesh holds beside them for their
+    // gradient (Precision::logit_gradient_bytes).
+    if (last)
+      activations += precision.activation_bytes * 2 * s * b * h / sp +
+                     (4 + precision.logit_gradient_bytes) * s * b * vocab / t;
 
     const double total = states.total() + activations;
     if (stage == 0 || total > worst.total) {

@@ -43,9 +43,19 @@ Precision parse_precision(std::string_view name, std::string_view flag) {
   // What `ndmesh train --precision bf16` keeps today: fp32 weights, gradients, moments and
   // activations, bf16 operands only at the products (measured on an H200: docs/plan.md).
   if (name == "bf16")
-    return {.param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4, .bf16_products = true};
+    return {.param_bytes = 4,
+            .grad_bytes = 4,
+            .optimizer_bytes = 8,
+            .activation_bytes = 4,
+            .bf16_products = true,
+            .logit_gradient_bytes = 6};
   if (name == "fp32")
-    return {.param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4, .bf16_products = false};
+    return {.param_bytes = 4,
+            .grad_bytes = 4,
+            .optimizer_bytes = 8,
+            .activation_bytes = 4,
+            .bf16_products = false,
+            .logit_gradient_bytes = 4};
   fail<ConfigError>(
       "plan",
       "{} '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter), mixed-fp32-grads (2 + 4 + 12 B), "

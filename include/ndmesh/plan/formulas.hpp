@@ -88,13 +88,18 @@ struct Precision {
   double optimizer_bytes = 12;  ///< fp32 master weights, momentum and variance
   double activation_bytes = 2;  ///< stored activations (dropout masks are 1 byte regardless)
   bool bf16_products = true;    ///< matrix products take bf16 operands (fp32: fp32 ones)
+  /// Bytes per logit the last stage holds beside the fp32 logits while the loss's gradient
+  /// goes through the output layer: 0 where the cross entropy writes its gradient over the
+  /// logits (Megatron); ndmesh keeps an fp32 gradient of the logits (4), and its bf16
+  /// products take a bf16 copy of it (2 more).
+  double logit_gradient_bytes = 0;
 };
 
 /// Parses a precision name: "mixed" (2 + 2 + 12 bytes per parameter, 16-bit activations),
 /// "mixed-fp32-grads" (2 + 4 + 12: fp32 gradients, Megatron's bf16 default and DeepSpeed's
-/// BF16_Optimizer), "bf16" (what `ndmesh train --precision bf16` keeps: the same 2 + 4 + 12)
-/// or "fp32" (4 + 4 + 8 AdamW, fp32 activations and products); ConfigError naming `flag`,
-/// the value and the valid names.
+/// BF16_Optimizer), "bf16" (what `ndmesh train --precision bf16` keeps today: 4 + 4 + 8, fp32
+/// activations, bf16 operands at the products) or "fp32" (4 + 4 + 8 AdamW, fp32 activations
+/// and products); ConfigError naming `flag`, the value and the valid names.
 Precision parse_precision(std::string_view name, std::string_view flag = "--precision");
 
 /// Parameters of the whole model, by part.
