@@ -131,6 +131,7 @@ pack() {
 
 declare -A reported=()
 failed=0 current="" step_start=0 out="" logs="" summary="" archive="" work="" libs=""
+one_rank=()
 
 # report <PASS|FAIL|SKIP> <step> <text>: the step's one line, in the summary and printed.
 report() {
@@ -188,8 +189,15 @@ free_port() {
 ndmesh() {
   local seconds=$1 name=$2
   shift 2
-  timeout -k 5 "$seconds" env LD_LIBRARY_PATH="$libs" RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
-    MASTER_ADDR=127.0.0.1 MASTER_PORT="$(free_port)" "$work/bin/ndmesh" "$@" > "$logs/$name.out" 2> "$logs/$name.err"
+  one_rank_env
+  timeout -k 5 "$seconds" "${one_rank[@]}" "$work/bin/ndmesh" "$@" > "$logs/$name.out" 2> "$logs/$name.err"
+}
+
+# one_rank_env: one_rank=(env ...), the command prefix of one rank of the packed binaries
+# started as torchrun would, with their libraries and a free port.
+one_rank_env() {
+  one_rank=(env LD_LIBRARY_PATH="$libs" RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1
+    MASTER_PORT="$(free_port)")
 }
 
 # ndmesh_gpu <seconds> <name> <args>...: as ndmesh; when it fails, once more with
@@ -533,9 +541,9 @@ step_profile() {
     return
   fi
   # nsys runs with the machine's libraries; env gives the packed ndmesh its own.
+  one_rank_env
   timeout -k 5 $((seconds - 25)) "$nsys" profile --trace cuda,nvtx --sample none --cpuctxsw none \
-    --force-overwrite true -o "$rep" env LD_LIBRARY_PATH="$libs" RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
-    LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT="$(free_port)" "$work/bin/ndmesh" train \
+    --force-overwrite true -o "$rep" "${one_rank[@]}" "$work/bin/ndmesh" train \
     "${gpt2_bf16_shape[@]}" --data "$tokens" --data-format llmc --steps 20 --eval-batches 0 --threads 8 --json \
     --device cuda --precision bf16 > "$logs/profile.out" 2> "$logs/profile.err"
   rc=$?

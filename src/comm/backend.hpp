@@ -60,7 +60,9 @@ class CommImpl {
   virtual bool handles_device(const void* /*data*/) const { return false; }
   /// Sets up the point-to-point connections with `peers` (both directions) before the first
   /// message: Communicator::connect_peers. Nothing on backends that connect on demand.
-  virtual void connect_peers(std::span<const int> /*peers*/, double /*timeout_s*/) {}
+  virtual std::unique_ptr<WorkImpl> connect_peers(std::span<const int> /*peers*/, bool /*blocking*/) {
+    return nullptr;
+  }
   /// Empty when any thread may call any operation at any time; otherwise why not.
   virtual std::string thread_limit() const { return {}; }
   /// A Work waiting on this backend calls this between polls: a backend whose operations

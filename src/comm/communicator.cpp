@@ -328,9 +328,10 @@ void Communicator::connect_peers(std::span<const int> peers, const Options& opts
   require("connect_peers");
   for (int p : peers)
     NDMESH_CHECK(p >= 0 && p < size() && p != rank(), "comm",
-                 "connect_peers on group {}: peer {} is not another rank of its {}", name_, p, size());
-  detail::WatchScope watch("connect_peers", *impl_, name_, opts.timeout_s > 0 ? opts.timeout_s : default_timeout_s());
-  impl_->connect_peers(peers, opts.timeout_s > 0 ? opts.timeout_s : default_timeout_s());
+                 "connect_peers on group {}: peer {} is not another rank of its {} (name ranks 0 to {} but "
+                 "this one, {})",
+                 name_, p, size(), size() - 1, rank());
+  run("connect_peers", -1, opts, true, [&](detail::CommImpl& c, bool b) { return c.connect_peers(peers, b); });
 }
 
 Communicator Communicator::dup(std::string name, const Options& opts) const {

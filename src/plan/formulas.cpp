@@ -40,22 +40,22 @@ Attention parse_attention(std::string_view name, std::string_view flag) {
 Precision parse_precision(std::string_view name, std::string_view flag) {
   if (name == "mixed") return {};
   if (name == "mixed-fp32-grads") return {.grad_bytes = 4};
-  // What `ndmesh train --precision bf16` keeps today: fp32 weights, gradients, moments and
-  // activations, bf16 operands only at the products (measured on an H200: docs/plan.md).
-  if (name == "bf16")
-    return {.param_bytes = 4,
-            .grad_bytes = 4,
-            .optimizer_bytes = 8,
-            .activation_bytes = 4,
-            .bf16_products = true,
-            .logit_gradient_bytes = 6};
-  if (name == "fp32")
-    return {.param_bytes = 4,
-            .grad_bytes = 4,
-            .optimizer_bytes = 8,
-            .activation_bytes = 4,
-            .bf16_products = false,
-            .logit_gradient_bytes = 4};
+  const Precision fp32{.param_bytes = 4,
+                       .grad_bytes = 4,
+                       .optimizer_bytes = 8,
+                       .activation_bytes = 4,
+                       .bf16_products = false,
+                       .logit_gradient_bytes = 4};
+  if (name == "fp32") return fp32;
+  // What `ndmesh train --precision bf16` keeps today: fp32's weights, gradients, moments and
+  // activations, bf16 operands only at the products, which take a bf16 copy of the logits'
+  // gradient too (measured on an H200: docs/plan.md).
+  if (name == "bf16") {
+    Precision bf16 = fp32;
+    bf16.bf16_products = true;
+    bf16.logit_gradient_bytes = 4 + 2;
+    return bf16;
+  }
   fail<ConfigError>(
       "plan",
       "{} '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter), mixed-fp32-grads (2 + 4 + 12 B), "

@@ -302,40 +302,22 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
 
   std::unique_ptr<detail::WorkImpl> barrier(bool blocking) override { return host().barrier(blocking); }
 
-  // One byte each way with every peer in one group: the connections of both directions are
-  // made in one exchange per peer, which mirrors the peer's (it names this rank too).
-  void connect_peers(std::span<const int> peers, double timeout_s) override {
-    if (peers.empty()) return;
-    use_device();
-    flush_batch();
-    State& s = *state_;
-    std::lock_guard lock(s.mutex);
-    ensure(s, timeout_s);
-    const std::size_t bytes = 2 * peers.size();
-    void* buffer = nullptr;
-    check_cuda(cudaMalloc(&buffer, bytes), "cudaMalloc (connect_peers)");
-    auto* b = static_cast<unsigned char*>(buffer);
-    check_cuda(cudaMemsetAsync(buffer, 0, bytes, s.stream), "cudaMemsetAsync (connect_peers)");
-    ncclResult_t r = ncclGroupStart();
-    for (std::size_t i = 0; i < peers.size() && (r == ncclSuccess || r == ncclInProgress); ++i) {
-      r = ncclSend(b + 2 * i, 1, ncclUint8, peers[i], s.comm, s.stream);
-      if (r == ncclSuccess || r == ncclInProgress) r = ncclRecv(b + 2 * i + 1, 1, ncclUint8, peers[i], s.comm, s.stream);
-    }
-    const ncclResult_t end = ncclGroupEnd();
-    check_nccl(r == ncclSuccess || r == ncclInProgress ? end : r, "connect_peers", s);
-    settle(s, "connect_peers", timeout_s);
-    const auto start = Clock::now();
-    cudaError_t e = cudaSuccess;
-    while ((e = cudaStreamQuery(s.stream)) == cudaErrorNotReady) {
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(s.comm, &async);
-      check_nccl(async, "connect_peers", s);
-      if (Clock::now() - start > std::chrono::duration<double>(timeout_s))
-        end_job(s, kTimeoutExitCode, detail::timeout_message("connect_peers", "", s.group, *s.cpu, timeout_s));
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    cudaFree(buffer);
-    check_cuda(e, "connect_peers");
+  // One byte each way with every peer in one group (its contents unused): NCCL makes the
+  // connections of both directions with each peer in one exchange, which mirrors the peer's
+  // (it names this rank too), when the group is enqueued.
+  std::unique_ptr<detail::WorkImpl> connect_peers(std::span<const int> peers, bool blocking) override {
+    if (peers.empty()) return nullptr;
+    const DeviceBuffer bytes(2 * peers.size());
+    auto* b = static_cast<unsigned char*>(bytes.data());
+    return collective(blocking, {b}, [&](State& s) {
+      ncclResult_t r = ncclGroupStart();
+      for (std::size_t i = 0; i < peers.size() && (r == ncclSuccess || r == ncclInProgress); ++i) {
+        r = ncclSend(b + 2 * i, 1, ncclUint8, peers[i], s.comm, s.stream);
+        if (r == ncclSuccess || r == ncclInProgress) r = ncclRecv(b + 2 * i + 1, 1, ncclUint8, peers[i], s.comm, s.stream);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r == ncclSuccess || r == ncclInProgress ? end : r;
+    });
   }
 
   std::unique_ptr<detail::WorkImpl> broadcast(ElementSpan data, int root, bool blocking) override {
