@@ -82,9 +82,10 @@
 #                                 eager (35) and torch.compile (90) with bf16 autocast, fused AdamW, flash
 #                                 SDPA; tokens/s, MFU over 989 TFLOP/s, peak memory, ndmesh's tokens/s as
 #                                 ratios of PyTorch's
-#   profile                   75  nsys (when on the machine) over 20 steps of gpt2-bf16's run: the GPU's
-#                                 busy time against the wall, the top kernels by time, and the CUDA
-#                                 API calls that wait (SKIP without nsys)
+#   profile                   75  ndmesh train --kernel-times over 8 steps of gpt2-bf16's run (GPU time
+#                                 per operation and product shape, host waits), then nsys (when on the
+#                                 machine) over 20 steps: the GPU's busy time against the wall, the top
+#                                 kernels by time, and the CUDA API calls that wait
 #   torchrun                  60  tests/store/torch2.sh with the machine's PyTorch 2.x: ndmesh ranks (--device cpu)
 #                                 at torch's TCPStore, torch's client at ndmesh's store, and
 #                                 torchrun --nproc_per_node=4 --no-python ndmesh train --dp 2 --tp 2,
@@ -530,14 +531,38 @@ find_nsys() {
 }
 
 # profile: where gpt2-bf16's step time goes, for the next round of speed work (issue 33).
+# First ndmesh's own kernel times (ndmesh train --kernel-times: an event after every
+# operation, no tool needed), then nsys where the machine has it.
 step_profile() {
-  local seconds nsys tokens=$work/gpt2-bf16.tokens.bin rep=$work/profile-bf16 rc
-  nsys=$(find_nsys) || { report SKIP profile "nsys is not on this machine"; return; }
+  local seconds nsys tokens=$work/gpt2-bf16.tokens.bin rep=$work/profile-bf16 rc result note
   seconds=$(bound 75)
-  [ "$seconds" -lt 30 ] && { report FAIL profile "not run: $seconds s left of the $total_budget s budget"; return; }
+  [ "$seconds" -lt 20 ] && { report FAIL profile "not run: $seconds s left of the $total_budget s budget"; return; }
   if [ ! -f "$tokens" ] && ! timeout -k 5 30 python3 "$here/make_token_file.py" "$tokens" --tokens 700000 \
     --vocab 50257 --format llmc > "$logs/profile.tokens.log" 2>&1; then
     report FAIL profile "scripts/make_token_file.py: $(tail -n 1 "$logs/profile.tokens.log")"
+    return
+  fi
+  ndmesh "$(bound 35)" kernel-times train "${gpt2_bf16_shape[@]}" --data "$tokens" --data-format llmc --steps 8 \
+    --eval-batches 0 --threads 8 --json --device cuda --precision bf16 --kernel-times
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q '^kernel times' "$logs/kernel-times.out"; then
+    result=PASS
+    note="kernel times: $(grep '^kernel times' "$logs/kernel-times.out" | sed 's/^kernel times //')"
+    sed -n '/^kernel times/,/^[^ k]/p' "$logs/kernel-times.out" | grep '^  ' | sed 's/^/  /' > "$logs/kernel-times.table"
+  else
+    result=FAIL
+    note="ndmesh train --kernel-times: $(describe $rc 35)"
+    tail_of "$logs/kernel-times.err" "$logs/kernel-times.out"
+  fi
+  if ! nsys=$(find_nsys); then
+    report $result profile "$note; nsys is not on this machine"
+    [ -f "$logs/kernel-times.table" ] && tee -a "$summary" < "$logs/kernel-times.table"
+    return
+  fi
+  seconds=$(bound 40)
+  if [ "$seconds" -lt 30 ]; then
+    report $result profile "$note; nsys not run: $seconds s left of the $total_budget s budget"
+    [ -f "$logs/kernel-times.table" ] && tee -a "$summary" < "$logs/kernel-times.table"
     return
   fi
   # nsys runs with the machine's libraries; env gives the packed ndmesh its own.
@@ -548,7 +573,8 @@ step_profile() {
     --device cuda --precision bf16 > "$logs/profile.out" 2> "$logs/profile.err"
   rc=$?
   if [ $rc -ne 0 ] || [ ! -f "$rep.nsys-rep" ]; then
-    report FAIL profile "nsys profile of 20 bf16 steps: $(describe $rc $((seconds - 25)))"
+    report FAIL profile "$note; nsys profile of 20 bf16 steps: $(describe $rc $((seconds - 25)))"
+    [ -f "$logs/kernel-times.table" ] && tee -a "$summary" < "$logs/kernel-times.table"
     tail_of "$logs/profile.err" "$logs/profile.out"
     return
   fi
@@ -558,7 +584,9 @@ step_profile() {
   local r
   r=$(head -n 1 "$logs/profile.summary")
   case $r in PASS* | FAIL*) ;; *) r="FAIL python: $(tail -n 1 "$logs/profile.summary")" ;; esac
-  report "${r%% *}" profile "${r#* }"
+  [ "$result" = FAIL ] && r="FAIL ${r#* }"
+  report "${r%% *}" profile "$note; nsys: ${r#* }"
+  [ -f "$logs/kernel-times.table" ] && tee -a "$summary" < "$logs/kernel-times.table"
   tail -n +2 "$logs/profile.summary" | grep '^  ' | tee -a "$summary"
 }
 

@@ -52,6 +52,8 @@ void free_pinned(void*) noexcept {}
 void* copy_stream() { unavailable(); }
 void copy_async(void*, const void*, std::size_t, void*) { unavailable(); }
 void wait_event(void*) { unavailable(); }
+void kernel_times_start() { unavailable(); }
+KernelTimes kernel_times_stop() { return {}; }
 }  // namespace cuda
 #endif
 

@@ -134,6 +134,7 @@ set -e
   fail "--device cuda --grad-dtype bf16: exit $rc without the one [cuda] line: $(cat "$tmp/out.txt")"
 expect_usage "--zero=3 with --device cuda" "$ndmesh" train "${small[@]}" --device cuda --grad-dtype bf16 --zero 3
 ! grep -q -- "--grad-dtype" "$tmp/out.txt" || fail "--zero 3 --grad-dtype bf16 --device cuda: a --grad-dtype line: $(cat "$tmp/out.txt")"
+expect_usage "--kernel-times with --device=cpu: it times the GPU's kernels; add --device cuda" "$ndmesh" train --kernel-times
 expect_usage "--save is empty" "$ndmesh" train --save ""
 expect_usage "--load is empty" "$ndmesh" train --load ""
 expect_usage "not a regular file" "$ndmesh" train --data "$tmp"

@@ -8,12 +8,14 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gpu_test.hpp"
 #include "ndmesh/core/dtype.hpp"
 #include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/nn/cuda_ops.hpp"
+#include "ndmesh/tensor/device.hpp"
 #include "ndmesh/tensor/ops.hpp"
 #include "ndmesh/tensor/params.hpp"
 
@@ -134,6 +136,55 @@ TEST(CudaElementwise, BFloat16CastsRoundLikeTheHost) {
   EXPECT_TRUE(same_bits(host_bits, ref_bits)) << "ops::cast on the CPU, float -> bfloat16";
   EXPECT_TRUE(same_bits(to_host<float>(oback, x.size()), widened)) << "ops::cast on CUDA, bfloat16 -> float";
   EXPECT_TRUE(same_bits(host_back, widened)) << "ops::cast on the CPU, bfloat16 -> float";
+}
+
+// Kernel times (ndmesh train --kernel-times): every operation enqueued between start and stop
+// is a row with its calls, the rows add up to the total, a stopped timer times nothing more,
+// and a restart forgets what came before.
+TEST(CudaElementwise, KernelTimesCountEveryOperationBetweenStartAndStop) {
+  NDMESH_GPU_OR_SKIP();
+  const std::int64_t n = 1 << 16;
+  DeviceBuffer a = to_device(normal(static_cast<std::size_t>(n), 4)), b = to_device(normal(static_cast<std::size_t>(n), 5));
+  cuda::fill(ptr<float>(a), 1.0f, n);  // before the start: not counted
+  cuda::kernel_times_start();
+  for (int i = 0; i < 3; ++i) cuda::fill(ptr<float>(a), 0.5f, n);
+  for (int i = 0; i < 2; ++i) cuda::add_inplace(ptr<float>(a), ptr<float>(b), n);
+  cuda::scale(ptr<float>(a), 2.0f, n);
+  const std::vector<float> back = to_host<float>(a, static_cast<std::size_t>(n));  // a copy and a host wait
+  const cuda::KernelTimes t = cuda::kernel_times_stop();
+  cuda::fill(ptr<float>(a), 1.0f, n);  // after the stop: not counted
+  auto row = [&](const std::string& name) -> const cuda::KernelTime* {
+    for (const cuda::KernelTime& r : t.rows)
+      if (r.name == name) return &r;
+    return nullptr;
+  };
+  ASSERT_NE(row("fill"), nullptr);
+  EXPECT_EQ(row("fill")->calls, 3);
+  ASSERT_NE(row("add_inplace"), nullptr);
+  EXPECT_EQ(row("add_inplace")->calls, 2);
+  ASSERT_NE(row("scale"), nullptr);
+  EXPECT_EQ(row("scale")->calls, 1);
+  ASSERT_NE(row("copy device to host"), nullptr);
+  EXPECT_EQ(row("copy device to host")->calls, 1);
+  EXPECT_EQ(t.rows.size(), 4u);
+  double sum = 0;
+  for (std::size_t i = 0; i < t.rows.size(); ++i) {
+    EXPECT_GE(t.rows[i].seconds, 0.0) << t.rows[i].name;
+    if (i > 0) {
+      EXPECT_GE(t.rows[i - 1].seconds, t.rows[i].seconds) << "rows by time, the longest first";
+    }
+    sum += t.rows[i].seconds;
+  }
+  EXPECT_GT(t.seconds, 0.0);
+  EXPECT_NEAR(sum, t.seconds, 1e-9 + 1e-9 * t.seconds);
+  EXPECT_EQ(t.host_waits, 1) << "copy_to_host waits for the stream once";
+  EXPECT_TRUE(cuda::kernel_times_stop().rows.empty()) << "stopped: nothing more is timed";
+  cuda::kernel_times_start();
+  cuda::scale(ptr<float>(a), 0.5f, n);
+  const cuda::KernelTimes again = cuda::kernel_times_stop();
+  ASSERT_EQ(again.rows.size(), 1u) << "a restart forgets the earlier rows";
+  EXPECT_EQ(again.rows[0].name, "scale");
+  EXPECT_EQ(again.rows[0].calls, 1);
 }
 
 }  // namespace

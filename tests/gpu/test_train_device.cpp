@@ -247,5 +247,52 @@ INSTANTIATE_TEST_SUITE_P(
       return s;
     });
 
+// Kernel times over whole steps (ndmesh train --kernel-times): the layers' kernels, products
+// and the optimizer are each a row, and the host waits for the GPU only where a step hands a
+// number to the host: the loss and the gradient norm, once each.
+TEST(CudaTrainKernelTimes, AStepsOperationsAreRowsAndItsHostWaitsAreCounted) {
+  NDMESH_GPU_OR_SKIP();
+  for (parallel::Precision precision : {parallel::Precision::kFp32, parallel::Precision::kBf16}) {
+    Case c{"serial", "dp=1"};
+    c.precision = precision;
+    TrainOptions o = options_of(c);
+    o.device = Device::kCuda;
+    constexpr int kTimed = 2;
+    cuda::KernelTimes t;
+    comm::inproc::run(1, [&](const comm::Communicator& world) {
+      testing_support::single_blas_thread();
+      ProcessGroups groups(Mesh::parse(c.mesh), world);
+      parallel::Trainer trainer(
+          o, std::make_unique<model::MarkovSource>(model::MarkovOptions{.vocab = o.model.vocab, .seed = 3}), groups);
+      trainer.step();  // plans and first allocations
+      cuda::kernel_times_start();
+      for (int s = 0; s < kTimed; ++s) trainer.step();
+      t = cuda::kernel_times_stop();
+    }, {.timeout_s = 60, .tagless = true});
+    std::int64_t products = 0, calls = 0;
+    std::string table;
+    for (const cuda::KernelTime& r : t.rows) {
+      calls += r.calls;
+      if (r.name.rfind("gemm ", 0) == 0) products += r.calls;
+      table += "  " + std::to_string(r.calls / kTimed) + " x " + r.name + "\n";
+    }
+    const std::string what = std::string(parallel::precision_name(precision)) + ":\n" + table;
+    auto has = [&](const std::string& part) {
+      for (const cuda::KernelTime& r : t.rows)
+        if (r.name.find(part) != std::string::npos) return true;
+      return false;
+    };
+    for (const char* part : {"layernorm", "attention", "gelu", "cross_entropy", "adamw", "embedding"})
+      EXPECT_TRUE(has(part)) << "no row names " << part << " in\n" << what;
+    // 4 layers x (4 products forward + 8 backward) + the head's 3 (tied), every step.
+    EXPECT_EQ(products, kTimed * (4 * 12 + 3)) << what;
+    EXPECT_GT(t.seconds, 0.0);
+    EXPECT_LE(t.host_waits, 2 * kTimed) << "host waits inside a step: " << t.host_waits / kTimed << " a step\n"
+                                        << what;
+    std::printf("%s: %lld operations and %lld host waits a step\n%s", parallel::precision_name(precision),
+                static_cast<long long>(calls / kTimed), static_cast<long long>(t.host_waits / kTimed), table.c_str());
+  }
+}
+
 }  // namespace
 }  // namespace ndmesh

@@ -40,6 +40,7 @@
 #include "ndmesh/parallel/trainer.hpp"
 #include "ndmesh/plan/estimate.hpp"
 #include "ndmesh/tensor/blas.hpp"
+#include "ndmesh/tensor/device.hpp"
 #include "subcommand.hpp"
 
 namespace ndmesh::cli {
@@ -80,6 +81,7 @@ struct Options {
   std::int64_t until = 0, save_every = 0;
   std::int64_t eval_batches = 8;
   bool json = false;
+  bool kernel_times = false;
   std::string schedule = "1f1b";
   std::int64_t virtual_stages = 1;
   std::string pp_layers, trace, drop_action;
@@ -202,6 +204,11 @@ void validate(const Options& o) {
        "must be in [0.001, 4096] (MiB of both moments per streamed chunk)", "32");
   need(parse_device(o.device).has_value(), "--device", o.device, "is not a device (cpu, cuda)", "cuda");
   need(o.precision == "fp32" || o.precision == "bf16", "--precision", o.precision, "must be fp32 or bf16", "fp32");
+  if (o.kernel_times && o.device != "cuda")
+    fail<ConfigError>("train",
+                      "--kernel-times with --device={}: it times the GPU's kernels; add --device cuda or drop "
+                      "--kernel-times",
+                      o.device);
   // The model's shape rules (config's model_problems, named as the flags) and the options
   // the runtime checks itself (parallel::train_option_problems), checked here too so that
   // a bad value fails before any rank starts. --vocab 0 is the data's vocabulary: the
@@ -298,6 +305,32 @@ std::string clock(double seconds) {
 }
 
 // What rank 0 prints and returns; every rank runs it.
+// --kernel-times: rank 0's table, the operations by GPU time per step, the longest first.
+void print_kernel_times(const cuda::KernelTimes& t, std::int64_t from, std::int64_t to) {
+  constexpr std::size_t kRows = 30;
+  const double steps = static_cast<double>(std::max<std::int64_t>(to - from + 1, 1));
+  fmt::print("kernel times (rank 0, steps {}..{}): {:.3f} ms of GPU time a step, the host waited for the GPU {:.1f} "
+             "times a step ({:.3f} ms)\n",
+             from, to, 1e3 * t.seconds / steps, static_cast<double>(t.host_waits) / steps,
+             1e3 * t.host_wait_seconds / steps);
+  fmt::print("  {:>10} {:>7} {:>10}  {}\n", "ms/step", "share", "calls/step", "operation");
+  double rest = 0;
+  std::int64_t rest_rows = 0;
+  for (std::size_t i = 0; i < t.rows.size(); ++i) {
+    const cuda::KernelTime& r = t.rows[i];
+    if (i >= kRows) {
+      rest += r.seconds;
+      ++rest_rows;
+      continue;
+    }
+    fmt::print("  {:>10.3f} {:>6.1f}% {:>10.1f}  {}\n", 1e3 * r.seconds / steps,
+               t.seconds > 0 ? 100 * r.seconds / t.seconds : 0.0, static_cast<double>(r.calls) / steps, r.name);
+  }
+  if (rest_rows > 0)
+    fmt::print("  {:>10.3f} {:>6.1f}% {:>10}  ({} more operations; every row is in --json's kernel_times)\n",
+               1e3 * rest / steps, t.seconds > 0 ? 100 * rest / t.seconds : 0.0, "", rest_rows);
+}
+
 int train(Options o, comm::Communicator& world) {
   // Under a launcher with no layout flag every rank is data-parallel.
   o.layout.set_default_sizes({{"dp", -1}});
@@ -440,6 +473,7 @@ int train(Options o, comm::Communicator& world) {
   parallel::TpCommStats tp_comm;     // of the last step
   double tp_seconds = 0;             // in tp communication, all steps
   const double tokens_per_step = static_cast<double>(trainer.tokens_per_step());
+  if (o.kernel_times && stop - first == 1) cuda::kernel_times_start();
   while (trainer.steps_done() < stop) {
     parallel::StepStats s;
 #ifdef NDMESH_HAVE_ELASTIC
@@ -468,6 +502,9 @@ int train(Options o, comm::Communicator& world) {
     } else
 #endif
       s = trainer.step();
+    // Kernel times leave out the first step (cuBLASLt's and cuDNN's plans, the allocator's
+    // first requests), unless it is the only one.
+    if (o.kernel_times && s.step == first + 1 && stop - first > 1) cuda::kernel_times_start();
     if (!std::isfinite(s.loss))
       fail<Error>("train", "loss became {} at step {}; lower --lr (now {})", s.loss, s.step, o.lr);
     last_loss = s.loss;
@@ -499,6 +536,7 @@ int train(Options o, comm::Communicator& world) {
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const double tokens_per_second = static_cast<double>(stop - first) * tokens_per_step / seconds;
+  const cuda::KernelTimes kernel_times = o.kernel_times ? cuda::kernel_times_stop() : cuda::KernelTimes{};
 #ifdef NDMESH_HAVE_ELASTIC
   if (replica) replica->finish();
 #endif
@@ -561,6 +599,7 @@ int train(Options o, comm::Communicator& world) {
     if (!o.trace.empty()) fmt::print("trace: {} actions written to {}\n", pipe.events, o.trace);
   }
   if (!o.save.empty()) fmt::print("saved checkpoint {} (step {})\n", o.save, trainer.steps_done());
+  if (o.kernel_times) print_kernel_times(kernel_times, stop - first > 1 ? first + 2 : first + 1, stop);
   if (trainer.optimizer().pinned())
     fmt::print(
         "offload: optimizer state {:.1f} MiB per rank in pinned host memory ({:.1f} MiB with the fp32 master and "
@@ -609,6 +648,16 @@ int train(Options o, comm::Communicator& world) {
     }
     j["device"] = o.device;
     j["precision"] = o.precision;
+    if (o.kernel_times) {  // rank 0's GPU, over the steps after the first
+      nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+      for (const cuda::KernelTime& r : kernel_times.rows)
+        rows.push_back({{"name", r.name}, {"calls", r.calls}, {"seconds", r.seconds}});
+      j["kernel_times"] = {{"steps", stop - first > 1 ? stop - first - 1 : 1},
+                           {"seconds", kernel_times.seconds},
+                           {"host_waits", kernel_times.host_waits},
+                           {"host_wait_seconds", kernel_times.host_wait_seconds},
+                           {"rows", rows}};
+    }
     // What the last step moved over this rank's tp group (bytes of the full buffers).
     auto count = [](const parallel::CommCount& c) {
       return nlohmann::ordered_json{{"calls", c.calls}, {"bytes", c.bytes}};
@@ -898,6 +947,9 @@ Action setup(CLI::App& app) {
                  "evaluation batches for the final loss (a sampling stream apart from training)")
       ->capture_default_str();
   app.add_flag("--json", o->json, "print one JSON summary object as the last line");
+  app.add_flag("--kernel-times", o->kernel_times,
+               "with --device cuda: where rank 0's GPU time goes, per kernel, matrix product (by shape) and "
+               "copy, over every step after the first (an event after each operation; docs/gpu.md)");
   app.add_option("--coordinator", o->coordinator,
                  "HOST:PORT of an 'ndmesh coordinator': run as one replica of elastic data parallelism "
                  "(docs/elastic.md; NDMESH_COORDINATOR)")

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ndmesh/core/streams.hpp"
 
@@ -72,6 +73,31 @@ struct AllocatorStats {
   std::int64_t driver_allocations = 0;    ///< cudaMalloc calls so far
 };
 AllocatorStats allocator_stats();
+
+/// One operation's share of the GPU's time while kernel times were on.
+struct KernelTime {
+  std::string name;         ///< the kernel's name; a product's with its type, shape and epilogue
+  std::int64_t calls = 0;
+  double seconds = 0;
+};
+/// Where the compute stream's time went between kernel_times_start() and kernel_times_stop()
+/// (ndmesh train --kernel-times). An event is recorded after every kernel, matrix product,
+/// attention call and copy on the compute stream, and the GPU time from one event to the next
+/// is the operation's. On one stream that is its run time when the GPU had work queued; a
+/// GPU left idle by a slow host shows in the operation after the gap, except right after a
+/// host wait, whose idle estimate (the host's time until its next launch) has its own row.
+/// Timing adds an event per operation (about a microsecond of host time each).
+struct KernelTimes {
+  std::vector<KernelTime> rows;      ///< the longest total first
+  double seconds = 0;                ///< GPU time from the start to the last operation (the rows' sum)
+  std::int64_t host_waits = 0;       ///< times the host waited for the compute stream
+  double host_wait_seconds = 0;      ///< how long it waited, in all
+};
+/// Starts (or restarts, forgetting what was timed) kernel timing; init() first.
+void kernel_times_start();
+/// Waits for the compute stream, stops timing and returns what it measured (empty when it
+/// was not on).
+KernelTimes kernel_times_stop();
 
 /// Copies between host and device memory, ordered on the compute stream. copy_to_host
 /// waits for the stream (the data is on the host when it returns).

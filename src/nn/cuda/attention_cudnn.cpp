@@ -50,6 +50,7 @@
 #include "ndmesh/nn/cuda_ops.hpp"
 #include "ndmesh/tensor/device.hpp"
 #include "nn/cuda/attention_cudnn.hpp"
+#include "tensor/cuda/errors.hpp"
 
 // The frontend's dynamic loading reads cuDNN's entry points through this handle, which the
 // program sets (cudnn_frontend_shim.h).
@@ -320,6 +321,7 @@ void execute(const Plan& p, const Shape& s, std::unordered_map<std::int64_t, voi
   DeviceBuffer workspace(static_cast<std::size_t>(p.workspace));
   fe::error_t e = p.graph->execute(lib.cudnn, pack, p.workspace > 0 ? workspace.data() : nullptr);
   if (e.is_bad()) fail<Error>("cuda", "{} ({}): cuDNN execute failed: {}", what, s.str(), e.get_message());
+  if (cuda::detail::timing()) cuda::detail::timed(fmt::format("{} ({})", what, s.str()).c_str());
 }
 
 }  // namespace

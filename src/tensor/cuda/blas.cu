@@ -25,6 +25,7 @@
 #include <link.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <string>
@@ -262,6 +263,19 @@ __global__ void scale_rows_kernel(float* c, std::int64_t m, std::int64_t n, std:
   }
 }
 
+// A product's row in the kernel times: "gemm bf16>fp32 16384x2304x768 NT +bias", the shape
+// as m x n x k and A's and B's orientation (N: as stored, T: transposed).
+std::string timing_name(const Key& key) {
+  static const char* const kEpilogue[] = {"", " +bias", " +gelu", " +dgelu", " +bias grad"};
+  const auto type = [](cudaDataType_t t) { return t == CUDA_R_16BF ? "bf16" : "fp32"; };
+  char name[160];
+  std::snprintf(name, sizeof name, "gemm %s%s%s %lldx%lldx%lld %c%c%s", type(key.ab), key.c != key.ab ? ">" : "",
+                key.c != key.ab ? type(key.c) : "", static_cast<long long>(key.m), static_cast<long long>(key.n),
+                static_cast<long long>(key.k), key.trans_a ? 'T' : 'N', key.trans_b ? 'T' : 'N',
+                kEpilogue[static_cast<int>(key.epilogue)]);
+  return name;
+}
+
 // C = alpha op(A) op(B) + beta C with the plan of `key`; the epilogue's pointers (bias, aux,
 // dbias) are set on the cached descriptor under the lock, just before the call.
 void run(const Key& key, float alpha, const void* a, const void* b, float beta, void* c, const void* bias,
@@ -294,6 +308,7 @@ void run(const Key& key, float alpha, const void* a, const void* b, float beta, 
   check_lt(lt_api().Matmul(s.handle, plan.desc, &alpha, b, plan.first, a, plan.second, &beta, c, plan.out, c,
                            plan.out, &plan.algo, s.workspace, kWorkspaceBytes, compute_stream()),
            "matmul");
+  if (detail::timing()) detail::timed(timing_name(key).c_str());
 }
 
 }  // namespace

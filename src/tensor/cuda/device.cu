@@ -9,7 +9,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -17,6 +20,7 @@
 #include "ndmesh/tensor/block_cache.hpp"
 #include "ndmesh/tensor/device.hpp"
 #include "tensor/cuda/errors.hpp"
+#include "ndmesh/tensor/kernel_times.hpp"
 
 namespace ndmesh::cuda {
 
@@ -43,6 +47,79 @@ State& state() {
   static State s;
   return s;
 }
+
+// Kernel times (device.hpp): an event after every operation on the compute stream, resolved
+// front to back as they pass, so timing adds no host wait of its own.
+using Clock = std::chrono::steady_clock;
+struct Timing {
+  std::atomic<bool> on{false};
+  std::mutex mutex;
+  struct Mark {
+    std::string what;
+    cudaEvent_t event;
+    double idle;  // the host's time from its last wait to this launch (the first after a wait)
+  };
+  std::deque<Mark> pending;
+  std::vector<cudaEvent_t> spare;
+  cudaEvent_t last = nullptr;  // the latest passed event: where the next interval starts
+  detail::KernelTimeTable table;
+  bool after_wait = false;
+  Clock::time_point wait_end;
+};
+Timing& timing_state() {
+  static Timing t;
+  return t;
+}
+
+cudaEvent_t timing_event(Timing& t) {
+  if (!t.spare.empty()) {
+    cudaEvent_t e = t.spare.back();
+    t.spare.pop_back();
+    return e;
+  }
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreate(&e), "cudaEventCreate (kernel times)");
+  return e;
+}
+
+// Books the passed events at the front (all of them when `all`: the stream has been waited
+// for). Caller holds t.mutex.
+void resolve(Timing& t, bool all) {
+  while (!t.pending.empty()) {
+    Timing::Mark& m = t.pending.front();
+    if (!all) {
+      const cudaError_t r = cudaEventQuery(m.event);
+      if (r == cudaErrorNotReady) return;
+      check(r, "a kernel before a kernel-times event");
+    }
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, t.last, m.event), "cudaEventElapsedTime (kernel times)");
+    t.table.add(m.what, 1e-3 * ms, m.idle);
+    t.spare.push_back(t.last);
+    t.last = m.event;
+    t.pending.pop_front();
+  }
+}
+
+// Around every host wait for the compute stream.
+class HostWait {
+ public:
+  HostWait() : on_(timing_state().on.load(std::memory_order_relaxed)), start_(Clock::now()) {}
+  ~HostWait() {
+    if (!on_) return;
+    Timing& t = timing_state();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    t.wait_end = Clock::now();
+    t.table.host_wait(std::chrono::duration<double>(t.wait_end - start_).count());
+    t.after_wait = true;
+  }
+  HostWait(const HostWait&) = delete;
+  HostWait& operator=(const HostWait&) = delete;
+
+ private:
+  bool on_;
+  Clock::time_point start_;
+};
 
 std::size_t size_class(std::size_t bytes) {
   constexpr std::size_t kSmall = 512, kLarge = std::size_t{2} << 20, kSplit = std::size_t{1} << 20;
@@ -133,7 +210,51 @@ void* stream() {
 void synchronize() {
   State& s = state();
   if (s.device < 0) return;
+  HostWait wait;
   check(cudaStreamSynchronize(s.stream), "a kernel on the compute stream");
+}
+
+namespace detail {
+bool timing() { return timing_state().on.load(std::memory_order_relaxed); }
+
+void timed(const char* what) {
+  Timing& t = timing_state();
+  if (!t.on.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(t.mutex);
+  double idle = 0;
+  if (t.after_wait) {
+    idle = std::chrono::duration<double>(Clock::now() - t.wait_end).count();
+    t.after_wait = false;
+  }
+  cudaEvent_t e = timing_event(t);
+  check(cudaEventRecord(e, state().stream), "cudaEventRecord (kernel times)");
+  t.pending.push_back({what, e, idle});
+  resolve(t, false);
+}
+}  // namespace detail
+
+void kernel_times_start() {
+  State& s = state();
+  if (s.device < 0) detail::fail_error("kernel times are started before cuda::init()");
+  Timing& t = timing_state();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  for (Timing::Mark& m : t.pending) t.spare.push_back(m.event);
+  t.pending.clear();
+  t.table = {};
+  t.after_wait = false;
+  if (t.last == nullptr) t.last = timing_event(t);
+  check(cudaEventRecord(t.last, s.stream), "cudaEventRecord (kernel times)");
+  t.on.store(true, std::memory_order_relaxed);
+}
+
+KernelTimes kernel_times_stop() {
+  Timing& t = timing_state();
+  if (!t.on.load(std::memory_order_relaxed)) return {};
+  check(cudaStreamSynchronize(state().stream), "a kernel on the compute stream");
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.on.store(false, std::memory_order_relaxed);
+  resolve(t, true);
+  return t.table.result();
 }
 
 void* alloc(std::size_t bytes) {
@@ -200,12 +321,14 @@ void copy_to_device(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream())),
         "cudaMemcpyAsync (to the device)");
+  detail::timed("copy host to device");
 }
 
 void copy_to_host(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream())),
         "cudaMemcpyAsync (to the host)");
+  detail::timed("copy device to host");
   synchronize();
 }
 
@@ -213,11 +336,13 @@ void copy_device(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream())),
         "cudaMemcpyAsync (on the device)");
+  detail::timed("copy on the device");
 }
 
 void memset_zero(void* dst, std::size_t bytes) {
   if (bytes == 0) return;
   check(cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(stream())), "cudaMemsetAsync");
+  detail::timed("memset");
 }
 
 MemoryInfo memory_info() {
@@ -258,6 +383,9 @@ void copy_async(void* dst, const void* src, std::size_t bytes, void* stream) {
         "cudaMemcpyAsync (offload)");
 }
 
-void wait_event(void* event) { check(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "a copy before an event"); }
+void wait_event(void* event) {
+  HostWait wait;
+  check(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "a copy before an event");
+}
 
 }  // namespace ndmesh::cuda

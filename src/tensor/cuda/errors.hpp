@@ -13,6 +13,11 @@ namespace ndmesh::cuda::detail {
 [[noreturn]] void fail_config(const std::string& message);
 /// Logs "[cuda] " + message at info level (one line on stderr).
 void note(const std::string& message);
+/// After every operation enqueued on the compute stream: its place in the kernel times
+/// (cuda::kernel_times_start); nothing unless they are on. `what` names the operation.
+void timed(const char* what);
+/// True while kernel times are on: names that cost a string to build are built only then.
+bool timing();
 
 }  // namespace ndmesh::cuda::detail
 
@@ -29,8 +34,12 @@ inline void check(cudaError_t e, const char* what) {
 
 /// After a kernel launch: a launch that did not happen (bad grid, too much shared memory,
 /// no kernel image for this GPU) as an Error naming the kernel. Faults inside the kernel
-/// surface at the next synchronizing call (cuda::synchronize names them).
-inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+/// surface at the next synchronizing call (cuda::synchronize names them). Then its mark in
+/// the kernel times (timed).
+inline void check_launch(const char* kernel) {
+  check(cudaGetLastError(), kernel);
+  timed(kernel);
+}
 
 }  // namespace ndmesh::cuda::detail
 #endif

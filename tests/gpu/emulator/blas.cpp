@@ -6,6 +6,7 @@
 // epilogue runs here too (widened operands, fp32 product); gemm_bf16 and the epilogues stay
 // GPU only.
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 #include "cuda_runtime.h"
@@ -13,14 +14,27 @@
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/nn/cuda_ops.hpp"
 #include "ndmesh/tensor/blas.hpp"
+#include "tensor/cuda/errors.hpp"
 
 namespace ndmesh::cuda {
+
+namespace {
+// The product's row in the kernel times, named as blas.cu names it.
+void timed_product(const char* types, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k) {
+  if (!detail::timing()) return;
+  char name[160];
+  std::snprintf(name, sizeof name, "gemm %s %lldx%lldx%lld %c%c", types, static_cast<long long>(m),
+                static_cast<long long>(n), static_cast<long long>(k), trans_a ? 'T' : 'N', trans_b ? 'T' : 'N');
+  detail::timed(name);
+}
+}  // namespace
 
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
           std::int64_t ldc) {
   const emu::DeviceWork work;  // reads and writes device memory
   ndmesh::gemm<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  timed_product("fp32", trans_a, trans_b, m, n, k);
 }
 
 void gemm_bf16(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const BFloat16*, std::int64_t,
@@ -50,6 +64,7 @@ void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
   const std::int64_t b_extent = k <= 0 ? 0 : ((trans_b ? n : k) - 1) * ldb + (trans_b ? k : n);
   const std::vector<float> a32 = widened(a, a_extent), b32 = widened(b, b_extent);
   ndmesh::gemm<float>(trans_a, trans_b, m, n, k, alpha, a32.data(), lda, b32.data(), ldb, beta, c, ldc);
+  timed_product("bf16>fp32", trans_a, trans_b, m, n, k);
 }
 
 }  // namespace ndmesh::cuda

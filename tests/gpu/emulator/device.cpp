@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +19,8 @@
 
 #include "ndmesh/core/streams.hpp"
 #include "ndmesh/tensor/device.hpp"
+#include "tensor/cuda/errors.hpp"
+#include "ndmesh/tensor/kernel_times.hpp"
 
 // The guard (emu::guard_device_memory): one arena of reserved address space, page-granular
 // blocks, all inaccessible (PROT_NONE) while no thread does device work.
@@ -126,6 +130,10 @@ bool guarded_free(void* p, std::size_t size) {
 namespace ndmesh::cuda {
 
 namespace {
+// A call that waits for the stream on a GPU (the emulator has nothing to wait for): counted
+// in the kernel times as the GPU's host waits are.
+void host_wait();
+
 struct State {
   std::mutex mutex;
   std::map<void*, std::size_t> sizes;
@@ -144,7 +152,7 @@ std::string unavailable_reason() { return ""; }
 void init(int) {}
 int current_device() { return 0; }
 void* stream() { return &stream_token; }
-void synchronize() {}
+void synchronize() { host_wait(); }
 
 void* alloc(std::size_t bytes) {
   const std::size_t size = (bytes + 255) / 256 * 256;
@@ -219,18 +227,23 @@ AllocatorStats allocator_stats() {
 void copy_to_device(void* dst, const void* src, std::size_t bytes) {
   const emu::DeviceWork work;
   if (bytes) std::memcpy(dst, src, bytes);
+  if (bytes) detail::timed("copy host to device");
 }
 void copy_to_host(void* dst, const void* src, std::size_t bytes) {
   const emu::DeviceWork work;
   if (bytes) std::memcpy(dst, src, bytes);
+  if (bytes) detail::timed("copy device to host");
+  if (bytes) host_wait();
 }
 void copy_device(void* dst, const void* src, std::size_t bytes) {
   const emu::DeviceWork work;
   if (bytes) std::memmove(dst, src, bytes);
+  if (bytes) detail::timed("copy on the device");
 }
 void memset_zero(void* dst, std::size_t bytes) {
   const emu::DeviceWork work;
   if (bytes) std::memset(dst, 0, bytes);
+  if (bytes) detail::timed("memset");
 }
 
 // Pinned memory is host memory; the copy stream is the one stream (copies end when enqueued).
@@ -244,6 +257,57 @@ void copy_async(void* dst, const void* src, std::size_t bytes, void*) {
   const emu::DeviceWork work;
   if (bytes) std::memmove(dst, src, bytes);
 }
-void wait_event(void*) {}
+void wait_event(void*) { host_wait(); }
+
+// Kernel times: every launch has ended when it returns, so the host's clock from one mark to
+// the next is the operation's time (with the host's own work between the two, which a GPU
+// would overlap). The calls that wait on a GPU are counted as host waits of no time.
+namespace {
+struct Timing {
+  std::atomic<bool> on{false};
+  std::mutex mutex;
+  std::chrono::steady_clock::time_point last;
+  detail::KernelTimeTable table;
+};
+Timing& timing_state() {
+  static Timing t;
+  return t;
+}
+
+void host_wait() {
+  Timing& t = timing_state();
+  if (!t.on.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.table.host_wait(0);
+}
+}  // namespace
+
+namespace detail {
+bool timing() { return timing_state().on.load(std::memory_order_relaxed); }
+void timed(const char* what) {
+  Timing& t = timing_state();
+  if (!t.on.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(t.mutex);
+  const auto now = std::chrono::steady_clock::now();
+  t.table.add(what, std::chrono::duration<double>(now - t.last).count());
+  t.last = now;
+}
+}  // namespace detail
+
+void kernel_times_start() {
+  Timing& t = timing_state();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.table = {};
+  t.last = std::chrono::steady_clock::now();
+  t.on.store(true, std::memory_order_relaxed);
+}
+
+KernelTimes kernel_times_stop() {
+  Timing& t = timing_state();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  if (!t.on.load(std::memory_order_relaxed)) return {};
+  t.on.store(false, std::memory_order_relaxed);
+  return t.table.result();
+}
 
 }  // namespace ndmesh::cuda
