@@ -60,22 +60,31 @@ DeferredWeightGrads<T>*& deferred_sink() {
 template <typename T>
 void Linear<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
-  if (dinp != nullptr)
-    ops::gemm<T>(store_->device(), store_->matmul_precision(), false, false, rows, in, n_out, T(1), dout, n_out,
-                 store_->param(weight_), in, T(1), dinp, in);
-  if (DeferredWeightGrads<T>* sink = deferred_sink<T>()) {
+  if (DeferredWeightGrads<T>* sink = deferred_sink<T>()) {  // dinp now, the weight part later
+    if (dinp != nullptr)
+      ops::gemm<T>(store_->device(), store_->matmul_precision(), false, false, rows, in, n_out, T(1), dout, n_out,
+                   store_->param(weight_), in, T(1), dinp, in);
     sink->record(*this, dout, inp, rows);
     return;
   }
-  backward_weight(dout, inp, rows);
+  // dout is A of both products (the input's gradient, the weight's): under bf16 rounded once.
+  const ops::SharedOperand<T> d(store_->device(), store_->matmul_precision(), dout, rows * n_out);
+  if (dinp != nullptr)
+    ops::gemm<T>(false, false, rows, in, n_out, T(1), d, n_out, store_->param(weight_), in, T(1), dinp, in);
+  weight_product(d, inp, rows);
 }
 
 template <typename T>
 void Linear<T>::backward_weight(const T* dout, const T* inp, std::int64_t rows) const {
+  weight_product(ops::SharedOperand<T>(store_->device(), store_->matmul_precision(), dout, rows * options_.out), inp,
+                 rows);
+}
+
+template <typename T>
+void Linear<T>::weight_product(const ops::SharedOperand<T>& dout, const T* inp, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
-  ops::gemm<T>(store_->device(), store_->matmul_precision(), true, false, n_out, in, rows, T(1), dout, n_out, inp, in,
-               T(1), store_->grad(weight_), in);
-  if (!options_.deferred_bias) backward_bias(dout, rows);
+  ops::gemm<T>(true, false, n_out, in, rows, T(1), dout, n_out, inp, in, T(1), store_->grad(weight_), in);
+  if (!options_.deferred_bias) backward_bias(dout.data(), rows);
 }
 
 template <typename T>

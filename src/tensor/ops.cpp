@@ -88,7 +88,53 @@ const T* rounded_to_bf16(std::vector<T>& scratch, const T* x, std::int64_t exten
     scratch[static_cast<std::size_t>(i)] = static_cast<T>(static_cast<float>(BFloat16(static_cast<float>(x[i]))));
   return scratch.data();
 }
+
+// Stored extents: A is m x k (k x m transposed), B is k x n (n x k transposed).
+std::int64_t extent_a(bool trans_a, std::int64_t m, std::int64_t k, std::int64_t lda) {
+  return ((trans_a ? k : m) - 1) * lda + (trans_a ? m : k);
+}
+std::int64_t extent_b(bool trans_b, std::int64_t n, std::int64_t k, std::int64_t ldb) {
+  return ((trans_b ? n : k) - 1) * ldb + (trans_b ? k : n);
+}
+
+// The bf16 product of rounded operands (SharedOperand::rounded's types), accumulated in T.
+template <typename T>
+void rounded_product(Device device, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                     T alpha, const void* a, std::int64_t lda, const void* b, std::int64_t ldb, T beta, T* c,
+                     std::int64_t ldc) {
+  NDMESH_CUDA_TWIN(device, cuda::gemm_bf16_f32(trans_a, trans_b, m, n, k, alpha, static_cast<const BFloat16*>(a),
+                                               lda, static_cast<const BFloat16*>(b), ldb, beta, c, ldc))
+  // A product of two bf16 values is exact in fp32 (8 + 8 significant bits): on the rounded
+  // copies the fp32 gemm is a bf16 product with fp32 accumulation.
+  ndmesh::gemm<T>(trans_a, trans_b, m, n, k, alpha, static_cast<const T*>(a), lda, static_cast<const T*>(b), ldb,
+                  beta, c, ldc);
+}
 }  // namespace
+
+namespace {
+// x's first `extent` elements rounded to bfloat16 where x lives: into `on_device` (bf16) on
+// CUDA, into `on_host` (T) on the CPU.
+template <typename T>
+void round_operand(Device device, const T* x, std::int64_t extent, DeviceBuffer& on_device, std::vector<T>& on_host) {
+  NDMESH_CUDA_TWIN(device, {
+    on_device = DeviceBuffer(static_cast<std::size_t>(extent) * sizeof(BFloat16));
+    cuda::cast(static_cast<BFloat16*>(on_device.data()), x, extent);
+  })
+  rounded_to_bf16(on_host, x, extent);
+}
+}  // namespace
+
+template <typename T>
+SharedOperand<T>::SharedOperand(Device device, MatmulPrecision precision, const T* x, std::int64_t extent)
+    : x_(x), device_(device), precision_(precision) {
+  if (precision != MatmulPrecision::kFp32 && extent > 0) round_operand(device, x, extent, on_device_, on_host_);
+}
+
+template <typename T>
+const void* SharedOperand<T>::rounded() const {
+  if (precision_ == MatmulPrecision::kFp32) return nullptr;
+  return device_ == Device::kCuda ? on_device_.data() : static_cast<const void*>(on_host_.data());
+}
 
 template <typename T>
 void gemm(Device device, MatmulPrecision precision, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
@@ -96,24 +142,21 @@ void gemm(Device device, MatmulPrecision precision, bool trans_a, bool trans_b, 
           std::int64_t ldc) {
   if (precision == MatmulPrecision::kFp32 || m <= 0 || n <= 0 || k <= 0)  // no product: nothing to round
     return gemm<T>(device, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  // Stored shapes: A is m x k (k x m transposed), B is k x n (n x k transposed).
-  const std::int64_t a_extent = ((trans_a ? k : m) - 1) * lda + (trans_a ? m : k);
-  const std::int64_t b_extent = ((trans_b ? n : k) - 1) * ldb + (trans_b ? k : n);
-  NDMESH_CUDA_TWIN(device, {
-    DeviceBuffer a16(static_cast<std::size_t>(a_extent) * sizeof(BFloat16));
-    DeviceBuffer b16(static_cast<std::size_t>(b_extent) * sizeof(BFloat16));
-    cuda::cast(static_cast<BFloat16*>(a16.data()), a, a_extent);
-    cuda::cast(static_cast<BFloat16*>(b16.data()), b, b_extent);
-    // The buffers go back to the caching allocator, which hands them out again only to
-    // work ordered after this product on the compute stream.
-    cuda::gemm_bf16_f32(trans_a, trans_b, m, n, k, alpha, static_cast<const BFloat16*>(a16.data()), lda,
-                        static_cast<const BFloat16*>(b16.data()), ldb, beta, c, ldc);
-  })
-  // A product of two bf16 values is exact in fp32 (8 + 8 significant bits): on the rounded
-  // copies the fp32 gemm is a bf16 product with fp32 accumulation.
-  thread_local std::vector<T> a16, b16;
-  ndmesh::gemm<T>(trans_a, trans_b, m, n, k, alpha, rounded_to_bf16(a16, a, a_extent), lda,
-                  rounded_to_bf16(b16, b, b_extent), ldb, beta, c, ldc);
+  // The rounded copies go back to the caching allocator (CUDA) when they go out of scope,
+  // which hands them out again only to work ordered after this product on the compute stream.
+  const SharedOperand<T> a16(device, precision, a, extent_a(trans_a, m, k, lda)),
+      b16(device, precision, b, extent_b(trans_b, n, k, ldb));
+  rounded_product<T>(device, trans_a, trans_b, m, n, k, alpha, a16.rounded(), lda, b16.rounded(), ldb, beta, c, ldc);
+}
+
+template <typename T>
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+          const SharedOperand<T>& a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+  const Device device = a.device();
+  if (a.precision() == MatmulPrecision::kFp32 || m <= 0 || n <= 0 || k <= 0)
+    return gemm<T>(device, trans_a, trans_b, m, n, k, alpha, a.data(), lda, b, ldb, beta, c, ldc);
+  const SharedOperand<T> b16(device, a.precision(), b, extent_b(trans_b, n, k, ldb));
+  rounded_product<T>(device, trans_a, trans_b, m, n, k, alpha, a.rounded(), lda, b16.rounded(), ldb, beta, c, ldc);
 }
 
 #define NDMESH_OPS(T)                                                                                         \
@@ -126,7 +169,10 @@ void gemm(Device device, MatmulPrecision precision, bool trans_a, bool trans_b, 
   template void gemm<T>(Device, bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const T*, std::int64_t, \
                         const T*, std::int64_t, T, T*, std::int64_t);                                   \
   template void gemm<T>(Device, MatmulPrecision, bool, bool, std::int64_t, std::int64_t, std::int64_t, T,      \
-                        const T*, std::int64_t, const T*, std::int64_t, T, T*, std::int64_t);
+                        const T*, std::int64_t, const T*, std::int64_t, T, T*, std::int64_t);                 \
+  template class SharedOperand<T>;                                                                            \
+  template void gemm<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const SharedOperand<T>&,      \
+                        std::int64_t, const T*, std::int64_t, T, T*, std::int64_t);
 NDMESH_OPS(float)
 NDMESH_OPS(double)
 // bfloat16 tensors: placed, copied and zeroed here; computed on by the bf16 kernels.

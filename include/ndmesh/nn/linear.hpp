@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ndmesh/tensor/ops.hpp"
 #include "ndmesh/tensor/params.hpp"
 #include "ndmesh/tensor/tensor.hpp"
 
@@ -70,6 +71,8 @@ class Linear {
   std::int64_t grads_end() const;
 
  private:
+  // dW += doutᵀ · inp, db += column sums of dout, with dout rounded as the products take it.
+  void weight_product(const ops::SharedOperand<T>& dout, const T* inp, std::int64_t rows) const;
   ParamStore<T>* store_;
   LinearOptions options_;
   int weight_ = -1;

@@ -53,6 +53,36 @@ void gemm(Device device, MatmulPrecision precision, bool trans_a, bool trans_b, 
           std::int64_t k, T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
           std::int64_t ldc);
 
+/// An operand that several products read under one MatmulPrecision, rounded once: kBf16
+/// rounds its `extent` stored elements (rows x row stride) when it is made, as gemm would
+/// for each product, and the products below read that copy (a layer's backward reads its
+/// output's gradient twice: for its input's gradient and for its weight's). Under kFp32 it
+/// is the pointer. The rounded copy lives where the operand does (a bf16 device buffer on
+/// CUDA); `x` must not change while the operand is in use.
+template <typename T>
+class SharedOperand {
+ public:
+  SharedOperand(Device device, MatmulPrecision precision, const T* x, std::int64_t extent);
+  const T* data() const { return x_; }
+  Device device() const { return device_; }
+  MatmulPrecision precision() const { return precision_; }
+  /// The rounded elements (bfloat16 on CUDA, T holding bfloat16 values on the CPU); nullptr
+  /// under kFp32.
+  const void* rounded() const;
+
+ private:
+  const T* x_;
+  Device device_;
+  MatmulPrecision precision_;
+  DeviceBuffer on_device_;
+  std::vector<T> on_host_;
+};
+
+/// gemm as above with A a SharedOperand (its device and precision).
+template <typename T>
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+          const SharedOperand<T>& a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc);
+
 /// The element types CUDA holds: float, and bfloat16 (the activations of bf16 mixed
 /// precision; copy and zero only here, its arithmetic is the kernels' of nn/cuda_ops.hpp).
 template <typename T>
