@@ -39,9 +39,10 @@ double gpt_memory_elements(const ModelSpec& s, std::int64_t batch, std::int64_t 
   // Per block: ln1, res1, ln2, out, atty (5 NC), qkv (N r), fc and gelu (2 NF), lse.
   const double per_block_acts = 5 * n * c + n * r + 2 * n * f + lse;
   const double acts = static_cast<double>(s.layers) * per_block_acts + 2 * n * c + 2 * n * v;
-  // Backward: block scratch (3 NC + N r + 2 NF) and dlogits, dlnf, two residual buffers.
-  // The attention's own scratch is a few tiles (kAttentionTile^2) and the D rows (H T).
-  const double scratch = 3 * n * c + n * r + 2 * n * f + n * v + 3 * n * c;
+  // Backward: block scratch (3 NC + N r + 2 NF) and dlnf, two residual buffers (the logits'
+  // gradient is written over the probabilities). The attention's own scratch is a few tiles
+  // (kAttentionTile^2) and the D rows (H T).
+  const double scratch = 3 * n * c + n * r + 2 * n * f + 3 * n * c;
   return 2 * params + acts + scratch;
 }
 
@@ -138,7 +139,7 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
   // Initialised on the host; then placed.
   device_ = options.device;
   store_.to(device_);
-  for (Tensor<T>* t : {&dlogits_, &dlnf_, &dlnf_full_, &dres_a_, &dres_b_, &lnf_full_, &input_grad_})
+  for (Tensor<T>* t : {&dlnf_, &dlnf_full_, &dres_a_, &dres_b_, &lnf_full_, &input_grad_})
     t->set_device(device_);
   positions_device_.set_device(device_);
   loss_weight_ = 1.0 / static_cast<double>(batch_ * seq_);
@@ -151,7 +152,6 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
   const std::int64_t n = batch_ * seq_, c = spec.hidden, nl = tp_.local_rows(n);
   blocks_.front().resize(scratch_, batch_, seq_);
   if (head_) {
-    dlogits_.resize({n, head_->local_vocab()});
     dlnf_.resize({nl, c});
     dlnf_full_.resize({n, c});
     if (tp_.sequence_parallel && !split_backward_) lnf_full_.resize({n, c});
@@ -337,6 +337,7 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
     if (progress_) progress_();  // e.g. a pipeline's transfers in flight move between blocks
   }
   a.have_targets = head_ && targets != nullptr;
+  a.probs_consumed = false;
   if (!head_) return std::numeric_limits<double>::quiet_NaN();
   const std::int64_t c = spec_.hidden;
   unit_event(UnitEvent::kForwardBegin, head_unit_);
@@ -361,16 +362,20 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
   const std::int64_t n = batch_ * seq_, c = spec_.hidden, nl = tp_.local_rows(n);
   if (head_) {
     NDMESH_CHECK(a.have_targets, "model", "backward() after a forward without targets");
-    dlogits_.zero();
+    NDMESH_CHECK(!a.probs_consumed, "model",
+                 "backward() twice after one forward: the first wrote the logits' gradient over the probabilities");
+    a.probs_consumed = true;
+    // The logits' gradient over the probabilities (no buffer of its own, nothing to zero).
+    T* dlogits = a.probs.data();
     nn::CrossEntropy<T>::backward(device_, a.probs.data(), ops::staged(a.device_targets, a.targets.data(), device_),
-                                  dlogits_.data(), n, head_->local_vocab(), head_->local_vocab() * tp_.rank(),
+                                  dlogits, n, head_->local_vocab(), head_->local_vocab() * tp_.rank(),
                                   static_cast<T>(loss_weight_));
     dlnf_full_.zero();
     // Sequence parallelism: the head's input is gathered again (not kept per micro-batch).
     const T* lnf_in =
         a.lnf_full.numel() > 0 ? a.lnf_full.data() : tp_.f_forward(a.lnf.data(), lnf_full_.data(), n, c);
     unit_event(UnitEvent::kBackwardBegin, head_unit_);
-    head_->backward(dlogits_.data(), lnf_in, dlnf_full_.data(), n);
+    head_->backward(dlogits, lnf_in, dlnf_full_.data(), n);
     tp_.f_backward(dlnf_full_.data(), dlnf_.data(), n, c);
     dres_a_.zero();
     lnf_->backward(dlnf_.data(), output(a), a.lnf_mean.data(), a.lnf_rstd.data(), dres_a_.data(), nl);

@@ -38,12 +38,7 @@ double CrossEntropy<T>::forward(const T* logits, const std::int32_t* targets, T*
 template <typename T>
 void CrossEntropy<T>::backward(const T* probs, const std::int32_t* targets, T* dlogits, std::int64_t rows,
                                std::int64_t vocab, T scale) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const T* p = probs + r * vocab;
-    T* d = dlogits + r * vocab;
-    for (std::int64_t i = 0; i < vocab; ++i) d[i] += p[i] * scale;
-    d[targets[r]] -= scale;
-  }
+  backward(probs, targets, dlogits, rows, vocab, 0, scale);  // the whole vocabulary on this rank
 }
 
 template <typename T>
@@ -92,7 +87,10 @@ void CrossEntropy<T>::backward(const T* probs, const std::int32_t* targets, T* d
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* p = probs + r * local_vocab;
     T* d = dlogits + r * local_vocab;
-    for (std::int64_t i = 0; i < local_vocab; ++i) d[i] += p[i] * scale;
+    if (dlogits == probs)  // in place: 0 + x is x (x >= +0 here), what the zeroed buffer got
+      for (std::int64_t i = 0; i < local_vocab; ++i) d[i] = p[i] * scale;
+    else
+      for (std::int64_t i = 0; i < local_vocab; ++i) d[i] += p[i] * scale;
     const std::int64_t t = targets[r] - vocab_start;
     if (t >= 0 && t < local_vocab) d[t] -= scale;
   }

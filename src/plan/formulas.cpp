@@ -45,15 +45,15 @@ Precision parse_precision(std::string_view name, std::string_view flag) {
                        .optimizer_bytes = 8,
                        .activation_bytes = 4,
                        .bf16_products = false,
-                       .logit_gradient_bytes = 4};
+                       .logit_gradient_bytes = 0};
   if (name == "fp32") return fp32;
   // What `ndmesh train --precision bf16` keeps today: fp32's weights, gradients, moments and
   // activations, bf16 operands only at the products, which take a bf16 copy of the logits'
-  // gradient too (measured on an H200: docs/plan.md).
+  // gradient (written over the probabilities) too (measured on an H200: docs/plan.md).
   if (name == "bf16") {
     Precision bf16 = fp32;
     bf16.bf16_products = true;
-    bf16.logit_gradient_bytes = 4 + 2;
+    bf16.logit_gradient_bytes = 2;
     return bf16;
   }
   fail<ConfigError>(

@@ -70,6 +70,15 @@ TEST(CudaCrossEntropy, ForwardAndBackwardMatchTheCpu) {
         cuda::cross_entropy_backward(ptr<float>(dg), ptr<float>(dp), ptr<std::int32_t>(dtargets), rows, vocab,
                                      scale);
         EXPECT_TRUE(all_close(to_host<float>(dg, sz), dgrad, 0, 1.2e-7)) << "dlogits " << where;
+
+        // In place (dlogits is probs, what the model does): what adding into zeros gives, bit
+        // for bit, on the CPU and on the device.
+        std::vector<float> zeros_ref(sz, 0.0f), over_probs = probs;
+        nn::CrossEntropy<float>::backward(probs.data(), targets.data(), zeros_ref.data(), rows, vocab, scale);
+        nn::CrossEntropy<float>::backward(over_probs.data(), targets.data(), over_probs.data(), rows, vocab, scale);
+        EXPECT_TRUE(same_bits(over_probs, zeros_ref)) << "in place on the CPU " << where;
+        cuda::cross_entropy_backward(ptr<float>(dp), ptr<float>(dp), ptr<std::int32_t>(dtargets), rows, vocab, scale);
+        EXPECT_TRUE(same_bits(to_host<float>(dp, sz), zeros_ref)) << "in place on the device " << where;
       }
 }
 

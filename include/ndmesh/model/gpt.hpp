@@ -102,11 +102,14 @@ struct GptActivations {
   std::vector<nn::BlockActivations<T>> blocks;  ///< one per block of the stage
   Tensor<T> lnf, lnf_mean, lnf_rstd;            ///< final norm (last stage; local rows)
   Tensor<T> lnf_full;    ///< sequence parallel with a split backward only: lnf gathered, [N, C]
-  Tensor<T> probs;       ///< [N, V / tp] logits, then probabilities in place (last stage)
+  Tensor<T> probs;       ///< [N, V / tp] logits, then probabilities in place, then (backward) their gradient
   Tensor<T> losses;      ///< [N] per-token loss (last stage)
   /// On CUDA: the tokens and targets in device memory (the kernels read them there).
   Tensor<std::int32_t> device_tokens, device_targets;
   bool have_targets = false;
+  /// The backward ran: it wrote the logits' gradient over `probs`, so the next backward needs
+  /// a forward first.
+  bool probs_consumed = false;
 
   /// Bytes allocated here: every tensor, the tokens and the targets.
   std::int64_t bytes() const {
@@ -234,7 +237,8 @@ class GptT {
   std::int64_t seq() const { return seq_; }
   bool has_embedding() const { return embed_.has_value(); }
   bool has_head() const { return head_.has_value(); }
-  /// Softmax probabilities [batch, seq, vocab / tp] of the last whole-model forward.
+  /// Softmax probabilities [batch, seq, vocab / tp] of the last whole-model forward (its
+  /// backward writes the logits' gradient over them).
   const T* probs() const { return acts_.probs.data(); }
   /// Matrix-product floating point operations of one forward + backward of this stage
   /// over one batch, as computed: 3x the forward for the linears and the head; attention
@@ -312,7 +316,7 @@ class GptT {
   GptActivations<T> acts_;  ///< of the whole-model forward()/backward(), made by the first forward()
   // Backward work space, shared by every micro-batch (backwards run one at a time).
   nn::BlockScratch<T> scratch_;
-  Tensor<T> dlogits_, dlnf_, dlnf_full_, dres_a_, dres_b_;
+  Tensor<T> dlnf_, dlnf_full_, dres_a_, dres_b_;
   Tensor<T> lnf_full_;    // sequence parallel: the final norm's output gathered, [N, C]
   Tensor<T> input_grad_;  // see input_grad()
 };

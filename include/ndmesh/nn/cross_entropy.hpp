@@ -16,7 +16,9 @@ struct CrossEntropy {
   /// Returns the mean loss (accumulated in double). Error on a target outside [0, vocab).
   static double forward(const T* logits, const std::int32_t* targets, T* probs, T* losses, std::int64_t rows,
                         std::int64_t vocab);
-  /// dlogits[rows, vocab] += (probs - onehot(target)) * scale.
+  /// dlogits[rows, vocab] += (probs - onehot(target)) * scale. dlogits may be probs: then
+  /// the gradient is written over the probabilities (no second buffer, no zeroing), the
+  /// same values as added into zeros.
   static void backward(const T* probs, const std::int32_t* targets, T* dlogits, std::int64_t rows,
                        std::int64_t vocab, T scale);
 
@@ -30,7 +32,7 @@ struct CrossEntropy {
                         std::int64_t local_vocab, std::int64_t vocab_start, std::int64_t vocab,
                         TpComm<T>& comm);
   /// dlogits[rows, local_vocab] += (probs - onehot(target)) * scale, the one-hot only
-  /// on the rank that holds the target.
+  /// on the rank that holds the target; in place when dlogits is probs, as above.
   static void backward(const T* probs, const std::int32_t* targets, T* dlogits, std::int64_t rows,
                        std::int64_t local_vocab, std::int64_t vocab_start, T scale);
 

@@ -167,7 +167,8 @@ void cross_entropy_row_sums(float* sums, const float* logits, const float* row_m
 double cross_entropy_finish(float* probs, float* losses, const float* logits, const float* row_max,
                             const float* sums, std::int64_t rows, std::int64_t local_vocab);
 /// nn::CrossEntropy::backward: dlogits[rows, vocab] += (probs - onehot(target)) * scale, the
-/// columns being [vocab_start, vocab_start + vocab) of the vocabulary (tensor parallelism).
+/// columns being [vocab_start, vocab_start + vocab) of the vocabulary (tensor parallelism);
+/// written over probs when dlogits is probs.
 void cross_entropy_backward(float* dlogits, const float* probs, const std::int32_t* targets, std::int64_t rows,
                             std::int64_t vocab, float scale, std::int64_t vocab_start = 0);
 

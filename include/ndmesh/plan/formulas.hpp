@@ -90,8 +90,8 @@ struct Precision {
   bool bf16_products = true;    ///< matrix products take bf16 operands (fp32: fp32 ones)
   /// Bytes per logit the last stage holds beside the fp32 logits while the loss's gradient
   /// goes through the output layer: 0 where the cross entropy writes its gradient over the
-  /// logits (Megatron); ndmesh keeps an fp32 gradient of the logits (4), and its bf16
-  /// products take a bf16 copy of it (2 more).
+  /// logits (Megatron, and ndmesh under fp32); ndmesh's bf16 products take a bf16 copy of
+  /// it (2).
   double logit_gradient_bytes = 0;
 };
 

@@ -120,6 +120,9 @@ __global__ void classifier_kernel(S* logits, float* losses, const std::int32_t* 
 
 constexpr int kBackwardThreads = 256, kPerThread = 4;
 
+// kInPlace: dlogits is probs, each element read then written by its own thread; the
+// product alone is what adding it to a zeroed buffer gives (0 + x = x for x >= +0).
+template <bool kInPlace>
 __global__ void cross_entropy_backward_kernel(float* dlogits, const float* probs, const std::int32_t* targets,
                                               std::int64_t rows, std::int64_t vocab, float scale,
                                               std::int64_t vocab_start) {
@@ -131,7 +134,7 @@ __global__ void cross_entropy_backward_kernel(float* dlogits, const float* probs
     for (int k = 0; k < kPerThread; ++k) {
       const std::int64_t i = begin + std::int64_t{k} * kBackwardThreads;
       if (i >= vocab) break;
-      float v = __fadd_rn(d[i], __fmul_rn(p[i], scale));
+      float v = kInPlace ? __fmul_rn(p[i], scale) : __fadd_rn(d[i], __fmul_rn(p[i], scale));
       if (i == target) v = __fsub_rn(v, scale);
       d[i] = v;
     }
@@ -255,9 +258,15 @@ void cross_entropy_backward(float* dlogits, const float* probs, const std::int32
   const std::int64_t per_block = kBackwardThreads * kPerThread;
   const dim3 grid(static_cast<unsigned>((vocab + per_block - 1) / per_block),
                   static_cast<unsigned>(rows < 65535 ? rows : 65535));
-  cross_entropy_backward_kernel<<<grid, kBackwardThreads, 0, compute_stream()>>>(dlogits, probs, targets,
-                                                                                 rows, vocab, scale, vocab_start);
-  check_launch("cross_entropy_backward");
+  if (dlogits == probs) {
+    cross_entropy_backward_kernel<true><<<grid, kBackwardThreads, 0, compute_stream()>>>(dlogits, probs, targets,
+                                                                                       rows, vocab, scale, vocab_start);
+    check_launch("cross_entropy_backward (in place)");
+  } else {
+    cross_entropy_backward_kernel<false><<<grid, kBackwardThreads, 0, compute_stream()>>>(
+        dlogits, probs, targets, rows, vocab, scale, vocab_start);
+    check_launch("cross_entropy_backward");
+  }
 }
 
 }  // namespace ndmesh::cuda

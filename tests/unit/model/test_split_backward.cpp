@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "ndmesh/core/error.hpp"
 #include "ndmesh/model/gpt.hpp"
 #include "ndmesh/nn/linear.hpp"
 #include "ndmesh/tensor/rng.hpp"
@@ -47,6 +48,10 @@ TEST_P(SplitBackward, DeferredWeightGradientsEqualThePlainBackward) {
   const std::vector<double> plain_input(gpt.input_grad().data(),
                                         gpt.input_grad().data() + gpt.input_grad().numel());
 
+  // The backward writes the logits' gradient over the probabilities: a second one needs the
+  // forward again (the same inputs, the same activations) ...
+  EXPECT_THROW(gpt.backward(acts, nullptr), InternalError);
+  gpt.forward(acts, tokens.data(), first_block > 0 ? input.data() : nullptr, targets.data());
   gpt.params().zero_grad();
   nn::DeferredWeightGrads<double> deferred;
   {

@@ -305,10 +305,10 @@ TEST(Precision, Bf16PlansUseTheBf16Rate) {
   EXPECT_EQ(megatron.activation_bytes, 2);
   EXPECT_TRUE(megatron.bf16_products);
   EXPECT_TRUE(bf16.bf16_products);
-  // ndmesh's gradient of the logits (fp32), and under bf16 its bf16 copy at the products; the
-  // cross entropy of Megatron writes its gradient over the logits.
-  EXPECT_EQ(fp32.logit_gradient_bytes, 4);
-  EXPECT_EQ(bf16.logit_gradient_bytes, 6);
+  // ndmesh's and Megatron's cross entropy write the logits' gradient over the logits; under
+  // bf16 ndmesh's products take a bf16 copy of it.
+  EXPECT_EQ(fp32.logit_gradient_bytes, 0);
+  EXPECT_EQ(bf16.logit_gradient_bytes, 2);
   EXPECT_EQ(megatron.logit_gradient_bytes, 0);
   {
     const PlanModel gpt = model_preset("gpt3-1.7b");
@@ -318,7 +318,7 @@ TEST(Precision, Bf16PlansUseTheBf16Rate) {
     without.logit_gradient_bytes = 0;
     const double extra =
         estimate_memory(gpt, one, w, bf16).activations - estimate_memory(gpt, one, w, without).activations;
-    EXPECT_DOUBLE_EQ(extra, 6.0 * 1024 * 2 * static_cast<double>(gpt.spec.vocab));
+    EXPECT_DOUBLE_EQ(extra, 2.0 * 1024 * 2 * static_cast<double>(gpt.spec.vocab));
   }
   EXPECT_TRUE(parse_precision("mixed").bf16_products);
   EXPECT_FALSE(fp32.bf16_products);
