@@ -39,10 +39,10 @@ double gpt_memory_elements(const ModelSpec& s, std::int64_t batch, std::int64_t 
   // Per block: ln1, res1, ln2, out, atty (5 NC), qkv (N r), fc and gelu (2 NF), lse.
   const double per_block_acts = 5 * n * c + n * r + 2 * n * f + lse;
   const double acts = static_cast<double>(s.layers) * per_block_acts + 2 * n * c + 2 * n * v;
-  // Backward: block scratch (3 NC + N r + 2 NF) and dlnf, two residual buffers (the logits'
-  // gradient is written over the probabilities). The attention's own scratch is a few tiles
-  // (kAttentionTile^2) and the D rows (H T).
-  const double scratch = 3 * n * c + n * r + 2 * n * f + 3 * n * c;
+  // Backward: block scratch (3 NC + N r + NF) and dlnf, two residual buffers (the logits'
+  // gradient is written over the probabilities, the MLP's over one buffer). The attention's
+  // own scratch is a few tiles (kAttentionTile^2) and the D rows (H T).
+  const double scratch = 3 * n * c + n * r + n * f + 3 * n * c;
   return 2 * params + acts + scratch;
 }
 

@@ -171,7 +171,7 @@ void Block<T>::resize(BlockScratch<T>& s, std::int64_t batch, std::int64_t seq) 
   s.dln.resize({n, c});
   s.dqkv.resize({n, attn_.qkv_width()});
   s.datty.resize({n, attn_.out_width()});
-  s.dmlp.resize({2 * n, mlp_.local_ffn()});
+  s.dmlp.resize({n, mlp_.local_ffn()});
   if (tp_.sequence_parallel) {
     s.dln_full.resize({n, c});
     s.dout_full.resize({n, c});
@@ -224,22 +224,19 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   ops::copy(s.dres1.data(), dout, nl * c, dev);
   const T* dout_full = tp_.g_backward(dout, s.dout_full.data(), n, c);
   mlp_.proj().backward_bias(dout, nl);
-  ops::zero(dfull, n * c, dev);
-  mlp_.backward(dout_full, x2, a.mlp, dfull, s.dmlp.data(), n);
+  mlp_.backward(dout_full, x2, a.mlp, dfull, s.dmlp.data(), n);  // writes dfull
   poll();
   tp_.f_backward(dfull, s.dln.data(), n, c);
   ln2_.backward(s.dln.data(), a.res1.data(), a.ln2_mean.data(), a.ln2_rstd.data(), s.dres1.data(), nl);
   // First residual: d inp = d res1 (identity path) + the attention branch through ln1.
   const T* dres1_full = tp_.g_backward(s.dres1.data(), s.dout_full.data(), n, c);
   proj_.backward_bias(s.dres1.data(), nl);
-  s.datty.zero();
-  proj_.backward(dres1_full, a.atty.data(), s.datty.data(), n);
+  proj_.backward(dres1_full, a.atty.data(), s.datty.data(), n, GradInto::kSet);
   poll();
   s.dqkv.zero();
   attention_backward(a, s, batch, seq, core, positions);
   poll();
-  ops::zero(dfull, n * c, dev);
-  qkv_.backward(s.dqkv.data(), x1, dfull, n);
+  qkv_.backward(s.dqkv.data(), x1, dfull, n, GradInto::kSet);
   tp_.f_backward(dfull, s.dln.data(), n, c);
   ln1_.backward(s.dln.data(), inp, a.ln1_mean.data(), a.ln1_rstd.data(), dinp, nl);
   ops::add(dinp, s.dres1.data(), nl * c, dev);

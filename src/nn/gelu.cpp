@@ -42,7 +42,10 @@ void Gelu<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t n, Dev
     T x = inp[i];
     T t = tanh_of(a * (x + k * x * x * x));
     T d = T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * a * (T(1) + T(3) * k * x * x);
-    dinp[i] += d * dout[i];
+    if (dinp == dout)
+      dinp[i] = d * dout[i];
+    else
+      dinp[i] += d * dout[i];
   }
 }
 

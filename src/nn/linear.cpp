@@ -58,19 +58,20 @@ DeferredWeightGrads<T>*& deferred_sink() {
 }  // namespace
 
 template <typename T>
-void Linear<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t rows) const {
+void Linear<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t rows, GradInto into) const {
   const std::int64_t in = options_.in, n_out = options_.out;
+  const T beta = into == GradInto::kSet ? T(0) : T(1);
   if (DeferredWeightGrads<T>* sink = deferred_sink<T>()) {  // dinp now, the weight part later
     if (dinp != nullptr)
       ops::gemm<T>(store_->device(), store_->matmul_precision(), false, false, rows, in, n_out, T(1), dout, n_out,
-                   store_->param(weight_), in, T(1), dinp, in);
+                   store_->param(weight_), in, beta, dinp, in);
     sink->record(*this, dout, inp, rows);
     return;
   }
   // dout is A of both products (the input's gradient, the weight's): under bf16 rounded once.
   const ops::SharedOperand<T> d(store_->device(), store_->matmul_precision(), dout, rows * n_out);
   if (dinp != nullptr)
-    ops::gemm<T>(false, false, rows, in, n_out, T(1), d, n_out, store_->param(weight_), in, T(1), dinp, in);
+    ops::gemm<T>(false, false, rows, in, n_out, T(1), d, n_out, store_->param(weight_), in, beta, dinp, in);
   weight_product(d, inp, rows);
 }
 

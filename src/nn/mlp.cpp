@@ -36,13 +36,11 @@ void Mlp<T>::forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t
 template <typename T>
 void Mlp<T>::backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
                       std::int64_t rows) const {
-  const std::int64_t n = rows * local_ffn();
+  // One buffer, nothing zeroed: d gelu written over it, then d fc over d gelu in place.
   T* dgelu = scratch;
-  T* dfc = scratch + n;
-  ops::zero(scratch, 2 * n, fc_.device());
-  proj_.backward(dout, acts.gelu.data(), dgelu, rows);
-  Gelu<T>::backward(dgelu, acts.fc.data(), dfc, n, fc_.device());
-  fc_.backward(dfc, inp, dinp, rows);
+  proj_.backward(dout, acts.gelu.data(), dgelu, rows, GradInto::kSet);
+  Gelu<T>::backward(dgelu, acts.fc.data(), dgelu, rows * local_ffn(), fc_.device());
+  fc_.backward(dgelu, inp, dinp, rows, GradInto::kSet);
 }
 
 template class Mlp<float>;

@@ -115,7 +115,8 @@ namespace {
 // x's first `extent` elements rounded to bfloat16 where x lives: into `on_device` (bf16) on
 // CUDA, into `on_host` (T) on the CPU.
 template <typename T>
-void round_operand(Device device, const T* x, std::int64_t extent, DeviceBuffer& on_device, std::vector<T>& on_host) {
+void round_operand(Device device, const T* x, std::int64_t extent, [[maybe_unused]] DeviceBuffer& on_device,
+                   std::vector<T>& on_host) {
   NDMESH_CUDA_TWIN(device, {
     on_device = DeviceBuffer(static_cast<std::size_t>(extent) * sizeof(BFloat16));
     cuda::cast(static_cast<BFloat16*>(on_device.data()), x, extent);

@@ -60,20 +60,26 @@ void check_case(const comm::Communicator& cp, const Case& c) {
             lse[static_cast<std::size_t>((b * H + h) * S + pos[static_cast<std::size_t>(t)])];
     }
 
-  parallel::RingAttention<float> ring(cp, Device::kCuda);
-  DeviceBuffer d_qkv = to_device(lqkv), d_dout = to_device(ldout), d_pos = to_device(pos),
-               d_out = to_device(nans(ref_out.size())), d_lse = to_device(nans(ref_lse.size())),
-               d_dqkv = to_device(std::vector<float>(lqkv.size(), 0.0f));
-  ring.forward(attn, ptr<float>(d_qkv), ptr<float>(d_out), ptr<float>(d_lse), B, L, ptr<std::int64_t>(d_pos));
-  ring.backward(attn, ptr<float>(d_dout), ptr<float>(d_qkv), ptr<float>(d_out), ptr<float>(d_lse),
-                ptr<float>(d_dqkv), B, L, ptr<std::int64_t>(d_pos));
-  // Merges of partial softmaxes and sums over P blocks in another order than the CPU's one
-  // pass: the bounds of test_attention.cpp (a wrong block, mask or accumulator is off by 1e-2+).
-  EXPECT_TRUE(all_close(to_host<float>(d_out, ref_out.size()), ref_out, 2e-5, 1e-4)) << "out, rank " << r;
-  EXPECT_TRUE(all_close(to_host<float>(d_lse, ref_lse.size()), ref_lse, 2e-5, 1e-5)) << "lse, rank " << r;
-  EXPECT_TRUE(all_close(to_host<float>(d_dqkv, ref_dqkv.size()), ref_dqkv, 2e-5, 1e-4)) << "dqkv, rank " << r;
-  if (P > 1 && c.layout == CpLayout::kContiguous && r == 0) {
-    EXPECT_EQ(ring.stats().blocks_skipped, P - 1);
+  // The ring given the positions on the host (what the model's ring is) and not (it copies
+  // the device's back): the same results.
+  for (const bool given : {true, false}) {
+    const std::string how = given ? " (positions given on the host)" : " (positions copied back)";
+    parallel::RingAttention<float> ring(cp, Device::kCuda, given ? pos : std::vector<std::int64_t>{});
+    DeviceBuffer d_qkv = to_device(lqkv), d_dout = to_device(ldout), d_pos = to_device(pos),
+                 d_out = to_device(nans(ref_out.size())), d_lse = to_device(nans(ref_lse.size())),
+                 d_dqkv = to_device(std::vector<float>(lqkv.size(), 0.0f));
+    ring.forward(attn, ptr<float>(d_qkv), ptr<float>(d_out), ptr<float>(d_lse), B, L, ptr<std::int64_t>(d_pos));
+    ring.backward(attn, ptr<float>(d_dout), ptr<float>(d_qkv), ptr<float>(d_out), ptr<float>(d_lse),
+                  ptr<float>(d_dqkv), B, L, ptr<std::int64_t>(d_pos));
+    // Merges of partial softmaxes and sums over P blocks in another order than the CPU's one
+    // pass: the bounds of test_attention.cpp (a wrong block, mask or accumulator is off by 1e-2+).
+    EXPECT_TRUE(all_close(to_host<float>(d_out, ref_out.size()), ref_out, 2e-5, 1e-4)) << "out, rank " << r << how;
+    EXPECT_TRUE(all_close(to_host<float>(d_lse, ref_lse.size()), ref_lse, 2e-5, 1e-5)) << "lse, rank " << r << how;
+    EXPECT_TRUE(all_close(to_host<float>(d_dqkv, ref_dqkv.size()), ref_dqkv, 2e-5, 1e-4))
+        << "dqkv, rank " << r << how;
+    if (P > 1 && c.layout == CpLayout::kContiguous && r == 0) {
+      EXPECT_EQ(ring.stats().blocks_skipped, P - 1) << how;
+    }
   }
 }
 

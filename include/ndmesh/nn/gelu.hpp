@@ -13,7 +13,8 @@ template <typename T>
 struct Gelu {
   /// out[i] = gelu(inp[i]) for n elements (on `device`).
   static void forward(const T* inp, T* out, std::int64_t n, Device device = Device::kCpu);
-  /// dinp[i] += gelu'(inp[i]) * dout[i].
+  /// dinp[i] += gelu'(inp[i]) * dout[i]. dinp may be dout: then the gradient is written over
+  /// dout (what adding into zeros gives), so the MLP needs no second buffer and no zeroing.
   static void backward(const T* dout, const T* inp, T* dinp, std::int64_t n, Device device = Device::kCpu);
 };
 

@@ -35,6 +35,10 @@ struct LinearOptions {
 /// weight gradient) take their operands as its store's matmul_precision() says: under bf16
 /// both operands rounded to bfloat16, accumulated in fp32 into the fp32 output, input
 /// gradient and weight gradient (the bias and everything else stay T).
+/// How a backward hands over its input's gradient: added to what the buffer holds, or
+/// written over it (the buffer need not be zeroed first; the same values as added to zeros).
+enum class GradInto : std::uint8_t { kAdd, kSet };
+
 template <typename T>
 class Linear {
  public:
@@ -43,11 +47,11 @@ class Linear {
 
   /// out[rows, out] = inp[rows, in] · Wᵀ + b (overwrites out).
   void forward(const T* inp, T* out, std::int64_t rows) const;
-  /// Accumulates: dinp += dout · W (skipped when dinp is null), dW += doutᵀ · inp,
-  /// db += column sums of dout.
+  /// Accumulates: dinp += dout · W (skipped when dinp is null; written over dinp, which then
+  /// need not be zeroed, with GradInto::kSet), dW += doutᵀ · inp, db += column sums of dout.
   /// While a DeferWeightGrads is alive on this thread, only dinp is computed here and the
   /// weight part is recorded in its sink (the split backward of zero-bubble pipelines).
-  void backward(const T* dout, const T* inp, T* dinp, std::int64_t rows) const;
+  void backward(const T* dout, const T* inp, T* dinp, std::int64_t rows, GradInto into = GradInto::kAdd) const;
   /// The weight part alone: dW += doutᵀ · inp, db += column sums of dout.
   void backward_weight(const T* dout, const T* inp, std::int64_t rows) const;
 

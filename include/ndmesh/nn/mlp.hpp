@@ -44,7 +44,8 @@ class Mlp {
   /// under tp; see proj().add_bias); fills acts (sized by acts.resize(rows, local_ffn())).
   void forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const;
   /// Accumulates dinp and the parameter gradients (not proj's bias: proj().backward_bias).
-  /// `scratch` holds at least 2 * rows * local_ffn() elements; its contents are overwritten.
+  /// `scratch` holds at least rows * local_ffn() elements; its contents are overwritten.
+  /// dinp is written, not added to (GradInto::kSet).
   void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
                 std::int64_t rows) const;
 

@@ -33,7 +33,9 @@ __global__ void gelu_forward_kernel(S* out, const S* inp, std::int64_t n) {
   }
 }
 
-template <typename S>
+// kInPlace: dinp is dout, each element read then written by its own thread; the product
+// alone is what adding it into zeros gives.
+template <typename S, bool kInPlace>
 __global__ void gelu_backward_kernel(S* dinp, const S* dout, const S* inp, std::int64_t n) {
   const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -41,7 +43,8 @@ __global__ void gelu_backward_kernel(S* dinp, const S* dout, const S* inp, std::
     const float t = tanhf(kSqrt2OverPi * (x + kCubic * x * x * x));
     const float d =
         0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
-    store(dinp + i, __fadd_rn(load(dinp + i), __fmul_rn(d, load(dout + i))));
+    const float g = __fmul_rn(d, load(dout + i));
+    store(dinp + i, kInPlace ? g : __fadd_rn(load(dinp + i), g));
   }
 }
 
@@ -55,9 +58,15 @@ void forward(S* out, const S* inp, std::int64_t n) {
 template <typename S>
 void backward(S* dinp, const S* dout, const S* inp, std::int64_t n) {
   if (n <= 0) return;
-  gelu_backward_kernel<S><<<detail::blocks_for(n), detail::kThreads, 0, detail::compute_stream()>>>(dinp, dout,
-                                                                                                    inp, n);
-  detail::check_launch("gelu_backward");
+  if (dinp == dout) {
+    gelu_backward_kernel<S, true><<<detail::blocks_for(n), detail::kThreads, 0, detail::compute_stream()>>>(
+        dinp, dout, inp, n);
+    detail::check_launch("gelu_backward (in place)");
+  } else {
+    gelu_backward_kernel<S, false><<<detail::blocks_for(n), detail::kThreads, 0, detail::compute_stream()>>>(
+        dinp, dout, inp, n);
+    detail::check_launch("gelu_backward");
+  }
 }
 
 }  // namespace

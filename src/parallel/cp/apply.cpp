@@ -9,7 +9,9 @@ namespace ndmesh::parallel {
 void apply_context_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& options) {
   const comm::Communicator& cp = groups.cp();
   // On CUDA the ring runs on the model's device buffers (kernels and device communicator).
-  if (cp.size() > 1) plan.attention = std::make_shared<RingAttention<float>>(cp, options.device);
+  // The positions are the batch layout's (the model is given the same: build_chunks).
+  if (cp.size() > 1)
+    plan.attention = std::make_shared<RingAttention<float>>(cp, options.device, plan.batch.positions);
 }
 
 }  // namespace ndmesh::parallel

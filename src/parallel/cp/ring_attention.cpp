@@ -273,8 +273,11 @@ typename RingAttention<T>::Ring RingAttention<T>::start_device(const nn::Attenti
     device_size(kv_dev_[i], g.n * g.W, device_);
     pos_[i].resize(static_cast<std::size_t>(seq));
   }
-  // positions is device memory (the model's staged copy); the host needs them for the skips.
-  if (positions)
+  // positions is device memory (the model's staged copy); the host needs them for the skips:
+  // the model's host copy when the ring was given it, else copied back (a wait for the GPU).
+  if (positions && static_cast<std::int64_t>(host_positions_.size()) == seq)
+    std::copy(host_positions_.begin(), host_positions_.end(), pos_[0].begin());
+  else if (positions)
     cuda::copy_to_host(pos_[0].data(), positions, static_cast<std::size_t>(seq) * sizeof(std::int64_t));
   else
     std::iota(pos_[0].begin(), pos_[0].end(), std::int64_t{0});

@@ -269,7 +269,7 @@ TEST(Mlp, GradientsMatchFiniteDifferences) {
   MlpActivations<double> acts;
   acts.resize(rows, 7);
   V x = random_vector(rows * 4, rng), w = random_vector(rows * 4, rng), out(rows * 4), dx(rows * 4, 0.0),
-    scratch(2 * rows * 7);
+    scratch(rows * 7);
   auto loss = [&] {
     mlp.forward(x.data(), out.data(), acts, rows);
     mlp.proj().add_bias(out.data(), rows);  // deferred (the row-parallel half)

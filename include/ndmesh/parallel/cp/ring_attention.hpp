@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ndmesh/comm/communicator.hpp"
@@ -61,9 +62,13 @@ struct RingAttentionStats {
 template <typename T>
 class RingAttention final : public nn::AttentionCore<T> {
  public:
-  /// `device`: where the attention's buffers live (the model's device).
-  explicit RingAttention(const comm::Communicator& cp, Device device = Device::kCpu)
-      : cp_(cp.dup()), device_(device) {}
+  /// `device`: where the attention's buffers live (the model's device). `positions`: this
+  /// rank's positions of a sequence (cp_positions), what the model passes to every call; on
+  /// CUDA the ring reads them here instead of copying the model's device copy back to the
+  /// host (a wait for the GPU) in every layer's forward and backward. Empty: copied back.
+  explicit RingAttention(const comm::Communicator& cp, Device device = Device::kCpu,
+                         std::vector<std::int64_t> positions = {})
+      : cp_(cp.dup()), device_(device), host_positions_(std::move(positions)) {}
 
   void forward(const nn::Attention<T>& attn, const T* qkv, T* out, T* lse, std::int64_t batch, std::int64_t seq,
                const std::int64_t* positions) const override;
@@ -95,6 +100,7 @@ class RingAttention final : public nn::AttentionCore<T> {
                     const std::int64_t* positions) const;
   comm::Communicator cp_;
   Device device_ = Device::kCpu;
+  std::vector<std::int64_t> host_positions_;  // the model's positions, on the host (may be empty)
   mutable RingAttentionStats stats_;
   // Ring buffers, reused between calls: [k | v] rows of the block in hand and the next,
   // their positions, and the travelling dK/dV.
