@@ -216,7 +216,10 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
                          .tp = l.tp,
                          .recompute = l.recompute,
                          .attention = l.attention,
-                         .activation_bytes = e};
+                         .activation_bytes = e,
+                         .unfused_elementwise = precision.unfused_elementwise,
+                         .bf16_products = precision.bf16_products,
+                         .sequence_parallel = l.sequence_parallel};
   const double attention_rate = hw.attention_flops * hw.achievable_fraction;  // 0: the products' rate
   const LayerTime layer = layer_time(model, shape, rate, hw.gemm_overhead, hw.memory_bw, attention_rate);
   r.tokens_per_gpu = b * s;
@@ -314,7 +317,12 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
                     ? per_node * r.offload_bytes * (1 / hw.disk_read_bw + 1 / hw.disk_write_bw)
                     : 0.0;
   }
-  r.total = work + r.bubble + r.dp_exposed + r.offload;
+  // ndmesh's optimizer step over the shard in device memory, once a step (not in the bubble).
+  const double step_update = precision.unfused_elementwise && hw.memory_bw > 0 && precision.optimizer_bytes > 0
+                                 ? kOptimizerStepBytes * memory.optimizer / precision.optimizer_bytes / hw.memory_bw
+                                 : 0.0;
+  r.memory += step_update;
+  r.total = work + step_update + r.bubble + r.dp_exposed + r.offload;
   return r;
 }
 

@@ -45,7 +45,8 @@ Precision parse_precision(std::string_view name, std::string_view flag) {
                        .optimizer_bytes = 8,
                        .activation_bytes = 4,
                        .bf16_products = false,
-                       .logit_gradient_bytes = 0};
+                       .logit_gradient_bytes = 0,
+                       .unfused_elementwise = true};
   if (name == "fp32") return fp32;
   // What `ndmesh train --precision bf16` keeps today: fp32's weights, gradients, moments and
   // activations, bf16 operands only at the products, which take a bf16 copy of the logits'
@@ -272,6 +273,24 @@ LayerMatrices layer_matrices(const PlanModel& m, std::int64_t tp) {
   return x;
 }
 
+double elementwise_bytes_per_token(const PlanModel& m, const LayerShape& s) {
+  if (!s.unfused_elementwise) return 0;
+  const double t = d(s.tp), h = d(m.spec.hidden), f = d(m.spec.ffn_or_default());
+  const double hd = h / d(m.spec.heads);
+  const double r = (d(m.spec.heads) + 2 * d(m.spec.kv_heads_or_heads())) * hd;  // qkv width
+  const double rows = s.sequence_parallel ? 1 / t : 1.0;  // the layer norms' and residuals' share
+  const double mlp = m.mlp == Mlp::kGelu ? 1.0 : 2.0;     // SwiGLU: gate and up
+  const double forward = 4 * (14 * h * rows + 2 * r / t + 4 * mlp * f / t);
+  const double backward = 4 * (20 * h * rows + 2 * r / t + 4 * mlp * f / t);
+  double bytes = forward + backward;
+  if (s.recompute == Recompute::kFull) bytes += forward;
+  if (s.bf16_products) {
+    bytes += 6 * (2 * h + h / t + mlp * f / t) + 6 * (3 * h + h / t + 2 * mlp * f / t + r / t);
+    if (s.attention == Attention::kFlash) bytes += 6 * (r / t + h / t) + 6 * (2 * r / t + 2 * h / t) + 12 * r / t;
+  }
+  return bytes;
+}
+
 LayerTime layer_time(const PlanModel& m, const LayerShape& s, double rate, double overhead,
                      double memory_bw, double attention_rate) {
   const double core_rate = attention_rate > 0 ? attention_rate : rate;
@@ -299,6 +318,7 @@ LayerTime layer_time(const PlanModel& m, const LayerShape& s, double rate, doubl
   const double scores = s.micro_batch * (a / t) * s_local * s.seq;  // score elements per GPU
   const double bw = memory_bw;
   if (!flash && bw > 0) r.memory = (13 * e + 2) * scores / bw;
+  if (bw > 0) r.memory += elementwise_bytes_per_token(m, s) * s.tokens / bw;
 
   // Recompute: flash's backward rebuilds Q K^T (2 b s_local s h / t, causal half) whatever
   // the mode; selective re-runs the attention core forward, full the whole forward.

@@ -397,10 +397,21 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
                                     : "");
   fmt::print("  memory-bound            {:>8.3f}  at {:.0f} GB/s HBM: {}\n", t.memory, hw.memory_bw / 1e9,
              hw.memory_bw <= 0 ? "not counted (no memory bandwidth)"
-             : l.attention == plan::Attention::kStandard
-                 ? "the s x s scores (28 B each), the loss (20 B per fp32 logit), "
-                   "the embedding"
-                 : "the loss (20 B per fp32 logit), the embedding");
+             : std::string(l.attention == plan::Attention::kStandard
+                               ? "the s x s scores (28 B each), the loss (20 B per fp32 logit), the embedding"
+                               : "the loss (20 B per fp32 logit), the embedding") +
+                   (pr.unfused_elementwise
+                        ? fmt::format(", ndmesh's unfused element-wise passes ({:.0f} B per token and layer{}), "
+                                      "the optimizer step",
+                                      plan::elementwise_bytes_per_token(
+                                          model, {.tp = l.tp,
+                                                  .recompute = l.recompute,
+                                                  .attention = l.attention,
+                                                  .unfused_elementwise = true,
+                                                  .bf16_products = pr.bf16_products,
+                                                  .sequence_parallel = l.sequence_parallel}),
+                                      pr.bf16_products ? ", with the bf16 products' operand casts" : "")
+                        : std::string()));
   fmt::print("  tensor parallel         {:>8.3f}  {} all-reduces per layer and micro-batch, tp group {}\n",
              t.tp_comm, l.recompute == plan::Recompute::kFull ? 6 : 4,
              where_text(e.where.tp_in_node, t.tp_bw));
@@ -440,8 +451,10 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
       t.total, human(e.tokens_per_second), 100 * e.mfu, e.model_flops, model.spec.name);
   fmt::print(
       "assumptions: {}; the achievable fraction {} of peak and the {} GiB reserved per GPU are the "
-      "planner's own (--efficiency, --reserved-gib); the optimizer step's time is not counted\n",
-      hw.source, hw.achievable_fraction, gib(hw.reserved_bytes));
+      "planner's own (--efficiency, --reserved-gib); {}\n",
+      hw.source, hw.achievable_fraction, gib(hw.reserved_bytes),
+      pr.unfused_elementwise ? "the optimizer step is counted as its memory traffic (36 B per parameter)"
+                                    : "the optimizer step's time is not counted");
 }
 
 // What separates each of the top layouts from the best, and what costs the best most

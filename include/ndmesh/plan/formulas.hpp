@@ -93,7 +93,17 @@ struct Precision {
   /// logits (Megatron, and ndmesh under fp32); ndmesh's bf16 products take a bf16 copy of
   /// it (2).
   double logit_gradient_bytes = 0;
+  /// ndmesh's own kernels (fp32 and bf16): an unfused element-wise pass per operation over
+  /// fp32 activations (elementwise_bytes_per_token), the operand casts of its bf16 products,
+  /// and an optimizer step that reads and writes every parameter (optimizer_step_bytes).
+  /// Megatron's precisions fuse these into their kernels: none counted.
+  bool unfused_elementwise = false;
 };
+
+/// Bytes an optimizer step moves per parameter of the rank's shard on ndmesh's kernels: AdamW
+/// reads the weight, gradient and two moments and writes the weight and moments (fp32, 28), the
+/// gradient norm reads the gradient (4), the next step zeroes it (4).
+constexpr double kOptimizerStepBytes = 36;
 
 /// Parses a precision name: "mixed" (2 + 2 + 12 bytes per parameter, 16-bit activations),
 /// "mixed-fp32-grads" (2 + 4 + 12: fp32 gradients, Megatron's bf16 default and DeepSpeed's
@@ -209,7 +219,7 @@ LayerMatrices layer_matrices(const PlanModel& model, std::int64_t tp);
 struct LayerTime {
   double gemm = 0;           ///< weight products, forward + backward (3 kernels per matrix)
   double attention = 0;      ///< attention core, forward + backward
-  double memory = 0;         ///< memory-bound score traffic of standard attention
+  double memory = 0;         ///< memory-bound score traffic of standard attention, unfused element-wise passes
   double recompute = 0;      ///< what the recompute mode (and flash's Q K^T) adds
   double gemm_flops = 0;     ///< FLOPs of the weight products (forward + backward)
   double gemm_ideal = 0;     ///< those FLOPs at the rate without kernel overheads
@@ -226,7 +236,24 @@ struct LayerShape {
   Recompute recompute = Recompute::kNone;
   Attention attention = Attention::kStandard;
   double activation_bytes = 2;
+  bool unfused_elementwise = false;  ///< Precision::unfused_elementwise (ndmesh's kernels)
+  bool bf16_products = false;        ///< with it: the products' operand casts, cuDNN's attention glue
+  bool sequence_parallel = false;    ///< the layer norms and residuals on 1/tp of the rows
 };
+
+/// HBM bytes per token of one layer's unfused element-wise passes on one GPU, forward and
+/// backward (ndmesh's kernels: nn/block.cpp, nn/mlp.cpp, nn/linear.cpp; counted there):
+///   fp32 passes, 4 bytes an element: forward 14 h (two layer norms, two residual adds, the
+///   projections' biases) on the rank's rows (1/t of them with sequence parallelism) plus
+///   2 r/t + 4 f/t (qkv bias; fc bias and GELU), backward 20 h on the rank's rows (the layer
+///   norms' two kernels, the residual copy and add, the bias gradients, a zeroed input
+///   gradient) plus 2 r/t + 4 f/t (the qkv gradient zeroed and its bias gradient; GELU's
+///   backward in place and the fc bias gradient); full recompute repeats the forward;
+///   with bf16 products, 6 bytes (read fp32, write bf16) per element of each product's
+///   activation operand: forward 2 h + h/t + f/t, backward 3 h + h/t + 2 f/t + r/t; and cuDNN's
+///   attention takes bf16 q, k, v and gives bf16 back: 6 (r/t + h/t) forward, 6 (2 r/t +
+///   2 h/t) + 12 r/t backward (r: the qkv width, h hidden, f ffn, t tp).
+double elementwise_bytes_per_token(const PlanModel& model, const LayerShape& shape);
 
 /// One layer for one micro-batch on one GPU. Weight products: 3 kernels per matrix (4 with
 /// full recompute), each kernel_seconds(2 m n k / 1, rate, overhead) with FLOPs over tp as

@@ -366,5 +366,60 @@ TEST(LayerTime, AttentionAtTheAttentionKernelsRate) {
   EXPECT_NEAR(slower, 24 * (own.attention - same.attention), 1e-9);  // 24 layers
 }
 
+// ndmesh's own kernels (plan --precision fp32 | bf16): one unfused element-wise pass per
+// operation over fp32 activations, counted by hand here from nn/block.cpp, nn/mlp.cpp and
+// nn/linear.cpp (h hidden, r the qkv width, f ffn, t tp; fp32 elements of 4 bytes):
+//   forward  LN1 2h, qkv bias 2r/t, proj bias 2h, residual 3h, LN2 2h, fc bias 2f/t, GELU 2f/t,
+//            proj2 bias 2h, residual 3h                                    = 14h + 2r/t + 4f/t
+//   backward residual copy 2h, proj2 bias grad h, GELU in place 3f/t, fc bias grad f/t, LN2 6h,
+//            proj bias grad h, dqkv zeroed r/t, qkv bias grad r/t, input grad zeroed h, LN1 6h,
+//            residual add 3h                                               = 20h + 2r/t + 4f/t
+// and, with bf16 products, 6 bytes per element rounded: the products' activation operands
+// (forward 2h + h/t + f/t; backward 3h + h/t + 2f/t + r/t) and cuDNN attention's q, k, v and
+// output (forward r/t + h/t; backward 2r/t + 2h/t, and its d q, k, v widened and added: 12 r/t bytes).
+// Megatron's precisions fuse them: none.
+TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
+  PlanModel m = model_preset("gpt3-1.7b");  // h 2304, 24 heads (r = 3h), ffn 4h
+  const double h = 2304, r = 3 * h, f = 4 * h, tokens = 2048, bw = 2e12;
+  LayerShape shape{.tokens = tokens, .seq = 2048, .micro_batch = 1, .tp = 1, .attention = Attention::kFlash};
+  EXPECT_EQ(elementwise_bytes_per_token(m, shape), 0) << "Megatron's fused kernels";
+  EXPECT_EQ(layer_time(m, shape, 1e15, 0, bw).memory, 0);
+  shape.unfused_elementwise = true;
+  const double fp32 = 4 * (34 * h + 4 * r + 8 * f);
+  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, shape), fp32);
+  EXPECT_NEAR(layer_time(m, shape, 1e15, 0, bw).memory, fp32 * tokens / bw, 1e-15);
+  LayerShape full = shape;
+  full.recompute = Recompute::kFull;
+  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, full), fp32 + 4 * (14 * h + 2 * r + 4 * f));
+  LayerShape bf16 = shape;
+  bf16.bf16_products = true;
+  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, bf16),
+                   fp32 + 6 * (3 * h + f) + 6 * (4 * h + 2 * f + r) + 6 * (r + h) + 6 * (2 * r + 2 * h) + 12 * r);
+  // tp 4 with sequence parallelism: every term over 4 (the norms and residuals on a quarter of
+  // the rows, the column-parallel widths split); without it the h-wide passes stay whole.
+  LayerShape tp = shape;
+  tp.tp = 4;
+  tp.sequence_parallel = true;
+  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, tp), fp32 / 4);
+  tp.sequence_parallel = false;
+  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, tp), 4 * (34 * h + (4 * r + 8 * f) / 4));
+
+  // The plan: fp32 and bf16 count them and the optimizer step (36 B per parameter in device
+  // memory); mixed does not.
+  Hardware hw = hardware_preset("h100");
+  hw.achievable_fraction = 1, hw.gemm_overhead = 0;
+  const Layout l{.micro_batch = 1, .attention = Attention::kFlash};
+  const Workload w{.seq = 2048, .global_batch = 1};
+  Precision fused = parse_precision("fp32");
+  fused.unfused_elementwise = false;
+  const Estimate ours = estimate(m, hw, l, w, parse_precision("fp32")), theirs = estimate(m, hw, l, w, fused);
+  EXPECT_NEAR(ours.time.memory - theirs.time.memory,
+              (24 * fp32 * tokens + kOptimizerStepBytes * ours.memory.optimizer / 8) / hw.memory_bw, 1e-12);
+  EXPECT_NEAR(ours.time.total - theirs.time.total, ours.time.memory - theirs.time.memory, 1e-12);
+  EXPECT_FALSE(parse_precision("mixed").unfused_elementwise);
+  EXPECT_FALSE(parse_precision("mixed-fp32-grads").unfused_elementwise);
+  EXPECT_TRUE(parse_precision("bf16").unfused_elementwise);
+}
+
 }  // namespace
 }  // namespace ndmesh::plan
