@@ -216,11 +216,15 @@ def calibration(toml_path):
     missing = [k for k in keys if f"hardware.{k}" not in n]
     if missing:
         return False, f"{toml_path} lacks hardware.{', hardware.'.join(missing)}"
-    v = {k: n[f"hardware.{k}"] for k in keys + ["gemm_overhead_us", "reserved_gib"] if f"hardware.{k}" in n}
+    v = {k: n[f"hardware.{k}"] for k in keys + ["gemm_overhead_us", "reserved_gib", "bf16_attention_tflops"]
+         if f"hardware.{k}" in n}
+    # cuDNN's bf16 attention is measured where cuDNN attention runs (the file's comment says why not).
+    cudnn = (f"bf16 attention (cuDNN) {v['bf16_attention_tflops']:.1f} TFLOP/s" if "bf16_attention_tflops" in v
+             else "bf16 attention (cuDNN) not measured")
     bad = [k for k in keys if not v[k] > 0]
     line = (f"fp32 products {v['peak_tflops']:.1f} TFLOP/s, bf16 {v['bf16_tflops']:.1f} TFLOP/s, "
             f"{v.get('gemm_overhead_us', 0):.2f} us per product; fp32 attention {v['attention_tflops']:.1f} "
-            f"TFLOP/s; device copies {v['memory_gbps']:.0f} GB/s; pinned "
+            f"TFLOP/s, {cudnn}; device copies {v['memory_gbps']:.0f} GB/s; pinned "
             f"host to device {v['host_to_device_gbps']:.1f} GB/s, device to host {v['device_to_host_gbps']:.1f} GB/s; "
             f"memory {v['memory_gib']:.2f} GiB ({v.get('reserved_gib', 0):.2f} not free)")
     if bad:

@@ -64,8 +64,9 @@ void GpuProduct::run(int times) const {
 #endif
 }
 
-GpuAttention::GpuAttention(std::int64_t batch, std::int64_t seq, std::int64_t hidden, std::int64_t heads)
-    : batch_(batch), seq_(seq), heads_(heads), head_dim_(hidden / heads) {
+GpuAttention::GpuAttention(std::int64_t batch, std::int64_t seq, std::int64_t hidden, std::int64_t heads,
+                           bool cudnn)
+    : batch_(batch), seq_(seq), heads_(heads), head_dim_(hidden / heads), cudnn_(cudnn) {
   require_cuda();
   const std::int64_t tokens = batch * seq;
   qkv_ = filled<float>(tokens * 3 * hidden), out_ = filled<float>(tokens * hidden);
@@ -73,9 +74,27 @@ GpuAttention::GpuAttention(std::int64_t batch, std::int64_t seq, std::int64_t hi
   dqkv_ = filled<float>(tokens * 3 * hidden);
 }
 
+std::string GpuAttention::cudnn_unavailable_reason() {
+#if NDMESH_WITH_CUDA
+  return cuda::attention_cudnn_unavailable_reason();
+#else
+  return "this ndmesh was built without CUDA";
+#endif
+}
+
 void GpuAttention::run(int times) const {
 #if NDMESH_WITH_CUDA
-  for (int i = 0; i < times; ++i) {
+  for (int i = 0; cudnn_ && i < times; ++i) {
+    // required: cuDNN's absence or a shape without an engine is an Error, not the flash kernel.
+    cuda::attention_forward_cudnn(static_cast<float*>(out_.data()), static_cast<float*>(lse_.data()),
+                                  static_cast<const float*>(qkv_.data()), batch_, seq_, heads_, heads_, head_dim_,
+                                  true);
+    cuda::attention_backward_cudnn(static_cast<float*>(dqkv_.data()), static_cast<const float*>(dout_.data()),
+                                   static_cast<const float*>(qkv_.data()), static_cast<const float*>(out_.data()),
+                                   static_cast<const float*>(lse_.data()), batch_, seq_, heads_, heads_, head_dim_,
+                                   true);
+  }
+  for (int i = 0; !cudnn_ && i < times; ++i) {
     cuda::attention_forward(static_cast<float*>(out_.data()), static_cast<float*>(lse_.data()),
                             static_cast<const float*>(qkv_.data()), batch_, seq_, heads_, heads_, head_dim_,
                             nullptr);

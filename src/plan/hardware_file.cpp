@@ -34,6 +34,7 @@ const std::vector<std::string_view> kKeys = {"name",
                                              "disk_write_gbps",
                                              "bf16_tflops",
                                              "attention_tflops",
+                                             "bf16_attention_tflops",
                                              "host_to_device_gbps",
                                              "device_to_host_gbps",
                                              "source"};
@@ -78,6 +79,8 @@ std::string gpu_keys(const Hardware& hw) {
   std::string out;
   if (hw.bf16_flops > 0) out += fmt::format("bf16_tflops = {:.6g}\n", hw.bf16_flops / 1e12);
   if (hw.attention_flops > 0) out += fmt::format("attention_tflops = {:.6g}\n", hw.attention_flops / 1e12);
+  if (hw.bf16_attention_flops > 0)
+    out += fmt::format("bf16_attention_tflops = {:.6g}\n", hw.bf16_attention_flops / 1e12);
   if (hw.host_to_device_bw > 0 || hw.device_to_host_bw > 0)
     out += fmt::format("host_to_device_gbps = {:.6g}\ndevice_to_host_gbps = {:.6g}\n", hw.host_to_device_bw / 1e9,
                        hw.device_to_host_bw / 1e9);
@@ -153,6 +156,7 @@ Hardware load_hardware_file(const std::string& path) {
   hw.inter_node_latency = number("inter_node_latency_us", hw.intra_node_latency * 1e6) * 1e-6;
   hw.bf16_flops = number("bf16_tflops", 0.0) * 1e12;
   hw.attention_flops = number("attention_tflops", 0.0) * 1e12;
+  hw.bf16_attention_flops = number("bf16_attention_tflops", 0.0) * 1e12;
   hw.host_to_device_bw = number("host_to_device_gbps", 0.0) * 1e9;
   hw.device_to_host_bw = number("device_to_host_gbps", 0.0) * 1e9;
   if (const toml::table* g = root["gemm"].as_table()) {

@@ -257,7 +257,7 @@ std::vector<std::string> plan_model_problems(const PlanModel& model) {
 
 Hardware for_precision(Hardware hw, bool bf16_products) {
   if (bf16_products && hw.bf16_flops > 0) hw.peak_flops = hw.bf16_flops, hw.bf16_flops = 0;
-  if (bf16_products) hw.attention_flops = 0;
+  if (bf16_products) hw.attention_flops = hw.bf16_attention_flops;
   return hw;
 }
 
@@ -292,6 +292,9 @@ std::vector<std::string> hardware_problems(const Hardware& hw) {
   if (!(hw.attention_flops >= 0))
     out.push_back(
         fmt::format("attention_tflops {} must be positive (or 0: the products' rate), e.g. 20", hw.attention_flops / 1e12));
+  if (!(hw.bf16_attention_flops >= 0))
+    out.push_back(fmt::format("bf16_attention_tflops {} must be positive (or 0: the products' rate), e.g. 300",
+                              hw.bf16_attention_flops / 1e12));
   if (!(hw.bf16_flops >= 0))
     out.push_back(fmt::format("bf16_tflops {} must be positive (or 0: the peak), e.g. 700", hw.bf16_flops / 1e12));
   if (!(hw.host_to_device_bw >= 0 && hw.device_to_host_bw >= 0))

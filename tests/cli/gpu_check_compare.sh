@@ -132,8 +132,10 @@ gpu_file() {  # gpu_file <bf16_tflops> > file
 gpu_file 640 > "$tmp/gpu.toml"
 gpu_file 0 > "$tmp/gpu0.toml"
 grep -v -e bf16 -e _to_ -e attention "$tmp/gpu.toml" > "$tmp/cpu.toml"
-expect PASS 'fp32 products 51.0 TFLOP/s, bf16 640.0 TFLOP/s, 4.00 us per product; fp32 attention 12.5 TFLOP/s; device copies 2900 GB/s; pinned host to device 53.0 GB/s, device to host 49.0 GB/s' \
+expect PASS 'fp32 products 51.0 TFLOP/s, bf16 640.0 TFLOP/s, 4.00 us per product; fp32 attention 12.5 TFLOP/s, bf16 attention (cuDNN) not measured; device copies 2900 GB/s; pinned host to device 53.0 GB/s, device to host 49.0 GB/s' \
   calibration "$tmp/gpu.toml"
+{ cat "$tmp/gpu.toml"; } | sed 's/^attention_tflops = 12.5$/attention_tflops = 12.5\nbf16_attention_tflops = 210/' > "$tmp/gpu_cudnn.toml"
+expect PASS 'fp32 attention 12.5 TFLOP/s, bf16 attention (cuDNN) 210.0 TFLOP/s; device copies' calibration "$tmp/gpu_cudnn.toml"
 expect FAIL 'not positive: bf16_tflops' calibration "$tmp/gpu0.toml"
 expect FAIL 'lacks hardware.bf16_tflops, hardware.attention_tflops, hardware.host_to_device_gbps' calibration "$tmp/cpu.toml"
 expect FAIL 'calibration: ' calibration "$tmp/missing.toml"

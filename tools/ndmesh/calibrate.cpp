@@ -221,6 +221,8 @@ std::string comm_toml(const char* prefix, const CommNumbers& c) {
 struct GpuNumbers {
   double fp32_flops = 0, bf16_flops = 0;  // the layer's products at --tokens rows
   double attention_flops = 0;             // the fp32 attention kernel, FLOPs as the planner counts them
+  double bf16_attention_flops = 0;        // cuDNN's (--precision bf16's), where it runs; else 0
+  std::string no_cudnn;                   // why it was not measured
   std::vector<plan::GemmPoint> fp32_curve, bf16_curve;
   double memory_bw = 0, host_to_device_bw = 0, device_to_host_bw = 0;
   cuda::MemoryInfo memory;  // before any buffer of calibrate's
@@ -232,8 +234,9 @@ std::vector<std::array<std::int64_t, 3>> layer_products(std::int64_t tokens, std
   return {{tokens, 3 * h, h}, {tokens, h, h}, {tokens, 4 * h, h}, {tokens, h, 4 * h}};
 }
 
-// Every rank at once on its GPU, for about `budget` seconds: 70% products, 10% attention, 20%
-// copies. Each timed call runs kReps products (copies) and waits once.
+// Every rank at once on its GPU, for about `budget` seconds: 70% products, 10% the fp32
+// attention (and 5% more cuDNN's, where every rank can run it), 20% copies. Each timed call
+// runs kReps products (copies) and waits once.
 GpuNumbers measure_gpu(const Communicator& world, const CalibrateOptions& o, double budget) {
   constexpr int kReps = 10;
   GpuNumbers g;
@@ -264,6 +267,18 @@ GpuNumbers measure_gpu(const Communicator& world, const CalibrateOptions& o, dou
     const double t = time_op(world, budget * 0.1, [&] { attention.run(1); });
     const double b = static_cast<double>(batch), s = static_cast<double>(o.seq), h = static_cast<double>(o.hidden);
     g.attention_flops = 0.5 * (3 * 4 + 2) * b * s * s * h / t;
+    // The bf16 runs' attention (cuDNN), the same shape and count, on every rank alike.
+    g.no_cudnn = nn::GpuAttention::cudnn_unavailable_reason();
+    std::int64_t can = g.no_cudnn.empty() ? 1 : 0;
+    world.all_reduce(std::span<std::int64_t>(&can, 1), {.op = ReduceOp::kMin});
+    if (can == 1) {
+      const nn::GpuAttention cudnn(batch, o.seq, o.hidden, o.heads, true);
+      cudnn.run(1);
+      const double tc = time_op(world, budget * 0.05, [&] { cudnn.run(1); });
+      g.bf16_attention_flops = 0.5 * (3 * 4 + 2) * b * s * s * h / tc;
+    } else if (g.no_cudnn.empty()) {
+      g.no_cudnn = "another rank cannot run it";
+    }
   }
   const std::size_t bytes = std::size_t{256} << 20;
   for (const nn::CopyKind kind : {nn::CopyKind::kDeviceToDevice, nn::CopyKind::kHostToDevice,
@@ -418,6 +433,7 @@ int run(const CalibrateOptions& o) {
       o.disk_dir.empty() ? std::filesystem::temp_directory_path().string() : o.disk_dir, o.disk_mib);
   hw.bf16_flops = g.bf16_flops;
   hw.attention_flops = g.attention_flops;
+  hw.bf16_attention_flops = g.bf16_attention_flops;
   hw.host_to_device_bw = g.host_to_device_bw;
   hw.device_to_host_bw = g.device_to_host_bw;
   hw.source =
@@ -436,11 +452,13 @@ int run(const CalibrateOptions& o) {
         "# peak_tflops is the fp32 rate (cuBLASLt, TF32 off) of the slowest rank's GPU over a {0} x {1} layer's\n"
         "# products (QKV, output, MLP up and down), bf16_tflops the same with bf16 operands (fp32 accumulation),\n"
         "# so achievable_fraction = 1; attention_tflops is the fp32 attention kernel's (causal, {2} heads,\n"
-        "# sequences of {3}: forward and backward, FLOPs as the planner counts them); memory_gbps is a\n"
+        "# sequences of {3}: forward and backward, FLOPs as the planner counts them), {4}; memory_gbps is a\n"
         "# device-to-device copy's, host_to_device_gbps and device_to_host_gbps copies with pinned host\n"
         "# memory; reserved_gib what was not free before them. Not measured (the planner's own model): the\n"
-        "# element-wise kernels beyond memory_gbps' traffic, the bf16 attention, the optimizer step.\n",
-        o.tokens, o.hidden, o.heads, o.seq);
+        "# element-wise kernels and the optimizer step beyond memory_gbps' traffic.\n",
+        o.tokens, o.hidden, o.heads, o.seq,
+        g.bf16_attention_flops > 0 ? "bf16_attention_tflops cuDNN's fused attention's (what bf16 runs use), the same"
+                                   : "no bf16_attention_tflops (cuDNN attention: " + g.no_cudnn + ")");
   else
     text += "# peak_tflops is the measured fp32 sgemm rate of the slowest rank, so achievable_fraction = 1.\n";
   if (node.size() == 1)
@@ -493,6 +511,7 @@ int run(const CalibrateOptions& o) {
       j["device"] = "cuda";
       j["bf16_tflops"] = g.bf16_flops / 1e12;
       j["attention_tflops"] = g.attention_flops / 1e12;
+      j["bf16_attention_tflops"] = g.bf16_attention_flops / 1e12;
       j["memory_gbps"] = g.memory_bw / 1e9;
       j["host_to_device_gbps"] = g.host_to_device_bw / 1e9;
       j["device_to_host_gbps"] = g.device_to_host_bw / 1e9;
@@ -503,9 +522,12 @@ int run(const CalibrateOptions& o) {
   } else {
     if (gpu) {
       fmt::print(
-          "products of a {} x {} layer: fp32 {:.2f} TFLOP/s, bf16 {:.2f} TFLOP/s; fp32 attention {:.2f} TFLOP/s per "
-          "GPU (slowest of {} ranks)\n",
-          o.tokens, o.hidden, g.fp32_flops / 1e12, g.bf16_flops / 1e12, g.attention_flops / 1e12, world.size());
+          "products of a {} x {} layer: fp32 {:.2f} TFLOP/s, bf16 {:.2f} TFLOP/s; fp32 attention {:.2f} TFLOP/s, "
+          "bf16 attention (cuDNN) {} per GPU (slowest of {} ranks)\n",
+          o.tokens, o.hidden, g.fp32_flops / 1e12, g.bf16_flops / 1e12, g.attention_flops / 1e12,
+          g.bf16_attention_flops > 0 ? fmt::format("{:.2f} TFLOP/s", g.bf16_attention_flops / 1e12)
+                                     : "not measured (" + g.no_cudnn + ")",
+          world.size());
       fmt::print(
           "device memory: {:.2f} GiB per rank, copies {:.0f} GB/s; pinned host to device {:.2f} GB/s, device to "
           "host {:.2f} GB/s\n",

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <memory>
 
 #include "ndmesh/tensor/device.hpp"
@@ -31,16 +32,22 @@ class GpuProduct {
   DeviceBuffer a_, b_, c_;
 };
 
-/// The fp32 attention core of a layer (cuda::attention_forward then attention_backward, causal,
-/// heads of hidden / heads), as nn::Attention runs it on `batch` sequences of `seq` tokens.
+/// The attention core of a layer (forward then backward, causal, heads of hidden / heads), as
+/// nn::Attention runs it on `batch` sequences of `seq` tokens: the fp32 flash kernel
+/// (cuda::attention_forward / attention_backward), or with `cudnn` cuDNN's fused flash
+/// attention, what --precision bf16 runs (cuda::attention_forward_cudnn / _backward_cudnn;
+/// an Error where it cannot run: ask cudnn_unavailable_reason() first).
 class GpuAttention {
  public:
-  GpuAttention(std::int64_t batch, std::int64_t seq, std::int64_t hidden, std::int64_t heads);
+  GpuAttention(std::int64_t batch, std::int64_t seq, std::int64_t hidden, std::int64_t heads, bool cudnn = false);
   /// One forward and one backward per time.
   void run(int times) const;
+  /// Empty when the cuDNN kernel can run here, else why not.
+  static std::string cudnn_unavailable_reason();
 
  private:
   std::int64_t batch_, seq_, heads_, head_dim_;
+  bool cudnn_;
   DeviceBuffer qkv_, out_, lse_, dout_, dqkv_;
 };
 

@@ -102,8 +102,12 @@ struct Hardware {
   /// FLOP/s of the fp32 attention kernel (ndmesh's flash kernel on a GPU, measured by
   /// `ndmesh calibrate --device cuda` as the planner counts its FLOPs: forward, backward and
   /// the backward's Q K^T); 0: the attention core runs at the products' rate. Plans of bf16
-  /// products do not use it (their attention is another kernel).
+  /// products do not use it (their attention is another kernel: bf16_attention_flops).
   double attention_flops = 0;
+  /// FLOP/s of the bf16 attention kernel (cuDNN's fused flash attention, what ndmesh's bf16
+  /// runs use), measured by `ndmesh calibrate --device cuda` where cuDNN attention runs, counted
+  /// as attention_flops; 0: bf16 plans run the attention core at the products' rate.
+  double bf16_attention_flops = 0;
 
   /// Memory a GPU can give to parameters, gradients, optimizer states and activations.
   double usable_bytes() const { return memory_bytes - reserved_bytes; }
@@ -123,8 +127,9 @@ std::string hardware_preset_names();
 /// Every problem with a planner model (ModelSpec checks plus ours), one line each.
 std::vector<std::string> plan_model_problems(const PlanModel& model);
 /// `hw` as the planner sees it for products of `bf16_products` operands: with bf16 products,
-/// peak_flops is bf16_flops where there is one (bf16_flops then 0) and attention_flops (the
-/// fp32 kernel's) is 0; otherwise `hw` as is.
+/// peak_flops is bf16_flops where there is one (bf16_flops then 0) and attention_flops is the
+/// bf16 kernel's, bf16_attention_flops (0 where not measured: the products' rate); otherwise
+/// `hw` as is.
 Hardware for_precision(Hardware hw, bool bf16_products);
 
 /// Every problem with a hardware description, one line each, naming the flag.

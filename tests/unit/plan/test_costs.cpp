@@ -250,9 +250,10 @@ TEST(HardwareFile, GpuKeysRoundTripAndOlderFilesLoad) {
   const std::string path = ::testing::TempDir() + "/hw_gpu." + std::to_string(::getpid()) + ".toml";
   Hardware gpu = hardware_preset("h100");
   gpu.peak_flops = 51e12, gpu.bf16_flops = 640e12, gpu.host_to_device_bw = 53e9, gpu.device_to_host_bw = 49e9;
-  gpu.attention_flops = 12e12;
+  gpu.attention_flops = 12e12, gpu.bf16_attention_flops = 310e12;
   const std::string text = hardware_file_text(gpu);
   EXPECT_NE(text.find("attention_tflops = 12\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("bf16_attention_tflops = 310\n"), std::string::npos) << text;
   EXPECT_NE(text.find("bf16_tflops = 640\n"), std::string::npos) << text;
   EXPECT_NE(text.find("host_to_device_gbps = 53\n"), std::string::npos) << text;
   EXPECT_NE(text.find("device_to_host_gbps = 49\n"), std::string::npos) << text;
@@ -263,19 +264,21 @@ TEST(HardwareFile, GpuKeysRoundTripAndOlderFilesLoad) {
   EXPECT_DOUBLE_EQ(back.host_to_device_bw, 53e9);
   EXPECT_DOUBLE_EQ(back.device_to_host_bw, 49e9);
   EXPECT_DOUBLE_EQ(back.attention_flops, 12e12);
+  EXPECT_DOUBLE_EQ(back.bf16_attention_flops, 310e12);
 
   Hardware cpu = gpu;
-  cpu.bf16_flops = cpu.host_to_device_bw = cpu.device_to_host_bw = cpu.attention_flops = 0;
+  cpu.bf16_flops = cpu.host_to_device_bw = cpu.device_to_host_bw = cpu.attention_flops = cpu.bf16_attention_flops = 0;
   const std::string cpu_text = hardware_file_text(cpu);
   EXPECT_EQ(cpu_text.find("bf16_tflops"), std::string::npos) << cpu_text;
   EXPECT_EQ(cpu_text.find("host_to_device_gbps"), std::string::npos) << cpu_text;
-  EXPECT_EQ(cpu_text.find("attention_tflops"), std::string::npos) << cpu_text;
+  EXPECT_EQ(cpu_text.find("attention_tflops"), std::string::npos) << cpu_text;  // neither attention key
   std::ofstream(path) << "[hardware]\nmemory_gib = 80\npeak_tflops = 989\nintra_node_gbps = 450\ngpus_per_node = 8\n";
   back = load_hardware_file(path);
   EXPECT_EQ(back.bf16_flops, 0.0);
   EXPECT_EQ(back.host_to_device_bw, 0.0);
   EXPECT_EQ(back.device_to_host_bw, 0.0);
   EXPECT_EQ(back.attention_flops, 0.0);
+  EXPECT_EQ(back.bf16_attention_flops, 0.0);
 
   std::ofstream(path) << "[hardware]\nmemory_gib = 80\npeak_tflops = 50\nintra_node_gbps = 450\ngpus_per_node = 8\n"
                          "bf16_tflops = -3\n";
@@ -356,7 +359,12 @@ TEST(LayerTime, AttentionAtTheAttentionKernelsRate) {
   Hardware hw = hardware_preset("h100");
   hw.peak_flops = 50e12, hw.attention_flops = 10e12, hw.achievable_fraction = 1, hw.gemm_overhead = 0;
   EXPECT_DOUBLE_EQ(for_precision(hw, false).attention_flops, 10e12);
-  EXPECT_DOUBLE_EQ(for_precision(hw, true).attention_flops, 0.0);
+  EXPECT_DOUBLE_EQ(for_precision(hw, true).attention_flops, 0.0);  // no bf16 kernel measured: the products' rate
+  Hardware measured = hw;
+  measured.bf16_attention_flops = 300e12;
+  EXPECT_DOUBLE_EQ(for_precision(measured, true).attention_flops, 300e12);  // the bf16 kernel's
+  EXPECT_DOUBLE_EQ(for_precision(measured, false).attention_flops, 10e12);
+  EXPECT_DOUBLE_EQ(for_precision(for_precision(measured, true), true).attention_flops, 300e12);  // idempotent
   const Layout l{.micro_batch = 1, .attention = Attention::kFlash};
   const Workload w{.seq = 2048, .global_batch = 1};
   Hardware plain = hw;
