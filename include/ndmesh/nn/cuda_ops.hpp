@@ -34,7 +34,8 @@ void fill(float* dst, float value, std::int64_t n);
 double square_sum(const float* x, std::int64_t n);
 /// The sum over pieces i < count (in piece order, in double) of square_sum(xs[i], ns[i]):
 /// the same arithmetic as calling square_sum per piece and adding on the host, with one
-/// read back instead of one per piece (the global gradient norm over every tensor).
+/// read back instead of one per piece and three launches whatever the count (the global
+/// gradient norm over every tensor).
 double square_sum_many(const float* const* xs, const std::int64_t* ns, int count);
 /// sum of x[i], i < n, accumulated in double; waits for the stream.
 double sum(const float* x, std::int64_t n);

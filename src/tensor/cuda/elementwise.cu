@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "ndmesh/nn/cuda_ops.hpp"
 #include "tensor/cuda/common.cuh"
@@ -191,26 +192,71 @@ __global__ void ordered_sum_kernel(double* result, const double* sums, int count
   for (int i = 0; i < count; ++i) acc += sums[i];
   *result = acc;
 }
+
+// Every piece's partial square sums in one launch. Block b belongs to the piece p with
+// first[p] <= b < first[p + 1] and works as block b - first[p] of a grid of that piece's
+// first[p + 1] - first[p] blocks: partial_sum_kernel<true>'s partition of the piece, so the
+// same partials, bit for bit.
+__global__ void partial_square_sums_kernel(double* partials, const float* const* xs, const std::int64_t* ns,
+                                           const std::int64_t* first, int count) {
+  const std::int64_t b = blockIdx.x;
+  int lo = 0, hi = count;  // first[lo] <= b < first[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (first[mid] <= b)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  const std::int64_t blocks = first[lo + 1] - first[lo], n = ns[lo];
+  const float* x = xs[lo];
+  const std::int64_t stride = blocks * blockDim.x;
+  double acc = 0;
+  for (std::int64_t i = (b - first[lo]) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const double v = x[i];
+    acc += v * v;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partials[b] = acc;
+}
+
+// One block per piece: its partials summed as final_sum_kernel sums them (0 for an empty piece).
+__global__ void piece_sums_kernel(double* sums, const double* partials, const std::int64_t* first) {
+  const std::int64_t p = blockIdx.x, count = first[p + 1] - first[p];
+  double v = static_cast<std::int64_t>(threadIdx.x) < count ? partials[first[p] + threadIdx.x] : 0.0;
+  v = block_sum(v);
+  if (threadIdx.x == 0) sums[p] = v;
+}
 }  // namespace
 
 double square_sum_many(const float* const* xs, const std::int64_t* ns, int count) {
   if (count <= 0) return 0.0;
-  // Each piece reduced as reduce<true> does, its result left in sums[i] on the device.
-  std::int64_t most = 0;
-  for (int i = 0; i < count; ++i) most = ns[i] > most ? ns[i] : most;
-  const unsigned max_blocks = most > 0 ? blocks_for(most, kReduceThreads, kReduceBlocks) : 1;
-  DeviceBuffer scratch((max_blocks + static_cast<std::size_t>(count) + 1) * sizeof(double));
-  double* partials = static_cast<double*>(scratch.data());
-  double* sums = partials + max_blocks;
-  memset_zero(sums, static_cast<std::size_t>(count) * sizeof(double));
+  // Three launches whatever the count: every piece's partials (reduce<true>'s blocks), each
+  // piece's sum, the pieces' sums in order; one read back. The table goes up with the
+  // pointers: [xs | ns | first], first[p] the first block of piece p (count + 1 entries).
+  std::vector<std::int64_t> table(static_cast<std::size_t>(3 * count + 1));
+  std::int64_t blocks = 0;
   for (int i = 0; i < count; ++i) {
-    if (ns[i] <= 0) continue;
-    const unsigned blocks = blocks_for(ns[i], kReduceThreads, kReduceBlocks);
-    partial_sum_kernel<true><<<blocks, kReduceThreads, 0, compute_stream()>>>(partials, xs[i], ns[i]);
-    check_launch("square_sum_many");
-    final_sum_kernel<<<1, kReduceThreads, 0, compute_stream()>>>(sums + i, partials, static_cast<int>(blocks));
-    check_launch("square_sum_many (final pass)");
+    table[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(xs[i]));
+    table[static_cast<std::size_t>(count + i)] = ns[i];
+    table[static_cast<std::size_t>(2 * count + i)] = blocks;
+    if (ns[i] > 0) blocks += blocks_for(ns[i], kReduceThreads, kReduceBlocks);
   }
+  table[static_cast<std::size_t>(3 * count)] = blocks;
+  DeviceBuffer meta(table.size() * sizeof(std::int64_t));
+  copy_to_device(meta.data(), table.data(), table.size() * sizeof(std::int64_t));
+  const auto* t = static_cast<const std::int64_t*>(meta.data());
+  DeviceBuffer scratch((static_cast<std::size_t>(blocks) + static_cast<std::size_t>(count) + 1) * sizeof(double));
+  double* partials = static_cast<double*>(scratch.data());
+  double* sums = partials + blocks;
+  if (blocks > 0) {
+    partial_square_sums_kernel<<<static_cast<unsigned>(blocks), kReduceThreads, 0, compute_stream()>>>(
+        partials, reinterpret_cast<const float* const*>(t), t + count, t + 2 * count, count);
+    check_launch("square_sum_many");
+  }
+  piece_sums_kernel<<<static_cast<unsigned>(count), kReduceThreads, 0, compute_stream()>>>(sums, partials,
+                                                                                          t + 2 * count);
+  check_launch("square_sum_many (piece sums)");
   ordered_sum_kernel<<<1, 1, 0, compute_stream()>>>(sums + count, sums, count);
   check_launch("square_sum_many (pieces)");
   double result = 0;
