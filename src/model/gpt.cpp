@@ -370,12 +370,11 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     nn::CrossEntropy<T>::backward(device_, a.probs.data(), ops::staged(a.device_targets, a.targets.data(), device_),
                                   dlogits, n, head_->local_vocab(), head_->local_vocab() * tp_.rank(),
                                   static_cast<T>(loss_weight_));
-    dlnf_full_.zero();
     // Sequence parallelism: the head's input is gathered again (not kept per micro-batch).
     const T* lnf_in =
         a.lnf_full.numel() > 0 ? a.lnf_full.data() : tp_.f_forward(a.lnf.data(), lnf_full_.data(), n, c);
     unit_event(UnitEvent::kBackwardBegin, head_unit_);
-    head_->backward(dlogits, lnf_in, dlnf_full_.data(), n);
+    head_->backward(dlogits, lnf_in, dlnf_full_.data(), n, nn::GradInto::kSet);  // writes d lnf
     tp_.f_backward(dlnf_full_.data(), dlnf_.data(), n, c);
     dres_a_.zero();
     lnf_->backward(dlnf_.data(), output(a), a.lnf_mean.data(), a.lnf_rstd.data(), dres_a_.data(), nl);
@@ -402,7 +401,6 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
       if (recompute_ == nn::Recompute::kSelective)
         blocks_[l].recompute_attention(*acts, batch_, seq_, core_.get(), block_positions());
     }
-    dinp->zero();
     blocks_[l].backward(dout->data(), inp, *acts, scratch_, dinp->data(), batch_, seq_,
                         progress_ ? &progress_ : nullptr, core_.get(), block_positions());
     if (recompute_ != nn::Recompute::kFull) lend(*acts, l);

@@ -238,8 +238,9 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   poll();
   qkv_.backward(s.dqkv.data(), x1, dfull, n, GradInto::kSet);
   tp_.f_backward(dfull, s.dln.data(), n, c);
+  // d inp: the identity path's d res1, then the norm's gradient added (no zeroing, no extra pass).
+  ops::copy(dinp, s.dres1.data(), nl * c, dev);
   ln1_.backward(s.dln.data(), inp, a.ln1_mean.data(), a.ln1_rstd.data(), dinp, nl);
-  ops::add(dinp, s.dres1.data(), nl * c, dev);
 }
 
 template class Block<float>;

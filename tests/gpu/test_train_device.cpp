@@ -292,6 +292,14 @@ TEST(CudaTrainKernelTimes, AStepsOperationsAreRowsAndItsHostWaitsAreCounted) {
     for (const cuda::KernelTime& r : t.rows)
       if (r.name == "cast to bfloat16") casts += r.calls;
     EXPECT_EQ(casts, precision == parallel::Precision::kBf16 ? 2 * products - kTimed * 17 : 0) << what;
+    // A step zeroes only what is accumulated into: the gradients, each layer's d qkv (the
+    // attention backward adds into it) and the final norm's input gradient. Everything else
+    // is written (the logits' gradient over the probabilities, GELU's in place, the products'
+    // input gradients with beta 0, a block's d input from its residual path).
+    std::int64_t memsets = 0;
+    for (const cuda::KernelTime& r : t.rows)
+      if (r.name == "memset") memsets += r.calls;
+    EXPECT_EQ(memsets, kTimed * (1 + 4 + 1)) << what;
     EXPECT_GT(t.seconds, 0.0);
     EXPECT_LE(t.host_waits, 2 * kTimed) << "host waits inside a step: " << t.host_waits / kTimed << " a step\n"
                                         << what;

@@ -118,7 +118,7 @@ class Block {
   /// `positions` ([seq]; nullptr: 0..seq-1).
   void forward(const T* inp, BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq,
                const AttentionCore<T>* core = nullptr, const std::int64_t* positions = nullptr) const;
-  /// Accumulates dinp and the parameter gradients given dout = d loss / d acts.out.
+  /// Writes dinp and accumulates the parameter gradients given dout = d loss / d acts.out.
   /// `progress`, when given, is called between the sub-layers (the caller drives
   /// communication in flight there, e.g. gradient buckets of later blocks).
   void backward(const T* dout, const T* inp, const BlockActivations<T>& acts, BlockScratch<T>& scratch,

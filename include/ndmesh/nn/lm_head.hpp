@@ -32,9 +32,9 @@ class LmHead {
   std::int64_t local_vocab() const { return options_.vocab / options_.tp.size; }
   /// logits[rows, local_vocab] = inp[rows, C] · Wᵀ.
   void forward(const T* inp, T* logits, std::int64_t rows) const { proj_.forward(inp, logits, rows); }
-  /// Accumulates dinp and dW.
-  void backward(const T* dlogits, const T* inp, T* dinp, std::int64_t rows) const {
-    proj_.backward(dlogits, inp, dinp, rows);
+  /// Accumulates dW; dinp added to, or written with GradInto::kSet (Linear::backward).
+  void backward(const T* dlogits, const T* inp, T* dinp, std::int64_t rows, GradInto into = GradInto::kAdd) const {
+    proj_.backward(dlogits, inp, dinp, rows, into);
   }
 
   bool tied() const { return options_.tied_weight >= 0; }
