@@ -245,9 +245,9 @@ struct LayerShape {
 /// backward (ndmesh's kernels: nn/block.cpp, nn/mlp.cpp, nn/linear.cpp; counted there):
 ///   fp32 passes, 4 bytes an element: forward 14 h (two layer norms, two residual adds, the
 ///   projections' biases) on the rank's rows (1/t of them with sequence parallelism) plus
-///   2 r/t + 4 f/t (qkv bias; fc bias and GELU), backward 20 h on the rank's rows (the layer
-///   norms' two kernels, the residual copy and add, the bias gradients, a zeroed input
-///   gradient) plus 2 r/t + 4 f/t (the qkv gradient zeroed and its bias gradient; GELU's
+///   2 r/t + 4 f/t (qkv bias; fc bias and GELU), backward 18 h on the rank's rows (the layer
+///   norms' two kernels, two copies of the residual path's gradient, the bias gradients)
+///   plus 2 r/t + 4 f/t (the qkv gradient zeroed and its bias gradient; GELU's
 ///   backward in place and the fc bias gradient); full recompute repeats the forward;
 ///   with bf16 products, 6 bytes (read fp32, write bf16) per element of each product's
 ///   activation operand: forward 2 h + h/t + f/t, backward 3 h + h/t + 2 f/t + r/t; and cuDNN's

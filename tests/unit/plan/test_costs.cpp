@@ -380,8 +380,8 @@ TEST(LayerTime, AttentionAtTheAttentionKernelsRate) {
 //   forward  LN1 2h, qkv bias 2r/t, proj bias 2h, residual 3h, LN2 2h, fc bias 2f/t, GELU 2f/t,
 //            proj2 bias 2h, residual 3h                                    = 14h + 2r/t + 4f/t
 //   backward residual copy 2h, proj2 bias grad h, GELU in place 3f/t, fc bias grad f/t, LN2 6h,
-//            proj bias grad h, dqkv zeroed r/t, qkv bias grad r/t, input grad zeroed h, LN1 6h,
-//            residual add 3h                                               = 20h + 2r/t + 4f/t
+//            proj bias grad h, dqkv zeroed r/t, qkv bias grad r/t, residual copy into the
+//            input grad 2h, LN1 6h                                         = 18h + 2r/t + 4f/t
 // and, with bf16 products, 6 bytes per element rounded: the products' activation operands
 // (forward 2h + h/t + f/t; backward 3h + h/t + 2f/t + r/t) and cuDNN attention's q, k, v and
 // output (forward r/t + h/t; backward 2r/t + 2h/t, and its d q, k, v widened and added: 12 r/t bytes).
@@ -393,7 +393,7 @@ TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
   EXPECT_EQ(elementwise_bytes_per_token(m, shape), 0) << "Megatron's fused kernels";
   EXPECT_EQ(layer_time(m, shape, 1e15, 0, bw).memory, 0);
   shape.unfused_elementwise = true;
-  const double fp32 = 4 * (34 * h + 4 * r + 8 * f);
+  const double fp32 = 4 * (32 * h + 4 * r + 8 * f);
   EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, shape), fp32);
   EXPECT_NEAR(layer_time(m, shape, 1e15, 0, bw).memory, fp32 * tokens / bw, 1e-15);
   LayerShape full = shape;
@@ -410,7 +410,7 @@ TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
   tp.sequence_parallel = true;
   EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, tp), fp32 / 4);
   tp.sequence_parallel = false;
-  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, tp), 4 * (34 * h + (4 * r + 8 * f) / 4));
+  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, tp), 4 * (32 * h + (4 * r + 8 * f) / 4));
 
   // The plan: fp32 and bf16 count them and the optimizer step (36 B per parameter in device
   // memory); mixed does not.
