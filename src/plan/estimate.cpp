@@ -223,6 +223,7 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
   const double attention_rate = hw.attention_flops * hw.achievable_fraction;  // 0: the products' rate
   const LayerTime layer = layer_time(model, shape, rate, hw.gemm_overhead, hw.memory_bw, attention_rate);
   r.tokens_per_gpu = b * s;
+  r.elementwise_bytes_per_token = elementwise_bytes_per_token(model, shape);
   r.gemm_efficiency = layer.gemm > 0 ? layer.gemm_ideal / (layer.gemm - 0.0) : 1.0;
   // Tensor parallelism: 4 all-reduces of b (s/cp) h activations per layer and micro-batch (2
   // forward, 2 backward; 6 with full recompute), as ring all-reduces (with sequence

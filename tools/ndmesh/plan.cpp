@@ -403,14 +403,7 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
                    (pr.unfused_elementwise
                         ? fmt::format(", ndmesh's unfused element-wise passes ({:.0f} B per token and layer{}), "
                                       "the optimizer step",
-                                      plan::elementwise_bytes_per_token(
-                                          model, {.tp = l.tp,
-                                                  .recompute = l.recompute,
-                                                  .attention = l.attention,
-                                                  .unfused_elementwise = true,
-                                                  .bf16_products = pr.bf16_products,
-                                                  .sequence_parallel = l.sequence_parallel}),
-                                      pr.bf16_products ? ", with the bf16 products' operand casts" : "")
+                                      t.elementwise_bytes_per_token, pr.bf16_products ? ", with the bf16 products' operand casts" : "")
                         : std::string()));
   fmt::print("  tensor parallel         {:>8.3f}  {} all-reduces per layer and micro-batch, tp group {}\n",
              t.tp_comm, l.recompute == plan::Recompute::kFull ? 6 : 4,

@@ -110,7 +110,9 @@ Placement placement(const Layout& layout, std::int64_t gpus_per_node);
 struct TimeBreakdown {
   double compute = 0;     ///< weight products and attention core of the slowest stage (with kernel overheads)
   double recompute = 0;   ///< what recomputation adds on that stage
-  double memory = 0;      ///< memory-bound work: standard attention's scores, the loss, the embedding
+  double memory = 0;      ///< memory-bound work: standard attention's scores, the loss, the embedding,
+                          ///< ndmesh's unfused element-wise passes and optimizer step
+  double elementwise_bytes_per_token = 0;  ///< of one layer (elementwise_bytes_per_token; 0: fused kernels)
   double tp_comm = 0;     ///< tensor-parallel all-reduces (on the critical path)
   double cp_comm = 0;     ///< context-parallel ring traffic in total
   double cp_exposed = 0;  ///< the part of it attention compute does not hide

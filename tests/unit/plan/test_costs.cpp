@@ -424,6 +424,8 @@ TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
   EXPECT_NEAR(ours.time.memory - theirs.time.memory,
               (24 * fp32 * tokens + kOptimizerStepBytes * ours.memory.optimizer / 8) / hw.memory_bw, 1e-12);
   EXPECT_NEAR(ours.time.total - theirs.time.total, ours.time.memory - theirs.time.memory, 1e-12);
+  EXPECT_DOUBLE_EQ(ours.time.elementwise_bytes_per_token, fp32);  // what plan's explanation prints
+  EXPECT_EQ(theirs.time.elementwise_bytes_per_token, 0);
   EXPECT_FALSE(parse_precision("mixed").unfused_elementwise);
   EXPECT_FALSE(parse_precision("mixed-fp32-grads").unfused_elementwise);
   EXPECT_TRUE(parse_precision("bf16").unfused_elementwise);
