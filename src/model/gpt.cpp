@@ -11,7 +11,6 @@
 
 #include "ndmesh/config/training.hpp"
 #include "ndmesh/core/error.hpp"
-#include "ndmesh/nn/cross_entropy.hpp"
 #include "ndmesh/tensor/ops.hpp"
 #include "ndmesh/tensor/rng.hpp"
 
@@ -116,7 +115,12 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
     head_.emplace(
         store_,
         nn::LmHeadOptions{
-            .vocab = spec.vocab, .channels = spec.hidden, .tied_weight = tied, .name = "lm_head", .tp = tps});
+            .vocab = spec.vocab,
+            .channels = spec.hidden,
+            .tied_weight = tied,
+            .name = "lm_head",
+            .tp = tps,
+            .split_backward = split_backward_});
   }
   store_.allocate(options.pad_to);
   // The units: the embedding, each block, the head, in the order of the flat buffer.
@@ -139,6 +143,7 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
   // Initialised on the host; then placed.
   device_ = options.device;
   store_.to(device_);
+  loss_sum_ = nn::LossSum<T>(device_);
   for (Tensor<T>* t : {&dlnf_, &dlnf_full_, &dres_a_, &dres_b_, &lnf_full_, &input_grad_})
     t->set_device(device_);
   positions_device_.set_device(device_);
@@ -247,8 +252,7 @@ GptActivations<T> GptT<T>::make_activations() const {
   GptActivations<T> a;
   a.tokens.resize(static_cast<std::size_t>(n));
   a.targets.resize(static_cast<std::size_t>(n));
-  for (Tensor<T>* t : {&a.input, &a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.lnf_full, &a.probs, &a.losses})
-    t->set_device(device_);
+  for (Tensor<T>* t : {&a.input, &a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.lnf_full}) t->set_device(device_);
   a.input.resize({nl, c});
   a.blocks.resize(blocks_.size());
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
@@ -264,8 +268,7 @@ GptActivations<T> GptT<T>::make_activations() const {
     a.lnf_rstd.resize({nl});
     // A split backward's deferred head weight gradient reads the gathered input later.
     if (tp_.sequence_parallel && split_backward_) a.lnf_full.resize({n, c});
-    a.probs.resize({n, head_->local_vocab()});
-    a.losses.resize({n});
+    head_->resize(a.head, n);
   }
   return a;
 }
@@ -303,6 +306,14 @@ void GptT<T>::init(std::uint64_t seed, double init_std) {
 template <typename T>
 double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const T* input,
                         const std::int32_t* targets) {
+  forward_summed(a, tokens, input, targets);
+  if (!a.have_targets) return std::numeric_limits<double>::quiet_NaN();
+  return take_loss_sum() / static_cast<double>(batch_ * seq_);
+}
+
+template <typename T>
+void GptT<T>::forward_summed(GptActivations<T>& a, const std::int32_t* tokens, const T* input,
+                             const std::int32_t* targets) {
   const std::int64_t n = batch_ * seq_;
   if (embed_) {
     NDMESH_CHECK(tokens != nullptr, "model", "the first stage needs tokens");
@@ -338,23 +349,22 @@ double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const 
   }
   a.have_targets = head_ && targets != nullptr;
   a.probs_consumed = false;
-  if (!head_) return std::numeric_limits<double>::quiet_NaN();
+  if (!head_) return;
   const std::int64_t c = spec_.hidden;
-  unit_event(UnitEvent::kForwardBegin, head_unit_);
-  lnf_->forward(x, a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), tp_.local_rows(n));
-  T* lnf_full = a.lnf_full.numel() > 0 ? a.lnf_full.data() : lnf_full_.data();
-  head_->forward(tp_.f_forward(a.lnf.data(), lnf_full, n, c), a.probs.data(), n);
-  unit_event(UnitEvent::kForwardEnd, head_unit_);
-  // Probabilities without a loss: a throwaway target 0 is as good as any.
+  // A forward without targets (the loss unused): a throwaway target 0 is as good as any.
   if (a.have_targets)
     std::copy(targets, targets + n, a.targets.begin());
   else
     std::fill(a.targets.begin(), a.targets.end(), 0);
   const std::int32_t* targets_here = upload_checked(a.device_targets, a.targets.data(), n, spec_.vocab, "target");
-  const double loss = nn::CrossEntropy<T>::forward(device_, a.probs.data(), targets_here, a.probs.data(),
-                                                   a.losses.data(), n, head_->local_vocab(),
-                                                   head_->local_vocab() * tp_.rank(), spec_.vocab, *tp_.comm);
-  return a.have_targets ? loss : std::numeric_limits<double>::quiet_NaN();
+  unit_event(UnitEvent::kForwardBegin, head_unit_);
+  lnf_->forward(x, a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), tp_.local_rows(n));
+  T* lnf_full = a.lnf_full.numel() > 0 ? a.lnf_full.data() : lnf_full_.data();
+  std::optional<nn::LossSum<T>> unused;  // the losses of a forward without targets
+  if (!a.have_targets) unused.emplace(device_);
+  head_->forward_loss(tp_.f_forward(a.lnf.data(), lnf_full, n, c), targets_here, a.head, n,
+                      static_cast<T>(loss_weight_), *tp_.comm, unused ? *unused : loss_sum_);
+  unit_event(UnitEvent::kForwardEnd, head_unit_);
 }
 
 template <typename T>
@@ -365,16 +375,14 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     NDMESH_CHECK(!a.probs_consumed, "model",
                  "backward() twice after one forward: the first wrote the logits' gradient over the probabilities");
     a.probs_consumed = true;
-    // The logits' gradient over the probabilities (no buffer of its own, nothing to zero).
-    T* dlogits = a.probs.data();
-    nn::CrossEntropy<T>::backward(device_, a.probs.data(), ops::staged(a.device_targets, a.targets.data(), device_),
-                                  dlogits, n, head_->local_vocab(), head_->local_vocab() * tp_.rank(),
-                                  static_cast<T>(loss_weight_));
     // Sequence parallelism: the head's input is gathered again (not kept per micro-batch).
     const T* lnf_in =
         a.lnf_full.numel() > 0 ? a.lnf_full.data() : tp_.f_forward(a.lnf.data(), lnf_full_.data(), n, c);
     unit_event(UnitEvent::kBackwardBegin, head_unit_);
-    head_->backward(dlogits, lnf_in, dlnf_full_.data(), n, nn::GradInto::kSet);  // writes d lnf
+    // The logits' gradient (over the probabilities, or written by a fused forward), then
+    // the head's products: writes d lnf.
+    head_->backward_loss(a.head, ops::staged(a.device_targets, a.targets.data(), device_), lnf_in,
+                         dlnf_full_.data(), n, static_cast<T>(loss_weight_));
     tp_.f_backward(dlnf_full_.data(), dlnf_.data(), n, c);
     dres_a_.zero();
     lnf_->backward(dlnf_.data(), output(a), a.lnf_mean.data(), a.lnf_rstd.data(), dres_a_.data(), nl);

@@ -97,9 +97,9 @@ void CrossEntropy<T>::backward(const T* probs, const std::int32_t* targets, T* d
 }
 
 template <typename T>
-double CrossEntropy<T>::forward(Device device, const T* logits, const std::int32_t* targets, T* probs, T* losses,
-                                std::int64_t rows, std::int64_t local_vocab, std::int64_t vocab_start,
-                                std::int64_t vocab, TpComm<T>& comm) {
+void CrossEntropy<T>::forward(Device device, const T* logits, const std::int32_t* targets, T* probs, T* losses,
+                              std::int64_t rows, std::int64_t local_vocab, std::int64_t vocab_start,
+                              std::int64_t vocab, TpComm<T>& comm) {
   NDMESH_CUDA_TWIN(device, {
     if (comm.size() == 1) return cuda::cross_entropy_forward(probs, losses, logits, targets, rows, vocab);
     // The vocabulary split over tp: the CPU's passes, with the two all-reduces on device
@@ -112,9 +112,9 @@ double CrossEntropy<T>::forward(Device device, const T* logits, const std::int32
     comm.all_reduce_max(mx, rows);
     cuda::cross_entropy_row_sums(s, logits, mx, targets, rows, local_vocab, vocab_start);
     comm.all_reduce_sum(s, 2 * rows);
-    return cuda::cross_entropy_finish(probs, losses, logits, mx, s, rows, local_vocab);
+    cuda::cross_entropy_finish(probs, losses, logits, mx, s, rows, local_vocab);
   })
-  return forward(logits, targets, probs, losses, rows, local_vocab, vocab_start, vocab, comm);
+  forward(logits, targets, probs, losses, rows, local_vocab, vocab_start, vocab, comm);
 }
 
 template <typename T>

@@ -76,6 +76,31 @@ void Linear<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t rows
 }
 
 template <typename T>
+void Linear<T>::forward(const T* inp, BFloat16* out, std::int64_t ld_out, std::int64_t rows) const {
+  const std::int64_t in = options_.in, n_out = options_.out;
+  NDMESH_CHECK(bias_ < 0 && store_->matmul_precision() == MatmulPrecision::kBf16 && ld_out >= n_out, "nn",
+               "linear '{}': a bfloat16 output is for a layer without bias under bf16 products, rows {} >= {} apart",
+               options_.name, ld_out, n_out);
+  const ops::SharedOperand<T> x(store_->device(), store_->matmul_precision(), inp, rows * in);
+  ops::gemm<T>(false, true, rows, n_out, in, T(1), x, in, store_->param(weight_), in, out, ld_out);
+}
+
+template <typename T>
+void Linear<T>::backward(const BFloat16* dout, std::int64_t ld_dout, const T* inp, T* dinp, std::int64_t rows,
+                         GradInto into) const {
+  const std::int64_t in = options_.in, n_out = options_.out;
+  NDMESH_CHECK(bias_ < 0 && deferred_sink<T>() == nullptr && ld_dout >= n_out, "nn",
+               "linear '{}': a bfloat16 output gradient is for a layer without bias, outside a split backward, "
+               "rows {} >= {} apart",
+               options_.name, ld_dout, n_out);
+  const ops::SharedOperand<T> d(store_->device(), dout, rows > 0 ? (rows - 1) * ld_dout + n_out : 0);
+  if (dinp != nullptr)
+    ops::gemm<T>(false, false, rows, in, n_out, T(1), d, ld_dout, store_->param(weight_), in,
+                 into == GradInto::kSet ? T(0) : T(1), dinp, in);
+  ops::gemm<T>(true, false, n_out, in, rows, T(1), d, ld_dout, inp, in, T(1), store_->grad(weight_), in);
+}
+
+template <typename T>
 void Linear<T>::backward_weight(const T* dout, const T* inp, std::int64_t rows) const {
   weight_product(ops::SharedOperand<T>(store_->device(), store_->matmul_precision(), dout, rows * options_.out), inp,
                  rows);

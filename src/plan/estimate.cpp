@@ -148,12 +148,12 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
     // sequence parallelism (p micro-batches in flight on the first stage) ...
     if (first && model.dropout) activations += s * b * h * in_flight / sp;
     // ... and on the last stage the final norm and output-projection inputs (4sbh/t with
-    // sequence parallelism) and the fp32 logits of the cross entropy (4sbV/t), for the one
+    // sequence parallelism) and the logits of the cross entropy (fp32: 4sbV/t), for the one
     // micro-batch whose loss is being computed, with what ndmesh holds beside them for their
-    // gradient (Precision::logit_gradient_bytes).
+    // gradient (logit_bytes_held).
     if (last)
       activations += precision.activation_bytes * 2 * s * b * h / sp +
-                     (4 + precision.logit_gradient_bytes) * s * b * vocab / t;
+                     logit_bytes_held(precision, l.tp) * s * b * vocab / t;
 
     const double total = states.total() + activations;
     if (stage == 0 || total > worst.total) {
@@ -246,7 +246,7 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
   // the loss over the vocabulary; the first the embedding lookup and its gradient ((3e + 8)
   // bytes per element of b s h: read and write forward, fp32 accumulate backward).
   const double head = 3 * kernel_seconds(2 * b * s * (vocab / t) * h, rate, hw.gemm_overhead);
-  const double loss = loss_memory_seconds(b * s, vocab, l.tp, hw.memory_bw);
+  const double loss = loss_memory_seconds(b * s, vocab, l.tp, hw.memory_bw, loss_bytes_per_logit(precision, l.tp));
   const double embed = hw.memory_bw > 0 ? (3 * e + 8) * b * s * h / hw.memory_bw : 0.0;
 
   // The slowest rank sets the pace of the pipeline.

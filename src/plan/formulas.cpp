@@ -46,11 +46,13 @@ Precision parse_precision(std::string_view name, std::string_view flag) {
                        .activation_bytes = 4,
                        .bf16_products = false,
                        .logit_gradient_bytes = 0,
-                       .unfused_elementwise = true};
+                       .unfused_elementwise = true,
+                       .fused_loss = true};
   if (name == "fp32") return fp32;
   // What `ndmesh train --precision bf16` keeps today: fp32's weights, gradients, moments and
-  // activations, bf16 operands only at the products, which take a bf16 copy of the logits'
-  // gradient (written over the probabilities) too (measured on an H200: docs/plan.md).
+  // activations, bf16 operands only at the products; bf16 logits with the vocabulary on one
+  // GPU, else fp32 ones and a bf16 copy of their gradient (written over the probabilities)
+  // for the products (measured on an H200: docs/plan.md).
   if (name == "bf16") {
     Precision bf16 = fp32;
     bf16.bf16_products = true;
@@ -349,8 +351,19 @@ RingTime ring_attention_time(double block_bytes, std::int64_t cp, double step_co
   return r;
 }
 
-double loss_memory_seconds(double tokens, double vocab, std::int64_t tp, double memory_bw) {
-  return memory_bw > 0 ? 20 * tokens * vocab / d(tp) / memory_bw : 0.0;
+double loss_memory_seconds(double tokens, double vocab, std::int64_t tp, double memory_bw,
+                           double bytes_per_logit) {
+  return memory_bw > 0 ? bytes_per_logit * tokens * vocab / d(tp) / memory_bw : 0.0;
+}
+
+double loss_bytes_per_logit(const Precision& precision, std::int64_t tp) {
+  if (precision.fused_loss && tp == 1) return 4 * (precision.bf16_products ? 2.0 : 4.0);
+  return 20 + (precision.unfused_elementwise && precision.bf16_products ? 8 + 6 : 0.0);
+}
+
+double logit_bytes_held(const Precision& precision, std::int64_t tp) {
+  if (precision.fused_loss && tp == 1) return precision.bf16_products ? 2.0 : 4.0;
+  return 4 + precision.logit_gradient_bytes;
 }
 
 }  // namespace ndmesh::plan

@@ -132,8 +132,20 @@ SharedOperand<T>::SharedOperand(Device device, MatmulPrecision precision, const 
 }
 
 template <typename T>
+SharedOperand<T>::SharedOperand(Device device, const BFloat16* x, std::int64_t extent)
+    : x_(nullptr), device_(device), precision_(MatmulPrecision::kBf16) {
+  if (device == Device::kCuda) {
+    stored_ = x;
+    return;
+  }
+  on_host_.resize(static_cast<std::size_t>(std::max<std::int64_t>(extent, 0)));
+  for (std::size_t i = 0; i < on_host_.size(); ++i) on_host_[i] = static_cast<T>(static_cast<float>(x[i]));
+}
+
+template <typename T>
 const void* SharedOperand<T>::rounded() const {
   if (precision_ == MatmulPrecision::kFp32) return nullptr;
+  if (stored_ != nullptr) return stored_;
   return device_ == Device::kCuda ? on_device_.data() : static_cast<const void*>(on_host_.data());
 }
 
@@ -160,6 +172,29 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
   rounded_product<T>(device, trans_a, trans_b, m, n, k, alpha, a.rounded(), lda, b16.rounded(), ldb, beta, c, ldc);
 }
 
+template <typename T>
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+          const SharedOperand<T>& a, std::int64_t lda, const T* b, std::int64_t ldb, BFloat16* c, std::int64_t ldc) {
+  NDMESH_CHECK(a.precision() == MatmulPrecision::kBf16, "ops", "a product into bfloat16 takes bf16 operands");
+  if (m <= 0 || n <= 0) return;
+  const Device device = a.device();
+  const SharedOperand<T> b16(device, a.precision(), b, extent_b(trans_b, n, k, ldb));
+  NDMESH_CUDA_TWIN(device, cuda::gemm_bf16(trans_a, trans_b, m, n, k, alpha, static_cast<const BFloat16*>(a.rounded()),
+                                           lda, static_cast<const BFloat16*>(b16.rounded()), ldb, 0.0f, c, ldc))
+  std::vector<T> product(static_cast<std::size_t>(m * n));
+  ndmesh::gemm<T>(trans_a, trans_b, m, n, k, alpha, static_cast<const T*>(a.rounded()), lda,
+                  static_cast<const T*>(b16.rounded()), ldb, T(0), product.data(), n);
+  for (std::int64_t r = 0; r < m; ++r)
+    for (std::int64_t j = 0; j < n; ++j)
+      c[r * ldc + j] = BFloat16(static_cast<float>(product[static_cast<std::size_t>(r * n + j)]));
+}
+
+template <typename T>
+void round_to_bf16(T* x, std::int64_t n, Device device) {
+  NDMESH_CUDA_TWIN(device, cuda::round_to_bf16(x, n))
+  for (std::int64_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<float>(BFloat16(static_cast<float>(x[i]))));
+}
+
 #define NDMESH_OPS(T)                                                                                         \
   template void check_device<T>(Device);                                                                      \
   template void copy<T>(T*, const T*, std::int64_t, Device);                                                  \
@@ -173,7 +208,10 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
                         const T*, std::int64_t, const T*, std::int64_t, T, T*, std::int64_t);                 \
   template class SharedOperand<T>;                                                                            \
   template void gemm<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const SharedOperand<T>&,      \
-                        std::int64_t, const T*, std::int64_t, T, T*, std::int64_t);
+                        std::int64_t, const T*, std::int64_t, T, T*, std::int64_t);                           \
+  template void gemm<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const SharedOperand<T>&,      \
+                        std::int64_t, const T*, std::int64_t, BFloat16*, std::int64_t);                        \
+  template void round_to_bf16<T>(T*, std::int64_t, Device);
 NDMESH_OPS(float)
 NDMESH_OPS(double)
 // bfloat16 tensors: placed, copied and zeroed here; computed on by the bf16 kernels.

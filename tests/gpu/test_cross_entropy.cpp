@@ -44,8 +44,12 @@ TEST(CudaCrossEntropy, ForwardAndBackwardMatchTheCpu) {
         DeviceBuffer dlogits = to_device(logits), dtargets = to_device(targets);
         DeviceBuffer dprobs_own = to_device(nans(sz)), dlosses = to_device(nans(losses.size()));
         float* dprobs = in_place ? ptr<float>(dlogits) : ptr<float>(dprobs_own);
-        const double got_mean = cuda::cross_entropy_forward(dprobs, ptr<float>(dlosses), ptr<float>(dlogits),
-                                                            ptr<std::int32_t>(dtargets), rows, vocab);
+        cuda::cross_entropy_forward(dprobs, ptr<float>(dlosses), ptr<float>(dlogits), ptr<std::int32_t>(dtargets),
+                                    rows, vocab);
+        // The mean as the training step reads it: the losses summed on the device (sum_into).
+        DeviceBuffer acc = to_device(std::vector<double>{0.5});
+        cuda::sum_into(ptr<double>(acc), ptr<float>(dlosses), rows);
+        const double got_mean = (to_host<double>(acc, 1)[0] - 0.5) / static_cast<double>(rows);
         std::vector<float> got_probs(sz);
         cuda::copy_to_host(got_probs.data(), dprobs, sz * sizeof(float));
         const std::string where = "rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab) +

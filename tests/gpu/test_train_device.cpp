@@ -249,12 +249,15 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Kernel times over whole steps (ndmesh train --kernel-times): the layers' kernels, products
 // and the optimizer are each a row, and the host waits for the GPU only where a step hands a
-// number to the host: the loss and the gradient norm, once each.
+// number to the host, once per step whatever the micro-batches: the loss (summed on the
+// device over the micro-batches, read when the walk ends) and the gradient norm.
 TEST(CudaTrainKernelTimes, AStepsOperationsAreRowsAndItsHostWaitsAreCounted) {
   NDMESH_GPU_OR_SKIP();
   for (parallel::Precision precision : {parallel::Precision::kFp32, parallel::Precision::kBf16}) {
     Case c{"serial", "dp=1"};
     c.precision = precision;
+    constexpr int kMicro = 2;
+    c.micro_batch = 2;  // of the batch of 4
     TrainOptions o = options_of(c);
     o.device = Device::kCuda;
     constexpr int kTimed = 2;
@@ -282,29 +285,37 @@ TEST(CudaTrainKernelTimes, AStepsOperationsAreRowsAndItsHostWaitsAreCounted) {
         if (r.name.find(part) != std::string::npos) return true;
       return false;
     };
-    for (const char* part : {"layernorm", "attention", "gelu", "cross_entropy", "adamw", "embedding"})
+    // The loss and its gradient in one kernel over the logits (the whole vocabulary on the
+    // rank): no cross-entropy passes, no probabilities.
+    for (const char* part : {"layernorm", "attention", "gelu", "classifier_forward_backward", "adamw", "embedding"})
       EXPECT_TRUE(has(part)) << "no row names " << part << " in\n" << what;
-    // 4 layers x (4 products forward + 8 backward) + the head's 3 (tied), every step.
-    EXPECT_EQ(products, kTimed * (4 * 12 + 3)) << what;
+    EXPECT_FALSE(has("cross_entropy")) << what;
+    // 4 layers x (4 products forward + 8 backward) + the head's 3 (tied), every micro-batch;
+    // under bf16 the head's forward writes bfloat16 logits.
+    EXPECT_EQ(products, kTimed * kMicro * (4 * 12 + 3)) << what;
+    EXPECT_EQ(has("gemm bf16 "), precision == parallel::Precision::kBf16) << what;
     // Under bf16 each product rounds its two operands, except that a linear layer's backward
-    // rounds its output's gradient once for both of its products (17 layers: 4 x 4 + head).
+    // rounds its output's gradient once for both of its products (16 layers: 4 x 4), and the
+    // head's backward reads the logits' gradient as the classifier stored it (bfloat16).
     std::int64_t casts = 0;
     for (const cuda::KernelTime& r : t.rows)
       if (r.name == "cast to bfloat16") casts += r.calls;
-    EXPECT_EQ(casts, precision == parallel::Precision::kBf16 ? 2 * products - kTimed * 17 : 0) << what;
-    // A step zeroes only what is accumulated into: the gradients, each layer's d qkv (the
-    // attention backward adds into it) and the final norm's input gradient. Everything else
-    // is written (the logits' gradient over the probabilities, GELU's in place, the products'
-    // input gradients with beta 0, a block's d input from its residual path).
+    EXPECT_EQ(casts, precision == parallel::Precision::kBf16 ? 2 * products - kTimed * kMicro * (16 + 2) : 0)
+        << what;
+    // A step zeroes only what is accumulated into: the gradients (once), and per micro-batch
+    // each layer's d qkv (the attention backward adds into it) and the final norm's input
+    // gradient. Everything else is written (the logits' gradient by the classifier, GELU's
+    // in place, the products' input gradients with beta 0, a block's d input from its
+    // residual path, the loss's sum by its first micro-batch).
     std::int64_t memsets = 0;
     for (const cuda::KernelTime& r : t.rows)
       if (r.name == "memset") memsets += r.calls;
-    EXPECT_EQ(memsets, kTimed * (1 + 4 + 1)) << what;
+    EXPECT_EQ(memsets, kTimed * (1 + kMicro * (4 + 1))) << what;
     EXPECT_GT(t.seconds, 0.0);
-    EXPECT_LE(t.host_waits, 2 * kTimed) << "host waits inside a step: " << t.host_waits / kTimed << " a step\n"
-                                        << what;
-    std::printf("%s: %lld operations and %lld host waits a step\n%s", parallel::precision_name(precision),
-                static_cast<long long>(calls / kTimed), static_cast<long long>(t.host_waits / kTimed), table.c_str());
+    EXPECT_EQ(t.host_waits, 2 * kTimed) << "host waits: " << t.host_waits / kTimed << " a step\n" << what;
+    std::printf("%s: %lld operations and %lld host waits a step of %d micro-batches\n%s",
+                parallel::precision_name(precision), static_cast<long long>(calls / kTimed),
+                static_cast<long long>(t.host_waits / kTimed), kMicro, table.c_str());
   }
 }
 

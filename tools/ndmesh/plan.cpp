@@ -395,11 +395,16 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
              hw.attention_flops > 0 ? fmt::format(" (the attention core's at {:.3g})",
                                                   hw.attention_flops * hw.achievable_fraction / 1e12)
                                     : "");
+  const double logit_bytes = plan::loss_bytes_per_logit(pr, l.tp);
+  const std::string loss =
+      pr.fused_loss && l.tp == 1
+          ? fmt::format("the loss ({:.0f} B per logit: {} logits, loss and gradient in one kernel)", logit_bytes,
+                        pr.bf16_products ? "bf16" : "fp32")
+          : fmt::format("the loss ({:.0f} B per fp32 logit)", logit_bytes);
   fmt::print("  memory-bound            {:>8.3f}  at {:.0f} GB/s HBM: {}\n", t.memory, hw.memory_bw / 1e9,
              hw.memory_bw <= 0 ? "not counted (no memory bandwidth)"
-             : std::string(l.attention == plan::Attention::kStandard
-                               ? "the s x s scores (28 B each), the loss (20 B per fp32 logit), the embedding"
-                               : "the loss (20 B per fp32 logit), the embedding") +
+             : (l.attention == plan::Attention::kStandard ? "the s x s scores (28 B each), " : "") + loss +
+                   ", the embedding" +
                    (pr.unfused_elementwise
                         ? fmt::format(", ndmesh's unfused element-wise passes ({:.0f} B per token and layer{}), "
                                       "the optimizer step",

@@ -102,21 +102,21 @@ struct GptActivations {
   std::vector<nn::BlockActivations<T>> blocks;  ///< one per block of the stage
   Tensor<T> lnf, lnf_mean, lnf_rstd;            ///< final norm (last stage; local rows)
   Tensor<T> lnf_full;    ///< sequence parallel with a split backward only: lnf gathered, [N, C]
-  Tensor<T> probs;       ///< [N, V / tp] logits, then probabilities in place, then (backward) their gradient
-  Tensor<T> losses;      ///< [N] per-token loss (last stage)
+  nn::ClassifierActivations<T> head;  ///< the logits and per-token losses (last stage; nn::LmHead)
   /// On CUDA: the tokens and targets in device memory (the kernels read them there).
   Tensor<std::int32_t> device_tokens, device_targets;
   bool have_targets = false;
-  /// The backward ran: it wrote the logits' gradient over `probs`, so the next backward needs
-  /// a forward first.
+  /// The backward ran: it may have written the logits' gradient over the probabilities, so
+  /// the next backward needs a forward first.
   bool probs_consumed = false;
 
   /// Bytes allocated here: every tensor, the tokens and the targets.
   std::int64_t bytes() const {
     std::int64_t n = 0;
     for (const auto& b : blocks) n += b.bytes();
-    for (const Tensor<T>* t : {&input, &lnf, &lnf_mean, &lnf_rstd, &lnf_full, &probs, &losses})
+    for (const Tensor<T>* t : {&input, &lnf, &lnf_mean, &lnf_rstd, &lnf_full})
       n += t->numel() * static_cast<std::int64_t>(sizeof(T));
+    n += head.bytes();
     const std::int64_t ints = static_cast<std::int64_t>(tokens.size() + targets.size()) + device_tokens.numel() +
                               device_targets.numel();
     return n + ints * static_cast<std::int64_t>(sizeof(std::int32_t));
@@ -146,9 +146,18 @@ class GptT {
 
   /// Stage forward into `acts`: a stage with the embedding reads `tokens`, others read
   /// `input` [batch, seq, C]. A stage with the head returns the mean loss when `targets`
-  /// is given (NaN otherwise); other stages return NaN and leave output(acts).
+  /// is given (NaN otherwise); other stages return NaN and leave output(acts). Reads the
+  /// loss back (take_loss_sum(): waits for the device on CUDA).
   double forward(GptActivations<T>& acts, const std::int32_t* tokens, const T* input,
                  const std::int32_t* targets);
+  /// forward() without reading the loss: a stage with the head adds the per-token losses of
+  /// a forward with targets to its loss sum where they are (nn::LossSum: on CUDA nothing
+  /// waits for the device), for take_loss_sum().
+  void forward_summed(GptActivations<T>& acts, const std::int32_t* tokens, const T* input,
+                      const std::int32_t* targets);
+  /// The sum of the per-token losses added since the last call (by forward_summed(), or
+  /// forward(), which takes it), then 0; 0 on a stage without the head.
+  double take_loss_sum() { return loss_sum_.take(); }
   /// Stage backward: a stage with the head starts from its loss (`doutput` unused);
   /// others from doutput = d loss / d output(acts). Stages without the embedding leave
   /// d loss / d input in input_grad().
@@ -237,9 +246,6 @@ class GptT {
   std::int64_t seq() const { return seq_; }
   bool has_embedding() const { return embed_.has_value(); }
   bool has_head() const { return head_.has_value(); }
-  /// Softmax probabilities [batch, seq, vocab / tp] of the last whole-model forward (its
-  /// backward writes the logits' gradient over them).
-  const T* probs() const { return acts_.probs.data(); }
   /// Matrix-product floating point operations of one forward + backward of this stage
   /// over one batch, as computed: 3x the forward for the linears and the head; attention
   /// over the tiles the causal mask does not skip (about half the seq x seq square plus the
@@ -295,6 +301,7 @@ class GptT {
   std::optional<nn::LmHead<T>> head_;
 
   double loss_weight_;
+  nn::LossSum<T> loss_sum_;  // of the per-token losses, where they are (the head's stage)
   GradsFinalHook grads_final_;
   std::function<void()> progress_;
   std::vector<std::int64_t> positions_;

@@ -37,9 +37,10 @@ struct CrossEntropy {
                        std::int64_t local_vocab, std::int64_t vocab_start, T scale);
 
   /// The vocabulary-parallel pair above where the logits live: on the CPU those; on CUDA
-  /// (one rank holds the whole vocabulary) their CUDA twins (nn/cuda_ops.hpp). `targets`
-  /// is where the kernels read them (ops::stage: device memory on CUDA).
-  static double forward(Device device, const T* logits, const std::int32_t* targets, T* probs, T* losses,
+  /// their CUDA twins (nn/cuda_ops.hpp). `targets` is where the kernels read them
+  /// (ops::stage: device memory on CUDA). The forward leaves the loss in `losses` (where
+  /// they live: nothing waits for the device; LossSum sums them).
+  static void forward(Device device, const T* logits, const std::int32_t* targets, T* probs, T* losses,
                         std::int64_t rows, std::int64_t local_vocab, std::int64_t vocab_start, std::int64_t vocab,
                         TpComm<T>& comm);
   static void backward(Device device, const T* probs, const std::int32_t* targets, T* dlogits, std::int64_t rows,

@@ -39,6 +39,11 @@ double square_sum(const float* x, std::int64_t n);
 double square_sum_many(const float* const* xs, const std::int64_t* ns, int count);
 /// sum of x[i], i < n, accumulated in double; waits for the stream.
 double sum(const float* x, std::int64_t n);
+/// *acc += sum's sum of x[i], i < n (acc device memory; without `accumulate`, *acc = it):
+/// ordered on the stream, no wait.
+void sum_into(double* acc, const float* x, std::int64_t n, bool accumulate = true);
+/// x[i] = x[i] rounded to bfloat16 (ndmesh::BFloat16's rounding) and kept as float, i < n.
+void round_to_bf16(float* x, std::int64_t n);
 /// x[i] *= factor, i < n.
 void scale(float* x, float factor, std::int64_t n);
 /// Rounds to bfloat16 (nearest even, as ndmesh::BFloat16) and back.
@@ -150,9 +155,9 @@ void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t l
                std::int64_t cols, bool accumulate);
 
 /// nn::CrossEntropy::forward (one rank holds the whole vocabulary): probs[rows, vocab] =
-/// softmax(logits) (may alias logits), losses[rows] = -log probs[target]; returns the mean
-/// loss (accumulated in double; waits for the stream).
-double cross_entropy_forward(float* probs, float* losses, const float* logits, const std::int32_t* targets,
+/// softmax(logits) (may alias logits), losses[rows] = -log probs[target] (their sum stays on
+/// the device: sum_into).
+void cross_entropy_forward(float* probs, float* losses, const float* logits, const std::int32_t* targets,
                              std::int64_t rows, std::int64_t vocab);
 /// The vocabulary-parallel cross-entropy (nn::CrossEntropy::forward with a tp group): each
 /// rank holds the columns [vocab_start, vocab_start + local_vocab) of every row's logits, and
@@ -161,11 +166,11 @@ double cross_entropy_forward(float* probs, float* losses, const float* logits, c
 ///   2. sums[r] = sum exp(z - row_max[r]) over the local columns, sums[rows + r] = the target's
 ///      z - row_max[r] on the rank that holds it, 0 elsewhere;   then all-reduce sum;
 ///   3. probs = exp(z - row_max) / sums[r] (may alias logits), losses[r] = log sums[r] -
-///      sums[rows + r]; returns the mean loss (accumulated in double; waits for the stream).
+///      sums[rows + r].
 void cross_entropy_row_max(float* row_max, const float* logits, std::int64_t rows, std::int64_t local_vocab);
 void cross_entropy_row_sums(float* sums, const float* logits, const float* row_max, const std::int32_t* targets,
                             std::int64_t rows, std::int64_t local_vocab, std::int64_t vocab_start);
-double cross_entropy_finish(float* probs, float* losses, const float* logits, const float* row_max,
+void cross_entropy_finish(float* probs, float* losses, const float* logits, const float* row_max,
                             const float* sums, std::int64_t rows, std::int64_t local_vocab);
 /// nn::CrossEntropy::backward: dlogits[rows, vocab] += (probs - onehot(target)) * scale, the
 /// columns being [vocab_start, vocab_start + vocab) of the vocabulary (tensor parallelism);
@@ -222,7 +227,7 @@ void embedding_backward(float* dwte, float* dwpe, const BFloat16* dout, const st
 /// logits [rows, padded_vocab] (the vocabulary padded to a multiple of 128, the padding
 /// columns never read) become dlogits = (softmax(z) - onehot(target)) * scale over the
 /// first `vocab` columns and 0 in the padding; losses[rows] = log(sum) - (z_target - max),
-/// fp32. The loss stays on the device (cuda::sum of the losses when it is printed). The
+/// fp32. The loss stays on the device (sum_into; nn::LossSum). The
 /// float overload is the fp32 twin.
 void classifier_forward_backward(float* logits, float* losses, const std::int32_t* targets, std::int64_t rows,
                                  std::int64_t vocab, std::int64_t padded_vocab, float scale);

@@ -52,6 +52,15 @@ class Linear {
   /// While a DeferWeightGrads is alive on this thread, only dinp is computed here and the
   /// weight part is recorded in its sink (the split backward of zero-bubble pipelines).
   void backward(const T* dout, const T* inp, T* dinp, std::int64_t rows, GradInto into = GradInto::kAdd) const;
+  /// Under bf16 products, a layer without a bias into bfloat16: out = inp · Wᵀ, rows
+  /// `ld_out` >= out apart (the columns past `out` are not written), each output rounded once
+  /// (ops::gemm into bfloat16).
+  void forward(const T* inp, BFloat16* out, std::int64_t ld_out, std::int64_t rows) const;
+  /// backward from an output gradient stored in bfloat16, rows `ld_dout` apart (a layer
+  /// without a bias, under bf16 products, outside a DeferWeightGrads scope): the same two
+  /// products, on dout as stored (nothing rounded again).
+  void backward(const BFloat16* dout, std::int64_t ld_dout, const T* inp, T* dinp, std::int64_t rows,
+                GradInto into = GradInto::kAdd) const;
   /// The weight part alone: dW += doutᵀ · inp, db += column sums of dout.
   void backward_weight(const T* dout, const T* inp, std::int64_t rows) const;
 

@@ -98,6 +98,11 @@ struct Precision {
   /// and an optimizer step that reads and writes every parameter (optimizer_step_bytes).
   /// Megatron's precisions fuse these into their kernels: none counted.
   bool unfused_elementwise = false;
+  /// ndmesh's classifier with the whole vocabulary on a GPU (tp 1): the logits stored in the
+  /// products' type (bf16: 2 B, fp32: 4 B) and the loss with its gradient written over them
+  /// in one kernel, nothing held beside them (nn::LmHead). With the vocabulary split over tp,
+  /// and in Megatron's precisions, fp32 logits and logit_gradient_bytes beside them.
+  bool fused_loss = false;
 };
 
 /// Bytes an optimizer step moves per parameter of the rank's shard on ndmesh's kernels: AdamW
@@ -281,8 +286,19 @@ struct RingTime {
 RingTime ring_attention_time(double block_bytes, std::int64_t cp, double step_compute, double bandwidth,
                              double latency, double backward_factor);
 
-/// Seconds the loss over the vocabulary spends in memory for one micro-batch: 20 bytes per
-/// fp32 logit, tokens x vocab / tp of them, at memory_bw (0: not counted).
-double loss_memory_seconds(double tokens, double vocab, std::int64_t tp, double memory_bw);
+/// Seconds the loss over the vocabulary spends in memory for one micro-batch:
+/// `bytes_per_logit` (loss_bytes_per_logit) for each of the tokens x vocab / tp logits, at
+/// memory_bw (0: not counted).
+double loss_memory_seconds(double tokens, double vocab, std::int64_t tp, double memory_bw,
+                           double bytes_per_logit = 20);
+/// Bytes the loss moves per logit: 20 for fp32 logits (written by the product; the cross
+/// entropy reads and writes them, its gradient reads and writes them again); ndmesh's fused
+/// loss (Precision::fused_loss, tp 1) 4 passes of the stored logit (written, read twice,
+/// written); ndmesh's bf16 with the vocabulary split adds the rounding of the fp32 logits
+/// to bf16 values (8) and the bf16 copy of their gradient for the products (6).
+double loss_bytes_per_logit(const Precision& precision, std::int64_t tp);
+/// Bytes per logit the last stage holds while the loss's gradient goes through the output
+/// layer: the stored logit under the fused loss, else 4 (fp32) + logit_gradient_bytes.
+double logit_bytes_held(const Precision& precision, std::int64_t tp);
 
 }  // namespace ndmesh::plan

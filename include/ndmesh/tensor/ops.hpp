@@ -63,6 +63,9 @@ template <typename T>
 class SharedOperand {
  public:
   SharedOperand(Device device, MatmulPrecision precision, const T* x, std::int64_t extent);
+  /// An operand stored in bfloat16 already (kBf16, nothing rounded): `x` itself on CUDA, its
+  /// `extent` elements widened to T on the CPU. data() is nullptr: there is no T original.
+  SharedOperand(Device device, const BFloat16* x, std::int64_t extent);
   const T* data() const { return x_; }
   Device device() const { return device_; }
   MatmulPrecision precision() const { return precision_; }
@@ -74,6 +77,7 @@ class SharedOperand {
   const T* x_;
   Device device_;
   MatmulPrecision precision_;
+  const void* stored_ = nullptr;  // the bfloat16 operand on CUDA (second constructor)
   DeviceBuffer on_device_;
   std::vector<T> on_host_;
 };
@@ -82,6 +86,17 @@ class SharedOperand {
 template <typename T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const SharedOperand<T>& a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc);
+
+/// C = alpha op(A) op(B) into bfloat16 (beta 0): A and B rounded as the kBf16 gemm rounds
+/// them (A's precision must be kBf16), fp32 accumulation, each output rounded once (CUDA:
+/// cuda::gemm_bf16; the CPU: the product of the rounded copies in T, then rounded).
+template <typename T>
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+          const SharedOperand<T>& a, std::int64_t lda, const T* b, std::int64_t ldb, BFloat16* c, std::int64_t ldc);
+
+/// x[i] rounded to bfloat16 and kept in T (what bf16 storage of x would hold), i < n.
+template <typename T>
+void round_to_bf16(T* x, std::int64_t n, Device device);
 
 /// The element types CUDA holds: float, and bfloat16 (the activations of bf16 mixed
 /// precision; copy and zero only here, its arithmetic is the kernels' of nn/cuda_ops.hpp).

@@ -220,13 +220,12 @@ void classifier_forward_backward(BFloat16* logits, float* losses, const std::int
   classifier(detail::bits(logits), losses, targets, rows, vocab, padded_vocab, scale);
 }
 
-double cross_entropy_forward(float* probs, float* losses, const float* logits, const std::int32_t* targets,
-                             std::int64_t rows, std::int64_t vocab) {
-  if (rows <= 0) return 0.0;
+void cross_entropy_forward(float* probs, float* losses, const float* logits, const std::int32_t* targets,
+                           std::int64_t rows, std::int64_t vocab) {
+  if (rows <= 0) return;
   cross_entropy_forward_kernel<<<static_cast<unsigned>(rows), kThreads, 0, compute_stream()>>>(
       probs, losses, logits, targets, vocab);
   check_launch("cross_entropy_forward");
-  return sum(losses, rows) / static_cast<double>(rows);
 }
 
 void cross_entropy_row_max(float* row_max, const float* logits, std::int64_t rows, std::int64_t local_vocab) {
@@ -243,13 +242,12 @@ void cross_entropy_row_sums(float* sums, const float* logits, const float* row_m
   check_launch("cross_entropy_row_sums");
 }
 
-double cross_entropy_finish(float* probs, float* losses, const float* logits, const float* row_max,
-                            const float* sums, std::int64_t rows, std::int64_t local_vocab) {
-  if (rows <= 0) return 0.0;
+void cross_entropy_finish(float* probs, float* losses, const float* logits, const float* row_max,
+                          const float* sums, std::int64_t rows, std::int64_t local_vocab) {
+  if (rows <= 0) return;
   finish_kernel<<<static_cast<unsigned>(rows), kThreads, 0, compute_stream()>>>(probs, losses, logits, row_max,
                                                                                 sums, rows, local_vocab);
   check_launch("cross_entropy_finish");
-  return sum(losses, rows) / static_cast<double>(rows);
 }
 
 void cross_entropy_backward(float* dlogits, const float* probs, const std::int32_t* targets,

@@ -158,7 +158,6 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
   WalkResult out;
   const auto& list = s.actions[stage_];
   const int m = s.microbatches, nv = s.virtual_stages();
-  const double tokens = static_cast<double>(tokens_.size());
   std::vector<int> backwards(chunks_.size(), 0), weights(chunks_.size(), 0);
   int live = 0;  // activations between their forward and their backward (or backward-input)
   recvs_.clear();
@@ -250,10 +249,9 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
           }
         }
         Acts& acts = take_acts(mb, c);
-        const double loss = chunk.forward(acts, v == 0 ? tokens_.data() : nullptr, input,
-                                          v + 1 == nv ? targets_.data() : nullptr);
+        // The loss stays where it is computed (on the device on CUDA) until the walk ends.
+        chunk.forward_summed(acts, v == 0 ? tokens_.data() : nullptr, input, v + 1 == nv ? targets_.data() : nullptr);
         if (from_recv) finish_recv(ActionKind::kRecvActivation, a);
-        if (v + 1 == nv) out.loss_sum += loss * tokens;
         if (v + 1 < nv && s.stage_of(v + 1) != stage_)
           outbox(ActionKind::kSendActivation, mb, c, chunk.output(acts));
         if (!train && (v + 1 == nv || s.stage_of(v + 1) != stage_)) release_acts(mb, c);
@@ -359,6 +357,9 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
                outbox_.size());
   for (int c = 0; c < static_cast<int>(chunks_.size()); ++c)
     for (int mb = 0; mb < m; ++mb) release_acts(mb, c);
+  // The per-token losses of every micro-batch this rank's head saw, read back once.
+  for (model::Gpt* c : chunks_)
+    if (c->has_head()) out.loss_sum += c->take_loss_sum();
   return out;
 }
 

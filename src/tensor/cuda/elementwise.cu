@@ -41,6 +41,16 @@ struct Scale {
 struct Add {
   __device__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
 };
+// x rounded to the nearest bfloat16 (even on a tie; NaN stays a quiet NaN), kept as float:
+// ndmesh::BFloat16's rounding, the bits to_bf16_kernel stores, widened again.
+struct RoundBf16 {
+  __device__ float operator()(float x) const {
+    std::uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float((u | 0x400000u) & 0xffff0000u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return __uint_as_float(u & 0xffff0000u);
+  }
+};
 
 // x[i] = f(x[i]) (vec: as float4 over the first n / 4 * 4 elements, then the tail).
 template <typename F>
@@ -118,25 +128,35 @@ __global__ void partial_sum_kernel(double* partials, const float* x, std::int64_
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
+// *result = the partials' sum (kAccumulate: *result += it).
+template <bool kAccumulate>
 __global__ void final_sum_kernel(double* result, const double* partials, int count) {
   double v = static_cast<int>(threadIdx.x) < count ? partials[threadIdx.x] : 0.0;
   v = block_sum(v);
-  if (threadIdx.x == 0) *result = v;
+  if (threadIdx.x == 0) *result = kAccumulate ? *result + v : v;
+}
+
+// The sum (of squares) of x[0..n) into *result on the device (or added to it), no wait.
+template <bool kSquare, bool kAccumulate>
+void reduce_into(double* result, const float* x, std::int64_t n) {
+  if (n <= 0) return;
+  const unsigned blocks = blocks_for(n, kReduceThreads, kReduceBlocks);
+  DeviceBuffer scratch(blocks * sizeof(double));
+  double* partials = static_cast<double*>(scratch.data());
+  partial_sum_kernel<kSquare><<<blocks, kReduceThreads, 0, compute_stream()>>>(partials, x, n);
+  check_launch(kSquare ? "square_sum" : "sum");
+  final_sum_kernel<kAccumulate><<<1, kReduceThreads, 0, compute_stream()>>>(result, partials,
+                                                                            static_cast<int>(blocks));
+  check_launch(kSquare ? "square_sum (final pass)" : "sum (final pass)");
 }
 
 template <bool kSquare>
 double reduce(const float* x, std::int64_t n) {
   if (n <= 0) return 0.0;
-  const unsigned blocks = blocks_for(n, kReduceThreads, kReduceBlocks);
-  DeviceBuffer scratch((blocks + 1) * sizeof(double));
-  double* partials = static_cast<double*>(scratch.data());
-  partial_sum_kernel<kSquare><<<blocks, kReduceThreads, 0, compute_stream()>>>(partials, x, n);
-  check_launch(kSquare ? "square_sum" : "sum");
-  final_sum_kernel<<<1, kReduceThreads, 0, compute_stream()>>>(partials + blocks, partials,
-                                                               static_cast<int>(blocks));
-  check_launch(kSquare ? "square_sum (final pass)" : "sum (final pass)");
+  DeviceBuffer out(sizeof(double));
+  reduce_into<kSquare, false>(static_cast<double*>(out.data()), x, n);
   double result = 0;
-  copy_to_host(&result, partials + blocks, sizeof result);
+  copy_to_host(&result, out.data(), sizeof result);
   return result;
 }
 
@@ -265,6 +285,17 @@ double square_sum_many(const float* const* xs, const std::int64_t* ns, int count
 }
 
 double sum(const float* x, std::int64_t n) { return reduce<false>(x, n); }
+
+void sum_into(double* acc, const float* x, std::int64_t n, bool accumulate) {
+  if (accumulate)
+    reduce_into<false, true>(acc, x, n);
+  else if (n > 0)
+    reduce_into<false, false>(acc, x, n);
+  else
+    memset_zero(acc, sizeof(double));
+}
+
+void round_to_bf16(float* x, std::int64_t n) { map(x, n, RoundBf16{}, "round to bfloat16"); }
 
 void cast(BFloat16* dst, const float* src, std::int64_t n) {
   if (n <= 0) return;

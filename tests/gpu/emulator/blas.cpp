@@ -2,9 +2,9 @@
 // (OpenBLAS, the CPU twin), so that emulated tests can run whole layers (nn::Linear on a
 // CUDA store). Linked into the emulated test binaries in place of src/tensor/cuda/blas.cu
 // (cuBLASLt does not run here): this file defines every function blas.cu exports, so the
-// linker never takes blas.cu's object from the library. The bf16 product into fp32 without an
-// epilogue runs here too (widened operands, fp32 product); gemm_bf16 and the epilogues stay
-// GPU only.
+// linker never takes blas.cu's object from the library. The bf16 products without an
+// epilogue run here too (widened operands, fp32 product; into bf16 rounded once); the
+// epilogues stay GPU only.
 #include <cstdint>
 #include <cstdio>
 #include <vector>
@@ -37,10 +37,42 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
   timed_product("fp32", trans_a, trans_b, m, n, k);
 }
 
-void gemm_bf16(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const BFloat16*, std::int64_t,
-               const BFloat16*, std::int64_t, float, BFloat16*, std::int64_t, GemmEpilogue, const BFloat16*,
-               BFloat16*, BFloat16*) {
-  fail<>("cuda", "gemm_bf16 (cuBLASLt) does not run in the CUDA emulator; run the gpu. tests on a GPU");
+namespace {
+std::vector<float> widened(const BFloat16* x, std::int64_t extent) {
+  std::vector<float> w(static_cast<std::size_t>(extent));
+  for (std::int64_t i = 0; i < extent; ++i) w[static_cast<std::size_t>(i)] = static_cast<float>(x[i]);
+  return w;
+}
+// Stored extents: A is m x k (k x m transposed), B is k x n (n x k transposed).
+std::int64_t extent_a(bool trans_a, std::int64_t m, std::int64_t k, std::int64_t lda) {
+  return k <= 0 ? 0 : ((trans_a ? k : m) - 1) * lda + (trans_a ? m : k);
+}
+std::int64_t extent_b(bool trans_b, std::int64_t n, std::int64_t k, std::int64_t ldb) {
+  return k <= 0 ? 0 : ((trans_b ? n : k) - 1) * ldb + (trans_b ? k : n);
+}
+}  // namespace
+
+// The bf16 product into bf16 without an epilogue (the bf16 logits of the classifier): the
+// widened operands' fp32 product (fp32 accumulation, as cuBLASLt's CUBLAS_COMPUTE_32F), C
+// widened when beta reads it, and each output rounded once.
+void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+               const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, BFloat16* c,
+               std::int64_t ldc, GemmEpilogue epilogue, const BFloat16*, BFloat16*, BFloat16*) {
+  if (epilogue != GemmEpilogue::kNone)
+    fail<>("cuda", "gemm_bf16 with an epilogue (cuBLASLt) does not run in the CUDA emulator; run the gpu. tests on a "
+                   "GPU");
+  if (m <= 0 || n <= 0) return;
+  const emu::DeviceWork work;  // reads and writes device memory
+  const std::vector<float> a32 = widened(a, extent_a(trans_a, m, k, lda)),
+                           b32 = widened(b, extent_b(trans_b, n, k, ldb));
+  std::vector<float> c32(static_cast<std::size_t>(m * n), 0.0f);
+  if (beta != 0.0f)
+    for (std::int64_t r = 0; r < m; ++r)
+      for (std::int64_t j = 0; j < n; ++j) c32[static_cast<std::size_t>(r * n + j)] = static_cast<float>(c[r * ldc + j]);
+  ndmesh::gemm<float>(trans_a, trans_b, m, n, k, alpha, a32.data(), lda, b32.data(), ldb, beta, c32.data(), n);
+  for (std::int64_t r = 0; r < m; ++r)
+    for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] = BFloat16(c32[static_cast<std::size_t>(r * n + j)]);
+  timed_product("bf16", trans_a, trans_b, m, n, k);
 }
 
 // The bf16 product into fp32 without an epilogue (what --precision bf16's linear layers
@@ -55,14 +87,8 @@ void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
                    "on a GPU");
   if (m <= 0 || n <= 0) return;
   const emu::DeviceWork work;  // reads and writes device memory
-  auto widened = [](const BFloat16* x, std::int64_t extent) {
-    std::vector<float> w(static_cast<std::size_t>(extent));
-    for (std::int64_t i = 0; i < extent; ++i) w[static_cast<std::size_t>(i)] = static_cast<float>(x[i]);
-    return w;
-  };
-  const std::int64_t a_extent = k <= 0 ? 0 : ((trans_a ? k : m) - 1) * lda + (trans_a ? m : k);
-  const std::int64_t b_extent = k <= 0 ? 0 : ((trans_b ? n : k) - 1) * ldb + (trans_b ? k : n);
-  const std::vector<float> a32 = widened(a, a_extent), b32 = widened(b, b_extent);
+  const std::vector<float> a32 = widened(a, extent_a(trans_a, m, k, lda)),
+                           b32 = widened(b, extent_b(trans_b, n, k, ldb));
   ndmesh::gemm<float>(trans_a, trans_b, m, n, k, alpha, a32.data(), lda, b32.data(), ldb, beta, c, ldc);
   timed_product("bf16>fp32", trans_a, trans_b, m, n, k);
 }

@@ -308,20 +308,38 @@ TEST(Precision, Bf16PlansUseTheBf16Rate) {
   EXPECT_EQ(megatron.activation_bytes, 2);
   EXPECT_TRUE(megatron.bf16_products);
   EXPECT_TRUE(bf16.bf16_products);
-  // ndmesh's and Megatron's cross entropy write the logits' gradient over the logits; under
-  // bf16 ndmesh's products take a bf16 copy of it.
+  // ndmesh's and Megatron's cross entropy write the logits' gradient over the logits; with the
+  // vocabulary split under bf16 ndmesh's products take a bf16 copy of it. With the whole
+  // vocabulary on the GPU ndmesh's loss is fused over logits of the products' type.
   EXPECT_EQ(fp32.logit_gradient_bytes, 0);
   EXPECT_EQ(bf16.logit_gradient_bytes, 2);
   EXPECT_EQ(megatron.logit_gradient_bytes, 0);
+  EXPECT_TRUE(fp32.fused_loss && bf16.fused_loss);
+  EXPECT_FALSE(megatron.fused_loss);
+  EXPECT_EQ(logit_bytes_held(bf16, 1), 2);
+  EXPECT_EQ(logit_bytes_held(fp32, 1), 4);
+  EXPECT_EQ(logit_bytes_held(bf16, 2), 6);
+  EXPECT_EQ(logit_bytes_held(megatron, 1), 4);
+  // Bytes through HBM per logit: 5 passes of fp32 unfused; 4 passes of the stored type fused;
+  // ndmesh's bf16 split over tp also rounds the logits (read and write fp32) and casts the
+  // gradient (read fp32, write bf16).
+  EXPECT_EQ(loss_bytes_per_logit(megatron, 1), 20);
+  EXPECT_EQ(loss_bytes_per_logit(fp32, 1), 16);
+  EXPECT_EQ(loss_bytes_per_logit(bf16, 1), 8);
+  EXPECT_EQ(loss_bytes_per_logit(fp32, 2), 20);
+  EXPECT_EQ(loss_bytes_per_logit(bf16, 2), 34);
   {
     const PlanModel gpt = model_preset("gpt3-1.7b");
-    const Layout one{.micro_batch = 2};
     const Workload w{.seq = 1024, .global_batch = 2};
-    Precision without = bf16;
-    without.logit_gradient_bytes = 0;
-    const double extra =
-        estimate_memory(gpt, one, w, bf16).activations - estimate_memory(gpt, one, w, without).activations;
-    EXPECT_DOUBLE_EQ(extra, 2.0 * 1024 * 2 * static_cast<double>(gpt.spec.vocab));
+    const double logits = 1024.0 * 2 * static_cast<double>(gpt.spec.vocab);
+    // One GPU: bf16 logits, 2 bytes fewer than fp32's per logit (the rest is the same).
+    const Layout one{.micro_batch = 2};
+    EXPECT_DOUBLE_EQ(estimate_memory(gpt, one, w, fp32).activations - estimate_memory(gpt, one, w, bf16).activations,
+                     2.0 * logits);
+    // tp 2: fp32 logits under both, and bf16's copy of their gradient beside them.
+    const Layout two{.tp = 2, .micro_batch = 2};
+    EXPECT_DOUBLE_EQ(estimate_memory(gpt, two, w, bf16).activations - estimate_memory(gpt, two, w, fp32).activations,
+                     2.0 * logits / 2);
   }
   EXPECT_TRUE(parse_precision("mixed").bf16_products);
   EXPECT_FALSE(fp32.bf16_products);

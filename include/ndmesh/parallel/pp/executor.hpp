@@ -50,7 +50,7 @@ struct ActionTiming {
 
 /// What one walk of the schedule did on this rank.
 struct WalkResult {
-  double loss_sum = 0;  ///< sum of mean loss * tokens over the micro-batches this rank's head saw
+  double loss_sum = 0;  ///< sum of the per-token losses of the micro-batches this rank's head saw
   std::vector<ActionTiming> timings;  ///< every action, in execution order
 };
 
