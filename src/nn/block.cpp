@@ -143,18 +143,21 @@ void Block<T>::attention_backward(const BlockActivations<T>& a, BlockScratch<T>&
                                   std::int64_t seq, const AttentionCore<T>* core,
                                   const std::int64_t* positions) const {
   NDMESH_CUDA_TWIN(device(), {
-    if (core)
-      return core->backward(attn_, s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch,
-                            seq, positions);
     const AttentionOptions& o = attn_.options();
+    // cuDNN writes d qkv; every other path adds into it, so it is zeroed for them only.
     if (const AttentionKernel k = attention_kernel(qkv_.matmul_precision(), positions != nullptr);
-        k != AttentionKernel::kFlash &&
+        !core && k != AttentionKernel::kFlash &&
         cuda::attention_backward_cudnn(s.dqkv.data(), s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), batch,
                                        seq, o.heads, o.kv_heads, o.head_dim, k == AttentionKernel::kCudnnRequired))
       return;
+    s.dqkv.zero();
+    if (core)
+      return core->backward(attn_, s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch,
+                            seq, positions);
     cuda::attention_backward(s.dqkv.data(), s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq,
                              o.heads, o.kv_heads, o.head_dim, positions);
   })
+  s.dqkv.zero();
   if (core)
     core->backward(attn_, s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq,
                    positions);
@@ -233,8 +236,7 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   proj_.backward_bias(s.dres1.data(), nl);
   proj_.backward(dres1_full, a.atty.data(), s.datty.data(), n, GradInto::kSet);
   poll();
-  s.dqkv.zero();
-  attention_backward(a, s, batch, seq, core, positions);
+  attention_backward(a, s, batch, seq, core, positions);  // writes d qkv
   poll();
   qkv_.backward(s.dqkv.data(), x1, dfull, n, GradInto::kSet);
   tp_.f_backward(dfull, s.dln.data(), n, c);

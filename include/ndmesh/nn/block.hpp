@@ -142,7 +142,8 @@ class Block {
 
  private:
   // The attention core where the block runs: the CUDA kernel, the ring (`core`) or the
-  // local kernel; acts.atty and acts.lse from acts.qkv, and its backward into scratch.dqkv.
+  // local kernel; acts.atty and acts.lse from acts.qkv, and its backward written into
+  // scratch.dqkv (zeroed first for the kernels that add into it; cuDNN's writes it).
   void attention_forward(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq,
                          const AttentionCore<T>* core, const std::int64_t* positions) const;
   void attention_backward(const BlockActivations<T>& acts, BlockScratch<T>& scratch, std::int64_t batch,

@@ -115,8 +115,9 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 /// cuDNN SDPA forward: out[b, t, H hd], lse[b, H, t] from qkv (as attention_forward).
 bool attention_forward_cudnn(float* out, float* lse, const float* qkv, std::int64_t batch, std::int64_t seq,
                              std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, bool required);
-/// cuDNN SDPA backward: accumulates dqkv from dout, qkv and the forward's out and lse (as
-/// attention_backward).
+/// cuDNN SDPA backward: dqkv from dout, qkv and the forward's out and lse, as
+/// attention_backward computes it, but written (every element; no zeroing first), where
+/// attention_backward adds into dqkv.
 bool attention_backward_cudnn(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                               std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
                               std::int64_t head_dim, bool required);

@@ -257,7 +257,8 @@ struct LayerShape {
 ///   with bf16 products, 6 bytes (read fp32, write bf16) per element of each product's
 ///   activation operand: forward 2 h + h/t + f/t, backward 3 h + h/t + 2 f/t + r/t; and cuDNN's
 ///   attention takes bf16 q, k, v and gives bf16 back: 6 (r/t + h/t) forward, 6 (2 r/t +
-///   2 h/t) + 12 r/t backward (r: the qkv width, h hidden, f ffn, t tp).
+///   2 h/t) backward, where its d q, k, v widened is written into the qkv gradient, which is
+///   then not zeroed (-4 r/t) (r: the qkv width, h hidden, f ffn, t tp).
 double elementwise_bytes_per_token(const PlanModel& model, const LayerShape& shape);
 
 /// One layer for one micro-batch on one GPU. Weight products: 3 kernels per matrix (4 with

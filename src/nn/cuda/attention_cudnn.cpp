@@ -11,7 +11,7 @@
 // natural log-sum-exp of the scaled scores, fp32) are exactly its lse. Grouped-query
 // attention is cuDNN's own (K and V with fewer heads; the backward sums dK, dV over the
 // group). The backward writes dQ, dK, dV into one bf16 buffer laid out like qkv, which is
-// widened and added to dqkv.
+// widened into dqkv (written, not added: the caller does not zero it first).
 //
 // Graphs (the frontend's graph API) are built once per (batch, seq, heads, kv heads, head
 // dim) and direction, and cached for the process; a shape cuDNN has no engine for is
@@ -384,10 +384,8 @@ bool cudnn_backward(float* dqkv, const float* dout, const float* qkv, const floa
                                                   {kDK, dq + heads * head_dim},
                                                   {kDV, dq + (heads + kv_heads) * head_dim}};
   execute(*p, s, pack, "attention_backward_cudnn");
-  // dqkv += the bf16 gradient widened (through an fp32 copy: the contract accumulates).
-  DeviceBuffer wide(static_cast<std::size_t>(n_qkv) * sizeof(float));
-  cast(static_cast<float*>(wide.data()), static_cast<const BFloat16*>(dqkv16.data()), n_qkv);
-  add_inplace(dqkv, static_cast<const float*>(wide.data()), n_qkv);
+  // dqkv = the bf16 gradient widened: every element written (dQ, dK and dV cover a row).
+  cast(dqkv, static_cast<const BFloat16*>(dqkv16.data()), n_qkv);
   return true;
 }
 
