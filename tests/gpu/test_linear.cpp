@@ -1,10 +1,13 @@
 // The Linear layer's bias on the device against nn::Linear<float>: bias_forward
 // (add_bias) and bias_backward (backward_bias, accumulating into a filled gradient). The
-// layer's products are cuda::gemm, tested with the whole forward in test_blas.
+// layer's products are cuda::gemm, tested with the whole forward in test_blas; its bf16
+// logits (the classifier's: an output in bfloat16 with padded rows, and the backward from it)
+// are tested here against the CPU's bf16 layer.
 #include <cstdint>
 #include <vector>
 
 #include "gpu_test.hpp"
+#include "ndmesh/core/dtype.hpp"
 #include "ndmesh/nn/cuda_ops.hpp"
 #include "ndmesh/nn/linear.hpp"
 
@@ -66,6 +69,70 @@ TEST(CudaLinear, BiasBackwardAccumulatesColumnSums) {
     EXPECT_TRUE(all_close(to_host<float>(dbias, static_cast<std::size_t>(s.out)), layer.bias_grad(),
                           1e-6 * static_cast<double>(s.rows), 1e-6))
         << "rows=" << s.rows << " cols=" << s.out;
+  }
+}
+
+// The LM head under bf16 on CUDA (nn::LmHead's fused path): the logits written in bfloat16
+// into rows padded to 128 (the padding never written), and the backward's two products read
+// the logits' gradient as stored in those rows (the padding never read: it holds NaN here),
+// against the CPU's bf16 layer on the same values. Both multiply the same bf16 operands in
+// fp32 (exact products) and differ only in summation order: within 1e-5 relative and 1e-4
+// absolute for these sizes, and the logits then rounded once (one bf16 step, 2^-7, apart at
+// most). A wrong row stride misplaces whole rows (off by O(1)) or reads the NaN.
+TEST(CudaLinear, Bf16LogitsInPaddedRowsAndTheirBackward) {
+  NDMESH_GPU_OR_SKIP();
+  for (const Shape& s : {Shape{7, 16, 14}, Shape{33, 96, 77}, Shape{65, 64, 130}}) {
+    const std::int64_t ld = (s.out + 127) / 128 * 128;
+    const std::string where = "rows=" + std::to_string(s.rows) + " in=" + std::to_string(s.in) +
+                              " vocab=" + std::to_string(s.out) + " padded=" + std::to_string(ld);
+    auto make = [&](ParamStore<float>& store) {
+      store.set_matmul_precision(MatmulPrecision::kBf16);
+      nn::Linear<float> l(store, {.in = s.in, .out = s.out, .bias = false});
+      store.allocate();
+      const auto p = normal(static_cast<std::size_t>(store.size()), 7, 0.2f);
+      store.params_from_host(p.data());
+      return l;
+    };
+    ParamStore<float> cpu_store, gpu_store;
+    const nn::Linear<float> cpu = make(cpu_store), gpu = make(gpu_store);
+    gpu_store.to(Device::kCuda);
+    const auto inp = normal(static_cast<std::size_t>(s.rows * s.in), 3);
+    DeviceBuffer din = to_device(inp);
+
+    std::vector<float> ref(static_cast<std::size_t>(s.rows * s.out));
+    cpu.forward(inp.data(), ref.data(), s.rows);
+    std::vector<BFloat16> poison(static_cast<std::size_t>(s.rows * ld), BFloat16(std::nanf("")));
+    DeviceBuffer dlogits = to_device(poison);
+    gpu.forward(ptr<float>(din), ptr<BFloat16>(dlogits), ld, s.rows);
+    const auto got16 = to_host<BFloat16>(dlogits, poison.size());
+    std::vector<float> got, pad;
+    for (std::int64_t r = 0; r < s.rows; ++r)
+      for (std::int64_t j = 0; j < ld; ++j)
+        (j < s.out ? got : pad).push_back(static_cast<float>(got16[static_cast<std::size_t>(r * ld + j)]));
+    EXPECT_TRUE(all_close(got, ref, 1e-4, 1.0 / 128)) << "logits, " << where;
+    EXPECT_TRUE(std::all_of(pad.begin(), pad.end(), [](float x) { return std::isnan(x); }))
+        << "the padding was written, " << where;
+
+    // The backward from bf16 values in the padded rows, NaN in the padding.
+    const auto d = normal(static_cast<std::size_t>(s.rows * s.out), 4);
+    std::vector<float> dwide(d.size());
+    std::vector<BFloat16> d16 = poison;
+    for (std::int64_t r = 0; r < s.rows; ++r)
+      for (std::int64_t j = 0; j < s.out; ++j) {
+        const BFloat16 v(d[static_cast<std::size_t>(r * s.out + j)]);
+        d16[static_cast<std::size_t>(r * ld + j)] = v;
+        dwide[static_cast<std::size_t>(r * s.out + j)] = static_cast<float>(v);
+      }
+    std::vector<float> dinp_ref(inp.size());
+    cpu.backward(dwide.data(), inp.data(), dinp_ref.data(), s.rows, nn::GradInto::kSet);
+    DeviceBuffer dd = to_device(d16), ddinp = to_device(nans(inp.size()));
+    gpu.backward(ptr<BFloat16>(dd), ld, ptr<float>(din), ptr<float>(ddinp), s.rows, nn::GradInto::kSet);
+    EXPECT_TRUE(all_close(to_host<float>(ddinp, inp.size()), dinp_ref, 1e-4, 1e-5)) << "d input, " << where;
+    const float* gw = cpu_store.grad(cpu.weight_id());
+    const std::vector<float> dw_ref(gw, gw + s.in * s.out);
+    std::vector<float> dw(dw_ref.size());
+    cuda::copy_to_host(dw.data(), gpu_store.grad(gpu.weight_id()), dw.size() * sizeof(float));
+    EXPECT_TRUE(all_close(dw, dw_ref, 1e-4, 1e-5)) << "d weight, " << where;
   }
 }
 
