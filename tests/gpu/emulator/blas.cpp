@@ -50,46 +50,49 @@ std::int64_t extent_a(bool trans_a, std::int64_t m, std::int64_t k, std::int64_t
 std::int64_t extent_b(bool trans_b, std::int64_t n, std::int64_t k, std::int64_t ldb) {
   return k <= 0 ? 0 : ((trans_b ? n : k) - 1) * ldb + (trans_b ? k : n);
 }
+void refuse_epilogue(GemmEpilogue epilogue, const char* what) {
+  if (epilogue != GemmEpilogue::kNone)
+    fail<>("cuda", "{} with an epilogue (cuBLASLt) does not run in the CUDA emulator; run the gpu. tests on a GPU",
+           what);
+}
+// The bf16 operands widened to fp32 and the fp32 product into the fp32 C: a bf16 product with
+// fp32 accumulation (a product of two bf16 values is exact in fp32), as the CPU's bf16 path
+// computes it (and cuBLASLt's CUBLAS_COMPUTE_32F, up to summation order).
+void widened_product(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                     const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, float* c,
+                     std::int64_t ldc) {
+  const std::vector<float> a32 = widened(a, extent_a(trans_a, m, k, lda)),
+                           b32 = widened(b, extent_b(trans_b, n, k, ldb));
+  ndmesh::gemm<float>(trans_a, trans_b, m, n, k, alpha, a32.data(), lda, b32.data(), ldb, beta, c, ldc);
+}
 }  // namespace
 
 // The bf16 product into bf16 without an epilogue (the bf16 logits of the classifier): the
-// widened operands' fp32 product (fp32 accumulation, as cuBLASLt's CUBLAS_COMPUTE_32F), C
-// widened when beta reads it, and each output rounded once.
+// widened product into an fp32 C (widened from C when beta reads it), each output rounded once.
 void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, BFloat16* c,
                std::int64_t ldc, GemmEpilogue epilogue, const BFloat16*, BFloat16*, BFloat16*) {
-  if (epilogue != GemmEpilogue::kNone)
-    fail<>("cuda", "gemm_bf16 with an epilogue (cuBLASLt) does not run in the CUDA emulator; run the gpu. tests on a "
-                   "GPU");
+  refuse_epilogue(epilogue, "gemm_bf16");
   if (m <= 0 || n <= 0) return;
   const emu::DeviceWork work;  // reads and writes device memory
-  const std::vector<float> a32 = widened(a, extent_a(trans_a, m, k, lda)),
-                           b32 = widened(b, extent_b(trans_b, n, k, ldb));
   std::vector<float> c32(static_cast<std::size_t>(m * n), 0.0f);
   if (beta != 0.0f)
     for (std::int64_t r = 0; r < m; ++r)
       for (std::int64_t j = 0; j < n; ++j) c32[static_cast<std::size_t>(r * n + j)] = static_cast<float>(c[r * ldc + j]);
-  ndmesh::gemm<float>(trans_a, trans_b, m, n, k, alpha, a32.data(), lda, b32.data(), ldb, beta, c32.data(), n);
+  widened_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c32.data(), n);
   for (std::int64_t r = 0; r < m; ++r)
     for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] = BFloat16(c32[static_cast<std::size_t>(r * n + j)]);
   timed_product("bf16", trans_a, trans_b, m, n, k);
 }
 
-// The bf16 product into fp32 without an epilogue (what --precision bf16's linear layers
-// call): the bf16 operands widened to fp32 and the fp32 product, which is a bf16 product with
-// fp32 accumulation (a product of two bf16 values is exact in fp32), as the CPU's bf16
-// path computes it. cuBLASLt's epilogues stay GPU only.
+// The bf16 product into fp32 without an epilogue (what --precision bf16's linear layers call).
 void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                    const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, float* c,
                    std::int64_t ldc, GemmEpilogue epilogue, float*) {
-  if (epilogue != GemmEpilogue::kNone)
-    fail<>("cuda", "gemm_bf16_f32 with an epilogue (cuBLASLt) does not run in the CUDA emulator; run the gpu. tests "
-                   "on a GPU");
+  refuse_epilogue(epilogue, "gemm_bf16_f32");
   if (m <= 0 || n <= 0) return;
   const emu::DeviceWork work;  // reads and writes device memory
-  const std::vector<float> a32 = widened(a, extent_a(trans_a, m, k, lda)),
-                           b32 = widened(b, extent_b(trans_b, n, k, ldb));
-  ndmesh::gemm<float>(trans_a, trans_b, m, n, k, alpha, a32.data(), lda, b32.data(), ldb, beta, c, ldc);
+  widened_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   timed_product("bf16>fp32", trans_a, trans_b, m, n, k);
 }
 
