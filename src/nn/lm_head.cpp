@@ -65,7 +65,11 @@ void LmHead<T>::forward_loss(const T* inp, const std::int32_t* targets, Classifi
                              std::int64_t rows, [[maybe_unused]] T scale, TpComm<T>& comm, LossSum<T>& sum) const {
   const Device device = proj_.device();
   const std::int64_t v = local_vocab();
-  const bool bf16 = proj_.matmul_precision() == MatmulPrecision::kBf16;
+  const bool bf16 = proj_.matmul_precision() == MatmulPrecision::kBf16, in_bf16 = fused() && bf16;
+  NDMESH_CHECK((in_bf16 ? a.logits16.numel() : a.logits.numel()) == rows * (in_bf16 ? padded_vocab() : v), "nn",
+               "'{}': the classifier's activations were sized for another device, precision or batch; make them "
+               "after ParamStore::to and set_matmul_precision",
+               options_.name);
   if (fused()) {
     NDMESH_CUDA_TWIN(device, {
       if (bf16) {
