@@ -187,5 +187,33 @@ TEST(CudaElementwise, KernelTimesCountEveryOperationBetweenStartAndStop) {
   EXPECT_EQ(again.rows[0].calls, 1);
 }
 
+// cuda::upload through its ring of pinned slots: more uploads than slots, back to back (each
+// slot written again while its earlier transfers may still be queued: the slot's event
+// orders them), of every size around the slot's 1 MiB (the larger ones copied directly), and
+// the host buffer reused at once: each destination holds what was uploaded to it.
+TEST(CudaUpload, UploadsThroughThePinnedSlotsArriveIntactWhileTheHostReusesItsBuffer) {
+  NDMESH_GPU_OR_SKIP();
+  const std::size_t slot = std::size_t{1} << 20;
+  const std::vector<std::size_t> sizes = {1, 4, 4096, slot - 4, slot, slot + 4, 3 * slot, 12, 64 * 1024, 7};
+  std::vector<DeviceBuffer> dst;
+  std::vector<std::vector<unsigned char>> want;
+  std::vector<unsigned char> host;  // reused for every upload
+  for (int round = 0; round < 3; ++round)
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      host.assign(sizes[k], 0);
+      for (std::size_t i = 0; i < host.size(); ++i)
+        host[i] = static_cast<unsigned char>((i * 131 + k * 7 + static_cast<std::size_t>(round) * 29) & 0xff);
+      dst.emplace_back(sizes[k]);
+      cuda::upload(dst.back().data(), host.data(), host.size());
+      want.push_back(host);
+      std::fill(host.begin(), host.end(), 0xee);  // the caller's buffer, free again at once
+    }
+  for (std::size_t i = 0; i < dst.size(); ++i) {
+    std::vector<unsigned char> got(want[i].size());
+    cuda::copy_to_host(got.data(), dst[i].data(), got.size());
+    EXPECT_TRUE(got == want[i]) << "upload " << i << " of " << want[i].size() << " bytes";
+  }
+}
+
 }  // namespace
 }  // namespace ndmesh

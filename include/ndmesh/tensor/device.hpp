@@ -104,6 +104,13 @@ KernelTimes kernel_times_stop();
 void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes);
 void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes);
 void copy_device(void* device_dst, const void* device_src, std::size_t bytes);
+/// copy_to_device for the small uploads of a step (tokens, targets, tables of pointers):
+/// through a ring of pinned host slots, so that the host never waits for the stream (a copy
+/// from pageable memory may synchronise with it first: a hidden host wait in mid-step). The
+/// bytes are copied into a slot, the slot's transfer is enqueued on the compute stream, and
+/// the slot is written again only once an event recorded after that transfer has passed.
+/// `host_src` may be reused at once. A copy larger than a slot is copy_to_device.
+void upload(void* device_dst, const void* host_src, std::size_t bytes);
 /// Sets `bytes` of device memory to zero.
 void memset_zero(void* device_dst, std::size_t bytes);
 

@@ -109,7 +109,7 @@ void check_device(Device device);
 
 /// Host elements (tokens, targets, positions) where the kernels on `device` read them: `host`
 /// itself on the CPU; on CUDA a copy of its n elements in `staged` (resized to [n] on
-/// `device` when needed), ordered on the compute stream.
+/// `device` when needed), ordered on the compute stream (cuda::upload: no host wait).
 template <typename T>
 const T* stage(Tensor<T>& staged, const T* host, std::int64_t n, Device device) {
   if (device == Device::kCpu) return host;
@@ -117,7 +117,7 @@ const T* stage(Tensor<T>& staged, const T* host, std::int64_t n, Device device) 
     staged.set_device(device);
     staged.resize({n});
   }
-  cuda::copy_to_device(staged.data(), host, static_cast<std::size_t>(n) * sizeof(T));
+  cuda::upload(staged.data(), host, static_cast<std::size_t>(n) * sizeof(T));
   return staged.data();
 }
 /// What stage() returned last for the same `host` and `staged`.

@@ -380,7 +380,7 @@ void* copy_stream() {
 void copy_async(void* dst, const void* src, std::size_t bytes, void* stream) {
   if (bytes == 0) return;
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
-        "cudaMemcpyAsync (offload)");
+        "cudaMemcpyAsync (copy_async: offload, upload)");
 }
 
 void wait_event(void* event) {

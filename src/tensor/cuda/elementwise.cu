@@ -264,7 +264,7 @@ double square_sum_many(const float* const* xs, const std::int64_t* ns, int count
   }
   table[static_cast<std::size_t>(3 * count)] = blocks;
   DeviceBuffer meta(table.size() * sizeof(std::int64_t));
-  copy_to_device(meta.data(), table.data(), table.size() * sizeof(std::int64_t));
+  upload(meta.data(), table.data(), table.size() * sizeof(std::int64_t));
   const auto* t = static_cast<const std::int64_t*>(meta.data());
   DeviceBuffer scratch((static_cast<std::size_t>(blocks) + static_cast<std::size_t>(count) + 1) * sizeof(double));
   double* partials = static_cast<double*>(scratch.data());
