@@ -97,7 +97,7 @@ void Linear<T>::backward(const BFloat16* dout, std::int64_t ld_dout, const T* in
   if (dinp != nullptr)
     ops::gemm<T>(false, false, rows, in, n_out, T(1), d, ld_dout, store_->param(weight_), in,
                  into == GradInto::kSet ? T(0) : T(1), dinp, in);
-  ops::gemm<T>(true, false, n_out, in, rows, T(1), d, ld_dout, inp, in, T(1), store_->grad(weight_), in);
+  weight_product(d, inp, rows, ld_dout);
 }
 
 template <typename T>
@@ -107,9 +107,11 @@ void Linear<T>::backward_weight(const T* dout, const T* inp, std::int64_t rows) 
 }
 
 template <typename T>
-void Linear<T>::weight_product(const ops::SharedOperand<T>& dout, const T* inp, std::int64_t rows) const {
+void Linear<T>::weight_product(const ops::SharedOperand<T>& dout, const T* inp, std::int64_t rows,
+                               std::int64_t ld_dout) const {
   const std::int64_t in = options_.in, n_out = options_.out;
-  ops::gemm<T>(true, false, n_out, in, rows, T(1), dout, n_out, inp, in, T(1), store_->grad(weight_), in);
+  ops::gemm<T>(true, false, n_out, in, rows, T(1), dout, ld_dout > 0 ? ld_dout : n_out, inp, in, T(1),
+               store_->grad(weight_), in);
   if (!options_.deferred_bias) backward_bias(dout.data(), rows);
 }
 

@@ -77,14 +77,14 @@ void LmHead<T>::forward_loss(const T* inp, const std::int32_t* targets, Classifi
         cuda::classifier_forward_backward(a.logits16.data(), a.losses.data(), targets, rows, v, padded_vocab(),
                                           static_cast<float>(scale));
       } else {
-        proj_.forward(inp, a.logits.data(), rows);
+        forward(inp, a.logits.data(), rows);
         cuda::classifier_forward_backward(a.logits.data(), a.losses.data(), targets, rows, v, v,
                                           static_cast<float>(scale));
       }
       sum.add(a.losses.data(), rows);
     })
   }
-  proj_.forward(inp, a.logits.data(), rows);
+  forward(inp, a.logits.data(), rows);
   if (bf16) ops::round_to_bf16(a.logits.data(), rows * v, device);  // what the fused path stores
   CrossEntropy<T>::forward(device, a.logits.data(), targets, a.logits.data(), a.losses.data(), rows, v,
                            v * options_.tp.rank, options_.vocab, comm);
@@ -100,7 +100,7 @@ void LmHead<T>::backward_loss(ClassifierActivations<T>& a, const std::int32_t* t
   if (!fused())  // the gradient over the probabilities (fused: the forward wrote it)
     CrossEntropy<T>::backward(proj_.device(), a.logits.data(), targets, a.logits.data(), rows, v,
                               v * options_.tp.rank, scale);
-  proj_.backward(a.logits.data(), inp, dinp, rows, GradInto::kSet);
+  backward(a.logits.data(), inp, dinp, rows, GradInto::kSet);
 }
 
 template class LossSum<float>;

@@ -79,13 +79,18 @@ void gemm(Device device, bool trans_a, bool trans_b, std::int64_t m, std::int64_
 }
 
 namespace {
+// x rounded to bfloat16 (through float), kept in T.
+template <typename T>
+T bf16_value(T x) {
+  return static_cast<T>(static_cast<float>(BFloat16(static_cast<float>(x))));
+}
+
 // The first `extent` elements of an operand, rounded to bfloat16: its rows and whatever lies
 // between them under a row stride longer than a row (never read by the product).
 template <typename T>
 const T* rounded_to_bf16(std::vector<T>& scratch, const T* x, std::int64_t extent) {
   scratch.resize(static_cast<std::size_t>(extent));
-  for (std::int64_t i = 0; i < extent; ++i)
-    scratch[static_cast<std::size_t>(i)] = static_cast<T>(static_cast<float>(BFloat16(static_cast<float>(x[i]))));
+  for (std::int64_t i = 0; i < extent; ++i) scratch[static_cast<std::size_t>(i)] = bf16_value(x[i]);
   return scratch.data();
 }
 
@@ -175,7 +180,9 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 template <typename T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const SharedOperand<T>& a, std::int64_t lda, const T* b, std::int64_t ldb, BFloat16* c, std::int64_t ldc) {
-  NDMESH_CHECK(a.precision() == MatmulPrecision::kBf16, "ops", "a product into bfloat16 takes bf16 operands");
+  NDMESH_CHECK(a.precision() == MatmulPrecision::kBf16, "ops",
+               "a product into bfloat16 takes bf16 operands, but A's precision is fp32; make A a SharedOperand "
+               "under MatmulPrecision::kBf16");
   if (m <= 0 || n <= 0) return;
   const Device device = a.device();
   const SharedOperand<T> b16(device, a.precision(), b, extent_b(trans_b, n, k, ldb));
@@ -192,7 +199,7 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 template <typename T>
 void round_to_bf16(T* x, std::int64_t n, Device device) {
   NDMESH_CUDA_TWIN(device, cuda::round_to_bf16(x, n))
-  for (std::int64_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<float>(BFloat16(static_cast<float>(x[i]))));
+  for (std::int64_t i = 0; i < n; ++i) x[i] = bf16_value(x[i]);
 }
 
 #define NDMESH_OPS(T)                                                                                         \

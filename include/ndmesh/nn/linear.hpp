@@ -84,8 +84,10 @@ class Linear {
   std::int64_t grads_end() const;
 
  private:
-  // dW += doutᵀ · inp, db += column sums of dout, with dout rounded as the products take it.
-  void weight_product(const ops::SharedOperand<T>& dout, const T* inp, std::int64_t rows) const;
+  // dW += doutᵀ · inp, db += column sums of dout, with dout rounded as the products take it
+  // (its rows `ld_dout` apart; 0: out apart).
+  void weight_product(const ops::SharedOperand<T>& dout, const T* inp, std::int64_t rows,
+                      std::int64_t ld_dout = 0) const;
   ParamStore<T>* store_;
   LinearOptions options_;
   int weight_ = -1;
