@@ -199,8 +199,7 @@ void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch,
   proj_.forward(a.atty.data(), part, n);
   tp_.g_forward(part, a.res1.data(), n, c);
   proj_.add_bias(a.res1.data(), nl);
-  ops::add(a.res1.data(), inp, nl * c, dev);
-  ln2_.forward(a.res1.data(), a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), nl);
+  ln2_.forward_residual(a.res1.data(), inp, a.res1.data(), a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), nl);
   const T* x2 = tp_.f_forward(a.ln2.data(), a.ln2_full.data(), n, c);
   part = sp ? partial_.data() : a.out.data();
   mlp_.forward(x2, part, a.mlp, n);

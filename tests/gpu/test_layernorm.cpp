@@ -69,5 +69,38 @@ TEST(CudaLayerNorm, ForwardAndBackwardMatchTheCpu) {
     }
 }
 
+// The block's residual connection and its second norm in one pass (LayerNorm::forward_residual,
+// in place as the block calls it): the residual is one fp32 add on both devices (the same
+// bits), the norm of it within the forward's bounds above; a residual left unwritten, or a
+// norm of the unsummed rows, is off by O(1).
+TEST(CudaLayerNorm, ResidualAndNormInOnePassMatchTheCpu) {
+  NDMESH_GPU_OR_SKIP();
+  const std::int64_t rows = 33, c = 96;
+  ParamStore<float> cpu_store, gpu_store;
+  const nn::LayerNorm<float> cpu_ln(cpu_store, {.channels = c}), gpu_ln(gpu_store, {.channels = c});
+  cpu_store.allocate();
+  gpu_store.allocate();
+  const auto params = normal(static_cast<std::size_t>(cpu_store.size()), 1, 0.5f);
+  std::copy(params.begin(), params.end(), cpu_store.params().begin());
+  std::copy(params.begin(), params.end(), gpu_store.params().begin());
+  gpu_store.to(Device::kCuda);
+  const auto sz = static_cast<std::size_t>(rows * c), rs = static_cast<std::size_t>(rows);
+  const auto x = normal(sz, 3, 2.0f), add = normal(sz, 4, 1.0f);
+  std::vector<float> res = x, out(sz), mean(rs), rstd(rs);
+  cpu_ln.forward_residual(res.data(), add.data(), res.data(), out.data(), mean.data(), rstd.data(), rows);
+  std::vector<float> sum(sz);
+  for (std::size_t i = 0; i < sz; ++i) sum[i] = x[i] + add[i];
+  EXPECT_EQ(res, sum);
+
+  DeviceBuffer dres = to_device(x), dadd = to_device(add), dout = to_device(nans(sz)), dmean = to_device(nans(rs)),
+               drstd = to_device(nans(rs));
+  gpu_ln.forward_residual(ptr<float>(dres), ptr<float>(dadd), ptr<float>(dres), ptr<float>(dout), ptr<float>(dmean),
+                          ptr<float>(drstd), rows);
+  EXPECT_EQ(to_host<float>(dres, sz), sum);
+  EXPECT_TRUE(all_close(to_host<float>(dmean, rs), mean, 1e-6, 1e-6));
+  EXPECT_TRUE(all_close(to_host<float>(drstd, rs), rstd, 0, 1e-5));
+  EXPECT_TRUE(all_close(to_host<float>(dout, sz), out, 1e-5, 1e-5));
+}
+
 }  // namespace
 }  // namespace ndmesh

@@ -287,7 +287,7 @@ TEST(CudaTrainKernelTimes, AStepsOperationsAreRowsAndItsHostWaitsAreCounted) {
     };
     // The loss and its gradient in one kernel over the logits (the whole vocabulary on the
     // rank): no cross-entropy passes, no probabilities.
-    for (const char* part : {"layernorm", "attention", "gelu", "classifier_forward_backward", "adamw", "embedding"})
+    for (const char* part : {"layernorm", "residual_layernorm_forward", "attention", "gelu", "classifier_forward_backward", "adamw", "embedding"})
       EXPECT_TRUE(has(part)) << "no row names " << part << " in\n" << what;
     EXPECT_FALSE(has("cross_entropy")) << what;
     // 4 layers x (4 products forward + 8 backward) + the head's 3 (tied), every micro-batch;
