@@ -34,8 +34,13 @@ void Linear<T>::forward(const T* inp, T* out, std::int64_t rows) const {
   const Device device = store_->device();
   const MatmulPrecision precision = store_->matmul_precision();
   if (device != Device::kCpu) {
-    ops::gemm<T>(device, precision, false, true, rows, n_out, in, T(1), inp, in, store_->param(weight_), in, T(0),
-                 out, n_out);
+    const ops::SharedOperand<T> x(device, precision, inp, rows * in);
+    const T* w = store_->param(weight_);
+    if (bias_ >= 0 && !options_.deferred_bias &&
+        ops::gemm_fused<T>(false, true, rows, n_out, in, x, in, w, in, T(0), out, n_out, ops::Fused::kBias,
+                           store_->param(bias_), nullptr, nullptr))
+      return;
+    ops::gemm<T>(false, true, rows, n_out, in, T(1), x, in, w, in, T(0), out, n_out);
     if (!options_.deferred_bias) add_bias(out, rows);
     return;
   }
@@ -47,6 +52,17 @@ void Linear<T>::forward(const T* inp, T* out, std::int64_t rows) const {
   }
   ops::gemm<T>(device, precision, false, true, rows, n_out, in, T(1), inp, in, store_->param(weight_), in, beta, out,
                n_out);
+}
+
+template <typename T>
+bool Linear<T>::forward_gelu(const T* inp, T* pre, T* out, std::int64_t rows) const {
+  const std::int64_t in = options_.in, n_out = options_.out;
+  if (device() == Device::kCpu || matmul_precision() != MatmulPrecision::kBf16 || bias_ < 0 ||
+      options_.deferred_bias)
+    return false;
+  const ops::SharedOperand<T> x(device(), matmul_precision(), inp, rows * in);
+  return ops::gemm_fused<T>(false, true, rows, n_out, in, x, in, store_->param(weight_), in, T(0), out, n_out,
+                            ops::Fused::kGelu, store_->param(bias_), pre, nullptr);
 }
 
 namespace {
@@ -109,10 +125,27 @@ void Linear<T>::backward_weight(const T* dout, const T* inp, std::int64_t rows) 
 template <typename T>
 void Linear<T>::weight_product(const ops::SharedOperand<T>& dout, const T* inp, std::int64_t rows,
                                std::int64_t ld_dout) const {
-  const std::int64_t in = options_.in, n_out = options_.out;
-  ops::gemm<T>(true, false, n_out, in, rows, T(1), dout, ld_dout > 0 ? ld_dout : n_out, inp, in, T(1),
-               store_->grad(weight_), in);
-  if (!options_.deferred_bias) backward_bias(dout.data(), rows);
+  const std::int64_t in = options_.in, n_out = options_.out, ld = ld_dout > 0 ? ld_dout : n_out;
+  const bool bias = bias_ >= 0 && !options_.deferred_bias;
+  if (bias && ld == n_out &&
+      ops::gemm_fused<T>(true, false, n_out, in, rows, dout, ld, inp, in, T(1), store_->grad(weight_), in,
+                         ops::Fused::kBiasGrad, nullptr, nullptr, store_->grad(bias_)))
+    return;
+  ops::gemm<T>(true, false, n_out, in, rows, T(1), dout, ld, inp, in, T(1), store_->grad(weight_), in);
+  if (bias) backward_bias(dout, rows);
+}
+
+template <typename T>
+void Linear<T>::backward_bias(const ops::SharedOperand<T>& dout, std::int64_t rows) const {
+  if (dout.precision() == MatmulPrecision::kFp32) return backward_bias(dout.data(), rows);
+  // Under bf16 the sums of the rounded gradient, on every device what the fused product sums.
+  const std::int64_t n_out = options_.out;
+  T* db = store_->grad(bias_);
+  NDMESH_CUDA_TWIN(store_->device(),
+                   cuda::bias_backward(db, static_cast<const BFloat16*>(dout.rounded()), rows, n_out))
+  const T* d = static_cast<const T*>(dout.rounded());
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t o = 0; o < n_out; ++o) db[o] += d[r * n_out + o];
 }
 
 template <typename T>

@@ -28,8 +28,10 @@ Mlp<T>::Mlp(ParamStore<T>& store, MlpOptions options)
 
 template <typename T>
 void Mlp<T>::forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const {
-  fc_.forward(inp, acts.fc.data(), rows);
-  Gelu<T>::forward(acts.fc.data(), acts.gelu.data(), rows * local_ffn(), fc_.device());
+  if (!fc_.forward_gelu(inp, acts.fc.data(), acts.gelu.data(), rows)) {  // fc and GELU in one product, else apart
+    fc_.forward(inp, acts.fc.data(), rows);
+    Gelu<T>::forward(acts.fc.data(), acts.gelu.data(), rows * local_ffn(), fc_.device());
+  }
   proj_.forward(acts.gelu.data(), out, rows);
 }
 

@@ -197,6 +197,40 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 }
 
 template <typename T>
+bool gemm_fused([[maybe_unused]] bool trans_a, [[maybe_unused]] bool trans_b, std::int64_t m, std::int64_t n,
+                std::int64_t k, const SharedOperand<T>& a, [[maybe_unused]] std::int64_t lda,
+                [[maybe_unused]] const T* b, [[maybe_unused]] std::int64_t ldb, [[maybe_unused]] T beta,
+                [[maybe_unused]] T* c, [[maybe_unused]] std::int64_t ldc, [[maybe_unused]] Fused what,
+                [[maybe_unused]] const T* bias, [[maybe_unused]] T* aux, [[maybe_unused]] T* dbias) {
+  const Device device = a.device();
+  if (device != Device::kCuda || a.precision() != MatmulPrecision::kBf16 || m <= 0 || n <= 0 || k <= 0) return false;
+  NDMESH_CUDA_TWIN(device, {
+    const SharedOperand<T> b16(device, a.precision(), b, extent_b(trans_b, n, k, ldb));
+    const auto* a16 = static_cast<const BFloat16*>(a.rounded());
+    const auto* b16p = static_cast<const BFloat16*>(b16.rounded());
+    switch (what) {
+      case Fused::kBias:
+        return cuda::try_gemm_bf16_f32(trans_a, trans_b, m, n, k, 1.0f, a16, lda, b16p, ldb, beta, c, ldc,
+                                       cuda::GemmEpilogue::kBias, bias, nullptr, nullptr);
+      case Fused::kGelu:
+        return cuda::try_gemm_bf16_f32(trans_a, trans_b, m, n, k, 1.0f, a16, lda, b16p, ldb, beta, c, ldc,
+                                       cuda::GemmEpilogue::kGeluAux, bias, aux, nullptr);
+      case Fused::kBiasGrad: {
+        // cuBLASLt writes the sums: they go to scratch, then into the accumulated gradient.
+        DeviceBuffer sums(static_cast<std::size_t>(m) * sizeof(float));
+        if (!cuda::try_gemm_bf16_f32(trans_a, trans_b, m, n, k, 1.0f, a16, lda, b16p, ldb, beta, c, ldc,
+                                     cuda::GemmEpilogue::kBGradB, nullptr, nullptr, static_cast<float*>(sums.data())))
+          return false;
+        add<T>(dbias, static_cast<const float*>(sums.data()), m, device);
+        return true;
+      }
+    }
+    return false;
+  })
+  return false;
+}
+
+template <typename T>
 void round_to_bf16(T* x, std::int64_t n, Device device) {
   NDMESH_CUDA_TWIN(device, cuda::round_to_bf16(x, n))
   for (std::int64_t i = 0; i < n; ++i) x[i] = bf16_value(x[i]);
@@ -218,7 +252,9 @@ void round_to_bf16(T* x, std::int64_t n, Device device) {
                         std::int64_t, const T*, std::int64_t, T, T*, std::int64_t);                           \
   template void gemm<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const SharedOperand<T>&,      \
                         std::int64_t, const T*, std::int64_t, BFloat16*, std::int64_t);                        \
-  template void round_to_bf16<T>(T*, std::int64_t, Device);
+  template void round_to_bf16<T>(T*, std::int64_t, Device);                                                   \
+  template bool gemm_fused<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, const SharedOperand<T>&,   \
+                              std::int64_t, const T*, std::int64_t, T, T*, std::int64_t, Fused, const T*, T*, T*);
 NDMESH_OPS(float)
 NDMESH_OPS(double)
 // bfloat16 tensors: placed, copied and zeroed here; computed on by the bf16 kernels.

@@ -2,13 +2,16 @@
 // (add_bias) and bias_backward (backward_bias, accumulating into a filled gradient). The
 // layer's products are cuda::gemm, tested with the whole forward in test_blas; its bf16
 // logits (the classifier's: an output in bfloat16 with padded rows, and the backward from it)
-// are tested here against the CPU's bf16 layer.
+// are tested here against the CPU's bf16 layer, and so are its products with the bias, GELU
+// and the bias gradient fused (cuBLASLt epilogues).
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "gpu_test.hpp"
 #include "ndmesh/core/dtype.hpp"
 #include "ndmesh/nn/cuda_ops.hpp"
+#include "ndmesh/nn/gelu.hpp"
 #include "ndmesh/nn/linear.hpp"
 
 namespace ndmesh {
@@ -134,6 +137,79 @@ TEST(CudaLinear, Bf16LogitsInPaddedRowsAndTheirBackward) {
     cuda::copy_to_host(dw.data(), gpu_store.grad(gpu.weight_id()), dw.size() * sizeof(float));
     EXPECT_TRUE(all_close(dw, dw_ref, 1e-4, 1e-5)) << "d weight, " << where;
   }
+}
+
+// Under bf16 products on CUDA a layer with a bias fuses it into its products (cuBLASLt
+// epilogues, ops::gemm_fused): the forward adds the bias, forward_gelu also writes GELU with its
+// pre-activation, and the weight gradient's product sums the bias gradient from the rounded
+// output gradient it reads. Against the CPU's bf16 layer (forward, then nn::Gelu apart; the
+// bias gradient summed from the same rounded values): the same exact bf16 products in fp32 in
+// other orders, so the bounds of the test above (1e-4 relative, 1e-5 absolute) hold, GELU
+// being 1.2-Lipschitz. A missing bias or GELU, or a bias gradient not accumulated into the
+// filled one, is off by O(1). In the emulator, NDMESH_EMULATE_NO_EPILOGUES=1 declines every
+// epilogue, as cuBLASLt does where it has no algorithm: the layer then runs the steps apart,
+// to the same bounds.
+TEST(CudaLinear, Bf16BiasAndGeluFusedIntoTheProductsMatchTheCpu) {
+  NDMESH_GPU_OR_SKIP();
+#if NDMESH_CUDA_EMULATED
+  const std::vector<bool> declines = {false, true};
+#else
+  const std::vector<bool> declines = {false};
+#endif
+  for (const bool decline : declines)
+    for (const Shape& s : {Shape{7, 16, 24}, Shape{33, 96, 80}, Shape{65, 64, 13}}) {
+      if (decline) setenv("NDMESH_EMULATE_NO_EPILOGUES", "1", 1);
+      const std::string where = "rows=" + std::to_string(s.rows) + " in=" + std::to_string(s.in) +
+                                " out=" + std::to_string(s.out) + (decline ? " (epilogues declined)" : "");
+      auto make = [&](ParamStore<float>& store) {
+        store.set_matmul_precision(MatmulPrecision::kBf16);
+        nn::Linear<float> l(store, {.in = s.in, .out = s.out});
+        store.allocate();
+        const auto p = normal(static_cast<std::size_t>(store.size()), 7, 0.2f);
+        store.params_from_host(p.data());
+        return l;
+      };
+      ParamStore<float> cpu_store, gpu_store;
+      const nn::Linear<float> cpu = make(cpu_store), gpu = make(gpu_store);
+      gpu_store.to(Device::kCuda);
+      const auto g = normal(static_cast<std::size_t>(cpu_store.size()), 8);  // gradients already held
+      std::copy(g.begin(), g.end(), cpu_store.grads().begin());
+      cuda::copy_to_device(gpu_store.grads().data(), g.data(), g.size() * sizeof(float));
+      const auto inp = normal(static_cast<std::size_t>(s.rows * s.in), 3);
+      const auto n = static_cast<std::size_t>(s.rows * s.out);
+      DeviceBuffer din = to_device(inp);
+
+      std::vector<float> ref(n), act(n);
+      cpu.forward(inp.data(), ref.data(), s.rows);
+      EXPECT_FALSE(cpu.forward_gelu(inp.data(), ref.data(), act.data(), s.rows)) << "the CPU fuses nothing";
+      nn::Gelu<float>::forward(ref.data(), act.data(), static_cast<std::int64_t>(n), Device::kCpu);
+      DeviceBuffer dout = to_device(nans(n)), dpre = to_device(nans(n));
+      gpu.forward(ptr<float>(din), ptr<float>(dout), s.rows);
+      EXPECT_TRUE(all_close(to_host<float>(dout, n), ref, 1e-4, 1e-5)) << "forward, " << where;
+      const bool fused = gpu.forward_gelu(ptr<float>(din), ptr<float>(dpre), ptr<float>(dout), s.rows);
+      // cuBLASLt's GELU aux rows are a multiple of 8 apart: 13 outputs decline everywhere.
+#if NDMESH_CUDA_EMULATED
+      EXPECT_EQ(fused, !decline && s.out % 8 == 0) << where;
+#endif
+      if (fused) {
+        EXPECT_TRUE(all_close(to_host<float>(dpre, n), ref, 1e-4, 1e-5)) << "pre-activation, " << where;
+        EXPECT_TRUE(all_close(to_host<float>(dout, n), act, 1e-4, 1e-5)) << "gelu, " << where;
+      }
+
+      const auto d = normal(n, 4);
+      std::vector<float> dinp_ref(inp.size());
+      cpu.backward(d.data(), inp.data(), dinp_ref.data(), s.rows, nn::GradInto::kSet);
+      DeviceBuffer dd = to_device(d), ddinp = to_device(nans(inp.size()));
+      gpu.backward(ptr<float>(dd), ptr<float>(din), ptr<float>(ddinp), s.rows, nn::GradInto::kSet);
+      EXPECT_TRUE(all_close(to_host<float>(ddinp, inp.size()), dinp_ref, 1e-4, 1e-5)) << "d input, " << where;
+      std::vector<float> grads(static_cast<std::size_t>(gpu_store.size()));
+      cuda::copy_to_host(grads.data(), gpu_store.grads().data(), grads.size() * sizeof(float));
+      const std::vector<float> grads_ref(cpu_store.grads().begin(), cpu_store.grads().end());
+      // Sums over `rows` rows of terms below ~4 plus the filled gradient: 1e-6 rows absolute.
+      EXPECT_TRUE(all_close(grads, grads_ref, 1e-4, 1e-6 * static_cast<double>(s.rows)))
+          << "weight and bias gradients, " << where;
+      unsetenv("NDMESH_EMULATE_NO_EPILOGUES");
+    }
 }
 
 }  // namespace

@@ -273,5 +273,13 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
 void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                    const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, float* c,
                    std::int64_t ldc, GemmEpilogue epilogue = GemmEpilogue::kNone, float* dbias = nullptr);
+/// gemm_bf16_f32 with any epilogue, its bias, aux and bias gradient fp32 (C's type): true
+/// when it ran; false, having run nothing, where cuBLASLt has no algorithm for it (one log
+/// line names the product the first time) or a GELU aux's rows are not a multiple of 8
+/// apart. Its callers then run the product and the epilogue's steps apart (ops::gemm_fused).
+[[nodiscard]] bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                                     float alpha, const BFloat16* a, std::int64_t lda, const BFloat16* b,
+                                     std::int64_t ldb, float beta, float* c, std::int64_t ldc, GemmEpilogue epilogue,
+                                     const float* bias, float* aux, float* dbias);
 
 }  // namespace ndmesh::cuda

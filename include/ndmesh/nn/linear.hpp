@@ -45,10 +45,18 @@ class Linear {
   /// Declares "<name>.weight" [out, in] (unless shared) and "<name>.bias" [out] in `store`.
   Linear(ParamStore<T>& store, LinearOptions options);
 
-  /// out[rows, out] = inp[rows, in] · Wᵀ + b (overwrites out).
+  /// out[rows, out] = inp[rows, in] · Wᵀ + b (overwrites out). Under bf16 products on CUDA
+  /// the bias is added by the product itself (a cuBLASLt epilogue, ops::gemm_fused).
   void forward(const T* inp, T* out, std::int64_t rows) const;
+  /// The forward and GELU fused into the product, where it can be (CUDA, bf16 products, a
+  /// bias that is not deferred, a cuBLASLt algorithm for it): pre = inp · Wᵀ + b, out =
+  /// gelu(pre) (nn::Gelu's tanh form), true. Elsewhere nothing is done and it returns false:
+  /// the caller runs forward() and nn::Gelu.
+  [[nodiscard]] bool forward_gelu(const T* inp, T* pre, T* out, std::int64_t rows) const;
   /// Accumulates: dinp += dout · W (skipped when dinp is null; written over dinp, which then
-  /// need not be zeroed, with GradInto::kSet), dW += doutᵀ · inp, db += column sums of dout.
+  /// need not be zeroed, with GradInto::kSet), dW += doutᵀ · inp, db += column sums of dout
+  /// (under bf16 products of dout rounded to bf16, what the products read: on CUDA the
+  /// weight gradient's product sums them as it reads them).
   /// While a DeferWeightGrads is alive on this thread, only dinp is computed here and the
   /// weight part is recorded in its sink (the split backward of zero-bubble pipelines).
   void backward(const T* dout, const T* inp, T* dinp, std::int64_t rows, GradInto into = GradInto::kAdd) const;
@@ -88,6 +96,8 @@ class Linear {
   // (its rows `ld_dout` apart; 0: out apart).
   void weight_product(const ops::SharedOperand<T>& dout, const T* inp, std::int64_t rows,
                       std::int64_t ld_dout = 0) const;
+  // db += column sums of dout as the products take it (rounded under bf16), rows out apart.
+  void backward_bias(const ops::SharedOperand<T>& dout, std::int64_t rows) const;
   ParamStore<T>* store_;
   LinearOptions options_;
   int weight_ = -1;

@@ -87,6 +87,22 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const SharedOperand<T>& a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc);
 
+/// What a product can fuse after it (gemm_fused).
+enum class Fused : std::uint8_t {
+  kBias,      ///< C = product + bias[n] on every row (beta 0)
+  kGelu,      ///< aux = product + bias[n], C = gelu(aux) (nn::Gelu's tanh form; beta 0)
+  kBiasGrad,  ///< with trans_a (A = dout [k, m]): also dbias[m] += the sums of A's rows over k
+};
+/// gemm with A a SharedOperand and the step `what` fused into the product (a cuBLASLt
+/// epilogue, cuda::try_gemm_bf16_f32): true when it ran; false, having done nothing, where it
+/// cannot fuse: the CPU, fp32 products, a T other than float, or no cuBLASLt algorithm for it.
+/// The caller then runs the product and the step apart. Under bf16 the fused bias gradient
+/// sums the rounded A (what the product reads).
+template <typename T>
+[[nodiscard]] bool gemm_fused(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                              const SharedOperand<T>& a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+                              std::int64_t ldc, Fused what, const T* bias, T* aux, T* dbias);
+
 /// C = alpha op(A) op(B) into bfloat16 (beta 0): A and B rounded as the kBf16 gemm rounds
 /// them (A's precision must be kBf16), fp32 accumulation, each output rounded once (CUDA:
 /// cuda::gemm_bf16; the CPU: the product of the rounded copies in T, then rounded).

@@ -166,6 +166,7 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;  // B, A, C (column-major)
   cublasLtMatmulAlgo_t algo{};
+  bool found = true;  // false: the heuristic had no algorithm for a product that may decline
 };
 
 struct Lt {
@@ -180,7 +181,11 @@ Lt& lt() {
   return s;
 }
 
-Plan make_plan(cublasLtHandle_t handle, const Key& key) {
+std::string timing_name(const Key& key);
+
+// The plan of `key`; with `may_decline` a product the heuristic has no algorithm for gets a
+// plan with found = false (a log line names it once: its caller runs it apart), else it fails.
+Plan make_plan(cublasLtHandle_t handle, const Key& key, bool may_decline) {
   Plan p;
   check_lt(lt_api().MatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
   const cublasOperation_t op_first = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -242,6 +247,12 @@ Plan make_plan(cublasLtHandle_t handle, const Key& key) {
   const cublasStatus_t s = lt_api().MatmulAlgoGetHeuristic(handle, p.desc, p.first, p.second, p.out, p.out,
                                                            pref, 1, &result, &found);
   lt_api().MatmulPreferenceDestroy(pref);
+  if (may_decline && (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && found == 0))) {
+    detail::note("cuBLASLt has no algorithm for " + timing_name(key) + " (" + lt_api().GetStatusString(s) +
+                 "): the product and its epilogue run apart");
+    p.found = false;
+    return p;
+  }
   if (s != CUBLAS_STATUS_SUCCESS || found == 0)
     detail::fail_error(std::string("cuBLASLt has no ") + (key.ab == CUDA_R_32F ? "fp32" : "bf16") +
                        " algorithm (epilogue " + std::to_string(static_cast<int>(key.epilogue)) +
@@ -277,9 +288,10 @@ std::string timing_name(const Key& key) {
 }
 
 // C = alpha op(A) op(B) + beta C with the plan of `key`; the epilogue's pointers (bias, aux,
-// dbias) are set on the cached descriptor under the lock, just before the call.
-void run(const Key& key, float alpha, const void* a, const void* b, float beta, void* c, const void* bias,
-         void* aux, void* dbias) {
+// dbias) are set on the cached descriptor under the lock, just before the call. With
+// `may_decline`, false (nothing run) where cuBLASLt has no algorithm for it.
+bool run(const Key& key, float alpha, const void* a, const void* b, float beta, void* c, const void* bias,
+         void* aux, void* dbias, bool may_decline = false) {
   Lt& s = lt();
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.handle == nullptr) {
@@ -287,8 +299,9 @@ void run(const Key& key, float alpha, const void* a, const void* b, float beta, 
     s.workspace = alloc(kWorkspaceBytes);
   }
   auto it = s.plans.find(key);
-  if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(s.handle, key)).first;
+  if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(s.handle, key, may_decline)).first;
   const Plan& plan = it->second;  // std::map nodes never move
+  if (!plan.found) return false;
   const void* bias_pointer = key.epilogue == GemmEpilogue::kBias || key.epilogue == GemmEpilogue::kGeluAux
                                  ? bias
                                  : static_cast<const void*>(dbias);
@@ -309,6 +322,7 @@ void run(const Key& key, float alpha, const void* a, const void* b, float beta, 
                            plan.out, &plan.algo, s.workspace, kWorkspaceBytes, compute_stream()),
            "matmul");
   if (detail::timing()) detail::timed(timing_name(key).c_str());
+  return true;
 }
 
 }  // namespace
@@ -347,6 +361,19 @@ void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
   const Key key{trans_a,      trans_b,      m,           n,          k,          lda,      ldb, ldc,
                 alignment(a), alignment(b), alignment(c), CUDA_R_16BF, CUDA_R_32F, epilogue};
   run(key, alpha, a, b, beta, c, nullptr, nullptr, dbias);
+}
+
+bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                       const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, float* c,
+                       std::int64_t ldc, GemmEpilogue epilogue, const float* bias, float* aux, float* dbias) {
+  if (m <= 0 || n <= 0 || k <= 0)
+    detail::fail_error("try_gemm_bf16_f32: m, n and k must be positive (" + std::to_string(m) + ", " +
+                       std::to_string(n) + ", " + std::to_string(k) + ")");
+  // cuBLASLt's GELU aux rows are a multiple of 8 elements apart.
+  if ((epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kDGelu) && ldc % 8 != 0) return false;
+  const Key key{trans_a,      trans_b,      m,           n,          k,          lda,      ldb, ldc,
+                alignment(a), alignment(b), alignment(c), CUDA_R_16BF, CUDA_R_32F, epilogue};
+  return run(key, alpha, a, b, beta, c, bias, aux, dbias, true);
 }
 
 }  // namespace ndmesh::cuda

@@ -5,14 +5,19 @@
 // linker never takes blas.cu's object from the library. The bf16 products without an
 // epilogue run here too (widened operands, fp32 product; into bf16 rounded once); the
 // epilogues stay GPU only.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
+
 
 #include "cuda_runtime.h"
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/nn/cuda_ops.hpp"
+#include "ndmesh/nn/gelu.hpp"
 #include "ndmesh/tensor/blas.hpp"
 #include "tensor/cuda/errors.hpp"
 
@@ -94,6 +99,53 @@ void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
   const emu::DeviceWork work;  // reads and writes device memory
   widened_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   timed_product("bf16>fp32", trans_a, trans_b, m, n, k);
+}
+
+// The bf16 product into fp32 with its epilogue, as cuBLASLt defines it (cuda_ops.hpp): the
+// product (plus beta C), then the bias, GELU (the CPU's tanh form: nn::Gelu) with its aux, or
+// the bias gradient of op(A), in fp32. NDMESH_EMULATE_NO_EPILOGUES=1 makes every call decline
+// (as cuBLASLt does for a product it has no algorithm for), so that tests can run the callers'
+// unfused path too.
+bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                       const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, float* c,
+                       std::int64_t ldc, GemmEpilogue epilogue, const float* bias, float* aux, float* dbias) {
+  if (const char* no = std::getenv("NDMESH_EMULATE_NO_EPILOGUES"); no != nullptr && std::string(no) == "1")
+    return false;
+  if ((epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kDGelu) && ldc % 8 != 0) return false;
+  if (epilogue == GemmEpilogue::kDGelu)
+    fail<>("cuda", "the emulator's try_gemm_bf16_f32 has no dGELU epilogue (nothing calls it)");
+  const bool uses_bias = epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kGeluAux;
+  if ((uses_bias && bias == nullptr) || (epilogue == GemmEpilogue::kGeluAux && aux == nullptr) ||
+      (epilogue == GemmEpilogue::kBGradB && dbias == nullptr))
+    fail<>("cuda", "try_gemm_bf16_f32: the epilogue {} needs its bias, aux or bias gradient pointer",
+           static_cast<int>(epilogue));
+  const emu::DeviceWork work;  // reads and writes device memory
+  widened_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (uses_bias)
+    for (std::int64_t r = 0; r < m; ++r)
+      for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] += bias[j];
+  if (epilogue == GemmEpilogue::kGeluAux)
+    for (std::int64_t r = 0; r < m; ++r) {
+      std::copy(c + r * ldc, c + r * ldc + n, aux + r * ldc);
+      nn::Gelu<float>::forward(aux + r * ldc, c + r * ldc, n, Device::kCpu);
+    }
+  if (epilogue == GemmEpilogue::kBGradB) {  // the sums of op(A)'s rows over k: A is [k, m] (trans_a)
+    if (!trans_a) fail<>("cuda", "try_gemm_bf16_f32: the bias gradient epilogue takes a transposed A");
+    for (std::int64_t i = 0; i < m; ++i) {
+      float sum = 0;
+      for (std::int64_t l = 0; l < k; ++l) sum += static_cast<float>(a[l * lda + i]);
+      dbias[i] = sum;
+    }
+  }
+  if (detail::timing()) {
+    static const char* const kEpilogue[] = {"", " +bias", " +gelu", " +dgelu", " +bias grad"};
+    char name[160];
+    std::snprintf(name, sizeof name, "gemm bf16>fp32 %lldx%lldx%lld %c%c%s", static_cast<long long>(m),
+                  static_cast<long long>(n), static_cast<long long>(k), trans_a ? 'T' : 'N', trans_b ? 'T' : 'N',
+                  kEpilogue[static_cast<int>(epilogue)]);
+    detail::timed(name);
+  }
+  return true;
 }
 
 }  // namespace ndmesh::cuda
