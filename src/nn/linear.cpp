@@ -92,6 +92,20 @@ void Linear<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t rows
 }
 
 template <typename T>
+bool Linear<T>::backward_gelu(const T* dout, const T* inp, const T* pre, T* dpre, std::int64_t rows) const {
+  const std::int64_t in = options_.in, n_out = options_.out;
+  if (device() == Device::kCpu || matmul_precision() != MatmulPrecision::kBf16 || deferred_sink<T>() != nullptr)
+    return false;
+  const ops::SharedOperand<T> d(device(), matmul_precision(), dout, rows * n_out);
+  // kDGelu only reads the aux (pre).
+  if (!ops::gemm_fused<T>(false, false, rows, in, n_out, d, n_out, store_->param(weight_), in, T(0), dpre, in,
+                          ops::Fused::kDGelu, nullptr, const_cast<T*>(pre), nullptr))
+    return false;
+  weight_product(d, inp, rows);
+  return true;
+}
+
+template <typename T>
 void Linear<T>::forward(const T* inp, BFloat16* out, std::int64_t ld_out, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
   NDMESH_CHECK(bias_ < 0 && store_->matmul_precision() == MatmulPrecision::kBf16 && ld_out >= n_out, "nn",

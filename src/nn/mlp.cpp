@@ -40,8 +40,10 @@ void Mlp<T>::backward(const T* dout, const T* inp, const MlpActivations<T>& acts
                       std::int64_t rows) const {
   // One buffer, nothing zeroed: d gelu written over it, then d fc over d gelu in place.
   T* dgelu = scratch;
-  proj_.backward(dout, acts.gelu.data(), dgelu, rows, GradInto::kSet);
-  Gelu<T>::backward(dgelu, acts.fc.data(), dgelu, rows * local_ffn(), fc_.device());
+  if (!proj_.backward_gelu(dout, acts.gelu.data(), acts.fc.data(), dgelu, rows)) {  // GELU's derivative fused, else apart
+    proj_.backward(dout, acts.gelu.data(), dgelu, rows, GradInto::kSet);
+    Gelu<T>::backward(dgelu, acts.fc.data(), dgelu, rows * local_ffn(), fc_.device());
+  }
   fc_.backward(dgelu, inp, dinp, rows, GradInto::kSet);
 }
 

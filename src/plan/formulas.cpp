@@ -287,6 +287,9 @@ double elementwise_bytes_per_token(const PlanModel& m, const LayerShape& s) {
   double bytes = forward + backward;
   if (s.recompute == Recompute::kFull) bytes += forward;
   if (s.bf16_products) {
+    // cuBLASLt epilogues: the qkv and fc biases, GELU (its aux written beside C), GELU's
+    // derivative (reading the aux) and the two bias gradients run inside the products.
+    bytes -= 4 * (2 * r / t + 3 * mlp * f / t) + 4 * (r / t + 3 * mlp * f / t);
     bytes += 6 * (2 * h + h / t + mlp * f / t) + 6 * (3 * h + h / t + 2 * mlp * f / t + r / t);
     // cuDNN writes d qkv (widened from bf16): the zeroing of the fp32 pass above is skipped.
     if (s.attention == Attention::kFlash) bytes += 6 * (r / t + h / t) + 6 * (2 * r / t + 2 * h / t) - 4 * r / t;

@@ -215,6 +215,9 @@ bool gemm_fused([[maybe_unused]] bool trans_a, [[maybe_unused]] bool trans_b, st
       case Fused::kGelu:
         return cuda::try_gemm_bf16_f32(trans_a, trans_b, m, n, k, 1.0f, a16, lda, b16p, ldb, beta, c, ldc,
                                        cuda::GemmEpilogue::kGeluAux, bias, aux, nullptr);
+      case Fused::kDGelu:
+        return cuda::try_gemm_bf16_f32(trans_a, trans_b, m, n, k, 1.0f, a16, lda, b16p, ldb, beta, c, ldc,
+                                       cuda::GemmEpilogue::kDGeluNoBiasGrad, nullptr, aux, nullptr);
       case Fused::kBiasGrad: {
         // cuBLASLt writes the sums: they go to scratch, then into the accumulated gradient.
         DeviceBuffer sums(static_cast<std::size_t>(m) * sizeof(float));

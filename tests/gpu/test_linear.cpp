@@ -141,12 +141,13 @@ TEST(CudaLinear, Bf16LogitsInPaddedRowsAndTheirBackward) {
 
 // Under bf16 products on CUDA a layer with a bias fuses it into its products (cuBLASLt
 // epilogues, ops::gemm_fused): the forward adds the bias, forward_gelu also writes GELU with its
-// pre-activation, and the weight gradient's product sums the bias gradient from the rounded
-// output gradient it reads. Against the CPU's bf16 layer (forward, then nn::Gelu apart; the
+// pre-activation, backward_gelu multiplies the input gradient by GELU's derivative in its
+// product, and the weight gradient's product sums the bias gradient from the rounded output
+// gradient it reads. Against the CPU's bf16 layer (forward, then nn::Gelu apart; the
 // bias gradient summed from the same rounded values): the same exact bf16 products in fp32 in
 // other orders, so the bounds of the test above (1e-4 relative, 1e-5 absolute) hold, GELU
 // being 1.2-Lipschitz. A missing bias or GELU, or a bias gradient not accumulated into the
-// filled one, is off by O(1). In the emulator, NDMESH_EMULATE_NO_EPILOGUES=1 declines every
+// filled one, is off by O(1); so is d pre without GELU's derivative. In the emulator, NDMESH_EMULATE_NO_EPILOGUES=1 declines every
 // epilogue, as cuBLASLt does where it has no algorithm: the layer then runs the steps apart,
 // to the same bounds.
 TEST(CudaLinear, Bf16BiasAndGeluFusedIntoTheProductsMatchTheCpu) {
@@ -208,6 +209,33 @@ TEST(CudaLinear, Bf16BiasAndGeluFusedIntoTheProductsMatchTheCpu) {
       // Sums over `rows` rows of terms below ~4 plus the filled gradient: 1e-6 rows absolute.
       EXPECT_TRUE(all_close(grads, grads_ref, 1e-4, 1e-6 * static_cast<double>(s.rows)))
           << "weight and bias gradients, " << where;
+
+      // The backward through GELU (the layer's input taken as gelu(pre), pre = the forward's
+      // output here): d pre = (d · W) gelu'(pre) from the product, against the CPU's backward
+      // then nn::Gelu's, and the weight gradient added once more.
+      std::vector<float> dpre_ref(inp.size());
+      const auto pre = normal(inp.size(), 5);
+      std::vector<float> gelu_of_pre(inp.size());
+      nn::Gelu<float>::forward(pre.data(), gelu_of_pre.data(), static_cast<std::int64_t>(inp.size()), Device::kCpu);
+      EXPECT_FALSE(cpu.backward_gelu(d.data(), gelu_of_pre.data(), pre.data(), dpre_ref.data(), s.rows));
+      cpu.backward(d.data(), gelu_of_pre.data(), dpre_ref.data(), s.rows, nn::GradInto::kSet);
+      nn::Gelu<float>::backward(dpre_ref.data(), pre.data(), dpre_ref.data(), static_cast<std::int64_t>(inp.size()),
+                                Device::kCpu);
+      DeviceBuffer dgpre = to_device(pre), dgact = to_device(gelu_of_pre), ddpre = to_device(nans(inp.size()));
+      const bool dgelu_fused =
+          gpu.backward_gelu(ptr<float>(dd), ptr<float>(dgact), ptr<float>(dgpre), ptr<float>(ddpre), s.rows);
+#if NDMESH_CUDA_EMULATED
+      EXPECT_EQ(dgelu_fused, !decline && s.in % 8 == 0) << where;
+#endif
+      if (dgelu_fused) {
+        // gelu' is within [-0.2, 1.2]: the product's bound carries over, and cuBLASLt's gelu'
+        // may differ from the tanh form's where it saturates (test_blas: 2^-7 of |d W|).
+        EXPECT_TRUE(all_close(to_host<float>(ddpre, inp.size()), dpre_ref, 1e-4, 1.0 / 128)) << "d pre, " << where;
+        cuda::copy_to_host(grads.data(), gpu_store.grads().data(), grads.size() * sizeof(float));
+        EXPECT_TRUE(all_close(grads, std::vector<float>(cpu_store.grads().begin(), cpu_store.grads().end()), 1e-4,
+                              2e-6 * static_cast<double>(s.rows)))
+            << "gradients after the backward through GELU, " << where;
+      }
       unsetenv("NDMESH_EMULATE_NO_EPILOGUES");
     }
 }

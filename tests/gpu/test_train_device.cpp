@@ -296,18 +296,22 @@ TEST(CudaTrainKernelTimes, AStepsOperationsAreRowsAndItsHostWaitsAreCounted) {
     EXPECT_EQ(has("gemm bf16 "), precision == parallel::Precision::kBf16) << what;
     // Under bf16 the biases that are not deferred (qkv, fc), fc's GELU and their gradients go
     // into the products (cuBLASLt epilogues): 4 layers x 2 products with a bias forward (one
-    // with GELU) and 2 weight gradients with the bias gradient.
-    std::int64_t fused_bias = 0, fused_gelu = 0, fused_bias_grad = 0;
+    // with GELU), 2 weight gradients with the bias gradient, and GELU's derivative in the
+    // input gradient of the MLP's second product.
+    std::int64_t fused_bias = 0, fused_gelu = 0, fused_bias_grad = 0, fused_dgelu = 0;
     for (const cuda::KernelTime& r : t.rows) {
       const auto ends = [&](const std::string& tail) { return r.name.ends_with(tail); };
       fused_bias += ends(" +bias") ? r.calls : 0;
       fused_gelu += ends(" +gelu") ? r.calls : 0;
       fused_bias_grad += ends(" +bias grad") ? r.calls : 0;
+      fused_dgelu += ends(" +dgelu") ? r.calls : 0;
     }
     const std::int64_t fused = precision == parallel::Precision::kBf16 ? kTimed * kMicro * 4 : 0;
     EXPECT_EQ(fused_bias, fused) << what;
     EXPECT_EQ(fused_gelu, fused) << what;
     EXPECT_EQ(fused_bias_grad, 2 * fused) << what;
+    EXPECT_EQ(fused_dgelu, fused) << what;  // proj's input gradient through GELU's derivative
+    EXPECT_EQ(has("gelu_backward"), precision == parallel::Precision::kFp32) << what;
     // Under bf16 each product rounds its two operands, except that a linear layer's backward
     // rounds its output's gradient once for both of its products (16 layers: 4 x 4), and the
     // head's backward reads the logits' gradient as the classifier stored it (bfloat16).

@@ -257,11 +257,13 @@ void adamw_update_multi(float* w, BFloat16* w_bf16, const float* grad, float* m,
 ///   kDGelu:   C = product * gelu'(aux) and dbias[n] = its column sums: the backward of
 ///             kGeluAux with its bias gradient;
 ///   kBGradB:  (gemm_bf16_f32, the weight gradient with trans_a: A = dout [k, m]) also
-///             dbias[m] = the sums of op(A) over k: the bias gradient from the same read.
+///             dbias[m] = the sums of op(A) over k: the bias gradient from the same read;
+///   kDGeluNoBiasGrad: C = product * gelu'(aux), no bias gradient (the layer before GELU
+///             sums its bias gradient in its own weight gradient's product).
 /// Bias gradients are written, not accumulated. The bias and its gradient have C's element
 /// type: cuBLASLt 13.1 (H200) offers no algorithm for an fp32 bias with a bf16 C, nor for a
 /// bf16 bias with an fp32 C (every epilogue, every shape tried; docs/gpu.md).
-enum class GemmEpilogue : std::uint8_t { kNone, kBias, kGeluAux, kDGelu, kBGradB };
+enum class GemmEpilogue : std::uint8_t { kNone, kBias, kGeluAux, kDGelu, kBGradB, kDGeluNoBiasGrad };
 /// gemm with bf16 A, B and C (row-major as gemm), fp32 accumulation (cuBLASLt,
 /// CUBLAS_COMPUTE_32F) and one rounding of each output. GPU only: cuBLASLt does not run in
 /// the emulator.

@@ -53,6 +53,13 @@ class Linear {
   /// gelu(pre) (nn::Gelu's tanh form), true. Elsewhere nothing is done and it returns false:
   /// the caller runs forward() and nn::Gelu.
   [[nodiscard]] bool forward_gelu(const T* inp, T* pre, T* out, std::int64_t rows) const;
+  /// The backward of a layer whose input is gelu(pre) (the MLP's proj), GELU's derivative
+  /// fused into the input gradient's product where it can be (CUDA, bf16 products, outside a
+  /// DeferWeightGrads scope, a cuBLASLt algorithm for it): dpre = (dout · W) ⊙ gelu'(pre)
+  /// (written), dW += doutᵀ · inp (inp = gelu(pre)), true; a bias gradient only if not
+  /// deferred. Elsewhere nothing is done and it returns false: the caller runs backward() and
+  /// nn::Gelu::backward.
+  [[nodiscard]] bool backward_gelu(const T* dout, const T* inp, const T* pre, T* dpre, std::int64_t rows) const;
   /// Accumulates: dinp += dout · W (skipped when dinp is null; written over dinp, which then
   /// need not be zeroed, with GradInto::kSet), dW += doutᵀ · inp, db += column sums of dout
   /// (under bf16 products of dout rounded to bf16, what the products read: on CUDA the

@@ -255,7 +255,10 @@ struct LayerShape {
 ///   norms' two kernels, two copies of the residual path's gradient, the bias gradients)
 ///   plus 2 r/t + 4 f/t (the qkv gradient zeroed and its bias gradient; GELU's
 ///   backward in place and the fc bias gradient); full recompute repeats the forward;
-///   with bf16 products, 6 bytes (read fp32, write bf16) per element of each product's
+///   with bf16 products the qkv and fc biases, GELU, its derivative and the two bias gradients
+///   go into the products (cuBLASLt epilogues: -4 (2 r/t + 3 f/t) forward, GELU's aux written
+///   beside C; -4 (r/t + 3 f/t) backward, its derivative reading the aux), and 6 bytes (read
+///   fp32, write bf16) per element of each product's
 ///   activation operand: forward 2 h + h/t + f/t, backward 3 h + h/t + 2 f/t + r/t; and cuDNN's
 ///   attention takes bf16 q, k, v and gives bf16 back: 6 (r/t + h/t) forward, 6 (2 r/t +
 ///   2 h/t) backward, where its d q, k, v widened is written into the qkv gradient, which is

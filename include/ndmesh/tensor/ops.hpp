@@ -92,6 +92,7 @@ enum class Fused : std::uint8_t {
   kBias,      ///< C = product + bias[n] on every row (beta 0)
   kGelu,      ///< aux = product + bias[n], C = gelu(aux) (nn::Gelu's tanh form; beta 0)
   kBiasGrad,  ///< with trans_a (A = dout [k, m]): also dbias[m] += the sums of A's rows over k
+  kDGelu,     ///< C = product * gelu'(aux) (aux read, not written; beta 0)
 };
 /// gemm with A a SharedOperand and the step `what` fused into the product (a cuBLASLt
 /// epilogue, cuda::try_gemm_bf16_f32): true when it ran; false, having done nothing, where it

@@ -183,6 +183,10 @@ Lt& lt() {
 
 std::string timing_name(const Key& key);
 
+bool uses_aux(GemmEpilogue e) {
+  return e == GemmEpilogue::kGeluAux || e == GemmEpilogue::kDGelu || e == GemmEpilogue::kDGeluNoBiasGrad;
+}
+
 // The plan of `key`; with `may_decline` a product the heuristic has no algorithm for gets a
 // plan with found = false (a log line names it once: its caller runs it apart), else it fails.
 Plan make_plan(cublasLtHandle_t handle, const Key& key, bool may_decline) {
@@ -203,15 +207,17 @@ Plan make_plan(cublasLtHandle_t handle, const Key& key, bool may_decline) {
       case GemmEpilogue::kBias: e = CUBLASLT_EPILOGUE_BIAS; break;
       case GemmEpilogue::kGeluAux: e = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
       case GemmEpilogue::kDGelu: e = CUBLASLT_EPILOGUE_DGELU_BGRAD; break;
+      case GemmEpilogue::kDGeluNoBiasGrad: e = CUBLASLT_EPILOGUE_DGELU; break;
       case GemmEpilogue::kBGradB: e = CUBLASLT_EPILOGUE_BGRADB; break;
     }
     check_lt(lt_api().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), "epilogue");
     // The bias and its gradient have C's type: cuBLASLt 13.1 finds no algorithm otherwise.
     const cudaDataType_t bias_type = key.c;
-    check_lt(lt_api().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                             sizeof bias_type),
-             "bias type");
-    if (key.epilogue == GemmEpilogue::kGeluAux || key.epilogue == GemmEpilogue::kDGelu) {
+    if (key.epilogue != GemmEpilogue::kDGeluNoBiasGrad)
+      check_lt(lt_api().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                               sizeof bias_type),
+               "bias type");
+    if (uses_aux(key.epilogue)) {
       const std::int64_t ld = key.ldc;  // aux [m, n] row-major, as C
       check_lt(lt_api().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld),
                "aux leading dimension");
@@ -277,7 +283,7 @@ __global__ void scale_rows_kernel(float* c, std::int64_t m, std::int64_t n, std:
 // A product's row in the kernel times: "gemm bf16>fp32 16384x2304x768 NT +bias", the shape
 // as m x n x k and A's and B's orientation (N: as stored, T: transposed).
 std::string timing_name(const Key& key) {
-  static const char* const kEpilogue[] = {"", " +bias", " +gelu", " +dgelu", " +bias grad"};
+  static const char* const kEpilogue[] = {"", " +bias", " +gelu", " +dgelu +bias grad", " +bias grad", " +dgelu"};
   const auto type = [](cudaDataType_t t) { return t == CUDA_R_16BF ? "bf16" : "fp32"; };
   char name[160];
   std::snprintf(name, sizeof name, "gemm %s%s%s %lldx%lldx%lld %c%c%s", type(key.ab), key.c != key.ab ? ">" : "",
@@ -305,7 +311,7 @@ bool run(const Key& key, float alpha, const void* a, const void* b, float beta, 
   const void* bias_pointer = key.epilogue == GemmEpilogue::kBias || key.epilogue == GemmEpilogue::kGeluAux
                                  ? bias
                                  : static_cast<const void*>(dbias);
-  if (key.epilogue != GemmEpilogue::kNone) {
+  if (key.epilogue != GemmEpilogue::kNone && key.epilogue != GemmEpilogue::kDGeluNoBiasGrad) {
     if (bias_pointer == nullptr)
       detail::fail_error("gemm: the epilogue " + std::to_string(static_cast<int>(key.epilogue)) +
                          " needs its bias (or bias gradient) pointer");
@@ -313,7 +319,7 @@ bool run(const Key& key, float alpha, const void* a, const void* b, float beta, 
                                              sizeof bias_pointer),
              "bias pointer");
   }
-  if (key.epilogue == GemmEpilogue::kGeluAux || key.epilogue == GemmEpilogue::kDGelu) {
+  if (uses_aux(key.epilogue)) {
     if (aux == nullptr) detail::fail_error("gemm: the GELU epilogues need the aux pointer");
     check_lt(lt_api().MatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
              "aux pointer");
@@ -370,7 +376,7 @@ bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
     detail::fail_error("try_gemm_bf16_f32: m, n and k must be positive (" + std::to_string(m) + ", " +
                        std::to_string(n) + ", " + std::to_string(k) + ")");
   // cuBLASLt's GELU aux rows are a multiple of 8 elements apart.
-  if ((epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kDGelu) && ldc % 8 != 0) return false;
+  if (uses_aux(epilogue) && ldc % 8 != 0) return false;
   const Key key{trans_a,      trans_b,      m,           n,          k,          lda,      ldb, ldc,
                 alignment(a), alignment(b), alignment(c), CUDA_R_16BF, CUDA_R_32F, epilogue};
   return run(key, alpha, a, b, beta, c, bias, aux, dbias, true);

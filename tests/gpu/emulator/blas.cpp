@@ -102,8 +102,8 @@ void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
 }
 
 // The bf16 product into fp32 with its epilogue, as cuBLASLt defines it (cuda_ops.hpp): the
-// product (plus beta C), then the bias, GELU (the CPU's tanh form: nn::Gelu) with its aux, or
-// the bias gradient of op(A), in fp32. NDMESH_EMULATE_NO_EPILOGUES=1 makes every call decline
+// product (plus beta C), then the bias, GELU (the CPU's tanh form: nn::Gelu) with its aux,
+// GELU's derivative at the aux, or the bias gradient of op(A), in fp32. NDMESH_EMULATE_NO_EPILOGUES=1 makes every call decline
 // (as cuBLASLt does for a product it has no algorithm for), so that tests can run the callers'
 // unfused path too.
 bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
@@ -111,12 +111,13 @@ bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
                        std::int64_t ldc, GemmEpilogue epilogue, const float* bias, float* aux, float* dbias) {
   if (const char* no = std::getenv("NDMESH_EMULATE_NO_EPILOGUES"); no != nullptr && std::string(no) == "1")
     return false;
-  if ((epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kDGelu) && ldc % 8 != 0) return false;
+  const bool dgelu = epilogue == GemmEpilogue::kDGeluNoBiasGrad;
+  if ((epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kDGelu || dgelu) && ldc % 8 != 0) return false;
   if (epilogue == GemmEpilogue::kDGelu)
-    fail<>("cuda", "the emulator's try_gemm_bf16_f32 has no dGELU epilogue (nothing calls it)");
+    fail<>("cuda", "the emulator's try_gemm_bf16_f32 has no dGELU epilogue with the bias gradient (nothing calls it)");
   const bool uses_bias = epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kGeluAux;
   if ((uses_bias && bias == nullptr) || (epilogue == GemmEpilogue::kGeluAux && aux == nullptr) ||
-      (epilogue == GemmEpilogue::kBGradB && dbias == nullptr))
+      (epilogue == GemmEpilogue::kBGradB && dbias == nullptr) || (dgelu && aux == nullptr))
     fail<>("cuda", "try_gemm_bf16_f32: the epilogue {} needs its bias, aux or bias gradient pointer",
            static_cast<int>(epilogue));
   const emu::DeviceWork work;  // reads and writes device memory
@@ -129,6 +130,8 @@ bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
       std::copy(c + r * ldc, c + r * ldc + n, aux + r * ldc);
       nn::Gelu<float>::forward(aux + r * ldc, c + r * ldc, n, Device::kCpu);
     }
+  if (dgelu)  // C = product * gelu'(aux), row by row (nn::Gelu's backward in place)
+    for (std::int64_t r = 0; r < m; ++r) nn::Gelu<float>::backward(c + r * ldc, aux + r * ldc, c + r * ldc, n, Device::kCpu);
   if (epilogue == GemmEpilogue::kBGradB) {  // the sums of op(A)'s rows over k: A is [k, m] (trans_a)
     if (!trans_a) fail<>("cuda", "try_gemm_bf16_f32: the bias gradient epilogue takes a transposed A");
     for (std::int64_t i = 0; i < m; ++i) {
@@ -138,7 +141,7 @@ bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
     }
   }
   if (detail::timing()) {
-    static const char* const kEpilogue[] = {"", " +bias", " +gelu", " +dgelu", " +bias grad"};
+    static const char* const kEpilogue[] = {"", " +bias", " +gelu", " +dgelu +bias grad", " +bias grad", " +dgelu"};
     char name[160];
     std::snprintf(name, sizeof name, "gemm bf16>fp32 %lldx%lldx%lld %c%c%s", static_cast<long long>(m),
                   static_cast<long long>(n), static_cast<long long>(k), trans_a ? 'T' : 'N', trans_b ? 'T' : 'N',

@@ -101,7 +101,9 @@ TEST(MatmulPrecision, Bf16LinearIsTheFp32SumOfBf16RoundedProducts) {
         Ref& y = out[static_cast<std::size_t>(r * s.out + o)];
         y.add(bias[static_cast<std::size_t>(o)]);
         const double d = dout[static_cast<std::size_t>(r * s.out + o)];
-        dbias[static_cast<std::size_t>(o)].add(d);  // the bias gradient: fp32 sums of the unrounded dout
+        // The bias gradient: fp32 sums of dout rounded, what the products read (on CUDA the
+        // weight gradient's product sums it as it reads it).
+        dbias[static_cast<std::size_t>(o)].add(bf16(static_cast<float>(d)));
         for (std::int64_t i = 0; i < s.in; ++i) {
           const double x = bf16(inp[static_cast<std::size_t>(r * s.in + i)]);
           const double w = bf16(weight[static_cast<std::size_t>(o * s.in + i)]);
@@ -123,7 +125,7 @@ TEST(MatmulPrecision, Bf16LinearIsTheFp32SumOfBf16RoundedProducts) {
     EXPECT_GT(worst(fp32.out, out, s.in + 1), 10.0) << "forward " << where;
     EXPECT_GT(worst(fp32.dinp, dinp, s.out + 1), 10.0) << "input gradient " << where;
     EXPECT_GT(worst(fp32.dweight, dweight, s.rows + 1), 10.0) << "weight gradient " << where;
-    EXPECT_EQ(fp32.dbias, got.dbias) << "the bias gradient is fp32 either way " << where;
+    EXPECT_GT(worst(fp32.dbias, dbias, s.rows), 10.0) << "bias gradient " << where;
   }
 }
 

@@ -401,7 +401,10 @@ TEST(LayerTime, AttentionAtTheAttentionKernelsRate) {
 //   backward residual copy 2h, proj2 bias grad h, GELU in place 3f/t, fc bias grad f/t, LN2 6h,
 //            proj bias grad h, dqkv zeroed r/t, qkv bias grad r/t, residual copy into the
 //            input grad 2h, LN1 6h                                         = 18h + 2r/t + 4f/t
-// and, with bf16 products, 6 bytes per element rounded: the products' activation operands
+// and, with bf16 products, fused into the products (cuBLASLt epilogues): the qkv bias 2r/t, the
+// fc bias and GELU (3f/t of their 4: the aux is written beside C), GELU's backward and the fc
+// bias gradient (3f/t of their 4: the derivative reads the aux), the qkv bias gradient r/t;
+// then 6 bytes per element rounded: the products' activation operands
 // (forward 2h + h/t + f/t; backward 3h + h/t + 2f/t + r/t) and cuDNN attention's q, k, v and
 // output (forward r/t + h/t; backward 2r/t + 2h/t, its d q, k, v widened into the qkv gradient,
 // which then needs no zeroing: 4 r/t bytes fewer).
@@ -422,7 +425,8 @@ TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
   LayerShape bf16 = shape;
   bf16.bf16_products = true;
   EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, bf16),
-                   fp32 + 6 * (3 * h + f) + 6 * (4 * h + 2 * f + r) + 6 * (r + h) + 6 * (2 * r + 2 * h) - 4 * r);
+                   fp32 - 4 * (3 * r + 6 * f) + 6 * (3 * h + f) + 6 * (4 * h + 2 * f + r) + 6 * (r + h) +
+                       6 * (2 * r + 2 * h) - 4 * r);
   // tp 4 with sequence parallelism: every term over 4 (the norms and residuals on a quarter of
   // the rows, the column-parallel widths split); without it the h-wide passes stay whole.
   LayerShape tp = shape;
