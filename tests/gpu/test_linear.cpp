@@ -5,6 +5,7 @@
 // are tested here against the CPU's bf16 layer, and so are its products with the bias, GELU
 // and the bias gradient fused (cuBLASLt epilogues).
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <vector>
 
@@ -226,6 +227,10 @@ TEST(CudaLinear, Bf16BiasAndGeluFusedIntoTheProductsMatchTheCpu) {
           gpu.backward_gelu(ptr<float>(dd), ptr<float>(dgact), ptr<float>(dgpre), ptr<float>(ddpre), s.rows);
 #if NDMESH_CUDA_EMULATED
       EXPECT_EQ(dgelu_fused, !decline && s.in % 8 == 0) << where;
+#else
+      // What this cuBLASLt fused (the layer runs the rest apart): for the GPU check's log.
+      std::printf("%s: GELU %s, GELU's derivative %s in the product\n", where.c_str(), fused ? "fused" : "apart",
+                  dgelu_fused ? "fused" : "apart");
 #endif
       if (dgelu_fused) {
         // gelu' is within [-0.2, 1.2]: the product's bound carries over, and cuBLASLt's gelu'

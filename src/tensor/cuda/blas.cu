@@ -210,17 +210,26 @@ Plan make_plan(cublasLtHandle_t handle, const Key& key, bool may_decline) {
       case GemmEpilogue::kDGeluNoBiasGrad: e = CUBLASLT_EPILOGUE_DGELU; break;
       case GemmEpilogue::kBGradB: e = CUBLASLT_EPILOGUE_BGRADB; break;
     }
-    check_lt(lt_api().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), "epilogue");
+    // An epilogue attribute this cuBLASLt refuses declines the product (with may_decline).
+    bool accepted = true;
+    auto set = [&](cublasLtMatmulDescAttributes_t attribute, const void* value, std::size_t bytes, const char* what) {
+      const cublasStatus_t st = lt_api().MatmulDescSetAttribute(p.desc, attribute, value, bytes);
+      if (st != CUBLAS_STATUS_SUCCESS && !may_decline) check_lt(st, what);
+      accepted = accepted && st == CUBLAS_STATUS_SUCCESS;
+    };
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e, "epilogue");
     // The bias and its gradient have C's type: cuBLASLt 13.1 finds no algorithm otherwise.
     const cudaDataType_t bias_type = key.c;
     if (key.epilogue != GemmEpilogue::kDGeluNoBiasGrad)
-      check_lt(lt_api().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                               sizeof bias_type),
-               "bias type");
+      set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type, "bias type");
     if (uses_aux(key.epilogue)) {
       const std::int64_t ld = key.ldc;  // aux [m, n] row-major, as C
-      check_lt(lt_api().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld),
-               "aux leading dimension");
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld, "aux leading dimension");
+    }
+    if (!accepted) {
+      detail::note("cuBLASLt refuses the epilogue of " + timing_name(key) + ": the product and its epilogue run apart");
+      p.found = false;
+      return p;
     }
   }
   check_lt(lt_api().MatrixLayoutCreate(&p.first, key.ab, key.trans_b ? u(key.k) : u(key.n),
@@ -306,7 +315,7 @@ bool run(const Key& key, float alpha, const void* a, const void* b, float beta, 
   }
   auto it = s.plans.find(key);
   if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(s.handle, key, may_decline)).first;
-  const Plan& plan = it->second;  // std::map nodes never move
+  Plan& plan = it->second;  // std::map nodes never move
   if (!plan.found) return false;
   const void* bias_pointer = key.epilogue == GemmEpilogue::kBias || key.epilogue == GemmEpilogue::kGeluAux
                                  ? bias
@@ -324,9 +333,18 @@ bool run(const Key& key, float alpha, const void* a, const void* b, float beta, 
     check_lt(lt_api().MatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
              "aux pointer");
   }
-  check_lt(lt_api().Matmul(s.handle, plan.desc, &alpha, b, plan.first, a, plan.second, &beta, c, plan.out, c,
-                           plan.out, &plan.algo, s.workspace, kWorkspaceBytes, compute_stream()),
-           "matmul");
+  const cublasStatus_t st = lt_api().Matmul(s.handle, plan.desc, &alpha, b, plan.first, a, plan.second, &beta, c,
+                                            plan.out, c, plan.out, &plan.algo, s.workspace, kWorkspaceBytes,
+                                            compute_stream());
+  // A product that may decline and that cuBLASLt refuses to run (nothing launched) declines
+  // from now on; any other failure is an error.
+  if (may_decline && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
+    detail::note("cuBLASLt cannot run " + timing_name(key) + " (" + lt_api().GetStatusString(st) +
+                 "): the product and its epilogue run apart");
+    plan.found = false;
+    return false;
+  }
+  check_lt(st, "matmul");
   if (detail::timing()) detail::timed(timing_name(key).c_str());
   return true;
 }
