@@ -76,6 +76,16 @@ TEST(CudaLinear, BiasBackwardAccumulatesColumnSums) {
   }
 }
 
+// A Linear under bf16 products in `store`, its parameters the same random values in every store.
+nn::Linear<float> bf16_layer(ParamStore<float>& store, const Shape& s, bool bias) {
+  store.set_matmul_precision(MatmulPrecision::kBf16);
+  nn::Linear<float> l(store, {.in = s.in, .out = s.out, .bias = bias});
+  store.allocate();
+  const auto p = normal(static_cast<std::size_t>(store.size()), 7, 0.2f);
+  store.params_from_host(p.data());
+  return l;
+}
+
 // The LM head under bf16 on CUDA (nn::LmHead's fused path): the logits written in bfloat16
 // into rows padded to 128 (the padding never written), and the backward's two products read
 // the logits' gradient as stored in those rows (the padding never read: it holds NaN here),
@@ -89,16 +99,8 @@ TEST(CudaLinear, Bf16LogitsInPaddedRowsAndTheirBackward) {
     const std::int64_t ld = (s.out + 127) / 128 * 128;
     const std::string where = "rows=" + std::to_string(s.rows) + " in=" + std::to_string(s.in) +
                               " vocab=" + std::to_string(s.out) + " padded=" + std::to_string(ld);
-    auto make = [&](ParamStore<float>& store) {
-      store.set_matmul_precision(MatmulPrecision::kBf16);
-      nn::Linear<float> l(store, {.in = s.in, .out = s.out, .bias = false});
-      store.allocate();
-      const auto p = normal(static_cast<std::size_t>(store.size()), 7, 0.2f);
-      store.params_from_host(p.data());
-      return l;
-    };
     ParamStore<float> cpu_store, gpu_store;
-    const nn::Linear<float> cpu = make(cpu_store), gpu = make(gpu_store);
+    const nn::Linear<float> cpu = bf16_layer(cpu_store, s, false), gpu = bf16_layer(gpu_store, s, false);
     gpu_store.to(Device::kCuda);
     const auto inp = normal(static_cast<std::size_t>(s.rows * s.in), 3);
     DeviceBuffer din = to_device(inp);
@@ -163,16 +165,8 @@ TEST(CudaLinear, Bf16BiasAndGeluFusedIntoTheProductsMatchTheCpu) {
       if (decline) setenv("NDMESH_EMULATE_NO_EPILOGUES", "1", 1);
       const std::string where = "rows=" + std::to_string(s.rows) + " in=" + std::to_string(s.in) +
                                 " out=" + std::to_string(s.out) + (decline ? " (epilogues declined)" : "");
-      auto make = [&](ParamStore<float>& store) {
-        store.set_matmul_precision(MatmulPrecision::kBf16);
-        nn::Linear<float> l(store, {.in = s.in, .out = s.out});
-        store.allocate();
-        const auto p = normal(static_cast<std::size_t>(store.size()), 7, 0.2f);
-        store.params_from_host(p.data());
-        return l;
-      };
       ParamStore<float> cpu_store, gpu_store;
-      const nn::Linear<float> cpu = make(cpu_store), gpu = make(gpu_store);
+      const nn::Linear<float> cpu = bf16_layer(cpu_store, s, true), gpu = bf16_layer(gpu_store, s, true);
       gpu_store.to(Device::kCuda);
       const auto g = normal(static_cast<std::size_t>(cpu_store.size()), 8);  // gradients already held
       std::copy(g.begin(), g.end(), cpu_store.grads().begin());
