@@ -198,14 +198,14 @@ void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch,
   T* part = sp ? partial_.data() : a.res1.data();
   proj_.forward(a.atty.data(), part, n);
   tp_.g_forward(part, a.res1.data(), n, c);
-  proj_.add_bias(a.res1.data(), nl);
-  ln2_.forward_residual(a.res1.data(), inp, a.res1.data(), a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), nl);
+  // res1 = (proj's output + its deferred bias) + inp, and ln2 of it: one pass.
+  ln2_.forward_residual(a.res1.data(), inp, a.res1.data(), a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), nl,
+                        proj_.bias());
   const T* x2 = tp_.f_forward(a.ln2.data(), a.ln2_full.data(), n, c);
   part = sp ? partial_.data() : a.out.data();
   mlp_.forward(x2, part, a.mlp, n);
   tp_.g_forward(part, a.out.data(), n, c);
-  mlp_.proj().add_bias(a.out.data(), nl);
-  ops::add(a.out.data(), a.res1.data(), nl * c, dev);
+  mlp_.proj().add_bias(a.out.data(), nl, a.res1.data());  // and the residual, in the same pass
 }
 
 template <typename T>

@@ -48,12 +48,14 @@ void LayerNorm<T>::forward(const T* inp, T* out, T* mean, T* rstd, std::int64_t 
 
 template <typename T>
 void LayerNorm<T>::forward_residual(const T* x, const T* add, T* residual, T* out, T* mean, T* rstd,
-                                    std::int64_t rows) const {
+                                    std::int64_t rows, const T* x_bias) const {
   const std::int64_t c = options_.channels;
   NDMESH_CUDA_TWIN(device(), cuda::residual_layernorm_forward(residual, out, mean, rstd, x, add, store_->param(weight_),
                                                               store_->param(bias_), rows, c,
-                                                              static_cast<float>(options_.eps)))
-  for (std::int64_t i = 0; i < rows * c; ++i) residual[i] = x[i] + add[i];
+                                                              static_cast<float>(options_.eps), x_bias))
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t i = r * c; i < (r + 1) * c; ++i)
+      residual[i] = (x_bias != nullptr ? x[i] + x_bias[i - r * c] : x[i]) + add[i];
   forward(residual, out, mean, rstd, rows);
 }
 

@@ -163,13 +163,20 @@ void Linear<T>::backward_bias(const ops::SharedOperand<T>& dout, std::int64_t ro
 }
 
 template <typename T>
-void Linear<T>::add_bias(T* out, std::int64_t rows) const {
-  if (bias_ < 0) return;
+void Linear<T>::add_bias(T* out, std::int64_t rows, const T* residual) const {
   const std::int64_t n_out = options_.out;
+  if (bias_ < 0) {
+    if (residual != nullptr) ops::add(out, residual, rows * n_out, store_->device());
+    return;
+  }
   const T* b = store_->param(bias_);
-  NDMESH_CUDA_TWIN(store_->device(), cuda::bias_forward(out, b, rows, n_out))
+  NDMESH_CUDA_TWIN(store_->device(), cuda::bias_forward(out, b, rows, n_out, residual))
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t o = 0; o < n_out; ++o) out[r * n_out + o] += b[o];
+    for (std::int64_t o = 0; o < n_out; ++o) {
+      T& y = out[r * n_out + o];
+      y += b[o];
+      if (residual != nullptr) y += residual[r * n_out + o];
+    }
 }
 
 template <typename T>

@@ -282,7 +282,7 @@ double elementwise_bytes_per_token(const PlanModel& m, const LayerShape& s) {
   const double r = (d(m.spec.heads) + 2 * d(m.spec.kv_heads_or_heads())) * hd;  // qkv width
   const double rows = s.sequence_parallel ? 1 / t : 1.0;  // the layer norms' and residuals' share
   const double mlp = m.mlp == Mlp::kGelu ? 1.0 : 2.0;     // SwiGLU: gate and up
-  const double forward = 4 * (13 * h * rows + 2 * r / t + 4 * mlp * f / t);
+  const double forward = 4 * (9 * h * rows + 2 * r / t + 4 * mlp * f / t);
   const double backward = 4 * (18 * h * rows + 2 * r / t + 4 * mlp * f / t);
   double bytes = forward + backward;
   if (s.recompute == Recompute::kFull) bytes += forward;

@@ -70,8 +70,8 @@ TEST(CudaLayerNorm, ForwardAndBackwardMatchTheCpu) {
 }
 
 // The block's residual connection and its second norm in one pass (LayerNorm::forward_residual,
-// in place as the block calls it): the residual is one fp32 add on both devices (the same
-// bits), the norm of it within the forward's bounds above; a residual left unwritten, or a
+// in place as the block calls it, with and without the deferred bias of the layer before): the
+// residual is the same fp32 adds in the same order on both devices (the same bits), the norm of it within the forward's bounds above; a residual left unwritten, or a
 // norm of the unsummed rows, is off by O(1).
 TEST(CudaLayerNorm, ResidualAndNormInOnePassMatchTheCpu) {
   NDMESH_GPU_OR_SKIP();
@@ -99,6 +99,19 @@ TEST(CudaLayerNorm, ResidualAndNormInOnePassMatchTheCpu) {
   EXPECT_EQ(to_host<float>(dres, sz), sum);
   EXPECT_TRUE(all_close(to_host<float>(dmean, rs), mean, 1e-6, 1e-6));
   EXPECT_TRUE(all_close(to_host<float>(drstd, rs), rstd, 0, 1e-5));
+  EXPECT_TRUE(all_close(to_host<float>(dout, sz), out, 1e-5, 1e-5));
+
+  // With the deferred bias of the layer that wrote x: (x + bias) + add on both devices.
+  const auto x_bias = normal(static_cast<std::size_t>(c), 6);
+  for (std::size_t i = 0; i < sz; ++i) sum[i] = (x[i] + x_bias[i % static_cast<std::size_t>(c)]) + add[i];
+  res = x;
+  cpu_ln.forward_residual(res.data(), add.data(), res.data(), out.data(), mean.data(), rstd.data(), rows,
+                          x_bias.data());
+  EXPECT_EQ(res, sum);
+  DeviceBuffer dres2 = to_device(x), dbias = to_device(x_bias);
+  gpu_ln.forward_residual(ptr<float>(dres2), ptr<float>(dadd), ptr<float>(dres2), ptr<float>(dout), ptr<float>(dmean),
+                          ptr<float>(drstd), rows, ptr<float>(dbias));
+  EXPECT_EQ(to_host<float>(dres2, sz), sum);
   EXPECT_TRUE(all_close(to_host<float>(dout, sz), out, 1e-5, 1e-5));
 }
 

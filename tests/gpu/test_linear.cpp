@@ -56,6 +56,17 @@ TEST(CudaLinear, BiasForwardIsAddBias) {
     cuda::bias_forward(ptr<float>(out), ptr<float>(bias), s.rows, s.out);
     // One float add per element on both sides: the same bits.
     EXPECT_TRUE(same_bits(to_host<float>(out, out0.size()), ref)) << "rows=" << s.rows << " cols=" << s.out;
+    // With the residual connection in the same pass: (out + b) + residual, two adds in that
+    // order on both sides (the same bits; a residual added first, or not at all, is not).
+    const auto residual = normal(out0.size(), 3);
+    ref = out0;
+    layer.linear.add_bias(ref.data(), s.rows, residual.data());
+    std::vector<float> apart = out0;
+    for (std::size_t i = 0; i < apart.size(); ++i) apart[i] = (apart[i] + layer.bias()[i % s.out]) + residual[i];
+    EXPECT_TRUE(same_bits(ref, apart)) << "the CPU's bias and residual, rows=" << s.rows;
+    DeviceBuffer out2 = to_device(out0), dres = to_device(residual);
+    cuda::bias_forward(ptr<float>(out2), ptr<float>(bias), s.rows, s.out, ptr<float>(dres));
+    EXPECT_TRUE(same_bits(to_host<float>(out2, out0.size()), ref)) << "+residual rows=" << s.rows << " cols=" << s.out;
   }
 }
 

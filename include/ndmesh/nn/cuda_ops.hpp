@@ -52,8 +52,10 @@ void cast(float* dst, const BFloat16* src, std::int64_t n);
 
 // ---------------------------------------------------------------- layers (src/nn/cuda)
 
-/// nn::Linear::add_bias: out[r, j] += bias[j], r < rows, j < cols.
-void bias_forward(float* out, const float* bias, std::int64_t rows, std::int64_t cols);
+/// nn::Linear::add_bias: out[r, j] += bias[j], then += residual[r, j] where residual is
+/// given (the residual connection in the same pass), r < rows, j < cols.
+void bias_forward(float* out, const float* bias, std::int64_t rows, std::int64_t cols,
+                  const float* residual = nullptr);
 /// nn::Linear::backward_bias: dbias[j] += sum over r of dout[r, j].
 void bias_backward(float* dbias, const float* dout, std::int64_t rows, std::int64_t cols);
 
@@ -192,13 +194,15 @@ void adamw_update(float* w, const float* grad, float* m, float* v, std::int64_t 
 // rounds each output once (to nearest even) when it stores it.
 
 /// residual = x + r (stored, rounded to the element type), then layernorm_forward of the
-/// residual as stored into out; mean, rstd fp32. The float overload is the fp32 twin.
+/// residual as stored into out; mean, rstd fp32. With x_bias [channels] (the deferred bias of
+/// the layer that wrote x), residual = (x + x_bias) + r, the two adds in that order. The
+/// float overload is the fp32 twin.
 void residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd, const float* x,
                                 const float* r, const float* weight, const float* bias, std::int64_t rows,
-                                std::int64_t channels, float eps);
+                                std::int64_t channels, float eps, const float* x_bias = nullptr);
 void residual_layernorm_forward(BFloat16* residual, BFloat16* out, float* mean, float* rstd, const BFloat16* x,
                                 const BFloat16* r, const float* weight, const float* bias, std::int64_t rows,
-                                std::int64_t channels, float eps);
+                                std::int64_t channels, float eps, const float* x_bias = nullptr);
 /// layernorm_backward on bf16 rows: dinp accumulated in float and rounded once; the
 /// weight and bias gradients fp32.
 void layernorm_backward(BFloat16* dinp, float* dweight, float* dbias, const BFloat16* dout, const BFloat16* inp,
@@ -210,7 +214,8 @@ void gelu_forward(BFloat16* out, const BFloat16* inp, std::int64_t n);
 void gelu_backward(BFloat16* dinp, const BFloat16* dout, const BFloat16* inp, std::int64_t n);
 
 /// bias_forward on bf16 rows (fp32 bias); bias_backward from bf16 rows into an fp32 dbias.
-void bias_forward(BFloat16* out, const float* bias, std::int64_t rows, std::int64_t cols);
+void bias_forward(BFloat16* out, const float* bias, std::int64_t rows, std::int64_t cols,
+                  const BFloat16* residual = nullptr);
 void bias_backward(float* dbias, const BFloat16* dout, std::int64_t rows, std::int64_t cols);
 
 /// Tokens and positions in one pass: out[r, :] = wte[tokens[r], :] + wpe[positions[r % seq], :]

@@ -29,9 +29,12 @@ class LayerNorm {
   /// out[rows, C] from inp[rows, C]; writes mean[rows] and rstd[rows] for backward.
   void forward(const T* inp, T* out, T* mean, T* rstd, std::int64_t rows) const;
   /// The residual connection and this norm in one pass over the rows: residual = x + add
-  /// (stored; residual may be x), then forward(residual) as stored. On CUDA one kernel
-  /// (cuda::residual_layernorm_forward) instead of an add, a write and a read of the rows.
-  void forward_residual(const T* x, const T* add, T* residual, T* out, T* mean, T* rstd, std::int64_t rows) const;
+  /// (stored; residual may be x), then forward(residual) as stored. With x_bias [channels]
+  /// (the deferred bias of the layer that wrote x) residual = (x + x_bias) + add, the adds in
+  /// that order (as Linear::add_bias, then the add). On CUDA one kernel
+  /// (cuda::residual_layernorm_forward) instead of a bias pass, an add, a write and a read.
+  void forward_residual(const T* x, const T* add, T* residual, T* out, T* mean, T* rstd, std::int64_t rows,
+                        const T* x_bias = nullptr) const;
   /// Accumulates dinp += d/dinp, dweight, dbias from dout and the saved mean/rstd.
   void backward(const T* dout, const T* inp, const T* mean, const T* rstd, T* dinp, std::int64_t rows) const;
 

@@ -79,8 +79,11 @@ class Linear {
   /// The weight part alone: dW += doutᵀ · inp, db += column sums of dout.
   void backward_weight(const T* dout, const T* inp, std::int64_t rows) const;
 
-  /// out[rows, out] += b (the deferred bias).
-  void add_bias(T* out, std::int64_t rows) const;
+  /// out[rows, out] += b (the deferred bias), then += residual[rows, out] where given (the
+  /// residual connection in the same pass: the adds in that order).
+  void add_bias(T* out, std::int64_t rows, const T* residual = nullptr) const;
+  /// The bias's values (where the layer lives), or nullptr without one.
+  const T* bias() const { return bias_ < 0 ? nullptr : store_->param(bias_); }
   /// db += column sums of dout[rows, out] (the deferred bias).
   void backward_bias(const T* dout, std::int64_t rows) const;
 

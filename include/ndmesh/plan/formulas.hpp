@@ -248,9 +248,9 @@ struct LayerShape {
 
 /// HBM bytes per token of one layer's unfused element-wise passes on one GPU, forward and
 /// backward (ndmesh's kernels: nn/block.cpp, nn/mlp.cpp, nn/linear.cpp; counted there):
-///   fp32 passes, 4 bytes an element: forward 13 h (two layer norms, two residual adds, the
-///   projections' biases; the first residual add and the second norm one pass, 4 h) on the
-///   rank's rows (1/t of them with sequence parallelism) plus
+///   fp32 passes, 4 bytes an element: forward 9 h (two layer norms, two residual adds, the
+///   projections' deferred biases: the first bias, residual add and the second norm one pass,
+///   4 h; the second bias and residual add one pass, 3 h) on the rank's rows (1/t of them with sequence parallelism) plus
 ///   2 r/t + 4 f/t (qkv bias; fc bias and GELU), backward 18 h on the rank's rows (the layer
 ///   norms' two kernels, two copies of the residual path's gradient, the bias gradients)
 ///   plus 2 r/t + 4 f/t (the qkv gradient zeroed and its bias gradient; GELU's

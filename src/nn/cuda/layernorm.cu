@@ -8,7 +8,8 @@
 // tree). The weight and bias gradients are column sums, computed deterministically like
 // bias_backward: chunks of rows summed by 32 x 8 thread blocks, then the chunk sums added
 // in order (detail::add_column_partials). No atomics anywhere: the same bits every run.
-// residual_layernorm_forward adds the residual first (stored, then normalised as stored);
+// residual_layernorm_forward adds the residual first (stored, then normalised as stored), and
+// before it the deferred bias of the layer that wrote x when given;
 // every kernel is templated on the rows' storage (float, or bf16 bits: detail::load/store).
 #include <cuda_runtime.h>
 
@@ -36,8 +37,8 @@ constexpr int kWarpsPerBlock = 8;
 // stored: the residual connection and the next norm in one pass over the row.
 template <typename S>
 __global__ void layernorm_forward_kernel(S* out, float* mean, float* rstd, S* residual, const S* inp, const S* add,
-                                         const float* weight, const float* bias, std::int64_t rows, int c,
-                                         float eps) {
+                                         const float* x_bias, const float* weight, const float* bias,
+                                         std::int64_t rows, int c, float eps) {
   const std::int64_t row = std::int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -45,7 +46,10 @@ __global__ void layernorm_forward_kernel(S* out, float* mean, float* rstd, S* re
   if (add != nullptr) {  // each lane reads back only what it wrote: no barrier
     S* res = residual + row * c;
     const S* a = add + row * c;
-    for (int i = lane; i < c; i += 32) store(res + i, load(x + i) + load(a + i));
+    if (x_bias != nullptr)
+      for (int i = lane; i < c; i += 32) store(res + i, __fadd_rn(__fadd_rn(load(x + i), x_bias[i]), load(a + i)));
+    else
+      for (int i = lane; i < c; i += 32) store(res + i, load(x + i) + load(a + i));
     x = res;
   }
   float s = 0;
@@ -118,10 +122,11 @@ unsigned row_blocks(std::int64_t rows) {
 
 template <typename S>
 void forward(S* out, float* mean, float* rstd, S* residual, const S* inp, const S* add, const float* weight,
-             const float* bias, std::int64_t rows, std::int64_t channels, float eps, const char* what) {
+             const float* bias, std::int64_t rows, std::int64_t channels, float eps, const char* what,
+             const float* x_bias = nullptr) {
   if (rows <= 0 || channels <= 0) return;
   layernorm_forward_kernel<S><<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
-      out, mean, rstd, residual, inp, add, weight, bias, rows, static_cast<int>(channels), eps);
+      out, mean, rstd, residual, inp, add, x_bias, weight, bias, rows, static_cast<int>(channels), eps);
   check_launch(what);
 }
 
@@ -154,15 +159,16 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 
 void residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd, const float* x,
                                 const float* r, const float* weight, const float* bias, std::int64_t rows,
-                                std::int64_t channels, float eps) {
-  forward<float>(out, mean, rstd, residual, x, r, weight, bias, rows, channels, eps, "residual_layernorm_forward");
+                                std::int64_t channels, float eps, const float* x_bias) {
+  forward<float>(out, mean, rstd, residual, x, r, weight, bias, rows, channels, eps, "residual_layernorm_forward",
+                 x_bias);
 }
 
 void residual_layernorm_forward(BFloat16* residual, BFloat16* out, float* mean, float* rstd, const BFloat16* x,
                                 const BFloat16* r, const float* weight, const float* bias, std::int64_t rows,
-                                std::int64_t channels, float eps) {
+                                std::int64_t channels, float eps, const float* x_bias) {
   forward<Bf16Bits>(bits(out), mean, rstd, bits(residual), bits(x), bits(r), weight, bias, rows, channels, eps,
-                    "residual_layernorm_forward (bf16)");
+                    "residual_layernorm_forward (bf16)", x_bias);
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

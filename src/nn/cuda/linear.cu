@@ -24,14 +24,18 @@ using detail::load;
 using detail::store;
 
 // S: float, or bfloat16 bits (the bf16 overloads: float math, one rounding per store).
+// out += bias, then (when residual is not null) += residual: two adds in that order, one
+// rounding each in fp32 (bf16 rows: both in float, one rounding at the store).
 template <typename S>
-__global__ void bias_forward_kernel(S* out, const float* bias, std::int64_t rows, std::int64_t cols) {
+__global__ void bias_forward_kernel(S* out, const float* bias, const S* residual, std::int64_t rows,
+                                    std::int64_t cols) {
   const std::int64_t j = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (j >= cols) return;
   const float b = bias[j];
   for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     S* o = out + r * cols + j;
-    store(o, __fadd_rn(load(o), b));
+    const float with_bias = __fadd_rn(load(o), b);
+    store(o, residual != nullptr ? __fadd_rn(with_bias, load(residual + r * cols + j)) : with_bias);
   }
 }
 
@@ -57,12 +61,12 @@ __global__ void bias_partials_kernel(float* partials, const S* dout, std::int64_
 }
 
 template <typename S>
-void forward(S* out, const float* bias, std::int64_t rows, std::int64_t cols) {
+void forward(S* out, const float* bias, const S* residual, std::int64_t rows, std::int64_t cols) {
   if (rows <= 0 || cols <= 0) return;
   const dim3 grid(static_cast<unsigned>((cols + detail::kThreads - 1) / detail::kThreads),
                   static_cast<unsigned>(rows < 4096 ? rows : 4096));
-  bias_forward_kernel<S><<<grid, detail::kThreads, 0, compute_stream()>>>(out, bias, rows, cols);
-  check_launch("bias_forward");
+  bias_forward_kernel<S><<<grid, detail::kThreads, 0, compute_stream()>>>(out, bias, residual, rows, cols);
+  check_launch(residual != nullptr ? "bias_forward (+residual)" : "bias_forward");
 }
 
 template <typename S>
@@ -80,11 +84,11 @@ void backward(float* dbias, const S* dout, std::int64_t rows, std::int64_t cols)
 
 }  // namespace
 
-void bias_forward(float* out, const float* bias, std::int64_t rows, std::int64_t cols) {
-  forward(out, bias, rows, cols);
+void bias_forward(float* out, const float* bias, std::int64_t rows, std::int64_t cols, const float* residual) {
+  forward(out, bias, residual, rows, cols);
 }
-void bias_forward(BFloat16* out, const float* bias, std::int64_t rows, std::int64_t cols) {
-  forward(bits(out), bias, rows, cols);
+void bias_forward(BFloat16* out, const float* bias, std::int64_t rows, std::int64_t cols, const BFloat16* residual) {
+  forward(bits(out), bias, residual != nullptr ? bits(residual) : nullptr, rows, cols);
 }
 void bias_backward(float* dbias, const float* dout, std::int64_t rows, std::int64_t cols) {
   backward(dbias, dout, rows, cols);

@@ -395,9 +395,9 @@ TEST(LayerTime, AttentionAtTheAttentionKernelsRate) {
 // ndmesh's own kernels (plan --precision fp32 | bf16): one unfused element-wise pass per
 // operation over fp32 activations, counted by hand here from nn/block.cpp, nn/mlp.cpp and
 // nn/linear.cpp (h hidden, r the qkv width, f ffn, t tp; fp32 elements of 4 bytes):
-//   forward  LN1 2h, qkv bias 2r/t, proj bias 2h, residual and LN2 in one pass 4h (x, the
-//            residual read; residual, norm written), fc bias 2f/t, GELU 2f/t, proj2 bias 2h,
-//            residual 3h                                                   = 13h + 2r/t + 4f/t
+//   forward  LN1 2h, qkv bias 2r/t, proj bias + residual + LN2 in one pass 4h (x, the
+//            residual read; residual, norm written), fc bias 2f/t, GELU 2f/t, proj2 bias +
+//            residual in one pass 3h                                        = 9h + 2r/t + 4f/t
 //   backward residual copy 2h, proj2 bias grad h, GELU in place 3f/t, fc bias grad f/t, LN2 6h,
 //            proj bias grad h, dqkv zeroed r/t, qkv bias grad r/t, residual copy into the
 //            input grad 2h, LN1 6h                                         = 18h + 2r/t + 4f/t
@@ -416,12 +416,12 @@ TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
   EXPECT_EQ(elementwise_bytes_per_token(m, shape), 0) << "Megatron's fused kernels";
   EXPECT_EQ(layer_time(m, shape, 1e15, 0, bw).memory, 0);
   shape.unfused_elementwise = true;
-  const double fp32 = 4 * (31 * h + 4 * r + 8 * f);
+  const double fp32 = 4 * (27 * h + 4 * r + 8 * f);
   EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, shape), fp32);
   EXPECT_NEAR(layer_time(m, shape, 1e15, 0, bw).memory, fp32 * tokens / bw, 1e-15);
   LayerShape full = shape;
   full.recompute = Recompute::kFull;
-  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, full), fp32 + 4 * (13 * h + 2 * r + 4 * f));
+  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, full), fp32 + 4 * (9 * h + 2 * r + 4 * f));
   LayerShape bf16 = shape;
   bf16.bf16_products = true;
   EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, bf16),
@@ -434,7 +434,7 @@ TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
   tp.sequence_parallel = true;
   EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, tp), fp32 / 4);
   tp.sequence_parallel = false;
-  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, tp), 4 * (31 * h + (4 * r + 8 * f) / 4));
+  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, tp), 4 * (27 * h + (4 * r + 8 * f) / 4));
 
   // The plan: fp32 and bf16 count them and the optimizer step (36 B per parameter in device
   // memory); mixed does not.
