@@ -54,8 +54,10 @@ void LayerNorm<T>::forward_residual(const T* x, const T* add, T* residual, T* ou
                                                               store_->param(bias_), rows, c,
                                                               static_cast<float>(options_.eps), x_bias))
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t i = r * c; i < (r + 1) * c; ++i)
-      residual[i] = (x_bias != nullptr ? x[i] + x_bias[i - r * c] : x[i]) + add[i];
+    for (std::int64_t j = 0; j < c; ++j) {
+      const std::int64_t i = r * c + j;
+      residual[i] = (x_bias != nullptr ? x[i] + x_bias[j] : x[i]) + add[i];
+    }
   forward(residual, out, mean, rstd, rows);
 }
 

@@ -57,9 +57,7 @@ void Linear<T>::forward(const T* inp, T* out, std::int64_t rows) const {
 template <typename T>
 bool Linear<T>::forward_gelu(const T* inp, T* pre, T* out, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
-  if (device() == Device::kCpu || matmul_precision() != MatmulPrecision::kBf16 || bias_ < 0 ||
-      options_.deferred_bias)
-    return false;
+  if (!may_fuse() || bias_ < 0 || options_.deferred_bias) return false;
   const ops::SharedOperand<T> x(device(), matmul_precision(), inp, rows * in);
   return ops::gemm_fused<T>(false, true, rows, n_out, in, x, in, store_->param(weight_), in, T(0), out, n_out,
                             ops::Fused::kGelu, store_->param(bias_), pre, nullptr);
@@ -94,8 +92,7 @@ void Linear<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t rows
 template <typename T>
 bool Linear<T>::backward_gelu(const T* dout, const T* inp, const T* pre, T* dpre, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
-  if (device() == Device::kCpu || matmul_precision() != MatmulPrecision::kBf16 || deferred_sink<T>() != nullptr)
-    return false;
+  if (!may_fuse() || deferred_sink<T>() != nullptr) return false;
   const ops::SharedOperand<T> d(device(), matmul_precision(), dout, rows * n_out);
   // kDGelu only reads the aux (pre).
   if (!ops::gemm_fused<T>(false, false, rows, in, n_out, d, n_out, store_->param(weight_), in, T(0), dpre, in,

@@ -205,30 +205,20 @@ bool gemm_fused([[maybe_unused]] bool trans_a, [[maybe_unused]] bool trans_b, st
   const Device device = a.device();
   if (device != Device::kCuda || a.precision() != MatmulPrecision::kBf16 || m <= 0 || n <= 0 || k <= 0) return false;
   NDMESH_CUDA_TWIN(device, {
+    using E = cuda::GemmEpilogue;
+    const E epilogue = what == Fused::kBias   ? E::kBias
+                       : what == Fused::kGelu ? E::kGeluAux
+                       : what == Fused::kDGelu ? E::kDGeluNoBiasGrad
+                                              : E::kBGradB;
+    // cuBLASLt writes the bias gradient: into scratch, then added to the accumulated one.
+    DeviceBuffer sums(what == Fused::kBiasGrad ? static_cast<std::size_t>(m) * sizeof(float) : 0);
     const SharedOperand<T> b16(device, a.precision(), b, extent_b(trans_b, n, k, ldb));
-    const auto* a16 = static_cast<const BFloat16*>(a.rounded());
-    const auto* b16p = static_cast<const BFloat16*>(b16.rounded());
-    switch (what) {
-      case Fused::kBias:
-        return cuda::try_gemm_bf16_f32(trans_a, trans_b, m, n, k, 1.0f, a16, lda, b16p, ldb, beta, c, ldc,
-                                       cuda::GemmEpilogue::kBias, bias, nullptr, nullptr);
-      case Fused::kGelu:
-        return cuda::try_gemm_bf16_f32(trans_a, trans_b, m, n, k, 1.0f, a16, lda, b16p, ldb, beta, c, ldc,
-                                       cuda::GemmEpilogue::kGeluAux, bias, aux, nullptr);
-      case Fused::kDGelu:
-        return cuda::try_gemm_bf16_f32(trans_a, trans_b, m, n, k, 1.0f, a16, lda, b16p, ldb, beta, c, ldc,
-                                       cuda::GemmEpilogue::kDGeluNoBiasGrad, nullptr, aux, nullptr);
-      case Fused::kBiasGrad: {
-        // cuBLASLt writes the sums: they go to scratch, then into the accumulated gradient.
-        DeviceBuffer sums(static_cast<std::size_t>(m) * sizeof(float));
-        if (!cuda::try_gemm_bf16_f32(trans_a, trans_b, m, n, k, 1.0f, a16, lda, b16p, ldb, beta, c, ldc,
-                                     cuda::GemmEpilogue::kBGradB, nullptr, nullptr, static_cast<float*>(sums.data())))
-          return false;
-        add<T>(dbias, static_cast<const float*>(sums.data()), m, device);
-        return true;
-      }
-    }
-    return false;
+    if (!cuda::try_gemm_bf16_f32(trans_a, trans_b, m, n, k, 1.0f, static_cast<const BFloat16*>(a.rounded()), lda,
+                                 static_cast<const BFloat16*>(b16.rounded()), ldb, beta, c, ldc, epilogue, bias, aux,
+                                 static_cast<float*>(sums.data())))
+      return false;
+    if (what == Fused::kBiasGrad) add<T>(dbias, static_cast<const float*>(sums.data()), m, device);
+    return true;
   })
   return false;
 }

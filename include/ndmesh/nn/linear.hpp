@@ -108,6 +108,9 @@ class Linear {
                       std::int64_t ld_dout = 0) const;
   // db += column sums of dout as the products take it (rounded under bf16), rows out apart.
   void backward_bias(const ops::SharedOperand<T>& dout, std::int64_t rows) const;
+  // Whether its products can take a cuBLASLt epilogue (ops::gemm_fused): bf16 on a GPU. The
+  // fused entry points check it before rounding an operand that only the fused call reads.
+  bool may_fuse() const { return device() != Device::kCpu && matmul_precision() == MatmulPrecision::kBf16; }
   ParamStore<T>* store_;
   LinearOptions options_;
   int weight_ = -1;

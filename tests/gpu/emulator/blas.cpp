@@ -24,12 +24,15 @@
 namespace ndmesh::cuda {
 
 namespace {
-// The product's row in the kernel times, named as blas.cu names it.
-void timed_product(const char* types, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k) {
+// The product's row in the kernel times, named as blas.cu names it (with its epilogue).
+void timed_product(const char* types, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   GemmEpilogue epilogue = GemmEpilogue::kNone) {
   if (!detail::timing()) return;
+  static const char* const kEpilogue[] = {"", " +bias", " +gelu", " +dgelu +bias grad", " +bias grad", " +dgelu"};
   char name[160];
-  std::snprintf(name, sizeof name, "gemm %s %lldx%lldx%lld %c%c", types, static_cast<long long>(m),
-                static_cast<long long>(n), static_cast<long long>(k), trans_a ? 'T' : 'N', trans_b ? 'T' : 'N');
+  std::snprintf(name, sizeof name, "gemm %s %lldx%lldx%lld %c%c%s", types, static_cast<long long>(m),
+                static_cast<long long>(n), static_cast<long long>(k), trans_a ? 'T' : 'N', trans_b ? 'T' : 'N',
+                kEpilogue[static_cast<int>(epilogue)]);
   detail::timed(name);
 }
 }  // namespace
@@ -140,14 +143,7 @@ bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
       dbias[i] = sum;
     }
   }
-  if (detail::timing()) {
-    static const char* const kEpilogue[] = {"", " +bias", " +gelu", " +dgelu +bias grad", " +bias grad", " +dgelu"};
-    char name[160];
-    std::snprintf(name, sizeof name, "gemm bf16>fp32 %lldx%lldx%lld %c%c%s", static_cast<long long>(m),
-                  static_cast<long long>(n), static_cast<long long>(k), trans_a ? 'T' : 'N', trans_b ? 'T' : 'N',
-                  kEpilogue[static_cast<int>(epilogue)]);
-    detail::timed(name);
-  }
+  timed_product("bf16>fp32", trans_a, trans_b, m, n, k, epilogue);
   return true;
 }
 
