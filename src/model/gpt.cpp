@@ -315,6 +315,7 @@ template <typename T>
 void GptT<T>::forward_summed(GptActivations<T>& a, const std::int32_t* tokens, const T* input,
                              const std::int32_t* targets) {
   const std::int64_t n = batch_ * seq_;
+  store_.refresh_bf16();  // one cast after a write other than the optimizer step's; nothing otherwise
   if (embed_) {
     NDMESH_CHECK(tokens != nullptr, "model", "the first stage needs tokens");
     std::copy(tokens, tokens + n, a.tokens.begin());

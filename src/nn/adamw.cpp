@@ -187,9 +187,13 @@ void AdamW<T>::update(ParamStore<T>& store, double lr, double grad_norm, const T
                           .state = piece.state,
                           .count = piece.count,
                           .decay = piece.decay ? options_.weight_decay : 0.0});
-    cuda::adamw_update_multi(store.params().data(), nullptr, segment_grads ? segment_grads : store.grads().data(),
+    // Owning every parameter, it writes the store's bfloat16 copy with the update (the
+    // weights the next step's bf16 products read); a shard's update leaves it stale.
+    BFloat16* w16 = state_ == store.size() ? store.bf16_copy() : nullptr;
+    cuda::adamw_update_multi(store.params().data(), w16, segment_grads ? segment_grads : store.grads().data(),
                              m_.data(), v_.data(), segments.data(), static_cast<int>(segments.size()), lr, b1, b2,
                              options_.eps, clip, c1, c2);
+    if (w16 != nullptr) store.bf16_written();
   })
   for (const Piece& piece : pieces_)
     update(piece, 0, piece.count, m_.data() + piece.state, v_.data() + piece.state);

@@ -20,8 +20,8 @@ LayerNorm<T>::LayerNorm(ParamStore<T>& store, LayerNormOptions options)
 
 template <typename T>
 void LayerNorm<T>::init() const {
-  std::fill(store_->param(weight_), store_->param(weight_) + options_.channels, T(1));
-  std::fill(store_->param(bias_), store_->param(bias_) + options_.channels, T(0));
+  std::fill(store_->mutable_param(weight_), store_->mutable_param(weight_) + options_.channels, T(1));
+  std::fill(store_->mutable_param(bias_), store_->mutable_param(bias_) + options_.channels, T(0));
 }
 
 template <typename T>

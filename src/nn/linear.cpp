@@ -29,13 +29,18 @@ Linear<T>::Linear(ParamStore<T>& store, LinearOptions options)
 }
 
 template <typename T>
+ops::SharedOperand<T> Linear<T>::weight_operand() const {
+  const std::int64_t n = options_.in * options_.out;
+  if (matmul_precision() == MatmulPrecision::kBf16)
+    if (const BFloat16* w16 = store_->param_bf16(weight_)) return ops::SharedOperand<T>(device(), w16, n);
+  return operand(store_->param(weight_), n);
+}
+
+template <typename T>
 void Linear<T>::forward(const T* inp, T* out, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
-  const Device device = store_->device();
-  const MatmulPrecision precision = store_->matmul_precision();
-  if (device != Device::kCpu) {
-    const ops::SharedOperand<T> x(device, precision, inp, rows * in);
-    const T* w = store_->param(weight_);
+  const ops::SharedOperand<T> x = operand(inp, rows * in), w = weight_operand();
+  if (device() != Device::kCpu) {
     if (bias_ >= 0 && !options_.deferred_bias &&
         ops::gemm_fused<T>(false, true, rows, n_out, in, x, in, w, in, T(0), out, n_out, ops::Fused::kBias,
                            store_->param(bias_), nullptr, nullptr))
@@ -50,16 +55,15 @@ void Linear<T>::forward(const T* inp, T* out, std::int64_t rows) const {
     for (std::int64_t r = 0; r < rows; ++r) std::copy(b, b + n_out, out + r * n_out);
     beta = T(1);
   }
-  ops::gemm<T>(device, precision, false, true, rows, n_out, in, T(1), inp, in, store_->param(weight_), in, beta, out,
-               n_out);
+  ops::gemm<T>(false, true, rows, n_out, in, T(1), x, in, w, in, beta, out, n_out);
 }
 
 template <typename T>
 bool Linear<T>::forward_gelu(const T* inp, T* pre, T* out, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
   if (!may_fuse() || bias_ < 0 || options_.deferred_bias) return false;
-  const ops::SharedOperand<T> x(device(), matmul_precision(), inp, rows * in);
-  return ops::gemm_fused<T>(false, true, rows, n_out, in, x, in, store_->param(weight_), in, T(0), out, n_out,
+  return ops::gemm_fused<T>(false, true, rows, n_out, in, operand(inp, rows * in), in, weight_operand(), in, T(0), out,
+                            n_out,
                             ops::Fused::kGelu, store_->param(bias_), pre, nullptr);
 }
 
@@ -77,15 +81,14 @@ void Linear<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t rows
   const T beta = into == GradInto::kSet ? T(0) : T(1);
   if (DeferredWeightGrads<T>* sink = deferred_sink<T>()) {  // dinp now, the weight part later
     if (dinp != nullptr)
-      ops::gemm<T>(store_->device(), store_->matmul_precision(), false, false, rows, in, n_out, T(1), dout, n_out,
-                   store_->param(weight_), in, beta, dinp, in);
+      ops::gemm<T>(false, false, rows, in, n_out, T(1), operand(dout, rows * n_out), n_out, weight_operand(), in, beta,
+                   dinp, in);
     sink->record(*this, dout, inp, rows);
     return;
   }
   // dout is A of both products (the input's gradient, the weight's): under bf16 rounded once.
-  const ops::SharedOperand<T> d(store_->device(), store_->matmul_precision(), dout, rows * n_out);
-  if (dinp != nullptr)
-    ops::gemm<T>(false, false, rows, in, n_out, T(1), d, n_out, store_->param(weight_), in, beta, dinp, in);
+  const ops::SharedOperand<T> d = operand(dout, rows * n_out);
+  if (dinp != nullptr) ops::gemm<T>(false, false, rows, in, n_out, T(1), d, n_out, weight_operand(), in, beta, dinp, in);
   weight_product(d, inp, rows);
 }
 
@@ -93,9 +96,9 @@ template <typename T>
 bool Linear<T>::backward_gelu(const T* dout, const T* inp, const T* pre, T* dpre, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
   if (!may_fuse() || deferred_sink<T>() != nullptr) return false;
-  const ops::SharedOperand<T> d(device(), matmul_precision(), dout, rows * n_out);
+  const ops::SharedOperand<T> d = operand(dout, rows * n_out);
   // kDGelu only reads the aux (pre).
-  if (!ops::gemm_fused<T>(false, false, rows, in, n_out, d, n_out, store_->param(weight_), in, T(0), dpre, in,
+  if (!ops::gemm_fused<T>(false, false, rows, in, n_out, d, n_out, weight_operand(), in, T(0), dpre, in,
                           ops::Fused::kDGelu, nullptr, const_cast<T*>(pre), nullptr))
     return false;
   weight_product(d, inp, rows);
@@ -108,8 +111,7 @@ void Linear<T>::forward(const T* inp, BFloat16* out, std::int64_t ld_out, std::i
   NDMESH_CHECK(bias_ < 0 && store_->matmul_precision() == MatmulPrecision::kBf16 && ld_out >= n_out, "nn",
                "linear '{}': a bfloat16 output is for a layer without bias under bf16 products, rows {} >= {} apart",
                options_.name, ld_out, n_out);
-  const ops::SharedOperand<T> x(store_->device(), store_->matmul_precision(), inp, rows * in);
-  ops::gemm<T>(false, true, rows, n_out, in, T(1), x, in, store_->param(weight_), in, out, ld_out);
+  ops::gemm<T>(false, true, rows, n_out, in, T(1), operand(inp, rows * in), in, weight_operand(), in, out, ld_out);
 }
 
 template <typename T>
@@ -122,15 +124,14 @@ void Linear<T>::backward(const BFloat16* dout, std::int64_t ld_dout, const T* in
                options_.name, ld_dout, n_out);
   const ops::SharedOperand<T> d(store_->device(), dout, rows > 0 ? (rows - 1) * ld_dout + n_out : 0);
   if (dinp != nullptr)
-    ops::gemm<T>(false, false, rows, in, n_out, T(1), d, ld_dout, store_->param(weight_), in,
+    ops::gemm<T>(false, false, rows, in, n_out, T(1), d, ld_dout, weight_operand(), in,
                  into == GradInto::kSet ? T(0) : T(1), dinp, in);
   weight_product(d, inp, rows, ld_dout);
 }
 
 template <typename T>
 void Linear<T>::backward_weight(const T* dout, const T* inp, std::int64_t rows) const {
-  weight_product(ops::SharedOperand<T>(store_->device(), store_->matmul_precision(), dout, rows * options_.out), inp,
-                 rows);
+  weight_product(operand(dout, rows * options_.out), inp, rows);
 }
 
 template <typename T>
@@ -138,11 +139,12 @@ void Linear<T>::weight_product(const ops::SharedOperand<T>& dout, const T* inp, 
                                std::int64_t ld_dout) const {
   const std::int64_t in = options_.in, n_out = options_.out, ld = ld_dout > 0 ? ld_dout : n_out;
   const bool bias = bias_ >= 0 && !options_.deferred_bias;
+  const ops::SharedOperand<T> x = operand(inp, rows * in);
   if (bias && ld == n_out &&
-      ops::gemm_fused<T>(true, false, n_out, in, rows, dout, ld, inp, in, T(1), store_->grad(weight_), in,
+      ops::gemm_fused<T>(true, false, n_out, in, rows, dout, ld, x, in, T(1), store_->grad(weight_), in,
                          ops::Fused::kBiasGrad, nullptr, nullptr, store_->grad(bias_)))
     return;
-  ops::gemm<T>(true, false, n_out, in, rows, T(1), dout, ld, inp, in, T(1), store_->grad(weight_), in);
+  ops::gemm<T>(true, false, n_out, in, rows, T(1), dout, ld, x, in, T(1), store_->grad(weight_), in);
   if (bias) backward_bias(dout, rows);
 }
 

@@ -26,7 +26,8 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
     GradReducer* r = reducers_.back().get();
     g.set_grads_final_hook([r](std::int64_t from) { r->grads_final(from); });
     if (r->zero() == 3) {
-      NDMESH_CHECK(g.device() == Device::kCpu, "train", "ZeRO-3 runs on the CPU only");
+      NDMESH_CHECK(g.device() == Device::kCpu && !g.params().keeps_bf16_copy(), "train",
+                   "ZeRO-3 runs on the CPU only, without a bfloat16 copy of the parameters");
       gatherers_.push_back(std::make_unique<ParamGatherer>(grad_, g.params().params().data(), g.unit_ranges(),
                                                            g.units(), g.backward_units(), options.zero3));
       ParamGatherer* pg = gatherers_.back().get();

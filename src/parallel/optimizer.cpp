@@ -148,7 +148,8 @@ void Optimizer::step(double lr, double grad_norm) {
   for (std::size_t c = 0; c < adams_.size(); ++c) {
     GradReducer& r = sync_.reducer(c);
     adams_[c]->update(chunks_[c]->params(), lr, grad_norm, r.shard_grads());
-    r.gather_params(chunks_[c]->params().params().data());
+    // Only a gather asks for the writable parameters (which makes their bf16 copy stale).
+    if (r.gathers_params()) r.gather_params(chunks_[c]->params().params().data());
   }
   sync_.params_updated();
 }

@@ -97,6 +97,10 @@ std::vector<std::unique_ptr<model::Gpt>> build_chunks(const ModelPlan& plan) {
                                                                     .matmul = plan.matmul},
                                                   plan.tp));
     model::Gpt& g = *chunks.back();
+    // bf16 products on a GPU read the weights from a bfloat16 copy that the optimizer step
+    // writes with the update (ZeRO-3, whose gathers write the parameters later through
+    // pointers of their own, runs on the CPU only: GradSync refuses the two together).
+    if (plan.device == Device::kCuda && plan.matmul == MatmulPrecision::kBf16) g.params().keep_bf16_copy();
     // The chunks of a rank run one backward at a time: one recompute workspace for all.
     if (chunks.size() > 1) g.share_recompute_workspace(*chunks.front());
     g.set_loss_weight(plan.loss_weight);

@@ -168,6 +168,8 @@ MemoryBytes Trainer::memory() const {
     m.params_offloaded = static_cast<double>(optimizer_.offloaded_param_elements()) * sizeof(float);
     m.params -= m.params_offloaded;
   }
+  for (const auto& c : model_.chunks)  // bf16 products on a GPU: the optimizer's bfloat16 copy
+    if (c->params().keeps_bf16_copy()) m.params += static_cast<double>(c->params().size()) * sizeof(BFloat16);
   m.grads = (sync_.zero() >= 2 ? optimizer / 2 : elements) * sizeof(float);
   // Offloaded: the moments are in files; memory holds the streaming window.
   m.optimizer = optimizer_.offloaded() ? static_cast<double>(optimizer_.offload_window_bytes())

@@ -320,7 +320,8 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
   }
   // ndmesh's optimizer step over the shard in device memory, once a step (not in the bubble).
   const double step_update = precision.unfused_elementwise && hw.memory_bw > 0 && precision.optimizer_bytes > 0
-                                 ? kOptimizerStepBytes * memory.optimizer / precision.optimizer_bytes / hw.memory_bw
+                                 ? (kOptimizerStepBytes + (l.zero >= 3 ? 0.0 : precision.weight_copy_bytes)) *
+                                       memory.optimizer / precision.optimizer_bytes / hw.memory_bw
                                  : 0.0;
   r.memory += step_update;
   r.total = work + step_update + r.bubble + r.dp_exposed + r.offload;

@@ -50,19 +50,21 @@ Precision parse_precision(std::string_view name, std::string_view flag) {
                        .fused_loss = true};
   if (name == "fp32") return fp32;
   // What `ndmesh train --precision bf16` keeps today: fp32's weights, gradients, moments and
-  // activations, bf16 operands only at the products; bf16 logits with the vocabulary on one
+  // activations, a bf16 copy of the weights (the products' operand, written by the optimizer
+  // step), bf16 operands only at the products; bf16 logits with the vocabulary on one
   // GPU, else fp32 ones and a bf16 copy of their gradient (written over the probabilities)
   // for the products (measured on an H200: docs/plan.md).
   if (name == "bf16") {
     Precision bf16 = fp32;
     bf16.bf16_products = true;
     bf16.logit_gradient_bytes = 2;
+    bf16.weight_copy_bytes = 2;
     return bf16;
   }
   fail<ConfigError>(
       "plan",
       "{} '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter), mixed-fp32-grads (2 + 4 + 12 B), "
-      "bf16 (ndmesh's: 4 + 4 + 8 B, fp32 activations, bf16 products) or fp32 (4 + 4 + 8 B)",
+      "bf16 (ndmesh's: 4 + 2 + 4 + 8 B, a bf16 weight copy, fp32 activations, bf16 products) or fp32 (4 + 4 + 8 B)",
       flag, name);
 }
 
@@ -160,7 +162,7 @@ ModelStates model_state_bytes(double params, int zero_stage, std::int64_t dp, co
   // Rajbhandari et al. 2020, Figure 1: stage 1 partitions the optimizer states, stage 2 the
   // gradients as well, stage 3 the parameters as well.
   ModelStates s;
-  s.params = pr.param_bytes * params / (zero_stage >= 3 ? n : 1.0);
+  s.params = zero_stage >= 3 ? pr.param_bytes * params / n : (pr.param_bytes + pr.weight_copy_bytes) * params;
   s.grads = pr.grad_bytes * params / (zero_stage >= 2 ? n : 1.0);
   s.optimizer = pr.optimizer_bytes * params / (zero_stage >= 1 ? n : 1.0);
   return s;

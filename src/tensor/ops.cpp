@@ -98,9 +98,6 @@ const T* rounded_to_bf16(std::vector<T>& scratch, const T* x, std::int64_t exten
 std::int64_t extent_a(bool trans_a, std::int64_t m, std::int64_t k, std::int64_t lda) {
   return ((trans_a ? k : m) - 1) * lda + (trans_a ? m : k);
 }
-std::int64_t extent_b(bool trans_b, std::int64_t n, std::int64_t k, std::int64_t ldb) {
-  return ((trans_b ? n : k) - 1) * ldb + (trans_b ? k : n);
-}
 
 // The bf16 product of rounded operands (SharedOperand::rounded's types), accumulated in T.
 template <typename T>
@@ -129,6 +126,10 @@ void round_operand(Device device, const T* x, std::int64_t extent, [[maybe_unuse
   rounded_to_bf16(on_host, x, extent);
 }
 }  // namespace
+
+std::int64_t extent_b(bool trans_b, std::int64_t n, std::int64_t k, std::int64_t ldb) {
+  return ((trans_b ? n : k) - 1) * ldb + (trans_b ? k : n);
+}
 
 template <typename T>
 SharedOperand<T>::SharedOperand(Device device, MatmulPrecision precision, const T* x, std::int64_t extent)
@@ -167,30 +168,43 @@ void gemm(Device device, MatmulPrecision precision, bool trans_a, bool trans_b, 
   rounded_product<T>(device, trans_a, trans_b, m, n, k, alpha, a16.rounded(), lda, b16.rounded(), ldb, beta, c, ldc);
 }
 
+namespace {
+template <typename T>
+void check_operands(const SharedOperand<T>& a, const SharedOperand<T>& b) {
+  NDMESH_CHECK(a.device() == b.device() && a.precision() == b.precision(), "ops",
+               "a product's operands must share device and precision: A {} {}, B {} {}; make both SharedOperands "
+               "under the same MatmulPrecision",
+               device_name(a.device()), a.precision() == MatmulPrecision::kBf16 ? "bf16" : "fp32",
+               device_name(b.device()), b.precision() == MatmulPrecision::kBf16 ? "bf16" : "fp32");
+}
+}  // namespace
+
 template <typename T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
-          const SharedOperand<T>& a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+          const SharedOperand<T>& a, std::int64_t lda, const SharedOperand<T>& b, std::int64_t ldb, T beta, T* c,
+          std::int64_t ldc) {
+  check_operands(a, b);
   const Device device = a.device();
-  if (a.precision() == MatmulPrecision::kFp32 || m <= 0 || n <= 0 || k <= 0)
-    return gemm<T>(device, trans_a, trans_b, m, n, k, alpha, a.data(), lda, b, ldb, beta, c, ldc);
-  const SharedOperand<T> b16(device, a.precision(), b, extent_b(trans_b, n, k, ldb));
-  rounded_product<T>(device, trans_a, trans_b, m, n, k, alpha, a.rounded(), lda, b16.rounded(), ldb, beta, c, ldc);
+  if (a.precision() == MatmulPrecision::kFp32 || m <= 0 || n <= 0 || k <= 0)  // k = 0 reads neither operand
+    return gemm<T>(device, trans_a, trans_b, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c, ldc);
+  rounded_product<T>(device, trans_a, trans_b, m, n, k, alpha, a.rounded(), lda, b.rounded(), ldb, beta, c, ldc);
 }
 
 template <typename T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
-          const SharedOperand<T>& a, std::int64_t lda, const T* b, std::int64_t ldb, BFloat16* c, std::int64_t ldc) {
+          const SharedOperand<T>& a, std::int64_t lda, const SharedOperand<T>& b, std::int64_t ldb, BFloat16* c,
+          std::int64_t ldc) {
   NDMESH_CHECK(a.precision() == MatmulPrecision::kBf16, "ops",
                "a product into bfloat16 takes bf16 operands, but A's precision is fp32; make A a SharedOperand "
                "under MatmulPrecision::kBf16");
+  check_operands(a, b);
   if (m <= 0 || n <= 0) return;
   const Device device = a.device();
-  const SharedOperand<T> b16(device, a.precision(), b, extent_b(trans_b, n, k, ldb));
   NDMESH_CUDA_TWIN(device, cuda::gemm_bf16(trans_a, trans_b, m, n, k, alpha, static_cast<const BFloat16*>(a.rounded()),
-                                           lda, static_cast<const BFloat16*>(b16.rounded()), ldb, 0.0f, c, ldc))
+                                           lda, static_cast<const BFloat16*>(b.rounded()), ldb, 0.0f, c, ldc))
   std::vector<T> product(static_cast<std::size_t>(m * n));
   ndmesh::gemm<T>(trans_a, trans_b, m, n, k, alpha, static_cast<const T*>(a.rounded()), lda,
-                  static_cast<const T*>(b16.rounded()), ldb, T(0), product.data(), n);
+                  static_cast<const T*>(b.rounded()), ldb, T(0), product.data(), n);
   for (std::int64_t r = 0; r < m; ++r)
     for (std::int64_t j = 0; j < n; ++j)
       c[r * ldc + j] = BFloat16(static_cast<float>(product[static_cast<std::size_t>(r * n + j)]));
@@ -199,10 +213,11 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 template <typename T>
 bool gemm_fused([[maybe_unused]] bool trans_a, [[maybe_unused]] bool trans_b, std::int64_t m, std::int64_t n,
                 std::int64_t k, const SharedOperand<T>& a, [[maybe_unused]] std::int64_t lda,
-                [[maybe_unused]] const T* b, [[maybe_unused]] std::int64_t ldb, [[maybe_unused]] T beta,
+                [[maybe_unused]] const SharedOperand<T>& b, [[maybe_unused]] std::int64_t ldb, [[maybe_unused]] T beta,
                 [[maybe_unused]] T* c, [[maybe_unused]] std::int64_t ldc, [[maybe_unused]] Fused what,
                 [[maybe_unused]] const T* bias, [[maybe_unused]] T* aux, [[maybe_unused]] T* dbias) {
   const Device device = a.device();
+  check_operands(a, b);
   if (device != Device::kCuda || a.precision() != MatmulPrecision::kBf16 || m <= 0 || n <= 0 || k <= 0) return false;
   NDMESH_CUDA_TWIN(device, {
     using E = cuda::GemmEpilogue;
@@ -212,9 +227,8 @@ bool gemm_fused([[maybe_unused]] bool trans_a, [[maybe_unused]] bool trans_b, st
                                               : E::kBGradB;
     // cuBLASLt writes the bias gradient: into scratch, then added to the accumulated one.
     DeviceBuffer sums(what == Fused::kBiasGrad ? static_cast<std::size_t>(m) * sizeof(float) : 0);
-    const SharedOperand<T> b16(device, a.precision(), b, extent_b(trans_b, n, k, ldb));
     if (!cuda::try_gemm_bf16_f32(trans_a, trans_b, m, n, k, 1.0f, static_cast<const BFloat16*>(a.rounded()), lda,
-                                 static_cast<const BFloat16*>(b16.rounded()), ldb, beta, c, ldc, epilogue, bias, aux,
+                                 static_cast<const BFloat16*>(b.rounded()), ldb, beta, c, ldc, epilogue, bias, aux,
                                  static_cast<float*>(sums.data())))
       return false;
     if (what == Fused::kBiasGrad) add<T>(dbias, static_cast<const float*>(sums.data()), m, device);
@@ -242,12 +256,13 @@ void round_to_bf16(T* x, std::int64_t n, Device device) {
                         const T*, std::int64_t, const T*, std::int64_t, T, T*, std::int64_t);                 \
   template class SharedOperand<T>;                                                                            \
   template void gemm<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const SharedOperand<T>&,      \
-                        std::int64_t, const T*, std::int64_t, T, T*, std::int64_t);                           \
+                        std::int64_t, const SharedOperand<T>&, std::int64_t, T, T*, std::int64_t);             \
   template void gemm<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const SharedOperand<T>&,      \
-                        std::int64_t, const T*, std::int64_t, BFloat16*, std::int64_t);                        \
+                        std::int64_t, const SharedOperand<T>&, std::int64_t, BFloat16*, std::int64_t);          \
   template void round_to_bf16<T>(T*, std::int64_t, Device);                                                   \
   template bool gemm_fused<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, const SharedOperand<T>&,   \
-                              std::int64_t, const T*, std::int64_t, T, T*, std::int64_t, Fused, const T*, T*, T*);
+                              std::int64_t, const SharedOperand<T>&, std::int64_t, T, T*, std::int64_t, Fused,  \
+                              const T*, T*, T*);
 NDMESH_OPS(float)
 NDMESH_OPS(double)
 // bfloat16 tensors: placed, copied and zeroed here; computed on by the bf16 kernels.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <type_traits>
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/ops.hpp"
@@ -54,11 +55,33 @@ void ParamStore<T>::to(Device device) {
   const std::vector<T> host = params_.to_host();
   params_.set_device(device);
   grads_.set_device(device);
+  if (keeps_bf16_copy()) params16_.set_device(device);
   params_from_host(host.data());
 }
 
 template <typename T>
+void ParamStore<T>::keep_bf16_copy() {
+  NDMESH_CHECK(allocated(), "nn", "a bfloat16 copy of the parameters asked for before the store was allocated");
+  if (keeps_bf16_copy() || size_ == 0) return;
+  params16_ = Tensor<BFloat16>({size_}, params_.device());
+  bf16_current_ = false;
+}
+
+template <typename T>
+void ParamStore<T>::refresh_bf16() {
+  if (!keeps_bf16_copy() || bf16_current_) return;
+  if constexpr (std::is_same_v<T, float>) {
+    ops::cast(params16_.data(), params_.data(), size_, params_.device());
+  } else {  // double: the CPU only, rounded through float as the bf16 products round it
+    for (std::int64_t i = 0; i < size_; ++i) params16_.data()[i] = BFloat16(static_cast<float>(params_.data()[i]));
+  }
+  bf16_current_ = true;
+  ++bf16_refreshes_;
+}
+
+template <typename T>
 void ParamStore<T>::params_from_host(const T* host) {
+  bf16_current_ = false;
   if (params_.device() == Device::kCpu)
     std::copy(host, host + size_, params_.data());
   else

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gpu_test.hpp"
+#include "ndmesh/core/dtype.hpp"
 #include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/nn/cuda_ops.hpp"
 
@@ -102,6 +103,43 @@ TEST(CudaAdamW, TheLayerOnCudaIsOneLaunchThatMatchesTheCpu) {
     const std::vector<float> cpu_w(cpu_store.params().begin(), cpu_store.params().end());
     EXPECT_TRUE(all_close(gpu_store.params_to_host(), cpu_w, 0, 1.2e-7)) << "parameters after step " << step;
   }
+}
+
+// Under bf16 products on a GPU the store keeps a bfloat16 copy of the parameters, and the
+// optimizer step writes it in the same launch: after each step the copy is current without a
+// cast (refresh counts none) and holds every new parameter rounded to bfloat16, bit for bit
+// BFloat16's rounding of the fp32 result. An optimizer over a shard of the store (ZeRO) writes
+// only its segments: the copy is then stale (the next forward casts it whole).
+TEST(CudaAdamW, TheStepWritesTheBf16CopyOfTheWeights) {
+  NDMESH_GPU_OR_SKIP();
+  ParamStore<float> store;
+  store.add("w", {33, 31}, true);
+  store.add("b", {771}, false);
+  store.allocate();
+  const auto n = static_cast<std::size_t>(store.size());
+  const auto w0 = normal(n, 1, 0.1f);
+  store.params_from_host(w0.data());
+  store.to(Device::kCuda);
+  store.keep_bf16_copy();
+  nn::AdamW<float> adam(store, {.clip_norm = 1.0});
+  for (int step = 1; step <= 2; ++step) {
+    const auto g = normal(n, 30 + static_cast<std::uint64_t>(step));
+    cuda::copy_to_device(store.grads().data(), g.data(), n * sizeof(float));
+    adam.update(store, 1e-2, 1.0);
+    ASSERT_NE(store.param_bf16(0), nullptr) << "the step left the copy stale, step " << step;
+    const std::vector<float> w = store.params_to_host();
+    std::vector<BFloat16> w16(n);
+    cuda::copy_to_host(w16.data(), store.param_bf16(0), n * sizeof(BFloat16));
+    std::size_t wrong = 0;
+    for (const ParamView& v : store.views())
+      for (std::int64_t i = v.offset; i < v.offset + v.numel; ++i)
+        wrong += w16[static_cast<std::size_t>(i)].bits != BFloat16(w[static_cast<std::size_t>(i)]).bits;
+    EXPECT_EQ(wrong, 0u) << "elements of the copy that are not the new weight rounded, step " << step;
+  }
+  EXPECT_EQ(store.bf16_refreshes(), 0);
+  nn::AdamW<float> shard(store, {.clip_norm = 1.0}, {nn::Segment{0, 16}});
+  shard.update(store, 1e-2, 1.0);
+  EXPECT_EQ(store.param_bf16(0), nullptr) << "a shard's step left the whole copy current";
 }
 
 // --offload optimizer on a GPU (nn::PinnedOffload): the moments and the master copy in

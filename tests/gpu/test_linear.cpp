@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "gpu_test.hpp"
@@ -151,6 +152,51 @@ TEST(CudaLinear, Bf16LogitsInPaddedRowsAndTheirBackward) {
     cuda::copy_to_host(dw.data(), gpu_store.grad(gpu.weight_id()), dw.size() * sizeof(float));
     EXPECT_TRUE(all_close(dw, dw_ref, 1e-4, 1e-5)) << "d weight, " << where;
   }
+}
+
+// A layer whose store keeps a bfloat16 copy of the parameters (bf16 training on a GPU) reads
+// its weight from it in every product: the same bf16 operand the layer otherwise rounds from
+// the fp32 weight for each product, so the same bits in the forward, the input gradient and
+// the weight and bias gradients. Once the parameters are written (here: new values from the
+// host, as a checkpoint load writes them) the copy is stale and the layer rounds the fp32
+// weight again: a layer that read the stale copy would compute with the old weights.
+TEST(CudaLinear, Bf16WeightsFromTheStoresCopyAreTheRoundedWeights) {
+  NDMESH_GPU_OR_SKIP();
+  const Shape s{33, 96, 80};
+  ParamStore<float> plain_store, copy_store;
+  const nn::Linear<float> plain = bf16_layer(plain_store, s, true), copied = bf16_layer(copy_store, s, true);
+  plain_store.to(Device::kCuda);
+  copy_store.to(Device::kCuda);
+  copy_store.keep_bf16_copy();
+  const auto inp = normal(static_cast<std::size_t>(s.rows * s.in), 3), d = normal(static_cast<std::size_t>(s.rows * s.out), 4);
+  const auto n = static_cast<std::size_t>(s.rows * s.out);
+  DeviceBuffer din = to_device(inp), dd = to_device(d);
+  // forward, backward; the outputs, the input gradient and every parameter gradient.
+  auto run = [&](const nn::Linear<float>& layer, ParamStore<float>& store) {
+    store.zero_grad();
+    DeviceBuffer out = to_device(nans(n)), dinp = to_device(nans(inp.size()));
+    layer.forward(ptr<float>(din), ptr<float>(out), s.rows);
+    layer.backward(ptr<float>(dd), ptr<float>(din), ptr<float>(dinp), s.rows, nn::GradInto::kSet);
+    std::vector<float> all = to_host<float>(out, n), di = to_host<float>(dinp, inp.size());
+    all.insert(all.end(), di.begin(), di.end());
+    std::vector<float> grads(static_cast<std::size_t>(store.size()));
+    cuda::copy_to_host(grads.data(), store.grads().data(), grads.size() * sizeof(float));
+    all.insert(all.end(), grads.begin(), grads.end());
+    return all;
+  };
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  copy_store.refresh_bf16();
+  ASSERT_NE(copy_store.param_bf16(copied.weight_id()), nullptr);
+  EXPECT_TRUE(same_bits(run(copied, copy_store), run(plain, plain_store))) << "weights from the copy";
+  const auto p2 = normal(static_cast<std::size_t>(plain_store.size()), 9, 0.2f);
+  plain_store.params_from_host(p2.data());
+  copy_store.params_from_host(p2.data());
+  EXPECT_EQ(copy_store.param_bf16(copied.weight_id()), nullptr);
+  EXPECT_TRUE(same_bits(run(copied, copy_store), run(plain, plain_store))) << "new weights, the copy stale";
+  copy_store.refresh_bf16();
+  EXPECT_TRUE(same_bits(run(copied, copy_store), run(plain, plain_store))) << "new weights, the copy refreshed";
 }
 
 // Under bf16 products on CUDA a layer with a bias fuses it into its products (cuBLASLt

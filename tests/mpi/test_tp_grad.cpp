@@ -56,7 +56,7 @@ TEST_P(TpGrad, SliceOfSerialAndFiniteDifferences) {
   for (const ParamView& v : store.views()) {
     const int id = serial.params().find(v.name);
     ASSERT_GE(id, 0) << v.name;
-    copy_shard(v.shard, v.shape, store.params().data() + v.offset, serial.params().param(id), false);
+    copy_shard(v.shard, v.shape, store.params().data() + v.offset, serial.params().mutable_param(id), false);
   }
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(n)), targets(tokens.size());
   for (std::size_t i = 0; i < tokens.size(); ++i) {

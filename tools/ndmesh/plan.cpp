@@ -336,6 +336,9 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
              l.zero >= 3
                  ? fmt::format(", / dp x cp (ZeRO-3), plus {} gathered layers (in use + prefetch depth {})",
                                1 + l.zero3_prefetch, l.zero3_prefetch)
+             : pr.weight_copy_bytes > 0
+                 ? fmt::format(" + {} B of a bf16 copy (what the products read, written by the optimizer step)",
+                               pr.weight_copy_bytes)
                  : "");
   fmt::print("  grads                   {:>8}  {} B each{}\n", gib(m.grads), pr.grad_bytes,
              l.zero >= 2 ? fmt::format(", / dp x cp (ZeRO-{}), plus two layers' full gradients (written, reduce-scattered)", l.zero)
@@ -451,8 +454,10 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
       "assumptions: {}; the achievable fraction {} of peak and the {} GiB reserved per GPU are the "
       "planner's own (--efficiency, --reserved-gib); {}\n",
       hw.source, hw.achievable_fraction, gib(hw.reserved_bytes),
-      pr.unfused_elementwise ? "the optimizer step is counted as its memory traffic (36 B per parameter)"
-                                    : "the optimizer step's time is not counted");
+      pr.unfused_elementwise
+          ? fmt::format("the optimizer step is counted as its memory traffic ({} B per parameter)",
+                        plan::kOptimizerStepBytes + (l.zero >= 3 ? 0.0 : pr.weight_copy_bytes))
+          : "the optimizer step's time is not counted");
 }
 
 // What separates each of the top layouts from the best, and what costs the best most

@@ -108,6 +108,13 @@ class Linear {
                       std::int64_t ld_dout = 0) const;
   // db += column sums of dout as the products take it (rounded under bf16), rows out apart.
   void backward_bias(const ops::SharedOperand<T>& dout, std::int64_t rows) const;
+  // W as the B operand of its products: the store's bfloat16 copy where one is current
+  // (ParamStore::param_bf16), else W itself, rounded for this product under bf16.
+  ops::SharedOperand<T> weight_operand() const;
+  // An operand of its products: x's `extent` elements as its precision takes them.
+  ops::SharedOperand<T> operand(const T* x, std::int64_t extent) const {
+    return ops::SharedOperand<T>(device(), matmul_precision(), x, extent);
+  }
   // Whether its products can take a cuBLASLt epilogue (ops::gemm_fused): bf16 on a GPU. The
   // fused entry points check it before rounding an operand that only the fused call reads.
   bool may_fuse() const { return device() != Device::kCpu && matmul_precision() == MatmulPrecision::kBf16; }

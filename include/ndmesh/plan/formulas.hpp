@@ -103,11 +103,16 @@ struct Precision {
   /// in one kernel, nothing held beside them (nn::LmHead). With the vocabulary split over tp,
   /// and in Megatron's precisions, fp32 logits and logit_gradient_bytes beside them.
   bool fused_loss = false;
+  /// ndmesh's bf16: a bfloat16 copy of the weights beside the fp32 ones (2 B a parameter),
+  /// written by the optimizer step and read by the products (ParamStore::keep_bf16_copy; not
+  /// under ZeRO-3, which ndmesh runs on the CPU only).
+  double weight_copy_bytes = 0;
 };
 
 /// Bytes an optimizer step moves per parameter of the rank's shard on ndmesh's kernels: AdamW
 /// reads the weight, gradient and two moments and writes the weight and moments (fp32, 28), the
-/// gradient norm reads the gradient (4), the next step zeroes it (4).
+/// gradient norm reads the gradient (4), the next step zeroes it (4); plus, under ndmesh's bf16,
+/// the bfloat16 copy of the weight it writes (Precision::weight_copy_bytes).
 constexpr double kOptimizerStepBytes = 36;
 
 /// Parses a precision name: "mixed" (2 + 2 + 12 bytes per parameter, 16-bit activations),

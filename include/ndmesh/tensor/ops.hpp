@@ -82,10 +82,15 @@ class SharedOperand {
   std::vector<T> on_host_;
 };
 
-/// gemm as above with A a SharedOperand (its device and precision).
+/// gemm as above with A and B SharedOperands (A's device and precision; B's must match: a
+/// weight kept in bfloat16, ParamStore::param_bf16, is a B of kBf16 made from stored bf16).
 template <typename T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
-          const SharedOperand<T>& a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc);
+          const SharedOperand<T>& a, std::int64_t lda, const SharedOperand<T>& b, std::int64_t ldb, T beta, T* c,
+          std::int64_t ldc);
+/// B's stored extent for gemm's shapes (k x n, n x k transposed, rows ldb apart): what a
+/// SharedOperand of B rounds.
+std::int64_t extent_b(bool trans_b, std::int64_t n, std::int64_t k, std::int64_t ldb);
 
 /// What a product can fuse after it (gemm_fused).
 enum class Fused : std::uint8_t {
@@ -94,22 +99,24 @@ enum class Fused : std::uint8_t {
   kBiasGrad,  ///< with trans_a (A = dout [k, m]): also dbias[m] += the sums of A's rows over k
   kDGelu,     ///< C = product * gelu'(aux) (aux read, not written; beta 0)
 };
-/// gemm with A a SharedOperand and the step `what` fused into the product (a cuBLASLt
+/// gemm with A and B SharedOperands and the step `what` fused into the product (a cuBLASLt
 /// epilogue, cuda::try_gemm_bf16_f32): true when it ran; false, having done nothing, where it
 /// cannot fuse: the CPU, fp32 products, a T other than float, or no cuBLASLt algorithm for it.
 /// The caller then runs the product and the step apart. Under bf16 the fused bias gradient
 /// sums the rounded A (what the product reads).
 template <typename T>
 [[nodiscard]] bool gemm_fused(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-                              const SharedOperand<T>& a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
-                              std::int64_t ldc, Fused what, const T* bias, T* aux, T* dbias);
+                              const SharedOperand<T>& a, std::int64_t lda, const SharedOperand<T>& b,
+                              std::int64_t ldb, T beta, T* c, std::int64_t ldc, Fused what, const T* bias, T* aux,
+                              T* dbias);
 
 /// C = alpha op(A) op(B) into bfloat16 (beta 0): A and B rounded as the kBf16 gemm rounds
-/// them (A's precision must be kBf16), fp32 accumulation, each output rounded once (CUDA:
+/// them (both of precision kBf16), fp32 accumulation, each output rounded once (CUDA:
 /// cuda::gemm_bf16; the CPU: the product of the rounded copies in T, then rounded).
 template <typename T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
-          const SharedOperand<T>& a, std::int64_t lda, const T* b, std::int64_t ldb, BFloat16* c, std::int64_t ldc);
+          const SharedOperand<T>& a, std::int64_t lda, const SharedOperand<T>& b, std::int64_t ldb, BFloat16* c,
+          std::int64_t ldc);
 
 /// x[i] rounded to bfloat16 and kept in T (what bf16 storage of x would hold), i < n.
 template <typename T>

@@ -87,15 +87,24 @@ class ParamStore {
   /// Overwrites the parameters with size() elements from the host.
   void params_from_host(const T* host);
 
-  /// The parameter / gradient elements of a view.
-  T* param(int id) { return params_.data() + views_.at(static_cast<std::size_t>(id)).offset; }
+  /// The parameter elements of a view, to read (what the layers do).
   const T* param(int id) const { return params_.data() + views_.at(static_cast<std::size_t>(id)).offset; }
+  /// The same elements, to write (initialisation, tests): the bfloat16 copy becomes stale.
+  T* mutable_param(int id) {
+    bf16_current_ = false;
+    return params_.data() + views_.at(static_cast<std::size_t>(id)).offset;
+  }
+  /// The gradient elements of a view.
   T* grad(int id) { return grads_.data() + views_.at(static_cast<std::size_t>(id)).offset; }
   const T* grad(int id) const { return grads_.data() + views_.at(static_cast<std::size_t>(id)).offset; }
 
   /// The whole flat buffers, padding included (device memory on CUDA: the span is an
-  /// address and a size, not to be read on the host).
-  std::span<T> params() { return {params_.data(), static_cast<std::size_t>(params_.numel())}; }
+  /// address and a size, not to be read on the host). The writable span of the parameters
+  /// makes the bfloat16 copy stale (whoever asks for it may write through it).
+  std::span<T> params() {
+    bf16_current_ = false;
+    return {params_.data(), static_cast<std::size_t>(params_.numel())};
+  }
   std::span<const T> params() const { return {params_.data(), static_cast<std::size_t>(params_.numel())}; }
   std::span<T> grads() { return {grads_.data(), static_cast<std::size_t>(grads_.numel())}; }
   std::span<const T> grads() const { return {grads_.data(), static_cast<std::size_t>(grads_.numel())}; }
@@ -117,6 +126,29 @@ class ParamStore {
   /// parameters, gradients and everything else stay T.
   void set_matmul_precision(MatmulPrecision p) { matmul_ = p; }
   MatmulPrecision matmul_precision() const { return matmul_; }
+
+  /// A bfloat16 copy of the parameters kept beside them, for bf16 products on a GPU: the
+  /// layers' products read their weights from it (param_bf16) instead of rounding each weight
+  /// for each product, and the optimizer step writes it with the update (AdamW's kernel, then
+  /// bf16_written()). Any other write (params(), mutable_param(), params_from_host(), to())
+  /// makes it stale; refresh_bf16() brings it up to date with one cast of the whole buffer.
+  /// Only after allocate(); a writer that keeps a pointer into the parameters and writes
+  /// through it later (ZeRO-3's gathers) must not be combined with it.
+  void keep_bf16_copy();
+  bool keeps_bf16_copy() const { return params16_.numel() > 0; }
+  /// The copy of parameter `id`; nullptr when there is no copy or it is stale (the caller then
+  /// rounds the fp32 parameter itself: slower, the same values).
+  const BFloat16* param_bf16(int id) const {
+    return bf16_current_ ? params16_.data() + views_.at(static_cast<std::size_t>(id)).offset : nullptr;
+  }
+  /// Casts the parameters into the copy if it is stale (one kernel); nothing otherwise.
+  void refresh_bf16();
+  /// The whole copy, for a writer that writes it together with the parameters; then
+  /// bf16_written() marks it current. nullptr without a copy.
+  BFloat16* bf16_copy() { return keeps_bf16_copy() ? params16_.data() : nullptr; }
+  void bf16_written() { bf16_current_ = keeps_bf16_copy(); }
+  /// Casts refresh_bf16() made so far (the optimizer's writes are not counted).
+  std::int64_t bf16_refreshes() const { return bf16_refreshes_; }
   /// Offsets of every view in the flat buffer of the full (serial) model with the same
   /// views (unpadded): what checkpoints store, whatever the tp layout; and its size.
   std::vector<std::int64_t> logical_offsets(std::int64_t* total = nullptr) const;
@@ -127,6 +159,9 @@ class ParamStore {
   Tensor<T> params_;
   Tensor<T> grads_;
   MatmulPrecision matmul_ = MatmulPrecision::kFp32;
+  Tensor<BFloat16> params16_;  // keep_bf16_copy(): size_ elements where params_ lives
+  bool bf16_current_ = false;
+  std::int64_t bf16_refreshes_ = 0;
 };
 
 }  // namespace ndmesh

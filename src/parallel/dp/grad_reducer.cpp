@@ -389,7 +389,7 @@ void GradReducer::finish_backward() {
 }
 
 void GradReducer::gather_params(float* params) {
-  if (zero_ == 0 || zero_ == 3 || group_.size() == 1) return;
+  if (!gathers_params()) return;
   std::vector<comm::Work> works;
   works.reserve(buckets_.size());
   for (const Bucket& b : buckets_)

@@ -34,7 +34,7 @@ V random_vector(std::int64_t n, Rng& rng, double scale = 1.0) {
 
 void randomize(ParamStore<double>& store, Rng& rng, double scale = 0.5) {
   for (const auto& view : store.views())
-    fill_normal(store.param(store.find(view.name)), view.numel, rng, scale);
+    fill_normal(store.mutable_param(store.find(view.name)), view.numel, rng, scale);
 }
 
 TEST(Linear, GradientsMatchFiniteDifferences) {
@@ -61,10 +61,10 @@ TEST(Linear, ForwardIsInputTimesWeightTransposedPlusBias) {
   Linear<double> lin(store, {.in = 2, .out = 2});
   store.allocate();
   // W = [[1, 2], [3, 4]], b = [10, 20]; x = [1, 1] -> [1+2+10, 3+4+20].
-  double* wt = store.param(lin.weight_id());
+  double* wt = store.mutable_param(lin.weight_id());
   wt[0] = 1, wt[1] = 2, wt[2] = 3, wt[3] = 4;
-  store.param(lin.bias_id())[0] = 10;
-  store.param(lin.bias_id())[1] = 20;
+  store.mutable_param(lin.bias_id())[0] = 10;
+  store.mutable_param(lin.bias_id())[1] = 20;
   V x = {1, 1}, out(2);
   lin.forward(x.data(), out.data(), 1);
   EXPECT_DOUBLE_EQ(out[0], 13);
@@ -341,7 +341,7 @@ TEST(AdamW, FirstStepMatchesClosedForm) {
   int matrix = store.add("w", {2}, true);
   int bias = store.add("b", {1}, false);
   store.allocate();
-  store.param(matrix)[0] = 1.0, store.param(matrix)[1] = -2.0, store.param(bias)[0] = 1.0;
+  store.mutable_param(matrix)[0] = 1.0, store.mutable_param(matrix)[1] = -2.0, store.mutable_param(bias)[0] = 1.0;
   store.grad(matrix)[0] = 0.5, store.grad(matrix)[1] = -0.25, store.grad(bias)[0] = -2.0;
   AdamW<double> adam(store, {.beta1 = 0.9, .beta2 = 0.95, .eps = 0, .weight_decay = 0.1, .clip_norm = 0});
   adam.step(store, 0.1);

@@ -70,8 +70,8 @@ LinearRun run_linear(const Shape& s, MatmulPrecision precision, const std::vecto
   store.set_matmul_precision(precision);
   nn::Linear<float> lin(store, {.in = s.in, .out = s.out, .bias = true});
   store.allocate();
-  std::copy(weight.begin(), weight.end(), store.param(lin.weight_id()));
-  std::copy(bias.begin(), bias.end(), store.param(lin.bias_id()));
+  std::copy(weight.begin(), weight.end(), store.mutable_param(lin.weight_id()));
+  std::copy(bias.begin(), bias.end(), store.mutable_param(lin.bias_id()));
   std::copy(dweight0.begin(), dweight0.end(), store.grad(lin.weight_id()));
   LinearRun r;
   r.out.assign(static_cast<std::size_t>(s.rows * s.out), std::nanf(""));  // overwritten

@@ -1,9 +1,11 @@
 // gemm against a naive triple loop (every transpose combination, strided operands),
 // and the flat parameter store's layout.
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "ndmesh/core/dtype.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/blas.hpp"
 #include "ndmesh/tensor/ops.hpp"
@@ -95,6 +97,61 @@ TEST(ParamStore, AlignedOffsetsNamedViewsZeroPadding) {
   EXPECT_EQ(store.param(c), store.params().data() + 32);
   EXPECT_EQ(store.grad(c), store.grads().data() + 32);
   for (float x : store.params()) EXPECT_EQ(x, 0.0f);
+}
+
+// The bfloat16 copy of the parameters (bf16 products on a GPU read their weights from it): it
+// is current only after refresh_bf16() or a writer's bf16_written(), holds each parameter
+// rounded to bfloat16 (nearest even, as BFloat16 rounds), and every other way of writing
+// the parameters (the writable span, mutable_param, params_from_host) makes it stale, where
+// param_bf16 answers nullptr and the layers round the fp32 weights themselves. A refresh of
+// a current copy casts nothing.
+TEST(ParamStore, Bf16CopyIsCurrentOnlyAfterARefreshOrAWriterThatWritesIt) {
+  ParamStore<float> store;
+  const int w = store.add("w", {3, 7}, true), b = store.add("b", {5}, false);
+  EXPECT_FALSE(store.keeps_bf16_copy());
+  EXPECT_EQ(store.bf16_copy(), nullptr);
+  store.allocate();
+  Rng rng(5);
+  for (float& x : store.params()) x = static_cast<float>(rng.normal());
+  store.refresh_bf16();  // no copy kept: nothing to do
+  EXPECT_EQ(store.param_bf16(w), nullptr);
+  store.keep_bf16_copy();
+  EXPECT_TRUE(store.keeps_bf16_copy());
+  EXPECT_EQ(store.param_bf16(w), nullptr) << "a new copy is stale";
+  auto expect_current = [&](const char* when) {
+    ASSERT_NE(store.param_bf16(w), nullptr) << when;
+    for (int id : {w, b})
+      for (std::int64_t i = 0; i < store.view(id).numel; ++i)
+        EXPECT_EQ(store.param_bf16(id)[i].bits, BFloat16(store.param(id)[i]).bits) << when << ", " << store.view(id).name << "[" << i << "]";
+  };
+  store.refresh_bf16();
+  expect_current("after the first refresh");
+  store.refresh_bf16();
+  EXPECT_EQ(store.bf16_refreshes(), 1) << "a refresh of a current copy casts";
+  store.mutable_param(b)[2] = 3.0f;
+  EXPECT_EQ(store.param_bf16(b), nullptr) << "mutable_param leaves the copy current";
+  store.refresh_bf16();
+  expect_current("after mutable_param and a refresh");
+  store.params()[store.view(w).offset] = -1.5f;
+  EXPECT_EQ(store.param_bf16(w), nullptr) << "the writable span leaves the copy current";
+  store.refresh_bf16();
+  const std::vector<float> host(static_cast<std::size_t>(store.size()), 0.25f);
+  store.params_from_host(host.data());
+  EXPECT_EQ(store.param_bf16(w), nullptr) << "params_from_host leaves the copy current";
+  store.refresh_bf16();
+  expect_current("after params_from_host and a refresh");
+  EXPECT_EQ(store.bf16_refreshes(), 4);
+  // A writer that writes both (AdamW's kernel) marks it current without a cast.
+  float* p = store.params().data();
+  BFloat16* p16 = store.bf16_copy();
+  for (std::int64_t i = 0; i < store.size(); ++i) p[i] = 0.5f * static_cast<float>(i), p16[i] = BFloat16(p[i]);
+  store.bf16_written();
+  expect_current("after a writer wrote both");
+  EXPECT_EQ(store.bf16_refreshes(), 4);
+  // Reading does not make it stale.
+  EXPECT_NE(std::as_const(store).params().data(), nullptr);
+  EXPECT_NE(store.param(w), nullptr);
+  EXPECT_NE(store.param_bf16(w), nullptr);
 }
 
 // Tensor-parallel shards: the fused q|k|v rows (three pieces along dim 0) and a column

@@ -301,6 +301,8 @@ TEST(Precision, Bf16PlansUseTheBf16Rate) {
   EXPECT_EQ(bf16.grad_bytes, 4);
   EXPECT_EQ(bf16.optimizer_bytes, 8);
   EXPECT_EQ(bf16.activation_bytes, 4);
+  EXPECT_EQ(bf16.weight_copy_bytes, 2);  // the products' bf16 weights, written by the optimizer step
+  EXPECT_EQ(fp32.weight_copy_bytes, 0);
   const Precision megatron = parse_precision("mixed-fp32-grads");
   EXPECT_EQ(megatron.param_bytes, 2);
   EXPECT_EQ(megatron.grad_bytes, 4);

@@ -252,6 +252,13 @@ TEST(ModelStates, ZeroStages) {
   // fp32 AdamW: 4 + 4 + 8 bytes per parameter.
   EXPECT_DOUBLE_EQ(
       model_state_bytes(p, 0, 1, {.param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8}).total(), 16e9);
+  // ndmesh's bf16: fp32's and a bf16 copy of the weights (2 B) beside them, not under ZeRO-3
+  // (whose gathered parameters are cast where they are used).
+  const Precision bf16 = parse_precision("bf16");
+  EXPECT_DOUBLE_EQ(model_state_bytes(p, 0, 8, bf16).params, 6e9);
+  EXPECT_DOUBLE_EQ(model_state_bytes(p, 2, 8, bf16).params, 6e9);
+  EXPECT_DOUBLE_EQ(model_state_bytes(p, 3, 8, bf16).params, 4e9 / 8);
+  EXPECT_DOUBLE_EQ(model_state_bytes(p, 0, 1, bf16).total(), 18e9);
 }
 
 TEST(ModelStates, Zero3KeepsTwoGatheredLayersAndTwoLayersOfGradients) {

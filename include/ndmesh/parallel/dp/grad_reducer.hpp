@@ -145,6 +145,8 @@ class GradReducer {
   /// ZeRO 1/2: all-gathers the updated parameters bucket by bucket (collective); nothing
   /// under ZeRO-3 (the parameters stay sharded).
   void gather_params(float* params);
+  /// Whether gather_params writes the parameters (ZeRO 1/2 over 2 or more ranks).
+  bool gathers_params() const { return (zero_ == 1 || zero_ == 2) && group_.size() > 1; }
   /// Sets the ZeRO-2 shard accumulator to zero (start of a step).
   void zero_shard_grads();
   /// Per unit (per_unit()): the most bytes of the full-size gradient work space that were
