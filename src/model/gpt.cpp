@@ -197,23 +197,20 @@ bool GptT<T>::in_workspace(std::size_t i, bool last) const {
 
 template <typename T>
 void GptT<T>::lend(nn::BlockActivations<T>& acts, std::size_t l) {
-  auto mine = acts.tensors();
-  auto work = work_->tensors();
   const bool last = l + 1 == blocks_.size();
-  for (std::size_t i = 0; i < mine.size(); ++i)
-    if (in_workspace(i, last)) std::swap(*mine[i], *work[i]);
+  acts.each_with(*work_, [&](std::size_t i, auto& mine, auto& work) {
+    if (in_workspace(i, last)) std::swap(mine, work);
+  });
 }
 
 template <typename T>
 void GptT<T>::size_workspace() {
   nn::BlockActivations<T> all;
   blocks_.front().resize(all, batch_, seq_);
-  auto from = all.tensors();
-  auto to = work_->tensors();
-  for (std::size_t i = 0; i < to.size(); ++i)
-    if (to[i]->numel() == 0 &&
-        (recompute_ == nn::Recompute::kFull || in_workspace(i, false) || in_workspace(i, true)))
-      std::swap(*to[i], *from[i]);
+  work_->each_with(all, [&](std::size_t i, auto& to, auto& from) {
+    if (to.numel() == 0 && (recompute_ == nn::Recompute::kFull || in_workspace(i, false) || in_workspace(i, true)))
+      std::swap(to, from);
+  });
 }
 
 template <typename T>
@@ -258,9 +255,9 @@ GptActivations<T> GptT<T>::make_activations() const {
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
     blocks_[l].resize(a.blocks[l], batch_, seq_);
     // What lives in the shared workspace is not kept per micro-batch.
-    auto t = a.blocks[l].tensors();
-    for (std::size_t i = 0; i < t.size(); ++i)
-      if (in_workspace(i, l + 1 == blocks_.size())) *t[i] = Tensor<T>{};
+    a.blocks[l].each([&](std::size_t i, auto& t) {
+      if (in_workspace(i, l + 1 == blocks_.size())) t = std::decay_t<decltype(t)>{};
+    });
   }
   if (head_) {
     a.lnf.resize({nl, c});

@@ -82,7 +82,7 @@ void Block<T>::init_norms() const {
 template <typename T>
 void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq) const {
   const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
-  for (Tensor<T>* t : a.tensors()) t->set_device(device());
+  a.each([&](std::size_t, auto& t) { t.set_device(device()); });
   a.ln1.resize({nl, c});
   a.ln1_mean.resize({nl});
   a.ln1_rstd.resize({nl});
@@ -93,7 +93,7 @@ void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t s
   a.ln2.resize({nl, c});
   a.ln2_mean.resize({nl});
   a.ln2_rstd.resize({nl});
-  a.mlp.resize(n, mlp_.local_ffn());
+  a.mlp.resize(n, mlp_.local_ffn(), mlp_.hidden_in_bf16());
   a.out.resize({nl, c});
   if (tp_.sequence_parallel) {
     a.ln1_full.resize({n, c});

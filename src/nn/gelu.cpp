@@ -22,16 +22,24 @@ T tanh_of(T u) {
     return std::tanh(u);
   }
 }
+
+template <typename T>
+T gelu_of(T x) {
+  const T a = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kCubic);
+  return T(0.5) * x * (T(1) + tanh_of(a * (x + k * x * x * x)));
+}
 }  // namespace
 
 template <typename T>
 void Gelu<T>::forward(const T* inp, T* out, std::int64_t n, Device device) {
   NDMESH_CUDA_TWIN(device, cuda::gelu_forward(out, inp, n))
-  const T a = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kCubic);
-  for (std::int64_t i = 0; i < n; ++i) {
-    T x = inp[i];
-    out[i] = T(0.5) * x * (T(1) + tanh_of(a * (x + k * x * x * x)));
-  }
+  for (std::int64_t i = 0; i < n; ++i) out[i] = gelu_of(inp[i]);
+}
+
+template <typename T>
+void Gelu<T>::forward(const T* inp, BFloat16* out, std::int64_t n, Device device) {
+  NDMESH_CUDA_TWIN(device, cuda::gelu_forward(out, inp, n))
+  for (std::int64_t i = 0; i < n; ++i) out[i] = BFloat16(static_cast<float>(gelu_of(inp[i])));
 }
 
 template <typename T>

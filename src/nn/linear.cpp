@@ -37,9 +37,29 @@ ops::SharedOperand<T> Linear<T>::weight_operand() const {
 }
 
 template <typename T>
+ops::SharedOperand<T> Linear<T>::input(const T* inp, const BFloat16* inp16, std::int64_t rows) const {
+  const std::int64_t n = rows * options_.in;
+  if (inp16 == nullptr) return operand(inp, n);
+  NDMESH_CHECK(matmul_precision() == MatmulPrecision::kBf16, "nn",
+               "linear '{}': an input stored in bfloat16 is for bf16 products, but its store's are fp32",
+               options_.name);
+  return ops::SharedOperand<T>(device(), inp16, n);
+}
+
+template <typename T>
 void Linear<T>::forward(const T* inp, T* out, std::int64_t rows) const {
+  forward(input(inp, nullptr, rows), out, rows);
+}
+
+template <typename T>
+void Linear<T>::forward(const BFloat16* inp, T* out, std::int64_t rows) const {
+  forward(input(nullptr, inp, rows), out, rows);
+}
+
+template <typename T>
+void Linear<T>::forward(const ops::SharedOperand<T>& x, T* out, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
-  const ops::SharedOperand<T> x = operand(inp, rows * in), w = weight_operand();
+  const ops::SharedOperand<T> w = weight_operand();
   if (device() != Device::kCpu) {
     if (bias_ >= 0 && !options_.deferred_bias &&
         ops::gemm_fused<T>(false, true, rows, n_out, in, x, in, w, in, T(0), out, n_out, ops::Fused::kBias,
@@ -77,31 +97,54 @@ DeferredWeightGrads<T>*& deferred_sink() {
 
 template <typename T>
 void Linear<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t rows, GradInto into) const {
+  backward(dout, inp, nullptr, dinp, rows, into);
+}
+
+template <typename T>
+void Linear<T>::backward(const T* dout, const BFloat16* inp, T* dinp, std::int64_t rows, GradInto into) const {
+  backward(dout, nullptr, inp, dinp, rows, into);
+}
+
+template <typename T>
+void Linear<T>::backward(const T* dout, const T* inp, const BFloat16* inp16, T* dinp, std::int64_t rows,
+                         GradInto into) const {
   const std::int64_t in = options_.in, n_out = options_.out;
   const T beta = into == GradInto::kSet ? T(0) : T(1);
   if (DeferredWeightGrads<T>* sink = deferred_sink<T>()) {  // dinp now, the weight part later
     if (dinp != nullptr)
       ops::gemm<T>(false, false, rows, in, n_out, T(1), operand(dout, rows * n_out), n_out, weight_operand(), in, beta,
                    dinp, in);
-    sink->record(*this, dout, inp, rows);
+    sink->record(*this, dout, inp, inp16, rows);
     return;
   }
   // dout is A of both products (the input's gradient, the weight's): under bf16 rounded once.
   const ops::SharedOperand<T> d = operand(dout, rows * n_out);
   if (dinp != nullptr) ops::gemm<T>(false, false, rows, in, n_out, T(1), d, n_out, weight_operand(), in, beta, dinp, in);
-  weight_product(d, inp, rows);
+  weight_product(d, input(inp, inp16, rows), rows);
 }
 
 template <typename T>
 bool Linear<T>::backward_gelu(const T* dout, const T* inp, const T* pre, T* dpre, std::int64_t rows) const {
-  const std::int64_t in = options_.in, n_out = options_.out;
   if (!may_fuse() || deferred_sink<T>() != nullptr) return false;
+  return backward_gelu(dout, input(inp, nullptr, rows), pre, dpre, rows);
+}
+
+template <typename T>
+bool Linear<T>::backward_gelu(const T* dout, const BFloat16* inp, const T* pre, T* dpre, std::int64_t rows) const {
+  if (!may_fuse() || deferred_sink<T>() != nullptr) return false;
+  return backward_gelu(dout, input(nullptr, inp, rows), pre, dpre, rows);
+}
+
+template <typename T>
+bool Linear<T>::backward_gelu(const T* dout, const ops::SharedOperand<T>& x, const T* pre, T* dpre,
+                              std::int64_t rows) const {
+  const std::int64_t in = options_.in, n_out = options_.out;
   const ops::SharedOperand<T> d = operand(dout, rows * n_out);
   // kDGelu only reads the aux (pre).
   if (!ops::gemm_fused<T>(false, false, rows, in, n_out, d, n_out, weight_operand(), in, T(0), dpre, in,
                           ops::Fused::kDGelu, nullptr, const_cast<T*>(pre), nullptr))
     return false;
-  weight_product(d, inp, rows);
+  weight_product(d, x, rows);
   return true;
 }
 
@@ -126,20 +169,24 @@ void Linear<T>::backward(const BFloat16* dout, std::int64_t ld_dout, const T* in
   if (dinp != nullptr)
     ops::gemm<T>(false, false, rows, in, n_out, T(1), d, ld_dout, weight_operand(), in,
                  into == GradInto::kSet ? T(0) : T(1), dinp, in);
-  weight_product(d, inp, rows, ld_dout);
+  weight_product(d, input(inp, nullptr, rows), rows, ld_dout);
 }
 
 template <typename T>
 void Linear<T>::backward_weight(const T* dout, const T* inp, std::int64_t rows) const {
-  weight_product(operand(dout, rows * options_.out), inp, rows);
+  weight_product(operand(dout, rows * options_.out), input(inp, nullptr, rows), rows);
 }
 
 template <typename T>
-void Linear<T>::weight_product(const ops::SharedOperand<T>& dout, const T* inp, std::int64_t rows,
+void Linear<T>::backward_weight(const T* dout, const BFloat16* inp, std::int64_t rows) const {
+  weight_product(operand(dout, rows * options_.out), input(nullptr, inp, rows), rows);
+}
+
+template <typename T>
+void Linear<T>::weight_product(const ops::SharedOperand<T>& dout, const ops::SharedOperand<T>& x, std::int64_t rows,
                                std::int64_t ld_dout) const {
   const std::int64_t in = options_.in, n_out = options_.out, ld = ld_dout > 0 ? ld_dout : n_out;
   const bool bias = bias_ >= 0 && !options_.deferred_bias;
-  const ops::SharedOperand<T> x = operand(inp, rows * in);
   if (bias && ld == n_out &&
       ops::gemm_fused<T>(true, false, n_out, in, rows, dout, ld, x, in, T(1), store_->grad(weight_), in,
                          ops::Fused::kBiasGrad, nullptr, nullptr, store_->grad(bias_)))
@@ -189,13 +236,14 @@ void Linear<T>::backward_bias(const T* dout, std::int64_t rows) const {
 }
 
 template <typename T>
-void DeferredWeightGrads<T>::record(const Linear<T>& layer, const T* dout, const T* inp, std::int64_t rows) {
+void DeferredWeightGrads<T>::record(const Linear<T>& layer, const T* dout, const T* inp, const BFloat16* inp16,
+                                    std::int64_t rows) {
   // The copy stays where the layer runs (a device-to-device copy on CUDA): the caller's
   // dout buffer is reused before run().
   const std::int64_t n = rows * layer.options().out;
   Tensor<T> copy({n}, layer.device());
   ops::copy<T>(copy.data(), dout, n, layer.device());
-  entries_.push_back({&layer, std::move(copy), inp, rows});
+  entries_.push_back({&layer, std::move(copy), inp, inp16, rows});
 }
 
 template <typename T>
@@ -211,7 +259,10 @@ void DeferredWeightGrads<T>::run(const std::function<void(std::int64_t)>& final_
   for (std::size_t k = entries_.size(); k-- > 0;) from[k] = std::max(from[k + 1], entries_[k].layer->grads_end());
   for (std::size_t k = 0; k < entries_.size(); ++k) {
     const Entry& e = entries_[k];
-    e.layer->backward_weight(e.dout.data(), e.inp, e.rows);
+    if (e.inp16 != nullptr)
+      e.layer->backward_weight(e.dout.data(), e.inp16, e.rows);
+    else
+      e.layer->backward_weight(e.dout.data(), e.inp, e.rows);
     if (final_from) final_from(from[k + 1]);
   }
   entries_.clear();

@@ -28,9 +28,20 @@ Mlp<T>::Mlp(ParamStore<T>& store, MlpOptions options)
 
 template <typename T>
 void Mlp<T>::forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const {
+  const std::int64_t n = rows * local_ffn();
+  if (hidden_in_bf16()) {
+    // fc (its bias fused on a GPU), then GELU written in bf16 once: the operand proj's two
+    // products read, never rounded again (GELU fused into fc's product would write fp32).
+    NDMESH_CHECK(acts.gelu16.numel() >= n, "nn", "mlp '{}': the bf16 hidden activation holds {} of {} elements",
+                 options_.name, acts.gelu16.numel(), n);
+    fc_.forward(inp, acts.fc.data(), rows);
+    Gelu<T>::forward(acts.fc.data(), acts.gelu16.data(), n, fc_.device());
+    proj_.forward(acts.gelu16.data(), out, rows);
+    return;
+  }
   if (!fc_.forward_gelu(inp, acts.fc.data(), acts.gelu.data(), rows)) {  // fc and GELU in one product, else apart
     fc_.forward(inp, acts.fc.data(), rows);
-    Gelu<T>::forward(acts.fc.data(), acts.gelu.data(), rows * local_ffn(), fc_.device());
+    Gelu<T>::forward(acts.fc.data(), acts.gelu.data(), n, fc_.device());
   }
   proj_.forward(acts.gelu.data(), out, rows);
 }
@@ -40,10 +51,16 @@ void Mlp<T>::backward(const T* dout, const T* inp, const MlpActivations<T>& acts
                       std::int64_t rows) const {
   // One buffer, nothing zeroed: d gelu written over it, then d fc over d gelu in place.
   T* dgelu = scratch;
-  if (!proj_.backward_gelu(dout, acts.gelu.data(), acts.fc.data(), dgelu, rows)) {  // GELU's derivative fused, else apart
-    proj_.backward(dout, acts.gelu.data(), dgelu, rows, GradInto::kSet);
-    Gelu<T>::backward(dgelu, acts.fc.data(), dgelu, rows * local_ffn(), fc_.device());
-  }
+  auto through_proj = [&](const auto* hidden) {
+    if (!proj_.backward_gelu(dout, hidden, acts.fc.data(), dgelu, rows)) {  // GELU's derivative fused, else apart
+      proj_.backward(dout, hidden, dgelu, rows, GradInto::kSet);
+      Gelu<T>::backward(dgelu, acts.fc.data(), dgelu, rows * local_ffn(), fc_.device());
+    }
+  };
+  if (hidden_in_bf16())
+    through_proj(acts.gelu16.data());
+  else
+    through_proj(acts.gelu.data());
   fc_.backward(dgelu, inp, dinp, rows, GradInto::kSet);
 }
 

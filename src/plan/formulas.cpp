@@ -59,12 +59,14 @@ Precision parse_precision(std::string_view name, std::string_view flag) {
     bf16.bf16_products = true;
     bf16.logit_gradient_bytes = 2;
     bf16.weight_copy_bytes = 2;
+    bf16.mlp_hidden_bytes = 2;
     return bf16;
   }
   fail<ConfigError>(
       "plan",
       "{} '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter), mixed-fp32-grads (2 + 4 + 12 B), "
-      "bf16 (ndmesh's: 4 + 2 + 4 + 8 B, a bf16 weight copy, fp32 activations, bf16 products) or fp32 (4 + 4 + 8 B)",
+      "bf16 (ndmesh's: 4 + 2 + 4 + 8 B, a bf16 weight copy, fp32 activations but a bf16 MLP hidden, bf16 "
+      "products) or fp32 (4 + 4 + 8 B)",
       flag, name);
 }
 
@@ -137,7 +139,8 @@ double activation_bytes_per_layer(const PlanModel& m, double s, double b, const 
   // projection (sbf): 3 sbf elements.
   const double kv_per_rank = kv_heads_per_rank(m, o.tp) * head_dim(m);
   const double attention_split = e * (2 * s * b * h / t + 2 * s * b * kv_per_rank);
-  const double mlp_split = e * (m.mlp == Mlp::kGelu ? 2.0 : 3.0) * s * b * f / t;
+  const double hidden = o.mlp_hidden_bytes > 0 ? o.mlp_hidden_bytes : e;  // the down projection's input
+  const double mlp_split = (e * (m.mlp == Mlp::kGelu ? 1.0 : 2.0) + hidden) * s * b * f / t;
   // Attention scores: softmax output (2as^2b), dropout mask (as^2b) and dropout output
   // (2as^2b): 5as^2b, split by tp. Without dropout only the softmax output remains.
   // Selective recompute drops this term (recomputed in the backward pass).
@@ -293,6 +296,11 @@ double elementwise_bytes_per_token(const PlanModel& m, const LayerShape& s) {
     // derivative (reading the aux) and the two bias gradients run inside the products.
     bytes -= 4 * (2 * r / t + 3 * mlp * f / t) + 4 * (r / t + 3 * mlp * f / t);
     bytes += 6 * (2 * h + h / t + mlp * f / t) + 6 * (3 * h + h / t + 2 * mlp * f / t + r / t);
+    // But the MLP's hidden activation is stored in bf16, written by a GELU kernel: fc's product
+    // fuses its bias only (4 x 2 f/t of the 4 x 3 f/t taken off above), GELU reads 4 bytes and
+    // writes 2 (-2 f/t), and the two products that read the hidden take it as stored (no cast,
+    // -6 f/t each): -10 f/t in all.
+    bytes += 4 * 3 * mlp * f / t - (4 * 2 * mlp * f / t + 2 * f / t) - 2 * 6 * f / t;
     // cuDNN writes d qkv (widened from bf16): the zeroing of the fp32 pass above is skipped.
     if (s.attention == Attention::kFlash) bytes += 6 * (r / t + h / t) + 6 * (2 * r / t + 2 * h / t) - 4 * r / t;
   }

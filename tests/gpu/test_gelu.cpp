@@ -1,9 +1,12 @@
 // cuda::gelu_forward / gelu_backward against nn::Gelu<float> over inputs spread across
-// [-8, 8] (both tails of the tanh), odd sizes, dinp pre-filled (the backward accumulates).
+// [-8, 8] (both tails of the tanh), odd sizes, dinp pre-filled (the backward accumulates);
+// and gelu_forward from fp32 into bf16 against the fp32 kernel rounded.
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "gpu_test.hpp"
+#include "ndmesh/core/dtype.hpp"
 #include "ndmesh/nn/cuda_ops.hpp"
 #include "ndmesh/nn/gelu.hpp"
 
@@ -31,6 +34,15 @@ TEST(CudaGelu, ForwardAndBackwardMatchTheCpu) {
     // and by |dout| < 5: under 1e-5 absolute. A wrong formula is off by 1e-2 or more.
     EXPECT_TRUE(all_close(to_host<float>(dout_gpu, sz), out, 1e-6, 1e-6)) << "gelu_forward n=" << n;
     EXPECT_TRUE(all_close(to_host<float>(dinp_gpu, sz), dinp, 1e-5, 1e-6)) << "gelu_backward n=" << n;
+    // From fp32 into bf16 (the MLP's hidden activation under bf16): the fp32 kernel's values
+    // rounded once, bit for bit (the same float math, then BFloat16's rounding on the store).
+    const std::vector<float> gpu_out = to_host<float>(dout_gpu, sz);
+    DeviceBuffer d16 = to_device(std::vector<BFloat16>(sz, BFloat16(std::nanf(""))));
+    cuda::gelu_forward(ptr<BFloat16>(d16), ptr<float>(dx), n);
+    const auto got16 = to_host<BFloat16>(d16, sz);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < sz; ++i) wrong += got16[i].bits != BFloat16(gpu_out[i]).bits;
+    EXPECT_EQ(wrong, 0u) << "gelu_forward into bf16, n=" << n;
   }
 }
 

@@ -75,11 +75,34 @@ struct BlockActivations {
             &res1, &ln2,      &ln2_mean, &ln2_rstd, &mlp.fc,   &mlp.gelu, &out};
   }
   static constexpr std::size_t kLn1Full = 3, kLn2Full = 4, kLse = 6, kAtty = 7, kOut = 14;
+  /// The tensors stored in bfloat16 come after those of tensors() (index kGelu16).
+  static constexpr std::size_t kGelu16 = 15;
+  /// f(i, tensor) for every tensor, those of tensors() then the bfloat16 ones (Tensor<T>& or
+  /// Tensor<BFloat16>&: f is generic).
+  template <typename F>
+  void each(F&& f) {
+    auto t = tensors();
+    for (std::size_t i = 0; i < t.size(); ++i) f(i, *t[i]);
+    f(kGelu16, mlp.gelu16);
+  }
+  template <typename F>
+  void each(F&& f) const {
+    auto t = tensors();
+    for (std::size_t i = 0; i < t.size(); ++i) f(i, *t[i]);
+    f(kGelu16, mlp.gelu16);
+  }
+  /// f(i, mine, theirs) for the same tensor of this and `other`.
+  template <typename F>
+  void each_with(BlockActivations& other, F&& f) {
+    auto a = tensors(), b = other.tensors();
+    for (std::size_t i = 0; i < a.size(); ++i) f(i, *a[i], *b[i]);
+    f(kGelu16, mlp.gelu16, other.mlp.gelu16);
+  }
   /// Bytes of the tensors allocated here.
   std::int64_t bytes() const {
     std::int64_t n = 0;
-    for (const Tensor<T>* t : tensors()) n += t->numel();
-    return n * static_cast<std::int64_t>(sizeof(T));
+    each([&](std::size_t, const auto& t) { n += t.numel() * static_cast<std::int64_t>(sizeof(*t.data())); });
+    return n;
   }
 };
 

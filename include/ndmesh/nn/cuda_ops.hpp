@@ -211,6 +211,9 @@ void layernorm_backward(BFloat16* dinp, float* dweight, float* dbias, const BFlo
 
 /// gelu_forward / gelu_backward on bf16 elements.
 void gelu_forward(BFloat16* out, const BFloat16* inp, std::int64_t n);
+/// gelu_forward from fp32 into bf16: computed in float, rounded once (the MLP's hidden
+/// activation stored in bf16 under bf16 products).
+void gelu_forward(BFloat16* out, const float* inp, std::int64_t n);
 void gelu_backward(BFloat16* dinp, const BFloat16* dout, const BFloat16* inp, std::int64_t n);
 
 /// bias_forward on bf16 rows (fp32 bias); bias_backward from bf16 rows into an fp32 dbias.

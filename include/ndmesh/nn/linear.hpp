@@ -48,6 +48,9 @@ class Linear {
   /// out[rows, out] = inp[rows, in] · Wᵀ + b (overwrites out). Under bf16 products on CUDA
   /// the bias is added by the product itself (a cuBLASLt epilogue, ops::gemm_fused).
   void forward(const T* inp, T* out, std::int64_t rows) const;
+  /// forward from an input stored in bfloat16 (an activation kept in bf16 under bf16 products:
+  /// the operand the products read, nothing rounded again).
+  void forward(const BFloat16* inp, T* out, std::int64_t rows) const;
   /// The forward and GELU fused into the product, where it can be (CUDA, bf16 products, a
   /// bias that is not deferred, a cuBLASLt algorithm for it): pre = inp · Wᵀ + b, out =
   /// gelu(pre) (nn::Gelu's tanh form), true. Elsewhere nothing is done and it returns false:
@@ -60,6 +63,8 @@ class Linear {
   /// deferred. Elsewhere nothing is done and it returns false: the caller runs backward() and
   /// nn::Gelu::backward.
   [[nodiscard]] bool backward_gelu(const T* dout, const T* inp, const T* pre, T* dpre, std::int64_t rows) const;
+  /// backward_gelu with gelu(pre) stored in bfloat16.
+  [[nodiscard]] bool backward_gelu(const T* dout, const BFloat16* inp, const T* pre, T* dpre, std::int64_t rows) const;
   /// Accumulates: dinp += dout · W (skipped when dinp is null; written over dinp, which then
   /// need not be zeroed, with GradInto::kSet), dW += doutᵀ · inp, db += column sums of dout
   /// (under bf16 products of dout rounded to bf16, what the products read: on CUDA the
@@ -67,6 +72,8 @@ class Linear {
   /// While a DeferWeightGrads is alive on this thread, only dinp is computed here and the
   /// weight part is recorded in its sink (the split backward of zero-bubble pipelines).
   void backward(const T* dout, const T* inp, T* dinp, std::int64_t rows, GradInto into = GradInto::kAdd) const;
+  /// backward with the input stored in bfloat16 (under bf16 products).
+  void backward(const T* dout, const BFloat16* inp, T* dinp, std::int64_t rows, GradInto into = GradInto::kAdd) const;
   /// Under bf16 products, a layer without a bias into bfloat16: out = inp · Wᵀ, rows
   /// `ld_out` >= out apart (the columns past `out` are not written), each output rounded once
   /// (ops::gemm into bfloat16).
@@ -78,6 +85,7 @@ class Linear {
                 GradInto into = GradInto::kAdd) const;
   /// The weight part alone: dW += doutᵀ · inp, db += column sums of dout.
   void backward_weight(const T* dout, const T* inp, std::int64_t rows) const;
+  void backward_weight(const T* dout, const BFloat16* inp, std::int64_t rows) const;
 
   /// out[rows, out] += b (the deferred bias), then += residual[rows, out] where given (the
   /// residual connection in the same pass: the adds in that order).
@@ -104,8 +112,14 @@ class Linear {
  private:
   // dW += doutᵀ · inp, db += column sums of dout, with dout rounded as the products take it
   // (its rows `ld_dout` apart; 0: out apart).
-  void weight_product(const ops::SharedOperand<T>& dout, const T* inp, std::int64_t rows,
+  void weight_product(const ops::SharedOperand<T>& dout, const ops::SharedOperand<T>& inp, std::int64_t rows,
                       std::int64_t ld_dout = 0) const;
+  // The bodies of the overloads above: the input `inp` (T) or `inp16` (bfloat16), one null.
+  void forward(const ops::SharedOperand<T>& x, T* out, std::int64_t rows) const;
+  void backward(const T* dout, const T* inp, const BFloat16* inp16, T* dinp, std::int64_t rows, GradInto into) const;
+  bool backward_gelu(const T* dout, const ops::SharedOperand<T>& x, const T* pre, T* dpre, std::int64_t rows) const;
+  // The layer's input as its products take it: inp16 as stored, else inp rounded as its precision says.
+  ops::SharedOperand<T> input(const T* inp, const BFloat16* inp16, std::int64_t rows) const;
   // db += column sums of dout as the products take it (rounded under bf16), rows out apart.
   void backward_bias(const ops::SharedOperand<T>& dout, std::int64_t rows) const;
   // W as the B operand of its products: the store's bfloat16 copy where one is current
@@ -132,7 +146,8 @@ class Linear {
 template <typename T>
 class DeferredWeightGrads {
  public:
-  void record(const Linear<T>& layer, const T* dout, const T* inp, std::int64_t rows);
+  /// `inp` or `inp16` (the input stored in bfloat16) is the layer's input; one of them null.
+  void record(const Linear<T>& layer, const T* dout, const T* inp, const BFloat16* inp16, std::int64_t rows);
   /// Adds every recorded weight gradient, in record order, and forgets them. After each
   /// one, `final_from` (when given) is called with the flat offset from which every
   /// gradient is final as far as the remaining records go (the largest grads_end() of
@@ -145,6 +160,7 @@ class DeferredWeightGrads {
     const Linear<T>* layer;
     Tensor<T> dout;  // [rows, out] on the layer's device
     const T* inp;
+    const BFloat16* inp16;
     std::int64_t rows;
   };
   std::vector<Entry> entries_;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ndmesh/core/dtype.hpp"
 #include "ndmesh/nn/linear.hpp"
 #include "ndmesh/nn/tp.hpp"
 #include "ndmesh/tensor/tensor.hpp"
@@ -21,14 +22,25 @@ struct MlpOptions {
   TpShape tp;                 ///< the tensor-parallel split (default: none)
 };
 
-/// What the MLP forward keeps for its backward, for `rows` rows.
+/// What the MLP forward keeps for its backward, for `rows` rows. Under bf16 products the
+/// hidden activation gelu(fc) is kept in bfloat16 (`gelu16`; `gelu` stays empty): every
+/// product that reads it (proj's forward and weight gradient) rounds it to bf16 anyway, so
+/// storing it rounded changes no result and halves its bytes.
 template <typename T>
 struct MlpActivations {
-  Tensor<T> fc;    ///< [rows, F] before GELU
-  Tensor<T> gelu;  ///< [rows, F] after GELU
-  void resize(std::int64_t rows, std::int64_t ffn) {
+  Tensor<T> fc;             ///< [rows, F] before GELU
+  Tensor<T> gelu;           ///< [rows, F] after GELU (fp32 products)
+  Tensor<BFloat16> gelu16;  ///< [rows, F] after GELU, rounded to bf16 (bf16 products)
+  void resize(std::int64_t rows, std::int64_t ffn, bool bf16 = false) {
     fc.resize({rows, ffn});
-    gelu.resize({rows, ffn});
+    if (bf16) {
+      gelu16.set_device(fc.device());
+      gelu16.resize({rows, ffn});
+      gelu = Tensor<T>();
+      gelu.set_device(fc.device());
+    } else {
+      gelu.resize({rows, ffn});
+    }
   }
 };
 
@@ -40,8 +52,12 @@ class Mlp {
 
   /// F / tp: the width this rank computes.
   std::int64_t local_ffn() const { return options_.ffn / options_.tp.size; }
+  /// Whether its activations keep the hidden gelu(fc) in bfloat16 (MlpActivations::gelu16):
+  /// under bf16 products.
+  bool hidden_in_bf16() const { return proj_.matmul_precision() == MatmulPrecision::kBf16; }
   /// out[rows, C] = proj(gelu(fc(inp))) without proj's bias (this rank's partial sum
-  /// under tp; see proj().add_bias); fills acts (sized by acts.resize(rows, local_ffn())).
+  /// under tp; see proj().add_bias); fills acts (sized by acts.resize(rows, local_ffn(),
+  /// hidden_in_bf16())).
   void forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const;
   /// Accumulates dinp and the parameter gradients (not proj's bias: proj().backward_bias).
   /// `scratch` holds at least rows * local_ffn() elements; its contents are overwritten.

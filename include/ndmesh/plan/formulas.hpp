@@ -107,6 +107,10 @@ struct Precision {
   /// written by the optimizer step and read by the products (ParamStore::keep_bf16_copy; not
   /// under ZeRO-3, which ndmesh runs on the CPU only).
   double weight_copy_bytes = 0;
+  /// Bytes of the MLP's hidden activation (GELU's output, the down projection's input) where
+  /// it is stored in another type than the other activations: ndmesh's bf16 keeps it in bf16
+  /// (2; every product that reads it rounds it to bf16 anyway). 0: activation_bytes.
+  double mlp_hidden_bytes = 0;
 };
 
 /// Bytes an optimizer step moves per parameter of the rank's shard on ndmesh's kernels: AdamW
@@ -151,6 +155,7 @@ struct ActivationOptions {
   Recompute recompute = Recompute::kNone;
   double activation_bytes = 2;
   Attention attention = Attention::kStandard;
+  double mlp_hidden_bytes = 0;  ///< Precision::mlp_hidden_bytes (0: activation_bytes)
 };
 
 /// Activation bytes one GPU keeps for one layer and one micro-batch of `micro_batch`
@@ -267,7 +272,9 @@ struct LayerShape {
 ///   activation operand: forward 2 h + h/t + f/t, backward 3 h + h/t + 2 f/t + r/t; and cuDNN's
 ///   attention takes bf16 q, k, v and gives bf16 back: 6 (r/t + h/t) forward, 6 (2 r/t +
 ///   2 h/t) backward, where its d q, k, v widened is written into the qkv gradient, which is
-///   then not zeroed (-4 r/t) (r: the qkv width, h hidden, f ffn, t tp).
+///   then not zeroed (-4 r/t); the MLP's hidden activation is stored in bf16 by a GELU
+///   kernel, so fc fuses its bias only, GELU moves 6 bytes an element and the hidden's two
+///   casts go: -10 f/t against the fused count (r: the qkv width, h hidden, f ffn, t tp).
 double elementwise_bytes_per_token(const PlanModel& model, const LayerShape& shape);
 
 /// One layer for one micro-batch on one GPU. Weight products: 3 kernels per matrix (4 with

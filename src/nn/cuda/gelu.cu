@@ -23,9 +23,9 @@ using detail::bits;
 using detail::load;
 using detail::store;
 
-// S: float, or bfloat16 bits (computed in float, rounded once on the store).
-template <typename S>
-__global__ void gelu_forward_kernel(S* out, const S* inp, std::int64_t n) {
+// S, D: float, or bfloat16 bits (computed in float, rounded once on the store).
+template <typename S, typename D>
+__global__ void gelu_forward_kernel(D* out, const S* inp, std::int64_t n) {
   const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float x = load(inp + i);
@@ -48,10 +48,10 @@ __global__ void gelu_backward_kernel(S* dinp, const S* dout, const S* inp, std::
   }
 }
 
-template <typename S>
-void forward(S* out, const S* inp, std::int64_t n) {
+template <typename S, typename D>
+void forward(D* out, const S* inp, std::int64_t n) {
   if (n <= 0) return;
-  gelu_forward_kernel<S><<<detail::blocks_for(n), detail::kThreads, 0, detail::compute_stream()>>>(out, inp, n);
+  gelu_forward_kernel<S, D><<<detail::blocks_for(n), detail::kThreads, 0, detail::compute_stream()>>>(out, inp, n);
   detail::check_launch("gelu_forward");
 }
 
@@ -73,6 +73,7 @@ void backward(S* dinp, const S* dout, const S* inp, std::int64_t n) {
 
 void gelu_forward(float* out, const float* inp, std::int64_t n) { forward(out, inp, n); }
 void gelu_forward(BFloat16* out, const BFloat16* inp, std::int64_t n) { forward(bits(out), bits(inp), n); }
+void gelu_forward(BFloat16* out, const float* inp, std::int64_t n) { forward(bits(out), inp, n); }
 void gelu_backward(float* dinp, const float* dout, const float* inp, std::int64_t n) { backward(dinp, dout, inp, n); }
 void gelu_backward(BFloat16* dinp, const BFloat16* dout, const BFloat16* inp, std::int64_t n) {
   backward(bits(dinp), bits(dout), bits(inp), n);

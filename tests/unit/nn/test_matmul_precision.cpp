@@ -11,7 +11,9 @@
 // against the bound's k 2^-24 per term): the test asserts that it is more than 10 times the
 // bound (measured: 31x at k = 300, 165x to 12000x elsewhere; the bf16 layer stays within 0.2x
 // of it), so a rounding that is silently off fails.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -19,7 +21,9 @@
 #include <gtest/gtest.h>
 
 #include "ndmesh/core/dtype.hpp"
+#include "ndmesh/nn/gelu.hpp"
 #include "ndmesh/nn/linear.hpp"
+#include "ndmesh/nn/mlp.hpp"
 #include "ndmesh/tensor/ops.hpp"
 #include "ndmesh/tensor/rng.hpp"
 
@@ -179,6 +183,53 @@ TEST(MatmulPrecision, Bf16GemmEveryTransposeAndStride) {
 // The rounding is BFloat16's on every kind of value: ties to even both ways, the largest
 // floats to infinity, infinities, subnormals, NaN (as a 1 x 1 x k product with B = 1 and A
 // one value and zeros, so C is the rounded value itself).
+// Under bf16 products the MLP keeps its hidden activation gelu(fc) in bfloat16 (gelu16; the
+// fp32 tensor stays empty): each element is gelu of fc's output rounded once, and the MLP's
+// output, input gradient and every parameter gradient are bit for bit those of the same MLP
+// fed that hidden activation in fp32 (proj's products round it to bf16 either way, and the
+// rounding of a bf16 value is itself): storing it rounded changes no result.
+TEST(MatmulPrecision, Bf16MlpKeepsItsHiddenActivationInBf16AndNoResultChanges) {
+  const std::int64_t rows = 9, c = 24, f = 40;
+  ParamStore<float> store;
+  store.set_matmul_precision(MatmulPrecision::kBf16);
+  const nn::Mlp<float> mlp(store, {.channels = c, .ffn = f});
+  store.allocate();
+  const auto p = normal(static_cast<std::size_t>(store.size()), 3);
+  std::copy(p.begin(), p.end(), store.params().begin());
+  EXPECT_TRUE(mlp.hidden_in_bf16());
+  nn::MlpActivations<float> acts;
+  acts.resize(rows, f, mlp.hidden_in_bf16());
+  ASSERT_EQ(acts.gelu.numel(), 0);
+  ASSERT_EQ(acts.gelu16.numel(), rows * f);
+  const auto inp = normal(static_cast<std::size_t>(rows * c), 4), dout = normal(static_cast<std::size_t>(rows * c), 5);
+  std::vector<float> out(inp.size()), dinp(inp.size()), scratch(static_cast<std::size_t>(rows * f));
+  mlp.forward(inp.data(), out.data(), acts, rows);
+  std::vector<float> gelu(static_cast<std::size_t>(rows * f)), hidden(gelu.size());
+  nn::Gelu<float>::forward(acts.fc.data(), gelu.data(), rows * f);
+  for (std::size_t i = 0; i < gelu.size(); ++i) {
+    hidden[i] = static_cast<float>(acts.gelu16.data()[i]);
+    ASSERT_EQ(acts.gelu16.data()[i].bits, BFloat16(gelu[i]).bits) << "element " << i;
+  }
+  store.zero_grad();
+  mlp.backward(dout.data(), inp.data(), acts, dinp.data(), scratch.data(), rows);
+  const std::vector<float> grads(store.grads().begin(), store.grads().end());
+
+  // The same layers fed the hidden activation in fp32.
+  std::vector<float> ref_out(out.size()), ref_dinp(dinp.size()), dhidden(scratch.size());
+  mlp.proj().forward(hidden.data(), ref_out.data(), rows);
+  store.zero_grad();
+  mlp.proj().backward(dout.data(), hidden.data(), dhidden.data(), rows, nn::GradInto::kSet);
+  nn::Gelu<float>::backward(dhidden.data(), acts.fc.data(), dhidden.data(), rows * f);
+  mlp.fc().backward(dhidden.data(), inp.data(), ref_dinp.data(), rows, nn::GradInto::kSet);
+  const std::vector<float> ref_grads(store.grads().begin(), store.grads().end());
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  EXPECT_TRUE(same_bits(out, ref_out)) << "output";
+  EXPECT_TRUE(same_bits(dinp, ref_dinp)) << "input gradient";
+  EXPECT_TRUE(same_bits(grads, ref_grads)) << "parameter gradients";
+}
+
 TEST(MatmulPrecision, Bf16RoundingIsBFloat16s) {
   const float values[] = {1.0f + 0x1p-8f,
                           1.0f + 0x3p-8f,
