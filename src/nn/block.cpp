@@ -80,17 +80,22 @@ void Block<T>::init_norms() const {
 }
 
 template <typename T>
+bool Block<T>::norms_in_bf16() const {
+  return mlp_.hidden_in_bf16() && !tp_.sequence_parallel;
+}
+
+template <typename T>
 void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq) const {
   const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
   a.each([&](std::size_t, auto& t) { t.set_device(device()); });
-  a.ln1.resize({nl, c});
+  (norms_in_bf16() ? a.ln1_16.resize({nl, c}) : a.ln1.resize({nl, c}));
   a.ln1_mean.resize({nl});
   a.ln1_rstd.resize({nl});
   a.qkv.resize({n, attn_.qkv_width()});
   a.lse.resize({batch, attn_.options().heads, seq});
   a.atty.resize({n, attn_.out_width()});
   a.res1.resize({nl, c});
-  a.ln2.resize({nl, c});
+  (norms_in_bf16() ? a.ln2_16.resize({nl, c}) : a.ln2.resize({nl, c}));
   a.ln2_mean.resize({nl});
   a.ln2_rstd.resize({nl});
   a.mlp.resize(n, mlp_.local_ffn(), mlp_.hidden_in_bf16());
@@ -191,19 +196,29 @@ void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch,
     partial_.set_device(dev);
     partial_.resize({n, c});
   }
-  ln1_.forward(inp, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
-  const T* x1 = tp_.f_forward(a.ln1.data(), a.ln1_full.data(), n, c);
-  qkv_.forward(x1, a.qkv.data(), n);
+  const bool bf16 = norms_in_bf16();  // the norms' outputs kept in bf16 (no sequence parallelism then)
+  if (bf16) {
+    ln1_.forward(inp, a.ln1_16.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
+    qkv_.forward(a.ln1_16.data(), a.qkv.data(), n);
+  } else {
+    ln1_.forward(inp, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
+    qkv_.forward(tp_.f_forward(a.ln1.data(), a.ln1_full.data(), n, c), a.qkv.data(), n);
+  }
   attention_forward(a, batch, seq, core, positions);
   T* part = sp ? partial_.data() : a.res1.data();
   proj_.forward(a.atty.data(), part, n);
   tp_.g_forward(part, a.res1.data(), n, c);
   // res1 = (proj's output + its deferred bias) + inp, and ln2 of it: one pass.
-  ln2_.forward_residual(a.res1.data(), inp, a.res1.data(), a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), nl,
-                        proj_.bias());
-  const T* x2 = tp_.f_forward(a.ln2.data(), a.ln2_full.data(), n, c);
   part = sp ? partial_.data() : a.out.data();
-  mlp_.forward(x2, part, a.mlp, n);
+  if (bf16) {
+    ln2_.forward_residual(a.res1.data(), inp, a.res1.data(), a.ln2_16.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
+                          nl, proj_.bias());
+    mlp_.forward(a.ln2_16.data(), part, a.mlp, n);
+  } else {
+    ln2_.forward_residual(a.res1.data(), inp, a.res1.data(), a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), nl,
+                          proj_.bias());
+    mlp_.forward(tp_.f_forward(a.ln2.data(), a.ln2_full.data(), n, c), part, a.mlp, n);
+  }
   tp_.g_forward(part, a.out.data(), n, c);
   mlp_.proj().add_bias(a.out.data(), nl, a.res1.data());  // and the residual, in the same pass
 }
@@ -220,13 +235,17 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   };
   // d input of a column-parallel linear, before f's reduction: [n, C] partial sums.
   T* dfull = sp ? s.dln_full.data() : s.dln.data();
+  const bool bf16 = norms_in_bf16();  // the norms' outputs kept in bf16 (no sequence parallelism then)
   const T* x1 = sp ? a.ln1_full.data() : a.ln1.data();
   const T* x2 = sp ? a.ln2_full.data() : a.ln2.data();
   // Second residual: d res1 = dout (identity path) + the MLP branch through ln2.
   ops::copy(s.dres1.data(), dout, nl * c, dev);
   const T* dout_full = tp_.g_backward(dout, s.dout_full.data(), n, c);
   mlp_.proj().backward_bias(dout, nl);
-  mlp_.backward(dout_full, x2, a.mlp, dfull, s.dmlp.data(), n);  // writes dfull
+  if (bf16)  // writes dfull
+    mlp_.backward(dout_full, a.ln2_16.data(), a.mlp, dfull, s.dmlp.data(), n);
+  else
+    mlp_.backward(dout_full, x2, a.mlp, dfull, s.dmlp.data(), n);
   poll();
   tp_.f_backward(dfull, s.dln.data(), n, c);
   ln2_.backward(s.dln.data(), a.res1.data(), a.ln2_mean.data(), a.ln2_rstd.data(), s.dres1.data(), nl);
@@ -237,7 +256,10 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   poll();
   attention_backward(a, s, batch, seq, core, positions);  // writes d qkv
   poll();
-  qkv_.backward(s.dqkv.data(), x1, dfull, n, GradInto::kSet);
+  if (bf16)
+    qkv_.backward(s.dqkv.data(), a.ln1_16.data(), dfull, n, GradInto::kSet);
+  else
+    qkv_.backward(s.dqkv.data(), x1, dfull, n, GradInto::kSet);
   tp_.f_backward(dfull, s.dln.data(), n, c);
   // d inp: the identity path's d res1, then the norm's gradient added (no zeroing, no extra pass).
   ops::copy(dinp, s.dres1.data(), nl * c, dev);

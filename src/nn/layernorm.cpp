@@ -3,6 +3,7 @@
 #include "ndmesh/nn/layernorm.hpp"
 
 #include <cmath>
+#include <type_traits>
 
 #include "ndmesh/core/error.hpp"
 #include "tensor/cuda_twin.hpp"
@@ -25,14 +26,15 @@ void LayerNorm<T>::init() const {
 }
 
 template <typename T>
-void LayerNorm<T>::forward(const T* inp, T* out, T* mean, T* rstd, std::int64_t rows) const {
+template <typename Out>
+void LayerNorm<T>::forward_to(const T* inp, Out* out, T* mean, T* rstd, std::int64_t rows) const {
   const std::int64_t c = options_.channels;
   const T* w = store_->param(weight_);
   const T* b = store_->param(bias_);
   NDMESH_CUDA_TWIN(device(), cuda::layernorm_forward(out, mean, rstd, inp, w, b, rows, c, static_cast<float>(options_.eps)))
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* x = inp + r * c;
-    T* y = out + r * c;
+    Out* y = out + r * c;
     T m = 0;
     for (std::int64_t i = 0; i < c; ++i) m += x[i];
     m /= static_cast<T>(c);
@@ -40,15 +42,32 @@ void LayerNorm<T>::forward(const T* inp, T* out, T* mean, T* rstd, std::int64_t 
     for (std::int64_t i = 0; i < c; ++i) var += (x[i] - m) * (x[i] - m);
     var /= static_cast<T>(c);
     T s = T(1) / std::sqrt(var + static_cast<T>(options_.eps));
-    for (std::int64_t i = 0; i < c; ++i) y[i] = (x[i] - m) * s * w[i] + b[i];
+    for (std::int64_t i = 0; i < c; ++i) {
+      const T v = (x[i] - m) * s * w[i] + b[i];
+      if constexpr (std::is_same_v<Out, BFloat16>)
+        y[i] = BFloat16(static_cast<float>(v));
+      else
+        y[i] = v;
+    }
     mean[r] = m;
     rstd[r] = s;
   }
 }
 
 template <typename T>
-void LayerNorm<T>::forward_residual(const T* x, const T* add, T* residual, T* out, T* mean, T* rstd,
-                                    std::int64_t rows, const T* x_bias) const {
+void LayerNorm<T>::forward(const T* inp, T* out, T* mean, T* rstd, std::int64_t rows) const {
+  forward_to(inp, out, mean, rstd, rows);
+}
+
+template <typename T>
+void LayerNorm<T>::forward(const T* inp, BFloat16* out, T* mean, T* rstd, std::int64_t rows) const {
+  forward_to(inp, out, mean, rstd, rows);
+}
+
+template <typename T>
+template <typename Out>
+void LayerNorm<T>::forward_residual_to(const T* x, const T* add, T* residual, Out* out, T* mean, T* rstd,
+                                       std::int64_t rows, const T* x_bias) const {
   const std::int64_t c = options_.channels;
   NDMESH_CUDA_TWIN(device(), cuda::residual_layernorm_forward(residual, out, mean, rstd, x, add, store_->param(weight_),
                                                               store_->param(bias_), rows, c,
@@ -58,7 +77,19 @@ void LayerNorm<T>::forward_residual(const T* x, const T* add, T* residual, T* ou
       const std::int64_t i = r * c + j;
       residual[i] = (x_bias != nullptr ? x[i] + x_bias[j] : x[i]) + add[i];
     }
-  forward(residual, out, mean, rstd, rows);
+  forward_to(residual, out, mean, rstd, rows);
+}
+
+template <typename T>
+void LayerNorm<T>::forward_residual(const T* x, const T* add, T* residual, T* out, T* mean, T* rstd,
+                                    std::int64_t rows, const T* x_bias) const {
+  forward_residual_to(x, add, residual, out, mean, rstd, rows, x_bias);
+}
+
+template <typename T>
+void LayerNorm<T>::forward_residual(const T* x, const T* add, T* residual, BFloat16* out, T* mean, T* rstd,
+                                    std::int64_t rows, const T* x_bias) const {
+  forward_residual_to(x, add, residual, out, mean, rstd, rows, x_bias);
 }
 
 template <typename T>

@@ -28,6 +28,29 @@ Mlp<T>::Mlp(ParamStore<T>& store, MlpOptions options)
 
 template <typename T>
 void Mlp<T>::forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const {
+  forward_from(inp, out, acts, rows);
+}
+
+template <typename T>
+void Mlp<T>::forward(const BFloat16* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const {
+  forward_from(inp, out, acts, rows);
+}
+
+template <typename T>
+void Mlp<T>::backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
+                      std::int64_t rows) const {
+  backward_from(dout, inp, acts, dinp, scratch, rows);
+}
+
+template <typename T>
+void Mlp<T>::backward(const T* dout, const BFloat16* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
+                      std::int64_t rows) const {
+  backward_from(dout, inp, acts, dinp, scratch, rows);
+}
+
+template <typename T>
+template <typename In>
+void Mlp<T>::forward_from(const In* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const {
   const std::int64_t n = rows * local_ffn();
   if (hidden_in_bf16()) {
     // fc (its bias fused on a GPU), then GELU written in bf16 once: the operand proj's two
@@ -39,16 +62,17 @@ void Mlp<T>::forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t
     proj_.forward(acts.gelu16.data(), out, rows);
     return;
   }
-  if (!fc_.forward_gelu(inp, acts.fc.data(), acts.gelu.data(), rows)) {  // fc and GELU in one product, else apart
-    fc_.forward(inp, acts.fc.data(), rows);
-    Gelu<T>::forward(acts.fc.data(), acts.gelu.data(), n, fc_.device());
-  }
+  // fp32 products: fc, then GELU (Linear::forward_gelu fuses them only under bf16 products,
+  // whose MLP keeps its hidden activation in bf16 instead, above).
+  fc_.forward(inp, acts.fc.data(), rows);
+  Gelu<T>::forward(acts.fc.data(), acts.gelu.data(), n, fc_.device());
   proj_.forward(acts.gelu.data(), out, rows);
 }
 
 template <typename T>
-void Mlp<T>::backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
-                      std::int64_t rows) const {
+template <typename In>
+void Mlp<T>::backward_from(const T* dout, const In* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
+                           std::int64_t rows) const {
   // One buffer, nothing zeroed: d gelu written over it, then d fc over d gelu in place.
   T* dgelu = scratch;
   auto through_proj = [&](const auto* hidden) {

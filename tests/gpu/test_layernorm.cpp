@@ -1,10 +1,12 @@
 // cuda::layernorm_forward / layernorm_backward against nn::LayerNorm<float> at odd rows and
 // channels, random (not 1/0) weight and bias, inputs with a non-zero mean, and every
 // gradient pre-filled (the backward accumulates dinp, dweight and dbias).
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "gpu_test.hpp"
+#include "ndmesh/core/dtype.hpp"
 #include "ndmesh/nn/cuda_ops.hpp"
 #include "ndmesh/nn/layernorm.hpp"
 
@@ -113,6 +115,47 @@ TEST(CudaLayerNorm, ResidualAndNormInOnePassMatchTheCpu) {
                           ptr<float>(drstd), rows, ptr<float>(dbias));
   EXPECT_EQ(to_host<float>(dres2, sz), sum);
   EXPECT_TRUE(all_close(to_host<float>(dout, sz), out, 1e-5, 1e-5));
+}
+
+// The norms' outputs into bfloat16 (a block under bf16 products keeps them so): each the fp32
+// kernel's output on the same device rounded once, bit for bit, the statistics and the
+// residual the fp32 kernel's too; for the norm and for the residual + norm pass.
+TEST(CudaLayerNorm, OutputsIntoBf16AreTheFp32KernelsRoundedOnce) {
+  NDMESH_GPU_OR_SKIP();
+  const std::int64_t rows = 33, c = 96;
+  ParamStore<float> store;
+  const nn::LayerNorm<float> ln(store, {.channels = c});
+  store.allocate();
+  const auto params = normal(static_cast<std::size_t>(store.size()), 1, 0.5f);
+  store.params_from_host(params.data());
+  store.to(Device::kCuda);
+  const auto sz = static_cast<std::size_t>(rows * c), rs = static_cast<std::size_t>(rows);
+  const auto x = normal(sz, 3, 2.0f), add = normal(sz, 4, 1.0f), x_bias = normal(static_cast<std::size_t>(c), 6);
+  DeviceBuffer dx = to_device(x), dadd = to_device(add), dbias = to_device(x_bias);
+  for (const bool residual : {false, true}) {
+    const char* what = residual ? "residual + norm" : "norm";
+    DeviceBuffer out = to_device(nans(sz)), mean = to_device(nans(rs)), rstd = to_device(nans(rs)),
+                 res = to_device(nans(sz)), mean16 = to_device(nans(rs)), rstd16 = to_device(nans(rs)),
+                 res16 = to_device(nans(sz)),
+                 out16 = to_device(std::vector<BFloat16>(sz, BFloat16(std::nanf(""))));
+    if (residual) {
+      ln.forward_residual(ptr<float>(dx), ptr<float>(dadd), ptr<float>(res), ptr<float>(out), ptr<float>(mean),
+                          ptr<float>(rstd), rows, ptr<float>(dbias));
+      ln.forward_residual(ptr<float>(dx), ptr<float>(dadd), ptr<float>(res16), ptr<BFloat16>(out16),
+                          ptr<float>(mean16), ptr<float>(rstd16), rows, ptr<float>(dbias));
+      EXPECT_EQ(to_host<float>(res16, sz), to_host<float>(res, sz)) << what;
+    } else {
+      ln.forward(ptr<float>(dx), ptr<float>(out), ptr<float>(mean), ptr<float>(rstd), rows);
+      ln.forward(ptr<float>(dx), ptr<BFloat16>(out16), ptr<float>(mean16), ptr<float>(rstd16), rows);
+    }
+    const auto wide = to_host<float>(out, sz);
+    const auto got = to_host<BFloat16>(out16, sz);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < sz; ++i) wrong += got[i].bits != BFloat16(wide[i]).bits;
+    EXPECT_EQ(wrong, 0u) << what;
+    EXPECT_EQ(to_host<float>(mean16, rs), to_host<float>(mean, rs)) << what;
+    EXPECT_EQ(to_host<float>(rstd16, rs), to_host<float>(rstd, rs)) << what;
+  }
 }
 
 }  // namespace

@@ -64,6 +64,10 @@ struct BlockActivations {
   Tensor<T> ln2, ln2_mean, ln2_rstd;  ///< [N, C], [N], [N]
   MlpActivations<T> mlp;
   Tensor<T> out;  ///< [N, C] block output
+  /// Under bf16 products (without sequence parallelism) the two norms' outputs are kept in
+  /// bfloat16 instead of ln1 / ln2 (which stay empty): only the qkv and fc products read
+  /// them, and those round them to bf16 anyway.
+  Tensor<BFloat16> ln1_16, ln2_16;  ///< [N, C]
 
   /// Every tensor, in a fixed order (index with the k* constants below).
   std::array<Tensor<T>*, 15> tensors() {
@@ -75,8 +79,8 @@ struct BlockActivations {
             &res1, &ln2,      &ln2_mean, &ln2_rstd, &mlp.fc,   &mlp.gelu, &out};
   }
   static constexpr std::size_t kLn1Full = 3, kLn2Full = 4, kLse = 6, kAtty = 7, kOut = 14;
-  /// The tensors stored in bfloat16 come after those of tensors() (index kGelu16).
-  static constexpr std::size_t kGelu16 = 15;
+  /// The tensors stored in bfloat16 come after those of tensors() (indices kGelu16...).
+  static constexpr std::size_t kGelu16 = 15, kLn1_16 = 16, kLn2_16 = 17;
   /// f(i, tensor) for every tensor, those of tensors() then the bfloat16 ones (Tensor<T>& or
   /// Tensor<BFloat16>&: f is generic).
   template <typename F>
@@ -84,12 +88,16 @@ struct BlockActivations {
     auto t = tensors();
     for (std::size_t i = 0; i < t.size(); ++i) f(i, *t[i]);
     f(kGelu16, mlp.gelu16);
+    f(kLn1_16, ln1_16);
+    f(kLn2_16, ln2_16);
   }
   template <typename F>
   void each(F&& f) const {
     auto t = tensors();
     for (std::size_t i = 0; i < t.size(); ++i) f(i, *t[i]);
     f(kGelu16, mlp.gelu16);
+    f(kLn1_16, ln1_16);
+    f(kLn2_16, ln2_16);
   }
   /// f(i, mine, theirs) for the same tensor of this and `other`.
   template <typename F>
@@ -97,6 +105,8 @@ struct BlockActivations {
     auto a = tensors(), b = other.tensors();
     for (std::size_t i = 0; i < a.size(); ++i) f(i, *a[i], *b[i]);
     f(kGelu16, mlp.gelu16, other.mlp.gelu16);
+    f(kLn1_16, ln1_16, other.ln1_16);
+    f(kLn2_16, ln2_16, other.ln2_16);
   }
   /// Bytes of the tensors allocated here.
   std::int64_t bytes() const {
@@ -164,6 +174,10 @@ class Block {
   Device device() const { return ln1_.device(); }
 
  private:
+  // Whether its activations keep the norms' outputs in bfloat16 (BlockActivations::ln1_16,
+  // ln2_16): under bf16 products, without sequence parallelism (whose gathers move fp32).
+  bool norms_in_bf16() const;
+
   // The attention core where the block runs: the CUDA kernel, the ring (`core`) or the
   // local kernel; acts.atty and acts.lse from acts.qkv, and its backward written into
   // scratch.dqkv (zeroed first for the kernels that add into it; cuDNN's writes it).

@@ -78,6 +78,10 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::
 /// and rstd[rows] (rstd = 1 / sqrt(var + eps), var the biased variance).
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, std::int64_t rows, std::int64_t channels, float eps);
+/// The same from fp32 rows into a bf16 output (computed in float, rounded once on the store):
+/// a norm's output kept in bf16 for the bf16 products that read it.
+void layernorm_forward(BFloat16* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, std::int64_t rows, std::int64_t channels, float eps);
 /// nn::LayerNorm::backward: accumulates dinp, dweight and dbias from dout, inp and the
 /// forward's mean and rstd.
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -198,6 +202,10 @@ void adamw_update(float* w, const float* grad, float* m, float* v, std::int64_t 
 /// the layer that wrote x), residual = (x + x_bias) + r, the two adds in that order. The
 /// float overload is the fp32 twin.
 void residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd, const float* x,
+                                const float* r, const float* weight, const float* bias, std::int64_t rows,
+                                std::int64_t channels, float eps, const float* x_bias = nullptr);
+/// fp32 rows and residual, the normalised output in bf16 (rounded once).
+void residual_layernorm_forward(float* residual, BFloat16* out, float* mean, float* rstd, const float* x,
                                 const float* r, const float* weight, const float* bias, std::int64_t rows,
                                 std::int64_t channels, float eps, const float* x_bias = nullptr);
 void residual_layernorm_forward(BFloat16* residual, BFloat16* out, float* mean, float* rstd, const BFloat16* x,

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ndmesh/core/dtype.hpp"
 #include "ndmesh/tensor/params.hpp"
 
 namespace ndmesh::nn {
@@ -28,12 +29,18 @@ class LayerNorm {
   void init() const;
   /// out[rows, C] from inp[rows, C]; writes mean[rows] and rstd[rows] for backward.
   void forward(const T* inp, T* out, T* mean, T* rstd, std::int64_t rows) const;
+  /// The same with the output rounded to bfloat16 once (through float for double): a norm's
+  /// output kept in bf16 for the bf16 products that read it (they would round it anyway).
+  void forward(const T* inp, BFloat16* out, T* mean, T* rstd, std::int64_t rows) const;
   /// The residual connection and this norm in one pass over the rows: residual = x + add
   /// (stored; residual may be x), then forward(residual) as stored. With x_bias [channels]
   /// (the deferred bias of the layer that wrote x) residual = (x + x_bias) + add, the adds in
   /// that order (as Linear::add_bias, then the add). On CUDA one kernel
   /// (cuda::residual_layernorm_forward) instead of a bias pass, an add, a write and a read.
   void forward_residual(const T* x, const T* add, T* residual, T* out, T* mean, T* rstd, std::int64_t rows,
+                        const T* x_bias = nullptr) const;
+  /// forward_residual with the normalised output in bfloat16 (the residual stays T).
+  void forward_residual(const T* x, const T* add, T* residual, BFloat16* out, T* mean, T* rstd, std::int64_t rows,
                         const T* x_bias = nullptr) const;
   /// Accumulates dinp += d/dinp, dweight, dbias from dout and the saved mean/rstd.
   void backward(const T* dout, const T* inp, const T* mean, const T* rstd, T* dinp, std::int64_t rows) const;
@@ -44,6 +51,12 @@ class LayerNorm {
   Device device() const { return store_->device(); }
 
  private:
+  // The bodies of forward and forward_residual, the output T or BFloat16.
+  template <typename Out>
+  void forward_to(const T* inp, Out* out, T* mean, T* rstd, std::int64_t rows) const;
+  template <typename Out>
+  void forward_residual_to(const T* x, const T* add, T* residual, Out* out, T* mean, T* rstd, std::int64_t rows,
+                           const T* x_bias) const;
   ParamStore<T>* store_;
   LayerNormOptions options_;
   int weight_ = -1;

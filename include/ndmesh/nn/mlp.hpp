@@ -59,10 +59,14 @@ class Mlp {
   /// under tp; see proj().add_bias); fills acts (sized by acts.resize(rows, local_ffn(),
   /// hidden_in_bf16())).
   void forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const;
+  /// forward from an input stored in bfloat16 (a norm's output under bf16 products).
+  void forward(const BFloat16* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const;
   /// Accumulates dinp and the parameter gradients (not proj's bias: proj().backward_bias).
   /// `scratch` holds at least rows * local_ffn() elements; its contents are overwritten.
   /// dinp is written, not added to (GradInto::kSet).
   void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
+                std::int64_t rows) const;
+  void backward(const T* dout, const BFloat16* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
                 std::int64_t rows) const;
 
   /// The options it was built with.
@@ -71,6 +75,11 @@ class Mlp {
   const Linear<T>& proj() const { return proj_; }
 
  private:
+  template <typename In>
+  void forward_from(const In* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const;
+  template <typename In>
+  void backward_from(const T* dout, const In* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
+                     std::int64_t rows) const;
   MlpOptions options_;
   Linear<T> fc_;
   Linear<T> proj_;

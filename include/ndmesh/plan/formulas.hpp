@@ -111,6 +111,10 @@ struct Precision {
   /// it is stored in another type than the other activations: ndmesh's bf16 keeps it in bf16
   /// (2; every product that reads it rounds it to bf16 anyway). 0: activation_bytes.
   double mlp_hidden_bytes = 0;
+  /// Bytes of the two layer norms' outputs (the qkv and fc products' inputs) where they are
+  /// stored in another type: ndmesh's bf16 keeps them in bf16 (2) without sequence
+  /// parallelism. 0: activation_bytes.
+  double norm_output_bytes = 0;
 };
 
 /// Bytes an optimizer step moves per parameter of the rank's shard on ndmesh's kernels: AdamW
@@ -155,7 +159,8 @@ struct ActivationOptions {
   Recompute recompute = Recompute::kNone;
   double activation_bytes = 2;
   Attention attention = Attention::kStandard;
-  double mlp_hidden_bytes = 0;  ///< Precision::mlp_hidden_bytes (0: activation_bytes)
+  double mlp_hidden_bytes = 0;   ///< Precision::mlp_hidden_bytes (0: activation_bytes)
+  double norm_output_bytes = 0;  ///< Precision::norm_output_bytes (0, or sequence parallel: activation_bytes)
 };
 
 /// Activation bytes one GPU keeps for one layer and one micro-batch of `micro_batch`
@@ -274,7 +279,9 @@ struct LayerShape {
 ///   2 h/t) backward, where its d q, k, v widened is written into the qkv gradient, which is
 ///   then not zeroed (-4 r/t); the MLP's hidden activation is stored in bf16 by a GELU
 ///   kernel, so fc fuses its bias only, GELU moves 6 bytes an element and the hidden's two
-///   casts go: -10 f/t against the fused count (r: the qkv width, h hidden, f ffn, t tp).
+///   casts go: -10 f/t against the fused count; without sequence parallelism the norms'
+///   outputs are stored in bf16 too: each norm writes 2 bytes, not 4, and their four casts go
+///   (-28 h) (r: the qkv width, h hidden, f ffn, t tp).
 double elementwise_bytes_per_token(const PlanModel& model, const LayerShape& shape);
 
 /// One layer for one micro-batch on one GPU. Weight products: 3 kernels per matrix (4 with

@@ -35,8 +35,10 @@ constexpr int kWarpsPerBlock = 8;
 // S: the storage type of the rows (float, or bfloat16 bits with float statistics). With
 // `add`, the row is first residual = inp + add, stored (rounded to S) and normalised as
 // stored: the residual connection and the next norm in one pass over the row.
-template <typename S>
-__global__ void layernorm_forward_kernel(S* out, float* mean, float* rstd, S* residual, const S* inp, const S* add,
+// D: the storage of the normalised rows (S, or bf16 bits from float rows: the norm's output
+// kept in bf16 for the bf16 products that read it).
+template <typename S, typename D>
+__global__ void layernorm_forward_kernel(D* out, float* mean, float* rstd, S* residual, const S* inp, const S* add,
                                          const float* x_bias, const float* weight, const float* bias,
                                          std::int64_t rows, int c, float eps) {
   const std::int64_t row = std::int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
@@ -58,7 +60,7 @@ __global__ void layernorm_forward_kernel(S* out, float* mean, float* rstd, S* re
   float v = 0;
   for (int i = lane; i < c; i += 32) v += (load(x + i) - m) * (load(x + i) - m);
   const float r = 1.0f / sqrtf(warp_sum(v) / static_cast<float>(c) + eps);
-  S* y = out + row * c;
+  D* y = out + row * c;
   for (int i = lane; i < c; i += 32) store(y + i, (load(x + i) - m) * r * weight[i] + bias[i]);
   if (lane == 0) mean[row] = m, rstd[row] = r;
 }
@@ -120,12 +122,12 @@ unsigned row_blocks(std::int64_t rows) {
   return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
-template <typename S>
-void forward(S* out, float* mean, float* rstd, S* residual, const S* inp, const S* add, const float* weight,
+template <typename S, typename D>
+void forward(D* out, float* mean, float* rstd, S* residual, const S* inp, const S* add, const float* weight,
              const float* bias, std::int64_t rows, std::int64_t channels, float eps, const char* what,
              const float* x_bias = nullptr) {
   if (rows <= 0 || channels <= 0) return;
-  layernorm_forward_kernel<S><<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
+  layernorm_forward_kernel<S, D><<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
       out, mean, rstd, residual, inp, add, x_bias, weight, bias, rows, static_cast<int>(channels), eps);
   check_launch(what);
 }
@@ -154,20 +156,34 @@ void backward(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, std::int64_t rows, std::int64_t channels, float eps) {
-  forward<float>(out, mean, rstd, nullptr, inp, nullptr, weight, bias, rows, channels, eps, "layernorm_forward");
+  forward<float, float>(out, mean, rstd, nullptr, inp, nullptr, weight, bias, rows, channels, eps,
+                        "layernorm_forward");
+}
+
+void layernorm_forward(BFloat16* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, std::int64_t rows, std::int64_t channels, float eps) {
+  forward<float, Bf16Bits>(bits(out), mean, rstd, nullptr, inp, nullptr, weight, bias, rows, channels, eps,
+                           "layernorm_forward (into bf16)");
 }
 
 void residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd, const float* x,
                                 const float* r, const float* weight, const float* bias, std::int64_t rows,
                                 std::int64_t channels, float eps, const float* x_bias) {
-  forward<float>(out, mean, rstd, residual, x, r, weight, bias, rows, channels, eps, "residual_layernorm_forward",
-                 x_bias);
+  forward<float, float>(out, mean, rstd, residual, x, r, weight, bias, rows, channels, eps,
+                        "residual_layernorm_forward", x_bias);
+}
+
+void residual_layernorm_forward(float* residual, BFloat16* out, float* mean, float* rstd, const float* x,
+                                const float* r, const float* weight, const float* bias, std::int64_t rows,
+                                std::int64_t channels, float eps, const float* x_bias) {
+  forward<float, Bf16Bits>(bits(out), mean, rstd, residual, x, r, weight, bias, rows, channels, eps,
+                           "residual_layernorm_forward (into bf16)", x_bias);
 }
 
 void residual_layernorm_forward(BFloat16* residual, BFloat16* out, float* mean, float* rstd, const BFloat16* x,
                                 const BFloat16* r, const float* weight, const float* bias, std::int64_t rows,
                                 std::int64_t channels, float eps, const float* x_bias) {
-  forward<Bf16Bits>(bits(out), mean, rstd, bits(residual), bits(x), bits(r), weight, bias, rows, channels, eps,
+  forward<Bf16Bits, Bf16Bits>(bits(out), mean, rstd, bits(residual), bits(x), bits(r), weight, bias, rows, channels, eps,
                     "residual_layernorm_forward (bf16)", x_bias);
 }
 

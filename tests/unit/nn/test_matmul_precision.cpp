@@ -22,6 +22,7 @@
 
 #include "ndmesh/core/dtype.hpp"
 #include "ndmesh/nn/gelu.hpp"
+#include "ndmesh/nn/layernorm.hpp"
 #include "ndmesh/nn/linear.hpp"
 #include "ndmesh/nn/mlp.hpp"
 #include "ndmesh/tensor/ops.hpp"
@@ -228,6 +229,36 @@ TEST(MatmulPrecision, Bf16MlpKeepsItsHiddenActivationInBf16AndNoResultChanges) {
   EXPECT_TRUE(same_bits(out, ref_out)) << "output";
   EXPECT_TRUE(same_bits(dinp, ref_dinp)) << "input gradient";
   EXPECT_TRUE(same_bits(grads, ref_grads)) << "parameter gradients";
+}
+
+// Under bf16 products (without sequence parallelism) a block keeps its norms' outputs in
+// bfloat16: LayerNorm's forward and the residual + LayerNorm pass write each output as the T
+// forward computes it, rounded once; the statistics and the residual stay T, bit for bit.
+TEST(MatmulPrecision, Bf16NormOutputsAreTheNormsRoundedOnce) {
+  const std::int64_t rows = 7, c = 48;
+  ParamStore<float> store;
+  const nn::LayerNorm<float> ln(store, {.channels = c});
+  store.allocate();
+  const auto p = normal(static_cast<std::size_t>(store.size()), 6);
+  std::copy(p.begin(), p.end(), store.params().begin());
+  const auto x = normal(static_cast<std::size_t>(rows * c), 7), add = normal(x.size(), 8), bias = normal(c, 9);
+  const auto n = x.size(), r = static_cast<std::size_t>(rows);
+  std::vector<float> out(n), mean(r), rstd(r), res(n), mean16(r), rstd16(r), res16(n);
+  std::vector<BFloat16> out16(n);
+  auto rounded_once = [&](const char* what) {
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(out16[i].bits, BFloat16(out[i]).bits) << what << ", element " << i;
+    EXPECT_EQ(mean16, mean) << what;
+    EXPECT_EQ(rstd16, rstd) << what;
+  };
+  ln.forward(x.data(), out.data(), mean.data(), rstd.data(), rows);
+  ln.forward(x.data(), out16.data(), mean16.data(), rstd16.data(), rows);
+  rounded_once("forward");
+  ln.forward_residual(x.data(), add.data(), res.data(), out.data(), mean.data(), rstd.data(), rows, bias.data());
+  ln.forward_residual(x.data(), add.data(), res16.data(), out16.data(), mean16.data(), rstd16.data(), rows,
+                      bias.data());
+  rounded_once("residual + norm");
+  EXPECT_EQ(res16, res) << "the residual stays fp32";
 }
 
 TEST(MatmulPrecision, Bf16RoundingIsBFloat16s) {

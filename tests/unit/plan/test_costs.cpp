@@ -305,6 +305,8 @@ TEST(Precision, Bf16PlansUseTheBf16Rate) {
   EXPECT_EQ(fp32.weight_copy_bytes, 0);
   EXPECT_EQ(bf16.mlp_hidden_bytes, 2);  // GELU's output, stored in bf16
   EXPECT_EQ(fp32.mlp_hidden_bytes, 0);
+  EXPECT_EQ(bf16.norm_output_bytes, 2);  // the norms' outputs, without sequence parallelism
+  EXPECT_EQ(fp32.norm_output_bytes, 0);
   const Precision megatron = parse_precision("mixed-fp32-grads");
   EXPECT_EQ(megatron.param_bytes, 2);
   EXPECT_EQ(megatron.grad_bytes, 4);
@@ -337,15 +339,18 @@ TEST(Precision, Bf16PlansUseTheBf16Rate) {
     const Workload w{.seq = 1024, .global_batch = 2};
     const double logits = 1024.0 * 2 * static_cast<double>(gpt.spec.vocab);
     // One GPU: bf16 logits, 2 bytes fewer than fp32's per logit, and the MLP's hidden
-    // activation in bf16, 2 bytes fewer per element (s b f a layer); the rest is the same.
+    // activation and the two norms' outputs in bf16, 2 bytes fewer per element (s b f and
+    // 2 s b h a layer); the rest is the same.
     const double hidden = 1024.0 * 2 * static_cast<double>(gpt.spec.ffn_or_default()) * gpt.spec.layers;
+    const double norms = 2 * 1024.0 * 2 * static_cast<double>(gpt.spec.hidden) * gpt.spec.layers;
     const Layout one{.micro_batch = 2};
     EXPECT_DOUBLE_EQ(estimate_memory(gpt, one, w, fp32).activations - estimate_memory(gpt, one, w, bf16).activations,
-                     2.0 * logits + 2.0 * hidden);
-    // tp 2: fp32 logits under both, and bf16's copy of their gradient beside them.
+                     2.0 * logits + 2.0 * hidden + 2.0 * norms);
+    // tp 2: fp32 logits under both, and bf16's copy of their gradient beside them; the hidden
+    // split over tp, the norms' outputs not (no sequence parallelism).
     const Layout two{.tp = 2, .micro_batch = 2};
     EXPECT_DOUBLE_EQ(estimate_memory(gpt, two, w, bf16).activations - estimate_memory(gpt, two, w, fp32).activations,
-                     2.0 * logits / 2 - 2.0 * hidden / 2);
+                     2.0 * logits / 2 - 2.0 * hidden / 2 - 2.0 * norms);
   }
   EXPECT_TRUE(parse_precision("mixed").bf16_products);
   EXPECT_FALSE(fp32.bf16_products);
@@ -414,7 +419,8 @@ TEST(LayerTime, AttentionAtTheAttentionKernelsRate) {
 // (forward 2h + h/t + f/t; backward 3h + h/t + 2f/t + r/t) and cuDNN attention's q, k, v and
 // output (forward r/t + h/t; backward 2r/t + 2h/t, its d q, k, v widened into the qkv gradient,
 // which then needs no zeroing: 4 r/t bytes fewer); and the MLP's hidden activation stored in
-// bf16 by the GELU kernel (fc fuses its bias only; GELU 6 bytes an element; no casts of it).
+// bf16 by the GELU kernel (fc fuses its bias only; GELU 6 bytes an element; no casts of it),
+// and without sequence parallelism the norms' outputs too (2 bytes written, not 4; no casts).
 // Megatron's precisions fuse them: none.
 TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
   PlanModel m = model_preset("gpt3-1.7b");  // h 2304, 24 heads (r = 3h), ffn 4h
@@ -435,7 +441,12 @@ TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
   // moves 6 bytes, not 8 (-2 f), and the hidden's forward and backward casts go (-12 f).
   EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, bf16),
                    fp32 - 4 * (3 * r + 6 * f) + 6 * (3 * h + f) + 6 * (4 * h + 2 * f + r) + 6 * (r + h) +
-                       6 * (2 * r + 2 * h) - 4 * r + 12 * f - (8 * f + 2 * f) - 12 * f);
+                       6 * (2 * r + 2 * h) - 4 * r + 12 * f - (8 * f + 2 * f) - 12 * f - (4 * h + 24 * h));
+  // With sequence parallelism the norms' outputs stay fp32 (the gathers move fp32): their 28 h
+  // come back (here tp 1, so the norms' rows are whole either way).
+  LayerShape bf16_sp = bf16;
+  bf16_sp.sequence_parallel = true;
+  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, bf16_sp) - elementwise_bytes_per_token(m, bf16), 28 * h);
   // tp 4 with sequence parallelism: every term over 4 (the norms and residuals on a quarter of
   // the rows, the column-parallel widths split); without it the h-wide passes stay whole.
   LayerShape tp = shape;
