@@ -88,14 +88,19 @@ template <typename T>
 void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq) const {
   const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
   a.each([&](std::size_t, auto& t) { t.set_device(device()); });
-  (norms_in_bf16() ? a.ln1_16.resize({nl, c}) : a.ln1.resize({nl, c}));
+  if (norms_in_bf16()) {  // the norms' outputs: in bf16, or T
+    a.ln1_16.resize({nl, c});
+    a.ln2_16.resize({nl, c});
+  } else {
+    a.ln1.resize({nl, c});
+    a.ln2.resize({nl, c});
+  }
   a.ln1_mean.resize({nl});
   a.ln1_rstd.resize({nl});
   a.qkv.resize({n, attn_.qkv_width()});
   a.lse.resize({batch, attn_.options().heads, seq});
   a.atty.resize({n, attn_.out_width()});
   a.res1.resize({nl, c});
-  (norms_in_bf16() ? a.ln2_16.resize({nl, c}) : a.ln2.resize({nl, c}));
   a.ln2_mean.resize({nl});
   a.ln2_rstd.resize({nl});
   a.mlp.resize(n, mlp_.local_ffn(), mlp_.hidden_in_bf16());

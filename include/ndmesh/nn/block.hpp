@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 #include "ndmesh/core/recompute.hpp"
 #include "ndmesh/nn/attention.hpp"
@@ -85,34 +86,34 @@ struct BlockActivations {
   /// Tensor<BFloat16>&: f is generic).
   template <typename F>
   void each(F&& f) {
-    auto t = tensors();
-    for (std::size_t i = 0; i < t.size(); ++i) f(i, *t[i]);
-    f(kGelu16, mlp.gelu16);
-    f(kLn1_16, ln1_16);
-    f(kLn2_16, ln2_16);
+    zip(f, *this);
   }
   template <typename F>
   void each(F&& f) const {
-    auto t = tensors();
-    for (std::size_t i = 0; i < t.size(); ++i) f(i, *t[i]);
-    f(kGelu16, mlp.gelu16);
-    f(kLn1_16, ln1_16);
-    f(kLn2_16, ln2_16);
+    zip(f, *this);
   }
   /// f(i, mine, theirs) for the same tensor of this and `other`.
   template <typename F>
   void each_with(BlockActivations& other, F&& f) {
-    auto a = tensors(), b = other.tensors();
-    for (std::size_t i = 0; i < a.size(); ++i) f(i, *a[i], *b[i]);
-    f(kGelu16, mlp.gelu16, other.mlp.gelu16);
-    f(kLn1_16, ln1_16, other.ln1_16);
-    f(kLn2_16, ln2_16, other.ln2_16);
+    zip(f, *this, other);
   }
   /// Bytes of the tensors allocated here.
   std::int64_t bytes() const {
     std::int64_t n = 0;
     each([&](std::size_t, const auto& t) { n += t.numel() * static_cast<std::int64_t>(sizeof(*t.data())); });
     return n;
+  }
+
+ private:
+  // f(i, the tensor i of each of `acts`...) for every index: the one list of the tensors.
+  template <typename F, typename... A>
+  static void zip(F& f, A&... acts) {
+    const auto lists = std::make_tuple(acts.tensors()...);
+    for (std::size_t i = 0; i < std::get<0>(lists).size(); ++i)
+      std::apply([&](const auto&... l) { f(i, *l[i]...); }, lists);
+    f(kGelu16, acts.mlp.gelu16...);
+    f(kLn1_16, acts.ln1_16...);
+    f(kLn2_16, acts.ln2_16...);
   }
 };
 

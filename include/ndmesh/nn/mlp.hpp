@@ -36,8 +36,6 @@ struct MlpActivations {
     if (bf16) {
       gelu16.set_device(fc.device());
       gelu16.resize({rows, ffn});
-      gelu = Tensor<T>();
-      gelu.set_device(fc.device());
     } else {
       gelu.resize({rows, ffn});
     }
