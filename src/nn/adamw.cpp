@@ -123,8 +123,21 @@ double AdamW<T>::grad_square_sum(const ParamStore<T>& store) {
 }
 
 template <typename T>
-void AdamW<T>::update(ParamStore<T>& store, double lr, double grad_norm, const T* segment_grads) {
+void AdamW<T>::update(ParamStore<T>& store, double lr, GradNorm norm, const T* segment_grads) {
   ++t_;
+  // The multi-tensor kernel clips with a square sum on the device itself; every other path
+  // computes the factor here (reading the square sum back from the device first).
+  const bool offloaded = pinned_ != nullptr || offload_ != nullptr;
+  const bool clips_on_device = norm.square_sum != nullptr && store.device() == Device::kCuda && !offloaded;
+  if (norm.square_sum != nullptr && !clips_on_device) {
+    double square = 0;
+    if (store.device() == Device::kCuda)
+      cuda::copy_to_host(&square, norm.square_sum, sizeof square);
+    else
+      square = *norm.square_sum;
+    norm = GradNorm(std::sqrt(std::max(0.0, square)));
+  }
+  const double grad_norm = norm.norm;
   const double clip =
       options_.clip_norm > 0 && grad_norm > options_.clip_norm ? options_.clip_norm / grad_norm : 1.0;
   const double b1 = options_.beta1, b2 = options_.beta2;
@@ -192,7 +205,8 @@ void AdamW<T>::update(ParamStore<T>& store, double lr, double grad_norm, const T
     BFloat16* w16 = state_ == store.size() ? store.bf16_copy() : nullptr;
     cuda::adamw_update_multi(store.params().data(), w16, segment_grads ? segment_grads : store.grads().data(),
                              m_.data(), v_.data(), segments.data(), static_cast<int>(segments.size()), lr, b1, b2,
-                             options_.eps, clip, c1, c2);
+                             options_.eps, clip, c1, c2, clips_on_device ? norm.square_sum : nullptr,
+                             options_.clip_norm);
     if (w16 != nullptr) store.bf16_written();
   })
   for (const Piece& piece : pieces_)

@@ -34,6 +34,19 @@ double LossSum<T>::take() {
 }
 
 template <typename T>
+void LossSum<T>::take_into(double* result) {
+  if (device_ == Device::kCuda) {
+    if (added_)
+      cuda::copy_device(result, on_device_.data(), sizeof(double));
+    else
+      cuda::memset_zero(result, sizeof(double));
+    added_ = false;
+    return;
+  }
+  *result = take();
+}
+
+template <typename T>
 LmHead<T>::LmHead(ParamStore<T>& store, LmHeadOptions options)
     : options_(std::move(options)),
       proj_(store, {.in = options_.channels,

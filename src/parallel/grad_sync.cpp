@@ -110,10 +110,9 @@ void GradSync::sum_replicated_over_tp() {
       work_);
 }
 
-double GradSync::counted_square_sum() const {
+std::vector<std::pair<const float*, std::int64_t>> GradSync::counted_runs() const {
   const bool tp_lead = tp_.rank() == 0;
-  // Every counted run, summed in this order (on CUDA in one pass with one read back, not a
-  // host sync per tensor).
+  // Every counted run, summed in this order (on CUDA in one pass, not a host sync per tensor).
   std::vector<std::pair<const float*, std::int64_t>> runs;
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     model::Gpt& g = *chunks_[c];
@@ -124,7 +123,19 @@ double GradSync::counted_square_sum() const {
                                      [&](const float* x, std::int64_t n, std::int64_t) { runs.emplace_back(x, n); });
     }
   }
-  return chunks_.empty() ? 0.0 : ops::square_sum_many<float>(runs, chunks_.front()->device());
+  return runs;
+}
+
+double GradSync::counted_square_sum() const {
+  return chunks_.empty() ? 0.0 : ops::square_sum_many<float>(counted_runs(), chunks_.front()->device());
+}
+
+StepSums GradSync::host_sums(double loss_sum, double square_sum) const {
+  // Every tp rank computes the same loss (the vocabulary-parallel loss reduces over tp):
+  // tp rank 0 counts it.
+  std::array<double, 2> sums = {tp_.rank() == 0 ? loss_sum : 0.0, square_sum};
+  if (world_.size() > 1) world_.all_reduce(std::span<double>(sums));
+  return {.loss = sums[0] / tokens_, .grad_norm = std::sqrt(std::max(0.0, sums[1]))};
 }
 
 StepSums GradSync::finish_step(double loss_sum) {
@@ -132,11 +143,47 @@ StepSums GradSync::finish_step(double loss_sum) {
   if (tied_main_chunk_ >= 0) sum_tied_table(static_cast<std::size_t>(tied_main_chunk_));
   sum_replicated_over_tp();
   if (across_replicas_) across_replicas_(loss_sum);
-  // Every tp rank computes the same loss (the vocabulary-parallel loss reduces over tp):
-  // tp rank 0 counts it.
-  std::array<double, 2> sums = {tp_.rank() == 0 ? loss_sum : 0.0, counted_square_sum()};
-  if (world_.size() > 1) world_.all_reduce(std::span<double>(sums));
-  return {.loss = sums[0] / tokens_, .grad_norm = std::sqrt(std::max(0.0, sums[1]))};
+  return host_sums(loss_sum, counted_square_sum());
+}
+
+StepSums GradSync::finish_step_from_heads(bool leave_on_device) {
+  const bool cuda = !chunks_.empty() && chunks_.front()->device() == Device::kCuda;
+  // On the host, or with the replicas' sum in between (it needs the loss before the norm):
+  // the loss read here, then finish_step.
+  if (!cuda || across_replicas_) {
+    double loss_sum = 0;
+    for (model::Gpt* c : chunks_)
+      if (c->has_head()) loss_sum += c->take_loss_sum();
+    return finish_step(loss_sum);
+  }
+  if (tied_copy_chunk_ >= 0) sum_tied_table(static_cast<std::size_t>(tied_copy_chunk_));
+  if (tied_main_chunk_ >= 0) sum_tied_table(static_cast<std::size_t>(tied_main_chunk_));
+  sum_replicated_over_tp();
+  if (sums_.bytes() == 0) sums_ = DeviceBuffer(2 * sizeof(double));
+  auto* sums = static_cast<double*>(sums_.data());
+  // One rank holds at most one head (the last virtual stage).
+  model::Gpt* head = nullptr;
+  for (model::Gpt* c : chunks_)
+    if (c->has_head()) head = c;
+  if (head != nullptr)
+    head->take_loss_sum_into(sums);
+  else
+    cuda::memset_zero(sums, sizeof(double));
+  ops::square_sum_many_into<float>(sums + 1, counted_runs(), Device::kCuda);
+  StepSums out{.on_device = sums};
+  if (leave_on_device && world_.size() == 1) return out;
+  read_sums(out);
+  return out;
+}
+
+void GradSync::read_sums(StepSums& s) const {
+  if (s.on_device == nullptr) return;
+  std::array<double, 2> host{};
+  cuda::copy_to_host(host.data(), s.on_device, sizeof host);
+  const StepSums read = host_sums(host[0], host[1]);
+  s.loss = read.loss;
+  s.grad_norm = read.grad_norm;
+  s.on_device = nullptr;
 }
 
 double GradSync::global_loss(double loss_sum, double tokens) const {

@@ -144,7 +144,7 @@ double Optimizer::offload_io_seconds() const {
   return s;
 }
 
-void Optimizer::step(double lr, double grad_norm) {
+void Optimizer::step(double lr, nn::GradNorm grad_norm) {
   for (std::size_t c = 0; c < adams_.size(); ++c) {
     GradReducer& r = sync_.reducer(c);
     adams_[c]->update(chunks_[c]->params(), lr, grad_norm, r.shard_grads());

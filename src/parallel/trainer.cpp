@@ -69,7 +69,7 @@ double Trainer::lr_at(std::int64_t step) const {
 }
 
 StepStats Trainer::step() {
-  StepStats s = compute_step();
+  StepStats s = compute_step(true);
   apply_step(s);
   return s;
 }
@@ -101,7 +101,9 @@ void Trainer::set_progress(std::int64_t steps, std::int64_t adam_steps) {
   sync_.params_updated();
 }
 
-StepStats Trainer::compute_step() {
+StepStats Trainer::compute_step() { return compute_step(false); }
+
+StepStats Trainer::compute_step(bool leave_sums_on_device) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   sync_.start_step();
@@ -112,13 +114,14 @@ StepStats Trainer::compute_step() {
   };
   hooks.before_backward = [&](int c, bool last) { sync_.begin_backward(c, last); };
   hooks.after_backward = [&](int c) { sync_.end_backward(c); };
+  hooks.take_loss = false;  // GradSync takes it with the norm
   const pp::WalkResult walk = active_->train_step(hooks);
   if (active_ == executor_.get()) trace_.add(pipeline_, executor_->stage(), static_cast<int>(step_), walk.timings);
 
-  const StepSums sums = sync_.finish_step(walk.loss_sum);
+  pending_ = sync_.finish_step_from_heads(leave_sums_on_device);
   StepStats s;
-  s.loss = sums.loss;
-  s.grad_norm = sums.grad_norm;
+  s.loss = pending_.loss;  // 0 while pending_ is on the device
+  s.grad_norm = pending_.grad_norm;
   s.lr = lr_at(step_);
   s.comm_seconds = sync_.comm_seconds();
   s.exposed_comm_seconds = sync_.exposed_seconds();
@@ -131,7 +134,15 @@ StepStats Trainer::compute_step() {
 
 void Trainer::apply_step(StepStats& s) {
   const auto t0 = std::chrono::steady_clock::now();
-  optimizer_.step(s.lr, s.grad_norm);
+  // The norm as compute_step left it: on the device (read after the update is enqueued), or
+  // the number it returned.
+  optimizer_.step(s.lr, pending_.on_device != nullptr ? pending_.norm() : nn::GradNorm(s.grad_norm));
+  if (pending_.on_device != nullptr) {
+    sync_.read_sums(pending_);
+    s.loss = pending_.loss;
+    s.grad_norm = pending_.grad_norm;
+  }
+  pending_ = {};
   s.step = ++step_;
   s.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -58,6 +58,18 @@ double square_sum_many(std::span<const std::pair<const T*, std::int64_t>> pieces
   return sum;
 }
 
+template <typename T>
+void square_sum_many_into(double* result, std::span<const std::pair<const T*, std::int64_t>> pieces,
+                          Device device) {
+  NDMESH_CUDA_TWIN(device, {
+    std::vector<const float*> xs;
+    std::vector<std::int64_t> ns;
+    for (const auto& [x, n] : pieces) xs.push_back(x), ns.push_back(n);
+    cuda::square_sum_many_into(result, xs.data(), ns.data(), static_cast<int>(xs.size()));
+  })
+  *result = square_sum_many(pieces, device);
+}
+
 // NDMESH_CUDA_TWIN's element type is the bfloat16 side: CUDA holds both.
 void cast(BFloat16* dst, const float* src, std::int64_t n, Device device) {
   using T = BFloat16;
@@ -250,6 +262,7 @@ void round_to_bf16(T* x, std::int64_t n, Device device) {
   template void add<T>(T*, const T*, std::int64_t, Device);                                                   \
   template double square_sum<T>(const T*, std::int64_t, Device);                                              \
   template double square_sum_many<T>(std::span<const std::pair<const T*, std::int64_t>>, Device);            \
+  template void square_sum_many_into<T>(double*, std::span<const std::pair<const T*, std::int64_t>>, Device); \
   template void gemm<T>(Device, bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const T*, std::int64_t, \
                         const T*, std::int64_t, T, T*, std::int64_t);                                   \
   template void gemm<T>(Device, MatmulPrecision, bool, bool, std::int64_t, std::int64_t, std::int64_t, T,      \

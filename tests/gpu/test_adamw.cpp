@@ -5,12 +5,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "gpu_test.hpp"
 #include "ndmesh/core/dtype.hpp"
 #include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/nn/cuda_ops.hpp"
+#include "ndmesh/tensor/ops.hpp"
 
 namespace ndmesh {
 namespace {
@@ -102,6 +104,61 @@ TEST(CudaAdamW, TheLayerOnCudaIsOneLaunchThatMatchesTheCpu) {
     gpu.update(gpu_store, 1e-2 / step, norm);
     const std::vector<float> cpu_w(cpu_store.params().begin(), cpu_store.params().end());
     EXPECT_TRUE(all_close(gpu_store.params_to_host(), cpu_w, 0, 1.2e-7)) << "parameters after step " << step;
+  }
+}
+
+// The norm handed over as its square in device memory (what the trainer does on one GPU, so
+// that nothing waits for the device before the update is enqueued): the multi-tensor kernel
+// computes the clipping factor itself, the same correctly rounded square root and division
+// as nn::AdamW on the host, so the parameters are those of the update given the norm read
+// back, bit for bit; with the moments in pinned host memory the update reads the square back
+// itself. Three regimes: the norm over clip_norm (the factor acts), under it (the factor is
+// 1), and clip_norm 0 (never clips). A kernel that ignored the square would update with the
+// factor 1 and be off by ~40x in the first regime.
+TEST(CudaAdamW, ANormLeftOnTheDeviceClipsAsTheNormReadBack) {
+  NDMESH_GPU_OR_SKIP();
+  for (const auto& [grad_scale, clip_norm] : {std::pair{1.0f, 1.0}, std::pair{1e-3f, 1.0}, std::pair{1.0f, 0.0}}) {
+    auto build = [](ParamStore<float>& store) {
+      store.add("w", {33, 31}, true);
+      store.add("b", {771}, false);
+      store.add("w2", {5000}, true);
+      store.allocate();
+    };
+    ParamStore<float> read_back, on_device, pinned;
+    for (ParamStore<float>* s : {&read_back, &on_device, &pinned}) build(*s);
+    const auto n = static_cast<std::size_t>(read_back.size());
+    const auto w0 = normal(n, 4, 0.1f);
+    for (ParamStore<float>* s : {&read_back, &on_device, &pinned}) {
+      s->params_from_host(w0.data());
+      s->to(Device::kCuda);
+    }
+    const nn::AdamWOptions options{.clip_norm = clip_norm};
+    nn::AdamW<float> a(read_back, options), b(on_device, options), c(pinned, options);
+    c.offload_to_host(777);
+    DeviceBuffer square(sizeof(double));
+    for (int step = 1; step <= 3; ++step) {
+      auto g = normal(n, 40 + static_cast<std::uint64_t>(step));
+      for (float& x : g) x *= grad_scale;
+      for (ParamStore<float>* s : {&read_back, &on_device, &pinned})
+        cuda::copy_to_device(s->grads().data(), g.data(), n * sizeof(float));
+      const std::vector<std::pair<const float*, std::int64_t>> runs = {{read_back.grads().data(), read_back.size()}};
+      ops::square_sum_many_into<float>(ptr<double>(square), runs, Device::kCuda);
+      double host_square = 0;
+      cuda::copy_to_host(&host_square, square.data(), sizeof host_square);
+      a.update(read_back, 1e-2 / step, std::sqrt(std::max(0.0, host_square)));
+      b.update(on_device, 1e-2 / step, nn::GradNorm::of_square_sum(ptr<double>(square)));
+      c.update(pinned, 1e-2 / step, nn::GradNorm::of_square_sum(ptr<double>(square)));
+      const std::vector<float> want = read_back.params_to_host();
+      const std::vector<float> got = on_device.params_to_host(), got_pinned = pinned.params_to_host();
+      std::size_t wrong = 0, wrong_pinned = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        wrong += std::memcmp(&want[i], &got[i], sizeof(float)) != 0;
+        wrong_pinned += std::memcmp(&want[i], &got_pinned[i], sizeof(float)) != 0;
+      }
+      EXPECT_EQ(wrong, 0u) << "elements unlike the update with the norm read back, step " << step << ", norm "
+                           << std::sqrt(host_square) << ", clip_norm " << clip_norm;
+      EXPECT_EQ(wrong_pinned, 0u) << "pinned offload, step " << step << ", clip_norm " << clip_norm;
+    }
   }
 }
 

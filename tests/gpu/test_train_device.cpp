@@ -291,9 +291,9 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // Kernel times over whole steps (ndmesh train --kernel-times): the layers' kernels, products
-// and the optimizer are each a row, and the host waits for the GPU only where a step hands a
-// number to the host, once per step whatever the micro-batches: the loss (summed on the
-// device over the micro-batches, read when the walk ends) and the gradient norm.
+// and the optimizer are each a row, and the host waits for the GPU once a step whatever the
+// micro-batches, after the optimizer step: the loss (summed on the device over the
+// micro-batches) and the gradient norm, read together.
 TEST(CudaTrainKernelTimes, AStepsOperationsAreRowsAndItsHostWaitsAreCounted) {
   NDMESH_GPU_OR_SKIP();
   for (parallel::Precision precision : {parallel::Precision::kFp32, parallel::Precision::kBf16}) {
@@ -383,7 +383,11 @@ TEST(CudaTrainKernelTimes, AStepsOperationsAreRowsAndItsHostWaitsAreCounted) {
       if (r.name == "memset") memsets += r.calls;
     EXPECT_EQ(memsets, kTimed * (1 + kMicro * (4 + 1))) << what;
     EXPECT_GT(t.seconds, 0.0);
-    EXPECT_EQ(t.host_waits, 2 * kTimed) << "host waits: " << t.host_waits / kTimed << " a step\n" << what;
+    // One host wait a step, at its end: the loss and the gradient norm stay on the device
+    // (the optimizer's kernel clips with the norm's square where it is) and are read together
+    // once the optimizer step is enqueued. A read of either before the update would be a
+    // second wait, inside the step.
+    EXPECT_EQ(t.host_waits, kTimed) << "host waits: " << t.host_waits / kTimed << " a step\n" << what;
     std::printf("%s: %lld operations and %lld host waits a step of %d micro-batches\n%s",
                 parallel::precision_name(precision), static_cast<long long>(calls / kTimed),
                 static_cast<long long>(t.host_waits / kTimed), kMicro, table.c_str());

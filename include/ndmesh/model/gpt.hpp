@@ -158,6 +158,8 @@ class GptT {
   /// The sum of the per-token losses added since the last call (by forward_summed(), or
   /// forward(), which takes it), then 0; 0 on a stage without the head.
   double take_loss_sum() { return loss_sum_.take(); }
+  /// take_loss_sum() into *result where the model is (device memory on CUDA: no wait).
+  void take_loss_sum_into(double* result) { loss_sum_.take_into(result); }
   /// Stage backward: a stage with the head starts from its loss (`doutput` unused);
   /// others from doutput = d loss / d output(acts). Stages without the embedding leave
   /// d loss / d input in input_grad().

@@ -30,6 +30,21 @@ struct AdamWOptions {
   double clip_norm = 1.0;     ///< 0: no clipping
 };
 
+/// The global gradient norm an update clips with: a number on the host, or the gradients'
+/// square sum where they live (a double in device memory on CUDA: ops::square_sum_many_into),
+/// which the CUDA update's kernel reads itself, so that the host enqueues the update without
+/// waiting for the norm. norm = sqrt(max(0, square sum)) either way, the same double.
+struct GradNorm {
+  GradNorm(double value) : norm(value) {}  // NOLINT(google-explicit-constructor): a number is a norm
+  static GradNorm of_square_sum(const double* square_sum) {
+    GradNorm g(0.0);
+    g.square_sum = square_sum;
+    return g;
+  }
+  double norm = 0;
+  const double* square_sum = nullptr;  ///< when set, the norm's square (where the gradients are)
+};
+
 /// A range of the flat parameter buffer.
 struct Segment {
   std::int64_t offset = 0;
@@ -49,8 +64,10 @@ class AdamW {
   static double grad_square_sum(const ParamStore<T>& store);
   /// Clips with `grad_norm` (the global norm) and applies one update with `lr` to the
   /// owned segments. `segment_grads` holds the gradients of the segments one after
-  /// another; nullptr: the store's gradients at the same offsets.
-  void update(ParamStore<T>& store, double lr, double grad_norm, const T* segment_grads = nullptr);
+  /// another; nullptr: the store's gradients at the same offsets. A norm given as a square
+  /// sum on the device is read by the update's kernel (one CUDA launch for the whole store);
+  /// the updates that run on the host (moments offloaded) read it back first.
+  void update(ParamStore<T>& store, double lr, GradNorm grad_norm, const T* segment_grads = nullptr);
   /// grad_square_sum + update; returns the gradient norm before clipping.
   double step(ParamStore<T>& store, double lr);
 

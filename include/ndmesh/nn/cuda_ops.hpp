@@ -37,6 +37,9 @@ double square_sum(const float* x, std::int64_t n);
 /// read back instead of one per piece and three launches whatever the count (the global
 /// gradient norm over every tensor).
 double square_sum_many(const float* const* xs, const std::int64_t* ns, int count);
+/// square_sum_many's sum written into *result (device memory) on the stream: no wait (the
+/// global gradient norm that the optimizer's kernel clips with, read on the host after it).
+void square_sum_many_into(double* result, const float* const* xs, const std::int64_t* ns, int count);
 /// sum of x[i], i < n, accumulated in double; waits for the stream.
 double sum(const float* x, std::int64_t n);
 /// *acc += sum's sum of x[i], i < n (acc device memory; without `accumulate`, *acc = it):
@@ -261,10 +264,14 @@ struct AdamWSegment {
 /// adamw_update over every segment in one launch (the segments and their chunk table are
 /// uploaded once and cached for the same list): w, m, v as adamw_update computes them, bit
 /// for bit, and, when w_bf16 is not null, w_bf16[i] = the new w[i] rounded to bfloat16 (the
-/// copy the bf16 forward reads, written by the step itself).
+/// copy the bf16 forward reads, written by the step itself). With `square_sum` (device
+/// memory: the global gradient norm's square, cuda::square_sum_many_into) the kernel clips
+/// with the factor nn::AdamW computes on the host from clip_norm and sqrt(max(0, *square_sum))
+/// instead of `clip`, bit for bit, so that nothing waits for the norm before the update.
 void adamw_update_multi(float* w, BFloat16* w_bf16, const float* grad, float* m, float* v,
                         const AdamWSegment* segments, int segment_count, double lr, double beta1, double beta2,
-                        double eps, double clip, double c1, double c2);
+                        double eps, double clip, double c1, double c2, const double* square_sum = nullptr,
+                        double clip_norm = 0);
 
 /// What a bf16 gemm fuses after the product (cuBLASLt epilogues; row-major C[m, n]):
 ///   kBias:    C += bias[n] on every row;

@@ -43,6 +43,9 @@ class LossSum {
   void add(const T* losses, std::int64_t n);
   /// The sum since the last take() (waits for the device on CUDA); starts again from 0.
   double take();
+  /// take() into *result where the sum lives (host memory on the CPU; on CUDA device memory,
+  /// a copy on the stream: nothing waits).
+  void take_into(double* result);
   Device device() const { return device_; }
 
  private:

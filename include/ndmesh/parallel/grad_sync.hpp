@@ -35,13 +35,16 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "ndmesh/comm/process_groups.hpp"
 #include "ndmesh/model/gpt.hpp"
+#include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/parallel/dp/grad_reducer.hpp"
 #include "ndmesh/parallel/dp/param_gatherer.hpp"
 #include "ndmesh/parallel/parallelize.hpp"
+#include "ndmesh/tensor/device.hpp"
 #include "ndmesh/tensor/ops.hpp"
 #include "ndmesh/tensor/tensor.hpp"
 
@@ -51,6 +54,14 @@ namespace ndmesh::parallel {
 struct StepSums {
   double loss = 0;       ///< mean over the global batch's tokens
   double grad_norm = 0;  ///< of the synchronised gradients, before clipping
+  /// GradSync::finish_step_from_heads on one CUDA rank: this rank's loss sum and the square
+  /// of the norm, two doubles in device memory not read yet (loss and grad_norm are 0 until
+  /// GradSync::read_sums).
+  const double* on_device = nullptr;
+  /// The norm the optimizer clips with: the square on the device, or grad_norm.
+  nn::GradNorm norm() const {
+    return on_device != nullptr ? nn::GradNorm::of_square_sum(on_device + 1) : nn::GradNorm(grad_norm);
+  }
 };
 
 /// Rule 2 (tp) for any element type: sums over the tp group the gradients of the
@@ -130,6 +141,16 @@ class GradSync {
   /// norm in one all-reduce over the world. `loss_sum` is this rank's sum of per-token
   /// losses (its head's micro-batches; 0 on stages without the head). Collective.
   StepSums finish_step(double loss_sum);
+  /// finish_step() with the loss taken from the heads here (the walk ran with
+  /// StageHooks::take_loss false). On CUDA the loss sum and the norm's square are written to
+  /// two doubles on the device and read back together (one host wait, not two); a single
+  /// rank with `leave_on_device` does not read them at all: the optimizer's kernel clips with
+  /// the square where it is (StepSums::norm) and read_sums() reads both after the optimizer
+  /// step is enqueued, so that nothing inside the step waits for the device.
+  StepSums finish_step_from_heads(bool leave_on_device);
+  /// Reads what finish_step_from_heads left on the device into loss and grad_norm (waits for
+  /// the stream); nothing when nothing was left.
+  void read_sums(StepSums& sums) const;
   /// Elastic data parallelism: finish_step() calls `f` with this rank's loss sum once the
   /// gradients hold this replica's sums and before the norm; `f` sums the gradients and the
   /// loss over the replicas (an Error from it ends the step attempt).
@@ -153,7 +174,10 @@ class GradSync {
   void for_each_owned_table_grad(std::size_t c, F&& f);
   void sum_tied_table(std::size_t c);
   void sum_replicated_over_tp();
+  // The runs of gradients the norm counts, in their order.
+  std::vector<std::pair<const float*, std::int64_t>> counted_runs() const;
   double counted_square_sum() const;
+  StepSums host_sums(double loss_sum, double square_sum) const;
 
   std::vector<model::Gpt*> chunks_;
   comm::Communicator world_, grad_, embedding_;
@@ -165,6 +189,7 @@ class GradSync {
   int tied_main_chunk_ = -1;  // local chunk holding the embedding whose table is tied to a remote head
   Tensor<float> work_;        // the tp sum's packed elements
   std::function<void(double&)> across_replicas_;
+  DeviceBuffer sums_;  // CUDA: the loss sum and the norm's square of finish_step_from_heads
 };
 
 }  // namespace ndmesh::parallel

@@ -26,9 +26,10 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  /// Clips with `grad_norm` (the global norm), updates, and under ZeRO gathers the
-  /// parameters (collective over the gradient group).
-  void step(double lr, double grad_norm);
+  /// Clips with `grad_norm` (the global norm: a number, or its square on the device, which
+  /// the CUDA update reads itself), updates, and under ZeRO gathers the parameters
+  /// (collective over the gradient group).
+  void step(double lr, nn::GradNorm grad_norm);
   /// The AdamW of local chunk c (its moments hold the chunk's owned segments in order).
   nn::AdamW<float>& adam(std::size_t c) { return *adams_[c]; }
   const nn::AdamW<float>& adam(std::size_t c) const { return *adams_[c]; }

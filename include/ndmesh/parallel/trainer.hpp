@@ -116,7 +116,10 @@ class Trainer {
   Trainer(Trainer&&) = delete;
   Trainer& operator=(Trainer&&) = delete;
 
-  /// One optimizer step (collective): compute_step() then apply_step().
+  /// One optimizer step (collective): compute_step() then apply_step(). On one CUDA rank
+  /// nothing inside it waits for the device: the loss and the gradient norm stay there
+  /// until the optimizer step is enqueued (its kernel clips with the norm where it is), and
+  /// are read once at the end.
   StepStats step();
   /// The forward, backward and gradient synchronisation of the next step; nothing is
   /// updated, so it can be dropped and computed again (elastic data parallelism).
@@ -178,6 +181,9 @@ class Trainer {
 
  private:
   model::CheckpointLayout checkpoint_layout() const;
+  // compute_step(), leaving the loss and the norm on the device where GradSync can
+  // (pending_) for apply_step to clip with and read.
+  StepStats compute_step(bool leave_sums_on_device);
 
   TrainOptions options_;
   ProcessGroups& groups_;
@@ -191,6 +197,7 @@ class Trainer {
   pp::TraceRecorder trace_;
   int pipeline_ = 0;  // this rank's pipeline (its pp group's color), for the trace
   std::int64_t step_ = 0, first_step_ = 0;
+  StepSums pending_;  // what compute_step left for apply_step (on the device, or the norm)
 };
 
 }  // namespace ndmesh::parallel

@@ -33,6 +33,11 @@ double square_sum(const T* x, std::int64_t n, Device device);
 /// all of them (cuda::square_sum_many), the same arithmetic.
 template <typename T>
 double square_sum_many(std::span<const std::pair<const T*, std::int64_t>> pieces, Device device);
+/// square_sum_many's sum written into *result where the pieces are (host memory on the CPU,
+/// device memory on CUDA: enqueued on the stream, nothing waits).
+template <typename T>
+void square_sum_many_into(double* result, std::span<const std::pair<const T*, std::int64_t>> pieces,
+                          Device device);
 /// dst[i] = src[i] rounded to bfloat16 (nearest even, NaN stays a quiet NaN: ndmesh::BFloat16),
 /// i < n; on CUDA cuda::cast, bit for bit the same.
 void cast(BFloat16* dst, const float* src, std::int64_t n, Device device);

@@ -8,7 +8,8 @@
 //
 // adamw_update_multi: the same element update over a list of parameter tensors (each its
 // own decay) in one launch, through a chunk table uploaded once per list; it also writes the
-// bf16 copy of the new weights that the bf16 forward reads.
+// bf16 copy of the new weights that the bf16 forward reads, and it can take the clipping
+// factor from the gradients' square sum in device memory (no host wait for the norm).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -24,7 +25,18 @@ namespace {
 
 struct AdamWStep {
   double lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, decay, clip, c1, c2;
+  const double* square_sum;  // when set, clip comes from it and clip_norm (clip_factor)
+  double clip_norm;
 };
+
+// The clipping factor as nn::AdamW::update computes it on the host from the norm
+// sqrt(max(0, square sum)): the same correctly rounded square root and division.
+__device__ __forceinline__ double clip_factor(const AdamWStep& s) {
+  if (s.square_sum == nullptr) return s.clip;
+  const double square = *s.square_sum;
+  const double norm = __dsqrt_rn(0.0 < square ? square : 0.0);
+  return s.clip_norm > 0 && norm > s.clip_norm ? __ddiv_rn(s.clip_norm, norm) : 1.0;
+}
 
 // Element i of one step; w_bf16 (may be null) gets the new weight rounded to bfloat16.
 __device__ __forceinline__ void adamw_element(float* w, detail::Bf16Bits* w_bf16, const float* grad, float* m,
@@ -53,10 +65,11 @@ struct Chunk {
 __global__ void adamw_multi_kernel(float* w, detail::Bf16Bits* w_bf16, const float* grad, float* m, float* v,
                                    const AdamWSegment* segments, const Chunk* chunks, std::int64_t chunk_count,
                                    AdamWStep s) {
+  AdamWStep step = s;
+  step.clip = clip_factor(s);
   for (std::int64_t c = blockIdx.x; c < chunk_count; c += gridDim.x) {
     const Chunk ch = chunks[c];
     const AdamWSegment seg = segments[ch.segment];
-    AdamWStep step = s;
     step.decay = seg.decay;
     const std::int64_t end = ch.begin + kChunk < seg.count ? ch.begin + kChunk : seg.count;
     for (std::int64_t i = ch.begin + threadIdx.x; i < end; i += blockDim.x)
@@ -129,10 +142,11 @@ const MultiTables& tables_for(const AdamWSegment* segments, int n) {
 
 void adamw_update_multi(float* w, BFloat16* w_bf16, const float* grad, float* m, float* v,
                         const AdamWSegment* segments, int segment_count, double lr, double beta1, double beta2,
-                        double eps, double clip, double c1, double c2) {
+                        double eps, double clip, double c1, double c2, const double* square_sum,
+                        double clip_norm) {
   const MultiTables& t = tables_for(segments, segment_count);
   if (t.chunk_count == 0) return;
-  const AdamWStep s{lr, beta1, beta2, 1 - beta1, 1 - beta2, eps, 0.0, clip, c1, c2};
+  const AdamWStep s{lr, beta1, beta2, 1 - beta1, 1 - beta2, eps, 0.0, clip, c1, c2, square_sum, clip_norm};
   const unsigned blocks = static_cast<unsigned>(t.chunk_count < 65535 ? t.chunk_count : 65535);
   adamw_multi_kernel<<<blocks, detail::kThreads, 0, detail::compute_stream()>>>(
       w, w_bf16 ? detail::bits(w_bf16) : nullptr, grad, m, v,
@@ -145,7 +159,7 @@ void adamw_update(float* w, const float* grad, float* m, float* v, std::int64_t 
                   double beta2, double eps, double decay, double clip, double c1, double c2) {
   if (n <= 0) return;
   // 1 - b1 and 1 - b2 as the CPU computes them (in double, once).
-  const AdamWStep s{lr, beta1, beta2, 1 - beta1, 1 - beta2, eps, decay, clip, c1, c2};
+  const AdamWStep s{lr, beta1, beta2, 1 - beta1, 1 - beta2, eps, decay, clip, c1, c2, nullptr, 0.0};
   adamw_kernel<<<detail::blocks_for(n), detail::kThreads, 0, detail::compute_stream()>>>(w, grad, m, v, n, s);
   detail::check_launch("adamw_update");
 }

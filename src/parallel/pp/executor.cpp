@@ -357,9 +357,11 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
                outbox_.size());
   for (int c = 0; c < static_cast<int>(chunks_.size()); ++c)
     for (int mb = 0; mb < m; ++mb) release_acts(mb, c);
-  // The per-token losses of every micro-batch this rank's head saw, read back once.
-  for (model::Gpt* c : chunks_)
-    if (c->has_head()) out.loss_sum += c->take_loss_sum();
+  // The per-token losses of every micro-batch this rank's head saw, read back once (or left
+  // to the caller).
+  if (hooks.take_loss)
+    for (model::Gpt* c : chunks_)
+      if (c->has_head()) out.loss_sum += c->take_loss_sum();
   return out;
 }
 

@@ -249,10 +249,13 @@ __global__ void piece_sums_kernel(double* sums, const double* partials, const st
 }
 }  // namespace
 
-double square_sum_many(const float* const* xs, const std::int64_t* ns, int count) {
-  if (count <= 0) return 0.0;
+void square_sum_many_into(double* result, const float* const* xs, const std::int64_t* ns, int count) {
+  if (count <= 0) {
+    memset_zero(result, sizeof(double));
+    return;
+  }
   // Three launches whatever the count: every piece's partials (reduce<true>'s blocks), each
-  // piece's sum, the pieces' sums in order; one read back. The table goes up with the
+  // piece's sum, the pieces' sums in order into *result. The table goes up with the
   // pointers: [xs | ns | first], first[p] the first block of piece p (count + 1 entries).
   std::vector<std::int64_t> table(static_cast<std::size_t>(3 * count + 1));
   std::int64_t blocks = 0;
@@ -266,7 +269,7 @@ double square_sum_many(const float* const* xs, const std::int64_t* ns, int count
   DeviceBuffer meta(table.size() * sizeof(std::int64_t));
   upload(meta.data(), table.data(), table.size() * sizeof(std::int64_t));
   const auto* t = static_cast<const std::int64_t*>(meta.data());
-  DeviceBuffer scratch((static_cast<std::size_t>(blocks) + static_cast<std::size_t>(count) + 1) * sizeof(double));
+  DeviceBuffer scratch((static_cast<std::size_t>(blocks) + static_cast<std::size_t>(count)) * sizeof(double));
   double* partials = static_cast<double*>(scratch.data());
   double* sums = partials + blocks;
   if (blocks > 0) {
@@ -277,11 +280,17 @@ double square_sum_many(const float* const* xs, const std::int64_t* ns, int count
   piece_sums_kernel<<<static_cast<unsigned>(count), kReduceThreads, 0, compute_stream()>>>(sums, partials,
                                                                                           t + 2 * count);
   check_launch("square_sum_many (piece sums)");
-  ordered_sum_kernel<<<1, 1, 0, compute_stream()>>>(sums + count, sums, count);
+  ordered_sum_kernel<<<1, 1, 0, compute_stream()>>>(result, sums, count);
   check_launch("square_sum_many (pieces)");
-  double result = 0;
-  copy_to_host(&result, sums + count, sizeof result);
-  return result;
+}
+
+double square_sum_many(const float* const* xs, const std::int64_t* ns, int count) {
+  if (count <= 0) return 0.0;
+  DeviceBuffer result(sizeof(double));
+  square_sum_many_into(static_cast<double*>(result.data()), xs, ns, count);
+  double host = 0;
+  copy_to_host(&host, result.data(), sizeof host);
+  return host;
 }
 
 double sum(const float* x, std::int64_t n) { return reduce<false>(x, n); }

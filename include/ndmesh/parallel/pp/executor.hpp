@@ -66,6 +66,10 @@ struct StageHooks {
   /// the chunk's grads-final hook, as a whole backward does.
   std::function<void(int chunk, bool last)> before_backward;
   std::function<void(int chunk)> after_backward;
+  /// false: the walk leaves the heads' loss sums in their chunks (model::Gpt::take_loss_sum,
+  /// take_loss_sum_into) and WalkResult::loss_sum is 0, so that its end does not wait for
+  /// the device.
+  bool take_loss = true;
 };
 
 /// Options of the executor.
