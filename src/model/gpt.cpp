@@ -189,7 +189,7 @@ template <typename T>
 bool GptT<T>::in_workspace(std::size_t i, bool last) const {
   using A = nn::BlockActivations<T>;
   if (recompute_ == nn::Recompute::kFull) return i != A::kOut || (last && !head_);
-  if (i == A::kAtty || i == A::kLse) return recompute_ == nn::Recompute::kSelective;
+  if (i == A::kAtty || i == A::kAtty16 || i == A::kLse) return recompute_ == nn::Recompute::kSelective;
   if (i == A::kLn1Full || i == A::kLn2Full) return tp_.sequence_parallel && !split_backward_;
   // The stage's output is sent at once (or read by the final norm on the last stage).
   return i == A::kOut && last && !head_;

@@ -1,6 +1,7 @@
 #include "ndmesh/nn/block.hpp"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/ops.hpp"
@@ -85,6 +86,11 @@ bool Block<T>::norms_in_bf16() const {
 }
 
 template <typename T>
+bool Block<T>::attention_out_in_bf16() const {
+  return std::is_same_v<T, float> && mlp_.hidden_in_bf16();  // the fp32 model's (a double one keeps T)
+}
+
+template <typename T>
 void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq) const {
   const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
   a.each([&](std::size_t, auto& t) { t.set_device(device()); });
@@ -99,7 +105,10 @@ void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t s
   a.ln1_rstd.resize({nl});
   a.qkv.resize({n, attn_.qkv_width()});
   a.lse.resize({batch, attn_.options().heads, seq});
-  a.atty.resize({n, attn_.out_width()});
+  if (attention_out_in_bf16())
+    a.atty16.resize({n, attn_.out_width()});
+  else
+    a.atty.resize({n, attn_.out_width()});
   a.res1.resize({nl, c});
   a.ln2_mean.resize({nl});
   a.ln2_rstd.resize({nl});
@@ -129,50 +138,114 @@ void Block<T>::recompute_attention(BlockActivations<T>& a, std::int64_t batch, s
 template <typename T>
 void Block<T>::attention_forward(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq,
                                  const AttentionCore<T>* core, const std::int64_t* positions) const {
-  NDMESH_CUDA_TWIN(device(), {
-    // A ring (context parallelism) runs on the device too: the core gets device pointers.
-    if (core) return core->forward(attn_, a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
-    const AttentionOptions& o = attn_.options();
-    // positions: cuDNN's causal mask is by index (0..seq-1) only.
-    if (const AttentionKernel k = attention_kernel(qkv_.matmul_precision(), positions != nullptr);
-        k != AttentionKernel::kFlash &&
-        cuda::attention_forward_cudnn(a.atty.data(), a.lse.data(), a.qkv.data(), batch, seq, o.heads, o.kv_heads,
-                                      o.head_dim, k == AttentionKernel::kCudnnRequired))
-      return;
-    cuda::attention_forward(a.atty.data(), a.lse.data(), a.qkv.data(), batch, seq, o.heads, o.kv_heads, o.head_dim,
-                            positions);
-  })
-  if (core)
-    core->forward(attn_, a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
-  else
-    attn_.forward(a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, positions);
+  if (!attention_out_in_bf16()) return attention_forward_into(a, a.atty.data(), batch, seq, core, positions);
+  if constexpr (std::is_same_v<T, float>) {
+    if (cudnn_forward_bf16(a, batch, seq, core, positions)) return;
+    // The fp32 rows into a transient buffer (the caching allocator's on a GPU), rounded once.
+    const std::int64_t n = batch * seq * attn_.out_width();
+    ops::Scratch<T> out(n, device());
+    attention_forward_into(a, out.data(), batch, seq, core, positions);
+    ops::cast(a.atty16.data(), out.data(), n, device());
+  }
 }
 
 template <typename T>
 void Block<T>::attention_backward(const BlockActivations<T>& a, BlockScratch<T>& s, std::int64_t batch,
                                   std::int64_t seq, const AttentionCore<T>* core,
                                   const std::int64_t* positions) const {
+  if (!attention_out_in_bf16()) return attention_backward_from(a, a.atty.data(), s, batch, seq, core, positions);
+  if constexpr (std::is_same_v<T, float>) {
+    if (cudnn_backward_bf16(a, s, batch, seq, core, positions)) return;
+    // The fp32 kernels read the stored output widened (exact): what cuDNN's backward reads.
+    const std::int64_t n = batch * seq * attn_.out_width();
+    ops::Scratch<T> out(n, device());
+    ops::cast(out.data(), a.atty16.data(), n, device());
+    attention_backward_from(a, out.data(), s, batch, seq, core, positions);
+  }
+}
+
+template <typename T>
+AttentionKernel Block<T>::cudnn_kernel(const AttentionCore<T>* core, const std::int64_t* positions) const {
+  // A ring (`core`) runs its own kernels; explicit positions the flash kernel (cuDNN's causal
+  // mask is by index, 0..seq-1, only).
+  return core ? AttentionKernel::kFlash : attention_kernel(qkv_.matmul_precision(), positions != nullptr);
+}
+
+template <typename T>
+bool Block<T>::cudnn_forward_bf16([[maybe_unused]] BlockActivations<T>& a, [[maybe_unused]] std::int64_t batch,
+                                  [[maybe_unused]] std::int64_t seq, [[maybe_unused]] const AttentionCore<T>* core,
+                                  [[maybe_unused]] const std::int64_t* positions) const {
+  NDMESH_CUDA_TWIN(device(), {
+    const AttentionOptions& o = attn_.options();
+    const AttentionKernel k = cudnn_kernel(core, positions);
+    return k != AttentionKernel::kFlash &&
+           cuda::attention_forward_cudnn(a.atty16.data(), a.lse.data(), a.qkv.data(), batch, seq, o.heads,
+                                         o.kv_heads, o.head_dim, k == AttentionKernel::kCudnnRequired);
+  })
+  return false;
+}
+
+template <typename T>
+bool Block<T>::cudnn_backward_bf16([[maybe_unused]] const BlockActivations<T>& a,
+                                   [[maybe_unused]] BlockScratch<T>& s, [[maybe_unused]] std::int64_t batch,
+                                   [[maybe_unused]] std::int64_t seq, [[maybe_unused]] const AttentionCore<T>* core,
+                                   [[maybe_unused]] const std::int64_t* positions) const {
+  NDMESH_CUDA_TWIN(device(), {
+    const AttentionOptions& o = attn_.options();
+    const AttentionKernel k = cudnn_kernel(core, positions);
+    return k != AttentionKernel::kFlash &&
+           cuda::attention_backward_cudnn(s.dqkv.data(), s.datty.data(), a.qkv.data(), a.atty16.data(),
+                                          a.lse.data(), batch, seq, o.heads, o.kv_heads, o.head_dim,
+                                          k == AttentionKernel::kCudnnRequired);
+  })
+  return false;
+}
+
+template <typename T>
+void Block<T>::attention_forward_into(BlockActivations<T>& a, T* out, std::int64_t batch, std::int64_t seq,
+                                      const AttentionCore<T>* core, const std::int64_t* positions) const {
+  NDMESH_CUDA_TWIN(device(), {
+    // A ring (context parallelism) runs on the device too: the core gets device pointers.
+    if (core) return core->forward(attn_, a.qkv.data(), out, a.lse.data(), batch, seq, positions);
+    const AttentionOptions& o = attn_.options();
+    if (const AttentionKernel k = cudnn_kernel(core, positions);
+        k != AttentionKernel::kFlash &&
+        cuda::attention_forward_cudnn(out, a.lse.data(), a.qkv.data(), batch, seq, o.heads, o.kv_heads, o.head_dim,
+                                      k == AttentionKernel::kCudnnRequired))
+      return;
+    cuda::attention_forward(out, a.lse.data(), a.qkv.data(), batch, seq, o.heads, o.kv_heads, o.head_dim,
+                            positions);
+  })
+  if (core)
+    core->forward(attn_, a.qkv.data(), out, a.lse.data(), batch, seq, positions);
+  else
+    attn_.forward(a.qkv.data(), out, a.lse.data(), batch, seq, positions);
+}
+
+template <typename T>
+void Block<T>::attention_backward_from(const BlockActivations<T>& a, const T* out, BlockScratch<T>& s,
+                                       std::int64_t batch, std::int64_t seq, const AttentionCore<T>* core,
+                                       const std::int64_t* positions) const {
   NDMESH_CUDA_TWIN(device(), {
     const AttentionOptions& o = attn_.options();
     // cuDNN writes d qkv; every other path adds into it, so it is zeroed for them only.
-    if (const AttentionKernel k = attention_kernel(qkv_.matmul_precision(), positions != nullptr);
-        !core && k != AttentionKernel::kFlash &&
-        cuda::attention_backward_cudnn(s.dqkv.data(), s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), batch,
-                                       seq, o.heads, o.kv_heads, o.head_dim, k == AttentionKernel::kCudnnRequired))
+    if (const AttentionKernel k = cudnn_kernel(core, positions);
+        k != AttentionKernel::kFlash &&
+        cuda::attention_backward_cudnn(s.dqkv.data(), s.datty.data(), a.qkv.data(), out, a.lse.data(), batch, seq,
+                                       o.heads, o.kv_heads, o.head_dim, k == AttentionKernel::kCudnnRequired))
       return;
     s.dqkv.zero();
     if (core)
-      return core->backward(attn_, s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch,
-                            seq, positions);
-    cuda::attention_backward(s.dqkv.data(), s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq,
-                             o.heads, o.kv_heads, o.head_dim, positions);
+      return core->backward(attn_, s.datty.data(), a.qkv.data(), out, a.lse.data(), s.dqkv.data(), batch, seq,
+                            positions);
+    cuda::attention_backward(s.dqkv.data(), s.datty.data(), a.qkv.data(), out, a.lse.data(), batch, seq, o.heads,
+                             o.kv_heads, o.head_dim, positions);
   })
   s.dqkv.zero();
   if (core)
-    core->backward(attn_, s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq,
-                   positions);
+    core->backward(attn_, s.datty.data(), a.qkv.data(), out, a.lse.data(), s.dqkv.data(), batch, seq, positions);
   else
-    attn_.backward(s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), s.dqkv.data(), batch, seq, positions);
+    attn_.backward(s.datty.data(), a.qkv.data(), out, a.lse.data(), s.dqkv.data(), batch, seq, positions);
 }
 
 template <typename T>
@@ -211,7 +284,10 @@ void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch,
   }
   attention_forward(a, batch, seq, core, positions);
   T* part = sp ? partial_.data() : a.res1.data();
-  proj_.forward(a.atty.data(), part, n);
+  if (attention_out_in_bf16())
+    proj_.forward(a.atty16.data(), part, n);
+  else
+    proj_.forward(a.atty.data(), part, n);
   tp_.g_forward(part, a.res1.data(), n, c);
   // res1 = (proj's output + its deferred bias) + inp, and ln2 of it: one pass.
   part = sp ? partial_.data() : a.out.data();
@@ -257,7 +333,10 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   // First residual: d inp = d res1 (identity path) + the attention branch through ln1.
   const T* dres1_full = tp_.g_backward(s.dres1.data(), s.dout_full.data(), n, c);
   proj_.backward_bias(s.dres1.data(), nl);
-  proj_.backward(dres1_full, a.atty.data(), s.datty.data(), n, GradInto::kSet);
+  if (attention_out_in_bf16())
+    proj_.backward(dres1_full, a.atty16.data(), s.datty.data(), n, GradInto::kSet);
+  else
+    proj_.backward(dres1_full, a.atty.data(), s.datty.data(), n, GradInto::kSet);
   poll();
   attention_backward(a, s, batch, seq, core, positions);  // writes d qkv
   poll();

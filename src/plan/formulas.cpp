@@ -61,13 +61,14 @@ Precision parse_precision(std::string_view name, std::string_view flag) {
     bf16.weight_copy_bytes = 2;
     bf16.mlp_hidden_bytes = 2;
     bf16.norm_output_bytes = 2;
+    bf16.attention_output_bytes = 2;
     return bf16;
   }
   fail<ConfigError>(
       "plan",
       "{} '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter), mixed-fp32-grads (2 + 4 + 12 B), "
-      "bf16 (ndmesh's: 4 + 2 + 4 + 8 B, a bf16 weight copy, fp32 activations but bf16 norm outputs and MLP "
-      "hidden, bf16 products) or fp32 (4 + 4 + 8 B)",
+      "bf16 (ndmesh's: 4 + 2 + 4 + 8 B, a bf16 weight copy, fp32 activations but bf16 norm outputs, "
+      "attention output and MLP hidden, bf16 products) or fp32 (4 + 4 + 8 B)",
       flag, name);
 }
 
@@ -142,7 +143,10 @@ double activation_bytes_per_layer(const PlanModel& m, double s, double b, const 
   // f = 4h); SwiGLU keeps the fused gate/up output (2 sbf) and the product fed to the down
   // projection (sbf): 3 sbf elements.
   const double kv_per_rank = kv_heads_per_rank(m, o.tp) * head_dim(m);
-  const double attention_split = e * (2 * s * b * h / t + 2 * s * b * kv_per_rank);
+  // ndmesh's bf16 stores the attention output (the output projection's input) in bf16
+  // (Precision::attention_output_bytes).
+  const double attention_out = o.attention_output_bytes > 0 ? o.attention_output_bytes : e;
+  const double attention_split = e * (s * b * h / t + 2 * s * b * kv_per_rank) + attention_out * s * b * h / t;
   const double hidden = o.mlp_hidden_bytes > 0 ? o.mlp_hidden_bytes : e;  // the down projection's input
   const double mlp_split = (e * (m.mlp == Mlp::kGelu ? 1.0 : 2.0) + hidden) * s * b * f / t;
   // Attention scores: softmax output (2as^2b), dropout mask (as^2b) and dropout output
@@ -154,7 +158,7 @@ double activation_bytes_per_layer(const PlanModel& m, double s, double b, const 
       // Flash has no scores to drop; selective recompute (as ndmesh defines it) drops the
       // attention core's output, the input of the output projection (s b a hd / t elements),
       // and its fp32 log-sum-exp: the backward re-runs the attention core from Q, K, V.
-      return replicated / sp + attention_split - e * s * b * a * head_dim(m) / t + mlp_split;
+      return replicated / sp + attention_split - attention_out * s * b * a * head_dim(m) / t + mlp_split;
     }
     scores = 4 * a * s * b / t;  // fp32 log-sum-exp per head and token (Dao et al. 2022)
   } else if (o.recompute == Recompute::kNone) {
@@ -311,6 +315,11 @@ double elementwise_bytes_per_token(const PlanModel& m, const LayerShape& s) {
     if (!s.sequence_parallel) bytes -= 2 * 2 * h + 4 * 6 * h;
     // cuDNN writes d qkv (widened from bf16): the zeroing of the fp32 pass above is skipped.
     if (s.attention == Attention::kFlash) bytes += 6 * (r / t + h / t) + 6 * (2 * r / t + 2 * h / t) - 4 * r / t;
+    // The attention output is stored in bf16 as cuDNN writes it: proj's two products read it
+    // as stored (-6 h/t each), and cuDNN's output is neither widened in the forward nor
+    // rounded again for its backward (-6 h/t each).
+    bytes -= 2 * 6 * h / t;
+    if (s.attention == Attention::kFlash) bytes -= 2 * 6 * h / t;
   }
   return bytes;
 }

@@ -194,13 +194,48 @@ TEST(CudnnAttention, ForwardAndBackwardMatchTheFlashKernelWithinBf16Rounding) {
   }
 }
 
+// bf16 mixed precision stores the attention output in bf16 as cuDNN writes it: the bf16
+// overloads give exactly the float overloads' values (those widen cuDNN's bf16 output, and
+// round it again, exactly, for the backward), bit for bit.
+TEST(CudnnAttention, TheBf16OutputIsTheFloatOutputBeforeItsWidening) {
+  NDMESH_GPU_OR_SKIP();
+  ASSERT_TRUE(cuda::attention_cudnn_unavailable_reason().empty()) << cuda::attention_cudnn_unavailable_reason();
+  const Case c{2, 200, 6, 2, 64};
+  const std::int64_t W = (c.heads + 2 * c.kv_heads) * c.head_dim;
+  const auto qkv_n = static_cast<std::size_t>(c.batch * c.seq * W);
+  const auto out_n = static_cast<std::size_t>(c.batch * c.seq * c.heads * c.head_dim);
+  const auto lse_n = static_cast<std::size_t>(c.batch * c.heads * c.seq);
+  DeviceBuffer qkv = to_device(normal(qkv_n, 21)), dout = to_device(normal(out_n, 22));
+  DeviceBuffer out = to_device(nans(out_n)), lse = to_device(nans(lse_n));
+  DeviceBuffer out16(out_n * sizeof(BFloat16)), lse16 = to_device(nans(lse_n));
+  ASSERT_TRUE(cuda::attention_forward_cudnn(ptr<float>(out), ptr<float>(lse), ptr<float>(qkv), c.batch, c.seq,
+                                            c.heads, c.kv_heads, c.head_dim, true));
+  ASSERT_TRUE(cuda::attention_forward_cudnn(ptr<BFloat16>(out16), ptr<float>(lse16), ptr<float>(qkv), c.batch,
+                                            c.seq, c.heads, c.kv_heads, c.head_dim, true));
+  const auto wide = to_host<float>(out, out_n);
+  std::vector<BFloat16> narrow(out_n);
+  cuda::copy_to_host(narrow.data(), out16.data(), out_n * sizeof(BFloat16));
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < out_n; ++i) wrong += narrow[i].bits != BFloat16(wide[i]).bits;
+  EXPECT_EQ(wrong, 0u) << "elements of the bf16 output that are not the float output's";
+  EXPECT_TRUE(same_bits(to_host<float>(lse16, lse_n), to_host<float>(lse, lse_n))) << "lse";
+  DeviceBuffer dqkv = to_device(nans(qkv_n)), dqkv16 = to_device(nans(qkv_n));
+  ASSERT_TRUE(cuda::attention_backward_cudnn(ptr<float>(dqkv), ptr<float>(dout), ptr<float>(qkv), ptr<float>(out),
+                                             ptr<float>(lse), c.batch, c.seq, c.heads, c.kv_heads, c.head_dim,
+                                             true));
+  ASSERT_TRUE(cuda::attention_backward_cudnn(ptr<float>(dqkv16), ptr<float>(dout), ptr<float>(qkv),
+                                             ptr<BFloat16>(out16), ptr<float>(lse), c.batch, c.seq, c.heads,
+                                             c.kv_heads, c.head_dim, true));
+  EXPECT_TRUE(same_bits(to_host<float>(dqkv16, qkv_n), to_host<float>(dqkv, qkv_n))) << "dqkv";
+}
+
 // An empty batch does nothing and says it ran; a head_dim cuDNN has no engine for is not an
 // Error unless required: false (the caller's flash kernel), or an Error naming the shape.
 TEST(CudnnAttention, AShapeWithoutAnEngineFallsBackOrIsAnErrorNamingIt) {
   NDMESH_GPU_OR_SKIP();
   ASSERT_TRUE(cuda::attention_cudnn_unavailable_reason().empty())
       << cuda::attention_cudnn_unavailable_reason();
-  EXPECT_TRUE(cuda::attention_forward_cudnn(nullptr, nullptr, nullptr, 0, 16, 4, 4, 64, true));
+  EXPECT_TRUE(cuda::attention_forward_cudnn(static_cast<float*>(nullptr), nullptr, nullptr, 0, 16, 4, 4, 64, true));
   // head_dim 12: not a multiple of 8, which every cuDNN SDPA engine requires.
   const std::int64_t seq = 16, heads = 2, hd = 12, W = 3 * heads * hd;
   DeviceBuffer qkv = to_device(rounded(normal(static_cast<std::size_t>(seq * W), 5)));

@@ -69,6 +69,10 @@ struct BlockActivations {
   /// bfloat16 instead of ln1 / ln2 (which stay empty): only the qkv and fc products read
   /// them, and those round them to bf16 anyway.
   Tensor<BFloat16> ln1_16, ln2_16;  ///< [N, C]
+  /// Under bf16 products the attention output is kept in bfloat16 instead of atty (which stays
+  /// empty): cuDNN writes it so, proj's two products read it as stored, and the attention
+  /// backward reads it as cuDNN's does (the other kernels widen it first).
+  Tensor<BFloat16> atty16;  ///< [N, H hd]
 
   /// Every tensor, in a fixed order (index with the k* constants below).
   std::array<Tensor<T>*, 15> tensors() {
@@ -81,7 +85,7 @@ struct BlockActivations {
   }
   static constexpr std::size_t kLn1Full = 3, kLn2Full = 4, kLse = 6, kAtty = 7, kOut = 14;
   /// The tensors stored in bfloat16 come after those of tensors() (indices kGelu16...).
-  static constexpr std::size_t kGelu16 = 15, kLn1_16 = 16, kLn2_16 = 17;
+  static constexpr std::size_t kGelu16 = 15, kLn1_16 = 16, kLn2_16 = 17, kAtty16 = 18;
   /// f(i, tensor) for every tensor, those of tensors() then the bfloat16 ones (Tensor<T>& or
   /// Tensor<BFloat16>&: f is generic).
   template <typename F>
@@ -114,6 +118,7 @@ struct BlockActivations {
     f(kGelu16, acts.mlp.gelu16...);
     f(kLn1_16, acts.ln1_16...);
     f(kLn2_16, acts.ln2_16...);
+    f(kAtty16, acts.atty16...);
   }
 };
 
@@ -139,8 +144,8 @@ class Block {
   /// tp again (what forward() gathered; a caller that does not keep them calls this before
   /// backward()). Nothing without sequence parallelism.
   void gather_norms(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq) const;
-  /// Selective recompute: acts.atty and acts.lse = the attention core forward of acts.qkv
-  /// (what forward() computed from it, bit for bit).
+  /// Selective recompute: acts.atty (or atty16) and acts.lse = the attention core forward of
+  /// acts.qkv (what forward() computed from it, bit for bit).
   void recompute_attention(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq,
                            const AttentionCore<T>* core = nullptr,
                            const std::int64_t* positions = nullptr) const;
@@ -178,14 +183,33 @@ class Block {
   // Whether its activations keep the norms' outputs in bfloat16 (BlockActivations::ln1_16,
   // ln2_16): under bf16 products, without sequence parallelism (whose gathers move fp32).
   bool norms_in_bf16() const;
+  // Whether they keep the attention output in bfloat16 (BlockActivations::atty16): under bf16
+  // products.
+  bool attention_out_in_bf16() const;
 
   // The attention core where the block runs: the CUDA kernel, the ring (`core`) or the
-  // local kernel; acts.atty and acts.lse from acts.qkv, and its backward written into
-  // scratch.dqkv (zeroed first for the kernels that add into it; cuDNN's writes it).
+  // local kernel; acts.atty (atty16) and acts.lse from acts.qkv, and its backward written
+  // into scratch.dqkv (zeroed first for the kernels that add into it; cuDNN's writes it).
+  // Into atty16, cuDNN writes its bf16 output as it is; every other kernel computes fp32 rows
+  // into a transient tensor, rounded into atty16 once (and widened from it for their backward).
   void attention_forward(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq,
                          const AttentionCore<T>* core, const std::int64_t* positions) const;
   void attention_backward(const BlockActivations<T>& acts, BlockScratch<T>& scratch, std::int64_t batch,
                           std::int64_t seq, const AttentionCore<T>* core, const std::int64_t* positions) const;
+  // The two above with an fp32 (T) output: `out` written, then read by the backward.
+  void attention_forward_into(BlockActivations<T>& acts, T* out, std::int64_t batch, std::int64_t seq,
+                              const AttentionCore<T>* core, const std::int64_t* positions) const;
+  void attention_backward_from(const BlockActivations<T>& acts, const T* out, BlockScratch<T>& scratch,
+                               std::int64_t batch, std::int64_t seq, const AttentionCore<T>* core,
+                               const std::int64_t* positions) const;
+  // The attention kernel the settings pick for the local core (kFlash with a ring core).
+  AttentionKernel cudnn_kernel(const AttentionCore<T>* core, const std::int64_t* positions) const;
+  // cuDNN's attention into / from acts.atty16 where it runs (false elsewhere: the caller runs
+  // the fp32 path).
+  bool cudnn_forward_bf16(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq,
+                          const AttentionCore<T>* core, const std::int64_t* positions) const;
+  bool cudnn_backward_bf16(const BlockActivations<T>& acts, BlockScratch<T>& scratch, std::int64_t batch,
+                           std::int64_t seq, const AttentionCore<T>* core, const std::int64_t* positions) const;
   BlockOptions options_;
   TpContext<T> tp_;
   mutable Tensor<T> partial_;  // sequence parallel: a row-parallel output before its reduce-scatter

@@ -130,6 +130,15 @@ bool attention_forward_cudnn(float* out, float* lse, const float* qkv, std::int6
 bool attention_backward_cudnn(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                               std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
                               std::int64_t head_dim, bool required);
+/// The same with the output in bfloat16, as cuDNN writes it (bf16 mixed precision stores the
+/// attention output so: nn::BlockActivations::atty16), and the backward reading it as stored.
+/// Both are the float overloads' values exactly: those widen cuDNN's bf16 output, and round it
+/// again for the backward.
+bool attention_forward_cudnn(BFloat16* out, float* lse, const float* qkv, std::int64_t batch, std::int64_t seq,
+                             std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, bool required);
+bool attention_backward_cudnn(float* dqkv, const float* dout, const float* qkv, const BFloat16* out,
+                              const float* lse, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                              std::int64_t kv_heads, std::int64_t head_dim, bool required);
 /// Empty when cuDNN attention can run in this process (built, libcudnn.so.9 loaded, a handle
 /// made; loads it on the first call), else why not. init() first.
 std::string attention_cudnn_unavailable_reason();

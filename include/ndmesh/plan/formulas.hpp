@@ -115,6 +115,9 @@ struct Precision {
   /// stored in another type: ndmesh's bf16 keeps them in bf16 (2) without sequence
   /// parallelism. 0: activation_bytes.
   double norm_output_bytes = 0;
+  /// Bytes of the attention output (the output projection's input) where it is stored in
+  /// another type: ndmesh's bf16 keeps it in bf16 (2; cuDNN writes it so). 0: activation_bytes.
+  double attention_output_bytes = 0;
 };
 
 /// Bytes an optimizer step moves per parameter of the rank's shard on ndmesh's kernels: AdamW
@@ -161,6 +164,7 @@ struct ActivationOptions {
   Attention attention = Attention::kStandard;
   double mlp_hidden_bytes = 0;   ///< Precision::mlp_hidden_bytes (0: activation_bytes)
   double norm_output_bytes = 0;  ///< Precision::norm_output_bytes (0, or sequence parallel: activation_bytes)
+  double attention_output_bytes = 0;  ///< Precision::attention_output_bytes (0: activation_bytes)
 };
 
 /// Activation bytes one GPU keeps for one layer and one micro-batch of `micro_batch`
@@ -281,7 +285,9 @@ struct LayerShape {
 ///   kernel, so fc fuses its bias only, GELU moves 6 bytes an element and the hidden's two
 ///   casts go: -10 f/t against the fused count; without sequence parallelism the norms'
 ///   outputs are stored in bf16 too: each norm writes 2 bytes, not 4, and their four casts go
-///   (-28 h) (r: the qkv width, h hidden, f ffn, t tp).
+///   (-28 h); the attention output is stored in bf16 as cuDNN writes it: proj's two casts go
+///   (-12 h/t) and, with cuDNN, its widening and rounding again for the backward (-12 h/t)
+///   (r: the qkv width, h hidden, f ffn, t tp).
 double elementwise_bytes_per_token(const PlanModel& model, const LayerShape& shape);
 
 /// One layer for one micro-batch on one GPU. Weight products: 3 kernels per matrix (4 with

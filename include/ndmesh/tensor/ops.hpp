@@ -87,6 +87,25 @@ class SharedOperand {
   std::vector<T> on_host_;
 };
 
+/// n elements of T where `device` keeps data, left uninitialised: a transient that a kernel
+/// writes whole before anything reads it (the caching allocator's block on CUDA, with no
+/// memset; a vector on the CPU). Tensor zeroes what it allocates; this does not.
+template <typename T>
+class Scratch {
+ public:
+  Scratch(std::int64_t n, Device device) {
+    if (device == Device::kCpu)
+      on_host_.resize(static_cast<std::size_t>(n));
+    else
+      on_device_ = DeviceBuffer(static_cast<std::size_t>(n) * sizeof(T));
+  }
+  T* data() { return on_host_.empty() ? static_cast<T*>(on_device_.data()) : on_host_.data(); }
+
+ private:
+  DeviceBuffer on_device_;
+  std::vector<T> on_host_;
+};
+
 /// gemm as above with A and B SharedOperands (A's device and precision; B's must match: a
 /// weight kept in bfloat16, ParamStore::param_bf16, is a B of kBf16 made from stored bf16).
 template <typename T>

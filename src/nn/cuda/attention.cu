@@ -637,6 +637,17 @@ bool attention_backward_cudnn(float* dqkv, const float* dout, const float* qkv, 
   return detail::cudnn_backward(dqkv, dout, qkv, out, lse, batch, seq, heads, kv_heads, head_dim, required);
 }
 
+bool attention_forward_cudnn(BFloat16* out, float* lse, const float* qkv, std::int64_t batch, std::int64_t seq,
+                             std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, bool required) {
+  return detail::cudnn_forward(out, lse, qkv, batch, seq, heads, kv_heads, head_dim, required);
+}
+
+bool attention_backward_cudnn(float* dqkv, const float* dout, const float* qkv, const BFloat16* out,
+                              const float* lse, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                              std::int64_t kv_heads, std::int64_t head_dim, bool required) {
+  return detail::cudnn_backward(dqkv, dout, qkv, out, lse, batch, seq, heads, kv_heads, head_dim, required);
+}
+
 std::string attention_cudnn_unavailable_reason() { return detail::cudnn_unavailable_reason(); }
 #else
 namespace {
@@ -653,6 +664,16 @@ bool attention_forward_cudnn(float*, float*, const float*, std::int64_t, std::in
 }
 
 bool attention_backward_cudnn(float*, const float*, const float*, const float*, const float*, std::int64_t,
+                              std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool required) {
+  return no_cudnn(required, "attention_backward_cudnn");
+}
+
+bool attention_forward_cudnn(BFloat16*, float*, const float*, std::int64_t, std::int64_t, std::int64_t,
+                             std::int64_t, std::int64_t, bool required) {
+  return no_cudnn(required, "attention_forward_cudnn");
+}
+
+bool attention_backward_cudnn(float*, const float*, const float*, const BFloat16*, const float*, std::int64_t,
                               std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool required) {
   return no_cudnn(required, "attention_backward_cudnn");
 }

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "ndmesh/core/dtype.hpp"
+
 namespace ndmesh::cuda::detail {
 
 /// attention_forward_cudnn, attention_backward_cudnn and attention_cudnn_unavailable_reason
@@ -13,6 +15,11 @@ namespace ndmesh::cuda::detail {
 bool cudnn_forward(float* out, float* lse, const float* qkv, std::int64_t batch, std::int64_t seq,
                    std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, bool required);
 bool cudnn_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                    std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
+                    std::int64_t head_dim, bool required);
+bool cudnn_forward(BFloat16* out, float* lse, const float* qkv, std::int64_t batch, std::int64_t seq,
+                   std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, bool required);
+bool cudnn_backward(float* dqkv, const float* dout, const float* qkv, const BFloat16* out, const float* lse,
                     std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
                     std::int64_t head_dim, bool required);
 std::string cudnn_unavailable_reason();

@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "ndmesh/core/dtype.hpp"
+#include "ndmesh/nn/block.hpp"
 #include "ndmesh/nn/gelu.hpp"
 #include "ndmesh/nn/layernorm.hpp"
 #include "ndmesh/nn/linear.hpp"
@@ -259,6 +260,59 @@ TEST(MatmulPrecision, Bf16NormOutputsAreTheNormsRoundedOnce) {
                       bias.data());
   rounded_once("residual + norm");
   EXPECT_EQ(res16, res) << "the residual stays fp32";
+}
+
+// Under bf16 products a block keeps its attention output in bfloat16 (atty16; the fp32
+// tensor stays empty), as cuDNN writes it on a GPU: each element is the attention core's fp32
+// output rounded once; proj's products read it as stored (they round it either way); the
+// attention backward reads it widened, as cuDNN's reads its bf16 output: the block's d qkv is
+// bit for bit the fp32 backward given that widened output. Selective recompute writes the
+// same bits again.
+TEST(MatmulPrecision, Bf16AttentionOutputIsTheCoreRoundedOnceAndItsBackwardReadsItAsStored) {
+  const std::int64_t batch = 2, seq = 5, c = 16, rows = batch * seq;
+  ParamStore<float> store;
+  store.set_matmul_precision(MatmulPrecision::kBf16);
+  const nn::Block<float> block(store, {.channels = c, .heads = 4, .kv_heads = 2, .ffn = 24});
+  store.allocate();
+  const auto p = normal(static_cast<std::size_t>(store.size()), 10);
+  std::copy(p.begin(), p.end(), store.params().begin());
+  nn::BlockActivations<float> acts;
+  nn::BlockScratch<float> scratch;
+  block.resize(acts, batch, seq);
+  block.resize(scratch, batch, seq);
+  const std::int64_t width = block.attention().out_width();
+  ASSERT_EQ(acts.atty.numel(), 0);
+  ASSERT_EQ(acts.atty16.numel(), rows * width);
+  const auto x = normal(static_cast<std::size_t>(rows * c), 11), dout = normal(x.size(), 12);
+  block.forward(x.data(), acts, batch, seq);
+  // The core's fp32 output and statistics from the stored qkv.
+  const auto n = static_cast<std::size_t>(rows * width);
+  std::vector<float> out(n), lse(static_cast<std::size_t>(acts.lse.numel()));
+  block.attention().forward(acts.qkv.data(), out.data(), lse.data(), batch, seq);
+  std::vector<float> widened(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(acts.atty16.data()[i].bits, BFloat16(out[i]).bits) << "element " << i;
+    widened[i] = static_cast<float>(acts.atty16.data()[i]);
+  }
+  std::vector<float> dx(x.size());
+  store.zero_grad();
+  block.backward(dout.data(), x.data(), acts, scratch, dx.data(), batch, seq);
+  std::vector<float> dqkv(static_cast<std::size_t>(scratch.dqkv.numel()), 0.0f);
+  block.attention().backward(scratch.datty.data(), acts.qkv.data(), widened.data(), lse.data(), dqkv.data(), batch,
+                             seq);
+  ASSERT_EQ(dqkv.size(), static_cast<std::size_t>(scratch.dqkv.numel()));
+  EXPECT_EQ(std::memcmp(dqkv.data(), scratch.dqkv.data(), dqkv.size() * sizeof(float)), 0)
+      << "d qkv is not the backward from the stored output widened";
+  // The backward from the unrounded output differs (the test can tell the two apart).
+  std::vector<float> from_fp32(dqkv.size(), 0.0f);
+  block.attention().backward(scratch.datty.data(), acts.qkv.data(), out.data(), lse.data(), from_fp32.data(), batch,
+                             seq);
+  EXPECT_NE(std::memcmp(from_fp32.data(), dqkv.data(), dqkv.size() * sizeof(float)), 0);
+  // Selective recompute: the same bits again.
+  const std::vector<BFloat16> kept(acts.atty16.data(), acts.atty16.data() + n);
+  std::fill(acts.atty16.data(), acts.atty16.data() + n, BFloat16(0.0f));
+  block.recompute_attention(acts, batch, seq);
+  EXPECT_EQ(std::memcmp(kept.data(), acts.atty16.data(), n * sizeof(BFloat16)), 0);
 }
 
 TEST(MatmulPrecision, Bf16RoundingIsBFloat16s) {

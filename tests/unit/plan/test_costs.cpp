@@ -307,6 +307,8 @@ TEST(Precision, Bf16PlansUseTheBf16Rate) {
   EXPECT_EQ(fp32.mlp_hidden_bytes, 0);
   EXPECT_EQ(bf16.norm_output_bytes, 2);  // the norms' outputs, without sequence parallelism
   EXPECT_EQ(fp32.norm_output_bytes, 0);
+  EXPECT_EQ(bf16.attention_output_bytes, 2);  // the attention output, as cuDNN writes it
+  EXPECT_EQ(fp32.attention_output_bytes, 0);
   const Precision megatron = parse_precision("mixed-fp32-grads");
   EXPECT_EQ(megatron.param_bytes, 2);
   EXPECT_EQ(megatron.grad_bytes, 4);
@@ -339,18 +341,19 @@ TEST(Precision, Bf16PlansUseTheBf16Rate) {
     const Workload w{.seq = 1024, .global_batch = 2};
     const double logits = 1024.0 * 2 * static_cast<double>(gpt.spec.vocab);
     // One GPU: bf16 logits, 2 bytes fewer than fp32's per logit, and the MLP's hidden
-    // activation and the two norms' outputs in bf16, 2 bytes fewer per element (s b f and
-    // 2 s b h a layer); the rest is the same.
+    // activation, the two norms' outputs and the attention output in bf16, 2 bytes fewer per
+    // element (s b f, 2 s b h and s b h a layer); the rest is the same.
     const double hidden = 1024.0 * 2 * static_cast<double>(gpt.spec.ffn_or_default()) * gpt.spec.layers;
     const double norms = 2 * 1024.0 * 2 * static_cast<double>(gpt.spec.hidden) * gpt.spec.layers;
+    const double attention_out = norms / 2;
     const Layout one{.micro_batch = 2};
     EXPECT_DOUBLE_EQ(estimate_memory(gpt, one, w, fp32).activations - estimate_memory(gpt, one, w, bf16).activations,
-                     2.0 * logits + 2.0 * hidden + 2.0 * norms);
+                     2.0 * logits + 2.0 * hidden + 2.0 * norms + 2.0 * attention_out);
     // tp 2: fp32 logits under both, and bf16's copy of their gradient beside them; the hidden
-    // split over tp, the norms' outputs not (no sequence parallelism).
+    // and the attention output split over tp, the norms' outputs not (no sequence parallelism).
     const Layout two{.tp = 2, .micro_batch = 2};
     EXPECT_DOUBLE_EQ(estimate_memory(gpt, two, w, bf16).activations - estimate_memory(gpt, two, w, fp32).activations,
-                     2.0 * logits / 2 - 2.0 * hidden / 2 - 2.0 * norms);
+                     2.0 * logits / 2 - 2.0 * hidden / 2 - 2.0 * norms - 2.0 * attention_out / 2);
   }
   EXPECT_TRUE(parse_precision("mixed").bf16_products);
   EXPECT_FALSE(fp32.bf16_products);
@@ -420,7 +423,9 @@ TEST(LayerTime, AttentionAtTheAttentionKernelsRate) {
 // output (forward r/t + h/t; backward 2r/t + 2h/t, its d q, k, v widened into the qkv gradient,
 // which then needs no zeroing: 4 r/t bytes fewer); and the MLP's hidden activation stored in
 // bf16 by the GELU kernel (fc fuses its bias only; GELU 6 bytes an element; no casts of it),
-// and without sequence parallelism the norms' outputs too (2 bytes written, not 4; no casts).
+// and without sequence parallelism the norms' outputs too (2 bytes written, not 4; no casts);
+// the attention output stored in bf16 as cuDNN writes it (no casts for proj's two products,
+// no widening and rounding again around cuDNN: -24 h/t).
 // Megatron's precisions fuse them: none.
 TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
   PlanModel m = model_preset("gpt3-1.7b");  // h 2304, 24 heads (r = 3h), ffn 4h
@@ -441,7 +446,8 @@ TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
   // moves 6 bytes, not 8 (-2 f), and the hidden's forward and backward casts go (-12 f).
   EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, bf16),
                    fp32 - 4 * (3 * r + 6 * f) + 6 * (3 * h + f) + 6 * (4 * h + 2 * f + r) + 6 * (r + h) +
-                       6 * (2 * r + 2 * h) - 4 * r + 12 * f - (8 * f + 2 * f) - 12 * f - (4 * h + 24 * h));
+                       6 * (2 * r + 2 * h) - 4 * r + 12 * f - (8 * f + 2 * f) - 12 * f - (4 * h + 24 * h) -
+                       24 * h);
   // With sequence parallelism the norms' outputs stay fp32 (the gathers move fp32): their 28 h
   // come back (here tp 1, so the norms' rows are whole either way).
   LayerShape bf16_sp = bf16;

@@ -169,6 +169,24 @@ TEST(Activations, FlashDropsTheScoreTerm) {
   EXPECT_DOUBLE_EQ(flash_layer(Recompute::kFull, 8, true), 6291456.0);
 }
 
+// ndmesh's bf16 keeps the attention output (the output projection's input, s b h / t
+// elements) in bf16 among fp32 activations: 2 bytes an element fewer. Selective recompute
+// drops it whatever its type.
+TEST(Activations, ABf16AttentionOutputIsCountedAtItsOwnBytes) {
+  const PlanModel m = model_preset("gpt3-175b");
+  for (const std::int64_t tp : {1, 8}) {
+    const ActivationOptions fp32{.tp = tp, .activation_bytes = 4, .attention = Attention::kFlash};
+    ActivationOptions bf16 = fp32;
+    bf16.attention_output_bytes = 2;
+    EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, 2048, 1, fp32) - activation_bytes_per_layer(m, 2048, 1, bf16),
+                     2 * kSbh / static_cast<double>(tp));
+    ActivationOptions fp32_selective = fp32, bf16_selective = bf16;
+    fp32_selective.recompute = bf16_selective.recompute = Recompute::kSelective;
+    EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, 2048, 1, fp32_selective),
+                     activation_bytes_per_layer(m, 2048, 1, bf16_selective));
+  }
+}
+
 TEST(Flops, FlashRecomputesTheScores) {
   // Flash attention's backward recomputes Q K^T: 2 b s^2 h per layer, B = 1536.
   const PlanModel m = model_preset("gpt3-175b");
