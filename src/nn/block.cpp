@@ -138,13 +138,17 @@ void Block<T>::recompute_attention(BlockActivations<T>& a, std::int64_t batch, s
 template <typename T>
 void Block<T>::attention_forward(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq,
                                  const AttentionCore<T>* core, const std::int64_t* positions) const {
-  if (!attention_out_in_bf16()) return attention_forward_into(a, a.atty.data(), batch, seq, core, positions);
+  if (!attention_out_in_bf16()) {
+    if (!cudnn_forward(a, a.atty.data(), batch, seq, core, positions))
+      fp32_attention_forward(a, a.atty.data(), batch, seq, core, positions);
+    return;
+  }
   if constexpr (std::is_same_v<T, float>) {
-    if (cudnn_forward_bf16(a, batch, seq, core, positions)) return;
+    if (cudnn_forward(a, a.atty16.data(), batch, seq, core, positions)) return;
     // The fp32 rows into a transient buffer (the caching allocator's on a GPU), rounded once.
     const std::int64_t n = batch * seq * attn_.out_width();
     ops::Scratch<T> out(n, device());
-    attention_forward_into(a, out.data(), batch, seq, core, positions);
+    fp32_attention_forward(a, out.data(), batch, seq, core, positions);
     ops::cast(a.atty16.data(), out.data(), n, device());
   }
 }
@@ -153,66 +157,64 @@ template <typename T>
 void Block<T>::attention_backward(const BlockActivations<T>& a, BlockScratch<T>& s, std::int64_t batch,
                                   std::int64_t seq, const AttentionCore<T>* core,
                                   const std::int64_t* positions) const {
-  if (!attention_out_in_bf16()) return attention_backward_from(a, a.atty.data(), s, batch, seq, core, positions);
+  if (!attention_out_in_bf16()) {
+    if (!cudnn_backward(a, a.atty.data(), s, batch, seq, core, positions))
+      fp32_attention_backward(a, a.atty.data(), s, batch, seq, core, positions);
+    return;
+  }
   if constexpr (std::is_same_v<T, float>) {
-    if (cudnn_backward_bf16(a, s, batch, seq, core, positions)) return;
+    if (cudnn_backward(a, a.atty16.data(), s, batch, seq, core, positions)) return;
     // The fp32 kernels read the stored output widened (exact): what cuDNN's backward reads.
     const std::int64_t n = batch * seq * attn_.out_width();
     ops::Scratch<T> out(n, device());
     ops::cast(out.data(), a.atty16.data(), n, device());
-    attention_backward_from(a, out.data(), s, batch, seq, core, positions);
+    fp32_attention_backward(a, out.data(), s, batch, seq, core, positions);
   }
 }
 
 template <typename T>
-AttentionKernel Block<T>::cudnn_kernel(const AttentionCore<T>* core, const std::int64_t* positions) const {
-  // A ring (`core`) runs its own kernels; explicit positions the flash kernel (cuDNN's causal
-  // mask is by index, 0..seq-1, only).
-  return core ? AttentionKernel::kFlash : attention_kernel(qkv_.matmul_precision(), positions != nullptr);
-}
-
-template <typename T>
-bool Block<T>::cudnn_forward_bf16([[maybe_unused]] BlockActivations<T>& a, [[maybe_unused]] std::int64_t batch,
-                                  [[maybe_unused]] std::int64_t seq, [[maybe_unused]] const AttentionCore<T>* core,
-                                  [[maybe_unused]] const std::int64_t* positions) const {
+template <typename Out>
+bool Block<T>::cudnn_forward([[maybe_unused]] BlockActivations<T>& a, [[maybe_unused]] Out* out,
+                             [[maybe_unused]] std::int64_t batch, [[maybe_unused]] std::int64_t seq,
+                             [[maybe_unused]] const AttentionCore<T>* core,
+                             [[maybe_unused]] const std::int64_t* positions) const {
   NDMESH_CUDA_TWIN(device(), {
+    // A ring runs its own kernels; cuDNN's causal mask is by index (0..seq-1) only.
+    const AttentionKernel k =
+        core ? AttentionKernel::kFlash : attention_kernel(qkv_.matmul_precision(), positions != nullptr);
     const AttentionOptions& o = attn_.options();
-    const AttentionKernel k = cudnn_kernel(core, positions);
     return k != AttentionKernel::kFlash &&
-           cuda::attention_forward_cudnn(a.atty16.data(), a.lse.data(), a.qkv.data(), batch, seq, o.heads,
-                                         o.kv_heads, o.head_dim, k == AttentionKernel::kCudnnRequired);
+           cuda::attention_forward_cudnn(out, a.lse.data(), a.qkv.data(), batch, seq, o.heads, o.kv_heads,
+                                         o.head_dim, k == AttentionKernel::kCudnnRequired);
   })
   return false;
 }
 
 template <typename T>
-bool Block<T>::cudnn_backward_bf16([[maybe_unused]] const BlockActivations<T>& a,
-                                   [[maybe_unused]] BlockScratch<T>& s, [[maybe_unused]] std::int64_t batch,
-                                   [[maybe_unused]] std::int64_t seq, [[maybe_unused]] const AttentionCore<T>* core,
-                                   [[maybe_unused]] const std::int64_t* positions) const {
+template <typename Out>
+bool Block<T>::cudnn_backward([[maybe_unused]] const BlockActivations<T>& a, [[maybe_unused]] const Out* out,
+                              [[maybe_unused]] BlockScratch<T>& s, [[maybe_unused]] std::int64_t batch,
+                              [[maybe_unused]] std::int64_t seq, [[maybe_unused]] const AttentionCore<T>* core,
+                              [[maybe_unused]] const std::int64_t* positions) const {
   NDMESH_CUDA_TWIN(device(), {
+    const AttentionKernel k =
+        core ? AttentionKernel::kFlash : attention_kernel(qkv_.matmul_precision(), positions != nullptr);
     const AttentionOptions& o = attn_.options();
-    const AttentionKernel k = cudnn_kernel(core, positions);
+    // cuDNN writes d qkv (every element): nothing zeroes it first.
     return k != AttentionKernel::kFlash &&
-           cuda::attention_backward_cudnn(s.dqkv.data(), s.datty.data(), a.qkv.data(), a.atty16.data(),
-                                          a.lse.data(), batch, seq, o.heads, o.kv_heads, o.head_dim,
-                                          k == AttentionKernel::kCudnnRequired);
+           cuda::attention_backward_cudnn(s.dqkv.data(), s.datty.data(), a.qkv.data(), out, a.lse.data(), batch,
+                                          seq, o.heads, o.kv_heads, o.head_dim, k == AttentionKernel::kCudnnRequired);
   })
   return false;
 }
 
 template <typename T>
-void Block<T>::attention_forward_into(BlockActivations<T>& a, T* out, std::int64_t batch, std::int64_t seq,
+void Block<T>::fp32_attention_forward(BlockActivations<T>& a, T* out, std::int64_t batch, std::int64_t seq,
                                       const AttentionCore<T>* core, const std::int64_t* positions) const {
   NDMESH_CUDA_TWIN(device(), {
     // A ring (context parallelism) runs on the device too: the core gets device pointers.
     if (core) return core->forward(attn_, a.qkv.data(), out, a.lse.data(), batch, seq, positions);
     const AttentionOptions& o = attn_.options();
-    if (const AttentionKernel k = cudnn_kernel(core, positions);
-        k != AttentionKernel::kFlash &&
-        cuda::attention_forward_cudnn(out, a.lse.data(), a.qkv.data(), batch, seq, o.heads, o.kv_heads, o.head_dim,
-                                      k == AttentionKernel::kCudnnRequired))
-      return;
     cuda::attention_forward(out, a.lse.data(), a.qkv.data(), batch, seq, o.heads, o.kv_heads, o.head_dim,
                             positions);
   })
@@ -223,25 +225,18 @@ void Block<T>::attention_forward_into(BlockActivations<T>& a, T* out, std::int64
 }
 
 template <typename T>
-void Block<T>::attention_backward_from(const BlockActivations<T>& a, const T* out, BlockScratch<T>& s,
+void Block<T>::fp32_attention_backward(const BlockActivations<T>& a, const T* out, BlockScratch<T>& s,
                                        std::int64_t batch, std::int64_t seq, const AttentionCore<T>* core,
                                        const std::int64_t* positions) const {
+  s.dqkv.zero();  // these kernels add into it
   NDMESH_CUDA_TWIN(device(), {
-    const AttentionOptions& o = attn_.options();
-    // cuDNN writes d qkv; every other path adds into it, so it is zeroed for them only.
-    if (const AttentionKernel k = cudnn_kernel(core, positions);
-        k != AttentionKernel::kFlash &&
-        cuda::attention_backward_cudnn(s.dqkv.data(), s.datty.data(), a.qkv.data(), out, a.lse.data(), batch, seq,
-                                       o.heads, o.kv_heads, o.head_dim, k == AttentionKernel::kCudnnRequired))
-      return;
-    s.dqkv.zero();
     if (core)
       return core->backward(attn_, s.datty.data(), a.qkv.data(), out, a.lse.data(), s.dqkv.data(), batch, seq,
                             positions);
+    const AttentionOptions& o = attn_.options();
     cuda::attention_backward(s.dqkv.data(), s.datty.data(), a.qkv.data(), out, a.lse.data(), batch, seq, o.heads,
                              o.kv_heads, o.head_dim, positions);
   })
-  s.dqkv.zero();
   if (core)
     core->backward(attn_, s.datty.data(), a.qkv.data(), out, a.lse.data(), s.dqkv.data(), batch, seq, positions);
   else

@@ -146,11 +146,9 @@ StepSums GradSync::finish_step(double loss_sum) {
   return host_sums(loss_sum, counted_square_sum());
 }
 
-StepSums GradSync::finish_step_from_heads(bool leave_on_device) {
-  const bool cuda = !chunks_.empty() && chunks_.front()->device() == Device::kCuda;
-  // On the host, or with the replicas' sum in between (it needs the loss before the norm):
-  // the loss read here, then finish_step.
-  if (!cuda || across_replicas_) {
+StepSums GradSync::finish_step_from_heads(bool leave_pending) {
+  // The replicas' sum comes in between and needs the loss before the norm: read here.
+  if (across_replicas_) {
     double loss_sum = 0;
     for (model::Gpt* c : chunks_)
       if (c->has_head()) loss_sum += c->take_loss_sum();
@@ -159,8 +157,9 @@ StepSums GradSync::finish_step_from_heads(bool leave_on_device) {
   if (tied_copy_chunk_ >= 0) sum_tied_table(static_cast<std::size_t>(tied_copy_chunk_));
   if (tied_main_chunk_ >= 0) sum_tied_table(static_cast<std::size_t>(tied_main_chunk_));
   sum_replicated_over_tp();
-  if (sums_.bytes() == 0) sums_ = DeviceBuffer(2 * sizeof(double));
-  auto* sums = static_cast<double*>(sums_.data());
+  const Device device = chunks_.empty() ? Device::kCpu : chunks_.front()->device();
+  if (sums_.size() == 0) sums_ = ops::Scratch<double>(2, device);
+  double* sums = sums_.data();
   // One rank holds at most one head (the last virtual stage).
   model::Gpt* head = nullptr;
   for (model::Gpt* c : chunks_)
@@ -168,22 +167,20 @@ StepSums GradSync::finish_step_from_heads(bool leave_on_device) {
   if (head != nullptr)
     head->take_loss_sum_into(sums);
   else
-    cuda::memset_zero(sums, sizeof(double));
-  ops::square_sum_many_into<float>(sums + 1, counted_runs(), Device::kCuda);
-  StepSums out{.on_device = sums};
-  if (leave_on_device && world_.size() == 1) return out;
-  read_sums(out);
+    sums_.zero();
+  ops::square_sum_many_into<float>(sums + 1, counted_runs(), device);
+  StepSums out{.pending = sums};
+  if (!leave_pending || world_.size() > 1) read_sums(out);
   return out;
 }
 
 void GradSync::read_sums(StepSums& s) const {
-  if (s.on_device == nullptr) return;
-  std::array<double, 2> host{};
-  cuda::copy_to_host(host.data(), s.on_device, sizeof host);
+  if (s.pending == nullptr) return;
+  const std::vector<double> host = sums_.to_host();
   const StepSums read = host_sums(host[0], host[1]);
   s.loss = read.loss;
   s.grad_norm = read.grad_norm;
-  s.on_device = nullptr;
+  s.pending = nullptr;
 }
 
 double GradSync::global_loss(double loss_sum, double tokens) const {

@@ -103,7 +103,7 @@ void Trainer::set_progress(std::int64_t steps, std::int64_t adam_steps) {
 
 StepStats Trainer::compute_step() { return compute_step(false); }
 
-StepStats Trainer::compute_step(bool leave_sums_on_device) {
+StepStats Trainer::compute_step(bool leave_sums_pending) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   sync_.start_step();
@@ -118,10 +118,10 @@ StepStats Trainer::compute_step(bool leave_sums_on_device) {
   const pp::WalkResult walk = active_->train_step(hooks);
   if (active_ == executor_.get()) trace_.add(pipeline_, executor_->stage(), static_cast<int>(step_), walk.timings);
 
-  pending_ = sync_.finish_step_from_heads(leave_sums_on_device);
+  sums_ = sync_.finish_step_from_heads(leave_sums_pending);
   StepStats s;
-  s.loss = pending_.loss;  // 0 while pending_ is on the device
-  s.grad_norm = pending_.grad_norm;
+  s.loss = sums_.loss;  // 0 while the sums are pending
+  s.grad_norm = sums_.grad_norm;
   s.lr = lr_at(step_);
   s.comm_seconds = sync_.comm_seconds();
   s.exposed_comm_seconds = sync_.exposed_seconds();
@@ -134,15 +134,15 @@ StepStats Trainer::compute_step(bool leave_sums_on_device) {
 
 void Trainer::apply_step(StepStats& s) {
   const auto t0 = std::chrono::steady_clock::now();
-  // The norm as compute_step left it: on the device (read after the update is enqueued), or
+  // The norm as compute_step left it: pending (read after the update is enqueued), or
   // the number it returned.
-  optimizer_.step(s.lr, pending_.on_device != nullptr ? pending_.norm() : nn::GradNorm(s.grad_norm));
-  if (pending_.on_device != nullptr) {
-    sync_.read_sums(pending_);
-    s.loss = pending_.loss;
-    s.grad_norm = pending_.grad_norm;
+  optimizer_.step(s.lr, sums_.pending != nullptr ? sums_.norm() : nn::GradNorm(s.grad_norm));
+  if (sums_.pending != nullptr) {
+    sync_.read_sums(sums_);
+    s.loss = sums_.loss;
+    s.grad_norm = sums_.grad_norm;
   }
-  pending_ = {};
+  sums_ = {};
   s.step = ++step_;
   s.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

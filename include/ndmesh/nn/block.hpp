@@ -196,20 +196,24 @@ class Block {
                          const AttentionCore<T>* core, const std::int64_t* positions) const;
   void attention_backward(const BlockActivations<T>& acts, BlockScratch<T>& scratch, std::int64_t batch,
                           std::int64_t seq, const AttentionCore<T>* core, const std::int64_t* positions) const;
-  // The two above with an fp32 (T) output: `out` written, then read by the backward.
-  void attention_forward_into(BlockActivations<T>& acts, T* out, std::int64_t batch, std::int64_t seq,
+  // cuDNN's attention where the settings pick it for the local core (not a ring, nor explicit
+  // positions): the output `out` written (T, or bf16 as cuDNN computes it), or read by the
+  // backward, which writes scratch.dqkv; false where it does not run (the caller runs the
+  // other kernels).
+  template <typename Out>
+  bool cudnn_forward(BlockActivations<T>& acts, Out* out, std::int64_t batch, std::int64_t seq,
+                     const AttentionCore<T>* core, const std::int64_t* positions) const;
+  template <typename Out>
+  bool cudnn_backward(const BlockActivations<T>& acts, const Out* out, BlockScratch<T>& scratch,
+                      std::int64_t batch, std::int64_t seq, const AttentionCore<T>* core,
+                      const std::int64_t* positions) const;
+  // The other kernels (the ring, the CUDA flash kernel, the CPU's) with an fp32 (T) output:
+  // `out` written, then read by the backward, which zeroes scratch.dqkv and adds into it.
+  void fp32_attention_forward(BlockActivations<T>& acts, T* out, std::int64_t batch, std::int64_t seq,
                               const AttentionCore<T>* core, const std::int64_t* positions) const;
-  void attention_backward_from(const BlockActivations<T>& acts, const T* out, BlockScratch<T>& scratch,
+  void fp32_attention_backward(const BlockActivations<T>& acts, const T* out, BlockScratch<T>& scratch,
                                std::int64_t batch, std::int64_t seq, const AttentionCore<T>* core,
                                const std::int64_t* positions) const;
-  // The attention kernel the settings pick for the local core (kFlash with a ring core).
-  AttentionKernel cudnn_kernel(const AttentionCore<T>* core, const std::int64_t* positions) const;
-  // cuDNN's attention into / from acts.atty16 where it runs (false elsewhere: the caller runs
-  // the fp32 path).
-  bool cudnn_forward_bf16(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq,
-                          const AttentionCore<T>* core, const std::int64_t* positions) const;
-  bool cudnn_backward_bf16(const BlockActivations<T>& acts, BlockScratch<T>& scratch, std::int64_t batch,
-                           std::int64_t seq, const AttentionCore<T>* core, const std::int64_t* positions) const;
   BlockOptions options_;
   TpContext<T> tp_;
   mutable Tensor<T> partial_;  // sequence parallel: a row-parallel output before its reduce-scatter

@@ -54,13 +54,13 @@ namespace ndmesh::parallel {
 struct StepSums {
   double loss = 0;       ///< mean over the global batch's tokens
   double grad_norm = 0;  ///< of the synchronised gradients, before clipping
-  /// GradSync::finish_step_from_heads on one CUDA rank: this rank's loss sum and the square
-  /// of the norm, two doubles in device memory not read yet (loss and grad_norm are 0 until
-  /// GradSync::read_sums).
-  const double* on_device = nullptr;
-  /// The norm the optimizer clips with: the square on the device, or grad_norm.
+  /// GradSync::finish_step_from_heads on one rank: this rank's loss sum and the square of
+  /// the norm, two doubles where the gradients are (device memory on CUDA) not read yet (loss
+  /// and grad_norm are 0 until GradSync::read_sums).
+  const double* pending = nullptr;
+  /// The norm the optimizer clips with: the square where it is, or grad_norm.
   nn::GradNorm norm() const {
-    return on_device != nullptr ? nn::GradNorm::of_square_sum(on_device + 1) : nn::GradNorm(grad_norm);
+    return pending != nullptr ? nn::GradNorm::of_square_sum(pending + 1) : nn::GradNorm(grad_norm);
   }
 };
 
@@ -142,14 +142,15 @@ class GradSync {
   /// losses (its head's micro-batches; 0 on stages without the head). Collective.
   StepSums finish_step(double loss_sum);
   /// finish_step() with the loss taken from the heads here (the walk ran with
-  /// StageHooks::take_loss false). On CUDA the loss sum and the norm's square are written to
-  /// two doubles on the device and read back together (one host wait, not two); a single
-  /// rank with `leave_on_device` does not read them at all: the optimizer's kernel clips with
-  /// the square where it is (StepSums::norm) and read_sums() reads both after the optimizer
-  /// step is enqueued, so that nothing inside the step waits for the device.
-  StepSums finish_step_from_heads(bool leave_on_device);
-  /// Reads what finish_step_from_heads left on the device into loss and grad_norm (waits for
-  /// the stream); nothing when nothing was left.
+  /// StageHooks::take_loss false). The loss sum and the norm's square are written to two
+  /// doubles where the gradients are (on CUDA: on the stream) and read back together (one
+  /// host wait, not two); a single rank with `leave_pending` does not read them at all: the
+  /// optimizer clips with the square where it is (StepSums::norm; on CUDA its kernel reads
+  /// it) and read_sums() reads both after the optimizer step is enqueued, so that nothing
+  /// inside the step waits for the device.
+  StepSums finish_step_from_heads(bool leave_pending);
+  /// Reads what finish_step_from_heads left pending into loss and grad_norm (waits for the
+  /// stream on CUDA); nothing when nothing was left.
   void read_sums(StepSums& sums) const;
   /// Elastic data parallelism: finish_step() calls `f` with this rank's loss sum once the
   /// gradients hold this replica's sums and before the norm; `f` sums the gradients and the
@@ -189,7 +190,7 @@ class GradSync {
   int tied_main_chunk_ = -1;  // local chunk holding the embedding whose table is tied to a remote head
   Tensor<float> work_;        // the tp sum's packed elements
   std::function<void(double&)> across_replicas_;
-  DeviceBuffer sums_;  // CUDA: the loss sum and the norm's square of finish_step_from_heads
+  ops::Scratch<double> sums_;  // the loss sum and the norm's square of finish_step_from_heads
 };
 
 }  // namespace ndmesh::parallel

@@ -181,9 +181,9 @@ class Trainer {
 
  private:
   model::CheckpointLayout checkpoint_layout() const;
-  // compute_step(), leaving the loss and the norm on the device where GradSync can
-  // (pending_) for apply_step to clip with and read.
-  StepStats compute_step(bool leave_sums_on_device);
+  // compute_step(), leaving the loss and the norm pending where GradSync can
+  // (sums_) for apply_step to clip with and read.
+  StepStats compute_step(bool leave_sums_pending);
 
   TrainOptions options_;
   ProcessGroups& groups_;
@@ -197,7 +197,7 @@ class Trainer {
   pp::TraceRecorder trace_;
   int pipeline_ = 0;  // this rank's pipeline (its pp group's color), for the trace
   std::int64_t step_ = 0, first_step_ = 0;
-  StepSums pending_;  // what compute_step left for apply_step (on the device, or the norm)
+  StepSums sums_;  // what compute_step left for apply_step (pending, or the norm)
 };
 
 }  // namespace ndmesh::parallel

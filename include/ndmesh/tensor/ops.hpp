@@ -4,6 +4,7 @@
 // cast here); double (the finite-difference checks) is CPU only.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <type_traits>
@@ -89,19 +90,37 @@ class SharedOperand {
 
 /// n elements of T where `device` keeps data, left uninitialised: a transient that a kernel
 /// writes whole before anything reads it (the caching allocator's block on CUDA, with no
-/// memset; a vector on the CPU). Tensor zeroes what it allocates; this does not.
+/// memset; a vector on the CPU). Tensor zeroes what it allocates; this does not. Also a few
+/// sums that kernels write where the data is and the host reads once (to_host).
 template <typename T>
 class Scratch {
  public:
-  Scratch(std::int64_t n, Device device) {
+  Scratch(std::int64_t n, Device device) : n_(n) {
     if (device == Device::kCpu)
       on_host_.resize(static_cast<std::size_t>(n));
     else
       on_device_ = DeviceBuffer(static_cast<std::size_t>(n) * sizeof(T));
   }
+  Scratch() = default;
   T* data() { return on_host_.empty() ? static_cast<T*>(on_device_.data()) : on_host_.data(); }
+  std::int64_t size() const { return n_; }
+  /// Every element set to zero (on the stream on CUDA: nothing waits).
+  void zero() {
+    if (on_host_.empty())
+      cuda::memset_zero(on_device_.data(), static_cast<std::size_t>(n_) * sizeof(T));
+    else
+      std::fill(on_host_.begin(), on_host_.end(), T{});
+  }
+  /// The elements on the host (waits for the stream on CUDA).
+  std::vector<T> to_host() const {
+    if (!on_host_.empty()) return on_host_;
+    std::vector<T> host(static_cast<std::size_t>(n_));
+    cuda::copy_to_host(host.data(), on_device_.data(), host.size() * sizeof(T));
+    return host;
+  }
 
  private:
+  std::int64_t n_ = 0;
   DeviceBuffer on_device_;
   std::vector<T> on_host_;
 };
