@@ -86,7 +86,7 @@ bool Block<T>::norms_in_bf16() const {
 }
 
 template <typename T>
-bool Block<T>::attention_out_in_bf16() const {
+bool Block<T>::attention_in_bf16() const {
   return std::is_same_v<T, float> && mlp_.hidden_in_bf16();  // the fp32 model's (a double one keeps T)
 }
 
@@ -103,12 +103,14 @@ void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t s
   }
   a.ln1_mean.resize({nl});
   a.ln1_rstd.resize({nl});
-  a.qkv.resize({n, attn_.qkv_width()});
   a.lse.resize({batch, attn_.options().heads, seq});
-  if (attention_out_in_bf16())
+  if (attention_in_bf16()) {
+    a.qkv16.resize({n, attn_.qkv_width()});
     a.atty16.resize({n, attn_.out_width()});
-  else
+  } else {
+    a.qkv.resize({n, attn_.qkv_width()});
     a.atty.resize({n, attn_.out_width()});
+  }
   a.res1.resize({nl, c});
   a.ln2_mean.resize({nl});
   a.ln2_rstd.resize({nl});
@@ -138,18 +140,21 @@ void Block<T>::recompute_attention(BlockActivations<T>& a, std::int64_t batch, s
 template <typename T>
 void Block<T>::attention_forward(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq,
                                  const AttentionCore<T>* core, const std::int64_t* positions) const {
-  if (!attention_out_in_bf16()) {
-    if (!cudnn_forward(a, a.atty.data(), batch, seq, core, positions))
-      fp32_attention_forward(a, a.atty.data(), batch, seq, core, positions);
+  if (!attention_in_bf16()) {
+    if (!cudnn_forward(a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, core, positions))
+      fp32_attention_forward(a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, core, positions);
     return;
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (cudnn_forward(a, a.atty16.data(), batch, seq, core, positions)) return;
-    // The fp32 rows into a transient buffer (the caching allocator's on a GPU), rounded once.
-    const std::int64_t n = batch * seq * attn_.out_width();
-    ops::Scratch<T> out(n, device());
-    fp32_attention_forward(a, out.data(), batch, seq, core, positions);
-    ops::cast(a.atty16.data(), out.data(), n, device());
+    if (cudnn_forward(a.qkv16.data(), a.atty16.data(), a.lse.data(), batch, seq, core, positions)) return;
+    // qkv widened (exact) into a transient (the caching allocator's on a GPU), the fp32 rows
+    // into another, rounded once.
+    const Device dev = device();
+    const std::int64_t nq = a.qkv16.numel(), no = a.atty16.numel();
+    ops::Scratch<T> qkv(nq, dev), out(no, dev);
+    ops::cast(qkv.data(), a.qkv16.data(), nq, dev);
+    fp32_attention_forward(qkv.data(), out.data(), a.lse.data(), batch, seq, core, positions);
+    ops::cast(a.atty16.data(), out.data(), no, dev);
   }
 }
 
@@ -157,24 +162,34 @@ template <typename T>
 void Block<T>::attention_backward(const BlockActivations<T>& a, BlockScratch<T>& s, std::int64_t batch,
                                   std::int64_t seq, const AttentionCore<T>* core,
                                   const std::int64_t* positions) const {
-  if (!attention_out_in_bf16()) {
-    if (!cudnn_backward(a, a.atty.data(), s, batch, seq, core, positions))
-      fp32_attention_backward(a, a.atty.data(), s, batch, seq, core, positions);
+  if (!attention_in_bf16()) {
+    if (!cudnn_backward(s.dqkv.data(), s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq, core,
+                        positions))
+      fp32_attention_backward(s.dqkv.data(), s.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), batch, seq,
+                              core, positions);
     return;
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (cudnn_backward(a, a.atty16.data(), s, batch, seq, core, positions)) return;
-    // The fp32 kernels read the stored output widened (exact): what cuDNN's backward reads.
-    const std::int64_t n = batch * seq * attn_.out_width();
-    ops::Scratch<T> out(n, device());
-    ops::cast(out.data(), a.atty16.data(), n, device());
-    fp32_attention_backward(a, out.data(), s, batch, seq, core, positions);
+    if (cudnn_backward(s.dqkv16.data(), s.datty16.data(), a.qkv16.data(), a.atty16.data(), a.lse.data(), batch, seq,
+                       core, positions))
+      return;
+    // The fp32 kernels read the stored bf16 tensors widened (exact): what cuDNN's backward
+    // reads; their d qkv is rounded once.
+    const Device dev = device();
+    const std::int64_t nq = a.qkv16.numel(), no = a.atty16.numel();
+    ops::Scratch<T> qkv(nq, dev), out(no, dev), dout(no, dev), dqkv(nq, dev);
+    ops::cast(qkv.data(), a.qkv16.data(), nq, dev);
+    ops::cast(out.data(), a.atty16.data(), no, dev);
+    ops::cast(dout.data(), s.datty16.data(), no, dev);
+    fp32_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), a.lse.data(), batch, seq, core,
+                            positions);
+    ops::cast(s.dqkv16.data(), dqkv.data(), nq, dev);
   }
 }
 
 template <typename T>
-template <typename Out>
-bool Block<T>::cudnn_forward([[maybe_unused]] BlockActivations<T>& a, [[maybe_unused]] Out* out,
+template <typename S>
+bool Block<T>::cudnn_forward([[maybe_unused]] const S* qkv, [[maybe_unused]] S* out, [[maybe_unused]] T* lse,
                              [[maybe_unused]] std::int64_t batch, [[maybe_unused]] std::int64_t seq,
                              [[maybe_unused]] const AttentionCore<T>* core,
                              [[maybe_unused]] const std::int64_t* positions) const {
@@ -183,18 +198,18 @@ bool Block<T>::cudnn_forward([[maybe_unused]] BlockActivations<T>& a, [[maybe_un
     const AttentionKernel k =
         core ? AttentionKernel::kFlash : attention_kernel(qkv_.matmul_precision(), positions != nullptr);
     const AttentionOptions& o = attn_.options();
-    return k != AttentionKernel::kFlash &&
-           cuda::attention_forward_cudnn(out, a.lse.data(), a.qkv.data(), batch, seq, o.heads, o.kv_heads,
-                                         o.head_dim, k == AttentionKernel::kCudnnRequired);
+    return k != AttentionKernel::kFlash && cuda::attention_forward_cudnn(out, lse, qkv, batch, seq, o.heads, o.kv_heads,
+                                                                         o.head_dim, k == AttentionKernel::kCudnnRequired);
   })
   return false;
 }
 
 template <typename T>
-template <typename Out>
-bool Block<T>::cudnn_backward([[maybe_unused]] const BlockActivations<T>& a, [[maybe_unused]] const Out* out,
-                              [[maybe_unused]] BlockScratch<T>& s, [[maybe_unused]] std::int64_t batch,
-                              [[maybe_unused]] std::int64_t seq, [[maybe_unused]] const AttentionCore<T>* core,
+template <typename S>
+bool Block<T>::cudnn_backward([[maybe_unused]] S* dqkv, [[maybe_unused]] const S* dout, [[maybe_unused]] const S* qkv,
+                              [[maybe_unused]] const S* out, [[maybe_unused]] const T* lse,
+                              [[maybe_unused]] std::int64_t batch, [[maybe_unused]] std::int64_t seq,
+                              [[maybe_unused]] const AttentionCore<T>* core,
                               [[maybe_unused]] const std::int64_t* positions) const {
   NDMESH_CUDA_TWIN(device(), {
     const AttentionKernel k =
@@ -202,45 +217,41 @@ bool Block<T>::cudnn_backward([[maybe_unused]] const BlockActivations<T>& a, [[m
     const AttentionOptions& o = attn_.options();
     // cuDNN writes d qkv (every element): nothing zeroes it first.
     return k != AttentionKernel::kFlash &&
-           cuda::attention_backward_cudnn(s.dqkv.data(), s.datty.data(), a.qkv.data(), out, a.lse.data(), batch,
-                                          seq, o.heads, o.kv_heads, o.head_dim, k == AttentionKernel::kCudnnRequired);
+           cuda::attention_backward_cudnn(dqkv, dout, qkv, out, lse, batch, seq, o.heads, o.kv_heads, o.head_dim,
+                                          k == AttentionKernel::kCudnnRequired);
   })
   return false;
 }
 
 template <typename T>
-void Block<T>::fp32_attention_forward(BlockActivations<T>& a, T* out, std::int64_t batch, std::int64_t seq,
+void Block<T>::fp32_attention_forward(const T* qkv, T* out, T* lse, std::int64_t batch, std::int64_t seq,
                                       const AttentionCore<T>* core, const std::int64_t* positions) const {
   NDMESH_CUDA_TWIN(device(), {
     // A ring (context parallelism) runs on the device too: the core gets device pointers.
-    if (core) return core->forward(attn_, a.qkv.data(), out, a.lse.data(), batch, seq, positions);
+    if (core) return core->forward(attn_, qkv, out, lse, batch, seq, positions);
     const AttentionOptions& o = attn_.options();
-    cuda::attention_forward(out, a.lse.data(), a.qkv.data(), batch, seq, o.heads, o.kv_heads, o.head_dim,
-                            positions);
+    cuda::attention_forward(out, lse, qkv, batch, seq, o.heads, o.kv_heads, o.head_dim, positions);
   })
   if (core)
-    core->forward(attn_, a.qkv.data(), out, a.lse.data(), batch, seq, positions);
+    core->forward(attn_, qkv, out, lse, batch, seq, positions);
   else
-    attn_.forward(a.qkv.data(), out, a.lse.data(), batch, seq, positions);
+    attn_.forward(qkv, out, lse, batch, seq, positions);
 }
 
 template <typename T>
-void Block<T>::fp32_attention_backward(const BlockActivations<T>& a, const T* out, BlockScratch<T>& s,
+void Block<T>::fp32_attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
                                        std::int64_t batch, std::int64_t seq, const AttentionCore<T>* core,
                                        const std::int64_t* positions) const {
-  s.dqkv.zero();  // these kernels add into it
+  ops::zero(dqkv, batch * seq * attn_.qkv_width(), device());  // these kernels add into it
   NDMESH_CUDA_TWIN(device(), {
-    if (core)
-      return core->backward(attn_, s.datty.data(), a.qkv.data(), out, a.lse.data(), s.dqkv.data(), batch, seq,
-                            positions);
+    if (core) return core->backward(attn_, dout, qkv, out, lse, dqkv, batch, seq, positions);
     const AttentionOptions& o = attn_.options();
-    cuda::attention_backward(s.dqkv.data(), s.datty.data(), a.qkv.data(), out, a.lse.data(), batch, seq, o.heads,
-                             o.kv_heads, o.head_dim, positions);
+    cuda::attention_backward(dqkv, dout, qkv, out, lse, batch, seq, o.heads, o.kv_heads, o.head_dim, positions);
   })
   if (core)
-    core->backward(attn_, s.datty.data(), a.qkv.data(), out, a.lse.data(), s.dqkv.data(), batch, seq, positions);
+    core->backward(attn_, dout, qkv, out, lse, dqkv, batch, seq, positions);
   else
-    attn_.backward(s.datty.data(), a.qkv.data(), out, a.lse.data(), s.dqkv.data(), batch, seq, positions);
+    attn_.backward(dout, qkv, out, lse, dqkv, batch, seq, positions);
 }
 
 template <typename T>
@@ -248,10 +259,17 @@ void Block<T>::resize(BlockScratch<T>& s, std::int64_t batch, std::int64_t seq) 
   const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
   for (Tensor<T>* t : {&s.dres1, &s.dln, &s.dqkv, &s.datty, &s.dmlp, &s.dln_full, &s.dout_full})
     t->set_device(device());
+  s.dqkv16.set_device(device());
+  s.datty16.set_device(device());
   s.dres1.resize({nl, c});
   s.dln.resize({n, c});
-  s.dqkv.resize({n, attn_.qkv_width()});
-  s.datty.resize({n, attn_.out_width()});
+  if (attention_in_bf16()) {
+    s.dqkv16.resize({n, attn_.qkv_width()});
+    s.datty16.resize({n, attn_.out_width()});
+  } else {
+    s.dqkv.resize({n, attn_.qkv_width()});
+    s.datty.resize({n, attn_.out_width()});
+  }
   s.dmlp.resize({n, mlp_.local_ffn()});
   if (tp_.sequence_parallel) {
     s.dln_full.resize({n, c});
@@ -270,16 +288,24 @@ void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch,
     partial_.resize({n, c});
   }
   const bool bf16 = norms_in_bf16();  // the norms' outputs kept in bf16 (no sequence parallelism then)
+  const bool attn16 = attention_in_bf16();
   if (bf16) {
     ln1_.forward(inp, a.ln1_16.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
-    qkv_.forward(a.ln1_16.data(), a.qkv.data(), n);
+    if (attn16)
+      qkv_.forward(a.ln1_16.data(), a.qkv16.data(), n);
+    else
+      qkv_.forward(a.ln1_16.data(), a.qkv.data(), n);
   } else {
     ln1_.forward(inp, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
-    qkv_.forward(tp_.f_forward(a.ln1.data(), a.ln1_full.data(), n, c), a.qkv.data(), n);
+    const T* x1 = tp_.f_forward(a.ln1.data(), a.ln1_full.data(), n, c);
+    if (attn16)
+      qkv_.forward(x1, a.qkv16.data(), n);
+    else
+      qkv_.forward(x1, a.qkv.data(), n);
   }
   attention_forward(a, batch, seq, core, positions);
   T* part = sp ? partial_.data() : a.res1.data();
-  if (attention_out_in_bf16())
+  if (attn16)
     proj_.forward(a.atty16.data(), part, n);
   else
     proj_.forward(a.atty.data(), part, n);
@@ -328,14 +354,19 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   // First residual: d inp = d res1 (identity path) + the attention branch through ln1.
   const T* dres1_full = tp_.g_backward(s.dres1.data(), s.dout_full.data(), n, c);
   proj_.backward_bias(s.dres1.data(), nl);
-  if (attention_out_in_bf16())
-    proj_.backward(dres1_full, a.atty16.data(), s.datty.data(), n, GradInto::kSet);
+  const bool attn16 = attention_in_bf16();
+  if (attn16)  // d atty written in bf16, rounded once
+    proj_.backward(dres1_full, a.atty16.data(), s.datty16.data(), n);
   else
     proj_.backward(dres1_full, a.atty.data(), s.datty.data(), n, GradInto::kSet);
   poll();
   attention_backward(a, s, batch, seq, core, positions);  // writes d qkv
   poll();
-  if (bf16)
+  if (attn16 && bf16)
+    qkv_.backward(s.dqkv16.data(), a.ln1_16.data(), dfull, n, GradInto::kSet);
+  else if (attn16)
+    qkv_.backward(s.dqkv16.data(), qkv_.options().out, x1, dfull, n, GradInto::kSet);
+  else if (bf16)
     qkv_.backward(s.dqkv.data(), a.ln1_16.data(), dfull, n, GradInto::kSet);
   else
     qkv_.backward(s.dqkv.data(), x1, dfull, n, GradInto::kSet);

@@ -93,6 +93,17 @@ DeferredWeightGrads<T>*& deferred_sink() {
   thread_local DeferredWeightGrads<T>* sink = nullptr;
   return sink;
 }
+
+// dst[i] = src[i] widened to T (exact), where both live (a double layer runs on the CPU only).
+template <typename T>
+void widen(T* dst, const BFloat16* src, std::int64_t n, Device device) {
+  if constexpr (std::is_same_v<T, float>) {
+    ops::cast(dst, src, n, device);
+  } else {
+    ops::check_device<T>(device);
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<float>(src[i]));
+  }
+}
 }  // namespace
 
 template <typename T>
@@ -149,27 +160,80 @@ bool Linear<T>::backward_gelu(const T* dout, const ops::SharedOperand<T>& x, con
 }
 
 template <typename T>
+ops::SharedOperand<T> Linear<T>::bias_operand() const {
+  if (const BFloat16* b16 = store_->param_bf16(bias_)) return ops::SharedOperand<T>(device(), b16, options_.out);
+  return operand(store_->param(bias_), options_.out);
+}
+
+template <typename T>
 void Linear<T>::forward(const T* inp, BFloat16* out, std::int64_t ld_out, std::int64_t rows) const {
+  forward(input(inp, nullptr, rows), out, ld_out, rows);
+}
+
+template <typename T>
+void Linear<T>::forward(const BFloat16* inp, BFloat16* out, std::int64_t rows) const {
+  forward(input(nullptr, inp, rows), out, options_.out, rows);
+}
+
+template <typename T>
+void Linear<T>::forward(const ops::SharedOperand<T>& x, BFloat16* out, std::int64_t ld_out, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
-  NDMESH_CHECK(bias_ < 0 && store_->matmul_precision() == MatmulPrecision::kBf16 && ld_out >= n_out, "nn",
-               "linear '{}': a bfloat16 output is for a layer without bias under bf16 products, rows {} >= {} apart",
-               options_.name, ld_out, n_out);
-  ops::gemm<T>(false, true, rows, n_out, in, T(1), operand(inp, rows * in), in, weight_operand(), in, out, ld_out);
+  const bool bias = bias_ >= 0;
+  NDMESH_CHECK(store_->matmul_precision() == MatmulPrecision::kBf16 && !options_.deferred_bias &&
+                   (bias ? ld_out == n_out : ld_out >= n_out),
+               "nn",
+               "linear '{}': a bfloat16 output is for bf16 products, a bias that is not deferred, rows {} apart "
+               "(got {})",
+               options_.name, bias ? "= out = " + std::to_string(n_out) : ">= out = " + std::to_string(n_out), ld_out);
+  if (!bias) return ops::gemm<T>(false, true, rows, n_out, in, T(1), x, in, weight_operand(), in, out, ld_out);
+  const ops::SharedOperand<T> b = bias_operand();
+  ops::gemm<T>(false, true, rows, n_out, in, T(1), x, in, weight_operand(), in, out, ld_out, &b);
 }
 
 template <typename T>
 void Linear<T>::backward(const BFloat16* dout, std::int64_t ld_dout, const T* inp, T* dinp, std::int64_t rows,
                          GradInto into) const {
+  backward(dout, ld_dout, inp, nullptr, dinp, rows, into);
+}
+
+template <typename T>
+void Linear<T>::backward(const BFloat16* dout, const BFloat16* inp, T* dinp, std::int64_t rows, GradInto into) const {
+  backward(dout, options_.out, nullptr, inp, dinp, rows, into);
+}
+
+template <typename T>
+void Linear<T>::backward(const BFloat16* dout, std::int64_t ld_dout, const T* inp, const BFloat16* inp16, T* dinp,
+                         std::int64_t rows, GradInto into) const {
   const std::int64_t in = options_.in, n_out = options_.out;
-  NDMESH_CHECK(bias_ < 0 && deferred_sink<T>() == nullptr && ld_dout >= n_out, "nn",
-               "linear '{}': a bfloat16 output gradient is for a layer without bias, outside a split backward, "
-               "rows {} >= {} apart",
-               options_.name, ld_dout, n_out);
+  const bool bias = bias_ >= 0 && !options_.deferred_bias;
+  NDMESH_CHECK(store_->matmul_precision() == MatmulPrecision::kBf16 && (bias ? ld_dout == n_out : ld_dout >= n_out),
+               "nn", "linear '{}': a bfloat16 output gradient is for bf16 products, rows {} apart (got {})",
+               options_.name, bias ? "= out = " + std::to_string(n_out) : ">= out = " + std::to_string(n_out),
+               ld_dout);
   const ops::SharedOperand<T> d(store_->device(), dout, rows > 0 ? (rows - 1) * ld_dout + n_out : 0);
   if (dinp != nullptr)
     ops::gemm<T>(false, false, rows, in, n_out, T(1), d, ld_dout, weight_operand(), in,
                  into == GradInto::kSet ? T(0) : T(1), dinp, in);
-  weight_product(d, input(inp, nullptr, rows), rows, ld_dout);
+  if (DeferredWeightGrads<T>* sink = deferred_sink<T>()) {  // the weight part later, from dout widened (exact)
+    NDMESH_CHECK(ld_dout == n_out, "nn", "linear '{}': a split backward takes a bfloat16 gradient rows {} apart, not {}",
+                 options_.name, n_out, ld_dout);
+    Tensor<T> wide({rows * n_out}, device());
+    widen(wide.data(), dout, rows * n_out, device());
+    sink->record(*this, wide.data(), inp, inp16, rows);
+    return;
+  }
+  weight_product(d, input(inp, inp16, rows), rows, ld_dout);
+}
+
+template <typename T>
+void Linear<T>::backward(const T* dout, const BFloat16* inp, BFloat16* dinp, std::int64_t rows) const {
+  const std::int64_t in = options_.in, n_out = options_.out;
+  NDMESH_CHECK(store_->matmul_precision() == MatmulPrecision::kBf16, "nn",
+               "linear '{}': an input gradient in bfloat16 is for bf16 products", options_.name);
+  const ops::SharedOperand<T> d = operand(dout, rows * n_out);
+  ops::gemm<T>(false, false, rows, in, n_out, T(1), d, n_out, weight_operand(), in, dinp, in);
+  if (DeferredWeightGrads<T>* sink = deferred_sink<T>()) return sink->record(*this, dout, nullptr, inp, rows);
+  weight_product(d, input(nullptr, inp, rows), rows);
 }
 
 template <typename T>

@@ -91,7 +91,8 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
                               .attention = l.attention,
                               .mlp_hidden_bytes = precision.mlp_hidden_bytes,
                               .norm_output_bytes = precision.norm_output_bytes,
-                              .attention_output_bytes = precision.attention_output_bytes};
+                              .attention_output_bytes = precision.attention_output_bytes,
+                              .attention_input_bytes = precision.attention_input_bytes};
   const double per_layer = activation_bytes_per_layer(model, s, b, act);
   const double layer_params = layer_parameters_per_rank(model, l.tp);
   // Vocab-parallel embedding; a learned position table is not split.

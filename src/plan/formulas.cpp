@@ -62,13 +62,14 @@ Precision parse_precision(std::string_view name, std::string_view flag) {
     bf16.mlp_hidden_bytes = 2;
     bf16.norm_output_bytes = 2;
     bf16.attention_output_bytes = 2;
+    bf16.attention_input_bytes = 2;
     return bf16;
   }
   fail<ConfigError>(
       "plan",
       "{} '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter), mixed-fp32-grads (2 + 4 + 12 B), "
       "bf16 (ndmesh's: 4 + 2 + 4 + 8 B, a bf16 weight copy, fp32 activations but bf16 norm outputs, "
-      "attention output and MLP hidden, bf16 products) or fp32 (4 + 4 + 8 B)",
+      "attention input and output and MLP hidden, bf16 products) or fp32 (4 + 4 + 8 B)",
       flag, name);
 }
 
@@ -143,10 +144,12 @@ double activation_bytes_per_layer(const PlanModel& m, double s, double b, const 
   // f = 4h); SwiGLU keeps the fused gate/up output (2 sbf) and the product fed to the down
   // projection (sbf): 3 sbf elements.
   const double kv_per_rank = kv_heads_per_rank(m, o.tp) * head_dim(m);
-  // ndmesh's bf16 stores the attention output (the output projection's input) in bf16
-  // (Precision::attention_output_bytes).
+  // ndmesh's bf16 stores the attention's input (Q, K, V) and output (the output projection's
+  // input) in bf16 (Precision::attention_input_bytes, attention_output_bytes).
   const double attention_out = o.attention_output_bytes > 0 ? o.attention_output_bytes : e;
-  const double attention_split = e * (s * b * h / t + 2 * s * b * kv_per_rank) + attention_out * s * b * h / t;
+  const double attention_in = o.attention_input_bytes > 0 ? o.attention_input_bytes : e;
+  const double attention_split =
+      attention_in * (s * b * h / t + 2 * s * b * kv_per_rank) + attention_out * s * b * h / t;
   const double hidden = o.mlp_hidden_bytes > 0 ? o.mlp_hidden_bytes : e;  // the down projection's input
   const double mlp_split = (e * (m.mlp == Mlp::kGelu ? 1.0 : 2.0) + hidden) * s * b * f / t;
   // Attention scores: softmax output (2as^2b), dropout mask (as^2b) and dropout output
@@ -320,6 +323,12 @@ double elementwise_bytes_per_token(const PlanModel& m, const LayerShape& s) {
     // rounded again for its backward (-6 h/t each).
     bytes -= 2 * 6 * h / t;
     if (s.attention == Attention::kFlash) bytes -= 2 * 6 * h / t;
+    // And its input and gradients too (nn::BlockActivations::qkv16): qkv's product writes Q, K,
+    // V in bf16 and proj's input gradient writes d out in bf16, which cuDNN reads as they are,
+    // and qkv's backward reads cuDNN's d qkv as it is written. Of the casts above, cuDNN's of
+    // qkv (forward and backward: -6 r/t each) and of d out (-6 h/t), the widening of d qkv
+    // (-6 r/t) and the rounding of qkv's output gradient for its products (-6 r/t) are gone.
+    if (s.attention == Attention::kFlash) bytes -= 6 * (4 * r / t + h / t);
   }
   return bytes;
 }

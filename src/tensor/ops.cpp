@@ -205,21 +205,43 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 template <typename T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const SharedOperand<T>& a, std::int64_t lda, const SharedOperand<T>& b, std::int64_t ldb, BFloat16* c,
-          std::int64_t ldc) {
+          std::int64_t ldc, const SharedOperand<T>* bias) {
   NDMESH_CHECK(a.precision() == MatmulPrecision::kBf16, "ops",
                "a product into bfloat16 takes bf16 operands, but A's precision is fp32; make A a SharedOperand "
                "under MatmulPrecision::kBf16");
   check_operands(a, b);
+  if (bias != nullptr) {
+    check_operands(a, *bias);
+    NDMESH_CHECK(alpha == T(1) && ldc == n && k > 0, "ops",
+                 "a product into bfloat16 with a bias takes alpha 1 (got {}), rows n = {} apart (got {}) and k > 0 "
+                 "(got {})",
+                 static_cast<double>(alpha), n, ldc, k);
+  }
   if (m <= 0 || n <= 0) return;
   const Device device = a.device();
-  NDMESH_CUDA_TWIN(device, cuda::gemm_bf16(trans_a, trans_b, m, n, k, alpha, static_cast<const BFloat16*>(a.rounded()),
-                                           lda, static_cast<const BFloat16*>(b.rounded()), ldb, 0.0f, c, ldc))
+  NDMESH_CUDA_TWIN(device, {
+    const auto* a16 = static_cast<const BFloat16*>(a.rounded());
+    const auto* b16 = static_cast<const BFloat16*>(b.rounded());
+    if (bias == nullptr) return cuda::gemm_bf16(trans_a, trans_b, m, n, k, alpha, a16, lda, b16, ldb, 0.0f, c, ldc);
+    const auto* bias16 = static_cast<const BFloat16*>(bias->rounded());
+    if (cuda::try_gemm_bf16_bias(trans_a, trans_b, m, n, k, a16, lda, b16, ldb, c, ldc, bias16)) return;
+    // No algorithm for the epilogue: the fp32 product, the rounded bias added, one rounding.
+    Scratch<float> product(m * n, device), b32(n, device);
+    cuda::gemm_bf16_f32(trans_a, trans_b, m, n, k, 1.0f, a16, lda, b16, ldb, 0.0f, product.data(), n);
+    cuda::cast(b32.data(), bias16, n);
+    cuda::bias_forward(product.data(), b32.data(), m, n);
+    cuda::cast(c, product.data(), m * n);
+  })
   std::vector<T> product(static_cast<std::size_t>(m * n));
   ndmesh::gemm<T>(trans_a, trans_b, m, n, k, alpha, static_cast<const T*>(a.rounded()), lda,
                   static_cast<const T*>(b.rounded()), ldb, T(0), product.data(), n);
+  const T* b16 = bias != nullptr ? static_cast<const T*>(bias->rounded()) : nullptr;
   for (std::int64_t r = 0; r < m; ++r)
-    for (std::int64_t j = 0; j < n; ++j)
-      c[r * ldc + j] = BFloat16(static_cast<float>(product[static_cast<std::size_t>(r * n + j)]));
+    for (std::int64_t j = 0; j < n; ++j) {
+      T y = product[static_cast<std::size_t>(r * n + j)];
+      if (b16 != nullptr) y += b16[j];
+      c[r * ldc + j] = BFloat16(static_cast<float>(y));
+    }
 }
 
 template <typename T>
@@ -271,7 +293,8 @@ void round_to_bf16(T* x, std::int64_t n, Device device) {
   template void gemm<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const SharedOperand<T>&,      \
                         std::int64_t, const SharedOperand<T>&, std::int64_t, T, T*, std::int64_t);             \
   template void gemm<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const SharedOperand<T>&,      \
-                        std::int64_t, const SharedOperand<T>&, std::int64_t, BFloat16*, std::int64_t);          \
+                        std::int64_t, const SharedOperand<T>&, std::int64_t, BFloat16*, std::int64_t,          \
+                        const SharedOperand<T>*);                                                           \
   template void round_to_bf16<T>(T*, std::int64_t, Device);                                                   \
   template bool gemm_fused<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, const SharedOperand<T>&,   \
                               std::int64_t, const SharedOperand<T>&, std::int64_t, T, T*, std::int64_t, Fused,  \

@@ -194,10 +194,10 @@ TEST(CudnnAttention, ForwardAndBackwardMatchTheFlashKernelWithinBf16Rounding) {
   }
 }
 
-// bf16 mixed precision stores the attention output in bf16 as cuDNN writes it: the bf16
-// overloads give exactly the float overloads' values (those widen cuDNN's bf16 output, and
-// round it again, exactly, for the backward), bit for bit.
-TEST(CudnnAttention, TheBf16OutputIsTheFloatOutputBeforeItsWidening) {
+// bf16 mixed precision keeps the attention's input, output and gradients in bf16 as cuDNN
+// reads and writes them: the bf16 overloads give exactly the float overloads' values (those
+// round qkv and d out, and widen the output and d qkv), bit for bit.
+TEST(CudnnAttention, TheBf16OverloadsAreTheFloatOnesOnRoundedInputs) {
   NDMESH_GPU_OR_SKIP();
   ASSERT_TRUE(cuda::attention_cudnn_unavailable_reason().empty()) << cuda::attention_cudnn_unavailable_reason();
   const Case c{2, 200, 6, 2, 64};
@@ -206,27 +206,40 @@ TEST(CudnnAttention, TheBf16OutputIsTheFloatOutputBeforeItsWidening) {
   const auto out_n = static_cast<std::size_t>(c.batch * c.seq * c.heads * c.head_dim);
   const auto lse_n = static_cast<std::size_t>(c.batch * c.heads * c.seq);
   DeviceBuffer qkv = to_device(normal(qkv_n, 21)), dout = to_device(normal(out_n, 22));
+  DeviceBuffer qkv16(qkv_n * sizeof(BFloat16)), dout16(out_n * sizeof(BFloat16));
+  cuda::cast(ptr<BFloat16>(qkv16), ptr<float>(qkv), static_cast<std::int64_t>(qkv_n));
+  cuda::cast(ptr<BFloat16>(dout16), ptr<float>(dout), static_cast<std::int64_t>(out_n));
   DeviceBuffer out = to_device(nans(out_n)), lse = to_device(nans(lse_n));
   DeviceBuffer out16(out_n * sizeof(BFloat16)), lse16 = to_device(nans(lse_n));
   ASSERT_TRUE(cuda::attention_forward_cudnn(ptr<float>(out), ptr<float>(lse), ptr<float>(qkv), c.batch, c.seq,
                                             c.heads, c.kv_heads, c.head_dim, true));
-  ASSERT_TRUE(cuda::attention_forward_cudnn(ptr<BFloat16>(out16), ptr<float>(lse16), ptr<float>(qkv), c.batch,
+  ASSERT_TRUE(cuda::attention_forward_cudnn(ptr<BFloat16>(out16), ptr<float>(lse16), ptr<BFloat16>(qkv16), c.batch,
                                             c.seq, c.heads, c.kv_heads, c.head_dim, true));
+  const auto narrow_bits = [](const DeviceBuffer& b, std::size_t n) {
+    std::vector<BFloat16> h(n);
+    cuda::copy_to_host(h.data(), b.data(), n * sizeof(BFloat16));
+    return h;
+  };
   const auto wide = to_host<float>(out, out_n);
-  std::vector<BFloat16> narrow(out_n);
-  cuda::copy_to_host(narrow.data(), out16.data(), out_n * sizeof(BFloat16));
+  const auto narrow = narrow_bits(out16, out_n);
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < out_n; ++i) wrong += narrow[i].bits != BFloat16(wide[i]).bits;
   EXPECT_EQ(wrong, 0u) << "elements of the bf16 output that are not the float output's";
   EXPECT_TRUE(same_bits(to_host<float>(lse16, lse_n), to_host<float>(lse, lse_n))) << "lse";
-  DeviceBuffer dqkv = to_device(nans(qkv_n)), dqkv16 = to_device(nans(qkv_n));
+  DeviceBuffer dqkv = to_device(nans(qkv_n)), dqkv16(qkv_n * sizeof(BFloat16));
+  cuda::cast(ptr<BFloat16>(dqkv16), ptr<float>(dqkv), static_cast<std::int64_t>(qkv_n));  // NaN: written over
   ASSERT_TRUE(cuda::attention_backward_cudnn(ptr<float>(dqkv), ptr<float>(dout), ptr<float>(qkv), ptr<float>(out),
                                              ptr<float>(lse), c.batch, c.seq, c.heads, c.kv_heads, c.head_dim,
                                              true));
-  ASSERT_TRUE(cuda::attention_backward_cudnn(ptr<float>(dqkv16), ptr<float>(dout), ptr<float>(qkv),
+  ASSERT_TRUE(cuda::attention_backward_cudnn(ptr<BFloat16>(dqkv16), ptr<BFloat16>(dout16), ptr<BFloat16>(qkv16),
                                              ptr<BFloat16>(out16), ptr<float>(lse), c.batch, c.seq, c.heads,
                                              c.kv_heads, c.head_dim, true));
-  EXPECT_TRUE(same_bits(to_host<float>(dqkv16, qkv_n), to_host<float>(dqkv, qkv_n))) << "dqkv";
+  const auto grad = to_host<float>(dqkv, qkv_n);
+  const auto grad16 = narrow_bits(dqkv16, qkv_n);
+  wrong = 0;
+  for (std::size_t i = 0; i < qkv_n; ++i)
+    wrong += std::isnan(grad[i]) || BFloat16(grad[i]).bits != grad16[i].bits || static_cast<float>(grad16[i]) != grad[i];
+  EXPECT_EQ(wrong, 0u) << "elements of the bf16 d qkv that are not the float d qkv's (or not written)";
 }
 
 // An empty batch does nothing and says it ran; a head_dim cuDNN has no engine for is not an

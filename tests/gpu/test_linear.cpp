@@ -296,5 +296,77 @@ TEST(CudaLinear, Bf16BiasAndGeluFusedIntoTheProductsMatchTheCpu) {
     }
 }
 
+// The attention's linear layers under bf16 on CUDA keep their activations in bfloat16: qkv's
+// forward writes its output (with its bias, rounded to bf16, added before the one rounding:
+// cuBLASLt's bias epilogue, or the product, the bias and a rounding where it declines) and its
+// backward reads its output's gradient as stored, proj's backward writes its input's gradient
+// rounded once. Against the CPU's bf16 layer on the same values: the same exact bf16 products
+// in fp32 in other orders (1e-5 relative, 1e-4 absolute for these sizes), then rounded once
+// (one bf16 step, 2^-7, apart at most). A missing bias is off by O(1) (|b| ~ 0.2 here).
+TEST(CudaLinear, Bf16ActivationsAndGradientsInBfloat16MatchTheCpu) {
+  NDMESH_GPU_OR_SKIP();
+#if NDMESH_CUDA_EMULATED
+  const std::vector<bool> declines = {false, true};
+#else
+  const std::vector<bool> declines = {false};
+#endif
+  const auto widened = [](const std::vector<BFloat16>& v) {
+    std::vector<float> w(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) w[i] = static_cast<float>(v[i]);
+    return w;
+  };
+  const auto rounded = [](const std::vector<float>& v) {
+    std::vector<BFloat16> r(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) r[i] = BFloat16(v[i]);
+    return r;
+  };
+  for (const bool decline : declines)
+    for (const Shape& s : {Shape{7, 16, 24}, Shape{33, 96, 80}, Shape{65, 64, 13}}) {
+      if (decline) setenv("NDMESH_EMULATE_NO_EPILOGUES", "1", 1);
+      const std::string where = "rows=" + std::to_string(s.rows) + " in=" + std::to_string(s.in) +
+                                " out=" + std::to_string(s.out) + (decline ? " (epilogues declined)" : "");
+      ParamStore<float> cpu_store, gpu_store;
+      const nn::Linear<float> cpu = bf16_layer(cpu_store, s, true), gpu = bf16_layer(gpu_store, s, true);
+      gpu_store.to(Device::kCuda);
+      const auto inp16 = rounded(normal(static_cast<std::size_t>(s.rows * s.in), 3));
+      const auto n = static_cast<std::size_t>(s.rows * s.out);
+      DeviceBuffer din = to_device(inp16);
+
+      std::vector<BFloat16> ref16(n);
+      cpu.forward(inp16.data(), ref16.data(), s.rows);
+      DeviceBuffer dout = to_device(std::vector<BFloat16>(n, BFloat16(std::nanf(""))));
+      gpu.forward(ptr<BFloat16>(din), ptr<BFloat16>(dout), s.rows);
+      const auto ref = widened(ref16);
+      EXPECT_TRUE(all_close(widened(to_host<BFloat16>(dout, n)), ref, 1e-4, 1.0 / 128)) << "forward, " << where;
+
+      // The backward from a bf16 output gradient, the input in bf16 too.
+      const auto d16 = rounded(normal(n, 4));
+      std::vector<float> dinp_ref(inp16.size());
+      cpu.backward(d16.data(), inp16.data(), dinp_ref.data(), s.rows, nn::GradInto::kSet);
+      DeviceBuffer dd = to_device(d16), ddinp = to_device(nans(inp16.size()));
+      gpu.backward(ptr<BFloat16>(dd), ptr<BFloat16>(din), ptr<float>(ddinp), s.rows, nn::GradInto::kSet);
+      EXPECT_TRUE(all_close(to_host<float>(ddinp, inp16.size()), dinp_ref, 1e-4, 1e-5)) << "d input, " << where;
+      std::vector<float> grads(static_cast<std::size_t>(gpu_store.size()));
+      cuda::copy_to_host(grads.data(), gpu_store.grads().data(), grads.size() * sizeof(float));
+      EXPECT_TRUE(all_close(grads, std::vector<float>(cpu_store.grads().begin(), cpu_store.grads().end()), 1e-4,
+                            1e-6 * static_cast<double>(s.rows)))
+          << "weight and bias gradients, " << where;
+
+      // The backward into a bf16 input gradient from an fp32 output gradient.
+      const auto d = normal(n, 5);
+      std::vector<BFloat16> dinp16_ref(inp16.size());
+      cpu.backward(d.data(), inp16.data(), dinp16_ref.data(), s.rows);
+      DeviceBuffer dd32 = to_device(d), ddinp16 = to_device(std::vector<BFloat16>(inp16.size(), BFloat16(std::nanf(""))));
+      gpu.backward(ptr<float>(dd32), ptr<BFloat16>(din), ptr<BFloat16>(ddinp16), s.rows);
+      EXPECT_TRUE(all_close(widened(to_host<BFloat16>(ddinp16, inp16.size())), widened(dinp16_ref), 1e-4, 1.0 / 128))
+          << "d input in bf16, " << where;
+      cuda::copy_to_host(grads.data(), gpu_store.grads().data(), grads.size() * sizeof(float));
+      EXPECT_TRUE(all_close(grads, std::vector<float>(cpu_store.grads().begin(), cpu_store.grads().end()), 1e-4,
+                            2e-6 * static_cast<double>(s.rows)))
+          << "weight and bias gradients after both, " << where;
+      unsetenv("NDMESH_EMULATE_NO_EPILOGUES");
+    }
+}
+
 }  // namespace
 }  // namespace ndmesh

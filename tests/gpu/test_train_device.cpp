@@ -364,19 +364,27 @@ TEST(CudaTrainKernelTimes, AStepsOperationsAreRowsAndItsHostWaitsAreCounted) {
     // (no cast of the whole copy inside a step either: it would be one more a step), the
     // two that read the MLP's hidden activation (proj's forward and weight gradient, 4 x 2)
     // read it as GELU stored it, in bf16, the four that read a norm's output (qkv's and
-    // fc's forward and weight gradient, 4 x 4) read it as the norm stored it, in bf16, and
-    // the two that read the attention output (proj's forward and weight gradient, 4 x 2) read
-    // it as stored in bf16, which the emulator's flash kernel (fp32, no cuDNN here) rounds
-    // into once per layer (+4; on a GPU cuDNN writes it in bf16 itself).
-    std::int64_t casts = 0;
-    for (const cuda::KernelTime& r : t.rows)
+    // fc's forward and weight gradient, 4 x 4) read it as the norm stored it, in bf16, the
+    // two that read the attention output (proj's forward and weight gradient, 4 x 2) read it
+    // as stored in bf16, and qkv's backward reads its output's gradient as the attention
+    // backward stored it, in bf16 (-4). The attention's input, output and gradients are bf16
+    // tensors (qkv's product and proj's input gradient write them rounded once, no cast):
+    // on a GPU cuDNN reads and writes them as they are; the emulator's flash kernel (fp32,
+    // no cuDNN here) widens qkv for the forward and qkv, the output and its gradient for
+    // the backward (4 casts from bfloat16 a layer), and rounds its output and d qkv once
+    // (+4, +4).
+    std::int64_t casts = 0, widenings = 0;
+    for (const cuda::KernelTime& r : t.rows) {
       if (r.name == "cast to bfloat16") casts += r.calls;
+      if (r.name == "cast from bfloat16") widenings += r.calls;
+    }
     EXPECT_EQ(casts, precision == parallel::Precision::kBf16
                          ? 2 * products - kTimed * kMicro * (16 + 2) - kTimed * kMicro * (16 * 2 + 2) -
-                               kTimed * kMicro * 4 * 2 - kTimed * kMicro * 4 * 4 - kTimed * kMicro * 4 * 2 +
-                               kTimed * kMicro * 4
+                               kTimed * kMicro * 4 * 2 - kTimed * kMicro * 4 * 4 - kTimed * kMicro * 4 * 2 -
+                               kTimed * kMicro * 4 + kTimed * kMicro * 4 * 2
                          : 0)
         << what;
+    EXPECT_EQ(widenings, precision == parallel::Precision::kBf16 ? kTimed * kMicro * 4 * 4 : 0) << what;
     // A step zeroes only what is accumulated into: the gradients (once), and per micro-batch
     // each layer's d qkv (the attention backward adds into it) and the final norm's input
     // gradient. Everything else is written (the logits' gradient by the classifier, GELU's

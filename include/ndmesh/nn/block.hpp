@@ -69,10 +69,12 @@ struct BlockActivations {
   /// bfloat16 instead of ln1 / ln2 (which stay empty): only the qkv and fc products read
   /// them, and those round them to bf16 anyway.
   Tensor<BFloat16> ln1_16, ln2_16;  ///< [N, C]
-  /// Under bf16 products the attention output is kept in bfloat16 instead of atty (which stays
-  /// empty): cuDNN writes it so, proj's two products read it as stored, and the attention
-  /// backward reads it as cuDNN's does (the other kernels widen it first).
+  /// Under bf16 products (an fp32 model) the attention's input and output are kept in bfloat16
+  /// instead of qkv and atty (which stay empty): qkv's product writes qkv16 rounded once (its
+  /// bias added before the rounding), cuDNN reads it and writes atty16 so, proj's two products
+  /// read atty16 as stored (the other attention kernels widen both first).
   Tensor<BFloat16> atty16;  ///< [N, H hd]
+  Tensor<BFloat16> qkv16;   ///< [N, (H + 2KV) hd]
 
   /// Every tensor, in a fixed order (index with the k* constants below).
   std::array<Tensor<T>*, 15> tensors() {
@@ -85,7 +87,7 @@ struct BlockActivations {
   }
   static constexpr std::size_t kLn1Full = 3, kLn2Full = 4, kLse = 6, kAtty = 7, kOut = 14;
   /// The tensors stored in bfloat16 come after those of tensors() (indices kGelu16...).
-  static constexpr std::size_t kGelu16 = 15, kLn1_16 = 16, kLn2_16 = 17, kAtty16 = 18;
+  static constexpr std::size_t kGelu16 = 15, kLn1_16 = 16, kLn2_16 = 17, kAtty16 = 18, kQkv16 = 19;
   /// f(i, tensor) for every tensor, those of tensors() then the bfloat16 ones (Tensor<T>& or
   /// Tensor<BFloat16>&: f is generic).
   template <typename F>
@@ -119,6 +121,7 @@ struct BlockActivations {
     f(kLn1_16, acts.ln1_16...);
     f(kLn2_16, acts.ln2_16...);
     f(kAtty16, acts.atty16...);
+    f(kQkv16, acts.qkv16...);
   }
 };
 
@@ -127,6 +130,10 @@ template <typename T>
 struct BlockScratch {
   Tensor<T> dres1, dln, dqkv, datty, dmlp;
   Tensor<T> dln_full, dout_full;  ///< sequence parallel: [N, C]
+  /// With the attention in bfloat16 (BlockActivations::qkv16), its gradients instead of dqkv
+  /// and datty: proj's backward writes datty16, cuDNN's reads it and writes dqkv16, and qkv's
+  /// backward reads that as stored.
+  Tensor<BFloat16> dqkv16, datty16;
 };
 
 /// A pre-norm transformer block.
@@ -145,7 +152,7 @@ class Block {
   /// backward()). Nothing without sequence parallelism.
   void gather_norms(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq) const;
   /// Selective recompute: acts.atty (or atty16) and acts.lse = the attention core forward of
-  /// acts.qkv (what forward() computed from it, bit for bit).
+  /// acts.qkv (or qkv16: what forward() computed from it, bit for bit).
   void recompute_attention(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq,
                            const AttentionCore<T>* core = nullptr,
                            const std::int64_t* positions = nullptr) const;
@@ -183,35 +190,33 @@ class Block {
   // Whether its activations keep the norms' outputs in bfloat16 (BlockActivations::ln1_16,
   // ln2_16): under bf16 products, without sequence parallelism (whose gathers move fp32).
   bool norms_in_bf16() const;
-  // Whether they keep the attention output in bfloat16 (BlockActivations::atty16): under bf16
-  // products.
-  bool attention_out_in_bf16() const;
+  // Whether they keep the attention's input, output and gradients in bfloat16
+  // (BlockActivations::qkv16, atty16; BlockScratch::dqkv16, datty16): under bf16 products, in
+  // an fp32 model (a double one keeps T).
+  bool attention_in_bf16() const;
 
   // The attention core where the block runs: the CUDA kernel, the ring (`core`) or the
-  // local kernel; acts.atty (atty16) and acts.lse from acts.qkv, and its backward written
-  // into scratch.dqkv (zeroed first for the kernels that add into it; cuDNN's writes it).
-  // Into atty16, cuDNN writes its bf16 output as it is; every other kernel computes fp32 rows
-  // into a transient tensor, rounded into atty16 once (and widened from it for their backward).
+  // local kernel; acts.atty and acts.lse from acts.qkv (atty16 from qkv16), and its backward
+  // written into scratch.dqkv (dqkv16). In bfloat16 cuDNN reads and writes them as they are;
+  // every other kernel runs in fp32 on transient widened copies, its outputs rounded once.
   void attention_forward(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq,
                          const AttentionCore<T>* core, const std::int64_t* positions) const;
   void attention_backward(const BlockActivations<T>& acts, BlockScratch<T>& scratch, std::int64_t batch,
                           std::int64_t seq, const AttentionCore<T>* core, const std::int64_t* positions) const;
   // cuDNN's attention where the settings pick it for the local core (not a ring, nor explicit
-  // positions): the output `out` written (T, or bf16 as cuDNN computes it), or read by the
-  // backward, which writes scratch.dqkv; false where it does not run (the caller runs the
-  // other kernels).
-  template <typename Out>
-  bool cudnn_forward(BlockActivations<T>& acts, Out* out, std::int64_t batch, std::int64_t seq,
+  // positions), on elements S (T, or bfloat16 as cuDNN computes): out and lse from qkv, or d qkv
+  // written from d out; false where it does not run (the caller runs the other kernels).
+  template <typename S>
+  bool cudnn_forward(const S* qkv, S* out, T* lse, std::int64_t batch, std::int64_t seq,
                      const AttentionCore<T>* core, const std::int64_t* positions) const;
-  template <typename Out>
-  bool cudnn_backward(const BlockActivations<T>& acts, const Out* out, BlockScratch<T>& scratch,
-                      std::int64_t batch, std::int64_t seq, const AttentionCore<T>* core,
-                      const std::int64_t* positions) const;
-  // The other kernels (the ring, the CUDA flash kernel, the CPU's) with an fp32 (T) output:
-  // `out` written, then read by the backward, which zeroes scratch.dqkv and adds into it.
-  void fp32_attention_forward(BlockActivations<T>& acts, T* out, std::int64_t batch, std::int64_t seq,
+  template <typename S>
+  bool cudnn_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const T* lse, std::int64_t batch,
+                      std::int64_t seq, const AttentionCore<T>* core, const std::int64_t* positions) const;
+  // The other kernels (the ring, the CUDA flash kernel, the CPU's) in T: out and lse written,
+  // then the backward zeroes dqkv and adds into it.
+  void fp32_attention_forward(const T* qkv, T* out, T* lse, std::int64_t batch, std::int64_t seq,
                               const AttentionCore<T>* core, const std::int64_t* positions) const;
-  void fp32_attention_backward(const BlockActivations<T>& acts, const T* out, BlockScratch<T>& scratch,
+  void fp32_attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
                                std::int64_t batch, std::int64_t seq, const AttentionCore<T>* core,
                                const std::int64_t* positions) const;
   BlockOptions options_;

@@ -130,13 +130,13 @@ bool attention_forward_cudnn(float* out, float* lse, const float* qkv, std::int6
 bool attention_backward_cudnn(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                               std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
                               std::int64_t head_dim, bool required);
-/// The same with the output in bfloat16, as cuDNN writes it (bf16 mixed precision stores the
-/// attention output so: nn::BlockActivations::atty16), and the backward reading it as stored.
-/// Both are the float overloads' values exactly: those widen cuDNN's bf16 output, and round it
-/// again for the backward.
-bool attention_forward_cudnn(BFloat16* out, float* lse, const float* qkv, std::int64_t batch, std::int64_t seq,
+/// The same on bfloat16 as cuDNN reads and writes them (bf16 mixed precision stores the
+/// attention's input, output and gradients so: nn::BlockActivations::qkv16, atty16): q, k, v
+/// read where they lie in qkv, the output and d qkv written, d out read as stored. The float
+/// overloads are these exactly: they round qkv and dout, and widen out and dqkv.
+bool attention_forward_cudnn(BFloat16* out, float* lse, const BFloat16* qkv, std::int64_t batch, std::int64_t seq,
                              std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, bool required);
-bool attention_backward_cudnn(float* dqkv, const float* dout, const float* qkv, const BFloat16* out,
+bool attention_backward_cudnn(BFloat16* dqkv, const BFloat16* dout, const BFloat16* qkv, const BFloat16* out,
                               const float* lse, std::int64_t batch, std::int64_t seq, std::int64_t heads,
                               std::int64_t kv_heads, std::int64_t head_dim, bool required);
 /// Empty when cuDNN attention can run in this process (built, libcudnn.so.9 loaded, a handle
@@ -303,6 +303,13 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
                const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, BFloat16* c,
                std::int64_t ldc, GemmEpilogue epilogue = GemmEpilogue::kNone, const BFloat16* bias = nullptr,
                BFloat16* aux = nullptr, BFloat16* dbias = nullptr);
+/// gemm_bf16 with the kBias epilogue (the bias bf16, C's type; beta 0): C = the product +
+/// bias[n] in fp32, each output rounded once. True when it ran; false, having run nothing,
+/// where cuBLASLt has no algorithm for it (one log line names the product the first time):
+/// its caller then runs the product into fp32, adds the bias and rounds (ops::gemm into bf16).
+[[nodiscard]] bool try_gemm_bf16_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                                      const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb,
+                                      BFloat16* c, std::int64_t ldc, const BFloat16* bias);
 /// gemm with bf16 A and B into an fp32 C: the weight gradient accumulated in fp32 (beta 1).
 void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                    const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, float* c,

@@ -74,15 +74,26 @@ class Linear {
   void backward(const T* dout, const T* inp, T* dinp, std::int64_t rows, GradInto into = GradInto::kAdd) const;
   /// backward with the input stored in bfloat16 (under bf16 products).
   void backward(const T* dout, const BFloat16* inp, T* dinp, std::int64_t rows, GradInto into = GradInto::kAdd) const;
-  /// Under bf16 products, a layer without a bias into bfloat16: out = inp · Wᵀ, rows
-  /// `ld_out` >= out apart (the columns past `out` are not written), each output rounded once
-  /// (ops::gemm into bfloat16).
+  /// Under bf16 products, into bfloat16: out = inp · Wᵀ (+ b, rounded to bf16 like the
+  /// operands, added in fp32 before the rounding; not for a deferred bias), rows `ld_out` >= out
+  /// apart (the columns past `out` are not written; a layer with a bias writes rows out apart),
+  /// each output rounded once (ops::gemm into bfloat16).
   void forward(const T* inp, BFloat16* out, std::int64_t ld_out, std::int64_t rows) const;
-  /// backward from an output gradient stored in bfloat16, rows `ld_dout` apart (a layer
-  /// without a bias, under bf16 products, outside a DeferWeightGrads scope): the same two
-  /// products, on dout as stored (nothing rounded again).
+  /// forward into bfloat16, rows out apart, from an input in T or stored in bfloat16.
+  void forward(const T* inp, BFloat16* out, std::int64_t rows) const { forward(inp, out, options_.out, rows); }
+  void forward(const BFloat16* inp, BFloat16* out, std::int64_t rows) const;
+  /// backward from an output gradient stored in bfloat16, rows `ld_dout` apart (under bf16
+  /// products; a layer with a bias takes rows out apart): the same two products, on dout as
+  /// stored (nothing rounded again), and the bias gradient from its sums. In a DeferWeightGrads
+  /// scope the weight part is recorded with dout widened (exact).
   void backward(const BFloat16* dout, std::int64_t ld_dout, const T* inp, T* dinp, std::int64_t rows,
                 GradInto into = GradInto::kAdd) const;
+  /// That backward with the input stored in bfloat16 too (dout's rows out apart).
+  void backward(const BFloat16* dout, const BFloat16* inp, T* dinp, std::int64_t rows,
+                GradInto into = GradInto::kAdd) const;
+  /// backward with the input's gradient written into bfloat16 (under bf16 products): dinp =
+  /// dout · W rounded once (written, as GradInto::kSet), dW += doutᵀ · inp, db as backward().
+  void backward(const T* dout, const BFloat16* inp, BFloat16* dinp, std::int64_t rows) const;
   /// The weight part alone: dW += doutᵀ · inp, db += column sums of dout.
   void backward_weight(const T* dout, const T* inp, std::int64_t rows) const;
   void backward_weight(const T* dout, const BFloat16* inp, std::int64_t rows) const;
@@ -122,6 +133,12 @@ class Linear {
   ops::SharedOperand<T> input(const T* inp, const BFloat16* inp16, std::int64_t rows) const;
   // db += column sums of dout as the products take it (rounded under bf16), rows out apart.
   void backward_bias(const ops::SharedOperand<T>& dout, std::int64_t rows) const;
+  // The bodies of the bfloat16 overloads: forward into bf16, backward from a bf16 dout.
+  void forward(const ops::SharedOperand<T>& x, BFloat16* out, std::int64_t ld_out, std::int64_t rows) const;
+  void backward(const BFloat16* dout, std::int64_t ld_dout, const T* inp, const BFloat16* inp16, T* dinp,
+                std::int64_t rows, GradInto into) const;
+  // b as its products add it under bf16: the store's bfloat16 copy where current, else b rounded.
+  ops::SharedOperand<T> bias_operand() const;
   // W as the B operand of its products: the store's bfloat16 copy where one is current
   // (ParamStore::param_bf16), else W itself, rounded for this product under bf16.
   ops::SharedOperand<T> weight_operand() const;

@@ -118,6 +118,10 @@ struct Precision {
   /// Bytes of the attention output (the output projection's input) where it is stored in
   /// another type: ndmesh's bf16 keeps it in bf16 (2; cuDNN writes it so). 0: activation_bytes.
   double attention_output_bytes = 0;
+  /// Bytes of the attention's input (Q, K and V: the qkv product's output) where it is stored in
+  /// another type: ndmesh's bf16 keeps it in bf16 (2; the product writes it rounded once and
+  /// cuDNN reads it so). 0: activation_bytes.
+  double attention_input_bytes = 0;
 };
 
 /// Bytes an optimizer step moves per parameter of the rank's shard on ndmesh's kernels: AdamW
@@ -165,6 +169,7 @@ struct ActivationOptions {
   double mlp_hidden_bytes = 0;   ///< Precision::mlp_hidden_bytes (0: activation_bytes)
   double norm_output_bytes = 0;  ///< Precision::norm_output_bytes (0, or sequence parallel: activation_bytes)
   double attention_output_bytes = 0;  ///< Precision::attention_output_bytes (0: activation_bytes)
+  double attention_input_bytes = 0;   ///< Precision::attention_input_bytes (0: activation_bytes)
 };
 
 /// Activation bytes one GPU keeps for one layer and one micro-batch of `micro_batch`

@@ -155,11 +155,14 @@ template <typename T>
 
 /// C = alpha op(A) op(B) into bfloat16 (beta 0): A and B rounded as the kBf16 gemm rounds
 /// them (both of precision kBf16), fp32 accumulation, each output rounded once (CUDA:
-/// cuda::gemm_bf16; the CPU: the product of the rounded copies in T, then rounded).
+/// cuda::gemm_bf16; the CPU: the product of the rounded copies in T, then rounded). With
+/// `bias` (n elements, kBf16: rounded to bf16 as the operands; alpha 1, rows n apart) the
+/// output is the product + bias[j] in fp32, rounded once (CUDA: cuBLASLt's bias epilogue,
+/// cuda::try_gemm_bf16_bias; where it declines, the fp32 product, the bias and one rounding).
 template <typename T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const SharedOperand<T>& a, std::int64_t lda, const SharedOperand<T>& b, std::int64_t ldb, BFloat16* c,
-          std::int64_t ldc);
+          std::int64_t ldc, const SharedOperand<T>* bias = nullptr);
 
 /// x[i] rounded to bfloat16 and kept in T (what bf16 storage of x would hold), i < n.
 template <typename T>

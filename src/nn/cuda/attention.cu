@@ -637,12 +637,12 @@ bool attention_backward_cudnn(float* dqkv, const float* dout, const float* qkv, 
   return detail::cudnn_backward(dqkv, dout, qkv, out, lse, batch, seq, heads, kv_heads, head_dim, required);
 }
 
-bool attention_forward_cudnn(BFloat16* out, float* lse, const float* qkv, std::int64_t batch, std::int64_t seq,
+bool attention_forward_cudnn(BFloat16* out, float* lse, const BFloat16* qkv, std::int64_t batch, std::int64_t seq,
                              std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, bool required) {
   return detail::cudnn_forward(out, lse, qkv, batch, seq, heads, kv_heads, head_dim, required);
 }
 
-bool attention_backward_cudnn(float* dqkv, const float* dout, const float* qkv, const BFloat16* out,
+bool attention_backward_cudnn(BFloat16* dqkv, const BFloat16* dout, const BFloat16* qkv, const BFloat16* out,
                               const float* lse, std::int64_t batch, std::int64_t seq, std::int64_t heads,
                               std::int64_t kv_heads, std::int64_t head_dim, bool required) {
   return detail::cudnn_backward(dqkv, dout, qkv, out, lse, batch, seq, heads, kv_heads, head_dim, required);
@@ -668,12 +668,12 @@ bool attention_backward_cudnn(float*, const float*, const float*, const float*, 
   return no_cudnn(required, "attention_backward_cudnn");
 }
 
-bool attention_forward_cudnn(BFloat16*, float*, const float*, std::int64_t, std::int64_t, std::int64_t,
+bool attention_forward_cudnn(BFloat16*, float*, const BFloat16*, std::int64_t, std::int64_t, std::int64_t,
                              std::int64_t, std::int64_t, bool required) {
   return no_cudnn(required, "attention_forward_cudnn");
 }
 
-bool attention_backward_cudnn(float*, const float*, const float*, const BFloat16*, const float*, std::int64_t,
+bool attention_backward_cudnn(BFloat16*, const BFloat16*, const BFloat16*, const BFloat16*, const float*, std::int64_t,
                               std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool required) {
   return no_cudnn(required, "attention_backward_cudnn");
 }

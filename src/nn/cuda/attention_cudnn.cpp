@@ -334,17 +334,14 @@ std::string cudnn_unavailable_reason() {
   return library().why;
 }
 
-bool cudnn_forward(BFloat16* out, float* lse, const float* qkv, std::int64_t batch, std::int64_t seq,
+bool cudnn_forward(BFloat16* out, float* lse, const BFloat16* qkv, std::int64_t batch, std::int64_t seq,
                    std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, bool required) {
   if (batch <= 0 || seq <= 0) return true;
   const Shape s{batch, seq, heads, kv_heads, head_dim, false};
   std::lock_guard<std::mutex> lock(mutex());
   const Plan* p = plan_for(s, required, "attention_forward_cudnn");
   if (!p) return false;
-  const std::int64_t n_qkv = batch * seq * s.width();
-  DeviceBuffer qkv16(static_cast<std::size_t>(n_qkv) * sizeof(BFloat16));
-  auto* q = static_cast<BFloat16*>(qkv16.data());
-  cast(q, qkv, n_qkv);
+  auto* q = const_cast<BFloat16*>(qkv);  // read only
   std::unordered_map<std::int64_t, void*> pack = {{kQ, q},
                                                   {kK, q + heads * head_dim},
                                                   {kV, q + (heads + kv_heads) * head_dim},
@@ -356,43 +353,38 @@ bool cudnn_forward(BFloat16* out, float* lse, const float* qkv, std::int64_t bat
 
 bool cudnn_forward(float* out, float* lse, const float* qkv, std::int64_t batch, std::int64_t seq,
                    std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, bool required) {
-  const std::int64_t n_out = batch * seq * heads * head_dim;
-  DeviceBuffer out16(static_cast<std::size_t>(std::max<std::int64_t>(n_out, 0)) * sizeof(BFloat16));
-  if (!cudnn_forward(static_cast<BFloat16*>(out16.data()), lse, qkv, batch, seq, heads, kv_heads, head_dim,
-                     required))
+  const std::int64_t n_qkv = std::max<std::int64_t>(batch * seq * (heads + 2 * kv_heads) * head_dim, 0);
+  const std::int64_t n_out = std::max<std::int64_t>(batch * seq * heads * head_dim, 0);
+  DeviceBuffer qkv16(static_cast<std::size_t>(n_qkv) * sizeof(BFloat16));
+  DeviceBuffer out16(static_cast<std::size_t>(n_out) * sizeof(BFloat16));
+  if (n_qkv > 0) cast(static_cast<BFloat16*>(qkv16.data()), qkv, n_qkv);
+  if (!cudnn_forward(static_cast<BFloat16*>(out16.data()), lse, static_cast<const BFloat16*>(qkv16.data()), batch, seq,
+                     heads, kv_heads, head_dim, required))
     return false;
   if (n_out > 0) cast(out, static_cast<const BFloat16*>(out16.data()), n_out);
   return true;
 }
 
-bool cudnn_backward(float* dqkv, const float* dout, const float* qkv, const BFloat16* out, const float* lse,
-                    std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
-                    std::int64_t head_dim, bool required) {
+bool cudnn_backward(BFloat16* dqkv, const BFloat16* dout, const BFloat16* qkv, const BFloat16* out,
+                    const float* lse, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                    std::int64_t kv_heads, std::int64_t head_dim, bool required) {
   if (batch <= 0 || seq <= 0) return true;
   const Shape s{batch, seq, heads, kv_heads, head_dim, true};
   std::lock_guard<std::mutex> lock(mutex());
   const Plan* p = plan_for(s, required, "attention_backward_cudnn");
   if (!p) return false;
-  const std::int64_t rows = batch * seq, n_qkv = rows * s.width(), n_out = rows * heads * head_dim;
-  DeviceBuffer qkv16(static_cast<std::size_t>(n_qkv) * sizeof(BFloat16));
-  DeviceBuffer dqkv16(static_cast<std::size_t>(n_qkv) * sizeof(BFloat16));
-  DeviceBuffer dout16(static_cast<std::size_t>(n_out) * sizeof(BFloat16));
-  auto* q = static_cast<BFloat16*>(qkv16.data());
-  auto* dq = static_cast<BFloat16*>(dqkv16.data());
-  cast(q, qkv, n_qkv);
-  cast(static_cast<BFloat16*>(dout16.data()), dout, n_out);
+  auto* q = const_cast<BFloat16*>(qkv);  // the inputs are read only
+  // dQ, dK and dV cover a row of dqkv: every element written.
   std::unordered_map<std::int64_t, void*> pack = {{kQ, q},
                                                   {kK, q + heads * head_dim},
                                                   {kV, q + (heads + kv_heads) * head_dim},
                                                   {kO, const_cast<BFloat16*>(out)},
-                                                  {kDO, dout16.data()},
+                                                  {kDO, const_cast<BFloat16*>(dout)},
                                                   {kStats, const_cast<float*>(lse)},
-                                                  {kDQ, dq},
-                                                  {kDK, dq + heads * head_dim},
-                                                  {kDV, dq + (heads + kv_heads) * head_dim}};
+                                                  {kDQ, dqkv},
+                                                  {kDK, dqkv + heads * head_dim},
+                                                  {kDV, dqkv + (heads + kv_heads) * head_dim}};
   execute(*p, s, pack, "attention_backward_cudnn");
-  // dqkv = the bf16 gradient widened: every element written (dQ, dK and dV cover a row).
-  cast(dqkv, static_cast<const BFloat16*>(dqkv16.data()), n_qkv);
   return true;
 }
 
@@ -400,11 +392,23 @@ bool cudnn_backward(float* dqkv, const float* dout, const float* qkv, const floa
                     std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
                     std::int64_t head_dim, bool required) {
   // out is the forward's bf16 output widened: rounding it again is exact.
-  const std::int64_t n_out = batch * seq * heads * head_dim;
-  DeviceBuffer out16(static_cast<std::size_t>(std::max<std::int64_t>(n_out, 0)) * sizeof(BFloat16));
-  if (n_out > 0) cast(static_cast<BFloat16*>(out16.data()), out, n_out);
-  return cudnn_backward(dqkv, dout, qkv, static_cast<const BFloat16*>(out16.data()), lse, batch, seq, heads,
-                        kv_heads, head_dim, required);
+  const std::int64_t n_qkv = std::max<std::int64_t>(batch * seq * (heads + 2 * kv_heads) * head_dim, 0);
+  const std::int64_t n_out = std::max<std::int64_t>(batch * seq * heads * head_dim, 0);
+  DeviceBuffer qkv16(static_cast<std::size_t>(n_qkv) * sizeof(BFloat16));
+  DeviceBuffer dqkv16(static_cast<std::size_t>(n_qkv) * sizeof(BFloat16));
+  DeviceBuffer out16(static_cast<std::size_t>(n_out) * sizeof(BFloat16));
+  DeviceBuffer dout16(static_cast<std::size_t>(n_out) * sizeof(BFloat16));
+  if (n_qkv > 0) cast(static_cast<BFloat16*>(qkv16.data()), qkv, n_qkv);
+  if (n_out > 0) {
+    cast(static_cast<BFloat16*>(out16.data()), out, n_out);
+    cast(static_cast<BFloat16*>(dout16.data()), dout, n_out);
+  }
+  if (!cudnn_backward(static_cast<BFloat16*>(dqkv16.data()), static_cast<const BFloat16*>(dout16.data()),
+                      static_cast<const BFloat16*>(qkv16.data()), static_cast<const BFloat16*>(out16.data()), lse,
+                      batch, seq, heads, kv_heads, head_dim, required))
+    return false;
+  if (n_qkv > 0) cast(dqkv, static_cast<const BFloat16*>(dqkv16.data()), n_qkv);
+  return true;
 }
 
 }  // namespace detail

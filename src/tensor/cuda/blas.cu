@@ -387,6 +387,17 @@ void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
   run(key, alpha, a, b, beta, c, nullptr, nullptr, dbias);
 }
 
+bool try_gemm_bf16_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                        const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, BFloat16* c,
+                        std::int64_t ldc, const BFloat16* bias) {
+  if (m <= 0 || n <= 0 || k <= 0)
+    detail::fail_error("try_gemm_bf16_bias: m, n and k must be positive (" + std::to_string(m) + ", " +
+                       std::to_string(n) + ", " + std::to_string(k) + ")");
+  const Key key{trans_a,      trans_b,      m,           n,           k,          lda,   ldb, ldc,
+                alignment(a), alignment(b), alignment(c), CUDA_R_16BF, CUDA_R_16BF, GemmEpilogue::kBias};
+  return run(key, 1.0f, a, b, 0.0f, c, bias, nullptr, nullptr, true);
+}
+
 bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                        const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, float* c,
                        std::int64_t ldc, GemmEpilogue epilogue, const float* bias, float* aux, float* dbias) {

@@ -93,6 +93,25 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
   timed_product("bf16", trans_a, trans_b, m, n, k);
 }
 
+// The bf16 product into bf16 with its bias (bf16) added in fp32 before the one rounding, as
+// cuBLASLt's kBias epilogue computes it; declines under NDMESH_EMULATE_NO_EPILOGUES=1.
+bool try_gemm_bf16_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const BFloat16* a,
+                        std::int64_t lda, const BFloat16* b, std::int64_t ldb, BFloat16* c, std::int64_t ldc,
+                        const BFloat16* bias) {
+  if (const char* no = std::getenv("NDMESH_EMULATE_NO_EPILOGUES"); no != nullptr && std::string(no) == "1")
+    return false;
+  if (bias == nullptr) fail<>("cuda", "try_gemm_bf16_bias needs its bias pointer");
+  if (m <= 0 || n <= 0 || k <= 0) fail<>("cuda", "try_gemm_bf16_bias: m, n and k must be positive ({}, {}, {})", m, n, k);
+  const emu::DeviceWork work;  // reads and writes device memory
+  std::vector<float> c32(static_cast<std::size_t>(m * n), 0.0f);
+  widened_product(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c32.data(), n);
+  for (std::int64_t r = 0; r < m; ++r)
+    for (std::int64_t j = 0; j < n; ++j)
+      c[r * ldc + j] = BFloat16(c32[static_cast<std::size_t>(r * n + j)] + static_cast<float>(bias[j]));
+  timed_product("bf16", trans_a, trans_b, m, n, k, GemmEpilogue::kBias);
+  return true;
+}
+
 // The bf16 product into fp32 without an epilogue (what --precision bf16's linear layers call).
 void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                    const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, float* c,

@@ -262,13 +262,17 @@ TEST(MatmulPrecision, Bf16NormOutputsAreTheNormsRoundedOnce) {
   EXPECT_EQ(res16, res) << "the residual stays fp32";
 }
 
-// Under bf16 products a block keeps its attention output in bfloat16 (atty16; the fp32
-// tensor stays empty), as cuDNN writes it on a GPU: each element is the attention core's fp32
-// output rounded once; proj's products read it as stored (they round it either way); the
-// attention backward reads it widened, as cuDNN's reads its bf16 output: the block's d qkv is
-// bit for bit the fp32 backward given that widened output. Selective recompute writes the
-// same bits again.
-TEST(MatmulPrecision, Bf16AttentionOutputIsTheCoreRoundedOnceAndItsBackwardReadsItAsStored) {
+// Under bf16 products a block keeps its attention's input, output and gradients in bfloat16
+// (qkv16, atty16; scratch.datty16, dqkv16; the fp32 tensors stay empty), as cuDNN reads and
+// writes them on a GPU:
+//  - qkv16 and datty16 are products rounded once: within half a bf16 ulp (2^-8 relative) of
+//    the exact product of the bf16 operands (qkv's bias rounded to bf16 too, added before the
+//    rounding), plus fp32 accumulation's few 2^-24 of the sum of |terms|;
+//  - atty16 is the attention core's fp32 output from qkv16 widened, rounded once (bit for bit);
+//  - dqkv16 is the fp32 backward from the widened qkv16, atty16 and datty16, rounded once (bit
+//    for bit), which the backward from the unrounded output is not.
+// Selective recompute writes the same bits again.
+TEST(MatmulPrecision, Bf16AttentionInputOutputAndGradientsAreStoredRoundedOnce) {
   const std::int64_t batch = 2, seq = 5, c = 16, rows = batch * seq;
   ParamStore<float> store;
   store.set_matmul_precision(MatmulPrecision::kBf16);
@@ -280,39 +284,110 @@ TEST(MatmulPrecision, Bf16AttentionOutputIsTheCoreRoundedOnceAndItsBackwardReads
   nn::BlockScratch<float> scratch;
   block.resize(acts, batch, seq);
   block.resize(scratch, batch, seq);
-  const std::int64_t width = block.attention().out_width();
-  ASSERT_EQ(acts.atty.numel(), 0);
+  const std::int64_t width = block.attention().out_width(), qw = block.attention().qkv_width();
+  ASSERT_EQ(acts.atty.numel() + acts.qkv.numel() + scratch.dqkv.numel() + scratch.datty.numel(), 0);
   ASSERT_EQ(acts.atty16.numel(), rows * width);
+  ASSERT_EQ(acts.qkv16.numel(), rows * qw);
   const auto x = normal(static_cast<std::size_t>(rows * c), 11), dout = normal(x.size(), 12);
   block.forward(x.data(), acts, batch, seq);
-  // The core's fp32 output and statistics from the stored qkv.
-  const auto n = static_cast<std::size_t>(rows * width);
+  // A product rounded once: |got - exact| within half an ulp plus the fp32 sum's error.
+  const auto check_product = [](const char* what, const BFloat16* got, std::int64_t m, std::int64_t n,
+                                std::int64_t k, auto a, auto b, auto bias) {
+    for (std::int64_t r = 0; r < m; ++r)
+      for (std::int64_t j = 0; j < n; ++j) {
+        double exact = bias(j), terms = std::fabs(bias(j));
+        for (std::int64_t q = 0; q < k; ++q) {
+          exact += a(r, q) * b(q, j);
+          terms += std::fabs(a(r, q) * b(q, j));
+        }
+        const double g = static_cast<float>(got[r * n + j]);
+        ASSERT_LE(std::fabs(g - exact), 0x1p-8 * std::fabs(exact) + 2 * static_cast<double>(k + 1) * kUnit * terms)
+            << what << " [" << r << ", " << j << "]: " << g << " for " << exact;
+      }
+  };
+  const nn::Linear<float>& qkv = block.qkv();
+  const float* wq = store.param(qkv.weight_id());
+  const float* bq = store.param(qkv.bias_id());
+  check_product(
+      "qkv16", acts.qkv16.data(), rows, qw, c,
+      [&](std::int64_t r, std::int64_t q) { return static_cast<double>(static_cast<float>(acts.ln1_16.data()[r * c + q])); },
+      [&](std::int64_t q, std::int64_t j) { return bf16(wq[j * c + q]); }, [&](std::int64_t j) { return bf16(bq[j]); });
+  // The core's fp32 output and statistics from the stored qkv, widened.
+  const auto n = static_cast<std::size_t>(rows * width), nq = static_cast<std::size_t>(rows * qw);
+  const auto widen = [](const BFloat16* v, std::size_t count) {
+    std::vector<float> w(count);
+    for (std::size_t i = 0; i < count; ++i) w[i] = static_cast<float>(v[i]);
+    return w;
+  };
+  const std::vector<float> qkv32 = widen(acts.qkv16.data(), nq);
   std::vector<float> out(n), lse(static_cast<std::size_t>(acts.lse.numel()));
-  block.attention().forward(acts.qkv.data(), out.data(), lse.data(), batch, seq);
-  std::vector<float> widened(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    ASSERT_EQ(acts.atty16.data()[i].bits, BFloat16(out[i]).bits) << "element " << i;
-    widened[i] = static_cast<float>(acts.atty16.data()[i]);
-  }
+  block.attention().forward(qkv32.data(), out.data(), lse.data(), batch, seq);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(acts.atty16.data()[i].bits, BFloat16(out[i]).bits) << "atty16 " << i;
+  ASSERT_EQ(std::memcmp(lse.data(), acts.lse.data(), lse.size() * sizeof(float)), 0);
   std::vector<float> dx(x.size());
   store.zero_grad();
   block.backward(dout.data(), x.data(), acts, scratch, dx.data(), batch, seq);
-  std::vector<float> dqkv(static_cast<std::size_t>(scratch.dqkv.numel()), 0.0f);
-  block.attention().backward(scratch.datty.data(), acts.qkv.data(), widened.data(), lse.data(), dqkv.data(), batch,
-                             seq);
-  ASSERT_EQ(dqkv.size(), static_cast<std::size_t>(scratch.dqkv.numel()));
-  EXPECT_EQ(std::memcmp(dqkv.data(), scratch.dqkv.data(), dqkv.size() * sizeof(float)), 0)
-      << "d qkv is not the backward from the stored output widened";
+  // d atty = d res1 (what the block's attention branch received) times proj's weight.
+  const float* wp = store.param(block.proj().weight_id());
+  check_product(
+      "datty16", scratch.datty16.data(), rows, width, c,
+      [&](std::int64_t r, std::int64_t q) { return bf16(scratch.dres1.data()[r * c + q]); },
+      [&](std::int64_t q, std::int64_t j) { return bf16(wp[q * width + j]); }, [](std::int64_t) { return 0.0; });
+  const std::vector<float> atty32 = widen(acts.atty16.data(), n), datty32 = widen(scratch.datty16.data(), n);
+  std::vector<float> dqkv(nq, 0.0f);
+  block.attention().backward(datty32.data(), qkv32.data(), atty32.data(), lse.data(), dqkv.data(), batch, seq);
+  for (std::size_t i = 0; i < nq; ++i)
+    ASSERT_EQ(scratch.dqkv16.data()[i].bits, BFloat16(dqkv[i]).bits) << "dqkv16 " << i;
   // The backward from the unrounded output differs (the test can tell the two apart).
-  std::vector<float> from_fp32(dqkv.size(), 0.0f);
-  block.attention().backward(scratch.datty.data(), acts.qkv.data(), out.data(), lse.data(), from_fp32.data(), batch,
-                             seq);
-  EXPECT_NE(std::memcmp(from_fp32.data(), dqkv.data(), dqkv.size() * sizeof(float)), 0);
+  std::vector<float> from_fp32(nq, 0.0f);
+  block.attention().backward(datty32.data(), qkv32.data(), out.data(), lse.data(), from_fp32.data(), batch, seq);
+  EXPECT_NE(std::memcmp(from_fp32.data(), dqkv.data(), nq * sizeof(float)), 0);
   // Selective recompute: the same bits again.
   const std::vector<BFloat16> kept(acts.atty16.data(), acts.atty16.data() + n);
   std::fill(acts.atty16.data(), acts.atty16.data() + n, BFloat16(0.0f));
   block.recompute_attention(acts, batch, seq);
   EXPECT_EQ(std::memcmp(kept.data(), acts.atty16.data(), n * sizeof(BFloat16)), 0);
+}
+
+// The linear layer's bfloat16 entry points are its T ones on the same values: a backward from
+// a bf16 output gradient (with a bias) equals the backward from that gradient widened, and a
+// backward into a bf16 input gradient is the T one's gradient rounded once; the weight and
+// bias gradients bit for bit in both (the same in all four: the products round d to bf16).
+TEST(MatmulPrecision, Bf16LinearGradientsInAndOutAreTheFloatOnesRoundedOnce) {
+  const std::int64_t rows = 7, in = 12, out = 10;
+  ParamStore<float> store;
+  store.set_matmul_precision(MatmulPrecision::kBf16);
+  const nn::Linear<float> layer(store, {.in = in, .out = out, .name = "l"});
+  store.allocate();
+  const auto p = normal(static_cast<std::size_t>(store.size()), 30);
+  std::copy(p.begin(), p.end(), store.params().begin());
+  const auto x = normal(static_cast<std::size_t>(rows * in), 31), d = normal(static_cast<std::size_t>(rows * out), 32);
+  std::vector<BFloat16> x16(x.size()), d16(d.size());
+  std::vector<float> d_wide(d.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x16[i] = BFloat16(x[i]);
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    d16[i] = BFloat16(d[i]);
+    d_wide[i] = static_cast<float>(d16[i]);
+  }
+  const auto grads = [&] { return std::vector<float>(store.grads().begin(), store.grads().end()); };
+  std::vector<float> dx_ref(x.size(), 0.0f), dx(x.size(), 0.0f);
+  store.zero_grad();
+  layer.backward(d_wide.data(), x16.data(), dx_ref.data(), rows, nn::GradInto::kSet);
+  const auto g_ref = grads();
+  store.zero_grad();
+  layer.backward(d16.data(), x16.data(), dx.data(), rows, nn::GradInto::kSet);
+  EXPECT_EQ(dx, dx_ref) << "input gradient from a bf16 output gradient";
+  EXPECT_EQ(grads(), g_ref) << "weight and bias gradients from a bf16 output gradient";
+  std::vector<BFloat16> dx16(x.size());
+  store.zero_grad();
+  layer.backward(d.data(), x16.data(), dx_ref.data(), rows, nn::GradInto::kSet);
+  const auto g_ref2 = grads();
+  store.zero_grad();
+  layer.backward(d.data(), x16.data(), dx16.data(), rows);
+  for (std::size_t i = 0; i < x.size(); ++i) ASSERT_EQ(dx16[i].bits, BFloat16(dx_ref[i]).bits) << "element " << i;
+  EXPECT_EQ(grads(), g_ref2) << "weight and bias gradients beside a bf16 input gradient";
+  // The products read d rounded to bf16 either way: the same weight and bias gradients.
+  EXPECT_EQ(g_ref2, g_ref);
 }
 
 TEST(MatmulPrecision, Bf16RoundingIsBFloat16s) {

@@ -309,6 +309,8 @@ TEST(Precision, Bf16PlansUseTheBf16Rate) {
   EXPECT_EQ(fp32.norm_output_bytes, 0);
   EXPECT_EQ(bf16.attention_output_bytes, 2);  // the attention output, as cuDNN writes it
   EXPECT_EQ(fp32.attention_output_bytes, 0);
+  EXPECT_EQ(bf16.attention_input_bytes, 2);  // Q, K and V, as qkv's product writes them
+  EXPECT_EQ(fp32.attention_input_bytes, 0);
   const Precision megatron = parse_precision("mixed-fp32-grads");
   EXPECT_EQ(megatron.param_bytes, 2);
   EXPECT_EQ(megatron.grad_bytes, 4);
@@ -341,19 +343,22 @@ TEST(Precision, Bf16PlansUseTheBf16Rate) {
     const Workload w{.seq = 1024, .global_batch = 2};
     const double logits = 1024.0 * 2 * static_cast<double>(gpt.spec.vocab);
     // One GPU: bf16 logits, 2 bytes fewer than fp32's per logit, and the MLP's hidden
-    // activation, the two norms' outputs and the attention output in bf16, 2 bytes fewer per
-    // element (s b f, 2 s b h and s b h a layer); the rest is the same.
+    // activation, the two norms' outputs, the attention output and its input (Q, K, V: 3 h
+    // wide for gpt3's multi-head attention) in bf16, 2 bytes fewer per element (s b f, 2 s b h,
+    // s b h and 3 s b h a layer); the rest is the same.
     const double hidden = 1024.0 * 2 * static_cast<double>(gpt.spec.ffn_or_default()) * gpt.spec.layers;
     const double norms = 2 * 1024.0 * 2 * static_cast<double>(gpt.spec.hidden) * gpt.spec.layers;
-    const double attention_out = norms / 2;
+    const double attention_out = norms / 2, attention_in = 3 * attention_out;
     const Layout one{.micro_batch = 2};
     EXPECT_DOUBLE_EQ(estimate_memory(gpt, one, w, fp32).activations - estimate_memory(gpt, one, w, bf16).activations,
-                     2.0 * logits + 2.0 * hidden + 2.0 * norms + 2.0 * attention_out);
+                     2.0 * logits + 2.0 * hidden + 2.0 * norms + 2.0 * attention_out + 2.0 * attention_in);
     // tp 2: fp32 logits under both, and bf16's copy of their gradient beside them; the hidden
-    // and the attention output split over tp, the norms' outputs not (no sequence parallelism).
+    // and the attention's input and output split over tp, the norms' outputs not (no sequence
+    // parallelism).
     const Layout two{.tp = 2, .micro_batch = 2};
     EXPECT_DOUBLE_EQ(estimate_memory(gpt, two, w, bf16).activations - estimate_memory(gpt, two, w, fp32).activations,
-                     2.0 * logits / 2 - 2.0 * hidden / 2 - 2.0 * norms - 2.0 * attention_out / 2);
+                     2.0 * logits / 2 - 2.0 * hidden / 2 - 2.0 * norms - 2.0 * attention_out / 2 -
+                         2.0 * attention_in / 2);
   }
   EXPECT_TRUE(parse_precision("mixed").bf16_products);
   EXPECT_FALSE(fp32.bf16_products);
@@ -425,7 +430,9 @@ TEST(LayerTime, AttentionAtTheAttentionKernelsRate) {
 // bf16 by the GELU kernel (fc fuses its bias only; GELU 6 bytes an element; no casts of it),
 // and without sequence parallelism the norms' outputs too (2 bytes written, not 4; no casts);
 // the attention output stored in bf16 as cuDNN writes it (no casts for proj's two products,
-// no widening and rounding again around cuDNN: -24 h/t).
+// no widening and rounding again around cuDNN: -24 h/t), and its input and gradients too
+// (cuDNN's casts of qkv, forward and backward, and of d out, the widening of d qkv and qkv's
+// rounding of it for its products: -6 (4 r + h)/t).
 // Megatron's precisions fuse them: none.
 TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
   PlanModel m = model_preset("gpt3-1.7b");  // h 2304, 24 heads (r = 3h), ffn 4h
@@ -447,7 +454,7 @@ TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
   EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, bf16),
                    fp32 - 4 * (3 * r + 6 * f) + 6 * (3 * h + f) + 6 * (4 * h + 2 * f + r) + 6 * (r + h) +
                        6 * (2 * r + 2 * h) - 4 * r + 12 * f - (8 * f + 2 * f) - 12 * f - (4 * h + 24 * h) -
-                       24 * h);
+                       24 * h - 6 * (4 * r + h));
   // With sequence parallelism the norms' outputs stay fp32 (the gathers move fp32): their 28 h
   // come back (here tp 1, so the norms' rows are whole either way).
   LayerShape bf16_sp = bf16;

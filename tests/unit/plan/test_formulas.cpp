@@ -187,6 +187,29 @@ TEST(Activations, ABf16AttentionOutputIsCountedAtItsOwnBytes) {
   }
 }
 
+// And its input, Q, K and V (3 s b h / t elements for gpt3's multi-head attention; K and V
+// scale with kv_heads / heads): 2 bytes an element fewer, kept under selective recompute too
+// (the recomputed attention core reads them).
+TEST(Activations, ABf16AttentionInputIsCountedAtItsOwnBytes) {
+  const PlanModel m = model_preset("gpt3-175b");
+  for (const std::int64_t tp : {1, 8}) {
+    for (const Recompute r : {Recompute::kNone, Recompute::kSelective}) {
+      const ActivationOptions fp32{.tp = tp, .recompute = r, .activation_bytes = 4, .attention = Attention::kFlash};
+      ActivationOptions bf16 = fp32;
+      bf16.attention_input_bytes = 2;
+      EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, 2048, 1, fp32) - activation_bytes_per_layer(m, 2048, 1, bf16),
+                       2 * 3 * kSbh / static_cast<double>(tp));
+    }
+  }
+  PlanModel gqa = m;
+  gqa.spec.kv_heads = gqa.spec.heads / 4;  // K and V a quarter as wide
+  const ActivationOptions fp32{.activation_bytes = 4, .attention = Attention::kFlash};
+  ActivationOptions bf16 = fp32;
+  bf16.attention_input_bytes = 2;
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(gqa, 2048, 1, fp32) - activation_bytes_per_layer(gqa, 2048, 1, bf16),
+                   2 * 1.5 * kSbh);
+}
+
 TEST(Flops, FlashRecomputesTheScores) {
   // Flash attention's backward recomputes Q K^T: 2 b s^2 h per layer, B = 1536.
   const PlanModel m = model_preset("gpt3-175b");
