@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "gpu_test.hpp"
@@ -63,11 +65,13 @@ TEST(CudaLinear, BiasForwardIsAddBias) {
     ref = out0;
     layer.linear.add_bias(ref.data(), s.rows, residual.data());
     std::vector<float> apart = out0;
-    for (std::size_t i = 0; i < apart.size(); ++i) apart[i] = (apart[i] + layer.bias()[i % s.out]) + residual[i];
+    for (std::size_t i = 0; i < apart.size(); ++i)
+      apart[i] = (apart[i] + layer.bias()[i % s.out]) + residual[i];
     EXPECT_TRUE(same_bits(ref, apart)) << "the CPU's bias and residual, rows=" << s.rows;
     DeviceBuffer out2 = to_device(out0), dres = to_device(residual);
     cuda::bias_forward(ptr<float>(out2), ptr<float>(bias), s.rows, s.out, ptr<float>(dres));
-    EXPECT_TRUE(same_bits(to_host<float>(out2, out0.size()), ref)) << "+residual rows=" << s.rows << " cols=" << s.out;
+    EXPECT_TRUE(same_bits(to_host<float>(out2, out0.size()), ref))
+        << "+residual rows=" << s.rows << " cols=" << s.out;
   }
 }
 
@@ -96,6 +100,25 @@ nn::Linear<float> bf16_layer(ParamStore<float>& store, const Shape& s, bool bias
   const auto p = normal(static_cast<std::size_t>(store.size()), 7, 0.2f);
   store.params_from_host(p.data());
   return l;
+}
+
+// Runs body(shape, decline, where) for the bf16 tests' three shapes, each with cuBLASLt's
+// epilogues and, in the emulator, with them declined too (decline: NDMESH_EMULATE_NO_EPILOGUES=1,
+// as cuBLASLt declines where it has no algorithm); `where` names the case for failure messages.
+void for_each_epilogue_case(const std::function<void(const Shape&, bool, const std::string&)>& body) {
+#if NDMESH_CUDA_EMULATED
+  const std::vector<bool> declines = {false, true};
+#else
+  const std::vector<bool> declines = {false};
+#endif
+  for (const bool decline : declines)
+    for (const Shape& s : {Shape{7, 16, 24}, Shape{33, 96, 80}, Shape{65, 64, 13}}) {
+      if (decline) setenv("NDMESH_EMULATE_NO_EPILOGUES", "1", 1);
+      body(s, decline,
+           "rows=" + std::to_string(s.rows) + " in=" + std::to_string(s.in) +
+               " out=" + std::to_string(s.out) + (decline ? " (epilogues declined)" : ""));
+      unsetenv("NDMESH_EMULATE_NO_EPILOGUES");
+    }
 }
 
 // The LM head under bf16 on CUDA (nn::LmHead's fused path): the logits written in bfloat16
@@ -168,7 +191,8 @@ TEST(CudaLinear, Bf16WeightsFromTheStoresCopyAreTheRoundedWeights) {
   plain_store.to(Device::kCuda);
   copy_store.to(Device::kCuda);
   copy_store.keep_bf16_copy();
-  const auto inp = normal(static_cast<std::size_t>(s.rows * s.in), 3), d = normal(static_cast<std::size_t>(s.rows * s.out), 4);
+  const auto inp = normal(static_cast<std::size_t>(s.rows * s.in), 3),
+             d = normal(static_cast<std::size_t>(s.rows * s.out), 4);
   const auto n = static_cast<std::size_t>(s.rows * s.out);
   DeviceBuffer din = to_device(inp), dd = to_device(d);
   // forward, backward; the outputs, the input gradient and every parameter gradient.
@@ -196,7 +220,8 @@ TEST(CudaLinear, Bf16WeightsFromTheStoresCopyAreTheRoundedWeights) {
   EXPECT_EQ(copy_store.param_bf16(copied.weight_id()), nullptr);
   EXPECT_TRUE(same_bits(run(copied, copy_store), run(plain, plain_store))) << "new weights, the copy stale";
   copy_store.refresh_bf16();
-  EXPECT_TRUE(same_bits(run(copied, copy_store), run(plain, plain_store))) << "new weights, the copy refreshed";
+  EXPECT_TRUE(same_bits(run(copied, copy_store), run(plain, plain_store)))
+      << "new weights, the copy refreshed";
 }
 
 // Under bf16 products on CUDA a layer with a bias fuses it into its products (cuBLASLt
@@ -207,93 +232,85 @@ TEST(CudaLinear, Bf16WeightsFromTheStoresCopyAreTheRoundedWeights) {
 // bias gradient summed from the same rounded values): the same exact bf16 products in fp32 in
 // other orders, so the bounds of the test above (1e-4 relative, 1e-5 absolute) hold, GELU
 // being 1.2-Lipschitz. A missing bias or GELU, or a bias gradient not accumulated into the
-// filled one, is off by O(1); so is d pre without GELU's derivative. In the emulator, NDMESH_EMULATE_NO_EPILOGUES=1 declines every
-// epilogue, as cuBLASLt does where it has no algorithm: the layer then runs the steps apart,
-// to the same bounds.
+// filled one, is off by O(1); so is d pre without GELU's derivative. In the emulator,
+// NDMESH_EMULATE_NO_EPILOGUES=1 declines every epilogue, as cuBLASLt does where it has no algorithm: the
+// layer then runs the steps apart, to the same bounds.
 TEST(CudaLinear, Bf16BiasAndGeluFusedIntoTheProductsMatchTheCpu) {
   NDMESH_GPU_OR_SKIP();
-#if NDMESH_CUDA_EMULATED
-  const std::vector<bool> declines = {false, true};
-#else
-  const std::vector<bool> declines = {false};
-#endif
-  for (const bool decline : declines)
-    for (const Shape& s : {Shape{7, 16, 24}, Shape{33, 96, 80}, Shape{65, 64, 13}}) {
-      if (decline) setenv("NDMESH_EMULATE_NO_EPILOGUES", "1", 1);
-      const std::string where = "rows=" + std::to_string(s.rows) + " in=" + std::to_string(s.in) +
-                                " out=" + std::to_string(s.out) + (decline ? " (epilogues declined)" : "");
-      ParamStore<float> cpu_store, gpu_store;
-      const nn::Linear<float> cpu = bf16_layer(cpu_store, s, true), gpu = bf16_layer(gpu_store, s, true);
-      gpu_store.to(Device::kCuda);
-      const auto g = normal(static_cast<std::size_t>(cpu_store.size()), 8);  // gradients already held
-      std::copy(g.begin(), g.end(), cpu_store.grads().begin());
-      cuda::copy_to_device(gpu_store.grads().data(), g.data(), g.size() * sizeof(float));
-      const auto inp = normal(static_cast<std::size_t>(s.rows * s.in), 3);
-      const auto n = static_cast<std::size_t>(s.rows * s.out);
-      DeviceBuffer din = to_device(inp);
+  for_each_epilogue_case([&](const Shape& s, [[maybe_unused]] bool decline, const std::string& where) {
+    ParamStore<float> cpu_store, gpu_store;
+    const nn::Linear<float> cpu = bf16_layer(cpu_store, s, true), gpu = bf16_layer(gpu_store, s, true);
+    gpu_store.to(Device::kCuda);
+    const auto g = normal(static_cast<std::size_t>(cpu_store.size()), 8);  // gradients already held
+    std::copy(g.begin(), g.end(), cpu_store.grads().begin());
+    cuda::copy_to_device(gpu_store.grads().data(), g.data(), g.size() * sizeof(float));
+    const auto inp = normal(static_cast<std::size_t>(s.rows * s.in), 3);
+    const auto n = static_cast<std::size_t>(s.rows * s.out);
+    DeviceBuffer din = to_device(inp);
 
-      std::vector<float> ref(n), act(n);
-      cpu.forward(inp.data(), ref.data(), s.rows);
-      EXPECT_FALSE(cpu.forward_gelu(inp.data(), ref.data(), act.data(), s.rows)) << "the CPU fuses nothing";
-      nn::Gelu<float>::forward(ref.data(), act.data(), static_cast<std::int64_t>(n), Device::kCpu);
-      DeviceBuffer dout = to_device(nans(n)), dpre = to_device(nans(n));
-      gpu.forward(ptr<float>(din), ptr<float>(dout), s.rows);
-      EXPECT_TRUE(all_close(to_host<float>(dout, n), ref, 1e-4, 1e-5)) << "forward, " << where;
-      const bool fused = gpu.forward_gelu(ptr<float>(din), ptr<float>(dpre), ptr<float>(dout), s.rows);
-      // cuBLASLt's GELU aux rows are a multiple of 8 apart: 13 outputs decline everywhere.
+    std::vector<float> ref(n), act(n);
+    cpu.forward(inp.data(), ref.data(), s.rows);
+    EXPECT_FALSE(cpu.forward_gelu(inp.data(), ref.data(), act.data(), s.rows)) << "the CPU fuses nothing";
+    nn::Gelu<float>::forward(ref.data(), act.data(), static_cast<std::int64_t>(n), Device::kCpu);
+    DeviceBuffer dout = to_device(nans(n)), dpre = to_device(nans(n));
+    gpu.forward(ptr<float>(din), ptr<float>(dout), s.rows);
+    EXPECT_TRUE(all_close(to_host<float>(dout, n), ref, 1e-4, 1e-5)) << "forward, " << where;
+    const bool fused = gpu.forward_gelu(ptr<float>(din), ptr<float>(dpre), ptr<float>(dout), s.rows);
+    // cuBLASLt's GELU aux rows are a multiple of 8 apart: 13 outputs decline everywhere.
 #if NDMESH_CUDA_EMULATED
-      EXPECT_EQ(fused, !decline && s.out % 8 == 0) << where;
+    EXPECT_EQ(fused, !decline && s.out % 8 == 0) << where;
 #endif
-      if (fused) {
-        EXPECT_TRUE(all_close(to_host<float>(dpre, n), ref, 1e-4, 1e-5)) << "pre-activation, " << where;
-        EXPECT_TRUE(all_close(to_host<float>(dout, n), act, 1e-4, 1e-5)) << "gelu, " << where;
-      }
-
-      const auto d = normal(n, 4);
-      std::vector<float> dinp_ref(inp.size());
-      cpu.backward(d.data(), inp.data(), dinp_ref.data(), s.rows, nn::GradInto::kSet);
-      DeviceBuffer dd = to_device(d), ddinp = to_device(nans(inp.size()));
-      gpu.backward(ptr<float>(dd), ptr<float>(din), ptr<float>(ddinp), s.rows, nn::GradInto::kSet);
-      EXPECT_TRUE(all_close(to_host<float>(ddinp, inp.size()), dinp_ref, 1e-4, 1e-5)) << "d input, " << where;
-      std::vector<float> grads(static_cast<std::size_t>(gpu_store.size()));
-      cuda::copy_to_host(grads.data(), gpu_store.grads().data(), grads.size() * sizeof(float));
-      const std::vector<float> grads_ref(cpu_store.grads().begin(), cpu_store.grads().end());
-      // Sums over `rows` rows of terms below ~4 plus the filled gradient: 1e-6 rows absolute.
-      EXPECT_TRUE(all_close(grads, grads_ref, 1e-4, 1e-6 * static_cast<double>(s.rows)))
-          << "weight and bias gradients, " << where;
-
-      // The backward through GELU (the layer's input taken as gelu(pre), pre = the forward's
-      // output here): d pre = (d · W) gelu'(pre) from the product, against the CPU's backward
-      // then nn::Gelu's, and the weight gradient added once more.
-      std::vector<float> dpre_ref(inp.size());
-      const auto pre = normal(inp.size(), 5);
-      std::vector<float> gelu_of_pre(inp.size());
-      nn::Gelu<float>::forward(pre.data(), gelu_of_pre.data(), static_cast<std::int64_t>(inp.size()), Device::kCpu);
-      EXPECT_FALSE(cpu.backward_gelu(d.data(), gelu_of_pre.data(), pre.data(), dpre_ref.data(), s.rows));
-      cpu.backward(d.data(), gelu_of_pre.data(), dpre_ref.data(), s.rows, nn::GradInto::kSet);
-      nn::Gelu<float>::backward(dpre_ref.data(), pre.data(), dpre_ref.data(), static_cast<std::int64_t>(inp.size()),
-                                Device::kCpu);
-      DeviceBuffer dgpre = to_device(pre), dgact = to_device(gelu_of_pre), ddpre = to_device(nans(inp.size()));
-      const bool dgelu_fused =
-          gpu.backward_gelu(ptr<float>(dd), ptr<float>(dgact), ptr<float>(dgpre), ptr<float>(ddpre), s.rows);
-#if NDMESH_CUDA_EMULATED
-      EXPECT_EQ(dgelu_fused, !decline && s.in % 8 == 0) << where;
-#else
-      // What this cuBLASLt fused (the layer runs the rest apart): for the GPU check's log.
-      std::printf("%s: GELU %s, GELU's derivative %s in the product\n", where.c_str(), fused ? "fused" : "apart",
-                  dgelu_fused ? "fused" : "apart");
-#endif
-      if (dgelu_fused) {
-        // gelu' is within [-0.2, 1.2]: the product's bound carries over, and cuBLASLt's gelu'
-        // may differ from the tanh form's where it saturates (test_blas: 2^-7 of |d W|).
-        EXPECT_TRUE(all_close(to_host<float>(ddpre, inp.size()), dpre_ref, 1e-4, 1.0 / 128)) << "d pre, " << where;
-        cuda::copy_to_host(grads.data(), gpu_store.grads().data(), grads.size() * sizeof(float));
-        EXPECT_TRUE(all_close(grads, std::vector<float>(cpu_store.grads().begin(), cpu_store.grads().end()), 1e-4,
-                              2e-6 * static_cast<double>(s.rows)))
-            << "gradients after the backward through GELU, " << where;
-      }
-      unsetenv("NDMESH_EMULATE_NO_EPILOGUES");
+    if (fused) {
+      EXPECT_TRUE(all_close(to_host<float>(dpre, n), ref, 1e-4, 1e-5)) << "pre-activation, " << where;
+      EXPECT_TRUE(all_close(to_host<float>(dout, n), act, 1e-4, 1e-5)) << "gelu, " << where;
     }
+
+    const auto d = normal(n, 4);
+    std::vector<float> dinp_ref(inp.size());
+    cpu.backward(d.data(), inp.data(), dinp_ref.data(), s.rows, nn::GradInto::kSet);
+    DeviceBuffer dd = to_device(d), ddinp = to_device(nans(inp.size()));
+    gpu.backward(ptr<float>(dd), ptr<float>(din), ptr<float>(ddinp), s.rows, nn::GradInto::kSet);
+    EXPECT_TRUE(all_close(to_host<float>(ddinp, inp.size()), dinp_ref, 1e-4, 1e-5)) << "d input, " << where;
+    std::vector<float> grads(static_cast<std::size_t>(gpu_store.size()));
+    cuda::copy_to_host(grads.data(), gpu_store.grads().data(), grads.size() * sizeof(float));
+    const std::vector<float> grads_ref(cpu_store.grads().begin(), cpu_store.grads().end());
+    // Sums over `rows` rows of terms below ~4 plus the filled gradient: 1e-6 rows absolute.
+    EXPECT_TRUE(all_close(grads, grads_ref, 1e-4, 1e-6 * static_cast<double>(s.rows)))
+        << "weight and bias gradients, " << where;
+
+    // The backward through GELU (the layer's input taken as gelu(pre), pre = the forward's
+    // output here): d pre = (d · W) gelu'(pre) from the product, against the CPU's backward
+    // then nn::Gelu's, and the weight gradient added once more.
+    std::vector<float> dpre_ref(inp.size());
+    const auto pre = normal(inp.size(), 5);
+    std::vector<float> gelu_of_pre(inp.size());
+    nn::Gelu<float>::forward(pre.data(), gelu_of_pre.data(), static_cast<std::int64_t>(inp.size()),
+                             Device::kCpu);
+    EXPECT_FALSE(cpu.backward_gelu(d.data(), gelu_of_pre.data(), pre.data(), dpre_ref.data(), s.rows));
+    cpu.backward(d.data(), gelu_of_pre.data(), dpre_ref.data(), s.rows, nn::GradInto::kSet);
+    nn::Gelu<float>::backward(dpre_ref.data(), pre.data(), dpre_ref.data(),
+                              static_cast<std::int64_t>(inp.size()), Device::kCpu);
+    DeviceBuffer dgpre = to_device(pre), dgact = to_device(gelu_of_pre), ddpre = to_device(nans(inp.size()));
+    const bool dgelu_fused =
+        gpu.backward_gelu(ptr<float>(dd), ptr<float>(dgact), ptr<float>(dgpre), ptr<float>(ddpre), s.rows);
+#if NDMESH_CUDA_EMULATED
+    EXPECT_EQ(dgelu_fused, !decline && s.in % 8 == 0) << where;
+#else
+    // What this cuBLASLt fused (the layer runs the rest apart): for the GPU check's log.
+    std::printf("%s: GELU %s, GELU's derivative %s in the product\n", where.c_str(),
+                fused ? "fused" : "apart", dgelu_fused ? "fused" : "apart");
+#endif
+    if (dgelu_fused) {
+      // gelu' is within [-0.2, 1.2]: the product's bound carries over, and cuBLASLt's gelu'
+      // may differ from the tanh form's where it saturates (test_blas: 2^-7 of |d W|).
+      EXPECT_TRUE(all_close(to_host<float>(ddpre, inp.size()), dpre_ref, 1e-4, 1.0 / 128))
+          << "d pre, " << where;
+      cuda::copy_to_host(grads.data(), gpu_store.grads().data(), grads.size() * sizeof(float));
+      EXPECT_TRUE(all_close(grads, std::vector<float>(cpu_store.grads().begin(), cpu_store.grads().end()),
+                            1e-4, 2e-6 * static_cast<double>(s.rows)))
+          << "gradients after the backward through GELU, " << where;
+    }
+  });
 }
 
 // The attention's linear layers under bf16 on CUDA keep their activations in bfloat16: qkv's
@@ -305,11 +322,6 @@ TEST(CudaLinear, Bf16BiasAndGeluFusedIntoTheProductsMatchTheCpu) {
 // (one bf16 step, 2^-7, apart at most). A missing bias is off by O(1) (|b| ~ 0.2 here).
 TEST(CudaLinear, Bf16ActivationsAndGradientsInBfloat16MatchTheCpu) {
   NDMESH_GPU_OR_SKIP();
-#if NDMESH_CUDA_EMULATED
-  const std::vector<bool> declines = {false, true};
-#else
-  const std::vector<bool> declines = {false};
-#endif
   const auto widened = [](const std::vector<BFloat16>& v) {
     std::vector<float> w(v.size());
     for (std::size_t i = 0; i < v.size(); ++i) w[i] = static_cast<float>(v[i]);
@@ -320,52 +332,49 @@ TEST(CudaLinear, Bf16ActivationsAndGradientsInBfloat16MatchTheCpu) {
     for (std::size_t i = 0; i < v.size(); ++i) r[i] = BFloat16(v[i]);
     return r;
   };
-  for (const bool decline : declines)
-    for (const Shape& s : {Shape{7, 16, 24}, Shape{33, 96, 80}, Shape{65, 64, 13}}) {
-      if (decline) setenv("NDMESH_EMULATE_NO_EPILOGUES", "1", 1);
-      const std::string where = "rows=" + std::to_string(s.rows) + " in=" + std::to_string(s.in) +
-                                " out=" + std::to_string(s.out) + (decline ? " (epilogues declined)" : "");
-      ParamStore<float> cpu_store, gpu_store;
-      const nn::Linear<float> cpu = bf16_layer(cpu_store, s, true), gpu = bf16_layer(gpu_store, s, true);
-      gpu_store.to(Device::kCuda);
-      const auto inp16 = rounded(normal(static_cast<std::size_t>(s.rows * s.in), 3));
-      const auto n = static_cast<std::size_t>(s.rows * s.out);
-      DeviceBuffer din = to_device(inp16);
+  for_each_epilogue_case([&](const Shape& s, bool, const std::string& where) {
+    ParamStore<float> cpu_store, gpu_store;
+    const nn::Linear<float> cpu = bf16_layer(cpu_store, s, true), gpu = bf16_layer(gpu_store, s, true);
+    gpu_store.to(Device::kCuda);
+    const auto inp16 = rounded(normal(static_cast<std::size_t>(s.rows * s.in), 3));
+    const auto n = static_cast<std::size_t>(s.rows * s.out);
+    DeviceBuffer din = to_device(inp16);
 
-      std::vector<BFloat16> ref16(n);
-      cpu.forward(inp16.data(), ref16.data(), s.rows);
-      DeviceBuffer dout = to_device(std::vector<BFloat16>(n, BFloat16(std::nanf(""))));
-      gpu.forward(ptr<BFloat16>(din), ptr<BFloat16>(dout), s.rows);
-      const auto ref = widened(ref16);
-      EXPECT_TRUE(all_close(widened(to_host<BFloat16>(dout, n)), ref, 1e-4, 1.0 / 128)) << "forward, " << where;
+    std::vector<BFloat16> ref16(n);
+    cpu.forward(inp16.data(), ref16.data(), s.rows);
+    DeviceBuffer dout = to_device(std::vector<BFloat16>(n, BFloat16(std::nanf(""))));
+    gpu.forward(ptr<BFloat16>(din), ptr<BFloat16>(dout), s.rows);
+    const auto ref = widened(ref16);
+    EXPECT_TRUE(all_close(widened(to_host<BFloat16>(dout, n)), ref, 1e-4, 1.0 / 128)) << "forward, " << where;
 
-      // The backward from a bf16 output gradient, the input in bf16 too.
-      const auto d16 = rounded(normal(n, 4));
-      std::vector<float> dinp_ref(inp16.size());
-      cpu.backward(d16.data(), inp16.data(), dinp_ref.data(), s.rows, nn::GradInto::kSet);
-      DeviceBuffer dd = to_device(d16), ddinp = to_device(nans(inp16.size()));
-      gpu.backward(ptr<BFloat16>(dd), ptr<BFloat16>(din), ptr<float>(ddinp), s.rows, nn::GradInto::kSet);
-      EXPECT_TRUE(all_close(to_host<float>(ddinp, inp16.size()), dinp_ref, 1e-4, 1e-5)) << "d input, " << where;
-      std::vector<float> grads(static_cast<std::size_t>(gpu_store.size()));
-      cuda::copy_to_host(grads.data(), gpu_store.grads().data(), grads.size() * sizeof(float));
-      EXPECT_TRUE(all_close(grads, std::vector<float>(cpu_store.grads().begin(), cpu_store.grads().end()), 1e-4,
-                            1e-6 * static_cast<double>(s.rows)))
-          << "weight and bias gradients, " << where;
+    // The backward from a bf16 output gradient, the input in bf16 too.
+    const auto d16 = rounded(normal(n, 4));
+    std::vector<float> dinp_ref(inp16.size());
+    cpu.backward(d16.data(), inp16.data(), dinp_ref.data(), s.rows, nn::GradInto::kSet);
+    DeviceBuffer dd = to_device(d16), ddinp = to_device(nans(inp16.size()));
+    gpu.backward(ptr<BFloat16>(dd), ptr<BFloat16>(din), ptr<float>(ddinp), s.rows, nn::GradInto::kSet);
+    EXPECT_TRUE(all_close(to_host<float>(ddinp, inp16.size()), dinp_ref, 1e-4, 1e-5)) << "d input, " << where;
+    std::vector<float> grads(static_cast<std::size_t>(gpu_store.size()));
+    cuda::copy_to_host(grads.data(), gpu_store.grads().data(), grads.size() * sizeof(float));
+    EXPECT_TRUE(all_close(grads, std::vector<float>(cpu_store.grads().begin(), cpu_store.grads().end()), 1e-4,
+                          1e-6 * static_cast<double>(s.rows)))
+        << "weight and bias gradients, " << where;
 
-      // The backward into a bf16 input gradient from an fp32 output gradient.
-      const auto d = normal(n, 5);
-      std::vector<BFloat16> dinp16_ref(inp16.size());
-      cpu.backward(d.data(), inp16.data(), dinp16_ref.data(), s.rows);
-      DeviceBuffer dd32 = to_device(d), ddinp16 = to_device(std::vector<BFloat16>(inp16.size(), BFloat16(std::nanf(""))));
-      gpu.backward(ptr<float>(dd32), ptr<BFloat16>(din), ptr<BFloat16>(ddinp16), s.rows);
-      EXPECT_TRUE(all_close(widened(to_host<BFloat16>(ddinp16, inp16.size())), widened(dinp16_ref), 1e-4, 1.0 / 128))
-          << "d input in bf16, " << where;
-      cuda::copy_to_host(grads.data(), gpu_store.grads().data(), grads.size() * sizeof(float));
-      EXPECT_TRUE(all_close(grads, std::vector<float>(cpu_store.grads().begin(), cpu_store.grads().end()), 1e-4,
-                            2e-6 * static_cast<double>(s.rows)))
-          << "weight and bias gradients after both, " << where;
-      unsetenv("NDMESH_EMULATE_NO_EPILOGUES");
-    }
+    // The backward into a bf16 input gradient from an fp32 output gradient.
+    const auto d = normal(n, 5);
+    std::vector<BFloat16> dinp16_ref(inp16.size());
+    cpu.backward(d.data(), inp16.data(), dinp16_ref.data(), s.rows);
+    DeviceBuffer dd32 = to_device(d),
+                 ddinp16 = to_device(std::vector<BFloat16>(inp16.size(), BFloat16(std::nanf(""))));
+    gpu.backward(ptr<float>(dd32), ptr<BFloat16>(din), ptr<BFloat16>(ddinp16), s.rows);
+    EXPECT_TRUE(
+        all_close(widened(to_host<BFloat16>(ddinp16, inp16.size())), widened(dinp16_ref), 1e-4, 1.0 / 128))
+        << "d input in bf16, " << where;
+    cuda::copy_to_host(grads.data(), gpu_store.grads().data(), grads.size() * sizeof(float));
+    EXPECT_TRUE(all_close(grads, std::vector<float>(cpu_store.grads().begin(), cpu_store.grads().end()), 1e-4,
+                          2e-6 * static_cast<double>(s.rows)))
+        << "weight and bias gradients after both, " << where;
+  });
 }
 
 }  // namespace
