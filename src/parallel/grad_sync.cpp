@@ -135,7 +135,11 @@ StepSums GradSync::host_sums(double loss_sum, double square_sum) const {
   // tp rank 0 counts it.
   std::array<double, 2> sums = {tp_.rank() == 0 ? loss_sum : 0.0, square_sum};
   if (world_.size() > 1) world_.all_reduce(std::span<double>(sums));
-  return {.loss = sums[0] / tokens_, .grad_norm = std::sqrt(std::max(0.0, sums[1]))};
+  return from_world_sums(sums[0], sums[1]);
+}
+
+StepSums GradSync::from_world_sums(double loss_sum, double square_sum) const {
+  return {.loss = loss_sum / tokens_, .grad_norm = std::sqrt(std::max(0.0, square_sum))};
 }
 
 StepSums GradSync::finish_step(double loss_sum) {
@@ -169,15 +173,22 @@ StepSums GradSync::finish_step_from_heads(bool leave_pending) {
   else
     sums_.zero();
   ops::square_sum_many_into<float>(sums + 1, counted_runs(), device);
+  if (world_.size() > 1) {
+    // Summed where they are (host_sums' all-reduce, without reading them first): every tp
+    // rank computes the same loss (the vocabulary-parallel loss reduces over tp), tp rank 0
+    // counts it.
+    if (tp_.rank() != 0) sums_.zero(0, 1);
+    world_.all_reduce(std::span<double>(sums, 2));
+  }
   StepSums out{.pending = sums};
-  if (!leave_pending || world_.size() > 1) read_sums(out);
+  if (!leave_pending) read_sums(out);
   return out;
 }
 
 void GradSync::read_sums(StepSums& s) const {
   if (s.pending == nullptr) return;
   const std::vector<double> host = sums_.to_host();
-  const StepSums read = host_sums(host[0], host[1]);
+  const StepSums read = from_world_sums(host[0], host[1]);
   s.loss = read.loss;
   s.grad_norm = read.grad_norm;
   s.pending = nullptr;

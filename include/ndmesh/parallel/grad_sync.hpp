@@ -54,9 +54,10 @@ namespace ndmesh::parallel {
 struct StepSums {
   double loss = 0;       ///< mean over the global batch's tokens
   double grad_norm = 0;  ///< of the synchronised gradients, before clipping
-  /// GradSync::finish_step_from_heads on one rank: this rank's loss sum and the square of
-  /// the norm, two doubles where the gradients are (device memory on CUDA) not read yet (loss
-  /// and grad_norm are 0 until GradSync::read_sums).
+  /// GradSync::finish_step_from_heads: the loss sum and the square of the norm over the
+  /// world (summed where they are: NCCL on the stream on CUDA), two doubles where the
+  /// gradients are (device memory on CUDA) not read yet (loss and grad_norm are 0 until
+  /// GradSync::read_sums).
   const double* pending = nullptr;
   /// The norm the optimizer clips with: the square where it is, or grad_norm.
   nn::GradNorm norm() const {
@@ -143,11 +144,12 @@ class GradSync {
   StepSums finish_step(double loss_sum);
   /// finish_step() with the loss taken from the heads here (the walk ran with
   /// StageHooks::take_loss false). The loss sum and the norm's square are written to two
-  /// doubles where the gradients are (on CUDA: on the stream) and read back together (one
-  /// host wait, not two); a single rank with `leave_pending` does not read them at all: the
-  /// optimizer clips with the square where it is (StepSums::norm; on CUDA its kernel reads
-  /// it) and read_sums() reads both after the optimizer step is enqueued, so that nothing
-  /// inside the step waits for the device.
+  /// doubles where the gradients are (on CUDA: on the stream) and summed over the world
+  /// there (one all-reduce of the two; on CUDA through NCCL, ordered on the stream, or the
+  /// staged engine); with `leave_pending` nothing reads them: the optimizer clips with the
+  /// square where it is (StepSums::norm; on CUDA its kernel reads it) and read_sums() reads
+  /// both after the optimizer step is enqueued, so that nothing inside the step waits for
+  /// the device, on one GPU or several. Without, they are read here (one host wait).
   StepSums finish_step_from_heads(bool leave_pending);
   /// Reads what finish_step_from_heads left pending into loss and grad_norm (waits for the
   /// stream on CUDA); nothing when nothing was left.
@@ -179,6 +181,8 @@ class GradSync {
   std::vector<std::pair<const float*, std::int64_t>> counted_runs() const;
   double counted_square_sum() const;
   StepSums host_sums(double loss_sum, double square_sum) const;
+  // The step's sums from the world's loss sum and norm square.
+  StepSums from_world_sums(double loss_sum, double square_sum) const;
 
   std::vector<model::Gpt*> chunks_;
   comm::Communicator world_, grad_, embedding_;

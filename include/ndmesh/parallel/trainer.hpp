@@ -116,10 +116,10 @@ class Trainer {
   Trainer(Trainer&&) = delete;
   Trainer& operator=(Trainer&&) = delete;
 
-  /// One optimizer step (collective): compute_step() then apply_step(). On one CUDA rank
-  /// nothing inside it waits for the device: the loss and the gradient norm stay there
-  /// until the optimizer step is enqueued (its kernel clips with the norm where it is), and
-  /// are read once at the end.
+  /// One optimizer step (collective): compute_step() then apply_step(). On CUDA nothing
+  /// inside it waits for the device: the loss and the gradient norm stay there (summed over
+  /// the ranks there, by NCCL) until the optimizer step is enqueued (its kernel clips with
+  /// the norm where it is), and are read once at the end.
   StepStats step();
   /// The forward, backward and gradient synchronisation of the next step; nothing is
   /// updated, so it can be dropped and computed again (elastic data parallelism).

@@ -104,6 +104,13 @@ class Scratch {
   Scratch() = default;
   T* data() { return on_host_.empty() ? static_cast<T*>(on_device_.data()) : on_host_.data(); }
   std::int64_t size() const { return n_; }
+  /// Elements [first, first + count) set to zero (on the stream on CUDA: nothing waits).
+  void zero(std::int64_t first, std::int64_t count) {
+    if (on_host_.empty())
+      cuda::memset_zero(static_cast<T*>(on_device_.data()) + first, static_cast<std::size_t>(count) * sizeof(T));
+    else
+      std::fill_n(on_host_.begin() + first, count, T{});
+  }
   /// Every element set to zero (on the stream on CUDA: nothing waits).
   void zero() {
     if (on_host_.empty())

@@ -108,6 +108,70 @@ TEST_P(GradSyncLayouts, OneStepEqualsTheSerialGradientsByName) {
   });
 }
 
+// The trainer's path: the walk leaves the loss in the heads (StageHooks::take_loss false)
+// and finish_step_from_heads(true) sums the loss and the norm's square over the world where
+// they are (one all-reduce, each tp group's loss counted once) without reading them: on every
+// rank they stay pending (loss and norm 0) until read_sums, which then gives the serial
+// model's loss and norm, the same on every rank.
+TEST_P(GradSyncLayouts, TheSumsLeftPendingAreTheWorldsLossAndNorm) {
+  const Case& c = GetParam();
+  const Mesh mesh = Mesh::parse(c.mesh);
+  TrainOptions o;
+  o.model = testing_support::tiny_spec(4, c.tied);
+  o.batch = 4;
+  o.micro_batch = c.micro_batch;
+  o.sequence_parallel = c.sequence_parallel;
+  o.dp = {.bucket_mb = 256.0 * 4 / (1024 * 1024), .zero = c.zero};
+  o.pp.schedule = c.schedule;
+  const Batch batch = testing_support::make_batch(o.model, o.batch, 21);
+  const testing_support::SerialReference ref(o.model, batch);
+  double ref_norm = 0;
+  for (float g : ref.model().params().grads()) ref_norm += static_cast<double>(g) * g;
+  ref_norm = std::sqrt(ref_norm);
+  std::vector<StepSums> read(static_cast<std::size_t>(mesh.world_size()));
+
+  comm::inproc::run(static_cast<int>(mesh.world_size()), [&](const Communicator& world) {
+    testing_support::single_blas_thread();
+    ProcessGroups groups(mesh, world);
+    RankModel model = parallelize(o, groups);
+    GradSync sync(model, groups, o.dp);
+    std::vector<model::Gpt*> raw;
+    for (auto& chunk : model.chunks) raw.push_back(chunk.get());
+    pp::Executor executor(model.plan.schedule, model.plan.pp, raw);
+    for (std::size_t k = 0; k < model.chunks.size(); ++k)
+      model.chunks[k]->set_progress_hook([&, k] {
+        sync.progress(static_cast<int>(k));
+        executor.poll();
+      });
+    const BatchLayout& l = model.plan.batch;
+    pp::StageHooks hooks;
+    hooks.data = [&](int mb, std::int32_t* tokens, std::int32_t* targets) {
+      const Batch b = batch.slice(l.dp_rank * l.local_batch + mb * l.micro_batch, l.micro_batch)
+                          .at_positions(l.positions);
+      std::copy(b.tokens.begin(), b.tokens.end(), tokens);
+      std::copy(b.targets.begin(), b.targets.end(), targets);
+    };
+    hooks.before_backward = [&](int k, bool last) { sync.begin_backward(k, last); };
+    hooks.after_backward = [&](int k) { sync.end_backward(k); };
+    hooks.take_loss = false;
+    sync.start_step();
+    executor.train_step(hooks);
+    StepSums sums = sync.finish_step_from_heads(true);
+    ASSERT_NE(sums.pending, nullptr) << c.name << ", rank " << world.rank();
+    EXPECT_EQ(sums.loss, 0.0) << "read before read_sums, " << c.name << ", rank " << world.rank();
+    EXPECT_EQ(sums.grad_norm, 0.0) << "read before read_sums, " << c.name << ", rank " << world.rank();
+    sync.read_sums(sums);
+    EXPECT_EQ(sums.pending, nullptr);
+    EXPECT_NEAR(sums.loss, ref.loss(), 1e-6 * ref.loss()) << c.name << ", rank " << world.rank();
+    EXPECT_NEAR(sums.grad_norm, ref_norm, 1e-5 * ref_norm) << c.name << ", rank " << world.rank();
+    read[static_cast<std::size_t>(world.rank())] = sums;
+  });
+  for (const StepSums& r : read) {
+    EXPECT_EQ(r.loss, read.front().loss) << c.name;
+    EXPECT_EQ(r.grad_norm, read.front().grad_norm) << c.name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Layouts, GradSyncLayouts,
     ::testing::Values(Case{"serial", "dp=1"}, Case{"dp 2 micro-batches", "dp=2", 1}, Case{"tp 2", "tp=2"},
