@@ -188,15 +188,19 @@ void Block<T>::attention_backward(const BlockActivations<T>& a, BlockScratch<T>&
 }
 
 template <typename T>
+AttentionKernel Block<T>::cuda_kernel(const AttentionCore<T>* core, const std::int64_t* positions) const {
+  // A ring runs its own kernels; cuDNN's causal mask is by index (0..seq-1) only.
+  return core ? AttentionKernel::kFlash : attention_kernel(qkv_.matmul_precision(), positions != nullptr);
+}
+
+template <typename T>
 template <typename S>
 bool Block<T>::cudnn_forward([[maybe_unused]] const S* qkv, [[maybe_unused]] S* out, [[maybe_unused]] T* lse,
                              [[maybe_unused]] std::int64_t batch, [[maybe_unused]] std::int64_t seq,
                              [[maybe_unused]] const AttentionCore<T>* core,
                              [[maybe_unused]] const std::int64_t* positions) const {
   NDMESH_CUDA_TWIN(device(), {
-    // A ring runs its own kernels; cuDNN's causal mask is by index (0..seq-1) only.
-    const AttentionKernel k =
-        core ? AttentionKernel::kFlash : attention_kernel(qkv_.matmul_precision(), positions != nullptr);
+    const AttentionKernel k = cuda_kernel(core, positions);
     const AttentionOptions& o = attn_.options();
     return k != AttentionKernel::kFlash && cuda::attention_forward_cudnn(out, lse, qkv, batch, seq, o.heads, o.kv_heads,
                                                                          o.head_dim, k == AttentionKernel::kCudnnRequired);
@@ -212,8 +216,7 @@ bool Block<T>::cudnn_backward([[maybe_unused]] S* dqkv, [[maybe_unused]] const S
                               [[maybe_unused]] const AttentionCore<T>* core,
                               [[maybe_unused]] const std::int64_t* positions) const {
   NDMESH_CUDA_TWIN(device(), {
-    const AttentionKernel k =
-        core ? AttentionKernel::kFlash : attention_kernel(qkv_.matmul_precision(), positions != nullptr);
+    const AttentionKernel k = cuda_kernel(core, positions);
     const AttentionOptions& o = attn_.options();
     // cuDNN writes d qkv (every element): nothing zeroes it first.
     return k != AttentionKernel::kFlash &&

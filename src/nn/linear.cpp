@@ -217,10 +217,7 @@ void Linear<T>::backward(const BFloat16* dout, std::int64_t ld_dout, const T* in
   if (DeferredWeightGrads<T>* sink = deferred_sink<T>()) {  // the weight part later, from dout widened (exact)
     NDMESH_CHECK(ld_dout == n_out, "nn", "linear '{}': a split backward takes a bfloat16 gradient rows {} apart, not {}",
                  options_.name, n_out, ld_dout);
-    Tensor<T> wide({rows * n_out}, device());
-    widen(wide.data(), dout, rows * n_out, device());
-    sink->record(*this, wide.data(), inp, inp16, rows);
-    return;
+    return sink->record(*this, dout, inp, inp16, rows);
   }
   weight_product(d, input(inp, inp16, rows), rows, ld_dout);
 }
@@ -307,6 +304,15 @@ void DeferredWeightGrads<T>::record(const Linear<T>& layer, const T* dout, const
   const std::int64_t n = rows * layer.options().out;
   Tensor<T> copy({n}, layer.device());
   ops::copy<T>(copy.data(), dout, n, layer.device());
+  entries_.push_back({&layer, std::move(copy), inp, inp16, rows});
+}
+
+template <typename T>
+void DeferredWeightGrads<T>::record(const Linear<T>& layer, const BFloat16* dout, const T* inp, const BFloat16* inp16,
+                                    std::int64_t rows) {
+  const std::int64_t n = rows * layer.options().out;
+  Tensor<T> copy({n}, layer.device());
+  widen(copy.data(), dout, n, layer.device());
   entries_.push_back({&layer, std::move(copy), inp, inp16, rows});
 }
 

@@ -203,6 +203,9 @@ class Block {
                          const AttentionCore<T>* core, const std::int64_t* positions) const;
   void attention_backward(const BlockActivations<T>& acts, BlockScratch<T>& scratch, std::int64_t batch,
                           std::int64_t seq, const AttentionCore<T>* core, const std::int64_t* positions) const;
+  // The CUDA kernel of the attention core: kFlash for a ring (`core`) or explicit positions,
+  // else what attention_kernel picks for the products' precision (cuDNN under bf16).
+  AttentionKernel cuda_kernel(const AttentionCore<T>* core, const std::int64_t* positions) const;
   // cuDNN's attention where the settings pick it for the local core (not a ring, nor explicit
   // positions), on elements S (T, or bfloat16 as cuDNN computes): out and lse from qkv, or d qkv
   // written from d out; false where it does not run (the caller runs the other kernels).

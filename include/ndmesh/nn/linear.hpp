@@ -165,6 +165,8 @@ class DeferredWeightGrads {
  public:
   /// `inp` or `inp16` (the input stored in bfloat16) is the layer's input; one of them null.
   void record(const Linear<T>& layer, const T* dout, const T* inp, const BFloat16* inp16, std::int64_t rows);
+  /// record() from an output gradient stored in bfloat16 (rows `out` apart), kept widened (exact).
+  void record(const Linear<T>& layer, const BFloat16* dout, const T* inp, const BFloat16* inp16, std::int64_t rows);
   /// Adds every recorded weight gradient, in record order, and forgets them. After each
   /// one, `final_from` (when given) is called with the flat offset from which every
   /// gradient is final as far as the remaining records go (the largest grads_end() of

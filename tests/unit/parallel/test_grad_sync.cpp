@@ -6,9 +6,9 @@
 // pipeline chunks against their blocks, a tied head's copy of the token table against the
 // table's whole gradient (the embedding-group sum). A failure names the rank, the chunk and
 // the first differing tensor. Under ZeRO-3 the parameters are sharded too: each unit is
-// gathered by the chunk's ParamGatherer around its use. The batch slicing here is written independently of the
-// BatchSource (dp slice, micro-batches, cp positions), so the test checks the components
-// that do it, not a copy of them.
+// gathered by the chunk's ParamGatherer around its use. The batch slicing here is written independently of
+// the BatchSource (dp slice, micro-batches, cp positions), so the test checks the components that do it, not
+// a copy of them.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -42,9 +42,7 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class GradSyncLayouts : public ::testing::TestWithParam<Case> {};
 
-TEST_P(GradSyncLayouts, OneStepEqualsTheSerialGradientsByName) {
-  const Case& c = GetParam();
-  const Mesh mesh = Mesh::parse(c.mesh);
+TrainOptions options_for(const Case& c) {
   TrainOptions o;
   o.model = testing_support::tiny_spec(4, c.tied);
   o.batch = 4;
@@ -52,12 +50,21 @@ TEST_P(GradSyncLayouts, OneStepEqualsTheSerialGradientsByName) {
   o.sequence_parallel = c.sequence_parallel;
   o.dp = {.bucket_mb = 256.0 * 4 / (1024 * 1024), .zero = c.zero};
   o.pp.schedule = c.schedule;
-  const Batch batch = testing_support::make_batch(o.model, o.batch, 21);
-  const testing_support::SerialReference ref(o.model, batch);
-  double ref_norm = 0;
-  for (float g : ref.model().params().grads()) ref_norm += static_cast<double>(g) * g;
-  ref_norm = std::sqrt(ref_norm);
+  return o;
+}
 
+double norm_of(const testing_support::SerialReference& ref) {
+  double square = 0;
+  for (float g : ref.model().params().grads()) square += static_cast<double>(g) * g;
+  return std::sqrt(square);
+}
+
+// One training step of layout c on in-process ranks over `batch`, then after(world, sync,
+// model, walk) on each rank. `take_loss`: StageHooks::take_loss (false: the loss stays in the
+// heads, for GradSync::finish_step_from_heads).
+template <typename After>
+void one_step(const Case& c, const TrainOptions& o, const Batch& batch, bool take_loss, After&& after) {
+  const Mesh mesh = Mesh::parse(c.mesh);
   comm::inproc::run(static_cast<int>(mesh.world_size()), [&](const Communicator& world) {
     testing_support::single_blas_thread();
     ProcessGroups groups(mesh, world);
@@ -83,29 +90,43 @@ TEST_P(GradSyncLayouts, OneStepEqualsTheSerialGradientsByName) {
     };
     hooks.before_backward = [&](int k, bool last) { sync.begin_backward(k, last); };
     hooks.after_backward = [&](int k) { sync.end_backward(k); };
+    hooks.take_loss = take_loss;
     sync.start_step();
     const pp::WalkResult walk = executor.train_step(hooks);
-    const StepSums sums = sync.finish_step(walk.loss_sum);
-    EXPECT_NEAR(sums.loss, ref.loss(), 1e-6 * ref.loss()) << c.name << ", rank " << world.rank();
-    EXPECT_NEAR(sums.grad_norm, ref_norm, 1e-5 * ref_norm) << c.name << ", rank " << world.rank();
-    for (std::size_t k = 0; k < model.chunks.size(); ++k) {
-      model::Gpt& chunk = *model.chunks[k];
-      GradReducer& reducer = sync.reducer(k);
-      // The gradients this rank updates; under ZeRO each element has one owner in the
-      // gradient group, and a sum of zero-filled buffers gathers them.
-      std::vector<float> mine(chunk.params().grads().begin(), chunk.params().grads().end());
-      if (reducer.zero() > 0) {
-        std::fill(mine.begin(), mine.end(), 0.0f);
-        reducer.for_each_owned(
-            chunk.params().grads().data(), 0, chunk.params().size(),
-            [&](const float* g, std::int64_t n, std::int64_t at) { std::copy(g, g + n, mine.begin() + at); });
-        sync.group().all_reduce(std::span<float>(mine));
-      }
-      EXPECT_TRUE(testing_support::same_by_name(chunk.params(), mine, ref.model().params(),
-                                                ref.model().params().grads()))
-          << c.name << ", rank " << world.rank() << ", chunk " << k;
-    }
+    after(world, sync, model, walk);
   });
+}
+
+TEST_P(GradSyncLayouts, OneStepEqualsTheSerialGradientsByName) {
+  const Case& c = GetParam();
+  const TrainOptions o = options_for(c);
+  const Batch batch = testing_support::make_batch(o.model, o.batch, 21);
+  const testing_support::SerialReference ref(o.model, batch);
+  const double ref_norm = norm_of(ref);
+  one_step(c, o, batch, true,
+           [&](const Communicator& world, GradSync& sync, RankModel& model, const pp::WalkResult& walk) {
+             const StepSums sums = sync.finish_step(walk.loss_sum);
+             EXPECT_NEAR(sums.loss, ref.loss(), 1e-6 * ref.loss()) << c.name << ", rank " << world.rank();
+             EXPECT_NEAR(sums.grad_norm, ref_norm, 1e-5 * ref_norm) << c.name << ", rank " << world.rank();
+             for (std::size_t k = 0; k < model.chunks.size(); ++k) {
+               model::Gpt& chunk = *model.chunks[k];
+               GradReducer& reducer = sync.reducer(k);
+               // The gradients this rank updates; under ZeRO each element has one owner in the
+               // gradient group, and a sum of zero-filled buffers gathers them.
+               std::vector<float> mine(chunk.params().grads().begin(), chunk.params().grads().end());
+               if (reducer.zero() > 0) {
+                 std::fill(mine.begin(), mine.end(), 0.0f);
+                 reducer.for_each_owned(chunk.params().grads().data(), 0, chunk.params().size(),
+                                        [&](const float* g, std::int64_t n, std::int64_t at) {
+                                          std::copy(g, g + n, mine.begin() + at);
+                                        });
+                 sync.group().all_reduce(std::span<float>(mine));
+               }
+               EXPECT_TRUE(testing_support::same_by_name(chunk.params(), mine, ref.model().params(),
+                                                         ref.model().params().grads()))
+                   << c.name << ", rank " << world.rank() << ", chunk " << k;
+             }
+           });
 }
 
 // The trainer's path: the walk leaves the loss in the heads (StageHooks::take_loss false)
@@ -115,57 +136,23 @@ TEST_P(GradSyncLayouts, OneStepEqualsTheSerialGradientsByName) {
 // model's loss and norm, the same on every rank.
 TEST_P(GradSyncLayouts, TheSumsLeftPendingAreTheWorldsLossAndNorm) {
   const Case& c = GetParam();
-  const Mesh mesh = Mesh::parse(c.mesh);
-  TrainOptions o;
-  o.model = testing_support::tiny_spec(4, c.tied);
-  o.batch = 4;
-  o.micro_batch = c.micro_batch;
-  o.sequence_parallel = c.sequence_parallel;
-  o.dp = {.bucket_mb = 256.0 * 4 / (1024 * 1024), .zero = c.zero};
-  o.pp.schedule = c.schedule;
+  const TrainOptions o = options_for(c);
   const Batch batch = testing_support::make_batch(o.model, o.batch, 21);
   const testing_support::SerialReference ref(o.model, batch);
-  double ref_norm = 0;
-  for (float g : ref.model().params().grads()) ref_norm += static_cast<double>(g) * g;
-  ref_norm = std::sqrt(ref_norm);
-  std::vector<StepSums> read(static_cast<std::size_t>(mesh.world_size()));
-
-  comm::inproc::run(static_cast<int>(mesh.world_size()), [&](const Communicator& world) {
-    testing_support::single_blas_thread();
-    ProcessGroups groups(mesh, world);
-    RankModel model = parallelize(o, groups);
-    GradSync sync(model, groups, o.dp);
-    std::vector<model::Gpt*> raw;
-    for (auto& chunk : model.chunks) raw.push_back(chunk.get());
-    pp::Executor executor(model.plan.schedule, model.plan.pp, raw);
-    for (std::size_t k = 0; k < model.chunks.size(); ++k)
-      model.chunks[k]->set_progress_hook([&, k] {
-        sync.progress(static_cast<int>(k));
-        executor.poll();
+  const double ref_norm = norm_of(ref);
+  std::vector<StepSums> read(static_cast<std::size_t>(Mesh::parse(c.mesh).world_size()));
+  one_step(
+      c, o, batch, false, [&](const Communicator& world, GradSync& sync, RankModel&, const pp::WalkResult&) {
+        StepSums sums = sync.finish_step_from_heads(true);
+        ASSERT_NE(sums.pending, nullptr) << c.name << ", rank " << world.rank();
+        EXPECT_EQ(sums.loss, 0.0) << "read before read_sums, " << c.name << ", rank " << world.rank();
+        EXPECT_EQ(sums.grad_norm, 0.0) << "read before read_sums, " << c.name << ", rank " << world.rank();
+        sync.read_sums(sums);
+        EXPECT_EQ(sums.pending, nullptr);
+        EXPECT_NEAR(sums.loss, ref.loss(), 1e-6 * ref.loss()) << c.name << ", rank " << world.rank();
+        EXPECT_NEAR(sums.grad_norm, ref_norm, 1e-5 * ref_norm) << c.name << ", rank " << world.rank();
+        read[static_cast<std::size_t>(world.rank())] = sums;
       });
-    const BatchLayout& l = model.plan.batch;
-    pp::StageHooks hooks;
-    hooks.data = [&](int mb, std::int32_t* tokens, std::int32_t* targets) {
-      const Batch b = batch.slice(l.dp_rank * l.local_batch + mb * l.micro_batch, l.micro_batch)
-                          .at_positions(l.positions);
-      std::copy(b.tokens.begin(), b.tokens.end(), tokens);
-      std::copy(b.targets.begin(), b.targets.end(), targets);
-    };
-    hooks.before_backward = [&](int k, bool last) { sync.begin_backward(k, last); };
-    hooks.after_backward = [&](int k) { sync.end_backward(k); };
-    hooks.take_loss = false;
-    sync.start_step();
-    executor.train_step(hooks);
-    StepSums sums = sync.finish_step_from_heads(true);
-    ASSERT_NE(sums.pending, nullptr) << c.name << ", rank " << world.rank();
-    EXPECT_EQ(sums.loss, 0.0) << "read before read_sums, " << c.name << ", rank " << world.rank();
-    EXPECT_EQ(sums.grad_norm, 0.0) << "read before read_sums, " << c.name << ", rank " << world.rank();
-    sync.read_sums(sums);
-    EXPECT_EQ(sums.pending, nullptr);
-    EXPECT_NEAR(sums.loss, ref.loss(), 1e-6 * ref.loss()) << c.name << ", rank " << world.rank();
-    EXPECT_NEAR(sums.grad_norm, ref_norm, 1e-5 * ref_norm) << c.name << ", rank " << world.rank();
-    read[static_cast<std::size_t>(world.rank())] = sums;
-  });
   for (const StepSums& r : read) {
     EXPECT_EQ(r.loss, read.front().loss) << c.name;
     EXPECT_EQ(r.grad_norm, read.front().grad_norm) << c.name;
@@ -174,19 +161,17 @@ TEST_P(GradSyncLayouts, TheSumsLeftPendingAreTheWorldsLossAndNorm) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, GradSyncLayouts,
-    ::testing::Values(Case{"serial", "dp=1"}, Case{"dp 2 micro-batches", "dp=2", 1}, Case{"tp 2", "tp=2"},
-                      Case{"tp 2 sequence parallel", "tp=2", 0, 0, true}, Case{"cp 2", "cp=2"},
-                      Case{"pp 2 tied", "pp=2", 1},
-                      Case{"pp 2 untied zb-h1", "pp=2", 1, 0, false, Schedule::kZbH1, false},
-                      Case{"dp 2 ZeRO 1 tp 2 sp", "dp=2,tp=2", 1, 1, true},
-                      Case{"dp 2 ZeRO 2 pp 2 tied", "dp=2,pp=2", 1, 2},
-                      Case{"dp 2 cp 2 ZeRO 1", "dp=2,cp=2", 0, 1},
-                      Case{"pp 2 tp 2 sp tied", "pp=2,tp=2", 1, 0, true},
-                      Case{"dp 2 ZeRO 3 micro-batches", "dp=2", 1, 3},
-                      Case{"dp 2 ZeRO 3 tp 2 sp", "dp=2,tp=2", 1, 3, true},
-                      Case{"dp 2 ZeRO 3 pp 2 tied", "dp=2,pp=2", 1, 3},
-                      Case{"dp 2 ZeRO 3 pp 2 untied zb-h1", "dp=2,pp=2", 1, 3, false, Schedule::kZbH1, false},
-                      Case{"dp 2 cp 2 ZeRO 3", "dp=2,cp=2", 0, 3}),
+    ::testing::Values(
+        Case{"serial", "dp=1"}, Case{"dp 2 micro-batches", "dp=2", 1}, Case{"tp 2", "tp=2"},
+        Case{"tp 2 sequence parallel", "tp=2", 0, 0, true}, Case{"cp 2", "cp=2"},
+        Case{"pp 2 tied", "pp=2", 1}, Case{"pp 2 untied zb-h1", "pp=2", 1, 0, false, Schedule::kZbH1, false},
+        Case{"dp 2 ZeRO 1 tp 2 sp", "dp=2,tp=2", 1, 1, true},
+        Case{"dp 2 ZeRO 2 pp 2 tied", "dp=2,pp=2", 1, 2}, Case{"dp 2 cp 2 ZeRO 1", "dp=2,cp=2", 0, 1},
+        Case{"pp 2 tp 2 sp tied", "pp=2,tp=2", 1, 0, true}, Case{"dp 2 ZeRO 3 micro-batches", "dp=2", 1, 3},
+        Case{"dp 2 ZeRO 3 tp 2 sp", "dp=2,tp=2", 1, 3, true},
+        Case{"dp 2 ZeRO 3 pp 2 tied", "dp=2,pp=2", 1, 3},
+        Case{"dp 2 ZeRO 3 pp 2 untied zb-h1", "dp=2,pp=2", 1, 3, false, Schedule::kZbH1, false},
+        Case{"dp 2 cp 2 ZeRO 3", "dp=2,cp=2", 0, 3}),
     [](const ::testing::TestParamInfo<Case>& param_info) {
       std::string s;
       for (char ch : param_info.param.name) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
