@@ -190,7 +190,8 @@ bool GptT<T>::in_workspace(std::size_t i, bool last) const {
   using A = nn::BlockActivations<T>;
   if (recompute_ == nn::Recompute::kFull) return i != A::kOut || (last && !head_);
   if (i == A::kAtty || i == A::kAtty16 || i == A::kLse) return recompute_ == nn::Recompute::kSelective;
-  if (i == A::kLn1Full || i == A::kLn2Full) return tp_.sequence_parallel && !split_backward_;
+  if (i == A::kLn1Full || i == A::kLn2Full || i == A::kLn1Full16 || i == A::kLn2Full16)
+    return tp_.sequence_parallel && !split_backward_;
   // The stage's output is sent at once (or read by the final norm on the last stage).
   return i == A::kOut && last && !head_;
 }
@@ -234,7 +235,8 @@ std::int64_t GptT<T>::workspace_buffer_bytes() const {
   using A = nn::BlockActivations<T>;
   auto t = work_->tensors();
   return (t[A::kLn1Full]->numel() + t[A::kLn2Full]->numel() + t[A::kOut]->numel()) *
-         static_cast<std::int64_t>(sizeof(T));
+             static_cast<std::int64_t>(sizeof(T)) +
+         (work_->ln1_full16.numel() + work_->ln2_full16.numel()) * static_cast<std::int64_t>(sizeof(BFloat16));
 }
 
 template <typename T>

@@ -82,7 +82,7 @@ void Block<T>::init_norms() const {
 
 template <typename T>
 bool Block<T>::norms_in_bf16() const {
-  return mlp_.hidden_in_bf16() && !tp_.sequence_parallel;
+  return mlp_.hidden_in_bf16();
 }
 
 template <typename T>
@@ -116,7 +116,10 @@ void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t s
   a.ln2_rstd.resize({nl});
   a.mlp.resize(n, mlp_.local_ffn(), mlp_.hidden_in_bf16());
   a.out.resize({nl, c});
-  if (tp_.sequence_parallel) {
+  if (tp_.sequence_parallel && norms_in_bf16()) {
+    a.ln1_full16.resize({n, c});
+    a.ln2_full16.resize({n, c});
+  } else if (tp_.sequence_parallel) {
     a.ln1_full.resize({n, c});
     a.ln2_full.resize({n, c});
   }
@@ -126,6 +129,11 @@ template <typename T>
 void Block<T>::gather_norms(BlockActivations<T>& a, std::int64_t batch, std::int64_t seq) const {
   if (!tp_.sequence_parallel) return;
   const std::int64_t n = batch * seq, c = options_.channels;
+  if (norms_in_bf16()) {
+    tp_.f_forward(a.ln1_16.data(), a.ln1_full16.data(), n, c);
+    tp_.f_forward(a.ln2_16.data(), a.ln2_full16.data(), n, c);
+    return;
+  }
   tp_.f_forward(a.ln1.data(), a.ln1_full.data(), n, c);
   tp_.f_forward(a.ln2.data(), a.ln2_full.data(), n, c);
 }
@@ -290,14 +298,15 @@ void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch,
     partial_.set_device(dev);
     partial_.resize({n, c});
   }
-  const bool bf16 = norms_in_bf16();  // the norms' outputs kept in bf16 (no sequence parallelism then)
+  const bool bf16 = norms_in_bf16();  // the norms' outputs kept (and gathered) in bf16
   const bool attn16 = attention_in_bf16();
   if (bf16) {
     ln1_.forward(inp, a.ln1_16.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
+    const BFloat16* x1 = tp_.f_forward(a.ln1_16.data(), a.ln1_full16.data(), n, c);
     if (attn16)
-      qkv_.forward(a.ln1_16.data(), a.qkv16.data(), n);
+      qkv_.forward(x1, a.qkv16.data(), n);
     else
-      qkv_.forward(a.ln1_16.data(), a.qkv.data(), n);
+      qkv_.forward(x1, a.qkv.data(), n);
   } else {
     ln1_.forward(inp, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
     const T* x1 = tp_.f_forward(a.ln1.data(), a.ln1_full.data(), n, c);
@@ -318,7 +327,7 @@ void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch,
   if (bf16) {
     ln2_.forward_residual(a.res1.data(), inp, a.res1.data(), a.ln2_16.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
                           nl, proj_.bias());
-    mlp_.forward(a.ln2_16.data(), part, a.mlp, n);
+    mlp_.forward(tp_.f_forward(a.ln2_16.data(), a.ln2_full16.data(), n, c), part, a.mlp, n);
   } else {
     ln2_.forward_residual(a.res1.data(), inp, a.res1.data(), a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), nl,
                           proj_.bias());
@@ -340,15 +349,17 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   };
   // d input of a column-parallel linear, before f's reduction: [n, C] partial sums.
   T* dfull = sp ? s.dln_full.data() : s.dln.data();
-  const bool bf16 = norms_in_bf16();  // the norms' outputs kept in bf16 (no sequence parallelism then)
+  const bool bf16 = norms_in_bf16();  // the norms' outputs kept (and gathered) in bf16
   const T* x1 = sp ? a.ln1_full.data() : a.ln1.data();
   const T* x2 = sp ? a.ln2_full.data() : a.ln2.data();
+  const BFloat16* x1_16 = sp ? a.ln1_full16.data() : a.ln1_16.data();
+  const BFloat16* x2_16 = sp ? a.ln2_full16.data() : a.ln2_16.data();
   // Second residual: d res1 = dout (identity path) + the MLP branch through ln2.
   ops::copy(s.dres1.data(), dout, nl * c, dev);
   const T* dout_full = tp_.g_backward(dout, s.dout_full.data(), n, c);
   mlp_.proj().backward_bias(dout, nl);
   if (bf16)  // writes dfull
-    mlp_.backward(dout_full, a.ln2_16.data(), a.mlp, dfull, s.dmlp.data(), n);
+    mlp_.backward(dout_full, x2_16, a.mlp, dfull, s.dmlp.data(), n);
   else
     mlp_.backward(dout_full, x2, a.mlp, dfull, s.dmlp.data(), n);
   poll();
@@ -366,11 +377,11 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   attention_backward(a, s, batch, seq, core, positions);  // writes d qkv
   poll();
   if (attn16 && bf16)
-    qkv_.backward(s.dqkv16.data(), a.ln1_16.data(), dfull, n, GradInto::kSet);
+    qkv_.backward(s.dqkv16.data(), x1_16, dfull, n, GradInto::kSet);
   else if (attn16)
     qkv_.backward(s.dqkv16.data(), qkv_.options().out, x1, dfull, n, GradInto::kSet);
   else if (bf16)
-    qkv_.backward(s.dqkv.data(), a.ln1_16.data(), dfull, n, GradInto::kSet);
+    qkv_.backward(s.dqkv.data(), x1_16, dfull, n, GradInto::kSet);
   else
     qkv_.backward(s.dqkv.data(), x1, dfull, n, GradInto::kSet);
   tp_.f_backward(dfull, s.dln.data(), n, c);

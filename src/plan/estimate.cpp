@@ -232,10 +232,17 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
   // Tensor parallelism: 4 all-reduces of b (s/cp) h activations per layer and micro-batch (2
   // forward, 2 backward; 6 with full recompute), as ring all-reduces (with sequence
   // parallelism an all-gather and a reduce-scatter, the same steps and bytes).
-  const double tp_layer = l.tp > 1
-                              ? (l.recompute == Recompute::kFull ? 6.0 : 4.0) *
-                                    allreduce_seconds(b * s * h * e, l.tp, r.tp_bw, latency(where.tp_in_node))
-                              : 0.0;
+  // Under bf16 with sequence parallelism the two forward all-gathers (of the norms' outputs)
+  // move bf16: half of each of those all-reduces moves half the bytes.
+  double tp_layer = l.tp > 1 ? (l.recompute == Recompute::kFull ? 6.0 : 4.0) *
+                                   allreduce_seconds(b * s * h * e, l.tp, r.tp_bw, latency(where.tp_in_node))
+                             : 0.0;
+  if (l.tp > 1 && l.sequence_parallel && precision.norm_output_bytes > 0) {
+    const double forwards = l.recompute == Recompute::kFull ? 2.0 : 1.0;
+    tp_layer -= forwards * 2 * 0.5 *
+                (allreduce_seconds(b * s * h * e, l.tp, r.tp_bw, latency(where.tp_in_node)) -
+                 allreduce_seconds(b * s * h * precision.norm_output_bytes, l.tp, r.tp_bw, latency(where.tp_in_node)));
+  }
   // Context parallelism: the ring of K/V blocks against one block pair's attention.
   RingTime ring;
   if (l.cp > 1) {

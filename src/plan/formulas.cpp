@@ -134,9 +134,9 @@ double activation_bytes_per_layer(const PlanModel& m, double s, double b, const 
   // Not split by tensor parallelism (split by sequence parallelism): the inputs of the two
   // norms, of the QKV projection and of the MLP (4 sbh elements: 8sbh bytes) and the two
   // dropout masks after attention and MLP (2sbh bytes): the "10".
-  // ndmesh's bf16 stores the norms' outputs (the QKV and MLP inputs) in bf16 without sequence
-  // parallelism (Precision::norm_output_bytes).
-  const double norm_out = o.norm_output_bytes > 0 && !o.sequence_parallel ? o.norm_output_bytes : e;
+  // ndmesh's bf16 stores the norms' outputs (the QKV and MLP inputs) in bf16
+  // (Precision::norm_output_bytes), with sequence parallelism too (it gathers them in bf16).
+  const double norm_out = o.norm_output_bytes > 0 ? o.norm_output_bytes : e;
   const double replicated = (2 * e + 2 * norm_out) * s * b * h + (m.dropout ? 2 * s * b * h : 0.0);
   // Split by tp: Q and the input of the output projection (sbh/t elements each), K and V
   // (sbh/t each for multi-head attention, scaled by kv_heads/heads for GQA): 8sbh/t bytes
@@ -312,10 +312,11 @@ double elementwise_bytes_per_token(const PlanModel& m, const LayerShape& s) {
     // writes 2 (-2 f/t), and the two products that read the hidden take it as stored (no cast,
     // -6 f/t each): -10 f/t in all.
     bytes += 4 * 3 * mlp * f / t - (4 * 2 * mlp * f / t + 2 * f / t) - 2 * 6 * f / t;
-    // Without sequence parallelism the norms' outputs are stored in bf16 too: each norm writes
-    // 2 bytes an element, not 4 (-2 h each), and the qkv and fc products read them as stored,
-    // forward and weight gradient (-6 h four times).
-    if (!s.sequence_parallel) bytes -= 2 * 2 * h + 4 * 6 * h;
+    // The norms' outputs are stored in bf16 too: each norm writes 2 bytes an element, not 4
+    // (-2 h each, on its share of the rows), and the qkv and fc products read them as stored
+    // (with sequence parallelism as gathered in bf16), forward and weight gradient (-6 h four
+    // times).
+    bytes -= 2 * 2 * h * rows + 4 * 6 * h;
     // cuDNN writes d qkv (widened from bf16): the zeroing of the fp32 pass above is skipped.
     if (s.attention == Attention::kFlash) bytes += 6 * (r / t + h / t) + 6 * (2 * r / t + 2 * h / t) - 4 * r / t;
     // The attention output is stored in bf16 as cuDNN writes it: proj's two products read it

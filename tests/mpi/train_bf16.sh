@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # --precision bf16 (bf16 operands at the matrix products, fp32 everything else) under
 # parallel layouts with real processes, against the serial bf16 run: dp 2 x tp 2 with
-# sequence parallelism, pp 2 x tp 2 with zero-bubble's split backward (the deferred weight
-# gradients round their operands when they run), cp 2 x tp 2 (ring attention; its core stays
-# fp32), dp 2 with ZeRO-3 and full recompute (the parameters gathered per unit, the forward
+# sequence parallelism (its norms' outputs gathered in bf16: the bytes counted), pp 2 x tp 2
+# with zero-bubble's split backward (the deferred weight gradients round their operands when
+# they run), cp 2 x tp 2 (ring attention; its core stays fp32), dp 2 with ZeRO-3 and full recompute (the parameters gathered per unit, the forward
 # run again in the backward); and a checkpoint saved by dp 2 x tp 2 in bf16 continued by the
 # serial bf16 run.
 #
@@ -51,6 +51,14 @@ check() { # check <ranks> <name> <flags...>: equal to the serial bf16 run within
   expect_same "$name bf16 vs serial bf16" "$tmp/bf16.json" "$tmp/$name.json"
 }
 check 4 dp2_tp2_sp --dp 2 --tp 2 --sequence-parallel
+# The norms' outputs are gathered over tp in bf16 (the qkv and fc products round them anyway):
+# of one step's all-gathers of N C elements (N = 12 / dp 2 x 16 = 96 rows, C = 32, L = 2 blocks,
+# one micro-batch; tests/mpi/train_tp.sh counts them in fp32), the 2 per block forward and the
+# 2 per block gathered again in the backward move 2 bytes an element, the other 2 L + 3 (d out
+# in the backward, the final norm and its backward gather, the embedding's gradient) 4 bytes.
+jq -e '.tp_comm_per_step.all_gather == {"calls": 15, "bytes": (8 * 96 * 32 * 2 + 7 * 96 * 32 * 4)}' \
+  "$tmp/dp2_tp2_sp.json" > /dev/null ||
+  fail "dp2_tp2_sp bf16: tp all-gathers $(jq -c .tp_comm_per_step.all_gather "$tmp/dp2_tp2_sp.json"), expected 15 calls of $((8 * 96 * 32 * 2 + 7 * 96 * 32 * 4)) bytes"
 check 4 pp2_tp2_sp_zbh1 --pp 2 --tp 2 --sequence-parallel --schedule zb-h1 --micro-batch 2
 check 4 cp2_tp2_sp --cp 2 --tp 2 --sequence-parallel
 check 2 dp2_zero3_full --dp 2 --zero 3 --recompute full --micro-batch 3

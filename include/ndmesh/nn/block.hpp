@@ -65,10 +65,12 @@ struct BlockActivations {
   Tensor<T> ln2, ln2_mean, ln2_rstd;  ///< [N, C], [N], [N]
   MlpActivations<T> mlp;
   Tensor<T> out;  ///< [N, C] block output
-  /// Under bf16 products (without sequence parallelism) the two norms' outputs are kept in
-  /// bfloat16 instead of ln1 / ln2 (which stay empty): only the qkv and fc products read
-  /// them, and those round them to bf16 anyway.
-  Tensor<BFloat16> ln1_16, ln2_16;  ///< [N, C]
+  /// Under bf16 products the two norms' outputs are kept in bfloat16 instead of ln1 / ln2
+  /// (which stay empty): only the qkv and fc products read them, and those round them to bf16
+  /// anyway. With sequence parallelism the gathered ones too (ln1_full16, ln2_full16 instead of
+  /// ln1_full, ln2_full): the all-gathers move bf16, half the bytes.
+  Tensor<BFloat16> ln1_16, ln2_16;          ///< [n, C]
+  Tensor<BFloat16> ln1_full16, ln2_full16;  ///< sequence parallel: [N, C]
   /// Under bf16 products (an fp32 model) the attention's input and output are kept in bfloat16
   /// instead of qkv and atty (which stay empty): qkv's product writes qkv16 rounded once (its
   /// bias added before the rounding), cuDNN reads it and writes atty16 so, proj's two products
@@ -87,7 +89,8 @@ struct BlockActivations {
   }
   static constexpr std::size_t kLn1Full = 3, kLn2Full = 4, kLse = 6, kAtty = 7, kOut = 14;
   /// The tensors stored in bfloat16 come after those of tensors() (indices kGelu16...).
-  static constexpr std::size_t kGelu16 = 15, kLn1_16 = 16, kLn2_16 = 17, kAtty16 = 18, kQkv16 = 19;
+  static constexpr std::size_t kGelu16 = 15, kLn1_16 = 16, kLn2_16 = 17, kAtty16 = 18, kQkv16 = 19,
+                                kLn1Full16 = 20, kLn2Full16 = 21;
   /// f(i, tensor) for every tensor, those of tensors() then the bfloat16 ones (Tensor<T>& or
   /// Tensor<BFloat16>&: f is generic).
   template <typename F>
@@ -122,6 +125,8 @@ struct BlockActivations {
     f(kLn2_16, acts.ln2_16...);
     f(kAtty16, acts.atty16...);
     f(kQkv16, acts.qkv16...);
+    f(kLn1Full16, acts.ln1_full16...);
+    f(kLn2Full16, acts.ln2_full16...);
   }
 };
 
@@ -147,8 +152,8 @@ class Block {
   /// Sizes the activations for batch x seq tokens (every tensor; a model that recomputes
   /// or gathers some of them again frees those, see GptT).
   void resize(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq) const;
-  /// Sequence parallelism: acts.ln1_full and acts.ln2_full = ln1 and ln2 all-gathered over
-  /// tp again (what forward() gathered; a caller that does not keep them calls this before
+  /// Sequence parallelism: acts.ln1_full and acts.ln2_full (ln1_full16, ln2_full16 under bf16
+  /// products) = ln1 and ln2 all-gathered over tp again (what forward() gathered; a caller that does not keep them calls this before
   /// backward()). Nothing without sequence parallelism.
   void gather_norms(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq) const;
   /// Selective recompute: acts.atty (or atty16) and acts.lse = the attention core forward of
@@ -188,7 +193,7 @@ class Block {
 
  private:
   // Whether its activations keep the norms' outputs in bfloat16 (BlockActivations::ln1_16,
-  // ln2_16): under bf16 products, without sequence parallelism (whose gathers move fp32).
+  // ln2_16, and with sequence parallelism ln1_full16, ln2_full16): under bf16 products.
   bool norms_in_bf16() const;
   // Whether they keep the attention's input, output and gradients in bfloat16
   // (BlockActivations::qkv16, atty16; BlockScratch::dqkv16, datty16): under bf16 products, in

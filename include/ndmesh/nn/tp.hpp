@@ -41,6 +41,9 @@ class TpComm {
   virtual void all_reduce_max(T* /*data*/, std::int64_t /*n*/) {}
   /// out[size() * n] receives every member's in[n], in rank order (in and out distinct).
   virtual void all_gather(const T* in, T* out, std::int64_t n) { std::copy(in, in + n, out); }
+  /// The same for bfloat16 rows (the norms' outputs under bf16 products, which the
+  /// column-parallel products read rounded anyway: half the bytes of T = float).
+  virtual void all_gather(const BFloat16* in, BFloat16* out, std::int64_t n) { std::copy(in, in + n, out); }
   /// in[size() * n]: out[n] receives the sum over the group of every member's block rank().
   virtual void reduce_scatter(const T* in, T* out, std::int64_t n) { std::copy(in, in + n, out); }
 };
@@ -91,9 +94,11 @@ struct TpContext {
   /// column-parallel linear reads. Without sequence parallelism that is `local` itself;
   /// with it, `full` gathered (and returned).
   const T* f_forward(const T* local, T* full, std::int64_t rows, std::int64_t width) const {
-    if (!sequence_parallel) return local;
-    comm->all_gather(local, full, local_rows(rows) * width);
-    return full;
+    return gathered(local, full, rows, width);
+  }
+  /// f forward of bfloat16 rows (the norms' outputs under bf16 products).
+  const BFloat16* f_forward(const BFloat16* local, BFloat16* full, std::int64_t rows, std::int64_t width) const {
+    return gathered(local, full, rows, width);
   }
   /// f backward: the partial d input `full` [rows, width] of the column-parallel linear ->
   /// `local` [local_rows(rows), width], summed over the group. Without sequence
@@ -114,6 +119,12 @@ struct TpContext {
   }
 
  private:
+  template <typename E>
+  const E* gathered(const E* local, E* full, std::int64_t rows, std::int64_t width) const {
+    if (!sequence_parallel) return local;
+    comm->all_gather(local, full, local_rows(rows) * width);
+    return full;
+  }
   // Sums partial [rows, width] over the group into this rank's local rows.
   void sum_rows(T* full, T* local, std::int64_t rows, std::int64_t width) const {
     const std::int64_t n = local_rows(rows) * width;

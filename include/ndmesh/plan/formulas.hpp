@@ -112,8 +112,8 @@ struct Precision {
   /// (2; every product that reads it rounds it to bf16 anyway). 0: activation_bytes.
   double mlp_hidden_bytes = 0;
   /// Bytes of the two layer norms' outputs (the qkv and fc products' inputs) where they are
-  /// stored in another type: ndmesh's bf16 keeps them in bf16 (2) without sequence
-  /// parallelism. 0: activation_bytes.
+  /// stored in another type: ndmesh's bf16 keeps them in bf16 (2; with sequence parallelism
+  /// it gathers them so). 0: activation_bytes.
   double norm_output_bytes = 0;
   /// Bytes of the attention output (the output projection's input) where it is stored in
   /// another type: ndmesh's bf16 keeps it in bf16 (2; cuDNN writes it so). 0: activation_bytes.
@@ -167,7 +167,7 @@ struct ActivationOptions {
   double activation_bytes = 2;
   Attention attention = Attention::kStandard;
   double mlp_hidden_bytes = 0;   ///< Precision::mlp_hidden_bytes (0: activation_bytes)
-  double norm_output_bytes = 0;  ///< Precision::norm_output_bytes (0, or sequence parallel: activation_bytes)
+  double norm_output_bytes = 0;  ///< Precision::norm_output_bytes (0: activation_bytes)
   double attention_output_bytes = 0;  ///< Precision::attention_output_bytes (0: activation_bytes)
   double attention_input_bytes = 0;   ///< Precision::attention_input_bytes (0: activation_bytes)
 };

@@ -24,16 +24,27 @@ void CommunicatorTpComm<T>::reduce(T* data, std::int64_t n, comm::ReduceOp op) {
 }
 
 template <typename T>
-void CommunicatorTpComm<T>::all_gather(const T* in, T* out, std::int64_t n) {
+template <typename E>
+void CommunicatorTpComm<T>::gather(const E* in, E* out, std::int64_t n) {
   if (group_.size() == 1) {
     std::copy(in, in + n, out);
     return;
   }
   stats_->all_gather.calls += 1;
-  stats_->all_gather.bytes += n * group_.size() * static_cast<std::int64_t>(sizeof(T));
+  stats_->all_gather.bytes += n * group_.size() * static_cast<std::int64_t>(sizeof(E));
   Timed timed{stats_->seconds};
-  group_.all_gather(std::span<const T>(in, static_cast<std::size_t>(n)),
-                    std::span<T>(out, static_cast<std::size_t>(n * group_.size())));
+  group_.all_gather(std::span<const E>(in, static_cast<std::size_t>(n)),
+                    std::span<E>(out, static_cast<std::size_t>(n * group_.size())));
+}
+
+template <typename T>
+void CommunicatorTpComm<T>::all_gather(const T* in, T* out, std::int64_t n) {
+  gather(in, out, n);
+}
+
+template <typename T>
+void CommunicatorTpComm<T>::all_gather(const BFloat16* in, BFloat16* out, std::int64_t n) {
+  gather(in, out, n);
 }
 
 template <typename T>

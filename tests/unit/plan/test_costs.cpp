@@ -428,7 +428,8 @@ TEST(LayerTime, AttentionAtTheAttentionKernelsRate) {
 // output (forward r/t + h/t; backward 2r/t + 2h/t, its d q, k, v widened into the qkv gradient,
 // which then needs no zeroing: 4 r/t bytes fewer); and the MLP's hidden activation stored in
 // bf16 by the GELU kernel (fc fuses its bias only; GELU 6 bytes an element; no casts of it),
-// and without sequence parallelism the norms' outputs too (2 bytes written, not 4; no casts);
+// and the norms' outputs too (2 bytes written, not 4; no casts; with sequence parallelism
+// gathered in bf16);
 // the attention output stored in bf16 as cuDNN writes it (no casts for proj's two products,
 // no widening and rounding again around cuDNN: -24 h/t), and its input and gradients too
 // (cuDNN's casts of qkv, forward and backward, and of d out, the widening of d qkv and qkv's
@@ -455,11 +456,17 @@ TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
                    fp32 - 4 * (3 * r + 6 * f) + 6 * (3 * h + f) + 6 * (4 * h + 2 * f + r) + 6 * (r + h) +
                        6 * (2 * r + 2 * h) - 4 * r + 12 * f - (8 * f + 2 * f) - 12 * f - (4 * h + 24 * h) -
                        24 * h - 6 * (4 * r + h));
-  // With sequence parallelism the norms' outputs stay fp32 (the gathers move fp32): their 28 h
-  // come back (here tp 1, so the norms' rows are whole either way).
+  // With sequence parallelism the norms' outputs are stored and gathered in bf16 as well: at
+  // tp 1 the same passes (the norms' rows are whole either way). At tp 4 the passes over the
+  // norms' and residuals' rows run on a quarter of them: fp32's 27 h and the norms' bf16 writes
+  // (4 h, of 8 h in fp32: -4 h) shrink by 3/4, the products' reads of the gathered rows do not.
   LayerShape bf16_sp = bf16;
   bf16_sp.sequence_parallel = true;
-  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, bf16_sp) - elementwise_bytes_per_token(m, bf16), 28 * h);
+  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, bf16_sp), elementwise_bytes_per_token(m, bf16));
+  LayerShape bf16_tp4 = bf16, bf16_tp4_sp = bf16_sp;
+  bf16_tp4.tp = bf16_tp4_sp.tp = 4;
+  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, bf16_tp4) - elementwise_bytes_per_token(m, bf16_tp4_sp),
+                   3.0 / 4 * (4 * 27 * h - 4 * h));
   // tp 4 with sequence parallelism: every term over 4 (the norms and residuals on a quarter of
   // the rows, the column-parallel widths split); without it the h-wide passes stay whole.
   LayerShape tp = shape;

@@ -210,6 +210,23 @@ TEST(Activations, ABf16AttentionInputIsCountedAtItsOwnBytes) {
                    2 * 1.5 * kSbh);
 }
 
+// And the two norms' outputs (the qkv and MLP inputs, s b h elements each): 2 bytes an element
+// fewer, with sequence parallelism too (kept on 1/t of the rows and gathered in bf16).
+TEST(Activations, ABf16NormOutputIsCountedAtItsOwnBytes) {
+  const PlanModel m = model_preset("gpt3-175b");
+  for (const std::int64_t tp : {1, 8}) {
+    for (const bool sp : {false, true}) {
+      const ActivationOptions fp32{
+          .tp = tp, .sequence_parallel = sp, .activation_bytes = 4, .attention = Attention::kFlash};
+      ActivationOptions bf16 = fp32;
+      bf16.norm_output_bytes = 2;
+      EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, 2048, 1, fp32) - activation_bytes_per_layer(m, 2048, 1, bf16),
+                       2 * 2 * kSbh / static_cast<double>(sp ? tp : 1))
+          << "tp " << tp << (sp ? " with" : " without") << " sequence parallelism";
+    }
+  }
+}
+
 TEST(Flops, FlashRecomputesTheScores) {
   // Flash attention's backward recomputes Q K^T: 2 b s^2 h per layer, B = 1536.
   const PlanModel m = model_preset("gpt3-175b");
@@ -421,6 +438,12 @@ TEST(Time, TensorParallelTrafficUsesWhereTheGroupSits) {
   e = estimate(m, hw, l, w);
   EXPECT_FALSE(e.where.tp_in_node);
   EXPECT_NEAR(e.time.tp_comm, bytes / 25e9 + calls * 2 * 10e-6, 1e-12);
+  // ndmesh's bf16 (fp32 activations, 4 B) gathers the norms' outputs in bf16: of each layer's
+  // 4 x 4 s h bytes, the two forward all-gathers (half of an all-reduce each) move 2 s h, not
+  // 4 s h: 14 s h bytes a layer and micro-batch, in as many steps.
+  hw.gpus_per_node = 8;
+  e = estimate(m, hw, l, w, parse_precision("bf16"));
+  EXPECT_NEAR(e.time.tp_comm, 8.0 * 24 * 14 * 2048 * 2304 / 300e9 + calls * 2 * 5e-6, 1e-12);
 }
 
 TEST(Presets, UnknownNamesListTheValidOnes) {

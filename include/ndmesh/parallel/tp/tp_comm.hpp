@@ -4,7 +4,7 @@
 // The layers (nn/block, nn/embedding, nn/cross_entropy and the model) do the Megatron
 // split themselves through nn::TpContext; this file only gives them their group. Counts
 // are per collective kind over the tp group: calls and bytes, where the bytes of a call
-// are those of the full (unsplit) buffer: n elements for an all-reduce of n, size * n for
+// are those of the full (unsplit) buffer, in its element type (bf16 gathers count 2 B): n elements for an all-reduce of n, size * n for
 // an all-gather into or a reduce-scatter from size blocks of n. A test compares one step's
 // counts with closed forms (tests/mpi/train_tp.sh).
 #pragma once
@@ -44,10 +44,13 @@ class CommunicatorTpComm : public nn::TpComm<T> {
   void all_reduce_sum(T* data, std::int64_t n) override { reduce(data, n, comm::ReduceOp::kSum); }
   void all_reduce_max(T* data, std::int64_t n) override { reduce(data, n, comm::ReduceOp::kMax); }
   void all_gather(const T* in, T* out, std::int64_t n) override;
+  void all_gather(const BFloat16* in, BFloat16* out, std::int64_t n) override;
   void reduce_scatter(const T* in, T* out, std::int64_t n) override;
 
  private:
   void reduce(T* data, std::int64_t n, comm::ReduceOp op);
+  template <typename E>
+  void gather(const E* in, E* out, std::int64_t n);
   comm::Communicator group_;
   std::shared_ptr<TpCommStats> stats_;
 };
