@@ -248,8 +248,11 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
   if (l.cp > 1) {
     const double kv_rank = std::max(d(model.spec.kv_heads_or_heads()) / t, 1.0) * h / d(model.spec.heads);
     const double step = (flash ? 0.5 : 1.0) * 4 * b * s * s * h / t / (attention_rate > 0 ? attention_rate : rate);
-    ring = ring_attention_time(2 * b * s * kv_rank * e, l.cp, step, r.cp_bw, latency(where.cp_in_node),
-                               flash ? 2.5 : 2.0);
+    // ndmesh's bf16 moves the blocks as stored (Precision::attention_input_bytes), the dK/dV
+    // sums at activation_bytes.
+    const double kv_e = precision.attention_input_bytes > 0 ? precision.attention_input_bytes : e;
+    ring = ring_attention_time(2 * b * s * kv_rank * kv_e, l.cp, step, r.cp_bw, latency(where.cp_in_node),
+                               flash ? 2.5 : 2.0, 2 * b * s * kv_rank * e);
   }
   const double per_layer = layer.total() + tp_layer + ring.exposed;
 

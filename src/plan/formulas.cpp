@@ -380,12 +380,13 @@ double allreduce_seconds(double bytes, std::int64_t n, double bandwidth, double 
 }
 
 RingTime ring_attention_time(double block_bytes, std::int64_t cp, double step_compute, double bandwidth,
-                             double latency, double backward_factor) {
+                             double latency, double backward_factor, double grad_block_bytes) {
   RingTime r;
   if (cp <= 1) return r;
   const double steps = d(cp) - 1;
+  const double grad_bytes = grad_block_bytes < 0 ? block_bytes : grad_block_bytes;
   const double forward = latency + block_bytes / bandwidth;
-  const double backward = latency + 2 * block_bytes / bandwidth;  // K, V and dK, dV
+  const double backward = latency + (block_bytes + grad_bytes) / bandwidth;  // K, V and dK, dV
   r.transfer = steps * (forward + backward);
   r.exposed = steps * (std::max(0.0, forward - step_compute) +
                        std::max(0.0, backward - backward_factor * step_compute));

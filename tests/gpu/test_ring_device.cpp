@@ -102,5 +102,56 @@ TEST(CudaRingAttentionDevice, EqualsTheWholeAttention) {
       }
 }
 
+// Under bf16 products the block keeps q, k and v in bf16 and the ring is given them widened:
+// its key/value blocks then travel in bf16 (bf16_blocks), which rounds none of them. The same
+// ring on the same bf16-valued inputs with fp32 blocks gives the same bits; its blocks move
+// half the bytes, its dK/dV accumulators (fp32 sums) as many.
+TEST(CudaRingAttentionDevice, Bf16BlocksChangeNoBitAndMoveHalfTheBytes) {
+  NDMESH_GPU_OR_SKIP();
+#ifndef NDMESH_CUDA_EMULATED
+  GTEST_SKIP() << "in-process ranks exchange host memory: emulator only (gpu_nccl.sh runs cp 2 on a GPU)";
+#endif
+  const std::int64_t B = 2, L = 8;
+  const nn::Attention<float> attn({.heads = 4, .kv_heads = 2, .head_dim = 8});
+  const std::int64_t R = attn.qkv_width(), O = attn.out_width(), H = 4;
+  for (const bool staged : {false, true})
+    comm::inproc::run(3, [&](const comm::Communicator& world) {
+      const comm::Communicator cp = staged ? comm::staged(world, std::make_shared<EmulatedStaging>()) : world;
+      const auto pos = parallel::cp_positions(3 * L, 3, cp.rank(), CpLayout::kZigzag);
+      auto qkv = normal(static_cast<std::size_t>(B * L * R), 21 + static_cast<std::uint64_t>(cp.rank()));
+      for (float& v : qkv) v = static_cast<float>(BFloat16(v));  // bf16 values, as the block's qkv16 widened
+      const auto dout = normal(static_cast<std::size_t>(B * L * O), 31 + static_cast<std::uint64_t>(cp.rank()));
+      std::vector<std::vector<float>> results[2];
+      parallel::RingAttentionStats stats[2];
+      for (const bool bf16 : {false, true}) {
+        parallel::RingAttention<float> ring(cp, Device::kCuda, pos, bf16);
+        DeviceBuffer d_qkv = to_device(qkv), d_dout = to_device(dout), d_pos = to_device(pos),
+                     d_out = to_device(nans(static_cast<std::size_t>(B * L * O))),
+                     d_lse = to_device(nans(static_cast<std::size_t>(B * H * L))),
+                     d_dqkv = to_device(std::vector<float>(qkv.size(), 0.0f));
+        ring.forward(attn, ptr<float>(d_qkv), ptr<float>(d_out), ptr<float>(d_lse), B, L, ptr<std::int64_t>(d_pos));
+        ring.backward(attn, ptr<float>(d_dout), ptr<float>(d_qkv), ptr<float>(d_out), ptr<float>(d_lse),
+                      ptr<float>(d_dqkv), B, L, ptr<std::int64_t>(d_pos));
+        results[bf16] = {to_host<float>(d_out, static_cast<std::size_t>(B * L * O)),
+                         to_host<float>(d_lse, static_cast<std::size_t>(B * H * L)),
+                         to_host<float>(d_dqkv, qkv.size())};
+        stats[bf16] = ring.stats();
+      }
+      const char* names[] = {"out", "lse", "dqkv"};
+      for (std::size_t i = 0; i < 3; ++i)
+        EXPECT_EQ(std::memcmp(results[0][i].data(), results[1][i].data(), results[0][i].size() * sizeof(float)), 0)
+            << names[i] << ", rank " << cp.rank() << (staged ? " (staged)" : "");
+      // 2 blocks forward and 2 backward (cp - 1 each), 3 accumulators (cp) of B L x 2 kv_heads hd.
+      const std::int64_t block = B * L * 2 * 2 * 8;
+      EXPECT_EQ(stats[0].kv.calls, 4);
+      EXPECT_EQ(stats[0].kv.bytes, 4 * block * 4);
+      EXPECT_EQ(stats[1].kv.calls, 4);
+      EXPECT_EQ(stats[1].kv.bytes, 4 * block * 2);
+      EXPECT_EQ(stats[1].dkv.calls, 3);
+      EXPECT_EQ(stats[1].dkv.bytes, 3 * block * 4);
+      EXPECT_EQ(stats[0].dkv.bytes, stats[1].dkv.bytes);
+    });
+}
+
 }  // namespace
 }  // namespace ndmesh

@@ -3,7 +3,8 @@
 # parallel layouts with real processes, against the serial bf16 run: dp 2 x tp 2 with
 # sequence parallelism (its norms' outputs gathered in bf16: the bytes counted), pp 2 x tp 2
 # with zero-bubble's split backward (the deferred weight gradients round their operands when
-# they run), cp 2 x tp 2 (ring attention; its core stays fp32), dp 2 with ZeRO-3 and full recompute (the parameters gathered per unit, the forward
+# they run), cp 2 x tp 2 (ring attention; its core stays fp32, its key/value blocks travel in
+# bf16: the bytes counted), dp 2 with ZeRO-3 and full recompute (the parameters gathered per unit, the forward
 # run again in the backward); and a checkpoint saved by dp 2 x tp 2 in bf16 continued by the
 # serial bf16 run.
 #
@@ -61,6 +62,13 @@ jq -e '.tp_comm_per_step.all_gather == {"calls": 15, "bytes": (8 * 96 * 32 * 2 +
   fail "dp2_tp2_sp bf16: tp all-gathers $(jq -c .tp_comm_per_step.all_gather "$tmp/dp2_tp2_sp.json"), expected 15 calls of $((8 * 96 * 32 * 2 + 7 * 96 * 32 * 4)) bytes"
 check 4 pp2_tp2_sp_zbh1 --pp 2 --tp 2 --sequence-parallel --schedule zb-h1 --micro-batch 2
 check 4 cp2_tp2_sp --cp 2 --tp 2 --sequence-parallel
+# The ring moves the key/value blocks in bf16 (they are bf16 values: exact) and the dK/dV sums
+# in fp32. Per rank and step (one micro-batch of 12 sequences, 16 / cp 2 = 8 positions: 96
+# rows; k | v of kv_heads 2 / tp 2 = 1 head of 8: 16 columns; L = 2 layers): one block sent
+# per layer forward and one backward (cp - 1 each), two accumulators per layer backward (cp).
+jq -e '.cp_comm_per_step == {"kv": {"calls": 4, "bytes": (4 * 96 * 16 * 2)}, "dkv": {"calls": 4, "bytes": (4 * 96 * 16 * 4)}}' \
+  "$tmp/cp2_tp2_sp.json" > /dev/null ||
+  fail "cp2_tp2_sp bf16: cp ring $(jq -c .cp_comm_per_step "$tmp/cp2_tp2_sp.json"), expected 4 blocks of $((96 * 16 * 2)) bytes and 4 accumulators of $((96 * 16 * 4))"
 check 2 dp2_zero3_full --dp 2 --zero 3 --recompute full --micro-batch 3
 
 # Checkpoints stay fp32 and load under any layout and precision: saved by dp 2 x tp 2 in

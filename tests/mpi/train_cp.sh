@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Context-parallel training with real processes: ring attention over --cp ranks, zigzag
 # and contiguous layouts, multi-head and grouped-query, cp alone and dp x cp (also with
-# ZeRO 1): the losses of 20 steps equal the serial run's within 1e-5 relative. Bad
+# ZeRO 1): the losses of 20 steps equal the serial run's within 1e-5 relative, and what the
+# ring moves is counted (cp_comm_per_step). Bad
 # sequence lengths and layouts fail cleanly naming the flags. A checkpoint saved under
 # dp x cp continues serially and under another cp layout with the uninterrupted losses.
 #   train_cp.sh <mpirun command...> <path to ndmesh>
@@ -34,6 +35,13 @@ check 4 1 cp4_mqa_contiguous --cp 4 --cp-layout contiguous
 check 4 2 dp2_cp2 --dp 2 --cp 2
 check 4 2 dp2_cp2_zero1_micro --dp 2 --cp 2 --zero 1 --micro-batch 1 --bucket-mb 0.01
 
+# What the ring moves per rank and step, fp32: cp 4, 4 sequences of 32 / 4 = 8 positions (32
+# rows), k | v of 4 heads of 8 (64 columns), 2 layers: cp - 1 = 3 blocks per layer forward and
+# 3 backward, whether the causal mask skips them or not, and cp = 4 dK/dV accumulators per
+# layer backward, each 32 x 64 x 4 bytes.
+jq -e '.cp_comm_per_step == {"kv": {"calls": 12, "bytes": (12 * 32 * 64 * 4)}, "dkv": {"calls": 8, "bytes": (8 * 32 * 64 * 4)}}' \
+  "$tmp/cp4_zigzag.json" > /dev/null || fail "cp4_zigzag: cp ring $(jq -c .cp_comm_per_step "$tmp/cp4_zigzag.json")"
+jq -e '.cp_comm_per_step.kv.calls == 0' "$tmp/serial_kv4.json" > /dev/null || fail "the serial run counts cp transfers"
 jq -e '.layout.cp == 2 and .layout.dp == 2' "$tmp/dp2_cp2.json" > /dev/null || fail "dp2_cp2 layout: $(jq -c .layout "$tmp/dp2_cp2.json")"
 grep -q "context parallel: 2 ranks, zigzag layout, 16 of 32 tokens" "$tmp/cp2_zigzag.out" || fail "cp2 does not print its layout"
 

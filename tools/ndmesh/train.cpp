@@ -471,6 +471,7 @@ int train(Options o, comm::Communicator& world) {
   double comm_seconds = 0, exposed_seconds = 0, step_seconds = 0;
   std::int64_t grad_comm_bytes = 0;  // the last step's
   parallel::TpCommStats tp_comm;     // of the last step
+  parallel::CommCount cp_kv, cp_dkv;  // of the last step
   double tp_seconds = 0;             // in tp communication, all steps
   const double tokens_per_step = static_cast<double>(trainer.tokens_per_step());
   if (o.kernel_times && stop - first == 1) cuda::kernel_times_start();
@@ -515,6 +516,7 @@ int train(Options o, comm::Communicator& world) {
     exposed_seconds += s.exposed_comm_seconds;
     step_seconds += s.seconds;
     tp_comm = s.tp_comm;
+    cp_kv = s.cp_kv, cp_dkv = s.cp_dkv;
     tp_seconds += s.tp_comm.seconds;
     if (o.save_every > 0 && s.step % o.save_every == 0 && s.step < stop && write_checkpoint) trainer.save(o.save);
     if (!lead) continue;
@@ -666,6 +668,9 @@ int train(Options o, comm::Communicator& world) {
                              {"all_gather", count(tp_comm.all_gather)},
                              {"reduce_scatter", count(tp_comm.reduce_scatter)}};
     j["tp_comm_seconds"] = slowest[3] / steps_run;  // per step, the slowest rank
+    // The cp ring (rank 0's sends; every cp rank sends as much): key/value blocks, in bf16
+    // under --precision bf16, and the dK/dV accumulators.
+    j["cp_comm_per_step"] = {{"kv", count(cp_kv)}, {"dkv", count(cp_dkv)}};
     j["allreduce"] = o.allreduce;
     j["losses"] = losses;
     if (!o.coordinator.empty()) {

@@ -26,6 +26,7 @@
 #include "ndmesh/comm/process_groups.hpp"
 #include "ndmesh/model/gpt.hpp"
 #include "ndmesh/parallel/batch_source.hpp"
+#include "ndmesh/parallel/cp/ring_attention.hpp"
 #include "ndmesh/parallel/pp/schedule.hpp"
 #include "ndmesh/parallel/tp/tp_comm.hpp"
 #include "ndmesh/parallel/train_options.hpp"
@@ -50,8 +51,10 @@ struct ModelPlan {
   // Tensor parallelism: the group the layers split over (default: of one), counted.
   nn::TpContext<float> tp;
   std::shared_ptr<TpCommStats> tp_stats = std::make_shared<TpCommStats>();
-  // Context parallelism: the attention core (nullptr: the local kernel on the local rows).
+  // Context parallelism: the attention core (nullptr: the local kernel on the local rows),
+  // and the ring it is with cp > 1 (counted).
   std::shared_ptr<const nn::AttentionCore<float>> attention;
+  std::shared_ptr<RingAttention<float>> ring;
   // Pipeline parallelism: blocks per virtual stage, the schedule, this rank's chunks.
   std::vector<std::int64_t> partition;
   pp::PipelineSchedule schedule;

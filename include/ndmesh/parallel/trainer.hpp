@@ -67,6 +67,8 @@ struct StepStats {
   double exposed_comm_seconds = 0;   ///< the part the step waited for
   std::int64_t grad_comm_bytes = 0;  ///< gradient bytes this rank handed to the dp reductions
   TpCommStats tp_comm;               ///< what the step moved over the tp group (this rank)
+  CommCount cp_kv;                   ///< key/value blocks the cp ring sent (this rank; forward + backward)
+  CommCount cp_dkv;                  ///< dK/dV accumulators the cp ring sent (this rank)
 };
 
 /// Bytes one rank holds.

@@ -316,10 +316,12 @@ struct RingTime {
   double exposed = 0;   ///< the part the block computes do not hide
 };
 /// cp - 1 steps forward (one block of `block_bytes`, latency + bytes / bandwidth, against
-/// `step_compute` seconds of attention) and cp - 1 backward (twice the bytes against
-/// `backward_factor` x step_compute: 2 standard, 2.5 flash).
+/// `step_compute` seconds of attention) and cp - 1 backward (the block and its dK/dV
+/// accumulator of `grad_block_bytes`, default (< 0) block_bytes, against `backward_factor` x
+/// step_compute: 2 standard, 2.5 flash). ndmesh's bf16 moves the blocks in bf16 and the
+/// accumulators in fp32.
 RingTime ring_attention_time(double block_bytes, std::int64_t cp, double step_compute, double bandwidth,
-                             double latency, double backward_factor);
+                             double latency, double backward_factor, double grad_block_bytes = -1);
 
 /// Seconds the loss over the vocabulary spends in memory for one micro-batch:
 /// `bytes_per_logit` (loss_bytes_per_logit) for each of the tokens x vocab / tp logits, at

@@ -80,6 +80,57 @@ typename RingAttention<T>::Ring RingAttention<T>::ring_of(const nn::Attention<T>
 }
 
 template <typename T>
+RingAttention<T>::RingAttention(const comm::Communicator& cp, Device device, std::vector<std::int64_t> positions,
+                                bool bf16_blocks)
+    : cp_(cp.dup()), device_(device), host_positions_(std::move(positions)), bf16_blocks_(bf16_blocks) {
+  constexpr bool kFloat = std::is_same_v<T, float>;
+  NDMESH_CHECK(!bf16_blocks || kFloat, "cp", "bf16 key/value blocks need a float ring");
+}
+
+template <typename T>
+void RingAttention<T>::pass_block(std::vector<comm::Work>& works, const Ring& g, int cur, bool device) const {
+  const auto count = static_cast<std::size_t>(g.n * g.W);
+  auto post = [&](const auto* send, auto* recv) {
+    using E = std::remove_const_t<std::remove_pointer_t<decltype(send)>>;
+    works.push_back(cp_.send_async(std::span<const E>(send, count), g.next, {.tag = kTagKv}));
+    if (device) works.push_back(cp_.recv_async(std::span<E>(recv, count), g.prev, {.tag = kTagKv}));
+    works.push_back(cp_.send_async(std::span<const std::int64_t>(pos_[cur]), g.next, {.tag = kTagPos}));
+    if (!device) works.push_back(cp_.recv_async(std::span<E>(recv, count), g.prev, {.tag = kTagKv}));
+    works.push_back(cp_.recv_async(std::span<std::int64_t>(pos_[1 - cur]), g.prev, {.tag = kTagPos}));
+    stats_.kv.calls += 1;
+    stats_.kv.bytes += static_cast<std::int64_t>(count * sizeof(E));
+  };
+  if (bf16_blocks_ && device)
+    post(kv16_dev_[cur].data(), kv16_dev_[1 - cur].data());
+  else if (bf16_blocks_)
+    post(kv16_[cur].data(), kv16_[1 - cur].data());
+  else if (device)
+    post(kv_dev_[cur].data(), kv_dev_[1 - cur].data());
+  else
+    post(kv_[cur].data(), kv_[1 - cur].data());
+}
+
+template <typename T>
+void RingAttention<T>::land_block(const Ring& g, int slot, bool device) const {
+  if (!bf16_blocks_) return;
+  const std::int64_t count = g.n * g.W;
+  if constexpr (std::is_same_v<T, float>) {
+    if (device)
+      ops::cast(kv_dev_[slot].data(), kv16_dev_[slot].data(), count, device_);
+    else
+      ops::cast(kv_[slot].data(), kv16_[slot].data(), count, Device::kCpu);
+  }
+}
+
+template <typename T>
+comm::Work RingAttention<T>::send_dkv(const T* data, const Ring& g) const {
+  const auto count = static_cast<std::size_t>(g.n * g.W);
+  stats_.dkv.calls += 1;
+  stats_.dkv.bytes += static_cast<std::int64_t>(count * sizeof(T));
+  return cp_.send_async(std::span<const T>(data, count), g.next, {.tag = kTagDkv});
+}
+
+template <typename T>
 typename RingAttention<T>::Ring RingAttention<T>::start(const nn::Attention<T>& attn, const T* qkv,
                                                         std::int64_t batch, std::int64_t seq,
                                                         const std::int64_t* positions) const {
@@ -91,6 +142,12 @@ typename RingAttention<T>::Ring RingAttention<T>::start(const nn::Attention<T>& 
   }
   // The block in hand first: this rank's keys and values, at its own positions.
   for (std::int64_t i = 0; i < g.n; ++i) std::copy_n(qkv + i * g.R + o.heads * o.head_dim, g.W, kv_[0].data() + i * g.W);
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16_blocks_) {  // rounded for the journey: they are bf16 values already
+      for (auto& b : kv16_) b.resize(kv_[0].size());
+      ops::cast(kv16_[0].data(), kv_[0].data(), g.n * g.W, Device::kCpu);
+    }
+  }
   if (positions)
     std::copy(positions, positions + seq, pos_[0].begin());
   else
@@ -108,18 +165,12 @@ void RingAttention<T>::forward(const nn::Attention<T>& attn, const T* qkv, T* ou
   const std::vector<std::int64_t> own = pos_[0];  // pos_[0] is overwritten as blocks arrive
   const nn::AttentionOptions& o = attn.options();
   const std::int64_t H = o.heads, R = ring.R, O = ring.O, W = ring.W, n = ring.n;
-  const int next = ring.next, prev = ring.prev;
   part_out_.resize(static_cast<std::size_t>(n * O));
   part_lse_.resize(static_cast<std::size_t>(batch * H * seq));
   int cur = 0;
   for (int s = 0; s < P; ++s) {
     std::vector<comm::Work> works;
-    if (s + 1 < P) {
-      works.push_back(cp_.send_async(std::span<const T>(kv_[cur]), next, {.tag = kTagKv}));
-      works.push_back(cp_.send_async(std::span<const std::int64_t>(pos_[cur]), next, {.tag = kTagPos}));
-      works.push_back(cp_.recv_async(std::span<T>(kv_[1 - cur]), prev, {.tag = kTagKv}));
-      works.push_back(cp_.recv_async(std::span<std::int64_t>(pos_[1 - cur]), prev, {.tag = kTagPos}));
-    }
+    if (s + 1 < P) pass_block(works, ring, cur, false);
     const auto t0 = Clock::now();
     if (s == 0 || any_visible(own.data(), pos_[cur].data(), seq)) {
       ++stats_.blocks_computed;
@@ -155,6 +206,7 @@ void RingAttention<T>::forward(const nn::Attention<T>& attn, const T* qkv, T* ou
     const auto t1 = Clock::now();
     comm::wait_all(works);
     stats_.exposed_seconds += since(t1);
+    if (s + 1 < P) land_block(ring, 1 - cur, false);
     cur = 1 - cur;
   }
 }
@@ -170,7 +222,7 @@ void RingAttention<T>::backward(const nn::Attention<T>& attn, const T* dout, con
   const std::vector<std::int64_t> own = pos_[0];  // pos_[0] is overwritten as blocks arrive
   const nn::AttentionOptions& o = attn.options();
   const std::int64_t H = o.heads, hd = o.head_dim, R = ring.R, O = ring.O, W = ring.W, n = ring.n;
-  const int next = ring.next, prev = ring.prev;
+  const int prev = ring.prev;
   for (int i = 0; i < 2; ++i) dkv_[i].resize(static_cast<std::size_t>(n * W));
   delta_.resize(static_cast<std::size_t>(batch * H * seq));
   for (std::int64_t b = 0; b < batch; ++b)
@@ -184,12 +236,7 @@ void RingAttention<T>::backward(const nn::Attention<T>& attn, const T* dout, con
     // meanwhile too: this rank computes its own part into a zeroed buffer, adds the
     // accumulator and passes the sum on, so only the add waits for the previous rank.
     std::vector<comm::Work> works;
-    if (s + 1 < P) {
-      works.push_back(cp_.send_async(std::span<const T>(kv_[cur]), next, {.tag = kTagKv}));
-      works.push_back(cp_.send_async(std::span<const std::int64_t>(pos_[cur]), next, {.tag = kTagPos}));
-      works.push_back(cp_.recv_async(std::span<T>(kv_[1 - cur]), prev, {.tag = kTagKv}));
-      works.push_back(cp_.recv_async(std::span<std::int64_t>(pos_[1 - cur]), prev, {.tag = kTagPos}));
-    }
+    if (s + 1 < P) pass_block(works, ring, cur, false);
     if (s > 0) recv_acc = cp_.recv_async(std::span<T>(acc_in_), prev, {.tag = kTagDkv});
     std::vector<T>& local = dkv_[s % 2];
     auto t = Clock::now();
@@ -234,10 +281,11 @@ void RingAttention<T>::backward(const nn::Attention<T>& attn, const T* dout, con
       stats_.exposed_seconds += since(t);
       for (std::int64_t i = 0; i < n * W; ++i) local[i] += acc_in_[i];
     }
-    send_acc[s % 2] = cp_.send_async(std::span<const T>(local), next, {.tag = kTagDkv});
+    send_acc[s % 2] = send_dkv(local.data(), ring);
     t = Clock::now();
     comm::wait_all(works);
     stats_.exposed_seconds += since(t);
+    if (s + 1 < P) land_block(ring, 1 - cur, false);
     cur = 1 - cur;
   }
   // After cp hops this rank's own block comes back with every rank's part of its dK/dV.
@@ -283,9 +331,14 @@ typename RingAttention<T>::Ring RingAttention<T>::start_device(const nn::Attenti
     std::iota(pos_[0].begin(), pos_[0].end(), std::int64_t{0});
   ops::stage(qpos_dev_, pos_[0].data(), seq, device_);
 #if NDMESH_WITH_CUDA
-  if constexpr (std::is_same_v<T, float>)
+  if constexpr (std::is_same_v<T, float>) {
     cuda::copy_rows(kv_dev_[0].data(), g.W, qkv + attn.options().heads * attn.options().head_dim, g.R, g.n, g.W,
                     false);
+    if (bf16_blocks_) {  // rounded for the journey: they are bf16 values already
+      for (auto& b : kv16_dev_) device_size(b, g.n * g.W, device_);
+      ops::cast(kv16_dev_[0].data(), kv_dev_[0].data(), g.n * g.W, device_);
+    }
+  }
 #else
   (void)qkv;
 #endif
@@ -310,15 +363,8 @@ void RingAttention<T>::forward_device(const nn::Attention<T>& attn, const T* qkv
     int cur = 0;
     for (int s = 0; s < P; ++s) {
       std::vector<comm::Work> works;
-      if (s + 1 < P) {
-        // The device messages first (one order on every rank), then the host positions.
-        works.push_back(cp_.send_async(std::span<const T>(kv_dev_[cur].data(), static_cast<std::size_t>(n * W)),
-                                       ring.next, {.tag = kTagKv}));
-        works.push_back(cp_.recv_async(std::span<T>(kv_dev_[1 - cur].data(), static_cast<std::size_t>(n * W)),
-                                       ring.prev, {.tag = kTagKv}));
-        works.push_back(cp_.send_async(std::span<const std::int64_t>(pos_[cur]), ring.next, {.tag = kTagPos}));
-        works.push_back(cp_.recv_async(std::span<std::int64_t>(pos_[1 - cur]), ring.prev, {.tag = kTagPos}));
-      }
+      // The device messages first (one order on every rank), then the host positions.
+      if (s + 1 < P) pass_block(works, ring, cur, true);
       const auto t0 = Clock::now();
       if (s == 0 || any_visible(own.data(), pos_[cur].data(), seq)) {
         ++stats_.blocks_computed;
@@ -339,6 +385,7 @@ void RingAttention<T>::forward_device(const nn::Attention<T>& attn, const T* qkv
       const auto t1 = Clock::now();
       comm::wait_all(works);
       stats_.exposed_seconds += since(t1);
+      if (s + 1 < P) land_block(ring, 1 - cur, true);
       cur = 1 - cur;
     }
     return;
@@ -375,13 +422,7 @@ void RingAttention<T>::backward_device(const nn::Attention<T>& attn, const T* do
       // the end of the previous step is issued with them.
       if (s > 0) recv_acc = cp_.recv_async(std::span<T>(acc_in_dev_.data(), count), ring.prev, {.tag = kTagDkv});
       std::vector<comm::Work> works;
-      if (s + 1 < P) {
-        works.push_back(
-            cp_.send_async(std::span<const T>(kv_dev_[cur].data(), count), ring.next, {.tag = kTagKv}));
-        works.push_back(cp_.recv_async(std::span<T>(kv_dev_[1 - cur].data(), count), ring.prev, {.tag = kTagKv}));
-        works.push_back(cp_.send_async(std::span<const std::int64_t>(pos_[cur]), ring.next, {.tag = kTagPos}));
-        works.push_back(cp_.recv_async(std::span<std::int64_t>(pos_[1 - cur]), ring.prev, {.tag = kTagPos}));
-      }
+      if (s + 1 < P) pass_block(works, ring, cur, true);
       Tensor<T>& local = dkv_dev_[s % 2];
       auto t = Clock::now();
       send_acc[s % 2].wait();  // the send of this buffer two steps ago
@@ -401,10 +442,11 @@ void RingAttention<T>::backward_device(const nn::Attention<T>& attn, const T* do
         stats_.exposed_seconds += since(t);
         cuda::add_inplace(local.data(), acc_in_dev_.data(), n * W);
       }
-      send_acc[s % 2] = cp_.send_async(std::span<const T>(local.data(), count), ring.next, {.tag = kTagDkv});
+      send_acc[s % 2] = send_dkv(local.data(), ring);
       t = Clock::now();
       comm::wait_all(works);
       stats_.exposed_seconds += since(t);
+      if (s + 1 < P) land_block(ring, 1 - cur, true);
       cur = 1 - cur;
     }
     // After cp hops this rank's own block comes back with every rank's part of its dK/dV

@@ -142,6 +142,11 @@ TEST(RingAttention, ExposedOnlyWhenTheBlockIsSmall) {
   r = ring_attention_time(16 * 524288, 16, 256 * c, 50e9, 10e-6, 2.5);
   EXPECT_EQ(r.exposed, 0);
   EXPECT_EQ(ring_attention_time(524288, 1, c, 50e9, 10e-6, 2.5).transfer, 0);
+  // ndmesh's bf16: the blocks in bf16 (262,144 bytes), the dK/dV accumulators in fp32 (524,288).
+  const double fwd16 = 10e-6 + 262144 / 50e9, bwd16 = 10e-6 + (262144 + 524288) / 50e9;
+  r = ring_attention_time(262144, 16, c, 50e9, 10e-6, 2.5, 524288);
+  EXPECT_NEAR(r.transfer, 15 * (fwd16 + bwd16), 1e-15);
+  EXPECT_NEAR(r.exposed, 15 * ((fwd16 - c) + (bwd16 - 2.5 * c)), 1e-15);
 }
 
 TEST(RingAttention, EstimateSeesFewTokensPerRank) {

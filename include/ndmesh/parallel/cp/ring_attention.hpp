@@ -19,6 +19,11 @@
 // every rank (each step: the dK/dV accumulator's receive, then the block's send and receive)
 // and every send is issued together with the next receives.
 //
+// Under bf16 products the keys and values are bf16 values (the block keeps q, k, v in bf16 and
+// widens them for the ring's fp32 kernels), so the blocks travel in bf16, exactly: half the
+// bytes of the forward's and the backward's block transfers. The dK/dV accumulators are fp32
+// sums and travel so.
+//
 // Layouts: a sequence of seq tokens is cut into 2*cp chunks; zigzag gives rank i chunks
 // i and 2cp-1-i (every rank gets the same amount of causal work), contiguous gives rank i
 // the tokens [i*seq/cp, (i+1)*seq/cp) (the last rank does about 2x the mean).
@@ -31,6 +36,7 @@
 
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/nn/attention.hpp"
+#include "ndmesh/parallel/tp/tp_comm.hpp"
 #include "ndmesh/tensor/tensor.hpp"
 
 namespace ndmesh::parallel {
@@ -54,6 +60,8 @@ struct RingAttentionStats {
   std::int64_t blocks_skipped = 0;   ///< forward: blocks the causal mask empties
   double compute_seconds = 0;        ///< forward + backward: partial kernels and merges
   double exposed_seconds = 0;        ///< forward + backward: waiting for ring transfers (and the neighbours)
+  CommCount kv;   ///< forward + backward: key/value blocks sent (with their positions' bytes not counted)
+  CommCount dkv;  ///< backward: dK/dV accumulators sent
 };
 
 /// The attention core of a context-parallel rank (see above). Collective over `cp`: every
@@ -66,9 +74,10 @@ class RingAttention final : public nn::AttentionCore<T> {
   /// rank's positions of a sequence (cp_positions), what the model passes to every call; on
   /// CUDA the ring reads them here instead of copying the model's device copy back to the
   /// host (a wait for the GPU) in every layer's forward and backward. Empty: copied back.
+  /// `bf16_blocks`: the keys and values given are bf16 values (a float ring under bf16
+  /// products): the blocks travel rounded to bf16, which changes none of them.
   explicit RingAttention(const comm::Communicator& cp, Device device = Device::kCpu,
-                         std::vector<std::int64_t> positions = {})
-      : cp_(cp.dup()), device_(device), host_positions_(std::move(positions)) {}
+                         std::vector<std::int64_t> positions = {}, bool bf16_blocks = false);
 
   void forward(const nn::Attention<T>& attn, const T* qkv, T* out, T* lse, std::int64_t batch, std::int64_t seq,
                const std::int64_t* positions) const override;
@@ -98,14 +107,28 @@ class RingAttention final : public nn::AttentionCore<T> {
   // positions into pos_[0] (host) and qpos_dev_ (device).
   Ring start_device(const nn::Attention<T>& attn, const T* qkv, std::int64_t batch, std::int64_t seq,
                     const std::int64_t* positions) const;
+  // Posts the send of the block in hand (slot `cur`) to the next rank and the receive of the
+  // next block into slot 1 - cur: in bf16 (kv16_, kv16_dev_) or T (kv_, kv_dev_), on the host
+  // or the device buffers; counted.
+  void pass_block(std::vector<comm::Work>& works, const Ring& g, int cur, bool device) const;
+  // After the transfers: the block received in `slot` widened into the kernels' T buffer (bf16
+  // blocks only).
+  void land_block(const Ring& g, int slot, bool device) const;
+  // Sends the dK/dV accumulator `data` (n W elements of T) to the next rank, counted.
+  comm::Work send_dkv(const T* data, const Ring& g) const;
   comm::Communicator cp_;
   Device device_ = Device::kCpu;
   std::vector<std::int64_t> host_positions_;  // the model's positions, on the host (may be empty)
+  bool bf16_blocks_ = false;                  // blocks travel in bf16 (kv16_, kv16_dev_)
   mutable RingAttentionStats stats_;
   // Ring buffers, reused between calls: [k | v] rows of the block in hand and the next,
   // their positions, and the travelling dK/dV.
   mutable std::vector<T> kv_[2], dkv_[2], acc_in_, part_out_, part_lse_, delta_, chunk_lse_;
   mutable std::vector<std::int64_t> pos_[2];
+  // The blocks as they travel under bf16_blocks_ (host and device); kv_ / kv_dev_ then hold the
+  // block in hand widened for the kernels.
+  mutable std::vector<BFloat16> kv16_[2];
+  mutable Tensor<BFloat16> kv16_dev_[2];
   // Their device twins (CUDA): blocks, dK/dV, partial results, D, and the positions the
   // kernels read (own queries; the block in hand).
   mutable Tensor<T> kv_dev_[2], dkv_dev_[2], acc_in_dev_, part_out_dev_, part_lse_dev_, delta_dev_;
