@@ -270,8 +270,7 @@ void Block<T>::resize(BlockScratch<T>& s, std::int64_t batch, std::int64_t seq) 
   const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
   for (Tensor<T>* t : {&s.dres1, &s.dln, &s.dqkv, &s.datty, &s.dmlp, &s.dln_full, &s.dout_full})
     t->set_device(device());
-  s.dqkv16.set_device(device());
-  s.datty16.set_device(device());
+  for (Tensor<BFloat16>* t : {&s.dqkv16, &s.datty16, &s.dmlp16}) t->set_device(device());
   s.dres1.resize({nl, c});
   s.dln.resize({n, c});
   if (attention_in_bf16()) {
@@ -281,7 +280,10 @@ void Block<T>::resize(BlockScratch<T>& s, std::int64_t batch, std::int64_t seq) 
     s.dqkv.resize({n, attn_.qkv_width()});
     s.datty.resize({n, attn_.out_width()});
   }
-  s.dmlp.resize({n, mlp_.local_ffn()});
+  if (mlp_.hidden_in_bf16())
+    s.dmlp16.resize({n, mlp_.local_ffn()});
+  else
+    s.dmlp.resize({n, mlp_.local_ffn()});
   if (tp_.sequence_parallel) {
     s.dln_full.resize({n, c});
     s.dout_full.resize({n, c});
@@ -359,7 +361,7 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   const T* dout_full = tp_.g_backward(dout, s.dout_full.data(), n, c);
   mlp_.proj().backward_bias(dout, nl);
   if (bf16)  // writes dfull
-    mlp_.backward(dout_full, x2_16, a.mlp, dfull, s.dmlp.data(), n);
+    mlp_.backward(dout_full, x2_16, a.mlp, dfull, s.dmlp16.data(), n);
   else
     mlp_.backward(dout_full, x2, a.mlp, dfull, s.dmlp.data(), n);
   poll();

@@ -28,6 +28,14 @@ T gelu_of(T x) {
   const T a = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kCubic);
   return T(0.5) * x * (T(1) + tanh_of(a * (x + k * x * x * x)));
 }
+
+// gelu'(x) = (1 + t)/2 + x/2 (1 - t²) a (1 + 3 k x²), t = tanh(a (x + k x³)).
+template <typename T>
+T derivative(T x) {
+  const T a = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kCubic);
+  const T t = tanh_of(a * (x + k * x * x * x));
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * a * (T(1) + T(3) * k * x * x);
+}
 }  // namespace
 
 template <typename T>
@@ -43,13 +51,31 @@ void Gelu<T>::forward(const T* inp, BFloat16* out, std::int64_t n, Device device
 }
 
 template <typename T>
+void Gelu<T>::forward_bias(const T* p, const ops::SharedOperand<T>& bias, BFloat16* pre, BFloat16* out,
+                           std::int64_t rows, std::int64_t cols, Device device) {
+  NDMESH_CUDA_TWIN(
+      device, cuda::gelu_bias_forward(out, pre, p, static_cast<const BFloat16*>(bias.rounded()), rows, cols))
+  const T* b = static_cast<const T*>(bias.rounded());  // bf16 values, kept in T
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const T x = p[r * cols + j] + b[j];
+      pre[r * cols + j] = BFloat16(static_cast<float>(x));
+      out[r * cols + j] = BFloat16(static_cast<float>(gelu_of(x)));
+    }
+}
+
+template <typename T>
+void Gelu<T>::backward(const T* dout, const BFloat16* inp, BFloat16* dinp, std::int64_t n, Device device) {
+  NDMESH_CUDA_TWIN(device, cuda::gelu_backward(dinp, dout, inp, n))
+  for (std::int64_t i = 0; i < n; ++i)
+    dinp[i] = BFloat16(static_cast<float>(derivative(static_cast<T>(static_cast<float>(inp[i]))) * dout[i]));
+}
+
+template <typename T>
 void Gelu<T>::backward(const T* dout, const T* inp, T* dinp, std::int64_t n, Device device) {
   NDMESH_CUDA_TWIN(device, cuda::gelu_backward(dinp, dout, inp, n))
-  const T a = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kCubic);
   for (std::int64_t i = 0; i < n; ++i) {
-    T x = inp[i];
-    T t = tanh_of(a * (x + k * x * x * x));
-    T d = T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * a * (T(1) + T(3) * k * x * x);
+    const T d = derivative(inp[i]);
     if (dinp == dout)
       dinp[i] = d * dout[i];
     else

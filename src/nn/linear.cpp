@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/nn/gelu.hpp"
 #include "ndmesh/tensor/blas.hpp"
 #include "ndmesh/tensor/ops.hpp"
 #include "tensor/cuda_twin.hpp"
@@ -79,12 +80,29 @@ void Linear<T>::forward(const ops::SharedOperand<T>& x, T* out, std::int64_t row
 }
 
 template <typename T>
-bool Linear<T>::forward_gelu(const T* inp, T* pre, T* out, std::int64_t rows) const {
+void Linear<T>::forward_gelu(const T* inp, BFloat16* pre, BFloat16* out, std::int64_t rows) const {
+  forward_gelu(input(inp, nullptr, rows), pre, out, rows);
+}
+
+template <typename T>
+void Linear<T>::forward_gelu(const BFloat16* inp, BFloat16* pre, BFloat16* out, std::int64_t rows) const {
+  forward_gelu(input(nullptr, inp, rows), pre, out, rows);
+}
+
+template <typename T>
+void Linear<T>::forward_gelu(const ops::SharedOperand<T>& x, BFloat16* pre, BFloat16* out,
+                             std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
-  if (!may_fuse() || bias_ < 0 || options_.deferred_bias) return false;
-  return ops::gemm_fused<T>(false, true, rows, n_out, in, operand(inp, rows * in), in, weight_operand(), in, T(0), out,
-                            n_out,
-                            ops::Fused::kGelu, store_->param(bias_), pre, nullptr);
+  NDMESH_CHECK(matmul_precision() == MatmulPrecision::kBf16 && bias_ >= 0 && !options_.deferred_bias, "nn",
+               "linear '{}': GELU into bfloat16 is for bf16 products and a bias that is not deferred",
+               options_.name);
+  const ops::SharedOperand<T> w = weight_operand(), b = bias_operand();
+  if (may_fuse() &&
+      ops::gemm_fused<T>(false, true, rows, n_out, in, x, in, w, in, out, n_out, ops::Fused::kGelu, &b, pre))
+    return;
+  ops::Scratch<T> product(rows * n_out, device());
+  ops::gemm<T>(false, true, rows, n_out, in, T(1), x, in, w, in, T(0), product.data(), n_out);
+  Gelu<T>::forward_bias(product.data(), b, pre, out, rows, n_out, device());
 }
 
 namespace {
@@ -135,28 +153,24 @@ void Linear<T>::backward(const T* dout, const T* inp, const BFloat16* inp16, T* 
 }
 
 template <typename T>
-bool Linear<T>::backward_gelu(const T* dout, const T* inp, const T* pre, T* dpre, std::int64_t rows) const {
-  if (!may_fuse() || deferred_sink<T>() != nullptr) return false;
-  return backward_gelu(dout, input(inp, nullptr, rows), pre, dpre, rows);
-}
-
-template <typename T>
-bool Linear<T>::backward_gelu(const T* dout, const BFloat16* inp, const T* pre, T* dpre, std::int64_t rows) const {
-  if (!may_fuse() || deferred_sink<T>() != nullptr) return false;
-  return backward_gelu(dout, input(nullptr, inp, rows), pre, dpre, rows);
-}
-
-template <typename T>
-bool Linear<T>::backward_gelu(const T* dout, const ops::SharedOperand<T>& x, const T* pre, T* dpre,
+void Linear<T>::backward_gelu(const T* dout, const BFloat16* inp, const BFloat16* pre, BFloat16* dpre,
                               std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
-  const ops::SharedOperand<T> d = operand(dout, rows * n_out);
-  // kDGelu only reads the aux (pre).
-  if (!ops::gemm_fused<T>(false, false, rows, in, n_out, d, n_out, weight_operand(), in, T(0), dpre, in,
-                          ops::Fused::kDGelu, nullptr, const_cast<T*>(pre), nullptr))
-    return false;
-  weight_product(d, x, rows);
-  return true;
+  NDMESH_CHECK(matmul_precision() == MatmulPrecision::kBf16, "nn",
+               "linear '{}': GELU's derivative into bfloat16 is for bf16 products", options_.name);
+  if (may_fuse() && deferred_sink<T>() == nullptr) {
+    const ops::SharedOperand<T> d = operand(dout, rows * n_out);
+    // kDGelu only reads the aux (pre).
+    if (ops::gemm_fused<T>(false, false, rows, in, n_out, d, n_out, weight_operand(), in, dpre, in,
+                           ops::Fused::kDGelu, nullptr, const_cast<BFloat16*>(pre))) {
+      weight_product(d, input(nullptr, inp, rows), rows);
+      return;
+    }
+  }
+  // The fp32 input gradient (the weight part as backward() does it), then GELU's derivative.
+  ops::Scratch<T> product(rows * in, device());
+  backward(dout, nullptr, inp, product.data(), rows, GradInto::kSet);
+  Gelu<T>::backward(product.data(), pre, dpre, rows * in, device());
 }
 
 template <typename T>

@@ -1,6 +1,7 @@
 #include "ndmesh/nn/mlp.hpp"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/nn/gelu.hpp"
@@ -49,43 +50,59 @@ void Mlp<T>::backward(const T* dout, const BFloat16* inp, const MlpActivations<T
 }
 
 template <typename T>
+void Mlp<T>::backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
+                      std::int64_t rows) const {
+  backward_from(dout, inp, acts, dinp, scratch, rows);
+}
+
+template <typename T>
+void Mlp<T>::backward(const T* dout, const BFloat16* inp, const MlpActivations<T>& acts, T* dinp,
+                      BFloat16* scratch, std::int64_t rows) const {
+  backward_from(dout, inp, acts, dinp, scratch, rows);
+}
+
+template <typename T>
 template <typename In>
 void Mlp<T>::forward_from(const In* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const {
   const std::int64_t n = rows * local_ffn();
   if (hidden_in_bf16()) {
-    // fc (its bias fused on a GPU), then GELU written in bf16 once: the operand proj's two
-    // products read, never rounded again (GELU fused into fc's product would write fp32).
-    NDMESH_CHECK(acts.gelu16.numel() >= n, "nn", "mlp '{}': the bf16 hidden activation holds {} of {} elements",
-                 options_.name, acts.gelu16.numel(), n);
-    fc_.forward(inp, acts.fc.data(), rows);
-    Gelu<T>::forward(acts.fc.data(), acts.gelu16.data(), n, fc_.device());
+    // fc and GELU into bf16, each rounded once (on a GPU in fc's product: the GELU epilogue
+    // with its aux): the pre-activation the backward reads and the operand of proj's products.
+    NDMESH_CHECK(acts.gelu16.numel() >= n && acts.fc16.numel() >= n, "nn",
+                 "mlp '{}': the bf16 activations hold {} and {} of {} elements", options_.name,
+                 acts.fc16.numel(), acts.gelu16.numel(), n);
+    fc_.forward_gelu(inp, acts.fc16.data(), acts.gelu16.data(), rows);
     proj_.forward(acts.gelu16.data(), out, rows);
     return;
   }
-  // fp32 products: fc, then GELU (Linear::forward_gelu fuses them only under bf16 products,
-  // whose MLP keeps its hidden activation in bf16 instead, above).
+  // fp32 products: fc, then GELU.
   fc_.forward(inp, acts.fc.data(), rows);
   Gelu<T>::forward(acts.fc.data(), acts.gelu.data(), n, fc_.device());
   proj_.forward(acts.gelu.data(), out, rows);
 }
 
 template <typename T>
-template <typename In>
-void Mlp<T>::backward_from(const T* dout, const In* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
+template <typename In, typename S>
+void Mlp<T>::backward_from(const T* dout, const In* inp, const MlpActivations<T>& acts, T* dinp, S* scratch,
                            std::int64_t rows) const {
-  // One buffer, nothing zeroed: d gelu written over it, then d fc over d gelu in place.
-  T* dgelu = scratch;
-  auto through_proj = [&](const auto* hidden) {
-    if (!proj_.backward_gelu(dout, hidden, acts.fc.data(), dgelu, rows)) {  // GELU's derivative fused, else apart
-      proj_.backward(dout, hidden, dgelu, rows, GradInto::kSet);
-      Gelu<T>::backward(dgelu, acts.fc.data(), dgelu, rows * local_ffn(), fc_.device());
-    }
-  };
-  if (hidden_in_bf16())
-    through_proj(acts.gelu16.data());
-  else
-    through_proj(acts.gelu.data());
-  fc_.backward(dgelu, inp, dinp, rows, GradInto::kSet);
+  constexpr bool kBf16Scratch = std::is_same_v<S, BFloat16>;
+  NDMESH_CHECK(kBf16Scratch == hidden_in_bf16(), "nn",
+               "mlp '{}': the backward's scratch is bfloat16 under bf16 products and T otherwise",
+               options_.name);
+  if constexpr (std::is_same_v<S, BFloat16>) {
+    // d pre = (dout · W) ⊙ gelu'(pre) written in bf16 (on a GPU by proj's product: the dGELU
+    // epilogue), the output gradient fc's two products read as it lies.
+    proj_.backward_gelu(dout, acts.gelu16.data(), acts.fc16.data(), scratch, rows);
+    if constexpr (std::is_same_v<In, BFloat16>)
+      fc_.backward(scratch, inp, dinp, rows, GradInto::kSet);
+    else
+      fc_.backward(scratch, local_ffn(), inp, dinp, rows, GradInto::kSet);
+  } else {
+    // One buffer, nothing zeroed: d gelu written over it, then d fc over d gelu in place.
+    proj_.backward(dout, acts.gelu.data(), scratch, rows, GradInto::kSet);
+    Gelu<T>::backward(scratch, acts.fc.data(), scratch, rows * local_ffn(), fc_.device());
+    fc_.backward(scratch, inp, dinp, rows, GradInto::kSet);
+  }
 }
 
 template class Mlp<float>;

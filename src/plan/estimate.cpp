@@ -90,6 +90,7 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
                               .activation_bytes = precision.activation_bytes,
                               .attention = l.attention,
                               .mlp_hidden_bytes = precision.mlp_hidden_bytes,
+                              .mlp_pre_activation_bytes = precision.mlp_pre_activation_bytes,
                               .norm_output_bytes = precision.norm_output_bytes,
                               .attention_output_bytes = precision.attention_output_bytes,
                               .attention_input_bytes = precision.attention_input_bytes};

@@ -60,6 +60,7 @@ Precision parse_precision(std::string_view name, std::string_view flag) {
     bf16.logit_gradient_bytes = 2;
     bf16.weight_copy_bytes = 2;
     bf16.mlp_hidden_bytes = 2;
+    bf16.mlp_pre_activation_bytes = 2;
     bf16.norm_output_bytes = 2;
     bf16.attention_output_bytes = 2;
     bf16.attention_input_bytes = 2;
@@ -69,7 +70,7 @@ Precision parse_precision(std::string_view name, std::string_view flag) {
       "plan",
       "{} '{}' is not a precision; use mixed (2 + 2 + 12 B per parameter), mixed-fp32-grads (2 + 4 + 12 B), "
       "bf16 (ndmesh's: 4 + 2 + 4 + 8 B, a bf16 weight copy, fp32 activations but bf16 norm outputs, "
-      "attention input and output and MLP hidden, bf16 products) or fp32 (4 + 4 + 8 B)",
+      "attention input and output and MLP pre-activation and hidden, bf16 products) or fp32 (4 + 4 + 8 B)",
       flag, name);
 }
 
@@ -151,7 +152,8 @@ double activation_bytes_per_layer(const PlanModel& m, double s, double b, const 
   const double attention_split =
       attention_in * (s * b * h / t + 2 * s * b * kv_per_rank) + attention_out * s * b * h / t;
   const double hidden = o.mlp_hidden_bytes > 0 ? o.mlp_hidden_bytes : e;  // the down projection's input
-  const double mlp_split = (e * (m.mlp == Mlp::kGelu ? 1.0 : 2.0) + hidden) * s * b * f / t;
+  const double pre = o.mlp_pre_activation_bytes > 0 ? o.mlp_pre_activation_bytes : e;  // fc's output
+  const double mlp_split = (pre * (m.mlp == Mlp::kGelu ? 1.0 : 2.0) + hidden) * s * b * f / t;
   // Attention scores: softmax output (2as^2b), dropout mask (as^2b) and dropout output
   // (2as^2b): 5as^2b, split by tp. Without dropout only the softmax output remains.
   // Selective recompute drops this term (recomputed in the backward pass).
@@ -312,6 +314,11 @@ double elementwise_bytes_per_token(const PlanModel& m, const LayerShape& s) {
     // writes 2 (-2 f/t), and the two products that read the hidden take it as stored (no cast,
     // -6 f/t each): -10 f/t in all.
     bytes += 4 * 3 * mlp * f / t - (4 * 2 * mlp * f / t + 2 * f / t) - 2 * 6 * f / t;
+    // And the pre-activation in bf16 too, written with the hidden by fc's product (the GELU
+    // epilogue with its aux): the GELU kernel goes (-6 f/t), GELU's derivative in proj's input
+    // gradient reads the aux in 2 bytes, not 4 (-2 f/t), and writes d pre in bf16, which fc's
+    // two products read as it lies (its cast, -6 f/t).
+    bytes -= 14 * mlp * f / t;
     // The norms' outputs are stored in bf16 too: each norm writes 2 bytes an element, not 4
     // (-2 h each, on its share of the rows), and the qkv and fc products read them as stored
     // (with sequence parallelism as gathered in bf16), forward and weight gradient (-6 h four

@@ -224,7 +224,9 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
     const auto* b16 = static_cast<const BFloat16*>(b.rounded());
     if (bias == nullptr) return cuda::gemm_bf16(trans_a, trans_b, m, n, k, alpha, a16, lda, b16, ldb, 0.0f, c, ldc);
     const auto* bias16 = static_cast<const BFloat16*>(bias->rounded());
-    if (cuda::try_gemm_bf16_bias(trans_a, trans_b, m, n, k, a16, lda, b16, ldb, c, ldc, bias16)) return;
+    if (cuda::try_gemm_bf16(trans_a, trans_b, m, n, k, a16, lda, b16, ldb, c, ldc, cuda::GemmEpilogue::kBias,
+                            bias16, nullptr))
+      return;
     // No algorithm for the epilogue: the fp32 product, the rounded bias added, one rounding.
     Scratch<float> product(m * n, device), b32(n, device);
     cuda::gemm_bf16_f32(trans_a, trans_b, m, n, k, 1.0f, a16, lda, b16, ldb, 0.0f, product.data(), n);
@@ -272,33 +274,63 @@ bool gemm_fused([[maybe_unused]] bool trans_a, [[maybe_unused]] bool trans_b, st
 }
 
 template <typename T>
+bool gemm_fused([[maybe_unused]] bool trans_a, [[maybe_unused]] bool trans_b, std::int64_t m, std::int64_t n,
+                std::int64_t k, const SharedOperand<T>& a, [[maybe_unused]] std::int64_t lda,
+                [[maybe_unused]] const SharedOperand<T>& b, [[maybe_unused]] std::int64_t ldb,
+                [[maybe_unused]] BFloat16* c, [[maybe_unused]] std::int64_t ldc, Fused what,
+                [[maybe_unused]] const SharedOperand<T>* bias, [[maybe_unused]] BFloat16* aux) {
+  NDMESH_CHECK(what == Fused::kGelu || what == Fused::kDGelu, "ops",
+               "a product into bfloat16 fuses GELU with its aux or GELU's derivative only");
+  NDMESH_CHECK(
+      (what == Fused::kGelu) == (bias != nullptr) && aux != nullptr, "ops",
+      "a product into bfloat16 with GELU takes its bias and aux, with GELU's derivative its aux only");
+  const Device device = a.device();
+  check_operands(a, b);
+  if (bias != nullptr) check_operands(a, *bias);
+  if (device != Device::kCuda || a.precision() != MatmulPrecision::kBf16 || m <= 0 || n <= 0 || k <= 0)
+    return false;
+  NDMESH_CUDA_TWIN(device, {
+    return cuda::try_gemm_bf16(
+        trans_a, trans_b, m, n, k, static_cast<const BFloat16*>(a.rounded()), lda,
+        static_cast<const BFloat16*>(b.rounded()), ldb, c, ldc,
+        what == Fused::kGelu ? cuda::GemmEpilogue::kGeluAux : cuda::GemmEpilogue::kDGeluNoBiasGrad,
+        bias != nullptr ? static_cast<const BFloat16*>(bias->rounded()) : nullptr, aux);
+  })
+  return false;
+}
+
+template <typename T>
 void round_to_bf16(T* x, std::int64_t n, Device device) {
   NDMESH_CUDA_TWIN(device, cuda::round_to_bf16(x, n))
   for (std::int64_t i = 0; i < n; ++i) x[i] = bf16_value(x[i]);
 }
 
-#define NDMESH_OPS(T)                                                                                         \
-  template void check_device<T>(Device);                                                                      \
-  template void copy<T>(T*, const T*, std::int64_t, Device);                                                  \
-  template void zero<T>(T*, std::int64_t, Device);                                                            \
-  template void add<T>(T*, const T*, std::int64_t, Device);                                                   \
-  template double square_sum<T>(const T*, std::int64_t, Device);                                              \
+#define NDMESH_OPS(T)                                                                                        \
+  template void check_device<T>(Device);                                                                     \
+  template void copy<T>(T*, const T*, std::int64_t, Device);                                                 \
+  template void zero<T>(T*, std::int64_t, Device);                                                           \
+  template void add<T>(T*, const T*, std::int64_t, Device);                                                  \
+  template double square_sum<T>(const T*, std::int64_t, Device);                                             \
   template double square_sum_many<T>(std::span<const std::pair<const T*, std::int64_t>>, Device);            \
-  template void square_sum_many_into<T>(double*, std::span<const std::pair<const T*, std::int64_t>>, Device); \
-  template void gemm<T>(Device, bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const T*, std::int64_t, \
-                        const T*, std::int64_t, T, T*, std::int64_t);                                   \
-  template void gemm<T>(Device, MatmulPrecision, bool, bool, std::int64_t, std::int64_t, std::int64_t, T,      \
-                        const T*, std::int64_t, const T*, std::int64_t, T, T*, std::int64_t);                 \
-  template class SharedOperand<T>;                                                                            \
-  template void gemm<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const SharedOperand<T>&,      \
-                        std::int64_t, const SharedOperand<T>&, std::int64_t, T, T*, std::int64_t);             \
-  template void gemm<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const SharedOperand<T>&,      \
-                        std::int64_t, const SharedOperand<T>&, std::int64_t, BFloat16*, std::int64_t,          \
-                        const SharedOperand<T>*);                                                           \
-  template void round_to_bf16<T>(T*, std::int64_t, Device);                                                   \
-  template bool gemm_fused<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, const SharedOperand<T>&,   \
-                              std::int64_t, const SharedOperand<T>&, std::int64_t, T, T*, std::int64_t, Fused,  \
-                              const T*, T*, T*);
+  template void square_sum_many_into<T>(double*, std::span<const std::pair<const T*, std::int64_t>>,         \
+                                        Device);                                                             \
+  template void gemm<T>(Device, bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const T*,           \
+                        std::int64_t, const T*, std::int64_t, T, T*, std::int64_t);                          \
+  template void gemm<T>(Device, MatmulPrecision, bool, bool, std::int64_t, std::int64_t, std::int64_t, T,    \
+                        const T*, std::int64_t, const T*, std::int64_t, T, T*, std::int64_t);                \
+  template class SharedOperand<T>;                                                                           \
+  template void gemm<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const SharedOperand<T>&,    \
+                        std::int64_t, const SharedOperand<T>&, std::int64_t, T, T*, std::int64_t);           \
+  template void gemm<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const SharedOperand<T>&,    \
+                        std::int64_t, const SharedOperand<T>&, std::int64_t, BFloat16*, std::int64_t,        \
+                        const SharedOperand<T>*);                                                            \
+  template void round_to_bf16<T>(T*, std::int64_t, Device);                                                  \
+  template bool gemm_fused<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, const SharedOperand<T>&, \
+                              std::int64_t, const SharedOperand<T>&, std::int64_t, T, T*, std::int64_t,      \
+                              Fused, const T*, T*, T*);                                                      \
+  template bool gemm_fused<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, const SharedOperand<T>&, \
+                              std::int64_t, const SharedOperand<T>&, std::int64_t, BFloat16*, std::int64_t,  \
+                              Fused, const SharedOperand<T>*, BFloat16*);
 NDMESH_OPS(float)
 NDMESH_OPS(double)
 // bfloat16 tensors: placed, copied and zeroed here; computed on by the bf16 kernels.

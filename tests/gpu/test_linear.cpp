@@ -23,6 +23,13 @@ namespace {
 
 using namespace testing;  // gpu_test.hpp
 
+// x rounded to bfloat16, element by element.
+std::vector<BFloat16> bf16_of(const std::vector<float>& x) {
+  std::vector<BFloat16> r(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) r[i] = BFloat16(x[i]);
+  return r;
+}
+
 struct Shape {
   std::int64_t rows, in, out;
 };
@@ -225,18 +232,25 @@ TEST(CudaLinear, Bf16WeightsFromTheStoresCopyAreTheRoundedWeights) {
 }
 
 // Under bf16 products on CUDA a layer with a bias fuses it into its products (cuBLASLt
-// epilogues, ops::gemm_fused): the forward adds the bias, forward_gelu also writes GELU with its
-// pre-activation, backward_gelu multiplies the input gradient by GELU's derivative in its
-// product, and the weight gradient's product sums the bias gradient from the rounded output
-// gradient it reads. Against the CPU's bf16 layer (forward, then nn::Gelu apart; the
-// bias gradient summed from the same rounded values): the same exact bf16 products in fp32 in
-// other orders, so the bounds of the test above (1e-4 relative, 1e-5 absolute) hold, GELU
-// being 1.2-Lipschitz. A missing bias or GELU, or a bias gradient not accumulated into the
-// filled one, is off by O(1); so is d pre without GELU's derivative. In the emulator,
-// NDMESH_EMULATE_NO_EPILOGUES=1 declines every epilogue, as cuBLASLt does where it has no algorithm: the
-// layer then runs the steps apart, to the same bounds.
+// epilogues, ops::gemm_fused): the forward adds the bias, and the weight gradient's product
+// sums the bias gradient from the rounded output gradient it reads. The MLP's pair writes
+// bf16: forward_gelu writes the pre-activation and GELU of it (the GELU epilogue with its aux),
+// backward_gelu writes d pre = (d · W) gelu'(pre) in bf16 (the dGELU epilogue). Against the
+// CPU's bf16 layer (the fp32 product, then nn::Gelu's bf16 overloads; the bias gradient summed
+// from the same rounded values): the same exact bf16 products in fp32 in other orders, so the
+// fp32 outputs within 1e-4 relative and 1e-5 absolute, the bf16 ones also one bf16 step (2^-7)
+// apart at most, GELU being 1.2-Lipschitz. A missing bias or GELU, or a bias gradient not
+// accumulated into the filled one, is off by O(1); so is d pre without GELU's derivative. In
+// the emulator, NDMESH_EMULATE_NO_EPILOGUES=1 declines every epilogue, as cuBLASLt does where it
+// has no algorithm: the layer then runs the steps apart, to the same bounds; ops::gemm_fused
+// says which ran.
 TEST(CudaLinear, Bf16BiasAndGeluFusedIntoTheProductsMatchTheCpu) {
   NDMESH_GPU_OR_SKIP();
+  const auto widened = [](const std::vector<BFloat16>& v) {
+    std::vector<float> w(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) w[i] = static_cast<float>(v[i]);
+    return w;
+  };
   for_each_epilogue_case([&](const Shape& s, [[maybe_unused]] bool decline, const std::string& where) {
     ParamStore<float> cpu_store, gpu_store;
     const nn::Linear<float> cpu = bf16_layer(cpu_store, s, true), gpu = bf16_layer(gpu_store, s, true);
@@ -248,22 +262,37 @@ TEST(CudaLinear, Bf16BiasAndGeluFusedIntoTheProductsMatchTheCpu) {
     const auto n = static_cast<std::size_t>(s.rows * s.out);
     DeviceBuffer din = to_device(inp);
 
-    std::vector<float> ref(n), act(n);
+    std::vector<float> ref(n);
     cpu.forward(inp.data(), ref.data(), s.rows);
-    EXPECT_FALSE(cpu.forward_gelu(inp.data(), ref.data(), act.data(), s.rows)) << "the CPU fuses nothing";
-    nn::Gelu<float>::forward(ref.data(), act.data(), static_cast<std::int64_t>(n), Device::kCpu);
-    DeviceBuffer dout = to_device(nans(n)), dpre = to_device(nans(n));
+    DeviceBuffer dout = to_device(nans(n));
     gpu.forward(ptr<float>(din), ptr<float>(dout), s.rows);
     EXPECT_TRUE(all_close(to_host<float>(dout, n), ref, 1e-4, 1e-5)) << "forward, " << where;
-    const bool fused = gpu.forward_gelu(ptr<float>(din), ptr<float>(dpre), ptr<float>(dout), s.rows);
-    // cuBLASLt's GELU aux rows are a multiple of 8 apart: 13 outputs decline everywhere.
+
+    // fc and GELU into bf16: the pre-activation and the hidden.
+    std::vector<BFloat16> pre16(n), act16(n);
+    cpu.forward_gelu(inp.data(), pre16.data(), act16.data(), s.rows);
+    DeviceBuffer dpre = to_device(bf16_of(nans(n))), dact = to_device(bf16_of(nans(n)));
+    gpu.forward_gelu(ptr<float>(din), ptr<BFloat16>(dpre), ptr<BFloat16>(dact), s.rows);
+    EXPECT_TRUE(all_close(widened(to_host<BFloat16>(dpre, n)), widened(pre16), 1.0 / 128, 1e-5))
+        << "pre-activation, " << where;
+    EXPECT_TRUE(all_close(widened(to_host<BFloat16>(dact, n)), widened(act16), 1.0 / 128, 1e-5))
+        << "gelu, " << where;
+    // The CPU's pre-activation is the fp32 forward (its bias rounded to bf16) rounded once.
+    std::vector<float> act_ref(n);
+    nn::Gelu<float>::forward(ref.data(), act_ref.data(), static_cast<std::int64_t>(n), Device::kCpu);
+    EXPECT_TRUE(all_close(widened(pre16), ref, 1.0 / 128, 1e-2)) << "the CPU's pre-activation, " << where;
+    EXPECT_TRUE(all_close(widened(act16), act_ref, 1.0 / 128, 1e-2)) << "the CPU's gelu, " << where;
+    // Whether the product fuses it (cuBLASLt's GELU aux rows are a multiple of 8 apart: 13
+    // outputs decline everywhere).
+    ops::SharedOperand<float> x(Device::kCuda, MatmulPrecision::kBf16, ptr<float>(din), s.rows * s.in),
+        w(Device::kCuda, MatmulPrecision::kBf16, gpu_store.param(gpu.weight_id()), s.in * s.out),
+        b(Device::kCuda, MatmulPrecision::kBf16, gpu_store.param(gpu.bias_id()), s.out);
+    const bool fused =
+        ops::gemm_fused<float>(false, true, s.rows, s.out, s.in, x, s.in, w, s.in, ptr<BFloat16>(dact), s.out,
+                               ops::Fused::kGelu, &b, ptr<BFloat16>(dpre));
 #if NDMESH_CUDA_EMULATED
     EXPECT_EQ(fused, !decline && s.out % 8 == 0) << where;
 #endif
-    if (fused) {
-      EXPECT_TRUE(all_close(to_host<float>(dpre, n), ref, 1e-4, 1e-5)) << "pre-activation, " << where;
-      EXPECT_TRUE(all_close(to_host<float>(dout, n), act, 1e-4, 1e-5)) << "gelu, " << where;
-    }
 
     const auto d = normal(n, 4);
     std::vector<float> dinp_ref(inp.size());
@@ -278,38 +307,40 @@ TEST(CudaLinear, Bf16BiasAndGeluFusedIntoTheProductsMatchTheCpu) {
     EXPECT_TRUE(all_close(grads, grads_ref, 1e-4, 1e-6 * static_cast<double>(s.rows)))
         << "weight and bias gradients, " << where;
 
-    // The backward through GELU (the layer's input taken as gelu(pre), pre = the forward's
-    // output here): d pre = (d · W) gelu'(pre) from the product, against the CPU's backward
-    // then nn::Gelu's, and the weight gradient added once more.
-    std::vector<float> dpre_ref(inp.size());
-    const auto pre = normal(inp.size(), 5);
+    // The backward through GELU (the layer's input taken as gelu(pre), both bf16): d pre =
+    // (d · W) gelu'(pre) rounded once, against the CPU's, and the weight gradient added once more.
+    const auto pre_in = bf16_of(normal(inp.size(), 5));
     std::vector<float> gelu_of_pre(inp.size());
-    nn::Gelu<float>::forward(pre.data(), gelu_of_pre.data(), static_cast<std::int64_t>(inp.size()),
-                             Device::kCpu);
-    EXPECT_FALSE(cpu.backward_gelu(d.data(), gelu_of_pre.data(), pre.data(), dpre_ref.data(), s.rows));
-    cpu.backward(d.data(), gelu_of_pre.data(), dpre_ref.data(), s.rows, nn::GradInto::kSet);
-    nn::Gelu<float>::backward(dpre_ref.data(), pre.data(), dpre_ref.data(),
-                              static_cast<std::int64_t>(inp.size()), Device::kCpu);
-    DeviceBuffer dgpre = to_device(pre), dgact = to_device(gelu_of_pre), ddpre = to_device(nans(inp.size()));
+    nn::Gelu<float>::forward(widened(pre_in).data(), gelu_of_pre.data(),
+                             static_cast<std::int64_t>(inp.size()), Device::kCpu);
+    const auto act_in = bf16_of(gelu_of_pre);
+    std::vector<BFloat16> dpre_ref(inp.size());
+    cpu.backward_gelu(d.data(), act_in.data(), pre_in.data(), dpre_ref.data(), s.rows);
+    DeviceBuffer dgpre = to_device(pre_in), dgact = to_device(act_in),
+                 ddpre = to_device(bf16_of(nans(inp.size())));
+    gpu.backward_gelu(ptr<float>(dd), ptr<BFloat16>(dgact), ptr<BFloat16>(dgpre), ptr<BFloat16>(ddpre),
+                      s.rows);
+    // gelu' is within [-0.2, 1.2]: the product's bound carries over, one bf16 step for the
+    // rounding, and cuBLASLt's gelu' may differ from the tanh form's where it saturates
+    // (test_blas: 2^-7 of |d W|).
+    EXPECT_TRUE(
+        all_close(widened(to_host<BFloat16>(ddpre, inp.size())), widened(dpre_ref), 1.0 / 128, 1.0 / 128))
+        << "d pre, " << where;
+    cuda::copy_to_host(grads.data(), gpu_store.grads().data(), grads.size() * sizeof(float));
+    EXPECT_TRUE(all_close(grads, std::vector<float>(cpu_store.grads().begin(), cpu_store.grads().end()), 1e-4,
+                          2e-6 * static_cast<double>(s.rows)))
+        << "gradients after the backward through GELU, " << where;
+    ops::SharedOperand<float> dsh(Device::kCuda, MatmulPrecision::kBf16, ptr<float>(dd), s.rows * s.out);
     const bool dgelu_fused =
-        gpu.backward_gelu(ptr<float>(dd), ptr<float>(dgact), ptr<float>(dgpre), ptr<float>(ddpre), s.rows);
+        ops::gemm_fused<float>(false, false, s.rows, s.in, s.out, dsh, s.out, w, s.in, ptr<BFloat16>(ddpre),
+                               s.in, ops::Fused::kDGelu, nullptr, ptr<BFloat16>(dgpre));
 #if NDMESH_CUDA_EMULATED
     EXPECT_EQ(dgelu_fused, !decline && s.in % 8 == 0) << where;
 #else
     // What this cuBLASLt fused (the layer runs the rest apart): for the GPU check's log.
-    std::printf("%s: GELU %s, GELU's derivative %s in the product\n", where.c_str(),
+    std::printf("%s: GELU %s, GELU's derivative %s in the product (bf16)\n", where.c_str(),
                 fused ? "fused" : "apart", dgelu_fused ? "fused" : "apart");
 #endif
-    if (dgelu_fused) {
-      // gelu' is within [-0.2, 1.2]: the product's bound carries over, and cuBLASLt's gelu'
-      // may differ from the tanh form's where it saturates (test_blas: 2^-7 of |d W|).
-      EXPECT_TRUE(all_close(to_host<float>(ddpre, inp.size()), dpre_ref, 1e-4, 1.0 / 128))
-          << "d pre, " << where;
-      cuda::copy_to_host(grads.data(), gpu_store.grads().data(), grads.size() * sizeof(float));
-      EXPECT_TRUE(all_close(grads, std::vector<float>(cpu_store.grads().begin(), cpu_store.grads().end()),
-                            1e-4, 2e-6 * static_cast<double>(s.rows)))
-          << "gradients after the backward through GELU, " << where;
-    }
   });
 }
 

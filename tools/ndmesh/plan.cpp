@@ -98,14 +98,12 @@ void add_model_hardware_flags(CLI::App& app, ModelHardwareFlags& f) {
   app.add_option("--global-batch,--batch", f.global_batch, "Sequences per step over all GPUs");
   app.add_option("--precision", f.precision,
                  "mixed (bf16 weights and grads + 12 B fp32 Adam states, 16-bit activations), "
-                 "mixed-fp32-grads (the same "
-                 "with fp32 gradients: Megatron's bf16 default, DeepSpeed's BF16_Optimizer), bf16 (what ndmesh "
-                 "train --precision bf16 keeps: fp32 weights + a 2 B bf16 copy, fp32 grads and Adam states, fp32 "
-                 "activations but the norms' outputs (gathered in bf16 under sequence parallelism), the attention's "
-                 "input and "
-                 "output, the "
-                 "MLP's hidden and the logits in bf16, bf16 products) or fp32 (4 + 4 + 8 B AdamW, fp32 "
-                 "activations and products; a calibrated GPU file's fp32 rate)")
+                 "mixed-fp32-grads (the same with fp32 gradients: Megatron's bf16 default, DeepSpeed's "
+                 "BF16_Optimizer), bf16 (what ndmesh train --precision bf16 keeps: fp32 weights + a 2 B bf16 "
+                 "copy, fp32 grads and Adam states, fp32 activations but the norms' outputs (gathered in bf16 "
+                 "under sequence parallelism), the attention's input and output, the MLP's pre-activation and "
+                 "hidden and the logits in bf16, bf16 products) or fp32 (4 + 4 + 8 B AdamW, fp32 activations "
+                 "and products; a calibrated GPU file's fp32 rate)")
       ->capture_default_str();
   app.add_flag("--no-dropout", f.no_dropout,
                "The model stores no dropout masks (GPT presets do, Llama ones do not)");

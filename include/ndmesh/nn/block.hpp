@@ -90,7 +90,7 @@ struct BlockActivations {
   static constexpr std::size_t kLn1Full = 3, kLn2Full = 4, kLse = 6, kAtty = 7, kOut = 14;
   /// The tensors stored in bfloat16 come after those of tensors() (indices kGelu16...).
   static constexpr std::size_t kGelu16 = 15, kLn1_16 = 16, kLn2_16 = 17, kAtty16 = 18, kQkv16 = 19,
-                                kLn1Full16 = 20, kLn2Full16 = 21;
+                               kLn1Full16 = 20, kLn2Full16 = 21, kFc16 = 22;
   /// f(i, tensor) for every tensor, those of tensors() then the bfloat16 ones (Tensor<T>& or
   /// Tensor<BFloat16>&: f is generic).
   template <typename F>
@@ -127,6 +127,7 @@ struct BlockActivations {
     f(kQkv16, acts.qkv16...);
     f(kLn1Full16, acts.ln1_full16...);
     f(kLn2Full16, acts.ln2_full16...);
+    f(kFc16, acts.mlp.fc16...);
   }
 };
 
@@ -137,8 +138,9 @@ struct BlockScratch {
   Tensor<T> dln_full, dout_full;  ///< sequence parallel: [N, C]
   /// With the attention in bfloat16 (BlockActivations::qkv16), its gradients instead of dqkv
   /// and datty: proj's backward writes datty16, cuDNN's reads it and writes dqkv16, and qkv's
-  /// backward reads that as stored.
-  Tensor<BFloat16> dqkv16, datty16;
+  /// backward reads that as stored. Under bf16 products the MLP's d pre-activation is dmlp16
+  /// instead of dmlp (Mlp::backward's scratch).
+  Tensor<BFloat16> dqkv16, datty16, dmlp16;
 };
 
 /// A pre-norm transformer block.

@@ -235,6 +235,14 @@ void gelu_forward(BFloat16* out, const BFloat16* inp, std::int64_t n);
 /// activation stored in bf16 under bf16 products).
 void gelu_forward(BFloat16* out, const float* inp, std::int64_t n);
 void gelu_backward(BFloat16* dinp, const BFloat16* dout, const BFloat16* inp, std::int64_t n);
+/// The MLP's fc under bf16 where its GELU_AUX_BIAS epilogue declines (rows x cols,
+/// row-major): t = p[r, j] + bias[j] in float (p the fp32 product, bias bf16), pre = t and
+/// out = gelu(t), each rounded once: what the epilogue writes (nn::Gelu::forward_bias).
+void gelu_bias_forward(BFloat16* out, BFloat16* pre, const float* p, const BFloat16* bias, std::int64_t rows,
+                       std::int64_t cols);
+/// dinp[i] = gelu'(inp[i]) dout[i] rounded once (fp32 dout, the bf16 pre-activation): the
+/// MLP's d pre-activation where the dGELU epilogue into bf16 declines.
+void gelu_backward(BFloat16* dinp, const float* dout, const BFloat16* inp, std::int64_t n);
 
 /// bias_forward on bf16 rows (fp32 bias); bias_backward from bf16 rows into an fp32 dbias.
 void bias_forward(BFloat16* out, const float* bias, std::int64_t rows, std::int64_t cols,
@@ -303,13 +311,20 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
                const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, BFloat16* c,
                std::int64_t ldc, GemmEpilogue epilogue = GemmEpilogue::kNone, const BFloat16* bias = nullptr,
                BFloat16* aux = nullptr, BFloat16* dbias = nullptr);
-/// gemm_bf16 with the kBias epilogue (the bias bf16, C's type; beta 0): C = the product +
-/// bias[n] in fp32, each output rounded once. True when it ran; false, having run nothing,
-/// where cuBLASLt has no algorithm for it (one log line names the product the first time):
-/// its caller then runs the product into fp32, adds the bias and rounds (ops::gemm into bf16).
-[[nodiscard]] bool try_gemm_bf16_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-                                      const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb,
-                                      BFloat16* c, std::int64_t ldc, const BFloat16* bias);
+/// gemm_bf16 (alpha 1, beta 0) with an epilogue whose bias and aux are bf16, C's type:
+///   kBias:            C = the product + bias[n] in fp32, each output rounded once;
+///   kGeluAux:         aux = the product + bias[n], C = gelu(aux), both rounded once from
+///                     the fp32 value (the MLP's fc, its pre-activation and hidden in bf16);
+///   kDGeluNoBiasGrad: C = the product * gelu'(aux) (aux read), rounded once (the MLP's d
+///                     pre-activation in bf16).
+/// True when it ran; false, having run nothing, where cuBLASLt has no algorithm for it (one
+/// log line names the product the first time) or a GELU aux's rows are not a multiple of 8
+/// apart: its caller then runs the product into fp32 and the epilogue's step apart (ops::gemm
+/// into bf16, ops::gemm_fused into bf16).
+[[nodiscard]] bool try_gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                                 const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb,
+                                 BFloat16* c, std::int64_t ldc, GemmEpilogue epilogue, const BFloat16* bias,
+                                 BFloat16* aux);
 /// gemm with bf16 A and B into an fp32 C: the weight gradient accumulated in fp32 (beta 1).
 void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                    const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, float* c,

@@ -6,6 +6,7 @@
 
 #include "ndmesh/core/dtype.hpp"
 #include "ndmesh/tensor/device.hpp"
+#include "ndmesh/tensor/ops.hpp"
 
 namespace ndmesh::nn {
 
@@ -20,6 +21,17 @@ struct Gelu {
   /// dinp[i] += gelu'(inp[i]) * dout[i]. dinp may be dout: then the gradient is written over
   /// dout (what adding into zeros gives), so the MLP needs no second buffer and no zeroing.
   static void backward(const T* dout, const T* inp, T* dinp, std::int64_t n, Device device = Device::kCpu);
+
+  /// Under bf16 products, the MLP's fc where its product does not fuse GELU (rows x cols,
+  /// row-major; p the product without its bias): t = p[r, j] + bias[j] (the bias rounded to
+  /// bf16: bias.rounded()), pre = t and out = gelu(t), each rounded to bf16 once: what
+  /// cuBLASLt's GELU_AUX_BIAS epilogue into bf16 writes (ops::gemm_fused, kGelu).
+  static void forward_bias(const T* p, const ops::SharedOperand<T>& bias, BFloat16* pre, BFloat16* out,
+                           std::int64_t rows, std::int64_t cols, Device device = Device::kCpu);
+  /// dinp[i] = gelu'(inp[i]) dout[i], rounded to bf16 once (inp the pre-activation stored in
+  /// bf16): what the dGELU epilogue into bf16 writes (ops::gemm_fused, kDGelu).
+  static void backward(const T* dout, const BFloat16* inp, BFloat16* dinp, std::int64_t n,
+                       Device device = Device::kCpu);
 };
 
 }  // namespace ndmesh::nn

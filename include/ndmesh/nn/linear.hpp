@@ -51,20 +51,21 @@ class Linear {
   /// forward from an input stored in bfloat16 (an activation kept in bf16 under bf16 products:
   /// the operand the products read, nothing rounded again).
   void forward(const BFloat16* inp, T* out, std::int64_t rows) const;
-  /// The forward and GELU fused into the product, where it can be (CUDA, bf16 products, a
-  /// bias that is not deferred, a cuBLASLt algorithm for it): pre = inp · Wᵀ + b, out =
-  /// gelu(pre) (nn::Gelu's tanh form), true. Elsewhere nothing is done and it returns false:
-  /// the caller runs forward() and nn::Gelu.
-  [[nodiscard]] bool forward_gelu(const T* inp, T* pre, T* out, std::int64_t rows) const;
-  /// The backward of a layer whose input is gelu(pre) (the MLP's proj), GELU's derivative
-  /// fused into the input gradient's product where it can be (CUDA, bf16 products, outside a
-  /// DeferWeightGrads scope, a cuBLASLt algorithm for it): dpre = (dout · W) ⊙ gelu'(pre)
-  /// (written), dW += doutᵀ · inp (inp = gelu(pre)), true; a bias gradient only if not
-  /// deferred. Elsewhere nothing is done and it returns false: the caller runs backward() and
-  /// nn::Gelu::backward.
-  [[nodiscard]] bool backward_gelu(const T* dout, const T* inp, const T* pre, T* dpre, std::int64_t rows) const;
-  /// backward_gelu with gelu(pre) stored in bfloat16.
-  [[nodiscard]] bool backward_gelu(const T* dout, const BFloat16* inp, const T* pre, T* dpre, std::int64_t rows) const;
+  /// Under bf16 products, the MLP's fc and GELU into bfloat16 (a bias that is not deferred):
+  /// pre = inp · Wᵀ + b (b rounded to bf16 like the operands, added in fp32) and out =
+  /// gelu(pre) (nn::Gelu's tanh form of the fp32 pre), each rounded once. On CUDA the product
+  /// writes both (cuBLASLt's GELU_AUX_BIAS epilogue) where it can; elsewhere the fp32 product
+  /// and nn::Gelu::forward_bias compute the same.
+  void forward_gelu(const T* inp, BFloat16* pre, BFloat16* out, std::int64_t rows) const;
+  void forward_gelu(const BFloat16* inp, BFloat16* pre, BFloat16* out, std::int64_t rows) const;
+  /// Under bf16 products, the backward of a layer whose input is gelu(pre), both stored in
+  /// bfloat16 (the MLP's proj; inp = gelu(pre)): dpre = (dout · W) ⊙ gelu'(pre) rounded once
+  /// into bfloat16 (written), dW += doutᵀ · inp, a bias gradient only if not deferred. On CUDA
+  /// outside a DeferWeightGrads scope GELU's derivative runs in the input gradient's product
+  /// (the dGELU epilogue) where it can; elsewhere the fp32 product and nn::Gelu::backward
+  /// compute the same (under DeferWeightGrads the weight part is recorded, as backward()).
+  void backward_gelu(const T* dout, const BFloat16* inp, const BFloat16* pre, BFloat16* dpre,
+                     std::int64_t rows) const;
   /// Accumulates: dinp += dout · W (skipped when dinp is null; written over dinp, which then
   /// need not be zeroed, with GradInto::kSet), dW += doutᵀ · inp, db += column sums of dout
   /// (under bf16 products of dout rounded to bf16, what the products read: on CUDA the
@@ -128,7 +129,7 @@ class Linear {
   // The bodies of the overloads above: the input `inp` (T) or `inp16` (bfloat16), one null.
   void forward(const ops::SharedOperand<T>& x, T* out, std::int64_t rows) const;
   void backward(const T* dout, const T* inp, const BFloat16* inp16, T* dinp, std::int64_t rows, GradInto into) const;
-  bool backward_gelu(const T* dout, const ops::SharedOperand<T>& x, const T* pre, T* dpre, std::int64_t rows) const;
+  void forward_gelu(const ops::SharedOperand<T>& x, BFloat16* pre, BFloat16* out, std::int64_t rows) const;
   // The layer's input as its products take it: inp16 as stored, else inp rounded as its precision says.
   ops::SharedOperand<T> input(const T* inp, const BFloat16* inp16, std::int64_t rows) const;
   // db += column sums of dout as the products take it (rounded under bf16), rows out apart.

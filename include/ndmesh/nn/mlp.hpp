@@ -22,21 +22,27 @@ struct MlpOptions {
   TpShape tp;                 ///< the tensor-parallel split (default: none)
 };
 
-/// What the MLP forward keeps for its backward, for `rows` rows. Under bf16 products the
-/// hidden activation gelu(fc) is kept in bfloat16 (`gelu16`; `gelu` stays empty): every
-/// product that reads it (proj's forward and weight gradient) rounds it to bf16 anyway, so
-/// storing it rounded changes no result and halves its bytes.
+/// What the MLP forward keeps for its backward, for `rows` rows. Under bf16 products both
+/// are kept in bfloat16 (`fc16`, `gelu16`; `fc` and `gelu` stay empty), as fc's product
+/// writes them with cuBLASLt's GELU epilogue: the pre-activation rounded once from fc's fp32
+/// output (with its bias) and gelu of that fp32 value rounded once. Every product that reads
+/// the hidden (proj's forward and weight gradient) rounds it to bf16 anyway; GELU's
+/// derivative in the backward is taken at the stored (rounded) pre-activation, as PyTorch's
+/// autocast and llm.c do.
 template <typename T>
 struct MlpActivations {
-  Tensor<T> fc;             ///< [rows, F] before GELU
+  Tensor<T> fc;             ///< [rows, F] before GELU (fp32 products)
   Tensor<T> gelu;           ///< [rows, F] after GELU (fp32 products)
   Tensor<BFloat16> gelu16;  ///< [rows, F] after GELU, rounded to bf16 (bf16 products)
+  Tensor<BFloat16> fc16;    ///< [rows, F] before GELU, rounded to bf16 (bf16 products)
   void resize(std::int64_t rows, std::int64_t ffn, bool bf16 = false) {
-    fc.resize({rows, ffn});
     if (bf16) {
-      gelu16.set_device(fc.device());
-      gelu16.resize({rows, ffn});
+      for (Tensor<BFloat16>* t : {&gelu16, &fc16}) {
+        t->set_device(fc.device());
+        t->resize({rows, ffn});
+      }
     } else {
+      fc.resize({rows, ffn});
       gelu.resize({rows, ffn});
     }
   }
@@ -60,11 +66,17 @@ class Mlp {
   /// forward from an input stored in bfloat16 (a norm's output under bf16 products).
   void forward(const BFloat16* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const;
   /// Accumulates dinp and the parameter gradients (not proj's bias: proj().backward_bias).
-  /// `scratch` holds at least rows * local_ffn() elements; its contents are overwritten.
-  /// dinp is written, not added to (GradInto::kSet).
+  /// `scratch` holds at least rows * local_ffn() elements, T or, under bf16 products
+  /// (hidden_in_bf16()), bfloat16 (the d pre-activation, written by proj's backward and read
+  /// by fc's products as it lies); its contents are overwritten. dinp is written, not added to
+  /// (GradInto::kSet).
   void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
                 std::int64_t rows) const;
   void backward(const T* dout, const BFloat16* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
+                std::int64_t rows) const;
+  void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
+                std::int64_t rows) const;
+  void backward(const T* dout, const BFloat16* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
                 std::int64_t rows) const;
 
   /// The options it was built with.
@@ -75,8 +87,8 @@ class Mlp {
  private:
   template <typename In>
   void forward_from(const In* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const;
-  template <typename In>
-  void backward_from(const T* dout, const In* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
+  template <typename In, typename S>
+  void backward_from(const T* dout, const In* inp, const MlpActivations<T>& acts, T* dinp, S* scratch,
                      std::int64_t rows) const;
   MlpOptions options_;
   Linear<T> fc_;

@@ -111,6 +111,10 @@ struct Precision {
   /// it is stored in another type than the other activations: ndmesh's bf16 keeps it in bf16
   /// (2; every product that reads it rounds it to bf16 anyway). 0: activation_bytes.
   double mlp_hidden_bytes = 0;
+  /// Bytes of the MLP's pre-activation (fc's output, GELU's input; SwiGLU's gate and up) where
+  /// it is stored in another type: ndmesh's bf16 keeps it in bf16 (2; fc's product writes it
+  /// with the hidden, cuBLASLt's GELU epilogue with its aux). 0: activation_bytes.
+  double mlp_pre_activation_bytes = 0;
   /// Bytes of the two layer norms' outputs (the qkv and fc products' inputs) where they are
   /// stored in another type: ndmesh's bf16 keeps them in bf16 (2; with sequence parallelism
   /// it gathers them so). 0: activation_bytes.
@@ -167,6 +171,7 @@ struct ActivationOptions {
   double activation_bytes = 2;
   Attention attention = Attention::kStandard;
   double mlp_hidden_bytes = 0;   ///< Precision::mlp_hidden_bytes (0: activation_bytes)
+  double mlp_pre_activation_bytes = 0;  ///< Precision::mlp_pre_activation_bytes (0: activation_bytes)
   double norm_output_bytes = 0;  ///< Precision::norm_output_bytes (0: activation_bytes)
   double attention_output_bytes = 0;  ///< Precision::attention_output_bytes (0: activation_bytes)
   double attention_input_bytes = 0;   ///< Precision::attention_input_bytes (0: activation_bytes)
@@ -288,11 +293,12 @@ struct LayerShape {
 ///   2 h/t) backward, where its d q, k, v widened is written into the qkv gradient, which is
 ///   then not zeroed (-4 r/t); the MLP's hidden activation is stored in bf16 by a GELU
 ///   kernel, so fc fuses its bias only, GELU moves 6 bytes an element and the hidden's two
-///   casts go: -10 f/t against the fused count; without sequence parallelism the norms'
-///   outputs are stored in bf16 too: each norm writes 2 bytes, not 4, and their four casts go
-///   (-28 h); the attention output is stored in bf16 as cuDNN writes it: proj's two casts go
-///   (-12 h/t) and, with cuDNN, its widening and rounding again for the backward (-12 h/t)
-///   (r: the qkv width, h hidden, f ffn, t tp).
+///   casts go: -10 f/t against the fused count; the norms' outputs are stored in bf16 too:
+///   each norm writes 2 bytes, not 4, and their four casts go (-28 h); the attention output is
+///   stored in bf16 as cuDNN writes it: proj's two casts go (-12 h/t) and, with cuDNN, its
+///   widening and rounding again for the backward (-12 h/t); its input and gradients too
+///   (-6 (4 r + h)/t with cuDNN); and the MLP's pre-activation, written with the hidden by
+///   fc's product (-14 f/t) (r: the qkv width, h hidden, f ffn, t tp).
 double elementwise_bytes_per_token(const PlanModel& model, const LayerShape& shape);
 
 /// One layer for one micro-batch on one GPU. Weight products: 3 kernels per matrix (4 with

@@ -160,12 +160,24 @@ template <typename T>
                               std::int64_t ldb, T beta, T* c, std::int64_t ldc, Fused what, const T* bias, T* aux,
                               T* dbias);
 
+/// gemm into bfloat16 (alpha 1, beta 0; A and B of precision kBf16) with `what` fused, its
+/// aux bf16: kGelu (aux = the product + bias[n], C = gelu(aux), each rounded once from the
+/// fp32 value; `bias` kBf16, rounded as the operands) or kDGelu (C = the product * gelu'(aux),
+/// aux read; no bias): cuda::try_gemm_bf16. True when it ran; false, having done nothing,
+/// elsewhere (the CPU, a T other than float, no cuBLASLt algorithm): the caller then runs the
+/// product into fp32 and the step apart (nn::Gelu's bf16 overloads compute the same).
+template <typename T>
+[[nodiscard]] bool gemm_fused(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                              const SharedOperand<T>& a, std::int64_t lda, const SharedOperand<T>& b,
+                              std::int64_t ldb, BFloat16* c, std::int64_t ldc, Fused what,
+                              const SharedOperand<T>* bias, BFloat16* aux);
+
 /// C = alpha op(A) op(B) into bfloat16 (beta 0): A and B rounded as the kBf16 gemm rounds
 /// them (both of precision kBf16), fp32 accumulation, each output rounded once (CUDA:
 /// cuda::gemm_bf16; the CPU: the product of the rounded copies in T, then rounded). With
 /// `bias` (n elements, kBf16: rounded to bf16 as the operands; alpha 1, rows n apart) the
 /// output is the product + bias[j] in fp32, rounded once (CUDA: cuBLASLt's bias epilogue,
-/// cuda::try_gemm_bf16_bias; where it declines, the fp32 product, the bias and one rounding).
+/// cuda::try_gemm_bf16 with kBias; where it declines, the fp32 product, the bias and one rounding).
 template <typename T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const SharedOperand<T>& a, std::int64_t lda, const SharedOperand<T>& b, std::int64_t ldb, BFloat16* c,

@@ -19,6 +19,7 @@ namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 
+using detail::Bf16Bits;
 using detail::bits;
 using detail::load;
 using detail::store;
@@ -69,7 +70,47 @@ void backward(S* dinp, const S* dout, const S* inp, std::int64_t n) {
   }
 }
 
+// t = p + bias[column] in float; pre = t and out = gelu(t), each rounded once.
+__global__ void gelu_bias_forward_kernel(Bf16Bits* out, Bf16Bits* pre, const float* p, const Bf16Bits* bias,
+                                         std::int64_t rows, std::int64_t cols) {
+  const std::int64_t n = rows * cols, stride = std::int64_t{gridDim.x} * blockDim.x;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float x = __fadd_rn(p[i], load(bias + i % cols));
+    store(pre + i, x);
+    store(out + i, 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kCubic * x * x * x))));
+  }
+}
+
+// dinp = gelu'(inp) dout, rounded once on the store (fp32 dout, bf16 inp).
+__global__ void gelu_backward_mixed_kernel(Bf16Bits* dinp, const float* dout, const Bf16Bits* inp,
+                                           std::int64_t n) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float x = load(inp + i);
+    const float t = tanhf(kSqrt2OverPi * (x + kCubic * x * x * x));
+    const float d =
+        0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
+    store(dinp + i, __fmul_rn(d, dout[i]));
+  }
+}
+
 }  // namespace
+
+void gelu_bias_forward(BFloat16* out, BFloat16* pre, const float* p, const BFloat16* bias, std::int64_t rows,
+                       std::int64_t cols) {
+  const std::int64_t n = rows * cols;
+  if (n <= 0) return;
+  gelu_bias_forward_kernel<<<detail::blocks_for(n), detail::kThreads, 0, detail::compute_stream()>>>(
+      bits(out), bits(pre), p, bits(bias), rows, cols);
+  detail::check_launch("gelu_bias_forward");
+}
+
+void gelu_backward(BFloat16* dinp, const float* dout, const BFloat16* inp, std::int64_t n) {
+  if (n <= 0) return;
+  gelu_backward_mixed_kernel<<<detail::blocks_for(n), detail::kThreads, 0, detail::compute_stream()>>>(
+      bits(dinp), dout, bits(inp), n);
+  detail::check_launch("gelu_backward (into bf16)");
+}
 
 void gelu_forward(float* out, const float* inp, std::int64_t n) { forward(out, inp, n); }
 void gelu_forward(BFloat16* out, const BFloat16* inp, std::int64_t n) { forward(bits(out), bits(inp), n); }

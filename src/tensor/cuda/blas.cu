@@ -387,15 +387,20 @@ void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
   run(key, alpha, a, b, beta, c, nullptr, nullptr, dbias);
 }
 
-bool try_gemm_bf16_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-                        const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, BFloat16* c,
-                        std::int64_t ldc, const BFloat16* bias) {
+bool try_gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, BFloat16* c,
+                   std::int64_t ldc, GemmEpilogue epilogue, const BFloat16* bias, BFloat16* aux) {
   if (m <= 0 || n <= 0 || k <= 0)
-    detail::fail_error("try_gemm_bf16_bias: m, n and k must be positive (" + std::to_string(m) + ", " +
+    detail::fail_error("try_gemm_bf16: m, n and k must be positive (" + std::to_string(m) + ", " +
                        std::to_string(n) + ", " + std::to_string(k) + ")");
-  const Key key{trans_a,      trans_b,      m,           n,           k,          lda,   ldb, ldc,
-                alignment(a), alignment(b), alignment(c), CUDA_R_16BF, CUDA_R_16BF, GemmEpilogue::kBias};
-  return run(key, 1.0f, a, b, 0.0f, c, bias, nullptr, nullptr, true);
+  if (epilogue != GemmEpilogue::kBias && epilogue != GemmEpilogue::kGeluAux &&
+      epilogue != GemmEpilogue::kDGeluNoBiasGrad)
+    detail::fail_error("try_gemm_bf16 takes the bias, GELU with aux or dGELU epilogue");
+  // cuBLASLt's GELU aux rows are a multiple of 8 elements apart.
+  if (uses_aux(epilogue) && ldc % 8 != 0) return false;
+  const Key key{trans_a,      trans_b,      m,           n,           k,       lda, ldb, ldc, alignment(a),
+                alignment(b), alignment(c), CUDA_R_16BF, CUDA_R_16BF, epilogue};
+  return run(key, 1.0f, a, b, 0.0f, c, bias, aux, nullptr, true);
 }
 
 bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,

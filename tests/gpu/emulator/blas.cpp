@@ -2,9 +2,9 @@
 // (OpenBLAS, the CPU twin), so that emulated tests can run whole layers (nn::Linear on a
 // CUDA store). Linked into the emulated test binaries in place of src/tensor/cuda/blas.cu
 // (cuBLASLt does not run here): this file defines every function blas.cu exports, so the
-// linker never takes blas.cu's object from the library. The bf16 products without an
-// epilogue run here too (widened operands, fp32 product; into bf16 rounded once); the
-// epilogues stay GPU only.
+// linker never takes blas.cu's object from the library. The bf16 products run here too
+// (widened operands, fp32 product; into bf16 rounded once), with the epilogues of the try_
+// functions computed as cuBLASLt defines them; gemm_bf16's epilogues stay GPU only.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -93,22 +93,45 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
   timed_product("bf16", trans_a, trans_b, m, n, k);
 }
 
-// The bf16 product into bf16 with its bias (bf16) added in fp32 before the one rounding, as
-// cuBLASLt's kBias epilogue computes it; declines under NDMESH_EMULATE_NO_EPILOGUES=1.
-bool try_gemm_bf16_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const BFloat16* a,
-                        std::int64_t lda, const BFloat16* b, std::int64_t ldb, BFloat16* c, std::int64_t ldc,
-                        const BFloat16* bias) {
+// The bf16 product into bf16 with its epilogue, as cuBLASLt computes it (cuda_ops.hpp): the
+// fp32 product, then the bias (bf16) added in fp32, GELU (the CPU's tanh form: nn::Gelu) of
+// that with its aux, or GELU's derivative at the aux (bf16, widened), each output rounded
+// once; declines under NDMESH_EMULATE_NO_EPILOGUES=1 and, as cuBLASLt, for a GELU aux whose
+// rows are not a multiple of 8 apart.
+bool try_gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, BFloat16* c,
+                   std::int64_t ldc, GemmEpilogue epilogue, const BFloat16* bias, BFloat16* aux) {
   if (const char* no = std::getenv("NDMESH_EMULATE_NO_EPILOGUES"); no != nullptr && std::string(no) == "1")
     return false;
-  if (bias == nullptr) fail<>("cuda", "try_gemm_bf16_bias needs its bias pointer");
-  if (m <= 0 || n <= 0 || k <= 0) fail<>("cuda", "try_gemm_bf16_bias: m, n and k must be positive ({}, {}, {})", m, n, k);
+  const bool gelu = epilogue == GemmEpilogue::kGeluAux, dgelu = epilogue == GemmEpilogue::kDGeluNoBiasGrad;
+  if (epilogue != GemmEpilogue::kBias && !gelu && !dgelu)
+    fail<>("cuda", "try_gemm_bf16 takes the bias, GELU with aux or dGELU epilogue");
+  if ((!dgelu && bias == nullptr) || ((gelu || dgelu) && aux == nullptr))
+    fail<>("cuda", "try_gemm_bf16: the epilogue {} needs its bias or aux pointer",
+           static_cast<int>(epilogue));
+  if (m <= 0 || n <= 0 || k <= 0)
+    fail<>("cuda", "try_gemm_bf16: m, n and k must be positive ({}, {}, {})", m, n, k);
+  if ((gelu || dgelu) && ldc % 8 != 0) return false;
   const emu::DeviceWork work;  // reads and writes device memory
   std::vector<float> c32(static_cast<std::size_t>(m * n), 0.0f);
   widened_product(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c32.data(), n);
-  for (std::int64_t r = 0; r < m; ++r)
-    for (std::int64_t j = 0; j < n; ++j)
-      c[r * ldc + j] = BFloat16(c32[static_cast<std::size_t>(r * n + j)] + static_cast<float>(bias[j]));
-  timed_product("bf16", trans_a, trans_b, m, n, k, GemmEpilogue::kBias);
+  for (std::int64_t r = 0; r < m; ++r) {
+    float* row = c32.data() + r * n;
+    if (!dgelu)
+      for (std::int64_t j = 0; j < n; ++j) row[j] += static_cast<float>(bias[j]);
+    if (gelu) {
+      for (std::int64_t j = 0; j < n; ++j) aux[r * ldc + j] = BFloat16(row[j]);
+      nn::Gelu<float>::forward(row, row, n, Device::kCpu);
+    }
+    if (dgelu) {
+      std::vector<float> pre(static_cast<std::size_t>(n));
+      for (std::int64_t j = 0; j < n; ++j)
+        pre[static_cast<std::size_t>(j)] = static_cast<float>(aux[r * ldc + j]);
+      nn::Gelu<float>::backward(row, pre.data(), row, n, Device::kCpu);  // in place: product * gelu'(aux)
+    }
+    for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] = BFloat16(row[j]);
+  }
+  timed_product("bf16", trans_a, trans_b, m, n, k, epilogue);
   return true;
 }
 

@@ -185,12 +185,13 @@ TEST(MatmulPrecision, Bf16GemmEveryTransposeAndStride) {
 // The rounding is BFloat16's on every kind of value: ties to even both ways, the largest
 // floats to infinity, infinities, subnormals, NaN (as a 1 x 1 x k product with B = 1 and A
 // one value and zeros, so C is the rounded value itself).
-// Under bf16 products the MLP keeps its hidden activation gelu(fc) in bfloat16 (gelu16; the
-// fp32 tensor stays empty): each element is gelu of fc's output rounded once, and the MLP's
-// output, input gradient and every parameter gradient are bit for bit those of the same MLP
-// fed that hidden activation in fp32 (proj's products round it to bf16 either way, and the
-// rounding of a bf16 value is itself): storing it rounded changes no result.
-TEST(MatmulPrecision, Bf16MlpKeepsItsHiddenActivationInBf16AndNoResultChanges) {
+// Under bf16 products the MLP keeps its pre-activation and hidden activation in bfloat16
+// (fc16, gelu16; the fp32 tensors stay empty), as fc's product writes them on a GPU (cuBLASLt's
+// GELU epilogue with its aux): with t = fc's fp32 product + its bias rounded to bf16, fc16 is t
+// rounded once and gelu16 is gelu(t) rounded once. The backward writes d pre in bf16, gelu' taken
+// at the stored fc16, rounded once, and fc's products read it as it lies. Checked bit for bit
+// against the layers' building blocks (ops::gemm, nn::Gelu, Linear's bf16 backward) run apart.
+TEST(MatmulPrecision, Bf16MlpKeepsItsPreActivationAndHiddenInBf16) {
   const std::int64_t rows = 9, c = 24, f = 40;
   ParamStore<float> store;
   store.set_matmul_precision(MatmulPrecision::kBf16);
@@ -201,28 +202,48 @@ TEST(MatmulPrecision, Bf16MlpKeepsItsHiddenActivationInBf16AndNoResultChanges) {
   EXPECT_TRUE(mlp.hidden_in_bf16());
   nn::MlpActivations<float> acts;
   acts.resize(rows, f, mlp.hidden_in_bf16());
-  ASSERT_EQ(acts.gelu.numel(), 0);
+  ASSERT_EQ(acts.gelu.numel() + acts.fc.numel(), 0);
   ASSERT_EQ(acts.gelu16.numel(), rows * f);
+  ASSERT_EQ(acts.fc16.numel(), rows * f);
   const auto inp = normal(static_cast<std::size_t>(rows * c), 4), dout = normal(static_cast<std::size_t>(rows * c), 5);
-  std::vector<float> out(inp.size()), dinp(inp.size()), scratch(static_cast<std::size_t>(rows * f));
+  const auto n = static_cast<std::size_t>(rows * f);
+  std::vector<float> out(inp.size()), dinp(inp.size());
+  std::vector<BFloat16> scratch(n);
   mlp.forward(inp.data(), out.data(), acts, rows);
-  std::vector<float> gelu(static_cast<std::size_t>(rows * f)), hidden(gelu.size());
-  nn::Gelu<float>::forward(acts.fc.data(), gelu.data(), rows * f);
-  for (std::size_t i = 0; i < gelu.size(); ++i) {
+  // t = the product of the rounded operands in fp32, plus the bias rounded to bf16.
+  const float* w = store.param(mlp.fc().weight_id());
+  const float* b = store.param(mlp.fc().bias_id());
+  std::vector<float> t(n), gelu(n), hidden(n);
+  ops::gemm<float>(false, true, rows, f, c, 1.0f,
+                   ops::SharedOperand<float>(Device::kCpu, MatmulPrecision::kBf16, inp.data(), rows * c), c,
+                   ops::SharedOperand<float>(Device::kCpu, MatmulPrecision::kBf16, w, f * c), c, 0.0f,
+                   t.data(), f);
+  for (std::size_t i = 0; i < n; ++i)
+    t[i] += static_cast<float>(BFloat16(b[i % static_cast<std::size_t>(f)]));
+  nn::Gelu<float>::forward(t.data(), gelu.data(), rows * f);
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(acts.fc16.data()[i].bits, BFloat16(t[i]).bits) << "pre-activation, element " << i;
+    ASSERT_EQ(acts.gelu16.data()[i].bits, BFloat16(gelu[i]).bits) << "hidden, element " << i;
     hidden[i] = static_cast<float>(acts.gelu16.data()[i]);
-    ASSERT_EQ(acts.gelu16.data()[i].bits, BFloat16(gelu[i]).bits) << "element " << i;
   }
   store.zero_grad();
   mlp.backward(dout.data(), inp.data(), acts, dinp.data(), scratch.data(), rows);
   const std::vector<float> grads(store.grads().begin(), store.grads().end());
 
-  // The same layers fed the hidden activation in fp32.
-  std::vector<float> ref_out(out.size()), ref_dinp(dinp.size()), dhidden(scratch.size());
-  mlp.proj().forward(hidden.data(), ref_out.data(), rows);
+  // Apart: proj's output and fp32 input gradient from the stored hidden, GELU's derivative at
+  // the stored pre-activation, rounded once, then fc's backward from that bf16 gradient.
+  std::vector<float> ref_out(out.size()), ref_dinp(dinp.size()), dhidden(n), pre(n);
+  std::vector<BFloat16> dpre(n);
+  mlp.proj().forward(acts.gelu16.data(), ref_out.data(), rows);
   store.zero_grad();
-  mlp.proj().backward(dout.data(), hidden.data(), dhidden.data(), rows, nn::GradInto::kSet);
-  nn::Gelu<float>::backward(dhidden.data(), acts.fc.data(), dhidden.data(), rows * f);
-  mlp.fc().backward(dhidden.data(), inp.data(), ref_dinp.data(), rows, nn::GradInto::kSet);
+  mlp.proj().backward(dout.data(), acts.gelu16.data(), dhidden.data(), rows, nn::GradInto::kSet);
+  for (std::size_t i = 0; i < n; ++i) pre[i] = static_cast<float>(acts.fc16.data()[i]);
+  nn::Gelu<float>::backward(dhidden.data(), pre.data(), dhidden.data(), rows * f);
+  for (std::size_t i = 0; i < n; ++i) {
+    dpre[i] = BFloat16(dhidden[i]);
+    ASSERT_EQ(scratch[i].bits, dpre[i].bits) << "d pre-activation, element " << i;
+  }
+  mlp.fc().backward(dpre.data(), f, inp.data(), ref_dinp.data(), rows, nn::GradInto::kSet);
   const std::vector<float> ref_grads(store.grads().begin(), store.grads().end());
   auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -230,6 +251,10 @@ TEST(MatmulPrecision, Bf16MlpKeepsItsHiddenActivationInBf16AndNoResultChanges) {
   EXPECT_TRUE(same_bits(out, ref_out)) << "output";
   EXPECT_TRUE(same_bits(dinp, ref_dinp)) << "input gradient";
   EXPECT_TRUE(same_bits(grads, ref_grads)) << "parameter gradients";
+  // The fp32 scratch is the fp32 MLP's, not this one's.
+  std::vector<float> scratch32(n);
+  EXPECT_THROW(mlp.backward(dout.data(), inp.data(), acts, dinp.data(), scratch32.data(), rows),
+               InternalError);
 }
 
 // Under bf16 products (without sequence parallelism) a block keeps its norms' outputs in

@@ -310,6 +310,8 @@ TEST(Precision, Bf16PlansUseTheBf16Rate) {
   EXPECT_EQ(fp32.weight_copy_bytes, 0);
   EXPECT_EQ(bf16.mlp_hidden_bytes, 2);  // GELU's output, stored in bf16
   EXPECT_EQ(fp32.mlp_hidden_bytes, 0);
+  EXPECT_EQ(bf16.mlp_pre_activation_bytes, 2);  // GELU's input, as fc's GELU epilogue writes it
+  EXPECT_EQ(fp32.mlp_pre_activation_bytes, 0);
   EXPECT_EQ(bf16.norm_output_bytes, 2);  // the norms' outputs, without sequence parallelism
   EXPECT_EQ(fp32.norm_output_bytes, 0);
   EXPECT_EQ(bf16.attention_output_bytes, 2);  // the attention output, as cuDNN writes it
@@ -347,11 +349,11 @@ TEST(Precision, Bf16PlansUseTheBf16Rate) {
     const PlanModel gpt = model_preset("gpt3-1.7b");
     const Workload w{.seq = 1024, .global_batch = 2};
     const double logits = 1024.0 * 2 * static_cast<double>(gpt.spec.vocab);
-    // One GPU: bf16 logits, 2 bytes fewer than fp32's per logit, and the MLP's hidden
-    // activation, the two norms' outputs, the attention output and its input (Q, K, V: 3 h
-    // wide for gpt3's multi-head attention) in bf16, 2 bytes fewer per element (s b f, 2 s b h,
-    // s b h and 3 s b h a layer); the rest is the same.
-    const double hidden = 1024.0 * 2 * static_cast<double>(gpt.spec.ffn_or_default()) * gpt.spec.layers;
+    // One GPU: bf16 logits, 2 bytes fewer than fp32's per logit, and the MLP's pre-activation
+    // and hidden activation, the two norms' outputs, the attention output and its input (Q, K,
+    // V: 3 h wide for gpt3's multi-head attention) in bf16, 2 bytes fewer per element (2 s b f,
+    // 2 s b h, s b h and 3 s b h a layer); the rest is the same.
+    const double hidden = 2 * 1024.0 * 2 * static_cast<double>(gpt.spec.ffn_or_default()) * gpt.spec.layers;
     const double norms = 2 * 1024.0 * 2 * static_cast<double>(gpt.spec.hidden) * gpt.spec.layers;
     const double attention_out = norms / 2, attention_in = 3 * attention_out;
     const Layout one{.micro_batch = 2};
@@ -433,6 +435,8 @@ TEST(LayerTime, AttentionAtTheAttentionKernelsRate) {
 // output (forward r/t + h/t; backward 2r/t + 2h/t, its d q, k, v widened into the qkv gradient,
 // which then needs no zeroing: 4 r/t bytes fewer); and the MLP's hidden activation stored in
 // bf16 by the GELU kernel (fc fuses its bias only; GELU 6 bytes an element; no casts of it),
+// then with its pre-activation by fc's product (no GELU kernel; the dGELU epilogue reads it in
+// bf16 and writes d pre in bf16, which fc's products read as it lies: -14 f/t),
 // and the norms' outputs too (2 bytes written, not 4; no casts; with sequence parallelism
 // gathered in bf16);
 // the attention output stored in bf16 as cuDNN writes it (no casts for proj's two products,
@@ -456,11 +460,13 @@ TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
   LayerShape bf16 = shape;
   bf16.bf16_products = true;
   // The hidden activation in bf16: fc fuses its bias only (8 f of GELU's fused 12 f), GELU
-  // moves 6 bytes, not 8 (-2 f), and the hidden's forward and backward casts go (-12 f).
+  // moves 6 bytes, not 8 (-2 f), and the hidden's forward and backward casts go (-12 f); then
+  // the pre-activation in bf16, fc's product writing both (the GELU kernel's 6 f go), the dGELU
+  // epilogue reading it in 2 bytes (-2 f) and writing d pre in bf16 (its cast, -6 f): -14 f.
   EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, bf16),
                    fp32 - 4 * (3 * r + 6 * f) + 6 * (3 * h + f) + 6 * (4 * h + 2 * f + r) + 6 * (r + h) +
                        6 * (2 * r + 2 * h) - 4 * r + 12 * f - (8 * f + 2 * f) - 12 * f - (4 * h + 24 * h) -
-                       24 * h - 6 * (4 * r + h));
+                       24 * h - 6 * (4 * r + h) - 14 * f);
   // With sequence parallelism the norms' outputs are stored and gathered in bf16 as well: at
   // tp 1 the same passes (the norms' rows are whole either way). At tp 4 the passes over the
   // norms' and residuals' rows run on a quarter of them: fp32's 27 h and the norms' bf16 writes

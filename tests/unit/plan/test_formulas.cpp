@@ -210,6 +210,20 @@ TEST(Activations, ABf16AttentionInputIsCountedAtItsOwnBytes) {
                    2 * 1.5 * kSbh);
 }
 
+// And the MLP's pre-activation (fc's output, s b f / t elements; f = 4h for gpt3): 2 bytes an
+// element fewer.
+TEST(Activations, ABf16MlpPreActivationIsCountedAtItsOwnBytes) {
+  const PlanModel m = model_preset("gpt3-175b");
+  for (const std::int64_t tp : {1, 8}) {
+    const ActivationOptions fp32{.tp = tp, .activation_bytes = 4, .attention = Attention::kFlash};
+    ActivationOptions bf16 = fp32;
+    bf16.mlp_pre_activation_bytes = 2;
+    EXPECT_DOUBLE_EQ(
+        activation_bytes_per_layer(m, 2048, 1, fp32) - activation_bytes_per_layer(m, 2048, 1, bf16),
+        2 * 4 * kSbh / static_cast<double>(tp));
+  }
+}
+
 // And the two norms' outputs (the qkv and MLP inputs, s b h elements each): 2 bytes an element
 // fewer, with sequence parallelism too (kept on 1/t of the rows and gathered in bf16).
 TEST(Activations, ABf16NormOutputIsCountedAtItsOwnBytes) {
