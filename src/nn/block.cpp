@@ -345,7 +345,6 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
                         const AttentionCore<T>* core, const std::int64_t* positions) const {
   const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
   const bool sp = tp_.sequence_parallel;
-  const Device dev = device();
   auto poll = [progress] {
     if (progress) (*progress)();
   };
@@ -356,8 +355,8 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   const T* x2 = sp ? a.ln2_full.data() : a.ln2.data();
   const BFloat16* x1_16 = sp ? a.ln1_full16.data() : a.ln1_16.data();
   const BFloat16* x2_16 = sp ? a.ln2_full16.data() : a.ln2_16.data();
-  // Second residual: d res1 = dout (identity path) + the MLP branch through ln2.
-  ops::copy(s.dres1.data(), dout, nl * c, dev);
+  // Second residual: d res1 = dout (identity path) + the MLP branch through ln2, written by
+  // ln2's backward (below) in one pass.
   const T* dout_full = tp_.g_backward(dout, s.dout_full.data(), n, c);
   mlp_.proj().backward_bias(dout, nl);
   if (bf16)  // writes dfull
@@ -366,7 +365,7 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
     mlp_.backward(dout_full, x2, a.mlp, dfull, s.dmlp.data(), n);
   poll();
   tp_.f_backward(dfull, s.dln.data(), n, c);
-  ln2_.backward(s.dln.data(), a.res1.data(), a.ln2_mean.data(), a.ln2_rstd.data(), s.dres1.data(), nl);
+  ln2_.backward(s.dln.data(), a.res1.data(), a.ln2_mean.data(), a.ln2_rstd.data(), s.dres1.data(), nl, dout);
   // First residual: d inp = d res1 (identity path) + the attention branch through ln1.
   const T* dres1_full = tp_.g_backward(s.dres1.data(), s.dout_full.data(), n, c);
   proj_.backward_bias(s.dres1.data(), nl);
@@ -387,9 +386,8 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   else
     qkv_.backward(s.dqkv.data(), x1, dfull, n, GradInto::kSet);
   tp_.f_backward(dfull, s.dln.data(), n, c);
-  // d inp: the identity path's d res1, then the norm's gradient added (no zeroing, no extra pass).
-  ops::copy(dinp, s.dres1.data(), nl * c, dev);
-  ln1_.backward(s.dln.data(), inp, a.ln1_mean.data(), a.ln1_rstd.data(), dinp, nl);
+  // d inp = the identity path's d res1 + the norm's gradient, in one pass.
+  ln1_.backward(s.dln.data(), inp, a.ln1_mean.data(), a.ln1_rstd.data(), dinp, nl, s.dres1.data());
 }
 
 template class Block<float>;

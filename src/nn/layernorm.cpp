@@ -94,15 +94,17 @@ void LayerNorm<T>::forward_residual(const T* x, const T* add, T* residual, BFloa
 
 template <typename T>
 void LayerNorm<T>::backward(const T* dout, const T* inp, const T* mean, const T* rstd, T* dinp,
-                            std::int64_t rows) const {
+                            std::int64_t rows, const T* dresidual) const {
   const std::int64_t c = options_.channels;
   const T* w = store_->param(weight_);
   T* dw = store_->grad(weight_);
   T* db = store_->grad(bias_);
-  NDMESH_CUDA_TWIN(device(), cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, rows, c))
+  if (dresidual == nullptr) dresidual = dinp;  // accumulate
+  NDMESH_CUDA_TWIN(device(), cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, rows, c, dresidual))
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* x = inp + r * c;
     const T* dy = dout + r * c;
+    const T* dres = dresidual + r * c;
     T* dx = dinp + r * c;
     const T m = mean[r], s = rstd[r];
     T g_mean = 0, gx_mean = 0;
@@ -118,7 +120,7 @@ void LayerNorm<T>::backward(const T* dout, const T* inp, const T* mean, const T*
     gx_mean /= static_cast<T>(c);
     for (std::int64_t i = 0; i < c; ++i) {
       T xhat = (x[i] - m) * s;
-      dx[i] += s * (dy[i] * w[i] - g_mean - xhat * gx_mean);
+      dx[i] = dres[i] + s * (dy[i] * w[i] - g_mean - xhat * gx_mean);
     }
   }
 }

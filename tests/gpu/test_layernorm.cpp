@@ -3,6 +3,7 @@
 // gradient pre-filled (the backward accumulates dinp, dweight and dbias).
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "gpu_test.hpp"
@@ -68,6 +69,17 @@ TEST(CudaLayerNorm, ForwardAndBackwardMatchTheCpu) {
       EXPECT_TRUE(all_close(to_host<float>(ddb, cs), std::vector<float>(db_ref, db_ref + c),
                             1e-6 * static_cast<double>(rows), 1e-5))
           << "dbias " << where;
+      // With the residual path's gradient given apart (the block's backward: dinp written from
+      // it, never read): the same bits as accumulating into a copy of it.
+      DeviceBuffer ddres = to_device(dinp0), ddinp2 = to_device(nans(sz)), ddw2 = to_device(dw0),
+                   ddb2 = to_device(db0);
+      cuda::layernorm_backward(ptr<float>(ddinp2), ptr<float>(ddw2), ptr<float>(ddb2), ptr<float>(ddout),
+                               ptr<float>(dx), ptr<float>(dweight), ptr<float>(dm), ptr<float>(dr), rows, c,
+                               ptr<float>(ddres));
+      const auto accumulated = to_host<float>(ddinp, sz), written = to_host<float>(ddinp2, sz);
+      EXPECT_EQ(std::memcmp(accumulated.data(), written.data(), sz * sizeof(float)), 0)
+          << "dinp from the residual's gradient " << where;
+      EXPECT_EQ(to_host<float>(ddres, sz), dinp0) << "the residual's gradient is read only, " << where;
     }
 }
 

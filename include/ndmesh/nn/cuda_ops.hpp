@@ -86,10 +86,11 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_forward(BFloat16* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, std::int64_t rows, std::int64_t channels, float eps);
 /// nn::LayerNorm::backward: accumulates dinp, dweight and dbias from dout, inp and the
-/// forward's mean and rstd.
+/// forward's mean and rstd; with `dresidual` (may be dinp) dinp = dresidual + the norm's
+/// input gradient instead.
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, std::int64_t rows,
-                        std::int64_t channels);
+                        std::int64_t channels, const float* dresidual = nullptr);
 
 /// nn::Gelu::forward (tanh approximation): out[i] = gelu(inp[i]).
 void gelu_forward(float* out, const float* inp, std::int64_t n);

@@ -42,8 +42,11 @@ class LayerNorm {
   /// forward_residual with the normalised output in bfloat16 (the residual stays T).
   void forward_residual(const T* x, const T* add, T* residual, BFloat16* out, T* mean, T* rstd, std::int64_t rows,
                         const T* x_bias = nullptr) const;
-  /// Accumulates dinp += d/dinp, dweight, dbias from dout and the saved mean/rstd.
-  void backward(const T* dout, const T* inp, const T* mean, const T* rstd, T* dinp, std::int64_t rows) const;
+  /// Accumulates dinp += d/dinp, dweight, dbias from dout and the saved mean/rstd. With
+  /// `dresidual` ([rows, C], may be dinp) dinp = dresidual + d/dinp instead: the residual
+  /// path's gradient and the norm's in one pass (no copy of it into dinp first).
+  void backward(const T* dout, const T* inp, const T* mean, const T* rstd, T* dinp, std::int64_t rows,
+                const T* dresidual = nullptr) const;
 
   /// The options it was built with.
   const LayerNormOptions& options() const { return options_; }

@@ -24,13 +24,22 @@ using detail::bits;
 using detail::load;
 using detail::store;
 
+__device__ __forceinline__ float gelu_of(float x) {
+  return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kCubic * x * x * x)));
+}
+
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float t = tanhf(kSqrt2OverPi * (x + kCubic * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
+}
+
 // S, D: float, or bfloat16 bits (computed in float, rounded once on the store).
 template <typename S, typename D>
 __global__ void gelu_forward_kernel(D* out, const S* inp, std::int64_t n) {
   const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float x = load(inp + i);
-    store(out + i, 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kCubic * x * x * x))));
+    store(out + i, gelu_of(x));
   }
 }
 
@@ -41,9 +50,7 @@ __global__ void gelu_backward_kernel(S* dinp, const S* dout, const S* inp, std::
   const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float x = load(inp + i);
-    const float t = tanhf(kSqrt2OverPi * (x + kCubic * x * x * x));
-    const float d =
-        0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
+    const float d = gelu_grad(x);
     const float g = __fmul_rn(d, load(dout + i));
     store(dinp + i, kInPlace ? g : __fadd_rn(load(dinp + i), g));
   }
@@ -77,7 +84,7 @@ __global__ void gelu_bias_forward_kernel(Bf16Bits* out, Bf16Bits* pre, const flo
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float x = __fadd_rn(p[i], load(bias + i % cols));
     store(pre + i, x);
-    store(out + i, 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kCubic * x * x * x))));
+    store(out + i, gelu_of(x));
   }
 }
 
@@ -87,9 +94,7 @@ __global__ void gelu_backward_mixed_kernel(Bf16Bits* dinp, const float* dout, co
   const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float x = load(inp + i);
-    const float t = tanhf(kSqrt2OverPi * (x + kCubic * x * x * x));
-    const float d =
-        0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
+    const float d = gelu_grad(x);
     store(dinp + i, __fmul_rn(d, dout[i]));
   }
 }

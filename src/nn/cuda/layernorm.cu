@@ -65,8 +65,9 @@ __global__ void layernorm_forward_kernel(D* out, float* mean, float* rstd, S* re
   if (lane == 0) mean[row] = m, rstd[row] = r;
 }
 
+// dinp = dresidual + the norm's input gradient (dresidual may be dinp: accumulate).
 template <typename S>
-__global__ void layernorm_dinp_kernel(S* dinp, const S* dout, const S* inp, const float* weight,
+__global__ void layernorm_dinp_kernel(S* dinp, const S* dresidual, const S* dout, const S* inp, const float* weight,
                                       const float* mean, const float* rstd, std::int64_t rows, int c) {
   const std::int64_t row = std::int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -83,9 +84,10 @@ __global__ void layernorm_dinp_kernel(S* dinp, const S* dout, const S* inp, cons
   const float g_mean = warp_sum(g_sum) / static_cast<float>(c);
   const float gx_mean = warp_sum(gx_sum) / static_cast<float>(c);
   S* dx = dinp + row * c;
+  const S* dres = dresidual + row * c;
   for (int i = lane; i < c; i += 32) {
     const float xhat = (load(x + i) - m) * r;
-    store(dx + i, load(dx + i) + r * (load(dy + i) * weight[i] - g_mean - xhat * gx_mean));
+    store(dx + i, load(dres + i) + r * (load(dy + i) * weight[i] - g_mean - xhat * gx_mean));
   }
 }
 
@@ -133,11 +135,12 @@ void forward(D* out, float* mean, float* rstd, S* residual, const S* inp, const 
 }
 
 template <typename S>
-void backward(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const float* weight,
-              const float* mean, const float* rstd, std::int64_t rows, std::int64_t channels) {
+void backward(S* dinp, const S* dresidual, float* dweight, float* dbias, const S* dout, const S* inp,
+              const float* weight, const float* mean, const float* rstd, std::int64_t rows, std::int64_t channels) {
   if (rows <= 0 || channels <= 0) return;
   layernorm_dinp_kernel<S><<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
-      dinp, dout, inp, weight, mean, rstd, rows, static_cast<int>(channels));
+      dinp, dresidual != nullptr ? dresidual : dinp, dout, inp, weight, mean, rstd, rows,
+      static_cast<int>(channels));
   check_launch("layernorm_backward (dinp)");
   const std::int64_t chunk_rows = detail::column_chunk_rows(rows),
                      chunks = (rows + chunk_rows - 1) / chunk_rows;
@@ -189,14 +192,14 @@ void residual_layernorm_forward(BFloat16* residual, BFloat16* out, float* mean, 
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, std::int64_t rows,
-                        std::int64_t channels) {
-  backward<float>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, channels);
+                        std::int64_t channels, const float* dresidual) {
+  backward<float>(dinp, dresidual, dweight, dbias, dout, inp, weight, mean, rstd, rows, channels);
 }
 
 void layernorm_backward(BFloat16* dinp, float* dweight, float* dbias, const BFloat16* dout, const BFloat16* inp,
                         const float* weight, const float* mean, const float* rstd, std::int64_t rows,
                         std::int64_t channels) {
-  backward<Bf16Bits>(bits(dinp), dweight, dbias, bits(dout), bits(inp), weight, mean, rstd, rows, channels);
+  backward<Bf16Bits>(bits(dinp), nullptr, dweight, dbias, bits(dout), bits(inp), weight, mean, rstd, rows, channels);
 }
 
 }  // namespace ndmesh::cuda

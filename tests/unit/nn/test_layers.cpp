@@ -102,6 +102,30 @@ TEST(LayerNorm, GradientsMatchFiniteDifferences) {
   expect_param_gradients(store, loss);
 }
 
+// The block's backward hands the residual path's gradient to the norm's backward, which
+// writes dinp = it + the norm's input gradient in one pass: the same bits as copying it into
+// dinp and accumulating, and the residual's gradient is only read.
+TEST(LayerNorm, ResidualGradientGivenApartIsTheAccumulateBitForBit) {
+  Rng rng(5);
+  ParamStore<double> store;
+  LayerNorm<double> ln(store, {.channels = 7});
+  store.allocate();
+  randomize(store, rng);
+  const std::int64_t rows = 4;
+  const V x = random_vector(rows * 7, rng, 2.0), dout = random_vector(rows * 7, rng),
+          dres = random_vector(rows * 7, rng);
+  V out(rows * 7), mean(rows), rstd(rows), accumulated = dres, written(rows * 7, 99.0), dres_after = dres;
+  ln.forward(x.data(), out.data(), mean.data(), rstd.data(), rows);
+  store.zero_grad();
+  ln.backward(dout.data(), x.data(), mean.data(), rstd.data(), accumulated.data(), rows);
+  const V grads_once(store.grads().begin(), store.grads().end());
+  ln.backward(dout.data(), x.data(), mean.data(), rstd.data(), written.data(), rows, dres_after.data());
+  EXPECT_EQ(written, accumulated);
+  EXPECT_EQ(dres_after, dres);
+  for (std::size_t i = 0; i < grads_once.size(); ++i)  // the parameter gradients added once more
+    EXPECT_NEAR(store.grads()[i], 2 * grads_once[i], 1e-12 * (1 + std::fabs(grads_once[i])));
+}
+
 TEST(LayerNorm, UnitScaleGivesZeroMeanUnitVariance) {
   ParamStore<double> store;
   LayerNorm<double> ln(store, {.channels = 4, .eps = 0});
