@@ -358,17 +358,17 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   // Second residual: d res1 = dout (identity path) + the MLP branch through ln2, written by
   // ln2's backward (below) in one pass.
   const T* dout_full = tp_.g_backward(dout, s.dout_full.data(), n, c);
-  mlp_.proj().backward_bias(dout, nl);
   if (bf16)  // writes dfull
     mlp_.backward(dout_full, x2_16, a.mlp, dfull, s.dmlp16.data(), n);
   else
     mlp_.backward(dout_full, x2, a.mlp, dfull, s.dmlp.data(), n);
   poll();
   tp_.f_backward(dfull, s.dln.data(), n, c);
-  ln2_.backward(s.dln.data(), a.res1.data(), a.ln2_mean.data(), a.ln2_rstd.data(), s.dres1.data(), nl, dout);
+  // The MLP's deferred bias gradient is the column sums of dout: ln2's backward reads it anyway.
+  ln2_.backward(s.dln.data(), a.res1.data(), a.ln2_mean.data(), a.ln2_rstd.data(), s.dres1.data(), nl, dout,
+                mlp_.proj().bias_grad());
   // First residual: d inp = d res1 (identity path) + the attention branch through ln1.
   const T* dres1_full = tp_.g_backward(s.dres1.data(), s.dout_full.data(), n, c);
-  proj_.backward_bias(s.dres1.data(), nl);
   const bool attn16 = attention_in_bf16();
   if (attn16)  // d atty written in bf16, rounded once
     proj_.backward(dres1_full, a.atty16.data(), s.datty16.data(), n);
@@ -386,8 +386,10 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   else
     qkv_.backward(s.dqkv.data(), x1, dfull, n, GradInto::kSet);
   tp_.f_backward(dfull, s.dln.data(), n, c);
-  // d inp = the identity path's d res1 + the norm's gradient, in one pass.
-  ln1_.backward(s.dln.data(), inp, a.ln1_mean.data(), a.ln1_rstd.data(), dinp, nl, s.dres1.data());
+  // d inp = the identity path's d res1 + the norm's gradient, in one pass; proj's deferred bias
+  // gradient, the column sums of d res1, in the same read.
+  ln1_.backward(s.dln.data(), inp, a.ln1_mean.data(), a.ln1_rstd.data(), dinp, nl, s.dres1.data(),
+                proj_.bias_grad());
 }
 
 template class Block<float>;

@@ -94,13 +94,16 @@ void LayerNorm<T>::forward_residual(const T* x, const T* add, T* residual, BFloa
 
 template <typename T>
 void LayerNorm<T>::backward(const T* dout, const T* inp, const T* mean, const T* rstd, T* dinp,
-                            std::int64_t rows, const T* dresidual) const {
+                            std::int64_t rows, const T* dresidual, T* dresidual_sums) const {
   const std::int64_t c = options_.channels;
   const T* w = store_->param(weight_);
   T* dw = store_->grad(weight_);
   T* db = store_->grad(bias_);
+  NDMESH_CHECK(dresidual_sums == nullptr || dresidual != nullptr, "nn",
+               "layernorm '{}': the residual's column sums need the residual's gradient", options_.name);
   if (dresidual == nullptr) dresidual = dinp;  // accumulate
-  NDMESH_CUDA_TWIN(device(), cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, rows, c, dresidual))
+  NDMESH_CUDA_TWIN(device(), cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, rows, c, dresidual,
+                                                      dresidual_sums))
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* x = inp + r * c;
     const T* dy = dout + r * c;
@@ -116,6 +119,8 @@ void LayerNorm<T>::backward(const T* dout, const T* inp, const T* mean, const T*
       dw[i] += dy[i] * xhat;
       db[i] += dy[i];
     }
+    if (dresidual_sums != nullptr)  // read before dx is written: dresidual may be dinp
+      for (std::int64_t i = 0; i < c; ++i) dresidual_sums[i] += dres[i];
     g_mean /= static_cast<T>(c);
     gx_mean /= static_cast<T>(c);
     for (std::int64_t i = 0; i < c; ++i) {

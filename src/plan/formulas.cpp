@@ -301,8 +301,9 @@ double elementwise_bytes_per_token(const PlanModel& m, const LayerShape& s) {
   const double rows = s.sequence_parallel ? 1 / t : 1.0;  // the layer norms' and residuals' share
   const double mlp = m.mlp == Mlp::kGelu ? 1.0 : 2.0;     // SwiGLU: gate and up
   const double forward = 4 * (9 * h * rows + 2 * r / t + 4 * mlp * f / t);
-  // The layer norms' backward add the residual path's gradient as they write theirs (no copies).
-  const double backward = 4 * (14 * h * rows + 2 * r / t + 4 * mlp * f / t);
+  // The layer norms' backward add the residual path's gradient as they write theirs (no copies)
+  // and sum it for the projections' deferred bias gradients in the same read.
+  const double backward = 4 * (12 * h * rows + 2 * r / t + 4 * mlp * f / t);
   double bytes = forward + backward;
   if (s.recompute == Recompute::kFull) bytes += forward;
   if (s.bf16_products) {

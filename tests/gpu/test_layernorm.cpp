@@ -71,15 +71,30 @@ TEST(CudaLayerNorm, ForwardAndBackwardMatchTheCpu) {
           << "dbias " << where;
       // With the residual path's gradient given apart (the block's backward: dinp written from
       // it, never read): the same bits as accumulating into a copy of it.
+      // Its column sums (a projection's deferred bias gradient) added in the same pass: the
+      // bits of cuda::bias_backward over it (the same chunks, the same order).
+      const auto sums0 = normal(cs, 6);
       DeviceBuffer ddres = to_device(dinp0), ddinp2 = to_device(nans(sz)), ddw2 = to_device(dw0),
-                   ddb2 = to_device(db0);
+                   ddb2 = to_device(db0), dsums = to_device(sums0), dsums_ref = to_device(sums0);
       cuda::layernorm_backward(ptr<float>(ddinp2), ptr<float>(ddw2), ptr<float>(ddb2), ptr<float>(ddout),
                                ptr<float>(dx), ptr<float>(dweight), ptr<float>(dm), ptr<float>(dr), rows, c,
-                               ptr<float>(ddres));
+                               ptr<float>(ddres), ptr<float>(dsums));
       const auto accumulated = to_host<float>(ddinp, sz), written = to_host<float>(ddinp2, sz);
       EXPECT_EQ(std::memcmp(accumulated.data(), written.data(), sz * sizeof(float)), 0)
           << "dinp from the residual's gradient " << where;
       EXPECT_EQ(to_host<float>(ddres, sz), dinp0) << "the residual's gradient is read only, " << where;
+      cuda::bias_backward(ptr<float>(dsums_ref), ptr<float>(ddres), rows, c);
+      const auto sums = to_host<float>(dsums, cs), sums_ref = to_host<float>(dsums_ref, cs);
+      EXPECT_EQ(std::memcmp(sums.data(), sums_ref.data(), cs * sizeof(float)), 0)
+          << "the residual's column sums " << where;
+      // In place (dresidual = dinp): the sums read it before the norm's gradient is added.
+      DeviceBuffer dinplace = to_device(dinp0), dsums2 = to_device(sums0), ddw3 = to_device(dw0),
+                   ddb3 = to_device(db0);
+      cuda::layernorm_backward(ptr<float>(dinplace), ptr<float>(ddw3), ptr<float>(ddb3), ptr<float>(ddout),
+                               ptr<float>(dx), ptr<float>(dweight), ptr<float>(dm), ptr<float>(dr), rows, c,
+                               ptr<float>(dinplace), ptr<float>(dsums2));
+      EXPECT_EQ(to_host<float>(dinplace, sz), accumulated) << "in place " << where;
+      EXPECT_EQ(to_host<float>(dsums2, cs), sums_ref) << "in place, the sums " << where;
     }
 }
 

@@ -87,10 +87,11 @@ void layernorm_forward(BFloat16* out, float* mean, float* rstd, const float* inp
                        const float* bias, std::int64_t rows, std::int64_t channels, float eps);
 /// nn::LayerNorm::backward: accumulates dinp, dweight and dbias from dout, inp and the
 /// forward's mean and rstd; with `dresidual` (may be dinp) dinp = dresidual + the norm's
-/// input gradient instead.
+/// input gradient instead, and with `dresidual_sums` also dresidual_sums += its column sums
+/// (read before dinp is written).
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, std::int64_t rows,
-                        std::int64_t channels, const float* dresidual = nullptr);
+                        std::int64_t channels, const float* dresidual = nullptr, float* dresidual_sums = nullptr);
 
 /// nn::Gelu::forward (tanh approximation): out[i] = gelu(inp[i]).
 void gelu_forward(float* out, const float* inp, std::int64_t n);

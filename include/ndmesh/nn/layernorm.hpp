@@ -44,9 +44,12 @@ class LayerNorm {
                         const T* x_bias = nullptr) const;
   /// Accumulates dinp += d/dinp, dweight, dbias from dout and the saved mean/rstd. With
   /// `dresidual` ([rows, C], may be dinp) dinp = dresidual + d/dinp instead: the residual
-  /// path's gradient and the norm's in one pass (no copy of it into dinp first).
+  /// path's gradient and the norm's in one pass (no copy of it into dinp first). With
+  /// `dresidual_sums` [C] also dresidual_sums += the column sums of dresidual, in the pass that
+  /// sums dweight and dbias: the gradient of the bias added on the residual path before this
+  /// norm (a projection's deferred bias), which would otherwise read dresidual once more.
   void backward(const T* dout, const T* inp, const T* mean, const T* rstd, T* dinp, std::int64_t rows,
-                const T* dresidual = nullptr) const;
+                const T* dresidual = nullptr, T* dresidual_sums = nullptr) const;
 
   /// The options it was built with.
   const LayerNormOptions& options() const { return options_; }

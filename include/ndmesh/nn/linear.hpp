@@ -106,6 +106,9 @@ class Linear {
   const T* bias() const { return bias_ < 0 ? nullptr : store_->param(bias_); }
   /// db += column sums of dout[rows, out] (the deferred bias).
   void backward_bias(const T* dout, std::int64_t rows) const;
+  /// The bias's gradient (where the layer lives), or nullptr without one: where a pass that
+  /// reads dout anyway adds its column sums (LayerNorm::backward's dresidual_sums).
+  T* bias_grad() const { return bias_ < 0 ? nullptr : store_->grad(bias_); }
 
   /// The options it was built with.
   const LinearOptions& options() const { return options_; }

@@ -280,9 +280,9 @@ struct LayerShape {
 ///   fp32 passes, 4 bytes an element: forward 9 h (two layer norms, two residual adds, the
 ///   projections' deferred biases: the first bias, residual add and the second norm one pass,
 ///   4 h; the second bias and residual add one pass, 3 h) on the rank's rows (1/t of them with sequence parallelism) plus
-///   2 r/t + 4 f/t (qkv bias; fc bias and GELU), backward 14 h on the rank's rows (the layer
-///   norms' two kernels, each adding the residual path's gradient as it writes, the bias
-///   gradients)
+///   2 r/t + 4 f/t (qkv bias; fc bias and GELU), backward 12 h on the rank's rows (the layer
+///   norms' two kernels, each adding the residual path's gradient as it writes and summing it
+///   for the projection's deferred bias gradient as it reads)
 ///   plus 2 r/t + 4 f/t (the qkv gradient zeroed and its bias gradient; GELU's
 ///   backward in place and the fc bias gradient); full recompute repeats the forward;
 ///   with bf16 products the qkv and fc biases, GELU, its derivative and the two bias gradients

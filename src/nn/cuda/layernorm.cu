@@ -93,30 +93,36 @@ __global__ void layernorm_dinp_kernel(S* dinp, const S* dresidual, const S* dout
 
 constexpr int kColTile = 32, kRowLanes = 8;
 
-// Chunk sums of dout xhat (dw) and dout (db): partials [chunks, c] each.
+// Chunk sums of dout xhat (dw) and dout (db): partials [chunks, c] each; with dres, also of
+// dres (rs_part: the residual gradient's column sums).
 template <typename S>
-__global__ void layernorm_param_partials_kernel(float* dw_part, float* db_part, const S* dout, const S* inp,
-                                                const float* mean, const float* rstd,
+__global__ void layernorm_param_partials_kernel(float* dw_part, float* db_part, float* rs_part, const S* dout,
+                                                const S* inp, const S* dres, const float* mean, const float* rstd,
                                                 std::int64_t rows, std::int64_t c, std::int64_t chunk_rows) {
-  __shared__ float dw_sums[kRowLanes][kColTile + 1], db_sums[kRowLanes][kColTile + 1];
+  __shared__ float dw_sums[kRowLanes][kColTile + 1], db_sums[kRowLanes][kColTile + 1],
+      rs_sums[kRowLanes][kColTile + 1];
   const std::int64_t j = std::int64_t{blockIdx.x} * kColTile + threadIdx.x;
   const std::int64_t r0 = std::int64_t{blockIdx.y} * chunk_rows;
   const std::int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
-  float dw = 0, db = 0;
+  float dw = 0, db = 0, rs = 0;
   if (j < c)
     for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
       const float dy = load(dout + r * c + j);
       dw += dy * ((load(inp + r * c + j) - mean[r]) * rstd[r]);
       db += dy;
+      if (dres != nullptr) rs += load(dres + r * c + j);
     }
   dw_sums[threadIdx.y][threadIdx.x] = dw;
   db_sums[threadIdx.y][threadIdx.x] = db;
+  rs_sums[threadIdx.y][threadIdx.x] = rs;
   __syncthreads();
   if (threadIdx.y == 0 && j < c) {
-    float w = dw_sums[0][threadIdx.x], b = db_sums[0][threadIdx.x];
-    for (int y = 1; y < kRowLanes; ++y) w += dw_sums[y][threadIdx.x], b += db_sums[y][threadIdx.x];
+    float w = dw_sums[0][threadIdx.x], b = db_sums[0][threadIdx.x], s = rs_sums[0][threadIdx.x];
+    for (int y = 1; y < kRowLanes; ++y)
+      w += dw_sums[y][threadIdx.x], b += db_sums[y][threadIdx.x], s += rs_sums[y][threadIdx.x];
     dw_part[std::int64_t{blockIdx.y} * c + j] = w;
     db_part[std::int64_t{blockIdx.y} * c + j] = b;
+    if (dres != nullptr) rs_part[std::int64_t{blockIdx.y} * c + j] = s;
   }
 }
 
@@ -134,25 +140,31 @@ void forward(D* out, float* mean, float* rstd, S* residual, const S* inp, const 
   check_launch(what);
 }
 
+// The column sums first (dresidual may be dinp, which the second kernel writes).
 template <typename S>
-void backward(S* dinp, const S* dresidual, float* dweight, float* dbias, const S* dout, const S* inp,
-              const float* weight, const float* mean, const float* rstd, std::int64_t rows, std::int64_t channels) {
+void backward(S* dinp, const S* dresidual, float* dresidual_sums, float* dweight, float* dbias, const S* dout,
+              const S* inp, const float* weight, const float* mean, const float* rstd, std::int64_t rows,
+              std::int64_t channels) {
   if (rows <= 0 || channels <= 0) return;
-  layernorm_dinp_kernel<S><<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
-      dinp, dresidual != nullptr ? dresidual : dinp, dout, inp, weight, mean, rstd, rows,
-      static_cast<int>(channels));
-  check_launch("layernorm_backward (dinp)");
+  const S* dres = dresidual != nullptr ? dresidual : dinp;
   const std::int64_t chunk_rows = detail::column_chunk_rows(rows),
                      chunks = (rows + chunk_rows - 1) / chunk_rows;
-  DeviceBuffer partials(static_cast<std::size_t>(2 * chunks * channels) * sizeof(float));
+  const std::int64_t sums = dresidual_sums != nullptr ? 3 : 2;
+  DeviceBuffer partials(static_cast<std::size_t>(sums * chunks * channels) * sizeof(float));
   float* dw_part = static_cast<float*>(partials.data());
   float* db_part = dw_part + chunks * channels;
+  float* rs_part = dresidual_sums != nullptr ? db_part + chunks * channels : nullptr;
   const dim3 grid(static_cast<unsigned>((channels + kColTile - 1) / kColTile), static_cast<unsigned>(chunks));
   layernorm_param_partials_kernel<S><<<grid, dim3(kColTile, kRowLanes), 0, compute_stream()>>>(
-      dw_part, db_part, dout, inp, mean, rstd, rows, channels, chunk_rows);
+      dw_part, db_part, rs_part, dout, inp, dresidual_sums != nullptr ? dres : nullptr, mean, rstd, rows, channels,
+      chunk_rows);
   check_launch("layernorm_backward (weight and bias)");
   detail::add_column_partials(dweight, dw_part, chunks, channels);
   detail::add_column_partials(dbias, db_part, chunks, channels);
+  if (dresidual_sums != nullptr) detail::add_column_partials(dresidual_sums, rs_part, chunks, channels);
+  layernorm_dinp_kernel<S><<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
+      dinp, dres, dout, inp, weight, mean, rstd, rows, static_cast<int>(channels));
+  check_launch("layernorm_backward (dinp)");
 }
 
 }  // namespace
@@ -192,14 +204,15 @@ void residual_layernorm_forward(BFloat16* residual, BFloat16* out, float* mean, 
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, std::int64_t rows,
-                        std::int64_t channels, const float* dresidual) {
-  backward<float>(dinp, dresidual, dweight, dbias, dout, inp, weight, mean, rstd, rows, channels);
+                        std::int64_t channels, const float* dresidual, float* dresidual_sums) {
+  backward<float>(dinp, dresidual, dresidual_sums, dweight, dbias, dout, inp, weight, mean, rstd, rows, channels);
 }
 
 void layernorm_backward(BFloat16* dinp, float* dweight, float* dbias, const BFloat16* dout, const BFloat16* inp,
                         const float* weight, const float* mean, const float* rstd, std::int64_t rows,
                         std::int64_t channels) {
-  backward<Bf16Bits>(bits(dinp), nullptr, dweight, dbias, bits(dout), bits(inp), weight, mean, rstd, rows, channels);
+  backward<Bf16Bits>(bits(dinp), nullptr, nullptr, dweight, dbias, bits(dout), bits(inp), weight, mean, rstd, rows,
+                     channels);
 }
 
 }  // namespace ndmesh::cuda

@@ -103,8 +103,9 @@ TEST(LayerNorm, GradientsMatchFiniteDifferences) {
 }
 
 // The block's backward hands the residual path's gradient to the norm's backward, which
-// writes dinp = it + the norm's input gradient in one pass: the same bits as copying it into
-// dinp and accumulating, and the residual's gradient is only read.
+// writes dinp = it + the norm's input gradient in one pass, and sums its columns (the deferred
+// bias gradient of the projection before the norm): the same bits as copying it into dinp and
+// accumulating, and the residual's gradient is only read.
 TEST(LayerNorm, ResidualGradientGivenApartIsTheAccumulateBitForBit) {
   Rng rng(5);
   ParamStore<double> store;
@@ -119,11 +120,21 @@ TEST(LayerNorm, ResidualGradientGivenApartIsTheAccumulateBitForBit) {
   store.zero_grad();
   ln.backward(dout.data(), x.data(), mean.data(), rstd.data(), accumulated.data(), rows);
   const V grads_once(store.grads().begin(), store.grads().end());
-  ln.backward(dout.data(), x.data(), mean.data(), rstd.data(), written.data(), rows, dres_after.data());
+  V sums(7, 0.5), sums_ref(7, 0.5);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t i = 0; i < 7; ++i) sums_ref[static_cast<std::size_t>(i)] += dres[static_cast<std::size_t>(r * 7 + i)];
+  ln.backward(dout.data(), x.data(), mean.data(), rstd.data(), written.data(), rows, dres_after.data(), sums.data());
   EXPECT_EQ(written, accumulated);
   EXPECT_EQ(dres_after, dres);
-  for (std::size_t i = 0; i < grads_once.size(); ++i)  // the parameter gradients added once more
-    EXPECT_NEAR(store.grads()[i], 2 * grads_once[i], 1e-12 * (1 + std::fabs(grads_once[i])));
+  EXPECT_EQ(sums, sums_ref) << "the residual's column sums, added in row order";
+  // In place (the residual's gradient is dinp itself): the sums read it before it is written.
+  V in_place = dres, sums_in_place(7, 0.5);
+  ln.backward(dout.data(), x.data(), mean.data(), rstd.data(), in_place.data(), rows, in_place.data(),
+              sums_in_place.data());
+  EXPECT_EQ(in_place, accumulated);
+  EXPECT_EQ(sums_in_place, sums_ref);
+  for (std::size_t i = 0; i < grads_once.size(); ++i)  // the parameter gradients added twice more
+    EXPECT_NEAR(store.grads()[i], 3 * grads_once[i], 1e-12 * (1 + std::fabs(grads_once[i])));
 }
 
 TEST(LayerNorm, UnitScaleGivesZeroMeanUnitVariance) {

@@ -424,9 +424,9 @@ TEST(LayerTime, AttentionAtTheAttentionKernelsRate) {
 //   forward  LN1 2h, qkv bias 2r/t, proj bias + residual + LN2 in one pass 4h (x, the
 //            residual read; residual, norm written), fc bias 2f/t, GELU 2f/t, proj2 bias +
 //            residual in one pass 3h                                        = 9h + 2r/t + 4f/t
-//   backward proj2 bias grad h, GELU in place 3f/t, fc bias grad f/t, LN2 with the residual
-//            path's gradient added as it writes 6h, proj bias grad h, dqkv zeroed r/t, qkv
-//            bias grad r/t, LN1 with the residual path's gradient 6h      = 14h + 2r/t + 4f/t
+//   backward GELU in place 3f/t, fc bias grad f/t, LN2 with the residual path's gradient
+//            added as it writes and its column sums (proj2's bias grad) 6h, dqkv zeroed r/t,
+//            qkv bias grad r/t, LN1 likewise (proj's bias grad) 6h       = 12h + 2r/t + 4f/t
 // and, with bf16 products, fused into the products (cuBLASLt epilogues): the qkv bias 2r/t, the
 // fc bias and GELU (3f/t of their 4: the aux is written beside C), GELU's backward and the fc
 // bias gradient (3f/t of their 4: the derivative reads the aux), the qkv bias gradient r/t;
@@ -451,7 +451,7 @@ TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
   EXPECT_EQ(elementwise_bytes_per_token(m, shape), 0) << "Megatron's fused kernels";
   EXPECT_EQ(layer_time(m, shape, 1e15, 0, bw).memory, 0);
   shape.unfused_elementwise = true;
-  const double fp32 = 4 * (23 * h + 4 * r + 8 * f);
+  const double fp32 = 4 * (21 * h + 4 * r + 8 * f);
   EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, shape), fp32);
   EXPECT_NEAR(layer_time(m, shape, 1e15, 0, bw).memory, fp32 * tokens / bw, 1e-15);
   LayerShape full = shape;
@@ -469,7 +469,7 @@ TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
                        24 * h - 6 * (4 * r + h) - 14 * f);
   // With sequence parallelism the norms' outputs are stored and gathered in bf16 as well: at
   // tp 1 the same passes (the norms' rows are whole either way). At tp 4 the passes over the
-  // norms' and residuals' rows run on a quarter of them: fp32's 23 h and the norms' bf16 writes
+  // norms' and residuals' rows run on a quarter of them: fp32's 21 h and the norms' bf16 writes
   // (4 h, of 8 h in fp32: -4 h) shrink by 3/4, the products' reads of the gathered rows do not.
   LayerShape bf16_sp = bf16;
   bf16_sp.sequence_parallel = true;
@@ -477,7 +477,7 @@ TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
   LayerShape bf16_tp4 = bf16, bf16_tp4_sp = bf16_sp;
   bf16_tp4.tp = bf16_tp4_sp.tp = 4;
   EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, bf16_tp4) - elementwise_bytes_per_token(m, bf16_tp4_sp),
-                   3.0 / 4 * (4 * 23 * h - 4 * h));
+                   3.0 / 4 * (4 * 21 * h - 4 * h));
   // tp 4 with sequence parallelism: every term over 4 (the norms and residuals on a quarter of
   // the rows, the column-parallel widths split); without it the h-wide passes stay whole.
   LayerShape tp = shape;
@@ -485,7 +485,7 @@ TEST(LayerTime, NdmeshUnfusedElementwisePasses) {
   tp.sequence_parallel = true;
   EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, tp), fp32 / 4);
   tp.sequence_parallel = false;
-  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, tp), 4 * (23 * h + (4 * r + 8 * f) / 4));
+  EXPECT_DOUBLE_EQ(elementwise_bytes_per_token(m, tp), 4 * (21 * h + (4 * r + 8 * f) / 4));
 
   // The plan: fp32 and bf16 count them and the optimizer step (36 B per parameter in device
   // memory); mixed does not.
