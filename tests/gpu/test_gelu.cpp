@@ -53,7 +53,7 @@ TEST(CudaGelu, ForwardAndBackwardMatchTheCpu) {
 // on the same float values, rounded: bit for bit (the same float math, one rounding each).
 TEST(CudaGelu, Bf16MlpKernelsAreTheFp32KernelsRoundedOnce) {
   NDMESH_GPU_OR_SKIP();
-  for (const auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{1, 7}, {13, 96}, {33, 771}}) {
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{1, 7}, {13, 96}, {33, 771}}) {
     const auto sz = static_cast<std::size_t>(rows * cols);
     const auto p = normal(sz, 4, 2.5f), dout = normal(sz, 5);
     std::vector<BFloat16> bias(static_cast<std::size_t>(cols));

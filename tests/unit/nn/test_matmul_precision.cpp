@@ -212,14 +212,14 @@ TEST(MatmulPrecision, Bf16MlpKeepsItsPreActivationAndHiddenInBf16) {
   mlp.forward(inp.data(), out.data(), acts, rows);
   // t = the product of the rounded operands in fp32, plus the bias rounded to bf16.
   const float* w = store.param(mlp.fc().weight_id());
-  const float* b = store.param(mlp.fc().bias_id());
+  const float* bias = store.param(mlp.fc().bias_id());
   std::vector<float> t(n), gelu(n), hidden(n);
   ops::gemm<float>(false, true, rows, f, c, 1.0f,
                    ops::SharedOperand<float>(Device::kCpu, MatmulPrecision::kBf16, inp.data(), rows * c), c,
                    ops::SharedOperand<float>(Device::kCpu, MatmulPrecision::kBf16, w, f * c), c, 0.0f,
                    t.data(), f);
   for (std::size_t i = 0; i < n; ++i)
-    t[i] += static_cast<float>(BFloat16(b[i % static_cast<std::size_t>(f)]));
+    t[i] += static_cast<float>(BFloat16(bias[i % static_cast<std::size_t>(f)]));
   nn::Gelu<float>::forward(t.data(), gelu.data(), rows * f);
   for (std::size_t i = 0; i < n; ++i) {
     ASSERT_EQ(acts.fc16.data()[i].bits, BFloat16(t[i]).bits) << "pre-activation, element " << i;
