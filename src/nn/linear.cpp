@@ -64,7 +64,7 @@ void Linear<T>::forward(const ops::SharedOperand<T>& x, T* out, std::int64_t row
   if (device() != Device::kCpu) {
     if (bias_ >= 0 && !options_.deferred_bias &&
         ops::gemm_fused<T>(false, true, rows, n_out, in, x, in, w, in, T(0), out, n_out, ops::Fused::kBias,
-                           store_->param(bias_), nullptr, nullptr))
+                           store_->param(bias_), nullptr))
       return;
     ops::gemm<T>(false, true, rows, n_out, in, T(1), x, in, w, in, T(0), out, n_out);
     if (!options_.deferred_bias) add_bias(out, rows);
@@ -264,7 +264,7 @@ void Linear<T>::weight_product(const ops::SharedOperand<T>& dout, const ops::Sha
   const bool bias = bias_ >= 0 && !options_.deferred_bias;
   if (bias && ld == n_out &&
       ops::gemm_fused<T>(true, false, n_out, in, rows, dout, ld, x, in, T(1), store_->grad(weight_), in,
-                         ops::Fused::kBiasGrad, nullptr, nullptr, store_->grad(bias_)))
+                         ops::Fused::kBiasGrad, nullptr, store_->grad(bias_)))
     return;
   ops::gemm<T>(true, false, n_out, in, rows, T(1), dout, ld, x, in, T(1), store_->grad(weight_), in);
   if (bias) backward_bias(dout, rows);

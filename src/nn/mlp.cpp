@@ -44,12 +44,6 @@ void Mlp<T>::backward(const T* dout, const T* inp, const MlpActivations<T>& acts
 }
 
 template <typename T>
-void Mlp<T>::backward(const T* dout, const BFloat16* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
-                      std::int64_t rows) const {
-  backward_from(dout, inp, acts, dinp, scratch, rows);
-}
-
-template <typename T>
 void Mlp<T>::backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
                       std::int64_t rows) const {
   backward_from(dout, inp, acts, dinp, scratch, rows);

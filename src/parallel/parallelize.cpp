@@ -105,7 +105,7 @@ std::vector<std::unique_ptr<model::Gpt>> build_chunks(const ModelPlan& plan) {
     if (chunks.size() > 1) g.share_recompute_workspace(*chunks.front());
     g.set_loss_weight(plan.loss_weight);
     if (plan.batch.cp_size > 1) g.set_positions(plan.batch.positions);
-    if (plan.attention) g.set_attention_core(plan.attention);
+    if (plan.ring) g.set_attention_core(plan.ring);
   }
   return chunks;
 }

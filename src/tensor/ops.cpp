@@ -251,21 +251,20 @@ bool gemm_fused([[maybe_unused]] bool trans_a, [[maybe_unused]] bool trans_b, st
                 std::int64_t k, const SharedOperand<T>& a, [[maybe_unused]] std::int64_t lda,
                 [[maybe_unused]] const SharedOperand<T>& b, [[maybe_unused]] std::int64_t ldb, [[maybe_unused]] T beta,
                 [[maybe_unused]] T* c, [[maybe_unused]] std::int64_t ldc, [[maybe_unused]] Fused what,
-                [[maybe_unused]] const T* bias, [[maybe_unused]] T* aux, [[maybe_unused]] T* dbias) {
+                [[maybe_unused]] const T* bias, [[maybe_unused]] T* dbias) {
+  NDMESH_CHECK(what == Fused::kBias || what == Fused::kBiasGrad, "ops",
+               "a product into T fuses its bias or its bias gradient; GELU and its derivative go into bfloat16");
   const Device device = a.device();
   check_operands(a, b);
   if (device != Device::kCuda || a.precision() != MatmulPrecision::kBf16 || m <= 0 || n <= 0 || k <= 0) return false;
   NDMESH_CUDA_TWIN(device, {
     using E = cuda::GemmEpilogue;
-    const E epilogue = what == Fused::kBias   ? E::kBias
-                       : what == Fused::kGelu ? E::kGeluAux
-                       : what == Fused::kDGelu ? E::kDGeluNoBiasGrad
-                                              : E::kBGradB;
+    const E epilogue = what == Fused::kBias ? E::kBias : E::kBGradB;
     // cuBLASLt writes the bias gradient: into scratch, then added to the accumulated one.
     DeviceBuffer sums(what == Fused::kBiasGrad ? static_cast<std::size_t>(m) * sizeof(float) : 0);
     if (!cuda::try_gemm_bf16_f32(trans_a, trans_b, m, n, k, 1.0f, static_cast<const BFloat16*>(a.rounded()), lda,
-                                 static_cast<const BFloat16*>(b.rounded()), ldb, beta, c, ldc, epilogue, bias, aux,
-                                 static_cast<float*>(sums.data())))
+                                 static_cast<const BFloat16*>(b.rounded()), ldb, beta, c, ldc, epilogue, bias,
+                                 nullptr, static_cast<float*>(sums.data())))
       return false;
     if (what == Fused::kBiasGrad) add<T>(dbias, static_cast<const float*>(sums.data()), m, device);
     return true;
@@ -327,7 +326,7 @@ void round_to_bf16(T* x, std::int64_t n, Device device) {
   template void round_to_bf16<T>(T*, std::int64_t, Device);                                                  \
   template bool gemm_fused<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, const SharedOperand<T>&, \
                               std::int64_t, const SharedOperand<T>&, std::int64_t, T, T*, std::int64_t,      \
-                              Fused, const T*, T*, T*);                                                      \
+                              Fused, const T*, T*);                                                          \
   template bool gemm_fused<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, const SharedOperand<T>&, \
                               std::int64_t, const SharedOperand<T>&, std::int64_t, BFloat16*, std::int64_t,  \
                               Fused, const SharedOperand<T>*, BFloat16*);

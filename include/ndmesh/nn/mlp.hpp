@@ -72,8 +72,6 @@ class Mlp {
   /// (GradInto::kSet).
   void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
                 std::int64_t rows) const;
-  void backward(const T* dout, const BFloat16* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
-                std::int64_t rows) const;
   void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
                 std::int64_t rows) const;
   void backward(const T* dout, const BFloat16* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,

@@ -51,9 +51,8 @@ struct ModelPlan {
   // Tensor parallelism: the group the layers split over (default: of one), counted.
   nn::TpContext<float> tp;
   std::shared_ptr<TpCommStats> tp_stats = std::make_shared<TpCommStats>();
-  // Context parallelism: the attention core (nullptr: the local kernel on the local rows),
-  // and the ring it is with cp > 1 (counted).
-  std::shared_ptr<const nn::AttentionCore<float>> attention;
+  // Context parallelism: the ring that is the blocks' attention core with cp > 1 (nullptr:
+  // the local kernel on the local rows); its stats count what it sends.
   std::shared_ptr<RingAttention<float>> ring;
   // Pipeline parallelism: blocks per virtual stage, the schedule, this rank's chunks.
   std::vector<std::int64_t> partition;

@@ -145,19 +145,19 @@ std::int64_t extent_b(bool trans_b, std::int64_t n, std::int64_t k, std::int64_t
 /// What a product can fuse after it (gemm_fused).
 enum class Fused : std::uint8_t {
   kBias,      ///< C = product + bias[n] on every row (beta 0)
-  kGelu,      ///< aux = product + bias[n], C = gelu(aux) (nn::Gelu's tanh form; beta 0)
+  kGelu,      ///< into bf16: aux = product + bias[n], C = gelu(aux) (nn::Gelu's tanh form; beta 0)
   kBiasGrad,  ///< with trans_a (A = dout [k, m]): also dbias[m] += the sums of A's rows over k
-  kDGelu,     ///< C = product * gelu'(aux) (aux read, not written; beta 0)
+  kDGelu,     ///< into bf16: C = product * gelu'(aux) (aux read, not written; beta 0)
 };
-/// gemm with A and B SharedOperands and the step `what` fused into the product (a cuBLASLt
-/// epilogue, cuda::try_gemm_bf16_f32): true when it ran; false, having done nothing, where it
-/// cannot fuse: the CPU, fp32 products, a T other than float, or no cuBLASLt algorithm for it.
-/// The caller then runs the product and the step apart. Under bf16 the fused bias gradient
-/// sums the rounded A (what the product reads).
+/// gemm into T with A and B SharedOperands and kBias (`bias`) or kBiasGrad (`dbias`) fused
+/// into the product (a cuBLASLt epilogue, cuda::try_gemm_bf16_f32): true when it ran; false,
+/// having done nothing, where it cannot fuse: the CPU, fp32 products, a T other than float, or
+/// no cuBLASLt algorithm for it. The caller then runs the product and the step apart. Under
+/// bf16 the fused bias gradient sums the rounded A (what the product reads).
 template <typename T>
 [[nodiscard]] bool gemm_fused(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                               const SharedOperand<T>& a, std::int64_t lda, const SharedOperand<T>& b,
-                              std::int64_t ldb, T beta, T* c, std::int64_t ldc, Fused what, const T* bias, T* aux,
+                              std::int64_t ldb, T beta, T* c, std::int64_t ldc, Fused what, const T* bias,
                               T* dbias);
 
 /// gemm into bfloat16 (alpha 1, beta 0; A and B of precision kBf16) with `what` fused, its

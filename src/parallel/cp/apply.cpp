@@ -11,11 +11,9 @@ void apply_context_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainO
   // On CUDA the ring runs on the model's device buffers (kernels and device communicator).
   // The positions are the batch layout's (the model is given the same: build_chunks). Under
   // bf16 products the blocks keep q, k, v in bf16, so the ring moves them in bf16.
-  if (cp.size() > 1) {
+  if (cp.size() > 1)
     plan.ring = std::make_shared<RingAttention<float>>(cp, options.device, plan.batch.positions,
                                                        options.precision == Precision::kBf16);
-    plan.attention = plan.ring;
-  }
 }
 
 }  // namespace ndmesh::parallel

@@ -147,36 +147,26 @@ void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
 }
 
 // The bf16 product into fp32 with its epilogue, as cuBLASLt defines it (cuda_ops.hpp): the
-// product (plus beta C), then the bias, GELU (the CPU's tanh form: nn::Gelu) with its aux,
-// GELU's derivative at the aux, or the bias gradient of op(A), in fp32. NDMESH_EMULATE_NO_EPILOGUES=1 makes every call decline
-// (as cuBLASLt does for a product it has no algorithm for), so that tests can run the callers'
-// unfused path too.
+// product (plus beta C), then the bias or the bias gradient of op(A), in fp32 (ops::gemm_fused
+// into T fuses nothing else; GELU and its derivative go into bf16, try_gemm_bf16).
+// NDMESH_EMULATE_NO_EPILOGUES=1 makes every call decline (as cuBLASLt does for a product it has
+// no algorithm for), so that tests can run the callers' unfused path too.
 bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                        const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, float* c,
-                       std::int64_t ldc, GemmEpilogue epilogue, const float* bias, float* aux, float* dbias) {
+                       std::int64_t ldc, GemmEpilogue epilogue, const float* bias, float*, float* dbias) {
   if (const char* no = std::getenv("NDMESH_EMULATE_NO_EPILOGUES"); no != nullptr && std::string(no) == "1")
     return false;
-  const bool dgelu = epilogue == GemmEpilogue::kDGeluNoBiasGrad;
-  if ((epilogue == GemmEpilogue::kGeluAux || epilogue == GemmEpilogue::kDGelu || dgelu) && ldc % 8 != 0) return false;
-  if (epilogue == GemmEpilogue::kDGelu)
-    fail<>("cuda", "the emulator's try_gemm_bf16_f32 has no dGELU epilogue with the bias gradient (nothing calls it)");
-  const bool uses_bias = epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kGeluAux;
-  if ((uses_bias && bias == nullptr) || (epilogue == GemmEpilogue::kGeluAux && aux == nullptr) ||
-      (epilogue == GemmEpilogue::kBGradB && dbias == nullptr) || (dgelu && aux == nullptr))
-    fail<>("cuda", "try_gemm_bf16_f32: the epilogue {} needs its bias, aux or bias gradient pointer",
+  if (epilogue != GemmEpilogue::kBias && epilogue != GemmEpilogue::kBGradB)
+    fail<>("cuda", "the emulator's try_gemm_bf16_f32 runs the bias and bias gradient epilogues only (nothing calls "
+                   "the others)");
+  if ((epilogue == GemmEpilogue::kBias && bias == nullptr) || (epilogue == GemmEpilogue::kBGradB && dbias == nullptr))
+    fail<>("cuda", "try_gemm_bf16_f32: the epilogue {} needs its bias or bias gradient pointer",
            static_cast<int>(epilogue));
   const emu::DeviceWork work;  // reads and writes device memory
   widened_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  if (uses_bias)
+  if (epilogue == GemmEpilogue::kBias)
     for (std::int64_t r = 0; r < m; ++r)
       for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] += bias[j];
-  if (epilogue == GemmEpilogue::kGeluAux)
-    for (std::int64_t r = 0; r < m; ++r) {
-      std::copy(c + r * ldc, c + r * ldc + n, aux + r * ldc);
-      nn::Gelu<float>::forward(aux + r * ldc, c + r * ldc, n, Device::kCpu);
-    }
-  if (dgelu)  // C = product * gelu'(aux), row by row (nn::Gelu's backward in place)
-    for (std::int64_t r = 0; r < m; ++r) nn::Gelu<float>::backward(c + r * ldc, aux + r * ldc, c + r * ldc, n, Device::kCpu);
   if (epilogue == GemmEpilogue::kBGradB) {  // the sums of op(A)'s rows over k: A is [k, m] (trans_a)
     if (!trans_a) fail<>("cuda", "try_gemm_bf16_f32: the bias gradient epilogue takes a transposed A");
     for (std::int64_t i = 0; i < m; ++i) {
