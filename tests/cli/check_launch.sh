@@ -38,6 +38,18 @@ echo "$out"
 out=$("$ndmesh" launch -n 2 2>&1)
 [ $? -eq 2 ] || fail "no program: expected exit 2"
 [[ "$out" == *"no program to launch"* ]] || fail "unclear message: $out"
+# A program that is not there: one line naming it, exit 2 (not mpirun's block and 132).
+out=$("$ndmesh" launch -n 2 -- ./no-such-program 2>&1)
+rc=$?
+[ "$rc" -eq 2 ] || fail "missing program: exit $rc, expected 2: $out"
+[ "$(echo "$out" | wc -l)" -eq 1 ] || fail "missing program: more than one line: $out"
+[[ "$out" == *"./no-such-program: no such program"* ]] || fail "unclear message: $out"
+out=$("$ndmesh" launch -n 2 -- no-such-program-on-path 2>&1)
+[ $? -eq 2 ] || fail "missing program on PATH: expected exit 2"
+[[ "$out" == *"no-such-program-on-path: no such program on PATH"* ]] || fail "unclear message: $out"
+# mpirun's spelling -np is --np (CLI11 alone reads it as -n p).
+cmd=$("$ndmesh" launch -np 3 --dry-run -- prog -np 5) || fail "-np: exit $?"
+[[ "$cmd" == *"mpirun -n 3 "*" prog -np 5" ]] || fail "-np not taken as --np, or rewritten after --: $cmd"
 out=$("$ndmesh" launch -n 0 -- prog 2>&1)
 [ $? -eq 2 ] || fail "-n 0: expected exit 2"
 [[ "$out" == *"-n 0 must be at least 1"* ]] || fail "unclear message: $out"

@@ -116,6 +116,8 @@ expect_usage "hidden: checkpoint has 32, the run has 64" "$ndmesh" train --layer
 expect_usage "already at step 6" "$ndmesh" train "${small[@]}" --steps 6 --load "$tmp/ck.bin"
 expect_usage "--batch=100000 --seq=64 with this model and layout needs about" "$ndmesh" train --batch 100000
 expect_usage "--until=13" "$ndmesh" train --steps 12 --until 13
+expect_usage "--steps=-1 must be at least 1" "$ndmesh" train --steps -1
+expect_usage "--replica-id=2 belongs to an elastic run; add --coordinator" "$ndmesh" train --replica-id 2
 expect_usage "--save-every=4 needs --save" "$ndmesh" train --save-every 4
 expect_usage "--data is empty" "$ndmesh" train --data ""
 expect_usage "--recompute=partial is not a recompute mode (none, selective, full)" "$ndmesh" train --recompute partial

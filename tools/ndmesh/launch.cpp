@@ -221,6 +221,13 @@ int run(const LaunchOptions& o) {
         "{} -- {}",
         o.mpirun, path ? path : "unset", o.n, o.n, program.front(), o.n, program.front());
   }
+  // The program runs on this node (without mpirun options, which may name other hosts): say
+  // so here if it is not there, instead of mpirun's "failed to start" block and status 132.
+  if (extra.empty() && !o.dry_run && find_program(program.front()).empty())
+    fail<ConfigError>("launch",
+                      "{}: no such program{} (or not executable); give its path or put it on PATH, e.g. "
+                      "ndmesh launch -n {} -- build/bin/ndmesh check",
+                      program.front(), program.front().find('/') == std::string::npos ? " on PATH" : "", o.n);
   std::string kind = flavour(mpirun);
   std::vector<std::string> args = {mpirun, "-n", std::to_string(o.n)};
   unsigned cores = std::thread::hardware_concurrency();
@@ -259,7 +266,9 @@ int run(const LaunchOptions& o) {
 
 Action setup(CLI::App& app) {
   auto o = std::make_shared<LaunchOptions>();
-  app.add_option("-n,--np", o->n, "number of processes (--elastic: of each replica)")->required();
+  app.add_option("-n,--np", o->n,
+                 "number of processes (-np too, as mpirun spells it; --elastic: of each replica)")
+      ->required();
   o->mpirun_opt = app.add_option("--mpirun", o->mpirun, "the MPI launcher to use (default: mpirun on PATH)");
   app.add_flag("--dry-run", o->dry_run, "print the mpirun command instead of running it");
   app.add_flag("--no-tag", o->no_tag, "do not prefix output lines with the rank (e.g. to pipe JSON)");

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <string>
+#include <vector>
 
 #include <fmt/core.h>
 
@@ -77,8 +79,17 @@ int main(int argc, char** argv) {
     return cli::kExitUsage;
   }
 
+  // "ndmesh launch -np 4 ...": mpirun's spelling, which CLI11 would read as -n p. Only before
+  // the first "--" (what follows is mpirun's or the program's).
+  std::vector<std::string> args(argv, argv + argc);
+  if (argc > 1 && args[1] == "launch")
+    for (std::size_t i = 2; i < args.size() && args[i] != "--"; ++i)
+      if (args[i] == "-np") args[i] = "--np";
+  std::vector<char*> argp;
+  for (std::string& a : args) argp.push_back(a.data());
+
   try {
-    app.parse(argc, argv);
+    app.parse(argc, argp.data());
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

@@ -173,6 +173,7 @@ void validate(const Options& o) {
        "must be a finite number >= 0", "2.5");
   need(o.threads >= 0 && o.threads <= 1024, "--threads", o.threads,
        "must be in [0, 1024] (0: NDMESH_THREADS)", "1");
+  need(o.steps >= 1, "--steps", o.steps, "must be at least 1", "1000");  // before --until names it
   need(o.until >= 0 && o.until <= o.steps, "--until", o.until,
        fmt::format("must be in [0, --steps={}]", o.steps), "100");
   need(o.save_every >= 0, "--save-every", o.save_every, "must be >= 0 (0: only at the end)", "100");
@@ -759,6 +760,11 @@ void expand_memory(Options& o) {
 int run(Options o) {
   expand_memory(o);
   if (o.coordinator.empty()) o.coordinator = env::string("NDMESH_COORDINATOR", "");
+  if (o.replica_id >= 0 && o.coordinator.empty())
+    fail<ConfigError>("train",
+                      "--replica-id={} belongs to an elastic run; add --coordinator HOST:PORT (or set "
+                      "NDMESH_COORDINATOR), or drop --replica-id",
+                      o.replica_id);
   if (o.replica_id < 0 && env::raw("NDMESH_REPLICA_ID")) o.replica_id = env::integer("NDMESH_REPLICA_ID", 0, 0, 1 << 20);
   // Printed before anything is checked, so that what the strategy chose shows with any refusal.
   if (!o.memory_choice.empty() && LaunchEnv::detect().rank == 0) {
@@ -829,7 +835,8 @@ Action setup(CLI::App& app) {
   app.add_option(
          "--offload", o->offload,
          "keep state in files under --offload-dir instead of memory: none, optimizer (the AdamW moments, "
-         "streamed through the step in chunks; the same results bit for bit)")
+         "streamed through the step in chunks; the same results bit for bit) or optimizer+params (with "
+         "--zero 3: the rank's parameter shard too, read back around each gather)")
       ->capture_default_str()
       ->each([o](const std::string&) { o->offload_given = true; })
       ->group("Memory");
@@ -854,11 +861,13 @@ Action setup(CLI::App& app) {
   app.add_option(
          "--device", o->device,
          "where the model runs: cpu (the fp32 reference) or cuda (one GPU per rank; built where the CUDA "
-         "toolkit is found; one rank for now)")
+         "toolkit is found; several ranks talk over NCCL, or over NDMESH_BACKEND=gloo|mpi staged "
+         "through host memory: docs/gpu.md)")
       ->capture_default_str();
   app.add_option("--precision", o->precision,
-                 "fp32, or bf16: mixed precision at the matrix products (bf16 operands, fp32 accumulation; "
-                 "fp32 weights and activations)")
+                 "fp32, or bf16: mixed precision (bf16 products with fp32 accumulation, the activations "
+                 "they read kept in bf16; fp32 master weights, AdamW moments, residual stream, norms and "
+                 "loss; checkpoints stay fp32)")
       ->capture_default_str();
   app.add_option(
          "--recompute", o->recompute,
