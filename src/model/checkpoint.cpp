@@ -149,12 +149,12 @@ Checkpoint load_checkpoint(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto st = fs::status(path, ec);
-  if (!fs::exists(st)) fail<IoError>("checkpoint", "'{}' does not exist; check the --load path", path);
+  if (!fs::exists(st)) fail<IoError>("checkpoint", "'{}' does not exist; check the path", path);
   if (!fs::is_regular_file(st))
     fail<IoError>("checkpoint", "'{}' is not a regular file ({}); pass a checkpoint file written with --save",
                   path, fs::is_directory(st) ? "a directory" : "a device, pipe or socket");
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail<IoError>("checkpoint", "cannot open '{}'; check the --load path and its permissions", path);
+  if (!in) fail<IoError>("checkpoint", "cannot open '{}'; check its permissions", path);
   std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0)
     fail<IoError>("checkpoint", "'{}' is not an ndmesh checkpoint (no NDMESHCK header)", path);
