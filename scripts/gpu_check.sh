@@ -59,7 +59,9 @@
 #                                 against cpu bf16 (10 s each) over the default model's first 20 steps,
 #                                 the cuda run with NDMESH_ATTENTION=flash (cuDNN's attention rounds
 #                                 more than the CPU's bf16): losses 2e-4, step-1 gradient norm 5e-5
-#                                 (bf16 against fp32 differ there by 2e-4), later norms 5e-3
+#                                 (bf16 against fp32 differ there by 2e-4), later norms 5e-3; a cuda
+#                                 bf16 run or comparison that fails runs once more with NDMESH_EPILOGUES=off
+#                                 (every cuBLASLt epilogue apart), which rules the epilogues in or out
 #   nccl                     200  several ranks on the one GPU (scripts/gpu_nccl.sh): dp 2, tp 2 + sp,
 #                                 pp 2 1F1B and interleaved, cp 2, dp 2 + ZeRO 2 on NCCL (NCCL_HOSTID
 #                                 per rank over loopback), 4 and 8 ranks staged over Gloo, each against
@@ -84,7 +86,8 @@
 #                                 ratios of PyTorch's; and ndmesh plan memory --precision bf16 of the run on
 #                                 calibrate.toml against its step time and peak (noted, not a condition)
 #   profile                   75  ndmesh train --kernel-times over 8 steps of gpt2-bf16's run (GPU time
-#                                 per operation and product shape, host waits), then nsys (when on the
+#                                 per operation and product shape, host waits; its GPU time a step again
+#                                 with NDMESH_EPILOGUES=off where 20 s are left), then nsys (when on the
 #                                 machine) over 20 steps: the GPU's busy time against the wall, the top
 #                                 kernels by time, and the CUDA API calls that wait
 #   torchrun                  60  tests/store/torch2.sh with the machine's PyTorch 2.x: ndmesh ranks (--device cpu)
@@ -484,7 +487,19 @@ step_bf16() {
       ndmesh "$seconds" "bf16.$name.$precision" "${bf16_run[@]}" "${shape[@]}" --device cuda --precision $precision
       rc=$?
       if [ $rc -ne 0 ]; then
-        report FAIL bf16 "$name model, --precision $precision: $(describe $rc "$seconds")"
+        local apart="" again
+        again=$(bound 22)
+        if [ $precision = bf16 ] && [ "$again" -gt 0 ]; then  # the epilogues ruled in or out
+          NDMESH_EPILOGUES=off ndmesh "$again" "bf16.$name.apart" "${bf16_run[@]}" "${shape[@]}" --device cuda \
+            --precision bf16
+          local rc_apart=$?
+          if [ $rc_apart -eq 0 ]; then
+            apart="; with NDMESH_EPILOGUES=off it ran: the cuBLASLt epilogues are the cause"
+          else
+            apart="; with NDMESH_EPILOGUES=off too: $(describe $rc_apart "$again")"
+          fi
+        fi
+        report FAIL bf16 "$name model, --precision $precision: $(describe $rc "$seconds")$apart"
         tail_of "$logs/bf16.$name.$precision.err"
         return
       fi
@@ -517,6 +532,24 @@ step_bf16() {
     else
       json_of bf16.default.flash
       r2=$(py bf16-devices bf16-devices "$logs/bf16.default.cpu.json" "$logs/bf16.default.flash.json")
+    fi
+    # A failure here: once more with every epilogue apart (NDMESH_EPILOGUES=off), which says
+    # whether cuBLASLt's fused bias, GELU, dGELU and bias gradients are the cause.
+    if [ "${r2%% *}" != PASS ]; then
+      seconds=$(bound 10)
+      if [ "$seconds" -gt 0 ]; then
+        NDMESH_EPILOGUES=off NDMESH_ATTENTION=flash ndmesh "$seconds" bf16.default.apart "${bf16_run[@]}" --until 20 \
+          --device cuda --precision bf16
+        rc=$?
+        if [ $rc -ne 0 ]; then
+          r2="$r2; with NDMESH_EPILOGUES=off too: $(describe $rc "$seconds")"
+          tail_of "$logs/bf16.default.apart.err"
+        else
+          json_of bf16.default.apart
+          r2="$r2; with NDMESH_EPILOGUES=off: $(py bf16-devices bf16-devices "$logs/bf16.default.cpu.json" \
+            "$logs/bf16.default.apart.json")"
+        fi
+      fi
     fi
   fi
   local status=PASS
@@ -554,6 +587,17 @@ step_profile() {
     result=FAIL
     note="ndmesh train --kernel-times: $(describe $rc 35)"
     tail_of "$logs/kernel-times.err" "$logs/kernel-times.out"
+  fi
+  # The same with every cuBLASLt epilogue apart: what the epilogues gain (or cost), GPU time a step.
+  if [ $result = PASS ] && [ "$(bound 25)" -ge 20 ]; then
+    NDMESH_EPILOGUES=off ndmesh "$(bound 25)" kernel-times-apart train "${gpt2_bf16_shape[@]}" --data "$tokens" \
+      --data-format llmc --steps 8 --eval-batches 0 --threads 8 --json --device cuda --precision bf16 --kernel-times
+    rc=$?
+    if [ $rc -eq 0 ] && grep -q '^kernel times' "$logs/kernel-times-apart.out"; then
+      note="$note; with NDMESH_EPILOGUES=off: $(grep -o '[0-9.]* ms of GPU time a step' "$logs/kernel-times-apart.out")"
+    else
+      note="$note; with NDMESH_EPILOGUES=off: $(describe $rc 25)"
+    fi
   fi
   if ! nsys=$(find_nsys); then
     report $result profile "$note; nsys is not on this machine"

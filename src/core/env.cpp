@@ -36,12 +36,18 @@ const std::vector<Variable>& variables() {
        "attention core on CUDA: auto (cuDNN's fused flash attention under --precision bf16 where built and "
        "loadable, else the flash kernel), flash (always the fp32 flash kernel), cudnn (as auto, but cuDNN's "
        "absence is an error)"},
+      {"NDMESH_EPILOGUES", "string", "auto",
+       "matrix products' epilogues on CUDA under --precision bf16: auto (the bias, GELU, GELU's derivative "
+       "and "
+       "the bias gradients inside cuBLASLt's products where it has an algorithm), off (every one apart: the "
+       "product, then its own kernel; to compare or to rule the epilogues out)"},
       {"NDMESH_BACKEND", "string", "mpi; gloo under torchrun",
        "communication backend: mpi (under mpirun, srun, or no launcher), gloo (CPU over TCP, under torchrun "
        "or any "
        "launcher that sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), nccl (when built with GPUs)"},
       {"NDMESH_COORDINATOR", "string", "unset",
-       "HOST:PORT of an ndmesh coordinator: ndmesh train runs as one elastic data-parallel replica (docs/elastic.md)"},
+       "HOST:PORT of an ndmesh coordinator: ndmesh train runs as one elastic data-parallel replica "
+       "(docs/elastic.md)"},
       {"NDMESH_REPLICA_ID", "integer", "unset",
        "with NDMESH_COORDINATOR: this replica's id, 0..R-1, the same across its restarts"},
       {"NDMESH_ELASTIC_TIMEOUT_S", "seconds", "10",
@@ -135,6 +141,7 @@ void check_all() {
   (void)seconds("NDMESH_ELASTIC_RECONNECT_S", 30);  // the bounds of tensor/blas.cpp
   one_of("NDMESH_LOG", {"error", "warn", "info", "debug"}, "error, warn, info or debug");
   one_of("NDMESH_ATTENTION", {"auto", "flash", "cudnn"}, "auto, flash or cudnn");
+  one_of("NDMESH_EPILOGUES", {"auto", "off"}, "auto or off");
   one_of("NDMESH_BACKEND", {"mpi", "gloo", "nccl"}, "mpi, gloo (or nccl when built with GPUs)");
 }
 

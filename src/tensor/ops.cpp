@@ -4,6 +4,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/blas.hpp"
 #include "tensor/cuda_twin.hpp"
@@ -202,6 +203,12 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
   rounded_product<T>(device, trans_a, trans_b, m, n, k, alpha, a.rounded(), lda, b.rounded(), ldb, beta, c, ldc);
 }
 
+namespace {
+// NDMESH_EPILOGUES=off: every epilogue runs apart, as where cuBLASLt has no algorithm for it
+// (read at each product, so that a test can switch it; validated at start-up, env::check_all).
+bool epilogues_off() { return env::string("NDMESH_EPILOGUES", "auto") == "off"; }
+}  // namespace
+
 template <typename T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const SharedOperand<T>& a, std::int64_t lda, const SharedOperand<T>& b, std::int64_t ldb, BFloat16* c,
@@ -224,8 +231,8 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
     const auto* b16 = static_cast<const BFloat16*>(b.rounded());
     if (bias == nullptr) return cuda::gemm_bf16(trans_a, trans_b, m, n, k, alpha, a16, lda, b16, ldb, 0.0f, c, ldc);
     const auto* bias16 = static_cast<const BFloat16*>(bias->rounded());
-    if (cuda::try_gemm_bf16(trans_a, trans_b, m, n, k, a16, lda, b16, ldb, c, ldc, cuda::GemmEpilogue::kBias,
-                            bias16, nullptr))
+    if (!epilogues_off() && cuda::try_gemm_bf16(trans_a, trans_b, m, n, k, a16, lda, b16, ldb, c, ldc,
+                                                cuda::GemmEpilogue::kBias, bias16, nullptr))
       return;
     // No algorithm for the epilogue: the fp32 product, the rounded bias added, one rounding.
     Scratch<float> product(m * n, device), b32(n, device);
@@ -256,7 +263,9 @@ bool gemm_fused([[maybe_unused]] bool trans_a, [[maybe_unused]] bool trans_b, st
                "a product into T fuses its bias or its bias gradient; GELU and its derivative go into bfloat16");
   const Device device = a.device();
   check_operands(a, b);
-  if (device != Device::kCuda || a.precision() != MatmulPrecision::kBf16 || m <= 0 || n <= 0 || k <= 0) return false;
+  if (device != Device::kCuda || a.precision() != MatmulPrecision::kBf16 || m <= 0 || n <= 0 || k <= 0 ||
+      epilogues_off())
+    return false;
   NDMESH_CUDA_TWIN(device, {
     using E = cuda::GemmEpilogue;
     const E epilogue = what == Fused::kBias ? E::kBias : E::kBGradB;
@@ -286,7 +295,8 @@ bool gemm_fused([[maybe_unused]] bool trans_a, [[maybe_unused]] bool trans_b, st
   const Device device = a.device();
   check_operands(a, b);
   if (bias != nullptr) check_operands(a, *bias);
-  if (device != Device::kCuda || a.precision() != MatmulPrecision::kBf16 || m <= 0 || n <= 0 || k <= 0)
+  if (device != Device::kCuda || a.precision() != MatmulPrecision::kBf16 || m <= 0 || n <= 0 || k <= 0 ||
+      epilogues_off())
     return false;
   NDMESH_CUDA_TWIN(device, {
     return cuda::try_gemm_bf16(

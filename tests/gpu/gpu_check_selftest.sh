@@ -16,6 +16,7 @@
 #     packed ndmesh started without them (as an MPI singleton) fails there: the hiding works;
 #     a packed kernel test starts there too (its tests skip without a GPU);
 #   - the machine's lines come first, failing logs' last lines are printed;
+#   - the bf16 step repeats its failing cuda run with NDMESH_EPILOGUES=off and says so;
 #   - with a fake getconf saying glibc 2.35, packed libraries that need 2.36 give way to the
 #     machine's own copies;
 #   - $OUT holds the summary and the log archive only (at most 8 files, each under 16 MiB),
@@ -136,6 +137,9 @@ if [ $have_driver -eq 0 ]; then
     fail "calibrate without a GPU: ndmesh's line is not in calibrate.err of the log archive"
   grep -qE '^FAIL gpt2-plan \[.*not run: calibrate wrote no hardware file' "$summary" ||
     fail "gpt2-plan without calibrate's file: $(grep -E '^(PASS|FAIL|SKIP) gpt2-plan ' "$summary")"
+  # A failing cuda bf16 run is repeated with every cuBLASLt epilogue apart, and the line says how that went.
+  grep -qE '^FAIL bf16 \[.*--precision bf16: .*; with NDMESH_EPILOGUES=off too: ' "$summary" ||
+    fail "bf16 without a GPU: not repeated with NDMESH_EPILOGUES=off: $(grep -E '^(PASS|FAIL|SKIP) bf16 ' "$summary")"
 fi
 
 # The cpu runs: one rank with torchrun's variables, Open MPI hidden; only cuda may fail.

@@ -110,21 +110,16 @@ nn::Linear<float> bf16_layer(ParamStore<float>& store, const Shape& s, bool bias
 }
 
 // Runs body(shape, decline, where) for the bf16 tests' three shapes, each with cuBLASLt's
-// epilogues and, in the emulator, with them declined too (decline: NDMESH_EMULATE_NO_EPILOGUES=1,
-// as cuBLASLt declines where it has no algorithm); `where` names the case for failure messages.
+// epilogues and with them declined (decline: NDMESH_EPILOGUES=off, the path taken where
+// cuBLASLt has no algorithm); `where` names the case for failure messages.
 void for_each_epilogue_case(const std::function<void(const Shape&, bool, const std::string&)>& body) {
-#if NDMESH_CUDA_EMULATED
-  const std::vector<bool> declines = {false, true};
-#else
-  const std::vector<bool> declines = {false};
-#endif
-  for (const bool decline : declines)
+  for (const bool decline : {false, true})
     for (const Shape& s : {Shape{7, 16, 24}, Shape{33, 96, 80}, Shape{65, 64, 13}}) {
-      if (decline) setenv("NDMESH_EMULATE_NO_EPILOGUES", "1", 1);
+      if (decline) setenv("NDMESH_EPILOGUES", "off", 1);
       body(s, decline,
            "rows=" + std::to_string(s.rows) + " in=" + std::to_string(s.in) +
-               " out=" + std::to_string(s.out) + (decline ? " (epilogues declined)" : ""));
-      unsetenv("NDMESH_EMULATE_NO_EPILOGUES");
+               " out=" + std::to_string(s.out) + (decline ? " (NDMESH_EPILOGUES=off)" : ""));
+      unsetenv("NDMESH_EPILOGUES");
     }
 }
 
@@ -241,9 +236,9 @@ TEST(CudaLinear, Bf16WeightsFromTheStoresCopyAreTheRoundedWeights) {
 // fp32 outputs within 1e-4 relative and 1e-5 absolute, the bf16 ones also one bf16 step (2^-7)
 // apart at most, GELU being 1.2-Lipschitz. A missing bias or GELU, or a bias gradient not
 // accumulated into the filled one, is off by O(1); so is d pre without GELU's derivative. In
-// the emulator, NDMESH_EMULATE_NO_EPILOGUES=1 declines every epilogue, as cuBLASLt does where it
-// has no algorithm: the layer then runs the steps apart, to the same bounds; ops::gemm_fused
-// says which ran.
+// both, NDMESH_EPILOGUES=off declines every epilogue, as cuBLASLt does where it has no
+// algorithm: the layer then runs the steps apart, to the same bounds; ops::gemm_fused says
+// which ran.
 TEST(CudaLinear, Bf16BiasAndGeluFusedIntoTheProductsMatchTheCpu) {
   NDMESH_GPU_OR_SKIP();
   const auto widened = [](const std::vector<BFloat16>& v) {
@@ -292,6 +287,10 @@ TEST(CudaLinear, Bf16BiasAndGeluFusedIntoTheProductsMatchTheCpu) {
                                ops::Fused::kGelu, &b, ptr<BFloat16>(dpre));
 #if NDMESH_CUDA_EMULATED
     EXPECT_EQ(fused, !decline && s.out % 8 == 0) << where;
+#else
+    if (decline) {
+      EXPECT_FALSE(fused) << "NDMESH_EPILOGUES=off, yet GELU ran in the product, " << where;
+    }
 #endif
 
     const auto d = normal(n, 4);
@@ -337,9 +336,14 @@ TEST(CudaLinear, Bf16BiasAndGeluFusedIntoTheProductsMatchTheCpu) {
 #if NDMESH_CUDA_EMULATED
     EXPECT_EQ(dgelu_fused, !decline && s.in % 8 == 0) << where;
 #else
+    if (decline) {
+      EXPECT_FALSE(dgelu_fused) << "NDMESH_EPILOGUES=off, yet GELU's derivative ran in the product, "
+                                << where;
+    }
     // What this cuBLASLt fused (the layer runs the rest apart): for the GPU check's log.
-    std::printf("%s: GELU %s, GELU's derivative %s in the product (bf16)\n", where.c_str(),
-                fused ? "fused" : "apart", dgelu_fused ? "fused" : "apart");
+    if (!decline)
+      std::printf("%s: GELU %s, GELU's derivative %s in the product (bf16)\n", where.c_str(),
+                  fused ? "fused" : "apart", dgelu_fused ? "fused" : "apart");
 #endif
   });
 }

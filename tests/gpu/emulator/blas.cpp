@@ -96,13 +96,11 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
 // The bf16 product into bf16 with its epilogue, as cuBLASLt computes it (cuda_ops.hpp): the
 // fp32 product, then the bias (bf16) added in fp32, GELU (the CPU's tanh form: nn::Gelu) of
 // that with its aux, or GELU's derivative at the aux (bf16, widened), each output rounded
-// once; declines under NDMESH_EMULATE_NO_EPILOGUES=1 and, as cuBLASLt, for a GELU aux whose
-// rows are not a multiple of 8 apart.
+// once; declines, as cuBLASLt, for a GELU aux whose rows are not a multiple of 8 apart
+// (NDMESH_EPILOGUES=off declines every epilogue before it is called: ops::gemm_fused).
 bool try_gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                    const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, BFloat16* c,
                    std::int64_t ldc, GemmEpilogue epilogue, const BFloat16* bias, BFloat16* aux) {
-  if (const char* no = std::getenv("NDMESH_EMULATE_NO_EPILOGUES"); no != nullptr && std::string(no) == "1")
-    return false;
   const bool gelu = epilogue == GemmEpilogue::kGeluAux, dgelu = epilogue == GemmEpilogue::kDGeluNoBiasGrad;
   if (epilogue != GemmEpilogue::kBias && !gelu && !dgelu)
     fail<>("cuda", "try_gemm_bf16 takes the bias, GELU with aux or dGELU epilogue");
@@ -149,13 +147,11 @@ void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
 // The bf16 product into fp32 with its epilogue, as cuBLASLt defines it (cuda_ops.hpp): the
 // product (plus beta C), then the bias or the bias gradient of op(A), in fp32 (ops::gemm_fused
 // into T fuses nothing else; GELU and its derivative go into bf16, try_gemm_bf16).
-// NDMESH_EMULATE_NO_EPILOGUES=1 makes every call decline (as cuBLASLt does for a product it has
-// no algorithm for), so that tests can run the callers' unfused path too.
-bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                       const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, float beta, float* c,
-                       std::int64_t ldc, GemmEpilogue epilogue, const float* bias, float*, float* dbias) {
-  if (const char* no = std::getenv("NDMESH_EMULATE_NO_EPILOGUES"); no != nullptr && std::string(no) == "1")
-    return false;
+// (NDMESH_EPILOGUES=off makes ops::gemm_fused run the callers' unfused path without calling it.)
+bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                       float alpha, const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb,
+                       float beta, float* c, std::int64_t ldc, GemmEpilogue epilogue, const float* bias,
+                       float*, float* dbias) {
   if (epilogue != GemmEpilogue::kBias && epilogue != GemmEpilogue::kBGradB)
     fail<>("cuda", "the emulator's try_gemm_bf16_f32 runs the bias and bias gradient epilogues only (nothing calls "
                    "the others)");
