@@ -568,9 +568,11 @@ Action setup(CLI::App& app) {
                  "Memory per rank to record (0: physical memory / ranks per node; on a GPU, its memory)")
       ->capture_default_str();
   app.add_option("--name", o->name, "Name in the file (default calibrated-<host>)");
-  app.add_option("--device", o->device,
-                 "cpu (matrix products through BLAS, communication over MPI or Gloo) or cuda (each rank's GPU: "
-                 "fp32 and bf16 products, fp32 attention, device and pinned host copies, its memory, collectives over NCCL)")
+  app.add_option(
+         "--device", o->device,
+         "cpu (matrix products through BLAS, communication over MPI or Gloo) or cuda (each rank's GPU: "
+         "fp32 and bf16 products, the fp32 flash attention and cuDNN's bf16 attention (where built), device "
+         "and pinned host copies, its memory, collectives over NCCL)")
       ->capture_default_str();
   app.add_option("--tokens", o->tokens, "--device cuda: rows of the layer's products (batch x sequence)")
       ->capture_default_str();
