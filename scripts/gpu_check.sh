@@ -85,9 +85,10 @@
 #                                 SDPA; tokens/s, MFU over 989 TFLOP/s, peak memory, ndmesh's tokens/s as
 #                                 ratios of PyTorch's; and ndmesh plan memory --precision bf16 of the run on
 #                                 calibrate.toml against its step time and peak (noted, not a condition)
-#   profile                   75  ndmesh train --kernel-times over 8 steps of gpt2-bf16's run (GPU time
+#   profile                  100  ndmesh train --kernel-times over 8 steps of gpt2-bf16's run (GPU time
 #                                 per operation and product shape, host waits; its GPU time a step again
-#                                 with NDMESH_EPILOGUES=off where 20 s are left), then nsys (when on the
+#                                 with NDMESH_EPILOGUES=off and with NDMESH_DETERMINISTIC=0, each where
+#                                 20 s are left), then nsys (when on the
 #                                 machine) over 20 steps: the GPU's busy time against the wall, the top
 #                                 kernels by time, and the CUDA API calls that wait
 #   torchrun                  60  tests/store/torch2.sh with the machine's PyTorch 2.x: ndmesh ranks (--device cpu)
@@ -569,7 +570,7 @@ find_nsys() {
 # operation, no tool needed), then nsys where the machine has it.
 step_profile() {
   local seconds nsys tokens=$work/gpt2-bf16.tokens.bin rep=$work/profile-bf16 rc result note
-  seconds=$(bound 75)
+  seconds=$(bound 100)
   [ "$seconds" -lt 20 ] && { report FAIL profile "not run: $seconds s left of the $total_budget s budget"; return; }
   if [ ! -f "$tokens" ] && ! timeout -k 5 30 python3 "$here/make_token_file.py" "$tokens" --tokens 700000 \
     --vocab 50257 --format llmc > "$logs/profile.tokens.log" 2>&1; then
@@ -588,17 +589,23 @@ step_profile() {
     note="ndmesh train --kernel-times: $(describe $rc 35)"
     tail_of "$logs/kernel-times.err" "$logs/kernel-times.out"
   fi
-  # The same with every cuBLASLt epilogue apart: what the epilogues gain (or cost), GPU time a step.
-  if [ $result = PASS ] && [ "$(bound 25)" -ge 20 ]; then
-    NDMESH_EPILOGUES=off ndmesh "$(bound 25)" kernel-times-apart train "${gpt2_bf16_shape[@]}" --data "$tokens" \
-      --data-format llmc --steps 8 --eval-batches 0 --threads 8 --json --device cuda --precision bf16 --kernel-times
+  # The same with every cuBLASLt epilogue apart, and with cuDNN's choice of attention backward
+  # (not its deterministic engine): what each gains or costs, GPU time a step.
+  local variant name
+  for variant in NDMESH_EPILOGUES=off NDMESH_DETERMINISTIC=0; do
+    if [ $result != PASS ] || [ "$(bound 25)" -lt 20 ]; then break; fi
+    name=kernel-times-${variant%%=*}
+    export "${variant?}"  # NAME=value, for this run only
+    ndmesh "$(bound 25)" "$name" train "${gpt2_bf16_shape[@]}" --data "$tokens" --data-format llmc --steps 8 \
+      --eval-batches 0 --threads 8 --json --device cuda --precision bf16 --kernel-times
     rc=$?
-    if [ $rc -eq 0 ] && grep -q '^kernel times' "$logs/kernel-times-apart.out"; then
-      note="$note; with NDMESH_EPILOGUES=off: $(grep -o '[0-9.]* ms of GPU time a step' "$logs/kernel-times-apart.out")"
+    unset "${variant%%=*}"
+    if [ $rc -eq 0 ] && grep -q '^kernel times' "$logs/$name.out"; then
+      note="$note; with $variant: $(grep -o '[0-9.]* ms of GPU time a step' "$logs/$name.out")"
     else
-      note="$note; with NDMESH_EPILOGUES=off: $(describe $rc 25)"
+      note="$note; with $variant: $(describe $rc 25)"
     fi
-  fi
+  done
   if ! nsys=$(find_nsys); then
     report $result profile "$note; nsys is not on this machine"
     [ -f "$logs/kernel-times.table" ] && tee -a "$summary" < "$logs/kernel-times.table"

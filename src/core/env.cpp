@@ -36,6 +36,10 @@ const std::vector<Variable>& variables() {
        "attention core on CUDA: auto (cuDNN's fused flash attention under --precision bf16 where built and "
        "loadable, else the flash kernel), flash (always the fp32 flash kernel), cudnn (as auto, but cuDNN's "
        "absence is an error)"},
+      {"NDMESH_DETERMINISTIC", "integer", "1",
+       "1: every GPU kernel ndmesh runs gives the same bits on every run (cuDNN's attention backward on its "
+       "deterministic engine); 0: cuDNN picks its engine, which may add in any order (the same within "
+       "rounding; to measure what determinism costs)"},
       {"NDMESH_EPILOGUES", "string", "auto",
        "matrix products' epilogues on CUDA under --precision bf16: auto (the bias, GELU, GELU's derivative "
        "and "
@@ -136,6 +140,7 @@ void check_all() {
   (void)integer("NDMESH_TEST_EXIT_BEFORE_GLOO", 0, 0, 1);
   (void)integer("NDMESH_THREADS", 1, 1, 1024);
   (void)integer("NDMESH_REQUIRE_GPU", 0, 0, 1);
+  (void)integer("NDMESH_DETERMINISTIC", 1, 0, 1);
   (void)integer("NDMESH_REPLICA_ID", 0, 0, 1 << 20);
   (void)seconds("NDMESH_ELASTIC_TIMEOUT_S", 10);
   (void)seconds("NDMESH_ELASTIC_RECONNECT_S", 30);  // the bounds of tensor/blas.cpp

@@ -17,7 +17,8 @@
 // dim) and direction, and cached for the process; a shape cuDNN has no engine for is
 // remembered as such (one warning line) and the caller runs the flash kernel. The backward
 // asks for cuDNN's deterministic algorithm first (the same bits on every run, as everything
-// else in ndmesh), and takes the other one only when that has no engine.
+// else in ndmesh), and takes the other one only when that has no engine, or when
+// NDMESH_DETERMINISTIC=0 leaves the choice to cuDNN (to measure what determinism costs).
 //
 // Loading: libcudnn.so.9 is opened on first use (dlopen, NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING),
 // from the library path or beside the CUDA runtime this process loaded, like cuBLASLt: a CPU
@@ -46,6 +47,7 @@
 
 #include <cudnn_frontend.h>
 
+#include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/log.hpp"
 #include "ndmesh/nn/cuda_ops.hpp"
@@ -145,6 +147,7 @@ Library& library() {
 struct Shape {
   std::int64_t batch, seq, heads, kv_heads, head_dim;
   bool backward;
+  bool deterministic = true;  // the backward: cuDNN's deterministic engine first (NDMESH_DETERMINISTIC)
   auto operator<=>(const Shape&) const = default;
 
   std::int64_t width() const { return (heads + 2 * kv_heads) * head_dim; }
@@ -280,9 +283,9 @@ const Plan* plan_for(const Shape& s, bool required, const char* what) {
   if (fresh) {
     try {
       if (s.backward) {
-        p.graph = backward_graph(s, true);
+        p.graph = backward_graph(s, s.deterministic);
         p.why = build(*p.graph, lib.cudnn, p.workspace);
-        if (!p.why.empty()) {
+        if (!p.why.empty() && s.deterministic) {
           p.graph = backward_graph(s, false);
           if (build(*p.graph, lib.cudnn, p.workspace).empty()) {
             log::info(
@@ -369,7 +372,9 @@ bool cudnn_backward(BFloat16* dqkv, const BFloat16* dout, const BFloat16* qkv, c
                     const float* lse, std::int64_t batch, std::int64_t seq, std::int64_t heads,
                     std::int64_t kv_heads, std::int64_t head_dim, bool required) {
   if (batch <= 0 || seq <= 0) return true;
-  const Shape s{batch, seq, heads, kv_heads, head_dim, true};
+  // NDMESH_DETERMINISTIC=0: cuDNN's own choice of engine, which may add in any order.
+  const Shape s{
+      batch, seq, heads, kv_heads, head_dim, true, env::integer("NDMESH_DETERMINISTIC", 1, 0, 1) == 1};
   std::lock_guard<std::mutex> lock(mutex());
   const Plan* p = plan_for(s, required, "attention_backward_cudnn");
   if (!p) return false;
