@@ -475,6 +475,27 @@ step_offload_host() {
 bf16_models=("default:" "wide:--layers 6 --hidden 384 --heads 6 --lr 1e-3")
 bf16_run=(train --steps 300 --seed 11 --eval-batches 0 --threads 4 --json)
 
+# cuda_bf16_against_cpu <name> <NAME=value>...: the default model's first 20 steps on cuda in
+# bf16 with those variables set, against bf16.default.cpu; prints one PASS or FAIL line.
+cuda_bf16_against_cpu() {
+  local name=$1 seconds rc
+  shift
+  seconds=$(bound 10)
+  [ "$seconds" -gt 0 ] || { echo "FAIL $name not run: no time left of the $total_budget s budget"; return; }
+  (
+    export "${@?}"  # NAME=value pairs
+    ndmesh "$seconds" "$name" "${bf16_run[@]}" --until 20 --device cuda --precision bf16
+  )
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "FAIL the default model on --device cuda with $*: $(describe $rc "$seconds")"
+    tail_of "$logs/$name.err" >&2
+    return
+  fi
+  json_of "$name"
+  py "$name" bf16-devices "$logs/bf16.default.cpu.json" "$logs/$name.json"
+}
+
 step_bf16() {
   local seconds rc entry name pairs=()
   for entry in "${bf16_models[@]}"; do
@@ -523,35 +544,12 @@ step_bf16() {
     # cuDNN's attention (the cuda bf16 default) also rounds q, k, v and P to bf16, which the
     # CPU's bf16 does not: the devices are compared with the flash kernel on the GPU (its
     # 300-step tracking of fp32 above is cuDNN's).
-    seconds=$(bound 10)
-    NDMESH_ATTENTION=flash ndmesh "$seconds" bf16.default.flash "${bf16_run[@]}" --until 20 --device cuda \
-      --precision bf16
-    rc=$?
-    if [ $rc -ne 0 ]; then
-      r2="FAIL the default model on --device cuda with NDMESH_ATTENTION=flash: $(describe $rc "$seconds")"
-      tail_of "$logs/bf16.default.flash.err"
-    else
-      json_of bf16.default.flash
-      r2=$(py bf16-devices bf16-devices "$logs/bf16.default.cpu.json" "$logs/bf16.default.flash.json")
-    fi
+    r2=$(cuda_bf16_against_cpu bf16.default.flash NDMESH_ATTENTION=flash)
     # A failure here: once more with every epilogue apart (NDMESH_EPILOGUES=off), which says
     # whether cuBLASLt's fused bias, GELU, dGELU and bias gradients are the cause.
-    if [ "${r2%% *}" != PASS ]; then
-      seconds=$(bound 10)
-      if [ "$seconds" -gt 0 ]; then
-        NDMESH_EPILOGUES=off NDMESH_ATTENTION=flash ndmesh "$seconds" bf16.default.apart "${bf16_run[@]}" --until 20 \
-          --device cuda --precision bf16
-        rc=$?
-        if [ $rc -ne 0 ]; then
-          r2="$r2; with NDMESH_EPILOGUES=off too: $(describe $rc "$seconds")"
-          tail_of "$logs/bf16.default.apart.err"
-        else
-          json_of bf16.default.apart
-          r2="$r2; with NDMESH_EPILOGUES=off: $(py bf16-devices bf16-devices "$logs/bf16.default.cpu.json" \
-            "$logs/bf16.default.apart.json")"
-        fi
-      fi
-    fi
+    [ "${r2%% *}" = PASS ] ||
+      r2="$r2; with NDMESH_EPILOGUES=off: $(cuda_bf16_against_cpu bf16.default.apart NDMESH_ATTENTION=flash \
+        NDMESH_EPILOGUES=off)"
   fi
   local status=PASS
   [ "${r%% *}" = PASS ] && [ "${r2%% *}" = PASS ] || status=FAIL
