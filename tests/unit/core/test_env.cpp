@@ -48,10 +48,10 @@ TEST(Env, UndeclaredVariableIsAProgrammingError) {
 // check_all refuses a bad value of any variable, even one the command never reads.
 TEST(Env, CheckAllRefusesEveryMalformedVariable) {
   EXPECT_NO_THROW(env::check_all());
-  const std::pair<const char*, const char*> bad[] = {{"NDMESH_LOG", "verbose"},
-                                                     {"NDMESH_TIMEOUT_S", "5m"},
-                                                     {"NDMESH_THREADS", "many"},
-                                                     {"NDMESH_BACKEND", "ucc"}};
+  const std::pair<const char*, const char*> bad[] = {
+      {"NDMESH_LOG", "verbose"},      {"NDMESH_TIMEOUT_S", "5m"},   {"NDMESH_THREADS", "many"},
+      {"NDMESH_BACKEND", "ucc"},      {"NDMESH_ATTENTION", "fast"}, {"NDMESH_EPILOGUES", "none"},
+      {"NDMESH_DETERMINISTIC", "yes"}};
   for (auto [name, value] : bad) {
     setenv(name, value, 1);
     try {
@@ -64,8 +64,12 @@ TEST(Env, CheckAllRefusesEveryMalformedVariable) {
     unsetenv(name);
   }
   setenv("NDMESH_LOG", "debug", 1);
+  setenv("NDMESH_EPILOGUES", "off", 1);
+  setenv("NDMESH_DETERMINISTIC", "0", 1);
   EXPECT_NO_THROW(env::check_all());
   unsetenv("NDMESH_LOG");
+  unsetenv("NDMESH_EPILOGUES");
+  unsetenv("NDMESH_DETERMINISTIC");
 }
 
 }  // namespace ndmesh
