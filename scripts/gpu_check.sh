@@ -63,7 +63,7 @@
 #                                 bf16 run or comparison that fails runs once more with NDMESH_EPILOGUES=off
 #                                 (every cuBLASLt epilogue apart), which rules the epilogues in or out
 #   nccl                     200  several ranks on the one GPU (scripts/gpu_nccl.sh): dp 2, tp 2 + sp,
-#                                 pp 2 1F1B and interleaved, cp 2, dp 2 + ZeRO 2 on NCCL (NCCL_HOSTID
+#                                 pp 2 1F1B and interleaved, cp 2, dp 2 + ZeRO 2, dp 2 + ZeRO 3 (a wider model) on NCCL (NCCL_HOSTID
 #                                 per rank over loopback), 4 and 8 ranks staged over Gloo, each against
 #                                 the single-GPU run; a killed rank; NCCL vs Gloo bus bandwidth
 #   calibrate                 30  ndmesh calibrate --device cuda --seconds 8: the GPU's fp32 and bf16

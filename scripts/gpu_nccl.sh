@@ -23,6 +23,9 @@
 #   dp2-zero2      40  --dp 2 --zero 2
 #   dp2-bf16   30+40  --dp 2 --grad-dtype bf16 (buckets rounded, reduced and widened on the device)
 #                      against the same flags on --device cpu over Gloo, and half dp2's bytes
+#   dp2-zero3  30+40  --dp 2 --zero 3 on a wider model (2 x 512: a rank's freed half of a block
+#                      spans whole 2 MiB chunks, which CUDA's virtual memory gives back and maps
+#                      again) against its own one-GPU run, and a lower device peak than it
 #   staged4        45  Gloo staged, 4 ranks: --dp 2 --tp 2 --sequence-parallel
 #   staged8        60  Gloo staged, 8 ranks: --dp 2 --pp 2 --tp 2 --micro-batch 2
 #   staged4-cp     45  Gloo staged, 4 ranks: --dp 2 --cp 2
@@ -136,6 +139,44 @@ nccl_bf16() {
   nccl_sub "${r%% *}" dp2-bf16 "--dp 2 --grad-dtype bf16 on 2 ranks ($([ "$nccl_device" = cuda ] && echo nccl || echo gloo)) against the same on --device cpu (gloo): ${r#* }"
 }
 
+# dp2-zero3: ZeRO-3 on NCCL, its parameters in mappable device memory. The layouts' model is too
+# small for a freed part to span a whole chunk (2 MiB), so this one is wider: against its own
+# single-GPU run with the equal bounds, and its device peak below that run's (each rank keeps
+# half the parameters and frees what it gathers).
+nccl_zero3() {
+  local seconds rc r why one two
+  nccl_wanted dp2-zero3 || return 0
+  local wide=(train --layers 2 --hidden 512 --heads 4 --kv-heads 2 --seq 32 --vocab 64 --markov-vocab 64 --batch 8
+    --seed 23 --eval-batches 0 --threads 2 --steps 6 --json)
+  seconds=$(nccl_bound 30)
+  [ "$seconds" -eq 0 ] && { nccl_sub FAIL dp2-zero3 "not run: no time left"; return; }
+  if ! why=$(ndmesh_gpu "$seconds" nccl-zero3-reference "${wide[@]}" --device "$nccl_device"); then
+    nccl_sub FAIL dp2-zero3 "the single-GPU run of the 2 x 512 model: $why"
+    tail_of "$logs/nccl-zero3-reference.err"
+    return
+  fi
+  json_of nccl-zero3-reference
+  seconds=$(nccl_bound "$nccl_timeout")
+  [ "$seconds" -eq 0 ] && { nccl_sub FAIL dp2-zero3 "not run: no time left"; return; }
+  nccl_ranks "$seconds" nccl-dp2-zero3 2 -- "$work/bin/ndmesh" "${wide[@]}" --dp 2 --zero 3 --device "$nccl_device"
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    nccl_sub FAIL dp2-zero3 "--dp 2 --zero 3 on 2 ranks: $(describe $rc "$seconds")"
+    tail_of "$logs/nccl-dp2-zero3.err"
+    return
+  fi
+  grep -E '^\{' "$logs/nccl-dp2-zero3.out" | tail -n 1 > "$logs/nccl-dp2-zero3.json"
+  r=$(py nccl-dp2-zero3 equal "$logs/nccl-zero3-reference.json" "$logs/nccl-dp2-zero3.json")
+  one=$(grep -o '"device_peak":[0-9.e+]*' "$logs/nccl-zero3-reference.json" | cut -d: -f2)
+  two=$(grep -o '"device_peak":[0-9.e+]*' "$logs/nccl-dp2-zero3.json" | cut -d: -f2)
+  if [ "$nccl_device" = cuda ] && ! python3 -c "import sys; sys.exit(0 if 0 < float('$two') < float('$one') else 1)" 2> /dev/null; then
+    r="FAIL device peak ${two:-none} B with ZeRO-3 on 2 ranks, not below one GPU's ${one:-none} B; ${r#* }"
+  else
+    r="$r; device peak ${two:-?} B against one GPU's ${one:-?} B"
+  fi
+  nccl_sub "${r%% *}" dp2-zero3 "--dp 2 --zero 3 (2 x 512) on 2 ranks ($([ "$nccl_device" = cuda ] && echo nccl || echo gloo)) against one GPU: ${r#* }"
+}
+
 nccl_fault() {
   local seconds timeout_s=8 job victim start elapsed rc
   nccl_wanted fault || return 0
@@ -233,6 +274,7 @@ step_nccl() {
   nccl_layout cp2 2 -- --cp 2
   nccl_layout dp2-zero2 2 -- --dp 2 --zero 2
   nccl_bf16
+  nccl_zero3
   nccl_timeout=45 nccl_layout staged4 4 NDMESH_BACKEND=gloo -- --dp 2 --tp 2 --sequence-parallel
   nccl_timeout=60 nccl_layout staged8 8 NDMESH_BACKEND=gloo -- --dp 2 --pp 2 --tp 2 --micro-batch 2
   nccl_timeout=45 nccl_layout staged4-cp 4 NDMESH_BACKEND=gloo -- --dp 2 --cp 2

@@ -142,7 +142,7 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
   init(options.seed, options.init_std);
   // Initialised on the host; then placed.
   device_ = options.device;
-  store_.to(device_);
+  store_.to(device_, options.mappable_params);
   loss_sum_ = nn::LossSum<T>(device_);
   for (Tensor<T>* t : {&dlnf_, &dlnf_full_, &dres_a_, &dres_b_, &lnf_full_, &input_grad_})
     t->set_device(device_);

@@ -83,23 +83,27 @@ RankModel parallelize(const TrainOptions& o, ProcessGroups& groups) {
 std::vector<std::unique_ptr<model::Gpt>> build_chunks(const ModelPlan& plan) {
   std::vector<std::unique_ptr<model::Gpt>> chunks;
   for (const ChunkPlan& c : plan.chunks) {
-    chunks.push_back(std::make_unique<model::Gpt>(plan.spec,
-                                                  model::GptOptions{.seed = plan.seed,
-                                                                    .batch = plan.batch.micro_batch,
-                                                                    .seq = plan.batch.local_seq(),
-                                                                    .first_block = c.first_block,
-                                                                    .last_block = c.last_block,
-                                                                    .pad_to = plan.pad_to,
-                                                                    .pad_units = plan.pad_units,
-                                                                    .recompute = plan.recompute,
-                                                                    .split_backward = plan.split_backward,
-                                                                    .device = plan.device,
-                                                                    .matmul = plan.matmul},
-                                                  plan.tp));
+    chunks.push_back(std::make_unique<model::Gpt>(
+        plan.spec,
+        model::GptOptions{.seed = plan.seed,
+                          .batch = plan.batch.micro_batch,
+                          .seq = plan.batch.local_seq(),
+                          .first_block = c.first_block,
+                          .last_block = c.last_block,
+                          .pad_to = plan.pad_to,
+                          .pad_units = plan.pad_units,
+                          .recompute = plan.recompute,
+                          .split_backward = plan.split_backward,
+                          .device = plan.device,
+                          // ZeRO-3 over 2 or more ranks is what pads
+                          // units on a GPU (apply.cpp)
+                          .mappable_params = plan.device == Device::kCuda && plan.pad_units,
+                          .matmul = plan.matmul},
+        plan.tp));
     model::Gpt& g = *chunks.back();
     // bf16 products on a GPU read the weights from a bfloat16 copy that the optimizer step
-    // writes with the update (ZeRO-3, whose gathers write the parameters later through
-    // pointers of their own, runs on the CPU only: GradSync refuses the two together).
+    // writes with the update (ZeRO-3, whose gathers write the fp32 parameters only, is
+    // refused with it: train_option_problems, and GradSync checks).
     if (plan.device == Device::kCuda && plan.matmul == MatmulPrecision::kBf16) g.params().keep_bf16_copy();
     // The chunks of a rank run one backward at a time: one recompute workspace for all.
     if (chunks.size() > 1) g.share_recompute_workspace(*chunks.front());

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "ndmesh/tensor/ops.hpp"
+
 namespace ndmesh::parallel {
 
 StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& sync, bool gather_moments)
@@ -46,7 +48,8 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
       host_params_[c].assign(size, 0.0f);
       if (gather_moments) {
         for (const nn::Segment& seg : sync.reducer(c).shard())
-          std::copy_n(p + seg.offset, seg.count, host_params_[c].begin() + seg.offset);
+          ops::copy_to_host(host_params_[c].data() + seg.offset, p + seg.offset, seg.count,
+                            g.params().device());
         sync.group().all_reduce(std::span<float>(host_params_[c]));
       }
       p = host_params_[c].data();
@@ -79,7 +82,8 @@ void StateDict::commit() {
     if (sync_.zero() == 3) {  // the own blocks only: the rest of the buffer stays freed
       float* p = chunks_[c]->params().params().data();
       for (const nn::Segment& seg : sync_.reducer(c).shard())
-        std::copy_n(host_params_[c].begin() + seg.offset, seg.count, p + seg.offset);
+        ops::copy_from_host(p + seg.offset, host_params_[c].data() + seg.offset, seg.count,
+                            chunks_[c]->params().device());
     } else {
       chunks_[c]->params().params_from_host(host_params_[c].data());
     }

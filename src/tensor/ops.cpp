@@ -33,6 +33,24 @@ void zero(T* dst, std::int64_t n, Device device) {
 }
 
 template <typename T>
+void copy_to_host(T* host_dst, const T* src, std::int64_t n, Device device) {
+  NDMESH_CUDA_TWIN(device, cuda::copy_to_host(host_dst, src, static_cast<std::size_t>(n) * sizeof(T)))
+  std::copy_n(src, n, host_dst);
+}
+
+template <typename T>
+void copy_from_host(T* dst, const T* host_src, std::int64_t n, Device device) {
+  NDMESH_CUDA_TWIN(device, cuda::copy_to_device(dst, host_src, static_cast<std::size_t>(n) * sizeof(T)))
+  std::copy_n(host_src, n, dst);
+}
+
+template <typename T>
+void fill(T* dst, T value, std::int64_t n, Device device) {
+  NDMESH_CUDA_TWIN(device, cuda::fill(dst, value, n))
+  std::fill(dst, dst + n, value);
+}
+
+template <typename T>
 void add(T* dst, const T* src, std::int64_t n, Device device) {
   NDMESH_CUDA_TWIN(device, cuda::add_inplace(dst, src, n))
   for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
@@ -318,6 +336,9 @@ void round_to_bf16(T* x, std::int64_t n, Device device) {
   template void check_device<T>(Device);                                                                     \
   template void copy<T>(T*, const T*, std::int64_t, Device);                                                 \
   template void zero<T>(T*, std::int64_t, Device);                                                           \
+  template void fill<T>(T*, T, std::int64_t, Device);                                                        \
+  template void copy_to_host<T>(T*, const T*, std::int64_t, Device);                                         \
+  template void copy_from_host<T>(T*, const T*, std::int64_t, Device);                                       \
   template void add<T>(T*, const T*, std::int64_t, Device);                                                  \
   template double square_sum<T>(const T*, std::int64_t, Device);                                             \
   template double square_sum_many<T>(std::span<const std::pair<const T*, std::int64_t>>, Device);            \

@@ -180,7 +180,7 @@ echo "gpu_check.sh run of the nccl step on the cpu: exit status $? in $((SECONDS
 grep -q '^PASS nccl \[' "$tmp/out-nccl/gpu_check_summary.txt" 2> /dev/null ||
   fail "the nccl step on --device cpu failed: $(grep -E '^ *(FAIL|PASS|SKIP) nccl' "$tmp/run-nccl.log" | tr '\n' ';')"
 n=$(grep -cE '^  PASS nccl/' "$tmp/out-nccl/gpu_check_summary.txt" 2> /dev/null)
-[ "${n:-0}" -eq 14 ] || fail "the nccl step on --device cpu passed ${n:-0} sub-checks, expected 14 (all but the bench)"
+[ "${n:-0}" -eq 15 ] || fail "the nccl step on --device cpu passed ${n:-0} sub-checks, expected 15 (all but the bench)"
 
 # The machine's glibc (2.35, faked) is older than the packed libstdc++'s need (2.36 here).
 grep '^glibc: ' "$tmp/run.log"

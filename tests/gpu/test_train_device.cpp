@@ -52,6 +52,8 @@ struct Case {
   parallel::Precision precision = parallel::Precision::kFp32;
   bool grad_bf16 = false;  // --grad-dtype bf16: its reference is the CPU run of the same
                            // layout (the rounding of the reduced buckets is the layout's)
+  std::int64_t hidden = 16;  // ZeRO-3: wide enough that a rank's freed part of a block spans
+                             // whole chunks of mappable memory (a page in the emulator)
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -60,6 +62,7 @@ constexpr int kSteps = 3;
 TrainOptions options_of(const Case& c) {
   TrainOptions o;
   o.model = testing_support::tiny_spec(4, c.tied);
+  o.model.hidden = c.hidden;
   o.batch = 4;
   o.micro_batch = c.micro_batch;
   o.steps = kSteps;
@@ -192,6 +195,73 @@ TEST(CudaTrainCheckpoint, WrittenOnCudaLoadsUnderAnotherLayoutAndOnTheCpu) {
   }
 }
 
+// ZeRO-3 on CUDA keeps only each rank's blocks of the parameters: a checkpoint written by
+// ZeRO-3 CUDA ranks gathers them, loads into ZeRO-3 CUDA ranks (each writes its own blocks back
+// into device memory, the rest staying freed) and on the CPU, and both continue the
+// uninterrupted CPU run.
+TEST(CudaTrainCheckpoint, ZeroThreeOnCudaSavesAndLoadsItsShards) {
+  NDMESH_GPU_OR_SKIP();
+#ifndef NDMESH_CUDA_EMULATED
+  GTEST_SKIP() << "in-process ranks exchange host memory: emulator only";
+#endif
+#ifdef NDMESH_CUDA_EMULATED
+  emu::guard_device_memory();
+#endif
+  TrainOptions o = options_of(Case{.name = "", .mesh = "", .hidden = 64});
+  o.steps = 4;
+  const Steps whole = train(o, Mesh::parse("dp=1"), Device::kCpu, 4);
+  const std::string dir = ::testing::TempDir() + "ndmesh_cuda_zero3_ckpt_" + std::to_string(::getpid());
+  TrainOptions z = o;
+  z.dp.zero = 3;
+  train(z, Mesh::parse("dp=2"), Device::kCuda, 2, "", dir);
+  const Steps on_cuda = train(z, Mesh::parse("dp=2"), Device::kCuda, 2, dir);
+  const Steps on_cpu = train(o, Mesh::parse("dp=1"), Device::kCpu, 2, dir);
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(on_cuda.loss.size(), 2u);
+  for (std::size_t s = 0; s < 2; ++s) {
+    EXPECT_NEAR(on_cuda.loss[s], whole.loss[s + 2], 1e-5 * whole.loss[s + 2])
+        << "cuda ZeRO-3, step " << s + 3;
+    EXPECT_NEAR(on_cuda.norm[s], whole.norm[s + 2], 1e-4 * whole.norm[s + 2])
+        << "cuda ZeRO-3, step " << s + 3;
+    EXPECT_NEAR(on_cpu.loss[s], whole.loss[s + 2], 1e-5 * whole.loss[s + 2]) << "cpu, step " << s + 3;
+    EXPECT_NEAR(on_cpu.norm[s], whole.norm[s + 2], 1e-4 * whole.norm[s + 2]) << "cpu, step " << s + 3;
+  }
+}
+
+// Mappable device memory (ZeRO-3's parameters; on a GPU CUDA's virtual memory management):
+// unmap_pages gives back exactly the chunks wholly inside its range, the allocator's
+// statistics follow the backed chunks, map_pages backs them again, and what stayed backed
+// keeps its contents through both.
+TEST(CudaMappable, ChunksWhollyInsideARangeGoBackAndComeBack) {
+  NDMESH_GPU_OR_SKIP();
+  const std::size_t g = cuda::map_granularity();
+  const std::size_t n = 6 * g / sizeof(float);
+  const std::int64_t before = cuda::allocator_stats().allocated_bytes;
+  DeviceBuffer b = DeviceBuffer::mappable(6 * g);
+  EXPECT_EQ(cuda::allocator_stats().allocated_bytes - before, static_cast<std::int64_t>(6 * g));
+  auto* p = static_cast<float*>(b.data());
+  ASSERT_EQ(reinterpret_cast<std::uintptr_t>(p) % g, 0u) << "a mappable block starts on a chunk";
+  std::vector<float> host(n);
+  for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i);
+  cuda::copy_to_device(p, host.data(), n * sizeof(float));
+  // [1.5 g, 4.5 g): chunks 2 and 3 lie wholly inside; 1 and 4 only partly.
+  const std::size_t quarter = g / sizeof(float) / 2;
+  cuda::synchronize();
+  cuda::unmap_pages(p + 3 * quarter, 6 * quarter * sizeof(float));
+  EXPECT_EQ(cuda::allocator_stats().allocated_bytes - before, static_cast<std::int64_t>(4 * g));
+  cuda::map_pages(p, 6 * g);
+  EXPECT_EQ(cuda::allocator_stats().allocated_bytes - before, static_cast<std::int64_t>(6 * g));
+  std::vector<float> back(n);
+  cuda::copy_to_host(back.data(), p, n * sizeof(float));
+  const std::size_t chunk = g / sizeof(float);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i >= 2 * chunk && i < 4 * chunk) continue;  // given back and backed again: undefined
+    ASSERT_EQ(back[i], host[i]) << "element " << i << " of a chunk kept";
+  }
+  b = DeviceBuffer();
+  EXPECT_EQ(cuda::allocator_stats().allocated_bytes, before);
+}
+
 // Under bf16 on CUDA the products read the bfloat16 copy of the weights that the optimizer
 // step writes; a checkpoint load writes the parameters another way, which must make that copy
 // stale (the next forward casts the loaded weights). A CUDA trainer that has taken a step
@@ -255,35 +325,64 @@ TEST(CudaTrainOptions, HostAllReduceProgramsAreRefused) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, CudaTrainLayouts,
-    ::testing::Values(Case{"serial", "dp=1"}, Case{"dp 2 micro-batches", "dp=2", 1}, Case{"tp 2", "tp=2"},
-                      Case{"tp 2 sequence parallel", "tp=2", 0, 0, true}, Case{"cp 2", "cp=2"},
-                      Case{"pp 2 tied", "pp=2", 1}, Case{"pp 2 interleaved", "pp=2", 1, 0, false,
-                                                         Schedule::kInterleaved, true, 2},
-                      Case{"pp 2 untied zb-h1", "pp=2", 1, 0, false, Schedule::kZbH1, false},
-                      Case{"dp 2 ZeRO 1 tp 2 sp", "dp=2,tp=2", 1, 1, true},
-                      Case{"dp 2 ZeRO 2 pp 2 tied", "dp=2,pp=2", 1, 2},
-                      Case{"dp 2 cp 2 ZeRO 2", "dp=2,cp=2", 0, 2},
-                      Case{"pp 2 tp 2 sp tied", "pp=2,tp=2", 1, 0, true},
-                      Case{"dp 2 full recompute", "dp=2", 0, 0, false, Schedule::k1F1B, true, 1,
-                           comm::AllReduceAlgorithm::kMpi, nn::Recompute::kFull},
-                      Case{"tp 2 sp selective recompute", "tp=2", 0, 0, true, Schedule::k1F1B, true, 1,
-                           comm::AllReduceAlgorithm::kMpi, nn::Recompute::kSelective},
-                      Case{"dp 2 ZeRO 1 offload optimizer", "dp=2", 0, 1, false, Schedule::k1F1B, true, 1,
-                           comm::AllReduceAlgorithm::kMpi, nn::Recompute::kNone, parallel::Offload::kOptimizer},
-                      Case{"dp 2 pp 2 tp 2 sp", "dp=2,pp=2,tp=2", 1, 1, true},
-                      Case{.name = "bf16 serial", .mesh = "dp=1", .precision = parallel::Precision::kBf16},
-                      Case{.name = "bf16 dp 2 tp 2 sp ZeRO 2", .mesh = "dp=2,tp=2", .zero = 2,
-                           .sequence_parallel = true, .precision = parallel::Precision::kBf16},
-                      Case{.name = "bf16 pp 2 cp 2", .mesh = "pp=2,cp=2", .micro_batch = 1,
-                           .precision = parallel::Precision::kBf16},
-                      // The optimizer's bf16 weight copy where another writer makes it stale every step
-                      // (the pinned offload's copy back) and under the split backward's deferred products.
-                      Case{.name = "bf16 offload optimizer", .mesh = "dp=1", .offload = parallel::Offload::kOptimizer,
-                           .precision = parallel::Precision::kBf16},
-                      Case{.name = "bf16 pp 2 untied zb-h1", .mesh = "pp=2", .micro_batch = 1,
-                           .schedule = Schedule::kZbH1, .tied = false, .precision = parallel::Precision::kBf16},
-                      Case{.name = "bf16 gradient communication dp 2 ZeRO 2", .mesh = "dp=2", .micro_batch = 1,
-                           .zero = 2, .grad_bf16 = true}),
+    ::testing::Values(
+        Case{"serial", "dp=1"}, Case{"dp 2 micro-batches", "dp=2", 1}, Case{"tp 2", "tp=2"},
+        Case{"tp 2 sequence parallel", "tp=2", 0, 0, true}, Case{"cp 2", "cp=2"},
+        Case{"pp 2 tied", "pp=2", 1},
+        Case{"pp 2 interleaved", "pp=2", 1, 0, false, Schedule::kInterleaved, true, 2},
+        Case{"pp 2 untied zb-h1", "pp=2", 1, 0, false, Schedule::kZbH1, false},
+        Case{"dp 2 ZeRO 1 tp 2 sp", "dp=2,tp=2", 1, 1, true},
+        Case{"dp 2 ZeRO 2 pp 2 tied", "dp=2,pp=2", 1, 2}, Case{"dp 2 cp 2 ZeRO 2", "dp=2,cp=2", 0, 2},
+        Case{"pp 2 tp 2 sp tied", "pp=2,tp=2", 1, 0, true},
+        Case{"dp 2 full recompute", "dp=2", 0, 0, false, Schedule::k1F1B, true, 1,
+             comm::AllReduceAlgorithm::kMpi, nn::Recompute::kFull},
+        Case{"tp 2 sp selective recompute", "tp=2", 0, 0, true, Schedule::k1F1B, true, 1,
+             comm::AllReduceAlgorithm::kMpi, nn::Recompute::kSelective},
+        Case{"dp 2 ZeRO 1 offload optimizer", "dp=2", 0, 1, false, Schedule::k1F1B, true, 1,
+             comm::AllReduceAlgorithm::kMpi, nn::Recompute::kNone, parallel::Offload::kOptimizer},
+        Case{"dp 2 pp 2 tp 2 sp", "dp=2,pp=2,tp=2", 1, 1, true},
+        Case{.name = "bf16 serial", .mesh = "dp=1", .precision = parallel::Precision::kBf16},
+        Case{.name = "bf16 dp 2 tp 2 sp ZeRO 2",
+             .mesh = "dp=2,tp=2",
+             .zero = 2,
+             .sequence_parallel = true,
+             .precision = parallel::Precision::kBf16},
+        Case{.name = "bf16 pp 2 cp 2",
+             .mesh = "pp=2,cp=2",
+             .micro_batch = 1,
+             .precision = parallel::Precision::kBf16},
+        // The optimizer's bf16 weight copy where another writer makes it stale every step
+        // (the pinned offload's copy back) and under the split backward's deferred products.
+        Case{.name = "bf16 offload optimizer",
+             .mesh = "dp=1",
+             .offload = parallel::Offload::kOptimizer,
+             .precision = parallel::Precision::kBf16},
+        Case{.name = "bf16 pp 2 untied zb-h1",
+             .mesh = "pp=2",
+             .micro_batch = 1,
+             .schedule = Schedule::kZbH1,
+             .tied = false,
+             .precision = parallel::Precision::kBf16},
+        Case{.name = "bf16 gradient communication dp 2 ZeRO 2",
+             .mesh = "dp=2",
+             .micro_batch = 1,
+             .zero = 2,
+             .grad_bf16 = true},
+        // ZeRO-3 on the device: the parameters in mappable memory, each unit gathered
+        // before use and its chunks given back after (parallel::ParamGatherer).
+        Case{.name = "dp 2 ZeRO 3 micro-batches", .mesh = "dp=2", .micro_batch = 1, .zero = 3, .hidden = 64},
+        Case{.name = "dp 2 ZeRO 3 pp 2 tied", .mesh = "dp=2,pp=2", .micro_batch = 1, .zero = 3, .hidden = 64},
+        Case{.name = "dp 2 cp 2 ZeRO 3 tp 2 sp",
+             .mesh = "dp=2,cp=2,tp=2",
+             .zero = 3,
+             .sequence_parallel = true,
+             .hidden = 64},
+        Case{.name = "bf16 gradient communication dp 2 ZeRO 3",
+             .mesh = "dp=2",
+             .micro_batch = 1,
+             .zero = 3,
+             .grad_bf16 = true,
+             .hidden = 64}),
     [](const ::testing::TestParamInfo<Case>& param_info) {
       std::string s;
       for (char ch : param_info.param.name) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';

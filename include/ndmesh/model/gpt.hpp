@@ -65,6 +65,9 @@ struct GptOptions {
   /// host and copied. ConfigError when the device cannot run here, or on CUDA with tensor
   /// parallelism (not yet available on GPUs).
   Device device = Device::kCpu;
+  /// On CUDA: the parameters in mappable device memory (cuda::alloc_mappable), whose pages
+  /// ZeRO-3 gives back and takes again in place (parallel::ParamGatherer).
+  bool mappable_params = false;
   /// The operands of every matrix product of the linears and the LM head (ParamStore::
   /// set_matmul_precision): fp32, or rounded to bfloat16 with fp32 accumulation. The
   /// attention core's products (QK^T, PV) stay fp32.

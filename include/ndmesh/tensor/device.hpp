@@ -65,6 +65,23 @@ void record_stream(void* p, void* stream);
 /// CUDA's events and streams behind StreamOps (core/streams.hpp).
 StreamOps& stream_ops();
 
+/// Device memory whose pages can be given back and taken again at the same addresses
+/// (ZeRO-3's parameters: parallel::ParamGatherer), outside the caching allocator: `bytes` of
+/// addresses reserved once, backed in chunks of map_granularity() bytes, all of them at
+/// first (CUDA's virtual memory management: cuMemAddressReserve, cuMemCreate, cuMemMap; in
+/// the emulator, host pages). The allocator's statistics count the backed chunks.
+void* alloc_mappable(std::size_t bytes);
+void free_mappable(void* p) noexcept;
+/// The chunk size of alloc_mappable's memory (2 MiB on current GPUs).
+std::size_t map_granularity();
+/// Gives back the chunks that lie wholly inside [p, p + bytes) of a mappable block: their
+/// addresses stay reserved, reading them is an error on a GPU (zeros in the emulator). At
+/// once: the caller makes sure that no queued work still touches them (an event passed).
+void unmap_pages(void* p, std::size_t bytes);
+/// Backs again every chunk inside [p, p + bytes) that unmap_pages gave back (their contents
+/// undefined); the rest of the range is untouched.
+void map_pages(void* p, std::size_t bytes);
+
 /// What the allocator holds and has handed out.
 struct AllocatorStats {
   std::int64_t allocated_bytes = 0;       ///< in blocks handed out now
@@ -144,25 +161,43 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   explicit DeviceBuffer(std::size_t bytes) : data_(bytes > 0 ? cuda::alloc(bytes) : nullptr), bytes_(bytes) {}
-  DeviceBuffer(DeviceBuffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_) { o.data_ = nullptr, o.bytes_ = 0; }
+  /// `bytes` of cuda::alloc_mappable memory instead (its pages can be given back in place).
+  static DeviceBuffer mappable(std::size_t bytes) {
+    DeviceBuffer b;
+    b.data_ = bytes > 0 ? cuda::alloc_mappable(bytes) : nullptr;
+    b.bytes_ = bytes;
+    b.mappable_ = true;
+    return b;
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_), mappable_(o.mappable_) {
+    o.data_ = nullptr, o.bytes_ = 0;
+  }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
-      cuda::free(data_);
-      data_ = o.data_, bytes_ = o.bytes_;
+      release();
+      data_ = o.data_, bytes_ = o.bytes_, mappable_ = o.mappable_;
       o.data_ = nullptr, o.bytes_ = 0;
     }
     return *this;
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { cuda::free(data_); }
+  ~DeviceBuffer() { release(); }
 
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
+  bool is_mappable() const { return mappable_; }
 
  private:
+  void release() noexcept {
+    if (mappable_)
+      cuda::free_mappable(data_);
+    else
+      cuda::free(data_);
+  }
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
+  bool mappable_ = false;
 };
 
 }  // namespace ndmesh

@@ -21,9 +21,18 @@ namespace ndmesh::ops {
 /// dst[i] = src[i], i < n.
 template <typename T>
 void copy(T* dst, const T* src, std::int64_t n, Device device);
+/// host_dst[i] = src[i], i < n, src where `device` says (waits for the device).
+template <typename T>
+void copy_to_host(T* host_dst, const T* src, std::int64_t n, Device device);
+/// dst[i] = host_src[i], i < n, dst where `device` says (ordered on the compute stream).
+template <typename T>
+void copy_from_host(T* dst, const T* host_src, std::int64_t n, Device device);
 /// dst[i] = 0, i < n.
 template <typename T>
 void zero(T* dst, std::int64_t n, Device device);
+/// dst[i] = value, i < n.
+template <typename T>
+void fill(T* dst, T value, std::int64_t n, Device device);
 /// dst[i] += src[i], i < n.
 template <typename T>
 void add(T* dst, const T* src, std::int64_t n, Device device);

@@ -79,7 +79,9 @@ class ParamStore {
   bool allocated() const { return params_.numel() > 0 || views_.empty(); }
   /// Moves both buffers to `device`: the parameters are copied, the gradients zeroed (a
   /// model is initialised on the host, then placed). ConfigError when `device` cannot hold T.
-  void to(Device device);
+  /// With `mappable_params` on CUDA the parameters (not the gradients) go into mappable
+  /// device memory (cuda::alloc_mappable: ZeRO-3).
+  void to(Device device, bool mappable_params = false);
   /// Where the buffers live.
   Device device() const { return params_.device(); }
   /// A copy of the parameters on the host (size() elements).
@@ -134,6 +136,9 @@ class ParamStore {
   /// makes it stale; refresh_bf16() brings it up to date with one cast of the whole buffer.
   /// Only after allocate(); a writer that keeps a pointer into the parameters and writes
   /// through it later (ZeRO-3's gathers) must not be combined with it.
+  /// On CUDA: the parameters move into mappable device memory (Tensor::make_mappable), so
+  /// that ZeRO-3 can give back the pages of the units it frees; params() changes address.
+  void make_params_mappable() { params_.make_mappable(); }
   void keep_bf16_copy();
   bool keeps_bf16_copy() const { return params16_.numel() > 0; }
   /// The copy of parameter `id`; nullptr when there is no copy or it is stale (the caller then

@@ -48,7 +48,8 @@ class Tensor {
       data_.assign(n, T(0));
       return;
     }
-    if (n * sizeof(T) > device_data_.bytes()) device_data_ = DeviceBuffer(n * sizeof(T));
+    if (n * sizeof(T) > device_data_.bytes())
+      device_data_ = mappable_ ? DeviceBuffer::mappable(n * sizeof(T)) : DeviceBuffer(n * sizeof(T));
     numel_ = static_cast<std::int64_t>(n);
     cuda::memset_zero(device_data_.data(), n * sizeof(T));
   }
@@ -61,14 +62,27 @@ class Tensor {
   }
   /// Moves the (zeroed) storage to `device`: an empty tensor, or a resize() that follows,
   /// allocates there. Used once, when a model is placed on its device.
-  void set_device(Device device) {
+  /// With `mappable` (CUDA) the storage is cuda::alloc_mappable memory (make_mappable).
+  void set_device(Device device, bool mappable = false) {
     if (device == device_) return;
     device_ = device;
+    mappable_ = mappable && device == Device::kCuda;
     data_.clear();
     data_.shrink_to_fit();
     device_data_ = DeviceBuffer();
     numel_ = 0;
     if (!shape_.empty()) resize(shape_);
+  }
+
+  /// On CUDA: moves the elements into cuda::alloc_mappable memory (their pages can then be
+  /// given back and taken again in place: ZeRO-3's parameters); the data pointer changes.
+  void make_mappable() {
+    NDMESH_CHECK(device_ == Device::kCuda, "tensor", "only device memory is made mappable");
+    mappable_ = true;
+    if (device_data_.is_mappable()) return;
+    DeviceBuffer m = DeviceBuffer::mappable(static_cast<std::size_t>(numel_) * sizeof(T));
+    cuda::copy_device(m.data(), device_data_.data(), static_cast<std::size_t>(numel_) * sizeof(T));
+    device_data_ = std::move(m);
   }
 
   /// Where the elements live.
@@ -107,6 +121,7 @@ class Tensor {
   std::vector<T> data_;       // CPU
   DeviceBuffer device_data_;  // CUDA: at least numel_ elements
   std::int64_t numel_ = 0;    // CUDA
+  bool mappable_ = false;     // CUDA: device_data_ from cuda::alloc_mappable
 };
 
 }  // namespace ndmesh

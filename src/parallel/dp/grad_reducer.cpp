@@ -71,8 +71,6 @@ GradReducer::GradReducer(comm::Communicator group, std::int64_t flat_size, DataP
       p, static_cast<std::int64_t>(options_.bucket_mb * 1024 * 1024 / sizeof(float)) / p * p);
   // ZeRO-3 always, ZeRO-2 where the model's units are given (on the CPU): one bucket per unit.
   per_unit_ = zero_ == 3 || (zero_ == 2 && !units.empty());
-  NDMESH_CHECK(!per_unit_ || device_ == Device::kCpu, "dp",
-               "ZeRO-{} unit by unit hands pages of host memory back: its gradients must be on the CPU", zero_);
   if (per_unit_) {  // one bucket per unit, from the end
     NDMESH_CHECK(!units.empty() && units.front().offset == 0 &&
                      units.back().offset + units.back().count == flat_size,
@@ -194,7 +192,7 @@ void GradReducer::start(Bucket& b) {
       b.scatter = group_.reduce_scatter_in_place_async(low);
     reduced_bytes_ += static_cast<std::int64_t>(low.size_bytes());
     // Per unit: the reduction reads only the rounded copy; the fp32 range goes back now.
-    if (per_unit_) release_memory(range.data(), static_cast<std::int64_t>(range.size()), 0.0f);
+    if (per_unit_) release(range.data(), static_cast<std::int64_t>(range.size()));
   } else {
     if (zero_ == 0)
       b.reduce = reducer_.start(range);
@@ -224,15 +222,22 @@ void GradReducer::retire(Bucket& b) {
   const std::int64_t block = (b.hi - b.lo) / group_.size();
   const std::int64_t own = b.lo + group_.rank() * block;
   float* shard = shard_grads_.data() + b.shard_at;
-  // The same sums as ZeRO-2's (widened, then added): bit for bit the same shard.
-  if (options_.bf16) {  // per unit runs on host memory only (the constructor's check)
+  // The same sums as ZeRO-2's (widened, then added): bit for bit the same shard. On a GPU
+  // both run on the compute stream, after the reduce-scatter (its wait orders them).
+  if (options_.bf16) {
     const BFloat16* low = b.low.data() + (own - b.lo);
-    for (std::int64_t i = 0; i < block; ++i) shard[i] += static_cast<float>(low[i]);
+    if (device_ == Device::kCpu) {
+      for (std::int64_t i = 0; i < block; ++i) shard[i] += static_cast<float>(low[i]);
+    } else {
+      Tensor<float> wide({block}, device_);
+      ops::cast(wide.data(), low, block, device_);
+      ops::add(shard, wide.data(), block, device_);
+    }
     b.low = Tensor<BFloat16>();
   } else {
-    for (std::int64_t i = 0; i < block; ++i) shard[i] += grads_[own + i];
+    ops::add(shard, grads_ + own, block, device_);
   }
-  release_memory(grads_ + b.lo, b.hi - b.lo, 0.0f);  // zeros, and the pages back to the system
+  release(grads_ + b.lo, b.hi - b.lo);  // zeros (on the CPU its pages back to the system)
   b.retired = true;
 }
 
@@ -273,7 +278,15 @@ void GradReducer::wait_in_flight() {
   retire_done();
 }
 
+void GradReducer::release(float* data, std::int64_t count) const {
+  if (device_ == Device::kCpu)
+    release_memory(data, count, 0.0f);
+  else
+    ops::zero(data, count, device_);
+}
+
 void GradReducer::sample_workspace() {
+  if (device_ != Device::kCpu) return;  // resident pages are a host measure (the GPU's stays whole)
   static const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
   const auto begin = reinterpret_cast<std::uintptr_t>(grads_) / page * page;
   const auto end = reinterpret_cast<std::uintptr_t>(grads_ + flat_size_);

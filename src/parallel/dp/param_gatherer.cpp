@@ -10,6 +10,8 @@
 #include <numeric>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/tensor/device.hpp"
+#include "ndmesh/tensor/ops.hpp"
 
 namespace ndmesh::parallel {
 
@@ -33,9 +35,10 @@ void release_memory(float* data, std::int64_t count, float fill) {
 
 ParamGatherer::ParamGatherer(comm::Communicator group, float* params, std::vector<nn::Segment> ranges,
                              std::vector<model::ParamUnit> units, std::vector<int> backward_order,
-                             GatherOptions options)
+                             GatherOptions options, Device device)
     : group_(std::move(group)),
       params_(params),
+      device_(device),
       options_(options),
       units_(std::move(units)),
       backward_order_(std::move(backward_order)) {
@@ -52,6 +55,49 @@ ParamGatherer::ParamGatherer(comm::Communicator group, float* params, std::vecto
   std::iota(forward_order_.begin(), forward_order_.end(), 0);
   for (Range& range : ranges_) release(range);
   gathered_ = 0;
+}
+
+ParamGatherer::~ParamGatherer() {
+  // The buffer's owner gives its memory back as a whole (cuda::free_mappable): only the events go.
+  for (const PendingUnmap& u : pending_) cuda::stream_ops().destroy_event(u.event);
+  for (void* e : spare_events_) cuda::stream_ops().destroy_event(e);
+}
+
+// Frees [lo, lo + count) of the buffer: NaN where a page (a chunk on CUDA) is shared with
+// what stays, the rest given back (on CUDA once the stream has passed what is queued now).
+void ParamGatherer::free_elements(std::int64_t lo, std::int64_t count) {
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  if (count <= 0) return;
+  if (device_ == Device::kCpu) return release_memory(params_ + lo, count, kNaN);
+  const auto chunk = static_cast<std::int64_t>(cuda::map_granularity() / sizeof(float));
+  // The buffer starts on a chunk: element offsets align as addresses do.
+  const std::int64_t a = (lo + chunk - 1) / chunk * chunk, b = (lo + count) / chunk * chunk;
+  if (a >= b) return ops::fill(params_ + lo, kNaN, count, device_);
+  ops::fill(params_ + lo, kNaN, a - lo, device_);
+  ops::fill(params_ + b, kNaN, lo + count - b, device_);
+  void* event = nullptr;
+  if (spare_events_.empty()) {
+    event = cuda::stream_ops().create_event();
+  } else {
+    event = spare_events_.back();
+    spare_events_.pop_back();
+  }
+  cuda::stream_ops().record(event, cuda::stream());
+  pending_.push_back({.lo = a, .hi = b, .event = event});
+}
+
+// Gives back the chunks whose release the stream has passed.
+void ParamGatherer::unmap_passed() {
+  std::size_t kept = 0;
+  for (PendingUnmap& u : pending_) {
+    if (cuda::stream_ops().query(u.event)) {
+      cuda::unmap_pages(params_ + u.lo, static_cast<std::size_t>(u.hi - u.lo) * sizeof(float));
+      spare_events_.push_back(u.event);
+    } else {
+      pending_[kept++] = u;
+    }
+  }
+  pending_.resize(kept);
 }
 
 void ParamGatherer::offload_to(nn::OffloadArray* file) {
@@ -77,6 +123,19 @@ void ParamGatherer::release_own(bool changed) {
 }
 
 void ParamGatherer::start(Range& r) {
+  if (device_ != Device::kCpu) {
+    // Chunks of this range still waiting to be given back stay (the gather overwrites them);
+    // those given back are backed again.
+    std::size_t kept = 0;
+    for (PendingUnmap& u : pending_) {
+      if (u.lo >= r.lo && u.hi <= r.hi)
+        spare_events_.push_back(u.event);
+      else
+        pending_[kept++] = u;
+    }
+    pending_.resize(kept);
+    cuda::map_pages(params_ + r.lo, static_cast<std::size_t>(r.hi - r.lo) * sizeof(float));
+  }
   if (file_ != nullptr) {  // the own block comes back from the file first
     const auto k = static_cast<std::size_t>(&r - ranges_.data());
     file_->read(own_at_[k], shard_[k].count, params_ + shard_[k].offset);
@@ -95,8 +154,8 @@ void ParamGatherer::release(Range& r) {
   const std::int64_t block = (r.hi - r.lo) / group_.size();
   const std::int64_t own = r.lo + group_.rank() * block;
   // Every element but the own block; NaN where a page is shared with it.
-  release_memory(params_ + r.lo, own - r.lo, std::numeric_limits<float>::quiet_NaN());
-  release_memory(params_ + own + block, r.hi - own - block, std::numeric_limits<float>::quiet_NaN());
+  free_elements(r.lo, own - r.lo);
+  free_elements(own + block, r.hi - own - block);
   if (r.state != State::kFree) gathered_ -= block * (group_.size() - 1);
   if (file_ != nullptr && r.state != State::kFree) {  // the file holds the own block: it goes too
     release_memory(params_ + own, block, std::numeric_limits<float>::quiet_NaN());
@@ -128,6 +187,7 @@ void ParamGatherer::prefetch_after(const std::vector<int>& order, int unit) {
 
 void ParamGatherer::on_unit(model::UnitEvent event, int unit) {
   using model::UnitEvent;
+  if (!pending_.empty()) unmap_passed();
   const bool forward = event == UnitEvent::kForwardBegin || event == UnitEvent::kForwardEnd;
   if (event == UnitEvent::kForwardBegin || event == UnitEvent::kBackwardBegin) {
     acquire(unit);
@@ -143,6 +203,7 @@ void ParamGatherer::on_unit(model::UnitEvent event, int unit) {
 }
 
 void ParamGatherer::poll() {
+  if (!pending_.empty()) unmap_passed();
   for (Range& r : ranges_)
     if (r.state == State::kInFlight && r.work.test()) r.state = State::kGathered;
 }

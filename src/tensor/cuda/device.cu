@@ -6,6 +6,7 @@
 // communication streams of NCCL): those wait for an event of that stream before they are
 // handed out again (tensor/block_cache.hpp). When the driver refuses a request the cache is
 // released and the request retried once.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -343,6 +344,178 @@ void memset_zero(void* dst, std::size_t bytes) {
   if (bytes == 0) return;
   check(cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(stream())), "cudaMemsetAsync");
   detail::timed("memset");
+}
+
+// ---- mappable memory (ZeRO-3): CUDA's virtual memory management ---------------------------
+//
+// The driver's entry points are looked up through the runtime (cudaGetDriverEntryPointByVersion),
+// so nothing links libcuda. A block is one address reservation of whole chunks; each chunk is
+// created and mapped on its own (cuMemUnmap takes a whole mapping, never part of one), its
+// handle released at once (the mapping keeps the memory; unmapping frees it).
+namespace {
+struct Vmm {
+  CUresult (*address_reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
+  CUresult (*address_free)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                     unsigned long long) = nullptr;
+  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
+  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
+  CUmemAllocationProp prop{};
+  CUmemAccessDesc access{};
+  std::size_t chunk = 0;
+};
+
+struct Mappable {
+  std::size_t bytes = 0;     // reserved: a whole number of chunks
+  std::vector<bool> backed;  // per chunk
+};
+
+struct MappableState {
+  std::mutex mutex;
+  std::map<char*, Mappable> blocks;
+};
+MappableState& mappables() {
+  static MappableState m;
+  return m;
+}
+
+void check_cu(CUresult r, const char* what) {
+  if (r != CUDA_SUCCESS)
+    detail::fail_error(std::string("CUDA virtual memory (") + what + ") failed with CUresult " +
+                       std::to_string(r) + " (ZeRO-3's parameters on the GPU)");
+}
+
+template <typename F>
+void entry(F& fn, const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  check(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found), name);
+  if (found != cudaDriverEntryPointSuccess || p == nullptr)
+    detail::fail_error(std::string("the CUDA driver has no ") + name +
+                       " (ZeRO-3 on the GPU needs CUDA 12 or later)");
+  fn = reinterpret_cast<F>(p);
+}
+
+const Vmm& vmm() {
+  static const Vmm v = [] {
+    Vmm x;
+    entry(x.address_reserve, "cuMemAddressReserve");
+    entry(x.address_free, "cuMemAddressFree");
+    entry(x.create, "cuMemCreate");
+    entry(x.release, "cuMemRelease");
+    entry(x.map, "cuMemMap");
+    entry(x.unmap, "cuMemUnmap");
+    entry(x.set_access, "cuMemSetAccess");
+    entry(x.granularity, "cuMemGetAllocationGranularity");
+    x.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    x.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    x.prop.location.id = state().device;
+    x.access.location = x.prop.location;
+    x.access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    check_cu(x.granularity(&x.chunk, &x.prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+             "cuMemGetAllocationGranularity");
+    return x;
+  }();
+  return v;
+}
+
+// Backs chunk `i` of the block at `base` (caller holds mappables().mutex).
+void back_chunk(char* base, Mappable& m, std::size_t i) {
+  const Vmm& v = vmm();
+  CUmemGenericAllocationHandle h{};
+  const CUresult r = v.create(&h, v.chunk, &v.prop, 0);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY)
+    detail::fail_error(
+        "out of GPU memory: a " + mib(static_cast<double>(v.chunk)) +
+        " chunk of ZeRO-3's parameters could not be backed; lower --micro-batch or use more ranks");
+  check_cu(r, "cuMemCreate");
+  const auto at = reinterpret_cast<CUdeviceptr>(base + i * v.chunk);
+  check_cu(v.map(at, v.chunk, 0, h, 0), "cuMemMap");
+  check_cu(v.release(h), "cuMemRelease");  // the mapping keeps the memory
+  check_cu(v.set_access(at, v.chunk, &v.access, 1), "cuMemSetAccess");
+  m.backed[i] = true;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.stats.allocated_bytes += static_cast<std::int64_t>(v.chunk);
+  s.stats.reserved_bytes += static_cast<std::int64_t>(v.chunk);
+  s.stats.peak_allocated_bytes = std::max(s.stats.peak_allocated_bytes, s.stats.allocated_bytes);
+}
+
+void unback_chunk(char* base, Mappable& m, std::size_t i) {
+  const Vmm& v = vmm();
+  check_cu(v.unmap(reinterpret_cast<CUdeviceptr>(base + i * v.chunk), v.chunk), "cuMemUnmap");
+  m.backed[i] = false;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.stats.allocated_bytes -= static_cast<std::int64_t>(v.chunk);
+  s.stats.reserved_bytes -= static_cast<std::int64_t>(v.chunk);
+}
+
+// The block holding [p, p + bytes) and its chunk range [first, last) wholly inside it.
+std::pair<std::map<char*, Mappable>::iterator, std::pair<std::size_t, std::size_t>> chunks_inside(
+    void* p, std::size_t bytes) {
+  auto& blocks = mappables().blocks;
+  char* c = static_cast<char*>(p);
+  auto it = blocks.upper_bound(c);
+  if (it == blocks.begin() || (--it, c + bytes > it->first + it->second.bytes))
+    detail::fail_error("map_pages / unmap_pages of a range outside every mappable block");
+  const std::size_t chunk = vmm().chunk;
+  const auto lo = static_cast<std::size_t>(c - it->first), hi = lo + bytes;
+  return {it, {(lo + chunk - 1) / chunk, hi / chunk}};
+}
+}  // namespace
+
+std::size_t map_granularity() {
+  if (state().device < 0) detail::fail_error("mappable memory is asked for before cuda::init()");
+  return vmm().chunk;
+}
+
+void* alloc_mappable(std::size_t bytes) {
+  const std::size_t chunk = map_granularity();
+  const std::size_t n = std::max<std::size_t>((bytes + chunk - 1) / chunk, 1);
+  CUdeviceptr base = 0;
+  check_cu(vmm().address_reserve(&base, n * chunk, chunk, 0, 0), "cuMemAddressReserve");
+  auto* p = reinterpret_cast<char*>(base);
+  std::lock_guard<std::mutex> lock(mappables().mutex);
+  Mappable& m = mappables().blocks[p];
+  m.bytes = n * chunk;
+  m.backed.assign(n, false);
+  for (std::size_t i = 0; i < n; ++i) back_chunk(p, m, i);
+  return p;
+}
+
+void free_mappable(void* p) noexcept {
+  if (p == nullptr) return;
+  try {
+    synchronize();  // nothing queued may touch it
+    std::lock_guard<std::mutex> lock(mappables().mutex);
+    auto it = mappables().blocks.find(static_cast<char*>(p));
+    if (it == mappables().blocks.end()) return;
+    for (std::size_t i = 0; i < it->second.backed.size(); ++i)
+      if (it->second.backed[i]) unback_chunk(it->first, it->second, i);
+    vmm().address_free(reinterpret_cast<CUdeviceptr>(p), it->second.bytes);
+    mappables().blocks.erase(it);
+  } catch (...) {  // at exit, after a failure: the driver reclaims it with the process
+  }
+}
+
+void unmap_pages(void* p, std::size_t bytes) {
+  if (bytes == 0) return;
+  std::lock_guard<std::mutex> lock(mappables().mutex);
+  auto [it, range] = chunks_inside(p, bytes);
+  for (std::size_t i = range.first; i < range.second; ++i)
+    if (it->second.backed[i]) unback_chunk(it->first, it->second, i);
+}
+
+void map_pages(void* p, std::size_t bytes) {
+  if (bytes == 0) return;
+  std::lock_guard<std::mutex> lock(mappables().mutex);
+  auto [it, range] = chunks_inside(p, bytes);
+  for (std::size_t i = range.first; i < range.second; ++i)
+    if (!it->second.backed[i]) back_chunk(it->first, it->second, i);
 }
 
 MemoryInfo memory_info() {

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "cuda_runtime.h"
 #include "memory.hpp"  // emulator/memory.hpp
@@ -33,6 +34,7 @@ struct Guard {
   std::size_t capacity = 0, top = 0;                // bytes reserved, bytes handed out so far
   std::multimap<std::size_t, char*> free_blocks;   // by size
   int active = 0;                                   // threads inside device work
+  std::map<char*, std::size_t> given_back;          // chunks of mappable memory unmapped: no access ever
 };
 Guard& guard() {
   static Guard g;
@@ -45,12 +47,19 @@ void protect_locked(Guard& g, int prot) {
     std::perror("emulator: mprotect");
     std::abort();
   }
+  // Chunks given back (unmap_pages) stay inaccessible inside device work too, as on a GPU.
+  if (prot != PROT_NONE)
+    for (auto [p, bytes] : g.given_back) mprotect(p, bytes, PROT_NONE);
 }
 
 void on_fault(int, siginfo_t* info, void*) {
   const Guard& g = guard();
   const char* a = static_cast<const char*>(info->si_addr);
-  const char* msg = a >= g.arena && a < g.arena + g.capacity
+  bool given_back = false;
+  for (auto [p, bytes] : g.given_back) given_back = given_back || (a >= p && a < p + bytes);
+  const char* msg = given_back ? "emulator: device memory given back (cuda::unmap_pages) was read or written "
+                                 "before cuda::map_pages backed it again (on a GPU: an illegal address)\n"
+                    : a >= g.arena && a < g.arena + g.capacity
                         ? "emulator: host code read or wrote device memory outside a kernel or a copy "
                           "(on a GPU this is a crash or garbage); run under gdb for the stack\n"
                         : "emulator: segmentation fault outside device memory\n";
@@ -113,6 +122,21 @@ void* guarded_alloc(std::size_t bytes) {
   std::memset(p, 0xA5, size);  // not zero: device memory starts as garbage
   if (g.active == 0) mprotect(p, size, PROT_NONE);
   return p;
+}
+// Marks a chunk of mappable memory given back (no access until taken again) or taken again.
+void give_back(char* p, std::size_t bytes) {
+  Guard& g = guard();
+  if (!g.on || p < g.arena || p >= g.arena + g.capacity) return;
+  std::lock_guard<std::mutex> lock(g.mutex);
+  g.given_back[p] = bytes;
+  mprotect(p, bytes, PROT_NONE);
+}
+void take_again(char* p, std::size_t bytes) {
+  Guard& g = guard();
+  if (!g.on || p < g.arena || p >= g.arena + g.capacity) return;
+  std::lock_guard<std::mutex> lock(g.mutex);
+  g.given_back.erase(p);
+  mprotect(p, bytes, g.active > 0 ? PROT_READ | PROT_WRITE : PROT_NONE);
 }
 // True when p was a guarded block (returned to the arena's free list).
 bool guarded_free(void* p, std::size_t size) {
@@ -186,15 +210,115 @@ void free(void* p) noexcept {
   if (!emu::guarded_free(p, size)) std::free(p);
 }
 
+// Mappable memory (ZeRO-3): host pages in chunks of one page; a chunk given back is
+// madvise(MADV_DONTNEED)'d and, with the guard on, inaccessible even to kernels and copies
+// until map_pages backs it again (as on a GPU, where it is unmapped), which fills it with
+// garbage, as new device memory holds. The statistics count the backed chunks.
+namespace {
+constexpr std::size_t kChunk = 4096;
+struct Mappable {
+  std::size_t bytes = 0;
+  std::vector<bool> backed;
+};
+std::map<char*, Mappable>& mappables() {  // under state().mutex
+  static std::map<char*, Mappable> m;
+  return m;
+}
+void count_chunks(std::int64_t chunks) {  // caller holds state().mutex
+  State& s = state();
+  s.stats.allocated_bytes += chunks * static_cast<std::int64_t>(kChunk);
+  s.stats.reserved_bytes = s.stats.allocated_bytes;
+  s.stats.peak_allocated_bytes = std::max(s.stats.peak_allocated_bytes, s.stats.allocated_bytes);
+}
+// The block holding [p, p + bytes) and the chunks wholly inside the range (caller holds the mutex).
+std::pair<std::map<char*, Mappable>::iterator, std::pair<std::size_t, std::size_t>> chunks_inside(
+    void* p, std::size_t bytes) {
+  char* c = static_cast<char*>(p);
+  auto it = mappables().upper_bound(c);
+  if (it == mappables().begin() || (--it, c + bytes > it->first + it->second.bytes)) {
+    std::fputs("emulator: map_pages / unmap_pages of a range outside every mappable block\n", stderr);
+    std::abort();
+  }
+  const auto lo = static_cast<std::size_t>(c - it->first), hi = lo + bytes;
+  return {it, {(lo + kChunk - 1) / kChunk, hi / kChunk}};
+}
+}  // namespace
+
+std::size_t map_granularity() { return kChunk; }
+
+void* alloc_mappable(std::size_t bytes) {
+  const std::size_t n = std::max<std::size_t>((bytes + kChunk - 1) / kChunk, 1);
+  char* p = nullptr;
+  if (emu::guard().on) {
+    p = static_cast<char*>(emu::guarded_alloc(n * kChunk));
+  } else {
+    p = static_cast<char*>(std::aligned_alloc(kChunk, n * kChunk));
+    std::memset(p, 0xA5, n * kChunk);
+  }
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  mappables()[p] = Mappable{.bytes = n * kChunk, .backed = std::vector<bool>(n, true)};
+  count_chunks(static_cast<std::int64_t>(n));
+  return p;
+}
+
+void free_mappable(void* p) noexcept {
+  if (p == nullptr) return;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto it = mappables().find(static_cast<char*>(p));
+  if (it == mappables().end()) return;
+  count_chunks(
+      -static_cast<std::int64_t>(std::count(it->second.backed.begin(), it->second.backed.end(), true)));
+  for (std::size_t i = 0; i < it->second.backed.size(); ++i)
+    if (!it->second.backed[i]) emu::take_again(it->first + i * kChunk, kChunk);
+  const std::size_t bytes = it->second.bytes;
+  mappables().erase(it);
+  if (!emu::guarded_free(p, bytes)) std::free(p);
+}
+
+void unmap_pages(void* p, std::size_t bytes) {
+  if (bytes == 0) return;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto [it, range] = chunks_inside(p, bytes);
+  for (std::size_t i = range.first; i < range.second; ++i) {
+    if (!it->second.backed[i]) continue;
+    madvise(it->first + i * kChunk, kChunk, MADV_DONTNEED);
+    emu::give_back(it->first + i * kChunk, kChunk);  // with the guard on: any access faults
+    it->second.backed[i] = false;
+    count_chunks(-1);
+  }
+}
+
+void map_pages(void* p, std::size_t bytes) {
+  if (bytes == 0) return;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto [it, range] = chunks_inside(p, bytes);
+  for (std::size_t i = range.first; i < range.second; ++i) {
+    if (it->second.backed[i]) continue;
+    emu::take_again(it->first + i * kChunk, kChunk);
+    const emu::DeviceWork work;                         // writes device memory
+    std::memset(it->first + i * kChunk, 0xA5, kChunk);  // new device memory holds garbage
+    it->second.backed[i] = true;
+    count_chunks(1);
+  }
+}
+
 namespace emulator {
 bool is_device(const void* p) {
   if (p == nullptr) return false;
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
+  const auto* c = static_cast<const char*>(p);
+  if (auto m = mappables().upper_bound(const_cast<char*>(c));
+      m != mappables().begin() && c < std::prev(m)->first + std::prev(m)->second.bytes)
+    return true;
   auto it = s.sizes.upper_bound(const_cast<void*>(p));  // the first block above p
   if (it == s.sizes.begin()) return false;
   --it;
-  return static_cast<const char*>(p) < static_cast<const char*>(it->first) + it->second;
+  return c < static_cast<const char*>(it->first) + it->second;
 }
 }  // namespace emulator
 

@@ -21,6 +21,13 @@
 // Buffers: a range whose gather is in flight belongs to the all-gather until it is waited
 // for (on the unit's Begin event, in poll() once complete, or in free_all()); the model
 // reads a range only between the Begin and End events of a unit holding it.
+//
+// On CUDA the flat buffer is mappable device memory (cuda::alloc_mappable, made so by
+// GradSync): freeing fills the elements on chunks shared with the own block with NaN and
+// gives back the chunks wholly inside the freed part, but only once the compute stream has
+// passed the unit's last kernel (an event recorded at the release, checked in poll() and at
+// every unit event); a gather first cancels what is still pending in its range and backs
+// the range's chunks again (cuda::map_pages), then all-gathers into it.
 #pragma once
 
 #include <cstdint>
@@ -46,11 +53,14 @@ void release_memory(float* data, std::int64_t count, float fill);
 /// Gathers and frees the units of one model chunk over the gradient group.
 class ParamGatherer {
  public:
-  /// `params`: the chunk's flat parameter buffer (host memory); `ranges`, `units`: the
+  /// `params`: the chunk's flat parameter buffer (host memory, or mappable device memory on
+  /// `device` CUDA); `ranges`, `units`: the
   /// chunk's (model::GptT::unit_ranges(), units()); every range's length must be a
   /// multiple of the group size. Frees every range (collective over nothing).
   ParamGatherer(comm::Communicator group, float* params, std::vector<nn::Segment> ranges,
-                std::vector<model::ParamUnit> units, std::vector<int> backward_order, GatherOptions options);
+                std::vector<model::ParamUnit> units, std::vector<int> backward_order, GatherOptions options,
+                Device device = Device::kCpu);
+  ~ParamGatherer();
   ParamGatherer(const ParamGatherer&) = delete;
   ParamGatherer& operator=(const ParamGatherer&) = delete;
 
@@ -92,13 +102,23 @@ class ParamGatherer {
     int users = 0;
     comm::Work work;
   };
+  // Chunks of device memory to give back once the stream passes `event`.
+  struct PendingUnmap {
+    std::int64_t lo = 0, hi = 0;  // elements of the flat buffer, chunk-aligned
+    void* event = nullptr;
+  };
   void start(Range& r);
   void release(Range& r);
+  void free_elements(std::int64_t lo, std::int64_t count);
+  void unmap_passed();
   void acquire(int unit);
   void prefetch_after(const std::vector<int>& order, int unit);
 
   comm::Communicator group_;
   float* params_;
+  Device device_;
+  std::vector<PendingUnmap> pending_;
+  std::vector<void*> spare_events_;
   GatherOptions options_;
   std::vector<Range> ranges_;
   std::vector<model::ParamUnit> units_;
