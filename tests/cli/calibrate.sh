@@ -48,7 +48,7 @@ for bad in "--tokens 4" "--hidden 100000" "--heads 7" "--seq 9000"; do
 done
 # --help tells what --device cuda measures.
 help=$("$ndmesh" calibrate --help 2>&1)
-for what in 'cuda (each rank.s GPU: fp32 and bf16 products, fp32 attention' '--tokens' '--hidden' '--heads' '--seq'; do
+for what in 'cuda (each rank.s GPU: fp32 and bf16 products, the fp32 flash attention and cuDNN.s bf16 attention' '--tokens' '--hidden' '--heads' '--seq'; do
   echo "$help" | grep -q -- "$what" || fail "calibrate --help lacks '$what'"
 done
 echo "$help" | grep -q "not yet" && fail "calibrate --help still says the GPU path is missing"
