@@ -3,8 +3,7 @@
 #include <cstdio>
 #include <exception>
 #include <map>
-#include <string>
-#include <vector>
+#include <string_view>
 
 #include <fmt/core.h>
 
@@ -81,15 +80,15 @@ int main(int argc, char** argv) {
 
   // "ndmesh launch -np 4 ...": mpirun's spelling, which CLI11 would read as -n p. Only before
   // the first "--" (what follows is mpirun's or the program's).
-  std::vector<std::string> args(argv, argv + argc);
-  if (argc > 1 && args[1] == "launch")
-    for (std::size_t i = 2; i < args.size() && args[i] != "--"; ++i)
-      if (args[i] == "-np") args[i] = "--np";
-  std::vector<char*> argp;
-  for (std::string& a : args) argp.push_back(a.data());
+  // The pointer in argv is replaced (argv's array is the program's to change); no copy of
+  // the arguments is made.
+  static char long_np[] = "--np";
+  if (argc > 1 && std::string_view(argv[1]) == "launch")
+    for (int i = 2; i < argc && std::string_view(argv[i]) != "--"; ++i)
+      if (std::string_view(argv[i]) == "-np") argv[i] = long_np;
 
   try {
-    app.parse(argc, argp.data());
+    app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
