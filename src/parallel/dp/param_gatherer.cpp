@@ -55,6 +55,10 @@ ParamGatherer::ParamGatherer(comm::Communicator group, float* params, std::vecto
   std::iota(forward_order_.begin(), forward_order_.end(), 0);
   for (Range& range : ranges_) release(range);
   gathered_ = 0;
+  if (device_ != Device::kCpu) {  // the freed chunks go now, before the optimizer allocates its state
+    cuda::synchronize();
+    unmap_passed();
+  }
 }
 
 ParamGatherer::~ParamGatherer() {
