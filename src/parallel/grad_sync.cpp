@@ -28,8 +28,7 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
     if (r->zero() == 3) {
       NDMESH_CHECK(!g.params().keeps_bf16_copy(), "train",
                    "ZeRO-3 runs without a bfloat16 copy of the parameters (it would need gathering too)");
-      // On a GPU the parameters live in mappable memory (built there: parallelize.cpp; moved if not).
-      if (g.device() != Device::kCpu) g.params().make_params_mappable();
+      // On a GPU the parameters are in mappable memory (ModelPlan::mappable_params).
       gatherers_.push_back(std::make_unique<ParamGatherer>(grad_, g.params().params().data(), g.unit_ranges(),
                                                            g.units(), g.backward_units(), options.zero3,
                                                            g.device()));
@@ -38,20 +37,13 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
     }
     // Per unit the work space is written one unit at a time: none of it resident until then
     // (on a GPU it stays resident: zeros).
-    if (r->per_unit()) release_grads(g);
+    if (r->per_unit()) release_memory(g.params().grads().data(), g.params().size(), 0.0f, g.device());
     if (pipelined && model.plan.spec.tied_embeddings) {
       if (g.has_head() && !g.has_embedding()) tied_copy_chunk_ = static_cast<int>(c);
       if (g.has_embedding() && !g.has_head()) tied_main_chunk_ = static_cast<int>(c);
     }
   }
   embedding_ = groups.embedding();  // collective over the world, on every rank
-}
-
-void GradSync::release_grads(model::Gpt& g) {
-  if (g.device() == Device::kCpu)
-    release_memory(g.params().grads().data(), g.params().size(), 0.0f);
-  else
-    g.params().zero_grad();
 }
 
 void GradSync::params_updated() {
@@ -63,7 +55,8 @@ void GradSync::start_step() {
     if (!reducers_[c]->per_unit())
       chunks_[c]->params().zero_grad();
     else  // zeros without touching the pages (the backward writes one unit at a time)
-      release_grads(*chunks_[c]);
+      release_memory(chunks_[c]->params().grads().data(), chunks_[c]->params().size(), 0.0f,
+                     chunks_[c]->device());
     if (!gatherers_.empty()) gatherers_[c]->reset_timers();
     reducers_[c]->zero_shard_grads();
     reducers_[c]->reset_timers();

@@ -83,23 +83,20 @@ RankModel parallelize(const TrainOptions& o, ProcessGroups& groups) {
 std::vector<std::unique_ptr<model::Gpt>> build_chunks(const ModelPlan& plan) {
   std::vector<std::unique_ptr<model::Gpt>> chunks;
   for (const ChunkPlan& c : plan.chunks) {
-    chunks.push_back(std::make_unique<model::Gpt>(
-        plan.spec,
-        model::GptOptions{.seed = plan.seed,
-                          .batch = plan.batch.micro_batch,
-                          .seq = plan.batch.local_seq(),
-                          .first_block = c.first_block,
-                          .last_block = c.last_block,
-                          .pad_to = plan.pad_to,
-                          .pad_units = plan.pad_units,
-                          .recompute = plan.recompute,
-                          .split_backward = plan.split_backward,
-                          .device = plan.device,
-                          // ZeRO-3 over 2 or more ranks is what pads
-                          // units on a GPU (apply.cpp)
-                          .mappable_params = plan.device == Device::kCuda && plan.pad_units,
-                          .matmul = plan.matmul},
-        plan.tp));
+    chunks.push_back(std::make_unique<model::Gpt>(plan.spec,
+                                                  model::GptOptions{.seed = plan.seed,
+                                                                    .batch = plan.batch.micro_batch,
+                                                                    .seq = plan.batch.local_seq(),
+                                                                    .first_block = c.first_block,
+                                                                    .last_block = c.last_block,
+                                                                    .pad_to = plan.pad_to,
+                                                                    .pad_units = plan.pad_units,
+                                                                    .recompute = plan.recompute,
+                                                                    .split_backward = plan.split_backward,
+                                                                    .device = plan.device,
+                                                                    .mappable_params = plan.mappable_params,
+                                                                    .matmul = plan.matmul},
+                                                  plan.tp));
     model::Gpt& g = *chunks.back();
     // bf16 products on a GPU read the weights from a bfloat16 copy that the optimizer step
     // writes with the update (ZeRO-3, whose gathers write the fp32 parameters only, is

@@ -163,6 +163,18 @@ TEST_P(CudaTrainLayouts, ThreeStepsEqualTheSerialCpuRun) {
   EXPECT_NEAR(got.eval, want.eval, 1e-5 * want.eval) << c.name << ", evaluation";
 }
 
+// A run resumed from the checkpoint of step `from` continues `whole`, the uninterrupted run:
+// the losses within 1e-5 and the gradient norms within 1e-4 at every step it took.
+void expect_continues(const Steps& resumed, const Steps& whole, std::size_t from, const std::string& what) {
+  ASSERT_EQ(resumed.loss.size() + from, whole.loss.size()) << what;
+  for (std::size_t s = 0; s < resumed.loss.size(); ++s) {
+    EXPECT_NEAR(resumed.loss[s], whole.loss[s + from], 1e-5 * whole.loss[s + from])
+        << what << ", step " << s + from + 1;
+    EXPECT_NEAR(resumed.norm[s], whole.norm[s + from], 1e-4 * whole.norm[s + from])
+        << what << ", step " << s + from + 1;
+  }
+}
+
 // A checkpoint written by CUDA ranks under one layout loads on CUDA under another and on
 // the CPU, and both continue the uninterrupted CPU run (checkpoints are host copies in one
 // format for every device).
@@ -187,12 +199,8 @@ TEST(CudaTrainCheckpoint, WrittenOnCudaLoadsUnderAnotherLayoutAndOnTheCpu) {
   const Steps on_cuda = train(b, Mesh::parse("pp=2"), Device::kCuda, 2, dir);
   const Steps on_cpu = train(o, Mesh::parse("dp=1"), Device::kCpu, 2, dir);
   std::filesystem::remove_all(dir);
-  for (std::size_t s = 0; s < 2; ++s) {
-    EXPECT_NEAR(on_cuda.loss[s], whole.loss[s + 2], 1e-5 * whole.loss[s + 2]) << "cuda pp 2, step " << s + 3;
-    EXPECT_NEAR(on_cuda.norm[s], whole.norm[s + 2], 1e-4 * whole.norm[s + 2]) << "cuda pp 2, step " << s + 3;
-    EXPECT_NEAR(on_cpu.loss[s], whole.loss[s + 2], 1e-5 * whole.loss[s + 2]) << "cpu, step " << s + 3;
-    EXPECT_NEAR(on_cpu.norm[s], whole.norm[s + 2], 1e-4 * whole.norm[s + 2]) << "cpu, step " << s + 3;
-  }
+  expect_continues(on_cuda, whole, 2, "cuda pp 2");
+  expect_continues(on_cpu, whole, 2, "cpu");
 }
 
 // ZeRO-3 on CUDA keeps only each rank's blocks of the parameters: a checkpoint written by
@@ -217,15 +225,8 @@ TEST(CudaTrainCheckpoint, ZeroThreeOnCudaSavesAndLoadsItsShards) {
   const Steps on_cuda = train(z, Mesh::parse("dp=2"), Device::kCuda, 2, dir);
   const Steps on_cpu = train(o, Mesh::parse("dp=1"), Device::kCpu, 2, dir);
   std::filesystem::remove_all(dir);
-  ASSERT_EQ(on_cuda.loss.size(), 2u);
-  for (std::size_t s = 0; s < 2; ++s) {
-    EXPECT_NEAR(on_cuda.loss[s], whole.loss[s + 2], 1e-5 * whole.loss[s + 2])
-        << "cuda ZeRO-3, step " << s + 3;
-    EXPECT_NEAR(on_cuda.norm[s], whole.norm[s + 2], 1e-4 * whole.norm[s + 2])
-        << "cuda ZeRO-3, step " << s + 3;
-    EXPECT_NEAR(on_cpu.loss[s], whole.loss[s + 2], 1e-5 * whole.loss[s + 2]) << "cpu, step " << s + 3;
-    EXPECT_NEAR(on_cpu.norm[s], whole.norm[s + 2], 1e-4 * whole.norm[s + 2]) << "cpu, step " << s + 3;
-  }
+  expect_continues(on_cuda, whole, 2, "cuda ZeRO-3");
+  expect_continues(on_cpu, whole, 2, "cpu");
 }
 
 // Mappable device memory (ZeRO-3's parameters; on a GPU CUDA's virtual memory management):
@@ -297,11 +298,7 @@ TEST(CudaTrainCheckpoint, Bf16LoadedIntoARunningTrainerResumesFromTheLoadedWeigh
     }
   }, {.timeout_s = 60, .tagless = true});
   std::filesystem::remove_all(dir);
-  ASSERT_EQ(resumed.loss.size(), 2u);
-  for (std::size_t s = 0; s < 2; ++s) {
-    EXPECT_NEAR(resumed.loss[s], whole.loss[s + 2], 1e-5 * whole.loss[s + 2]) << "step " << s + 3;
-    EXPECT_NEAR(resumed.norm[s], whole.norm[s + 2], 1e-4 * whole.norm[s + 2]) << "step " << s + 3;
-  }
+  expect_continues(resumed, whole, 2, "cuda bf16 after a load");
 }
 
 // ndmesh's own all-reduce programs sum received chunks in host loops: on CUDA they are

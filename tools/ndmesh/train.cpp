@@ -173,8 +173,8 @@ void validate(const Options& o) {
        "must be a finite number >= 0", "2.5");
   need(o.threads >= 0 && o.threads <= 1024, "--threads", o.threads,
        "must be in [0, 1024] (0: NDMESH_THREADS)", "1");
-  need(o.steps >= 1, "--steps", o.steps, "must be at least 1", "1000");  // before --until names it
-  need(o.until >= 0 && o.until <= o.steps, "--until", o.until,
+  // (--steps below 1 is train_option_problems' line, not --until's.)
+  need(o.steps < 1 || (o.until >= 0 && o.until <= o.steps), "--until", o.until,
        fmt::format("must be in [0, --steps={}]", o.steps), "100");
   need(o.save_every >= 0, "--save-every", o.save_every, "must be >= 0 (0: only at the end)", "100");
   need(o.save_every == 0 || !o.save.empty(), "--save-every", o.save_every, "needs --save PATH",

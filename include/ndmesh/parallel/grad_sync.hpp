@@ -171,9 +171,6 @@ class GradSync {
   std::int64_t reduced_bytes() const;
 
  private:
-  /// Zeros a chunk's gradient work space for the per-unit reduction: on the CPU its pages go
-  /// back to the system (release_memory), on a GPU it stays resident.
-  static void release_grads(model::Gpt& g);
   // Calls f(gradients, n, at) for each run of chunk c's token table whose reduced gradient
   // this rank updates.
   template <typename F>

@@ -64,6 +64,8 @@ struct ModelPlan {
   comm::Communicator grad_group;
   std::int64_t pad_to = 1;  ///< flat buffers padded to a multiple of this (ZeRO shards)
   bool pad_units = false;   ///< ZeRO-3: each unit's range too (model::GptOptions::pad_units)
+  /// ZeRO-3 on a GPU: the parameters in mappable device memory (model::GptOptions::mappable_params).
+  bool mappable_params = false;
   // Activation recompute.
   nn::Recompute recompute = nn::Recompute::kNone;
   // Where the chunks run.

@@ -186,7 +186,6 @@ class DeviceBuffer {
 
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
-  bool is_mappable() const { return mappable_; }
 
  private:
   void release() noexcept {

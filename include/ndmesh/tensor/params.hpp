@@ -136,9 +136,6 @@ class ParamStore {
   /// makes it stale; refresh_bf16() brings it up to date with one cast of the whole buffer.
   /// Only after allocate(); a writer that keeps a pointer into the parameters and writes
   /// through it later (ZeRO-3's gathers) must not be combined with it.
-  /// On CUDA: the parameters move into mappable device memory (Tensor::make_mappable), so
-  /// that ZeRO-3 can give back the pages of the units it frees; params() changes address.
-  void make_params_mappable() { params_.make_mappable(); }
   void keep_bf16_copy();
   bool keeps_bf16_copy() const { return params16_.numel() > 0; }
   /// The copy of parameter `id`; nullptr when there is no copy or it is stale (the caller then

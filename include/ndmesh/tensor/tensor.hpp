@@ -62,7 +62,8 @@ class Tensor {
   }
   /// Moves the (zeroed) storage to `device`: an empty tensor, or a resize() that follows,
   /// allocates there. Used once, when a model is placed on its device.
-  /// With `mappable` (CUDA) the storage is cuda::alloc_mappable memory (make_mappable).
+  /// With `mappable` (CUDA) the storage is cuda::alloc_mappable memory, whose pages can be
+  /// given back and taken again in place (ZeRO-3's parameters).
   void set_device(Device device, bool mappable = false) {
     if (device == device_) return;
     device_ = device;
@@ -72,17 +73,6 @@ class Tensor {
     device_data_ = DeviceBuffer();
     numel_ = 0;
     if (!shape_.empty()) resize(shape_);
-  }
-
-  /// On CUDA: moves the elements into cuda::alloc_mappable memory (their pages can then be
-  /// given back and taken again in place: ZeRO-3's parameters); the data pointer changes.
-  void make_mappable() {
-    NDMESH_CHECK(device_ == Device::kCuda, "tensor", "only device memory is made mappable");
-    mappable_ = true;
-    if (device_data_.is_mappable()) return;
-    DeviceBuffer m = DeviceBuffer::mappable(static_cast<std::size_t>(numel_) * sizeof(T));
-    cuda::copy_device(m.data(), device_data_.data(), static_cast<std::size_t>(numel_) * sizeof(T));
-    device_data_ = std::move(m);
   }
 
   /// Where the elements live.

@@ -12,6 +12,8 @@ void apply_data_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOpti
   // each unit's range is padded to a multiple of the group too.
   plan.pad_units =
       plan.grad_group.size() > 1 && (o.dp.zero == 3 || (o.dp.zero == 2 && o.device == Device::kCpu));
+  // ZeRO-3 frees units in place; on a GPU that takes mappable memory (ParamGatherer).
+  plan.mappable_params = o.dp.zero == 3 && o.device == Device::kCuda;
 }
 
 }  // namespace ndmesh::parallel

@@ -192,7 +192,7 @@ void GradReducer::start(Bucket& b) {
       b.scatter = group_.reduce_scatter_in_place_async(low);
     reduced_bytes_ += static_cast<std::int64_t>(low.size_bytes());
     // Per unit: the reduction reads only the rounded copy; the fp32 range goes back now.
-    if (per_unit_) release(range.data(), static_cast<std::int64_t>(range.size()));
+    if (per_unit_) release_memory(range.data(), static_cast<std::int64_t>(range.size()), 0.0f, device_);
   } else {
     if (zero_ == 0)
       b.reduce = reducer_.start(range);
@@ -223,21 +223,16 @@ void GradReducer::retire(Bucket& b) {
   const std::int64_t own = b.lo + group_.rank() * block;
   float* shard = shard_grads_.data() + b.shard_at;
   // The same sums as ZeRO-2's (widened, then added): bit for bit the same shard. On a GPU
-  // both run on the compute stream, after the reduce-scatter (its wait orders them).
+  // they run on the compute stream, after the reduce-scatter (its wait orders them).
   if (options_.bf16) {
-    const BFloat16* low = b.low.data() + (own - b.lo);
-    if (device_ == Device::kCpu) {
-      for (std::int64_t i = 0; i < block; ++i) shard[i] += static_cast<float>(low[i]);
-    } else {
-      Tensor<float> wide({block}, device_);
-      ops::cast(wide.data(), low, block, device_);
-      ops::add(shard, wide.data(), block, device_);
-    }
+    Tensor<float> wide({block}, device_);
+    ops::cast(wide.data(), b.low.data() + (own - b.lo), block, device_);
+    ops::add(shard, wide.data(), block, device_);
     b.low = Tensor<BFloat16>();
   } else {
     ops::add(shard, grads_ + own, block, device_);
   }
-  release(grads_ + b.lo, b.hi - b.lo);  // zeros (on the CPU its pages back to the system)
+  release_memory(grads_ + b.lo, b.hi - b.lo, 0.0f, device_);  // zeros (on the CPU the pages go back)
   b.retired = true;
 }
 
@@ -276,13 +271,6 @@ void GradReducer::wait_in_flight() {
   }
   exposed_seconds_ += now_s() - t0;
   retire_done();
-}
-
-void GradReducer::release(float* data, std::int64_t count) const {
-  if (device_ == Device::kCpu)
-    release_memory(data, count, 0.0f);
-  else
-    ops::zero(data, count, device_);
 }
 
 void GradReducer::sample_workspace() {

@@ -33,6 +33,13 @@ void release_memory(float* data, std::int64_t count, float fill) {
   if (madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) != 0) std::fill(inner_lo, inner_hi, fill);
 }
 
+void release_memory(float* data, std::int64_t count, float fill, Device device) {
+  if (device == Device::kCpu)
+    release_memory(data, count, fill);
+  else
+    ops::fill(data, fill, count, device);
+}
+
 ParamGatherer::ParamGatherer(comm::Communicator group, float* params, std::vector<nn::Segment> ranges,
                              std::vector<model::ParamUnit> units, std::vector<int> backward_order,
                              GatherOptions options, Device device)
@@ -72,7 +79,7 @@ ParamGatherer::~ParamGatherer() {
 void ParamGatherer::free_elements(std::int64_t lo, std::int64_t count) {
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   if (count <= 0) return;
-  if (device_ == Device::kCpu) return release_memory(params_ + lo, count, kNaN);
+  if (device_ == Device::kCpu) return release_memory(params_ + lo, count, kNaN, device_);
   const auto chunk = static_cast<std::int64_t>(cuda::map_granularity() / sizeof(float));
   // The buffer starts on a chunk: element offsets align as addresses do.
   const std::int64_t a = (lo + chunk - 1) / chunk * chunk, b = (lo + count) / chunk * chunk;

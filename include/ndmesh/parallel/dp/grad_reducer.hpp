@@ -204,7 +204,6 @@ class GradReducer {
   void retire_done();       // per unit: retires every started bucket whose reduction completed
   void wait_in_flight();    // per unit: waits for the started buckets and retires them
   void sample_workspace();  // per unit: measures the work space's resident bytes
-  void release(float* data, std::int64_t count) const;  // zeros; on the CPU the pages go back too
   void expire_if_stuck();  // after the thread timed out: end the job unless every bucket completes
   void progress_loop();
 

@@ -22,12 +22,12 @@
 // for (on the unit's Begin event, in poll() once complete, or in free_all()); the model
 // reads a range only between the Begin and End events of a unit holding it.
 //
-// On CUDA the flat buffer is mappable device memory (cuda::alloc_mappable, made so by
-// GradSync): freeing fills the elements on chunks shared with the own block with NaN and
-// gives back the chunks wholly inside the freed part, but only once the compute stream has
-// passed the unit's last kernel (an event recorded at the release, checked in poll() and at
-// every unit event); a gather first cancels what is still pending in its range and backs
-// the range's chunks again (cuda::map_pages), then all-gathers into it.
+// On CUDA the flat buffer is mappable device memory (cuda::alloc_mappable: the model is
+// built so, ModelPlan::mappable_params): freeing fills the elements on chunks shared with the own block with
+// NaN and gives back the chunks wholly inside the freed part, but only once the compute stream has passed the
+// unit's last kernel (an event recorded at the release, checked in poll() and at every unit event); a gather
+// first cancels what is still pending in its range and backs the range's chunks again (cuda::map_pages), then
+// all-gathers into it.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +49,10 @@ struct GatherOptions {
 /// Sets [data, data + count) to `fill` while returning the whole pages inside it to the
 /// system (they read as zero afterwards; with fill = 0 the range reads as zeros throughout).
 void release_memory(float* data, std::int64_t count, float fill);
+/// The same where `device` says: on the CPU as above; on a GPU every element is set to `fill`
+/// and the memory stays (cudaMalloc's has no pages to give back; ZeRO-3's parameters, in
+/// mappable memory, go through ParamGatherer).
+void release_memory(float* data, std::int64_t count, float fill, Device device);
 
 /// Gathers and frees the units of one model chunk over the gradient group.
 class ParamGatherer {
