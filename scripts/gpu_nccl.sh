@@ -174,6 +174,8 @@ nccl_zero3() {
   else
     r="$r; device peak ${two:-?} B against one GPU's ${one:-?} B"
   fi
+  # The gradient work space backed at once (mappable too: about two of the 2 blocks here).
+  r="$r; gradient work space $(grep -o '"grad_workspace":[0-9.e+]*' "$logs/nccl-dp2-zero3.json" | cut -d: -f2) B"
   nccl_sub "${r%% *}" dp2-zero3 "--dp 2 --zero 3 (2 x 512) on 2 ranks ($([ "$nccl_device" = cuda ] && echo nccl || echo gloo)) against one GPU: ${r#* }"
 }
 

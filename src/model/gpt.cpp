@@ -142,7 +142,7 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
   init(options.seed, options.init_std);
   // Initialised on the host; then placed.
   device_ = options.device;
-  store_.to(device_, options.mappable_params);
+  store_.to(device_, options.mappable_params, options.mappable_grads);
   loss_sum_ = nn::LossSum<T>(device_);
   for (Tensor<T>* t : {&dlnf_, &dlnf_full_, &dres_a_, &dres_b_, &lnf_full_, &input_grad_})
     t->set_device(device_);
@@ -418,10 +418,13 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     // embedding: block offsets are above it, so the watermark stays correct.
     if (grads_final_) grads_final_(block_offset_[l]);
   }
-  if (embed_)
+  if (embed_) {
+    // Reads no parameter (not in backward_units()), but writes the table's gradients.
+    unit_event(UnitEvent::kBackwardBegin, embed_unit_);
     embed_->backward_at(dout->data(), ops::staged(a.device_tokens, a.tokens.data(), device_), batch_, seq_,
                         positions_here());
-  else
+    unit_event(UnitEvent::kBackwardEnd, embed_unit_);
+  } else
     ops::copy(input_grad_.data(), dout->data(), nl * c, device_);
   if (grads_final_) grads_final_(0);
 }

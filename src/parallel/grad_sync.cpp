@@ -32,12 +32,18 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
       gatherers_.push_back(std::make_unique<ParamGatherer>(grad_, g.params().params().data(), g.unit_ranges(),
                                                            g.units(), g.backward_units(), options.zero3,
                                                            g.device()));
-      ParamGatherer* pg = gatherers_.back().get();
-      g.set_unit_hook([pg](model::UnitEvent e, int unit) { pg->on_unit(e, unit); });
     }
     // Per unit the work space is written one unit at a time: none of it resident until then
-    // (on a GPU it stays resident: zeros).
-    if (r->per_unit()) release_memory(g.params().grads().data(), g.params().size(), 0.0f, g.device());
+    // (on a GPU in mappable memory: a unit's chunks are backed when its backward begins).
+    if (r->per_unit()) {
+      r->own_workspace(g.params().grads().data(), model.plan.mappable_grads);
+      ParamGatherer* pg = r->zero() == 3 ? gatherers_.back().get() : nullptr;
+      g.set_unit_hook([pg, r, &g](model::UnitEvent e, int unit) {
+        if (pg != nullptr) pg->on_unit(e, unit);
+        if (e == model::UnitEvent::kBackwardBegin)
+          r->begin_unit_backward(g.units()[static_cast<std::size_t>(unit)].ranges);
+      });
+    }
     if (pipelined && model.plan.spec.tied_embeddings) {
       if (g.has_head() && !g.has_embedding()) tied_copy_chunk_ = static_cast<int>(c);
       if (g.has_embedding() && !g.has_head()) tied_main_chunk_ = static_cast<int>(c);
@@ -55,8 +61,7 @@ void GradSync::start_step() {
     if (!reducers_[c]->per_unit())
       chunks_[c]->params().zero_grad();
     else  // zeros without touching the pages (the backward writes one unit at a time)
-      release_memory(chunks_[c]->params().grads().data(), chunks_[c]->params().size(), 0.0f,
-                     chunks_[c]->device());
+      reducers_[c]->release_workspace();
     if (!gatherers_.empty()) gatherers_[c]->reset_timers();
     reducers_[c]->zero_shard_grads();
     reducers_[c]->reset_timers();

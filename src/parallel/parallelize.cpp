@@ -95,6 +95,7 @@ std::vector<std::unique_ptr<model::Gpt>> build_chunks(const ModelPlan& plan) {
                                                                     .split_backward = plan.split_backward,
                                                                     .device = plan.device,
                                                                     .mappable_params = plan.mappable_params,
+                                                                    .mappable_grads = plan.mappable_grads,
                                                                     .matmul = plan.matmul},
                                                   plan.tp));
     model::Gpt& g = *chunks.back();

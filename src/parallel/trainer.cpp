@@ -192,8 +192,8 @@ MemoryBytes Trainer::memory() const {
                                        : optimizer * sizeof(float);
   m.optimizer_offloaded = optimizer_.offloaded() ? optimizer * sizeof(float) : 0.0;
   m.optimizer_host = static_cast<double>(optimizer_.pinned_host_bytes());
-  // ZeRO-2 in buckets: the whole work space; per unit (ZeRO-3, ZeRO-2 on the CPU) measured:
-  // the pages of the work space resident at once.
+  // ZeRO-2 in buckets: the whole work space; per unit (ZeRO 2/3 over 2 or more ranks)
+  // measured: the pages (on a GPU the chunks) of the work space resident at once.
   m.grad_workspace = 0;
   for (std::size_t c = 0; c < model_.chunks.size(); ++c) {
     const GradReducer& r = sync_.reducer(c);

@@ -49,12 +49,12 @@ void ParamStore<T>::allocate(std::int64_t multiple) {
 }
 
 template <typename T>
-void ParamStore<T>::to(Device device, bool mappable_params) {
+void ParamStore<T>::to(Device device, bool mappable_params, bool mappable_grads) {
   if (device == params_.device()) return;
   ops::check_device<T>(device);
   const std::vector<T> host = params_.to_host();
   params_.set_device(device, mappable_params);
-  grads_.set_device(device);
+  grads_.set_device(device, mappable_grads);
   if (keeps_bf16_copy()) params16_.set_device(device);
   params_from_host(host.data());
 }

@@ -27,6 +27,7 @@
 #include "ndmesh/comm/process_groups.hpp"
 #include "ndmesh/comm/staged.hpp"
 #include "ndmesh/model/data.hpp"
+#include "ndmesh/parallel/dp/device_pages.hpp"
 #include "ndmesh/parallel/trainer.hpp"
 #include "support/model_fixtures.hpp"
 
@@ -82,6 +83,7 @@ TrainOptions options_of(const Case& c) {
 struct Steps {
   std::vector<double> loss, norm;
   double eval = 0;  // Trainer::evaluate(1) after the steps
+  double grads = 0, grad_workspace = 0;  // Trainer::memory()'s, after the steps
 };
 
 // Every rank's per-step (loss, norm) of `steps` steps after loading checkpoint `load` (when
@@ -114,6 +116,8 @@ Steps train(const TrainOptions& o, const Mesh& mesh, Device device, int steps = 
       r.norm.push_back(st.grad_norm);
     }
     r.eval = trainer.evaluate(1);
+    r.grads = trainer.memory().grads;
+    r.grad_workspace = trainer.memory().grad_workspace;
     if (!save.empty()) trainer.save(save);
   }, job);
   for (const Steps& r : runs) {
@@ -161,6 +165,30 @@ TEST_P(CudaTrainLayouts, ThreeStepsEqualTheSerialCpuRun) {
     EXPECT_NEAR(got.norm[s], want.norm[s], nb * want.norm[s]) << c.name << ", step " << s + 1;
   }
   EXPECT_NEAR(got.eval, want.eval, 1e-5 * want.eval) << c.name << ", evaluation";
+}
+
+// ZeRO 2 and 3 on a GPU keep the full-size gradient work space in mappable memory and back a
+// unit's chunks only from its backward's begin until its reduce-scatter retires
+// (GradReducer::own_workspace), so over 8 blocks the backward holds about two blocks' worth
+// (25%, plus the chunks shared at the units' edges), not the model's; the whole buffer
+// stayed resident before. Measured as on the CPU: the most bytes backed at a grads-final hook.
+TEST(CudaTrainMemory, ZeroTwoAndThreeBackAboutTwoUnitsOfTheGradientWorkSpace) {
+  NDMESH_GPU_OR_SKIP();
+#ifndef NDMESH_CUDA_EMULATED
+  GTEST_SKIP() << "in-process ranks exchange host memory: emulator only (gpu_nccl.sh's dp2-zero3 on a GPU)";
+#endif
+#ifdef NDMESH_CUDA_EMULATED
+  emu::guard_device_memory();
+#endif
+  for (int zero : {2, 3}) {
+    TrainOptions o =
+        options_of(Case{.name = "", .mesh = "dp=2", .micro_batch = 1, .zero = zero, .hidden = 64});
+    o.model.layers = 8;
+    const Steps got = train(o, Mesh::parse("dp=2"), Device::kCuda, 2);
+    const double full = 2 * got.grads;  // ZeRO 2/3 over 2 ranks keep half of the gradients
+    EXPECT_GT(got.grad_workspace, 0.1 * full) << "ZeRO-" << zero;
+    EXPECT_LT(got.grad_workspace, 0.4 * full) << "ZeRO-" << zero << ": the work space stays backed";
+  }
 }
 
 // A run resumed from the checkpoint of step `from` continues `whole`, the uninterrupted run:
@@ -258,6 +286,50 @@ TEST(CudaMappable, ChunksWhollyInsideARangeGoBackAndComeBack) {
   for (std::size_t i = 0; i < n; ++i) {
     if (i >= 2 * chunk && i < 4 * chunk) continue;  // given back and backed again: undefined
     ASSERT_EQ(back[i], host[i]) << "element " << i << " of a chunk kept";
+  }
+  b = DeviceBuffer();
+  EXPECT_EQ(cuda::allocator_stats().allocated_bytes, before);
+}
+
+// DevicePages (ZeRO's mappable parameters and gradients): a chunk stays backed while any held
+// range touches it, goes once nothing holds it and the stream has passed the drop (poll or
+// flush), and a hold before that cancels the give-back, keeping the contents.
+TEST(CudaMappable, DevicePagesGiveBackTheChunksNoHeldRangeTouches) {
+  NDMESH_GPU_OR_SKIP();
+  const std::size_t g = cuda::map_granularity(), chunk = g / sizeof(float);
+  const std::int64_t before = cuda::allocator_stats().allocated_bytes;
+  const auto backed = [&] {
+    return (cuda::allocator_stats().allocated_bytes - before) / static_cast<std::int64_t>(g);
+  };
+  DeviceBuffer b = DeviceBuffer::mappable(8 * g);
+  auto* p = static_cast<float*>(b.data());
+  {
+    parallel::DevicePages pages(p, 8 * g);
+    pages.drop_unheld();
+    EXPECT_EQ(backed(), 8) << "queued, not given back before a poll";
+    pages.flush();
+    EXPECT_EQ(backed(), 0);
+    EXPECT_EQ(pages.backed_bytes(), 0);
+    const std::size_t half = chunk / 2;
+    pages.hold(p + chunk + half, 2 * chunk * sizeof(float));  // [1.5, 3.5): chunks 1, 2 and 3
+    pages.hold(p + 3 * chunk + half, half * sizeof(float));   // [3.5, 4): chunk 3 again
+    EXPECT_EQ(backed(), 3);
+    std::vector<float> host(chunk, 7.0f);
+    cuda::copy_to_device(p + 3 * chunk, host.data(), chunk * sizeof(float));
+    pages.drop(p + chunk + half, 2 * chunk * sizeof(float));
+    pages.flush();
+    EXPECT_EQ(backed(), 1) << "chunk 3 is still held";
+    pages.drop(p + 3 * chunk + half, half * sizeof(float));
+    pages.hold(p + 3 * chunk, chunk * sizeof(float));  // before any poll: the give-back is cancelled
+    pages.flush();
+    EXPECT_EQ(backed(), 1);
+    std::vector<float> back(chunk);
+    cuda::copy_to_host(back.data(), p + 3 * chunk, chunk * sizeof(float));
+    EXPECT_EQ(back, host) << "a cancelled give-back keeps the contents";
+    pages.drop(p + 3 * chunk, chunk * sizeof(float));
+    pages.flush();
+    EXPECT_EQ(backed(), 0);
+    EXPECT_EQ(pages.peak_backed_bytes(), static_cast<std::int64_t>(8 * g));
   }
   b = DeviceBuffer();
   EXPECT_EQ(cuda::allocator_stats().allocated_bytes, before);

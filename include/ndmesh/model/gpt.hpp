@@ -68,6 +68,9 @@ struct GptOptions {
   /// On CUDA: the parameters in mappable device memory (cuda::alloc_mappable), whose pages
   /// ZeRO-3 gives back and takes again in place (parallel::ParamGatherer).
   bool mappable_params = false;
+  /// On CUDA: the gradients there too (ZeRO 2/3's per-unit work space:
+  /// parallel::GradReducer::own_workspace).
+  bool mappable_grads = false;
   /// The operands of every matrix product of the linears and the LM head (ParamStore::
   /// set_matmul_precision): fp32, or rounded to bfloat16 with fp32 accumulation. The
   /// attention core's products (QK^T, PV) stay fp32.
@@ -204,7 +207,9 @@ class GptT {
   std::vector<int> backward_units() const;
   /// Called just before and just after each unit's parameters are read by the forward and
   /// by the backward (recompute included): where ZeRO-3 gathers and frees them. The model
-  /// reads a unit's parameters only between its Begin and End events.
+  /// reads a unit's parameters only between its Begin and End events, and writes a unit's
+  /// gradients only between the BackwardBegin and BackwardEnd of a unit holding its range
+  /// (the embedding's backward has them too, though it reads no parameter).
   using UnitHook = std::function<void(UnitEvent, int unit)>;
   void set_unit_hook(UnitHook hook) { unit_hook_ = std::move(hook); }
 

@@ -63,9 +63,12 @@ struct ModelPlan {
   // Data parallelism: the group replicated parameters' gradients are summed over.
   comm::Communicator grad_group;
   std::int64_t pad_to = 1;  ///< flat buffers padded to a multiple of this (ZeRO shards)
-  bool pad_units = false;   ///< ZeRO-3: each unit's range too (model::GptOptions::pad_units)
+  bool pad_units = false;   ///< ZeRO 2/3: each unit's range too (model::GptOptions::pad_units)
   /// ZeRO-3 on a GPU: the parameters in mappable device memory (model::GptOptions::mappable_params).
   bool mappable_params = false;
+  /// ZeRO 2/3 on a GPU: the gradients too (model::GptOptions::mappable_grads;
+  /// GradReducer::own_workspace gives their chunks back unit by unit).
+  bool mappable_grads = false;
   // Activation recompute.
   nn::Recompute recompute = nn::Recompute::kNone;
   // Where the chunks run.

@@ -79,9 +79,9 @@ class ParamStore {
   bool allocated() const { return params_.numel() > 0 || views_.empty(); }
   /// Moves both buffers to `device`: the parameters are copied, the gradients zeroed (a
   /// model is initialised on the host, then placed). ConfigError when `device` cannot hold T.
-  /// With `mappable_params` on CUDA the parameters (not the gradients) go into mappable
-  /// device memory (cuda::alloc_mappable: ZeRO-3).
-  void to(Device device, bool mappable_params = false);
+  /// With `mappable_params` on CUDA the parameters go into mappable device memory
+  /// (cuda::alloc_mappable: ZeRO-3), with `mappable_grads` the gradients (ZeRO 2/3).
+  void to(Device device, bool mappable_params = false, bool mappable_grads = false);
   /// Where the buffers live.
   Device device() const { return params_.device(); }
   /// A copy of the parameters on the host (size() elements).

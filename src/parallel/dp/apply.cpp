@@ -8,12 +8,14 @@ namespace ndmesh::parallel {
 void apply_data_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& o) {
   plan.grad_group = plan.batch.cp_size > 1 ? groups.cp_dp() : groups.dp();
   plan.pad_to = o.dp.zero > 0 ? plan.grad_group.size() : 1;
-  // ZeRO-3, and ZeRO-2 on the CPU, reduce-scatter unit by unit (GradReducer::per_unit):
-  // each unit's range is padded to a multiple of the group too.
-  plan.pad_units =
-      plan.grad_group.size() > 1 && (o.dp.zero == 3 || (o.dp.zero == 2 && o.device == Device::kCpu));
+  // ZeRO 2 and 3 reduce-scatter unit by unit (GradReducer::per_unit): each unit's range is
+  // padded to a multiple of the group too.
+  plan.pad_units = plan.grad_group.size() > 1 && o.dp.zero >= 2;
   // ZeRO-3 frees units in place; on a GPU that takes mappable memory (ParamGatherer).
   plan.mappable_params = o.dp.zero == 3 && o.device == Device::kCuda;
+  // So does the per-unit gradient work space (GradReducer::own_workspace), unless a split
+  // backward writes gradients outside the unit events that back them (its weight half).
+  plan.mappable_grads = plan.pad_units && o.device == Device::kCuda && !plan.split_backward;
 }
 
 }  // namespace ndmesh::parallel

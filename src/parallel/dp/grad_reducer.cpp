@@ -167,6 +167,47 @@ void GradReducer::progress_loop() {
 
 void GradReducer::zero_shard_grads() { shard_grads_.zero(); }
 
+void GradReducer::own_workspace(float* grads, bool mappable) {
+  NDMESH_CHECK(per_unit_ && workspace_ == nullptr, "dp",
+               "the gradient work space is handed over once, and only to a reducer that goes per unit");
+  workspace_ = grads;
+  if (mappable && device_ == Device::kCuda) {
+    pages_ = std::make_unique<DevicePages>(grads, static_cast<std::size_t>(flat_size_) * sizeof(float));
+    pages_->drop_unheld();
+    pages_->flush();  // gone now, before the optimizer allocates its state
+    return;
+  }
+  release_memory(grads, flat_size_, 0.0f, device_);
+}
+
+void GradReducer::release_workspace() {
+  NDMESH_CHECK(workspace_ != nullptr, "dp", "release_workspace() before own_workspace()");
+  if (!pages_) return release_memory(workspace_, flat_size_, 0.0f, device_);
+  for (Bucket& b : buckets_) give_back(b);  // none held after a completed backward
+  pages_->poll();
+}
+
+void GradReducer::begin_unit_backward(const std::vector<int>& ranges) {
+  if (!pages_) return;
+  pages_->poll();  // what retired units gave back goes first
+  for (int id : ranges) {
+    NDMESH_CHECK(id >= 0 && static_cast<std::size_t>(id) < buckets_.size(), "dp", "unit range {} of {}", id,
+                 buckets_.size());
+    Bucket& b = buckets_[buckets_.size() - 1 - static_cast<std::size_t>(id)];  // buckets run from the end
+    if (b.held) continue;
+    pages_->hold(workspace_ + b.lo, static_cast<std::size_t>(b.hi - b.lo) * sizeof(float));
+    ops::zero(workspace_ + b.lo, b.hi - b.lo, device_);  // backed again: undefined contents
+    b.held = true;
+  }
+}
+
+void GradReducer::give_back(Bucket& b) {
+  if (!pages_) return release_memory(grads_ + b.lo, b.hi - b.lo, 0.0f, device_);
+  if (!b.held) return;
+  pages_->drop(workspace_ + b.lo, static_cast<std::size_t>(b.hi - b.lo) * sizeof(float));
+  b.held = false;
+}
+
 void GradReducer::begin_backward(float* grads, bool last) {
   grads_ = grads;
   next_ = 0;
@@ -192,7 +233,7 @@ void GradReducer::start(Bucket& b) {
       b.scatter = group_.reduce_scatter_in_place_async(low);
     reduced_bytes_ += static_cast<std::int64_t>(low.size_bytes());
     // Per unit: the reduction reads only the rounded copy; the fp32 range goes back now.
-    if (per_unit_) release_memory(range.data(), static_cast<std::int64_t>(range.size()), 0.0f, device_);
+    if (per_unit_) give_back(b);
   } else {
     if (zero_ == 0)
       b.reduce = reducer_.start(range);
@@ -232,7 +273,7 @@ void GradReducer::retire(Bucket& b) {
   } else {
     ops::add(shard, grads_ + own, block, device_);
   }
-  release_memory(grads_ + b.lo, b.hi - b.lo, 0.0f, device_);  // zeros (on the CPU the pages go back)
+  give_back(b);  // zeros (on the CPU the pages go back; in mappable device memory the chunks)
   b.retired = true;
 }
 
@@ -274,7 +315,14 @@ void GradReducer::wait_in_flight() {
 }
 
 void GradReducer::sample_workspace() {
-  if (device_ != Device::kCpu) return;  // resident pages are a host measure (the GPU's stays whole)
+  if (pages_) {
+    peak_workspace_bytes_ = std::max(peak_workspace_bytes_, pages_->backed_bytes());
+    return;
+  }
+  if (device_ != Device::kCpu) {  // device memory that is not mappable stays whole
+    peak_workspace_bytes_ = flat_size_ * static_cast<std::int64_t>(sizeof(float));
+    return;
+  }
   static const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
   const auto begin = reinterpret_cast<std::uintptr_t>(grads_) / page * page;
   const auto end = reinterpret_cast<std::uintptr_t>(grads_ + flat_size_);
@@ -306,6 +354,7 @@ void GradReducer::progress() {
   if (!reduce_now_ || !options_.overlap) return;
   if (per_unit_) {  // polls, or asks the thread, and retires what completed
     retire_done();
+    if (pages_) pages_->poll();
     return;
   }
   if (options_.progress_thread) return;  // the thread polls

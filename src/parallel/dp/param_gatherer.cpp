@@ -60,22 +60,24 @@ ParamGatherer::ParamGatherer(comm::Communicator group, float* params, std::vecto
   }
   forward_order_.resize(units_.size());
   std::iota(forward_order_.begin(), forward_order_.end(), 0);
+  if (device_ != Device::kCpu) {  // the own blocks stay backed for good
+    pages_ =
+        std::make_unique<DevicePages>(params_, static_cast<std::size_t>(ranges_.back().hi) * sizeof(float));
+    for (const nn::Segment& own : shard_)
+      pages_->hold(params_ + own.offset, static_cast<std::size_t>(own.count) * sizeof(float));
+  }
   for (Range& range : ranges_) release(range);
   gathered_ = 0;
-  if (device_ != Device::kCpu) {  // the freed chunks go now, before the optimizer allocates its state
-    cuda::synchronize();
-    unmap_passed();
+  if (pages_) {  // the freed chunks go now, before the optimizer allocates its state
+    pages_->drop_unheld();
+    pages_->flush();
   }
 }
 
-ParamGatherer::~ParamGatherer() {
-  // The buffer's owner gives its memory back as a whole (cuda::free_mappable): only the events go.
-  for (const PendingUnmap& u : pending_) cuda::stream_ops().destroy_event(u.event);
-  for (void* e : spare_events_) cuda::stream_ops().destroy_event(e);
-}
+ParamGatherer::~ParamGatherer() = default;
 
 // Frees [lo, lo + count) of the buffer: NaN where a page (a chunk on CUDA) is shared with
-// what stays, the rest given back (on CUDA once the stream has passed what is queued now).
+// what stays, the rest given back (on CUDA by DevicePages, when the range is dropped).
 void ParamGatherer::free_elements(std::int64_t lo, std::int64_t count) {
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   if (count <= 0) return;
@@ -86,29 +88,6 @@ void ParamGatherer::free_elements(std::int64_t lo, std::int64_t count) {
   if (a >= b) return ops::fill(params_ + lo, kNaN, count, device_);
   ops::fill(params_ + lo, kNaN, a - lo, device_);
   ops::fill(params_ + b, kNaN, lo + count - b, device_);
-  void* event = nullptr;
-  if (spare_events_.empty()) {
-    event = cuda::stream_ops().create_event();
-  } else {
-    event = spare_events_.back();
-    spare_events_.pop_back();
-  }
-  cuda::stream_ops().record(event, cuda::stream());
-  pending_.push_back({.lo = a, .hi = b, .event = event});
-}
-
-// Gives back the chunks whose release the stream has passed.
-void ParamGatherer::unmap_passed() {
-  std::size_t kept = 0;
-  for (PendingUnmap& u : pending_) {
-    if (cuda::stream_ops().query(u.event)) {
-      cuda::unmap_pages(params_ + u.lo, static_cast<std::size_t>(u.hi - u.lo) * sizeof(float));
-      spare_events_.push_back(u.event);
-    } else {
-      pending_[kept++] = u;
-    }
-  }
-  pending_.resize(kept);
 }
 
 void ParamGatherer::offload_to(nn::OffloadArray* file) {
@@ -134,19 +113,8 @@ void ParamGatherer::release_own(bool changed) {
 }
 
 void ParamGatherer::start(Range& r) {
-  if (device_ != Device::kCpu) {
-    // Chunks of this range still waiting to be given back stay (the gather overwrites them);
-    // those given back are backed again.
-    std::size_t kept = 0;
-    for (PendingUnmap& u : pending_) {
-      if (u.lo >= r.lo && u.hi <= r.hi)
-        spare_events_.push_back(u.event);
-      else
-        pending_[kept++] = u;
-    }
-    pending_.resize(kept);
-    cuda::map_pages(params_ + r.lo, static_cast<std::size_t>(r.hi - r.lo) * sizeof(float));
-  }
+  // On CUDA the range's chunks are backed (again) before the gather writes them.
+  if (pages_) pages_->hold(params_ + r.lo, static_cast<std::size_t>(r.hi - r.lo) * sizeof(float));
   if (file_ != nullptr) {  // the own block comes back from the file first
     const auto k = static_cast<std::size_t>(&r - ranges_.data());
     file_->read(own_at_[k], shard_[k].count, params_ + shard_[k].offset);
@@ -167,6 +135,8 @@ void ParamGatherer::release(Range& r) {
   // Every element but the own block; NaN where a page is shared with it.
   free_elements(r.lo, own - r.lo);
   free_elements(own + block, r.hi - own - block);
+  if (pages_ && r.state != State::kFree)
+    pages_->drop(params_ + r.lo, static_cast<std::size_t>(r.hi - r.lo) * sizeof(float));
   if (r.state != State::kFree) gathered_ -= block * (group_.size() - 1);
   if (file_ != nullptr && r.state != State::kFree) {  // the file holds the own block: it goes too
     release_memory(params_ + own, block, std::numeric_limits<float>::quiet_NaN());
@@ -198,8 +168,11 @@ void ParamGatherer::prefetch_after(const std::vector<int>& order, int unit) {
 
 void ParamGatherer::on_unit(model::UnitEvent event, int unit) {
   using model::UnitEvent;
-  if (!pending_.empty()) unmap_passed();
+  if (pages_) pages_->poll();
   const bool forward = event == UnitEvent::kForwardBegin || event == UnitEvent::kForwardEnd;
+  // A backward that reads no parameter (the embedding's) needs nothing gathered.
+  if (!forward && std::find(backward_order_.begin(), backward_order_.end(), unit) == backward_order_.end())
+    return;
   if (event == UnitEvent::kForwardBegin || event == UnitEvent::kBackwardBegin) {
     acquire(unit);
     if (options_.prefetch) prefetch_after(forward ? forward_order_ : backward_order_, unit);
@@ -214,7 +187,7 @@ void ParamGatherer::on_unit(model::UnitEvent event, int unit) {
 }
 
 void ParamGatherer::poll() {
-  if (!pending_.empty()) unmap_passed();
+  if (pages_) pages_->poll();
   for (Range& r : ranges_)
     if (r.state == State::kInFlight && r.work.test()) r.state = State::kGathered;
 }

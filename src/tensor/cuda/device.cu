@@ -430,7 +430,8 @@ void back_chunk(char* base, Mappable& m, std::size_t i) {
   if (r == CUDA_ERROR_OUT_OF_MEMORY)
     detail::fail_error(
         "out of GPU memory: a " + mib(static_cast<double>(v.chunk)) +
-        " chunk of ZeRO-3's parameters could not be backed; lower --micro-batch or use more ranks");
+        " chunk of ZeRO's sharded parameters or gradients could not be backed; lower --micro-batch or use "
+        "more ranks");
   check_cu(r, "cuMemCreate");
   const auto at = reinterpret_cast<CUdeviceptr>(base + i * v.chunk);
   check_cu(v.map(at, v.chunk, 0, h, 0), "cuMemMap");

@@ -18,24 +18,25 @@
 // backward reduce-scatters its buckets and adds this rank's blocks to a shard
 // accumulator (DeepSpeed's stage 2: one reduce-scatter per micro-batch, the price of not
 // keeping the full gradients between them). The layers still write into the model's
-// full-size flat buffer as their work space; on the CPU (the model's units given) stage 2
-// reduces and retires per unit as stage 3 does below, so the work space holds about two
-// units, not the model; elsewhere its buckets are bucket_mb ones, zeroed after each
-// micro-batch, and the whole work space stays resident.
+// full-size flat buffer as their work space; with the model's units given (ModelPlan::
+// pad_units) stage 2 reduces and retires per unit as stage 3 does below, so the work space
+// holds about two units, not the model; without them its buckets are bucket_mb ones, zeroed
+// after each micro-batch, and the whole work space stays resident.
 // Stage 3 reduces like stage 2, with one bucket per unit of the model (model::ParamUnit:
 // the embedding, each block, the head), so that each unit's gradients are reduce-scattered
 // as soon as the backward has produced them; the parameters are sharded on the same blocks
 // (ParamGatherer), so gather_params() has nothing to do. A unit whose reduce-scatter has
 // completed is retired at the next hook (grads_final() or progress()): this rank's block is
 // added to the shard accumulator and the unit's full-size range of the work space is
-// handed back to the system (release_memory), so that during the backward the work space
+// handed back (own_workspace(): the pages to the system on the CPU; on a GPU the chunks of
+// mappable memory, backed again when a unit's backward begins), so that during the backward the work space
 // holds about the unit being written and those in flight, not the whole model's gradients
 // (with bf16 reduction the fp32 range goes back as soon as it is rounded into the bucket).
 // As FSDP does, a unit's reduce-scatter starts only once the previous unit's completed
 // (waited for at the grads-final hook, counted as exposed time), so that the backward
 // holds at most two units' full gradients even where a peer lags behind. The work
-// space's resident bytes are measured (mincore) at every grads-final hook, before that
-// wait, where the most are resident: peak_workspace_bytes().
+// space's resident bytes are measured (mincore; on a GPU the backed chunks) at every grads-final hook, before
+// that wait, where the most are resident: peak_workspace_bytes().
 //
 // Progress: Open MPI moves the data of a nonblocking operation only inside MPI calls. With
 // `progress_thread` (the default with overlap) a helper thread polls the started buckets
@@ -60,6 +61,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -67,9 +69,10 @@
 
 #include "ndmesh/comm/allreduce.hpp"
 #include "ndmesh/comm/communicator.hpp"
-#include "ndmesh/tensor/tensor.hpp"
 #include "ndmesh/nn/adamw.hpp"
+#include "ndmesh/parallel/dp/device_pages.hpp"
 #include "ndmesh/parallel/dp/param_gatherer.hpp"
+#include "ndmesh/tensor/tensor.hpp"
 
 namespace ndmesh::parallel {
 
@@ -149,9 +152,24 @@ class GradReducer {
   bool gathers_params() const { return (zero_ == 1 || zero_ == 2) && group_.size() > 1; }
   /// Sets the ZeRO-2 shard accumulator to zero (start of a step).
   void zero_shard_grads();
+
+  /// Per unit (per_unit()): the full-size work space `grads` (the buffer every backward
+  /// writes into) is this reducer's to give back from now on, and goes now. On the CPU its
+  /// pages go back (madvise: they read as zeros when touched again); in `mappable` device
+  /// memory (cuda::alloc_mappable; ModelPlan::mappable_grads) its chunks go (DevicePages), so
+  /// a unit's range is backed only from the begin of the unit's backward
+  /// (begin_unit_backward) until its reduction retires; other device memory is set to zero.
+  void own_workspace(float* grads, bool mappable);
+  /// Per unit, at the start of a step: the work space reads as zeros again, none of it kept.
+  void release_workspace();
+  /// Per unit, the model's unit hook at a unit's BackwardBegin: its backward is about to write
+  /// the gradients of `ranges` (indices of the units given at construction). In mappable
+  /// device memory the ranges not yet backed are backed and set to zero; nothing otherwise.
+  void begin_unit_backward(const std::vector<int>& ranges);
   /// Per unit (per_unit()): the most bytes of the full-size gradient work space that were
-  /// resident at once (measured with mincore at the grads-final hooks, since construction);
-  /// 0 otherwise.
+  /// resident at once (measured at the grads-final hooks, since construction: with mincore on
+  /// the CPU, the backed chunks in mappable device memory, the whole buffer in other device
+  /// memory); 0 otherwise.
   std::int64_t peak_workspace_bytes() const { return peak_workspace_bytes_; }
 
   /// Seconds from the first bucket's start to the last bucket's completion, summed over
@@ -185,6 +203,7 @@ class GradReducer {
     Tensor<BFloat16> low;           // --grad-dtype bf16: the bucket as reduced, on device_
     std::int64_t shard_at = 0;      // ZeRO 2/3: where this rank's block goes in shard_grads_
     bool retired = false;           // per unit: added to the shard, its work space released
+    bool held = false;              // per unit, mappable: its range held in pages_
   };
   // for_each_owned / for_each_counted over `segments` (a subset of shard_'s elements).
   template <typename F>
@@ -201,6 +220,7 @@ class GradReducer {
   void start(Bucket& b);
   bool poll(Bucket& b);
   void retire(Bucket& b);   // per unit: b's reduction is complete
+  void give_back(Bucket& b);  // per unit: b's range of the work space reads as zeros or is dropped
   void retire_done();       // per unit: retires every started bucket whose reduction completed
   void wait_in_flight();    // per unit: waits for the started buckets and retires them
   void sample_workspace();  // per unit: measures the work space's resident bytes
@@ -219,6 +239,8 @@ class GradReducer {
   Device device_ = Device::kCpu;
   float* grads_ = nullptr;
   std::int64_t flat_size_ = 0;
+  float* workspace_ = nullptr;           // per unit: own_workspace()'s buffer
+  std::unique_ptr<DevicePages> pages_;   // per unit in mappable device memory
   std::vector<unsigned char> resident_;  // sample_workspace()'s mincore vector
   std::int64_t peak_workspace_bytes_ = 0;
   bool reduce_now_ = false;

@@ -23,20 +23,23 @@
 // reads a range only between the Begin and End events of a unit holding it.
 //
 // On CUDA the flat buffer is mappable device memory (cuda::alloc_mappable: the model is
-// built so, ModelPlan::mappable_params): freeing fills the elements on chunks shared with the own block with
-// NaN and gives back the chunks wholly inside the freed part, but only once the compute stream has passed the
-// unit's last kernel (an event recorded at the release, checked in poll() and at every unit event); a gather
-// first cancels what is still pending in its range and backs the range's chunks again (cuda::map_pages), then
-// all-gathers into it.
+// built so, ModelPlan::mappable_params) whose chunks DevicePages keeps: the own blocks are
+// held for good and a gathered range while it is gathered. Freeing fills the freed elements
+// on chunks shared with the rest of the buffer with NaN and drops the range: its chunks that
+// nothing else holds go once the compute stream has passed the unit's last kernel (checked
+// in poll() and at every unit event); a gather holds the range first (backing its chunks
+// again, or cancelling their give-back), then all-gathers into it.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/model/gpt.hpp"
 #include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/nn/offload.hpp"
+#include "ndmesh/parallel/dp/device_pages.hpp"
 
 namespace ndmesh::parallel {
 
@@ -106,23 +109,16 @@ class ParamGatherer {
     int users = 0;
     comm::Work work;
   };
-  // Chunks of device memory to give back once the stream passes `event`.
-  struct PendingUnmap {
-    std::int64_t lo = 0, hi = 0;  // elements of the flat buffer, chunk-aligned
-    void* event = nullptr;
-  };
   void start(Range& r);
   void release(Range& r);
   void free_elements(std::int64_t lo, std::int64_t count);
-  void unmap_passed();
   void acquire(int unit);
   void prefetch_after(const std::vector<int>& order, int unit);
 
   comm::Communicator group_;
   float* params_;
   Device device_;
-  std::vector<PendingUnmap> pending_;
-  std::vector<void*> spare_events_;
+  std::unique_ptr<DevicePages> pages_;  // CUDA: the buffer's chunks (own blocks and gathered ranges held)
   GatherOptions options_;
   std::vector<Range> ranges_;
   std::vector<model::ParamUnit> units_;
