@@ -100,9 +100,11 @@ std::vector<std::unique_ptr<model::Gpt>> build_chunks(const ModelPlan& plan) {
                                                   plan.tp));
     model::Gpt& g = *chunks.back();
     // bf16 products on a GPU read the weights from a bfloat16 copy that the optimizer step
-    // writes with the update (ZeRO-3, whose gathers write the fp32 parameters only, is
-    // refused with it: train_option_problems, and GradSync checks).
-    if (plan.device == Device::kCuda && plan.matmul == MatmulPrecision::kBf16) g.params().keep_bf16_copy();
+    // writes with the update. Not under ZeRO-3: its gathers write the fp32 parameters, and a
+    // full-size copy would undo the sharding, so each product rounds its (gathered) weight
+    // itself (nn::Linear: the same values; what `ndmesh plan` assumes too). GradSync checks.
+    if (plan.device == Device::kCuda && plan.matmul == MatmulPrecision::kBf16 && !plan.mappable_params)
+      g.params().keep_bf16_copy();
     // The chunks of a rank run one backward at a time: one recompute workspace for all.
     if (chunks.size() > 1) g.share_recompute_workspace(*chunks.front());
     g.set_loss_weight(plan.loss_weight);

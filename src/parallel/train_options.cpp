@@ -64,12 +64,6 @@ std::vector<std::string> train_option_problems(const TrainOptions& o) {
         "--offload=optimizer+params with --device cuda: the parameter shard's files are read into host "
         "memory "
         "around each gather (CPU runs only); use --offload optimizer (pinned host memory) or --device cpu");
-  // ZeRO-3 on a GPU frees its units' chunks of mappable device memory, but does not gather a
-  // bf16 copy of the parameters (what --precision bf16 keeps on a GPU).
-  if (on_gpu && o.dp.zero == 3 && o.precision == Precision::kBf16)
-    out.push_back(
-        "--zero=3 with --device cuda --precision bf16: ZeRO-3 gathers fp32 parameters, not the bf16 copy the "
-        "products read on a GPU; use --zero 2, --precision fp32, or --device cpu");
   // ndmesh's own all-reduce programs (comm/allreduce.hpp) add the received chunks in host
   // loops; on a GPU the device communicator's all-reduce (NCCL's ring or tree) is the one.
   if (on_gpu && o.dp.algorithm != comm::AllReduceAlgorithm::kMpi)

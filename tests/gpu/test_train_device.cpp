@@ -53,6 +53,9 @@ struct Case {
   parallel::Precision precision = parallel::Precision::kFp32;
   bool grad_bf16 = false;  // --grad-dtype bf16: its reference is the CPU run of the same
                            // layout (the rounding of the reduced buckets is the layout's)
+  // bf16 over a model wide enough (hidden 64) that the device's other summation orders round
+  // to other bf16 values now and then: the project's bf16 layout bounds (tests/mpi/train_bf16.sh).
+  bool bf16_layout_bounds = false;
   std::int64_t hidden = 16;  // ZeRO-3: wide enough that a rank's freed part of a block spans
                              // whole chunks of mappable memory (a page in the emulator)
 };
@@ -158,13 +161,18 @@ TEST_P(CudaTrainLayouts, ThreeStepsEqualTheSerialCpuRun) {
   // 1e-5, norm 1e-5 at step 1 and 1e-4 later); a wrong shard, mask or missing reduction is
   // off by 1e-2 and more. bf16 runs meet the same bounds against the CPU's bf16 run (measured
   // 2e-8 in loss and norm), which a run without the rounding misses: fp32 differs from bf16
-  // here by 2e-5 in the loss and 5e-4 in the step-1 norm.
+  // here by 2e-5 in the loss and 5e-4 in the step-1 norm. At hidden 64 they meet the bf16
+  // layout bounds (loss 2e-4, step-1 norm 1e-5, later norms 5e-3; measured up to 1.6e-4,
+  // 4.2e-6 and 7.2e-4 for the bf16 ZeRO-3 cases, and dp 2 with micro-batches misses 1e-5 under
+  // every ZeRO stage alike), which a run without the rounding misses: 5.1e-4 in the step-1
+  // norm, 1.2e-3 in the step-3 loss.
+  const double lb = c.bf16_layout_bounds ? 2e-4 : 1e-5;
   for (int s = 0; s < kSteps; ++s) {
-    const double nb = s == 0 ? 1e-5 : 1e-4;
-    EXPECT_NEAR(got.loss[s], want.loss[s], 1e-5 * want.loss[s]) << c.name << ", step " << s + 1;
+    const double nb = s == 0 ? 1e-5 : c.bf16_layout_bounds ? 5e-3 : 1e-4;
+    EXPECT_NEAR(got.loss[s], want.loss[s], lb * want.loss[s]) << c.name << ", step " << s + 1;
     EXPECT_NEAR(got.norm[s], want.norm[s], nb * want.norm[s]) << c.name << ", step " << s + 1;
   }
-  EXPECT_NEAR(got.eval, want.eval, 1e-5 * want.eval) << c.name << ", evaluation";
+  EXPECT_NEAR(got.eval, want.eval, lb * want.eval) << c.name << ", evaluation";
 }
 
 // ZeRO 2 and 3 on a GPU keep the full-size gradient work space in mappable memory and back a
@@ -445,6 +453,22 @@ INSTANTIATE_TEST_SUITE_P(
              .mesh = "dp=2,cp=2,tp=2",
              .zero = 3,
              .sequence_parallel = true,
+             .hidden = 64},
+        // bf16 products under ZeRO-3: no bf16 copy of the weights (it would be full-size);
+        // each product rounds its gathered weight.
+        Case{.name = "bf16 dp 2 ZeRO 3 micro-batches",
+             .mesh = "dp=2",
+             .micro_batch = 1,
+             .zero = 3,
+             .precision = parallel::Precision::kBf16,
+             .bf16_layout_bounds = true,
+             .hidden = 64},
+        Case{.name = "bf16 dp 2 tp 2 sp ZeRO 3",
+             .mesh = "dp=2,tp=2",
+             .zero = 3,
+             .sequence_parallel = true,
+             .precision = parallel::Precision::kBf16,
+             .bf16_layout_bounds = true,
              .hidden = 64},
         Case{.name = "bf16 gradient communication dp 2 ZeRO 3",
              .mesh = "dp=2",
