@@ -337,12 +337,20 @@ std::int64_t Linear<T>::grads_end() const {
 }
 
 template <typename T>
-void DeferredWeightGrads<T>::run(const std::function<void(std::int64_t)>& final_from) {
+std::int64_t Linear<T>::grads_begin() const {
+  const std::int64_t w = store_->view(weight_).offset;
+  return bias_ < 0 ? w : std::min(w, store_->view(bias_).offset);
+}
+
+template <typename T>
+void DeferredWeightGrads<T>::run(const std::function<void(std::int64_t)>& final_from,
+                                 const std::function<void(std::int64_t)>& writes_at) {
   // from[k]: the largest grads_end() of the records k.. (what is not final before record k).
   std::vector<std::int64_t> from(entries_.size() + 1, 0);
   for (std::size_t k = entries_.size(); k-- > 0;) from[k] = std::max(from[k + 1], entries_[k].layer->grads_end());
   for (std::size_t k = 0; k < entries_.size(); ++k) {
     const Entry& e = entries_[k];
+    if (writes_at) writes_at(e.layer->grads_begin());
     if (e.inp16 != nullptr)
       e.layer->backward_weight(e.dout.data(), e.inp16, e.rows);
     else

@@ -37,6 +37,7 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
     // (on a GPU in mappable memory: a unit's chunks are backed when its backward begins).
     if (r->per_unit()) {
       r->own_workspace(g.params().grads().data(), model.plan.mappable_grads);
+      g.set_grads_write_hook([r](std::int64_t at) { r->writes_at(at); });
       ParamGatherer* pg = r->zero() == 3 ? gatherers_.back().get() : nullptr;
       g.set_unit_hook([pg, r, &g](model::UnitEvent e, int unit) {
         if (pg != nullptr) pg->on_unit(e, unit);

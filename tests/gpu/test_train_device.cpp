@@ -449,6 +449,22 @@ INSTANTIATE_TEST_SUITE_P(
         // before use and its chunks given back after (parallel::ParamGatherer).
         Case{.name = "dp 2 ZeRO 3 micro-batches", .mesh = "dp=2", .micro_batch = 1, .zero = 3, .hidden = 64},
         Case{.name = "dp 2 ZeRO 3 pp 2 tied", .mesh = "dp=2,pp=2", .micro_batch = 1, .zero = 3, .hidden = 64},
+        // The weight half of zb-h1's split backward writes gradients outside the unit events:
+        // its records back their units first (the model's grads-write hook).
+        Case{.name = "dp 2 ZeRO 2 pp 2 untied zb-h1",
+             .mesh = "dp=2,pp=2",
+             .micro_batch = 1,
+             .zero = 2,
+             .schedule = Schedule::kZbH1,
+             .tied = false,
+             .hidden = 64},
+        Case{.name = "dp 2 ZeRO 3 pp 2 untied zb-h1",
+             .mesh = "dp=2,pp=2",
+             .micro_batch = 1,
+             .zero = 3,
+             .schedule = Schedule::kZbH1,
+             .tied = false,
+             .hidden = 64},
         Case{.name = "dp 2 cp 2 ZeRO 3 tp 2 sp",
              .mesh = "dp=2,cp=2,tp=2",
              .zero = 3,

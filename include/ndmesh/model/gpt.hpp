@@ -192,6 +192,14 @@ class GptT {
   void report_grads_final(std::int64_t from) const {
     if (grads_final_) grads_final_(from);
   }
+  /// Called before work outside backward() writes gradients at flat offset `at` (the weight
+  /// half of a split backward): backward() itself announces its writes with the unit events.
+  /// Where ZeRO's per-unit gradient work space is backed on a GPU (GradReducer::writes_at).
+  using GradsWriteHook = std::function<void(std::int64_t at)>;
+  void set_grads_write_hook(GradsWriteHook hook) { grads_write_ = std::move(hook); }
+  void report_grads_write(std::int64_t at) const {
+    if (grads_write_) grads_write_(at);
+  }
   /// Called between the sub-layers of each block's backward (no gradient is final
   /// there) and after each block's forward: where communication in flight is driven at a
   /// finer grain than per block.
@@ -313,6 +321,7 @@ class GptT {
   double loss_weight_;
   nn::LossSum<T> loss_sum_;  // of the per-token losses, where they are (the head's stage)
   GradsFinalHook grads_final_;
+  GradsWriteHook grads_write_;
   std::function<void()> progress_;
   std::vector<std::int64_t> positions_;
   Tensor<std::int64_t> positions_device_;  // CUDA: positions_ on the device

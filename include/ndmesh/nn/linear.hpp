@@ -123,6 +123,8 @@ class Linear {
   /// One past the last flat-buffer element of its weight and bias gradients (what a
   /// deferred weight gradient still has to write below).
   std::int64_t grads_end() const;
+  /// The first flat-buffer element of its weight and bias gradients.
+  std::int64_t grads_begin() const;
 
  private:
   // dW += doutᵀ · inp, db += column sums of dout, with dout rounded as the products take it
@@ -174,8 +176,11 @@ class DeferredWeightGrads {
   /// Adds every recorded weight gradient, in record order, and forgets them. After each
   /// one, `final_from` (when given) is called with the flat offset from which every
   /// gradient is final as far as the remaining records go (the largest grads_end() of
-  /// those still to run; 0 after the last): data parallelism starts reducing there.
-  void run(const std::function<void(std::int64_t)>& final_from = {});
+  /// those still to run; 0 after the last): data parallelism starts reducing there. Before
+  /// each one, `writes_at` (when given) is called with its grads_begin(): ZeRO's per-unit
+  /// work space backs the unit there (parallel::GradReducer::writes_at).
+  void run(const std::function<void(std::int64_t)>& final_from = {},
+           const std::function<void(std::int64_t)>& writes_at = {});
   bool empty() const { return entries_.empty(); }
 
  private:

@@ -13,9 +13,8 @@ void apply_data_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOpti
   plan.pad_units = plan.grad_group.size() > 1 && o.dp.zero >= 2;
   // ZeRO-3 frees units in place; on a GPU that takes mappable memory (ParamGatherer).
   plan.mappable_params = o.dp.zero == 3 && o.device == Device::kCuda;
-  // So does the per-unit gradient work space (GradReducer::own_workspace), unless a split
-  // backward writes gradients outside the unit events that back them (its weight half).
-  plan.mappable_grads = plan.pad_units && o.device == Device::kCuda && !plan.split_backward;
+  // So does the per-unit gradient work space (GradReducer::own_workspace).
+  plan.mappable_grads = plan.pad_units && o.device == Device::kCuda;
 }
 
 }  // namespace ndmesh::parallel

@@ -193,12 +193,23 @@ void GradReducer::begin_unit_backward(const std::vector<int>& ranges) {
   for (int id : ranges) {
     NDMESH_CHECK(id >= 0 && static_cast<std::size_t>(id) < buckets_.size(), "dp", "unit range {} of {}", id,
                  buckets_.size());
-    Bucket& b = buckets_[buckets_.size() - 1 - static_cast<std::size_t>(id)];  // buckets run from the end
-    if (b.held) continue;
-    pages_->hold(workspace_ + b.lo, static_cast<std::size_t>(b.hi - b.lo) * sizeof(float));
-    ops::zero(workspace_ + b.lo, b.hi - b.lo, device_);  // backed again: undefined contents
-    b.held = true;
+    back(buckets_[buckets_.size() - 1 - static_cast<std::size_t>(id)]);  // buckets run from the end
   }
+}
+
+void GradReducer::writes_at(std::int64_t at) {
+  if (!pages_) return;
+  pages_->poll();
+  for (Bucket& b : buckets_)
+    if (b.lo <= at && at < b.hi) return back(b);
+  fail<Error>("dp", "gradient offset {} lies outside the flat buffer of {} elements", at, flat_size_);
+}
+
+void GradReducer::back(Bucket& b) {
+  if (b.held) return;
+  pages_->hold(workspace_ + b.lo, static_cast<std::size_t>(b.hi - b.lo) * sizeof(float));
+  ops::zero(workspace_ + b.lo, b.hi - b.lo, device_);  // backed again: undefined contents
+  b.held = true;
 }
 
 void GradReducer::give_back(Bucket& b) {

@@ -304,7 +304,8 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
         if (hooks.before_backward) hooks.before_backward(c, last);
         // Each weight gradient done finalises a suffix of the flat buffer: the reductions
         // start as in a whole backward.
-        it->second.run([&chunk](std::int64_t from) { chunk.report_grads_final(from); });
+        it->second.run([&chunk](std::int64_t from) { chunk.report_grads_final(from); },
+                       [&chunk](std::int64_t at) { chunk.report_grads_write(at); });
         if (hooks.after_backward) hooks.after_backward(c);
         deferred_.erase(it);
         release_acts(mb, c);

@@ -166,6 +166,9 @@ class GradReducer {
   /// the gradients of `ranges` (indices of the units given at construction). In mappable
   /// device memory the ranges not yet backed are backed and set to zero; nothing otherwise.
   void begin_unit_backward(const std::vector<int>& ranges);
+  /// The same for the unit whose range holds flat offset `at` (the model's grads-write hook:
+  /// the weight half of a split backward writes outside the unit events).
+  void writes_at(std::int64_t at);
   /// Per unit (per_unit()): the most bytes of the full-size gradient work space that were
   /// resident at once (measured at the grads-final hooks, since construction: with mincore on
   /// the CPU, the backed chunks in mappable device memory, the whole buffer in other device
@@ -221,6 +224,7 @@ class GradReducer {
   bool poll(Bucket& b);
   void retire(Bucket& b);   // per unit: b's reduction is complete
   void give_back(Bucket& b);  // per unit: b's range of the work space reads as zeros or is dropped
+  void back(Bucket& b);       // per unit, mappable: b's range backed and zeroed unless held
   void retire_done();       // per unit: retires every started bucket whose reduction completed
   void wait_in_flight();    // per unit: waits for the started buckets and retires them
   void sample_workspace();  // per unit: measures the work space's resident bytes
