@@ -21,11 +21,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <exception>
-#include <stdexcept>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -145,6 +146,25 @@ class Bench {
                      double base_ms, const std::function<void()>& f) {
     const double ms = time_ms(f);
     rows_.push_back({name, shape, ms, baseline, base_ms, fmt::format("{:.1f} TFLOP/s", flops / ms / 1e9)});
+  }
+
+  // Host work (driver calls, no kernels) timed on the host: the median of 7 samples of one
+  // call, the device idle before and after each.
+  void host(const std::string& name, const std::string& shape, const std::string& baseline, double base_ms,
+            const std::string& rate_unit, double units, const std::function<void()>& f) {
+    f();  // warm-up
+    std::vector<double> ms;
+    for (int s = 0; s < 7; ++s) {
+      cuda::synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      cuda::synchronize();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    const double median = ms[ms.size() / 2];
+    rows_.push_back(
+        {name, shape, median, baseline, base_ms, fmt::format("{:.1f} {}", median * 1e3 / units, rate_unit)});
   }
 
   // A kernel against another measured in the same run (its fp32 twin): no rate.
@@ -355,6 +375,19 @@ void run() {
                                                      kTensors, 6e-4, 0.9, 0.95, 1e-8, 1.0, 0.1, 0.05);
                           });
     }
+  }
+  {  // ZeRO's mappable memory (cuda::map_pages / unmap_pages: CUDA's virtual memory management):
+     // giving back and backing again 64 MiB in 2 MiB chunks, as a ZeRO-2/3 step does for each
+     // unit (GPT-2 small: about 700 chunk cycles a step), against copying the same bytes
+    const std::size_t bytes = 64u << 20;
+    DeviceBuffer m = DeviceBuffer::mappable(bytes);
+    const double chunks = static_cast<double>(bytes / cuda::map_granularity());
+    bench.host("unmap + map (mappable)",
+               fmt::format("{:.0f} chunks of {} KiB", chunks, cuda::map_granularity() >> 10),
+               "device copy of the bytes", bench.copy_ms(2.0 * bytes), "us/chunk", chunks, [&] {
+                 cuda::unmap_pages(m.data(), bytes);
+                 cuda::map_pages(m.data(), bytes);
+               });
   }
   cuda::synchronize();
   bench.print();
