@@ -350,8 +350,12 @@ void memset_zero(void* dst, std::size_t bytes) {
 //
 // The driver's entry points are looked up through the runtime (cudaGetDriverEntryPointByVersion),
 // so nothing links libcuda. A block is one address reservation of whole chunks; each chunk is
-// created and mapped on its own (cuMemUnmap takes a whole mapping, never part of one), its
-// handle released at once (the mapping keeps the memory; unmapping frees it).
+// mapped on its own (cuMemUnmap takes a whole mapping, never part of one). A chunk given back
+// keeps its physical memory in a pool that the next chunk backed takes (cuMemMap and
+// cuMemSetAccess again, no cuMemCreate): ZeRO gives back and backs the same number of chunks
+// every step, and the caching allocator, which never returns memory to the driver either,
+// could not have used it in between. Pooled chunks count as reserved, not allocated; freeing
+// a block releases its chunks and the pool.
 namespace {
 struct Vmm {
   CUresult (*address_reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
@@ -371,11 +375,13 @@ struct Vmm {
 struct Mappable {
   std::size_t bytes = 0;     // reserved: a whole number of chunks
   std::vector<bool> backed;  // per chunk
+  std::vector<CUmemGenericAllocationHandle> handles;  // per backed chunk: its physical memory
 };
 
 struct MappableState {
   std::mutex mutex;
   std::map<char*, Mappable> blocks;
+  std::vector<CUmemGenericAllocationHandle> pool;  // physical chunks given back, to map again
 };
 MappableState& mappables() {
   static MappableState m;
@@ -385,7 +391,7 @@ MappableState& mappables() {
 void check_cu(CUresult r, const char* what) {
   if (r != CUDA_SUCCESS)
     detail::fail_error(std::string("CUDA virtual memory (") + what + ") failed with CUresult " +
-                       std::to_string(r) + " (ZeRO-3's parameters on the GPU)");
+                       std::to_string(r) + " (ZeRO's mappable memory on the GPU)");
 }
 
 template <typename F>
@@ -425,33 +431,58 @@ const Vmm& vmm() {
 // Backs chunk `i` of the block at `base` (caller holds mappables().mutex).
 void back_chunk(char* base, Mappable& m, std::size_t i) {
   const Vmm& v = vmm();
+  auto& pool = mappables().pool;
   CUmemGenericAllocationHandle h{};
-  const CUresult r = v.create(&h, v.chunk, &v.prop, 0);
-  if (r == CUDA_ERROR_OUT_OF_MEMORY)
-    detail::fail_error(
-        "out of GPU memory: a " + mib(static_cast<double>(v.chunk)) +
-        " chunk of ZeRO's sharded parameters or gradients could not be backed; lower --micro-batch or use "
-        "more ranks");
-  check_cu(r, "cuMemCreate");
+  const bool pooled = !pool.empty();
+  if (pooled) {
+    h = pool.back();
+    pool.pop_back();
+  } else {
+    const CUresult r = v.create(&h, v.chunk, &v.prop, 0);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY)
+      detail::fail_error(
+          "out of GPU memory: a " + mib(static_cast<double>(v.chunk)) +
+          " chunk of ZeRO's sharded parameters or gradients could not be backed; lower --micro-batch or use "
+          "more ranks");
+    check_cu(r, "cuMemCreate");
+  }
   const auto at = reinterpret_cast<CUdeviceptr>(base + i * v.chunk);
-  check_cu(v.map(at, v.chunk, 0, h, 0), "cuMemMap");
-  check_cu(v.release(h), "cuMemRelease");  // the mapping keeps the memory
-  check_cu(v.set_access(at, v.chunk, &v.access, 1), "cuMemSetAccess");
+  if (const CUresult r = v.map(at, v.chunk, 0, h, 0); r != CUDA_SUCCESS) {
+    pool.push_back(h);  // still ours: released with the pool
+    if (!pooled) {
+      std::lock_guard<std::mutex> lock(state().mutex);
+      state().stats.reserved_bytes += static_cast<std::int64_t>(v.chunk);
+    }
+    check_cu(r, "cuMemMap");
+  }
+  m.handles[i] = h;
   m.backed[i] = true;
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  s.stats.allocated_bytes += static_cast<std::int64_t>(v.chunk);
-  s.stats.reserved_bytes += static_cast<std::int64_t>(v.chunk);
-  s.stats.peak_allocated_bytes = std::max(s.stats.peak_allocated_bytes, s.stats.allocated_bytes);
+  {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.stats.allocated_bytes += static_cast<std::int64_t>(v.chunk);
+    if (!pooled) s.stats.reserved_bytes += static_cast<std::int64_t>(v.chunk);
+    s.stats.peak_allocated_bytes = std::max(s.stats.peak_allocated_bytes, s.stats.allocated_bytes);
+  }
+  check_cu(v.set_access(at, v.chunk, &v.access, 1), "cuMemSetAccess");
 }
 
-void unback_chunk(char* base, Mappable& m, std::size_t i) {
+// Gives chunk `i` back: its physical memory into the pool, or to the driver when `release`.
+void unback_chunk(char* base, Mappable& m, std::size_t i, bool release) {
   const Vmm& v = vmm();
   check_cu(v.unmap(reinterpret_cast<CUdeviceptr>(base + i * v.chunk), v.chunk), "cuMemUnmap");
   m.backed[i] = false;
   State& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.stats.allocated_bytes -= static_cast<std::int64_t>(v.chunk);
+  }
+  if (!release) {
+    mappables().pool.push_back(m.handles[i]);
+    return;
+  }
+  check_cu(v.release(m.handles[i]), "cuMemRelease");
   std::lock_guard<std::mutex> lock(s.mutex);
-  s.stats.allocated_bytes -= static_cast<std::int64_t>(v.chunk);
   s.stats.reserved_bytes -= static_cast<std::int64_t>(v.chunk);
 }
 
@@ -484,6 +515,7 @@ void* alloc_mappable(std::size_t bytes) {
   Mappable& m = mappables().blocks[p];
   m.bytes = n * chunk;
   m.backed.assign(n, false);
+  m.handles.assign(n, CUmemGenericAllocationHandle{});
   for (std::size_t i = 0; i < n; ++i) back_chunk(p, m, i);
   return p;
 }
@@ -496,9 +528,16 @@ void free_mappable(void* p) noexcept {
     auto it = mappables().blocks.find(static_cast<char*>(p));
     if (it == mappables().blocks.end()) return;
     for (std::size_t i = 0; i < it->second.backed.size(); ++i)
-      if (it->second.backed[i]) unback_chunk(it->first, it->second, i);
+      if (it->second.backed[i]) unback_chunk(it->first, it->second, i, true);
     vmm().address_free(reinterpret_cast<CUdeviceptr>(p), it->second.bytes);
     mappables().blocks.erase(it);
+    // A block freed ends its training: the pool goes back to the driver too.
+    for (CUmemGenericAllocationHandle h : mappables().pool) {
+      vmm().release(h);
+      std::lock_guard<std::mutex> stats(state().mutex);
+      state().stats.reserved_bytes -= static_cast<std::int64_t>(vmm().chunk);
+    }
+    mappables().pool.clear();
   } catch (...) {  // at exit, after a failure: the driver reclaims it with the process
   }
 }
@@ -508,7 +547,7 @@ void unmap_pages(void* p, std::size_t bytes) {
   std::lock_guard<std::mutex> lock(mappables().mutex);
   auto [it, range] = chunks_inside(p, bytes);
   for (std::size_t i = range.first; i < range.second; ++i)
-    if (it->second.backed[i]) unback_chunk(it->first, it->second, i);
+    if (it->second.backed[i]) unback_chunk(it->first, it->second, i, false);
 }
 
 void map_pages(void* p, std::size_t bytes) {
