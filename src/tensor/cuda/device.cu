@@ -350,7 +350,8 @@ void memset_zero(void* dst, std::size_t bytes) {
 //
 // The driver's entry points are looked up through the runtime (cudaGetDriverEntryPointByVersion),
 // so nothing links libcuda. A block is one address reservation of whole chunks; each chunk is
-// mapped on its own (cuMemUnmap takes a whole mapping, never part of one). A chunk given back
+// mapped on its own (cuMemUnmap takes a whole mapping, never part of one), and a run of chunks
+// backed together is made accessible in one cuMemSetAccess. A chunk given back
 // keeps its physical memory in a pool that the next chunk backed takes (cuMemMap and
 // cuMemSetAccess again, no cuMemCreate): ZeRO gives back and backs the same number of chunks
 // every step, and the caching allocator, which never returns memory to the driver either,
@@ -428,7 +429,8 @@ const Vmm& vmm() {
   return v;
 }
 
-// Backs chunk `i` of the block at `base` (caller holds mappables().mutex).
+// Backs chunk `i` of the block at `base`, not yet accessible: set_access() follows over the
+// run of chunks backed (caller holds mappables().mutex).
 void back_chunk(char* base, Mappable& m, std::size_t i) {
   const Vmm& v = vmm();
   auto& pool = mappables().pool;
@@ -464,7 +466,15 @@ void back_chunk(char* base, Mappable& m, std::size_t i) {
     if (!pooled) s.stats.reserved_bytes += static_cast<std::int64_t>(v.chunk);
     s.stats.peak_allocated_bytes = std::max(s.stats.peak_allocated_bytes, s.stats.allocated_bytes);
   }
-  check_cu(v.set_access(at, v.chunk, &v.access, 1), "cuMemSetAccess");
+}
+
+// Makes chunks [first, last) of the block at `base`, just backed, readable and writable by
+// the device: one call over the run (the driver takes a range over several mappings).
+void set_access(char* base, std::size_t first, std::size_t last) {
+  const Vmm& v = vmm();
+  check_cu(v.set_access(reinterpret_cast<CUdeviceptr>(base + first * v.chunk), (last - first) * v.chunk,
+                        &v.access, 1),
+           "cuMemSetAccess");
 }
 
 // Gives chunk `i` back: its physical memory into the pool, or to the driver when `release`.
@@ -517,6 +527,7 @@ void* alloc_mappable(std::size_t bytes) {
   m.backed.assign(n, false);
   m.handles.assign(n, CUmemGenericAllocationHandle{});
   for (std::size_t i = 0; i < n; ++i) back_chunk(p, m, i);
+  set_access(p, 0, n);
   return p;
 }
 
@@ -554,8 +565,16 @@ void map_pages(void* p, std::size_t bytes) {
   if (bytes == 0) return;
   std::lock_guard<std::mutex> lock(mappables().mutex);
   auto [it, range] = chunks_inside(p, bytes);
-  for (std::size_t i = range.first; i < range.second; ++i)
-    if (!it->second.backed[i]) back_chunk(it->first, it->second, i);
+  for (std::size_t i = range.first; i < range.second;) {
+    if (it->second.backed[i]) {
+      ++i;
+      continue;
+    }
+    std::size_t j = i;  // a run of chunks given back: backed one by one, then made accessible at once
+    for (; j < range.second && !it->second.backed[j]; ++j) back_chunk(it->first, it->second, j);
+    set_access(it->first, i, j);
+    i = j;
+  }
 }
 
 MemoryInfo memory_info() {
