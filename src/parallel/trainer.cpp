@@ -192,16 +192,11 @@ MemoryBytes Trainer::memory() const {
                                        : optimizer * sizeof(float);
   m.optimizer_offloaded = optimizer_.offloaded() ? optimizer * sizeof(float) : 0.0;
   m.optimizer_host = static_cast<double>(optimizer_.pinned_host_bytes());
-  // ZeRO-2 in buckets: the whole work space; per unit (ZeRO 2/3 over 2 or more ranks)
-  // measured: the pages (on a GPU the chunks) of the work space resident at once.
+  // ZeRO 2/3 over 2 or more ranks go per unit (GradSync gives the reducers the units):
+  // measured, the pages (on a GPU the chunks) of the work space resident at once; 0 otherwise.
   m.grad_workspace = 0;
-  for (std::size_t c = 0; c < model_.chunks.size(); ++c) {
-    const GradReducer& r = sync_.reducer(c);
-    if (r.per_unit())
-      m.grad_workspace += static_cast<double>(r.peak_workspace_bytes());
-    else if (r.zero() == 2)
-      m.grad_workspace += static_cast<double>(model_.chunks[c]->params().size()) * sizeof(float);
-  }
+  for (std::size_t c = 0; c < model_.chunks.size(); ++c)
+    m.grad_workspace += static_cast<double>(sync_.reducer(c).peak_workspace_bytes());
   // Activations: measured, not estimated. The micro-batch activations the executor held at
   // once at its peak, plus the recompute workspace the chunks share.
   m.activations = static_cast<double>(executor_->peak_live_activation_bytes() +

@@ -11,7 +11,6 @@
 namespace ndmesh {
 namespace {
 
-// Mappable device memory:
 // unmap_pages gives back exactly the chunks wholly inside its range, the allocator's
 // statistics follow the backed chunks, map_pages backs them again, and what stayed backed
 // keeps its contents through both.

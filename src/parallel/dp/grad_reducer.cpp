@@ -168,9 +168,9 @@ void GradReducer::progress_loop() {
 void GradReducer::zero_shard_grads() { shard_grads_.zero(); }
 
 void GradReducer::own_workspace(float* grads, bool mappable) {
-  NDMESH_CHECK(per_unit_ && workspace_ == nullptr, "dp",
+  NDMESH_CHECK(per_unit_ && !pages_, "dp",
                "the gradient work space is handed over once, and only to a reducer that goes per unit");
-  workspace_ = grads;
+  grads_ = grads;  // the buffer every begin_backward() passes again
   if (mappable && device_ == Device::kCuda) {
     pages_ = std::make_unique<DevicePages>(grads, static_cast<std::size_t>(flat_size_) * sizeof(float));
     pages_->drop_unheld();
@@ -181,8 +181,8 @@ void GradReducer::own_workspace(float* grads, bool mappable) {
 }
 
 void GradReducer::release_workspace() {
-  NDMESH_CHECK(workspace_ != nullptr, "dp", "release_workspace() before own_workspace()");
-  if (!pages_) return release_memory(workspace_, flat_size_, 0.0f, device_);
+  NDMESH_CHECK(grads_ != nullptr, "dp", "release_workspace() before own_workspace()");
+  if (!pages_) return release_memory(grads_, flat_size_, 0.0f, device_);
   for (Bucket& b : buckets_) give_back(b);  // none held after a completed backward
   pages_->poll();
 }
@@ -207,15 +207,15 @@ void GradReducer::writes_at(std::int64_t at) {
 
 void GradReducer::back(Bucket& b) {
   if (b.held) return;
-  pages_->hold(workspace_ + b.lo, static_cast<std::size_t>(b.hi - b.lo) * sizeof(float));
-  ops::zero(workspace_ + b.lo, b.hi - b.lo, device_);  // backed again: undefined contents
+  pages_->hold(grads_ + b.lo, static_cast<std::size_t>(b.hi - b.lo) * sizeof(float));
+  ops::zero(grads_ + b.lo, b.hi - b.lo, device_);  // backed again: undefined contents
   b.held = true;
 }
 
 void GradReducer::give_back(Bucket& b) {
   if (!pages_) return release_memory(grads_ + b.lo, b.hi - b.lo, 0.0f, device_);
   if (!b.held) return;
-  pages_->drop(workspace_ + b.lo, static_cast<std::size_t>(b.hi - b.lo) * sizeof(float));
+  pages_->drop(grads_ + b.lo, static_cast<std::size_t>(b.hi - b.lo) * sizeof(float));
   b.held = false;
 }
 

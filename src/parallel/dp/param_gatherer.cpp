@@ -135,12 +135,13 @@ void ParamGatherer::release(Range& r) {
   // Every element but the own block; NaN where a page is shared with it.
   free_elements(r.lo, own - r.lo);
   free_elements(own + block, r.hi - own - block);
-  if (pages_ && r.state != State::kFree)
-    pages_->drop(params_ + r.lo, static_cast<std::size_t>(r.hi - r.lo) * sizeof(float));
-  if (r.state != State::kFree) gathered_ -= block * (group_.size() - 1);
-  if (file_ != nullptr && r.state != State::kFree) {  // the file holds the own block: it goes too
-    release_memory(params_ + own, block, std::numeric_limits<float>::quiet_NaN());
-    gathered_ -= block;
+  if (r.state != State::kFree) {  // it was gathered: what it held goes
+    if (pages_) pages_->drop(params_ + r.lo, static_cast<std::size_t>(r.hi - r.lo) * sizeof(float));
+    gathered_ -= block * (group_.size() - 1);
+    if (file_ != nullptr) {  // the file holds the own block: it goes too
+      release_memory(params_ + own, block, std::numeric_limits<float>::quiet_NaN());
+      gathered_ -= block;
+    }
   }
   r.state = State::kFree;
 }

@@ -243,7 +243,6 @@ class GradReducer {
   Device device_ = Device::kCpu;
   float* grads_ = nullptr;
   std::int64_t flat_size_ = 0;
-  float* workspace_ = nullptr;           // per unit: own_workspace()'s buffer
   std::unique_ptr<DevicePages> pages_;   // per unit in mappable device memory
   std::vector<unsigned char> resident_;  // sample_workspace()'s mincore vector
   std::int64_t peak_workspace_bytes_ = 0;
