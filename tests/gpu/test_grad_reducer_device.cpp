@@ -23,14 +23,12 @@
 
 #include <fmt/format.h>
 
+#include "emulated_staging.hpp"
 #include "gpu_test.hpp"
 #include "ndmesh/comm/inproc.hpp"
 #include "ndmesh/comm/staged.hpp"
 #include "ndmesh/parallel/dp/grad_reducer.hpp"
 #include "ndmesh/tensor/ops.hpp"
-#ifdef NDMESH_CUDA_EMULATED
-#include "emulator/memory.hpp"
-#endif
 
 namespace ndmesh {
 namespace {
@@ -51,8 +49,11 @@ class CountingStaging final : public comm::StagingMemory {
 #endif
   }
   void copy(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes == 0) return;
     if (is_device(src)) from_device_ += static_cast<std::int64_t>(bytes);
-    if (bytes) std::memcpy(dst, src, bytes);
+    // As the staged communicator's copy on a GPU: after the work queued on the stream.
+    if (is_device(src) || is_device(dst)) cuda::synchronize();
+    std::memcpy(dst, src, bytes);
   }
   std::shared_ptr<char> host_buffer(std::size_t bytes) override {
     return std::shared_ptr<char>(new char[bytes == 0 ? 1 : bytes], std::default_delete<char[]>());
@@ -207,7 +208,8 @@ TEST(CudaGradReducerBf16, EqualsTheHostReducerBitForBit) {
 #ifndef NDMESH_CUDA_EMULATED
   GTEST_SKIP() << "in-process ranks exchange host memory: emulator only";
 #endif
-  for (bool staged : {false, true})
+  for (bool staged : {false, true}) {
+    const DirectDeviceExchange direct(!staged);
     for (int n : {2, 3})
       for (const Case& c : kCases)
         comm::inproc::run(n, [&](const comm::Communicator& world) {
@@ -215,6 +217,7 @@ TEST(CudaGradReducerBf16, EqualsTheHostReducerBitForBit) {
           auto memory = std::make_shared<CountingStaging>();
           check_case(comm::staged(world, memory), c, true, [&] { return memory->from_device(); });
         });
+  }
 }
 
 }  // namespace

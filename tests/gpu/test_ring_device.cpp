@@ -91,7 +91,8 @@ TEST(CudaRingAttentionDevice, EqualsTheWholeAttention) {
   const Case cases[] = {{4, 2, 16, 2, 24, CpLayout::kZigzag},
                         {3, 1, 8, 1, 36, CpLayout::kContiguous},
                         {2, 2, 24, 1, 84, CpLayout::kZigzag}};
-  for (bool staged : {false, true})
+  for (bool staged : {false, true}) {
+    const DirectDeviceExchange direct(!staged);
     for (int n : {2, 3})
       for (const Case& c : cases) {
         if (c.seq % (c.layout == CpLayout::kZigzag ? 2 * n : n) != 0) continue;
@@ -100,6 +101,7 @@ TEST(CudaRingAttentionDevice, EqualsTheWholeAttention) {
           check_case(comm::staged(world, std::make_shared<EmulatedStaging>()), c);
         });
       }
+  }
 }
 
 // Under bf16 products the block keeps q, k and v in bf16 and the ring is given them widened:
@@ -114,7 +116,8 @@ TEST(CudaRingAttentionDevice, Bf16BlocksChangeNoBitAndMoveHalfTheBytes) {
   const std::int64_t B = 2, L = 8;
   const nn::Attention<float> attn({.heads = 4, .kv_heads = 2, .head_dim = 8});
   const std::int64_t R = attn.qkv_width(), O = attn.out_width(), H = 4;
-  for (const bool staged : {false, true})
+  for (const bool staged : {false, true}) {
+    const DirectDeviceExchange direct(!staged);
     comm::inproc::run(3, [&](const comm::Communicator& world) {
       const comm::Communicator cp = staged ? comm::staged(world, std::make_shared<EmulatedStaging>()) : world;
       const auto pos = parallel::cp_positions(3 * L, 3, cp.rank(), CpLayout::kZigzag);
@@ -151,6 +154,7 @@ TEST(CudaRingAttentionDevice, Bf16BlocksChangeNoBitAndMoveHalfTheBytes) {
       EXPECT_EQ(stats[1].dkv.bytes, 3 * block * 4);
       EXPECT_EQ(stats[0].dkv.bytes, stats[1].dkv.bytes);
     });
+  }
 }
 
 }  // namespace

@@ -40,8 +40,10 @@ void timed_product(const char* types, bool trans_a, bool trans_b, std::int64_t m
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
           std::int64_t ldc) {
-  const emu::DeviceWork work;  // reads and writes device memory
-  ndmesh::gemm<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  emu::device_op([=] {
+    const emu::DeviceWork work;  // reads and writes device memory
+    ndmesh::gemm<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  });
   timed_product("fp32", trans_a, trans_b, m, n, k);
 }
 
@@ -82,14 +84,18 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
                std::int64_t ldc, GemmEpilogue epilogue, const BFloat16*, BFloat16*, BFloat16*) {
   refuse_epilogue(epilogue, "gemm_bf16");
   if (m <= 0 || n <= 0) return;
-  const emu::DeviceWork work;  // reads and writes device memory
-  std::vector<float> c32(static_cast<std::size_t>(m * n), 0.0f);
-  if (beta != 0.0f)
+  emu::device_op([=] {
+    const emu::DeviceWork work;  // reads and writes device memory
+    std::vector<float> c32(static_cast<std::size_t>(m * n), 0.0f);
+    if (beta != 0.0f)
+      for (std::int64_t r = 0; r < m; ++r)
+        for (std::int64_t j = 0; j < n; ++j)
+          c32[static_cast<std::size_t>(r * n + j)] = static_cast<float>(c[r * ldc + j]);
+    widened_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c32.data(), n);
     for (std::int64_t r = 0; r < m; ++r)
-      for (std::int64_t j = 0; j < n; ++j) c32[static_cast<std::size_t>(r * n + j)] = static_cast<float>(c[r * ldc + j]);
-  widened_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c32.data(), n);
-  for (std::int64_t r = 0; r < m; ++r)
-    for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] = BFloat16(c32[static_cast<std::size_t>(r * n + j)]);
+      for (std::int64_t j = 0; j < n; ++j)
+        c[r * ldc + j] = BFloat16(c32[static_cast<std::size_t>(r * n + j)]);
+  });
   timed_product("bf16", trans_a, trans_b, m, n, k);
 }
 
@@ -110,25 +116,27 @@ bool try_gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
   if (m <= 0 || n <= 0 || k <= 0)
     fail<>("cuda", "try_gemm_bf16: m, n and k must be positive ({}, {}, {})", m, n, k);
   if ((gelu || dgelu) && ldc % 8 != 0) return false;
-  const emu::DeviceWork work;  // reads and writes device memory
-  std::vector<float> c32(static_cast<std::size_t>(m * n), 0.0f);
-  widened_product(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c32.data(), n);
-  for (std::int64_t r = 0; r < m; ++r) {
-    float* row = c32.data() + r * n;
-    if (!dgelu)
-      for (std::int64_t j = 0; j < n; ++j) row[j] += static_cast<float>(bias[j]);
-    if (gelu) {
-      for (std::int64_t j = 0; j < n; ++j) aux[r * ldc + j] = BFloat16(row[j]);
-      nn::Gelu<float>::forward(row, row, n, Device::kCpu);
+  emu::device_op([=] {
+    const emu::DeviceWork work;  // reads and writes device memory
+    std::vector<float> c32(static_cast<std::size_t>(m * n), 0.0f);
+    widened_product(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c32.data(), n);
+    for (std::int64_t r = 0; r < m; ++r) {
+      float* row = c32.data() + r * n;
+      if (!dgelu)
+        for (std::int64_t j = 0; j < n; ++j) row[j] += static_cast<float>(bias[j]);
+      if (gelu) {
+        for (std::int64_t j = 0; j < n; ++j) aux[r * ldc + j] = BFloat16(row[j]);
+        nn::Gelu<float>::forward(row, row, n, Device::kCpu);
+      }
+      if (dgelu) {
+        std::vector<float> pre(static_cast<std::size_t>(n));
+        for (std::int64_t j = 0; j < n; ++j)
+          pre[static_cast<std::size_t>(j)] = static_cast<float>(aux[r * ldc + j]);
+        nn::Gelu<float>::backward(row, pre.data(), row, n, Device::kCpu);  // in place: product * gelu'(aux)
+      }
+      for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] = BFloat16(row[j]);
     }
-    if (dgelu) {
-      std::vector<float> pre(static_cast<std::size_t>(n));
-      for (std::int64_t j = 0; j < n; ++j)
-        pre[static_cast<std::size_t>(j)] = static_cast<float>(aux[r * ldc + j]);
-      nn::Gelu<float>::backward(row, pre.data(), row, n, Device::kCpu);  // in place: product * gelu'(aux)
-    }
-    for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] = BFloat16(row[j]);
-  }
+  });
   timed_product("bf16", trans_a, trans_b, m, n, k, epilogue);
   return true;
 }
@@ -139,8 +147,10 @@ void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
                    std::int64_t ldc, GemmEpilogue epilogue, float*) {
   refuse_epilogue(epilogue, "gemm_bf16_f32");
   if (m <= 0 || n <= 0) return;
-  const emu::DeviceWork work;  // reads and writes device memory
-  widened_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  emu::device_op([=] {
+    const emu::DeviceWork work;  // reads and writes device memory
+    widened_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  });
   timed_product("bf16>fp32", trans_a, trans_b, m, n, k);
 }
 
@@ -158,19 +168,21 @@ bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
   if ((epilogue == GemmEpilogue::kBias && bias == nullptr) || (epilogue == GemmEpilogue::kBGradB && dbias == nullptr))
     fail<>("cuda", "try_gemm_bf16_f32: the epilogue {} needs its bias or bias gradient pointer",
            static_cast<int>(epilogue));
-  const emu::DeviceWork work;  // reads and writes device memory
-  widened_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  if (epilogue == GemmEpilogue::kBias)
-    for (std::int64_t r = 0; r < m; ++r)
-      for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] += bias[j];
-  if (epilogue == GemmEpilogue::kBGradB) {  // the sums of op(A)'s rows over k: A is [k, m] (trans_a)
-    if (!trans_a) fail<>("cuda", "try_gemm_bf16_f32: the bias gradient epilogue takes a transposed A");
-    for (std::int64_t i = 0; i < m; ++i) {
-      float sum = 0;
-      for (std::int64_t l = 0; l < k; ++l) sum += static_cast<float>(a[l * lda + i]);
-      dbias[i] = sum;
-    }
-  }
+  if (epilogue == GemmEpilogue::kBGradB && !trans_a)  // the sums of op(A)'s rows over k: A is [k, m]
+    fail<>("cuda", "try_gemm_bf16_f32: the bias gradient epilogue takes a transposed A");
+  emu::device_op([=] {
+    const emu::DeviceWork work;  // reads and writes device memory
+    widened_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (epilogue == GemmEpilogue::kBias)
+      for (std::int64_t r = 0; r < m; ++r)
+        for (std::int64_t j = 0; j < n; ++j) c[r * ldc + j] += bias[j];
+    if (epilogue == GemmEpilogue::kBGradB)
+      for (std::int64_t i = 0; i < m; ++i) {
+        float sum = 0;
+        for (std::int64_t l = 0; l < k; ++l) sum += static_cast<float>(a[l * lda + i]);
+        dbias[i] = sum;
+      }
+  });
   timed_product("bf16>fp32", trans_a, trans_b, m, n, k, epilogue);
   return true;
 }

@@ -6,7 +6,11 @@
 // stream>>>(args) -> ::emu::launch(k, grid, block, smem, stream, args)) and its dynamic
 // shared memory; this header supplies what the host compiler lacks (the qualifiers, the
 // builtin variables, __syncthreads, __syncthreads_or, __shfl_xor_sync, the _rn intrinsics,
-// float4). A launch runs its blocks one after another; a block runs its threads as fibers
+// float4). A launch is queued, as every copy, memset and product on the device is, and runs
+// when the host waits for it (device_op below: one queue in the order of the calls, run by
+// the thread that synchronises, copies to the host, or waits for or queries an event; a
+// query that finds its event not passed answers no once). A launch runs its blocks one
+// after another; a block runs its threads as fibers
 // on the calling thread (emulator.cpp), each until it reaches a barrier, in a pseudo-random
 // order that changes every pass, so that a missing barrier shows up as a wrong result
 // more often than not. __shared__ variables are function statics (one block at a time per
@@ -16,8 +20,9 @@
 // shuffle). Device memory is host memory (tests/gpu/emulator/device.cpp).
 //
 // What it cannot show: speed, the GPU's float functions (expf and tanhf here are glibc's),
-// races within a warp between barriers, and anything of cuBLASLt (test_blas runs on a GPU
-// only).
+// races within a warp between barriers, anything of cuBLASLt (test_blas runs on a GPU
+// only), and two streams overtaking each other (one queue serves every stream, so work on
+// the copy or communication stream never runs before compute work queued earlier).
 #pragma once
 
 #include <setjmp.h>
@@ -29,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -120,17 +126,35 @@ void guard_device_memory();
 void run_block(dim3 grid, dim3 threads, dim3 index, std::size_t shared_bytes,
                const std::function<void()>& body);
 
-/// Runs kernel(args...) over the grid, block by block; the arguments are converted to the
-/// kernel's parameter types first, as a launch copies them.
+/// Device work in stream order. A GPU runs a launch, an asynchronous copy or memset, and a
+/// product later than the call that enqueues it; so does the emulator: `op` is queued (one
+/// queue for the process, in the order of the calls, a valid order of every stream) and runs
+/// when the host waits for it (a synchronisation, a copy to the host, an event waited for or
+/// queried; device.cpp). Host code that reads what it did not wait for, writes a buffer a
+/// queued copy still reads, or gives memory back before the work on it ran, sees what it
+/// would see on a GPU. run_device_work_at_once(true) runs each op in its call instead.
+void device_op(std::function<void()> op);
+void run_device_work_at_once(bool at_once);
+/// Ops queued so far (an event records this), whether the first `upto` have run, and running
+/// them (every op queued when upto is the default: a synchronisation).
+std::uint64_t device_work_queued();
+bool device_work_done(std::uint64_t upto);
+void drain_device_work(std::uint64_t upto = UINT64_MAX);
+
+/// Runs kernel(args...) over the grid, block by block (in stream order: device_op); the
+/// arguments are converted to the kernel's parameter types first, as a launch copies them.
 template <typename... P, typename... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 threads, std::size_t shared_bytes, cudaStream_t,
             A&&... args) {
-  const DeviceWork work;  // device memory is readable while the kernel runs (device.cpp's guard)
-  std::tuple<std::decay_t<P>...> params(static_cast<std::decay_t<P>>(std::forward<A>(args))...);
-  const std::function<void()> body = [&] { std::apply(kernel, params); };
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) run_block(grid, threads, dim3(x, y, z), shared_bytes, body);
+  auto params = std::make_shared<std::tuple<std::decay_t<P>...>>(
+      static_cast<std::decay_t<P>>(std::forward<A>(args))...);
+  device_op([kernel, grid, threads, shared_bytes, params] {
+    const DeviceWork work;  // device memory is readable while the kernel runs (device.cpp's guard)
+    const std::function<void()> body = [&] { std::apply(kernel, *params); };
+    for (unsigned z = 0; z < grid.z; ++z)
+      for (unsigned y = 0; y < grid.y; ++y)
+        for (unsigned x = 0; x < grid.x; ++x) run_block(grid, threads, dim3(x, y, z), shared_bytes, body);
+  });
 }
 
 /// The block's dynamic shared memory (what `extern __shared__ T name[]` names).

@@ -1,5 +1,6 @@
 // tensor/device.hpp for the CUDA emulator (cuda_runtime.h beside this): "device" memory is
-// host memory, the stream is a token, copies are memcpy. Linked into the emulated test
+// host memory, the stream is a token, copies are memcpy, and device work waits in one queue
+// until the host waits for it (device_op, below). Linked into the emulated test
 // binaries in place of src/tensor/cuda/device.cu, so that the GPU tests run unchanged.
 #include <signal.h>
 #include <sys/mman.h>
@@ -11,6 +12,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -100,6 +104,67 @@ void guard_device_memory() {
   g.on = true;
 }
 
+// Device work in stream order (cuda_runtime.h's device_op): one queue for the process, run
+// by whichever host thread waits, one drain at a time, each op in the order it was queued.
+namespace {
+struct Queue {
+  std::mutex mutex;  // ops and enqueued
+  std::deque<std::function<void()>> ops;
+  std::uint64_t enqueued = 0;          // ops queued so far: an op's number is its place, from 1
+  std::atomic<std::uint64_t> done{0};  // ops run so far (only the drain holding `running` adds)
+  std::mutex running;                  // one drain at a time
+  std::atomic<bool> at_once{false};
+};
+Queue& queue() {  // never destroyed: ops still queued at exit (a deferred free) stay reachable
+  static auto* q = new Queue;
+  return *q;
+}
+}  // namespace
+
+std::uint64_t device_work_queued() {
+  Queue& q = queue();
+  std::lock_guard<std::mutex> lock(q.mutex);
+  return q.enqueued;
+}
+
+bool device_work_done(std::uint64_t upto) { return queue().done.load() >= upto; }
+
+void drain_device_work(std::uint64_t upto) {
+  Queue& q = queue();
+  std::lock_guard<std::mutex> run(q.running);
+  for (;;) {
+    std::function<void()> op;
+    {
+      std::lock_guard<std::mutex> lock(q.mutex);
+      if (q.ops.empty() || q.done.load() >= upto) return;
+      op = std::move(q.ops.front());
+      q.ops.pop_front();
+    }
+    struct Count {
+      Queue& q;
+      ~Count() { ++q.done; }
+    } count{q};
+    op();
+  }
+}
+
+void device_op(std::function<void()> op) {
+  Queue& q = queue();
+  if (q.at_once.load()) {
+    drain_device_work();
+    op();
+    return;
+  }
+  std::lock_guard<std::mutex> lock(q.mutex);
+  q.ops.push_back(std::move(op));
+  ++q.enqueued;
+}
+
+void run_device_work_at_once(bool at_once) {
+  drain_device_work();
+  queue().at_once.store(at_once);
+}
+
 namespace {
 // A block of the arena (the guard on), accessible when device work is in progress.
 void* guarded_alloc(std::size_t bytes) {
@@ -176,7 +241,10 @@ std::string unavailable_reason() { return ""; }
 void init(int) {}
 int current_device() { return 0; }
 void* stream() { return &stream_token; }
-void synchronize() { host_wait(); }
+void synchronize() {
+  emu::drain_device_work();
+  host_wait();
+}
 
 void* alloc(std::size_t bytes) {
   const std::size_t size = (bytes + 255) / 256 * 256;
@@ -200,14 +268,21 @@ void* alloc(std::size_t bytes) {
 void free(void* p) noexcept {
   if (p == nullptr) return;
   State& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  auto it = s.sizes.find(p);
-  if (it == s.sizes.end()) return;
-  s.stats.allocated_bytes -= static_cast<std::int64_t>(it->second);
-  s.stats.reserved_bytes = s.stats.allocated_bytes;
-  const std::size_t size = it->second;
-  s.sizes.erase(it);
-  if (!emu::guarded_free(p, size)) std::free(p);
+  std::size_t size = 0;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    auto it = s.sizes.find(p);
+    if (it == s.sizes.end()) return;
+    s.stats.allocated_bytes -= static_cast<std::int64_t>(it->second);
+    s.stats.reserved_bytes = s.stats.allocated_bytes;
+    size = it->second;
+    s.sizes.erase(it);
+  }
+  // Work queued before the free may still use the block (a caching allocator hands it out
+  // again in stream order): it goes back once that work has run.
+  emu::device_op([p, size] {
+    if (!emu::guarded_free(p, size)) std::free(p);
+  });
 }
 
 // Mappable memory (ZeRO-3): host pages in chunks of one page; a chunk given back is
@@ -264,6 +339,7 @@ void* alloc_mappable(std::size_t bytes) {
 
 void free_mappable(void* p) noexcept {
   if (p == nullptr) return;
+  emu::drain_device_work();  // as device.cu's synchronize(): nothing queued may touch it
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   auto it = mappables().find(static_cast<char*>(p));
@@ -320,18 +396,27 @@ bool is_device(const void* p) {
   --it;
   return c < static_cast<const char*>(it->first) + it->second;
 }
+void run_device_work_at_once(bool at_once) { emu::run_device_work_at_once(at_once); }
 }  // namespace emulator
 
-// One stream, and every kernel has ended when its launch returns: an event has passed as soon
-// as it is recorded, waits have nothing to wait for, and a block is never in use on another stream.
+// Events over the one queue of device work (cuda_runtime.h's device_op, in the order of the
+// calls, whatever the stream): an event records how many ops were queued, and has passed once
+// they have run. A stream's wait for an event has nothing to do (the queue is already in that
+// order). A query of an event that has not passed answers no and runs the work up to it, so
+// the next query answers yes: the code that polls meets "not yet" at least once, as on a GPU.
 namespace {
+std::uint64_t& event_mark(void* event) { return *static_cast<std::uint64_t*>(event); }
 class EmulatedStreamOps final : public StreamOps {
  public:
-  void* create_event() override { return new int(0); }
-  void destroy_event(void* event) noexcept override { delete static_cast<int*>(event); }
-  void record(void*, void*) override {}
+  void* create_event() override { return new std::uint64_t(0); }
+  void destroy_event(void* event) noexcept override { delete static_cast<std::uint64_t*>(event); }
+  void record(void* event, void*) override { event_mark(event) = emu::device_work_queued(); }
   void wait(void*, void*) override {}
-  bool query(void*) override { return true; }
+  bool query(void* event) override {
+    if (emu::device_work_done(event_mark(event))) return true;
+    emu::drain_device_work(event_mark(event));
+    return false;
+  }
 };
 }  // namespace
 
@@ -348,26 +433,44 @@ AllocatorStats allocator_stats() {
   return s.stats;
 }
 
+// As device.cu's: cudaMemcpyAsync from pageable memory reads the source before it returns
+// and writes the device in stream order; to the host it waits for the stream; the copies on
+// the device and the memsets are stream work.
 void copy_to_device(void* dst, const void* src, std::size_t bytes) {
-  const emu::DeviceWork work;
-  if (bytes) std::memcpy(dst, src, bytes);
-  if (bytes) detail::timed("copy host to device");
+  if (bytes == 0) return;
+  auto data = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                  static_cast<const char*>(src) + bytes);
+  emu::device_op([dst, data] {
+    const emu::DeviceWork work;
+    std::memcpy(dst, data->data(), data->size());
+  });
+  detail::timed("copy host to device");
 }
 void copy_to_host(void* dst, const void* src, std::size_t bytes) {
-  const emu::DeviceWork work;
-  if (bytes) std::memcpy(dst, src, bytes);
-  if (bytes) detail::timed("copy device to host");
-  if (bytes) host_wait();
+  if (bytes == 0) return;
+  emu::drain_device_work();
+  {
+    const emu::DeviceWork work;
+    std::memcpy(dst, src, bytes);
+  }
+  detail::timed("copy device to host");
+  host_wait();
 }
 void copy_device(void* dst, const void* src, std::size_t bytes) {
-  const emu::DeviceWork work;
-  if (bytes) std::memmove(dst, src, bytes);
-  if (bytes) detail::timed("copy on the device");
+  if (bytes == 0) return;
+  emu::device_op([dst, src, bytes] {
+    const emu::DeviceWork work;
+    std::memmove(dst, src, bytes);
+  });
+  detail::timed("copy on the device");
 }
 void memset_zero(void* dst, std::size_t bytes) {
-  const emu::DeviceWork work;
-  if (bytes) std::memset(dst, 0, bytes);
-  if (bytes) detail::timed("memset");
+  if (bytes == 0) return;
+  emu::device_op([dst, bytes] {
+    const emu::DeviceWork work;
+    std::memset(dst, 0, bytes);
+  });
+  detail::timed("memset");
 }
 
 // Pinned memory is host memory; the copy stream is the one stream (copies end when enqueued).
@@ -375,13 +478,24 @@ namespace {
 int copy_stream_token = 0;
 }  // namespace
 void* alloc_pinned(std::size_t bytes) { return std::malloc(std::max<std::size_t>(bytes, 1)); }
-void free_pinned(void* p) noexcept { std::free(p); }
-void* copy_stream() { return &copy_stream_token; }
-void copy_async(void* dst, const void* src, std::size_t bytes, void*) {
-  const emu::DeviceWork work;
-  if (bytes) std::memmove(dst, src, bytes);
+void free_pinned(void* p) noexcept {
+  emu::drain_device_work();  // cudaFreeHost waits for the device
+  std::free(p);
 }
-void wait_event(void*) { host_wait(); }
+void* copy_stream() { return &copy_stream_token; }
+// Stream work: the source is read when the copy runs (pinned memory written after the call
+// and before the copy ran is what the copy moves, as on a GPU).
+void copy_async(void* dst, const void* src, std::size_t bytes, void*) {
+  if (bytes == 0) return;
+  emu::device_op([dst, src, bytes] {
+    const emu::DeviceWork work;
+    std::memmove(dst, src, bytes);
+  });
+}
+void wait_event(void* event) {
+  emu::drain_device_work(event_mark(event));
+  host_wait();
+}
 
 // Kernel times: every launch has ended when it returns, so the host's clock from one mark to
 // the next is the operation's time (with the host's own work between the two, which a GPU
