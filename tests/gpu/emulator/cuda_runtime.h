@@ -6,10 +6,11 @@
 // stream>>>(args) -> ::emu::launch(k, grid, block, smem, stream, args)) and its dynamic
 // shared memory; this header supplies what the host compiler lacks (the qualifiers, the
 // builtin variables, __syncthreads, __syncthreads_or, __shfl_xor_sync, the _rn intrinsics,
-// float4). A launch is queued, as every copy, memset and product on the device is, and runs
-// when the host waits for it (device_op below: one queue in the order of the calls, run by
-// the thread that synchronises, copies to the host, or waits for or queries an event; a
-// query that finds its event not passed answers no once). A launch runs its blocks one
+// float4). A launch is queued on its stream, as every copy, memset and product on the device
+// is, and runs when the host waits for it (device_op below: a queue per stream in the order
+// of the calls, run by the thread that synchronises, copies to the host, or waits for or
+// queries an event; a query that finds its event not passed answers no once; a stream's
+// wait for an event holds its later work). A launch runs its blocks one
 // after another; a block runs its threads as fibers
 // on the calling thread (emulator.cpp), each until it reaches a barrier, in a pseudo-random
 // order that changes every pass, so that a missing barrier shows up as a wrong result
@@ -21,8 +22,7 @@
 //
 // What it cannot show: speed, the GPU's float functions (expf and tanhf here are glibc's),
 // races within a warp between barriers, anything of cuBLASLt (test_blas runs on a GPU
-// only), and two streams overtaking each other (one queue serves every stream, so work on
-// the copy or communication stream never runs before compute work queued earlier).
+// only), and NCCL (not built here).
 #pragma once
 
 #include <setjmp.h>
@@ -127,34 +127,49 @@ void run_block(dim3 grid, dim3 threads, dim3 index, std::size_t shared_bytes,
                const std::function<void()>& body);
 
 /// Device work in stream order. A GPU runs a launch, an asynchronous copy or memset, and a
-/// product later than the call that enqueues it; so does the emulator: `op` is queued (one
-/// queue for the process, in the order of the calls, a valid order of every stream) and runs
-/// when the host waits for it (a synchronisation, a copy to the host, an event waited for or
-/// queried; device.cpp). Host code that reads what it did not wait for, writes a buffer a
-/// queued copy still reads, or gives memory back before the work on it ran, sees what it
-/// would see on a GPU. run_device_work_at_once(true) runs each op in its call instead.
-void device_op(std::function<void()> op);
+/// product later than the call that enqueues it; so does the emulator: `op` is queued on its
+/// stream (nullptr: the compute stream), each stream's queue in the order of the calls, and
+/// runs when the host waits for it (a synchronisation, a copy to the host, an event waited
+/// for or queried; device.cpp); a stream's wait for an event holds its later ops until the
+/// other stream's work up to the event has run. Host code that reads what it did not wait
+/// for, writes a buffer a queued copy still reads, gives memory back before the work on it
+/// ran, or a stream that reads what another has not yet written (no wait between them), sees
+/// what it would see on a GPU. run_device_work_at_once(true) runs each op in its call instead.
+void device_op(std::function<void()> op, const void* stream = nullptr);
 void run_device_work_at_once(bool at_once);
-/// Ops queued so far (an event records this), whether the first `upto` have run, and running
-/// them (every op queued when upto is the default: a synchronisation).
-std::uint64_t device_work_queued();
-bool device_work_done(std::uint64_t upto);
-void drain_device_work(std::uint64_t upto = UINT64_MAX);
+/// What an event records: a stream and how many ops it had queued (seq 0: nothing to wait for).
+struct Mark {
+  const void* stream = nullptr;
+  std::uint64_t seq = 0;
+};
+Mark device_work_mark(const void* stream);
+bool device_work_done(Mark mark);
+/// Runs a stream's ops up to the mark (and what they wait for); every op queued on `stream`
+/// so far (a synchronisation of it); every stream's.
+void drain_device_work(Mark mark);
+void drain_device_work(const void* stream = nullptr);
+void drain_all_device_work();
+/// `stream`'s later work waits for the work up to `mark` (cudaStreamWaitEvent).
+void device_wait(const void* stream, Mark mark);
+/// The compute stream (cuda::stream()).
+extern int compute_stream_token;
 
 /// Runs kernel(args...) over the grid, block by block (in stream order: device_op); the
 /// arguments are converted to the kernel's parameter types first, as a launch copies them.
 template <typename... P, typename... A>
-void launch(void (*kernel)(P...), dim3 grid, dim3 threads, std::size_t shared_bytes, cudaStream_t,
+void launch(void (*kernel)(P...), dim3 grid, dim3 threads, std::size_t shared_bytes, cudaStream_t stream,
             A&&... args) {
   auto params = std::make_shared<std::tuple<std::decay_t<P>...>>(
       static_cast<std::decay_t<P>>(std::forward<A>(args))...);
-  device_op([kernel, grid, threads, shared_bytes, params] {
-    const DeviceWork work;  // device memory is readable while the kernel runs (device.cpp's guard)
-    const std::function<void()> body = [&] { std::apply(kernel, *params); };
-    for (unsigned z = 0; z < grid.z; ++z)
-      for (unsigned y = 0; y < grid.y; ++y)
-        for (unsigned x = 0; x < grid.x; ++x) run_block(grid, threads, dim3(x, y, z), shared_bytes, body);
-  });
+  device_op(
+      [kernel, grid, threads, shared_bytes, params] {
+        const DeviceWork work;  // device memory is readable while the kernel runs (device.cpp's guard)
+        const std::function<void()> body = [&] { std::apply(kernel, *params); };
+        for (unsigned z = 0; z < grid.z; ++z)
+          for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) run_block(grid, threads, dim3(x, y, z), shared_bytes, body);
+      },
+      stream);
 }
 
 /// The block's dynamic shared memory (what `extern __shared__ T name[]` names).

@@ -104,65 +104,113 @@ void guard_device_memory() {
   g.on = true;
 }
 
-// Device work in stream order (cuda_runtime.h's device_op): one queue for the process, run
-// by whichever host thread waits, one drain at a time, each op in the order it was queued.
+// Device work in stream order (cuda_runtime.h's device_op): a queue per stream, run by
+// whichever host thread waits (one at a time), each queue in the order its ops were queued;
+// an op after a stream's wait for an event first runs the other stream's work up to it.
 namespace {
-struct Queue {
-  std::mutex mutex;  // ops and enqueued
-  std::deque<std::function<void()>> ops;
-  std::uint64_t enqueued = 0;          // ops queued so far: an op's number is its place, from 1
-  std::atomic<std::uint64_t> done{0};  // ops run so far (only the drain holding `running` adds)
-  std::mutex running;                  // one drain at a time
+struct Op {
+  std::function<void()> run;  // empty: a wait for `after` only
+  Mark after{};               // work of another stream that must have run first (seq 0: none)
+};
+struct StreamQueue {
+  std::deque<Op> ops;
+  std::uint64_t enqueued = 0;  // ops queued so far: an op's number is its place, from 1
+  std::uint64_t done = 0;      // ops run so far
+};
+struct Queues {
+  std::mutex mutex;    // the queues' contents and counters
+  std::mutex running;  // one thread runs device work at a time
+  std::map<const void*, StreamQueue> streams;
   std::atomic<bool> at_once{false};
 };
-Queue& queue() {  // never destroyed: ops still queued at exit (a deferred free) stay reachable
-  static auto* q = new Queue;
+Queues& queues() {  // never destroyed: ops still queued at exit (a deferred free) stay reachable
+  static auto* q = new Queues;
   return *q;
+}
+const void* which(const void* stream) { return stream != nullptr ? stream : &compute_stream_token; }
+
+// Runs stream `stream`'s ops up to number `upto`, and first what each waits for (the caller
+// holds `running`, not `mutex`).
+void run_until(const void* stream, std::uint64_t upto, int depth = 0) {
+  Queues& q = queues();
+  if (depth > 64) {
+    std::fputs("emulator: streams wait for each other in a cycle (on a GPU: a hang)\n", stderr);
+    std::abort();
+  }
+  for (;;) {
+    Op op;
+    {
+      std::lock_guard<std::mutex> lock(q.mutex);
+      StreamQueue& s = q.streams[stream];
+      if (s.ops.empty() || s.done >= upto) return;
+      op = std::move(s.ops.front());
+      s.ops.pop_front();
+    }
+    if (op.after.seq > 0) run_until(op.after.stream, op.after.seq, depth + 1);
+    if (op.run) op.run();
+    std::lock_guard<std::mutex> lock(q.mutex);
+    ++q.streams[stream].done;
+  }
+}
+
+void enqueue(const void* stream, Op op) {
+  Queues& q = queues();
+  std::lock_guard<std::mutex> lock(q.mutex);
+  StreamQueue& s = q.streams[stream];
+  s.ops.push_back(std::move(op));
+  ++s.enqueued;
 }
 }  // namespace
 
-std::uint64_t device_work_queued() {
-  Queue& q = queue();
+int compute_stream_token = 0;
+
+Mark device_work_mark(const void* stream) {
+  Queues& q = queues();
   std::lock_guard<std::mutex> lock(q.mutex);
-  return q.enqueued;
+  return {which(stream), q.streams[which(stream)].enqueued};
 }
 
-bool device_work_done(std::uint64_t upto) { return queue().done.load() >= upto; }
+bool device_work_done(Mark mark) {
+  Queues& q = queues();
+  std::lock_guard<std::mutex> lock(q.mutex);
+  return mark.seq == 0 || q.streams[mark.stream].done >= mark.seq;
+}
 
-void drain_device_work(std::uint64_t upto) {
-  Queue& q = queue();
-  std::lock_guard<std::mutex> run(q.running);
-  for (;;) {
-    std::function<void()> op;
-    {
-      std::lock_guard<std::mutex> lock(q.mutex);
-      if (q.ops.empty() || q.done.load() >= upto) return;
-      op = std::move(q.ops.front());
-      q.ops.pop_front();
-    }
-    struct Count {
-      Queue& q;
-      ~Count() { ++q.done; }
-    } count{q};
-    op();
+void drain_device_work(Mark mark) {
+  if (mark.seq == 0) return;
+  std::lock_guard<std::mutex> run(queues().running);
+  run_until(mark.stream, mark.seq);
+}
+
+void drain_device_work(const void* stream) { drain_device_work(device_work_mark(stream)); }
+
+void drain_all_device_work() {
+  Queues& q = queues();
+  std::vector<Mark> marks;
+  {
+    std::lock_guard<std::mutex> lock(q.mutex);
+    for (auto& [stream, s] : q.streams) marks.push_back({stream, s.enqueued});
   }
+  for (const Mark& m : marks) drain_device_work(m);
 }
 
-void device_op(std::function<void()> op) {
-  Queue& q = queue();
-  if (q.at_once.load()) {
-    drain_device_work();
+void device_wait(const void* stream, Mark mark) {
+  if (mark.seq == 0 || queues().at_once.load()) return;
+  enqueue(which(stream), Op{.after = mark});
+}
+
+void device_op(std::function<void()> op, const void* stream) {
+  if (queues().at_once.load()) {
+    drain_all_device_work();
     op();
     return;
   }
-  std::lock_guard<std::mutex> lock(q.mutex);
-  q.ops.push_back(std::move(op));
-  ++q.enqueued;
+  enqueue(which(stream), Op{.run = std::move(op)});
 }
 
 void run_device_work_at_once(bool at_once) {
-  drain_device_work();
-  queue().at_once.store(at_once);
+  drain_all_device_work();
+  queues().at_once.store(at_once);
 }
 
 namespace {
@@ -232,7 +280,6 @@ State& state() {
   static State s;
   return s;
 }
-int stream_token = 0;
 }  // namespace
 
 bool built() { return true; }
@@ -240,9 +287,9 @@ int device_count() { return 1; }
 std::string unavailable_reason() { return ""; }
 void init(int) {}
 int current_device() { return 0; }
-void* stream() { return &stream_token; }
-void synchronize() {
-  emu::drain_device_work();
+void* stream() { return &emu::compute_stream_token; }
+void synchronize() {  // the compute stream, and what it waits for
+  emu::drain_device_work(stream());
   host_wait();
 }
 
@@ -339,7 +386,7 @@ void* alloc_mappable(std::size_t bytes) {
 
 void free_mappable(void* p) noexcept {
   if (p == nullptr) return;
-  emu::drain_device_work();  // as device.cu's synchronize(): nothing queued may touch it
+  emu::drain_all_device_work();  // as device.cu's synchronize(): nothing queued may touch it
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   auto it = mappables().find(static_cast<char*>(p));
@@ -399,19 +446,19 @@ bool is_device(const void* p) {
 void run_device_work_at_once(bool at_once) { emu::run_device_work_at_once(at_once); }
 }  // namespace emulator
 
-// Events over the one queue of device work (cuda_runtime.h's device_op, in the order of the
-// calls, whatever the stream): an event records how many ops were queued, and has passed once
-// they have run. A stream's wait for an event has nothing to do (the queue is already in that
-// order). A query of an event that has not passed answers no and runs the work up to it, so
-// the next query answers yes: the code that polls meets "not yet" at least once, as on a GPU.
+// Events over the streams' queues (cuda_runtime.h's device_op): an event marks how many ops
+// its stream had queued when it was recorded, and has passed once they have run; a stream's
+// wait for it holds that stream's later work until then. A query of an event that has not
+// passed answers no and runs the work up to it, so the next query answers yes: the code that
+// polls meets "not yet" at least once, as on a GPU.
 namespace {
-std::uint64_t& event_mark(void* event) { return *static_cast<std::uint64_t*>(event); }
+emu::Mark& event_mark(void* event) { return *static_cast<emu::Mark*>(event); }
 class EmulatedStreamOps final : public StreamOps {
  public:
-  void* create_event() override { return new std::uint64_t(0); }
-  void destroy_event(void* event) noexcept override { delete static_cast<std::uint64_t*>(event); }
-  void record(void* event, void*) override { event_mark(event) = emu::device_work_queued(); }
-  void wait(void*, void*) override {}
+  void* create_event() override { return new emu::Mark{}; }
+  void destroy_event(void* event) noexcept override { delete static_cast<emu::Mark*>(event); }
+  void record(void* event, void* stream) override { event_mark(event) = emu::device_work_mark(stream); }
+  void wait(void* stream, void* event) override { emu::device_wait(stream, event_mark(event)); }
   bool query(void* event) override {
     if (emu::device_work_done(event_mark(event))) return true;
     emu::drain_device_work(event_mark(event));
@@ -448,7 +495,7 @@ void copy_to_device(void* dst, const void* src, std::size_t bytes) {
 }
 void copy_to_host(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
-  emu::drain_device_work();
+  emu::drain_device_work(stream());
   {
     const emu::DeviceWork work;
     std::memcpy(dst, src, bytes);
@@ -473,24 +520,26 @@ void memset_zero(void* dst, std::size_t bytes) {
   detail::timed("memset");
 }
 
-// Pinned memory is host memory; the copy stream is the one stream (copies end when enqueued).
+// Pinned memory is host memory; the copy stream has its own queue (device_op).
 namespace {
 int copy_stream_token = 0;
 }  // namespace
 void* alloc_pinned(std::size_t bytes) { return std::malloc(std::max<std::size_t>(bytes, 1)); }
 void free_pinned(void* p) noexcept {
-  emu::drain_device_work();  // cudaFreeHost waits for the device
+  emu::drain_all_device_work();  // cudaFreeHost waits for the device
   std::free(p);
 }
 void* copy_stream() { return &copy_stream_token; }
 // Stream work: the source is read when the copy runs (pinned memory written after the call
 // and before the copy ran is what the copy moves, as on a GPU).
-void copy_async(void* dst, const void* src, std::size_t bytes, void*) {
+void copy_async(void* dst, const void* src, std::size_t bytes, void* stream) {
   if (bytes == 0) return;
-  emu::device_op([dst, src, bytes] {
-    const emu::DeviceWork work;
-    std::memmove(dst, src, bytes);
-  });
+  emu::device_op(
+      [dst, src, bytes] {
+        const emu::DeviceWork work;
+        std::memmove(dst, src, bytes);
+      },
+      stream);
 }
 void wait_event(void* event) {
   emu::drain_device_work(event_mark(event));
