@@ -48,6 +48,36 @@ void print_error(std::string_view prefix, std::string_view what) {
   fmt::print(stderr, "ndmesh: {}{}\n", prefix, shorten(what));
 }
 
+// CLI11's "Could not convert: --steps = abc" as one line that says what the flag takes and
+// what a good value looks like ("--steps=abc is not a whole number; e.g. --steps 1000").
+std::string conversion_message(const CLI::App& app, const CLI::ConversionError& e) {
+  const std::string_view what = e.what();
+  constexpr std::string_view kHead = "Could not convert: ";
+  const auto eq = what.find(" = ");
+  if (!what.starts_with(kHead) || eq == std::string_view::npos) return std::string(what);
+  const std::string name(what.substr(kHead.size(), eq - kHead.size()));
+  const std::string_view value = what.substr(eq + 3);
+  const CLI::Option* opt = app.get_option_no_throw(name);
+  for (const CLI::App* sub : app.get_subcommands())
+    if (opt == nullptr) opt = sub->get_option_no_throw(name);
+  if (opt == nullptr) return std::string(what);
+  std::string type = opt->get_type_name();
+  type = type.substr(0, type.find_first_of(": "));
+  if (type.empty() && opt->get_expected_max() == 0)  // a flag given a value: --untied=maybe
+    return fmt::format("{}={} is not true or false; give the flag alone ({}) or leave it out", name, value,
+                       name);
+  const std::string takes = type == "INT"       ? "a whole number"
+                            : type == "UINT"    ? "a whole number >= 0"
+                            : type == "FLOAT"   ? "a number"
+                            : type == "BOOLEAN" ? "true or false (also 1/0, yes/no, on/off)"
+                            : type.empty()      ? "a value this flag takes"
+                                                : "a valid " + type;
+  std::string example = opt->get_default_str();
+  if (type == "BOOLEAN" && (example == "1" || example == "0")) example = example == "1" ? "true" : "false";
+  return fmt::format("{}={} is not {}{}", name, value, takes,
+                     example.empty() ? std::string() : fmt::format("; e.g. {} {}", name, example));
+}
+
 }  // namespace
 }  // namespace ndmesh::cli
 
@@ -99,7 +129,10 @@ int main(int argc, char** argv) {
     // One line: what is wrong, and where the options are described.
     std::string where = "ndmesh";
     for (const auto* sub : app.get_subcommands()) where += " " + sub->get_name();
-    cli::print_error("", fmt::format("{}; see '{} --help'", e.what(), where));
+    const auto* conversion = dynamic_cast<const CLI::ConversionError*>(&e);
+    cli::print_error("",
+                     fmt::format("{}; see '{} --help'",
+                                 conversion ? cli::conversion_message(app, *conversion) : e.what(), where));
     return cli::kExitUsage;
   } catch (const ConfigError& e) {
     cli::print_error("", e.what());
