@@ -113,9 +113,9 @@ bad "negative cost" "cost-forward=-1|cost-forward=1" -- --cost-forward -1
 bad "negative p2p" "cost-p2p=-0.5|cost-p2p=0" -- --cost-p2p -0.5
 bad "svg path" "--svg $tmp/missing/x.svg|writable folder" -- --svg "$tmp/missing/x.svg"
 bad "colour" "--color 'sometimes'|auto, always or never" -- --color sometimes
-# Type errors come from CLI11 (via main.cpp), which adds a "Run with --help" line.
+# Type errors come from CLI11, worded by main.cpp: the flag, the value, what it takes.
 expect_rc 2 "pp not a number" -- "$ndmesh" schedule --pp four
-printf '%s' "$err" | grep -q -- "--pp = four" || fail "pp not a number: stderr: $err"
+printf '%s' "$err" | grep -q -- "--pp=four is not a whole number" || fail "pp not a number: stderr: $err"
 bad "huge" "exceeds" -- --pp 200 -m 100000
 
 [ "$failures" -eq 0 ] && echo "schedule CLI: all checks passed"
