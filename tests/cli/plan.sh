@@ -120,6 +120,10 @@ echo "$out" | grep -q "tp=3" || fail "bad tp: message: $out"
 expect_rc 2 "bad efficiency" -- "$ndmesh" plan --model llama3-8b --gpus 8 --global-batch 8 --efficiency 2
 echo "$out" | grep -q -- "--efficiency 2" || fail "bad efficiency: message: $out"
 expect_rc 2 "not a number" -- "$ndmesh" plan --model llama3-8b --gpus many --global-batch 8
+# A subcommand's flag is described by that subcommand (plan memory's --tp is a number, plan's a list).
+expect_rc 2 "memory tp not a number" -- "$ndmesh" plan memory --model llama3-8b --tp x
+echo "$out" | grep -qF -- "--tp=x is not a whole number; e.g. --tp 1; see 'ndmesh plan memory --help'" ||
+  fail "memory tp not a number: message: $out"
 
 # A custom model from flags.
 expect_rc 0 "custom model" -- "$ndmesh" plan --layers 24 --hidden 2048 --heads 16 --vocab 32000 --seq 2048 \

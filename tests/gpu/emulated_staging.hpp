@@ -38,13 +38,13 @@ class EmulatedStaging final : public comm::StagingMemory {
   }
 };
 
-/// While alive (and `on`), the emulator runs device work in its call instead of in stream
+/// While alive and `on`, the emulator runs device work in its call instead of in stream
 /// order: for in-process ranks that hand device buffers to the in-process communicator
 /// directly, which copies them with memcpy in no stream's order (NCCL's copies are stream
 /// work on a GPU; such tests are emulator only).
 class DirectDeviceExchange {
  public:
-  explicit DirectDeviceExchange(bool on = true) : on_(on) {
+  explicit DirectDeviceExchange(bool on) : on_(on) {
     if (on_) at_once(true);
   }
   ~DirectDeviceExchange() {

@@ -4,6 +4,7 @@
 #include <exception>
 #include <map>
 #include <string_view>
+#include <vector>
 
 #include <fmt/core.h>
 
@@ -48,8 +49,16 @@ void print_error(std::string_view prefix, std::string_view what) {
   fmt::print(stderr, "ndmesh: {}{}\n", prefix, shorten(what));
 }
 
+// The command and the subcommands given, outermost first ("ndmesh", "plan", "memory").
+std::vector<const CLI::App*> given_commands(const CLI::App& app) {
+  std::vector<const CLI::App*> chain{&app};
+  while (!chain.back()->get_subcommands().empty()) chain.push_back(chain.back()->get_subcommands().front());
+  return chain;
+}
+
 // CLI11's "Could not convert: --steps = abc" as one line that says what the flag takes and
-// what a good value looks like ("--steps=abc is not a whole number; e.g. --steps 1000").
+// what a good value looks like ("--steps=abc is not a whole number; e.g. --steps 1000"). The
+// flag is looked up in the innermost command given first (plan memory's --tp is not plan's).
 std::string conversion_message(const CLI::App& app, const CLI::ConversionError& e) {
   const std::string_view what = e.what();
   constexpr std::string_view kHead = "Could not convert: ";
@@ -57,9 +66,10 @@ std::string conversion_message(const CLI::App& app, const CLI::ConversionError& 
   if (!what.starts_with(kHead) || eq == std::string_view::npos) return std::string(what);
   const std::string name(what.substr(kHead.size(), eq - kHead.size()));
   const std::string_view value = what.substr(eq + 3);
-  const CLI::Option* opt = app.get_option_no_throw(name);
-  for (const CLI::App* sub : app.get_subcommands())
-    if (opt == nullptr) opt = sub->get_option_no_throw(name);
+  const CLI::Option* opt = nullptr;
+  const std::vector<const CLI::App*> chain = given_commands(app);
+  for (auto it = chain.rbegin(); it != chain.rend() && opt == nullptr; ++it)
+    opt = (*it)->get_option_no_throw(name);
   if (opt == nullptr) return std::string(what);
   std::string type = opt->get_type_name();
   type = type.substr(0, type.find_first_of(": "));
@@ -127,8 +137,9 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // One line: what is wrong, and where the options are described.
-    std::string where = "ndmesh";
-    for (const auto* sub : app.get_subcommands()) where += " " + sub->get_name();
+    std::string where;
+    for (const CLI::App* command : cli::given_commands(app))
+      where += (where.empty() ? "" : " ") + command->get_name();
     const auto* conversion = dynamic_cast<const CLI::ConversionError*>(&e);
     cli::print_error("",
                      fmt::format("{}; see '{} --help'",
