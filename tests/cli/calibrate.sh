@@ -32,10 +32,10 @@ if [ "$rc" -eq 0 ]; then
 else
   [ "$rc" -eq 2 ] || fail "calibrate --device cuda without a GPU: exit $rc, want 2: $out"
   [ "$(echo "$out" | wc -l)" -eq 1 ] || fail "calibrate --device cuda without a GPU: not one line: $out"
-  echo "$out" | grep -qE -- '^ndmesh: \[calibrate\] --device cuda: .*(no usable CUDA GPU|built without CUDA|sees no GPU)' ||
+  grep -qE -- '^ndmesh: \[calibrate\] --device cuda: .*(no usable CUDA GPU|built without CUDA|sees no GPU)' <<<"$out" ||
     fail "calibrate --device cuda without a GPU: $out"
-  echo "$out" | grep -q -- "--device cpu" || fail "calibrate --device cuda without a GPU: no fix named: $out"
-  echo "$out" | grep -qi "issue" && fail "calibrate --device cuda: an issue number in a user's message: $out"
+  grep -q -- "--device cpu" <<<"$out" || fail "calibrate --device cuda without a GPU: no fix named: $out"
+  grep -qi "issue" <<<"$out" && fail "calibrate --device cuda: an issue number in a user's message: $out"
   [ ! -e "$dir/gpu.toml" ] || fail "calibrate --device cuda wrote a file"
 fi
 # Its shape flags: a bad value is one line naming the flag, before any GPU is asked for.
@@ -43,28 +43,29 @@ for bad in "--tokens 4" "--hidden 100000" "--heads 7" "--seq 9000"; do
   # shellcheck disable=SC2086
   out=$("$ndmesh" calibrate --device cuda $bad --output "$dir/gpu.toml" 2>&1)
   rc=$?
-  [ "$rc" -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q -- "${bad% *} " ||
+  [ "$rc" -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && grep -q -- "${bad% *} " <<<"$out" ||
     fail "calibrate --device cuda $bad: exit $rc, want 2 and one line naming ${bad% *}: $out"
 done
 # --help tells what --device cuda measures.
 help=$("$ndmesh" calibrate --help 2>&1)
 for what in 'cuda (each rank.s GPU: fp32 and bf16 products, the fp32 flash attention and cuDNN.s bf16 attention' '--tokens' '--hidden' '--heads' '--seq'; do
-  echo "$help" | grep -q -- "$what" || fail "calibrate --help lacks '$what'"
+  grep -q -- "$what" <<<"$help" || fail "calibrate --help lacks '$what'"
 done
-echo "$help" | grep -q "not yet" && fail "calibrate --help still says the GPU path is missing"
+grep -q "not yet" <<<"$help" && fail "calibrate --help still says the GPU path is missing"
 
 # The numbers are positive.
 awk -F' = ' '/^(peak_tflops|intra_node_gbps|memory_gib|memory_gbps) = / && !($2 > 0) {print; bad=1} END {exit bad}' \
   "$dir/host.toml" || fail "non-positive measurement: $(cat "$dir/host.toml")"
 
-# Read back: plan and plan memory accept the file; the header names the hardware.
+# Read back: plan and plan memory accept the file; the header names the hardware. (Here-strings,
+# not echo | grep -q: under pipefail grep's early exit would fail the echo of a long output.)
 out=$("$ndmesh" plan --layers 2 --hidden 64 --heads 4 --kv-heads 2 --vocab 32 --seq 64 --mlp gelu --no-dropout \
   --precision fp32 --gpus 2 --global-batch 16 --hardware "$dir/host.toml" --top 3 2>&1) || fail "plan exit $?: $out"
-echo "$out" | grep -q "x test-host" || fail "plan header lacks the hardware name: $out"
-echo "$out" | grep -q "2 GPUs/node" || fail "plan header lacks gpus_per_node 2: $out"
+grep -q "x test-host" <<<"$out" || fail "plan header lacks the hardware name: $out"
+grep -q "2 GPUs/node" <<<"$out" || fail "plan header lacks gpus_per_node 2: $out"
 out=$("$ndmesh" plan memory --layers 2 --hidden 64 --heads 4 --vocab 32 --seq 64 --dp 2 --micro-batch 8 \
   --hardware "$dir/host.toml" --json 2>&1) || fail "plan memory exit $?: $out"
-echo "$out" | grep -q '"hardware": "test-host"' || fail "plan memory: hardware: $out"
+grep -q '"hardware": "test-host"' <<<"$out" || fail "plan memory: hardware: $out"
 
 # A hand-written file: the exact numbers come back (1 TFLOP/s, 10 GB/s): one GPU's step of
 # a 2-layer model is its model FLOPs / 1e12.
@@ -104,7 +105,7 @@ bad() {  # bad DESCRIPTION PATTERN -- file content on stdin
   out=$("$ndmesh" plan --model gpt3-1.7b --gpus 2 --global-batch 8 --hardware "$dir/bad.toml" 2>&1)
   rc=$?
   [ "$rc" -eq 2 ] || fail "$what: exit $rc, want 2: $out"
-  echo "$out" | grep -q -- "$pattern" || fail "$what: message lacks '$pattern': $out"
+  grep -q -- "$pattern" <<<"$out" || fail "$what: message lacks '$pattern': $out"
   [ "$(echo "$out" | wc -l)" -eq 1 ] || fail "$what: not one line: $out"
 }
 printf '[hardware]\nname = "x"\npeak_tflops = 1\nintra_node_gbps = 1\ngpus_per_node = 1\n' |
@@ -121,12 +122,12 @@ printf 'memory_gib = 8\n' | bad "no section" "unknown section 'memory_gib'"
 printf '[hardware\n' | bad "not toml" "not a TOML hardware file"
 out=$("$ndmesh" plan --model gpt3-1.7b --gpus 2 --global-batch 8 --hardware "$dir/none.toml" 2>&1)
 [ $? -eq 2 ] || fail "missing file: want exit 2: $out"
-echo "$out" | grep -q "none.toml: no such file" || fail "missing file: message: $out"
+grep -q "none.toml: no such file" <<<"$out" || fail "missing file: message: $out"
 
 # Bad flags.
 out=$("$ndmesh" calibrate --seconds 0 --output "$dir/x.toml" 2>&1)
 [ $? -eq 2 ] || fail "--seconds 0: want exit 2: $out"
-echo "$out" | grep -q -- "--seconds 0" || fail "--seconds 0: message: $out"
+grep -q -- "--seconds 0" <<<"$out" || fail "--seconds 0: message: $out"
 
 [ "$failures" -eq 0 ] && echo "calibrate.sh: all passed"
 exit $((failures > 0))
