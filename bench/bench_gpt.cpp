@@ -13,7 +13,7 @@
 #include <benchmark/benchmark.h>
 #include <fmt/core.h>
 
-#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/model/decoder.hpp"
 #include "ndmesh/nn/attention.hpp"
 #include "ndmesh/tensor/blas.hpp"
 #include "ndmesh/tensor/rng.hpp"
@@ -26,7 +26,7 @@ const ModelSpec kSpec{.name = "bench", .layers = 4, .hidden = 256, .heads = 4, .
 constexpr std::int64_t kBatch = 4;
 
 void BM_GptForwardBackward(benchmark::State& state) {
-  ndmesh::model::Gpt gpt(kSpec, {.seed = 1, .batch = kBatch});
+  ndmesh::model::Decoder gpt(kSpec, {.seed = 1, .batch = kBatch});
   ndmesh::Rng rng(1);
   std::vector<std::int32_t> tokens(kBatch * kSpec.seq), targets(tokens.size());
   for (auto& t : tokens) t = static_cast<std::int32_t>(rng.below(256));

@@ -6,6 +6,7 @@
 #include "ndmesh/config/training.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <set>
 
@@ -191,6 +192,42 @@ ParallelConfig resolve(ParallelConfig config, std::int64_t world) {
 
 // ---------------------------------------------------------------------------- checks
 
+std::int64_t ModelSpec::padded_vocab(std::int64_t tp) const {
+  const std::int64_t multiple = std::lcm(std::max<std::int64_t>(vocab_multiple, 1), std::max<std::int64_t>(tp, 1));
+  return (vocab + multiple - 1) / multiple * multiple;
+}
+
+ModelSpec with_arch(ModelSpec m, std::string_view arch, std::string_view flag) {
+  if (arch == "gpt2") {
+    m.norm = NormKind::kLayerNorm;
+    m.positions = PositionsKind::kLearned;
+    m.mlp = MlpKind::kGelu;
+    m.biases = true;
+    m.tied_embeddings = true;
+    m.norm_eps = 1e-5;
+  } else if (arch == "llama") {
+    m.norm = NormKind::kRmsNorm;
+    m.positions = PositionsKind::kRope;
+    m.rope_theta = 500000;
+    m.mlp = MlpKind::kSwiglu;
+    m.biases = false;
+    m.tied_embeddings = false;
+    m.norm_eps = 1e-5;
+  } else {
+    fail<ConfigError>("model", "{}={} is not a model family; use gpt2 or llama (or --model NAME for a preset)", flag,
+                      arch);
+  }
+  return m;
+}
+
+std::string arch_name(const ModelSpec& m) {
+  if (m.norm == NormKind::kLayerNorm && m.positions == PositionsKind::kLearned && m.mlp == MlpKind::kGelu)
+    return "gpt2";
+  if (m.norm == NormKind::kRmsNorm && m.positions == PositionsKind::kRope && m.mlp == MlpKind::kSwiglu)
+    return "llama";
+  return "custom";
+}
+
 std::vector<std::string> model_problems(const ModelSpec& m, ModelFieldNames names) {
   // A field as the user wrote it: "model heads" / "heads" in a config, "--heads" as a flag.
   const bool flags = names == ModelFieldNames::kFlags;
@@ -219,14 +256,39 @@ std::vector<std::string> model_problems(const ModelSpec& m, ModelFieldNames name
   if (m.ffn < 0) out.push_back(fmt::format("{}={} must be positive, or 0 for 4*hidden", label("ffn"), m.ffn));
   if (m.experts < 0)
     out.push_back(fmt::format("{}={} must be positive, or 0 for dense", label("experts"), m.experts));
+  if (m.head_dim < 0)
+    out.push_back(fmt::format("{}={} must be positive, or 0 for hidden / heads", label("head_dim"), m.head_dim));
+  if (!(m.norm_eps > 0) || !std::isfinite(m.norm_eps))
+    out.push_back(fmt::format("{}={} must be a positive number; e.g. {}=1e-5", label("norm_eps"), m.norm_eps,
+                              key("norm_eps")));
+  if (!(m.init_std > 0) || !std::isfinite(m.init_std))
+    out.push_back(fmt::format("{}={} must be a positive number; e.g. {}=0.02", label("init_std"), m.init_std,
+                              key("init_std")));
+  if (m.vocab_multiple < 1)
+    out.push_back(fmt::format("{}={} must be at least 1 (1: no padding); e.g. {}=64", label("vocab_multiple"),
+                              m.vocab_multiple, key("vocab_multiple")));
+  if (m.max_positions < 0)
+    out.push_back(fmt::format("{}={} must be positive, or 0 for seq", label("max_positions"), m.max_positions));
+  if (m.positions == PositionsKind::kRope && (!(m.rope_theta > 0) || !std::isfinite(m.rope_theta)))
+    out.push_back(fmt::format("{}={} must be positive; e.g. {}=10000 (Llama 2) or 500000 (Llama 3)",
+                              label("rope_theta"), m.rope_theta, key("rope_theta")));
   if (!out.empty()) return out;
-  if (m.hidden % m.heads != 0)
+  if (m.positions == PositionsKind::kLearned && m.max_positions > 0 && m.seq > m.max_positions)
+    out.push_back(fmt::format("{}={} is longer than the learned position table ({}={}); use {} {} or less, or "
+                              "rotary positions",
+                              label("seq"), m.seq, key("max_positions"), m.max_positions, key("seq"),
+                              m.max_positions));
+  if (m.head_dim == 0 && m.hidden % m.heads != 0)
     out.push_back(fmt::format("{}={} is not divisible by {}={}; use {}", label("hidden"), m.hidden,
                               key("heads"), m.heads, nearest_divisors(m.hidden, m.heads, key("heads"))));
   std::int64_t kv = m.kv_heads_or_heads();
   if (m.heads % kv != 0)
     out.push_back(fmt::format("{}={} is not a multiple of {}={}; use {}", label("heads"), m.heads,
                               key("kv_heads"), kv, nearest_divisors(m.heads, kv, key("kv_heads"))));
+  if (m.positions == PositionsKind::kRope && m.head_dim_or_default() % 2 != 0)
+    out.push_back(fmt::format("rotary positions need an even head size, but {} / {} = {}; use --positions learned, or "
+                              "a hidden, heads or head_dim that gives an even head size",
+                              key("hidden"), key("heads"), m.head_dim_or_default()));
   return out;
 }
 

@@ -14,7 +14,7 @@
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/model/checkpoint_dir.hpp"
-#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/model/decoder.hpp"
 
 namespace ndmesh::model {
 
@@ -232,7 +232,7 @@ void convert_to_checkpoint_dir(const std::string& file, const std::string& dir) 
   const Checkpoint c = load_checkpoint(file);
   // The serial model's views say where each parameter lives in the logical flat buffer the
   // file holds (ZeRO may have padded it: the padding is zero, and past the logical end).
-  const Gpt serial(c.spec, GptOptions{.batch = 1});
+  const Decoder serial(c.spec, ModelOptions{.batch = 1});
   std::int64_t logical = 0;
   const std::vector<std::int64_t> offsets = serial.params().logical_offsets(&logical);
   if (c.params.size() < static_cast<std::size_t>(logical) || c.adam_m.size() != c.params.size() ||

@@ -18,6 +18,7 @@ BlockOptions resolved(BlockOptions o) {
                  o.heads, o.channels);
     o.head_dim = o.channels / o.heads;
   }
+  if (o.rope) o.rope->head_dim = o.head_dim;
   return o;
 }
 
@@ -37,15 +38,18 @@ template <typename T>
 Block<T>::Block(ParamStore<T>& store, BlockOptions options, TpContext<T> tp)
     : options_(resolved(std::move(options))),
       tp_(checked(options_, std::move(tp))),
-      ln1_(
-          store,
-          {.channels = options_.channels, .name = options_.name + ".ln1", .shard = tp_.shape().replicated()}),
+      ln1_(make_norm<T>(options_.norm, store,
+                        {.channels = options_.channels,
+                         .eps = options_.norm_eps,
+                         .name = options_.name + ".ln1",
+                         .shard = tp_.shape().replicated()})),
       attn_({.heads = options_.heads / tp_.size(),
              .kv_heads = options_.kv_heads / tp_.size(),
              .head_dim = options_.head_dim}),
       // q|k|v rows of the fused weight: this rank's q heads, then its k and v heads.
       qkv_(store, {.in = options_.channels,
                    .out = attn_.qkv_width(),
+                   .bias = options_.bias,
                    .name = options_.name + ".attn.qkv",
                    .weight_shard = tp_.shape().rows(
                        {(options_.heads + 2 * options_.kv_heads) * options_.head_dim, options_.channels},
@@ -62,32 +66,46 @@ Block<T>::Block(ParamStore<T>& store, BlockOptions options, TpContext<T> tp)
       proj_(store,
             {.in = attn_.out_width(),
              .out = options_.channels,
+             .bias = options_.bias,
              .name = options_.name + ".attn.proj",
              .weight_shard = tp_.shape().columns({options_.channels, options_.heads * options_.head_dim}),
              .bias_shard = tp_.shape().replicated(),
              .deferred_bias = true}),
-      ln2_(
-          store,
-          {.channels = options_.channels, .name = options_.name + ".ln2", .shard = tp_.shape().replicated()}),
-      mlp_(store, {.channels = options_.channels,
-                   .ffn = options_.ffn,
-                   .name = options_.name + ".mlp",
-                   .tp = tp_.shape()}) {}
-
-template <typename T>
-void Block<T>::init_norms() const {
-  ln1_.init();
-  ln2_.init();
+      ln2_(make_norm<T>(options_.norm, store,
+                        {.channels = options_.channels,
+                         .eps = options_.norm_eps,
+                         .name = options_.name + ".ln2",
+                         .shard = tp_.shape().replicated()})),
+      mlp_(make_feed_forward<T>(options_.mlp, store,
+                                {.channels = options_.channels,
+                                 .ffn = options_.ffn,
+                                 .name = options_.name + ".mlp",
+                                 .tp = tp_.shape(),
+                                 .bias = options_.bias})) {
+  if (options_.rope) rope_.emplace(*options_.rope);
 }
 
 template <typename T>
 bool Block<T>::norms_in_bf16() const {
-  return mlp_.hidden_in_bf16();
+  return mlp_->hidden_in_bf16();
 }
 
 template <typename T>
 bool Block<T>::attention_in_bf16() const {
-  return std::is_same_v<T, float> && mlp_.hidden_in_bf16();  // the fp32 model's (a double one keeps T)
+  return std::is_same_v<T, float> && mlp_->hidden_in_bf16();  // the fp32 model's (a double one keeps T)
+}
+
+template <typename T>
+template <typename S>
+void Block<T>::rotate(S* qkv, std::int64_t batch, std::int64_t seq, const std::int64_t* positions,
+                      bool inverse) const {
+  if (!rope_) return;
+  const AttentionOptions& o = attn_.options();
+  // This rank's query heads, then its key heads (the value heads after them stay).
+  if (inverse)
+    rope_->backward(qkv, batch * seq, seq, attn_.qkv_width(), o.heads + o.kv_heads, positions, device());
+  else
+    rope_->forward(qkv, batch * seq, seq, attn_.qkv_width(), o.heads + o.kv_heads, positions, device());
 }
 
 template <typename T>
@@ -101,7 +119,7 @@ void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t s
     a.ln1.resize({nl, c});
     a.ln2.resize({nl, c});
   }
-  a.ln1_mean.resize({nl});
+  if (ln1_->keeps_mean()) a.ln1_mean.resize({nl});
   a.ln1_rstd.resize({nl});
   a.lse.resize({batch, attn_.options().heads, seq});
   if (attention_in_bf16()) {
@@ -112,9 +130,9 @@ void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t s
     a.atty.resize({n, attn_.out_width()});
   }
   a.res1.resize({nl, c});
-  a.ln2_mean.resize({nl});
+  if (ln2_->keeps_mean()) a.ln2_mean.resize({nl});
   a.ln2_rstd.resize({nl});
-  a.mlp.resize(n, mlp_.local_ffn(), mlp_.hidden_in_bf16());
+  a.mlp.resize(n, mlp_->pre_width(), mlp_->local_ffn(), mlp_->hidden_in_bf16());
   a.out.resize({nl, c});
   if (tp_.sequence_parallel && norms_in_bf16()) {
     a.ln1_full16.resize({n, c});
@@ -280,10 +298,10 @@ void Block<T>::resize(BlockScratch<T>& s, std::int64_t batch, std::int64_t seq) 
     s.dqkv.resize({n, attn_.qkv_width()});
     s.datty.resize({n, attn_.out_width()});
   }
-  if (mlp_.hidden_in_bf16())
-    s.dmlp16.resize({n, mlp_.local_ffn()});
+  if (mlp_->hidden_in_bf16())
+    s.dmlp16.resize({n, mlp_->scratch_width()});
   else
-    s.dmlp.resize({n, mlp_.local_ffn()});
+    s.dmlp.resize({n, mlp_->scratch_width()});
   if (tp_.sequence_parallel) {
     s.dln_full.resize({n, c});
     s.dout_full.resize({n, c});
@@ -303,20 +321,26 @@ void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch,
   const bool bf16 = norms_in_bf16();  // the norms' outputs kept (and gathered) in bf16
   const bool attn16 = attention_in_bf16();
   if (bf16) {
-    ln1_.forward(inp, a.ln1_16.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
+    ln1_->forward(inp, a.ln1_16.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
     const BFloat16* x1 = tp_.f_forward(a.ln1_16.data(), a.ln1_full16.data(), n, c);
     if (attn16)
       qkv_.forward(x1, a.qkv16.data(), n);
     else
       qkv_.forward(x1, a.qkv.data(), n);
   } else {
-    ln1_.forward(inp, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
+    ln1_->forward(inp, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
     const T* x1 = tp_.f_forward(a.ln1.data(), a.ln1_full.data(), n, c);
     if (attn16)
       qkv_.forward(x1, a.qkv16.data(), n);
     else
       qkv_.forward(x1, a.qkv.data(), n);
   }
+  // Rotary positions at the rows' global positions: what is kept (and recomputed from) is
+  // the rotated qkv.
+  if (attn16)
+    rotate(a.qkv16.data(), batch, seq, positions, false);
+  else
+    rotate(a.qkv.data(), batch, seq, positions, false);
   attention_forward(a, batch, seq, core, positions);
   T* part = sp ? partial_.data() : a.res1.data();
   if (attn16)
@@ -327,16 +351,16 @@ void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch,
   // res1 = (proj's output + its deferred bias) + inp, and ln2 of it: one pass.
   part = sp ? partial_.data() : a.out.data();
   if (bf16) {
-    ln2_.forward_residual(a.res1.data(), inp, a.res1.data(), a.ln2_16.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
-                          nl, proj_.bias());
-    mlp_.forward(tp_.f_forward(a.ln2_16.data(), a.ln2_full16.data(), n, c), part, a.mlp, n);
+    ln2_->forward_residual(a.res1.data(), inp, a.res1.data(), a.ln2_16.data(), a.ln2_mean.data(),
+                           a.ln2_rstd.data(), nl, proj_.bias());
+    mlp_->forward(tp_.f_forward(a.ln2_16.data(), a.ln2_full16.data(), n, c), part, a.mlp, n);
   } else {
-    ln2_.forward_residual(a.res1.data(), inp, a.res1.data(), a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), nl,
-                          proj_.bias());
-    mlp_.forward(tp_.f_forward(a.ln2.data(), a.ln2_full.data(), n, c), part, a.mlp, n);
+    ln2_->forward_residual(a.res1.data(), inp, a.res1.data(), a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
+                           nl, proj_.bias());
+    mlp_->forward(tp_.f_forward(a.ln2.data(), a.ln2_full.data(), n, c), part, a.mlp, n);
   }
   tp_.g_forward(part, a.out.data(), n, c);
-  mlp_.proj().add_bias(a.out.data(), nl, a.res1.data());  // and the residual, in the same pass
+  mlp_->proj().add_bias(a.out.data(), nl, a.res1.data());  // and the residual, in the same pass
 }
 
 template <typename T>
@@ -359,14 +383,14 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   // ln2's backward (below) in one pass.
   const T* dout_full = tp_.g_backward(dout, s.dout_full.data(), n, c);
   if (bf16)  // writes dfull
-    mlp_.backward(dout_full, x2_16, a.mlp, dfull, s.dmlp16.data(), n);
+    mlp_->backward(dout_full, x2_16, a.mlp, dfull, s.dmlp16.data(), n);
   else
-    mlp_.backward(dout_full, x2, a.mlp, dfull, s.dmlp.data(), n);
+    mlp_->backward(dout_full, x2, a.mlp, dfull, s.dmlp.data(), n);
   poll();
   tp_.f_backward(dfull, s.dln.data(), n, c);
   // The MLP's deferred bias gradient is the column sums of dout: ln2's backward reads it anyway.
-  ln2_.backward(s.dln.data(), a.res1.data(), a.ln2_mean.data(), a.ln2_rstd.data(), s.dres1.data(), nl, dout,
-                mlp_.proj().bias_grad());
+  ln2_->backward(s.dln.data(), a.res1.data(), a.ln2_mean.data(), a.ln2_rstd.data(), s.dres1.data(), nl, dout,
+                 mlp_->proj().bias_grad());
   // First residual: d inp = d res1 (identity path) + the attention branch through ln1.
   const T* dres1_full = tp_.g_backward(s.dres1.data(), s.dout_full.data(), n, c);
   const bool attn16 = attention_in_bf16();
@@ -375,7 +399,11 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   else
     proj_.backward(dres1_full, a.atty.data(), s.datty.data(), n, GradInto::kSet);
   poll();
-  attention_backward(a, s, batch, seq, core, positions);  // writes d qkv
+  attention_backward(a, s, batch, seq, core, positions);  // writes d qkv (of the rotated q and k)
+  if (attn16)
+    rotate(s.dqkv16.data(), batch, seq, positions, true);
+  else
+    rotate(s.dqkv.data(), batch, seq, positions, true);
   poll();
   if (attn16 && bf16)
     qkv_.backward(s.dqkv16.data(), x1_16, dfull, n, GradInto::kSet);
@@ -388,8 +416,8 @@ void Block<T>::backward(const T* dout, const T* inp, const BlockActivations<T>& 
   tp_.f_backward(dfull, s.dln.data(), n, c);
   // d inp = the identity path's d res1 + the norm's gradient, in one pass; proj's deferred bias
   // gradient, the column sums of d res1, in the same read.
-  ln1_.backward(s.dln.data(), inp, a.ln1_mean.data(), a.ln1_rstd.data(), dinp, nl, s.dres1.data(),
-                proj_.bias_grad());
+  ln1_->backward(s.dln.data(), inp, a.ln1_mean.data(), a.ln1_rstd.data(), dinp, nl, s.dres1.data(),
+                 proj_.bias_grad());
 }
 
 template class Block<float>;

@@ -12,9 +12,9 @@ namespace ndmesh::nn {
 template <typename T>
 Embedding<T>::Embedding(ParamStore<T>& store, EmbeddingOptions options, TpContext<T> tp)
     : store_(&store), options_(std::move(options)), tp_(std::move(tp)) {
-  NDMESH_CHECK(options_.vocab > 0 && options_.channels > 0 && options_.max_seq > 0, "nn",
-               "embedding '{}' has vocab={} channels={} max_seq={}; all must be positive", options_.name,
-               options_.vocab, options_.channels, options_.max_seq);
+  NDMESH_CHECK(options_.vocab > 0 && options_.channels > 0 && options_.max_seq >= 0, "nn",
+               "embedding '{}' has vocab={} channels={} max_seq={}; vocab and channels must be positive",
+               options_.name, options_.vocab, options_.channels, options_.max_seq);
   NDMESH_CHECK(options_.vocab % tp_.size() == 0, "nn", "embedding '{}': tp={} does not divide vocab={}",
                options_.name, tp_.size(), options_.vocab);
   local_vocab_ = options_.vocab / tp_.size();
@@ -22,8 +22,9 @@ Embedding<T>::Embedding(ParamStore<T>& store, EmbeddingOptions options, TpContex
   // The token table is a matrix (decayed, shared by a tied head); positions are too.
   tokens_ = store.add(options_.name + ".tokens", {local_vocab_, options_.channels}, true,
                       tp_.shape().rows({options_.vocab, options_.channels}));
-  positions_ = store.add(options_.name + ".positions", {options_.max_seq, options_.channels}, true,
-                         ParamShard{.rank = tp_.rank(), .size = tp_.size()});
+  if (options_.max_seq > 0)
+    positions_ = store.add(options_.name + ".positions", {options_.max_seq, options_.channels}, true,
+                           ParamShard{.rank = tp_.rank(), .size = tp_.size()});
 }
 
 namespace {
@@ -65,14 +66,14 @@ void Embedding<T>::forward_at(const std::int32_t* tokens, T* out, std::int64_t b
     T* part = tp_.sequence_parallel ? work(n * c) : out;
     cuda::embedding_tokens_forward(part, tokens, store_->param(tokens_), n, c, vocab_start_, local_vocab_);
     tp_.g_forward(part, out, n, c);
-    cuda::embedding_positions_forward(out, store_->param(positions_), positions, first, nl, seq, c);
+    if (positions_ >= 0) cuda::embedding_positions_forward(out, store_->param(positions_), positions, first, nl, seq, c);
   })
-  for (std::int64_t t = 0; t < seq; ++t)
-    NDMESH_CHECK(positions[t] >= 0 && positions[t] < options_.max_seq, "nn",
-                 "position {} of row {} is outside the model's sequence length {}", positions[t], t,
-                 options_.max_seq);
+  if (positions_ >= 0)
+    for (std::int64_t t = 0; t < seq; ++t)
+      NDMESH_CHECK(positions[t] >= 0 && positions[t] < options_.max_seq, "nn",
+                   "position {} of row {} is outside the model's sequence length {}", positions[t], t,
+                   options_.max_seq);
   const T* wte = store_->param(tokens_);
-  const T* wpe = store_->param(positions_);
   // Every rank embeds the tokens of its vocabulary shard (zeros for the others); g sums them.
   T* part = tp_.sequence_parallel ? work(n * c) : out;
   for (std::int64_t r = 0; r < n; ++r) {
@@ -88,6 +89,8 @@ void Embedding<T>::forward_at(const std::int32_t* tokens, T* out, std::int64_t b
       std::fill(o, o + c, T(0));
   }
   tp_.g_forward(part, out, n, c);
+  if (positions_ < 0) return;
+  const T* wpe = store_->param(positions_);
   for (std::int64_t i = 0; i < nl; ++i) {
     const T* p = wpe + positions[(first + i) % seq] * c;
     T* o = out + i * c;
@@ -102,15 +105,21 @@ void Embedding<T>::backward_at(const T* dout, const std::int32_t* tokens, std::i
   // The full d output (gathered under sequence parallelism): every rank computes the
   // whole position gradient, so the replicated table needs no reduction.
   const T* full = tp_.g_backward(dout, tp_.sequence_parallel ? work(n * c) : nullptr, n, c);
-  NDMESH_CUDA_TWIN(store_->device(), cuda::embedding_backward(store_->grad(tokens_), store_->grad(positions_), full,
-                                                              tokens, positions, n, seq, c, vocab_start_,
-                                                              local_vocab_))
   T* dwte = store_->grad(tokens_);
-  T* dwpe = store_->grad(positions_);
+  T* dwpe = positions_ >= 0 ? store_->grad(positions_) : nullptr;
+  NDMESH_CUDA_TWIN(store_->device(), cuda::embedding_backward(dwte, dwpe, full, tokens, positions, n, seq, c,
+                                                              vocab_start_, local_vocab_))
   for (std::int64_t r = 0; r < n; ++r) {
     const T* d = full + r * c;
-    T* p = dwpe + positions[r % seq] * c;
     const std::int64_t local = tokens[r] - vocab_start_;
+    if (dwpe == nullptr) {
+      if (local >= 0 && local < local_vocab_) {
+        T* e = dwte + local * c;
+        for (std::int64_t i = 0; i < c; ++i) e[i] += d[i];
+      }
+      continue;
+    }
+    T* p = dwpe + positions[r % seq] * c;
     if (local >= 0 && local < local_vocab_) {
       T* e = dwte + local * c;
       for (std::int64_t i = 0; i < c; ++i) {

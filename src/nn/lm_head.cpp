@@ -57,17 +57,18 @@ LmHead<T>::LmHead(ParamStore<T>& store, LmHeadOptions options)
                     .weight_shard = options_.tp.rows({options_.vocab, options_.channels})}) {}
 
 template <typename T>
-bool LmHead<T>::fused() const {
-  return proj_.device() == Device::kCuda && options_.tp.size == 1 && !options_.split_backward;
+bool LmHead<T>::fuses(bool deferred) const {
+  return proj_.device() == Device::kCuda && options_.tp.size == 1 && !deferred;
 }
 
 template <typename T>
-void LmHead<T>::resize(ClassifierActivations<T>& a, std::int64_t rows) const {
+void LmHead<T>::resize(ClassifierActivations<T>& a, std::int64_t rows, bool deferred) const {
+  a.fused = fuses(deferred);
   const Device device = proj_.device();
   a.logits.set_device(device);
   a.logits16.set_device(device);
   a.losses.set_device(device);
-  const bool bf16 = fused() && proj_.matmul_precision() == MatmulPrecision::kBf16;
+  const bool bf16 = a.fused && proj_.matmul_precision() == MatmulPrecision::kBf16;
   a.logits.resize(bf16 ? std::vector<std::int64_t>{0} : std::vector<std::int64_t>{rows, local_vocab()});
   a.logits16.resize(bf16 ? std::vector<std::int64_t>{rows, padded_vocab()} : std::vector<std::int64_t>{0});
   a.losses.resize({rows});
@@ -78,12 +79,12 @@ void LmHead<T>::forward_loss(const T* inp, const std::int32_t* targets, Classifi
                              std::int64_t rows, [[maybe_unused]] T scale, TpComm<T>& comm, LossSum<T>& sum) const {
   const Device device = proj_.device();
   const std::int64_t v = local_vocab();
-  const bool bf16 = proj_.matmul_precision() == MatmulPrecision::kBf16, in_bf16 = fused() && bf16;
+  const bool bf16 = proj_.matmul_precision() == MatmulPrecision::kBf16, in_bf16 = a.fused && bf16;
   NDMESH_CHECK((in_bf16 ? a.logits16.numel() : a.logits.numel()) == rows * (in_bf16 ? padded_vocab() : v), "nn",
                "'{}': the classifier's activations were sized for another device, precision or batch; make them "
                "after ParamStore::to and set_matmul_precision",
                options_.name);
-  if (fused()) {
+  if (a.fused) {
     NDMESH_CUDA_TWIN(device, {
       if (bf16) {
         proj_.forward(inp, a.logits16.data(), padded_vocab(), rows);
@@ -108,9 +109,9 @@ template <typename T>
 void LmHead<T>::backward_loss(ClassifierActivations<T>& a, const std::int32_t* targets, const T* inp, T* dinp,
                               std::int64_t rows, T scale) const {
   const std::int64_t v = local_vocab();
-  if (fused() && a.logits16.numel() > 0)
+  if (a.fused && a.logits16.numel() > 0)
     return proj_.backward(a.logits16.data(), padded_vocab(), inp, dinp, rows, GradInto::kSet);
-  if (!fused())  // the gradient over the probabilities (fused: the forward wrote it)
+  if (!a.fused)  // the gradient over the probabilities (fused: the forward wrote it)
     CrossEntropy<T>::backward(proj_.device(), a.logits.data(), targets, a.logits.data(), rows, v,
                               v * options_.tp.rank, scale);
   backward(a.logits.data(), inp, dinp, rows, GradInto::kSet);

@@ -14,13 +14,12 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
       grad_(model.plan.grad_group),
       tp_(model.plan.tp),
       tokens_(static_cast<double>(model.plan.batch.global_batch * model.plan.batch.seq)) {
-  const bool pipelined = model.plan.pp.size() > 1;
   for (std::size_t c = 0; c < model.chunks.size(); ++c) {
-    model::Gpt& g = *model.chunks[c];
+    model::Model& g = *model.chunks[c];
     chunks_.push_back(&g);
     // ZeRO 2 and 3 reduce unit by unit where the units are padded to shards (apply.cpp).
     reducers_.push_back(std::make_unique<GradReducer>(grad_, g.params().size(), options,
-                                                      model.plan.pad_units ? g.unit_ranges()
+                                                      model.plan.store.pad_units ? g.unit_ranges()
                                                                            : std::vector<nn::Segment>{},
                                                       g.device()));
     GradReducer* r = reducers_.back().get();
@@ -36,7 +35,7 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
     // Per unit the work space is written one unit at a time: none of it resident until then
     // (on a GPU in mappable memory: a unit's chunks are backed when its backward begins).
     if (r->per_unit()) {
-      r->own_workspace(g.params().grads().data(), model.plan.mappable_grads);
+      r->own_workspace(g.params().grads().data(), model.plan.store.mappable_grads);
       g.set_grads_write_hook([r](std::int64_t at) { r->writes_at(at); });
       ParamGatherer* pg = r->zero() == 3 ? gatherers_.back().get() : nullptr;
       g.set_unit_hook([pg, r, &g](model::UnitEvent e, int unit) {
@@ -44,10 +43,6 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
         if (e == model::UnitEvent::kBackwardBegin)
           r->begin_unit_backward(g.units()[static_cast<std::size_t>(unit)].ranges);
       });
-    }
-    if (pipelined && model.plan.spec.tied_embeddings) {
-      if (g.has_head() && !g.has_embedding()) tied_copy_chunk_ = static_cast<int>(c);
-      if (g.has_embedding() && !g.has_head()) tied_main_chunk_ = static_cast<int>(c);
     }
   }
   embedding_ = groups.embedding();  // collective over the world, on every rank
@@ -77,41 +72,46 @@ void GradSync::begin_backward(int chunk, bool last) {
 void GradSync::end_backward(int chunk) { reducers_[static_cast<std::size_t>(chunk)]->finish_backward(); }
 
 template <typename F>
-void GradSync::for_each_owned_table_grad(std::size_t c, F&& f) {
-  model::Gpt& g = *chunks_[c];
-  const int id = g.params().find("embed.tokens");
-  NDMESH_CHECK(id >= 0, "train", "a chunk with a tied head has no embed.tokens");
-  const ParamView& view = g.params().view(id);
+void GradSync::for_each_owned_tied_grad(std::size_t c, const ParamView& view, F&& f) {
+  model::Model& g = *chunks_[c];
   reducers_[c]->for_each_owned(g.params().grads().data(), view.offset, view.numel, f);
 }
 
-void GradSync::sum_tied_table(std::size_t c) {
-  model::Gpt& g = *chunks_[c];
+void GradSync::sum_tied(std::size_t c, const ParamView& view) {
+  model::Model& g = *chunks_[c];
   if (reducers_[c]->zero() == 0) {
-    const int id = g.params().find("embed.tokens");
-    embedding_.all_reduce(std::span<float>(g.params().grad(id), static_cast<std::size_t>(g.params().view(id).numel)));
+    embedding_.all_reduce(
+        std::span<float>(g.params().grads().data() + view.offset, static_cast<std::size_t>(view.numel)));
     return;
   }
-  // Under ZeRO each element has one owner in the gradient group: a zero-filled table with
-  // this rank's owned runs, summed over the group, is the whole table's gradient (where the
+  // Under ZeRO each element has one owner in the gradient group: a zero-filled tensor with
+  // this rank's owned runs, summed over the group, is the whole tensor's gradient (where the
   // gradients live: device memory on CUDA).
   const Device device = g.device();
-  const std::int64_t numel = g.params().view(g.params().find("embed.tokens")).numel;
-  Tensor<float> table({numel}, device);
-  for_each_owned_table_grad(c, [&](float* p, std::int64_t n, std::int64_t at) {
-    ops::copy(table.data() + at, p, n, device);
+  Tensor<float> whole({view.numel}, device);
+  for_each_owned_tied_grad(c, view, [&](float* p, std::int64_t n, std::int64_t at) {
+    ops::copy(whole.data() + at, p, n, device);
   });
-  const std::span<float> all(table.data(), static_cast<std::size_t>(numel));
+  const std::span<float> all(whole.data(), static_cast<std::size_t>(view.numel));
   grad_.all_reduce(all);
   embedding_.all_reduce(all);
-  for_each_owned_table_grad(c, [&](float* p, std::int64_t n, std::int64_t at) {
-    ops::copy(p, table.data() + at, n, device);
+  for_each_owned_tied_grad(c, view, [&](float* p, std::int64_t n, std::int64_t at) {
+    ops::copy(p, whole.data() + at, n, device);
   });
+}
+
+void GradSync::sum_tied_weights() {
+  // The copy on a later stage first, then the owner (every member of the embedding group
+  // calls its all-reduces in the order of its chunks: a rank holds one side at most).
+  for (const Tied side : {Tied::kCopy, Tied::kOwner})
+    for (std::size_t c = 0; c < chunks_.size(); ++c)
+      for (const ParamView& v : chunks_[c]->params().views())
+        if (v.tied == side) sum_tied(c, v);
 }
 
 void GradSync::sum_replicated_over_tp() {
   std::vector<ParamStore<float>*> stores;
-  for (model::Gpt* g : chunks_) stores.push_back(&g->params());
+  for (model::Model* g : chunks_) stores.push_back(&g->params());
   parallel::sum_replicated_over_tp<float>(
       tp_, stores,
       [&](std::size_t c, const ParamView& v, auto&& f) {
@@ -125,10 +125,10 @@ std::vector<std::pair<const float*, std::int64_t>> GradSync::counted_runs() cons
   // Every counted run, summed in this order (on CUDA in one pass, not a host sync per tensor).
   std::vector<std::pair<const float*, std::int64_t>> runs;
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    model::Gpt& g = *chunks_[c];
+    model::Model& g = *chunks_[c];
     for (const ParamView& v : g.params().views()) {
       if (!v.shard.sharded() && !tp_lead) continue;  // replicated over tp: counted on tp rank 0
-      if (static_cast<int>(c) == tied_copy_chunk_ && v.name == "embed.tokens") continue;  // the embedding's counts
+      if (v.tied == Tied::kCopy) continue;             // the owner's copy counts
       reducers_[c]->for_each_counted(g.params().grads().data(), v.offset, v.numel,
                                      [&](const float* x, std::int64_t n, std::int64_t) { runs.emplace_back(x, n); });
     }
@@ -153,8 +153,7 @@ StepSums GradSync::from_world_sums(double loss_sum, double square_sum) const {
 }
 
 StepSums GradSync::finish_step(double loss_sum) {
-  if (tied_copy_chunk_ >= 0) sum_tied_table(static_cast<std::size_t>(tied_copy_chunk_));
-  if (tied_main_chunk_ >= 0) sum_tied_table(static_cast<std::size_t>(tied_main_chunk_));
+  sum_tied_weights();
   sum_replicated_over_tp();
   if (across_replicas_) across_replicas_(loss_sum);
   return host_sums(loss_sum, counted_square_sum());
@@ -164,19 +163,18 @@ StepSums GradSync::finish_step_from_heads(bool leave_pending) {
   // The replicas' sum comes in between and needs the loss before the norm: read here.
   if (across_replicas_) {
     double loss_sum = 0;
-    for (model::Gpt* c : chunks_)
+    for (model::Model* c : chunks_)
       if (c->has_head()) loss_sum += c->take_loss_sum();
     return finish_step(loss_sum);
   }
-  if (tied_copy_chunk_ >= 0) sum_tied_table(static_cast<std::size_t>(tied_copy_chunk_));
-  if (tied_main_chunk_ >= 0) sum_tied_table(static_cast<std::size_t>(tied_main_chunk_));
+  sum_tied_weights();
   sum_replicated_over_tp();
   const Device device = chunks_.empty() ? Device::kCpu : chunks_.front()->device();
   if (sums_.size() == 0) sums_ = ops::Scratch<double>(2, device);
   double* sums = sums_.data();
   // One rank holds at most one head (the last virtual stage).
-  model::Gpt* head = nullptr;
-  for (model::Gpt* c : chunks_)
+  model::Model* head = nullptr;
+  for (model::Model* c : chunks_)
     if (c->has_head()) head = c;
   if (head != nullptr)
     head->take_loss_sum_into(sums);

@@ -80,30 +80,24 @@ RankModel parallelize(const TrainOptions& o, ProcessGroups& groups) {
   return m;
 }
 
-std::vector<std::unique_ptr<model::Gpt>> build_chunks(const ModelPlan& plan) {
-  std::vector<std::unique_ptr<model::Gpt>> chunks;
+std::vector<std::unique_ptr<model::Model>> build_chunks(const ModelPlan& plan) {
+  std::vector<std::unique_ptr<model::Model>> chunks;
   for (const ChunkPlan& c : plan.chunks) {
-    chunks.push_back(std::make_unique<model::Gpt>(plan.spec,
-                                                  model::GptOptions{.seed = plan.seed,
-                                                                    .batch = plan.batch.micro_batch,
-                                                                    .seq = plan.batch.local_seq(),
-                                                                    .first_block = c.first_block,
-                                                                    .last_block = c.last_block,
-                                                                    .pad_to = plan.pad_to,
-                                                                    .pad_units = plan.pad_units,
-                                                                    .recompute = plan.recompute,
-                                                                    .split_backward = plan.split_backward,
-                                                                    .device = plan.device,
-                                                                    .mappable_params = plan.mappable_params,
-                                                                    .mappable_grads = plan.mappable_grads,
-                                                                    .matmul = plan.matmul},
-                                                  plan.tp));
-    model::Gpt& g = *chunks.back();
+    chunks.push_back(model::build<float>(plan.spec,
+                                         {.seed = plan.seed,
+                                          .batch = plan.batch.micro_batch,
+                                          .seq = plan.batch.local_seq(),
+                                          .recompute = plan.recompute,
+                                          .device = plan.device,
+                                          .matmul = plan.matmul},
+                                         model::UnitRange::blocks(c.first_block, c.last_block, plan.spec.layers),
+                                         plan.tp, plan.store));
+    model::Model& g = *chunks.back();
     // bf16 products on a GPU read the weights from a bfloat16 copy that the optimizer step
     // writes with the update. Not under ZeRO-3: its gathers write the fp32 parameters, and a
     // full-size copy would undo the sharding, so each product rounds its (gathered) weight
     // itself (nn::Linear: the same values; what `ndmesh plan` assumes too). GradSync checks.
-    if (plan.device == Device::kCuda && plan.matmul == MatmulPrecision::kBf16 && !plan.mappable_params)
+    if (plan.device == Device::kCuda && plan.matmul == MatmulPrecision::kBf16 && !plan.store.mappable_params)
       g.params().keep_bf16_copy();
     // The chunks of a rank run one backward at a time: one recompute workspace for all.
     if (chunks.size() > 1) g.share_recompute_workspace(*chunks.front());

@@ -12,13 +12,12 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
     : optimizer_(optimizer), sync_(sync) {
   const int tp_rank = model.plan.tp.rank();
   const bool writer = sync.group().rank() == 0;
-  const bool pipelined = model.plan.pp.size() > 1;
   m_.resize(model.chunks.size());
   v_.resize(model.chunks.size());
   host_params_.resize(model.chunks.size());
   for (auto& c : model.chunks) chunks_.push_back(c.get());
   for (std::size_t c = 0; c < model.chunks.size(); ++c) {
-    model::Gpt& g = *model.chunks[c];
+    model::Model& g = *model.chunks[c];
     const auto size = g.params().params().size();
     m_[c].assign(size, 0.0f);
     v_[c].assign(size, 0.0f);
@@ -37,7 +36,6 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
         sync.group().all_reduce(std::span<float>(v_[c]));
       }
     }
-    const bool tied_copy = pipelined && model.plan.spec.tied_embeddings && g.has_head() && !g.has_embedding();
     // On a device the entries point into a host copy of the parameters (downloaded here
     // for a save; commit() uploads it after a load).
     float* p = g.params().params().data();
@@ -58,7 +56,8 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
       p = host_params_[c].data();
     }
     for (const ParamView& view : g.params().views()) {
-      const bool writes = writer && (view.shard.sharded() || tp_rank == 0) && !(tied_copy && view.name == "embed.tokens");
+      // The copy of a tied weight is the owner's (ParamView::tied): written once, by the owner.
+      const bool writes = writer && (view.shard.sharded() || tp_rank == 0) && view.tied != Tied::kCopy;
       entries_.push_back({.view = &view,
                           .params = p + view.offset,
                           .m = m_[c].data() + view.offset,

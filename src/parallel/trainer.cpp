@@ -35,7 +35,7 @@ Trainer::Trainer(TrainOptions options, std::unique_ptr<model::DataSource> data, 
       sync_(model_, groups_, options_.dp),
       optimizer_(model_, sync_, options_.adamw, options_.offload, static_cast<int>(groups_.rank())),
       trace_(options_.pp.trace_steps) {
-  std::vector<model::Gpt*> raw;
+  std::vector<model::Model*> raw;
   for (auto& c : model_.chunks) raw.push_back(c.get());
   executor_ = std::make_unique<pp::Executor>(model_.plan.schedule, model_.plan.pp, std::move(raw),
                                              pp::ExecutorOptions{.timeout_s = options_.pp.timeout_s});
@@ -83,7 +83,7 @@ void Trainer::set_share(std::int64_t first, std::int64_t count) {
   auto& e = shares_[count];
   if (!e) {
     const pp::PipelineSchedule& base = model_.plan.schedule;
-    std::vector<model::Gpt*> raw;
+    std::vector<model::Model*> raw;
     for (auto& c : model_.chunks) raw.push_back(c.get());
     e = std::make_unique<pp::Executor>(pp::make_schedule({.schedule = base.kind,
                                                           .stages = base.stages,

@@ -32,6 +32,13 @@ int ParamStore<T>::add(std::string name, std::vector<std::int64_t> shape, bool d
 }
 
 template <typename T>
+void ParamStore<T>::set_tied(int id, Tied tied) {
+  NDMESH_CHECK(params_.numel() == 0, "nn", "parameter '{}' marked tied after the store was allocated",
+               views_.at(static_cast<std::size_t>(id)).name);
+  views_.at(static_cast<std::size_t>(id)).tied = tied;
+}
+
+template <typename T>
 void ParamStore<T>::align_to(std::int64_t multiple) {
   NDMESH_CHECK(params_.numel() == 0, "nn", "parameter store aligned after it was allocated");
   NDMESH_CHECK(multiple >= 1, "nn", "alignment {} must be at least 1", multiple);
@@ -42,6 +49,7 @@ void ParamStore<T>::align_to(std::int64_t multiple) {
 template <typename T>
 void ParamStore<T>::allocate(std::int64_t multiple) {
   NDMESH_CHECK(params_.numel() == 0, "nn", "parameter store allocated twice");
+  if (multiple == 0) multiple = options_.pad_to;
   NDMESH_CHECK(multiple >= 1, "nn", "padding multiple {} must be at least 1", multiple);
   size_ = (size_ + multiple - 1) / multiple * multiple;
   params_.resize({size_});

@@ -1,5 +1,5 @@
 // Tensor-parallel layers in double precision under mpirun (the tp group is the world):
-// a GptT<double> split over tp, with random parameters that are slices of a serial
+// a DecoderT<double> split over tp, with random parameters that are slices of a serial
 // model's, has the serial loss (1e-12) and, for every parameter, the slice of the serial
 // gradient (1e-10) once the tp part of the gradient rule (parallel::sum_replicated_over_tp,
 // the function training uses) has run; and its gradients match central finite differences
@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "ndmesh/comm/communicator.hpp"
-#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/model/decoder.hpp"
 #include "ndmesh/parallel/grad_sync.hpp"
 #include "ndmesh/parallel/tp/tp_comm.hpp"
 #include "ndmesh/tensor/rng.hpp"
@@ -44,10 +44,10 @@ TEST_P(TpGrad, SliceOfSerialAndFiniteDifferences) {
                        .vocab = 4 * tp,
                        .tied_embeddings = c.tied};
   const std::int64_t batch = 2, n = batch * spec.seq;
-  model::GptT<double> serial(spec, {.seed = 3, .batch = batch});
+  model::DecoderT<double> serial(spec, {.seed = 3, .batch = batch});
   auto stats = std::make_shared<parallel::TpCommStats>();
-  model::GptT<double> split(spec, {.seed = 3, .batch = batch},
-                            parallel::make_tp_context<double>(world, c.sequence_parallel, stats));
+  model::DecoderT<double> split(spec, {.seed = 3, .batch = batch}, {},
+                                parallel::make_tp_context<double>(world, c.sequence_parallel, stats));
   // Random parameters (biases and norms too, so that every path is exercised): the
   // serial model's, and each rank's slices of them.
   Rng rng(17);

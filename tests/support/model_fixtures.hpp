@@ -8,7 +8,7 @@
 //   const SerialReference ref(spec, batch);           // the serial model's loss and gradients
 //   comm::inproc::run(2, [&](const comm::Communicator& world) {
 //     single_blas_thread();
-//     model::Gpt chunk(spec, {.batch = 2, ...});      // this rank's part of the model
+//     model::Decoder chunk(spec, {.batch = 2, ...});  // this rank's part of the model
 //     ... run the component on this rank's part of `batch` (batch.slice(first, count)) ...
 //     EXPECT_TRUE(same_by_name(chunk.params(), chunk.params().grads(), ref.model().params(),
 //                              ref.model().params().grads(), {}))
@@ -29,7 +29,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/model/decoder.hpp"
 #include "ndmesh/tensor/blas.hpp"
 #include "ndmesh/tensor/params.hpp"
 #include "ndmesh/tensor/rng.hpp"
@@ -112,12 +112,12 @@ class SerialReference {
     loss_ = model_.forward(batch.tokens.data(), batch.targets.data());
     model_.backward();
   }
-  const model::Gpt& model() const { return model_; }
+  const model::Decoder& model() const { return model_; }
   /// The mean loss over the batch.
   double loss() const { return loss_; }
 
  private:
-  model::Gpt model_;
+  model::Decoder model_;
   double loss_ = 0;
 };
 
@@ -166,7 +166,7 @@ inline ::testing::AssertionResult same_by_name(const ParamStore<float>& got_stor
 }
 
 /// The same for two models' gradients.
-inline ::testing::AssertionResult same_grads(const model::Gpt& got, const model::Gpt& want,
+inline ::testing::AssertionResult same_grads(const model::Model& got, const model::Model& want,
                                              Tolerance tol = {}) {
   return same_by_name(got.params(), got.params().grads(), want.params(), want.params().grads(), tol);
 }

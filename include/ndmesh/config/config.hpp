@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ndmesh/core/arch.hpp"
 #include "ndmesh/mesh/mesh.hpp"
 
 namespace ndmesh {
@@ -25,7 +26,10 @@ std::string_view schedule_name(Schedule s);
 /// Parses a schedule name; ConfigError listing the valid names otherwise.
 Schedule parse_schedule(std::string_view name);
 
-/// The shape of a GPT-style decoder.
+/// The architecture of a decoder-only transformer: its sizes and the kinds of its layers,
+/// one description for `ndmesh train`, `ndmesh plan`, checkpoints, the TOML [model] section
+/// and Python (docs/models.md). The defaults are GPT-2's layers; Llama is a description too
+/// (arch_defaults("llama")), and presets are names for descriptions (config/presets.hpp).
 struct ModelSpec {
   std::string name;  ///< preset name, or empty
   std::int64_t layers = 0;
@@ -37,10 +41,49 @@ struct ModelSpec {
   std::int64_t vocab = 0;
   std::int64_t experts = 0;  ///< 0: dense
   bool tied_embeddings = true;
+  /// Standard deviation of the initial matrices and tables (residual projections: init_std /
+  /// sqrt(2 layers), GPT-2's scaling); norms start at 1, biases at 0.
+  double init_std = 0.02;
+  std::int64_t head_dim = 0;  ///< the size of each attention head; 0: hidden / heads
+  NormKind norm = NormKind::kLayerNorm;
+  double norm_eps = 1e-5;
+  MlpKind mlp = MlpKind::kGelu;
+  PositionsKind positions = PositionsKind::kLearned;
+  /// Rows of a learned position table (the longest sequence it can run); 0: seq. A run's
+  /// `seq` may be any length up to it (any length with rotary positions).
+  std::int64_t max_positions = 0;
+  double rope_theta = 10000;  ///< rotary base
+  RopeScaling rope_scaling;   ///< Llama 3's frequency scaling (factor 0: none)
+  bool biases = true;         ///< the linear layers carry biases (the norms' follow the norm kind)
+  /// The vocabulary's rows (token table, output layer, logits) padded to a multiple of this
+  /// and of tp; the padding rows are zero, never a target and never in the softmax. 1: none.
+  std::int64_t vocab_multiple = 64;
 
   std::int64_t kv_heads_or_heads() const { return kv_heads > 0 ? kv_heads : heads; }
-  std::int64_t ffn_or_default() const { return ffn > 0 ? ffn : 4 * hidden; }
+  /// The MLP width: ffn, or the family's default (GELU: 4 hidden; SwiGLU: Llama's 8/3 hidden
+  /// rounded up to a multiple of 256).
+  std::int64_t ffn_or_default() const {
+    if (ffn > 0) return ffn;
+    if (mlp == MlpKind::kSwiglu) return (8 * hidden / 3 + 255) / 256 * 256;
+    return 4 * hidden;
+  }
+  std::int64_t head_dim_or_default() const { return head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0); }
+  /// Rows of the learned position table (0 with rotary positions).
+  std::int64_t position_rows() const {
+    return positions == PositionsKind::kLearned ? (max_positions > 0 ? max_positions : seq) : 0;
+  }
+  /// The vocabulary padded for a tensor-parallel group of `tp`: a multiple of vocab_multiple
+  /// and of tp.
+  std::int64_t padded_vocab(std::int64_t tp = 1) const;
 };
+
+/// The architecture of a family: "gpt2" (LayerNorm, learned positions, GELU, biases, tied
+/// output layer) or "llama" (RMSNorm, rotary positions with theta 500000, SwiGLU, no biases,
+/// untied), with the sizes of `base` kept. ConfigError naming `flag`, the value and the
+/// families otherwise.
+ModelSpec with_arch(ModelSpec base, std::string_view arch, std::string_view flag = "--arch");
+/// "gpt2", "llama", or "custom" for a description that is neither family's layers.
+std::string arch_name(const ModelSpec& spec);
 
 /// The standard dims in the default order, outer to inner ("dp,pp,cp,tp"). When ep > 1
 /// and no order is given, ep goes between pp and cp ("dp,pp,ep,cp,tp").
@@ -117,7 +160,7 @@ enum class ModelFieldNames { kConfig, kFlags };
 
 /// Model checks on their own (layers, heads, hidden...) independent of parallelism.
 /// The one place the model-shape rules live: the planner (plan_model_problems), the model
-/// layer (model::gpt_problems) and `ndmesh train`'s flag check (kFlags) call it.
+/// layer (model::model_spec_problems) and `ndmesh train`'s flag check (kFlags) call it.
 std::vector<std::string> model_problems(const ModelSpec& model,
                                         ModelFieldNames names = ModelFieldNames::kConfig);
 

@@ -1,6 +1,9 @@
 // Block: one pre-norm transformer decoder block with two residual branches,
-//   res1 = x + proj(attention(qkv(ln1(x))))
+//   res1 = x + proj(attention(rope(qkv(ln1(x)))))
 //   out  = res1 + mlp(ln2(res1)).
+// The norms (LayerNorm or RmsNorm), the MLP (GELU or SwiGLU), the rotary positions (or none)
+// and the linears' biases are what the options pick; the block holds them through the
+// layers' interfaces (Norm, FeedForward) and never branches on the architecture.
 // A pipeline stage is a contiguous range of these. Tensor parallelism (the TpContext)
 // splits each branch Megatron-style: qkv column-parallel (this rank's q heads and its
 // grouped k/v heads), proj row-parallel, MLP fc column- and proj row-parallel, with f
@@ -19,10 +22,12 @@
 #include <tuple>
 
 #include "ndmesh/core/recompute.hpp"
+#include "ndmesh/core/arch.hpp"
 #include "ndmesh/nn/attention.hpp"
-#include "ndmesh/nn/layernorm.hpp"
+#include "ndmesh/nn/feed_forward.hpp"
 #include "ndmesh/nn/linear.hpp"
-#include "ndmesh/nn/mlp.hpp"
+#include "ndmesh/nn/norm.hpp"
+#include "ndmesh/nn/rope.hpp"
 #include "ndmesh/nn/tp.hpp"
 #include "ndmesh/tensor/tensor.hpp"
 
@@ -36,6 +41,13 @@ struct BlockOptions {
   std::int64_t head_dim = 0;  ///< 0: channels / heads
   std::int64_t ffn = 0;       ///< MLP width
   std::string name = "block";
+  NormKind norm = NormKind::kLayerNorm;
+  double norm_eps = 1e-5;
+  MlpKind mlp = MlpKind::kGelu;
+  bool bias = true;  ///< the linears (qkv, proj, the MLP's) carry biases
+  /// Rotary positions applied to the queries and keys before the attention core (head_dim
+  /// is filled in); none: the positions come in with the input (a learned table).
+  std::optional<RopeOptions> rope;
 };
 
 /// Activation recomputation (Korthikanti et al. 2022), as this library defines it for its
@@ -48,7 +60,7 @@ struct BlockOptions {
 ///    first block's input); the backward re-runs the whole block forward from its input
 ///    (into one shared BlockActivations) right before that block's backward.
 /// The recomputed forward is the same code on the same inputs, so the losses and gradients
-/// are bit for bit those of kNone. GptT (model/gpt.hpp) implements it with
+/// are bit for bit those of kNone. DecoderT (model/decoder.hpp) implements it with
 /// recompute_attention() and forward().
 using ndmesh::Recompute;  // core/recompute.hpp: the one enum and parser
 
@@ -81,16 +93,16 @@ struct BlockActivations {
   /// Every tensor, in a fixed order (index with the k* constants below).
   std::array<Tensor<T>*, 15> tensors() {
     return {&ln1,  &ln1_mean, &ln1_rstd, &ln1_full, &ln2_full, &qkv,      &lse, &atty,
-            &res1, &ln2,      &ln2_mean, &ln2_rstd, &mlp.fc,   &mlp.gelu, &out};
+            &res1, &ln2,      &ln2_mean, &ln2_rstd, &mlp.pre,  &mlp.hidden, &out};
   }
   std::array<const Tensor<T>*, 15> tensors() const {
     return {&ln1,  &ln1_mean, &ln1_rstd, &ln1_full, &ln2_full, &qkv,      &lse, &atty,
-            &res1, &ln2,      &ln2_mean, &ln2_rstd, &mlp.fc,   &mlp.gelu, &out};
+            &res1, &ln2,      &ln2_mean, &ln2_rstd, &mlp.pre,  &mlp.hidden, &out};
   }
   static constexpr std::size_t kLn1Full = 3, kLn2Full = 4, kLse = 6, kAtty = 7, kOut = 14;
-  /// The tensors stored in bfloat16 come after those of tensors() (indices kGelu16...).
-  static constexpr std::size_t kGelu16 = 15, kLn1_16 = 16, kLn2_16 = 17, kAtty16 = 18, kQkv16 = 19,
-                               kLn1Full16 = 20, kLn2Full16 = 21, kFc16 = 22;
+  /// The tensors stored in bfloat16 come after those of tensors() (indices kHidden16...).
+  static constexpr std::size_t kHidden16 = 15, kLn1_16 = 16, kLn2_16 = 17, kAtty16 = 18, kQkv16 = 19,
+                               kLn1Full16 = 20, kLn2Full16 = 21, kPre16 = 22;
   /// f(i, tensor) for every tensor, those of tensors() then the bfloat16 ones (Tensor<T>& or
   /// Tensor<BFloat16>&: f is generic).
   template <typename F>
@@ -120,14 +132,14 @@ struct BlockActivations {
     const auto lists = std::make_tuple(acts.tensors()...);
     for (std::size_t i = 0; i < std::get<0>(lists).size(); ++i)
       std::apply([&](const auto&... l) { f(i, *l[i]...); }, lists);
-    f(kGelu16, acts.mlp.gelu16...);
+    f(kHidden16, acts.mlp.hidden16...);
     f(kLn1_16, acts.ln1_16...);
     f(kLn2_16, acts.ln2_16...);
     f(kAtty16, acts.atty16...);
     f(kQkv16, acts.qkv16...);
     f(kLn1Full16, acts.ln1_full16...);
     f(kLn2Full16, acts.ln2_full16...);
-    f(kFc16, acts.mlp.fc16...);
+    f(kPre16, acts.mlp.pre16...);
   }
 };
 
@@ -138,8 +150,8 @@ struct BlockScratch {
   Tensor<T> dln_full, dout_full;  ///< sequence parallel: [N, C]
   /// With the attention in bfloat16 (BlockActivations::qkv16), its gradients instead of dqkv
   /// and datty: proj's backward writes datty16, cuDNN's reads it and writes dqkv16, and qkv's
-  /// backward reads that as stored. Under bf16 products the MLP's d pre-activation is dmlp16
-  /// instead of dmlp (Mlp::backward's scratch).
+  /// backward reads that as stored. Under bf16 products the MLP's backward scratch is dmlp16
+  /// instead of dmlp (FeedForward::backward's scratch, scratch_width() per row).
   Tensor<BFloat16> dqkv16, datty16, dmlp16;
 };
 
@@ -149,10 +161,8 @@ class Block {
  public:
   Block(ParamStore<T>& store, BlockOptions options, TpContext<T> tp = {});
 
-  /// Initialises the norms (1, 0); the linears are initialised by the model.
-  void init_norms() const;
   /// Sizes the activations for batch x seq tokens (every tensor; a model that recomputes
-  /// or gathers some of them again frees those, see GptT).
+  /// or gathers some of them again frees those, see DecoderT).
   void resize(BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq) const;
   /// Sequence parallelism: acts.ln1_full and acts.ln2_full (ln1_full16, ln2_full16 under bf16
   /// products) = ln1 and ln2 all-gathered over tp again (what forward() gathered; a caller that does not keep them calls this before
@@ -181,17 +191,17 @@ class Block {
 
   /// The options it was built with.
   const BlockOptions& options() const { return options_; }
-  // The sub-layers, in forward order (tensor and pipeline strategies reach into them).
-  const LayerNorm<T>& ln1() const { return ln1_; }
+  // The sub-layers, in forward order (tests reach into them).
+  const Norm<T>& ln1() const { return *ln1_; }
   const Linear<T>& qkv() const { return qkv_; }
   const Attention<T>& attention() const { return attn_; }
   const Linear<T>& proj() const { return proj_; }
-  const LayerNorm<T>& ln2() const { return ln2_; }
-  const Mlp<T>& mlp() const { return mlp_; }
+  const Norm<T>& ln2() const { return *ln2_; }
+  const FeedForward<T>& mlp() const { return *mlp_; }
   const TpContext<T>& tp() const { return tp_; }
   /// Where its parameters and activations live (its store's device); on CUDA the pointers
   /// passed (inputs, positions) are device memory too.
-  Device device() const { return ln1_.device(); }
+  Device device() const { return ln1_->device(); }
 
  private:
   // Whether its activations keep the norms' outputs in bfloat16 (BlockActivations::ln1_16,
@@ -210,6 +220,10 @@ class Block {
                          const AttentionCore<T>* core, const std::int64_t* positions) const;
   void attention_backward(const BlockActivations<T>& acts, BlockScratch<T>& scratch, std::int64_t batch,
                           std::int64_t seq, const AttentionCore<T>* core, const std::int64_t* positions) const;
+  // Rotary positions on the queries and keys of qkv (rows [n, qkv width]) in place, or the
+  // inverse rotation of their gradients; nothing without rotary positions.
+  template <typename S>
+  void rotate(S* qkv, std::int64_t batch, std::int64_t seq, const std::int64_t* positions, bool inverse) const;
   // The CUDA kernel of the attention core: kFlash for a ring (`core`) or explicit positions,
   // else what attention_kernel picks for the products' precision (cuDNN under bf16).
   AttentionKernel cuda_kernel(const AttentionCore<T>* core, const std::int64_t* positions) const;
@@ -232,12 +246,13 @@ class Block {
   BlockOptions options_;
   TpContext<T> tp_;
   mutable Tensor<T> partial_;  // sequence parallel: a row-parallel output before its reduce-scatter
-  LayerNorm<T> ln1_;
+  std::unique_ptr<Norm<T>> ln1_;
   Attention<T> attn_;
   Linear<T> qkv_;
   Linear<T> proj_;
-  LayerNorm<T> ln2_;
-  Mlp<T> mlp_;
+  std::unique_ptr<Norm<T>> ln2_;
+  std::unique_ptr<FeedForward<T>> mlp_;
+  std::optional<Rope<T>> rope_;
 };
 
 }  // namespace ndmesh::nn

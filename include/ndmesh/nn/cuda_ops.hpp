@@ -340,4 +340,42 @@ void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
                                      std::int64_t ldb, float beta, float* c, std::int64_t ldc, GemmEpilogue epilogue,
                                      const float* bias, float* aux, float* dbias);
 
+// ---------------------------------------------------------------- Llama's layers
+// The layers of the Llama family (nn/rmsnorm.hpp, nn/swiglu.hpp, nn/rope.hpp): fp32, and
+// bfloat16 where the model keeps those activations in bf16 (float math, one rounding per store).
+
+/// nn::RmsNorm::forward: out[rows, C] = x * rstd * weight, writes rstd[rows]
+/// (rstd = 1 / sqrt(mean(x^2) + eps)); the bf16 overload rounds the output once.
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, std::int64_t rows,
+                     std::int64_t channels, float eps);
+void rmsnorm_forward(BFloat16* out, float* rstd, const float* inp, const float* weight, std::int64_t rows,
+                     std::int64_t channels, float eps);
+/// residual = (x + x_bias) + r (x_bias may be null), stored, then rmsnorm_forward of it: the
+/// residual connection and the next norm in one pass.
+void residual_rmsnorm_forward(float* residual, float* out, float* rstd, const float* x, const float* r,
+                              const float* weight, std::int64_t rows, std::int64_t channels, float eps,
+                              const float* x_bias = nullptr);
+void residual_rmsnorm_forward(float* residual, BFloat16* out, float* rstd, const float* x, const float* r,
+                              const float* weight, std::int64_t rows, std::int64_t channels, float eps,
+                              const float* x_bias = nullptr);
+/// nn::RmsNorm::backward: accumulates dinp and dweight (dinp = dresidual + the norm's input
+/// gradient where dresidual is given, and dresidual_sums += its column sums).
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, std::int64_t rows, std::int64_t channels, const float* dresidual = nullptr,
+                      float* dresidual_sums = nullptr);
+/// nn::Swiglu::forward: hidden[r, j] = silu(pre[r, j]) * pre[r, F + j] (rows x F, pre rows x 2F).
+void swiglu_forward(float* hidden, const float* pre, std::int64_t rows, std::int64_t ffn);
+void swiglu_forward(BFloat16* hidden, const BFloat16* pre, std::int64_t rows, std::int64_t ffn);
+/// nn::Swiglu::backward: d gate and d up written into dpre (rows x 2F).
+void swiglu_backward(float* dpre, const float* dhidden, const float* pre, std::int64_t rows, std::int64_t ffn);
+void swiglu_backward(BFloat16* dpre, const BFloat16* dhidden, const BFloat16* pre, std::int64_t rows,
+                     std::int64_t ffn);
+/// nn::Rope: rotates the first `heads` heads of head_dim of each row of x [rows, width] in
+/// place by positions[r % seq] (nullptr: r % seq) times inv_freq [head_dim / 2] (rotate-half
+/// pairs); `inverse` rotates back (the backward).
+void rope_rotate(float* x, const float* inv_freq, const std::int64_t* positions, std::int64_t rows, std::int64_t seq,
+                 std::int64_t width, std::int64_t heads, std::int64_t head_dim, bool inverse);
+void rope_rotate(BFloat16* x, const float* inv_freq, const std::int64_t* positions, std::int64_t rows,
+                 std::int64_t seq, std::int64_t width, std::int64_t heads, std::int64_t head_dim, bool inverse);
+
 }  // namespace ndmesh::cuda

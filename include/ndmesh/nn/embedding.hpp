@@ -1,5 +1,6 @@
 // Embedding: token embedding plus learned absolute positions,
-//   out[b, t, :] = wte[token[b, t], :] + wpe[position_offset + t, :].
+//   out[b, t, :] = wte[token[b, t], :] + wpe[position_offset + t, :],
+// or the token embedding alone where positions enter elsewhere (rotary, max_seq 0).
 // A context-parallel rank holds tokens at arbitrary global positions (zigzag chunks):
 // forward_at/backward_at take the position of each local row; position_offset is the
 // contiguous special case.
@@ -19,7 +20,7 @@ namespace ndmesh::nn {
 struct EmbeddingOptions {
   std::int64_t vocab = 0;
   std::int64_t channels = 0;
-  std::int64_t max_seq = 0;    ///< rows of the position table
+  std::int64_t max_seq = 0;    ///< rows of the position table; 0: none (rotary positions)
   std::string name = "embed";  ///< parameters "<name>.tokens" [vocab, C], "<name>.positions" [max_seq, C]
 };
 
@@ -56,7 +57,7 @@ class Embedding {
   const EmbeddingOptions& options() const { return options_; }
   /// The [vocab, C] token table (what a tied LM head shares).
   int token_weight_id() const { return tokens_; }
-  /// The [max_seq, C] position table.
+  /// The [max_seq, C] position table, or -1 without one.
   int position_weight_id() const { return positions_; }
   /// First token of this rank's vocabulary shard and its size.
   std::int64_t vocab_start() const { return vocab_start_; }

@@ -5,7 +5,8 @@
 //
 // With its loss (forward_loss, backward_loss) it is the classifier, and the one place that
 // chooses how the loss runs:
-//  - fused, on CUDA with the whole vocabulary on the rank (and no split backward): the
+//  - fused, on CUDA with the whole vocabulary on the rank (and no split backward for these
+//    activations): the
 //    logits in the element type of the products (bfloat16 under bf16, its rows padded to a
 //    multiple of 128 elements, which keeps every row 256-byte aligned for cuBLASLt and the
 //    classifier's loads; fp32 otherwise, unpadded), then
@@ -58,6 +59,8 @@ class LossSum {
 /// What the classifier keeps of one micro-batch's forward for its backward.
 template <typename T>
 struct ClassifierActivations {
+  /// The loss runs fused into the logits (see the top of this file; set by LmHead::resize).
+  bool fused = false;
   Tensor<T> logits;           ///< [N, V / tp] unfused: logits, then probabilities, then (backward) their gradient
   Tensor<BFloat16> logits16;  ///< [N, padded V] fused under bf16: the logits, then (forward) their gradient
   Tensor<T> losses;           ///< [N] per-token losses
@@ -75,9 +78,6 @@ struct LmHeadOptions {
   int tied_weight = -1;          ///< id of the [vocab, C] token table to share, or -1 for an own weight
   std::string name = "lm_head";  ///< own weight "<name>.weight"
   TpShape tp;                    ///< vocabulary split (default: none)
-  /// The backward may run split (DeferWeightGrads, zero-bubble schedules): the loss is not
-  /// fused (a deferred weight gradient keeps a copy of the logits' gradient in T).
-  bool split_backward = false;
 };
 
 /// Projection of hidden states onto the vocabulary (no bias).
@@ -97,11 +97,13 @@ class LmHead {
     proj_.backward(dlogits, inp, dinp, rows, into);
   }
 
-  /// Whether forward_loss fuses the loss into the logits (see the top of this file): where
-  /// the parameters are now (ParamStore::to) and the products' precision decide.
-  bool fused() const;
-  /// Sizes `a` for `rows` tokens where the head's parameters live.
-  void resize(ClassifierActivations<T>& a, std::int64_t rows) const;
+  /// Whether forward_loss can fuse the loss into the logits (see the top of this file):
+  /// where the parameters are now (ParamStore::to) decides, and not for a backward whose
+  /// weight half may run later (`deferred`: DeferWeightGrads keeps a copy of the logits'
+  /// gradient in T).
+  bool fuses(bool deferred = false) const;
+  /// Sizes `a` for `rows` tokens where the head's parameters live, fused where fuses(deferred).
+  void resize(ClassifierActivations<T>& a, std::int64_t rows, bool deferred = false) const;
   /// The logits of inp [rows, C] and the per-token losses against `targets` (where the
   /// kernels read them: ops::stage) into a.losses, added to `sum`; `comm` is the
   /// vocabulary's tp group. Fused, the logits' gradient, (softmax - onehot) * scale, is

@@ -8,79 +8,40 @@
 #include <string>
 
 #include "ndmesh/core/dtype.hpp"
+#include "ndmesh/nn/feed_forward.hpp"
 #include "ndmesh/nn/linear.hpp"
 #include "ndmesh/nn/tp.hpp"
 #include "ndmesh/tensor/tensor.hpp"
 
 namespace ndmesh::nn {
 
-/// Sizes and naming of an Mlp.
-struct MlpOptions {
-  std::int64_t channels = 0;  ///< C
-  std::int64_t ffn = 0;       ///< F
-  std::string name = "mlp";   ///< parameters "<name>.fc.*", "<name>.proj.*"
-  TpShape tp;                 ///< the tensor-parallel split (default: none)
-};
-
-/// What the MLP forward keeps for its backward, for `rows` rows. Under bf16 products both
-/// are kept in bfloat16 (`fc16`, `gelu16`; `fc` and `gelu` stay empty), as fc's product
-/// writes them with cuBLASLt's GELU epilogue: the pre-activation rounded once from fc's fp32
-/// output (with its bias) and gelu of that fp32 value rounded once. Every product that reads
-/// the hidden (proj's forward and weight gradient) rounds it to bf16 anyway; GELU's
-/// derivative in the backward is taken at the stored (rounded) pre-activation, as PyTorch's
-/// autocast and llm.c do.
-template <typename T>
-struct MlpActivations {
-  Tensor<T> fc;             ///< [rows, F] before GELU (fp32 products)
-  Tensor<T> gelu;           ///< [rows, F] after GELU (fp32 products)
-  Tensor<BFloat16> gelu16;  ///< [rows, F] after GELU, rounded to bf16 (bf16 products)
-  Tensor<BFloat16> fc16;    ///< [rows, F] before GELU, rounded to bf16 (bf16 products)
-  void resize(std::int64_t rows, std::int64_t ffn, bool bf16 = false) {
-    if (bf16) {
-      for (Tensor<BFloat16>* t : {&gelu16, &fc16}) {
-        t->set_device(fc.device());
-        t->resize({rows, ffn});
-      }
-    } else {
-      fc.resize({rows, ffn});
-      gelu.resize({rows, ffn});
-    }
-  }
-};
-
 /// Two-layer perceptron with GELU.
 template <typename T>
-class Mlp {
+class Mlp final : public FeedForward<T> {
  public:
+  /// Declares "<name>.fc.weight" [F, C] and "<name>.proj.weight" [C, F] (and their biases
+  /// with options.bias).
   Mlp(ParamStore<T>& store, MlpOptions options);
 
-  /// F / tp: the width this rank computes.
-  std::int64_t local_ffn() const { return options_.ffn / options_.tp.size; }
-  /// Whether its activations keep the hidden gelu(fc) in bfloat16 (MlpActivations::gelu16):
-  /// under bf16 products.
-  bool hidden_in_bf16() const { return proj_.matmul_precision() == MatmulPrecision::kBf16; }
-  /// out[rows, C] = proj(gelu(fc(inp))) without proj's bias (this rank's partial sum
-  /// under tp; see proj().add_bias); fills acts (sized by acts.resize(rows, local_ffn(),
-  /// hidden_in_bf16())).
-  void forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const;
-  /// forward from an input stored in bfloat16 (a norm's output under bf16 products).
-  void forward(const BFloat16* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const;
-  /// Accumulates dinp and the parameter gradients (not proj's bias: proj().backward_bias).
-  /// `scratch` holds at least rows * local_ffn() elements, T or, under bf16 products
-  /// (hidden_in_bf16()), bfloat16 (the d pre-activation, written by proj's backward and read
-  /// by fc's products as it lies); its contents are overwritten. dinp is written, not added to
-  /// (GradInto::kSet).
+  std::int64_t pre_width() const override { return this->local_ffn(); }
+  /// The d pre-activation, written by proj's backward and read by fc's products as it lies.
+  std::int64_t scratch_width() const override { return this->local_ffn(); }
+  /// out[rows, C] = proj(gelu(fc(inp))) without proj's bias. Under bf16 products fc's
+  /// product writes the pre-activation and GELU of it into bfloat16 (cuBLASLt's GELU_AUX_BIAS
+  /// epilogue on a GPU), each rounded once from the fp32 value.
+  void forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const override;
+  void forward(const BFloat16* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const override;
   void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
-                std::int64_t rows) const;
+                std::int64_t rows) const override;
   void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
-                std::int64_t rows) const;
+                std::int64_t rows) const override;
   void backward(const T* dout, const BFloat16* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
-                std::int64_t rows) const;
+                std::int64_t rows) const override;
 
   /// The options it was built with.
-  const MlpOptions& options() const { return options_; }
-  const Linear<T>& fc() const { return fc_; }
-  const Linear<T>& proj() const { return proj_; }
+  const MlpOptions& options() const override { return options_; }
+  const Linear<T>& fc() const override { return fc_; }
+  const Linear<T>& proj() const override { return proj_; }
 
  private:
   template <typename In>

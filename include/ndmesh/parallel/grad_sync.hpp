@@ -15,7 +15,8 @@
 //     sums commute, so how often the reducer ran does not matter; under ZeRO only the shard
 //     is summed).
 //  3. the embedding group: a tied head on the last stage and the embedding on the first
-//     hold two copies of the token table; both get the sum of the two gradients. Under ZeRO
+//     hold two copies of the token table (marked on the parameter: ParamView::tied); both
+//     get the sum of the two gradients. Under ZeRO
 //     the two stages cut their flat buffers differently: the owned parts are gathered over
 //     the gradient group first (each element is owned once, so a sum gathers), summed over
 //     the embedding group, and the owned parts written back.
@@ -39,7 +40,7 @@
 #include <vector>
 
 #include "ndmesh/comm/process_groups.hpp"
-#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/model/model.hpp"
 #include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/parallel/dp/grad_reducer.hpp"
 #include "ndmesh/parallel/dp/param_gatherer.hpp"
@@ -171,11 +172,13 @@ class GradSync {
   std::int64_t reduced_bytes() const;
 
  private:
-  // Calls f(gradients, n, at) for each run of chunk c's token table whose reduced gradient
-  // this rank updates.
+  // Calls f(gradients, n, at) for each run of chunk c's tied weight `view` whose reduced
+  // gradient this rank updates.
   template <typename F>
-  void for_each_owned_table_grad(std::size_t c, F&& f);
-  void sum_tied_table(std::size_t c);
+  void for_each_owned_tied_grad(std::size_t c, const ParamView& view, F&& f);
+  // Sums chunk c's copy `view` of a tied weight with the other copy (the embedding group).
+  void sum_tied(std::size_t c, const ParamView& view);
+  void sum_tied_weights();
   void sum_replicated_over_tp();
   // The runs of gradients the norm counts, in their order.
   std::vector<std::pair<const float*, std::int64_t>> counted_runs() const;
@@ -184,14 +187,12 @@ class GradSync {
   // The step's sums from the world's loss sum and norm square.
   StepSums from_world_sums(double loss_sum, double square_sum) const;
 
-  std::vector<model::Gpt*> chunks_;
+  std::vector<model::Model*> chunks_;
   comm::Communicator world_, grad_, embedding_;
   nn::TpContext<float> tp_;
   double tokens_;  // of a step's global batch
   std::vector<std::unique_ptr<GradReducer>> reducers_;
   std::vector<std::unique_ptr<ParamGatherer>> gatherers_;  // ZeRO-3, one per chunk
-  int tied_copy_chunk_ = -1;  // local chunk holding the token table for a tied head on another rank
-  int tied_main_chunk_ = -1;  // local chunk holding the embedding whose table is tied to a remote head
   Tensor<float> work_;        // the tp sum's packed elements
   std::function<void(double&)> across_replicas_;
   ops::Scratch<double> sums_;  // the loss sum and the norm's square of finish_step_from_heads

@@ -59,7 +59,7 @@ class Optimizer {
   std::int64_t offloaded_param_elements() const;
 
  private:
-  std::vector<model::Gpt*> chunks_;
+  std::vector<model::Model*> chunks_;
   GradSync& sync_;
   std::vector<std::unique_ptr<nn::AdamW<float>>> adams_;
   std::vector<std::unique_ptr<nn::OffloadArray>> params_files_;  // optimizer+params, one per chunk

@@ -14,7 +14,7 @@
 //      ZeRO padding of the flat buffers;
 //   5. activation recompute (parallel/recompute.cpp);
 //   6. the device (parallel/device.cpp): where the chunks run, and what a GPU run supports.
-// Then one Gpt per local chunk is built from the plan. Adding a strategy adds a
+// Then one model chunk per local chunk plan is built (model::build over its unit range). Adding a strategy adds a
 // transformation and the fields it sets; it edits no other strategy's code.
 #pragma once
 
@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "ndmesh/comm/process_groups.hpp"
-#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/model/model.hpp"
 #include "ndmesh/parallel/batch_source.hpp"
 #include "ndmesh/parallel/cp/ring_attention.hpp"
 #include "ndmesh/parallel/pp/schedule.hpp"
@@ -59,16 +59,16 @@ struct ModelPlan {
   pp::PipelineSchedule schedule;
   std::vector<ChunkPlan> chunks;
   comm::Communicator pp;  ///< the pipeline group (of one without pipeline parallelism)
-  bool split_backward = false;  ///< the schedule splits backwards into input and weight halves
+  /// The schedule splits backwards into input and weight halves: each micro-batch's
+  /// activations keep what the deferred weight half reads (model::ActivationOptions).
+  bool split_backward = false;
   // Data parallelism: the group replicated parameters' gradients are summed over.
   comm::Communicator grad_group;
-  std::int64_t pad_to = 1;  ///< flat buffers padded to a multiple of this (ZeRO shards)
-  bool pad_units = false;   ///< ZeRO 2/3: each unit's range too (model::GptOptions::pad_units)
-  /// ZeRO-3 on a GPU: the parameters in mappable device memory (model::GptOptions::mappable_params).
-  bool mappable_params = false;
-  /// ZeRO 2/3 on a GPU: the gradients too (model::GptOptions::mappable_grads;
-  /// GradReducer::own_workspace gives their chunks back unit by unit).
-  bool mappable_grads = false;
+  /// How the chunks' flat buffers are laid out and placed: padded to equal ZeRO shards
+  /// (pad_to), unit by unit for ZeRO 2/3 (pad_units), and on a GPU in mappable memory for
+  /// ZeRO-3's parameters and ZeRO 2/3's per-unit gradient work space (GradReducer::
+  /// own_workspace gives their chunks back unit by unit).
+  StoreOptions store;
   // Activation recompute.
   nn::Recompute recompute = nn::Recompute::kNone;
   // Where the chunks run.
@@ -77,10 +77,10 @@ struct ModelPlan {
   MatmulPrecision matmul = MatmulPrecision::kFp32;
 };
 
-/// This rank's part of the model: the plan and one Gpt per local chunk.
+/// This rank's part of the model: the plan and one model chunk per local chunk.
 struct RankModel {
   ModelPlan plan;
-  std::vector<std::unique_ptr<model::Gpt>> chunks;
+  std::vector<std::unique_ptr<model::Model>> chunks;
 };
 
 /// Every layout problem the runtime has with `mesh` before building anything: dims it
@@ -108,7 +108,7 @@ void apply_device(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& op
 /// ndmesh has no such communicator.
 comm::Communicator device_communicator(const comm::Communicator& world, Device device);
 
-/// One Gpt per chunk of the plan (the chunks of a rank share one recompute workspace).
-std::vector<std::unique_ptr<model::Gpt>> build_chunks(const ModelPlan& plan);
+/// One model chunk per chunk of the plan (the chunks of a rank share one recompute workspace).
+std::vector<std::unique_ptr<model::Model>> build_chunks(const ModelPlan& plan);
 
 }  // namespace ndmesh::parallel

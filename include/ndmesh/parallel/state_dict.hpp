@@ -51,7 +51,7 @@ class StateDict {
  private:
   Optimizer& optimizer_;
   const GradSync& sync_;
-  std::vector<model::Gpt*> chunks_;
+  std::vector<model::Model*> chunks_;
   std::vector<std::vector<float>> m_, v_;  // per chunk, laid out like its flat buffer
   std::vector<std::vector<float>> host_params_;  // per chunk on a device: the parameters on the host
   std::vector<StateEntry> entries_;

@@ -29,7 +29,7 @@
 #include "ndmesh/comm/process_groups.hpp"
 #include "ndmesh/model/checkpoint_dir.hpp"
 #include "ndmesh/model/data.hpp"
-#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/model/model.hpp"
 #include "ndmesh/parallel/batch_source.hpp"
 #include "ndmesh/parallel/grad_sync.hpp"
 #include "ndmesh/parallel/optimizer.hpp"
@@ -87,7 +87,7 @@ struct MemoryBytes {
   /// shard and the two gradient staging chunks); 0 otherwise.
   double optimizer_host = 0;
   /// Measured: the bytes of the micro-batch activations alive at once at this rank's peak
-  /// (the pipeline executor's GptActivations of every chunk) plus the recompute workspace.
+  /// (the pipeline executor's activations of every chunk) plus the recompute workspace.
   double activations = 0;
   /// Buffers beside them that hold nothing kept for the backward: the all-gathered norm
   /// outputs under sequence parallelism (gathered again in the backward), a stage's output
@@ -155,9 +155,9 @@ class Trainer {
   void load(const std::string& path);
 
   /// The first local model chunk (the whole model without pipeline parallelism).
-  model::Gpt& model() { return *model_.chunks.front(); }
+  model::Model& model() { return *model_.chunks.front(); }
   /// Every local model chunk, in local chunk order.
-  const std::vector<std::unique_ptr<model::Gpt>>& chunks() const { return model_.chunks; }
+  const std::vector<std::unique_ptr<model::Model>>& chunks() const { return model_.chunks; }
   /// Blocks per pipeline chunk (pp * virtual stages entries).
   const std::vector<std::int64_t>& partition() const { return model_.plan.partition; }
   /// The schedule every step runs.

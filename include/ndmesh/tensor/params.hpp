@@ -50,6 +50,14 @@ template <typename T>
 void copy_shard(const ParamShard& shard, const std::vector<std::int64_t>& local_shape, T* local, T* full,
                 bool to_full, int rank = -1);
 
+/// A weight that two layers read (the token table and a tied output layer). Where both
+/// layers are in one store they share one view (kNone: nothing to keep equal); where they
+/// are in two (pipeline stages), each store holds a copy: kOwner in the store of the layer
+/// that owns it, kCopy in the other. The two copies get the sum of their gradients (the
+/// gradient synchronisation's job, over the ranks that hold a copy); the copy is neither
+/// counted in the gradient norm nor written to checkpoints.
+enum class Tied : std::uint8_t { kNone, kOwner, kCopy };
+
 /// Where one named parameter lives in the flat buffers.
 struct ParamView {
   std::string name;                 ///< e.g. "block.3.attn.qkv.weight"
@@ -58,19 +66,47 @@ struct ParamView {
   std::int64_t numel = 0;           ///< product of shape
   bool decay = false;               ///< AdamW applies weight decay (matrices, not norms or biases)
   ParamShard shard;                 ///< tensor-parallel split (replicated by default)
+  Tied tied = Tied::kNone;          ///< one of two copies of a tied weight (see Tied)
   /// Elements of the full (serial) parameter.
   std::int64_t full_numel() const;
+};
+
+/// How a ParamStore lays out and places its flat buffers: what a strategy that cuts them
+/// into shards or gives their pages back asks of the storage. The layers and the model that
+/// declare the parameters pass it through without reading it.
+struct StoreOptions {
+  /// Both buffers padded to a multiple of this many elements (equal ZeRO shards).
+  std::int64_t pad_to = 1;
+  /// Each unit's range (ParamStore::begin_unit) padded to a multiple of pad_to as well, so
+  /// that every unit splits into equal shards (ZeRO 2/3 reduce and gather unit by unit).
+  bool pad_units = false;
+  /// On CUDA: the parameters in mappable device memory (cuda::alloc_mappable), whose pages
+  /// ZeRO-3 gives back and takes again in place.
+  bool mappable_params = false;
+  /// On CUDA: the gradients in mappable device memory (ZeRO 2/3's per-unit work space).
+  bool mappable_grads = false;
 };
 
 /// The flat parameter and gradient buffers of one model.
 template <typename T>
 class ParamStore {
  public:
+  explicit ParamStore(StoreOptions options = {}) : options_(options) {}
   /// Declares a parameter and returns its id. Names must be unique; only before allocate().
   int add(std::string name, std::vector<std::int64_t> shape, bool decay, ParamShard shard = {});
-  /// Allocates both buffers (zeroed), padded to a multiple of `multiple` elements (so that
-  /// a ZeRO shard split of the buffer is even). After this no parameter can be added.
-  void allocate(std::int64_t multiple = 1);
+  /// Marks a copy of a tied weight (ParamView::tied). Only before allocate().
+  void set_tied(int id, Tied tied);
+  /// The next parameter starts a unit (a range used together: ZeRO-3 gathers it): with
+  /// StoreOptions::pad_units the buffer so far is padded to a multiple of pad_to.
+  void begin_unit() {
+    if (options_.pad_units) align_to(options_.pad_to);
+  }
+  /// Allocates both buffers (zeroed), padded to a multiple of `multiple` elements (0: the
+  /// options' pad_to; so that a ZeRO shard split of the buffer is even). After this no
+  /// parameter can be added.
+  void allocate(std::int64_t multiple = 0);
+  /// The layout and placement options it was made with.
+  const StoreOptions& options() const { return options_; }
   /// Pads the buffer so far to a multiple of `multiple` (and of kParamAlign): the next
   /// parameter starts a range whose length can be split evenly (a ZeRO-3 unit). Only
   /// before allocate().
@@ -79,9 +115,10 @@ class ParamStore {
   bool allocated() const { return params_.numel() > 0 || views_.empty(); }
   /// Moves both buffers to `device`: the parameters are copied, the gradients zeroed (a
   /// model is initialised on the host, then placed). ConfigError when `device` cannot hold T.
-  /// With `mappable_params` on CUDA the parameters go into mappable device memory
-  /// (cuda::alloc_mappable: ZeRO-3), with `mappable_grads` the gradients (ZeRO 2/3).
-  void to(Device device, bool mappable_params = false, bool mappable_grads = false);
+  /// On CUDA the options' mappable_params put the parameters into mappable device memory
+  /// (cuda::alloc_mappable: ZeRO-3), mappable_grads the gradients (ZeRO 2/3).
+  void to(Device device) { to(device, options_.mappable_params, options_.mappable_grads); }
+  void to(Device device, bool mappable_params, bool mappable_grads);
   /// Where the buffers live.
   Device device() const { return params_.device(); }
   /// A copy of the parameters on the host (size() elements).
@@ -156,6 +193,7 @@ class ParamStore {
   std::vector<std::int64_t> logical_offsets(std::int64_t* total = nullptr) const;
 
  private:
+  StoreOptions options_;
   std::vector<ParamView> views_;
   std::int64_t size_ = 0;
   Tensor<T> params_;

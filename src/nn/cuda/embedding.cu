@@ -71,9 +71,10 @@ __global__ void fused_forward_kernel(S* out, const std::int32_t* tokens, const f
                                      std::int64_t channels) {
   const std::int64_t c = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (c >= channels) return;
-  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-    store(out + r * channels + c,
-          __fadd_rn(wte[std::int64_t{tokens[r]} * channels + c], wpe[positions[r % seq] * channels + c]));
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const float t = wte[std::int64_t{tokens[r]} * channels + c];  // without a position table: the token's row
+    store(out + r * channels + c, wpe != nullptr ? __fadd_rn(t, wpe[positions[r % seq] * channels + c]) : t);
+  }
 }
 
 // The table row each row of dout adds to: its token's row in the shard (kNoRow outside the
@@ -154,7 +155,8 @@ void backward(float* dwte, float* dwpe, const S* dout, const std::int32_t* token
       token_keys, position_keys, tokens, positions, rows, seq, vocab_start, local_vocab);
   check_launch("embedding_backward (keys)");
   add_rows_by_key(dwte, dout, token_keys, sorted, rows, channels, "embedding_backward (token table)");
-  add_rows_by_key(dwpe, dout, position_keys, sorted, rows, channels, "embedding_backward (position table)");
+  if (dwpe != nullptr)  // a model with rotary positions has no position table
+    add_rows_by_key(dwpe, dout, position_keys, sorted, rows, channels, "embedding_backward (position table)");
 }
 
 template <typename S>

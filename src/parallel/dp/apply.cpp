@@ -7,14 +7,14 @@ namespace ndmesh::parallel {
 
 void apply_data_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& o) {
   plan.grad_group = plan.batch.cp_size > 1 ? groups.cp_dp() : groups.dp();
-  plan.pad_to = o.dp.zero > 0 ? plan.grad_group.size() : 1;
+  plan.store.pad_to = o.dp.zero > 0 ? plan.grad_group.size() : 1;
   // ZeRO 2 and 3 reduce-scatter unit by unit (GradReducer::per_unit): each unit's range is
   // padded to a multiple of the group too.
-  plan.pad_units = plan.grad_group.size() > 1 && o.dp.zero >= 2;
+  plan.store.pad_units = plan.grad_group.size() > 1 && o.dp.zero >= 2;
   // ZeRO-3 frees units in place; on a GPU that takes mappable memory (ParamGatherer).
-  plan.mappable_params = o.dp.zero == 3 && o.device == Device::kCuda;
+  plan.store.mappable_params = o.dp.zero == 3 && o.device == Device::kCuda;
   // So does the per-unit gradient work space (GradReducer::own_workspace).
-  plan.mappable_grads = plan.pad_units && o.device == Device::kCuda;
+  plan.store.mappable_grads = plan.store.pad_units && o.device == Device::kCuda;
 }
 
 }  // namespace ndmesh::parallel

@@ -30,7 +30,7 @@ PipelineSchedule forward_only(const PipelineSchedule& s) {
   return out;
 }
 
-Executor::Executor(PipelineSchedule schedule, comm::Communicator pp, std::vector<model::Gpt*> chunks,
+Executor::Executor(PipelineSchedule schedule, comm::Communicator pp, std::vector<model::Model*> chunks,
                    ExecutorOptions options)
     : schedule_(std::move(schedule)), pp_(std::move(pp)), chunks_(std::move(chunks)), options_(options) {
   check_schedule(schedule_);
@@ -51,7 +51,7 @@ Executor::Executor(PipelineSchedule schedule, comm::Communicator pp, std::vector
   NDMESH_CHECK(static_cast<int>(chunks_.size()) == schedule_.chunks, "pp",
                "the schedule has {} chunks per rank but stage {} holds {} model chunks", schedule_.chunks,
                stage_, chunks_.size());
-  const model::Gpt& first = *chunks_.front();
+  const model::Model& first = *chunks_.front();
   for (int c = 0; c < schedule_.chunks; ++c) {
     const int v = schedule_.virtual_stage(stage_, c);
     NDMESH_CHECK(chunks_[c]->batch() == first.batch() && chunks_[c]->seq() == first.seq(), "pp",
@@ -70,6 +70,7 @@ Executor::Executor(PipelineSchedule schedule, comm::Communicator pp, std::vector
   tokens_.resize(static_cast<std::size_t>(first.batch() * first.seq()));
   targets_.resize(tokens_.size());
   free_acts_.resize(chunks_.size());
+  for (const Action& a : schedule_.actions[stage_]) split_ = split_ || a.kind == ActionKind::kBackwardInput;
   origin_ = std::chrono::steady_clock::now();
 }
 
@@ -175,7 +176,7 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
     auto& pool = free_acts_[static_cast<std::size_t>(c)];
     std::unique_ptr<Acts> a;
     if (pool.empty()) {
-      a = std::make_unique<Acts>(chunks_[c]->make_activations());
+      a = chunks_[c]->make_activations({.deferred_weight_grads = split_});
       ++allocated_;
     } else {
       a = std::move(pool.back());
@@ -230,7 +231,7 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
     const Action& a = list[i];
     post_ahead(i);
     const int c = a.chunk, mb = a.microbatch, v = s.virtual_stage(stage_, c);
-    model::Gpt& chunk = *chunks_[static_cast<std::size_t>(c)];
+    model::Model& chunk = *chunks_[static_cast<std::size_t>(c)];
     ActionTiming timing{.action = a, .index = static_cast<int>(i), .start = now()};
     switch (a.kind) {
       case ActionKind::kForward: {
@@ -361,7 +362,7 @@ WalkResult Executor::walk(const PipelineSchedule& s, const StageHooks& hooks, bo
   // The per-token losses of every micro-batch this rank's head saw, read back once (or left
   // to the caller).
   if (hooks.take_loss)
-    for (model::Gpt* c : chunks_)
+    for (model::Model* c : chunks_)
       if (c->has_head()) out.loss_sum += c->take_loss_sum();
   return out;
 }

@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "ndmesh/core/error.hpp"
-#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/model/decoder.hpp"
 #include "ndmesh/nn/linear.hpp"
 #include "ndmesh/tensor/rng.hpp"
 
@@ -31,7 +31,9 @@ class SplitBackward : public ::testing::TestWithParam<std::pair<bool, int>> {};
 
 TEST_P(SplitBackward, DeferredWeightGradientsEqualThePlainBackward) {
   const auto [tied, first_block] = GetParam();
-  GptT<double> gpt(tiny(tied), {.seed = 3, .batch = 2, .init_std = 0.5, .first_block = first_block});
+  ModelSpec spec = tiny(tied);
+  spec.init_std = 0.5;
+  DecoderT<double> gpt(spec, {.seed = 3, .batch = 2}, UnitRange::blocks(first_block, spec.layers, spec.layers));
   Rng rng(5);
   const std::int64_t n = 10, c = 8;
   std::vector<std::int32_t> tokens(n), targets(n);
@@ -39,7 +41,8 @@ TEST_P(SplitBackward, DeferredWeightGradientsEqualThePlainBackward) {
   for (auto& t : targets) t = static_cast<std::int32_t>(rng.below(7));
   std::vector<double> input(static_cast<std::size_t>(n * c));
   for (auto& x : input) x = rng.normal();
-  auto acts = gpt.make_activations();
+  auto made = gpt.make_activations({.deferred_weight_grads = true});
+  Activations& acts = *made;
   gpt.forward(acts, tokens.data(), first_block > 0 ? input.data() : nullptr, targets.data());
 
   gpt.params().zero_grad();

@@ -302,7 +302,7 @@ TEST(Mlp, GradientsMatchFiniteDifferences) {
   randomize(store, rng);
   const std::int64_t rows = 3;
   MlpActivations<double> acts;
-  acts.resize(rows, 7);
+  acts.resize(rows, 7, 7);
   V x = random_vector(rows * 4, rng), w = random_vector(rows * 4, rng), out(rows * 4), dx(rows * 4, 0.0),
     scratch(rows * 7);
   auto loss = [&] {

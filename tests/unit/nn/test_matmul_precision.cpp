@@ -201,10 +201,10 @@ TEST(MatmulPrecision, Bf16MlpKeepsItsPreActivationAndHiddenInBf16) {
   std::copy(p.begin(), p.end(), store.params().begin());
   EXPECT_TRUE(mlp.hidden_in_bf16());
   nn::MlpActivations<float> acts;
-  acts.resize(rows, f, mlp.hidden_in_bf16());
-  ASSERT_EQ(acts.gelu.numel() + acts.fc.numel(), 0);
-  ASSERT_EQ(acts.gelu16.numel(), rows * f);
-  ASSERT_EQ(acts.fc16.numel(), rows * f);
+  acts.resize(rows, mlp.pre_width(), f, mlp.hidden_in_bf16());
+  ASSERT_EQ(acts.hidden.numel() + acts.pre.numel(), 0);
+  ASSERT_EQ(acts.hidden16.numel(), rows * f);
+  ASSERT_EQ(acts.pre16.numel(), rows * f);
   const auto inp = normal(static_cast<std::size_t>(rows * c), 4), dout = normal(static_cast<std::size_t>(rows * c), 5);
   const auto n = static_cast<std::size_t>(rows * f);
   std::vector<float> out(inp.size()), dinp(inp.size());
@@ -222,9 +222,9 @@ TEST(MatmulPrecision, Bf16MlpKeepsItsPreActivationAndHiddenInBf16) {
     t[i] += static_cast<float>(BFloat16(bias[i % static_cast<std::size_t>(f)]));
   nn::Gelu<float>::forward(t.data(), gelu.data(), rows * f);
   for (std::size_t i = 0; i < n; ++i) {
-    ASSERT_EQ(acts.fc16.data()[i].bits, BFloat16(t[i]).bits) << "pre-activation, element " << i;
-    ASSERT_EQ(acts.gelu16.data()[i].bits, BFloat16(gelu[i]).bits) << "hidden, element " << i;
-    hidden[i] = static_cast<float>(acts.gelu16.data()[i]);
+    ASSERT_EQ(acts.pre16.data()[i].bits, BFloat16(t[i]).bits) << "pre-activation, element " << i;
+    ASSERT_EQ(acts.hidden16.data()[i].bits, BFloat16(gelu[i]).bits) << "hidden, element " << i;
+    hidden[i] = static_cast<float>(acts.hidden16.data()[i]);
   }
   store.zero_grad();
   mlp.backward(dout.data(), inp.data(), acts, dinp.data(), scratch.data(), rows);
@@ -234,10 +234,10 @@ TEST(MatmulPrecision, Bf16MlpKeepsItsPreActivationAndHiddenInBf16) {
   // the stored pre-activation, rounded once, then fc's backward from that bf16 gradient.
   std::vector<float> ref_out(out.size()), ref_dinp(dinp.size()), dhidden(n), pre(n);
   std::vector<BFloat16> dpre(n);
-  mlp.proj().forward(acts.gelu16.data(), ref_out.data(), rows);
+  mlp.proj().forward(acts.hidden16.data(), ref_out.data(), rows);
   store.zero_grad();
-  mlp.proj().backward(dout.data(), acts.gelu16.data(), dhidden.data(), rows, nn::GradInto::kSet);
-  for (std::size_t i = 0; i < n; ++i) pre[i] = static_cast<float>(acts.fc16.data()[i]);
+  mlp.proj().backward(dout.data(), acts.hidden16.data(), dhidden.data(), rows, nn::GradInto::kSet);
+  for (std::size_t i = 0; i < n; ++i) pre[i] = static_cast<float>(acts.pre16.data()[i]);
   nn::Gelu<float>::backward(dhidden.data(), pre.data(), dhidden.data(), rows * f);
   for (std::size_t i = 0; i < n; ++i) {
     dpre[i] = BFloat16(dhidden[i]);

@@ -44,23 +44,21 @@ void PrintTo(const Case& c, std::ostream* os) { *os << name_of(c); }
 // micro-batch, untied head: the tied-embedding sum belongs to the gradient sync) and an
 // executor over `pp`.
 struct Stage {
-  std::vector<std::unique_ptr<model::Gpt>> chunks;
+  std::vector<std::unique_ptr<model::Model>> chunks;
   std::unique_ptr<Executor> executor;
   StageHooks hooks;
 
   Stage(const ModelSpec& spec, const PipelineSchedule& schedule, const Communicator& pp, const Batch& batch,
         double timeout_s = 0) {
     const auto partition = balanced_partition(spec.layers, schedule.stages, schedule.chunks);
-    std::vector<model::Gpt*> raw;
+    std::vector<model::Model*> raw;
     for (int c = 0; c < schedule.chunks; ++c) {
       const int vs = schedule.virtual_stage(pp.rank(), c);
       std::int64_t first = 0;
       for (int k = 0; k < vs; ++k) first += partition[static_cast<std::size_t>(k)];
-      chunks.push_back(std::make_unique<model::Gpt>(
-          spec, model::GptOptions{.batch = 1,
-                                  .first_block = first,
-                                  .last_block = first + partition[static_cast<std::size_t>(vs)],
-                                  .split_backward = schedule.kind == Schedule::kZbH1}));
+      chunks.push_back(model::build<float>(
+          spec, {.batch = 1},
+          model::UnitRange::blocks(first, first + partition[static_cast<std::size_t>(vs)], spec.layers)));
       chunks.back()->set_loss_weight(1.0 / static_cast<double>(batch.sequences * spec.seq));
       chunks.back()->params().zero_grad();
       raw.push_back(chunks.back().get());

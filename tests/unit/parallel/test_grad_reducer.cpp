@@ -71,7 +71,8 @@ TEST_P(GradReducerModel, OwnedGradientsEqualTheSerialRunByName) {
     const bool zero3 = c.options.zero == 3 && p > 1;
     // ZeRO 2 and 3 reduce per unit, as the trainer does on the CPU (parallel/dp/apply.cpp).
     const bool per_unit = c.options.zero >= 2 && p > 1 && !c.buckets;
-    model::Gpt gpt(spec, {.batch = micro, .pad_to = c.options.zero > 0 ? p : 1, .pad_units = per_unit});
+    const StoreOptions store{.pad_to = c.options.zero > 0 ? p : 1, .pad_units = per_unit};
+    model::Decoder gpt(spec, {.batch = micro}, {}, {}, store);
     gpt.set_loss_weight(1.0 / static_cast<double>(global * spec.seq));
     GradReducer reducer(world, gpt.params().size(), c.options,
                         per_unit ? gpt.unit_ranges() : std::vector<nn::Segment>{});
@@ -90,7 +91,7 @@ TEST_P(GradReducerModel, OwnedGradientsEqualTheSerialRunByName) {
     // micro-batch), summed over ranks and micro-batches.
     std::vector<float> abs_sum(static_cast<std::size_t>(gpt.params().size()), 0.0f);
     if (c.options.bf16) {
-      model::Gpt plain(spec, {.batch = micro, .pad_to = c.options.zero > 0 ? p : 1, .pad_units = per_unit});
+      model::Decoder plain(spec, {.batch = micro}, {}, {}, store);
       plain.set_loss_weight(1.0 / static_cast<double>(global * spec.seq));
       plain.params().zero_grad();
       for (int m = 0; m < c.micro; ++m) {
@@ -373,7 +374,9 @@ TEST(ParamGatherer, HoldsAUnitExactlyBetweenItsEventsAndPrefetchesTheNext) {
         // also reads range 0 (a tied head).
         const std::int64_t len = 3 * 1024 * p;
         const std::vector<nn::Segment> ranges = {{0, len}, {len, len}, {2 * len, len}};
-        const std::vector<model::ParamUnit> units = {{"embed", {0}}, {"block.0", {1}}, {"head", {2, 0}}};
+        const std::vector<model::ParamUnit> units = {{"embed", model::UnitKind::kEmbedding, {0}},
+                                                     {"block.0", model::UnitKind::kBlock, {1}},
+                                                     {"head", model::UnitKind::kHead, {2, 0}}};
         const auto value = [](std::int64_t i) { return static_cast<float>(i % 1000) + 1.0f; };
         std::vector<float> params(static_cast<std::size_t>(3 * len));
         for (std::int64_t i = 0; i < 3 * len; ++i) params[static_cast<std::size_t>(i)] = value(i);

@@ -70,7 +70,7 @@ void one_step(const Case& c, const TrainOptions& o, const Batch& batch, bool tak
     ProcessGroups groups(mesh, world);
     RankModel model = parallelize(o, groups);
     GradSync sync(model, groups, o.dp);
-    std::vector<model::Gpt*> raw;
+    std::vector<model::Model*> raw;
     for (auto& chunk : model.chunks) raw.push_back(chunk.get());
     pp::Executor executor(model.plan.schedule, model.plan.pp, raw);
     for (std::size_t k = 0; k < model.chunks.size(); ++k)
@@ -109,7 +109,7 @@ TEST_P(GradSyncLayouts, OneStepEqualsTheSerialGradientsByName) {
              EXPECT_NEAR(sums.loss, ref.loss(), 1e-6 * ref.loss()) << c.name << ", rank " << world.rank();
              EXPECT_NEAR(sums.grad_norm, ref_norm, 1e-5 * ref_norm) << c.name << ", rank " << world.rank();
              for (std::size_t k = 0; k < model.chunks.size(); ++k) {
-               model::Gpt& chunk = *model.chunks[k];
+               model::Model& chunk = *model.chunks[k];
                GradReducer& reducer = sync.reducer(k);
                // The gradients this rank updates; under ZeRO each element has one owner in the
                // gradient group, and a sum of zero-filled buffers gathers them.

@@ -102,7 +102,7 @@ class GradReducer {
   /// data_parallel_option_problems(options). Collective over `group` (the hierarchical
   /// algorithm builds node sub-groups). Under ZeRO-3, and under ZeRO-2 when given, `units`
   /// are the buckets (ascending, covering the buffer, each a multiple of the group size;
-  /// model::GptT::unit_ranges()): see per_unit().
+  /// model::ModelT::unit_ranges()): see per_unit().
   /// `device` is where the gradient buffer lives (ZeRO-2's shard is kept there too).
   GradReducer(comm::Communicator group, std::int64_t flat_size, DataParallelOptions options,
               const std::vector<nn::Segment>& units = {}, Device device = Device::kCpu);

@@ -14,7 +14,7 @@
 // already in flight), after it they are freed, except after a forward with
 // reshard_after_forward = false (FSDP2's option: the parameters stay until the backward).
 // With prefetch, the gather of the next unit in the same direction (forward: the buffer's
-// order; backward: model::GptT::backward_units()) starts when a unit begins, so it moves
+// order; backward: model::ModelT::backward_units()) starts when a unit begins, so it moves
 // while the unit computes. A range shared by two units (a tied head reads the embedding's
 // table) counts its users and is freed when the last one ends.
 //
@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "ndmesh/comm/communicator.hpp"
-#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/model/model.hpp"
 #include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/nn/offload.hpp"
 #include "ndmesh/parallel/dp/device_pages.hpp"
@@ -62,7 +62,7 @@ class ParamGatherer {
  public:
   /// `params`: the chunk's flat parameter buffer (host memory, or mappable device memory on
   /// `device` CUDA); `ranges`, `units`: the
-  /// chunk's (model::GptT::unit_ranges(), units()); every range's length must be a
+  /// chunk's (model::ModelT::unit_ranges(), units()); every range's length must be a
   /// multiple of the group size. Frees every range (collective over nothing).
   ParamGatherer(comm::Communicator group, float* params, std::vector<nn::Segment> ranges,
                 std::vector<model::ParamUnit> units, std::vector<int> backward_order, GatherOptions options,

@@ -2,7 +2,7 @@
 //
 // Each pp rank walks its own action list (schedule.actions[stage]) in order, so any
 // schedule the generator makes (or a hand-built one that passes check_schedule) runs
-// without changes here. Compute actions call the rank's model chunks (one Gpt per local
+// without changes here. Compute actions call the rank's model chunks (one model::Model per local
 // chunk, a contiguous block range each) with per-micro-batch activations taken from a
 // pool: a forward takes one, the backward (or backward-input) of the same (micro-batch,
 // chunk) gives it back, so the pool's size is the measured peak of live activations.
@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "ndmesh/comm/communicator.hpp"
-#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/model/model.hpp"
 #include "ndmesh/nn/linear.hpp"
 #include "ndmesh/parallel/pp/schedule.hpp"
 #include "ndmesh/tensor/tensor.hpp"
@@ -66,7 +66,7 @@ struct StageHooks {
   /// the chunk's grads-final hook, as a whole backward does.
   std::function<void(int chunk, bool last)> before_backward;
   std::function<void(int chunk)> after_backward;
-  /// false: the walk leaves the heads' loss sums in their chunks (model::Gpt::take_loss_sum,
+  /// false: the walk leaves the heads' loss sums in their chunks (model::Model::take_loss_sum,
   /// take_loss_sum_into) and WalkResult::loss_sum is 0, so that its end does not wait for
   /// the device.
   bool take_loss = true;
@@ -87,7 +87,7 @@ class Executor {
   /// the same batch and seq. `pp` is the pipeline group (its rank is the stage). Error
   /// when the schedule fails check_schedule() or does not fit the chunks or the group.
   /// Collective over `pp` (duplicates it).
-  Executor(PipelineSchedule schedule, comm::Communicator pp, std::vector<model::Gpt*> chunks,
+  Executor(PipelineSchedule schedule, comm::Communicator pp, std::vector<model::Model*> chunks,
            ExecutorOptions options = {});
   ~Executor();
   Executor(const Executor&) = delete;
@@ -106,7 +106,7 @@ class Executor {
   /// Activations ever allocated for training walks: the most (micro-batch, chunk)
   /// activations that were live at once on this stage.
   int peak_live_activations() const { return peak_live_; }
-  /// Bytes of the micro-batch activations (GptActivations of every chunk) alive at once at
+  /// Bytes of the micro-batch activations (model::Activations of every chunk) alive at once at
   /// the peak of the training walks so far: what the schedule really held.
   std::int64_t peak_live_activation_bytes() const { return peak_live_bytes_; }
   /// Times are measured from this moment (set it after a barrier to line ranks up).
@@ -122,7 +122,7 @@ class Executor {
     int index = -1;  // action index, for messages
     bool posted = false;
   };
-  using Acts = model::GptActivations<float>;
+  using Acts = model::Activations;
   // (kind, micro-batch, chunk) of an action, as a map key.
   static std::int64_t key(ActionKind kind, int mb, int chunk, int m);
   int tag(ActionKind kind, int mb, int chunk) const;
@@ -134,7 +134,9 @@ class Executor {
 
   PipelineSchedule schedule_, forward_schedule_;
   comm::Communicator pp_;
-  std::vector<model::Gpt*> chunks_;
+  std::vector<model::Model*> chunks_;
+  // The schedule splits backwards (zb-h1): activations keep what the deferred weight half reads.
+  bool split_ = false;
   ExecutorOptions options_;
   int stage_ = 0;
   std::int64_t hidden_elems_ = 0;

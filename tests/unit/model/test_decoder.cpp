@@ -9,7 +9,7 @@
 #include "ndmesh/config/training.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/recompute.hpp"
-#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/model/decoder.hpp"
 #include "ndmesh/plan/formulas.hpp"
 #include "ndmesh/tensor/blas.hpp"
 #include "unit/nn/fd_check.hpp"
@@ -29,6 +29,11 @@ ModelSpec tiny(bool tied, std::int64_t kv_heads) {
           .tied_embeddings = tied};
 }
 
+ModelSpec with_init(ModelSpec spec, double init_std) {
+  spec.init_std = init_std;
+  return spec;
+}
+
 std::vector<std::int32_t> random_tokens(std::int64_t n, std::int64_t vocab, Rng& rng) {
   std::vector<std::int32_t> t(static_cast<std::size_t>(n));
   for (auto& x : t) x = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(vocab)));
@@ -40,7 +45,7 @@ class GptGrad : public ::testing::TestWithParam<std::pair<bool, int>> {};
 TEST_P(GptGrad, WholeModelGradientsMatchFiniteDifferences) {
   const auto [tied, kv_heads] = GetParam();
   // A larger init than training uses, so that every parameter matters to the loss.
-  GptT<double> gpt(tiny(tied, kv_heads), {.seed = 3, .batch = 2, .init_std = 0.5});
+  DecoderT<double> gpt(with_init(tiny(tied, kv_heads), 0.5), {.seed = 3, .batch = 2});
   Rng rng(5);
   auto tokens = random_tokens(10, 7, rng), targets = random_tokens(10, 7, rng);
   // Norm scales and biases start at 1 and 0; move them so their gradients are generic.
@@ -61,7 +66,7 @@ INSTANTIATE_TEST_SUITE_P(TiedAndKvHeads, GptGrad,
 // mask compares them; gradients still match finite differences, and explicit positions
 // 0..seq-1 give exactly the default model.
 TEST(Gpt, NonContiguousPositionsGradientsMatchFiniteDifferences) {
-  GptT<double> gpt(tiny(true, 2), {.seed = 3, .batch = 2, .seq = 3, .init_std = 0.5});
+  DecoderT<double> gpt(with_init(tiny(true, 2), 0.5), {.seed = 3, .batch = 2, .seq = 3});
   gpt.set_positions({0, 3, 4});
   Rng rng(6);
   auto tokens = random_tokens(6, 7, rng), targets = random_tokens(6, 7, rng);
@@ -77,7 +82,7 @@ TEST(Gpt, NonContiguousPositionsGradientsMatchFiniteDifferences) {
 }
 
 TEST(Gpt, ExplicitSerialPositionsAreTheDefault) {
-  GptT<double> a(tiny(false, 2), {.seed = 4, .batch = 2}), b(tiny(false, 2), {.seed = 4, .batch = 2});
+  DecoderT<double> a(tiny(false, 2), {.seed = 4, .batch = 2}), b(tiny(false, 2), {.seed = 4, .batch = 2});
   b.set_positions({0, 1, 2, 3, 4});
   Rng rng(7);
   auto tokens = random_tokens(10, 7, rng), targets = random_tokens(10, 7, rng);
@@ -87,7 +92,7 @@ TEST(Gpt, ExplicitSerialPositionsAreTheDefault) {
 TEST(Gpt, LossAtInitialisationIsNearLogVocab) {
   set_blas_threads(1);
   const ModelSpec spec{.layers = 2, .hidden = 32, .heads = 4, .seq = 16, .vocab = 64};
-  Gpt gpt(spec, {.seed = 1, .batch = 4});
+  Decoder gpt(spec, {.seed = 1, .batch = 4});
   Rng rng(9);
   auto tokens = random_tokens(64, 64, rng), targets = random_tokens(64, 64, rng);
   // With weights of std 0.02 the logits are tiny, so the prediction is close to uniform.
@@ -96,8 +101,8 @@ TEST(Gpt, LossAtInitialisationIsNearLogVocab) {
 
 TEST(Gpt, FloatModelMatchesDoubleModel) {
   const ModelSpec spec = tiny(true, 2);
-  Gpt f(spec, {.seed = 4, .batch = 2});
-  GptT<double> d(spec, {.seed = 4, .batch = 2});
+  Decoder f(spec, {.seed = 4, .batch = 2});
+  DecoderT<double> d(spec, {.seed = 4, .batch = 2});
   // Same seed: the float init is the double init rounded.
   for (std::int64_t i = 0; i < f.params().size(); ++i)
     ASSERT_EQ(f.params().params()[i], static_cast<float>(d.params().params()[i]));
@@ -114,7 +119,7 @@ TEST(Gpt, FloatModelMatchesDoubleModel) {
 
 TEST(Gpt, ParametersAreOneFlatBufferOfNamedViews) {
   const ModelSpec spec = tiny(false, 2);
-  Gpt gpt(spec, {.batch = 1});
+  Decoder gpt(spec, {.batch = 1});
   const auto& store = gpt.params();
   // Count by hand: embeddings 7x8 + 5x8, final norm 2x8, untied head 7x8, and per block
   // two norms (4x8), qkv 8x(4+2+2)*2 + 16, proj 8x8 + 8, fc 8x12 + 12, mlp proj 12x8 + 8.
@@ -136,7 +141,7 @@ TEST(Gpt, InitialisationDependsOnlyOnSeedAndName) {
   const ModelSpec one{.layers = 1, .hidden = 8, .heads = 2, .seq = 4, .vocab = 5};
   ModelSpec two = one;
   two.layers = 2;
-  Gpt a(one, {.seed = 7}), b(two, {.seed = 7}), c(one, {.seed = 8});
+  Decoder a(one, {.seed = 7}), b(two, {.seed = 7}), c(one, {.seed = 8});
   const auto& sa = a.params();
   const auto& sb = b.params();
   const int ia = sa.find("block.0.mlp.fc.weight"), ib = sb.find("block.0.mlp.fc.weight");
@@ -147,7 +152,7 @@ TEST(Gpt, InitialisationDependsOnlyOnSeedAndName) {
 TEST(Gpt, BadSpecsNameTheFieldAndTheFix) {
   ModelSpec spec{.layers = 1, .hidden = 10, .heads = 4, .kv_heads = 3, .seq = 4, .vocab = 5};
   try {
-    Gpt gpt(spec);
+    Decoder gpt(spec);
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& e) {
     std::string msg = e.what();
@@ -155,15 +160,15 @@ TEST(Gpt, BadSpecsNameTheFieldAndTheFix) {
     EXPECT_NE(msg.find("model heads=4 is not a multiple of kv_heads=3"), std::string::npos) << msg;
   }
   spec = {.layers = 0, .hidden = 8, .heads = 2, .seq = 4, .vocab = 5};
-  EXPECT_THROW(Gpt{spec}, ConfigError);
+  EXPECT_THROW(Decoder{spec}, ConfigError);
 }
 
 TEST(Gpt, TwoPipelineStagesComposeToTheWholeModel) {
   for (bool tied : {true, false}) {
     const ModelSpec spec = tiny(tied, 2);
-    GptT<double> whole(spec, {.seed = 3, .batch = 2});
-    GptT<double> first(spec, {.seed = 3, .batch = 2, .last_block = 1});
-    GptT<double> last(spec, {.seed = 3, .batch = 2, .first_block = 1});
+    DecoderT<double> whole(spec, {.seed = 3, .batch = 2});
+    DecoderT<double> first(spec, {.seed = 3, .batch = 2}, UnitRange::blocks(0, 1, 2));
+    DecoderT<double> last(spec, {.seed = 3, .batch = 2}, UnitRange::blocks(1, 2, 2));
     EXPECT_TRUE(first.has_embedding() && !first.has_head());
     EXPECT_TRUE(!last.has_embedding() && last.has_head());
     Rng rng(8);
@@ -176,10 +181,10 @@ TEST(Gpt, TwoPipelineStagesComposeToTheWholeModel) {
     auto a1 = last.make_activations();
     first.params().zero_grad();
     last.params().zero_grad();
-    EXPECT_TRUE(std::isnan(first.forward(a0, tokens.data(), nullptr, nullptr)));
-    EXPECT_EQ(last.forward(a1, nullptr, first.output(a0), targets.data()), loss);
-    last.backward(a1, nullptr);
-    first.backward(a0, last.input_grad().data());
+    EXPECT_TRUE(std::isnan(first.forward(*a0, tokens.data(), nullptr, nullptr)));
+    EXPECT_EQ(last.forward(*a1, nullptr, first.output(*a0), targets.data()), loss);
+    last.backward(*a1, nullptr);
+    first.backward(*a0, last.input_grad().data());
 
     // Every parameter of the whole model is in exactly one stage, with the same initial
     // value and gradient; the tied token table is in both, and its two gradients add up.
@@ -205,7 +210,7 @@ TEST(Gpt, TwoPipelineStagesComposeToTheWholeModel) {
 
 TEST(Gpt, MicroBatchesInFlightKeepSeparateActivations) {
   const ModelSpec spec = tiny(true, 2);
-  GptT<double> gpt(spec, {.seed = 2, .batch = 2});
+  DecoderT<double> gpt(spec, {.seed = 2, .batch = 2});
   Rng rng(12);
   auto t1 = random_tokens(10, 7, rng), y1 = random_tokens(10, 7, rng);
   auto t2 = random_tokens(10, 7, rng), y2 = random_tokens(10, 7, rng);
@@ -219,10 +224,10 @@ TEST(Gpt, MicroBatchesInFlightKeepSeparateActivations) {
   // Both forwards first, backwards in reverse order (as a pipeline schedule might).
   auto a = gpt.make_activations(), b = gpt.make_activations();
   gpt.params().zero_grad();
-  EXPECT_EQ(gpt.forward(a, t1.data(), nullptr, y1.data()), l1);
-  EXPECT_EQ(gpt.forward(b, t2.data(), nullptr, y2.data()), l2);
-  gpt.backward(b, nullptr);
-  gpt.backward(a, nullptr);
+  EXPECT_EQ(gpt.forward(*a, t1.data(), nullptr, y1.data()), l1);
+  EXPECT_EQ(gpt.forward(*b, t2.data(), nullptr, y2.data()), l2);
+  gpt.backward(*b, nullptr);
+  gpt.backward(*a, nullptr);
   for (std::size_t i = 0; i < expected.size(); ++i)
     EXPECT_NEAR(gpt.params().grads()[i], expected[i], 1e-14) << i;
 }
@@ -256,29 +261,29 @@ TEST(Gpt, RecomputeModesGiveTheSameGradientsBitForBit) {
   std::int64_t previous_bytes = 0;
   for (nn::Recompute mode : {nn::Recompute::kNone, nn::Recompute::kSelective, nn::Recompute::kFull}) {
     SCOPED_TRACE(recompute_name(mode));
-    GptT<double> gpt(spec, {.seed = 3, .batch = 2, .init_std = 0.5, .recompute = mode});
+    DecoderT<double> gpt(with_init(spec, 0.5), {.seed = 3, .batch = 2, .recompute = mode});
     gpt.params().zero_grad();
     const double loss = gpt.forward(t1.data(), y1.data());
     gpt.backward();
     std::vector<double> grads(gpt.params().grads().begin(), gpt.params().grads().end());
     // Two stages, both micro-batches forward first, backwards in reverse order.
-    GptT<double> first(spec, {.seed = 3, .batch = 2, .init_std = 0.5, .last_block = 1, .recompute = mode});
-    GptT<double> last(spec, {.seed = 3, .batch = 2, .init_std = 0.5, .first_block = 1, .recompute = mode});
+    DecoderT<double> first(with_init(spec, 0.5), {.seed = 3, .batch = 2, .recompute = mode}, UnitRange::blocks(0, 1, 2));
+    DecoderT<double> last(with_init(spec, 0.5), {.seed = 3, .batch = 2, .recompute = mode}, UnitRange::blocks(1, 2, 2));
     auto a0 = first.make_activations(), b0 = first.make_activations();
     auto a1 = last.make_activations(), b1 = last.make_activations();
     first.params().zero_grad();
     last.params().zero_grad();
-    first.forward(a0, t1.data(), nullptr, nullptr);
-    const double loss_a = last.forward(a1, nullptr, first.output(a0), y1.data());
-    first.forward(b0, t2.data(), nullptr, nullptr);
-    last.forward(b1, nullptr, first.output(b0), y2.data());
-    last.backward(b1, nullptr);
-    first.backward(b0, last.input_grad().data());
-    last.backward(a1, nullptr);
-    first.backward(a0, last.input_grad().data());
+    first.forward(*a0, t1.data(), nullptr, nullptr);
+    const double loss_a = last.forward(*a1, nullptr, first.output(*a0), y1.data());
+    first.forward(*b0, t2.data(), nullptr, nullptr);
+    last.forward(*b1, nullptr, first.output(*b0), y2.data());
+    last.backward(*b1, nullptr);
+    first.backward(*b0, last.input_grad().data());
+    last.backward(*a1, nullptr);
+    first.backward(*a0, last.input_grad().data());
     std::vector<double> stages(first.params().grads().begin(), first.params().grads().end());
     stages.insert(stages.end(), last.params().grads().begin(), last.params().grads().end());
-    const std::int64_t bytes = gpt.make_activations().bytes();
+    const std::int64_t bytes = gpt.make_activations()->bytes();
     if (mode == nn::Recompute::kNone) {
       expected = grads, expected_stages = stages, expected_loss = loss;
       EXPECT_EQ(loss_a, loss);
@@ -294,7 +299,8 @@ TEST(Gpt, RecomputeModesGiveTheSameGradientsBitForBit) {
       EXPECT_GT(gpt.recompute_workspace_bytes(), 0);
     }
     if (mode == nn::Recompute::kFull) {
-      for (const auto& blk : gpt.make_activations().blocks)
+      const auto acts = gpt.make_activations();
+      for (const auto& blk : dynamic_cast<const DecoderActivations<double>&>(*acts).blocks)
         EXPECT_EQ(blk.bytes(), blk.out.numel() * static_cast<std::int64_t>(sizeof(double)));
     }
     previous_bytes = bytes;
@@ -302,23 +308,25 @@ TEST(Gpt, RecomputeModesGiveTheSameGradientsBitForBit) {
 }
 
 TEST(Gpt, BadStageRangeIsAConfigError) {
-  EXPECT_THROW((Gpt{tiny(true, 2), {.first_block = 1, .last_block = 1}}), ConfigError);
-  EXPECT_THROW((Gpt{tiny(true, 2), {.last_block = 3}}), ConfigError);
+  EXPECT_THROW((Decoder{tiny(true, 2), {}, UnitRange{2, 2}}), ConfigError);
+  EXPECT_THROW((Decoder{tiny(true, 2), {}, UnitRange{0, 5}}), ConfigError);
+  EXPECT_THROW((Decoder{tiny(true, 2), {}, UnitRange{3, 4}}), ConfigError);  // the head alone: no block
 }
 
 TEST(Gpt, MemoryEstimateCoversTheAllocation) {
   // The estimate counts parameters and gradients exactly (no padding) and every
   // activation buffer; compare with what the model holds.
   const ModelSpec spec{.layers = 2, .hidden = 32, .heads = 4, .kv_heads = 2, .seq = 16, .vocab = 50};
-  Gpt gpt(spec, {.batch = 3});
-  const double estimate = gpt_memory_elements(spec, 3, 16);
+  Decoder gpt(spec, {.batch = 3});
+  const double estimate = model_memory_elements(spec, 3, 16);
   const double params = static_cast<double>(gpt.params().parameter_count());
-  auto acts = gpt.make_activations();
+  const auto made = gpt.make_activations();
+  const auto& acts = dynamic_cast<const DecoderActivations<float>&>(*made);
   double held = 0;
   for (const auto& b : acts.blocks)
     held +=
         static_cast<double>(b.ln1.numel() + b.qkv.numel() + b.lse.numel() + b.atty.numel() + b.res1.numel() +
-                            b.ln2.numel() + b.mlp.fc.numel() + b.mlp.gelu.numel() + b.out.numel());
+                            b.ln2.numel() + b.mlp.pre.numel() + b.mlp.hidden.numel() + b.out.numel());
   held += static_cast<double>(acts.input.numel() + acts.lnf.numel() + acts.head.logits.numel());
   EXPECT_GT(estimate, 2 * params + held);
   EXPECT_LT(estimate, 1.6 * (2 * params + held));
@@ -326,7 +334,7 @@ TEST(Gpt, MemoryEstimateCoversTheAllocation) {
 
 TEST(Gpt, FlopsCountMatchesHandCount) {
   const ModelSpec spec{.layers = 1, .hidden = 4, .heads = 2, .kv_heads = 1, .ffn = 8, .seq = 3, .vocab = 5};
-  Gpt gpt(spec, {.batch = 2});
+  Decoder gpt(spec, {.batch = 2});
   // N = 6 tokens, hd = 2. Forward: qkv 2*6*4*(2+2)*2 = 384, proj 2*6*4*4 = 192,
   // mlp 2*2*6*4*8 = 768, head 2*6*4*5 = 240, all three times for forward + backward.
   // Attention: seq 3 is one (masked) tile of 3x3 scores per (batch, head), 2*hd flops per
@@ -334,9 +342,9 @@ TEST(Gpt, FlopsCountMatchesHandCount) {
   EXPECT_DOUBLE_EQ(gpt.flops_per_step(), 3.0 * (384 + 192 + 768 + 240) + 1008);
   // Selective recompute runs the 2 attention products once more: 2 * 2*2 * 9 * 2*2 = 288;
   // full recompute the whole block forward once more: 384 + 192 + 768 + 288.
-  Gpt selective(spec, {.batch = 2, .recompute = nn::Recompute::kSelective});
+  Decoder selective(spec, {.batch = 2, .recompute = nn::Recompute::kSelective});
   EXPECT_DOUBLE_EQ(selective.flops_per_step(), 3.0 * (384 + 192 + 768 + 240) + 1008 + 288);
-  Gpt full(spec, {.batch = 2, .recompute = nn::Recompute::kFull});
+  Decoder full(spec, {.batch = 2, .recompute = nn::Recompute::kFull});
   EXPECT_DOUBLE_EQ(full.flops_per_step(), 3.0 * (384 + 192 + 768 + 240) + 1008 + 384 + 192 + 768 + 288);
 }
 
@@ -344,7 +352,7 @@ TEST(Gpt, FlopsCountOnlyTheAttentionTilesComputed) {
   // seq 130 = tiles of 64, 64, 2 rows: the causal mask skips 3 of the 9 tile pairs, leaving
   // 3 * 64*64 + 2 * 2*64 + 2*2 = 12548 score elements per (batch, head) instead of 130^2.
   const ModelSpec spec{.layers = 1, .hidden = 4, .heads = 2, .kv_heads = 1, .ffn = 8, .seq = 130, .vocab = 5};
-  Gpt gpt(spec, {.batch = 1});
+  Decoder gpt(spec, {.batch = 1});
   // Per token: qkv 2*4*(2+2)*2 = 64, proj 2*2*2*4 = 32, mlp 2*2*4*8 = 128, head 2*4*5 = 40.
   const double linear = 3.0 * 130 * (64 + 32 + 128 + 40);
   const double attention = 7.0 * 2 * 2 * 12548 * 1 * 2;  // 7 products, 2 hd, batch 1, 2 heads
@@ -370,9 +378,9 @@ TEST(GptTp, ProblemsNameTheFlagAndTheFix) {
   struct FourRanks : nn::TpComm<double> {
     int size() const override { return 4; }
   };
-  EXPECT_THROW(GptT<double>(spec, {.batch = 1}, nn::TpContext<double>{.comm = std::make_shared<FourRanks>()}),
+  EXPECT_THROW(DecoderT<double>(spec, {.batch = 1}, {}, nn::TpContext<double>{.comm = std::make_shared<FourRanks>()}),
                ConfigError);
-  EXPECT_NO_THROW(GptT<double>(spec, {.batch = 1}, nn::TpContext<double>{}));
+  EXPECT_NO_THROW(DecoderT<double>(spec, {.batch = 1}, {}, nn::TpContext<double>{}));
 }
 
 }  // namespace

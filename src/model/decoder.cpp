@@ -1,4 +1,4 @@
-#include "ndmesh/model/gpt.hpp"
+#include "ndmesh/model/decoder.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +16,7 @@
 
 namespace ndmesh::model {
 
-std::vector<std::string> gpt_problems(const ModelSpec& s) {
+std::vector<std::string> model_spec_problems(const ModelSpec& s) {
   // The shape rules live in one place (config's model_problems, also the planner's); the
   // model adds what it cannot build.
   std::vector<std::string> out = model_problems(s);
@@ -25,29 +25,36 @@ std::vector<std::string> gpt_problems(const ModelSpec& s) {
   return out;
 }
 
-double gpt_memory_elements(const ModelSpec& s, std::int64_t batch, std::int64_t seq) {
+double model_memory_elements(const ModelSpec& s, std::int64_t batch, std::int64_t seq) {
   const double n = static_cast<double>(batch) * static_cast<double>(seq);
   const double c = static_cast<double>(s.hidden), v = static_cast<double>(s.vocab);
   const double f = static_cast<double>(s.ffn_or_default());
-  const double hd = s.heads > 0 ? c / static_cast<double>(s.heads) : 0.0;
+  const double hd = static_cast<double>(s.head_dim_or_default());
   const double r = (static_cast<double>(s.heads) + 2.0 * static_cast<double>(s.kv_heads_or_heads())) * hd;
   const double lse = n * static_cast<double>(s.heads);  // [B, H, T]: attention keeps no seq x seq matrix
-  const double per_block_params = 4 * c + c * r + r + c * c + c + 2 * c * f + f + c;
+  const bool gated = s.mlp == MlpKind::kSwiglu;
+  const double up = gated ? 2 * f : f;  // fc's outputs: [gate | up], or the GELU MLP's F
+  const double norm_params = s.norm == NormKind::kLayerNorm ? 2 * c : c;
+  const double bias_params = s.biases ? r + c + up + c : 0.0;
+  const double per_block_params = 2 * norm_params + c * r + static_cast<double>(s.heads) * hd * c + c * up +
+                                  f * c + bias_params;
   const double params = static_cast<double>(s.layers) * per_block_params +
-                        (v + static_cast<double>(s.seq)) * c + 2 * c + (s.tied_embeddings ? 0.0 : v * c);
-  // Per block: ln1, res1, ln2, out, atty (5 NC), qkv (N r), fc and gelu (2 NF), lse.
-  const double per_block_acts = 5 * n * c + n * r + 2 * n * f + lse;
+                        (v + static_cast<double>(s.position_rows())) * c + norm_params +
+                        (s.tied_embeddings ? 0.0 : v * c);
+  // Per block: ln1, res1, ln2, out, atty (5 NC), qkv (N r), the MLP's pre-activation and
+  // hidden (N up + NF), lse.
+  const double per_block_acts = 5 * n * c + n * r + up * n + n * f + lse;
   const double acts = static_cast<double>(s.layers) * per_block_acts + 2 * n * c + 2 * n * v;
   // Backward: block scratch (3 NC + N r + NF) and dlnf, two residual buffers (the logits'
   // gradient is written over the probabilities, the MLP's over one buffer). The attention's
   // own scratch is a few tiles (kAttentionTile^2) and the D rows (H T).
-  const double scratch = 3 * n * c + n * r + n * f + 3 * n * c;
+  const double scratch = 3 * n * c + n * r + (gated ? 3 : 1) * n * f + 3 * n * c;
   return 2 * params + acts + scratch;
 }
 
 namespace {
 const ModelSpec& checked(const ModelSpec& spec) {
-  auto problems = gpt_problems(spec);
+  auto problems = model_spec_problems(spec);
   if (!problems.empty()) fail<ConfigError>("model", "{}", fmt::join(problems, "; "));
   return spec;
 }
@@ -60,89 +67,102 @@ std::uint64_t name_hash(const std::string& name) {
 }  // namespace
 
 template <typename T>
-GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
-    : spec_(checked(spec)),
+DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange range, nn::TpContext<T> tp,
+                      StoreOptions store)
+    : ModelT<T>(options.batch, options.seq > 0 ? options.seq : spec.seq),
+      spec_(checked(spec)),
+      range_{range.first, range.last < 0 ? unit_count(spec.layers) : range.last},
       tp_([&] {
         tp.device = options.device;  // the layers' copies run where their buffers live
         return std::move(tp);
       }()),
-      batch_(options.batch),
-      seq_(options.seq > 0 ? options.seq : spec.seq),
-      first_block_(options.first_block),
-      last_block_(options.last_block < 0 ? spec.layers : options.last_block),
-      recompute_(options.recompute),
-      split_backward_(options.split_backward) {
+      store_(store),
+      recompute_(options.recompute) {
   NDMESH_CHECK_CONFIG(batch_ > 0, "model", "batch={} must be positive", batch_);
   NDMESH_CHECK_CONFIG(seq_ <= spec.seq, "model", "sequence length {} exceeds the model's seq={}", seq_,
                       spec.seq);
-  NDMESH_CHECK_CONFIG(0 <= first_block_ && first_block_ < last_block_ && last_block_ <= spec.layers, "model",
-                      "stage blocks [{}, {}) are not a non-empty range of the model's {} layers",
-                      first_block_, last_block_, spec.layers);
+  const std::int64_t units = unit_count(spec.layers);
+  NDMESH_CHECK_CONFIG(0 <= range_.first && range_.first < range_.last && range_.last <= units, "model",
+                      "units [{}, {}) are not a non-empty range of the model's {} units", range_.first,
+                      range_.last, units);
+  const bool with_embedding = range_.first == 0, with_head = range_.last == units;
+  const std::int64_t first_b = first_block(), last_b = std::min(range_.last - 1, spec.layers);
+  NDMESH_CHECK_CONFIG(first_b < last_b, "model",
+                      "units [{}, {}) hold no block: a range holds at least one", range_.first, range_.last);
   if (auto problems = tp_problems(spec, tp_.size(), tp_.sequence_parallel, batch_ * seq_); !problems.empty())
     fail<ConfigError>("model", "{}", fmt::join(problems, "; "));
   const nn::TpShape tps = tp_.shape();
   store_.set_matmul_precision(options.matmul);
-  if (first_block_ == 0)
+  if (with_embedding)
     embed_.emplace(store_,
-                   nn::EmbeddingOptions{
-                       .vocab = spec.vocab, .channels = spec.hidden, .max_seq = spec.seq, .name = "embed"},
+                   nn::EmbeddingOptions{.vocab = spec.vocab,
+                                        .channels = spec.hidden,
+                                        .max_seq = spec.position_rows(),
+                                        .name = "embed"},
                    tp_);
-  blocks_.reserve(static_cast<std::size_t>(last_block_ - first_block_));
-  for (std::int64_t l = first_block_; l < last_block_; ++l) {
-    if (options.pad_units) store_.align_to(options.pad_to);
+  std::optional<nn::RopeOptions> rope;
+  if (spec.positions == PositionsKind::kRope)
+    rope = nn::RopeOptions{.head_dim = spec.head_dim_or_default(), .theta = spec.rope_theta, .scaling = spec.rope_scaling};
+  blocks_.reserve(static_cast<std::size_t>(last_b - first_b));
+  for (std::int64_t l = first_b; l < last_b; ++l) {
+    store_.begin_unit();
     block_offset_.push_back(store_.size());
     blocks_.emplace_back(store_,
                          nn::BlockOptions{.channels = spec.hidden,
                                           .heads = spec.heads,
                                           .kv_heads = spec.kv_heads_or_heads(),
+                                          .head_dim = spec.head_dim_or_default(),
                                           .ffn = spec.ffn_or_default(),
-                                          .name = fmt::format("block.{}", l)},
+                                          .name = fmt::format("block.{}", l),
+                                          .norm = spec.norm,
+                                          .norm_eps = spec.norm_eps,
+                                          .mlp = spec.mlp,
+                                          .bias = spec.biases,
+                                          .rope = rope},
                          tp_);
   }
-  if (options.pad_units) store_.align_to(options.pad_to);
+  store_.begin_unit();
   head_offset_ = store_.size();
-  if (last_block_ == spec.layers) {
-    lnf_.emplace(store_,
-                 nn::LayerNormOptions{.channels = spec.hidden, .name = "ln_f", .shard = tps.replicated()});
+  if (with_head) {
+    lnf_ = nn::make_norm<T>(spec.norm, store_,
+                            {.channels = spec.hidden, .eps = spec.norm_eps, .name = "ln_f", .shard = tps.replicated()});
     int tied = -1;
     if (spec.tied_embeddings) {
-      // A last stage without the embedding keeps its own copy of the token table under the
-      // same name (same initial values); keeping the copies equal is the pipeline's job.
-      tied = embed_ ? embed_->token_weight_id()
-                    : store_.add("embed.tokens", {spec.vocab / tps.size, spec.hidden}, true,
-                                 tps.rows({spec.vocab, spec.hidden}));
+      // A range without the embedding keeps its own copy of the token table under the same
+      // name (same initial values), marked as the copy of a tied weight: keeping the copies
+      // equal is the gradient synchronisation's job.
+      if (embed_) {
+        tied = embed_->token_weight_id();
+      } else {
+        tied = store_.add("embed.tokens", {spec.vocab / tps.size, spec.hidden}, true,
+                          tps.rows({spec.vocab, spec.hidden}));
+        store_.set_tied(tied, Tied::kCopy);
+      }
     }
-    head_.emplace(
-        store_,
-        nn::LmHeadOptions{
-            .vocab = spec.vocab,
-            .channels = spec.hidden,
-            .tied_weight = tied,
-            .name = "lm_head",
-            .tp = tps,
-            .split_backward = split_backward_});
+    head_.emplace(store_, nn::LmHeadOptions{.vocab = spec.vocab,
+                                            .channels = spec.hidden,
+                                            .tied_weight = tied,
+                                            .name = "lm_head",
+                                            .tp = tps});
   }
-  store_.allocate(options.pad_to);
+  // The embedding's table is the owner of a tied pair whose output layer is elsewhere.
+  if (embed_ && spec.tied_embeddings && !head_) store_.set_tied(embed_->token_weight_id(), Tied::kOwner);
+  store_.allocate();
   // The units: the embedding, each block, the head, in the order of the flat buffer.
-  auto add_unit = [&](std::string name, std::int64_t lo, std::int64_t hi) {
-    unit_ranges_.push_back({lo, hi - lo});
-    units_.push_back({std::move(name), {static_cast<int>(units_.size())}});
-    return static_cast<int>(units_.size()) - 1;
-  };
-  if (embed_) embed_unit_ = add_unit("embed", 0, block_offset_.front());
+  if (embed_) embed_unit_ = add_unit("embed", UnitKind::kEmbedding, 0, block_offset_.front());
   for (std::size_t l = 0; l < blocks_.size(); ++l)
-    add_unit(fmt::format("block.{}", first_block_ + static_cast<std::int64_t>(l)), block_offset_[l],
-             l + 1 < blocks_.size() ? block_offset_[l + 1] : head_offset_);
+    add_unit(fmt::format("block.{}", first_b + static_cast<std::int64_t>(l)), UnitKind::kBlock,
+             block_offset_[l], l + 1 < blocks_.size() ? block_offset_[l + 1] : head_offset_);
   if (head_) {
-    head_unit_ = add_unit("head", head_offset_, store_.size());
+    head_unit_ = add_unit("head", UnitKind::kHead, head_offset_, store_.size());
     if (spec.tied_embeddings && embed_) units_.back().ranges.push_back(embed_unit_);  // reads the token table
   } else {
     unit_ranges_.back().count = store_.size() - unit_ranges_.back().offset;  // the padding at the end
   }
-  init(options.seed, options.init_std);
+  init(options.seed, spec.init_std);
   // Initialised on the host; then placed.
   device_ = options.device;
-  store_.to(device_, options.mappable_params, options.mappable_grads);
+  store_.to(device_);
   loss_sum_ = nn::LossSum<T>(device_);
   for (Tensor<T>* t : {&dlnf_, &dlnf_full_, &dres_a_, &dres_b_, &lnf_full_, &input_grad_})
     t->set_device(device_);
@@ -153,13 +173,12 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
   set_positions(std::move(positions));
 
   work_ = std::make_shared<nn::BlockActivations<T>>();
-  size_workspace();
+  size_workspace(true);  // the gathered norm outputs when activations that do not keep them ask
   const std::int64_t n = batch_ * seq_, c = spec.hidden, nl = tp_.local_rows(n);
   blocks_.front().resize(scratch_, batch_, seq_);
   if (head_) {
     dlnf_.resize({nl, c});
     dlnf_full_.resize({n, c});
-    if (tp_.sequence_parallel && !split_backward_) lnf_full_.resize({n, c});
   }
   dres_a_.resize({nl, c});
   dres_b_.resize({nl, c});
@@ -167,7 +186,7 @@ GptT<T>::GptT(const ModelSpec& spec, GptOptions options, nn::TpContext<T> tp)
 }
 
 template <typename T>
-void GptT<T>::set_positions(std::vector<std::int64_t> positions) {
+void DecoderT<T>::set_positions(std::vector<std::int64_t> positions) {
   NDMESH_CHECK(static_cast<std::int64_t>(positions.size()) == seq_, "model", "{} positions for seq={}",
                positions.size(), seq_);
   for (std::int64_t p : positions)
@@ -177,7 +196,7 @@ void GptT<T>::set_positions(std::vector<std::int64_t> positions) {
 }
 
 template <typename T>
-const std::int32_t* GptT<T>::upload_checked(Tensor<std::int32_t>& dst, const std::int32_t* src, std::int64_t n,
+const std::int32_t* DecoderT<T>::upload_checked(Tensor<std::int32_t>& dst, const std::int32_t* src, std::int64_t n,
                                             std::int64_t limit, const char* what) const {
   for (std::int64_t i = 0; i < n; ++i)
     NDMESH_CHECK(src[i] >= 0 && src[i] < limit, "model", "{} {} at batch {} position {} is outside [0, {})", what,
@@ -186,52 +205,53 @@ const std::int32_t* GptT<T>::upload_checked(Tensor<std::int32_t>& dst, const std
 }
 
 template <typename T>
-bool GptT<T>::in_workspace(std::size_t i, bool last) const {
+bool DecoderT<T>::in_workspace(std::size_t i, bool last, bool keeps_gathered) const {
   using A = nn::BlockActivations<T>;
   if (recompute_ == nn::Recompute::kFull) return i != A::kOut || (last && !head_);
   if (i == A::kAtty || i == A::kAtty16 || i == A::kLse) return recompute_ == nn::Recompute::kSelective;
   if (i == A::kLn1Full || i == A::kLn2Full || i == A::kLn1Full16 || i == A::kLn2Full16)
-    return tp_.sequence_parallel && !split_backward_;
-  // The stage's output is sent at once (or read by the final norm on the last stage).
+    return tp_.sequence_parallel && !keeps_gathered;
+  // The range's output is sent at once (or read by the final norm with the head).
   return i == A::kOut && last && !head_;
 }
 
 template <typename T>
-void GptT<T>::lend(nn::BlockActivations<T>& acts, std::size_t l) {
+void DecoderT<T>::lend(nn::BlockActivations<T>& acts, std::size_t l, bool keeps_gathered) {
   const bool last = l + 1 == blocks_.size();
   acts.each_with(*work_, [&](std::size_t i, auto& mine, auto& work) {
-    if (in_workspace(i, last)) std::swap(mine, work);
+    if (in_workspace(i, last, keeps_gathered)) std::swap(mine, work);
   });
 }
 
 template <typename T>
-void GptT<T>::size_workspace() {
+void DecoderT<T>::size_workspace(bool keeps_gathered) const {
   nn::BlockActivations<T> all;
   blocks_.front().resize(all, batch_, seq_);
   work_->each_with(all, [&](std::size_t i, auto& to, auto& from) {
-    if (to.numel() == 0 && (recompute_ == nn::Recompute::kFull || in_workspace(i, false) || in_workspace(i, true)))
+    if (to.numel() == 0 && (recompute_ == nn::Recompute::kFull || in_workspace(i, false, keeps_gathered) ||
+                            in_workspace(i, true, keeps_gathered)))
       std::swap(to, from);
   });
 }
 
 template <typename T>
-void GptT<T>::share_recompute_workspace(const GptT& other) {
-  NDMESH_CHECK(other.recompute_ == recompute_ && other.batch_ == batch_ && other.seq_ == seq_ &&
-                   other.spec_.hidden == spec_.hidden &&
-                   other.tp_.sequence_parallel == tp_.sequence_parallel &&
-                   other.split_backward_ == split_backward_,
-               "model", "a workspace is shared only between models of the same mode, shape, batch and seq");
-  work_ = other.work_;
-  size_workspace();  // what this model needs besides (e.g. the stage output)
+void DecoderT<T>::share_recompute_workspace(const ModelT<T>& other_model) {
+  const auto* other = dynamic_cast<const DecoderT*>(&other_model);
+  NDMESH_CHECK(other != nullptr && other->recompute_ == recompute_ && other->batch_ == batch_ &&
+                   other->seq_ == seq_ && other->spec_.hidden == spec_.hidden &&
+                   other->tp_.sequence_parallel == tp_.sequence_parallel,
+               "model", "a workspace is shared only between models of the same kind, mode, shape, batch and seq");
+  work_ = other->work_;
+  size_workspace(true);  // what this model needs besides (e.g. the range's output)
 }
 
 template <typename T>
-std::int64_t GptT<T>::recompute_workspace_bytes() const {
+std::int64_t DecoderT<T>::recompute_workspace_bytes() const {
   return work_->bytes() - workspace_buffer_bytes();
 }
 
 template <typename T>
-std::int64_t GptT<T>::workspace_buffer_bytes() const {
+std::int64_t DecoderT<T>::workspace_buffer_bytes() const {
   using A = nn::BlockActivations<T>;
   auto t = work_->tensors();
   return (t[A::kLn1Full]->numel() + t[A::kLn2Full]->numel() + t[A::kOut]->numel()) *
@@ -240,15 +260,27 @@ std::int64_t GptT<T>::workspace_buffer_bytes() const {
 }
 
 template <typename T>
-double GptT<T>::forward(const std::int32_t* tokens, const std::int32_t* targets) {
-  if (acts_.blocks.empty()) acts_ = make_activations();
-  return forward(acts_, tokens, nullptr, targets);
+DecoderActivations<T>& DecoderT<T>::own(Activations& acts) const {
+  auto* a = dynamic_cast<DecoderActivations<T>*>(&acts);
+  NDMESH_CHECK(a != nullptr, "model", "activations made by another kind of model");
+  return *a;
 }
 
 template <typename T>
-GptActivations<T> GptT<T>::make_activations() const {
+const DecoderActivations<T>& DecoderT<T>::own(const Activations& acts) const {
+  const auto* a = dynamic_cast<const DecoderActivations<T>*>(&acts);
+  NDMESH_CHECK(a != nullptr, "model", "activations made by another kind of model");
+  return *a;
+}
+
+template <typename T>
+std::unique_ptr<Activations> DecoderT<T>::make_activations(ActivationOptions options) const {
   const std::int64_t n = batch_ * seq_, c = spec_.hidden, nl = tp_.local_rows(n);
-  GptActivations<T> a;
+  const bool keeps = options.deferred_weight_grads;
+  size_workspace(keeps);
+  auto out = std::make_unique<DecoderActivations<T>>();
+  DecoderActivations<T>& a = *out;
+  a.options = options;
   a.tokens.resize(static_cast<std::size_t>(n));
   a.targets.resize(static_cast<std::size_t>(n));
   for (Tensor<T>* t : {&a.input, &a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.lnf_full}) t->set_device(device_);
@@ -258,27 +290,28 @@ GptActivations<T> GptT<T>::make_activations() const {
     blocks_[l].resize(a.blocks[l], batch_, seq_);
     // What lives in the shared workspace is not kept per micro-batch.
     a.blocks[l].each([&](std::size_t i, auto& t) {
-      if (in_workspace(i, l + 1 == blocks_.size())) t = std::decay_t<decltype(t)>{};
+      if (in_workspace(i, l + 1 == blocks_.size(), keeps)) t = std::decay_t<decltype(t)>{};
     });
   }
   if (head_) {
     a.lnf.resize({nl, c});
-    a.lnf_mean.resize({nl});
+    if (lnf_->keeps_mean()) a.lnf_mean.resize({nl});
     a.lnf_rstd.resize({nl});
-    // A split backward's deferred head weight gradient reads the gathered input later.
-    if (tp_.sequence_parallel && split_backward_) a.lnf_full.resize({n, c});
-    head_->resize(a.head, n);
+    // A deferred head weight gradient reads the gathered input later: kept per micro-batch.
+    if (tp_.sequence_parallel && keeps) a.lnf_full.resize({n, c});
+    if (tp_.sequence_parallel && !keeps && lnf_full_.numel() == 0) lnf_full_.resize({n, c});
+    head_->resize(a.head, n, keeps);
   }
-  return a;
+  return out;
 }
 
 template <typename T>
-const T* GptT<T>::output(const GptActivations<T>& acts) const {
-  return head_ ? acts.blocks.back().out.data() : work_->out.data();
+const T* DecoderT<T>::output(const Activations& acts) const {
+  return head_ ? own(acts).blocks.back().out.data() : work_->out.data();
 }
 
 template <typename T>
-void GptT<T>::init(std::uint64_t seed, double init_std) {
+void DecoderT<T>::init(std::uint64_t seed, double init_std) {
   const double residual_std = init_std / std::sqrt(2.0 * static_cast<double>(spec_.layers));
   std::vector<T> full;
   for (const auto& view : store_.views()) {
@@ -303,16 +336,10 @@ void GptT<T>::init(std::uint64_t seed, double init_std) {
 }
 
 template <typename T>
-double GptT<T>::forward(GptActivations<T>& a, const std::int32_t* tokens, const T* input,
-                        const std::int32_t* targets) {
-  forward_summed(a, tokens, input, targets);
-  if (!a.have_targets) return std::numeric_limits<double>::quiet_NaN();
-  return take_loss_sum() / static_cast<double>(batch_ * seq_);
-}
-
-template <typename T>
-void GptT<T>::forward_summed(GptActivations<T>& a, const std::int32_t* tokens, const T* input,
-                             const std::int32_t* targets) {
+void DecoderT<T>::forward_summed(Activations& acts, const std::int32_t* tokens, const T* input,
+                                 const std::int32_t* targets) {
+  DecoderActivations<T>& a = own(acts);
+  const bool keeps = a.options.deferred_weight_grads;
   const std::int64_t n = batch_ * seq_;
   store_.refresh_bf16();  // one cast after a write other than the optimizer step's; nothing otherwise
   if (embed_) {
@@ -323,8 +350,8 @@ void GptT<T>::forward_summed(GptActivations<T>& a, const std::int32_t* tokens, c
     embed_->forward_at(here, a.input.data(), batch_, seq_, positions_here());
     unit_event(UnitEvent::kForwardEnd, embed_unit_);
   } else {
-    NDMESH_CHECK(input != nullptr, "model", "stage from block {} needs its input hidden states",
-                 first_block_);
+    NDMESH_CHECK(input != nullptr, "model", "a range from block {} needs its input hidden states",
+                 first_block());
     ops::copy(a.input.data(), input, tp_.local_rows(n) * spec_.hidden, device_);  // local rows under SP
   }
   const T* x = a.input.data();
@@ -339,13 +366,13 @@ void GptT<T>::forward_summed(GptActivations<T>& a, const std::int32_t* tokens, c
     } else {
       // The tensors the workspace holds (recomputed or gathered again in the backward)
       // are lent to the block for its forward.
-      lend(keep, l);
+      lend(keep, l, keeps);
       blocks_[l].forward(x, keep, batch_, seq_, core_.get(), block_positions());
-      lend(keep, l);
+      lend(keep, l, keeps);
     }
     unit_event(UnitEvent::kForwardEnd, block_unit(l));
     x = keep.out.numel() > 0 ? keep.out.data() : work_->out.data();
-    if (progress_) progress_();  // e.g. a pipeline's transfers in flight move between blocks
+    progress();  // e.g. a pipeline's transfers in flight move between blocks
   }
   a.have_targets = head_ && targets != nullptr;
   a.probs_consumed = false;
@@ -368,7 +395,9 @@ void GptT<T>::forward_summed(GptActivations<T>& a, const std::int32_t* tokens, c
 }
 
 template <typename T>
-void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
+void DecoderT<T>::backward(Activations& acts_in, const T* doutput) {
+  DecoderActivations<T>& a = own(acts_in);
+  const bool keeps = a.options.deferred_weight_grads;
   const std::int64_t n = batch_ * seq_, c = spec_.hidden, nl = tp_.local_rows(n);
   if (head_) {
     NDMESH_CHECK(a.have_targets, "model", "backward() after a forward without targets");
@@ -387,10 +416,10 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     dres_a_.zero();
     lnf_->backward(dlnf_.data(), output(a), a.lnf_mean.data(), a.lnf_rstd.data(), dres_a_.data(), nl);
     unit_event(UnitEvent::kBackwardEnd, head_unit_);
-    if (grads_final_) grads_final_(head_offset_);
+    report_grads_final(head_offset_);
   } else {
-    NDMESH_CHECK(doutput != nullptr, "model", "stage up to block {} needs the gradient of its output",
-                 last_block_);
+    NDMESH_CHECK(doutput != nullptr, "model", "a range up to block {} needs the gradient of its output",
+                 first_block() + static_cast<std::int64_t>(blocks_.size()));
     ops::copy(dres_a_.data(), doutput, nl * c, device_);
   }
   Tensor<T>* dout = &dres_a_;
@@ -403,20 +432,20 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
       blocks_[l].forward(inp, *work_, batch_, seq_, core_.get(), block_positions());
       acts = work_.get();
     } else {
-      lend(*acts, l);
-      if (in_workspace(nn::BlockActivations<T>::kLn1Full, false))
+      lend(*acts, l, keeps);
+      if (in_workspace(nn::BlockActivations<T>::kLn1Full, false, keeps))
         blocks_[l].gather_norms(*acts, batch_, seq_);
       if (recompute_ == nn::Recompute::kSelective)
         blocks_[l].recompute_attention(*acts, batch_, seq_, core_.get(), block_positions());
     }
     blocks_[l].backward(dout->data(), inp, *acts, scratch_, dinp->data(), batch_, seq_,
-                        progress_ ? &progress_ : nullptr, core_.get(), block_positions());
-    if (recompute_ != nn::Recompute::kFull) lend(*acts, l);
+                        progress_hook(), core_.get(), block_positions());
+    if (recompute_ != nn::Recompute::kFull) lend(*acts, l, keeps);
     unit_event(UnitEvent::kBackwardEnd, block_unit(l));
     std::swap(dout, dinp);
     // With a tied head on this stage the token table (offset 0) is final only after the
     // embedding: block offsets are above it, so the watermark stays correct.
-    if (grads_final_) grads_final_(block_offset_[l]);
+    report_grads_final(block_offset_[l]);
   }
   if (embed_) {
     // Reads no parameter (not in backward_units()), but writes the table's gradients.
@@ -426,27 +455,20 @@ void GptT<T>::backward(GptActivations<T>& a, const T* doutput) {
     unit_event(UnitEvent::kBackwardEnd, embed_unit_);
   } else
     ops::copy(input_grad_.data(), dout->data(), nl * c, device_);
-  if (grads_final_) grads_final_(0);
+  report_grads_final(0);
 }
 
 template <typename T>
-std::vector<int> GptT<T>::backward_units() const {
-  std::vector<int> out;
-  if (head_) out.push_back(head_unit_);
-  for (std::size_t l = blocks_.size(); l-- > 0;) out.push_back(block_unit(l));
-  return out;  // the embedding's backward reads no parameter
-}
-
-template <typename T>
-double GptT<T>::flops_per_step() const {
+double DecoderT<T>::flops_per_step() const {
   const double n = static_cast<double>(batch_ * seq_);
   const double c = static_cast<double>(spec_.hidden);
   const double h = static_cast<double>(spec_.heads), kv = static_cast<double>(spec_.kv_heads_or_heads());
-  const double hd = c / h, f = static_cast<double>(spec_.ffn_or_default());
+  const double hd = static_cast<double>(spec_.head_dim_or_default()), f = static_cast<double>(spec_.ffn_or_default());
   const double v = static_cast<double>(spec_.vocab);
-  const double per_block = 2 * n * c * (h + 2 * kv) * hd  // qkv
-                           + 2 * n * h * hd * c           // proj
-                           + 2 * 2 * n * c * f;           // fc and mlp proj
+  const double mlp_matrices = spec_.mlp == MlpKind::kSwiglu ? 3 : 2;  // gate, up, down; or fc, proj
+  const double per_block = 2 * n * c * (h + 2 * kv) * hd     // qkv
+                           + 2 * n * h * hd * c              // proj
+                           + mlp_matrices * 2 * n * c * f;  // the MLP's
   const double head = head_ ? 2 * n * c * v / static_cast<double>(tp_.size()) : 0.0;
   // The matrix products above cost twice as much again in the backward. Attention is
   // counted as computed: score elements of the tiles the causal mask does not skip (the
@@ -474,7 +496,7 @@ double GptT<T>::flops_per_step() const {
          3 * head;
 }
 
-template class GptT<float>;
-template class GptT<double>;
+template class DecoderT<float>;
+template class DecoderT<double>;
 
 }  // namespace ndmesh::model

@@ -1,0 +1,96 @@
+// FeedForward: the interface of a block's MLP (the GELU Mlp, the gated SwiGLU GatedMlp), so
+// that a block holds "an MLP" and the architecture description picks which
+// (make_feed_forward).
+//
+// Every MLP is a column-parallel up projection `fc` (C -> pre_width), an activation
+// (pre -> hidden, local_ffn() wide) and a row-parallel down projection `proj` (hidden -> C)
+// whose bias, when it has one, is deferred: the caller adds it after reducing the output
+// over tp. The options give the full width F; a rank computes F / tp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ndmesh/core/arch.hpp"
+#include "ndmesh/core/dtype.hpp"
+#include "ndmesh/nn/linear.hpp"
+#include "ndmesh/nn/tp.hpp"
+#include "ndmesh/tensor/tensor.hpp"
+
+namespace ndmesh::nn {
+
+/// Sizes and naming of an MLP.
+struct MlpOptions {
+  std::int64_t channels = 0;  ///< C
+  std::int64_t ffn = 0;       ///< F, the hidden width
+  std::string name = "mlp";   ///< parameters "<name>.fc.*", "<name>.proj.*"
+  TpShape tp;                 ///< the tensor-parallel split (default: none)
+  bool bias = true;           ///< fc and proj carry biases
+};
+
+/// What an MLP forward keeps for its backward, for `rows` rows: the pre-activation (fc's
+/// output, pre_width() wide) and the hidden activation (local_ffn() wide). Under bf16
+/// products both are kept in bfloat16 (`pre16`, `hidden16`; `pre` and `hidden` stay empty):
+/// every product that reads them rounds them to bf16 anyway, and the activation's derivative
+/// in the backward is taken at the stored (rounded) pre-activation, as PyTorch's autocast and
+/// llm.c do.
+template <typename T>
+struct MlpActivations {
+  Tensor<T> pre;              ///< [rows, pre width] fc's output (fp32 products)
+  Tensor<T> hidden;           ///< [rows, F] the activation's output (fp32 products)
+  Tensor<BFloat16> hidden16;  ///< [rows, F] rounded to bf16 (bf16 products)
+  Tensor<BFloat16> pre16;     ///< [rows, pre width] rounded to bf16 (bf16 products)
+  void resize(std::int64_t rows, std::int64_t pre_width, std::int64_t ffn, bool bf16 = false) {
+    if (bf16) {
+      pre16.set_device(pre.device());
+      hidden16.set_device(pre.device());
+      pre16.resize({rows, pre_width});
+      hidden16.resize({rows, ffn});
+    } else {
+      pre.resize({rows, pre_width});
+      hidden.resize({rows, ffn});
+    }
+  }
+};
+
+/// A block's MLP.
+template <typename T>
+class FeedForward {
+ public:
+  virtual ~FeedForward() = default;
+  /// F / tp: the hidden width this rank computes.
+  std::int64_t local_ffn() const { return options().ffn / options().tp.size; }
+  /// The width of fc's output on this rank: local_ffn(), or twice that for a gated MLP.
+  virtual std::int64_t pre_width() const = 0;
+  /// Elements per row of the backward's scratch (T, or bfloat16 under bf16 products).
+  virtual std::int64_t scratch_width() const = 0;
+  /// Whether its activations are kept in bfloat16 (MlpActivations::hidden16): under bf16
+  /// products.
+  bool hidden_in_bf16() const { return proj().matmul_precision() == MatmulPrecision::kBf16; }
+  /// out[rows, C] = proj(act(fc(inp))) without proj's bias (this rank's partial sum under tp;
+  /// see proj().add_bias); fills acts (sized by acts.resize(rows, pre_width(), local_ffn(),
+  /// hidden_in_bf16())).
+  virtual void forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const = 0;
+  /// forward from an input stored in bfloat16 (a norm's output under bf16 products).
+  virtual void forward(const BFloat16* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const = 0;
+  /// Accumulates dinp and the parameter gradients (not proj's bias: proj().backward_bias).
+  /// `scratch` holds at least rows * scratch_width() elements, T or, under bf16 products,
+  /// bfloat16; its contents are overwritten. dinp is written, not added to (GradInto::kSet).
+  virtual void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
+                        std::int64_t rows) const = 0;
+  virtual void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
+                        std::int64_t rows) const = 0;
+  virtual void backward(const T* dout, const BFloat16* inp, const MlpActivations<T>& acts, T* dinp,
+                        BFloat16* scratch, std::int64_t rows) const = 0;
+  /// The options it was built with.
+  virtual const MlpOptions& options() const = 0;
+  virtual const Linear<T>& fc() const = 0;
+  virtual const Linear<T>& proj() const = 0;
+};
+
+/// The MLP of kind `kind` over `store`.
+template <typename T>
+std::unique_ptr<FeedForward<T>> make_feed_forward(MlpKind kind, ParamStore<T>& store, MlpOptions options);
+
+}  // namespace ndmesh::nn
