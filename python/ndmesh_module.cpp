@@ -283,39 +283,28 @@ py::dict rank_dict(const Mesh& m, std::int64_t rank, const py::object& groups, s
 
 // ------------------------------------------------------------------------- validation
 
-ModelSpec to_model(const py::dict& d) {
-  ModelSpec m;
+// A dict of the architecture description's keys (config.hpp: model_keys) as a ModelSpec.
+std::vector<std::pair<std::string, ModelValue>> model_entries(const py::dict& d) {
+  std::vector<std::pair<std::string, ModelValue>> out;
   for (auto [k, v] : d) {
     const auto key = k.cast<std::string>();
-    if (key == "name")
-      m.name = v.cast<std::string>();
-    else if (key == "layers")
-      m.layers = v.cast<std::int64_t>();
-    else if (key == "hidden")
-      m.hidden = v.cast<std::int64_t>();
-    else if (key == "heads")
-      m.heads = v.cast<std::int64_t>();
-    else if (key == "kv_heads")
-      m.kv_heads = v.cast<std::int64_t>();
-    else if (key == "ffn")
-      m.ffn = v.cast<std::int64_t>();
-    else if (key == "seq")
-      m.seq = v.cast<std::int64_t>();
-    else if (key == "vocab")
-      m.vocab = v.cast<std::int64_t>();
-    else if (key == "experts")
-      m.experts = v.cast<std::int64_t>();
-    else if (key == "tied_embeddings")
-      m.tied_embeddings = v.cast<bool>();
-    else if (key == "mlp")
-      continue;  // the planner's field, read by to_plan_model
+    if (py::isinstance<py::bool_>(v))
+      out.emplace_back(key, v.cast<bool>());
+    else if (py::isinstance<py::int_>(v))
+      out.emplace_back(key, v.cast<std::int64_t>());
+    else if (py::isinstance<py::float_>(v))
+      out.emplace_back(key, v.cast<double>());
+    else if (py::isinstance<py::str>(v))
+      out.emplace_back(key, v.cast<std::string>());
     else
-      fail<ConfigError>(
-          "config",
-          "model key '{}' is unknown; use name, layers, hidden, heads, kv_heads, ffn, seq, vocab, "
-          "experts, tied_embeddings",
-          key);
+      fail<ConfigError>("config", "model['{}'] must be a number, a bool or a name", key);
   }
+  return out;
+}
+
+ModelSpec to_model(const py::dict& d) {
+  ModelSpec m;
+  set_model_keys(m, model_entries(d), "model");
   return m;
 }
 
@@ -348,25 +337,18 @@ plan::PlanModel to_plan_model(const py::object& model, std::int64_t seq, bool no
     if (d.contains("preset")) m = plan::model_preset(d["preset"].cast<std::string>());
     for (auto [k, v] : d)
       if (k.cast<std::string>() != "preset") fields[k] = v;
-    const ModelSpec given = to_model(fields);
-    if (fields.contains("mlp")) {
-      m.mlp = plan::parse_mlp(fields["mlp"].cast<std::string>(), "model['mlp']");
-      // A custom SwiGLU model is Llama-shaped, a custom GeLU model GPT-shaped.
-      const bool llama = m.mlp == plan::Mlp::kSwiglu;
-      m.biases = m.learned_positions = m.layer_norm = m.dropout = !llama;
-      if (llama && !d.contains("preset")) m.spec.tied_embeddings = false;
+    // Without "arch", "mlp" picks the family as `ndmesh plan --mlp` does: a SwiGLU model is
+    // Llama-shaped, a GeLU one GPT-shaped.
+    if (fields.contains("mlp") && !fields.contains("arch")) {
+      const bool llama = parse_mlp_kind(fields["mlp"].cast<std::string>(), "model['mlp']") == MlpKind::kSwiglu;
+      const bool tied = m.spec.tied_embeddings;
+      m.spec = with_arch(m.spec, llama ? "llama" : "gpt2");
+      m.spec.tied_embeddings = llama && !d.contains("preset") ? false : tied;
+      m.dropout = !llama;
+    } else if (fields.contains("arch") && !d.contains("preset")) {
+      m.dropout = fields["arch"].cast<std::string>() == "gpt2";
     }
-    if (!given.name.empty()) m.spec.name = given.name;
-    for (auto [field, value] : {std::pair{&ModelSpec::layers, given.layers},
-                                {&ModelSpec::hidden, given.hidden},
-                                {&ModelSpec::heads, given.heads},
-                                {&ModelSpec::kv_heads, given.kv_heads},
-                                {&ModelSpec::ffn, given.ffn},
-                                {&ModelSpec::seq, given.seq},
-                                {&ModelSpec::vocab, given.vocab},
-                                {&ModelSpec::experts, given.experts}})
-      if (value) m.spec.*field = value;
-    if (fields.contains("tied_embeddings")) m.spec.tied_embeddings = given.tied_embeddings;
+    set_model_keys(m.spec, model_entries(fields), "model");
   } else {
     fail<ConfigError>("plan",
                       "model must be a preset name ({}) or a dict with layers, hidden, heads and vocab",

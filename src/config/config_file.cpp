@@ -137,21 +137,30 @@ ConfigFile load_config_file(const std::string& path) {
   if (r.has("vpp")) out.parallel.vpp = r.integer("vpp");
   if (r.has("sequence_parallel")) out.parallel.sequence_parallel = r.boolean("sequence_parallel");
 
-  r.section(
-      root, "model",
-      {"name", "layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab", "experts", "tied_embeddings"});
-  if (root.get("model") != nullptr) {
+  {
+    const std::vector<std::string>& names = model_keys();
+    r.section(root, "model", std::vector<std::string_view>(names.begin(), names.end()));
+  }
+  if (const toml::table* model = root.get("model") != nullptr ? root.get("model")->as_table() : nullptr) {
+    // Every key of the description (config.hpp: model_keys), its value by its TOML type.
+    std::vector<std::pair<std::string, ModelValue>> values;
+    for (const auto& [key, node] : *model) {
+      ModelValue v;
+      if (node.is_integer())
+        v = *node.value<std::int64_t>();
+      else if (node.is_floating_point())
+        v = *node.value<double>();
+      else if (node.is_boolean())
+        v = *node.value<bool>();
+      else if (node.is_string())
+        v = std::string(*node.value<std::string_view>());
+      else
+        fail<ConfigError>("config", "{}: model.{} must be a number, true or false, or a name in quotes", path,
+                          key.str());
+      values.emplace_back(std::string(key.str()), std::move(v));
+    }
     ModelSpec m;
-    if (r.has("name")) m.name = r.string("name");
-    if (r.has("layers")) m.layers = r.integer("layers");
-    if (r.has("hidden")) m.hidden = r.integer("hidden");
-    if (r.has("heads")) m.heads = r.integer("heads");
-    if (r.has("kv_heads")) m.kv_heads = r.integer("kv_heads");
-    if (r.has("ffn")) m.ffn = r.integer("ffn");
-    if (r.has("seq")) m.seq = r.integer("seq");
-    if (r.has("vocab")) m.vocab = r.integer("vocab");
-    if (r.has("experts")) m.experts = r.integer("experts");
-    if (r.has("tied_embeddings")) m.tied_embeddings = r.boolean("tied_embeddings");
+    set_model_keys(m, values, fmt::format("{}: model", path));
     out.model = m;
   }
 

@@ -78,8 +78,6 @@ std::vector<std::string> tp_problems(const ModelSpec& s, std::int64_t tp, bool s
     need("--kv-heads", s.kv_heads,
          "key/value heads are split over tp, not replicated: each rank holds whole groups of query heads");
   need("--ffn", s.ffn_or_default(), "the MLP width is split over tp");
-  need("--vocab", s.vocab,
-       "the embedding, the output layer and the cross-entropy are split on the vocabulary");
   if (sp && rows % tp != 0)
     out.push_back(fmt::format(
         "--sequence-parallel with --tp={}: the token rows of a micro-batch (micro-batch x --seq / "

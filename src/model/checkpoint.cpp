@@ -216,15 +216,35 @@ std::vector<std::string> spec_differences(const ModelSpec& a, const ModelSpec& b
   auto cmp = [&](const char* field, std::int64_t x, std::int64_t y) {
     if (x != y) out.push_back(fmt::format("{}: checkpoint has {}, the run has {}", field, x, y));
   };
+  auto cmp_name = [&](const char* field, std::string_view x, std::string_view y) {
+    if (x != y) out.push_back(fmt::format("{}: checkpoint has {}, the run has {}", field, x, y));
+  };
+  auto cmp_real = [&](const char* field, double x, double y) {
+    if (x != y) out.push_back(fmt::format("{}: checkpoint has {}, the run has {}", field, x, y));
+  };
   cmp("layers", a.layers, b.layers);
   cmp("hidden", a.hidden, b.hidden);
   cmp("heads", a.heads, b.heads);
   cmp("kv_heads", a.kv_heads_or_heads(), b.kv_heads_or_heads());
+  cmp("head_dim", a.head_dim_or_default(), b.head_dim_or_default());
   cmp("ffn", a.ffn_or_default(), b.ffn_or_default());
-  cmp("seq", a.seq, b.seq);
   cmp("vocab", a.vocab, b.vocab);
   cmp("experts", a.experts, b.experts);
   cmp("tied_embeddings", a.tied_embeddings, b.tied_embeddings);
+  cmp_name("norm", norm_name(a.norm), norm_name(b.norm));
+  cmp_real("norm_eps", a.norm_eps, b.norm_eps);
+  cmp_name("mlp", mlp_name(a.mlp), mlp_name(b.mlp));
+  cmp_name("positions", positions_name(a.positions), positions_name(b.positions));
+  cmp("biases", a.biases, b.biases);
+  // The run's seq is not a shape: any length the position table holds (any with rotary ones).
+  if (a.positions == PositionsKind::kLearned && b.positions == PositionsKind::kLearned)
+    cmp("max_positions", a.position_rows(), b.position_rows());
+  if (a.positions == PositionsKind::kRope && b.positions == PositionsKind::kRope) {
+    cmp_real("rope_theta", a.rope_theta, b.rope_theta);
+    if (!(a.rope_scaling == b.rope_scaling))
+      out.push_back(fmt::format("rope scaling: checkpoint has factor {}, the run has {}", a.rope_scaling.factor,
+                                b.rope_scaling.factor));
+  }
   return out;
 }
 
@@ -252,9 +272,12 @@ void convert_to_checkpoint_dir(const std::string& file, const std::string& dir) 
     const auto& views = serial.params().views();
     for (std::size_t i = 0; i < views.size(); ++i) {
       const auto at = static_cast<std::size_t>(offsets[i]);
-      TensorRecord r{views[i].name, views[i].shape, {}};
-      r.slices.push_back(writer.append(views[i].shard, views[i].shape, c.params.data() + at, c.adam_m.data() + at,
-                                       c.adam_v.data() + at));
+      // The file holds each logical tensor whole (a padded vocabulary's rows are in none).
+      const auto& shape = views[i].shard.dim >= 0 ? views[i].shard.full_shape : views[i].shape;
+      TensorRecord r{views[i].name, shape, {}};
+      if (auto slice = writer.append(ParamShard{}, shape, c.params.data() + at, c.adam_m.data() + at,
+                                     c.adam_v.data() + at))
+        r.slices.push_back(*slice);
       m.tensors.push_back(std::move(r));
     }
     m.files.push_back(writer.close());

@@ -232,6 +232,40 @@ std::vector<ParamShard::Piece> local_ranges(const ParamShard& shard) {
   return out;
 }
 
+// local_ranges() cut at the full tensor's end (a padded vocabulary's rows past it are in no
+// logical tensor); a range may become empty.
+std::vector<ParamShard::Piece> held_ranges(const ParamShard& shard) {
+  std::vector<ParamShard::Piece> out = local_ranges(shard);
+  const std::int64_t end = shard.full_shape[static_cast<std::size_t>(shard.dim)];
+  for (auto& p : out) p.length = std::clamp<std::int64_t>(end - p.start, 0, p.length);
+  return out;
+}
+
+std::int64_t held_along(const std::vector<ParamShard::Piece>& pieces) {
+  std::int64_t n = 0;
+  for (const auto& p : pieces) n += p.length;
+  return n;
+}
+
+// out (shape `held_shape`) = the rows of `local` that `pieces_in_local` (starts within the local
+// tensor, rank 0, full_shape the local shape) name, in order.
+void copy_held(const ParamShard& pieces_in_local, const std::vector<std::int64_t>& held_shape, float* out,
+               const float* local) {
+  const auto d = static_cast<std::size_t>(pieces_in_local.dim);
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t i = 0; i < d; ++i) outer *= held_shape[i];
+  for (std::size_t i = d + 1; i < held_shape.size(); ++i) inner *= held_shape[i];
+  const std::int64_t local_along = pieces_in_local.full_shape[d], held_along_d = held_shape[d];
+  for (std::int64_t o = 0; o < outer; ++o) {
+    std::int64_t at = 0;
+    for (const auto& p : pieces_in_local.pieces) {
+      std::copy_n(local + (o * local_along + p.start) * inner, p.length * inner,
+                  out + (o * held_along_d + at) * inner);
+      at += p.length;
+    }
+  }
+}
+
 bool overlaps(const std::vector<ParamShard::Piece>& a, const std::vector<ParamShard::Piece>& b) {
   for (const auto& x : a)
     for (const auto& y : b)
@@ -270,11 +304,14 @@ std::string manifest_json(const Manifest& m) {
   json j;
   j["format"] = kFormat;
   j["version"] = m.version;
-  const ModelSpec& s = m.spec;
-  j["model"] = {{"name", s.name},          {"layers", s.layers}, {"hidden", s.hidden},
-                {"heads", s.heads},        {"kv_heads", s.kv_heads_or_heads()},
-                {"ffn", s.ffn_or_default()}, {"seq", s.seq},     {"vocab", s.vocab},
-                {"experts", s.experts},    {"tied_embeddings", s.tied_embeddings}};
+  // The whole architecture description (config.hpp: model_keys), kv_heads and ffn resolved.
+  ModelSpec s = m.spec;
+  s.kv_heads = s.kv_heads_or_heads();
+  s.ffn = s.ffn_or_default();
+  json model = json::object();
+  for (const auto& [key, value] : model_values(s))
+    std::visit([&, &key = key](const auto& x) { model[key] = x; }, value);
+  j["model"] = model;
   j["step"] = m.step;
   j["adam_steps"] = m.adam_steps;
   j["data"] = {{"source", m.data}, {"position", m.step}};
@@ -348,6 +385,31 @@ Manifest read_manifest(const std::string& dir) {
   m.spec.vocab = f.integer(model, "vocab", "model", 1, kMaxSize);
   m.spec.experts = f.integer(model, "experts", "model", 0, kMaxSize);
   m.spec.tied_embeddings = f.boolean(model, "tied_embeddings", "model");
+  // The architecture's other keys (manifests before them describe GPT-2's layers, the defaults).
+  std::vector<std::pair<std::string, ModelValue>> arch;
+  for (const std::string& key : model_keys()) {
+    if (!model.contains(key)) continue;
+    const json& v = model[key];
+    if (key == "arch" || key == "name" || key == "layers" || key == "hidden" || key == "heads" ||
+        key == "kv_heads" || key == "ffn" || key == "seq" || key == "vocab" || key == "experts" ||
+        key == "tied_embeddings")
+      continue;  // read above (arch is what the kinds below say)
+    if (v.is_boolean())
+      arch.emplace_back(key, v.get<bool>());
+    else if (v.is_number_integer())
+      arch.emplace_back(key, v.get<std::int64_t>());
+    else if (v.is_number())
+      arch.emplace_back(key, v.get<double>());
+    else if (v.is_string())
+      arch.emplace_back(key, v.get<std::string>());
+    else
+      f.bad(fmt::format("model.{} is not a number, boolean or name", key));
+  }
+  try {
+    set_model_keys(m.spec, arch, "the manifest's model");
+  } catch (const ConfigError& e) {
+    fail<IoError>("checkpoint", "'{}': {}; the checkpoint is corrupt or from a newer ndmesh", path, e.what());
+  }
   m.step = f.integer(j, "step", "the manifest", 0, kMaxSize);
   m.adam_steps = f.integer(j, "adam_steps", "the manifest", 0, m.step);
   const json& data = f.at(j, "data", "the manifest");
@@ -459,20 +521,45 @@ ShardFileWriter::~ShardFileWriter() {
   if (f_ != nullptr) std::fclose(static_cast<std::FILE*>(f_));
 }
 
-SliceRecord ShardFileWriter::append(const ParamShard& shard, const std::vector<std::int64_t>& local_shape,
-                                    const float* params, const float* m, const float* v) {
+std::optional<SliceRecord> ShardFileWriter::append(const ParamShard& shard,
+                                                   const std::vector<std::int64_t>& local_shape, const float* params,
+                                                   const float* m, const float* v) {
   SliceRecord s;
   s.file = file_;
   s.offset = bytes_;
   s.shape = local_shape;
-  if (shard.sharded()) {
+  // Rows of a padded vocabulary past the logical tensor are in no slice: the pieces are cut at
+  // its end (a rank whose rows are all padding writes nothing).
+  const std::vector<ParamShard::Piece> held = shard.dim >= 0 ? held_ranges(shard) : std::vector<ParamShard::Piece>{};
+  const bool padded = shard.dim >= 0 && held_along(held) != local_shape[static_cast<std::size_t>(shard.dim)];
+  if (shard.sharded() || padded) {
     s.dim = shard.dim;
-    s.pieces = local_ranges(shard);
+    s.pieces = held;
+    s.shape[static_cast<std::size_t>(shard.dim)] = held_along(held);
   }
-  const auto n = static_cast<std::size_t>(numel(local_shape));
+  const auto n = static_cast<std::size_t>(numel(s.shape));
+  if (n == 0) return std::nullopt;
+  std::vector<float> cut;  // the held rows of each of the three, one after another
+  if (padded) {
+    ParamShard full = shard;
+    full.full_shape = local_shape;  // the local tensor as the "full" one: take its held rows
+    full.pieces.clear();
+    std::int64_t at = 0;
+    for (std::size_t i = 0; i < shard.pieces.size(); ++i) {
+      full.pieces.push_back({at, held[i].length});
+      at += shard.pieces[i].length;
+    }
+    full.rank = 0;
+    cut.resize(3 * n);
+    for (std::size_t a = 0; a < 3; ++a) {
+      const float* src = a == 0 ? params : (a == 1 ? m : v);
+      copy_held(full, s.shape, cut.data() + a * n, src);
+    }
+  }
   auto* f = static_cast<std::FILE*>(f_);
   std::uint32_t crc = crc_update(0, nullptr, 0);
-  for (const float* p : {params, m, v}) {
+  for (std::size_t a = 0; a < 3; ++a) {
+    const float* p = padded ? cut.data() + a * n : (a == 0 ? params : (a == 1 ? m : v));
     if (std::fwrite(p, sizeof(float), n, f) != n)
       fail<IoError>("checkpoint", "cannot write '{}': {} (disk full?)", join_path(dir_, file_), std::strerror(errno));
     crc = crc_update(crc, p, n * sizeof(float));
@@ -535,17 +622,22 @@ void add_manifest_part(Manifest& manifest, const std::string& part) {
 void read_tensor(const std::string& dir, const Manifest& manifest, const TensorRecord& tensor,
                  const ParamView& local, float* params, float* m, float* v) {
   // read_manifest() made sure the slices tile the tensor and fit their files.
-  const std::vector<std::int64_t>& full_shape = local.shard.sharded() ? local.shard.full_shape : local.shape;
+  const std::vector<std::int64_t>& full_shape = local.shard.dim >= 0 ? local.shard.full_shape : local.shape;
   if (full_shape != tensor.shape)
     fail<IoError>("checkpoint", "'{}': tensor '{}' has shape [{}] in the checkpoint but [{}] in the model", dir,
                   tensor.name, fmt::join(tensor.shape, ", "), fmt::join(full_shape, ", "));
   const ParamShard& ls = local.shard;
-  const std::vector<ParamShard::Piece> mine = ls.sharded() ? local_ranges(ls) : std::vector<ParamShard::Piece>{};
+  const bool padded =
+      ls.dim >= 0 && ls.held_along(local.shape[static_cast<std::size_t>(ls.dim)]) !=
+                         local.shape[static_cast<std::size_t>(ls.dim)];
+  const std::vector<ParamShard::Piece> mine = ls.dim >= 0 ? held_ranges(ls) : std::vector<ParamShard::Piece>{};
   auto same = [](const ParamShard::Piece& a, const ParamShard::Piece& b) {
     return a.start == b.start && a.length == b.length;
   };
-  // Whole tensor stored and wanted, or the same split: read just that slice.
+  // Whole tensor stored and wanted, or the same split: read just that slice (not into a
+  // padded view, whose rows the general path below places).
   for (const SliceRecord& s : tensor.slices) {
+    if (padded) break;
     const bool whole = !ls.sharded() && s.dim < 0;
     const bool same_split = ls.sharded() && s.dim == ls.dim && s.pieces.size() == mine.size() &&
                             std::equal(mine.begin(), mine.end(), s.pieces.begin(), same);
@@ -560,7 +652,7 @@ void read_tensor(const std::string& dir, const Manifest& manifest, const TensorR
   std::vector<float> full(3 * n), part;
   std::map<std::string, std::unique_ptr<ShardFile>> open;
   for (const SliceRecord& s : tensor.slices) {
-    if (ls.sharded() && s.dim == ls.dim && !overlaps(s.pieces, mine)) continue;
+    if (ls.dim >= 0 && s.dim == ls.dim && !overlaps(s.pieces, mine)) continue;
     auto& file = open[s.file];
     if (!file) file = std::make_unique<ShardFile>(dir, manifest, s.file);
     const auto k = static_cast<std::size_t>(s.elements());

@@ -27,7 +27,7 @@ std::vector<std::string> model_spec_problems(const ModelSpec& s) {
 
 double model_memory_elements(const ModelSpec& s, std::int64_t batch, std::int64_t seq) {
   const double n = static_cast<double>(batch) * static_cast<double>(seq);
-  const double c = static_cast<double>(s.hidden), v = static_cast<double>(s.vocab);
+  const double c = static_cast<double>(s.hidden), v = static_cast<double>(s.padded_vocab());
   const double f = static_cast<double>(s.ffn_or_default());
   const double hd = static_cast<double>(s.head_dim_or_default());
   const double r = (static_cast<double>(s.heads) + 2.0 * static_cast<double>(s.kv_heads_or_heads())) * hd;
@@ -92,10 +92,14 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
   if (auto problems = tp_problems(spec, tp_.size(), tp_.sequence_parallel, batch_ * seq_); !problems.empty())
     fail<ConfigError>("model", "{}", fmt::join(problems, "; "));
   const nn::TpShape tps = tp_.shape();
+  // The vocabulary's rows padded to a multiple of vocab_multiple and of tp: the logical
+  // tables stay [vocab, C] (checkpoints, the norm), the padding rows are zero storage.
+  const std::int64_t padded = spec.padded_vocab(tp_.size());
   store_.set_matmul_precision(options.matmul);
   if (with_embedding)
     embed_.emplace(store_,
                    nn::EmbeddingOptions{.vocab = spec.vocab,
+                                        .padded_vocab = padded,
                                         .channels = spec.hidden,
                                         .max_seq = spec.position_rows(),
                                         .name = "embed"},
@@ -134,12 +138,13 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
       if (embed_) {
         tied = embed_->token_weight_id();
       } else {
-        tied = store_.add("embed.tokens", {spec.vocab / tps.size, spec.hidden}, true,
-                          tps.rows({spec.vocab, spec.hidden}));
+        tied = store_.add("embed.tokens", {padded / tps.size, spec.hidden}, true,
+                          tps.rows({spec.vocab, spec.hidden}, {{0, padded}}));
         store_.set_tied(tied, Tied::kCopy);
       }
     }
     head_.emplace(store_, nn::LmHeadOptions{.vocab = spec.vocab,
+                                            .padded_vocab = padded,
                                             .channels = spec.hidden,
                                             .tied_weight = tied,
                                             .name = "lm_head",
@@ -464,7 +469,7 @@ double DecoderT<T>::flops_per_step() const {
   const double c = static_cast<double>(spec_.hidden);
   const double h = static_cast<double>(spec_.heads), kv = static_cast<double>(spec_.kv_heads_or_heads());
   const double hd = static_cast<double>(spec_.head_dim_or_default()), f = static_cast<double>(spec_.ffn_or_default());
-  const double v = static_cast<double>(spec_.vocab);
+  const double v = static_cast<double>(spec_.padded_vocab(tp_.size()));  // the padding's logits are computed too
   const double mlp_matrices = spec_.mlp == MlpKind::kSwiglu ? 3 : 2;  // gate, up, down; or fc, proj
   const double per_block = 2 * n * c * (h + 2 * kv) * hd     // qkv
                            + 2 * n * h * hd * c              // proj

@@ -15,13 +15,16 @@ Embedding<T>::Embedding(ParamStore<T>& store, EmbeddingOptions options, TpContex
   NDMESH_CHECK(options_.vocab > 0 && options_.channels > 0 && options_.max_seq >= 0, "nn",
                "embedding '{}' has vocab={} channels={} max_seq={}; vocab and channels must be positive",
                options_.name, options_.vocab, options_.channels, options_.max_seq);
-  NDMESH_CHECK(options_.vocab % tp_.size() == 0, "nn", "embedding '{}': tp={} does not divide vocab={}",
-               options_.name, tp_.size(), options_.vocab);
-  local_vocab_ = options_.vocab / tp_.size();
+  const std::int64_t rows = options_.padded_vocab > 0 ? options_.padded_vocab : options_.vocab;
+  NDMESH_CHECK(rows >= options_.vocab && rows % tp_.size() == 0, "nn",
+               "embedding '{}': tp={} does not divide the {} rows of the table (vocab={})", options_.name,
+               tp_.size(), rows, options_.vocab);
+  local_vocab_ = rows / tp_.size();
   vocab_start_ = local_vocab_ * tp_.rank();
-  // The token table is a matrix (decayed, shared by a tied head); positions are too.
+  // The token table is a matrix (decayed, shared by a tied head); positions are too. The
+  // logical table is [vocab, C]; padding rows past it are storage only (ParamShard).
   tokens_ = store.add(options_.name + ".tokens", {local_vocab_, options_.channels}, true,
-                      tp_.shape().rows({options_.vocab, options_.channels}));
+                      tp_.shape().rows({options_.vocab, options_.channels}, {{0, rows}}));
   if (options_.max_seq > 0)
     positions_ = store.add(options_.name + ".positions", {options_.max_seq, options_.channels}, true,
                            ParamShard{.rank = tp_.rank(), .size = tp_.size()});

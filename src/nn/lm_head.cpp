@@ -1,5 +1,8 @@
 #include "ndmesh/nn/lm_head.hpp"
 
+#include <algorithm>
+#include <limits>
+
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/nn/cross_entropy.hpp"
 #include "ndmesh/tensor/ops.hpp"
@@ -50,11 +53,16 @@ template <typename T>
 LmHead<T>::LmHead(ParamStore<T>& store, LmHeadOptions options)
     : options_(std::move(options)),
       proj_(store, {.in = options_.channels,
-                    .out = options_.vocab / options_.tp.size,
+                    .out = rows() / options_.tp.size,
                     .bias = false,
                     .name = options_.name,
                     .shared_weight = options_.tied_weight,
-                    .weight_shard = options_.tp.rows({options_.vocab, options_.channels})}) {}
+                    .weight_shard = options_.tp.rows({options_.vocab, options_.channels}, {{0, rows()}})}) {}
+
+template <typename T>
+std::int64_t LmHead<T>::valid_vocab() const {
+  return std::clamp<std::int64_t>(options_.vocab - local_vocab() * options_.tp.rank, 0, local_vocab());
+}
 
 template <typename T>
 bool LmHead<T>::fuses(bool deferred) const {
@@ -88,11 +96,11 @@ void LmHead<T>::forward_loss(const T* inp, const std::int32_t* targets, Classifi
     NDMESH_CUDA_TWIN(device, {
       if (bf16) {
         proj_.forward(inp, a.logits16.data(), padded_vocab(), rows);
-        cuda::classifier_forward_backward(a.logits16.data(), a.losses.data(), targets, rows, v, padded_vocab(),
-                                          static_cast<float>(scale));
+        cuda::classifier_forward_backward(a.logits16.data(), a.losses.data(), targets, rows, valid_vocab(),
+                                          padded_vocab(), static_cast<float>(scale));
       } else {
         forward(inp, a.logits.data(), rows);
-        cuda::classifier_forward_backward(a.logits.data(), a.losses.data(), targets, rows, v, v,
+        cuda::classifier_forward_backward(a.logits.data(), a.losses.data(), targets, rows, valid_vocab(), v,
                                           static_cast<float>(scale));
       }
       sum.add(a.losses.data(), rows);
@@ -100,8 +108,12 @@ void LmHead<T>::forward_loss(const T* inp, const std::int32_t* targets, Classifi
   }
   forward(inp, a.logits.data(), rows);
   if (bf16) ops::round_to_bf16(a.logits.data(), rows * v, device);  // what the fused path stores
+  // The padded vocabulary's columns out of the softmax: exp(-inf) adds an exact 0 to the
+  // sums, leaves the maxima alone and gives those columns a probability, so a gradient, of 0.
+  if (valid_vocab() < v)
+    ops::fill_columns(a.logits.data(), rows, v, valid_vocab(), -std::numeric_limits<T>::infinity(), device);
   CrossEntropy<T>::forward(device, a.logits.data(), targets, a.logits.data(), a.losses.data(), rows, v,
-                           v * options_.tp.rank, options_.vocab, comm);
+                           v * options_.tp.rank, options_.vocab, comm);  // columns past vocab: padding
   sum.add(a.losses.data(), rows);
 }
 

@@ -63,8 +63,8 @@ void save_into(const std::string& tmp, const std::string& dir, const StateDict& 
     for (const StateEntry& e : state.entries()) {
       if (!e.writes) continue;
       const ParamView& view = *e.view;
-      model::TensorRecord r{view.name, view.shard.sharded() ? view.shard.full_shape : view.shape, {}};
-      r.slices.push_back(writer.append(view.shard, view.shape, e.params, e.m, e.v));
+      model::TensorRecord r{view.name, view.shard.dim >= 0 ? view.shard.full_shape : view.shape, {}};
+      if (auto slice = writer.append(view.shard, view.shape, e.params, e.m, e.v)) r.slices.push_back(*slice);
       records.push_back(std::move(r));
     }
     part = model::manifest_part(records, writer.close());

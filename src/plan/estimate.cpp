@@ -76,7 +76,8 @@ std::int64_t microbatches(const Layout& l, const Workload& w) {
 MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const Workload& w,
                                 const Precision& precision) {
   const double h = d(model.spec.hidden);
-  const double vocab = d(model.spec.vocab);
+  // The vocabulary as ndmesh stores it: padded to a multiple of 64 and of tp (ModelSpec).
+  const double vocab = d(model.spec.padded_vocab(l.tp));
   const double t = d(l.tp);
   const double s = d(w.seq) / d(l.cp);  // context parallelism divides the sequence
   const double b = d(l.micro_batch);
@@ -97,11 +98,11 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
   const double per_layer = activation_bytes_per_layer(model, s, b, act);
   const double layer_params = layer_parameters_per_rank(model, l.tp);
   // Vocab-parallel embedding; a learned position table is not split.
-  const double embedding = vocab * h / t + (model.learned_positions ? d(model.spec.seq) * h : 0.0);
+  const double embedding = vocab * h / t + d(model.spec.position_rows()) * h;
   // The output layer: its own matrix when untied; when tied, Megatron keeps a copy of the
   // word embeddings on the last stage if it is not also the first.
   const double head = (!model.spec.tied_embeddings || l.pp > 1) ? vocab * h / t : 0.0;
-  const double final_norm = (model.layer_norm ? 2.0 : 1.0) * h;
+  const double final_norm = (model.spec.norm == NormKind::kLayerNorm ? 2.0 : 1.0) * h;
 
   MemoryBreakdown worst;
   // The first rank, the last, and the first of the ranks with the most blocks (among equal
@@ -197,7 +198,7 @@ Placement placement(const Layout& l, std::int64_t gpus_per_node) {
 TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const Layout& l, const Workload& w,
                             const MemoryBreakdown& memory, const Placement& where,
                             const Precision& precision) {
-  const double h = d(model.spec.hidden), vocab = d(model.spec.vocab);
+  const double h = d(model.spec.hidden), vocab = d(model.spec.padded_vocab(l.tp));  // the products' rows
   const double t = d(l.tp), cp = d(l.cp);
   const double s_full = d(w.seq);
   const double s = s_full / cp;

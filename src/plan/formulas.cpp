@@ -13,7 +13,7 @@ namespace {
 
 double d(std::int64_t x) { return static_cast<double>(x); }
 
-double head_dim(const PlanModel& m) { return d(m.spec.hidden) / d(m.spec.heads); }
+double head_dim(const PlanModel& m) { return d(m.spec.head_dim_or_default()); }
 
 // Key/value heads one tensor-parallel rank holds: split when there are at least tp of them,
 // otherwise each rank keeps (a copy of) one, as Megatron does for GQA with tp > groups.
@@ -24,7 +24,7 @@ double kv_heads_per_rank(const PlanModel& m, std::int64_t tp) {
 
 double norm_parameters(const PlanModel& m) {
   // LayerNorm has a scale and a bias per channel, RMSNorm a scale only.
-  return (m.layer_norm ? 2.0 : 1.0) * d(m.spec.hidden);
+  return (m.spec.norm == NormKind::kLayerNorm ? 2.0 : 1.0) * d(m.spec.hidden);
 }
 
 }  // namespace
@@ -81,7 +81,7 @@ double layer_matrix_parameters(const PlanModel& m) {
   // Attention: Q (h x h), K and V (h x kv_width each), output projection (h x h).
   const double attention = 2 * h * h + 2 * h * kv_width;
   // MLP: GeLU up and down (2 h f); SwiGLU gate, up and down (3 h f).
-  const double mlp = (m.mlp == Mlp::kGelu ? 2.0 : 3.0) * h * f;
+  const double mlp = (m.spec.mlp == Mlp::kGelu ? 2.0 : 3.0) * h * f;
   return attention + mlp;
 }
 
@@ -92,11 +92,11 @@ ParameterCount count_parameters(const PlanModel& m) {
   ParameterCount c;
   // Biases: QKV (h + 2 kv_width), output projection (h), MLP first layer(s) and second.
   double biases = 0;
-  if (m.biases) biases = (h + 2 * kv_width) + h + (m.mlp == Mlp::kGelu ? f : 2 * f) + h;
+  if (m.spec.biases) biases = (h + 2 * kv_width) + h + (m.spec.mlp == Mlp::kGelu ? f : 2 * f) + h;
   // For GPT (kv_width = h, f = 4h) this is 12h^2 + 13h per layer: Narayanan et al. 2021.
   c.per_layer = layer_matrix_parameters(m) + biases + 2 * norm_parameters(m);
   c.layers = c.per_layer * d(m.spec.layers);
-  c.embedding = d(m.spec.vocab) * h + (m.learned_positions ? d(m.spec.seq) * h : 0.0);
+  c.embedding = d(m.spec.vocab) * h + d(m.spec.position_rows()) * h;
   c.head = m.spec.tied_embeddings ? 0.0 : d(m.spec.vocab) * h;
   c.final_norm = norm_parameters(m);
   return c;
@@ -107,13 +107,13 @@ double layer_parameters_per_rank(const PlanModel& m, std::int64_t tp) {
   const double h = d(m.spec.hidden);
   const double f = d(m.spec.ffn_or_default());
   const double kv_width = kv_heads_per_rank(m, tp) * head_dim(m);
-  const double mlp_mats = m.mlp == Mlp::kGelu ? 2.0 : 3.0;
+  const double mlp_mats = m.spec.mlp == Mlp::kGelu ? 2.0 : 3.0;
   // Column-parallel (Q, K, V, MLP up/gate) and row-parallel (output projection, MLP down)
   // matrices are split over tp (Shoeybi et al. 2019); K and V by kv heads.
   double p = 2 * h * h / t + 2 * h * kv_width + mlp_mats * h * f / t;
-  if (m.biases) {
+  if (m.spec.biases) {
     // Column-parallel biases are split, row-parallel ones (added after the reduction) not.
-    p += h / t + 2 * kv_width + (m.mlp == Mlp::kGelu ? f : 2 * f) / t + 2 * h;
+    p += h / t + 2 * kv_width + (m.spec.mlp == Mlp::kGelu ? f : 2 * f) / t + 2 * h;
   }
   return p + 2 * norm_parameters(m);  // norms are replicated
 }
@@ -153,7 +153,7 @@ double activation_bytes_per_layer(const PlanModel& m, double s, double b, const 
       attention_in * (s * b * h / t + 2 * s * b * kv_per_rank) + attention_out * s * b * h / t;
   const double hidden = o.mlp_hidden_bytes > 0 ? o.mlp_hidden_bytes : e;  // the down projection's input
   const double pre = o.mlp_pre_activation_bytes > 0 ? o.mlp_pre_activation_bytes : e;  // fc's output
-  const double mlp_split = (pre * (m.mlp == Mlp::kGelu ? 1.0 : 2.0) + hidden) * s * b * f / t;
+  const double mlp_split = (pre * (m.spec.mlp == Mlp::kGelu ? 1.0 : 2.0) + hidden) * s * b * f / t;
   // Attention scores: softmax output (2as^2b), dropout mask (as^2b) and dropout output
   // (2as^2b): 5as^2b, split by tp. Without dropout only the softmax output remains.
   // Selective recompute drops this term (recomputed in the backward pass).
@@ -288,7 +288,7 @@ LayerMatrices layer_matrices(const PlanModel& m, std::int64_t tp) {
   LayerMatrices x;
   x.n[0] = h / t + 2 * kv_heads_per_rank(m, tp) * hd, x.k[0] = h;  // QKV, column parallel
   x.n[1] = h, x.k[1] = h / t;                                      // output projection, row parallel
-  x.n[2] = (m.mlp == Mlp::kGelu ? 1.0 : 2.0) * f / t, x.k[2] = h;  // MLP up (gate + up fused)
+  x.n[2] = (m.spec.mlp == Mlp::kGelu ? 1.0 : 2.0) * f / t, x.k[2] = h;  // MLP up (gate + up fused)
   x.n[3] = h, x.k[3] = f / t;                                      // MLP down, row parallel
   return x;
 }
@@ -296,10 +296,10 @@ LayerMatrices layer_matrices(const PlanModel& m, std::int64_t tp) {
 double elementwise_bytes_per_token(const PlanModel& m, const LayerShape& s) {
   if (!s.unfused_elementwise) return 0;
   const double t = d(s.tp), h = d(m.spec.hidden), f = d(m.spec.ffn_or_default());
-  const double hd = h / d(m.spec.heads);
+  const double hd = head_dim(m);
   const double r = (d(m.spec.heads) + 2 * d(m.spec.kv_heads_or_heads())) * hd;  // qkv width
   const double rows = s.sequence_parallel ? 1 / t : 1.0;  // the layer norms' and residuals' share
-  const double mlp = m.mlp == Mlp::kGelu ? 1.0 : 2.0;     // SwiGLU: gate and up
+  const double mlp = m.spec.mlp == Mlp::kGelu ? 1.0 : 2.0;  // SwiGLU: gate and up
   const double forward = 4 * (9 * h * rows + 2 * r / t + 4 * mlp * f / t);
   // The layer norms' backward add the residual path's gradient as they write theirs (no copies)
   // and sum it for the projections' deferred bias gradients in the same read.

@@ -16,67 +16,6 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kMiB = 1024.0 * 1024.0;
 
-// A GPT model of Narayanan et al. 2021 Table 1: vocab 51200, seq 2048, ffn 4h, learned
-// positions, LayerNorm, biases, tied embeddings, dropout.
-ModelPreset gpt(std::string name, std::int64_t heads, std::int64_t hidden, std::int64_t layers,
-                std::string source) {
-  PlanModel m;
-  m.spec = ModelSpec{.name = name,
-                     .layers = layers,
-                     .hidden = hidden,
-                     .heads = heads,
-                     .kv_heads = heads,
-                     .ffn = 4 * hidden,
-                     .seq = 2048,
-                     .vocab = 51200,
-                     .experts = 0,
-                     .tied_embeddings = true};
-  m.mlp = Mlp::kGelu;
-  m.biases = true;
-  m.learned_positions = true;
-  m.layer_norm = true;
-  m.dropout = true;
-  return {std::move(name), std::move(source), m};
-}
-
-// A Llama model: SwiGLU, no biases, rotary positions, RMSNorm, untied output layer, no
-// dropout.
-ModelPreset llama(std::string name, std::int64_t layers, std::int64_t hidden, std::int64_t ffn,
-                  std::int64_t heads, std::int64_t kv_heads, std::int64_t vocab, std::int64_t seq,
-                  std::string source) {
-  PlanModel m;
-  m.spec = ModelSpec{.name = name,
-                     .layers = layers,
-                     .hidden = hidden,
-                     .heads = heads,
-                     .kv_heads = kv_heads,
-                     .ffn = ffn,
-                     .seq = seq,
-                     .vocab = vocab,
-                     .experts = 0,
-                     .tied_embeddings = false};
-  m.mlp = Mlp::kSwiglu;
-  m.biases = false;
-  m.learned_positions = false;
-  m.layer_norm = false;
-  m.dropout = false;
-  return {std::move(name), std::move(source), m};
-}
-
-// BLOOM 176B (BigScience 2022, arXiv:2211.05100, and the training script
-// bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm): a GPT layer (GeLU,
-// biases, LayerNorm, dropout 0.1) with ALiBi instead of a position table, 70 layers, hidden
-// 14336, 112 heads, vocabulary padded to 250880, tied embeddings, sequence 2048. (Its extra
-// LayerNorm after the embedding, 2h parameters, is not counted.)
-ModelPreset bloom() {
-  ModelPreset p = gpt("bloom-176b", 112, 14336, 70,
-                      "BigScience 2022 (BLOOM, arXiv:2211.05100), tr11-176B-ml.slurm of "
-                      "bigscience-workshop/bigscience");
-  p.model.spec.vocab = 250880;
-  p.model.learned_positions = false;
-  return p;
-}
-
 std::string join_names(const auto& items) {
   std::string out;
   for (const auto& item : items) {
@@ -88,56 +27,18 @@ std::string join_names(const auto& items) {
 
 }  // namespace
 
-std::string_view mlp_name(Mlp mlp) { return mlp == Mlp::kGelu ? "gelu" : "swiglu"; }
-
-Mlp parse_mlp(std::string_view name, std::string_view flag) {
-  if (name == "gelu") return Mlp::kGelu;
-  if (name == "swiglu") return Mlp::kSwiglu;
-  fail<ConfigError>("plan",
-                    "{} '{}' is not an MLP kind; use gelu (GPT, 2 matrices) or swiglu (Llama, 3 matrices)",
-                    flag, name);
-}
-
-const std::vector<ModelPreset>& model_presets() {
-  static const std::vector<ModelPreset> kPresets = [] {
-    const std::string t1 = "Narayanan et al. 2021, Table 1";
-    const std::string l2 = "Touvron et al. 2023 (Llama 2), Table 1 and model card";
-    const std::string l3 = "Llama Team 2024 (The Llama 3 Herd of Models), Table 3";
-    return std::vector<ModelPreset>{
-        gpt("gpt3-1.7b", 24, 2304, 24, t1),
-        gpt("gpt3-3.6b", 32, 3072, 30, t1),
-        gpt("gpt3-7.5b", 32, 4096, 36, t1),
-        gpt("gpt3-18b", 48, 6144, 40, t1),
-        gpt("gpt3-39b", 64, 8192, 48, t1),
-        gpt("gpt3-76b", 80, 10240, 60, t1),
-        gpt("gpt3-145b", 96, 12288, 80, t1),
-        gpt("gpt3-310b", 128, 16384, 96, t1),
-        gpt("gpt3-530b", 128, 20480, 105, t1),
-        gpt("gpt3-1t", 160, 25600, 128, t1),
-        gpt("gpt3-175b", 96, 12288, 96,
-            "Brown et al. 2020, Table 2.1 (vocab padded to 51200 as in Megatron)"),
-        bloom(),
-        llama("llama2-7b", 32, 4096, 11008, 32, 32, 32000, 4096, l2),
-        llama("llama2-13b", 40, 5120, 13824, 40, 40, 32000, 4096, l2),
-        llama("llama2-70b", 80, 8192, 28672, 64, 8, 32000, 4096, l2),
-        llama("llama3-8b", 32, 4096, 14336, 32, 8, 128256, 8192, l3),
-        llama("llama3-70b", 80, 8192, 28672, 64, 8, 128256, 8192, l3),
-        llama("llama3-405b", 126, 16384, 53248, 128, 8, 128256, 8192, l3),
-    };
-  }();
-  return kPresets;
-}
+const std::vector<ModelPreset>& model_presets() { return ndmesh::model_presets(); }
 
 PlanModel model_preset(std::string_view name) {
-  for (const auto& p : model_presets())
-    if (p.name == name) return p.model;
+  for (const ModelPreset& p : ndmesh::model_presets())
+    if (p.name == name) return {.spec = p.spec, .dropout = p.dropout};
   fail<ConfigError>("plan",
-                    "--model '{}' is not a preset; use one of {}, or describe the model with "
-                    "--layers --hidden --heads --vocab",
+                    "--model '{}' is not a preset; use one of {}, or describe the model with --layers --hidden "
+                    "--heads --vocab",
                     name, model_preset_names());
 }
 
-std::string model_preset_names() { return join_names(model_presets()); }
+std::string model_preset_names() { return ndmesh::model_preset_names(); }
 
 const std::vector<GemmPoint>& h100_gemm_points() {
   // OpenXLA's default matmul performance table for sm_90 (H100 SXM), bf16 x bf16 -> bf16,

@@ -327,6 +327,13 @@ bool gemm_fused([[maybe_unused]] bool trans_a, [[maybe_unused]] bool trans_b, st
 }
 
 template <typename T>
+void fill_columns(T* x, std::int64_t rows, std::int64_t width, std::int64_t from, T value, Device device) {
+  if (from >= width || rows <= 0) return;
+  NDMESH_CUDA_TWIN(device, cuda::fill_columns(x, rows, width, from, value))
+  for (std::int64_t r = 0; r < rows; ++r) std::fill(x + r * width + from, x + (r + 1) * width, value);
+}
+
+template <typename T>
 void round_to_bf16(T* x, std::int64_t n, Device device) {
   NDMESH_CUDA_TWIN(device, cuda::round_to_bf16(x, n))
   for (std::int64_t i = 0; i < n; ++i) x[i] = bf16_value(x[i]);
@@ -337,6 +344,7 @@ void round_to_bf16(T* x, std::int64_t n, Device device) {
   template void copy<T>(T*, const T*, std::int64_t, Device);                                                 \
   template void zero<T>(T*, std::int64_t, Device);                                                           \
   template void fill<T>(T*, T, std::int64_t, Device);                                                        \
+  template void fill_columns<T>(T*, std::int64_t, std::int64_t, std::int64_t, T, Device);                     \
   template void copy_to_host<T>(T*, const T*, std::int64_t, Device);                                         \
   template void copy_from_host<T>(T*, const T*, std::int64_t, Device);                                       \
   template void add<T>(T*, const T*, std::int64_t, Device);                                                  \

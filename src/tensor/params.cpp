@@ -151,15 +151,29 @@ void copy_shard(const ParamShard& shard, const std::vector<std::int64_t>& local_
     std::int64_t at = 0;  // along the local dim
     for (const auto& p : shard.pieces) {
       const std::int64_t start = p.start + static_cast<std::int64_t>(r) * p.length;
+      // A piece may run past the full tensor's end: those local rows are padding (zero).
+      const std::int64_t valid = std::clamp<std::int64_t>(full_along - start, 0, p.length);
       T* f = full + (o * full_along + start) * inner;
       T* l = local + (o * local_along + at) * inner;
-      if (to_full)
-        std::copy(l, l + p.length * inner, f);
-      else
-        std::copy(f, f + p.length * inner, l);
+      if (to_full) {
+        std::copy(l, l + valid * inner, f);
+      } else {
+        std::copy(f, f + valid * inner, l);
+        std::fill(l + valid * inner, l + p.length * inner, T(0));
+      }
       at += p.length;
     }
   }
+}
+
+std::int64_t ParamShard::held_along(std::int64_t local_along) const {
+  if (dim < 0) return local_along;
+  std::int64_t held = 0;
+  for (const auto& p : pieces) {
+    const std::int64_t start = p.start + static_cast<std::int64_t>(rank) * p.length;
+    held += std::clamp<std::int64_t>(full_shape[static_cast<std::size_t>(dim)] - start, 0, p.length);
+  }
+  return held;
 }
 
 template void copy_shard<float>(const ParamShard&, const std::vector<std::int64_t>&, float*, float*, bool,

@@ -58,16 +58,17 @@ check gqa_untied 4 pp2_tp2_sp_zbh1 "${gqa[@]}" --untied --pp 2 --tp 2 --sequence
 
 # Parameters: the logical count is the serial one; a rank holds 1/tp of every split
 # matrix and bias and all of the replicated norms, row-parallel biases and positions.
-# L blocks of C, heads H/KV of hd, ffn F, vocab V, seq S.
+# L blocks of C, heads H/KV of hd, ffn F, vocab V (stored padded to P = 64 rows), seq S.
 per_rank() {  # per_rank <json> <H> <KV> <untied 0/1> <tp>
-  local L=2 C=32 F=128 V=16 S=16 H=$2 KV=$3 u=$4 tp=$5
+  local L=2 C=32 F=128 V=16 P=64 S=16 H=$2 KV=$3 u=$4 tp=$5
   local hd=$((C / H))
   local R=$(((H + 2 * KV) * hd))
-  local split=$((L * (C * R + R + C * H * hd + C * F + F + F * C) + V * C + u * V * C))
+  local blocks=$((L * (C * R + R + C * H * hd + C * F + F + F * C)))
+  local split=$((blocks + V * C + u * V * C)) stored=$((blocks + P * C + u * P * C))
   local repl=$((L * (2 * C + C + 2 * C + C) + S * C + 2 * C))
-  jq -e --argjson s "$split" --argjson r "$repl" --argjson tp "$tp" \
-    '.parameters == $s + $r and .parameters_per_rank == $s / $tp + $r' "$1" > /dev/null ||
-    fail "$1: parameters $(jq -c '[.parameters, .parameters_per_rank]' "$1"), expected $((split + repl)) and $((split / tp + repl))"
+  jq -e --argjson s "$split" --argjson st "$stored" --argjson r "$repl" --argjson tp "$tp" \
+    '.parameters == $s + $r and .parameters_per_rank == $st / $tp + $r' "$1" > /dev/null ||
+    fail "$1: parameters $(jq -c '[.parameters, .parameters_per_rank]' "$1"), expected $((split + repl)) and $((stored / tp + repl))"
 }
 per_rank "$tmp/gqa.json" 4 2 0 1
 per_rank "$tmp/tp2.json" 4 2 0 2

@@ -40,6 +40,9 @@ struct ModelHardwareFlags {
   std::string config_file;
   std::int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0;
   std::string mlp;
+  std::string arch, norm, positions;  // the layers' kinds (the model description's)
+  std::int64_t head_dim = 0;
+  bool bias = false, no_bias = false;  // --bias / --no-bias
   std::string hardware = "h100";
   std::optional<double> gpu_memory_gib, reserved_gib, peak_tflops, efficiency, intra_gbps, inter_gbps;
   std::optional<std::int64_t> gpus_per_node;
@@ -70,7 +73,13 @@ void add_model_hardware_flags(CLI::App& app, ModelHardwareFlags& f) {
   app.add_option("--vocab", f.vocab, "Custom model: vocabulary size");
   app.add_option("--mlp", f.mlp,
                  "Custom model: gelu (GPT: biases, learned positions, LayerNorm, dropout) or swiglu (Llama: "
-                 "none of those, untied output layer)");
+                 "none of those, untied output layer); with --arch, the MLP alone");
+  app.add_option("--arch", f.arch, "Model family: gpt2 or llama (its norm, MLP, positions and biases)");
+  app.add_option("--norm", f.norm, "Override: layernorm or rmsnorm");
+  app.add_option("--positions", f.positions, "Override: learned (a position table) or rope (rotary)");
+  app.add_option("--head-dim", f.head_dim, "Override: the size of each attention head (default hidden/heads)");
+  auto* bias = app.add_flag("--bias", f.bias, "Override: the linear layers carry biases");
+  app.add_flag("--no-bias", f.no_bias, "Override: the linear layers carry no biases")->excludes(bias);
   app.add_option("--hardware", f.hardware,
                  "GPU preset (" + plan::hardware_preset_names() +
                      ") or a hardware file written by `ndmesh calibrate` (docs/plan.md)")
@@ -213,19 +222,30 @@ PlanModel resolve_model(const ModelHardwareFlags& f) {
     if (m.spec.name.empty()) m.spec.name = name.empty() ? f.config_file : name;
     have = true;
   }
-  const bool custom =
-      f.layers || f.hidden || f.heads || f.kv_heads || f.ffn || f.vocab || !f.mlp.empty() || f.untied;
+  const bool custom = f.layers || f.hidden || f.heads || f.kv_heads || f.ffn || f.vocab || !f.mlp.empty() ||
+                      f.untied || !f.arch.empty();
   if (!have && !custom)
     fail<ConfigError>(
         "plan", "no model given; use --model with one of {}, or --layers, --hidden, --heads and --vocab",
         plan::model_preset_names());
-  if (!f.mlp.empty()) {
-    m.mlp = plan::parse_mlp(f.mlp);
-    // A custom SwiGLU model is Llama-shaped, a custom GeLU model GPT-shaped.
-    const bool llama = m.mlp == plan::Mlp::kSwiglu;
-    m.biases = m.learned_positions = m.layer_norm = m.dropout = !llama;
-    if (llama && f.model.empty()) m.spec.tied_embeddings = false;
+  if (!f.arch.empty()) {
+    m.spec = with_arch(m.spec, f.arch);
+    if (f.model.empty()) m.dropout = f.arch == "gpt2";  // GPT runs keep dropout masks, Llama's none
   }
+  if (!f.mlp.empty() && f.arch.empty()) {
+    // Without --arch, a custom SwiGLU model is Llama-shaped and a custom GeLU model GPT-shaped.
+    const bool llama = parse_mlp_kind(f.mlp) == MlpKind::kSwiglu;
+    const bool tied = m.spec.tied_embeddings;
+    m.spec = with_arch(m.spec, llama ? "llama" : "gpt2");
+    m.spec.tied_embeddings = llama && f.model.empty() ? false : tied;
+    m.dropout = !llama;
+  } else if (!f.mlp.empty()) {
+    m.spec.mlp = parse_mlp_kind(f.mlp);
+  }
+  if (!f.norm.empty()) m.spec.norm = parse_norm(f.norm);
+  if (!f.positions.empty()) m.spec.positions = parse_positions(f.positions);
+  if (f.bias || f.no_bias) m.spec.biases = f.bias;
+  if (f.head_dim) m.spec.head_dim = f.head_dim;
   if (f.layers) m.spec.layers = f.layers;
   if (f.hidden) m.spec.hidden = f.hidden;
   if (f.heads) m.spec.heads = f.heads;

@@ -11,6 +11,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "ndmesh/core/arch.hpp"
@@ -76,6 +78,23 @@ struct ModelSpec {
   /// and of tp.
   std::int64_t padded_vocab(std::int64_t tp = 1) const;
 };
+
+/// A value of a [model] key: a whole number, a real number, true/false or a name.
+using ModelValue = std::variant<std::int64_t, double, bool, std::string>;
+
+/// The keys of an architecture description, as the TOML [model] section, checkpoint manifests
+/// and Python spell them: arch (a family, applied first), name, layers, hidden, heads, kv_heads,
+/// head_dim, ffn, seq, max_positions, vocab, vocab_multiple, experts, tied_embeddings, norm,
+/// norm_eps, mlp, positions, rope_theta, rope_scaling_factor, rope_low_freq_factor,
+/// rope_high_freq_factor, rope_original_positions, biases, init_std.
+const std::vector<std::string>& model_keys();
+/// Sets the keys of `values` on `m`, "arch" first (the family's layers, then the other keys
+/// over them). ConfigError naming `where`.key, the value and the fix for an unknown key, a value
+/// of the wrong kind or an unknown name (arch, norm, mlp, positions).
+void set_model_keys(ModelSpec& m, const std::vector<std::pair<std::string, ModelValue>>& values,
+                    std::string_view where);
+/// Every key of `m` with its value (what a manifest stores).
+std::vector<std::pair<std::string, ModelValue>> model_values(const ModelSpec& m);
 
 /// The architecture of a family: "gpt2" (LayerNorm, learned positions, GELU, biases, tied
 /// output layer) or "llama" (RMSNorm, rotary positions with theta 500000, SwiGLU, no biases,

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -111,8 +112,10 @@ class ShardFileWriter {
   ShardFileWriter& operator=(const ShardFileWriter&) = delete;
   /// Writes this rank's slice of a parameter (`shard` as the tp split describes it;
   /// replicated: the whole tensor) with its AdamW moments: `local` elements each.
-  SliceRecord append(const ParamShard& shard, const std::vector<std::int64_t>& local_shape, const float* params,
-                     const float* m, const float* v);
+  /// The rows a padded vocabulary holds past the logical tensor are left out; a view holding
+  /// nothing but such rows writes nothing (nullopt).
+  std::optional<SliceRecord> append(const ParamShard& shard, const std::vector<std::int64_t>& local_shape,
+                                    const float* params, const float* m, const float* v);
   /// Flushes and syncs the file to disk; its record. IoError on failure.
   FileRecord close();
 

@@ -30,6 +30,8 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 void add_inplace(float* dst, const float* src, std::int64_t n);
 /// dst[i] = value, i < n.
 void fill(float* dst, float value, std::int64_t n);
+/// x[r, j] = value for j in [from, width), r < rows (ops::fill_columns).
+void fill_columns(float* x, std::int64_t rows, std::int64_t width, std::int64_t from, float value);
 /// sum of x[i]^2, i < n, accumulated in double; waits for the stream.
 double square_sum(const float* x, std::int64_t n);
 /// The sum over pieces i < count (in piece order, in double) of square_sum(xs[i], ns[i]):

@@ -19,13 +19,16 @@ namespace ndmesh::nn {
 /// Sizes and naming of an Embedding.
 struct EmbeddingOptions {
   std::int64_t vocab = 0;
+  /// Rows of the token table: vocab padded (a multiple of tp; its rows past vocab are zero,
+  /// no token looks them up). 0: vocab.
+  std::int64_t padded_vocab = 0;
   std::int64_t channels = 0;
   std::int64_t max_seq = 0;    ///< rows of the position table; 0: none (rotary positions)
   std::string name = "embed";  ///< parameters "<name>.tokens" [vocab, C], "<name>.positions" [max_seq, C]
 };
 
 /// Token and position embedding. Under tensor parallelism the token table is split on
-/// the vocabulary (rank r holds rows [r V/tp, (r+1) V/tp)): each rank embeds the tokens
+/// the (padded) vocabulary (rank r holds rows [r V/tp, (r+1) V/tp)): each rank embeds the tokens
 /// it holds (zeros for the others) and the rows are summed over tp (g: an all-reduce, or
 /// a reduce-scatter to the rank's rows under sequence parallelism). The position table is
 /// replicated; its gradient comes from the full d output on every rank.

@@ -74,6 +74,9 @@ struct ClassifierActivations {
 /// Sizes and tying of an LmHead.
 struct LmHeadOptions {
   std::int64_t vocab = 0;
+  /// Rows of the output layer: vocab padded (a multiple of tp). The logits past vocab are
+  /// computed (from zero rows) but never enter the softmax or the loss. 0: vocab.
+  std::int64_t padded_vocab = 0;
   std::int64_t channels = 0;
   int tied_weight = -1;          ///< id of the [vocab, C] token table to share, or -1 for an own weight
   std::string name = "lm_head";  ///< own weight "<name>.weight"
@@ -86,8 +89,10 @@ class LmHead {
  public:
   LmHead(ParamStore<T>& store, LmHeadOptions options);
 
-  /// Logits this rank computes: vocab / tp.
-  std::int64_t local_vocab() const { return options_.vocab / options_.tp.size; }
+  /// Logits this rank computes: the padded vocabulary / tp.
+  std::int64_t local_vocab() const { return rows() / options_.tp.size; }
+  /// Of those, the ones of real tokens (the rest are the padding's): at most local_vocab().
+  std::int64_t valid_vocab() const;
   /// local_vocab() rounded up to a multiple of 128: the row length of the fused bf16 logits.
   std::int64_t padded_vocab() const { return (local_vocab() + 127) / 128 * 128; }
   /// logits[rows, local_vocab] = inp[rows, C] · Wᵀ.
@@ -122,6 +127,7 @@ class LmHead {
   const LmHeadOptions& options() const { return options_; }
 
  private:
+  std::int64_t rows() const { return options_.padded_vocab > 0 ? options_.padded_vocab : options_.vocab; }
   LmHeadOptions options_;
   Linear<T> proj_;
 };

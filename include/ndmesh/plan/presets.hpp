@@ -1,15 +1,9 @@
 // Model and hardware descriptions for the planner, and the presets of public shapes.
 //
-// The planner needs a little more about a model than the parallel runtime does: the MLP
-// kind (GeLU with two matrices or SwiGLU with three), whether linear layers carry biases,
-// whether positions are a learned table, LayerNorm or RMSNorm, and whether dropout masks
-// are kept. PlanModel wraps the shared ModelSpec with those fields.
-//
-// Model presets: the GPT models of Narayanan et al. 2021 ("Efficient Large-Scale Language
-// Model Training on GPU Clusters Using Megatron-LM", Table 1; vocab 51200, seq 2048), GPT-3
-// 175B (Brown et al. 2020, Table 2.1, with Megatron's padded vocab 51200 as in Korthikanti
-// et al. 2022), Llama 2 (Touvron et al. 2023) and Llama 3 (Llama Team 2024, "The Llama 3
-// Herd of Models", Table 3). Hardware presets: vendor datasheet numbers (dense bf16 peak,
+// The planner reads the one architecture description (ModelSpec: the MLP kind, biases, the
+// positions, the norm...) and adds what only a planner assumes: whether dropout masks are
+// kept. The model presets are config's table (config/presets.hpp), the one `ndmesh train
+// --model` reads too. Hardware presets: vendor datasheet numbers (dense bf16 peak,
 // NVLink and NIC bandwidth per GPU, one direction) and an achievable fraction of peak for
 // large matrix multiplications, which is our assumption and can be overridden.
 #pragma once
@@ -20,40 +14,24 @@
 #include <vector>
 
 #include "ndmesh/config/config.hpp"
+#include "ndmesh/config/presets.hpp"
 
 namespace ndmesh::plan {
 
-/// The feed-forward block of a layer.
-enum class Mlp {
-  kGelu,    ///< h -> ffn -> h, two matrices (GPT)
-  kSwiglu,  ///< gate and up h -> ffn, down ffn -> h, three matrices (Llama)
-};
+/// The feed-forward kinds (config's MlpKind: kGelu, kSwiglu).
+using Mlp = MlpKind;
 
-/// "gelu" or "swiglu".
-std::string_view mlp_name(Mlp mlp);
-/// Parses "gelu" / "swiglu"; ConfigError naming `flag`, the value and the valid names.
-Mlp parse_mlp(std::string_view name, std::string_view flag = "--mlp");
-
-/// A dense decoder as the planner sees it: the shared ModelSpec plus what changes counts.
+/// A model as the planner sees it: the architecture description, and whether dropout masks
+/// are kept (Korthikanti's 1-byte masks; ndmesh itself trains without dropout).
 struct PlanModel {
-  ModelSpec spec;                 ///< layers, hidden, heads, kv_heads, ffn, seq, vocab, tied
-  Mlp mlp = Mlp::kGelu;           ///< feed-forward kind
-  bool biases = true;             ///< linear layers carry biases (GPT yes, Llama no)
-  bool learned_positions = true;  ///< a seq x hidden position table (GPT) or rotary (Llama)
-  bool layer_norm = true;         ///< LayerNorm (2h parameters) or RMSNorm (h parameters)
-  bool dropout = true;            ///< dropout masks are stored (Korthikanti's 1-byte masks)
+  ModelSpec spec;       ///< the architecture (layers, hidden, heads, norm, MLP, positions, biases...)
+  bool dropout = true;  ///< dropout masks are stored
 };
 
-/// One model preset.
-struct ModelPreset {
-  std::string name;
-  std::string source;  ///< where the shape is published
-  PlanModel model;
-};
-
-/// Every model preset, in the order they are listed to users.
+/// Every model preset (config/presets.hpp), in the order they are listed to users.
 const std::vector<ModelPreset>& model_presets();
-/// The named preset; ConfigError naming the value and listing the valid names otherwise.
+/// The named preset as the planner sees it; ConfigError naming the value and listing the
+/// valid names otherwise.
 PlanModel model_preset(std::string_view name);
 /// "gpt3-1.7b, gpt3-3.6b, ..." for messages.
 std::string model_preset_names();

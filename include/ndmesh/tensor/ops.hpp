@@ -33,6 +33,10 @@ void zero(T* dst, std::int64_t n, Device device);
 /// dst[i] = value, i < n.
 template <typename T>
 void fill(T* dst, T value, std::int64_t n, Device device);
+/// x[r, j] = value for j in [from, width), r < rows (rows `width` apart): the padding
+/// columns of a padded vocabulary's logits (-inf: out of the softmax).
+template <typename T>
+void fill_columns(T* x, std::int64_t rows, std::int64_t width, std::int64_t from, T value, Device device);
 /// dst[i] += src[i], i < n.
 template <typename T>
 void add(T* dst, const T* src, std::int64_t n, Device device);

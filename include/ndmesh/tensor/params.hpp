@@ -25,7 +25,9 @@ inline constexpr std::int64_t kParamAlign = 16;
 
 /// How a parameter is split over a tensor-parallel group: along dimension `dim` of the
 /// full (serial) tensor, this rank holds the concatenation of `pieces`; piece i of tp
-/// rank r is [start_i + r * length_i, start_i + (r + 1) * length_i). The column-parallel
+/// rank r is [start_i + r * length_i, start_i + (r + 1) * length_i). A piece may run past
+/// the full tensor's end along `dim` (a padded vocabulary): the rows past it are padding,
+/// zero and in no logical tensor (copy_shard and checkpoints leave them out). The column-parallel
 /// linear holds one range of rows of W [out, in], the row-parallel one a range of
 /// columns, the fused q|k|v projection three ranges of rows (its q, k and v heads).
 struct ParamShard {
@@ -41,11 +43,13 @@ struct ParamShard {
   /// is summed over the tp group.
   bool grad_sum = false;
   bool sharded() const { return dim >= 0 && size > 1; }
+  /// Of `local_along` local rows along dim, those inside the full tensor (not padding).
+  std::int64_t held_along(std::int64_t local_along) const;
 };
 
-/// Copies this rank's slice of the full (serial) tensor `full` into `local`, or, with
-/// `to_full`, this rank's `local` into its place in `full` (rank `rank` instead of the
-/// shard's own when rank >= 0).
+/// Copies this rank's slice of the full (serial) tensor `full` into `local` (its padding
+/// rows zeroed), or, with `to_full`, this rank's `local` into its place in `full` (rank `rank`
+/// instead of the shard's own when rank >= 0).
 template <typename T>
 void copy_shard(const ParamShard& shard, const std::vector<std::int64_t>& local_shape, T* local, T* full,
                 bool to_full, int rank = -1);
@@ -156,7 +160,8 @@ class ParamStore {
   int find(std::string_view name) const;
   /// Elements in each flat buffer (padding included).
   std::int64_t size() const { return size_; }
-  /// Parameters that are not padding.
+  /// Parameters this store holds: every view's elements, a padded vocabulary's rows
+  /// included (they are stored), the alignment between views not.
   std::int64_t parameter_count() const;
   /// Sets every gradient to zero.
   void zero_grad();

@@ -157,11 +157,25 @@ TEST(Validation, FfnDivisibleByTp) {
   expect_problem(c, &m, {"--tp=4 does not divide --ffn=2730", "--tp=3 or --tp=5"});
 }
 
-TEST(Validation, VocabDivisibleByTp) {
-  ParallelConfig c = make(1, 1, 1, 4);
+TEST(Validation, AnyVocabularySplitsOverTpPadded) {
+  // GPT-2's 50257 tokens: the vocabulary-parallel rows are padded to a multiple of 64 and of
+  // tp (50304), so no tp is refused for it.
   ModelSpec m = gpt();
-  m.vocab = 50257;  // GPT-2's, unpadded: the vocab-parallel embedding needs a multiple of tp
-  expect_problem(c, &m, {"--tp=4 does not divide --vocab=50257", "--tp=1"});
+  m.vocab = 50257;
+  for (std::int64_t tp : {1, 2, 4, 8, 16}) {
+    ParallelConfig c = make(1, 1, 1, tp);
+    EXPECT_TRUE(problems(c, &m).empty()) << "tp=" << tp << ": " << problems(c, &m).front();
+  }
+  EXPECT_EQ(m.padded_vocab(1), 50304);
+  EXPECT_EQ(m.padded_vocab(8), 50304);
+  EXPECT_EQ(m.padded_vocab(3), 50304);  // 262 x 192: a multiple of 64 and of 3
+  m.vocab = 50;
+  EXPECT_EQ(m.padded_vocab(1), 64);
+  EXPECT_EQ(m.padded_vocab(3), 192);
+  m.vocab = 50257;
+  m.vocab_multiple = 1;  // no padding beyond what tp needs
+  EXPECT_EQ(m.padded_vocab(1), 50257);
+  EXPECT_EQ(m.padded_vocab(4), 50260);
 }
 
 TEST(Validation, SequenceChunksForContextParallel) {

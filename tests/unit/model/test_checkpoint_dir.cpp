@@ -72,7 +72,7 @@ Manifest write_split(const fs::path& dir, const std::vector<float>& full, int si
     copy_shard(v.shard, v.shape, mm.data(), fm.data(), false);
     copy_shard(v.shard, v.shape, vv.data(), fv.data(), false);
     ShardFileWriter w(dir.string(), "shard-" + std::to_string(r) + ".bin", r);
-    TensorRecord t{"w", {rows, cols}, {w.append(v.shard, v.shape, p.data(), mm.data(), vv.data())}};
+    TensorRecord t{"w", {rows, cols}, {*w.append(v.shard, v.shape, p.data(), mm.data(), vv.data())}};
     add_manifest_part(m, manifest_part({t}, w.close()));
   }
   write_manifest(dir.string(), m);

@@ -122,9 +122,13 @@ TEST(Gpt, ParametersAreOneFlatBufferOfNamedViews) {
   Decoder gpt(spec, {.batch = 1});
   const auto& store = gpt.params();
   // Count by hand: embeddings 7x8 + 5x8, final norm 2x8, untied head 7x8, and per block
-  // two norms (4x8), qkv 8x(4+2+2)*2 + 16, proj 8x8 + 8, fc 8x12 + 12, mlp proj 12x8 + 8.
+  // two norms (4x8), qkv 8x(4+2+2)*2 + 16, proj 8x8 + 8, fc 8x12 + 12, mlp proj 12x8 + 8. The
+  // store holds the token table and the head padded to 64 rows of 8.
   const std::int64_t block = 4 * 8 + (8 * 16 + 16) + (64 + 8) + (96 + 12) + (96 + 8);
-  EXPECT_EQ(store.parameter_count(), 56 + 40 + 16 + 56 + 2 * block);
+  std::int64_t logical = 0;
+  for (const auto& v : store.views()) logical += v.full_numel();
+  EXPECT_EQ(logical, 56 + 40 + 16 + 56 + 2 * block);
+  EXPECT_EQ(store.parameter_count(), 512 + 40 + 16 + 512 + 2 * block);
   EXPECT_GE(store.find("block.1.attn.qkv.weight"), 0);
   EXPECT_EQ(store.view(store.find("block.1.attn.qkv.weight")).shape, (std::vector<std::int64_t>{16, 8}));
   EXPECT_GE(store.find("lm_head.weight"), 0);
@@ -336,16 +340,17 @@ TEST(Gpt, FlopsCountMatchesHandCount) {
   const ModelSpec spec{.layers = 1, .hidden = 4, .heads = 2, .kv_heads = 1, .ffn = 8, .seq = 3, .vocab = 5};
   Decoder gpt(spec, {.batch = 2});
   // N = 6 tokens, hd = 2. Forward: qkv 2*6*4*(2+2)*2 = 384, proj 2*6*4*4 = 192,
-  // mlp 2*2*6*4*8 = 768, head 2*6*4*5 = 240, all three times for forward + backward.
+  // mlp 2*2*6*4*8 = 768, head 2*6*4*64 = 3072 (the vocabulary of 5 padded to 64: the padding's
+  // logits are computed too), all three times for forward + backward.
   // Attention: seq 3 is one (masked) tile of 3x3 scores per (batch, head), 2*hd flops per
   // score and product, 7 products (2 forward, 5 backward): 7 * 2*2 * 9 * 2*2 = 1008.
-  EXPECT_DOUBLE_EQ(gpt.flops_per_step(), 3.0 * (384 + 192 + 768 + 240) + 1008);
+  EXPECT_DOUBLE_EQ(gpt.flops_per_step(), 3.0 * (384 + 192 + 768 + 3072) + 1008);
   // Selective recompute runs the 2 attention products once more: 2 * 2*2 * 9 * 2*2 = 288;
   // full recompute the whole block forward once more: 384 + 192 + 768 + 288.
   Decoder selective(spec, {.batch = 2, .recompute = nn::Recompute::kSelective});
-  EXPECT_DOUBLE_EQ(selective.flops_per_step(), 3.0 * (384 + 192 + 768 + 240) + 1008 + 288);
+  EXPECT_DOUBLE_EQ(selective.flops_per_step(), 3.0 * (384 + 192 + 768 + 3072) + 1008 + 288);
   Decoder full(spec, {.batch = 2, .recompute = nn::Recompute::kFull});
-  EXPECT_DOUBLE_EQ(full.flops_per_step(), 3.0 * (384 + 192 + 768 + 240) + 1008 + 384 + 192 + 768 + 288);
+  EXPECT_DOUBLE_EQ(full.flops_per_step(), 3.0 * (384 + 192 + 768 + 3072) + 1008 + 384 + 192 + 768 + 288);
 }
 
 TEST(Gpt, FlopsCountOnlyTheAttentionTilesComputed) {
@@ -353,10 +358,56 @@ TEST(Gpt, FlopsCountOnlyTheAttentionTilesComputed) {
   // 3 * 64*64 + 2 * 2*64 + 2*2 = 12548 score elements per (batch, head) instead of 130^2.
   const ModelSpec spec{.layers = 1, .hidden = 4, .heads = 2, .kv_heads = 1, .ffn = 8, .seq = 130, .vocab = 5};
   Decoder gpt(spec, {.batch = 1});
-  // Per token: qkv 2*4*(2+2)*2 = 64, proj 2*2*2*4 = 32, mlp 2*2*4*8 = 128, head 2*4*5 = 40.
-  const double linear = 3.0 * 130 * (64 + 32 + 128 + 40);
+  // Per token: qkv 2*4*(2+2)*2 = 64, proj 2*2*2*4 = 32, mlp 2*2*4*8 = 128, head 2*4*64 = 512
+  // (the padded vocabulary).
+  const double linear = 3.0 * 130 * (64 + 32 + 128 + 512);
   const double attention = 7.0 * 2 * 2 * 12548 * 1 * 2;  // 7 products, 2 hd, batch 1, 2 heads
   EXPECT_DOUBLE_EQ(gpt.flops_per_step(), linear + attention);
+}
+
+// The padded vocabulary changes no number of the model: its rows start and stay zero, its
+// logits never enter the softmax, and the logical parameters (a [vocab, C] table) and their
+// gradients equal those of the unpadded model, tied and untied.
+TEST(Gpt, PaddedVocabularyIsTheSameModel) {
+  for (bool tied : {true, false}) {
+    ModelSpec spec = with_init(tiny(tied, 2), 0.5);
+    spec.vocab_multiple = 64;  // 7 tokens, 64 rows
+    ModelSpec plain = spec;
+    plain.vocab_multiple = 1;
+    DecoderT<double> padded(spec, {.seed = 3, .batch = 2}), unpadded(plain, {.seed = 3, .batch = 2});
+    const int id = padded.params().find("embed.tokens");
+    ASSERT_GE(id, 0);
+    EXPECT_EQ(padded.params().view(id).shape, (std::vector<std::int64_t>{64, 8}));
+    EXPECT_EQ(padded.params().view(id).full_numel(), 7 * 8);
+    // The logical count is the same; the store holds the padding rows too (57 of 8 per table).
+    auto logical = [](const ParamStore<double>& st) {
+      std::int64_t n = 0;
+      for (const auto& v : st.views()) n += v.full_numel();
+      return n;
+    };
+    EXPECT_EQ(logical(padded.params()), logical(unpadded.params()));
+    EXPECT_EQ(padded.params().parameter_count(), unpadded.params().parameter_count() + (tied ? 1 : 2) * 57 * 8);
+    Rng rng(4);
+    auto tokens = random_tokens(10, 7, rng), targets = random_tokens(10, 7, rng);
+    padded.params().zero_grad();
+    unpadded.params().zero_grad();
+    const double a = padded.forward(tokens.data(), targets.data()), b = unpadded.forward(tokens.data(), targets.data());
+    EXPECT_NEAR(a, b, 1e-14 * b);
+    padded.backward();
+    unpadded.backward();
+    for (const auto& v : unpadded.params().views()) {
+      const ParamView& w = padded.params().view(padded.params().find(v.name));
+      for (std::int64_t k = 0; k < v.numel; ++k) {
+        EXPECT_EQ(padded.params().params()[w.offset + k], unpadded.params().params()[v.offset + k]) << v.name;
+        EXPECT_NEAR(padded.params().grads()[w.offset + k], unpadded.params().grads()[v.offset + k], 1e-14)
+            << v.name << "[" << k << "]";
+      }
+      for (std::int64_t k = v.numel; k < w.numel; ++k) {  // the padding rows
+        EXPECT_EQ(padded.params().params()[w.offset + k], 0.0) << v.name;
+        EXPECT_EQ(padded.params().grads()[w.offset + k], 0.0) << v.name;
+      }
+    }
+  }
 }
 
 // Tensor-parallel layout problems name the flag, the value and the fix; a layout that
@@ -370,7 +421,7 @@ TEST(GptTp, ProblemsNameTheFlagAndTheFix) {
   ASSERT_EQ(p.size(), 1u);
   EXPECT_NE(p[0].find("--tp=4 does not divide --kv-heads=2"), std::string::npos) << p[0];
   p = tp_problems(spec, 3, true, 16);
-  EXPECT_EQ(p.size(), 5u);  // heads, kv heads, ffn 128, vocab, and 16 token rows
+  EXPECT_EQ(p.size(), 4u);  // heads, kv heads, ffn 128, and 16 token rows (the vocabulary is padded)
   p = tp_problems(spec, 2, true, 15);
   ASSERT_EQ(p.size(), 1u);
   EXPECT_NE(p[0].find("--sequence-parallel"), std::string::npos) << p[0];

@@ -471,12 +471,12 @@ TEST(Presets, UnknownNamesListTheValidOnes) {
   }
   EXPECT_THROW(hardware_preset("tpu"), ConfigError);
   EXPECT_THROW(parse_recompute("some"), ConfigError);
-  EXPECT_THROW(parse_mlp("relu"), ConfigError);
+  EXPECT_THROW(parse_mlp_kind("relu"), ConfigError);
 }
 
 TEST(Presets, HardwareAndModelsAreValid) {
   for (const auto& hw : hardware_presets()) EXPECT_TRUE(hardware_problems(hw).empty()) << hw.name;
-  for (const auto& p : model_presets()) EXPECT_TRUE(plan_model_problems(p.model).empty()) << p.name;
+  for (const auto& p : model_presets()) EXPECT_TRUE(plan_model_problems({p.spec, p.dropout}).empty()) << p.name;
 }
 
 }  // namespace

@@ -1,0 +1,139 @@
+// Model presets (config/presets.hpp). Shapes are typed in from their papers and model cards,
+// cited per group.
+#include "ndmesh/config/presets.hpp"
+
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh {
+namespace {
+
+// A GPT model of Narayanan et al. 2021 Table 1: vocab 51200, seq 2048, ffn 4h, learned
+// positions, LayerNorm, biases, tied embeddings, dropout.
+ModelPreset gpt(std::string name, std::int64_t heads, std::int64_t hidden, std::int64_t layers, std::string source) {
+  ModelSpec m{.name = name,
+              .layers = layers,
+              .hidden = hidden,
+              .heads = heads,
+              .kv_heads = heads,
+              .ffn = 4 * hidden,
+              .seq = 2048,
+              .vocab = 51200,
+              .experts = 0,
+              .tied_embeddings = true};
+  return {std::move(name), std::move(source), with_arch(m, "gpt2"), true};
+}
+
+// GPT-2 (Radford et al. 2019) as released: vocab 50257 (padded to 50304 inside ndmesh), 1024
+// learned positions, GELU, LayerNorm eps 1e-5, tied output layer, no dropout counted.
+ModelPreset gpt2(std::string name, std::int64_t layers, std::int64_t hidden, std::int64_t heads) {
+  ModelSpec m{.name = name,
+              .layers = layers,
+              .hidden = hidden,
+              .heads = heads,
+              .kv_heads = heads,
+              .ffn = 4 * hidden,
+              .seq = 1024,
+              .vocab = 50257,
+              .experts = 0,
+              .tied_embeddings = true};
+  m.max_positions = 1024;
+  return {std::move(name), "Radford et al. 2019 (GPT-2), the Hugging Face gpt2 configs", with_arch(m, "gpt2"), false};
+}
+
+// A Llama model: RMSNorm, rotary positions, SwiGLU, no biases, untied output layer, no
+// dropout.
+ModelPreset llama(std::string name, std::int64_t layers, std::int64_t hidden, std::int64_t ffn, std::int64_t heads,
+                  std::int64_t kv_heads, std::int64_t vocab, std::int64_t seq, double theta, std::string source) {
+  ModelSpec m{.name = name,
+              .layers = layers,
+              .hidden = hidden,
+              .heads = heads,
+              .kv_heads = kv_heads,
+              .ffn = ffn,
+              .seq = seq,
+              .vocab = vocab,
+              .experts = 0,
+              .tied_embeddings = false};
+  m = with_arch(m, "llama");
+  m.rope_theta = theta;
+  return {std::move(name), std::move(source), m, false};
+}
+
+// BLOOM 176B (BigScience 2022, arXiv:2211.05100, and the training script
+// bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm): a GPT layer (GeLU,
+// biases, LayerNorm, dropout 0.1) with ALiBi instead of a position table, 70 layers, hidden
+// 14336, 112 heads, vocabulary padded to 250880, tied embeddings, sequence 2048. (Its extra
+// LayerNorm after the embedding, 2h parameters, is not counted; ALiBi is described as rotary
+// positions, which like it hold no parameters.)
+ModelPreset bloom() {
+  ModelPreset p = gpt("bloom-176b", 112, 14336, 70,
+                      "BigScience 2022 (BLOOM, arXiv:2211.05100), tr11-176B-ml.slurm of "
+                      "bigscience-workshop/bigscience");
+  p.spec.vocab = 250880;
+  p.spec.positions = PositionsKind::kRope;
+  return p;
+}
+
+}  // namespace
+
+const std::vector<ModelPreset>& model_presets() {
+  static const std::vector<ModelPreset> kPresets = [] {
+    const std::string t1 = "Narayanan et al. 2021, Table 1";
+    const std::string l2 = "Touvron et al. 2023 (Llama 2), Table 1 and model card";
+    const std::string l3 = "Llama Team 2024 (The Llama 3 Herd of Models), Table 3";
+    std::vector<ModelPreset> p{
+        gpt("gpt3-1.7b", 24, 2304, 24, t1),
+        gpt("gpt3-3.6b", 32, 3072, 30, t1),
+        gpt("gpt3-7.5b", 32, 4096, 36, t1),
+        gpt("gpt3-18b", 48, 6144, 40, t1),
+        gpt("gpt3-39b", 64, 8192, 48, t1),
+        gpt("gpt3-76b", 80, 10240, 60, t1),
+        gpt("gpt3-145b", 96, 12288, 80, t1),
+        gpt("gpt3-310b", 128, 16384, 96, t1),
+        gpt("gpt3-530b", 128, 20480, 105, t1),
+        gpt("gpt3-1t", 160, 25600, 128, t1),
+        gpt("gpt3-175b", 96, 12288, 96, "Brown et al. 2020, Table 2.1 (vocab padded to 51200 as in Megatron)"),
+        bloom(),
+        llama("llama2-7b", 32, 4096, 11008, 32, 32, 32000, 4096, 10000, l2),
+        llama("llama2-13b", 40, 5120, 13824, 40, 40, 32000, 4096, 10000, l2),
+        llama("llama2-70b", 80, 8192, 28672, 64, 8, 32000, 4096, 10000, l2),
+        llama("llama3-8b", 32, 4096, 14336, 32, 8, 128256, 8192, 500000, l3),
+        llama("llama3-70b", 80, 8192, 28672, 64, 8, 128256, 8192, 500000, l3),
+        llama("llama3-405b", 126, 16384, 53248, 128, 8, 128256, 8192, 500000, l3),
+        gpt2("gpt2-124m", 12, 768, 12),
+        gpt2("gpt2-350m", 24, 1024, 16),
+        gpt2("gpt2-774m", 36, 1280, 20),
+        gpt2("gpt2-1558m", 48, 1600, 25),
+    };
+    // Small models for tests and first runs (a byte-level vocabulary).
+    ModelSpec tiny{.layers = 2, .hidden = 64, .heads = 4, .kv_heads = 4, .ffn = 256, .seq = 64, .vocab = 256};
+    tiny.name = "gpt2-tiny";
+    p.push_back({"gpt2-tiny", "", with_arch(tiny, "gpt2"), false});
+    ModelSpec lt = with_arch(tiny, "llama");
+    lt.name = "llama-tiny";
+    lt.kv_heads = 2;
+    lt.ffn = 160;
+    p.push_back({"llama-tiny", "", lt, false});
+    for (ModelPreset& x : p) x.spec.name = x.name;
+    return p;
+  }();
+  return kPresets;
+}
+
+const ModelPreset& model_preset(std::string_view name, std::string_view flag) {
+  for (const auto& p : model_presets())
+    if (p.name == name) return p;
+  fail<ConfigError>("model", "{} '{}' is not a preset; use one of {}, or describe the model with --layers --hidden "
+                    "--heads --vocab", flag, name, model_preset_names());
+}
+
+std::string model_preset_names() {
+  std::string out;
+  for (const auto& p : model_presets()) {
+    if (!out.empty()) out += ", ";
+    out += p.name;
+  }
+  return out;
+}
+
+}  // namespace ndmesh
