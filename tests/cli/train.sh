@@ -108,7 +108,7 @@ expect_usage "--lr=-1" "$ndmesh" train --lr -1
 expect_usage "--vocab=50" "$ndmesh" train --vocab 50
 expect_usage "--data=$tmp/missing.txt" "$ndmesh" train --data "$tmp/missing.txt"
 expect_usage "--layers=abc is not a whole number; e.g. --layers 2" "$ndmesh" train --layers abc
-expect_usage "--lr=fast is not a number; e.g. --lr 0.003" "$ndmesh" train --lr fast
+expect_usage "--lr=fast is not a number; e.g. --lr 0.0006" "$ndmesh" train --lr fast
 expect_usage "--zero3-prefetch=maybe is not true or false" "$ndmesh" train --zero3-prefetch maybe
 expect_usage "--untied=maybe is not true or false; give the flag alone (--untied)" "$ndmesh" train --untied=maybe
 expect_usage "NDMESH_THREADS='many'" env NDMESH_THREADS=many "$ndmesh" train
