@@ -54,8 +54,10 @@ set -e
 
 # A single-file checkpoint (format 2) written by the ndmesh before checkpoint directories
 # (tests/data/format2_step6.ckpt: --until 6 of the run below): train refuses it with the
-# conversion command; converted, it continues with the uninterrupted run's losses.
-legacy=(--layers 1 --hidden 16 --heads 2 --kv-heads 1 --seq 8 --markov-vocab 8 --batch 4 --threads 1 --steps 12)
+# conversion command; converted, it continues with the uninterrupted run's losses. The file was
+# written at --lr 3e-3, the default of its time.
+legacy=(--layers 1 --hidden 16 --heads 2 --kv-heads 1 --seq 8 --markov-vocab 8 --batch 4 --threads 1 --steps 12
+        --lr 3e-3)
 legacy_file="$(dirname "$0")/../data/format2_step6.ckpt"
 "$ndmesh" train "${legacy[@]}" > "$tmp/legacy_full.txt"
 set +e
