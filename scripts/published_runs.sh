@@ -184,9 +184,9 @@ evidence says the planner's memory model is what is wrong, not the authors' choi
   three ffn-wide tensors) leaves tp 8 x pp 16 at 8K without room unless every layer is
   recomputed; the Llama 3 paper (section 3.3.2, as we read it) trains 8K sequences without
   activation checkpointing, after moving a layer off the first and last stages and freeing
-  the pipeline's send buffers early. The planner's memory model is too pessimistic here (it
-  counts 85.5 GiB for that layout without recompute, interleaved with 7 virtual stages); run
-  so, it predicts 45.4% MFU for the 8,192-GPU row (measured 43%) and the pick only 1.05x
+  the pipeline's send buffers early.
+- The planner's memory model is too pessimistic there (it counts 85.5 GiB for that layout
+  without recompute, interleaved with 7 virtual stages); run so, it predicts 45.4% MFU for the 8,192-GPU row (measured 43%) and the pick only 1.05x
   faster (`ndmesh plan memory --model llama3-405b --hardware h100 --tp 8 --pp 16 --dp 64
   --vpp 7 --schedule interleaved --micro-batch 1 --global-batch 2048 --seq 8192 --zero 1
   --sequence-parallel --recompute none`).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The user docs and the code cite only what a user of the repository has: README.md and
-# docs/*.md carry no issue or stop numbers and no development-process words, and call no
+# The user docs and the code cite only what a user of the repository has: README.md,
+# docs/**/*.md, bench/README.md and CHANGELOG.md carry no issue or stop numbers and no development-process words, and call no
 # tool that exists only outside the project; no file of the repository cites a file outside
 # it (design notes, seed documents); every relative link of the docs resolves.
 #   docs_hygiene.sh <ndmesh> (unused: the test reads the source tree)
@@ -9,7 +9,8 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root" || exit 1
 fail=0
 bad() { echo "FAIL: $*" >&2; fail=1; }
-docs=(README.md docs/*.md)
+shopt -s globstar nullglob
+docs=(README.md docs/**/*.md bench/README.md CHANGELOG.md)
 
 hits=$(grep -n -i -E '\bissues? #?[0-9]+|\bstops? [0-9]+\b|\b(development )?sessions?\b|\bthe lead\b|\bhelper session' "${docs[@]}")
 [ -z "$hits" ] || bad "development-process words in the user docs:"$'\n'"$hits"

@@ -19,6 +19,24 @@ rows=$(echo "$out" | grep -cE '^ +[1-5] +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ ')
 [ "$rows" -eq 5 ] || fail "search: want 5 ranked rows, got $rows: $out"
 echo "$out" | grep -q "70.55B parameters" || fail "search: header lacks the parameter count: $out"
 
+# The commands that run a plan run on the plan's hardware: a GPU preset's carry --device cuda
+# (and bf16 for a 16-bit plan), a CPU hardware file's run on the CPU; the JSON's train_flags
+# stay the layout and the model.
+expect_rc 0 "to run on a GPU preset" -- "$ndmesh" plan --model gpt3-1.7b --gpus 16 --global-batch 64 --top 1
+line=$(echo "$out" | grep 'this machine:')
+[[ "$line" == *"ndmesh train --tp "*" --device cuda --precision bf16" ]] || fail "GPU preset, mixed: $line"
+expect_rc 0 "to run on a GPU preset in fp32" -- "$ndmesh" plan --model gpt3-1.7b --gpus 16 --global-batch 64 \
+  --top 1 --precision fp32
+line=$(echo "$out" | grep 'this machine:')
+[[ "$line" == *" --device cuda" && "$line" != *"--precision"* ]] || fail "GPU preset, fp32: $line"
+cpu_hw=$(mktemp --suffix=.toml)
+printf '[hardware]\nname = "cpu"\nmemory_gib = 64\npeak_tflops = 1\nintra_node_gbps = 10\ngpus_per_node = 8\n' > "$cpu_hw"
+expect_rc 0 "to run on a CPU file" -- "$ndmesh" plan --model gpt3-1.7b --gpus 16 --global-batch 64 --top 1 \
+  --hardware "$cpu_hw" --precision fp32
+line=$(echo "$out" | grep 'this machine:')
+[ -n "$line" ] && [[ "$line" != *"--device"* ]] || fail "CPU hardware file: $line"
+rm -f "$cpu_hw"
+
 # --explain shows every term.
 expect_rc 0 "explain" -- "$ndmesh" plan --model llama3-70b --gpus 512 --seq 8192 --global-batch 1024 --explain
 for term in compute recompute "tensor parallel" "context parallel" "pipeline sends" bubble "data parallel" \

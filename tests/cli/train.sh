@@ -54,8 +54,10 @@ set -e
 
 # A single-file checkpoint (format 2) written by the ndmesh before checkpoint directories
 # (tests/data/format2_step6.ckpt: --until 6 of the run below): train refuses it with the
-# conversion command; converted, it continues with the uninterrupted run's losses.
-legacy=(--layers 1 --hidden 16 --heads 2 --kv-heads 1 --seq 8 --markov-vocab 8 --batch 4 --threads 1 --steps 12)
+# conversion command; converted, it continues with the uninterrupted run's losses. The file was
+# written at --lr 3e-3, the default of its time.
+legacy=(--layers 1 --hidden 16 --heads 2 --kv-heads 1 --seq 8 --markov-vocab 8 --batch 4 --threads 1 --steps 12
+        --lr 3e-3)
 legacy_file="$(dirname "$0")/../data/format2_step6.ckpt"
 "$ndmesh" train "${legacy[@]}" > "$tmp/legacy_full.txt"
 set +e
@@ -108,7 +110,7 @@ expect_usage "--lr=-1" "$ndmesh" train --lr -1
 expect_usage "--vocab=50" "$ndmesh" train --vocab 50
 expect_usage "--data=$tmp/missing.txt" "$ndmesh" train --data "$tmp/missing.txt"
 expect_usage "--layers=abc is not a whole number; e.g. --layers 2" "$ndmesh" train --layers abc
-expect_usage "--lr=fast is not a number; e.g. --lr 0.003" "$ndmesh" train --lr fast
+expect_usage "--lr=fast is not a number; e.g. --lr 0.0006" "$ndmesh" train --lr fast
 expect_usage "--zero3-prefetch=maybe is not true or false" "$ndmesh" train --zero3-prefetch maybe
 expect_usage "--untied=maybe is not true or false; give the flag alone (--untied)" "$ndmesh" train --untied=maybe
 expect_usage "NDMESH_THREADS='many'" env NDMESH_THREADS=many "$ndmesh" train

@@ -30,7 +30,7 @@ serial() {  # serial <name> <flags...>
   jq -e '.losses | length == 20' "$tmp/$name.json" > /dev/null || fail "serial run $name has no 20 losses"
 }
 serial serial
-# 8 blocks at the default --lr 3e-3 train unstably for a few steps, which amplifies the
+# 8 blocks at --lr 3e-3 train unstably for a few steps, which amplifies the
 # rounding differences of any other summation order (a serial run with --micro-batch 2
 # drifts 1% from one without): the 8-block runs use --lr 1e-3.
 serial serial8 --layers 8 --lr 1e-3

@@ -6,6 +6,7 @@
 // The search ranks every valid layout that fits by predicted time per step (src/plan);
 // `memory` evaluates one layout. --explain prints every term of the best layout with its
 // inputs; --json prints the same numbers for scripts.
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -263,6 +264,18 @@ PlanModel resolve_model(const ModelHardwareFlags& f) {
 }
 
 plan::Precision resolve_precision(const ModelHardwareFlags& f) { return plan::parse_precision(f.precision); }
+
+// The flags that run a plan's layout on the plan's hardware with `ndmesh train`: the presets
+// are GPUs, and so is a file `ndmesh calibrate --device cuda` wrote (it measured the GPU's host
+// links); a CPU calibration's plan runs on the CPU. ndmesh train has fp32 and bf16 products, so
+// a plan of 16-bit products runs --precision bf16.
+std::string device_flags(const ModelHardwareFlags& f, const Hardware& hw) {
+  const auto& presets = plan::hardware_presets();
+  const bool preset =
+      std::any_of(presets.begin(), presets.end(), [&](const Hardware& p) { return p.name == f.hardware; });
+  if (!preset && hw.host_to_device_bw <= 0) return "";
+  return resolve_precision(f).bf16_products ? " --device cuda --precision bf16" : " --device cuda";
+}
 
 Hardware resolve_hardware(const ModelHardwareFlags& f) {
   // A calibrated GPU file has an fp32 and a bf16 product rate: the precision's is the peak.
@@ -671,13 +684,14 @@ int run_search(const PlanFlags& f) {
         gib(e.memory.optimizer), gib(e.memory.activations), gib(e.memory.total), e.time.total,
         human(e.tokens_per_second), 100 * e.mfu);
   }
-  // The commands that run the top layouts (ndmesh train: the CPU reference runtime today).
+  // The commands that run the top layouts on the plan's hardware.
   const std::size_t shown = std::min<std::size_t>(r.layouts.size(), 3);
+  const std::string device = device_flags(f.common, hw);
   fmt::print("\nto run (ndmesh train; --mlp swiglu models run as their GeLU twin):\n");
   for (std::size_t i = 0; i < shown; ++i) {
     const Estimate& e = r.layouts[i];
-    const auto c =
-        plan::train_commands(plan::train_flags(model, e.layout, w), e.layout.gpus(), hw.gpus_per_node);
+    const auto c = plan::train_commands(plan::train_flags(model, e.layout, w) + device, e.layout.gpus(),
+                                        hw.gpus_per_node);
     fmt::print("{:>4}  this machine: {}\n      cluster:      {}\n                    {}\n", i + 1, c.local,
                c.srun, c.mpirun);
   }

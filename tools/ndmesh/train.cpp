@@ -68,7 +68,7 @@ struct Options {
   std::int64_t layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 0, seq = 64, vocab = 0;
   bool untied = false;
   std::int64_t batch = 16, steps = 1000, warmup = 20;
-  double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0;
+  double lr = 6e-4, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0;
   std::uint64_t seed = 1;
   std::string data, data_format = "auto";
   bool data_given = false;

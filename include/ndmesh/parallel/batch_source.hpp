@@ -1,7 +1,7 @@
 // The batch source: which tokens this rank trains on, in one place.
 //
 // A step's global batch is a pure function of (data seed, step, sequence index), the same
-// for every layout (docs/runtime.md). Data parallelism gives dp rank r
+// for every layout (docs/internals/runtime.md). Data parallelism gives dp rank r
 // the contiguous sequences [r * batch / dp, (r + 1) * batch / dp); --micro-batch cuts them
 // into micro-batches (gradient accumulation); context parallelism keeps, of every sequence,
 // the positions of this cp rank (zigzag or contiguous chunks, cp/ring_attention.hpp). The

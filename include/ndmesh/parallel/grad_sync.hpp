@@ -1,6 +1,6 @@
 // Gradient synchronisation (Megatron-core's finalize_model_grads): every rule that turns
 // the gradients a rank's backwards computed into the gradients of the mean loss over the
-// global batch, and their global norm. The gradient rule (docs/runtime.md: "summed over
+// global batch, and their global norm. The gradient rule (docs/internals/runtime.md: "summed over
 // every dim where the parameter is replicated and the data differs") is here and nowhere
 // else:
 //  1. dp-cp: parameters are replicated over the gradient group (dp, or dp x cp). One

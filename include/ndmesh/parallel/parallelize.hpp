@@ -1,6 +1,6 @@
 // parallelize: (options, process groups) -> the model chunks this rank runs.
 //
-// A layout is a view of one logical model (docs/runtime.md). A
+// A layout is a view of one logical model (docs/internals/runtime.md). A
 // ModelPlan starts as the serial model over this rank's batch layout, and one ordered
 // transformation per strategy edits it, each in its strategy's folder and each validating
 // its own options (a ConfigError naming the flag, the value and the fix), in the spirit of

@@ -1,7 +1,7 @@
 // Trainer: the step loop of the parallel training runtime. A layout of size 1 in every dim
 // is the serial run, so `ndmesh train` without a launcher and with one is the same code.
 //
-// The trainer composes the parts of docs/runtime.md and holds no rule of its own about how
+// The trainer composes the parts of docs/internals/runtime.md and holds no rule of its own about how
 // strategies combine:
 //  - parallelize() (parallelize.hpp) turns the options and the process groups into this
 //    rank's model chunks, validating every option and the layout once;

@@ -1,5 +1,5 @@
 // nn::Attention on the tensor cores through cuDNN's fused flash attention (SDPA), the bf16
-// path of --precision bf16 on CUDA (cuda_ops.hpp; docs/cuda-kernels.md). The fp32 flash
+// path of --precision bf16 on CUDA (cuda_ops.hpp; docs/internals/cuda-kernels.md). The fp32 flash
 // kernel (attention.cu) stays the fp32 path and the reference this is tested against
 // (tests/gpu/test_attention_cudnn.cpp).
 //
