@@ -14,11 +14,11 @@ rounds=${3:-2}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 model=(--layers 4 --hidden 256 --heads 8 --kv-heads 4 --seq 64 --batch 8 --markov-vocab 32 --threads 1 --eval-batches 0
-  --warmup 2 --steps "$steps" --json)
+  --warmup 2 --json)
 now() { date +%s.%N; }
 for round in $(seq "$rounds"); do
-  "$ndmesh" train "${model[@]}" | tail -n 1 > "$tmp/none.$round"
-  "$ndmesh" train "${model[@]}" --save "$tmp/ck" --save-every 10 | tail -n 1 > "$tmp/bg.$round"
+  "$ndmesh" train "${model[@]}" --steps "$steps" | tail -n 1 > "$tmp/none.$round"
+  "$ndmesh" train "${model[@]}" --steps "$steps" --save "$tmp/ck" --save-every 10 | tail -n 1 > "$tmp/bg.$round"
   rm -rf "$tmp/ck"
   a=$(now); "$ndmesh" train "${model[@]}" --steps 1 > /dev/null; b=$(now)
   "$ndmesh" train "${model[@]}" --steps 1 --save "$tmp/ck1" > /dev/null; c=$(now)

@@ -54,7 +54,7 @@ void MetricsFile::on_step(const StepRecord& r) {
   j["grad_norm"] = number(r.stats.grad_norm);
   j["tokens_per_second"] = r.tokens_per_second;
   j["mfu"] = r.mfu ? number(*r.mfu) : json(nullptr);
-  j["peak_memory_bytes"] = r.peak_memory_bytes;
+  j["peak_memory_bytes"] = static_cast<std::int64_t>(r.peak_memory_bytes);
   j["elapsed_s"] = r.elapsed_s;
   if (r.val_loss) j["val_loss"] = number(*r.val_loss);
   const std::string line = j.dump() + "\n";

@@ -318,12 +318,17 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
       eval_steps.push_back(s.step);
       val_losses.push_back(*r.val_loss);
     }
-    // Checkpoints: the one being written is committed once every rank's file is (a poll
-    // each step); the next save waits for it.
+    // Checkpoints: written in the background, the one in flight committed once every rank's
+    // file is (a poll each step); the next save waits for it. An elastic replica saves in the
+    // step, as it always did: the replica that writes can change with every generation, and
+    // two replicas must never write the same directory at once.
     if (pending && pending->try_finish()) pending.reset();
     if (o.save_every > 0 && s.step % o.save_every == 0 && s.step < stop && write_checkpoint) {
       if (pending) pending->finish();
-      pending = trainer.save_in_background(o.save, static_cast<int>(o.keep));
+      if (o.coordinator.empty())
+        pending = trainer.save_in_background(o.save, static_cast<int>(o.keep));
+      else
+        trainer.save(o.save, static_cast<int>(o.keep));
     }
     r.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
     r.tokens_per_second = tokens_per_step / std::max(s.seconds, 1e-9);

@@ -51,6 +51,17 @@ jq -e -n --slurpfile b "$tmp/dptp.json" '$b[0].eval_steps == [50, 100, 150, 200]
 awk -v r="$rel" 'BEGIN{exit !(r <= 1e-5)}' || fail "dp 2 x tp 2: validation losses differ by $rel (> 1e-5)"
 [ "$(wc -l < "$tmp/dptp.jsonl")" -eq 200 ] || fail "dp 2 x tp 2: the metrics file (rank 0's) has not 200 lines"
 
+# Background checkpoints of dp 2 x tp 2 (every 50 steps, the last 2 kept): the one of step 100,
+# written while steps 101.. ran, continues serially as the uninterrupted serial run does.
+"${mpirun[@]}" -np 4 "$ndmesh" train "${model[@]}" --steps 200 --until 150 --dp 2 --tp 2 --save "$tmp/ck" \
+  --save-every 50 --keep 2 > "$tmp/bg.out" 2>&1 || fail "dp 2 x tp 2 with --save-every: $(tail -3 "$tmp/bg.out")"
+[ "$(jq .step "$tmp/ck.step-000100/manifest.json")" -eq 100 ] || fail "no background checkpoint of step 100"
+"$ndmesh" train "${model[@]}" --steps 200 --val-data "$tmp/val.bin" --eval-every 50 --load "$tmp/ck.step-000100" \
+  > "$tmp/resumed.out" || fail "resume of the background checkpoint: $(tail -3 "$tmp/resumed.out")"
+tail -n 1 "$tmp/resumed.out" > "$tmp/resumed.json"
+expect_same "dp 2 x tp 2's background checkpoint of step 100, resumed serially" "$tmp/serial.json" "$tmp/resumed.json" \
+  --from 100
+
 # --val-fraction: the end of --data held out; evaluations after 60, 120 and the last (150).
 "$ndmesh" train "${model[@]}" --steps 150 --val-fraction 0.1 --eval-every 60 > "$tmp/frac.out" ||
   fail "--val-fraction run: $(tail -3 "$tmp/frac.out")"
