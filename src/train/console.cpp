@@ -69,10 +69,11 @@ void print_kernel_times(const json& t, std::int64_t from, std::int64_t to) {
   constexpr std::size_t kRows = 30;
   const double steps = static_cast<double>(std::max<std::int64_t>(to - from + 1, 1));
   const double total = t["seconds"].get<double>();
-  fmt::print("kernel times (rank 0, steps {}..{}): {:.3f} ms of GPU time a step, the host waited for the GPU {:.1f} "
-             "times a step ({:.3f} ms)\n",
-             from, to, 1e3 * total / steps, t["host_waits"].get<double>() / steps,
-             1e3 * t["host_wait_seconds"].get<double>() / steps);
+  fmt::print(
+      "kernel times (rank 0, steps {}..{}): {:.3f} ms of GPU time a step, the host waited for the GPU {:.1f} "
+      "times a step ({:.3f} ms)\n",
+      from, to, 1e3 * total / steps, t["host_waits"].get<double>() / steps,
+      1e3 * t["host_wait_seconds"].get<double>() / steps);
   fmt::print("  {:>10} {:>7} {:>10}  {}\n", "ms/step", "share", "calls/step", "operation");
   double rest = 0;
   std::int64_t rest_rows = 0;
@@ -84,8 +85,9 @@ void print_kernel_times(const json& t, std::int64_t from, std::int64_t to) {
       ++rest_rows;
       continue;
     }
-    fmt::print("  {:>10.3f} {:>6.1f}% {:>10.1f}  {}\n", 1e3 * seconds / steps, total > 0 ? 100 * seconds / total : 0.0,
-               rows[i]["calls"].get<double>() / steps, rows[i]["name"].get<std::string>());
+    fmt::print("  {:>10.3f} {:>6.1f}% {:>10.1f}  {}\n", 1e3 * seconds / steps,
+               total > 0 ? 100 * seconds / total : 0.0, rows[i]["calls"].get<double>() / steps,
+               rows[i]["name"].get<std::string>());
   }
   if (rest_rows > 0)
     fmt::print("  {:>10.3f} {:>6.1f}% {:>10}  ({} more operations; every row is in --json's kernel_times)\n",
@@ -109,25 +111,29 @@ void Console::on_start(const RunStart& r) {
   const RunOptions& o = options_;
   const parallel::TrainOptions& t = r.trainer.options();
   const ModelSpec& m = t.model;
-  fmt::print("model: {} layers, hidden {}, heads {}/{} kv, ffn {}, seq {}, vocab {}, {} parameters ({})\n", m.layers,
-             m.hidden, m.heads, m.kv_heads_or_heads(), m.ffn_or_default(), m.seq, m.vocab, r.parameters,
-             m.tied_embeddings ? "tied head" : "untied head");
+  fmt::print("model: {} layers, hidden {}, heads {}/{} kv, ffn {}, seq {}, vocab {}, {} parameters ({})\n",
+             m.layers, m.hidden, m.heads, m.kv_heads_or_heads(), m.ffn_or_default(), m.seq, m.vocab,
+             r.parameters, m.tied_embeddings ? "tied head" : "untied head");
   fmt::print("data: {}{}\n", r.data,
-             r.entropy_rate ? fmt::format(", entropy rate {:.4f} nats/token (best achievable loss)", *r.entropy_rate)
-                            : "");
+             r.entropy_rate
+                 ? fmt::format(", entropy rate {:.4f} nats/token (best achievable loss)", *r.entropy_rate)
+                 : "");
   const Mesh& mesh = r.mesh;
   if (r.world_size > 1)
     fmt::print(
         "layout: {} on {} ranks; micro-batches {} of {} sequences per dp rank; ZeRO {}, all-reduce {} in {}, "
         "buckets of {} MiB{}{}\n",
-        mesh.to_string(), r.world_size, r.trainer.microbatches(), r.trainer.model().batch(), t.dp.zero, o.allreduce,
-        o.grad_dtype, t.dp.bucket_mb, o.no_overlap ? ", no overlap" : ", overlapped with backward",
-        mesh.size_of("tp") > 1 ? fmt::format("; tp {} ({} parameters per rank{})", mesh.size_of("tp"),
-                                             r.parameters_per_rank, t.sequence_parallel ? ", sequence parallel" : "")
-                               : "");
+        mesh.to_string(), r.world_size, r.trainer.microbatches(), r.trainer.model().batch(), t.dp.zero,
+        o.allreduce, o.grad_dtype, t.dp.bucket_mb,
+        o.no_overlap ? ", no overlap" : ", overlapped with backward",
+        mesh.size_of("tp") > 1
+            ? fmt::format("; tp {} ({} parameters per rank{})", mesh.size_of("tp"), r.parameters_per_rank,
+                          t.sequence_parallel ? ", sequence parallel" : "")
+            : "");
   if (mesh.size_of("cp") > 1)
-    fmt::print("context parallel: {} ranks, {} layout, {} of {} tokens per sequence per rank, ring attention\n",
-               mesh.size_of("cp"), o.cp_layout, r.trainer.model().seq(), m.seq);
+    fmt::print(
+        "context parallel: {} ranks, {} layout, {} of {} tokens per sequence per rank, ring attention\n",
+        mesh.size_of("cp"), o.cp_layout, r.trainer.model().seq(), m.seq);
   if (!o.load.empty()) {
     fmt::print("resumed from {} at step {}\n", o.load, r.first);
     const parallel::LrScheduleOptions s = t.lr_schedule_options();
@@ -139,9 +145,10 @@ void Console::on_start(const RunStart& r) {
                                      .decay_fraction = s.decay_fraction};
     if (r.loaded_schedule && !r.loaded_schedule->name.empty() && !(*r.loaded_schedule == mine)) {
       const auto [saved, now] = schedule_differences(*r.loaded_schedule, mine);
-      fmt::print("note: {} was saved by a run with {}; this run has {}, so its learning rates do not continue that "
-                 "run's\n",
-                 o.load, saved, now);
+      fmt::print(
+          "note: {} was saved by a run with {}; this run has {}, so its learning rates do not continue that "
+          "run's\n",
+          o.load, saved, now);
     }
   }
   if (o.eval_every > 0 || !heldout_.empty())
@@ -150,8 +157,8 @@ void Console::on_start(const RunStart& r) {
                                 : fmt::format("held-out data ({})", heldout_),
                o.eval_every > 0 ? fmt::format("every {} steps and after step {}", o.eval_every, r.stop)
                                 : fmt::format("after step {}", r.stop));
-  fmt::print("train: batch {}, steps {}..{}, lr {} (warmup {}, {}), {} BLAS thread{}{}\n", t.batch, r.first + 1,
-             r.stop, t.lr, t.warmup, schedule_text(t), r.threads, r.threads == 1 ? "" : "s",
+  fmt::print("train: batch {}, steps {}..{}, lr {} (warmup {}, {}), {} BLAS thread{}{}\n", t.batch,
+             r.first + 1, r.stop, t.lr, t.warmup, schedule_text(t), r.threads, r.threads == 1 ? "" : "s",
              r.world_size > 1 ? " per rank" : "");
   std::fflush(stdout);
 }
@@ -173,8 +180,8 @@ void Console::on_step(const StepRecord& r) {
       bar_open_ = !last;
       if (last) fmt::print("\n");
     } else {
-      fmt::print("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} tok/s {:.0f} eta {}\n", s.step, stop_, s.loss, s.lr,
-                 s.grad_norm, tps, clock_text(eta));
+      fmt::print("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} tok/s {:.0f} eta {}\n", s.step, stop_,
+                 s.loss, s.lr, s.grad_norm, tps, clock_text(eta));
     }
   }
   if (r.val_loss) {
@@ -209,7 +216,8 @@ void Console::on_end(const RunReport& report) {
   fmt::print("\n");
   {
     std::vector<std::string> per_stage;
-    for (const json& b : j["activation_bytes_per_stage"]) per_stage.push_back(fmt::format("{:.3f}", b.get<double>() / kMiB));
+    for (const json& b : j["activation_bytes_per_stage"])
+      per_stage.push_back(fmt::format("{:.3f}", b.get<double>() / kMiB));
     double largest = 0;
     for (const json& b : j["activation_bytes_per_rank"]) largest = std::max(largest, b.get<double>());
     fmt::print(
@@ -223,13 +231,16 @@ void Console::on_end(const RunReport& report) {
     const int chunks = pipe["chunks"].get<int>();
     fmt::print("pipeline: {} over {} stages x {} chunk{}, {} micro-batches, blocks per chunk {}\n",
                pipe["schedule"].get<std::string>(), pipe["stages"].get<int>(), chunks, chunks == 1 ? "" : "s",
-               pipe["microbatches"].get<int>(), fmt::join(pipe["partition"].get<std::vector<std::int64_t>>(), ","));
+               pipe["microbatches"].get<int>(),
+               fmt::join(pipe["partition"].get<std::vector<std::int64_t>>(), ","));
     fmt::print(
-        "pipeline bubble: measured {:.1f}%, simulated {:.1f}% for the measured mean costs (forward {:.3g} ms, "
+        "pipeline bubble: measured {:.1f}%, simulated {:.1f}% for the measured mean costs (forward {:.3g} "
+        "ms, "
         "backward {:.3g} + {:.3g} ms per stage), {:.1f}% for each stage's own\n",
         100 * pipe["bubble_measured"].get<double>(), 100 * pipe["bubble_simulated"].get<double>(),
         1e3 * pipe["forward_seconds"].get<double>(), 1e3 * pipe["backward_input_seconds"].get<double>(),
-        1e3 * pipe["backward_weight_seconds"].get<double>(), 100 * pipe["bubble_simulated_stages"].get<double>());
+        1e3 * pipe["backward_weight_seconds"].get<double>(),
+        100 * pipe["bubble_simulated_stages"].get<double>());
     fmt::print("pipeline activations held per stage: measured peak {}, schedule {}\n",
                fmt::join(pipe["peak_activations"].get<std::vector<int>>(), ","),
                fmt::join(pipe["expected_peak_activations"].get<std::vector<int>>(), ","));
@@ -242,15 +253,18 @@ void Console::on_end(const RunReport& report) {
   const json& mem = j["memory_bytes"];
   if (j.contains("offload_pcie"))
     fmt::print(
-        "offload: optimizer state {:.1f} MiB per rank in pinned host memory ({:.1f} MiB with the fp32 master and "
+        "offload: optimizer state {:.1f} MiB per rank in pinned host memory ({:.1f} MiB with the fp32 master "
+        "and "
         "the staging chunks), {:.1f} MiB over PCIe per step (rank 0)\n",
         mem["optimizer_offloaded"].get<double>() / kMiB, mem["optimizer_host"].get<double>() / kMiB,
         (j["offload_pcie"]["bytes_to_host_per_step"].get<double>() +
          j["offload_pcie"]["bytes_to_device_per_step"].get<double>()) /
             kMiB);
   else if (j.contains("offload_io"))
-    fmt::print("offload: optimizer state {:.1f} MiB per rank in {} (rank 0), streamed through a {:.0f} MiB window\n",
-               mem["optimizer_offloaded"].get<double>() / kMiB, o.offload_dir, mem["optimizer"].get<double>() / kMiB);
+    fmt::print(
+        "offload: optimizer state {:.1f} MiB per rank in {} (rank 0), streamed through a {:.0f} MiB window\n",
+        mem["optimizer_offloaded"].get<double>() / kMiB, o.offload_dir,
+        mem["optimizer"].get<double>() / kMiB);
   if (o.json) fmt::print("{}\n", report.json);
   std::fflush(stdout);
 }

@@ -36,10 +36,13 @@ MetricsFile::MetricsFile(std::string path, std::optional<std::int64_t> resumed_a
     std::FILE* out = std::fopen(tmp.c_str(), "wb");
     const bool ok = out != nullptr && std::fwrite(kept.data(), 1, kept.size(), out) == kept.size() &&
                     std::fclose(out) == 0 && std::rename(tmp.c_str(), path_.c_str()) == 0;
-    if (!ok) fail<IoError>("train", "--metrics={}: cannot rewrite the file to resume it: {}", path_, std::strerror(errno));
+    if (!ok)
+      fail<IoError>("train", "--metrics={}: cannot rewrite the file to resume it: {}", path_,
+                    std::strerror(errno));
   }
   file_ = std::fopen(path_.c_str(), resumed_at ? "ab" : "wb");
-  if (file_ == nullptr) fail<IoError>("train", "--metrics={}: cannot open the file: {}", path_, std::strerror(errno));
+  if (file_ == nullptr)
+    fail<IoError>("train", "--metrics={}: cannot open the file: {}", path_, std::strerror(errno));
 }
 
 MetricsFile::~MetricsFile() {
@@ -65,8 +68,8 @@ void MetricsFile::on_step(const StepRecord& r) {
 std::vector<MetricsRow> read_metrics_file(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
-    fail<ConfigError>("plot", "{}: no such file; pass a metrics file written by ndmesh train --metrics FILE.jsonl",
-                      path);
+    fail<ConfigError>(
+        "plot", "{}: no such file; pass a metrics file written by ndmesh train --metrics FILE.jsonl", path);
   std::ifstream in(path);
   if (!in) fail<ConfigError>("plot", "{}: cannot read the file; check its permissions", path);
   std::vector<MetricsRow> rows;
@@ -75,9 +78,11 @@ std::vector<MetricsRow> read_metrics_file(const std::string& path) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const json j = json::parse(line, nullptr, false);
     auto bad = [&](const std::string& what) {
-      fail<ConfigError>("plot", "{}:{}: {}; each line of a metrics file is one JSON object with \"step\" and \"loss\" "
-                        "(ndmesh train --metrics)",
-                        path, n, what);
+      fail<ConfigError>(
+          "plot",
+          "{}:{}: {}; each line of a metrics file is one JSON object with \"step\" and \"loss\" "
+          "(ndmesh train --metrics)",
+          path, n, what);
     };
     if (j.is_discarded()) bad("not JSON");
     if (!j.is_object()) bad("not a JSON object");
@@ -95,11 +100,12 @@ std::vector<MetricsRow> read_metrics_file(const std::string& path) {
       r.val_loss = j["val_loss"].get<double>();
     }
     if (!rows.empty() && r.step <= rows.back().step)
-      bad(fmt::format("step {} after step {}; the steps of a metrics file increase (two runs in one file?)", r.step,
-                      rows.back().step));
+      bad(fmt::format("step {} after step {}; the steps of a metrics file increase (two runs in one file?)",
+                      r.step, rows.back().step));
     rows.push_back(r);
   }
-  if (rows.empty()) fail<ConfigError>("plot", "{}: no metrics lines; pass a file written by ndmesh train --metrics", path);
+  if (rows.empty())
+    fail<ConfigError>("plot", "{}: no metrics lines; pass a file written by ndmesh train --metrics", path);
   return rows;
 }
 

@@ -46,12 +46,14 @@ void need(bool ok, std::string_view flag, auto value, std::string_view rule, std
 // A file the run writes (--metrics): its folder exists and is writable, and it is no folder.
 void check_output_file(std::string_view flag, const std::string& path) {
   std::error_code ec;
-  if (path.empty()) fail<ConfigError>("train", "{} is empty; pass a file name such as run.jsonl, or leave it out", flag);
+  if (path.empty())
+    fail<ConfigError>("train", "{} is empty; pass a file name such as run.jsonl, or leave it out", flag);
   if (fs::is_directory(path, ec))
     fail<ConfigError>("train", "{}={}: is a directory; pass a file name such as run.jsonl", flag, path);
   const fs::path dir = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
   if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0)
-    fail<ConfigError>("train", "{}={}: the folder '{}' does not exist or is not writable; create it or pick another",
+    fail<ConfigError>("train",
+                      "{}={}: the folder '{}' does not exist or is not writable; create it or pick another",
                       flag, path, dir.string());
   if (fs::exists(path, ec) && ::access(path.c_str(), W_OK) != 0)
     fail<ConfigError>("train", "{}={}: cannot write the file; check its permissions", flag, path);
@@ -60,20 +62,22 @@ void check_output_file(std::string_view flag, const std::string& path) {
 // A folder the run writes into (--tensorboard): it exists writable, or its parent does.
 void check_output_dir(std::string_view flag, const std::string& path) {
   std::error_code ec;
-  if (path.empty()) fail<ConfigError>("train", "{} is empty; pass a folder such as runs/tb, or leave it out", flag);
+  if (path.empty())
+    fail<ConfigError>("train", "{} is empty; pass a folder such as runs/tb, or leave it out", flag);
   if (fs::exists(path, ec)) {
     if (!fs::is_directory(path, ec))
       fail<ConfigError>("train", "{}={}: is a file; pass a folder (it is created when missing)", flag, path);
     if (::access(path.c_str(), W_OK) != 0)
-      fail<ConfigError>("train", "{}={}: the folder is not writable; check its permissions or pick another", flag,
-                        path);
+      fail<ConfigError>("train", "{}={}: the folder is not writable; check its permissions or pick another",
+                        flag, path);
     return;
   }
   fs::path p(path);
   while (!p.empty() && p.filename().empty()) p = p.parent_path();
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0)
-    fail<ConfigError>("train", "{}={}: the folder '{}' does not exist or is not writable; create it or pick another",
+    fail<ConfigError>("train",
+                      "{}={}: the folder '{}' does not exist or is not writable; create it or pick another",
                       flag, path, dir.string());
 }
 
@@ -146,11 +150,12 @@ parallel::TrainOptions train_options(const RunOptions& o, std::int64_t vocab, st
 }
 
 void check_run_options(const RunOptions& o) {
-  need(o.markov_vocab >= 2 && o.markov_vocab <= 1024, "--markov-vocab", o.markov_vocab, "must be in [2, 1024]",
-       "32");
+  need(o.markov_vocab >= 2 && o.markov_vocab <= 1024, "--markov-vocab", o.markov_vocab,
+       "must be in [2, 1024]", "32");
   need(o.markov_sharpness >= 0 && std::isfinite(o.markov_sharpness), "--markov-sharpness", o.markov_sharpness,
        "must be a finite number >= 0", "2.5");
-  need(o.threads >= 0 && o.threads <= 1024, "--threads", o.threads, "must be in [0, 1024] (0: NDMESH_THREADS)", "1");
+  need(o.threads >= 0 && o.threads <= 1024, "--threads", o.threads,
+       "must be in [0, 1024] (0: NDMESH_THREADS)", "1");
   const std::int64_t steps = o.train.steps;
   // (--steps below 1 is train_option_problems' line, not --until's.)
   need(steps < 1 || (o.until >= 0 && o.until <= steps), "--until", o.until,
@@ -158,18 +163,21 @@ void check_run_options(const RunOptions& o) {
   need(o.save_every >= 0, "--save-every", o.save_every, "must be >= 0 (0: only at the end)", "100");
   need(o.save_every == 0 || !o.save.empty(), "--save-every", o.save_every, "needs --save PATH",
        "100 --save run.ckpt");
-  need(o.keep >= 1, "--keep", o.keep, "must be at least 1 (the checkpoints kept: --save DIR and those before it)",
-       "3");
+  need(o.keep >= 1, "--keep", o.keep,
+       "must be at least 1 (the checkpoints kept: --save DIR and those before it)", "3");
   need(o.keep == 1 || !o.save.empty(), "--keep", o.keep, "needs --save DIR (and --save-every N)",
        "3 --save run.ckpt --save-every 100");
   need(o.eval_batches >= 0, "--eval-batches", o.eval_batches, "must be >= 0", "8");
   need(o.eval_every >= 0, "--eval-every", o.eval_every,
        "must be at least 1 (evaluations after steps N, 2N, ... and after the last)", "100");
   if (o.eval_every > 0 && o.eval_batches == 0)
-    fail<ConfigError>("train", "--eval-every={} with --eval-batches=0: an evaluation needs batches; give --eval-batches "
-                      "8, or leave --eval-every out",
-                      o.eval_every);
-  need(o.log_every >= 1, "--log-every", o.log_every, "must be at least 1 (a progress line every N steps)", "10");
+    fail<ConfigError>(
+        "train",
+        "--eval-every={} with --eval-batches=0: an evaluation needs batches; give --eval-batches "
+        "8, or leave --eval-every out",
+        o.eval_every);
+  need(o.log_every >= 1, "--log-every", o.log_every, "must be at least 1 (a progress line every N steps)",
+       "10");
   need(o.grad_dtype == "fp32" || o.grad_dtype == "bf16", "--grad-dtype", o.grad_dtype, "must be fp32 or bf16",
        "bf16");
   need(parallel::parse_lr_schedule(o.lr_schedule).has_value(), "--lr-schedule", o.lr_schedule,
@@ -179,41 +187,51 @@ void check_run_options(const RunOptions& o) {
     bool known = false;
     for (Schedule sc : {Schedule::kGpipe, Schedule::k1F1B, Schedule::kInterleaved, Schedule::kZbH1})
       known = known || schedule_name(sc) == o.schedule;
-    need(known, "--schedule", o.schedule, "is not a pipeline schedule (gpipe, 1f1b, interleaved, zb-h1)", "1f1b");
+    need(known, "--schedule", o.schedule, "is not a pipeline schedule (gpipe, 1f1b, interleaved, zb-h1)",
+         "1f1b");
   }
   parse_recompute(o.recompute);
   model::parse_data_format(o.data_format);
   need(parallel::parse_offload(o.offload).has_value(), "--offload", o.offload,
        "is not an offload mode (none, optimizer, optimizer+params)", "optimizer");
   if (o.given.offload_dir && o.offload_dir.empty())
-    fail<ConfigError>("train", "--offload-dir is empty; pass a folder on a local disk, e.g. --offload-dir /tmp");
-  if (!o.offload_dir.empty() && (!fs::is_directory(o.offload_dir) || ::access(o.offload_dir.c_str(), W_OK) != 0))
-    fail<ConfigError>("train", "--offload-dir={}: not a writable folder; create it or pick another", o.offload_dir);
+    fail<ConfigError>("train",
+                      "--offload-dir is empty; pass a folder on a local disk, e.g. --offload-dir /tmp");
+  if (!o.offload_dir.empty() &&
+      (!fs::is_directory(o.offload_dir) || ::access(o.offload_dir.c_str(), W_OK) != 0))
+    fail<ConfigError>("train", "--offload-dir={}: not a writable folder; create it or pick another",
+                      o.offload_dir);
   need(o.offload_chunk_mb >= 0.001 && o.offload_chunk_mb <= 4096, "--offload-chunk-mb", o.offload_chunk_mb,
        "must be in [0.001, 4096] (MiB of both moments per streamed chunk)", "32");
   need(parse_device(o.device).has_value(), "--device", o.device, "is not a device (cpu, cuda)", "cuda");
-  need(o.precision == "fp32" || o.precision == "bf16", "--precision", o.precision, "must be fp32 or bf16", "fp32");
+  need(o.precision == "fp32" || o.precision == "bf16", "--precision", o.precision, "must be fp32 or bf16",
+       "fp32");
   if (o.kernel_times && o.device != "cuda")
-    fail<ConfigError>("train",
-                      "--kernel-times with --device={}: it times the GPU's kernels; add --device cuda or drop "
-                      "--kernel-times",
-                      o.device);
+    fail<ConfigError>(
+        "train",
+        "--kernel-times with --device={}: it times the GPU's kernels; add --device cuda or drop "
+        "--kernel-times",
+        o.device);
   // The model's shape rules (config's model_problems, named as the flags) and the options
   // the runtime checks itself (parallel::train_option_problems), checked here too so that
   // a bad value fails before any rank starts. --vocab 0 is the data's vocabulary: the
   // Markov source's or the 256 byte values.
-  const std::int64_t vocab =
-      o.train.model.vocab != 0 ? o.train.model.vocab : o.data.empty() ? o.markov_vocab : 256;
-  if (auto problems = model_problems(train_options(o, vocab, 0).model, ModelFieldNames::kFlags); !problems.empty())
+  const std::int64_t vocab = o.train.model.vocab != 0 ? o.train.model.vocab
+                             : o.data.empty()         ? o.markov_vocab
+                                                      : 256;
+  if (auto problems = model_problems(train_options(o, vocab, 0).model, ModelFieldNames::kFlags);
+      !problems.empty())
     fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
   if (auto problems = parallel::train_option_problems(train_options(o, 0, 0)); !problems.empty())
     fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
   std::error_code ec;
   // An empty value must not silently switch the feature off.
   if (o.given.data && o.data.empty())
-    fail<ConfigError>("train", "--data is empty; pass a text file, or leave --data out for the Markov source");
+    fail<ConfigError>("train",
+                      "--data is empty; pass a text file, or leave --data out for the Markov source");
   if (o.given.save && o.save.empty())
-    fail<ConfigError>("train", "--save is empty; pass a directory name such as run.ckpt, or leave --save out");
+    fail<ConfigError>("train",
+                      "--save is empty; pass a directory name such as run.ckpt, or leave --save out");
   if (o.given.load && o.load.empty())
     fail<ConfigError>("train", "--load is empty; pass a checkpoint written with --save, or leave --load out");
   // Held-out data: a file, or the end of --data; evaluated every --eval-every steps.
@@ -223,27 +241,29 @@ void check_run_options(const RunOptions& o) {
     need(o.val_fraction > 0 && o.val_fraction < 1, "--val-fraction", o.val_fraction,
          "must be in (0, 1) (the share at the end of --data that training never reads)", "0.1");
     if (!o.val_data.empty())
-      fail<ConfigError>("train",
-                        "--val-fraction={} with --val-data={}: give one held-out set, a file (--val-data) or the end "
-                        "of --data (--val-fraction)",
-                        o.val_fraction, o.val_data);
+      fail<ConfigError>(
+          "train",
+          "--val-fraction={} with --val-data={}: give one held-out set, a file (--val-data) or the end "
+          "of --data (--val-fraction)",
+          o.val_fraction, o.val_data);
     if (o.data.empty())
-      fail<ConfigError>("train",
-                        "--val-fraction={} needs --data FILE to hold out the end of; the Markov source's evaluation "
-                        "batches are drawn apart from training already (or give --val-data FILE)",
-                        o.val_fraction);
+      fail<ConfigError>(
+          "train",
+          "--val-fraction={} needs --data FILE to hold out the end of; the Markov source's evaluation "
+          "batches are drawn apart from training already (or give --val-data FILE)",
+          o.val_fraction);
   }
   if (o.given.eval_every && o.eval_every == 0)
-    need(false, "--eval-every", 0, "must be at least 1 (evaluations after steps N, 2N, ... and after the last)",
-         "100");
+    need(false, "--eval-every", 0,
+         "must be at least 1 (evaluations after steps N, 2N, ... and after the last)", "100");
   if (!o.load.empty()) {
     if (!fs::exists(o.load, ec))
-      fail<ConfigError>("train", "--load={}: no such file or directory; pass a checkpoint written with --save",
-                        o.load);
+      fail<ConfigError>(
+          "train", "--load={}: no such file or directory; pass a checkpoint written with --save", o.load);
     if (!fs::is_regular_file(o.load, ec) && !fs::is_directory(o.load, ec))
-      fail<ConfigError>("train",
-                        "--load={}: not a checkpoint directory or file; pass a checkpoint written with --save",
-                        o.load);
+      fail<ConfigError>(
+          "train", "--load={}: not a checkpoint directory or file; pass a checkpoint written with --save",
+          o.load);
     if (::access(o.load.c_str(), R_OK) != 0)
       fail<ConfigError>("train", "--load={}: cannot read it; check its permissions", o.load);
   }
@@ -255,25 +275,27 @@ void check_run_options(const RunOptions& o) {
     while (!target.empty() && target.filename().empty()) target = target.parent_path();  // "ck/" -> "ck"
     const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
     if (fs::exists(target, ec) && !fs::is_directory(target, ec))
-      fail<ConfigError>("train",
-                        "--save={}: is a file (a single-file checkpoint of an older ndmesh?); --save writes a "
-                        "checkpoint directory: pick a new name",
-                        o.save);
-    if (fs::is_directory(target, ec) && !model::is_checkpoint_dir(target.string()) && !fs::is_empty(target, ec))
+      fail<ConfigError>(
+          "train",
+          "--save={}: is a file (a single-file checkpoint of an older ndmesh?); --save writes a "
+          "checkpoint directory: pick a new name",
+          o.save);
+    if (fs::is_directory(target, ec) && !model::is_checkpoint_dir(target.string()) &&
+        !fs::is_empty(target, ec))
       fail<ConfigError>("train",
                         "--save={}: is a directory that is not an ndmesh checkpoint; --save replaces only a "
                         "checkpoint directory: pick a new name",
                         o.save);
     if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0)
-      fail<ConfigError>("train",
-                        "--save={}: the folder '{}' does not exist or is not writable; create it or pick another",
-                        o.save, dir.string());
+      fail<ConfigError>(
+          "train", "--save={}: the folder '{}' does not exist or is not writable; create it or pick another",
+          o.save, dir.string());
     // The longest sibling: ".NAME.saving.previous" (17 more bytes), or with --keep "NAME.step-N".
     const std::size_t extra = o.keep > 1 ? 26 : 17;
     if (target.filename().string().size() + extra > 255)
-      fail<ConfigError>("train",
-                        "--save={}: the name is too long ({} bytes with the temporary suffix; the limit is 255)",
-                        o.save, target.filename().string().size() + extra);
+      fail<ConfigError>(
+          "train", "--save={}: the name is too long ({} bytes with the temporary suffix; the limit is 255)",
+          o.save, target.filename().string().size() + extra);
   }
   if (!o.metrics.empty() || o.given.metrics) check_output_file("--metrics", o.metrics);
   if (!o.tensorboard.empty() || o.given.tensorboard) check_output_dir("--tensorboard", o.tensorboard);
@@ -304,20 +326,23 @@ void check_elastic(RunOptions& o, const Mesh& mesh) {
                       "replicas; run each replica with --dp 1 (its ranks as tp x pp x cp)",
                       mesh.size_of("dp"));
   if (o.train.dp.zero != 0)
-    fail<ConfigError>("train",
-                      "--zero={} with a coordinator: the reduction across replicas and the healing of a "
-                      "replica move whole gradient and optimizer buffers, not ZeRO shards; use --zero 0 for elastic "
-                      "runs",
-                      o.train.dp.zero);
+    fail<ConfigError>(
+        "train",
+        "--zero={} with a coordinator: the reduction across replicas and the healing of a "
+        "replica move whole gradient and optimizer buffers, not ZeRO shards; use --zero 0 for elastic "
+        "runs",
+        o.train.dp.zero);
   if (o.offload != "none")
     fail<ConfigError>("train",
                       "--offload={} with a coordinator: a replica's state must be in memory to be copied to "
                       "a healing replica; use --offload none for elastic runs",
                       o.offload);
   if (o.device != "cpu")
-    fail<ConfigError>("train", "--device={} with a coordinator: elastic runs are CPU-only for now; use --device cpu",
+    fail<ConfigError>("train",
+                      "--device={} with a coordinator: elastic runs are CPU-only for now; use --device cpu",
                       o.device);
-  if (o.train.micro_batch == 0) o.train.micro_batch = 1;  // the global batch is split over replicas by micro-batches
+  if (o.train.micro_batch == 0)
+    o.train.micro_batch = 1;  // the global batch is split over replicas by micro-batches
 }
 
 }  // namespace ndmesh::train

@@ -71,23 +71,26 @@ std::string svg_metrics_plot(const std::vector<MetricsRow>& rows, const std::str
     }
   out += fmt::format("<text x=\"{}\" y=\"28\" font-size=\"15\" font-weight=\"bold\">{}</text>\n", left,
                      svg::escape(heading));
-  out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#fafafa\" stroke=\"#cccccc\"/>\n", left,
-                     top, plot_w, plot_h);
+  out += fmt::format(
+      "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#fafafa\" stroke=\"#cccccc\"/>\n", left, top,
+      plot_w, plot_h);
 
   // Axes: the step below, the loss at the left, the learning rate at the right.
   for (double t : ticks(steps.lo, steps.hi, svg::tick_step(steps.hi - steps.lo, 10, 1))) {
     const double x = x_of(t);
-    out += fmt::format("<line x1=\"{:.1f}\" y1=\"{}\" x2=\"{:.1f}\" y2=\"{}\" stroke=\"#e4e4e4\"/>\n", x, top, x,
-                       top + plot_h);
-    out += fmt::format("<text x=\"{:.1f}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">{:g}</text>\n",
-                       x, top + plot_h + 16, t);
+    out += fmt::format("<line x1=\"{:.1f}\" y1=\"{}\" x2=\"{:.1f}\" y2=\"{}\" stroke=\"#e4e4e4\"/>\n", x, top,
+                       x, top + plot_h);
+    out += fmt::format(
+        "<text x=\"{:.1f}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">{:g}</text>\n", x,
+        top + plot_h + 16, t);
   }
   for (double t : ticks(loss.lo, loss.hi, svg::tick_step(loss.hi - loss.lo, 8))) {
     const double y = y_loss(t);
-    out += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#e4e4e4\"/>\n", left, y,
-                       left + plot_w, y);
-    out += fmt::format("<text x=\"{}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"end\" fill=\"#555\">{:g}</text>\n",
-                       left - 6, y + 4, t);
+    out += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#e4e4e4\"/>\n", left,
+                       y, left + plot_w, y);
+    out += fmt::format(
+        "<text x=\"{}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"end\" fill=\"#555\">{:g}</text>\n",
+        left - 6, y + 4, t);
   }
   if (has_lr)
     for (double t : ticks(0, lr_hi, svg::tick_step(lr_hi, 6)))
@@ -97,7 +100,8 @@ std::string svg_metrics_plot(const std::vector<MetricsRow>& rows, const std::str
   out += fmt::format("<text x=\"{:.1f}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\">step</text>\n",
                      left + plot_w / 2, top + plot_h + 36);
   out += fmt::format(
-      "<text x=\"20\" y=\"{:.1f}\" font-size=\"12\" text-anchor=\"middle\" transform=\"rotate(-90 20 {:.1f})\">"
+      "<text x=\"20\" y=\"{:.1f}\" font-size=\"12\" text-anchor=\"middle\" transform=\"rotate(-90 20 "
+      "{:.1f})\">"
       "loss</text>\n",
       top + plot_h / 2, top + plot_h / 2);
   if (has_lr)
@@ -117,14 +121,14 @@ std::string svg_metrics_plot(const std::vector<MetricsRow>& rows, const std::str
       points += fmt::format("{:.1f},{:.1f} ", x_of(static_cast<double>(rows[i].step)), y);
     }
     if (!points.empty())
-      out += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"{}/>\n", points,
-                         colour, extra);
+      out += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"{}/>\n",
+                         points, colour, extra);
   };
   if (has_lr)
-    polyline([&](const MetricsRow& r) { return y_lr(*r.lr); }, [](const MetricsRow& r) { return r.lr.has_value(); },
-             kLrColour, " stroke-dasharray=\"5,3\"");
-  polyline([&](const MetricsRow& r) { return y_loss(r.loss); }, [](const MetricsRow&) { return true; }, kLossColour,
-           "");
+    polyline([&](const MetricsRow& r) { return y_lr(*r.lr); },
+             [](const MetricsRow& r) { return r.lr.has_value(); }, kLrColour, " stroke-dasharray=\"5,3\"");
+  polyline([&](const MetricsRow& r) { return y_loss(r.loss); }, [](const MetricsRow&) { return true; },
+           kLossColour, "");
   bool has_val = false;
   std::string val_points;
   for (const MetricsRow& r : rows)
@@ -132,21 +136,23 @@ std::string svg_metrics_plot(const std::vector<MetricsRow>& rows, const std::str
       has_val = true;
       const double x = x_of(static_cast<double>(r.step)), y = y_loss(*r.val_loss);
       val_points += fmt::format("{:.1f},{:.1f} ", x, y);
-      out += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\"><title>step {}: val_loss {:g}"
-                         "</title></circle>\n",
-                         x, y, kValColour, r.step, *r.val_loss);
+      out += fmt::format(
+          "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\"><title>step {}: val_loss {:g}"
+          "</title></circle>\n",
+          x, y, kValColour, r.step, *r.val_loss);
     }
   if (!val_points.empty())
-    out += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"/>\n", val_points,
-                       kValColour);
+    out += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"/>\n",
+                       val_points, kValColour);
 
   // Legend.
   double x = left;
   const double y = height - 18;
   auto item = [&](const char* colour, const char* name, const char* dash) {
-    out += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" "
-                       "stroke-width=\"2\"{}/>\n",
-                       x, y - 4, x + 22, y - 4, colour, dash);
+    out += fmt::format(
+        "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" "
+        "stroke-width=\"2\"{}/>\n",
+        x, y - 4, x + 22, y - 4, colour, dash);
     out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\">{}</text>\n", x + 28, y, name);
     x += 40 + 7.2 * std::string_view(name).size();
   };

@@ -62,8 +62,9 @@ double rank_memory_bytes(const parallel::TrainOptions& t, const Mesh& mesh) {
   l.micro_batch = t.micro_batch > 0 ? t.micro_batch : std::max<std::int64_t>(1, t.batch / l.dp);
   l.offload_optimizer = t.offload.what != parallel::Offload::kNone;  // the moments are in files
   try {
-    l.stage_layers = t.pp.layers.empty() ? plan::stage_chunks(model, l)
-                                         : parse_partition(t.pp.layers, t.model.layers, l.pp, l.vpp, "--pp-layers");
+    l.stage_layers = t.pp.layers.empty()
+                         ? plan::stage_chunks(model, l)
+                         : parse_partition(t.pp.layers, t.model.layers, l.pp, l.vpp, "--pp-layers");
     return plan::estimate_memory(model, l, {.seq = t.model.seq, .global_batch = t.batch},
                                  plan::parse_precision("fp32"))
         .total;
@@ -86,8 +87,9 @@ void check_node_memory(const RunOptions& o, const parallel::TrainOptions& t, con
   const double node_memory =
       static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
   // The fullest node: its share of memory needed, its ranks and its memory.
-  std::array<double, 3> fullest = {node_memory > 0 ? rank_bytes * static_cast<double>(node_ranks) / node_memory : 0.0,
-                                   static_cast<double>(node_ranks), node_memory};
+  std::array<double, 3> fullest = {
+      node_memory > 0 ? rank_bytes * static_cast<double>(node_ranks) / node_memory : 0.0,
+      static_cast<double>(node_ranks), node_memory};
   if (world.size() > 1) {
     std::vector<double> all(3 * static_cast<std::size_t>(world.size()));
     world.all_gather(std::span<const double>(fullest), std::span<double>(all));
@@ -97,11 +99,13 @@ void check_node_memory(const RunOptions& o, const parallel::TrainOptions& t, con
   if (fullest[0] > 0.8)
     fail<ConfigError>(
         "train",
-        "--batch={} --seq={} with this model and layout needs about {:.1f} GiB on a node of {} ranks ({:.2f} GiB a "
+        "--batch={} --seq={} with this model and layout needs about {:.1f} GiB on a node of {} ranks ({:.2f} "
+        "GiB a "
         "rank, as 'ndmesh plan memory' counts it) but the node has {:.1f} GiB; lower --batch, --seq or "
         "--micro-batch, add --recompute full or --zero 1, or run fewer ranks per node",
-        o.train.batch, o.train.model.seq, fullest[0] * fullest[2] / (1 << 30), static_cast<std::int64_t>(fullest[1]),
-        fullest[0] * fullest[2] / fullest[1] / (1 << 30), fullest[2] / (1 << 30));
+        o.train.batch, o.train.model.seq, fullest[0] * fullest[2] / (1 << 30),
+        static_cast<std::int64_t>(fullest[1]), fullest[0] * fullest[2] / fullest[1] / (1 << 30),
+        fullest[2] / (1 << 30));
 }
 
 // The training data: the Markov source, or --data (without its held-out end, --val-fraction).
@@ -111,8 +115,8 @@ std::unique_ptr<model::DataSource> training_data(const RunOptions& o) {
         model::MarkovOptions{.vocab = o.markov_vocab, .seed = o.data_seed, .sharpness = o.markov_sharpness});
   model::DataPart part;
   if (o.val_fraction > 0) part.end = 1 - o.val_fraction;
-  return model::open_data_file(o.data, model::parse_data_format(o.data_format), o.train.model.vocab, o.data_seed,
-                               part);
+  return model::open_data_file(o.data, model::parse_data_format(o.data_format), o.train.model.vocab,
+                               o.data_seed, part);
 }
 
 // The held-out data: --val-data, or the end of --data (--val-fraction); null: none.
@@ -148,27 +152,31 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
   const Mesh mesh = config.mesh();
   check_elastic(o, mesh);
   // Several GPU ranks: every group carries device buffers (NCCL, or staged).
-  ProcessGroups groups(mesh, parallel::device_communicator(world, parse_device(o.device).value_or(Device::kCpu)));
+  ProcessGroups groups(mesh,
+                       parallel::device_communicator(world, parse_device(o.device).value_or(Device::kCpu)));
   const bool lead = world.rank() == 0;
-  const int threads = o.threads > 0 ? static_cast<int>(o.threads)
-                                    : threads_from_env(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                                                                       static_cast<int>(world.size())));
+  const int threads =
+      o.threads > 0 ? static_cast<int>(o.threads)
+                    : threads_from_env(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                                       static_cast<int>(world.size())));
   set_blas_threads(threads);
 
   std::unique_ptr<model::DataSource> data = training_data(o);
   const std::optional<double> entropy = data->entropy_rate();
   const std::int64_t vocab_flag = o.train.model.vocab;
   if (vocab_flag > 0 && vocab_flag != data->vocab())
-    fail<ConfigError>("train",
-                      "--vocab={} does not match the data ({}), which has {} tokens; use --vocab {} or leave it out",
-                      vocab_flag, data->describe(), data->vocab(), data->vocab());
+    fail<ConfigError>(
+        "train",
+        "--vocab={} does not match the data ({}), which has {} tokens; use --vocab {} or leave it out",
+        vocab_flag, data->describe(), data->vocab(), data->vocab());
   const std::int64_t vocab = vocab_flag > 0 ? vocab_flag : data->vocab();
   std::unique_ptr<model::DataSource> heldout = heldout_data(o, vocab);
   if (heldout && heldout->vocab() != vocab)
-    fail<ConfigError>("train",
-                      "--val-data={}: the held-out data ({}) has {} tokens but the training data has {}; give held-out "
-                      "data of the same vocabulary",
-                      o.val_data, heldout->describe(), heldout->vocab(), vocab);
+    fail<ConfigError>(
+        "train",
+        "--val-data={}: the held-out data ({}) has {} tokens but the training data has {}; give held-out "
+        "data of the same vocabulary",
+        o.val_data, heldout->describe(), heldout->vocab(), vocab);
   const parallel::TrainOptions t = train_options(o, vocab, config.ranks_per_node);
   check_node_memory(o, t, mesh, world);
   const std::string source = data->describe();
@@ -181,7 +189,8 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
       loaded_schedule = trainer.load(o.load).schedule;
     } catch (const IoError& e) {
       // A corrupt or foreign file is bad input to this command: exit 2 like a bad flag.
-      fail<ConfigError>("train", "--load={}: {}; pass a checkpoint written by ndmesh train --save", o.load, e.what());
+      fail<ConfigError>("train", "--load={}: {}; pass a checkpoint written by ndmesh train --save", o.load,
+                        e.what());
     }
   }
 #ifdef NDMESH_HAVE_ELASTIC
@@ -205,9 +214,10 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
   const std::int64_t first = trainer.steps_done();
   const std::int64_t stop = o.until > 0 ? o.until : o.train.steps;
   if (first >= stop)
-    fail<ConfigError>("train",
-                      "the checkpoint '{}' is already at step {} >= the last step {}; pass a larger --steps or --until",
-                      o.load, first, stop);
+    fail<ConfigError>(
+        "train",
+        "the checkpoint '{}' is already at step {} >= the last step {}; pass a larger --steps or --until",
+        o.load, first, stop);
 
   // What is written while training: the console, the metrics file, TensorBoard (world rank
   // 0), then the caller's observers.
@@ -220,7 +230,8 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
     observers.push_back(metrics.get());
   }
   if (lead && !o.tensorboard.empty()) {
-    tensorboard = std::make_unique<TensorBoardWriter>(o.tensorboard, o.load.empty() ? std::nullopt : std::optional(first));
+    tensorboard = std::make_unique<TensorBoardWriter>(o.tensorboard,
+                                                      o.load.empty() ? std::nullopt : std::optional(first));
     observers.push_back(tensorboard.get());
   }
   observers.insert(observers.end(), callers.begin(), callers.end());
@@ -248,22 +259,23 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
   // MFU: the planner's model FLOPs of a step over the hardware's peak of every rank.
   std::optional<double> peak_flops;
   if (!o.hardware.empty())
-    peak_flops = plan::for_precision(plan::hardware_by_name_or_file(o.hardware), t.precision == parallel::Precision::kBf16)
+    peak_flops = plan::for_precision(plan::hardware_by_name_or_file(o.hardware),
+                                     t.precision == parallel::Precision::kBf16)
                      .peak_flops *
                  world.size();
-  const double flops_per_step = plan::model_flops_per_step(plan::PlanModel{.spec = t.model, .dropout = false},
-                                                           static_cast<double>(t.model.seq),
-                                                           static_cast<double>(t.batch));
+  const double flops_per_step =
+      plan::model_flops_per_step(plan::PlanModel{.spec = t.model, .dropout = false},
+                                 static_cast<double>(t.model.seq), static_cast<double>(t.batch));
 
   const auto start = Clock::now();
   double last_loss = NAN;
   std::vector<double> losses, grad_norms, lrs, val_losses;
   std::vector<std::int64_t> eval_steps;
   double comm_seconds = 0, exposed_seconds = 0, step_seconds = 0;
-  std::int64_t grad_comm_bytes = 0;   // the last step's
-  parallel::TpCommStats tp_comm;      // of the last step
-  parallel::CommCount cp_kv, cp_dkv;  // of the last step
-  double tp_seconds = 0;              // in tp communication, all steps
+  std::int64_t grad_comm_bytes = 0;                   // the last step's
+  parallel::TpCommStats tp_comm;                      // of the last step
+  parallel::CommCount cp_kv, cp_dkv;                  // of the last step
+  double tp_seconds = 0;                              // in tp communication, all steps
   std::unique_ptr<parallel::BackgroundSave> pending;  // the checkpoint being written (--save-every)
   const double tokens_per_step = static_cast<double>(trainer.tokens_per_step());
   if (o.kernel_times && stop - first == 1) cuda::kernel_times_start();
@@ -350,8 +362,9 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
   // compare with the entropy rate). An evaluation of the last step is that number already.
   double final_loss = last_loss;
   if (o.eval_batches > 0)
-    final_loss = !eval_steps.empty() && eval_steps.back() == trainer.steps_done() ? val_losses.back()
-                                                                                    : trainer.evaluate(o.eval_batches);
+    final_loss = !eval_steps.empty() && eval_steps.back() == trainer.steps_done()
+                     ? val_losses.back()
+                     : trainer.evaluate(o.eval_batches);
   // Rank 0 reports the slowest rank's communication and the largest memory.
   // Peak resident memory of the process (Linux: ru_maxrss in KiB), the largest rank's.
   struct rusage usage {};
@@ -393,16 +406,18 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
   j["recompute"] = o.recompute;
   j["offload"] = o.offload;
   if (trainer.optimizer().pinned()) {  // rank 0's copies over PCIe (the first step also reads the master)
-    j["offload_pcie"] = {
-        {"bytes_to_host_per_step", static_cast<double>(trainer.optimizer().pinned_bytes_to_host()) / steps_run},
-        {"bytes_to_device_per_step", static_cast<double>(trainer.optimizer().pinned_bytes_to_device()) / steps_run}};
+    j["offload_pcie"] = {{"bytes_to_host_per_step",
+                          static_cast<double>(trainer.optimizer().pinned_bytes_to_host()) / steps_run},
+                         {"bytes_to_device_per_step",
+                          static_cast<double>(trainer.optimizer().pinned_bytes_to_device()) / steps_run}};
   } else if (trainer.optimizer().offloaded()) {
     // Rank 0's files: bytes moved per step and the rate of the I/O tasks (read and write
     // run beside each other and beside the update).
     const auto& opt = trainer.optimizer();
-    j["offload_io"] = {{"bytes_read_per_step", static_cast<double>(opt.offload_bytes_read()) / steps_run},
-                       {"bytes_written_per_step", static_cast<double>(opt.offload_bytes_written()) / steps_run},
-                       {"io_seconds_per_step", opt.offload_io_seconds() / steps_run}};
+    j["offload_io"] = {
+        {"bytes_read_per_step", static_cast<double>(opt.offload_bytes_read()) / steps_run},
+        {"bytes_written_per_step", static_cast<double>(opt.offload_bytes_written()) / steps_run},
+        {"io_seconds_per_step", opt.offload_io_seconds() / steps_run}};
   }
   j["device"] = o.device;
   j["precision"] = o.precision;

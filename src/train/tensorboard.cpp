@@ -47,7 +47,9 @@ void varint(std::string& out, std::uint64_t v) {
   }
   out.push_back(static_cast<char>(v));
 }
-void key(std::string& out, int field, int wire_type) { varint(out, static_cast<std::uint64_t>(field << 3 | wire_type)); }
+void key(std::string& out, int field, int wire_type) {
+  varint(out, static_cast<std::uint64_t>(field << 3 | wire_type));
+}
 void field_double(std::string& out, int field, double v) {
   key(out, field, 1);
   std::uint64_t bits = 0;
@@ -101,7 +103,8 @@ std::string tfrecord(std::string_view data) {
   return out;
 }
 
-std::string scalar_event(double wall_time, std::int64_t step, const std::vector<std::pair<std::string, float>>& values) {
+std::string scalar_event(double wall_time, std::int64_t step,
+                         const std::vector<std::pair<std::string, float>>& values) {
   std::string summary;
   for (const auto& [tag, value] : values) {
     std::string v;
@@ -134,11 +137,13 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir, std::optional<std::
   if (ec) fail<IoError>("train", "--tensorboard={}: cannot create the folder: {}", dir, ec.message());
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "localhost");
-  path_ = (std::filesystem::path(dir) / fmt::format("events.out.tfevents.{}.{}.{}.ndmesh",
-                                                      static_cast<long long>(std::time(nullptr)), host, ::getpid()))
-              .string();
+  path_ =
+      (std::filesystem::path(dir) / fmt::format("events.out.tfevents.{}.{}.{}.ndmesh",
+                                                static_cast<long long>(std::time(nullptr)), host, ::getpid()))
+          .string();
   file_ = std::fopen(path_.c_str(), "wb");
-  if (file_ == nullptr) fail<IoError>("train", "--tensorboard: cannot create '{}': {}", path_, std::strerror(errno));
+  if (file_ == nullptr)
+    fail<IoError>("train", "--tensorboard: cannot create '{}': {}", path_, std::strerror(errno));
   write(file_version_event(now_seconds()));
   if (resumed_at) write(session_start_event(now_seconds(), *resumed_at + 1));
 }
@@ -154,10 +159,11 @@ void TensorBoardWriter::write(const std::string& event) {
 }
 
 void TensorBoardWriter::on_step(const StepRecord& r) {
-  std::vector<std::pair<std::string, float>> v = {{"loss", static_cast<float>(r.stats.loss)},
-                                                  {"lr", static_cast<float>(r.stats.lr)},
-                                                  {"grad_norm", static_cast<float>(r.stats.grad_norm)},
-                                                  {"tokens_per_second", static_cast<float>(r.tokens_per_second)}};
+  std::vector<std::pair<std::string, float>> v = {
+      {"loss", static_cast<float>(r.stats.loss)},
+      {"lr", static_cast<float>(r.stats.lr)},
+      {"grad_norm", static_cast<float>(r.stats.grad_norm)},
+      {"tokens_per_second", static_cast<float>(r.tokens_per_second)}};
   if (r.mfu) v.emplace_back("mfu", static_cast<float>(*r.mfu));
   v.emplace_back("peak_memory_bytes", static_cast<float>(r.peak_memory_bytes));
   if (r.val_loss) v.emplace_back("val_loss", static_cast<float>(*r.val_loss));

@@ -34,7 +34,8 @@ void write_file(const std::string& path, const std::string& text) {
   out << text;
   out.close();
   if (!out)
-    fail<ConfigError>("plot", "-o {}: cannot write the file; use a path in an existing writable folder", path);
+    fail<ConfigError>("plot", "-o {}: cannot write the file; use a path in an existing writable folder",
+                      path);
 }
 
 // rsvg-convert SVG -o PNG; ConfigError when it is missing or fails.
@@ -46,10 +47,11 @@ void svg_to_png(const std::string& svg, const std::string& png) {
   pid_t pid = 0;
   const int rc = ::posix_spawnp(&pid, "rsvg-convert", nullptr, nullptr, argv.data(), environ);
   if (rc != 0)
-    fail<ConfigError>("plot",
-                      "-o {}: a .png needs rsvg-convert, which is not found ({}); install it (Debian: apt-get install "
-                      "librsvg2-bin) or write an .svg",
-                      png, std::strerror(rc));
+    fail<ConfigError>(
+        "plot",
+        "-o {}: a .png needs rsvg-convert, which is not found ({}); install it (Debian: apt-get install "
+        "librsvg2-bin) or write an .svg",
+        png, std::strerror(rc));
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
@@ -62,7 +64,8 @@ int run(const Options& o) {
   const fs::path out(o.output);
   const std::string ext = out.extension().string();
   if (ext != ".svg" && ext != ".png")
-    fail<ConfigError>("plot", "-o {}: the picture's name must end in .svg or .png; e.g. -o loss.svg", o.output);
+    fail<ConfigError>("plot", "-o {}: the picture's name must end in .svg or .png; e.g. -o loss.svg",
+                      o.output);
   const std::vector<train::MetricsRow> rows = train::read_metrics_file(o.input);
   const std::string svg = train::svg_metrics_plot(rows, fs::path(o.input).filename().string());
   if (ext == ".svg") {
@@ -84,14 +87,18 @@ int run(const Options& o) {
 
 Action setup(CLI::App& app) {
   auto o = std::make_shared<Options>();
-  app.add_option("metrics", o->input, "metrics file written by ndmesh train --metrics FILE.jsonl")->required();
-  app.add_option("-o,--output", o->output, "the picture: FILE.svg, or FILE.png (through rsvg-convert)")->required();
-  app.footer("Example: ndmesh train --steps 200 --eval-every 50 --metrics run.jsonl && ndmesh plot run.jsonl -o run.svg");
+  app.add_option("metrics", o->input, "metrics file written by ndmesh train --metrics FILE.jsonl")
+      ->required();
+  app.add_option("-o,--output", o->output, "the picture: FILE.svg, or FILE.png (through rsvg-convert)")
+      ->required();
+  app.footer(
+      "Example: ndmesh train --steps 200 --eval-every 50 --metrics run.jsonl && ndmesh plot run.jsonl -o "
+      "run.svg");
   return [o] { return run(*o); };
 }
 
-const Subcommand kPlot{"plot", "Draw a metrics file of ndmesh train: loss, held-out loss and learning rate per step",
-                       setup};
+const Subcommand kPlot{
+    "plot", "Draw a metrics file of ndmesh train: loss, held-out loss and learning rate per step", setup};
 
 }  // namespace
 }  // namespace ndmesh::cli

@@ -36,8 +36,9 @@ void add_parallel_flags(CLI::App& app, train::RunOptions& o) {
   parallel::TrainOptions& t = o.train;
   train::Given& given = o.given;
   auto mark = [](bool& flag) { return [&flag](const std::string&) { flag = true; }; };
-  app.add_option("--micro-batch", t.micro_batch,
-                 "sequences per micro-batch per data-parallel rank (0: the whole local batch, no accumulation)")
+  app.add_option(
+         "--micro-batch", t.micro_batch,
+         "sequences per micro-batch per data-parallel rank (0: the whole local batch, no accumulation)")
       ->capture_default_str()
       ->group("Parallel");
   app.add_option("--bucket-mb", t.dp.bucket_mb, "gradient bucket size in MiB for the data-parallel reduction")
@@ -55,40 +56,47 @@ void add_parallel_flags(CLI::App& app, train::RunOptions& o) {
                "with overlap: advance the buckets in flight from the backward itself (between sub-layers) "
                "instead of from a helper thread")
       ->group("Parallel");
-  app.add_flag("--sequence-parallel", t.sequence_parallel,
-               "with --tp: norms and residuals hold 1/tp of the tokens (all-gather before the column-parallel "
-               "linears, reduce-scatter after the row-parallel ones)")
+  app.add_flag(
+         "--sequence-parallel", t.sequence_parallel,
+         "with --tp: norms and residuals hold 1/tp of the tokens (all-gather before the column-parallel "
+         "linears, reduce-scatter after the row-parallel ones)")
       ->group("Parallel");
-  app.add_option("--zero", t.dp.zero,
-                 "ZeRO stage over dp (x cp): 0, 1 (shard optimizer state), 2 (and gradients) or 3 (and parameters: "
-                 "each block, the embedding and the head gathered before use and freed after)")
+  app.add_option(
+         "--zero", t.dp.zero,
+         "ZeRO stage over dp (x cp): 0, 1 (shard optimizer state), 2 (and gradients) or 3 (and parameters: "
+         "each block, the embedding and the head gathered before use and freed after)")
       ->capture_default_str()
       ->each(mark(given.zero))
       ->group("Parallel");
-  app.add_option("--zero3-reshard-after-forward", t.dp.zero3.reshard_after_forward,
-                 "with --zero 3: free a unit's gathered parameters after its forward and gather them again for "
-                 "its backward (true), or keep them until the backward (false: less communication, more memory)")
+  app.add_option(
+         "--zero3-reshard-after-forward", t.dp.zero3.reshard_after_forward,
+         "with --zero 3: free a unit's gathered parameters after its forward and gather them again for "
+         "its backward (true), or keep them until the backward (false: less communication, more memory)")
       ->capture_default_str()
       ->group("Parallel");
-  app.add_option("--zero3-prefetch", t.dp.zero3.prefetch,
-                 "with --zero 3: start gathering the next unit while the current one computes (true), or only "
-                 "when it is needed (false: the baseline the prefetch is measured against)")
+  app.add_option(
+         "--zero3-prefetch", t.dp.zero3.prefetch,
+         "with --zero 3: start gathering the next unit while the current one computes (true), or only "
+         "when it is needed (false: the baseline the prefetch is measured against)")
       ->capture_default_str()
       ->group("Parallel");
-  app.add_option("--offload", o.offload,
-                 "keep state in files under --offload-dir instead of memory: none, optimizer (the AdamW moments, "
-                 "streamed through the step in chunks; the same results bit for bit) or optimizer+params (with "
-                 "--zero 3: the rank's parameter shard too, read back around each gather)")
+  app.add_option(
+         "--offload", o.offload,
+         "keep state in files under --offload-dir instead of memory: none, optimizer (the AdamW moments, "
+         "streamed through the step in chunks; the same results bit for bit) or optimizer+params (with "
+         "--zero 3: the rank's parameter shard too, read back around each gather)")
       ->capture_default_str()
       ->each(mark(given.offload))
       ->group("Memory");
-  app.add_option("--offload-dir", o.offload_dir,
-                 "folder for the offload files (a local disk; one file per rank; removed at the end, and files "
-                 "left by a killed run are refused)")
+  app.add_option(
+         "--offload-dir", o.offload_dir,
+         "folder for the offload files (a local disk; one file per rank; removed at the end, and files "
+         "left by a killed run are refused)")
       ->each(mark(given.offload_dir))
       ->group("Memory");
-  app.add_option("--offload-chunk-mb", o.offload_chunk_mb,
-                 "MiB of optimizer state (both moments) per streamed chunk; three chunks are in memory at once")
+  app.add_option(
+         "--offload-chunk-mb", o.offload_chunk_mb,
+         "MiB of optimizer state (both moments) per streamed chunk; three chunks are in memory at once")
       ->capture_default_str()
       ->group("Memory");
   app.add_option("--allreduce", o.allreduce, "gradient all-reduce: mpi, ring, tree, hierarchical or adaptive")
@@ -97,20 +105,22 @@ void add_parallel_flags(CLI::App& app, train::RunOptions& o) {
   app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved or zb-h1")
       ->capture_default_str()
       ->group("Parallel");
-  app.add_option("--device", o.device,
-                 "where the model runs: cpu (the fp32 reference) or cuda (one GPU per rank; built where the CUDA "
-                 "toolkit is found; several ranks talk over NCCL, or over NDMESH_BACKEND=gloo|mpi staged "
-                 "through host memory: docs/gpu.md)")
+  app.add_option(
+         "--device", o.device,
+         "where the model runs: cpu (the fp32 reference) or cuda (one GPU per rank; built where the CUDA "
+         "toolkit is found; several ranks talk over NCCL, or over NDMESH_BACKEND=gloo|mpi staged "
+         "through host memory: docs/gpu.md)")
       ->capture_default_str();
   app.add_option("--precision", o.precision,
                  "fp32, or bf16: mixed precision (bf16 products with fp32 accumulation, the activations "
                  "they read kept in bf16; fp32 master weights, AdamW moments, residual stream, norms and "
                  "loss; checkpoints stay fp32)")
       ->capture_default_str();
-  app.add_option("--recompute", o.recompute,
-                 "activation recompute: none, selective (the backward re-runs the attention core; its "
-                 "output and log-sum-exp are not kept) or full (a block keeps only its input and the backward "
-                 "re-runs its forward); the losses are the same bit for bit")
+  app.add_option(
+         "--recompute", o.recompute,
+         "activation recompute: none, selective (the backward re-runs the attention core; its "
+         "output and log-sum-exp are not kept) or full (a block keeps only its input and the backward "
+         "re-runs its forward); the losses are the same bit for bit")
       ->capture_default_str()
       ->each(mark(given.recompute))
       ->group("Parallel");
@@ -121,9 +131,10 @@ void add_parallel_flags(CLI::App& app, train::RunOptions& o) {
   app.add_option("--pp-layers", t.pp.layers,
                  "blocks per pipeline chunk, e.g. 3,3,2 (pp x virtual-stages entries; default: balanced)")
       ->group("Parallel");
-  app.add_option("--trace", o.trace,
-                 "write every pipeline action of every rank with start and end as Chrome trace-event JSON (the "
-                 "last --trace-steps steps)")
+  app.add_option(
+         "--trace", o.trace,
+         "write every pipeline action of every rank with start and end as Chrome trace-event JSON (the "
+         "last --trace-steps steps)")
       ->group("Parallel");
   app.add_option("--trace-steps", t.pp.trace_steps,
                  "steps each rank keeps in its pipeline trace, the latest (the bubble is measured over them)")
@@ -132,9 +143,10 @@ void add_parallel_flags(CLI::App& app, train::RunOptions& o) {
   app.add_option("--pp-drop-action", t.pp.drop_action,
                  "testing: stage STAGE skips action INDEX of its list (STAGE:INDEX), a mismatched schedule")
       ->group("Testing");
-  app.add_option("--cp-layout", o.cp_layout,
-                 "chunks of each sequence a context-parallel rank holds: zigzag (chunks i and 2cp-1-i of 2cp, "
-                 "balanced causal work) or contiguous (chunk i of cp)")
+  app.add_option(
+         "--cp-layout", o.cp_layout,
+         "chunks of each sequence a context-parallel rank holds: zigzag (chunks i and 2cp-1-i of 2cp, "
+         "balanced causal work) or contiguous (chunk i of cp)")
       ->capture_default_str()
       ->group("Parallel");
 }
@@ -144,28 +156,36 @@ void add_run_flags(CLI::App& app, train::RunOptions& o) {
   parallel::TrainOptions& t = o.train;
   train::Given& given = o.given;
   auto mark = [](bool& flag) { return [&flag](const std::string&) { flag = true; }; };
-  app.add_option("--global-batch,--batch", t.batch, "sequences per step over all ranks")->capture_default_str();
-  app.add_option("--steps", t.steps, "total steps (a --load run continues up to this step)")->capture_default_str();
+  app.add_option("--global-batch,--batch", t.batch, "sequences per step over all ranks")
+      ->capture_default_str();
+  app.add_option("--steps", t.steps, "total steps (a --load run continues up to this step)")
+      ->capture_default_str();
   app.add_option("--lr", t.lr, "peak learning rate")->capture_default_str();
-  app.add_option("--lr-schedule", o.lr_schedule,
-                 "learning rate after --warmup: cosine (to --min-lr-ratio at --steps), linear (likewise), wsd "
-                 "(constant, then linear to --min-lr-ratio over the last --decay-fraction of --steps) or constant")
+  app.add_option(
+         "--lr-schedule", o.lr_schedule,
+         "learning rate after --warmup: cosine (to --min-lr-ratio at --steps), linear (likewise), wsd "
+         "(constant, then linear to --min-lr-ratio over the last --decay-fraction of --steps) or constant")
       ->capture_default_str();
   app.add_option("--warmup", t.warmup, "linear warmup steps")->capture_default_str();
-  app.add_option("--min-lr-ratio", t.min_lr_ratio, "where the decay ends (cosine, linear, wsd), as a fraction of --lr")
+  app.add_option("--min-lr-ratio", t.min_lr_ratio,
+                 "where the decay ends (cosine, linear, wsd), as a fraction of --lr")
       ->capture_default_str();
-  app.add_option("--decay-fraction", t.decay_fraction, "with --lr-schedule wsd: the share of --steps the final decay takes")
+  app.add_option("--decay-fraction", t.decay_fraction,
+                 "with --lr-schedule wsd: the share of --steps the final decay takes")
       ->capture_default_str();
-  app.add_option("--weight-decay", t.adamw.weight_decay, "AdamW weight decay (matrices only)")->capture_default_str();
+  app.add_option("--weight-decay", t.adamw.weight_decay, "AdamW weight decay (matrices only)")
+      ->capture_default_str();
   app.add_option("--clip", t.adamw.clip_norm, "global gradient-norm clip (0: off)")->capture_default_str();
   app.add_option("--seed", t.seed, "model initialisation seed")->capture_default_str();
-  app.add_option("--data", o.data,
-                 "train on this file: bytes of a text file, or tokens of a .bin file or glob of .bin shards (llm.c's "
-                 "shards, nanoGPT's uint16 train.bin; give --vocab); default: the Markov source")
+  app.add_option(
+         "--data", o.data,
+         "train on this file: bytes of a text file, or tokens of a .bin file or glob of .bin shards (llm.c's "
+         "shards, nanoGPT's uint16 train.bin; give --vocab); default: the Markov source")
       ->each(mark(given.data));
-  app.add_option("--data-format", o.data_format,
-                 "how --data is read: auto (.bin: llm.c shard when its header says so, else raw uint16 tokens; other "
-                 "files: bytes), bytes, llmc or uint16")
+  app.add_option(
+         "--data-format", o.data_format,
+         "how --data is read: auto (.bin: llm.c shard when its header says so, else raw uint16 tokens; other "
+         "files: bytes), bytes, llmc or uint16")
       ->capture_default_str();
   app.add_option("--markov-vocab", o.markov_vocab, "states of the Markov source")->capture_default_str();
   app.add_option("--markov-sharpness", o.markov_sharpness,
@@ -175,37 +195,43 @@ void add_run_flags(CLI::App& app, train::RunOptions& o) {
       ->capture_default_str();
   app.add_option("--threads", o.threads, "BLAS threads (0: NDMESH_THREADS, else the core count)")
       ->capture_default_str();
-  app.add_option("--val-data", o.val_data,
-                 "held-out data for every evaluation (any format --data reads, with --data-format and --vocab)")
+  app.add_option(
+         "--val-data", o.val_data,
+         "held-out data for every evaluation (any format --data reads, with --data-format and --vocab)")
       ->each(mark(given.val_data))
       ->group("Evaluation");
   app.add_option("--val-fraction", o.val_fraction,
                  "or hold out this share at the end of --data, in (0, 1): training never reads it")
       ->each(mark(given.val_fraction))
       ->group("Evaluation");
-  app.add_option("--eval-every", o.eval_every,
-                 "evaluate after steps N, 2N, ... and after the last (val_loss in --metrics); default: only the "
-                 "final loss")
+  app.add_option(
+         "--eval-every", o.eval_every,
+         "evaluate after steps N, 2N, ... and after the last (val_loss in --metrics); default: only the "
+         "final loss")
       ->each(mark(given.eval_every))
       ->group("Evaluation");
-  app.add_option("--eval-batches", o.eval_batches,
-                 "batches of every evaluation and of the final loss, the same ones each time (of the held-out data "
-                 "when given, else a sampling stream of the training data apart from training)")
+  app.add_option(
+         "--eval-batches", o.eval_batches,
+         "batches of every evaluation and of the final loss, the same ones each time (of the held-out data "
+         "when given, else a sampling stream of the training data apart from training)")
       ->capture_default_str()
       ->group("Evaluation");
-  app.add_option("--until", o.until,
-                 "stop after this step (0: --steps); the learning-rate schedule still spans --steps, so a run "
-                 "resumed with --load continues exactly")
+  app.add_option(
+         "--until", o.until,
+         "stop after this step (0: --steps); the learning-rate schedule still spans --steps, so a run "
+         "resumed with --load continues exactly")
       ->capture_default_str()
       ->group("Checkpoints");
-  app.add_option("--save", o.save,
-                 "write a checkpoint directory here at the end: a manifest and one shard file per stage and tp "
-                 "rank, replacing the previous one atomically; it loads under any layout")
+  app.add_option(
+         "--save", o.save,
+         "write a checkpoint directory here at the end: a manifest and one shard file per stage and tp "
+         "rank, replacing the previous one atomically; it loads under any layout")
       ->each(mark(given.save))
       ->group("Checkpoints");
-  app.add_option("--save-every", o.save_every,
-                 "also checkpoint to --save every N steps, written by a thread while training goes on (0: only at "
-                 "the end)")
+  app.add_option(
+         "--save-every", o.save_every,
+         "also checkpoint to --save every N steps, written by a thread while training goes on (0: only at "
+         "the end)")
       ->capture_default_str()
       ->group("Checkpoints");
   app.add_option("--keep", o.keep,
@@ -218,12 +244,14 @@ void add_run_flags(CLI::App& app, train::RunOptions& o) {
       ->each(mark(given.load))
       ->group("Checkpoints");
   app.add_flag("--json", o.json, "print one JSON summary object as the last line")->group("Output");
-  app.add_option("--metrics", o.metrics,
-                 "write one JSON line per step to this file (step, loss, lr, grad_norm, tokens_per_second, mfu, "
-                 "peak_memory_bytes, elapsed_s, val_loss); appended by a --load run; 'ndmesh plot' draws it")
+  app.add_option(
+         "--metrics", o.metrics,
+         "write one JSON line per step to this file (step, loss, lr, grad_norm, tokens_per_second, mfu, "
+         "peak_memory_bytes, elapsed_s, val_loss); appended by a --load run; 'ndmesh plot' draws it")
       ->each(mark(given.metrics))
       ->group("Output");
-  app.add_option("--tensorboard", o.tensorboard, "write the same numbers as TensorBoard event files into this folder")
+  app.add_option("--tensorboard", o.tensorboard,
+                 "write the same numbers as TensorBoard event files into this folder")
       ->each(mark(given.tensorboard))
       ->group("Output");
   app.add_option("--hardware", o.hardware,
@@ -241,14 +269,16 @@ void add_run_flags(CLI::App& app, train::RunOptions& o) {
                  "HOST:PORT of an 'ndmesh coordinator': run as one replica of elastic data parallelism "
                  "(docs/elastic.md; NDMESH_COORDINATOR)")
       ->group("Elastic");
-  app.add_option("--replica-id", o.replica_id,
-                 "with --coordinator: this replica's id, 0..R-1, the same across restarts (NDMESH_REPLICA_ID)")
+  app.add_option(
+         "--replica-id", o.replica_id,
+         "with --coordinator: this replica's id, 0..R-1, the same across restarts (NDMESH_REPLICA_ID)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20))
       ->group("Elastic");
-  app.add_option("--memory", o.memory,
-                 "memory strategy, expanded to flags (printed): basic (nothing), standard (--recompute selective), "
-                 "aggressive (--recompute full --zero 2), extreme (--recompute full --zero 3 --offload optimizer "
-                 "--offload-dir $TMPDIR); a flag given explicitly wins")
+  app.add_option(
+         "--memory", o.memory,
+         "memory strategy, expanded to flags (printed): basic (nothing), standard (--recompute selective), "
+         "aggressive (--recompute full --zero 2), extreme (--recompute full --zero 3 --offload optimizer "
+         "--offload-dir $TMPDIR); a flag given explicitly wins")
       ->group("Memory");
 }
 
@@ -265,7 +295,8 @@ void add_train_flags(CLI::App& app, const std::shared_ptr<TrainFlags>& flags) {
       "  ndmesh train                                   # small model on the Markov source, about a minute\n"
       "  ndmesh train --data README.md --vocab 256 --steps 200\n"
       "  ndmesh train --steps 200 --until 100 --save run.ckpt && ndmesh train --steps 200 --load run.ckpt\n"
-      "  ndmesh train --data tokens.bin --vocab 50257 --val-fraction 0.05 --eval-every 100 --metrics run.jsonl\n"
+      "  ndmesh train --data tokens.bin --vocab 50257 --val-fraction 0.05 --eval-every 100 --metrics "
+      "run.jsonl\n"
       "  mpirun -np 4 ndmesh train --dp 4                # data parallel: the same losses as the serial run\n"
       "  mpirun -np 2 ndmesh train --dp 2 --micro-batch 2 --zero 1 --allreduce ring\n"
       "  mpirun -np 4 ndmesh train --cp 2 --dp 2 --seq 64  # context parallel: ring attention over --cp "
@@ -296,10 +327,11 @@ Action setup(CLI::App& app) {
   };
 }
 
-const Subcommand kTrain{"train",
-                        "Train the GPT model, alone or data-, context- and tensor-parallel under mpirun (Markov source "
-                        "or a file)",
-                        setup};
+const Subcommand kTrain{
+    "train",
+    "Train the GPT model, alone or data-, context- and tensor-parallel under mpirun (Markov source "
+    "or a file)",
+    setup};
 
 }  // namespace
 }  // namespace ndmesh::cli

@@ -30,11 +30,11 @@ std::optional<LrSchedule> parse_lr_schedule(std::string_view text);
 /// What a schedule depends on (TrainOptions holds these).
 struct LrScheduleOptions {
   LrSchedule schedule = LrSchedule::kCosine;
-  double lr = 3e-3;            ///< peak
-  std::int64_t warmup = 0;     ///< linear warmup steps
-  std::int64_t steps = 100;    ///< the run's length (the schedule spans it whatever --until says)
-  double min_lr_ratio = 0.1;   ///< the decays end at lr * min_lr_ratio
-  double decay_fraction = 0.2; ///< wsd: the share of `steps` the final decay takes
+  double lr = 3e-3;             ///< peak
+  std::int64_t warmup = 0;      ///< linear warmup steps
+  std::int64_t steps = 100;     ///< the run's length (the schedule spans it whatever --until says)
+  double min_lr_ratio = 0.1;    ///< the decays end at lr * min_lr_ratio
+  double decay_fraction = 0.2;  ///< wsd: the share of `steps` the final decay takes
 };
 
 /// The learning rate of step `step` (0-based).

@@ -33,8 +33,9 @@ parallel::TrainOptions default_train_options();
 
 /// Everything one run is told.
 struct RunOptions {
-  parallel::TrainOptions train = default_train_options();  ///< model (vocab 0: the data's), batch, steps, lr, ...
-  bool untied = false;                                     ///< --untied (train.model.tied_embeddings = false)
+  parallel::TrainOptions train =
+      default_train_options();  ///< model (vocab 0: the data's), batch, steps, lr, ...
+  bool untied = false;          ///< --untied (train.model.tied_embeddings = false)
 
   /// The resolved layout of a world of the given size; empty: every rank data-parallel.
   std::function<ParallelConfig(std::int64_t world)> layout;
@@ -54,7 +55,7 @@ struct RunOptions {
   double offload_chunk_mb = 32;
   bool no_overlap = false;
   bool no_progress_thread = false;
-  std::string memory;         ///< --memory: a strategy that sets --recompute, --zero and --offload (given ones win)
+  std::string memory;  ///< --memory: a strategy that sets --recompute, --zero and --offload (given ones win)
   std::string memory_choice;  ///< what expand_memory() chose, printed by rank 0
   Given given;
 
@@ -64,8 +65,8 @@ struct RunOptions {
   std::int64_t markov_vocab = 32;
   double markov_sharpness = 2.5;
   std::uint64_t data_seed = 1;
-  std::string val_data;       ///< held-out data (any format --data reads)
-  double val_fraction = 0;    ///< or this last share of --data, which training never reads
+  std::string val_data;         ///< held-out data (any format --data reads)
+  double val_fraction = 0;      ///< or this last share of --data, which training never reads
   std::int64_t eval_every = 0;  ///< evaluate after steps N, 2N, ... and the last; 0: only at the end
   std::int64_t eval_batches = 8;
 

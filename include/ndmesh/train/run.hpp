@@ -34,7 +34,7 @@ struct RunStart {
   const RunOptions& options;
   parallel::Trainer& trainer;
   const Mesh& mesh;
-  int rank = 0;                          ///< world rank
+  int rank = 0;  ///< world rank
   int world_size = 1;
   bool lead = false;                     ///< world rank 0: the one that prints and writes files
   std::int64_t first = 0;                ///< steps done before this run (--load)
@@ -45,26 +45,27 @@ struct RunStart {
   std::string data;                      ///< the training data's describe()
   std::string val_data;                  ///< the held-out data's describe(); empty: none
   std::optional<double> entropy_rate;    ///< of the training data, when known
-  std::optional<model::ScheduleRecord> loaded_schedule;  ///< --load: the schedule that checkpoint was saved with
+  std::optional<model::ScheduleRecord>
+      loaded_schedule;  ///< --load: the schedule that checkpoint was saved with
 };
 
 /// What one step did, for observers (every rank; the numbers of world rank 0's clock).
 struct StepRecord {
-  parallel::StepStats stats;               ///< step (1-based), loss, grad_norm, lr, seconds, ...
-  double tokens_per_second = 0;            ///< this step's tokens over its wall time
-  std::optional<double> mfu;               ///< model FLOPs per second / (ranks x the hardware's peak); --hardware
-  double peak_memory_bytes = 0;            ///< this rank's peak: resident set on the CPU, device memory on CUDA
-  double elapsed_s = 0;                    ///< since the first step of this run started
-  std::optional<double> val_loss;          ///< on evaluation steps (--eval-every)
-  std::int64_t first = 0, stop = 0;        ///< as in RunStart
+  parallel::StepStats stats;         ///< step (1-based), loss, grad_norm, lr, seconds, ...
+  double tokens_per_second = 0;      ///< this step's tokens over its wall time
+  std::optional<double> mfu;         ///< model FLOPs per second / (ranks x the hardware's peak); --hardware
+  double peak_memory_bytes = 0;      ///< this rank's peak: resident set on the CPU, device memory on CUDA
+  double elapsed_s = 0;              ///< since the first step of this run started
+  std::optional<double> val_loss;    ///< on evaluation steps (--eval-every)
+  std::int64_t first = 0, stop = 0;  ///< as in RunStart
   bool lead = false;
 };
 
 /// What the run returns.
 struct RunReport {
-  std::string json;                ///< the --json object, one line
-  double final_loss = 0;           ///< mean of the final evaluation (held-out when given)
-  std::vector<double> losses;      ///< every step of this run
+  std::string json;            ///< the --json object, one line
+  double final_loss = 0;       ///< mean of the final evaluation (held-out when given)
+  std::vector<double> losses;  ///< every step of this run
   std::vector<std::int64_t> eval_steps;
   std::vector<double> val_losses;  ///< at eval_steps
   bool lead = false;               ///< world rank 0 (the report's numbers of other ranks are partial)

@@ -37,7 +37,8 @@ std::uint32_t crc32c(const void* data, std::size_t bytes, std::uint32_t crc = 0)
 std::string tfrecord(std::string_view data);
 
 /// A serialized Event with a Summary of simple values.
-std::string scalar_event(double wall_time, std::int64_t step, const std::vector<std::pair<std::string, float>>& values);
+std::string scalar_event(double wall_time, std::int64_t step,
+                         const std::vector<std::pair<std::string, float>>& values);
 /// A serialized Event with the file version.
 std::string file_version_event(double wall_time);
 /// A serialized Event with a SessionLog START at `step`.

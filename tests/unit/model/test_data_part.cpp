@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <tuple>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>

@@ -34,7 +34,8 @@ TEST(LrSchedule, LinearAndConstant) {
   EXPECT_DOUBLE_EQ(learning_rate(opts(LrSchedule::kLinear), 60), 0.55);
   EXPECT_DOUBLE_EQ(learning_rate(opts(LrSchedule::kLinear), 110), 0.1);
   EXPECT_DOUBLE_EQ(learning_rate(opts(LrSchedule::kLinear), 500), 0.1);
-  for (std::int64_t step : {10, 50, 109, 400}) EXPECT_EQ(learning_rate(opts(LrSchedule::kConstant), step), 1.0);
+  for (std::int64_t step : {10, 50, 109, 400})
+    EXPECT_EQ(learning_rate(opts(LrSchedule::kConstant), step), 1.0);
 }
 
 TEST(LrSchedule, WsdIsStableThenDecaysToTheFloorAtTheLastStep) {
