@@ -28,7 +28,7 @@ install(FILES ${CMAKE_BINARY_DIR}/cmake/ndmeshConfig.cmake ${CMAKE_BINARY_DIR}/c
 
 # pkg-config: libraries listed dependents first (static link order), then what they use.
 set(NDMESH_PC_LIBS "")
-foreach(layer plan parallel model nn comm config launch mesh core)
+foreach(layer train elastic plan parallel model nn comm config launch mesh core)
   if(TARGET ndmesh_${layer})
     string(APPEND NDMESH_PC_LIBS " -lndmesh_${layer}")
   endif()

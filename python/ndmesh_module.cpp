@@ -2,12 +2,14 @@
 // Python and PyTorch users, with the same numbers and the same one-line error messages as
 // the C++ library and the `ndmesh` command.
 //
-// Everything here is a thin translation: the Mesh is ndmesh::Mesh, a layout is built and
+// Everything here is a thin translation: train() is train::run with the options bound by
+// `ndmesh train`'s own flag code (tools/ndmesh/train.cpp), the Mesh is ndmesh::Mesh, a layout is built and
 // validated by config's layout_dims/resolve/validate (as `ndmesh mesh` does), the planner
 // is plan::search/plan::estimate and schedules are pp::make_schedule/simulate/svg_timeline.
 // Results cross into Python as plain ints, lists and dicts. C++ exceptions become
 // ndmesh.ConfigError (a ValueError), ndmesh.IoError (an OSError), ndmesh.InternalError (a bug:
 // a broken invariant) or ndmesh.Error (a RuntimeError, base of all four), with what() as message.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -27,8 +29,12 @@
 #include "ndmesh/parallel/pp/render.hpp"
 #include "ndmesh/parallel/pp/schedule.hpp"
 #include "ndmesh/parallel/pp/simulate.hpp"
+#include "ndmesh/core/env.hpp"
 #include "ndmesh/plan/report.hpp"
 #include "ndmesh/plan/search.hpp"
+#include "ndmesh/train/run.hpp"
+#include "subcommand.hpp"
+#include "train.hpp"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -489,6 +495,80 @@ pp::Costs to_costs(double forward, double backward_input, double backward_weight
       .forward = forward, .backward_input = backward_input, .backward_weight = backward_weight, .p2p = p2p};
 }
 
+// ------------------------------------------------------------------------------ train
+
+// The flags of `ndmesh train` for keyword arguments: name=value as --name=value (underscores
+// as dashes), True for a flag given alone, False and None left out, a list joined by commas.
+std::vector<std::string> train_args(CLI::App& app, const py::dict& options) {
+  std::vector<std::string> args;
+  for (auto [key, value] : options) {
+    const std::string name = key.cast<std::string>();
+    std::string flag = "--" + name;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    const CLI::Option* opt = name.find('-') == std::string::npos ? app.get_option_no_throw(flag) : nullptr;
+    if (opt == nullptr || name == "help")
+      fail<ConfigError>("train",
+                        "ndmesh.train() has no option '{}'; its options are the flags of `ndmesh train --help` with "
+                        "underscores, e.g. steps=100, eval_every=50",
+                        name);
+    if (value.is_none()) continue;
+    if (opt->get_expected_max() == 0) {  // a flag: True or False
+      if (!py::isinstance<py::bool_>(value))
+        fail<ConfigError>("train", "{}={} is not True or False ({} is a flag)", name,
+                          py::repr(value).cast<std::string>(), flag);
+      if (value.cast<bool>()) args.push_back(flag);
+      continue;
+    }
+    std::string text;
+    if (py::isinstance<py::bool_>(value)) {
+      text = value.cast<bool>() ? "true" : "false";
+    } else if (py::isinstance<py::str>(value)) {
+      text = value.cast<std::string>();
+    } else if (py::isinstance<py::float_>(value)) {
+      text = py::repr(value).cast<std::string>();  // the shortest text that reads back as the same double
+    } else if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+      std::vector<std::string> parts;
+      for (auto item : value) parts.push_back(py::str(item).cast<std::string>());
+      text = fmt::format("{}", fmt::join(parts, ","));
+    } else {
+      text = py::str(value).cast<std::string>();
+    }
+    args.push_back(flag + "=" + text);
+  }
+  return args;
+}
+
+// Ctrl-C in the calling thread ends a one-rank run between steps (KeyboardInterrupt).
+class PythonSignals : public train::RunObserver {
+ public:
+  void on_step(const train::StepRecord&) override {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+};
+
+// ndmesh.train(**options): the report of train::run as JSON text.
+std::string train_json(const py::dict& options) {
+  auto flags = std::make_shared<cli::TrainFlags>();
+  CLI::App app{"Train the GPT model (ndmesh train)"};
+  app.name("ndmesh train");
+  cli::add_train_flags(app, flags);
+  std::vector<std::string> args = train_args(app, options);
+  std::reverse(args.begin(), args.end());  // CLI11 takes them last first
+  try {
+    app.parse(args);
+  } catch (const CLI::ConversionError& e) {
+    fail<ConfigError>("train", "{}", cli::conversion_message(app, e));
+  } catch (const CLI::ParseError& e) {
+    fail<ConfigError>("train", "{}", e.what());
+  }
+  env::check_all();
+  train::RunOptions run_options = cli::parsed_train_options(flags);
+  PythonSignals signals;
+  py::gil_scoped_release release;
+  return train::run(std::move(run_options), {&signals}).json;
+}
+
 // -------------------------------------------------------------------------------- module
 
 void bind(py::module_& m) {
@@ -810,6 +890,9 @@ void bind(py::module_& m) {
       },
       "Names of the hardware presets.\n\n>>> ndmesh.hardware_presets()\n['a100-80gb', 'h100', 'h200']");
 
+  m.def("_train", &train_json, "options"_a,
+        "Trains in this process (one rank, or each rank under torchrun or mpirun) as `ndmesh train` does with "
+        "these options (its flags with underscores); the --json report as JSON text. ndmesh.train() wraps it.");
   m.def(
       "_gpus_per_node", [](const py::object& hardware) { return to_hardware(hardware).gpus_per_node; },
       "hardware"_a, "GPUs per node of a hardware preset name or dict (for ndmesh.plan's torchrun command).");

@@ -2,8 +2,9 @@
 
 Mesh lays ranks out on named dims (dp, pp, cp, tp, ep or any names) and answers every
 layout question: coordinates, the members of any group of any dims, split colors and
-keys, neighbours, node placement. plan() searches layouts of a model on N GPUs and gives
-each its torchrun command; make_schedule()/simulate()/svg_timeline() generate, time and
+keys, neighbours, node placement. train() trains in the calling process as `ndmesh train`
+does (one rank, or each rank under torchrun or mpirun) and returns its report. plan()
+searches layouts of a model on N GPUs and gives each its torchrun command; make_schedule()/simulate()/svg_timeline() generate, time and
 draw pipeline schedules; ndmesh.torch turns a Mesh into PyTorch process groups and a
 DeviceMesh. Errors: ConfigError (ValueError), IoError (OSError), Error (RuntimeError),
 with the same one-line messages as the ndmesh command.
@@ -17,6 +18,7 @@ True
 """
 from __future__ import annotations
 
+import json
 import shlex
 from typing import Any, Dict, Mapping, Union
 
@@ -58,6 +60,7 @@ __all__ = [
     "problems",
     "simulate",
     "svg_timeline",
+    "train",
     "validate",
 ]
 
@@ -195,6 +198,31 @@ def plan(
         layout["launch"] = launch_of(
             layout, gpus_per_node=per_node, seq=result["seq"], global_batch=result["global_batch"], script=script
         )
+    return result
+
+
+def train(**options: Any) -> Dict[str, Any]:
+    """Trains in this process as `ndmesh train` does, and returns the dict its --json prints.
+
+    The options are the flags of `ndmesh train --help` with underscores: steps=1000,
+    eval_every=100, val_fraction=0.05, lr_schedule="wsd", metrics="run.jsonl", dp=2, tp=2, ...;
+    a flag given alone is True (untied=True); None leaves an option out. One process is the
+    serial run; under torchrun or mpirun every rank calls train() with the same options and
+    trains its part of the layout (world rank 0 prints and writes the files, and its report is
+    the run's). Bad options raise ConfigError with the message the command prints; an error on
+    one rank of several ends the whole job, as it does for the command; Ctrl-C ends a one-rank
+    run between steps.
+
+    >>> report = ndmesh.train(steps=3, layers=1, hidden=16, heads=2, kv_heads=1, seq=8, batch=2,
+    ...                       markov_vocab=8, threads=1, eval_batches=1, lr_schedule="linear", warmup=0)
+    >>> report["steps"], len(report["losses"]), report["lr_schedule"]
+    (3, 3, 'linear')
+    >>> ndmesh.train(steps=0)
+    Traceback (most recent call last):
+    ...
+    ndmesh.ConfigError: [train] --steps=0 must be at least 1; e.g. --steps 1000
+    """
+    result: Dict[str, Any] = json.loads(_ndmesh._train(options))
     return result
 
 

@@ -128,6 +128,13 @@ class Fields {
     if (!v.is_boolean()) bad(fmt::format("{}.{} is not true or false", where, key));
     return v.get<bool>();
   }
+  double number(const json& j, const char* key, const std::string& where, double lo, double hi) const {
+    const json& v = at(j, key, where);
+    if (!v.is_number()) bad(fmt::format("{}.{} is not a number", where, key));
+    const auto x = v.get<double>();
+    if (!(x >= lo && x <= hi)) bad(fmt::format("{}.{} = {} is outside [{}, {}]", where, key, x, lo, hi));
+    return x;
+  }
   std::vector<std::int64_t> integers(const json& j, const char* key, const std::string& where, std::int64_t lo,
                                      std::int64_t hi) const {
     const json& v = at(j, key, where);
@@ -323,6 +330,15 @@ std::string manifest_json(const Manifest& m) {
                  {"partition", l.partition},
                  {"sequence_parallel", l.sequence_parallel},
                  {"cp_layout", l.cp_layout}};
+  if (!m.schedule.name.empty()) {
+    const ScheduleRecord& r = m.schedule;
+    j["lr_schedule"] = {{"name", r.name},
+                        {"lr", r.lr},
+                        {"warmup", r.warmup},
+                        {"steps", r.steps},
+                        {"min_lr_ratio", r.min_lr_ratio},
+                        {"decay_fraction", r.decay_fraction}};
+  }
   json tensors = json::array();
   for (const TensorRecord& t : m.tensors) tensors.push_back(tensor_json(t));
   j["tensors"] = tensors;
@@ -423,6 +439,15 @@ Manifest read_manifest(const std::string& dir) {
   m.layout.partition = f.integers(layout, "partition", "layout", 0, kMaxSize);
   m.layout.sequence_parallel = f.boolean(layout, "sequence_parallel", "layout");
   m.layout.cp_layout = f.string(layout, "cp_layout", "layout");
+  if (j.contains("lr_schedule")) {  // informative; absent from older manifests
+    const json& r = f.at(j, "lr_schedule", "the manifest");
+    m.schedule.name = f.string(r, "name", "lr_schedule");
+    m.schedule.lr = f.number(r, "lr", "lr_schedule", 0, 1e30);
+    m.schedule.warmup = f.integer(r, "warmup", "lr_schedule", 0, kMaxSize);
+    m.schedule.steps = f.integer(r, "steps", "lr_schedule", 0, kMaxSize);
+    m.schedule.min_lr_ratio = f.number(r, "min_lr_ratio", "lr_schedule", 0, 1);
+    m.schedule.decay_fraction = f.number(r, "decay_fraction", "lr_schedule", 0, 1);
+  }
 
   std::map<std::string, std::int64_t> file_bytes;
   for (const json& e : f.array(j, "files", "the manifest")) {
@@ -736,7 +761,59 @@ void check_shard_files(const std::string& dir, const Manifest& manifest) {
   }
 }
 
-void commit_checkpoint_dir(const std::string& tmp, const std::string& dir) {
+std::string retired_checkpoint_dir(const std::string& dir, std::int64_t step) {
+  fs::path p(dir);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();  // "ck/" -> "ck"
+  return (p.parent_path() / fmt::format("{}.step-{:06}", p.filename().string(), step)).string();
+}
+
+namespace {
+// --keep: the previous checkpoint (now at `old`) under its retired name, then the retired
+// siblings of DIR beyond the newest keep - 1 removed. Best effort: the new checkpoint is in
+// place already, so a failure here is a warning.
+void retire(const std::string& old, const std::string& dir, int keep) {
+  std::error_code ec;
+  if (!is_checkpoint_dir(old)) {
+    fs::remove_all(old, ec);
+    return;
+  }
+  std::int64_t step = 0;
+  try {
+    step = read_manifest(old).step;
+  } catch (const Error&) {
+    fs::remove_all(old, ec);
+    return;
+  }
+  const std::string retired = retired_checkpoint_dir(dir, step);
+  fs::remove_all(retired, ec);  // a checkpoint of the same step from an earlier run
+  if (std::rename(old.c_str(), retired.c_str()) != 0) {
+    log::warn("[checkpoint] cannot keep the previous checkpoint as '{}': {}; it is removed", retired,
+              std::strerror(errno));
+    fs::remove_all(old, ec);
+    return;
+  }
+  fs::path p(dir);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();
+  const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  const std::string prefix = p.filename().string() + ".step-";
+  std::vector<std::pair<std::int64_t, fs::path>> kept;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(prefix) || name.size() == prefix.size()) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 18) continue;
+    if (!is_checkpoint_dir(e.path().string())) continue;
+    kept.emplace_back(std::stoll(digits), e.path());
+  }
+  std::sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (std::size_t i = static_cast<std::size_t>(std::max(keep - 1, 0)); i < kept.size(); ++i) {
+    fs::remove_all(kept[i].second, ec);
+    if (ec) log::warn("[checkpoint] cannot remove '{}' (--keep {}): {}", kept[i].second.string(), keep, ec.message());
+  }
+}
+}  // namespace
+
+void commit_checkpoint_dir(const std::string& tmp, const std::string& dir, int keep) {
   check_shard_files(tmp, read_manifest(tmp));
   sync_dir(tmp);
   std::error_code ec;
@@ -754,7 +831,12 @@ void commit_checkpoint_dir(const std::string& tmp, const std::string& dir) {
     fs::remove_all(aside, ec);
     if (std::rename(dir.c_str(), aside.c_str()) != 0 || std::rename(tmp.c_str(), dir.c_str()) != 0)
       fail<IoError>("checkpoint", "cannot replace '{}' with '{}': {}", dir, tmp, std::strerror(errno));
-    fs::remove_all(aside, ec);
+    if (keep > 1)
+      retire(aside, dir, keep);
+    else
+      fs::remove_all(aside, ec);
+  } else if (keep > 1) {
+    retire(tmp, dir, keep);  // the previous checkpoint, swapped out
   } else {
     fs::remove_all(tmp, ec);  // the previous checkpoint, swapped out
   }

@@ -113,32 +113,56 @@ std::string MarkovSource::describe() const {
                      options_.sharpness);
 }
 
-ByteSource::ByteSource(const std::string& path, std::uint64_t seed) : DataSource(seed), path_(path) {
+namespace {
+// "" for the whole file, else " range=0..0.9" (describe(): a checkpoint of one part does not
+// load into a run of another).
+std::string part_text(const DataPart& part) {
+  return part.whole() ? std::string() : fmt::format(" range={:g}..{:g}", part.begin, part.end);
+}
+// [first, last) of n items for a part.
+std::pair<std::int64_t, std::int64_t> part_range(const DataPart& part, std::int64_t n) {
+  const auto at = [n](double f) {
+    return std::clamp(static_cast<std::int64_t>(std::floor(f * static_cast<double>(n))), std::int64_t{0}, n);
+  };
+  return {at(part.begin), part.end >= 1 ? n : at(part.end)};
+}
+}  // namespace
+
+ByteSource::ByteSource(const std::string& path, std::uint64_t seed, DataPart part)
+    : DataSource(seed), path_(path), part_(std::move(part)) {
   namespace fs = std::filesystem;
+  const std::string& flag = part_.flag;
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
-  if (path.empty()) fail<ConfigError>("data", "--data is empty; pass a text file, or leave --data out for the Markov source");
+  if (path.empty()) fail<ConfigError>("data", "{} is empty; pass a text file, or leave {} out{}", part_.flag, part_.flag,
+                      part_.flag == "--data" ? " for the Markov source" : "");
   if (!fs::exists(st))
-    fail<ConfigError>("data", "--data={}: no such file; pass an existing text file", path);
+    fail<ConfigError>("data", "{}={}: no such file; pass an existing text file", flag, path);
   if (!fs::is_regular_file(st))
-    fail<ConfigError>("data", "--data={}: not a regular file ({}); pass a text file", path,
+    fail<ConfigError>("data", "{}={}: not a regular file ({}); pass a text file", flag, path,
                       fs::is_directory(st) ? "a directory" : "a device, pipe or socket");
   const auto size = fs::file_size(path, ec);
   if (ec || size > static_cast<std::uintmax_t>(kMaxBytes))
-    fail<ConfigError>("data", "--data={}: {} bytes is more than the {} bytes ndmesh reads into memory; pass a smaller file",
+    fail<ConfigError>("data", "{}={}: {} bytes is more than the {} bytes ndmesh reads into memory; pass a smaller file", flag,
                       path, size, kMaxBytes);
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail<ConfigError>("data", "--data={}: cannot open the file for reading; check its permissions", path);
+  if (!in) fail<ConfigError>("data", "{}={}: cannot open the file for reading; check its permissions", flag, path);
   bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   if (in.bad()) fail<IoError>("data", "error while reading '{}'", path);
-  if (bytes_.empty()) fail<ConfigError>("data", "--data={}: the file is empty; pass a text file", path);
+  if (bytes_.empty()) fail<ConfigError>("data", "{}={}: the file is empty; pass a text file", flag, path);
+  file_bytes_ = static_cast<std::int64_t>(bytes_.size());
+  if (!part_.whole()) {
+    const auto [first, last] = part_range(part_, file_bytes_);
+    bytes_ = std::vector<unsigned char>(bytes_.begin() + first, bytes_.begin() + last);
+  }
 }
 
 void ByteSource::check_seq(std::int64_t seq) const {
+  const std::string& flag = part_.flag;
   const std::int64_t size = bytes();
   NDMESH_CHECK_CONFIG(
       size >= seq + 1, "data",
-      "--data={} has {} bytes but one training window needs --seq + 1 = {}; use a larger file or --seq {}",
+      "{}={} has {} bytes but one training window needs --seq + 1 = {}; use a larger file or --seq {}", flag,
       path_, size, seq + 1, std::max<std::int64_t>(1, size - 1));
 }
 
@@ -153,7 +177,9 @@ void ByteSource::sequence(std::uint64_t stream, std::int64_t step, std::int64_t 
   }
 }
 
-std::string ByteSource::describe() const { return fmt::format("bytes file={} size={}", path_, bytes()); }
+std::string ByteSource::describe() const {
+  return fmt::format("bytes file={} size={}{}", path_, file_bytes_, part_text(part_));
+}
 
 DataFormat parse_data_format(std::string_view name) {
   if (name == "auto") return DataFormat::kAuto;
@@ -167,7 +193,7 @@ DataFormat parse_data_format(std::string_view name) {
 namespace {
 bool is_glob(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
 
-std::vector<std::string> expand(const std::string& pattern) {
+std::vector<std::string> expand(const std::string& pattern, const std::string& flag) {
   if (!is_glob(pattern)) return {pattern};
   glob_t g{};
   const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
@@ -175,7 +201,7 @@ std::vector<std::string> expand(const std::string& pattern) {
   if (rc == 0)
     for (std::size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
   ::globfree(&g);
-  NDMESH_CHECK_CONFIG(!out.empty(), "data", "--data={}: no file matches the pattern; check the path and the glob",
+  NDMESH_CHECK_CONFIG(!out.empty(), "data", "{}={}: no file matches the pattern; check the path and the glob", flag,
                       pattern);
   std::sort(out.begin(), out.end());
   return out;
@@ -183,26 +209,27 @@ std::vector<std::string> expand(const std::string& pattern) {
 }  // namespace
 
 TokenFileSource::TokenFileSource(const std::string& pattern, DataFormat format, std::int64_t vocab,
-                                 std::uint64_t seed)
-    : DataSource(seed), pattern_(pattern), vocab_(vocab) {
+                                 std::uint64_t seed, DataPart part)
+    : DataSource(seed), pattern_(pattern), vocab_(vocab), part_(std::move(part)) {
+  const std::string& flag = part_.flag;
   NDMESH_CHECK_CONFIG(vocab >= 2, "data",
-                      "--data={} holds token ids: give the vocabulary with --vocab (e.g. --vocab 50257 for GPT-2's "
-                      "tokenizer); now {}",
+                      "{}={} holds token ids: give the vocabulary with --vocab (e.g. --vocab 50257 for GPT-2's "
+                      "tokenizer); now {}", flag,
                       pattern, vocab);
   NDMESH_CHECK_CONFIG(vocab <= 65536, "data",
-                      "--vocab={} but the tokens of --data={} are uint16 (at most 65536 ids); use --vocab 65536 or less",
-                      vocab, pattern);
-  for (const std::string& path : expand(pattern)) {
+                      "--vocab={} but the tokens of {}={} are uint16 (at most 65536 ids); use --vocab 65536 or less",
+                      vocab, part_.flag, pattern);
+  for (const std::string& path : expand(pattern, flag)) {
     namespace fs = std::filesystem;
     std::error_code ec;
     const fs::file_status st = fs::status(path, ec);
-    if (!fs::exists(st)) fail<ConfigError>("data", "--data={}: no such file; pass a token file or a glob of shards", path);
+    if (!fs::exists(st)) fail<ConfigError>("data", "{}={}: no such file; pass a token file or a glob of shards", flag, path);
     if (!fs::is_regular_file(st))
-      fail<ConfigError>("data", "--data={}: not a regular file; pass a token file or a glob of shards", path);
+      fail<ConfigError>("data", "{}={}: not a regular file; pass a token file or a glob of shards", flag, path);
     const auto size = static_cast<std::size_t>(fs::file_size(path, ec));
-    if (ec || size == 0) fail<ConfigError>("data", "--data={}: the file is empty; pass a token file", path);
+    if (ec || size == 0) fail<ConfigError>("data", "{}={}: the file is empty; pass a token file", flag, path);
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail<ConfigError>("data", "--data={}: cannot open the file for reading; check its permissions", path);
+    if (fd < 0) fail<ConfigError>("data", "{}={}: cannot open the file for reading; check its permissions", flag, path);
     void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     ::close(fd);
     if (map == MAP_FAILED) fail<IoError>("data", "cannot map '{}' ({} bytes): {}", path, size, std::strerror(errno));
@@ -216,27 +243,38 @@ TokenFileSource::TokenFileSource(const std::string& pattern, DataFormat format, 
     sh.llmc = format == DataFormat::kLlmc || (format == DataFormat::kAuto && header[0] == kLlmcMagic);
     if (sh.llmc) {
       NDMESH_CHECK_CONFIG(size >= header_bytes && header[0] == kLlmcMagic, "data",
-                          "--data={}: not an llm.c token shard (no header with magic {}); use --data-format uint16 "
-                          "for raw tokens",
+                          "{}={}: not an llm.c token shard (no header with magic {}); use --data-format uint16 "
+                          "for raw tokens", flag,
                           path, kLlmcMagic);
       NDMESH_CHECK_CONFIG(header[1] == kLlmcVersion, "data",
-                          "--data={}: llm.c shard version {}; ndmesh reads version {} (uint16 tokens); re-export the "
-                          "shard with uint16 tokens",
+                          "{}={}: llm.c shard version {}; ndmesh reads version {} (uint16 tokens); re-export the "
+                          "shard with uint16 tokens", flag,
                           path, header[1], kLlmcVersion);
       const std::size_t expected = header_bytes + static_cast<std::size_t>(std::max(header[2], 0)) * 2;
       NDMESH_CHECK_CONFIG(header[2] > 0 && size == expected, "data",
-                          "--data={}: the header says {} tokens ({} bytes with the header) but the file has {} bytes; "
-                          "the shard is truncated or not an llm.c shard",
+                          "{}={}: the header says {} tokens ({} bytes with the header) but the file has {} bytes; "
+                          "the shard is truncated or not an llm.c shard", flag,
                           path, header[2], expected, size);
       sh.tokens = reinterpret_cast<const std::uint16_t*>(bytes + header_bytes);
       sh.count = header[2];
     } else {
       NDMESH_CHECK_CONFIG(size % 2 == 0, "data",
-                          "--data={}: {} bytes is not a whole number of uint16 tokens; pass a token file (nanoGPT's "
-                          "train.bin) or --data-format bytes",
+                          "{}={}: {} bytes is not a whole number of uint16 tokens; pass a token file (nanoGPT's "
+                          "train.bin) or --data-format bytes", flag,
                           path, size);
       sh.tokens = reinterpret_cast<const std::uint16_t*>(bytes);
       sh.count = static_cast<std::int64_t>(size / 2);
+    }
+  }
+  if (!part_.whole()) {  // each shard keeps its tokens inside the part of the concatenation
+    const auto [first, last] = part_range(part_, tokens());
+    std::int64_t at = 0;  // the shard's first token in the concatenation
+    for (Shard& sh : shards_) {
+      const std::int64_t lo = std::clamp(first - at, std::int64_t{0}, sh.count);
+      const std::int64_t hi = std::clamp(last - at, std::int64_t{0}, sh.count);
+      at += sh.count;
+      sh.tokens += lo;
+      sh.count = hi - lo;
     }
   }
 }
@@ -252,16 +290,18 @@ std::int64_t TokenFileSource::tokens() const {
 }
 
 void TokenFileSource::check_seq(std::int64_t seq) const {
+  const std::string& flag = part_.flag;
   std::int64_t longest = 0;
   for (const Shard& sh : shards_) longest = std::max(longest, sh.count);
   NDMESH_CHECK_CONFIG(longest >= seq + 1, "data",
-                      "--data={}: its longest shard has {} tokens but one training window needs --seq + 1 = {}; use "
-                      "larger shards or --seq {}",
+                      "{}={}: its longest shard has {} tokens but one training window needs --seq + 1 = {}; use "
+                      "larger shards or --seq {}", flag,
                       pattern_, longest, seq + 1, std::max<std::int64_t>(1, longest - 1));
 }
 
 void TokenFileSource::sequence(std::uint64_t stream, std::int64_t step, std::int64_t index, std::int64_t seq,
                                std::int32_t* tokens, std::int32_t* targets) const {
+  const std::string& flag = part_.flag;
   check_seq(seq);
   // A window start over all shards' windows (count - seq each), then its shard.
   std::int64_t windows = 0;
@@ -280,8 +320,8 @@ void TokenFileSource::sequence(std::uint64_t stream, std::int64_t step, std::int
   for (std::int64_t t = 0; t <= seq; ++t) {
     const std::int32_t tok = sh->tokens[start + t];
     NDMESH_CHECK_CONFIG(tok < vocab_, "data",
-                        "--data={}: token {} at position {} is not below --vocab={}; give the tokenizer's vocabulary, "
-                        "e.g. --vocab {}",
+                        "{}={}: token {} at position {} is not below --vocab={}; give the tokenizer's vocabulary, "
+                        "e.g. --vocab {}", flag,
                         sh->path, tok, start + t, vocab_, std::max<std::int64_t>(tok + 1, 50257));
     if (t < seq) tokens[t] = tok;
     if (t > 0) targets[t - 1] = tok;
@@ -289,16 +329,16 @@ void TokenFileSource::sequence(std::uint64_t stream, std::int64_t step, std::int
 }
 
 std::string TokenFileSource::describe() const {
-  return fmt::format("tokens files={} shards={} tokens={} format={}", pattern_, shards_.size(), tokens(),
-                     !shards_.empty() && shards_.front().llmc ? "llmc" : "uint16");
+  return fmt::format("tokens files={} shards={} tokens={} format={}{}", pattern_, shards_.size(), tokens(),
+                     !shards_.empty() && shards_.front().llmc ? "llmc" : "uint16", part_text(part_));
 }
 
 std::unique_ptr<DataSource> open_data_file(const std::string& path, DataFormat format, std::int64_t vocab,
-                                           std::uint64_t seed) {
+                                           std::uint64_t seed, DataPart part) {
   const bool bin = path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0;
   if (format == DataFormat::kBytes || (format == DataFormat::kAuto && !bin))
-    return std::make_unique<ByteSource>(path, seed);
-  return std::make_unique<TokenFileSource>(path, format, vocab, seed);
+    return std::make_unique<ByteSource>(path, seed, std::move(part));
+  return std::make_unique<TokenFileSource>(path, format, vocab, seed, std::move(part));
 }
 
 }  // namespace ndmesh::model

@@ -42,15 +42,15 @@ BatchSource::BatchSource(BatchLayout layout, std::unique_ptr<model::DataSource> 
   }
 }
 
-void BatchSource::fill(std::uint64_t stream, std::int64_t step, int mb, std::int32_t* tokens,
-                       std::int32_t* targets) {
+void BatchSource::fill(const model::DataSource& data, std::uint64_t stream, std::int64_t step, int mb,
+                       std::int32_t* tokens, std::int32_t* targets) {
   const BatchLayout& l = layout_;
   const std::int64_t first = l.dp_rank * l.local_batch + (first_microbatch_ + mb) * l.micro_batch;
   if (l.cp_size == 1) {
-    data_->batch(stream, step, first, l.micro_batch, l.seq, tokens, targets);
+    data.batch(stream, step, first, l.micro_batch, l.seq, tokens, targets);
     return;
   }
-  data_->batch(stream, step, first, l.micro_batch, l.seq, full_tokens_.data(), full_targets_.data());
+  data.batch(stream, step, first, l.micro_batch, l.seq, full_tokens_.data(), full_targets_.data());
   const std::int64_t local = l.local_seq();
   for (std::int64_t b = 0; b < l.micro_batch; ++b)
     for (std::int64_t t = 0; t < local; ++t) {

@@ -1,5 +1,6 @@
 #include "ndmesh/parallel/checkpoint_io.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -48,33 +49,46 @@ void agree_or_throw(const comm::Communicator& world, const std::string& what, co
 }
 
 namespace {
-void save_into(const std::string& tmp, const std::string& dir, const StateDict& state,
-               const CheckpointInfo& info, const comm::Communicator& world) {
-  const std::string what = fmt::format("saving '{}'", dir);
+// Phase 1 (collective): rank 0 prepares the temporary directory.
+void prepare(const std::string& tmp, const std::string& what, const comm::Communicator& world) {
   agree_or_throw(world, what, [&] {
     if (world.rank() == 0) model::prepare_checkpoint_temp_dir(tmp);
   });
+}
 
-  std::string part;
-  agree_or_throw(world, what, [&] {
-    if (state.file().empty()) return;
-    model::ShardFileWriter writer(tmp, state.file(), world.rank());
-    std::vector<model::TensorRecord> records;
-    for (const StateEntry& e : state.entries()) {
-      if (!e.writes) continue;
-      const ParamView& view = *e.view;
-      model::TensorRecord r{view.name, view.shard.dim >= 0 ? view.shard.full_shape : view.shape, {}};
-      if (auto slice = writer.append(view.shard, view.shape, e.params, e.m, e.v)) r.slices.push_back(*slice);
-      records.push_back(std::move(r));
-    }
-    part = model::manifest_part(records, writer.close());
-  });
+// Phase 2 (this rank alone, no communication): its shard file; its manifest part (empty when
+// it writes none). `cancel` stops it between slices.
+std::string write_shard(const std::string& tmp, const StateDict& state, int rank,
+                        const std::atomic<bool>* cancel = nullptr) {
+  if (state.file().empty()) return {};
+  model::ShardFileWriter writer(tmp, state.file(), rank);
+  std::vector<model::TensorRecord> records;
+  for (const StateEntry& e : state.entries()) {
+    if (!e.writes) continue;
+    if (cancel != nullptr && cancel->load()) fail<IoError>("checkpoint", "the save into '{}' was stopped", tmp);
+    const ParamView& view = *e.view;
+    model::TensorRecord r{view.name, view.shard.dim >= 0 ? view.shard.full_shape : view.shape, {}};
+    if (auto slice = writer.append(view.shard, view.shape, e.params, e.m, e.v)) r.slices.push_back(*slice);
+    records.push_back(std::move(r));
+  }
+  return model::manifest_part(records, writer.close());
+}
 
-  // A test hook: a kill during this pause must leave the previous checkpoint in place.
-  if (env::raw("NDMESH_CHECKPOINT_PAUSE_S"))
-    std::this_thread::sleep_for(std::chrono::duration<double>(env::seconds("NDMESH_CHECKPOINT_PAUSE_S", 0)));
-  // The parts travel to rank 0, which writes the manifest, checks it and swaps the
-  // directory in.
+// A test hook: a kill during this pause must leave the previous checkpoint in place.
+void test_pause(const std::atomic<bool>* cancel = nullptr) {
+  if (!env::raw("NDMESH_CHECKPOINT_PAUSE_S")) return;
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(env::seconds("NDMESH_CHECKPOINT_PAUSE_S", 0)));
+  while (std::chrono::steady_clock::now() < until && !(cancel != nullptr && cancel->load()))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+// Phase 3 (collective): the parts travel to rank 0, which writes the manifest, checks it and
+// swaps the directory in.
+void commit_parts(const std::string& tmp, const std::string& dir, const std::string& part,
+                  const CheckpointInfo& info, int keep, const comm::Communicator& world) {
+  const std::string what = fmt::format("saving '{}'", dir);
   std::vector<std::int64_t> words = part.empty() ? std::vector<std::int64_t>{} : to_words(part);
   const auto mine = static_cast<std::int64_t>(words.size());
   std::vector<std::int64_t> counts(static_cast<std::size_t>(world.size()));
@@ -99,18 +113,29 @@ void save_into(const std::string& tmp, const std::string& dir, const StateDict& 
     manifest.adam_steps = info.adam_steps;
     manifest.data = info.data;
     manifest.layout = info.layout;
+    manifest.schedule = info.schedule;
     for (const std::string& p : parts) model::add_manifest_part(manifest, p);
     model::write_manifest(tmp, manifest);
-    model::commit_checkpoint_dir(tmp, dir);
+    model::commit_checkpoint_dir(tmp, dir, keep);
   });
+}
+
+void save_into(const std::string& tmp, const std::string& dir, const StateDict& state,
+               const CheckpointInfo& info, const comm::Communicator& world, int keep) {
+  const std::string what = fmt::format("saving '{}'", dir);
+  prepare(tmp, what, world);
+  std::string part;
+  agree_or_throw(world, what, [&] { part = write_shard(tmp, state, world.rank()); });
+  test_pause();
+  commit_parts(tmp, dir, part, info, keep, world);
 }
 }  // namespace
 
 void save_checkpoint_dir(const std::string& dir, const StateDict& state, const CheckpointInfo& info,
-                         const comm::Communicator& world) {
+                         const comm::Communicator& world, int keep) {
   const std::string tmp = model::checkpoint_temp_dir(dir);
   try {
-    save_into(tmp, dir, state, info, world);
+    save_into(tmp, dir, state, info, world, keep);
   } catch (...) {
     // Every phase is agreed over the world, so no rank writes into it any more: rank 0,
     // which prepared it, removes it (a full disk keeps no half-written copy; the previous
@@ -118,6 +143,68 @@ void save_checkpoint_dir(const std::string& dir, const StateDict& state, const C
     if (world.rank() == 0) model::discard_checkpoint_temp_dir(tmp);
     throw;
   }
+}
+
+BackgroundSave::BackgroundSave(std::string dir, std::unique_ptr<StateDict> state, CheckpointInfo info, int keep,
+                               comm::Communicator world)
+    : dir_(std::move(dir)),
+      tmp_(model::checkpoint_temp_dir(dir_)),
+      state_(std::move(state)),
+      info_(std::move(info)),
+      keep_(keep),
+      world_(std::move(world)) {
+  prepare(tmp_, fmt::format("saving '{}'", dir_), world_);
+  // The parameters the entries point at may be the live ones: copied, so that training can go on.
+  for (StateEntry& e : state_->entries()) {
+    if (!e.writes) continue;
+    params_.emplace_back(e.params, e.params + e.view->numel);
+    e.params = params_.back().data();
+  }
+  thread_ = std::thread([this] {
+    try {
+      part_ = write_shard(tmp_, *state_, world_.rank(), &cancel_);
+      test_pause(&cancel_);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    done_.store(true);
+  });
+}
+
+BackgroundSave::~BackgroundSave() {
+  cancel_.store(true);
+  if (thread_.joinable()) thread_.join();
+}
+
+bool BackgroundSave::try_finish() {
+  if (committed_) return true;
+  std::int64_t writing = done_.load() ? 0 : 1;
+  world_.all_reduce(std::span<std::int64_t>(&writing, 1));
+  if (writing > 0) return false;
+  thread_.join();
+  commit();
+  return true;
+}
+
+void BackgroundSave::finish() {
+  while (!try_finish()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+void BackgroundSave::commit() {
+  const std::string what = fmt::format("saving '{}'", dir_);
+  try {
+    agree_or_throw(world_, what, [&] {
+      if (error_) std::rethrow_exception(error_);
+    });
+    commit_parts(tmp_, dir_, part_, info_, keep_, world_);
+  } catch (...) {
+    committed_ = true;  // failed for good: nothing more to do
+    if (world_.rank() == 0) model::discard_checkpoint_temp_dir(tmp_);
+    throw;
+  }
+  committed_ = true;
+  state_.reset();
+  params_.clear();
 }
 
 CheckpointInfo load_checkpoint_dir(const std::string& dir, StateDict& state, const ModelSpec& spec,
@@ -156,7 +243,8 @@ CheckpointInfo load_checkpoint_dir(const std::string& dir, StateDict& state, con
             .step = manifest.step,
             .adam_steps = manifest.adam_steps,
             .data = manifest.data,
-            .layout = manifest.layout};
+            .layout = manifest.layout,
+            .schedule = manifest.schedule};
   });
   return info;
 }

@@ -39,6 +39,8 @@ std::vector<std::string> train_option_problems(const TrainOptions& o) {
   need(o.lr > 0 && std::isfinite(o.lr), "--lr", o.lr, "must be a positive number", "3e-3");
   need(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio", o.min_lr_ratio, "must be in [0, 1]",
        "0.1");
+  need(o.decay_fraction > 0 && o.decay_fraction <= 1, "--decay-fraction", o.decay_fraction, "must be in (0, 1]",
+       "0.2");
   need(o.adamw.weight_decay >= 0, "--weight-decay", o.adamw.weight_decay, "must be >= 0", "0.1");
   need(o.adamw.clip_norm >= 0, "--clip", o.adamw.clip_norm, "must be >= 0 (0: no clipping)", "1.0");
   need(o.pp.virtual_stages >= 1, "--vpp", o.pp.virtual_stages, "must be at least 1", "2");

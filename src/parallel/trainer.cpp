@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <numbers>
 
 #include <fmt/format.h>
 
@@ -59,14 +58,7 @@ Trainer::Trainer(TrainOptions options, std::unique_ptr<model::DataSource> data, 
   executor_->set_origin(std::chrono::steady_clock::now());
 }
 
-double Trainer::lr_at(std::int64_t step) const {
-  const TrainOptions& o = options_;
-  if (step < o.warmup) return o.lr * static_cast<double>(step + 1) / static_cast<double>(o.warmup);
-  const double span = static_cast<double>(std::max<std::int64_t>(1, o.steps - o.warmup));
-  const double progress = std::min(1.0, static_cast<double>(step - o.warmup) / span);
-  const double floor = o.lr * o.min_lr_ratio;
-  return floor + (o.lr - floor) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
-}
+double Trainer::lr_at(std::int64_t step) const { return learning_rate(options_.lr_schedule_options(), step); }
 
 StepStats Trainer::step() {
   StepStats s = compute_step(true);
@@ -161,11 +153,22 @@ double Trainer::evaluate(std::int64_t batches) {
   for (std::int64_t b = 0; b < batches; ++b) {
     pp::StageHooks hooks;
     hooks.data = [&](int mb, std::int32_t* tokens, std::int32_t* targets) {
-      batches_.fill(model::DataSource::kEvalStream, b, mb, tokens, targets);
+      batches_.fill(eval_data_ ? *eval_data_ : batches_.data(), model::DataSource::kEvalStream, b, mb, tokens,
+                    targets);
     };
     sum += executor_->evaluate(hooks).loss_sum;
   }
   return sync_.global_loss(sum, static_cast<double>(batches * tokens_per_step()));
+}
+
+void Trainer::set_eval_data(std::unique_ptr<model::DataSource> data) {
+  NDMESH_CHECK(data != nullptr, "train", "no held-out data source");
+  NDMESH_CHECK_CONFIG(data->vocab() == options_.model.vocab, "train",
+                      "the held-out data ({}) has {} tokens but the model's vocabulary is {}; give held-out data of "
+                      "the training data's vocabulary",
+                      data->describe(), data->vocab(), options_.model.vocab);
+  data->check_seq(options_.model.seq);
+  eval_data_ = std::move(data);
 }
 
 MemoryBytes Trainer::memory() const {
@@ -220,17 +223,26 @@ model::CheckpointLayout Trainer::checkpoint_layout() const {
   return l;
 }
 
-void Trainer::save(const std::string& dir) {
+CheckpointInfo Trainer::checkpoint_info() const {
+  const LrScheduleOptions lr = options_.lr_schedule_options();
+  return {.spec = options_.model,
+          .step = step_,
+          .adam_steps = optimizer_.steps(),
+          .data = data().describe(),
+          .layout = checkpoint_layout(),
+          .schedule = {.name = lr_schedule_name(lr.schedule),
+                       .lr = lr.lr,
+                       .warmup = lr.warmup,
+                       .steps = lr.steps,
+                       .min_lr_ratio = lr.min_lr_ratio,
+                       .decay_fraction = lr.decay_fraction}};
+}
+
+void Trainer::save(const std::string& dir, int keep) {
   sync_.own_params_in();  // --offload optimizer+params: the shard back from its files
   try {
     const StateDict state(model_, optimizer_, sync_, true);
-    save_checkpoint_dir(dir, state,
-                        {.spec = options_.model,
-                         .step = step_,
-                         .adam_steps = optimizer_.steps(),
-                         .data = data().describe(),
-                         .layout = checkpoint_layout()},
-                        groups_.world());
+    save_checkpoint_dir(dir, state, checkpoint_info(), groups_.world(), keep);
   } catch (...) {
     sync_.own_params_out(false);
     throw;
@@ -238,13 +250,28 @@ void Trainer::save(const std::string& dir) {
   sync_.own_params_out(false);
 }
 
-void Trainer::load(const std::string& path) {
+std::unique_ptr<BackgroundSave> Trainer::save_in_background(const std::string& dir, int keep) {
+  sync_.own_params_in();
+  std::unique_ptr<BackgroundSave> save;
+  try {
+    save = std::make_unique<BackgroundSave>(dir, std::make_unique<StateDict>(model_, optimizer_, sync_, true),
+                                            checkpoint_info(), keep, groups_.world());
+  } catch (...) {
+    sync_.own_params_out(false);
+    throw;
+  }
+  sync_.own_params_out(false);
+  return save;
+}
+
+CheckpointInfo Trainer::load(const std::string& path) {
   StateDict state(model_, optimizer_, sync_, false);
   const CheckpointInfo info = load_checkpoint_dir(path, state, options_.model, data().describe(), groups_.world());
   sync_.own_params_out(true);  // --offload optimizer+params: the loaded shard into its files
   sync_.params_updated();
   optimizer_.set_steps(info.adam_steps);
   step_ = first_step_ = info.step;
+  return info;
 }
 
 PipelineReport Trainer::pipeline_report(const std::string& trace_path) {

@@ -69,7 +69,11 @@ if [ -n "$CMAKE_BUILD" ]; then
   [ "$got" = "$want" ] || fail "the CMake package says version '$got', want '$want'"
 fi
 "$VPY" -c "import ndmesh; assert ndmesh.Mesh(dp=2, tp=2).group(3, 'dp') == [1, 3]"
-echo "venv: ndmesh $want imported from $where; ndmesh --help and --version work"
+# ndmesh.train() trains in the venv's interpreter (the report's losses, one per step).
+"$VPY" -c "import ndmesh; r = ndmesh.train(steps=2, layers=1, hidden=16, heads=2, kv_heads=1, seq=8, batch=2,
+markov_vocab=8, threads=1, eval_batches=1); assert r['steps'] == 2 and len(r['losses']) == 2, r" > /dev/null ||
+  fail "ndmesh.train() of the installed package"
+echo "venv: ndmesh $want imported from $where; ndmesh --help and --version work; ndmesh.train() trains"
 
 # pip wheel: the same build folder, so only the packing is new.
 "$VPY" -m pip wheel -q --no-index --find-links "$WHEELS" --no-deps -w "$WORK/wheel" "$WORK/src"

@@ -27,6 +27,7 @@ presets: List[str] = ndmesh.model_presets() + ndmesh.hardware_presets()
 schedule: ndmesh.PipelineSchedule = ndmesh.make_schedule("interleaved", stages=4, microbatches=8)
 timing: Dict[str, Any] = ndmesh.simulate(schedule, p2p=0.1)
 svg: str = ndmesh.svg_timeline(schedule) + ndmesh.ascii_timeline(schedule)
+report: Dict[str, Any] = ndmesh.train(steps=3, layers=1, eval_every=2, lr_schedule="wsd", untied=True)
 reason: Optional[str] = ndmesh.torch.device_mesh_unavailable()
 try:
     ndmesh.Mesh(tp=3, world=8)

@@ -64,6 +64,9 @@ int inspect(const Options& o) {
                fmt::join(l.partition, ","), l.virtual_stages > 1 ? fmt::format(", {} virtual stages", l.virtual_stages) : "",
                l.sequence_parallel ? ", sequence parallel" : "",
                l.cp_layout.empty() ? "" : fmt::format(", cp layout {}", l.cp_layout));
+    if (const model::ScheduleRecord& r = m.schedule; !r.name.empty())
+      fmt::print("learning rate: --lr-schedule {} --lr {} --warmup {} --steps {} --min-lr-ratio {} --decay-fraction {}\n",
+                 r.name, r.lr, r.warmup, r.steps, r.min_lr_ratio, r.decay_fraction);
     std::int64_t bytes = 0;
     for (const model::FileRecord& f : m.files) bytes += f.bytes;
     fmt::print("files: {} shard files, {} bytes\n", m.files.size(), bytes);

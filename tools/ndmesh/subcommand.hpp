@@ -35,6 +35,14 @@ struct Entry {
 /// Every registered subcommand, sorted by name.
 std::vector<Entry>& registry();
 
+/// The command and the subcommands given, outermost first ("ndmesh", "plan", "memory").
+std::vector<const CLI::App*> given_commands(const CLI::App& app);
+
+/// CLI11's "Could not convert: --steps = abc" as one line that says what the flag takes and
+/// what a good value looks like ("--steps=abc is not a whole number; e.g. --steps 1000"). The
+/// flag is looked up in the innermost command given first (plan memory's --tp is not plan's).
+std::string conversion_message(const CLI::App& app, const CLI::ConversionError& e);
+
 /// Exit code for bad input (flags, files, environment).
 inline constexpr int kExitUsage = 2;
 

@@ -72,6 +72,19 @@ struct CheckpointLayout {
   std::string cp_layout;
 };
 
+/// The learning-rate schedule of the run that wrote a checkpoint (parallel/lr_schedule.hpp).
+/// A resumed run follows its own flags; `ndmesh train --load` says when they differ from
+/// these, since the rates then do not continue the saved run's curve.
+struct ScheduleRecord {
+  std::string name;  ///< "cosine", "linear", "wsd", "constant"; empty: not recorded (older manifests)
+  double lr = 0;
+  std::int64_t warmup = 0;
+  std::int64_t steps = 0;
+  double min_lr_ratio = 0;
+  double decay_fraction = 0;
+  bool operator==(const ScheduleRecord&) const = default;
+};
+
 /// Everything manifest.json holds.
 struct Manifest {
   std::uint32_t version = kCheckpointDirVersion;
@@ -80,6 +93,7 @@ struct Manifest {
   std::int64_t adam_steps = 0;  ///< AdamW's step count
   std::string data;             ///< DataSource::describe() of the run
   CheckpointLayout layout;
+  ScheduleRecord schedule;  ///< "lr_schedule" (optional)
   std::vector<TensorRecord> tensors;
   std::vector<FileRecord> files;
 
@@ -155,10 +169,15 @@ void discard_checkpoint_temp_dir(const std::string& tmp);
 /// node-local disks a writer on another node saved its shard where this node cannot see it
 /// (a multi-node save needs a shared file system).
 void check_shard_files(const std::string& dir, const Manifest& manifest);
-/// Puts the complete directory `tmp` in place of DIR in one step (the previous checkpoint,
-/// if any, is removed afterwards), after checking its manifest and that every shard file
-/// it lists is there with its size (check_shard_files). IoError on failure (DIR then still
-/// holds the previous one).
-void commit_checkpoint_dir(const std::string& tmp, const std::string& dir);
+/// Puts the complete directory `tmp` in place of DIR in one step, after checking its
+/// manifest and that every shard file it lists is there with its size (check_shard_files).
+/// The previous checkpoint, if any, is removed afterwards, or with `keep` > 1 renamed to
+/// retired_checkpoint_dir(DIR, its step), and the retired ones beyond the newest keep - 1
+/// are removed (so DIR and its retired siblings are the last `keep` checkpoints). IoError on
+/// failure (DIR then still holds the previous one).
+void commit_checkpoint_dir(const std::string& tmp, const std::string& dir, int keep = 1);
+/// Where --keep puts an earlier checkpoint of DIR: the sibling "DIR.step-NNNNNN" (its step,
+/// at least six digits).
+std::string retired_checkpoint_dir(const std::string& dir, std::int64_t step);
 
 }  // namespace ndmesh::model

@@ -106,6 +106,17 @@ class MarkovSource : public DataSource {
   double entropy_rate_ = 0;
 };
 
+/// Which part of a data file a source reads, and the flag that named the file (in messages).
+/// A part is a range of the file's tokens (of all shards one after another), as fractions:
+/// `--val-fraction F` trains on [0, 1 - F) and evaluates on [1 - F, 1), so training never
+/// reads a held-out token. Windows never cross the range's ends.
+struct DataPart {
+  double begin = 0;
+  double end = 1;
+  std::string flag = "--data";  ///< "--data" or "--val-data"
+  bool whole() const { return begin == 0 && end == 1; }
+};
+
 /// Byte-level windows of a file.
 class ByteSource : public DataSource {
  public:
@@ -115,7 +126,7 @@ class ByteSource : public DataSource {
   /// Reads the whole file. ConfigError naming the path and the fix when it is missing, not
   /// a regular file (a directory, a device such as /dev/zero), unreadable, empty or larger
   /// than kMaxBytes.
-  ByteSource(const std::string& path, std::uint64_t seed);
+  ByteSource(const std::string& path, std::uint64_t seed, DataPart part = {});
 
   std::int64_t vocab() const override { return 256; }
   void sequence(std::uint64_t stream, std::int64_t step, std::int64_t index, std::int64_t seq, std::int32_t* tokens,
@@ -124,10 +135,13 @@ class ByteSource : public DataSource {
   void check_seq(std::int64_t seq) const override;
   std::string describe() const override;
   std::optional<double> entropy_rate() const override { return std::nullopt; }
+  /// Bytes of the part read.
   std::int64_t bytes() const { return static_cast<std::int64_t>(bytes_.size()); }
 
  private:
   std::string path_;
+  DataPart part_;
+  std::int64_t file_bytes_ = 0;
   std::vector<unsigned char> bytes_;
 };
 
@@ -154,7 +168,8 @@ class TokenFileSource : public DataSource {
   /// ConfigError naming the file and the fix: no file matches, a file is not a regular
   /// file, is empty or cannot be read, an llm.c header with another magic or version, a
   /// token count that does not match the file's size, an odd size of raw uint16, vocab < 2.
-  TokenFileSource(const std::string& pattern, DataFormat format, std::int64_t vocab, std::uint64_t seed);
+  TokenFileSource(const std::string& pattern, DataFormat format, std::int64_t vocab, std::uint64_t seed,
+                  DataPart part = {});
   ~TokenFileSource() override;
   TokenFileSource(const TokenFileSource&) = delete;
   TokenFileSource& operator=(const TokenFileSource&) = delete;
@@ -167,20 +182,22 @@ class TokenFileSource : public DataSource {
   void check_seq(std::int64_t seq) const override;
   std::string describe() const override;
   std::optional<double> entropy_rate() const override { return std::nullopt; }
+  /// Tokens of the part read.
   std::int64_t tokens() const;
   std::size_t shards() const { return shards_.size(); }
 
  private:
   struct Shard {
     std::string path;
-    const std::uint16_t* tokens = nullptr;  // into the mapping
-    std::int64_t count = 0;
+    const std::uint16_t* tokens = nullptr;  // into the mapping: the first token of the part read
+    std::int64_t count = 0;                 // tokens of the part read
     void* map = nullptr;
     std::size_t map_bytes = 0;
     bool llmc = false;
   };
   std::string pattern_;
   std::int64_t vocab_;
+  DataPart part_;
   std::vector<Shard> shards_;
 };
 
@@ -188,6 +205,6 @@ class TokenFileSource : public DataSource {
 /// DataFormat). `vocab` (0: none given) is a token file's vocabulary; ConfigError asking for
 /// --vocab when a token file has none.
 std::unique_ptr<DataSource> open_data_file(const std::string& path, DataFormat format, std::int64_t vocab,
-                                           std::uint64_t seed);
+                                           std::uint64_t seed, DataPart part = {});
 
 }  // namespace ndmesh::model

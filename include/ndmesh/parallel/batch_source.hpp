@@ -51,7 +51,12 @@ class BatchSource {
 
   /// Micro-batch `mb` of step `step` of `stream` (DataSource::kTrainStream or kEvalStream):
   /// tokens and targets [micro_batch, local_seq] each.
-  void fill(std::uint64_t stream, std::int64_t step, int mb, std::int32_t* tokens, std::int32_t* targets);
+  void fill(std::uint64_t stream, std::int64_t step, int mb, std::int32_t* tokens, std::int32_t* targets) {
+    fill(*data_, stream, step, mb, tokens, targets);
+  }
+  /// The same from another source (held-out data), sliced by this rank's layout.
+  void fill(const model::DataSource& data, std::uint64_t stream, std::int64_t step, int mb, std::int32_t* tokens,
+            std::int32_t* targets);
 
   const BatchLayout& layout() const { return layout_; }
   const model::DataSource& data() const { return *data_; }

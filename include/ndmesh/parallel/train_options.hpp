@@ -13,6 +13,7 @@
 #include "ndmesh/nn/block.hpp"
 #include "ndmesh/parallel/cp/ring_attention.hpp"
 #include "ndmesh/parallel/dp/grad_reducer.hpp"
+#include "ndmesh/parallel/lr_schedule.hpp"
 #include "ndmesh/parallel/pp/schedule.hpp"
 #include "ndmesh/tensor/device.hpp"
 
@@ -63,7 +64,9 @@ struct TrainOptions {
   std::int64_t steps = 100;      ///< total steps of the run (the schedule's length)
   double lr = 3e-3;              ///< peak learning rate
   std::int64_t warmup = 0;       ///< linear warmup steps
-  double min_lr_ratio = 0.1;     ///< the cosine decays to lr * min_lr_ratio at `steps`
+  double min_lr_ratio = 0.1;     ///< the decay ends at lr * min_lr_ratio at `steps`
+  LrSchedule lr_schedule = LrSchedule::kCosine;  ///< --lr-schedule (parallel/lr_schedule.hpp)
+  double decay_fraction = 0.2;   ///< --decay-fraction: wsd's final decay, a share of `steps`
   nn::AdamWOptions adamw;
   std::uint64_t seed = 1;  ///< model initialisation seed
   DataParallelOptions dp;
@@ -77,6 +80,16 @@ struct TrainOptions {
   Device device = Device::kCpu;
   Precision precision = Precision::kFp32;  ///< --precision
   OffloadOptions offload;                  ///< --offload, --offload-dir
+
+  /// What the learning-rate schedule depends on.
+  LrScheduleOptions lr_schedule_options() const {
+    return {.schedule = lr_schedule,
+            .lr = lr,
+            .warmup = warmup,
+            .steps = steps,
+            .min_lr_ratio = min_lr_ratio,
+            .decay_fraction = decay_fraction};
+  }
 };
 
 /// Every problem with the values of `options` that no layout changes (one line each naming

@@ -31,6 +31,7 @@
 #include "ndmesh/model/data.hpp"
 #include "ndmesh/model/model.hpp"
 #include "ndmesh/parallel/batch_source.hpp"
+#include "ndmesh/parallel/checkpoint_io.hpp"
 #include "ndmesh/parallel/grad_sync.hpp"
 #include "ndmesh/parallel/optimizer.hpp"
 #include "ndmesh/parallel/parallelize.hpp"
@@ -138,21 +139,32 @@ class Trainer {
   Optimizer& optimizer() { return optimizer_; }
   /// Steps done so far.
   std::int64_t steps_done() const { return step_; }
-  /// The learning rate of step `step` (0-based).
+  /// The learning rate of step `step` (0-based): the options' schedule (lr_schedule.hpp).
   double lr_at(std::int64_t step) const;
   /// Mean loss over `batches` evaluation batches (global batches of the evaluation
-  /// stream), without updating (collective).
+  /// stream), without updating (collective). The same batches at every call: batch b is
+  /// batch b of the evaluation stream of the held-out data when set_eval_data() gave some,
+  /// else of the training data.
   double evaluate(std::int64_t batches);
+  /// Held-out data for evaluate(), read by every layout as the training data is. ConfigError
+  /// when its vocabulary is not the model's or it cannot give sequences of --seq tokens.
+  void set_eval_data(std::unique_ptr<model::DataSource> data);
+  /// The held-out data, or nullptr.
+  const model::DataSource* eval_data() const { return eval_data_.get(); }
 
   /// Writes checkpoint directory `dir` (model/checkpoint_dir.hpp, parallel/checkpoint_io.hpp;
   /// collective). IoError on every rank when any rank fails (the previous checkpoint then
-  /// stays).
-  void save(const std::string& dir);
+  /// stays). With `keep` > 1 the previous checkpoint is kept beside it (--keep).
+  void save(const std::string& dir, int keep = 1);
+  /// Starts a save of the current state that a thread writes while training goes on
+  /// (collective: the state is copied first); finish it with BackgroundSave::try_finish()
+  /// or finish() before the next save.
+  std::unique_ptr<BackgroundSave> save_in_background(const std::string& dir, int keep = 1);
   /// Restores a checkpoint directory written under any layout. Collective. ConfigError
   /// naming every difference when it was written by another model or data, or when `path`
   /// is a single-file checkpoint (with the command that converts it); IoError naming the
-  /// file when it is incomplete or corrupt.
-  void load(const std::string& path);
+  /// file when it is incomplete or corrupt. Returns what the manifest says.
+  CheckpointInfo load(const std::string& path);
 
   /// The first local model chunk (the whole model without pipeline parallelism).
   model::Model& model() { return *model_.chunks.front(); }
@@ -183,6 +195,7 @@ class Trainer {
 
  private:
   model::CheckpointLayout checkpoint_layout() const;
+  CheckpointInfo checkpoint_info() const;
   // compute_step(), leaving the loss and the norm pending where GradSync can
   // (sums_) for apply_step to clip with and read.
   StepStats compute_step(bool leave_sums_pending);
@@ -191,6 +204,7 @@ class Trainer {
   ProcessGroups& groups_;
   RankModel model_;
   BatchSource batches_;
+  std::unique_ptr<model::DataSource> eval_data_;  // held-out data for evaluate(); null: the training data's
   GradSync sync_;
   Optimizer optimizer_;
   std::unique_ptr<pp::Executor> executor_;

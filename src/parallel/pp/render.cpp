@@ -8,6 +8,8 @@
 
 #include <fmt/core.h>
 
+#include "ndmesh/core/svg.hpp"
+
 namespace ndmesh::pp {
 
 namespace {
@@ -39,21 +41,6 @@ std::string shade(Rgb c, int chunk, int chunks) {
   const double t = chunks > 1 ? 0.55 * chunk / (chunks - 1) : 0.0;
   auto mix = [&](int x) { return static_cast<int>(std::lround(x + (255 - x) * t)); };
   return fmt::format("#{:02x}{:02x}{:02x}", mix(c.r), mix(c.g), mix(c.b));
-}
-
-std::string escape(const std::string& s) {
-  std::string out;
-  for (char ch : s) {
-    if (ch == '<')
-      out += "&lt;";
-    else if (ch == '>')
-      out += "&gt;";
-    else if (ch == '&')
-      out += "&amp;";
-    else
-      out += ch;
-  }
-  return out;
 }
 
 }  // namespace
@@ -140,25 +127,16 @@ std::string svg_timeline(const PipelineSchedule& s, const Simulation& sim) {
   const double width = left + plot_w + 20;
   const double legend_y = top + s.stages * (row_h + gap) + 34;
   const double height = legend_y + 30;
-  std::string out = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 {:.0f} "
-      "{:.0f}\" "
-      "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n"
-      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
-      width, height, width, height);
+  std::string out = svg::open(width, height);
   std::string title =
       fmt::format("{}: pp={} microbatches={}{} | makespan {:g}, bubble {:.1f}%", schedule_name(s.kind),
                   s.stages, s.microbatches, s.chunks > 1 ? fmt::format(" vpp={}", s.chunks) : "",
                   sim.makespan, 100.0 * sim.bubble_fraction);
   out += fmt::format("<text x=\"{}\" y=\"24\" font-size=\"15\" font-weight=\"bold\">{}</text>\n", left,
-                     escape(title));
+                     svg::escape(title));
 
   // Time axis: a tick every `step` units, step chosen to give at most ~25 labels.
-  const double step = [&] {
-    for (double base = 1;; base *= 10)
-      for (double f : {1.0, 2.0, 5.0})
-        if (sim.makespan / (base * f) <= 25) return base * f;
-  }();
+  const double step = svg::tick_step(sim.makespan, 25, 1);
   const double axis_y = top + s.stages * (row_h + gap) + 4;
   for (double t = 0; t <= sim.makespan + 1e-9; t += step) {
     const double x = left + t * scale;
@@ -188,7 +166,7 @@ std::string svg_timeline(const PipelineSchedule& s, const Simulation& sim) {
       out += fmt::format(
           "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\" stroke=\"white\" "
           "stroke-width=\"1\"><title>{}: {:g} to {:g}</title></rect>\n",
-          x, y + row_h - h, w, h, shade(base_colour(a.kind), a.chunk, s.chunks), escape(to_string(a)),
+          x, y + row_h - h, w, h, shade(base_colour(a.kind), a.chunk, s.chunks), svg::escape(to_string(a)),
           span.start, span.end);
       if (send) continue;
       std::string label =
