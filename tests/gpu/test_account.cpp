@@ -5,6 +5,7 @@
 // extrapolation from a sample of blocks gives a launch's bytes; and that the kernels the step
 // moves its activations with use 16-byte accesses (a scalar LayerNorm fails here). Emulator only.
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -148,6 +149,67 @@ TEST(EmulatorAccount, DriverAllocationsAreTheCachingAllocatorsMissesAndHostWaits
   EXPECT_EQ(b.host_waits, 2);
   ASSERT_EQ(b.copies.size(), 1u);
   EXPECT_EQ(b.copies[0].name, "copy device to host");
+  cuda::emulator::account_start(AccountMode::kOff);
+}
+
+TEST(EmulatorAccount, TheKernelsThatMoveTheActivationsUse16ByteAccesses) {
+  // The kernels of a bf16 step at GPT-2's width (768 channels; 64 rows): at most a tenth of
+  // what each moves goes through accesses narrower than 16 bytes (a LayerNorm, cast, classifier
+  // or AdamW that loads one element at a time moves all of it so: bench_gpu_model's
+  // narrow_access_kernels).
+  start(AccountMode::kArithmetic);
+  const std::int64_t rows = 64, c = 768, vocab = 1024, n = rows * c;
+  auto f32 = [](std::int64_t k) { return DeviceBuffer(static_cast<std::size_t>(k) * 4); };
+  auto b16 = [](std::int64_t k) { return DeviceBuffer(static_cast<std::size_t>(k) * 2); };
+  DeviceBuffer x = f32(n), r = f32(n), res = f32(n), dx = f32(n), dy = f32(n), w = f32(c), b = f32(c), dw = f32(c),
+               db = f32(c), ds = f32(c), mean = f32(rows), rstd = f32(rows), y16 = b16(n), logits = b16(rows * vocab),
+               losses = f32(rows), targets(static_cast<std::size_t>(rows) * 4), wte = f32(vocab * c), wpe = f32(c * c),
+               pos(static_cast<std::size_t>(c) * 8), sq(8);
+  for (DeviceBuffer* d : {&x, &r, &dy, &w, &b, &dw, &db, &ds, &mean, &rstd, &wte, &wpe})
+    cuda::fill(ptr<float>(*d), 0.5f, static_cast<std::int64_t>(d->bytes() / 4));
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(rows));
+  std::vector<std::int64_t> positions(static_cast<std::size_t>(rows));
+  for (std::int64_t i = 0; i < rows; ++i)
+    tokens[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i * 7 % vocab), positions[static_cast<std::size_t>(i)] = i;
+  cuda::copy_to_device(targets.data(), tokens.data(), tokens.size() * 4);
+  cuda::copy_to_device(pos.data(), positions.data(), positions.size() * 8);
+  cuda::emulator::account_take();
+  cuda::layernorm_forward(ptr<BFloat16>(y16), ptr<float>(mean), ptr<float>(rstd), ptr<float>(x), ptr<float>(w),
+                          ptr<float>(b), rows, c, 1e-5f);
+  cuda::residual_layernorm_forward(ptr<float>(res), ptr<BFloat16>(y16), ptr<float>(mean), ptr<float>(rstd),
+                                   ptr<float>(x), ptr<float>(r), ptr<float>(w), ptr<float>(b), rows, c, 1e-5f,
+                                   ptr<float>(b));
+  cuda::layernorm_backward(ptr<float>(dx), ptr<float>(dw), ptr<float>(db), ptr<float>(dy), ptr<float>(x),
+                           ptr<float>(w), ptr<float>(mean), ptr<float>(rstd), rows, c, ptr<float>(r), ptr<float>(ds));
+  cuda::bias_forward(ptr<float>(x), ptr<float>(b), rows, c, ptr<float>(r));
+  cuda::cast(ptr<BFloat16>(y16), ptr<float>(x), n);
+  cuda::cast(ptr<float>(x), ptr<BFloat16>(y16), n);
+  cuda::classifier_forward_backward(ptr<BFloat16>(logits), ptr<float>(losses), ptr<std::int32_t>(targets), rows,
+                                    vocab - 5, vocab, 0.01f);
+  cuda::embedding_forward(ptr<BFloat16>(y16), ptr<std::int32_t>(targets), ptr<float>(wte), ptr<float>(wpe),
+                          ptr<std::int64_t>(pos), rows, rows, c);
+  cuda::embedding_backward(ptr<float>(wte), ptr<float>(wpe), ptr<float>(dy), tokens.data(), positions.data(), rows,
+                           rows, c, 0, vocab);
+  const cuda::AdamWSegment segments[] = {{0, 0, 0, n, 0.1}};
+  cuda::adamw_update_multi(ptr<float>(x), ptr<BFloat16>(y16), ptr<float>(dy), ptr<float>(r), ptr<float>(res),
+                           segments, 1, 1e-3, 0.9, 0.95, 1e-8, 1.0, 0.1, 0.05);
+  const float* pieces[] = {ptr<float>(dy), ptr<float>(dw)};
+  const std::int64_t sizes[] = {n, c};
+  cuda::square_sum_many_into(ptr<double>(sq), pieces, sizes, 2);
+  const Account a = cuda::emulator::account_take();
+  std::set<std::string> seen;
+  for (const LaunchRecord& l : a.launches) {
+    seen.insert(l.name);
+    if (l.bytes() < 4096) continue;  // the final passes of the sums, a few bytes each
+    EXPECT_LT(l.narrow_share(), 0.1) << l.name << ": " << 100 * l.narrow_share()
+                                     << "% of its bytes in accesses under 16 bytes";
+  }
+  for (const char* name : {"layernorm_forward (into bf16)", "residual_layernorm_forward (into bf16)",
+                           "layernorm_backward", "column sums", "bias_forward (+residual)", "cast to bfloat16",
+                           "cast from bfloat16", "classifier_forward_backward", "embedding_forward",
+                           "embedding_backward (token table)", "embedding_backward (position table)",
+                           "adamw_update_multi", "square_sum_many"})
+    EXPECT_EQ(seen.count(name), 1u) << "no launch named " << name;
   cuda::emulator::account_start(AccountMode::kOff);
 }
 
