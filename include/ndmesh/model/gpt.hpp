@@ -336,6 +336,7 @@ class GptT {
 
   nn::Recompute recompute_ = nn::Recompute::kNone;
   bool split_backward_ = false;
+  bool fuse_closing_add_ = true;  // a block's closing add done by the next norm (forward_summed)
   // The activations no micro-batch keeps (see in_workspace), of the block running: one per
   // model (or shared by a rank's chunks), reused block by block.
   std::shared_ptr<nn::BlockActivations<T>> work_;
