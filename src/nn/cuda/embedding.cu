@@ -114,7 +114,7 @@ __global__ void add_buckets_kernel(float* table, const S* dout, const std::int32
   __syncthreads();
   const std::int64_t key = bucket[0], first = bucket[1], count = bucket[2];
   float* t = table + key * channels;
-  float acc[kGroups][8];
+  float acc[kGroups][8] = {};
   for (int g = 0; g < kGroups; ++g) {
     const std::int64_t j = (threadIdx.x + std::int64_t{g} * blockDim.x) * 8;
     if constexpr (kVec) {
@@ -203,12 +203,14 @@ void backward(float* dwte, float* dwpe, const S* dout, const std::int32_t* token
   // [table | order] on the device, through the upload ring (no host wait), in a buffer of the
   // most it can need for this shape (the same size class every step: the caching allocator
   // serves it from the step before, whatever the number of distinct tokens).
-  const std::int64_t most = 3 * ((rows < local_vocab ? rows : local_vocab) + seq) + 2 * rows;
+  const std::int64_t tables = 3 * ((rows < local_vocab ? rows : local_vocab) + seq), most = tables + 2 * rows;
+  std::vector<std::int32_t> both(static_cast<std::size_t>(tables + static_cast<std::int64_t>(order.size())), -1);
+  std::copy(table.begin(), table.end(), both.begin());
+  std::copy(order.begin(), order.end(), both.begin() + tables);
   DeviceBuffer meta(static_cast<std::size_t>(most) * sizeof(std::int32_t));
   auto* t = static_cast<std::int32_t*>(meta.data());
-  std::int32_t* rows_of = t + 3 * ((rows < local_vocab ? rows : local_vocab) + seq);
-  upload(t, table.data(), table.size() * sizeof(std::int32_t));
-  upload(rows_of, order.data(), order.size() * sizeof(std::int32_t));
+  const std::int32_t* rows_of = t + tables;
+  upload(t, both.data(), both.size() * sizeof(std::int32_t));
   const bool vec = channels % 8 == 0 && is_aligned16(dout) && is_aligned16(dwte) && is_aligned16(dwpe);
   const int lanes = lanes_for(channels);
   const std::int64_t groups = (channels + 8 * lanes - 1) / (8 * lanes);

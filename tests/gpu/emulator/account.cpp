@@ -1,13 +1,14 @@
 // The account of device work (account.hpp): the records, the sampled runs of a launch's blocks,
 // the access hooks of the instrumented kernels and the unbacked device arena.
 //
-// The hooks: the translated .cu files are compiled with -fsanitize=thread (tests/gpu/CMakeLists.txt),
+// The hooks: the account's copy of the translated .cu files is compiled with -fsanitize=thread
+// (tests/gpu/CMakeLists.txt: ndmesh_cuda_emulated_account),
 // which makes GCC call __tsan_readN / __tsan_writeN (N = 1, 2, 4, 8, 16) before every load and
 // store, __tsan_read_range / __tsan_write_range for block copies, and a few more entry points
 // (atomics of the host code in those files, vtable updates, the module's init). ThreadSanitizer's
 // run-time is not linked: they are defined here. Outside an accounted block they return at once
-// (one thread-local load), so the emulated tests run them at little cost; atomics do what they
-// stand for.
+// (one thread-local load); atomics do what they stand for. (The uninstrumented copy the kernel
+// tests link never calls them: its launches are recorded without their bytes.)
 #include "account.hpp"
 
 #include <sys/mman.h>

@@ -3,8 +3,10 @@
 // host's waits for the device, and the allocations the caching allocator would have asked the
 // driver for. Linked into the emulated binaries only (tests/gpu/CMakeLists.txt).
 //
-// How a launch is measured: the translated kernels are compiled with GCC's ThreadSanitizer
-// instrumentation (-fsanitize=thread, without its run-time: account.cpp defines the hooks),
+// How a launch is measured: the account's copy of the translated kernels
+// (ndmesh_cuda_emulated_account, linked into bench_gpu_model and test_account; the kernel tests
+// link an uninstrumented one) is compiled with GCC's ThreadSanitizer instrumentation
+// (-fsanitize=thread, without its run-time: account.cpp defines the hooks),
 // which calls a hook with the address and size of every load and store. While a block of an
 // accounted launch runs, the hooks keep the accesses that fall into device memory: the bytes
 // moved by accesses of each width (1, 2, 4, 8 or 16 bytes: a float4 or a 16-byte pack is one
