@@ -333,7 +333,7 @@ void run() {
        // kernels-bench step says which to keep (NDMESH_EPILOGUES=off runs them all apart).
       const std::int64_t F = 4 * C;
       DeviceBuffer ha = bf16(N * C), hw = bf16(F * C), hout = bf16(N * F), haux = bf16(N * F), hbias = bf16(F),
-                   hd = bf16(N * F), hdc = bf16(N * C), p32 = floats(N * F), b32 = floats(F), db32 = floats(F),
+                   hdpre = bf16(N * F), hdc = bf16(N * C), p32 = floats(N * F), b32 = floats(F), db32 = floats(F),
                    dw32 = floats(F * C);
       const std::string fc = fmt::format("{}x{}x{} NT", N, F, C);
       // qkv's bias: the product into bf16 with the bias, against gemm_bf16 and bias_forward (bf16 rows).
@@ -363,21 +363,21 @@ void run() {
       bench.versus("epilogue +dgelu (proj dinp)", fmt::format("{}x{}x{} NN", N, F, C),
                    "gemm_bf16_f32 + gelu_backward", time_ms([&] {
                      cuda::gemm_bf16_f32(false, false, N, F, C, 1.0f, b16(hdc), C, b16(hw), F, 0.0f, f32(p32), F);
-                     cuda::gelu_backward(b16(hd), f32(p32), b16(haux), N * F);
+                     cuda::gelu_backward(b16(hdpre), f32(p32), b16(haux), N * F);
                    }),
                    [&] {
-                     if (!cuda::try_gemm_bf16(false, false, N, F, C, b16(hdc), C, b16(hw), F, b16(hd), F,
+                     if (!cuda::try_gemm_bf16(false, false, N, F, C, b16(hdc), C, b16(hw), F, b16(hdpre), F,
                                               cuda::GemmEpilogue::kDGeluNoBiasGrad, nullptr, b16(haux)))
                        throw std::runtime_error("cuBLASLt declined the dGELU epilogue");
                    });
       // fc's weight gradient with its bias gradient, against the product and bias_backward.
       bench.versus("epilogue +bias grad (fc dW)", fmt::format("{}x{}x{} TN", F, C, N),
                    "gemm_bf16_f32 + bias_backward", time_ms([&] {
-                     cuda::gemm_bf16_f32(true, false, F, C, N, 1.0f, b16(hd), F, b16(ha), C, 1.0f, f32(dw32), C);
-                     cuda::bias_backward(f32(db32), b16(hd), N, F);
+                     cuda::gemm_bf16_f32(true, false, F, C, N, 1.0f, b16(hdpre), F, b16(ha), C, 1.0f, f32(dw32), C);
+                     cuda::bias_backward(f32(db32), b16(hdpre), N, F);
                    }),
                    [&] {
-                     if (!cuda::try_gemm_bf16_f32(true, false, F, C, N, 1.0f, b16(hd), F, b16(ha), C, 1.0f, f32(dw32),
+                     if (!cuda::try_gemm_bf16_f32(true, false, F, C, N, 1.0f, b16(hdpre), F, b16(ha), C, 1.0f, f32(dw32),
                                                   C, cuda::GemmEpilogue::kBGradB, nullptr, nullptr, f32(db32)))
                        throw std::runtime_error("cuBLASLt declined the bias gradient epilogue");
                    });
