@@ -244,12 +244,18 @@ void run() {
     const std::string nc = fmt::format("{}x{}", N, C);
     const auto* tok = static_cast<const std::int32_t*>(tokens.data());
     const auto* pos = static_cast<const std::int64_t*>(positions.data());
+    // The backward buckets its rows on the host: the same tokens and positions there.
+    std::vector<std::int32_t> host_tok(static_cast<std::size_t>(N));
+    std::vector<std::int64_t> host_pos(static_cast<std::size_t>(T));
+    cuda::copy_to_host(host_tok.data(), tok, host_tok.size() * sizeof(std::int32_t));
+    cuda::copy_to_host(host_pos.data(), pos, host_pos.size() * sizeof(std::int64_t));
     bench.memory_bound("embedding_tokens_forward", nc, 2 * f * N * C,
                        [&] { cuda::embedding_tokens_forward(f32(out), tok, f32(wte), N, C, 0, V); });
     bench.memory_bound("embedding_positions_forward", nc, 2 * f * N * C,
                        [&] { cuda::embedding_positions_forward(f32(out), f32(wpe), pos, 0, N, T, C); });
-    bench.memory_bound("embedding_backward", nc, 3 * f * N * C,
-                       [&] { cuda::embedding_backward(f32(dwte), f32(dwpe), f32(dout), tok, pos, N, T, C, 0, V); });
+    bench.memory_bound("embedding_backward", nc, 3 * f * N * C, [&] {
+      cuda::embedding_backward(f32(dwte), f32(dwpe), f32(dout), host_tok.data(), host_pos.data(), N, T, C, 0, V);
+    });
   }
   {  // cross-entropy over the padded vocabulary
     DeviceBuffer logits = floats(N * V, 4.0f), probs = floats(N * V), losses = floats(N), dlogits = floats(N * V);
@@ -321,6 +327,60 @@ void run() {
                             cuda::gemm_bf16(false, true, N, 4 * C, C, 1.0f, b16(ha), C, b16(hw), C, 0.0f, b16(hact),
                                             4 * C, cuda::GemmEpilogue::kGeluAux, b16(hbias), b16(haux));
                           });
+    }
+    {  // Each cuBLASLt epilogue of a bf16 step against the plain product and the kernel it saves
+       // (llm.c ships its GELU fusion off): ratio < 1, the epilogue is faster; the GPU check's
+       // kernels-bench step says which to keep (NDMESH_EPILOGUES=off runs them all apart).
+      const std::int64_t F = 4 * C;
+      DeviceBuffer ha = bf16(N * C), hw = bf16(F * C), hout = bf16(N * F), haux = bf16(N * F), hbias = bf16(F),
+                   hdpre = bf16(N * F), hdc = bf16(N * C), p32 = floats(N * F), b32 = floats(F), db32 = floats(F),
+                   dw32 = floats(F * C);
+      const std::string fc = fmt::format("{}x{}x{} NT", N, F, C);
+      // qkv's bias: the product into bf16 with the bias, against gemm_bf16 and bias_forward (bf16 rows).
+      bench.versus("epilogue +bias (qkv)", fmt::format("{}x{}x{} NT", N, 3 * C, C), "gemm_bf16 + bias_forward",
+                   time_ms([&] {
+                     cuda::gemm_bf16(false, true, N, 3 * C, C, 1.0f, b16(ha), C, b16(hw), C, 0.0f, b16(hout), 3 * C);
+                     cuda::bias_forward(b16(hout), f32(b32), N, 3 * C);
+                   }),
+                   [&] {
+                     if (!cuda::try_gemm_bf16(false, true, N, 3 * C, C, b16(ha), C, b16(hw), C, b16(hout), 3 * C,
+                                              cuda::GemmEpilogue::kBias, b16(hbias), nullptr))
+                       throw std::runtime_error("cuBLASLt declined the bias epilogue (qkv)");
+                   });
+      // fc's bias and GELU (the aux kept) against the fp32 product and gelu_bias_forward.
+      bench.versus("epilogue +gelu (fc)", fc, "gemm_bf16_f32 + gelu_bias_forward",
+                   time_ms([&] {
+                     cuda::gemm_bf16_f32(false, true, N, F, C, 1.0f, b16(ha), C, b16(hw), C, 0.0f, f32(p32), F);
+                     cuda::gelu_bias_forward(b16(hout), b16(haux), f32(p32), b16(hbias), N, F);
+                   }),
+                   [&] {
+                     if (!cuda::try_gemm_bf16(false, true, N, F, C, b16(ha), C, b16(hw), C, b16(hout), F,
+                                              cuda::GemmEpilogue::kGeluAux, b16(hbias), b16(haux)))
+                       throw std::runtime_error("cuBLASLt declined the GELU epilogue (fc)");
+                   });
+      // The MLP projection's input gradient through GELU's derivative, against the fp32
+      // product and gelu_backward into bf16.
+      bench.versus("epilogue +dgelu (proj dinp)", fmt::format("{}x{}x{} NN", N, F, C),
+                   "gemm_bf16_f32 + gelu_backward", time_ms([&] {
+                     cuda::gemm_bf16_f32(false, false, N, F, C, 1.0f, b16(hdc), C, b16(hw), F, 0.0f, f32(p32), F);
+                     cuda::gelu_backward(b16(hdpre), f32(p32), b16(haux), N * F);
+                   }),
+                   [&] {
+                     if (!cuda::try_gemm_bf16(false, false, N, F, C, b16(hdc), C, b16(hw), F, b16(hdpre), F,
+                                              cuda::GemmEpilogue::kDGeluNoBiasGrad, nullptr, b16(haux)))
+                       throw std::runtime_error("cuBLASLt declined the dGELU epilogue");
+                   });
+      // fc's weight gradient with its bias gradient, against the product and bias_backward.
+      bench.versus("epilogue +bias grad (fc dW)", fmt::format("{}x{}x{} TN", F, C, N),
+                   "gemm_bf16_f32 + bias_backward", time_ms([&] {
+                     cuda::gemm_bf16_f32(true, false, F, C, N, 1.0f, b16(hdpre), F, b16(ha), C, 1.0f, f32(dw32), C);
+                     cuda::bias_backward(f32(db32), b16(hdpre), N, F);
+                   }),
+                   [&] {
+                     if (!cuda::try_gemm_bf16_f32(true, false, F, C, N, 1.0f, b16(hdpre), F, b16(ha), C, 1.0f, f32(dw32),
+                                                  C, cuda::GemmEpilogue::kBGradB, nullptr, nullptr, f32(db32)))
+                       throw std::runtime_error("cuBLASLt declined the bias gradient epilogue");
+                   });
     }
     {  // residual + LayerNorm, and the LayerNorm backward
       DeviceBuffer x = floats(N * C), r = floats(N * C), out = floats(N * C), mean = floats(N), rstd = floats(N),

@@ -6,8 +6,9 @@
 # libraries). Pack here, run there (docs/gpu.md).
 #
 #   bash scripts/gpu_check.sh pack [build] [dir]
-#       On the CPU machine, in a CUDA build (default build/): builds ndmesh, every gpu_test_*
-#       and bench_gpu_kernels, and writes <dir>/gpu.tar.xz (default dir: build/gpu-check,
+#       On the CPU machine, in a CUDA build (default build/): builds ndmesh, every gpu_test_*,
+#       bench_gpu_kernels and bench_gpu_model (the emulator's model of a step, which needs no
+#       GPU), and writes <dir>/gpu.tar.xz (default dir: build/gpu-check,
 #       git-ignored): the binaries (stripped) and every shared library they load from this
 #       machine but glibc's, the driver's and cuBLAS/cuBLASLt (the GPU machine has those).
 #       Open MPI's libraries are packed only because ndmesh is linked with them: every step
@@ -86,9 +87,12 @@
 #                                 ratios of PyTorch's; and ndmesh plan memory --precision bf16 of the run on
 #                                 calibrate.toml against its step time and peak (noted, not a condition)
 #   profile                  100  ndmesh train --kernel-times over 8 steps of gpt2-bf16's run (GPU time
-#                                 per operation and product shape, host waits; its GPU time a step again
-#                                 with NDMESH_EPILOGUES=off and with NDMESH_DETERMINISTIC=0, each where
-#                                 20 s are left), then nsys (when on the
+#                                 per operation and product shape, host waits), then the measured time
+#                                 per kernel class against bench_gpu_model's modelled time of the same step
+#                                 (the emulator's account of it at calibrate.toml's rates, or
+#                                 docs/hardware/h200-calibrated.toml's: what calibrates the model), then its
+#                                 GPU time a step again with NDMESH_EPILOGUES=off and with
+#                                 NDMESH_DETERMINISTIC=0, each where 20 s are left), then nsys (when on the
 #                                 machine) over 20 steps: the GPU's busy time against the wall, the top
 #                                 kernels by time, and the CUDA API calls that wait
 #   torchrun                  60  tests/store/torch2.sh with the machine's PyTorch 2.x: ndmesh ranks (--device cpu)
@@ -117,7 +121,7 @@ pack() {
   tests=$(gpu_kernel_tests "$build")
   [ -n "$tests" ] || { echo "gpu_check.sh: $build has no gpu_test_* targets: configure it with -DNDMESH_CUDA=ON" >&2; exit 2; }
   # shellcheck disable=SC2086,SC2046
-  cmake --build "$build" -j2 --target ndmesh $tests bench_gpu_kernels bench_gpu_allreduce > /dev/null ||
+  cmake --build "$build" -j2 --target ndmesh $tests bench_gpu_kernels bench_gpu_allreduce bench_gpu_model > /dev/null ||
     { echo "gpu_check.sh: building ndmesh and the GPU tests in $build failed (cmake --build $build)" >&2; exit 2; }
   # grep reads all of ldd's output: with -q it may stop early, and under pipefail the SIGPIPE
   # of ldd would say "built without CUDA" of a CUDA build.
@@ -126,7 +130,7 @@ pack() {
   rm -rf "$dir" && mkdir -p "$dir" || { echo "gpu_check.sh: cannot create $dir" >&2; exit 2; }
   # shellcheck disable=SC2086,SC2046
   gpu_pack "$dir/gpu.tar.xz" "$build/bin/ndmesh" $(printf "$build/tests/%s " $tests) "$build/bench/bench_gpu_kernels" \
-    "$build/bench/bench_gpu_allreduce" ||
+    "$build/bench/bench_gpu_allreduce" "$build/bench/bench_gpu_model" ||
     exit 2
   echo "gpu_check.sh: $(du -h "$dir/gpu.tar.xz" | cut -f1) in $dir/gpu.tar.xz (needs glibc >=" \
     "$(tar -xJOf "$dir/gpu.tar.xz" glibc_required)); copy the repository with $dir to the GPU machine and run" \
@@ -563,6 +567,30 @@ find_nsys() {
     head -n 1 | grep .
 }
 
+# model_against_measured: bench_gpu_model's account of gpt2-bf16's step (the CUDA emulator, no
+# GPU needed) at this GPU's calibrated rates, its modelled time per kernel class against what
+# --kernel-times measured (kernel-times.out's JSON line): the table goes into the summary
+# (profile.model.out in the logs), so that the next model of a step starts from this GPU.
+model_against_measured() {
+  local hw=$logs/calibrate.toml seconds
+  [ -s "$hw" ] || hw=$here/../docs/hardware/h200-calibrated.toml
+  seconds=$(bound 45)
+  if [ ! -x "$work/bin/bench_gpu_model" ] || [ "$seconds" -lt 30 ]; then
+    note="$note; model: not run ($([ -x "$work/bin/bench_gpu_model" ] && echo "$seconds s left" || echo "no bench_gpu_model in the pack"))"
+    return
+  fi
+  timeout -k 5 "$seconds" env LD_LIBRARY_PATH="$libs" "$work/bin/bench_gpu_model" --model gpt2-124m --precision bf16 \
+    --batch 16 --seq 1024 --vocab 50257 --hardware "$hw" --measured "$logs/kernel-times.out" \
+    > "$logs/profile.model.out" 2> "$logs/profile.model.err"
+  local rc=$?
+  if [ $rc -eq 0 ] && grep -q '^measured' "$logs/profile.model.out"; then
+    note="$note; modelled step $(grep -o 'modelled step [0-9.]* ms' "$logs/profile.model.out" | head -n 1 | sed 's/modelled step //')"
+    sed -n '/^measured/,$p' "$logs/profile.model.out" | sed 's/^/  /' >> "$logs/kernel-times.table"
+  else
+    note="$note; bench_gpu_model --measured: $(describe $rc "$seconds"): $(tail -n 1 "$logs/profile.model.err")"
+  fi
+}
+
 # profile: where gpt2-bf16's step time goes, for the next round of speed work (issue 33).
 # First ndmesh's own kernel times (ndmesh train --kernel-times: an event after every
 # operation, no tool needed), then nsys where the machine has it.
@@ -582,6 +610,7 @@ step_profile() {
     result=PASS
     note="kernel times: $(grep '^kernel times' "$logs/kernel-times.out" | sed 's/^kernel times //')"
     sed -n '/^kernel times/,/^[^ k]/p' "$logs/kernel-times.out" | grep '^  ' | sed 's/^/  /' > "$logs/kernel-times.table"
+    model_against_measured
   else
     result=FAIL
     note="ndmesh train --kernel-times: $(describe $rc 35)"

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <type_traits>
 
 #include <fmt/core.h>
@@ -77,7 +78,8 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
         return std::move(tp);
       }()),
       store_(store),
-      recompute_(options.recompute) {
+      recompute_(options.recompute),
+      fuse_closing_add_(options.fuse_closing_add) {
   NDMESH_CHECK_CONFIG(batch_ > 0, "model", "batch={} must be positive", batch_);
   NDMESH_CHECK_CONFIG(seq_ <= spec.seq, "model", "sequence length {} exceeds the model's seq={}", seq_,
                       spec.seq);
@@ -361,22 +363,35 @@ void DecoderT<T>::forward_summed(Activations& acts, const std::int32_t* tokens, 
   }
   const T* x = a.input.data();
   const std::int64_t out_elems = tp_.local_rows(n) * spec_.hidden;
+  // A block's closing add (its MLP's bias and the residual) is left to the next norm on this
+  // stage, which does it in its own pass over the rows (nn::PendingAdd); not under ZeRO 2/3,
+  // whose units are gathered and released block by block (the next unit would read this
+  // one's bias after its release), nor for the stage's last output when another stage gets it.
+  std::optional<nn::PendingAdd<T>> pending;
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
     nn::BlockActivations<T>& keep = a.blocks[l];
+    const bool defer = fuse_closing_add_ && (l + 1 < blocks_.size() || head_);
     unit_event(UnitEvent::kForwardBegin, block_unit(l));
+    const nn::PendingAdd<T>* p = pending ? &*pending : nullptr;
     if (recompute_ == nn::Recompute::kFull) {
       // The whole block runs in the workspace; only its output is kept.
-      blocks_[l].forward(x, *work_, batch_, seq_, core_.get(), block_positions());
+      blocks_[l].forward(x, *work_, batch_, seq_, core_.get(), block_positions(), p, !defer);
       if (keep.out.numel() > 0) ops::copy(keep.out.data(), work_->out.data(), out_elems, device_);
     } else {
       // The tensors the workspace holds (recomputed or gathered again in the backward)
       // are lent to the block for its forward.
       lend(keep, l, keeps);
-      blocks_[l].forward(x, keep, batch_, seq_, core_.get(), block_positions());
+      blocks_[l].forward(x, keep, batch_, seq_, core_.get(), block_positions(), p, !defer);
       lend(keep, l, keeps);
     }
     unit_event(UnitEvent::kForwardEnd, block_unit(l));
-    x = keep.out.numel() > 0 ? keep.out.data() : work_->out.data();
+    T* out = keep.out.numel() > 0 ? keep.out.data() : work_->out.data();
+    pending.reset();
+    if (defer) {
+      pending = blocks_[l].closing_add(recompute_ == nn::Recompute::kFull ? *work_ : keep);
+      pending->x = out;  // the kept copy under full recompute
+    }
+    x = out;
     progress();  // e.g. a pipeline's transfers in flight move between blocks
   }
   a.have_targets = head_ && targets != nullptr;
@@ -390,7 +405,11 @@ void DecoderT<T>::forward_summed(Activations& acts, const std::int32_t* tokens, 
     std::fill(a.targets.begin(), a.targets.end(), 0);
   const std::int32_t* targets_here = upload_checked(a.device_targets, a.targets.data(), n, spec_.vocab, "target");
   unit_event(UnitEvent::kForwardBegin, head_unit_);
-  lnf_->forward(x, a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), tp_.local_rows(n));
+  if (pending)  // the last block's closing add in the final norm's pass
+    lnf_->forward_residual(pending->x, pending->residual, pending->x, a.lnf.data(), a.lnf_mean.data(),
+                           a.lnf_rstd.data(), tp_.local_rows(n), pending->bias);
+  else
+    lnf_->forward(x, a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), tp_.local_rows(n));
   T* lnf_full = a.lnf_full.numel() > 0 ? a.lnf_full.data() : lnf_full_.data();
   std::optional<nn::LossSum<T>> unused;  // the losses of a forward without targets
   if (!a.have_targets) unused.emplace(device_);
@@ -415,9 +434,12 @@ void DecoderT<T>::backward(Activations& acts_in, const T* doutput) {
     unit_event(UnitEvent::kBackwardBegin, head_unit_);
     // The logits' gradient (over the probabilities, or written by a fused forward), then
     // the head's products: writes d lnf.
-    head_->backward_loss(a.head, ops::staged(a.device_targets, a.targets.data(), device_), lnf_in,
-                         dlnf_full_.data(), n, static_cast<T>(loss_weight_));
-    tp_.f_backward(dlnf_full_.data(), dlnf_.data(), n, c);
+    // Without sequence parallelism d lnf is written where the final norm's backward reads it
+    // (f's sum over tp in place: no copy).
+    T* dlnf_full = tp_.sequence_parallel ? dlnf_full_.data() : dlnf_.data();
+    head_->backward_loss(a.head, ops::staged(a.device_targets, a.targets.data(), device_), lnf_in, dlnf_full, n,
+                         static_cast<T>(loss_weight_));
+    tp_.f_backward(dlnf_full, dlnf_.data(), n, c);
     dres_a_.zero();
     lnf_->backward(dlnf_.data(), output(a), a.lnf_mean.data(), a.lnf_rstd.data(), dres_a_.data(), nl);
     unit_event(UnitEvent::kBackwardEnd, head_unit_);
@@ -434,7 +456,8 @@ void DecoderT<T>::backward(Activations& acts_in, const T* doutput) {
     nn::BlockActivations<T>* acts = &a.blocks[l];
     unit_event(UnitEvent::kBackwardBegin, block_unit(l));
     if (recompute_ == nn::Recompute::kFull) {
-      blocks_[l].forward(inp, *work_, batch_, seq_, core_.get(), block_positions());
+      // Its input is complete (the forward's next norm finished it); its own output is not read.
+      blocks_[l].forward(inp, *work_, batch_, seq_, core_.get(), block_positions(), nullptr, !fuse_closing_add_);
       acts = work_.get();
     } else {
       lend(*acts, l, keeps);
@@ -456,7 +479,7 @@ void DecoderT<T>::backward(Activations& acts_in, const T* doutput) {
     // Reads no parameter (not in backward_units()), but writes the table's gradients.
     unit_event(UnitEvent::kBackwardBegin, embed_unit_);
     embed_->backward_at(dout->data(), ops::staged(a.device_tokens, a.tokens.data(), device_), batch_, seq_,
-                        positions_here());
+                        positions_here(), a.tokens.data(), positions_.data());  // and their host copies
     unit_event(UnitEvent::kBackwardEnd, embed_unit_);
   } else
     ops::copy(input_grad_.data(), dout->data(), nl * c, device_);

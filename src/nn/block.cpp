@@ -310,7 +310,8 @@ void Block<T>::resize(BlockScratch<T>& s, std::int64_t batch, std::int64_t seq) 
 
 template <typename T>
 void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch, std::int64_t seq,
-                       const AttentionCore<T>* core, const std::int64_t* positions) const {
+                       const AttentionCore<T>* core, const std::int64_t* positions, const PendingAdd<T>* pending,
+                       bool finish) const {
   const std::int64_t n = batch * seq, c = options_.channels, nl = tp_.local_rows(n);
   const bool sp = tp_.sequence_parallel;
   const Device dev = device();
@@ -320,15 +321,25 @@ void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch,
   }
   const bool bf16 = norms_in_bf16();  // the norms' outputs kept (and gathered) in bf16
   const bool attn16 = attention_in_bf16();
+  NDMESH_CHECK(pending == nullptr || pending->x == inp, "nn", "block '{}': a pending add is on the block's input",
+               options_.name);
   if (bf16) {
-    ln1_->forward(inp, a.ln1_16.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
+    if (pending)  // the previous block's closing add and this norm in one pass
+      ln1_->forward_residual(pending->x, pending->residual, pending->x, a.ln1_16.data(), a.ln1_mean.data(),
+                            a.ln1_rstd.data(), nl, pending->bias);
+    else
+      ln1_->forward(inp, a.ln1_16.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
     const BFloat16* x1 = tp_.f_forward(a.ln1_16.data(), a.ln1_full16.data(), n, c);
     if (attn16)
       qkv_.forward(x1, a.qkv16.data(), n);
     else
       qkv_.forward(x1, a.qkv.data(), n);
   } else {
-    ln1_->forward(inp, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
+    if (pending)
+      ln1_->forward_residual(pending->x, pending->residual, pending->x, a.ln1.data(), a.ln1_mean.data(),
+                            a.ln1_rstd.data(), nl, pending->bias);
+    else
+      ln1_->forward(inp, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), nl);
     const T* x1 = tp_.f_forward(a.ln1.data(), a.ln1_full.data(), n, c);
     if (attn16)
       qkv_.forward(x1, a.qkv16.data(), n);
@@ -360,7 +371,8 @@ void Block<T>::forward(const T* inp, BlockActivations<T>& a, std::int64_t batch,
     mlp_->forward(tp_.f_forward(a.ln2.data(), a.ln2_full.data(), n, c), part, a.mlp, n);
   }
   tp_.g_forward(part, a.out.data(), n, c);
-  mlp_->proj().add_bias(a.out.data(), nl, a.res1.data());  // and the residual, in the same pass
+  // The MLP's bias and the residual in one pass, or left to the next norm (closing_add()).
+  if (finish) mlp_->proj().add_bias(a.out.data(), nl, a.res1.data());
 }
 
 template <typename T>

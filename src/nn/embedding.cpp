@@ -64,6 +64,11 @@ void Embedding<T>::forward_at(const std::int32_t* tokens, T* out, std::int64_t b
   const std::int64_t nl = tp_.local_rows(n), first = tp_.first_row(n);
   // On CUDA tokens and positions are device memory, checked by the caller on the host.
   NDMESH_CUDA_TWIN(store_->device(), {
+    // The whole vocabulary and every row here: tokens and positions in one pass.
+    if (tp_.size() == 1 && !tp_.sequence_parallel)
+      return cuda::embedding_forward(out, tokens, store_->param(tokens_),
+                                     positions_ >= 0 ? store_->param(positions_) : nullptr, positions, n, seq,
+                                     c);
     // Every rank embeds the rows of its vocabulary shard (zeros for the others); g sums them
     // (under sequence parallelism into this rank's rows of the [N, C] partial).
     T* part = tp_.sequence_parallel ? work(n * c) : out;
@@ -103,15 +108,32 @@ void Embedding<T>::forward_at(const std::int32_t* tokens, T* out, std::int64_t b
 
 template <typename T>
 void Embedding<T>::backward_at(const T* dout, const std::int32_t* tokens, std::int64_t batch,
-                               std::int64_t seq, const std::int64_t* positions) const {
+                               std::int64_t seq, const std::int64_t* positions, const std::int32_t* host_tokens,
+                               const std::int64_t* host_positions) const {
   const std::int64_t c = options_.channels, n = batch * seq;
   // The full d output (gathered under sequence parallelism): every rank computes the
   // whole position gradient, so the replicated table needs no reduction.
   const T* full = tp_.g_backward(dout, tp_.sequence_parallel ? work(n * c) : nullptr, n, c);
   T* dwte = store_->grad(tokens_);
-  T* dwpe = positions_ >= 0 ? store_->grad(positions_) : nullptr;
-  NDMESH_CUDA_TWIN(store_->device(), cuda::embedding_backward(dwte, dwpe, full, tokens, positions, n, seq, c,
-                                                              vocab_start_, local_vocab_))
+  T* dwpe = positions_ >= 0 ? store_->grad(positions_) : nullptr;  // none with rotary positions
+  NDMESH_CUDA_TWIN(store_->device(), {
+    // The kernels' buckets are made on the host, from the host's copies.
+    std::vector<std::int32_t> tok;
+    std::vector<std::int64_t> pos;
+    if (host_tokens == nullptr) {
+      tok.resize(static_cast<std::size_t>(n));
+      cuda::copy_to_host(tok.data(), tokens, tok.size() * sizeof(std::int32_t));
+      host_tokens = tok.data();
+    }
+    if (host_positions == nullptr) {
+      pos.resize(static_cast<std::size_t>(seq));
+      cuda::copy_to_host(pos.data(), positions, pos.size() * sizeof(std::int64_t));
+      host_positions = pos.data();
+    }
+    cuda::embedding_backward(dwte, dwpe, full, host_tokens, host_positions, n, seq, c, vocab_start_,
+                             local_vocab_);
+  })
+
   for (std::int64_t r = 0; r < n; ++r) {
     const T* d = full + r * c;
     const std::int64_t local = tokens[r] - vocab_start_;

@@ -46,6 +46,9 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
     }
   }
   embedding_ = groups.embedding();  // collective over the world, on every rank
+  // The step's loss and norm sums, made now: on a GPU a first allocation inside the first step
+  // would take a cached block a later step's transient needs (a driver allocation in step 2).
+  sums_ = ops::Scratch<double>(2, chunks_.empty() ? Device::kCpu : chunks_.front()->device());
 }
 
 void GradSync::params_updated() {

@@ -89,7 +89,8 @@ std::vector<std::unique_ptr<model::Model>> build_chunks(const ModelPlan& plan) {
                                           .seq = plan.batch.local_seq(),
                                           .recompute = plan.recompute,
                                           .device = plan.device,
-                                          .matmul = plan.matmul},
+                                          .matmul = plan.matmul,
+                                          .fuse_closing_add = plan.fuse_closing_add},
                                          model::UnitRange::blocks(c.first_block, c.last_block, plan.spec.layers),
                                          plan.tp, plan.store));
     model::Model& g = *chunks.back();

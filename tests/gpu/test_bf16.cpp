@@ -219,10 +219,10 @@ TEST(CudaBf16, Embedding) {
       const auto g_te = normal(wte.size(), 24), g_pe = normal(wpe.size(), 25);
       DeviceBuffer t_te = to_device(g_te), t_pe = to_device(g_pe), b_te = to_device(g_te),
                    b_pe = to_device(g_pe), tdout = to_device(dout.f32), bdout = to_device(dout.bf16);
-      cuda::embedding_backward(ptr<float>(t_te), ptr<float>(t_pe), ptr<float>(tdout), ptr<std::int32_t>(dtok),
-                               ptr<std::int64_t>(dpos), rows, seq, c, 0, vocab);
-      cuda::embedding_backward(ptr<float>(b_te), ptr<float>(b_pe), ptr<BFloat16>(bdout),
-                               ptr<std::int32_t>(dtok), ptr<std::int64_t>(dpos), rows, seq, c);
+      cuda::embedding_backward(ptr<float>(t_te), ptr<float>(t_pe), ptr<float>(tdout), tokens.data(),
+                               positions.data(), rows, seq, c, 0, vocab);
+      cuda::embedding_backward(ptr<float>(b_te), ptr<float>(b_pe), ptr<BFloat16>(bdout), tokens.data(),
+                               positions.data(), rows, seq, c);
       EXPECT_TRUE(all_close(to_host<float>(b_te, wte.size()), to_host<float>(t_te, wte.size()), 1e-6, 1e-6))
           << "dwte " << where;
       EXPECT_TRUE(all_close(to_host<float>(b_pe, wpe.size()), to_host<float>(t_pe, wpe.size()), 1e-6, 1e-6))
@@ -232,12 +232,16 @@ TEST(CudaBf16, Embedding) {
 
 TEST(CudaBf16, ClassifierInPlace) {
   NDMESH_GPU_OR_SKIP();
+  // Rows padded to a multiple of 128 (16-byte accesses), and not padded (width = the valid
+  // columns: 5 and 1031 columns, the scalar path; 1040, 16-byte accesses over every column).
   for (std::int64_t rows : {1, 7})
-    for (std::int64_t vocab : {5, 1031}) {
-      const std::int64_t padded = (vocab + 127) / 128 * 128;
+    for (std::int64_t vocab : {5, 1031, 1040})
+     for (const bool pad : {true, false}) {
+      const std::int64_t padded = pad ? (vocab + 127) / 128 * 128 : vocab;
       const auto rs = static_cast<std::size_t>(rows), sz = static_cast<std::size_t>(rows * padded),
                  dense = static_cast<std::size_t>(rows * vocab);
-      const std::string where = "rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab);
+      const std::string where =
+          "rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab) + " width=" + std::to_string(padded);
       const float scale = 1.0f / static_cast<float>(rows * 3);
       std::vector<std::int32_t> targets(rs);
       for (std::size_t r = 0; r < rs; ++r)

@@ -121,6 +121,23 @@ TEST(CudaElementwise, BFloat16CastsRoundLikeTheHost) {
   std::vector<float> widened(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) widened[i] = static_cast<float>(ref[i]);
   EXPECT_TRUE(same_bits(to_host<float>(dback, x.size()), widened)) << "bfloat16 -> float";
+  // A tail after the 16-byte body (n - 3), and a start that is not 16-byte aligned (the
+  // scalar path): the same bits, and nothing outside the range written.
+  for (const auto& [off, len] : {std::pair<std::int64_t, std::int64_t>{0, n - 3}, {1, n - 1}}) {
+    DeviceBuffer h2 = to_device(std::vector<BFloat16>(x.size(), BFloat16(7.0f)));
+    DeviceBuffer b2 = to_device(std::vector<float>(x.size(), 7.0f));
+    cuda::cast(ptr<BFloat16>(h2) + off, ptr<float>(dx) + off, len);
+    cuda::cast(ptr<float>(b2) + off, ptr<BFloat16>(h2) + off, len);
+    const auto h = to_host<BFloat16>(h2, x.size());
+    const auto b = to_host<float>(b2, x.size());
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      const bool in = i >= off && i < off + len;
+      EXPECT_EQ(h[k].bits, in ? ref[k].bits : BFloat16(7.0f).bits) << "float -> bfloat16 at " << i << " of " << off << "+" << len;
+      if (in) EXPECT_TRUE(same_bits(std::vector<float>{b[k]}, std::vector<float>{widened[k]})) << "bfloat16 -> float at " << i;
+      else EXPECT_EQ(b[k], 7.0f) << "written outside the range at " << i;
+    }
+  }
   // ops::cast (what GradReducer's bf16 buckets use): these kernels on CUDA, BFloat16 on the CPU.
   DeviceBuffer oh(x.size() * sizeof(BFloat16)), oback(x.size() * sizeof(float));
   ops::cast(ptr<BFloat16>(oh), ptr<float>(dx), n, Device::kCuda);

@@ -150,12 +150,13 @@ TEST(CudaEmbedding, BackwardIsBackwardAtAndDeterministic) {
     const auto dwte0 = s.table(wte_id, true), dwpe0 = s.table(wpe_id, true);
     s.embed->backward_at(dout.data(), s.tokens.data(), c.batch, c.seq, c.positions.data());
 
-    DeviceBuffer tokens = to_device(s.tokens), positions = to_device(c.positions), d = to_device(dout);
+    DeviceBuffer d = to_device(dout);
     std::vector<float> first_wte, first_wpe;
     for (int run = 0; run < 2; ++run) {
       DeviceBuffer dwte = to_device(dwte0), dwpe = to_device(dwpe0);
-      cuda::embedding_backward(ptr<float>(dwte), ptr<float>(dwpe), ptr<float>(d), ptr<std::int32_t>(tokens),
-                               ptr<std::int64_t>(positions), n, c.seq, c.channels, s.embed->vocab_start(),
+      // Tokens and positions in host memory (the buckets are made there).
+      cuda::embedding_backward(ptr<float>(dwte), ptr<float>(dwpe), ptr<float>(d), s.tokens.data(),
+                               c.positions.data(), n, c.seq, c.channels, s.embed->vocab_start(),
                                s.embed->local_vocab());
       const auto got_wte = to_host<float>(dwte, dwte0.size()), got_wpe = to_host<float>(dwpe, dwpe0.size());
       if (run == 0) {

@@ -186,6 +186,7 @@ class DecoderT final : public ModelT<T> {
   int embed_unit_ = -1, head_unit_ = -1;
 
   nn::Recompute recompute_ = nn::Recompute::kNone;
+  bool fuse_closing_add_ = true;  // a block's closing add done by the next norm (forward_summed)
   // The activations no micro-batch keeps (see in_workspace), of the block running: one per
   // model (or shared by a rank's chunks), reused block by block.
   std::shared_ptr<nn::BlockActivations<T>> work_;

@@ -84,6 +84,11 @@ struct ModelOptions {
   /// The operands of every matrix product of the linears and the LM head (ParamStore::
   /// set_matmul_precision): fp32, or rounded to bfloat16 with fp32 accumulation.
   MatmulPrecision matmul = MatmulPrecision::kFp32;
+  /// A block's closing add (its MLP's bias and the residual) is done by the next norm in its
+  /// own pass over the rows (nn::PendingAdd): one pass fewer. It reads the block's bias during
+  /// the next unit's forward, so whoever gives a unit's parameters back after its own use
+  /// (ZeRO 2/3's per-unit release) turns it off. The arithmetic is the same either way.
+  bool fuse_closing_add = true;
 };
 
 /// What one micro-batch's activations keep beyond what its own backward reads.

@@ -155,6 +155,16 @@ struct BlockScratch {
   Tensor<BFloat16> dqkv16, datty16, dmlp16;
 };
 
+/// A block's closing add left to whoever reads its output next: x += bias, then += residual
+/// (what Block::forward's last pass would do), done by the next norm in the same pass over the
+/// rows (LayerNorm::forward_residual: the next block's ln1, the model's final norm), in place.
+template <typename T>
+struct PendingAdd {
+  T* x = nullptr;                ///< the block's output, not yet added to
+  const T* bias = nullptr;       ///< its MLP projection's bias (nullptr: none)
+  const T* residual = nullptr;   ///< its first residual (acts.res1)
+};
+
 /// A pre-norm transformer block.
 template <typename T>
 class Block {
@@ -178,9 +188,17 @@ class Block {
 
   /// acts.out = block(inp[batch, seq, C]) (the local rows under sequence parallelism).
   /// `core` runs the attention core (nullptr: the local kernel) on rows at global
-  /// `positions` ([seq]; nullptr: 0..seq-1).
+  /// `positions` ([seq]; nullptr: 0..seq-1). With `pending` (pending->x is inp) the previous
+  /// block's closing add is done first, in its norm's pass (inp becomes its full output, in
+  /// place); without `finish`, acts.out is left without its own closing add, which the caller
+  /// gives the next reader (closing_add()).
   void forward(const T* inp, BlockActivations<T>& acts, std::int64_t batch, std::int64_t seq,
-               const AttentionCore<T>* core = nullptr, const std::int64_t* positions = nullptr) const;
+               const AttentionCore<T>* core = nullptr, const std::int64_t* positions = nullptr,
+               const PendingAdd<T>* pending = nullptr, bool finish = true) const;
+  /// The closing add forward(..., finish = false) left to do on acts.out.
+  PendingAdd<T> closing_add(BlockActivations<T>& acts) const {
+    return {acts.out.data(), mlp_->proj().bias(), acts.res1.data()};
+  }
   /// Writes dinp and accumulates the parameter gradients given dout = d loss / d acts.out.
   /// `progress`, when given, is called between the sub-layers (the caller drives
   /// communication in flight there, e.g. gradient buckets of later blocks).

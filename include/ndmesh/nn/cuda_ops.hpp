@@ -74,7 +74,9 @@ void embedding_positions_forward(float* out, const float* wpe, const std::int64_
                                  std::int64_t rows, std::int64_t seq, std::int64_t channels);
 /// nn::Embedding::backward_at: for every row r < rows of the full d output, dwte[tokens[r]
 /// - vocab_start, :] += dout[r, :] (tokens of the shard only) and dwpe[positions[r % seq], :]
-/// += dout[r, :]. Deterministic: the same sums in the same order on every run.
+/// += dout[r, :], in increasing r: the CPU's sums in the CPU's order (the same bits on every
+/// run). `tokens` [rows] and `positions` [seq] are HOST memory: the rows are bucketed by table
+/// row on the host and the buckets uploaded (cuda::upload: no wait).
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
                         const std::int64_t* positions, std::int64_t rows, std::int64_t seq, std::int64_t channels,
                         std::int64_t vocab_start, std::int64_t local_vocab);
@@ -260,7 +262,8 @@ void embedding_forward(float* out, const std::int32_t* tokens, const float* wte,
                        const std::int64_t* positions, std::int64_t rows, std::int64_t seq, std::int64_t channels);
 void embedding_forward(BFloat16* out, const std::int32_t* tokens, const float* wte, const float* wpe,
                        const std::int64_t* positions, std::int64_t rows, std::int64_t seq, std::int64_t channels);
-/// embedding_backward from a bf16 d output into the fp32 tables (whole vocabulary).
+/// embedding_backward from a bf16 d output into the fp32 tables (whole vocabulary; tokens and
+/// positions in host memory).
 void embedding_backward(float* dwte, float* dwpe, const BFloat16* dout, const std::int32_t* tokens,
                         const std::int64_t* positions, std::int64_t rows, std::int64_t seq, std::int64_t channels);
 
@@ -324,7 +327,8 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
 /// True when it ran; false, having run nothing, where cuBLASLt has no algorithm for it (one
 /// log line names the product the first time) or a GELU aux's rows are not a multiple of 8
 /// apart: its caller then runs the product into fp32 and the epilogue's step apart (ops::gemm
-/// into bf16, ops::gemm_fused into bf16).
+/// into bf16, ops::gemm_fused into bf16). A call cuBLASLt fails after its heuristic offered an
+/// algorithm (INVALID_VALUE, ...) is an Error naming the product, not a decline.
 [[nodiscard]] bool try_gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                                  const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb,
                                  BFloat16* c, std::int64_t ldc, GemmEpilogue epilogue, const BFloat16* bias,
@@ -337,6 +341,7 @@ void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
 /// when it ran; false, having run nothing, where cuBLASLt has no algorithm for it (one log
 /// line names the product the first time) or a GELU aux's rows are not a multiple of 8
 /// apart. Its callers then run the product and the epilogue's steps apart (ops::gemm_fused).
+/// A failing call is an Error naming the product, as try_gemm_bf16's.
 [[nodiscard]] bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                                      float alpha, const BFloat16* a, std::int64_t lda, const BFloat16* b,
                                      std::int64_t ldb, float beta, float* c, std::int64_t ldc, GemmEpilogue epilogue,

@@ -53,8 +53,12 @@ class Embedding {
   /// them on the host.
   void forward_at(const std::int32_t* tokens, T* out, std::int64_t batch, std::int64_t seq,
                   const std::int64_t* positions) const;
+  /// On CUDA the backward groups the rows by table row on the host (cuda::embedding_backward):
+  /// `host_tokens` [batch seq] and `host_positions` [seq] are the same values in host memory
+  /// (the caller has them); without them they are copied back from the device first (a wait).
   void backward_at(const T* dout, const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
-                   const std::int64_t* positions) const;
+                   const std::int64_t* positions, const std::int32_t* host_tokens = nullptr,
+                   const std::int64_t* host_positions = nullptr) const;
 
   /// The options it was built with.
   const EmbeddingOptions& options() const { return options_; }

@@ -69,6 +69,9 @@ struct ModelPlan {
   /// ZeRO-3's parameters and ZeRO 2/3's per-unit gradient work space (GradReducer::
   /// own_workspace gives their chunks back unit by unit).
   StoreOptions store;
+  /// A block's closing add left to the next norm (model::ModelOptions::fuse_closing_add):
+  /// not where ZeRO 2/3 give a unit's parameters back after its block.
+  bool fuse_closing_add = true;
   // Activation recompute.
   nn::Recompute recompute = nn::Recompute::kNone;
   // Where the chunks run.

@@ -12,7 +12,8 @@
 // intrinsics (no FMA): the CPU loop's arithmetic bit for bit.
 //
 // classifier_forward_backward: both in one kernel, in place on the (padded) logits, fp32 or
-// bf16; no probs buffer, the per-row losses stay on the device.
+// bf16; no probs buffer, the per-row losses stay on the device. It and the forward run 1024
+// threads a row and read eight columns at a time (16-byte loads where the rows allow).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -29,7 +30,8 @@ namespace {
 using detail::check_launch;
 using detail::compute_stream;
 
-constexpr int kThreads = 512;
+constexpr int kThreads = 512;      // the vocabulary-parallel passes
+constexpr int kRowThreads = 1024;  // cross_entropy_forward and the classifier
 
 struct MaxSum {
   float max, sum;
@@ -42,61 +44,29 @@ __device__ MaxSum merge(MaxSum a, MaxSum b) {
   return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
 }
 
-__global__ void cross_entropy_forward_kernel(float* probs, float* losses, const float* logits,
-                                             const std::int32_t* targets, std::int64_t vocab) {
-  __shared__ MaxSum warp_parts[kThreads / 32];
-  __shared__ float z_target;
-  const std::int64_t row = blockIdx.x;
-  const float* z = logits + row * vocab;
-  float* p = probs + row * vocab;
-  const std::int32_t target = targets[row];
-  if (threadIdx.x == 0) z_target = target >= 0 && target < vocab ? z[target] : NAN;
-
-  MaxSum part{-INFINITY, 0.0f};
-  for (std::int64_t i = threadIdx.x; i < vocab; i += kThreads) {
-    const float v = z[i];
-    if (v > part.max) {
-      part.sum = part.sum * expf(part.max - v) + 1.0f;
-      part.max = v;
-    } else if (v != -INFINITY) {  // a masked logit adds nothing (and -inf - -inf is NaN)
-      part.sum += expf(v - part.max);
-    }
-  }
-  for (int o = 16; o > 0; o >>= 1)
-    part =
-        merge(part, {__shfl_xor_sync(0xffffffffu, part.max, o), __shfl_xor_sync(0xffffffffu, part.sum, o)});
-  if (threadIdx.x % 32 == 0) warp_parts[threadIdx.x / 32] = part;
-  __syncthreads();  // also orders the read of z_target before any write of p
-  MaxSum all = warp_parts[0];
-  for (int w = 1; w < kThreads / 32; ++w) all = merge(all, warp_parts[w]);
-
-  const float inv = 1.0f / all.sum;
-  for (std::int64_t i = threadIdx.x; i < vocab; i += kThreads) p[i] = expf(z[i] - all.max) * inv;
-  if (threadIdx.x == 0) losses[row] = logf(all.sum) - (z_target - all.max);
-}
-
-// The classifier: the forward above and the backward below in one kernel, in place on the
-// logits (S: float, or bfloat16 bits), without a probs buffer. Each thread reads and
-// then overwrites only its own columns, after the barrier that orders the target's read.
-// d = p scale - [i == target] scale with the backward's operations: the float twin writes
-// what cross_entropy_forward then cross_entropy_backward into zeros write, bit for bit.
+// The online (max, sum of exp(z - max)) of columns [0, valid) of a row, over the block: thread
+// t takes the groups of eight columns t, t + kRowThreads, ... (columns 8 g .. 8 g + 7 in order),
+// with one 16-byte load a group where `vec` (the row 16-byte aligned, its width a multiple of
+// 8), else column by column: the same values in the same order either way, so that the fused
+// classifier and cross_entropy_forward agree bit for bit. Then the lanes' parts merged in a
+// shuffle tree and the warps' in warp order. Every thread gets the row's (max, sum).
 template <typename S>
-__global__ void classifier_kernel(S* logits, float* losses, const std::int32_t* targets, std::int64_t vocab,
-                                  std::int64_t padded_vocab, float scale) {
-  __shared__ MaxSum warp_parts[kThreads / 32];
-  __shared__ float z_target;
-  const std::int64_t row = blockIdx.x;
-  S* z = logits + row * padded_vocab;
-  const std::int32_t target = targets[row];
-  if (threadIdx.x == 0) z_target = target >= 0 && target < vocab ? detail::load(z + target) : NAN;
+__device__ MaxSum row_max_sum(const S* z, std::int64_t valid, bool vec) {
+  __shared__ MaxSum warp_parts[kRowThreads / 32];
   MaxSum part{-INFINITY, 0.0f};
-  for (std::int64_t i = threadIdx.x; i < vocab; i += kThreads) {
-    const float v = detail::load(z + i);
-    if (v > part.max) {
-      part.sum = part.sum * expf(part.max - v) + 1.0f;
-      part.max = v;
-    } else if (v != -INFINITY) {
-      part.sum += expf(v - part.max);
+  for (std::int64_t g = threadIdx.x; 8 * g < valid; g += kRowThreads) {
+    float v[8];
+    if (vec)
+      detail::load8(z + 8 * g, v);
+    else
+      for (int e = 0; e < 8; ++e) v[e] = 8 * g + e < valid ? detail::load(z + 8 * g + e) : -INFINITY;
+    for (int e = 0; e < 8 && 8 * g + e < valid; ++e) {
+      if (v[e] > part.max) {
+        part.sum = part.sum * expf(part.max - v[e]) + 1.0f;
+        part.max = v[e];
+      } else if (v[e] != -INFINITY) {  // a masked logit adds nothing (and -inf - -inf is NaN)
+        part.sum += expf(v[e] - part.max);
+      }
     }
   }
   for (int o = 16; o > 0; o >>= 1)
@@ -105,15 +75,66 @@ __global__ void classifier_kernel(S* logits, float* losses, const std::int32_t* 
   if (threadIdx.x % 32 == 0) warp_parts[threadIdx.x / 32] = part;
   __syncthreads();
   MaxSum all = warp_parts[0];
-  for (int w = 1; w < kThreads / 32; ++w) all = merge(all, warp_parts[w]);
+  for (int w = 1; w < kRowThreads / 32; ++w) all = merge(all, warp_parts[w]);
+  return all;
+}
+
+__global__ void cross_entropy_forward_kernel(float* probs, float* losses, const float* logits,
+                                             const std::int32_t* targets, std::int64_t vocab, bool vec) {
+  __shared__ float z_target;
+  const std::int64_t row = blockIdx.x;
+  const float* z = logits + row * vocab;
+  float* p = probs + row * vocab;
+  const std::int32_t target = targets[row];
+  if (threadIdx.x == 0) z_target = target >= 0 && target < vocab ? z[target] : NAN;
+  // row_max_sum's barrier also orders the read of z_target before any write of p.
+  const MaxSum all = row_max_sum(z, vocab, vec);
   const float inv = 1.0f / all.sum;
-  for (std::int64_t i = threadIdx.x; i < padded_vocab; i += kThreads) {
-    float d = 0.0f;
-    if (i < vocab) {
-      d = __fmul_rn(expf(detail::load(z + i) - all.max) * inv, scale);
-      if (i == target) d = __fsub_rn(d, scale);
+  for (std::int64_t i = threadIdx.x; i < vocab; i += kRowThreads) p[i] = expf(z[i] - all.max) * inv;
+  if (threadIdx.x == 0) losses[row] = logf(all.sum) - (z_target - all.max);
+}
+
+// The classifier: the forward above and the backward below in one kernel, in place on the
+// logits (S: float, or bfloat16 bits), without a probs buffer, rows in reverse order (the last
+// rows the LM head's product wrote are the likeliest still in L2). Columns [valid, width) are
+// padding: never read for the softmax, their gradient written 0. Each thread reads and then
+// overwrites only its own groups of eight columns, after the barrier that orders the target's
+// read; 16-byte loads and stores where the rows allow (`vec`). d = p scale - [i == target]
+// scale with the backward's operations: the float twin writes what cross_entropy_forward then
+// cross_entropy_backward into zeros write, bit for bit.
+template <typename S>
+__global__ void classifier_kernel(S* logits, float* losses, const std::int32_t* targets, std::int64_t rows,
+                                  std::int64_t valid, std::int64_t width, float scale, bool vec) {
+  __shared__ float z_target;
+  __shared__ std::int32_t row_target;
+  const std::int64_t row = rows - 1 - std::int64_t{blockIdx.x};
+  S* z = logits + row * width;
+  if (threadIdx.x == 0) {  // read once for the block; row_max_sum's barrier publishes them
+    row_target = targets[row];
+    z_target = row_target >= 0 && row_target < valid ? detail::load(z + row_target) : NAN;
+  }
+  const MaxSum all = row_max_sum(z, valid, vec);
+  const std::int32_t target = row_target;
+  const float inv = 1.0f / all.sum;
+  for (std::int64_t g = threadIdx.x; 8 * g < width; g += kRowThreads) {
+    float v[8];
+    if (vec)
+      detail::load8(z + 8 * g, v);
+    else
+      for (int e = 0; e < 8; ++e) v[e] = 8 * g + e < valid ? detail::load(z + 8 * g + e) : 0.0f;
+    for (int e = 0; e < 8; ++e) {
+      const std::int64_t i = 8 * g + e;
+      float d = 0.0f;
+      if (i < valid) {
+        d = __fmul_rn(expf(v[e] - all.max) * inv, scale);
+        if (i == target) d = __fsub_rn(d, scale);
+      }
+      v[e] = d;
     }
-    detail::store(z + i, d);
+    if (vec)
+      detail::store8(z + 8 * g, v);
+    else
+      for (int e = 0; e < 8 && 8 * g + e < width; ++e) detail::store(z + 8 * g + e, v[e]);
   }
   if (threadIdx.x == 0) losses[row] = logf(all.sum) - (z_target - all.max);
 }
@@ -200,11 +221,12 @@ template <typename S>
 void classifier(S* logits, float* losses, const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
                 std::int64_t padded_vocab, float scale) {
   if (rows <= 0) return;
-  if (padded_vocab < vocab)
-    detail::fail_error("classifier_forward_backward: padded vocabulary " + std::to_string(padded_vocab) +
-                       " is smaller than the vocabulary " + std::to_string(vocab));
-  classifier_kernel<S><<<static_cast<unsigned>(rows), kThreads, 0, compute_stream()>>>(logits, losses, targets,
-                                                                                       vocab, padded_vocab, scale);
+  if (padded_vocab < vocab || vocab <= 0)
+    detail::fail_error("classifier_forward_backward: the valid vocabulary " + std::to_string(vocab) +
+                       " must be positive and at most the row width " + std::to_string(padded_vocab));
+  const bool vec = padded_vocab % 8 == 0 && detail::is_aligned16(logits);
+  classifier_kernel<S><<<static_cast<unsigned>(rows), kRowThreads, 0, compute_stream()>>>(
+      logits, losses, targets, rows, vocab, padded_vocab, scale, vec);
   check_launch("classifier_forward_backward");
 }
 
@@ -223,8 +245,8 @@ void classifier_forward_backward(BFloat16* logits, float* losses, const std::int
 void cross_entropy_forward(float* probs, float* losses, const float* logits, const std::int32_t* targets,
                            std::int64_t rows, std::int64_t vocab) {
   if (rows <= 0) return;
-  cross_entropy_forward_kernel<<<static_cast<unsigned>(rows), kThreads, 0, compute_stream()>>>(
-      probs, losses, logits, targets, vocab);
+  cross_entropy_forward_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, compute_stream()>>>(
+      probs, losses, logits, targets, vocab, vocab % 8 == 0 && detail::is_aligned16(logits));
   check_launch("cross_entropy_forward");
 }
 

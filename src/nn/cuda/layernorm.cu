@@ -4,10 +4,18 @@
 //   backward: with xhat = (x - mean) rstd and g = dout w, per row
 //             dx += rstd (g - mean(g) - xhat mean(g xhat)),
 //             and over rows dw += sum dout xhat, db += sum dout.
-// One warp per row for the row-wise work (the lanes stride the channels, then a shuffle
-// tree). The weight and bias gradients are column sums, computed deterministically like
-// bias_backward: chunks of rows summed by 32 x 8 thread blocks, then the chunk sums added
-// in order (detail::add_column_partials). No atomics anywhere: the same bits every run.
+// One warp per row for the row-wise work, then a shuffle tree. Where every row starts 16 bytes
+// aligned (C a multiple of 8, the buffers aligned) a lane moves eight elements at a time with
+// 16-byte loads and stores (detail::load8/store8: two float4 of fp32, one pack of eight bf16),
+// as llm.c's kernels do; otherwise the lanes stride the channels one element at a time.
+//
+// The backward reads its inputs once, in one pass over the rows: each warp computes its rows'
+// dx and keeps its columns' sums of dout xhat, dout (and of the residual's gradient: the
+// deferred bias of the layer before) in registers; the block adds its warps' sums in warp order
+// and writes them as one row of partials, and a second launch adds those rows in order
+// (detail::column_sums). Deterministic, no atomics: the same bits every run. (Rows whose
+// shape or alignment does not allow 16-byte accesses, or C > 2048, run the earlier scalar
+// passes: the partial sums of fixed chunks of rows, the sums, then dx.)
 // residual_layernorm_forward adds the residual first (stored, then normalised as stored), and
 // before it the deferred bias of the layer that wrote x when given;
 // every kernel is templated on the rows' storage (float, or bf16 bits: detail::load/store).
@@ -26,8 +34,11 @@ using detail::Bf16Bits;
 using detail::bits;
 using detail::check_launch;
 using detail::compute_stream;
+using detail::is_aligned16;
 using detail::load;
+using detail::load8;
 using detail::store;
+using detail::store8;
 using detail::warp_sum;
 
 constexpr int kWarpsPerBlock = 8;
@@ -62,6 +73,58 @@ __global__ void layernorm_forward_kernel(D* out, float* mean, float* rstd, S* re
   const float r = 1.0f / sqrtf(warp_sum(v) / static_cast<float>(c) + eps);
   D* y = out + row * c;
   for (int i = lane; i < c; i += 32) store(y + i, (load(x + i) - m) * r * weight[i] + bias[i]);
+  if (lane == 0) mean[row] = m, rstd[row] = r;
+}
+
+// The same with 16-byte accesses: lane l moves elements [8 (l + 32 k), 8 (l + 32 k) + 8).
+// c % 8 == 0 and every pointer 16-byte aligned.
+template <typename S, typename D>
+__global__ void layernorm_forward_vec_kernel(D* out, float* mean, float* rstd, S* residual, const S* inp,
+                                             const S* add, const float* x_bias, const float* weight,
+                                             const float* bias, std::int64_t rows, int c, float eps) {
+  const std::int64_t row = std::int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const S* x = inp + row * c;
+  float v[8], w[8];
+  if (add != nullptr) {  // each lane reads back only what it wrote: no barrier
+    S* res = residual + row * c;
+    const S* a = add + row * c;
+    for (int i = lane * 8; i < c; i += 256) {
+      float av[8];
+      load8(x + i, v);
+      load8(a + i, av);
+      if (x_bias != nullptr) {
+        load8(x_bias + i, w);
+        for (int k = 0; k < 8; ++k) v[k] = __fadd_rn(__fadd_rn(v[k], w[k]), av[k]);
+      } else {
+        for (int k = 0; k < 8; ++k) v[k] = v[k] + av[k];
+      }
+      store8(res + i, v);
+    }
+    x = res;
+  }
+  float s = 0;
+  for (int i = lane * 8; i < c; i += 256) {
+    load8(x + i, v);
+    for (int k = 0; k < 8; ++k) s += v[k];
+  }
+  const float m = warp_sum(s) / static_cast<float>(c);
+  float var = 0;
+  for (int i = lane * 8; i < c; i += 256) {
+    load8(x + i, v);
+    for (int k = 0; k < 8; ++k) var += (v[k] - m) * (v[k] - m);
+  }
+  const float r = 1.0f / sqrtf(warp_sum(var) / static_cast<float>(c) + eps);
+  D* y = out + row * c;
+  for (int i = lane * 8; i < c; i += 256) {
+    float b[8];
+    load8(x + i, v);
+    load8(weight + i, w);
+    load8(bias + i, b);
+    for (int k = 0; k < 8; ++k) v[k] = (v[k] - m) * r * w[k] + b[k];
+    store8(y + i, v);
+  }
   if (lane == 0) mean[row] = m, rstd[row] = r;
 }
 
@@ -126,6 +189,79 @@ __global__ void layernorm_param_partials_kernel(float* dw_part, float* db_part, 
   }
 }
 
+// The backward in one pass over the rows (see the top of this file): kGroups groups of eight
+// channels a lane (c <= 256 kGroups). Warp w of block b takes rows (b kWarps + w) + k gridDim.x
+// kWarps; partials [gridDim.x, count c]: the block's sums of dout xhat, dout and (count 3) dres.
+// Dynamic shared memory: kBackwardWarps x c floats (the warps' sums of one quantity at a time).
+constexpr int kBackwardWarps = 4, kBackwardBlocks = 256;
+template <typename S, int kGroups>
+__global__ void layernorm_backward_kernel(S* dinp, const S* dres, float* partials, const S* dout, const S* inp,
+                                          const float* weight, const float* mean, const float* rstd,
+                                          std::int64_t rows, int c, int count) {
+  extern __shared__ float warp_sums[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float dw[kGroups][8] = {}, db[kGroups][8] = {}, rs[kGroups][8] = {};
+  for (std::int64_t row = std::int64_t{blockIdx.x} * kBackwardWarps + warp; row < rows;
+       row += std::int64_t{gridDim.x} * kBackwardWarps) {
+    const S* x = inp + row * c;
+    const S* dy = dout + row * c;
+    const float m = mean[row], r = rstd[row];
+    float xv[8], dv[8], wv[8];
+    float g_sum = 0, gx_sum = 0;
+    for (int k = 0; k < kGroups; ++k) {
+      const int i = (lane + 32 * k) * 8;
+      if (i >= c) break;
+      load8(x + i, xv);
+      load8(dy + i, dv);
+      load8(weight + i, wv);
+      for (int e = 0; e < 8; ++e) {
+        const float g = dv[e] * wv[e];
+        g_sum += g;
+        gx_sum += g * ((xv[e] - m) * r);
+      }
+    }
+    const float g_mean = warp_sum(g_sum) / static_cast<float>(c);
+    const float gx_mean = warp_sum(gx_sum) / static_cast<float>(c);
+    S* dx = dinp + row * c;
+    const S* dr = dres + row * c;
+    for (int k = 0; k < kGroups; ++k) {
+      const int i = (lane + 32 * k) * 8;
+      if (i >= c) break;
+      float rv[8];
+      load8(x + i, xv);
+      load8(dy + i, dv);
+      load8(weight + i, wv);
+      load8(dr + i, rv);  // before dx is written: dres may be dinp
+      for (int e = 0; e < 8; ++e) {
+        const float xhat = (xv[e] - m) * r;
+        dw[k][e] += dv[e] * xhat;
+        db[k][e] += dv[e];
+        rs[k][e] += rv[e];
+        rv[e] = rv[e] + r * (dv[e] * wv[e] - g_mean - xhat * gx_mean);
+      }
+      store8(dx + i, rv);
+    }
+  }
+  // The block's sums of each quantity: the warps' in warp order, one row of partials.
+  for (int q = 0; q < count; ++q) {
+    for (int k = 0; k < kGroups; ++k) {
+      const int i = (lane + 32 * k) * 8;
+      if (i >= c) break;
+      for (int e = 0; e < 8; ++e) warp_sums[warp * c + i + e] = q == 0 ? dw[k][e] : q == 1 ? db[k][e] : rs[k][e];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x * 4; i < c; i += blockDim.x * 4) {
+      float4 t = *reinterpret_cast<const float4*>(warp_sums + i);
+      for (int w = 1; w < kBackwardWarps; ++w) {
+        const float4 u = *reinterpret_cast<const float4*>(warp_sums + w * c + i);
+        t.x = __fadd_rn(t.x, u.x), t.y = __fadd_rn(t.y, u.y), t.z = __fadd_rn(t.z, u.z), t.w = __fadd_rn(t.w, u.w);
+      }
+      *reinterpret_cast<float4*>(partials + std::int64_t{blockIdx.x} * count * c + q * c + i) = t;
+    }
+    __syncthreads();
+  }
+}
+
 unsigned row_blocks(std::int64_t rows) {
   return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
@@ -135,9 +271,25 @@ void forward(D* out, float* mean, float* rstd, S* residual, const S* inp, const 
              const float* bias, std::int64_t rows, std::int64_t channels, float eps, const char* what,
              const float* x_bias = nullptr) {
   if (rows <= 0 || channels <= 0) return;
-  layernorm_forward_kernel<S, D><<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
-      out, mean, rstd, residual, inp, add, x_bias, weight, bias, rows, static_cast<int>(channels), eps);
+  const bool vec = channels % 8 == 0 && is_aligned16(out) && is_aligned16(inp) && is_aligned16(weight) &&
+                   is_aligned16(bias) && (add == nullptr || (is_aligned16(add) && is_aligned16(residual))) &&
+                   (x_bias == nullptr || is_aligned16(x_bias));
+  if (vec)
+    layernorm_forward_vec_kernel<S, D><<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
+        out, mean, rstd, residual, inp, add, x_bias, weight, bias, rows, static_cast<int>(channels), eps);
+  else
+    layernorm_forward_kernel<S, D><<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
+        out, mean, rstd, residual, inp, add, x_bias, weight, bias, rows, static_cast<int>(channels), eps);
   check_launch(what);
+}
+
+template <typename S, int kGroups>
+void backward_pass(S* dinp, const S* dres, float* partials, const S* dout, const S* inp, const float* weight,
+                   const float* mean, const float* rstd, std::int64_t rows, int c, int count, unsigned blocks) {
+  // At most 4 x 2048 floats: 32 KiB, under the 48 KiB a kernel gets without asking.
+  const std::size_t shared = static_cast<std::size_t>(kBackwardWarps) * static_cast<std::size_t>(c) * sizeof(float);
+  layernorm_backward_kernel<S, kGroups><<<blocks, kBackwardWarps * 32, shared, compute_stream()>>>(
+      dinp, dres, partials, dout, inp, weight, mean, rstd, rows, c, count);
 }
 
 // The column sums first (dresidual may be dinp, which the second kernel writes).
@@ -147,10 +299,33 @@ void backward(S* dinp, const S* dresidual, float* dresidual_sums, float* dweight
               std::int64_t channels) {
   if (rows <= 0 || channels <= 0) return;
   const S* dres = dresidual != nullptr ? dresidual : dinp;
+  const int count = dresidual_sums != nullptr ? 3 : 2;
+  float* const sums[3] = {dweight, dbias, dresidual_sums};
+  const bool vec = channels % 8 == 0 && channels <= 2048 && is_aligned16(dinp) && is_aligned16(dres) &&
+                   is_aligned16(dout) && is_aligned16(inp) && is_aligned16(weight);
+  if (vec) {
+    const int c = static_cast<int>(channels), groups = (c + 255) / 256;
+    const std::int64_t wanted = (rows + kBackwardWarps - 1) / kBackwardWarps;
+    const auto blocks = static_cast<unsigned>(wanted < kBackwardBlocks ? wanted : kBackwardBlocks);
+    DeviceBuffer partials(static_cast<std::size_t>(blocks) * static_cast<std::size_t>(count * c) * sizeof(float));
+    auto* p = static_cast<float*>(partials.data());
+    if (groups == 1)
+      backward_pass<S, 1>(dinp, dres, p, dout, inp, weight, mean, rstd, rows, c, count, blocks);
+    else if (groups == 2)
+      backward_pass<S, 2>(dinp, dres, p, dout, inp, weight, mean, rstd, rows, c, count, blocks);
+    else if (groups == 3)
+      backward_pass<S, 3>(dinp, dres, p, dout, inp, weight, mean, rstd, rows, c, count, blocks);
+    else if (groups == 4)
+      backward_pass<S, 4>(dinp, dres, p, dout, inp, weight, mean, rstd, rows, c, count, blocks);
+    else
+      backward_pass<S, 8>(dinp, dres, p, dout, inp, weight, mean, rstd, rows, c, count, blocks);
+    check_launch("layernorm_backward");
+    detail::column_sums(sums, count, p, blocks, channels);
+    return;
+  }
   const std::int64_t chunk_rows = detail::column_chunk_rows(rows),
                      chunks = (rows + chunk_rows - 1) / chunk_rows;
-  const std::int64_t sums = dresidual_sums != nullptr ? 3 : 2;
-  DeviceBuffer partials(static_cast<std::size_t>(sums * chunks * channels) * sizeof(float));
+  DeviceBuffer partials(static_cast<std::size_t>(count * chunks * channels) * sizeof(float));
   float* dw_part = static_cast<float*>(partials.data());
   float* db_part = dw_part + chunks * channels;
   float* rs_part = dresidual_sums != nullptr ? db_part + chunks * channels : nullptr;
@@ -159,9 +334,7 @@ void backward(S* dinp, const S* dresidual, float* dresidual_sums, float* dweight
       dw_part, db_part, rs_part, dout, inp, dresidual_sums != nullptr ? dres : nullptr, mean, rstd, rows, channels,
       chunk_rows);
   check_launch("layernorm_backward (weight and bias)");
-  detail::add_column_partials(dweight, dw_part, chunks, channels);
-  detail::add_column_partials(dbias, db_part, chunks, channels);
-  if (dresidual_sums != nullptr) detail::add_column_partials(dresidual_sums, rs_part, chunks, channels);
+  for (int q = 0; q < count; ++q) detail::column_sums(sums + q, 1, dw_part + q * chunks * channels, chunks, channels);
   layernorm_dinp_kernel<S><<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
       dinp, dres, dout, inp, weight, mean, rstd, rows, static_cast<int>(channels));
   check_launch("layernorm_backward (dinp)");

@@ -5,7 +5,7 @@
 //             and over rows dw += sum dout xhat.
 // The layout of layernorm.cu: one warp per row for the row-wise work, the weight gradient
 // (and the residual gradient's column sums) as deterministic chunk sums added in order
-// (detail::add_column_partials), no atomics. residual_rmsnorm_forward adds the residual
+// (detail::column_sums), no atomics. residual_rmsnorm_forward adds the residual
 // first (stored, then normalised as stored), and before it the deferred bias of the layer
 // that wrote x when given (a Llama block has none; the kernel serves any block).
 #include <cuda_runtime.h>
@@ -132,8 +132,12 @@ void backward(S* dinp, const S* dresidual, float* dresidual_sums, float* dweight
   rmsnorm_param_partials_kernel<S><<<grid, dim3(kColTile, kRowLanes), 0, compute_stream()>>>(
       dw_part, rs_part, dout, inp, dresidual_sums != nullptr ? dres : nullptr, rstd, rows, channels, chunk_rows);
   check_launch("rmsnorm_backward (weight)");
-  detail::add_column_partials(dweight, dw_part, chunks, channels);
-  if (dresidual_sums != nullptr) detail::add_column_partials(dresidual_sums, rs_part, chunks, channels);
+  float* const dw[1] = {dweight};
+  detail::column_sums(dw, 1, dw_part, chunks, channels);
+  if (dresidual_sums != nullptr) {
+    float* const rs[1] = {dresidual_sums};
+    detail::column_sums(rs, 1, rs_part, chunks, channels);
+  }
   rmsnorm_dinp_kernel<S><<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
       dinp, dres, dout, inp, weight, rstd, rows, static_cast<int>(channels));
   check_launch("rmsnorm_backward (dinp)");

@@ -15,6 +15,8 @@ void apply_data_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOpti
   plan.store.mappable_params = o.dp.zero == 3 && o.device == Device::kCuda;
   // So does the per-unit gradient work space (GradReducer::own_workspace).
   plan.store.mappable_grads = plan.store.pad_units && o.device == Device::kCuda;
+  // The next block's norm would read a block's bias after ZeRO 2/3 released its unit.
+  plan.fuse_closing_add = !plan.store.pad_units;
 }
 
 }  // namespace ndmesh::parallel

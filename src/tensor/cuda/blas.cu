@@ -336,15 +336,16 @@ bool run(const Key& key, float alpha, const void* a, const void* b, float beta, 
   const cublasStatus_t st = lt_api().Matmul(s.handle, plan.desc, &alpha, b, plan.first, a, plan.second, &beta, c,
                                             plan.out, c, plan.out, &plan.algo, s.workspace, kWorkspaceBytes,
                                             compute_stream());
-  // A product that may decline and that cuBLASLt refuses to run (nothing launched) declines
-  // from now on; any other failure is an error.
-  if (may_decline && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
-    detail::note("cuBLASLt cannot run " + timing_name(key) + " (" + lt_api().GetStatusString(st) +
-                 "): the product and its epilogue run apart");
-    plan.found = false;
-    return false;
-  }
-  check_lt(st, "matmul");
+  // A product declines only where the heuristic has no algorithm for it (make_plan). Once it
+  // offered one, a call that fails (INVALID_VALUE: an argument it refuses) is an error naming
+  // the call: taken as "declined" it would hide a bug behind a slower path.
+  if (st != CUBLAS_STATUS_SUCCESS)
+    detail::fail_error("cuBLASLt matmul " + timing_name(key) + " (lda " + std::to_string(key.lda) + ", ldb " +
+                       std::to_string(key.ldb) + ", ldc " + std::to_string(key.ldc) + ", alignments " +
+                       std::to_string(key.align_a) + "/" + std::to_string(key.align_b) + "/" +
+                       std::to_string(key.align_c) + " B) failed: " + lt_api().GetStatusString(st) + " (" +
+                       lt_api().GetStatusName(st) + ")" +
+                       (may_decline ? "; NDMESH_EPILOGUES=off runs every epilogue apart" : ""));
   if (detail::timing()) detail::timed(timing_name(key).c_str());
   return true;
 }

@@ -59,14 +59,48 @@ __device__ __forceinline__ void store(Bf16Bits* p, float v) { *p = to_bf16(v); }
 inline Bf16Bits* bits(BFloat16* p) { return reinterpret_cast<Bf16Bits*>(p); }
 inline const Bf16Bits* bits(const BFloat16* p) { return reinterpret_cast<const Bf16Bits*>(p); }
 
+/// 16-byte accesses (llm.c's Packed128): eight elements of a row at a time, as two float4 (fp32)
+/// or one 16-byte pack of eight bf16, widened to float on the load and rounded once on the store.
+/// The pointer must be 16-byte aligned (is_aligned16); the callers keep a scalar path for rows
+/// whose length or start is not (odd shapes, views into a buffer).
+inline bool is_aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void load8(const Bf16Bits* p, float (&v)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+  for (int k = 0; k < 4; ++k) {
+    v[2 * k] = __uint_as_float(w[k] << 16);
+    v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
+  float4 a, b;
+  a.x = v[0], a.y = v[1], a.z = v[2], a.w = v[3], b.x = v[4], b.y = v[5], b.z = v[6], b.w = v[7];
+  reinterpret_cast<float4*>(p)[0] = a;
+  reinterpret_cast<float4*>(p)[1] = b;
+}
+__device__ __forceinline__ void store8(Bf16Bits* p, const float (&v)[8]) {
+  unsigned w[4];
+  for (int k = 0; k < 4; ++k)
+    w[k] = static_cast<unsigned>(to_bf16(v[2 * k])) | (static_cast<unsigned>(to_bf16(v[2 * k + 1])) << 16);
+  uint4 u;
+  u.x = w[0], u.y = w[1], u.z = w[2], u.w = w[3];
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
 /// Rows per chunk of a column sum over `rows` rows: at most 64 chunks of at least 64 rows.
 inline std::int64_t column_chunk_rows(std::int64_t rows) {
   const std::int64_t per = (rows + 63) / 64;
   return per < 64 ? 64 : per;
 }
 
-/// dst[j] += sum over c < chunks of partials[c * cols + j], in the order c = 0, 1, ...:
-/// the second pass of the deterministic column sums (bias and LayerNorm backward).
-void add_column_partials(float* dst, const float* partials, std::int64_t chunks, std::int64_t cols);
+/// The second pass of the deterministic column sums (bias and LayerNorm backward): partials
+/// [chunks, count * cols] (the chunk sums of `count` quantities side by side) added over the
+/// chunks into dst[q][j] += sum over c of partials[c, q * cols + j], q < count (at most 3), in a
+/// fixed order (the same bits every run). One launch for every quantity, 16 columns a block.
+void column_sums(float* const* dst, int count, const float* partials, std::int64_t chunks, std::int64_t cols);
 
 }  // namespace ndmesh::cuda::detail

@@ -2,18 +2,20 @@
 // scale, the double-precision sums, the bfloat16 casts, and the second pass of the
 // deterministic column sums.
 //
-// The maps run a grid-stride loop over float4 when every pointer is 16-byte aligned (one
-// 16-byte access per thread and step), scalar otherwise and for the tail. Adds and
+// The maps and the casts run a grid-stride loop over 16-byte accesses when every pointer is
+// 16-byte aligned (a float4, or eight bf16), scalar otherwise and for the tail. Adds and
 // multiplies use the _rn intrinsics so that nvcc does not contract them into FMAs: the
 // results are those of the CPU loops bit for bit.
 //
-// The sums are deterministic: a fixed grid (a function of n alone) of threads sums its
-// grid-stride share in double, each block reduces its threads in a fixed tree, and one
-// block then sums the block results in the same fixed tree. The order differs from the
-// CPU's left-to-right sum, but both are double: they agree to about 1e-15 relative.
+// The sums are deterministic: x is cut into ranges of 16384 elements, one block each (a
+// function of n alone: every block has the same work), whose threads sum their share in
+// double (float4 loads where aligned), each block reduces its threads in a fixed tree, and one
+// block then sums the block results in the same fixed tree. The order differs from the CPU's
+// left-to-right sum, but both are double: they agree to about 1e-15 relative.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ndmesh/nn/cuda_ops.hpp"
@@ -25,6 +27,7 @@ namespace {
 
 using detail::blocks_for;
 using detail::check_launch;
+using detail::fail_error;
 using detail::compute_stream;
 using detail::kThreads;
 
@@ -113,25 +116,51 @@ __device__ double block_sum(double v) {
   return v;
 }
 
-constexpr int kReduceThreads = 1024;  // the final pass sums at most this many block results
-constexpr std::int64_t kReduceBlocks = kReduceThreads;
+// The sums cut x into ranges of kReduceSpan elements, one block of kReduceThreads each (the
+// same work in every block); a thread adds its share of the range, 16-byte loads where the
+// range is aligned, then the block's tree; a second pass adds the blocks' results.
+constexpr int kReduceThreads = 1024;
+constexpr std::int64_t kReduceSpan = std::int64_t{16} * kReduceThreads;
 
+std::int64_t reduce_blocks(std::int64_t n) { return (n + kReduceSpan - 1) / kReduceSpan; }
+
+// Thread t's share of x[r0, r1) (r0 a multiple of kReduceSpan): with `vec` the float4s of the
+// range and then its tail, else one element at a time.
 template <bool kSquare>
-__global__ void partial_sum_kernel(double* partials, const float* x, std::int64_t n) {
-  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+__device__ double range_sum(const float* x, std::int64_t r0, std::int64_t r1, bool vec) {
   double acc = 0;
-  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+  std::int64_t i = r0 + threadIdx.x;
+  if (vec) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    for (std::int64_t q = r0 / 4 + threadIdx.x; q < r1 / 4; q += blockDim.x) {
+      const float4 v = x4[q];
+      const double a = v.x, b = v.y, c = v.z, d = v.w;
+      acc += kSquare ? a * a : a;
+      acc += kSquare ? b * b : b;
+      acc += kSquare ? c * c : c;
+      acc += kSquare ? d * d : d;
+    }
+    i = r1 / 4 * 4 + threadIdx.x;
+  }
+  for (; i < r1; i += blockDim.x) {
     const double v = x[i];
     acc += kSquare ? v * v : v;
   }
-  acc = block_sum(acc);
+  return acc;
+}
+
+template <bool kSquare>
+__global__ void partial_sum_kernel(double* partials, const float* x, std::int64_t n, bool vec) {
+  const std::int64_t r0 = std::int64_t{blockIdx.x} * kReduceSpan;
+  const double acc = block_sum(range_sum<kSquare>(x, r0, r0 + kReduceSpan < n ? r0 + kReduceSpan : n, vec));
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
-// *result = the partials' sum (kAccumulate: *result += it).
+// *result = the partials' sum (kAccumulate: *result += it); thread t adds partials t, t + 1024, ...
 template <bool kAccumulate>
-__global__ void final_sum_kernel(double* result, const double* partials, int count) {
-  double v = static_cast<int>(threadIdx.x) < count ? partials[threadIdx.x] : 0.0;
+__global__ void final_sum_kernel(double* result, const double* partials, std::int64_t count) {
+  double v = 0;
+  for (std::int64_t i = threadIdx.x; i < count; i += blockDim.x) v += partials[i];
   v = block_sum(v);
   if (threadIdx.x == 0) *result = kAccumulate ? *result + v : v;
 }
@@ -140,13 +169,13 @@ __global__ void final_sum_kernel(double* result, const double* partials, int cou
 template <bool kSquare, bool kAccumulate>
 void reduce_into(double* result, const float* x, std::int64_t n) {
   if (n <= 0) return;
-  const unsigned blocks = blocks_for(n, kReduceThreads, kReduceBlocks);
-  DeviceBuffer scratch(blocks * sizeof(double));
+  const std::int64_t blocks = reduce_blocks(n);
+  DeviceBuffer scratch(static_cast<std::size_t>(blocks) * sizeof(double));
   double* partials = static_cast<double*>(scratch.data());
-  partial_sum_kernel<kSquare><<<blocks, kReduceThreads, 0, compute_stream()>>>(partials, x, n);
+  partial_sum_kernel<kSquare><<<static_cast<unsigned>(blocks), kReduceThreads, 0, compute_stream()>>>(
+      partials, x, n, aligned16(x));
   check_launch(kSquare ? "square_sum" : "sum");
-  final_sum_kernel<kAccumulate><<<1, kReduceThreads, 0, compute_stream()>>>(result, partials,
-                                                                            static_cast<int>(blocks));
+  final_sum_kernel<kAccumulate><<<1, kReduceThreads, 0, compute_stream()>>>(result, partials, blocks);
   check_launch(kSquare ? "square_sum (final pass)" : "sum (final pass)");
 }
 
@@ -161,32 +190,77 @@ double reduce(const float* x, std::int64_t n) {
 }
 
 // ndmesh::BFloat16::from_float on the device: round to nearest even, NaN stays a quiet NaN.
-__global__ void to_bf16_kernel(std::uint16_t* dst, const float* src, std::int64_t n) {
+// With `vec` (both pointers 16-byte aligned) eight elements at a time (two float4 loads, one
+// 16-byte store), then the tail one at a time.
+__global__ void to_bf16_kernel(std::uint16_t* dst, const float* src, std::int64_t n, bool vec) {
   const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
-  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
-    std::uint32_t u = __float_as_uint(src[i]);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-      dst[i] = static_cast<std::uint16_t>((u >> 16) | 0x40u);
-    } else {
-      u += 0x7fffu + ((u >> 16) & 1u);
-      dst[i] = static_cast<std::uint16_t>(u >> 16);
+  std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x, done = 0;
+  if (vec) {
+    float v[8];
+    for (std::int64_t q = i; q < n / 8; q += stride) {
+      detail::load8(src + 8 * q, v);
+      detail::store8(dst + 8 * q, v);
     }
+    done = n / 8 * 8;
   }
+  for (std::int64_t k = done + i; k < n; k += stride) dst[k] = detail::to_bf16(src[k]);
 }
 
-__global__ void from_bf16_kernel(float* dst, const std::uint16_t* src, std::int64_t n) {
+__global__ void from_bf16_kernel(float* dst, const std::uint16_t* src, std::int64_t n, bool vec) {
   const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
-  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride)
-    dst[i] = __uint_as_float(static_cast<std::uint32_t>(src[i]) << 16);
+  std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x, done = 0;
+  if (vec) {
+    float v[8];
+    for (std::int64_t q = i; q < n / 8; q += stride) {
+      detail::load8(src + 8 * q, v);
+      detail::store8(dst + 8 * q, v);
+    }
+    done = n / 8 * 8;
+  }
+  for (std::int64_t k = done + i; k < n; k += stride) dst[k] = __uint_as_float(static_cast<std::uint32_t>(src[k]) << 16);
 }
 
-__global__ void add_column_partials_kernel(float* dst, const float* partials, std::int64_t chunks,
-                                           std::int64_t cols) {
-  const std::int64_t j = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (j >= cols) return;
-  float acc = 0;
-  for (std::int64_t c = 0; c < chunks; ++c) acc = __fadd_rn(acc, partials[c * cols + j]);
-  dst[j] = __fadd_rn(dst[j], acc);
+// detail::column_sums: a block sums 8 columns of the partials [chunks, count * cols] over the
+// chunks, kLanes lanes of chunks each (lane y: chunks y, y + kLanes, ...), then the lanes' sums
+// in order y = 0, 1, ...; kWidth columns a thread (4: float4 loads and stores). Narrow blocks,
+// so that the few kilobytes of columns of a LayerNorm still make a grid that fills the GPU.
+constexpr int kSumColumns = 8;
+template <int kWidth>
+__global__ void column_sums_kernel(float* d0, float* d1, float* d2, const float* partials, std::int64_t chunks,
+                                   std::int64_t cols, int count) {
+  constexpr int kLanes = kWidth == 4 ? 64 : 16;
+  __shared__ float sums[kLanes][kSumColumns + 1];
+  const std::int64_t width = cols * count;
+  const std::int64_t j = std::int64_t{blockIdx.x} * kSumColumns + threadIdx.x * kWidth;
+  float acc[kWidth] = {};
+  if (j < width)
+    for (std::int64_t c = threadIdx.y; c < chunks; c += kLanes) {
+      if constexpr (kWidth == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(partials + c * width + j);
+        acc[0] = __fadd_rn(acc[0], v.x), acc[1] = __fadd_rn(acc[1], v.y);
+        acc[2] = __fadd_rn(acc[2], v.z), acc[3] = __fadd_rn(acc[3], v.w);
+      } else {
+        acc[0] = __fadd_rn(acc[0], partials[c * width + j]);
+      }
+    }
+  for (int k = 0; k < kWidth; ++k) sums[threadIdx.y][threadIdx.x * kWidth + k] = acc[k];
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= width) return;
+  float total[kWidth];
+  for (int k = 0; k < kWidth; ++k) {
+    total[k] = sums[0][threadIdx.x * kWidth + k];
+    for (int y = 1; y < kLanes; ++y) total[k] = __fadd_rn(total[k], sums[y][threadIdx.x * kWidth + k]);
+  }
+  const std::int64_t q = j / cols, i = j % cols;  // a float4 never straddles two quantities (cols % 4 == 0)
+  float* dst = (q == 0 ? d0 : q == 1 ? d1 : d2) + i;
+  if constexpr (kWidth == 4) {
+    float4 v = *reinterpret_cast<float4*>(dst);
+    v.x = __fadd_rn(v.x, total[0]), v.y = __fadd_rn(v.y, total[1]);
+    v.z = __fadd_rn(v.z, total[2]), v.w = __fadd_rn(v.w, total[3]);
+    *reinterpret_cast<float4*>(dst) = v;
+  } else {
+    *dst = __fadd_rn(*dst, total[0]);
+  }
 }
 
 }  // namespace
@@ -214,36 +288,37 @@ __global__ void ordered_sum_kernel(double* result, const double* sums, int count
 }
 
 // Every piece's partial square sums in one launch. Block b belongs to the piece p with
-// first[p] <= b < first[p + 1] and works as block b - first[p] of a grid of that piece's
-// first[p + 1] - first[p] blocks: partial_sum_kernel<true>'s partition of the piece, so the
-// same partials, bit for bit.
+// first[p] <= b < first[p + 1] and works as block b - first[p] of partial_sum_kernel<true> over
+// that piece: the same partials, bit for bit.
 __global__ void partial_square_sums_kernel(double* partials, const float* const* xs, const std::int64_t* ns,
                                            const std::int64_t* first, int count) {
+  __shared__ const float* piece_x;
+  __shared__ std::int64_t piece_n, piece_r0;
   const std::int64_t b = blockIdx.x;
-  int lo = 0, hi = count;  // first[lo] <= b < first[hi]
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (first[mid] <= b)
-      lo = mid;
-    else
-      hi = mid;
+  if (threadIdx.x == 0) {  // the block's piece, found once for all its threads
+    int lo = 0, hi = count;  // first[lo] <= b < first[hi]
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (first[mid] <= b)
+        lo = mid;
+      else
+        hi = mid;
+    }
+    piece_x = xs[lo], piece_n = ns[lo], piece_r0 = (b - first[lo]) * kReduceSpan;
   }
-  const std::int64_t blocks = first[lo + 1] - first[lo], n = ns[lo];
-  const float* x = xs[lo];
-  const std::int64_t stride = blocks * blockDim.x;
-  double acc = 0;
-  for (std::int64_t i = (b - first[lo]) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const double v = x[i];
-    acc += v * v;
-  }
-  acc = block_sum(acc);
+  __syncthreads();
+  const std::int64_t n = piece_n, r0 = piece_r0;
+  const float* x = piece_x;
+  const bool vec = reinterpret_cast<std::uintptr_t>(x) % 16 == 0;
+  const double acc = block_sum(range_sum<true>(x, r0, r0 + kReduceSpan < n ? r0 + kReduceSpan : n, vec));
   if (threadIdx.x == 0) partials[b] = acc;
 }
 
 // One block per piece: its partials summed as final_sum_kernel sums them (0 for an empty piece).
 __global__ void piece_sums_kernel(double* sums, const double* partials, const std::int64_t* first) {
   const std::int64_t p = blockIdx.x, count = first[p + 1] - first[p];
-  double v = static_cast<std::int64_t>(threadIdx.x) < count ? partials[first[p] + threadIdx.x] : 0.0;
+  double v = 0;
+  for (std::int64_t i = threadIdx.x; i < count; i += blockDim.x) v += partials[first[p] + i];
   v = block_sum(v);
   if (threadIdx.x == 0) sums[p] = v;
 }
@@ -263,7 +338,7 @@ void square_sum_many_into(double* result, const float* const* xs, const std::int
     table[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(xs[i]));
     table[static_cast<std::size_t>(count + i)] = ns[i];
     table[static_cast<std::size_t>(2 * count + i)] = blocks;
-    if (ns[i] > 0) blocks += blocks_for(ns[i], kReduceThreads, kReduceBlocks);
+    if (ns[i] > 0) blocks += reduce_blocks(ns[i]);
   }
   table[static_cast<std::size_t>(3 * count)] = blocks;
   DeviceBuffer meta(table.size() * sizeof(std::int64_t));
@@ -308,25 +383,36 @@ void round_to_bf16(float* x, std::int64_t n) { map(x, n, RoundBf16{}, "round to 
 
 void cast(BFloat16* dst, const float* src, std::int64_t n) {
   if (n <= 0) return;
-  to_bf16_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(reinterpret_cast<std::uint16_t*>(dst), src,
-                                                                   n);
+  const bool vec = aligned16(dst) && aligned16(src);
+  to_bf16_kernel<<<blocks_for(vec ? (n + 7) / 8 : n), kThreads, 0, compute_stream()>>>(
+      reinterpret_cast<std::uint16_t*>(dst), src, n, vec);
   check_launch("cast to bfloat16");
 }
 
 void cast(float* dst, const BFloat16* src, std::int64_t n) {
   if (n <= 0) return;
-  from_bf16_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(
-      dst, reinterpret_cast<const std::uint16_t*>(src), n);
+  const bool vec = aligned16(dst) && aligned16(src);
+  from_bf16_kernel<<<blocks_for(vec ? (n + 7) / 8 : n), kThreads, 0, compute_stream()>>>(
+      dst, reinterpret_cast<const std::uint16_t*>(src), n, vec);
   check_launch("cast from bfloat16");
 }
 
 namespace detail {
 
-void add_column_partials(float* dst, const float* partials, std::int64_t chunks, std::int64_t cols) {
-  if (cols <= 0) return;
-  add_column_partials_kernel<<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0,
-                               compute_stream()>>>(dst, partials, chunks, cols);
-  check_launch("column sums (second pass)");
+void column_sums(float* const* dst, int count, const float* partials, std::int64_t chunks, std::int64_t cols) {
+  if (cols <= 0 || count <= 0) return;
+  if (count > 3) fail_error("column_sums takes at most 3 quantities, got " + std::to_string(count));
+  bool vec = cols % 4 == 0 && aligned16(partials);
+  for (int q = 0; q < count; ++q) vec = vec && aligned16(dst[q]);
+  float* d[3] = {dst[0], count > 1 ? dst[1] : nullptr, count > 2 ? dst[2] : nullptr};
+  const auto blocks = static_cast<unsigned>((cols * count + kSumColumns - 1) / kSumColumns);
+  if (vec)
+    column_sums_kernel<4><<<blocks, dim3(kSumColumns / 4, 64), 0, compute_stream()>>>(d[0], d[1], d[2], partials,
+                                                                                      chunks, cols, count);
+  else
+    column_sums_kernel<1><<<blocks, dim3(kSumColumns, 16), 0, compute_stream()>>>(d[0], d[1], d[2], partials, chunks,
+                                                                                  cols, count);
+  check_launch("column sums");
 }
 
 }  // namespace detail

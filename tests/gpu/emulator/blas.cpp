@@ -13,6 +13,7 @@
 #include <vector>
 
 
+#include "account_hooks.hpp"
 #include "cuda_runtime.h"
 
 #include "ndmesh/core/error.hpp"
@@ -25,25 +26,58 @@ namespace ndmesh::cuda {
 
 namespace {
 // The product's row in the kernel times, named as blas.cu names it (with its epilogue).
-void timed_product(const char* types, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-                   GemmEpilogue epilogue = GemmEpilogue::kNone) {
-  if (!detail::timing()) return;
+std::string product_name(const char* types, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                         std::int64_t k, GemmEpilogue epilogue) {
   static const char* const kEpilogue[] = {"", " +bias", " +gelu", " +dgelu +bias grad", " +bias grad", " +dgelu"};
   char name[160];
   std::snprintf(name, sizeof name, "gemm %s %lldx%lldx%lld %c%c%s", types, static_cast<long long>(m),
                 static_cast<long long>(n), static_cast<long long>(k), trans_a ? 'T' : 'N', trans_b ? 'T' : 'N',
                 kEpilogue[static_cast<int>(epilogue)]);
-  detail::timed(name);
+  return name;
+}
+void timed_product(const char* types, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   GemmEpilogue epilogue = GemmEpilogue::kNone) {
+  if (!detail::timing()) return;
+  detail::timed(product_name(types, trans_a, trans_b, m, n, k, epilogue).c_str());
+}
+// The product in the account (account.hpp), as cuBLASLt would get it; true when the arithmetic
+// is to run (false in count-only mode).
+bool account(const char* types, int ab_bytes, int c_bytes, bool trans_a, bool trans_b, std::int64_t m,
+             std::int64_t n, std::int64_t k, const void* a, std::int64_t lda, const void* b, std::int64_t ldb,
+             const void* c, std::int64_t ldc, float beta, GemmEpilogue epilogue = GemmEpilogue::kNone,
+             const void* bias = nullptr, const void* aux = nullptr) {
+  if (!emu::account_on()) return true;
+  static const char* const kEpilogue[] = {"", "bias", "gelu", "dgelu bias grad", "bias grad", "dgelu"};
+  emu::account_product({.name = product_name(types, trans_a, trans_b, m, n, k, epilogue),
+                        .trans_a = trans_a,
+                        .trans_b = trans_b,
+                        .m = m,
+                        .n = n,
+                        .k = k,
+                        .lda = lda,
+                        .ldb = ldb,
+                        .ldc = ldc,
+                        .ab_bytes = ab_bytes,
+                        .c_bytes = c_bytes,
+                        .epilogue = kEpilogue[static_cast<int>(epilogue)],
+                        .align_a = emu::alignment_of(a),
+                        .align_b = emu::alignment_of(b),
+                        .align_c = emu::alignment_of(c),
+                        .align_bias = bias != nullptr ? emu::alignment_of(bias) : 16,
+                        .align_aux = aux != nullptr ? emu::alignment_of(aux) : 16,
+                        .beta_reads_c = beta != 0.0f});
+  return !emu::account_count_only();
 }
 }  // namespace
 
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
           std::int64_t ldc) {
-  emu::device_op([=] {
-    const emu::DeviceWork work;  // reads and writes device memory
-    ndmesh::gemm<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  });
+  if (account("fp32", 4, 4, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, beta))
+    emu::device_op([=] {
+      const emu::DeviceWork work;  // reads and writes device memory
+      ndmesh::gemm<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    });
   timed_product("fp32", trans_a, trans_b, m, n, k);
 }
 
@@ -84,6 +118,8 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
                std::int64_t ldc, GemmEpilogue epilogue, const BFloat16*, BFloat16*, BFloat16*) {
   refuse_epilogue(epilogue, "gemm_bf16");
   if (m <= 0 || n <= 0) return;
+  if (!account("bf16", 2, 2, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, beta))
+    return timed_product("bf16", trans_a, trans_b, m, n, k);
   emu::device_op([=] {
     const emu::DeviceWork work;  // reads and writes device memory
     std::vector<float> c32(static_cast<std::size_t>(m * n), 0.0f);
@@ -116,6 +152,10 @@ bool try_gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
   if (m <= 0 || n <= 0 || k <= 0)
     fail<>("cuda", "try_gemm_bf16: m, n and k must be positive ({}, {}, {})", m, n, k);
   if ((gelu || dgelu) && ldc % 8 != 0) return false;
+  if (!account("bf16", 2, 2, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, 0.0f, epilogue, bias, aux)) {
+    timed_product("bf16", trans_a, trans_b, m, n, k, epilogue);
+    return true;
+  }
   emu::device_op([=] {
     const emu::DeviceWork work;  // reads and writes device memory
     std::vector<float> c32(static_cast<std::size_t>(m * n), 0.0f);
@@ -147,6 +187,8 @@ void gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
                    std::int64_t ldc, GemmEpilogue epilogue, float*) {
   refuse_epilogue(epilogue, "gemm_bf16_f32");
   if (m <= 0 || n <= 0) return;
+  if (!account("bf16>fp32", 2, 4, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, beta))
+    return timed_product("bf16>fp32", trans_a, trans_b, m, n, k);
   emu::device_op([=] {
     const emu::DeviceWork work;  // reads and writes device memory
     widened_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -170,6 +212,11 @@ bool try_gemm_bf16_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
            static_cast<int>(epilogue));
   if (epilogue == GemmEpilogue::kBGradB && !trans_a)  // the sums of op(A)'s rows over k: A is [k, m]
     fail<>("cuda", "try_gemm_bf16_f32: the bias gradient epilogue takes a transposed A");
+  if (!account("bf16>fp32", 2, 4, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, beta, epilogue,
+               epilogue == GemmEpilogue::kBias ? static_cast<const void*>(bias) : dbias)) {
+    timed_product("bf16>fp32", trans_a, trans_b, m, n, k, epilogue);
+    return true;
+  }
   emu::device_op([=] {
     const emu::DeviceWork work;  // reads and writes device memory
     widened_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -53,6 +53,12 @@ struct dim3 {
 struct alignas(16) float4 {
   float x, y, z, w;
 };
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+struct alignas(8) float2 {
+  float x, y;
+};
 
 enum cudaError_t { cudaSuccess = 0 };
 using cudaStream_t = struct CUstream_st*;
@@ -154,6 +160,12 @@ void device_wait(const void* stream, Mark mark);
 /// The compute stream (cuda::stream()).
 extern int compute_stream_token;
 
+/// The account of device work (account.hpp; account.cpp): a record for a launch of this
+/// shape, its index (-1 while the account is off); run_grid runs the launch's blocks (every
+/// one, or in count-only mode a sample) and fills the record with what they accessed.
+long account_launch(dim3 grid, dim3 threads, std::size_t shared_bytes);
+void run_grid(dim3 grid, dim3 threads, std::size_t shared_bytes, const std::function<void()>& body, long record);
+
 /// Runs kernel(args...) over the grid, block by block (in stream order: device_op); the
 /// arguments are converted to the kernel's parameter types first, as a launch copies them.
 template <typename... P, typename... A>
@@ -161,13 +173,12 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 threads, std::size_t shared_by
             A&&... args) {
   auto params = std::make_shared<std::tuple<std::decay_t<P>...>>(
       static_cast<std::decay_t<P>>(std::forward<A>(args))...);
+  const long record = account_launch(grid, threads, shared_bytes);
   device_op(
-      [kernel, grid, threads, shared_bytes, params] {
+      [kernel, grid, threads, shared_bytes, params, record] {
         const DeviceWork work;  // device memory is readable while the kernel runs (device.cpp's guard)
         const std::function<void()> body = [&] { std::apply(kernel, *params); };
-        for (unsigned z = 0; z < grid.z; ++z)
-          for (unsigned y = 0; y < grid.y; ++y)
-            for (unsigned x = 0; x < grid.x; ++x) run_block(grid, threads, dim3(x, y, z), shared_bytes, body);
+        run_grid(grid, threads, shared_bytes, body, record);
       },
       stream);
 }

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <vector>
 
+#include "account_hooks.hpp"
 #include "cuda_runtime.h"
 #include "memory.hpp"  // emulator/memory.hpp
 
@@ -296,7 +297,9 @@ void synchronize() {  // the compute stream, and what it waits for
 void* alloc(std::size_t bytes) {
   const std::size_t size = (bytes + 255) / 256 * 256;
   void* p = nullptr;
-  if (emu::guard().on) {
+  if (emu::account_on()) {
+    p = emu::account_alloc(bytes);  // the account's arena (and its record of driver allocations)
+  } else if (emu::guard().on) {
     p = emu::guarded_alloc(size);
   } else {
     p = std::aligned_alloc(256, size == 0 ? 256 : size);
@@ -325,10 +328,11 @@ void free(void* p) noexcept {
     size = it->second;
     s.sizes.erase(it);
   }
+  if (emu::account_on()) emu::account_cache_free(size);
   // Work queued before the free may still use the block (a caching allocator hands it out
   // again in stream order): it goes back once that work has run.
   emu::device_op([p, size] {
-    if (!emu::guarded_free(p, size)) std::free(p);
+    if (!emu::account_arena_free(p, size) && !emu::guarded_free(p, size)) std::free(p);
   });
 }
 
@@ -485,6 +489,9 @@ AllocatorStats allocator_stats() {
 // the device and the memsets are stream work.
 void copy_to_device(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
+  const bool skip = emu::account_count_only() && bytes > emu::kCountOnlyCopyLimit;
+  emu::account_copy("copy host to device", bytes, !skip);
+  if (skip) return detail::timed("copy host to device");
   auto data = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                   static_cast<const char*>(src) + bytes);
   emu::device_op([dst, data] {
@@ -495,6 +502,7 @@ void copy_to_device(void* dst, const void* src, std::size_t bytes) {
 }
 void copy_to_host(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
+  emu::account_copy("copy device to host", bytes, true);
   emu::drain_device_work(stream());
   {
     const emu::DeviceWork work;
@@ -505,6 +513,9 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes) {
 }
 void copy_device(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
+  const bool skip = emu::account_count_only() && bytes > emu::kCountOnlyCopyLimit;
+  emu::account_copy("copy on the device", bytes, !skip);
+  if (skip) return detail::timed("copy on the device");
   emu::device_op([dst, src, bytes] {
     const emu::DeviceWork work;
     std::memmove(dst, src, bytes);
@@ -513,6 +524,9 @@ void copy_device(void* dst, const void* src, std::size_t bytes) {
 }
 void memset_zero(void* dst, std::size_t bytes) {
   if (bytes == 0) return;
+  const bool skip = emu::account_count_only() && bytes > emu::kCountOnlyCopyLimit;
+  emu::account_copy("memset", bytes, !skip);
+  if (skip) return detail::timed("memset");
   emu::device_op([dst, bytes] {
     const emu::DeviceWork work;
     std::memset(dst, 0, bytes);
@@ -534,6 +548,13 @@ void* copy_stream() { return &copy_stream_token; }
 // and before the copy ran is what the copy moves, as on a GPU).
 void copy_async(void* dst, const void* src, std::size_t bytes, void* stream) {
   if (bytes == 0) return;
+  const bool device_dst = emulator::is_device(dst), device_src = emulator::is_device(src);
+  const char* what = device_dst && device_src ? "copy on the device"
+                     : device_dst             ? "copy host to device"
+                                              : "copy device to host";
+  const bool skip = emu::account_count_only() && bytes > emu::kCountOnlyCopyLimit;
+  emu::account_copy(what, bytes, !skip);
+  if (skip) return;
   emu::device_op(
       [dst, src, bytes] {
         const emu::DeviceWork work;
@@ -562,6 +583,7 @@ Timing& timing_state() {
 }
 
 void host_wait() {
+  emu::account_host_wait();
   Timing& t = timing_state();
   if (!t.on.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(t.mutex);
@@ -572,6 +594,7 @@ void host_wait() {
 namespace detail {
 bool timing() { return timing_state().on.load(std::memory_order_relaxed); }
 void timed(const char* what) {
+  emu::account_name(what);  // a launch's record gets check_launch's name
   Timing& t = timing_state();
   if (!t.on.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(t.mutex);

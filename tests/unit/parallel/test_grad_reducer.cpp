@@ -72,7 +72,7 @@ TEST_P(GradReducerModel, OwnedGradientsEqualTheSerialRunByName) {
     // ZeRO 2 and 3 reduce per unit, as the trainer does on the CPU (parallel/dp/apply.cpp).
     const bool per_unit = c.options.zero >= 2 && p > 1 && !c.buckets;
     const StoreOptions store{.pad_to = c.options.zero > 0 ? p : 1, .pad_units = per_unit};
-    model::Decoder gpt(spec, {.batch = micro}, {}, {}, store);
+    model::Decoder gpt(spec, {.batch = micro, .fuse_closing_add = !per_unit}, {}, {}, store);
     gpt.set_loss_weight(1.0 / static_cast<double>(global * spec.seq));
     GradReducer reducer(world, gpt.params().size(), c.options,
                         per_unit ? gpt.unit_ranges() : std::vector<nn::Segment>{});
@@ -91,7 +91,7 @@ TEST_P(GradReducerModel, OwnedGradientsEqualTheSerialRunByName) {
     // micro-batch), summed over ranks and micro-batches.
     std::vector<float> abs_sum(static_cast<std::size_t>(gpt.params().size()), 0.0f);
     if (c.options.bf16) {
-      model::Decoder plain(spec, {.batch = micro}, {}, {}, store);
+      model::Decoder plain(spec, {.batch = micro, .fuse_closing_add = !per_unit}, {}, {}, store);
       plain.set_loss_weight(1.0 / static_cast<double>(global * spec.seq));
       plain.params().zero_grad();
       for (int m = 0; m < c.micro; ++m) {
