@@ -101,7 +101,7 @@ void CrossEntropy<T>::forward(Device device, const T* logits, const std::int32_t
                               std::int64_t rows, std::int64_t local_vocab, std::int64_t vocab_start,
                               std::int64_t vocab, TpComm<T>& comm) {
   NDMESH_CUDA_TWIN(device, {
-    if (comm.size() == 1) return cuda::cross_entropy_forward(probs, losses, logits, targets, rows, vocab);
+    if (comm.size() == 1) return cuda::cross_entropy_forward(probs, losses, logits, targets, rows, local_vocab);
     // The vocabulary split over tp: the CPU's passes, with the two all-reduces on device
     // buffers (the group's device communicator).
     DeviceBuffer row_max(static_cast<std::size_t>(rows) * sizeof(float)),
