@@ -162,6 +162,7 @@ ConfigFile load_config_file(const std::string& path) {
     ModelSpec m;
     set_model_keys(m, values, fmt::format("{}: model", path));
     out.model = m;
+    out.model_values = std::move(values);
   }
 
   r.section(root, "training", {"micro_batch", "global_batch", "memory"});

@@ -18,7 +18,9 @@ namespace {
 // The options, once the data has been checked against them (before anything is built).
 TrainOptions check_data(TrainOptions o, const model::DataSource* data) {
   NDMESH_CHECK(data != nullptr, "train", "no data source");
-  NDMESH_CHECK_CONFIG(o.model.vocab == data->vocab(), "train",
+  // The model's vocabulary may be larger than the data's (a preset's): tokens past the data's
+  // are never seen. A smaller one could not embed the data.
+  NDMESH_CHECK_CONFIG(o.model.vocab >= data->vocab(), "train",
                       "vocab={} but the data ({}) has {} tokens; use --vocab {}", o.model.vocab,
                       data->describe(), data->vocab(), data->vocab());
   data->check_seq(o.model.seq);
@@ -109,7 +111,8 @@ StepStats Trainer::compute_step(bool leave_sums_pending) {
   hooks.after_backward = [&](int c) { sync_.end_backward(c); };
   hooks.take_loss = false;  // GradSync takes it with the norm
   const pp::WalkResult walk = active_->train_step(hooks);
-  if (active_ == executor_.get()) trace_.add(pipeline_, executor_->stage(), static_cast<int>(step_), walk.timings);
+  if (active_ == executor_.get())
+    trace_.add(pipeline_, executor_->stage(), static_cast<int>(step_), walk.timings);
 
   sums_ = sync_.finish_step_from_heads(leave_sums_pending);
   StepStats s;
@@ -163,10 +166,11 @@ double Trainer::evaluate(std::int64_t batches) {
 
 void Trainer::set_eval_data(std::unique_ptr<model::DataSource> data) {
   NDMESH_CHECK(data != nullptr, "train", "no held-out data source");
-  NDMESH_CHECK_CONFIG(data->vocab() == options_.model.vocab, "train",
-                      "the held-out data ({}) has {} tokens but the model's vocabulary is {}; give held-out data of "
-                      "the training data's vocabulary",
-                      data->describe(), data->vocab(), options_.model.vocab);
+  NDMESH_CHECK_CONFIG(
+      data->vocab() == options_.model.vocab, "train",
+      "the held-out data ({}) has {} tokens but the model's vocabulary is {}; give held-out data of "
+      "the training data's vocabulary",
+      data->describe(), data->vocab(), options_.model.vocab);
   data->check_seq(options_.model.seq);
   eval_data_ = std::move(data);
 }
@@ -266,7 +270,8 @@ std::unique_ptr<BackgroundSave> Trainer::save_in_background(const std::string& d
 
 CheckpointInfo Trainer::load(const std::string& path) {
   StateDict state(model_, optimizer_, sync_, false);
-  const CheckpointInfo info = load_checkpoint_dir(path, state, options_.model, data().describe(), groups_.world());
+  const CheckpointInfo info =
+      load_checkpoint_dir(path, state, options_.model, data().describe(), groups_.world());
   sync_.own_params_out(true);  // --offload optimizer+params: the loaded shard into its files
   sync_.params_updated();
   optimizer_.set_steps(info.adam_steps);

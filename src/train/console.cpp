@@ -114,6 +114,13 @@ void Console::on_start(const RunStart& r) {
   fmt::print("model: {} layers, hidden {}, heads {}/{} kv, ffn {}, seq {}, vocab {}, {} parameters ({})\n",
              m.layers, m.hidden, m.heads, m.kv_heads_or_heads(), m.ffn_or_default(), m.seq, m.vocab,
              r.parameters, m.tied_embeddings ? "tied head" : "untied head");
+  // The layers' kinds, when they are not the default GPT-2's (or a preset names them).
+  if (arch_name(m) != "gpt2" || !m.name.empty() || !m.biases)
+    fmt::print("architecture: {}{}: {} (eps {:g}), {} MLP, {} positions{}, {}\n", arch_name(m),
+               m.name.empty() ? "" : fmt::format(" ({})", m.name), norm_name(m.norm), m.norm_eps,
+               mlp_name(m.mlp), positions_name(m.positions),
+               m.positions == PositionsKind::kRope ? fmt::format(" (theta {:g})", m.rope_theta) : "",
+               m.biases ? "biases" : "no biases");
   fmt::print("data: {}{}\n", r.data,
              r.entropy_rate
                  ? fmt::format(", entropy rate {:.4f} nats/token (best achievable loss)", *r.entropy_rate)

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -9,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "ndmesh/comm/allreduce.hpp"
+#include "ndmesh/config/presets.hpp"
 #include "ndmesh/config/training.hpp"
 #include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
@@ -116,6 +118,39 @@ void expand_memory(RunOptions& o) {
                   kept.empty() ? "" : fmt::format("; given explicitly: {}", fmt::join(kept, " ")));
 }
 
+void resolve_model(RunOptions& o) {
+  const ModelSpec flags = o.train.model;
+  ModelSpec m =
+      o.model_preset.empty() ? default_train_options().model : model_preset(o.model_preset, "--model").spec;
+  // --load DIR without --model: the checkpoint's description is the base, so that `--load DIR`
+  // alone continues the run; a model flag that contradicts it is refused when the run loads
+  // it, naming both values.
+  if (o.model_preset.empty() && !o.load.empty() && model::is_checkpoint_dir(o.load)) {
+    try {
+      m = model::read_manifest(o.load).spec;
+    } catch (const IoError&) {
+      // An unreadable manifest is the load's own error, with its message.
+    }
+  }
+  if (!o.config_path.empty()) {
+    const ConfigFile file = load_config_file(o.config_path);
+    if (!file.model_values.empty())
+      set_model_keys(m, file.model_values, fmt::format("{}: model", o.config_path));
+  }
+  if (!o.arch.empty()) m = with_arch(m, o.arch, "--arch");
+  if (!o.norm.empty()) m.norm = parse_norm(o.norm, "--norm");
+  if (!o.mlp.empty()) m.mlp = parse_mlp_kind(o.mlp, "--mlp");
+  if (!o.positions.empty()) m.positions = parse_positions(o.positions, "--positions");
+  // The values the flags wrote, for the keys they name (each flag's own check ran at parsing).
+  std::vector<std::pair<std::string, ModelValue>> given;
+  for (auto& [key, value] : model_values(flags))
+    if (std::find(o.model_given.begin(), o.model_given.end(), key) != o.model_given.end())
+      given.emplace_back(key, std::move(value));
+  set_model_keys(m, given, "flags");
+  if (o.untied) m.tied_embeddings = false;
+  o.train.model = m;
+}
+
 void resolve_elastic(RunOptions& o) {
   if (o.coordinator.empty()) o.coordinator = env::string("NDMESH_COORDINATOR", "");
   if (o.replica_id >= 0 && o.coordinator.empty())
@@ -130,7 +165,7 @@ void resolve_elastic(RunOptions& o) {
 parallel::TrainOptions train_options(const RunOptions& o, std::int64_t vocab, std::int64_t ranks_per_node) {
   parallel::TrainOptions t = o.train;
   t.model.vocab = vocab;
-  t.model.tied_embeddings = !o.untied;
+  if (o.untied) t.model.tied_embeddings = false;
   t.lr_schedule = parallel::parse_lr_schedule(o.lr_schedule).value_or(parallel::LrSchedule::kCosine);
   t.dp.overlap = !o.no_overlap;
   t.dp.algorithm = comm::parse_algorithm(o.allreduce);

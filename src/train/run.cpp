@@ -164,11 +164,21 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
   std::unique_ptr<model::DataSource> data = training_data(o);
   const std::optional<double> entropy = data->entropy_rate();
   const std::int64_t vocab_flag = o.train.model.vocab;
-  if (vocab_flag > 0 && vocab_flag != data->vocab())
+  const bool vocab_given =
+      std::find(o.model_given.begin(), o.model_given.end(), "vocab") != o.model_given.end();
+  if (vocab_flag > 0 && vocab_given && vocab_flag != data->vocab())
     fail<ConfigError>(
         "train",
         "--vocab={} does not match the data ({}), which has {} tokens; use --vocab {} or leave it out",
         vocab_flag, data->describe(), data->vocab(), data->vocab());
+  // A description's vocabulary (--model, the config's [model]) may be larger than the data's.
+  if (vocab_flag > 0 && !vocab_given && data->vocab() > vocab_flag)
+    fail<ConfigError>("train",
+                      "the data ({}) has {} tokens but the model{} has a vocabulary of {}; give --vocab {} "
+                      "or a model with a larger one",
+                      data->describe(), data->vocab(),
+                      o.model_preset.empty() ? std::string() : fmt::format(" (--model {})", o.model_preset),
+                      vocab_flag, data->vocab());
   const std::int64_t vocab = vocab_flag > 0 ? vocab_flag : data->vocab();
   std::unique_ptr<model::DataSource> heldout = heldout_data(o, vocab);
   if (heldout && heldout->vocab() != vocab)
@@ -506,6 +516,7 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
 }  // namespace
 
 RunReport run(RunOptions o, const std::vector<RunObserver*>& observers) {
+  resolve_model(o);
   expand_memory(o);
   resolve_elastic(o);
   // Printed before anything is checked, so that what the strategy chose shows with any refusal.

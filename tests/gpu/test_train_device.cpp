@@ -57,6 +57,7 @@ struct Case {
   bool bf16_layout_bounds = false;
   std::int64_t hidden = 16;  // ZeRO-3: wide enough that a rank's freed part of a block spans
                              // whole chunks of mappable memory (a page in the emulator)
+  bool llama = false;  // --arch llama (RMSNorm, SwiGLU of width 32, rotary positions, no biases, untied)
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -66,6 +67,10 @@ TrainOptions options_of(const Case& c) {
   TrainOptions o;
   o.model = testing_support::tiny_spec(4, c.tied);
   o.model.hidden = c.hidden;
+  if (c.llama) {
+    o.model = with_arch(o.model, "llama");
+    o.model.ffn = 32;
+  }
   o.batch = 4;
   o.micro_batch = c.micro_batch;
   o.steps = kSteps;
@@ -412,7 +417,25 @@ INSTANTIATE_TEST_SUITE_P(
              .micro_batch = 1,
              .zero = 3,
              .grad_bf16 = true,
-             .hidden = 64}),
+             .hidden = 64},
+        // Llama: the RMSNorm, SwiGLU and rotary kernels (fp32 and bf16) under the layouts
+        // that split them (tp's heads and MLP columns, cp's positions, pp's untied head).
+        Case{.name = "llama serial", .mesh = "dp=1", .llama = true},
+        Case{.name = "llama tp 2 sp", .mesh = "tp=2", .sequence_parallel = true, .llama = true},
+        Case{.name = "llama cp 2", .mesh = "cp=2", .llama = true},
+        Case{.name = "llama dp 2 ZeRO 3 pp 2 zb-h1",
+             .mesh = "dp=2,pp=2",
+             .micro_batch = 1,
+             .zero = 3,
+             .schedule = Schedule::kZbH1,
+             .hidden = 64,
+             .llama = true},
+        Case{.name = "llama bf16 serial", .mesh = "dp=1", .precision = parallel::Precision::kBf16, .llama = true},
+        Case{.name = "llama bf16 dp 2 tp 2 sp",
+             .mesh = "dp=2,tp=2",
+             .sequence_parallel = true,
+             .precision = parallel::Precision::kBf16,
+             .llama = true}),
     [](const ::testing::TestParamInfo<Case>& param_info) {
       std::string s;
       for (char ch : param_info.param.name) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';

@@ -10,25 +10,85 @@
 
 #include <string>
 
+#include "ndmesh/config/presets.hpp"
 #include "ndmesh/train/run.hpp"
 #include "subcommand.hpp"
 
 namespace ndmesh::cli {
 namespace {
 
-// The model's shape. (Kept together: the model flags move to model_flags.cpp as one block.)
-void add_model_flags(CLI::App& app, ModelSpec& m, bool& untied) {
-  app.add_option("--layers", m.layers, "transformer blocks")->capture_default_str();
-  app.add_option("--hidden", m.hidden, "model width")->capture_default_str();
-  app.add_option("--heads", m.heads, "attention heads (divides --hidden)")->capture_default_str();
+// The model: a preset or the defaults, changed by the flags given (train::resolve_model).
+void add_model_flags(CLI::App& app, train::RunOptions& o) {
+  ModelSpec& m = o.train.model;
+  // A size flag writes into the description and names its key, so that it wins over a preset's.
+  auto key = [&o](const char* name) {
+    return [&o, name](const std::string&) { o.model_given.emplace_back(name); };
+  };
+  const char* group = "Model";
+  app.add_option("--model", o.model_preset,
+                 "start from this preset (" + model_preset_names() +
+                     "); the other model flags change it (docs/models.md)")
+      ->group(group);
+  app.add_option(
+         "--arch", o.arch,
+         "the layers of a family over the sizes: gpt2 (LayerNorm, GELU, learned positions, biases, tied "
+         "head) or llama (RMSNorm, SwiGLU, rotary positions, no biases, untied head)")
+      ->group(group);
+  app.add_option("--layers", m.layers, "transformer blocks")
+      ->capture_default_str()
+      ->each(key("layers"))
+      ->group(group);
+  app.add_option("--hidden", m.hidden, "model width")
+      ->capture_default_str()
+      ->each(key("hidden"))
+      ->group(group);
+  app.add_option("--heads", m.heads, "attention heads (divides --hidden)")
+      ->capture_default_str()
+      ->each(key("heads"))
+      ->group(group);
   app.add_option("--kv-heads", m.kv_heads, "key/value heads (divides --heads; 0: same as --heads)")
-      ->capture_default_str();
-  app.add_option("--ffn", m.ffn, "MLP width (0: 4 * hidden)")->capture_default_str();
-  app.add_option("--seq", m.seq, "tokens per sequence")->capture_default_str();
+      ->capture_default_str()
+      ->each(key("kv_heads"))
+      ->group(group);
+  app.add_option("--head-dim", m.head_dim, "the size of each attention head (0: hidden / heads)")
+      ->each(key("head_dim"))
+      ->group(group);
+  app.add_option("--ffn", m.ffn,
+                 "MLP width (0: 4 * hidden with GELU, Llama's 8/3 * hidden rounded to 256 with SwiGLU)")
+      ->capture_default_str()
+      ->each(key("ffn"))
+      ->group(group);
+  app.add_option("--seq", m.seq, "tokens per sequence")
+      ->capture_default_str()
+      ->each(key("seq"))
+      ->group(group);
   app.add_option("--vocab", m.vocab,
                  "vocabulary (0: the data's: --markov-vocab, or 256 for a text --data; token files need it)")
-      ->capture_default_str();
-  app.add_flag("--untied", untied, "give the LM head its own weight instead of the token embedding");
+      ->capture_default_str()
+      ->each(key("vocab"))
+      ->group(group);
+  app.add_option(
+         "--vocab-multiple", m.vocab_multiple,
+         "pad the vocabulary's rows to a multiple of this (and of --tp); the padding is never a target")
+      ->capture_default_str()
+      ->each(key("vocab_multiple"))
+      ->group(group);
+  app.add_option("--norm", o.norm, "layernorm (GPT-2) or rmsnorm (Llama)")->group(group);
+  app.add_option("--norm-eps", m.norm_eps, "the norms' epsilon")
+      ->capture_default_str()
+      ->each(key("norm_eps"))
+      ->group(group);
+  app.add_option("--mlp", o.mlp, "gelu (GPT-2, 2 matrices) or swiglu (Llama, 3 matrices)")->group(group);
+  app.add_option("--positions", o.positions, "learned (a position table, GPT-2) or rope (rotary, Llama)")
+      ->group(group);
+  app.add_option("--rope-theta", m.rope_theta, "the rotary base (Llama 2: 10000, Llama 3: 500000)")
+      ->each(key("rope_theta"))
+      ->group(group);
+  app.add_flag("--bias,!--no-bias", m.biases, "the linear layers carry biases (GPT-2) or not (Llama)")
+      ->each(key("biases"))
+      ->group(group);
+  app.add_flag("--untied", o.untied, "give the LM head its own weight instead of the token embedding")
+      ->group(group);
 }
 
 // The strategies' flags (Parallel and Memory groups).
@@ -288,12 +348,13 @@ void add_train_flags(CLI::App& app, const std::shared_ptr<TrainFlags>& flags) {
   train::RunOptions& o = flags->options;
   flags->layout.add_to(app);
   add_parallel_flags(app, o);
-  add_model_flags(app, o.train.model, o.untied);
+  add_model_flags(app, o);
   add_run_flags(app, o);
   app.footer(
       "Examples:\n"
       "  ndmesh train                                   # small model on the Markov source, about a minute\n"
       "  ndmesh train --data README.md --vocab 256 --steps 200\n"
+      "  ndmesh train --model llama-tiny --steps 200            # a small Llama: RMSNorm, SwiGLU, rotary\n"
       "  ndmesh train --steps 200 --until 100 --save run.ckpt && ndmesh train --steps 200 --load run.ckpt\n"
       "  ndmesh train --data tokens.bin --vocab 50257 --val-fraction 0.05 --eval-every 100 --metrics "
       "run.jsonl\n"

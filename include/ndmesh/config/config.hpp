@@ -193,7 +193,10 @@ std::vector<std::string> model_problems(const ModelSpec& model,
 struct ConfigFile {
   LayoutSpec layout;
   ParallelConfig parallel;  ///< non-layout fields (dims come from `layout`)
-  std::optional<ModelSpec> model;
+  std::optional<ModelSpec> model;  ///< the [model] keys over ModelSpec{}
+  /// The [model] keys as written (arch first when applied: set_model_keys), for a caller with a
+  /// base description of its own (`ndmesh train`'s defaults or a preset).
+  std::vector<std::pair<std::string, ModelValue>> model_values;
 };
 
 /// Reads a TOML config file. IoError when unreadable; ConfigError naming the key, the

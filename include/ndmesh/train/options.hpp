@@ -12,6 +12,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ndmesh/config/config.hpp"
 #include "ndmesh/parallel/train_options.hpp"
@@ -36,6 +37,15 @@ struct RunOptions {
   parallel::TrainOptions train =
       default_train_options();  ///< model (vocab 0: the data's), batch, steps, lr, ...
   bool untied = false;          ///< --untied (train.model.tied_embeddings = false)
+
+  // The model's description (resolve_model()): --model NAME (a preset, config/presets.hpp) or
+  // the defaults above is the base; the config file's [model] keys change it, then --arch (a
+  // family's layers over the sizes), then every model flag given. The sizes' flags write into
+  // train.model and name their key in model_given.
+  std::string model_preset;              ///< --model
+  std::string arch;                      ///< --arch: gpt2 or llama
+  std::string norm, mlp, positions;      ///< --norm, --mlp, --positions (empty: the description's)
+  std::vector<std::string> model_given;  ///< model keys (config.hpp: model_keys) given as flags
 
   /// The resolved layout of a world of the given size; empty: every rank data-parallel.
   std::function<ParallelConfig(std::int64_t world)> layout;
@@ -90,6 +100,12 @@ struct RunOptions {
   std::string coordinator;  ///< HOST:PORT (or NDMESH_COORDINATOR)
   std::int64_t replica_id = -1;
 };
+
+/// The model's description: the base (--model's preset, or default_train_options()'s), the
+/// --config file's [model] keys over it, --arch, then the model flags given (model_given,
+/// --norm, --mlp, --positions, --untied). ConfigError naming the flag or key, the value and the
+/// names it takes.
+void resolve_model(RunOptions& o);
 
 /// --memory (or the --config file's [training] memory): the strategy's --recompute, --zero
 /// and --offload, except those given explicitly; records what it chose in memory_choice.
