@@ -46,7 +46,7 @@
 #   train-default             70  ndmesh train --device cuda (35) against --device cpu (35) on
 #   train-recompute-selective 70    the same model, seed and batch: losses within 1e-5 relative,
 #   train-recompute-full      70    step-1 gradient norm 1e-5, later norms 1e-4
-#   train-untied              70    (tests/mpi/train_lib.sh's bounds)
+#   train-llama               70    (tests/mpi/train_lib.sh's bounds; train-llama: --arch llama, an untied head)
 #   checkpoint                70  saved on cuda at step 10 (35), resumed on cpu (35): steps 11-20
 #                                 within 1e-4 of train-default's cpu run
 #   offload-host              35  --device cuda --offload optimizer (moments and fp32 master in pinned host
@@ -112,7 +112,7 @@ dir=${3:-$build/gpu-check}
 total_budget=540
 
 steps=(gpu glibc cublaslt kernels kernels-bench train-default train-recompute-selective train-recompute-full
-  train-untied checkpoint offload-host bf16 nccl calibrate gpt2-ndmesh gpt2-memory gpt2-plan gpt2-torch gpt2-bf16 profile
+  train-llama checkpoint offload-host bf16 nccl calibrate gpt2-ndmesh gpt2-memory gpt2-plan gpt2-torch gpt2-bf16 profile
   torchrun kernels-memcheck kernels-racecheck)
 
 pack() {
@@ -919,7 +919,7 @@ run() {
       train-default) step_train train-default ;;
       train-recompute-selective) step_train train-recompute-selective --recompute selective ;;
       train-recompute-full) step_train train-recompute-full --recompute full ;;
-      train-untied) step_train train-untied --untied ;;
+      train-llama) step_train train-llama --arch llama --ffn 256 ;;
       checkpoint) step_checkpoint ;;
       offload-host) step_offload_host ;;
       bf16) step_bf16 ;;

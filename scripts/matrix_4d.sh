@@ -16,7 +16,8 @@
 #   scripts/matrix_4d.sh [path/to/ndmesh] [steps]
 # Environment: MPIRUN (default: mpirun --allow-run-as-root --oversubscribe), MAX_RANKS
 # (default 16), ONLY (an extended regex the row name must match, e.g. '^dp2_pp2'),
-# NO_ORDERS=1 (skip the 2x2x2x2 orders).
+# NO_ORDERS=1 (skip the 2x2x2x2 orders), ARCH=llama (the same matrix on a Llama: RMSNorm,
+# SwiGLU of width 64, rotary positions, no biases, untied head; rows named llama_...).
 set -uo pipefail
 ndmesh=${1:-build/bin/ndmesh}
 steps=${2:-50}
@@ -29,6 +30,13 @@ export NDMESH_TIMEOUT_S=${NDMESH_TIMEOUT_S:-120}
 
 common=(--layers 4 --hidden 32 --heads 4 --kv-heads 2 --seq 16 --markov-vocab 16 --threads 1
   --eval-batches 1 --warmup 2 --batch 16 --steps "$steps" --json)
+arch=${ARCH:-gpt2}
+prefix=
+case $arch in
+  gpt2) ;;
+  llama) common+=(--arch llama --ffn 64) prefix=llama_ ;;
+  *) echo "matrix_4d.sh: ARCH=$arch: use gpt2 or llama" >&2; exit 2 ;;
+esac
 batch=16
 
 fail() { echo "$*" >&2; exit 1; }
@@ -43,7 +51,7 @@ printf '%-34s %-12s %5s %-24s %7s %7s %-10s %-10s %7s %7s\n' layout order ranks 
   norms seconds
 n_pass5=0 n_pass4=0 n_fail=0 n_refused=0
 run() {  # run <name> <order> <flags...>
-  local name=$1 order=$2
+  local name=$prefix$1 order=$2
   shift 2
   [[ $name =~ $only ]] || return 0
   local dp=1 pp=1 cp=1 tp=1 a=("$@") i

@@ -109,7 +109,7 @@ tail -n 1 "$tmp/run.log" | grep -qE '^== (PASS|FAIL): [0-9]+ passed, [0-9]+ fail
 # One result line per step, none missing, none doubled, none unknown.
 mapfile -t steps < <(bash scripts/gpu_check.sh steps)
 [ ${#steps[@]} -ge 10 ] || fail "gpu_check.sh steps lists ${#steps[@]} steps"
-gpu_steps=" gpu kernels kernels-bench train-default train-recompute-selective train-recompute-full train-untied checkpoint offload-host bf16 nccl calibrate gpt2-ndmesh gpt2-memory gpt2-plan gpt2-torch gpt2-bf16 "
+gpu_steps=" gpu kernels kernels-bench train-default train-recompute-selective train-recompute-full train-llama checkpoint offload-host bf16 nccl calibrate gpt2-ndmesh gpt2-memory gpt2-plan gpt2-torch gpt2-bf16 "
 for s in "${steps[@]}"; do
   n=$(grep -cE "^(PASS|FAIL|SKIP) $s \[" "$summary")
   [ "$n" -eq 1 ] || fail "step $s has $n result lines in the summary, expected 1"
@@ -143,7 +143,7 @@ if [ $have_driver -eq 0 ]; then
 fi
 
 # The cpu runs: one rank with torchrun's variables, Open MPI hidden; only cuda may fail.
-for s in train-default train-recompute-selective train-recompute-full train-untied; do
+for s in train-default train-recompute-selective train-recompute-full train-llama; do
   grep -qE "^FAIL $s \[.*--device cpu" "$summary" && fail "$s: the --device cpu run failed: $(grep -E "^FAIL $s \[" "$summary")"
   [[ $(tar -xJOf "$archive" "./$s.cpu.out" 2> /dev/null) == *'"losses"'* ]] || fail "$s: no --device cpu JSON in the log archive"
 done
@@ -207,7 +207,7 @@ files=$(find "$tmp/out" -type f | wc -l)
 big=$(find "$tmp/out" -type f -size +16383k)
 [ -z "$big" ] || fail "files over 16 MiB in \$OUT: $big"
 listing=$(tar -tJf "$archive" 2> /dev/null)
-for log in ./gpu_test_attention.log ./gpu_test_aaa_crash.log ./kernels.out ./train-untied.cuda.err ./gpt2-torch.err; do
+for log in ./gpu_test_attention.log ./gpu_test_aaa_crash.log ./kernels.out ./train-llama.cuda.err ./gpt2-torch.err; do
   grep -qx "$log" <<< "$listing" || fail "the log archive lacks $log"
 done
 
