@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 
@@ -396,7 +398,14 @@ HfImportReport import_hf(const std::string& hf_dir, const std::string& ckpt_dir,
                        .world = 1,
                        .partition = {report.spec.layers}};
     ShardFileWriter writer(tmp, "shard-pp000-tp000.bin");
-    std::vector<float> values, part, zeros;
+    std::vector<float> values, part;
+    // No optimizer state: zeros from calloc, whose untouched pages are the kernel's zero
+    // page (no resident memory for a tensor's worth of zeros).
+    std::int64_t largest = 1;
+    for (const NdTensor& t : map.ndmesh) largest = std::max(largest, numel(t.shape));
+    const std::unique_ptr<float, decltype(&std::free)> zeros(
+        static_cast<float*>(std::calloc(static_cast<std::size_t>(largest), sizeof(float))), &std::free);
+    if (!zeros) fail<IoError>("hf", "cannot allocate {} zeros for the optimizer state", largest);
     for (const NdTensor& t : map.ndmesh) {
       const std::int64_t n = numel(t.shape), cols = numel(t.shape) / t.shape[0];
       values.assign(static_cast<std::size_t>(n), 0.0f);
@@ -410,22 +419,21 @@ HfImportReport import_hf(const std::string& hf_dir, const std::string& ckpt_dir,
           fail<ConfigError>("hf", "'{}': tensor '{}' has shape [{}] but config.json says [{}]", file->path(),
                             st->name, fmt::join(st->shape, ", "), fmt::join(h.shape, ", "));
         used.insert(st->name);
-        part.resize(static_cast<std::size_t>(numel(h.shape)));
-        file->read(*st, part.data());
         float* dst = values.data() + h.row * cols;
         if (h.transpose) {  // [in, out] -> rows of [out, in]
+          part.resize(static_cast<std::size_t>(numel(h.shape)));
+          file->read(*st, part.data());
           const std::int64_t in = h.shape[0], out = h.shape[1];
           for (std::int64_t i = 0; i < in; ++i)
             for (std::int64_t o = 0; o < out; ++o)
               dst[o * in + i] = part[static_cast<std::size_t>(i * out + o)];
         } else {
-          std::copy(part.begin(), part.end(), dst);
+          file->read(*st, dst);
         }
         ++report.tensors;
       }
-      zeros.assign(static_cast<std::size_t>(n), 0.0f);  // no optimizer state: a fresh run's
       TensorRecord r{t.name, t.shape, {}};
-      if (auto slice = writer.append(ParamShard{}, t.shape, values.data(), zeros.data(), zeros.data()))
+      if (auto slice = writer.append(ParamShard{}, t.shape, values.data(), zeros.get(), zeros.get()))
         r.slices.push_back(*slice);
       manifest.tensors.push_back(std::move(r));
       report.parameters += n;

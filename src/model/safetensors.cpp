@@ -199,20 +199,28 @@ const SafeTensor* SafetensorsFile::find(const std::string& name) const {
 }
 
 void SafetensorsFile::read(const SafeTensor& t, float* out) const {
-  const unsigned char* p = data_ + t.begin;
-  const std::int64_t n = t.numel();
-  switch (t.dtype) {
-    case SafeDtype::kF32:
-      std::memcpy(out, p, static_cast<std::size_t>(n) * sizeof(float));
-      break;
-    case SafeDtype::kBF16:
-    case SafeDtype::kF16:
-      for (std::int64_t i = 0; i < n; ++i) {
+  // In chunks, each chunk's pages of the mapping given back once converted (a later read maps
+  // them again): reading a model tensor by tensor keeps about one tensor resident (the
+  // output), not the file too.
+  constexpr std::int64_t kChunk = std::int64_t{1} << 22;  // elements
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const std::int64_t n = t.numel(), width = safetensors_dtype_bytes(t.dtype);
+  for (std::int64_t at = 0; at < n; at += kChunk) {
+    const std::int64_t count = std::min(kChunk, n - at);
+    const unsigned char* p = data_ + t.begin + at * width;
+    if (t.dtype == SafeDtype::kF32) {
+      std::memcpy(out + at, p, static_cast<std::size_t>(count) * sizeof(float));
+    } else {
+      for (std::int64_t i = 0; i < count; ++i) {
         std::uint16_t h;
         std::memcpy(&h, p + 2 * i, 2);
-        out[i] = t.dtype == SafeDtype::kBF16 ? bf16_to_float(h) : f16_to_float(h);
+        out[at + i] = t.dtype == SafeDtype::kBF16 ? bf16_to_float(h) : f16_to_float(h);
       }
-      break;
+    }
+    const auto first = (reinterpret_cast<std::uintptr_t>(p) + page - 1) / page * page;
+    const auto last =
+        (reinterpret_cast<std::uintptr_t>(p) + static_cast<std::uintptr_t>(count * width)) / page * page;
+    if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
   }
 }
 

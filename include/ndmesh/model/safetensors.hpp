@@ -62,7 +62,8 @@ class SafetensorsFile {
   const SafeTensor* find(const std::string& name) const;
   /// "__metadata__" (string values only).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  /// The tensor's numel() values as float32.
+  /// The tensor's numel() values as float32. The file's pages it read are given back (a
+  /// later read maps them again).
   void read(const SafeTensor& tensor, float* out) const;
 
  private:
