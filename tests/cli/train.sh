@@ -113,6 +113,10 @@ expect_usage "--layers=abc is not a whole number; e.g. --layers 2" "$ndmesh" tra
 expect_usage "--lr=fast is not a number; e.g. --lr 0.0006" "$ndmesh" train --lr fast
 expect_usage "--zero3-prefetch=maybe is not true or false" "$ndmesh" train --zero3-prefetch maybe
 expect_usage "--untied=maybe is not true or false; give the flag alone (--untied)" "$ndmesh" train --untied=maybe
+# A flag given a count: CLI11 would take --json=3 as --json given three times.
+expect_usage "--json=3 is not true or false; give the flag alone (--json) or leave it out" "$ndmesh" train --json=3
+expect_usage "--sequence-parallel=2 is not true or false" "$ndmesh" train --tp 2 --sequence-parallel=2
+expect_usage "--json=1 is not true or false" "$ndmesh" plan memory --model gpt2-124m --json=1
 expect_usage "NDMESH_THREADS='many'" env NDMESH_THREADS=many "$ndmesh" train
 head -c 100 /dev/urandom > "$tmp/junk.bin"
 expect_usage "not an ndmesh checkpoint" "$ndmesh" train "${small[@]}" --steps 12 --load "$tmp/junk.bin"

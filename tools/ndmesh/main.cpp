@@ -79,6 +79,14 @@ int main(int argc, char** argv) {
     for (int i = 2; i < argc && std::string_view(argv[i]) != "--"; ++i)
       if (std::string_view(argv[i]) == "-np") argv[i] = long_np;
 
+  // A flag given a value (--json=3): CLI11 would count it as given three times.
+  if (const std::string problem = cli::flag_value_problem(app, std::vector<std::string>(argv + 1, argv + argc));
+      !problem.empty()) {
+    std::string where = "ndmesh";
+    if (argc > 1 && argv[1][0] != '-') where += std::string(" ") + argv[1];
+    cli::print_error("", fmt::format("{}; see '{} --help'", problem, where));
+    return cli::kExitUsage;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

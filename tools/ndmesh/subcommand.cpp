@@ -50,4 +50,29 @@ std::string conversion_message(const CLI::App& app, const CLI::ConversionError& 
                      example.empty() ? std::string() : fmt::format("; e.g. {} {}", name, example));
 }
 
+std::string flag_value_problem(const CLI::App& app, const std::vector<std::string>& args) {
+  std::vector<const CLI::App*> chain{&app};
+  for (const std::string& a : args) {
+    if (a == "--") break;
+    if (!a.starts_with("--")) {
+      // A subcommand's name descends; any other word (an option's value) is passed over.
+      for (const CLI::App* sub : chain.back()->get_subcommands({}))
+        if (sub->get_name() == a) {
+          chain.push_back(sub);
+          break;
+        }
+      continue;
+    }
+    const auto eq = a.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string name = a.substr(0, eq), value = a.substr(eq + 1);
+    const CLI::Option* opt = nullptr;
+    for (auto it = chain.rbegin(); it != chain.rend() && opt == nullptr; ++it)
+      opt = (*it)->get_option_no_throw(name);
+    if (opt == nullptr || opt->get_expected_max() != 0 || value == "true" || value == "false") continue;
+    return fmt::format("{}={} is not true or false; give the flag alone ({}) or leave it out", name, value, name);
+  }
+  return {};
+}
+
 }  // namespace ndmesh::cli

@@ -43,6 +43,11 @@ std::vector<const CLI::App*> given_commands(const CLI::App& app);
 /// flag is looked up in the innermost command given first (plan memory's --tp is not plan's).
 std::string conversion_message(const CLI::App& app, const CLI::ConversionError& e);
 
+/// A flag given a value other than true or false (`--json=3`, `--untied=maybe`), which CLI11
+/// would take as a count or refuse in its own words: the one-line message, or empty. The
+/// subcommands are found from the arguments' leading words; nothing after "--" is looked at.
+std::string flag_value_problem(const CLI::App& app, const std::vector<std::string>& args);
+
 /// Exit code for bad input (flags, files, environment).
 inline constexpr int kExitUsage = 2;
 
