@@ -208,7 +208,7 @@ void BackgroundSave::commit() {
 }
 
 CheckpointInfo load_checkpoint_dir(const std::string& dir, StateDict& state, const ModelSpec& spec,
-                                   const std::string& data, const comm::Communicator& world) {
+                                   const std::string& data, const comm::Communicator& world, bool any_data) {
   std::error_code ec;
   if (std::filesystem::is_regular_file(dir, ec)) {
     // A file: a single-file checkpoint (format 2) gets the conversion command; anything else
@@ -225,7 +225,8 @@ CheckpointInfo load_checkpoint_dir(const std::string& dir, StateDict& state, con
   agree_or_throw(world, fmt::format("loading '{}'", dir), [&] {
     const model::Manifest manifest = model::read_manifest(dir);
     auto diffs = model::spec_differences(manifest.spec, spec);
-    if (manifest.data != data)
+    // Weights without training state (an import) start a fresh run on any data.
+    if (manifest.data != data && !manifest.weights_only() && !any_data)
       diffs.push_back(fmt::format("data: checkpoint has '{}', the run has '{}'", manifest.data, data));
     if (!diffs.empty())
       fail<ConfigError>("checkpoint", "'{}' does not match this run ({}); pass the flags it was saved with", dir,

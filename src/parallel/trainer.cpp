@@ -268,10 +268,10 @@ std::unique_ptr<BackgroundSave> Trainer::save_in_background(const std::string& d
   return save;
 }
 
-CheckpointInfo Trainer::load(const std::string& path) {
+CheckpointInfo Trainer::load(const std::string& path, bool any_data) {
   StateDict state(model_, optimizer_, sync_, false);
   const CheckpointInfo info =
-      load_checkpoint_dir(path, state, options_.model, data().describe(), groups_.world());
+      load_checkpoint_dir(path, state, options_.model, data().describe(), groups_.world(), any_data);
   sync_.own_params_out(true);  // --offload optimizer+params: the loaded shard into its files
   sync_.params_updated();
   optimizer_.set_steps(info.adam_steps);

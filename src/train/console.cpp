@@ -142,7 +142,10 @@ void Console::on_start(const RunStart& r) {
         "context parallel: {} ranks, {} layout, {} of {} tokens per sequence per rank, ring attention\n",
         mesh.size_of("cp"), o.cp_layout, r.trainer.model().seq(), m.seq);
   if (!o.load.empty()) {
-    fmt::print("resumed from {} at step {}\n", o.load, r.first);
+    if (r.first == 0)  // weights only (an import): a fresh run from them
+      fmt::print("starting from the weights of {} (step 0, new optimizer state)\n", o.load);
+    else
+      fmt::print("resumed from {} at step {}\n", o.load, r.first);
     const parallel::LrScheduleOptions s = t.lr_schedule_options();
     const model::ScheduleRecord mine{.name = parallel::lr_schedule_name(s.schedule),
                                      .lr = s.lr,

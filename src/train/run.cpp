@@ -515,6 +515,58 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
 
 }  // namespace
 
+EvalReport evaluate(RunOptions o, std::int64_t batches) {
+  NDMESH_CHECK_CONFIG(!o.load.empty() && model::is_checkpoint_dir(o.load), "eval",
+                      "--load={}: not a checkpoint directory; pass one written by ndmesh train --save or ndmesh "
+                      "checkpoint import-hf",
+                      o.load);
+  NDMESH_CHECK_CONFIG(!o.data.empty(), "eval", "--data is missing; pass the token file to evaluate on");
+  NDMESH_CHECK_CONFIG(batches > 0, "eval", "--batches={} must be positive", batches);
+  resolve_model(o);  // the checkpoint's description, --seq over it
+  if (auto problems = model_problems(o.train.model, ModelFieldNames::kFlags); !problems.empty())
+    fail<ConfigError>("eval", "{}", fmt::join(problems, "; "));
+  comm::Communicator world = comm::Communicator::world();
+  auto work = [&]() -> EvalReport {
+    const ParallelConfig config = o.layout(world.size());
+    const Mesh mesh = config.mesh();
+    ProcessGroups groups(mesh,
+                         parallel::device_communicator(world, parse_device(o.device).value_or(Device::kCpu)));
+    set_blas_threads(o.threads > 0 ? static_cast<int>(o.threads)
+                                   : threads_from_env(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                                                      static_cast<int>(world.size()))));
+    const ModelSpec& spec = o.train.model;
+    auto data = std::make_unique<model::ConsecutiveSource>(o.data, model::parse_data_format(o.data_format), spec.vocab,
+                                                           o.train.batch, spec.seq, batches);
+    const std::int64_t tokens = batches * o.train.batch * spec.seq;
+    parallel::Trainer trainer(train_options(o, spec.vocab, config.ranks_per_node), std::move(data), groups);
+    try {
+      trainer.load(o.load, true);
+    } catch (const IoError& e) {
+      fail<ConfigError>("eval", "--load={}: {}", o.load, e.what());
+    }
+    EvalReport r;
+    r.loss = trainer.evaluate(batches);
+    r.perplexity = std::exp(r.loss);
+    r.tokens = tokens;
+    r.lead = world.rank() == 0;
+    json j;
+    j["loss"] = r.loss;
+    j["perplexity"] = r.perplexity;
+    j["tokens"] = r.tokens;
+    r.json = j.dump();
+    return r;
+  };
+  try {
+    return work();
+  } catch (const Error& e) {
+    const int code = dynamic_cast<const ConfigError*>(&e) != nullptr ? 2 : 1;
+    if (world.size() == 1) throw;
+    std::fflush(stdout);
+    fmt::print(stderr, "ndmesh: [rank {}] {}\n", world.rank(), e.what());
+    world.abort_job(code);
+  }
+}
+
 RunReport run(RunOptions o, const std::vector<RunObserver*>& observers) {
   resolve_model(o);
   expand_memory(o);

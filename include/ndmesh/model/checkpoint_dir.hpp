@@ -99,6 +99,9 @@ struct Manifest {
 
   /// The record of a tensor, or nullptr.
   const TensorRecord* find(const std::string& name) const;
+  /// Weights without training state (an import: step 0, no AdamW steps, no data source):
+  /// a run that loads it starts fresh at step 0 on any data.
+  bool weights_only() const { return step == 0 && adam_steps == 0 && data.empty(); }
 };
 
 /// The manifest as JSON text (what manifest.json holds).

@@ -201,6 +201,31 @@ class TokenFileSource : public DataSource {
   std::vector<Shard> shards_;
 };
 
+/// The first batches x batch x seq + 1 tokens of a file, read in order (`ndmesh eval`):
+/// sequence `index` of step b is the window starting at token (b * batch + index) * seq, its
+/// targets the tokens one further, as llm.c's loader reads them, so every layout reads the
+/// same tokens; the stream is ignored. The file is read as --data reads it with `format`
+/// (kAuto: llm.c shards and raw uint16 for .bin, bytes otherwise); only the tokens needed.
+/// ConfigError naming the file when it is shorter than batches x batch x seq + 1 tokens or
+/// holds a token >= vocab (with its position), or as TokenFileSource says.
+class ConsecutiveSource : public DataSource {
+ public:
+  ConsecutiveSource(const std::string& path, DataFormat format, std::int64_t vocab, std::int64_t batch,
+                    std::int64_t seq, std::int64_t batches);
+  std::int64_t vocab() const override { return vocab_; }
+  void sequence(std::uint64_t stream, std::int64_t step, std::int64_t index, std::int64_t seq, std::int32_t* tokens,
+                std::int32_t* targets) const override;
+  std::string describe() const override;
+  std::optional<double> entropy_rate() const override { return std::nullopt; }
+  /// The tokens read (batches x batch x seq + 1).
+  std::int64_t tokens() const { return static_cast<std::int64_t>(tokens_.size()); }
+
+ private:
+  std::string path_;
+  std::int64_t vocab_, batch_;
+  std::vector<std::int32_t> tokens_;
+};
+
 /// The source of --data `path`: ByteSource or TokenFileSource as `format` says (kAuto: see
 /// DataFormat). `vocab` (0: none given) is a token file's vocabulary; ConfigError asking for
 /// --vocab when a token file has none.

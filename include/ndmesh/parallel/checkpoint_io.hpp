@@ -99,8 +99,9 @@ class BackgroundSave {
 /// (collective over `world`); returns what the manifest says. ConfigError naming every
 /// difference when it was written for another model (`spec`) or data (`data`); IoError
 /// naming the file when it is incomplete or corrupt; ConfigError with the conversion
-/// command when `dir` is a single-file (format 2) checkpoint.
+/// command when `dir` is a single-file (format 2) checkpoint. `any_data`: the data is not
+/// compared (an evaluation reads the weights only).
 CheckpointInfo load_checkpoint_dir(const std::string& dir, StateDict& state, const ModelSpec& spec,
-                                   const std::string& data, const comm::Communicator& world);
+                                   const std::string& data, const comm::Communicator& world, bool any_data = false);
 
 }  // namespace ndmesh::parallel

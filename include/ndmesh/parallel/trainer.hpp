@@ -163,8 +163,9 @@ class Trainer {
   /// Restores a checkpoint directory written under any layout. Collective. ConfigError
   /// naming every difference when it was written by another model or data, or when `path`
   /// is a single-file checkpoint (with the command that converts it); IoError naming the
-  /// file when it is incomplete or corrupt. Returns what the manifest says.
-  CheckpointInfo load(const std::string& path);
+  /// file when it is incomplete or corrupt. Returns what the manifest says. `any_data`: the
+  /// data it was trained on is not compared (evaluation).
+  CheckpointInfo load(const std::string& path, bool any_data = false);
 
   /// The first local model chunk (the whole model without pipeline parallelism).
   model::Model& model() { return *model_.chunks.front(); }

@@ -82,6 +82,22 @@ class RunObserver {
   virtual void on_end(const RunReport& report) { (void)report; }
 };
 
+/// What evaluate() measured.
+struct EvalReport {
+  double loss = 0;        ///< mean next-token loss (nats) over every token of the batches
+  double perplexity = 0;  ///< exp(loss)
+  std::int64_t tokens = 0;
+  std::string json;  ///< {"loss": ..., "perplexity": ..., "tokens": ...} on one line
+  bool lead = false;  ///< world rank 0
+};
+
+/// `ndmesh eval`: the mean next-token loss of checkpoint options.load (its description, the
+/// run's seq) over `batches` consecutive global batches of options.train.batch x seq tokens
+/// read from the start of options.data (model::ConsecutiveSource), under the layout of
+/// options.layout; every layout reads the same tokens. The checkpoint's training data is
+/// not compared. Collective over the world; errors as run().
+EvalReport evaluate(RunOptions options, std::int64_t batches);
+
 /// Trains as `options` say (see the file comment); collective over the world. Prints what
 /// `ndmesh train` prints (world rank 0). ConfigError for bad options (before any rank
 /// starts), IoError for files, Error for a diverged loss.
