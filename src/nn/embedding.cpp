@@ -74,7 +74,8 @@ void Embedding<T>::forward_at(const std::int32_t* tokens, T* out, std::int64_t b
     T* part = tp_.sequence_parallel ? work(n * c) : out;
     cuda::embedding_tokens_forward(part, tokens, store_->param(tokens_), n, c, vocab_start_, local_vocab_);
     tp_.g_forward(part, out, n, c);
-    if (positions_ >= 0) cuda::embedding_positions_forward(out, store_->param(positions_), positions, first, nl, seq, c);
+    if (positions_ >= 0)
+      cuda::embedding_positions_forward(out, store_->param(positions_), positions, first, nl, seq, c);
   })
   if (positions_ >= 0)
     for (std::int64_t t = 0; t < seq; ++t)
@@ -108,8 +109,9 @@ void Embedding<T>::forward_at(const std::int32_t* tokens, T* out, std::int64_t b
 
 template <typename T>
 void Embedding<T>::backward_at(const T* dout, const std::int32_t* tokens, std::int64_t batch,
-                               std::int64_t seq, const std::int64_t* positions, const std::int32_t* host_tokens,
-                               const std::int64_t* host_positions) const {
+                               std::int64_t seq, const std::int64_t* positions,
+                               [[maybe_unused]] const std::int32_t* host_tokens,
+                               [[maybe_unused]] const std::int64_t* host_positions) const {  // CUDA's only
   const std::int64_t c = options_.channels, n = batch * seq;
   // The full d output (gathered under sequence parallelism): every rank computes the
   // whole position gradient, so the replicated table needs no reduction.
