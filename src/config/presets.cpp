@@ -7,43 +7,41 @@
 namespace ndmesh {
 namespace {
 
-// A GPT model of Narayanan et al. 2021 Table 1: vocab 51200, seq 2048, ffn 4h, learned
-// positions, LayerNorm, biases, tied embeddings, dropout.
-ModelPreset gpt(std::string name, std::int64_t heads, std::int64_t hidden, std::int64_t layers, std::string source) {
-  ModelSpec m{.name = name,
-              .layers = layers,
-              .hidden = hidden,
-              .heads = heads,
-              .kv_heads = heads,
-              .ffn = 4 * hidden,
-              .seq = 2048,
-              .vocab = 51200,
-              .experts = 0,
-              .tied_embeddings = true};
-  return {std::move(name), std::move(source), with_arch(m, "gpt2"), true};
+// A GPT-2-shaped model: LayerNorm, a GELU MLP of 4 hidden, learned positions, biases, a tied
+// output layer, as many key/value heads as heads.
+ModelSpec gpt_shape(const std::string& name, std::int64_t layers, std::int64_t hidden, std::int64_t heads,
+                    std::int64_t seq, std::int64_t vocab) {
+  return with_arch({.name = name,
+                    .layers = layers,
+                    .hidden = hidden,
+                    .heads = heads,
+                    .kv_heads = heads,
+                    .ffn = 4 * hidden,
+                    .seq = seq,
+                    .vocab = vocab},
+                   "gpt2");
+}
+
+// A GPT model of Narayanan et al. 2021 Table 1: vocab 51200, seq 2048, dropout.
+ModelPreset gpt(std::string name, std::int64_t heads, std::int64_t hidden, std::int64_t layers,
+                std::string source) {
+  ModelSpec m = gpt_shape(name, layers, hidden, heads, 2048, 51200);
+  return {std::move(name), std::move(source), m, true};
 }
 
 // GPT-2 (Radford et al. 2019) as released: vocab 50257 (padded to 50304 inside ndmesh), 1024
-// learned positions, GELU, LayerNorm eps 1e-5, tied output layer, no dropout counted.
+// learned positions, LayerNorm eps 1e-5, no dropout counted.
 ModelPreset gpt2(std::string name, std::int64_t layers, std::int64_t hidden, std::int64_t heads) {
-  ModelSpec m{.name = name,
-              .layers = layers,
-              .hidden = hidden,
-              .heads = heads,
-              .kv_heads = heads,
-              .ffn = 4 * hidden,
-              .seq = 1024,
-              .vocab = 50257,
-              .experts = 0,
-              .tied_embeddings = true};
+  ModelSpec m = gpt_shape(name, layers, hidden, heads, 1024, 50257);
   m.max_positions = 1024;
-  return {std::move(name), "Radford et al. 2019 (GPT-2), the Hugging Face gpt2 configs", with_arch(m, "gpt2"), false};
+  return {std::move(name), "Radford et al. 2019 (GPT-2), the Hugging Face gpt2 configs", m, false};
 }
 
 // A Llama model: RMSNorm, rotary positions, SwiGLU, no biases, untied output layer, no
 // dropout.
-ModelPreset llama(std::string name, std::int64_t layers, std::int64_t hidden, std::int64_t ffn, std::int64_t heads,
-                  std::int64_t kv_heads, std::int64_t vocab, std::int64_t seq, double theta, std::string source) {
+ModelPreset llama(std::string name, std::int64_t layers, std::int64_t hidden, std::int64_t ffn,
+                  std::int64_t heads, std::int64_t kv_heads, std::int64_t vocab, std::int64_t seq,
+                  double theta, std::string source) {
   ModelSpec m{.name = name,
               .layers = layers,
               .hidden = hidden,
@@ -92,7 +90,8 @@ const std::vector<ModelPreset>& model_presets() {
         gpt("gpt3-310b", 128, 16384, 96, t1),
         gpt("gpt3-530b", 128, 20480, 105, t1),
         gpt("gpt3-1t", 160, 25600, 128, t1),
-        gpt("gpt3-175b", 96, 12288, 96, "Brown et al. 2020, Table 2.1 (vocab padded to 51200 as in Megatron)"),
+        gpt("gpt3-175b", 96, 12288, 96,
+            "Brown et al. 2020, Table 2.1 (vocab padded to 51200 as in Megatron)"),
         bloom(),
         llama("llama2-7b", 32, 4096, 11008, 32, 32, 32000, 4096, 10000, l2),
         llama("llama2-13b", 40, 5120, 13824, 40, 40, 32000, 4096, 10000, l2),
@@ -123,8 +122,10 @@ const std::vector<ModelPreset>& model_presets() {
 const ModelPreset& model_preset(std::string_view name, std::string_view flag) {
   for (const auto& p : model_presets())
     if (p.name == name) return p;
-  fail<ConfigError>("model", "{} '{}' is not a preset; use one of {}, or describe the model with --layers --hidden "
-                    "--heads --vocab", flag, name, model_preset_names());
+  fail<ConfigError>("model",
+                    "{} '{}' is not a preset; use one of {}, or describe the model with --layers --hidden "
+                    "--heads --vocab",
+                    flag, name, model_preset_names());
 }
 
 std::string model_preset_names() {

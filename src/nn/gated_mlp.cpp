@@ -2,6 +2,7 @@
 
 #include <type_traits>
 
+#include "feed_forward_passes.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/nn/mlp.hpp"
 #include "ndmesh/nn/swiglu.hpp"
@@ -11,7 +12,8 @@ namespace ndmesh::nn {
 
 namespace {
 const MlpOptions& checked(const MlpOptions& o) {
-  NDMESH_CHECK(o.ffn % o.tp.size == 0, "nn", "mlp '{}': tp={} does not divide ffn={}", o.name, o.tp.size, o.ffn);
+  NDMESH_CHECK(o.ffn % o.tp.size == 0, "nn", "mlp '{}': tp={} does not divide ffn={}", o.name, o.tp.size,
+               o.ffn);
   return o;
 }
 }  // namespace
@@ -26,7 +28,8 @@ GatedMlp<T>::GatedMlp(ParamStore<T>& store, MlpOptions options)
                   .name = options_.name + ".fc",
                   .weight_shard = options_.tp.rows({2 * options_.ffn, options_.channels},
                                                    {{0, options_.ffn}, {options_.ffn, options_.ffn}}),
-                  .bias_shard = options_.tp.rows({2 * options_.ffn}, {{0, options_.ffn}, {options_.ffn, options_.ffn}})}),
+                  .bias_shard = options_.tp.rows({2 * options_.ffn},
+                                                 {{0, options_.ffn}, {options_.ffn, options_.ffn}})}),
       proj_(store, {.in = options_.ffn / options_.tp.size,
                     .out = options_.channels,
                     .bias = options_.bias,
@@ -34,34 +37,6 @@ GatedMlp<T>::GatedMlp(ParamStore<T>& store, MlpOptions options)
                     .weight_shard = options_.tp.columns({options_.channels, options_.ffn}),
                     .bias_shard = options_.tp.replicated(),
                     .deferred_bias = true}) {}
-
-template <typename T>
-void GatedMlp<T>::forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const {
-  forward_from(inp, out, acts, rows);
-}
-
-template <typename T>
-void GatedMlp<T>::forward(const BFloat16* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const {
-  forward_from(inp, out, acts, rows);
-}
-
-template <typename T>
-void GatedMlp<T>::backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
-                           std::int64_t rows) const {
-  backward_from(dout, inp, acts, dinp, scratch, rows);
-}
-
-template <typename T>
-void GatedMlp<T>::backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
-                           std::int64_t rows) const {
-  backward_from(dout, inp, acts, dinp, scratch, rows);
-}
-
-template <typename T>
-void GatedMlp<T>::backward(const T* dout, const BFloat16* inp, const MlpActivations<T>& acts, T* dinp,
-                           BFloat16* scratch, std::int64_t rows) const {
-  backward_from(dout, inp, acts, dinp, scratch, rows);
-}
 
 template <typename T>
 template <typename In>
@@ -85,14 +60,15 @@ void GatedMlp<T>::forward_from(const In* inp, T* out, MlpActivations<T>& acts, s
 
 template <typename T>
 template <typename In, typename S>
-void GatedMlp<T>::backward_from(const T* dout, const In* inp, const MlpActivations<T>& acts, T* dinp, S* scratch,
-                                std::int64_t rows) const {
+void GatedMlp<T>::backward_from(const T* dout, const In* inp, const MlpActivations<T>& acts, T* dinp,
+                                S* scratch, std::int64_t rows) const {
   constexpr bool kBf16Scratch = std::is_same_v<S, BFloat16>;
   NDMESH_CHECK(kBf16Scratch == this->hidden_in_bf16(), "nn",
-               "mlp '{}': the backward's scratch is bfloat16 under bf16 products and T otherwise", options_.name);
+               "mlp '{}': the backward's scratch is bfloat16 under bf16 products and T otherwise",
+               options_.name);
   const std::int64_t f = this->local_ffn();
-  S* dhidden = scratch;           // [rows, F]
-  S* dpre = scratch + rows * f;   // [rows, 2F]
+  S* dhidden = scratch;          // [rows, F]
+  S* dpre = scratch + rows * f;  // [rows, 2F]
   if constexpr (kBf16Scratch) {
     proj_.backward(dout, acts.hidden16.data(), dhidden, rows);  // written in bf16, rounded once
     Swiglu<T>::backward(dhidden, acts.pre16.data(), dpre, rows, f, fc_.device());
@@ -115,6 +91,9 @@ std::unique_ptr<FeedForward<T>> make_feed_forward(MlpKind kind, ParamStore<T>& s
 
 template class GatedMlp<float>;
 template class GatedMlp<double>;
+// The passes of the interface (feed_forward_passes.hpp) over this MLP's templates.
+template class FeedForwardPasses<GatedMlp<float>, float>;
+template class FeedForwardPasses<GatedMlp<double>, double>;
 template std::unique_ptr<FeedForward<float>> make_feed_forward(MlpKind, ParamStore<float>&, MlpOptions);
 template std::unique_ptr<FeedForward<double>> make_feed_forward(MlpKind, ParamStore<double>&, MlpOptions);
 

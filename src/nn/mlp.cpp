@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "feed_forward_passes.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/nn/gelu.hpp"
 #include "ndmesh/tensor/ops.hpp"
@@ -27,34 +28,6 @@ Mlp<T>::Mlp(ParamStore<T>& store, MlpOptions options)
                     .deferred_bias = true}) {
   NDMESH_CHECK(options_.ffn % options_.tp.size == 0, "nn", "mlp '{}': tp={} does not divide ffn={}",
                options_.name, options_.tp.size, options_.ffn);
-}
-
-template <typename T>
-void Mlp<T>::forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const {
-  forward_from(inp, out, acts, rows);
-}
-
-template <typename T>
-void Mlp<T>::forward(const BFloat16* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const {
-  forward_from(inp, out, acts, rows);
-}
-
-template <typename T>
-void Mlp<T>::backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
-                      std::int64_t rows) const {
-  backward_from(dout, inp, acts, dinp, scratch, rows);
-}
-
-template <typename T>
-void Mlp<T>::backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
-                      std::int64_t rows) const {
-  backward_from(dout, inp, acts, dinp, scratch, rows);
-}
-
-template <typename T>
-void Mlp<T>::backward(const T* dout, const BFloat16* inp, const MlpActivations<T>& acts, T* dinp,
-                      BFloat16* scratch, std::int64_t rows) const {
-  backward_from(dout, inp, acts, dinp, scratch, rows);
 }
 
 template <typename T>
@@ -115,5 +88,8 @@ void Mlp<T>::backward_from(const T* dout, const In* inp, const MlpActivations<T>
 
 template class Mlp<float>;
 template class Mlp<double>;
+// The passes of the interface (feed_forward_passes.hpp) over this MLP's templates.
+template class FeedForwardPasses<Mlp<float>, float>;
+template class FeedForwardPasses<Mlp<double>, double>;
 
 }  // namespace ndmesh::nn

@@ -50,17 +50,18 @@ Rope<T>::Rope(RopeOptions options) : options_(options) {
                       "rotary positions need an even head size, but it is {}; use --positions learned, or a "
                       "--hidden / --heads (or --head-dim) that gives an even head size",
                       options_.head_dim);
-  NDMESH_CHECK_CONFIG(options_.theta > 0, "model", "--rope-theta={} must be positive; e.g. --rope-theta 10000",
-                      options_.theta);
-  NDMESH_CHECK_CONFIG(options_.scaling.factor == 0 ||
-                          (options_.scaling.factor >= 1 && options_.scaling.original_positions > 0 &&
-                           options_.scaling.high_freq_factor > options_.scaling.low_freq_factor &&
-                           options_.scaling.low_freq_factor > 0),
-                      "model",
-                      "rope scaling factor={} low_freq_factor={} high_freq_factor={} original positions={}: need "
-                      "factor >= 1, 0 < low < high and positions > 0 (Llama 3.1: 8, 1, 4, 8192)",
-                      options_.scaling.factor, options_.scaling.low_freq_factor, options_.scaling.high_freq_factor,
-                      options_.scaling.original_positions);
+  NDMESH_CHECK_CONFIG(options_.theta > 0, "model",
+                      "--rope-theta={} must be positive; e.g. --rope-theta 10000", options_.theta);
+  NDMESH_CHECK_CONFIG(
+      options_.scaling.factor == 0 ||
+          (options_.scaling.factor >= 1 && options_.scaling.original_positions > 0 &&
+           options_.scaling.high_freq_factor > options_.scaling.low_freq_factor &&
+           options_.scaling.low_freq_factor > 0),
+      "model",
+      "rope scaling factor={} low_freq_factor={} high_freq_factor={} original positions={}: need "
+      "factor >= 1, 0 < low < high and positions > 0 (Llama 3.1: 8, 1, 4, 8192)",
+      options_.scaling.factor, options_.scaling.low_freq_factor, options_.scaling.high_freq_factor,
+      options_.scaling.original_positions);
   inv_freq_ = inv_freq_in<float>(options_);
   inv_freq_double_ = inv_freq_in<double>(options_);
 }
@@ -122,29 +123,15 @@ void Rope<T>::rotate(S* x, std::int64_t rows, std::int64_t seq, std::int64_t wid
   }
 }
 
-template <typename T>
-void Rope<T>::forward(T* x, std::int64_t rows, std::int64_t seq, std::int64_t width, std::int64_t heads,
-                      const std::int64_t* positions, Device device) const {
-  rotate(x, rows, seq, width, heads, positions, device, false);
-}
-
-template <typename T>
-void Rope<T>::forward(BFloat16* x, std::int64_t rows, std::int64_t seq, std::int64_t width, std::int64_t heads,
-                      const std::int64_t* positions, Device device) const {
-  rotate(x, rows, seq, width, heads, positions, device, false);
-}
-
-template <typename T>
-void Rope<T>::backward(T* dx, std::int64_t rows, std::int64_t seq, std::int64_t width, std::int64_t heads,
-                       const std::int64_t* positions, Device device) const {
-  rotate(dx, rows, seq, width, heads, positions, device, true);
-}
-
-template <typename T>
-void Rope<T>::backward(BFloat16* dx, std::int64_t rows, std::int64_t seq, std::int64_t width, std::int64_t heads,
-                       const std::int64_t* positions, Device device) const {
-  rotate(dx, rows, seq, width, heads, positions, device, true);
-}
+// rotate() for the element types forward() and backward() take: T and bfloat16.
+#define NDMESH_ROPE_ROTATE(T, S)                                                               \
+  template void Rope<T>::rotate<S>(S*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, \
+                                   const std::int64_t*, Device, bool) const;
+NDMESH_ROPE_ROTATE(float, float)
+NDMESH_ROPE_ROTATE(float, BFloat16)
+NDMESH_ROPE_ROTATE(double, double)
+NDMESH_ROPE_ROTATE(double, BFloat16)
+#undef NDMESH_ROPE_ROTATE
 
 template class Rope<float>;
 template class Rope<double>;

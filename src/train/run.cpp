@@ -44,6 +44,34 @@ namespace {
 using json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
+// BLAS threads of a rank: --threads, else NDMESH_THREADS, else the cores shared by the ranks.
+int blas_threads(const RunOptions& o, const comm::Communicator& world) {
+  return o.threads > 0 ? static_cast<int>(o.threads)
+                       : threads_from_env(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                                          static_cast<int>(world.size())));
+}
+
+// work() on this rank of `world`. Alone, an error is thrown as it is; among several ranks,
+// one rank's error ends the whole job now (exit 2 for bad input, 1 otherwise) with the
+// message and the rank, not after the peers' timeout.
+template <typename F>
+auto ending_the_job_on_error(comm::Communicator& world, F&& work) -> decltype(work()) {
+  try {
+    return work();
+  } catch (const Error& e) {
+    const int code = dynamic_cast<const ConfigError*>(&e) != nullptr ? 2 : 1;
+    if (world.size() == 1) throw;
+    std::fflush(stdout);
+    fmt::print(stderr, "ndmesh: [rank {}] {}\n", world.rank(), e.what());
+    world.abort_job(code);
+  } catch (const std::exception& e) {
+    if (world.size() == 1) throw;
+    std::fflush(stdout);
+    fmt::print(stderr, "ndmesh: [rank {}] internal error: {}\n", world.rank(), e.what());
+    world.abort_job(1);
+  }
+}
+
 // One rank's memory as the planner predicts it (plan::estimate_memory, the worst stage) for
 // the model the trainer builds: fp32 weights, gradients and AdamW moments (4 + 4 + 8 bytes
 // a parameter), fp32 activations, no dropout, the blockwise (flash-style) attention.
@@ -155,10 +183,7 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
   ProcessGroups groups(mesh,
                        parallel::device_communicator(world, parse_device(o.device).value_or(Device::kCpu)));
   const bool lead = world.rank() == 0;
-  const int threads =
-      o.threads > 0 ? static_cast<int>(o.threads)
-                    : threads_from_env(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                                                       static_cast<int>(world.size())));
+  const int threads = blas_threads(o, world);
   set_blas_threads(threads);
 
   std::unique_ptr<model::DataSource> data = training_data(o);
@@ -516,12 +541,13 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
 }  // namespace
 
 EvalReport evaluate(RunOptions o, std::int64_t batches) {
-  NDMESH_CHECK_CONFIG(!o.load.empty() && model::is_checkpoint_dir(o.load), "eval",
-                      "--load={}: not a checkpoint directory; pass one written by ndmesh train --save or ndmesh "
-                      "checkpoint import-hf",
-                      o.load);
+  NDMESH_CHECK_CONFIG(
+      !o.load.empty() && model::is_checkpoint_dir(o.load), "eval",
+      "--load={}: not a checkpoint directory; pass one written by ndmesh train --save or ndmesh "
+      "checkpoint import-hf",
+      o.load);
   NDMESH_CHECK_CONFIG(!o.data.empty(), "eval", "--data is missing; pass the token file to evaluate on");
-  NDMESH_CHECK_CONFIG(batches > 0, "eval", "--batches={} must be positive", batches);
+  NDMESH_CHECK_CONFIG(batches > 0, "eval", "--batches={} must be at least 1; e.g. --batches 8", batches);
   resolve_model(o);  // the checkpoint's description, --seq over it
   if (auto problems = model_problems(o.train.model, ModelFieldNames::kFlags); !problems.empty())
     fail<ConfigError>("eval", "{}", fmt::join(problems, "; "));
@@ -531,12 +557,10 @@ EvalReport evaluate(RunOptions o, std::int64_t batches) {
     const Mesh mesh = config.mesh();
     ProcessGroups groups(mesh,
                          parallel::device_communicator(world, parse_device(o.device).value_or(Device::kCpu)));
-    set_blas_threads(o.threads > 0 ? static_cast<int>(o.threads)
-                                   : threads_from_env(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                                                                      static_cast<int>(world.size()))));
+    set_blas_threads(blas_threads(o, world));
     const ModelSpec& spec = o.train.model;
-    auto data = std::make_unique<model::ConsecutiveSource>(o.data, model::parse_data_format(o.data_format), spec.vocab,
-                                                           o.train.batch, spec.seq, batches);
+    auto data = std::make_unique<model::ConsecutiveSource>(o.data, model::parse_data_format(o.data_format),
+                                                           spec.vocab, o.train.batch, spec.seq, batches);
     const std::int64_t tokens = batches * o.train.batch * spec.seq;
     parallel::Trainer trainer(train_options(o, spec.vocab, config.ranks_per_node), std::move(data), groups);
     try {
@@ -556,15 +580,7 @@ EvalReport evaluate(RunOptions o, std::int64_t batches) {
     r.json = j.dump();
     return r;
   };
-  try {
-    return work();
-  } catch (const Error& e) {
-    const int code = dynamic_cast<const ConfigError*>(&e) != nullptr ? 2 : 1;
-    if (world.size() == 1) throw;
-    std::fflush(stdout);
-    fmt::print(stderr, "ndmesh: [rank {}] {}\n", world.rank(), e.what());
-    world.abort_job(code);
-  }
+  return ending_the_job_on_error(world, work);
 }
 
 RunReport run(RunOptions o, const std::vector<RunObserver*>& observers) {
@@ -578,21 +594,7 @@ RunReport run(RunOptions o, const std::vector<RunObserver*>& observers) {
   }
   check_run_options(o);
   comm::Communicator world = comm::Communicator::world();
-  try {
-    return fit(std::move(o), world, observers);
-  } catch (const Error& e) {
-    // One rank's error ends the whole job now, not after the peers' timeout.
-    const int code = dynamic_cast<const ConfigError*>(&e) != nullptr ? 2 : 1;
-    if (world.size() == 1) throw;
-    std::fflush(stdout);
-    fmt::print(stderr, "ndmesh: [rank {}] {}\n", world.rank(), e.what());
-    world.abort_job(code);
-  } catch (const std::exception& e) {
-    if (world.size() == 1) throw;
-    std::fflush(stdout);
-    fmt::print(stderr, "ndmesh: [rank {}] internal error: {}\n", world.rank(), e.what());
-    world.abort_job(1);
-  }
+  return ending_the_job_on_error(world, [&] { return fit(std::move(o), world, observers); });
 }
 
 }  // namespace ndmesh::train

@@ -91,16 +91,7 @@ for i in $(seq 1 50); do echo "the quick brown fox jumps over the lazy dog $i"; 
   || fail "byte-level run"
 
 # Bad input: exit 2, and the message names the flag (or variable) and the value.
-expect_usage() {
-  local needle=$1
-  shift
-  set +e
-  "$@" > "$tmp/out.txt" 2>&1
-  local rc=$?
-  set -e
-  [ "$rc" -eq 2 ] || fail "'$*' exited $rc, expected 2: $(cat "$tmp/out.txt")"
-  grep -qF -- "$needle" "$tmp/out.txt" || fail "'$*' did not say '$needle': $(cat "$tmp/out.txt")"
-}
+source "$(dirname "$0")/../support/expect_usage.sh"
 expect_usage "--layers=0" "$ndmesh" train --layers 0
 expect_usage "--heads=4 is not a multiple of --kv-heads=3; use --kv-heads=2 or --kv-heads=4" "$ndmesh" train --kv-heads 3
 expect_usage "--hidden=64 is not divisible by --heads=3; use --heads=2 or --heads=4" "$ndmesh" train --heads 3

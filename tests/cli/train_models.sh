@@ -9,17 +9,8 @@ trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 run=(--steps 2 --batch 4 --threads 1 --eval-batches 1 --warmup 0)
 
-expect_usage() {  # expect_usage <needle> <flags...>: exit 2 with the needle in the output
-  local needle=$1
-  shift
-  set +e
-  "$ndmesh" train "$@" > "$tmp/out.txt" 2>&1
-  local rc=$?
-  set -e
-  [ "$rc" -eq 2 ] || fail "'$*' exited $rc, expected 2: $(cat "$tmp/out.txt")"
-  grep -qF -- "$needle" "$tmp/out.txt" || fail "'$*' did not say '$needle': $(cat "$tmp/out.txt")"
-  [ "$(wc -l < "$tmp/out.txt")" -le 2 ] || fail "'$*' printed more than the error: $(cat "$tmp/out.txt")"
-}
+USAGE_LINES=1
+source "$(dirname "$0")/../support/expect_usage.sh"
 
 # A preset, as it is, and changed by a flag.
 "$ndmesh" train --model llama-tiny "${run[@]}" > "$tmp/llama.txt"
@@ -73,19 +64,19 @@ grep -qF "architecture: llama: rmsnorm" "$tmp/alone.txt" || fail "--load alone: 
 tail -n 1 "$tmp/alone.txt" > "$tmp/alone.json"
 jq -e -n --slurpfile a "$tmp/flags.json" --slurpfile b "$tmp/alone.json" '$a[0].losses == $b[0].losses' > /dev/null ||
   fail "--load alone trains other losses than --load with the model flags"
-expect_usage "norm: checkpoint has rmsnorm, the run has layernorm" --arch gpt2 --markov-vocab 16 --steps 4 \
+expect_usage "norm: checkpoint has rmsnorm, the run has layernorm" "$ndmesh" train --arch gpt2 --markov-vocab 16 --steps 4 \
   --batch 4 --threads 1 --load "$tmp/ck"
 
 # Bad input: one line naming the flag, the value and the names it takes.
-expect_usage "--model 'gpt5' is not a preset; use one of" --model gpt5
-expect_usage "--arch=mamba is not a model family; use gpt2 or llama" --arch mamba
-expect_usage "--norm=batchnorm is not a norm; use layernorm (GPT-2) or rmsnorm (Llama)" --norm batchnorm
-expect_usage "--mlp=relu is not an MLP kind" --mlp relu
-expect_usage "--positions=alibi is not a kind of positions" --positions alibi
-expect_usage "the data (markov vocab=300" --model llama-tiny --markov-vocab 300 --steps 1
-expect_usage "has a vocabulary of 256; give --vocab 300" --model llama-tiny --markov-vocab 300 --steps 1
-expect_usage "--rope-theta=0 must be positive; e.g. --rope-theta=10000" --arch llama --rope-theta 0
-expect_usage "rotary positions need an even head size, but --hidden / --heads = 3" --arch llama --hidden 24 --heads 8 \
+expect_usage "--model 'gpt5' is not a preset; use one of" "$ndmesh" train --model gpt5
+expect_usage "--arch=mamba is not a model family; use gpt2 or llama" "$ndmesh" train --arch mamba
+expect_usage "--norm=batchnorm is not a norm; use layernorm (GPT-2) or rmsnorm (Llama)" "$ndmesh" train --norm batchnorm
+expect_usage "--mlp=relu is not an MLP kind" "$ndmesh" train --mlp relu
+expect_usage "--positions=alibi is not a kind of positions" "$ndmesh" train --positions alibi
+expect_usage "the data (markov vocab=300" "$ndmesh" train --model llama-tiny --markov-vocab 300 --steps 1
+expect_usage "has a vocabulary of 256; give --vocab 300" "$ndmesh" train --model llama-tiny --markov-vocab 300 --steps 1
+expect_usage "--rope-theta=0 must be positive; e.g. --rope-theta=10000" "$ndmesh" train --arch llama --rope-theta 0
+expect_usage "rotary positions need an even head size, but --hidden / --heads = 3" "$ndmesh" train --arch llama --hidden 24 --heads 8 \
   --kv-heads 8
-expect_usage "--norm-eps=-1 must be a positive number" --norm-eps -1
+expect_usage "--norm-eps=-1 must be a positive number" "$ndmesh" train --norm-eps -1
 echo "train_models.sh: ok"

@@ -113,17 +113,8 @@ command -v rsvg-convert > /dev/null || fail "rsvg-convert is not installed (Debi
 [ "$(head -c 8 "$tmp/run.png" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ] || fail "the .png is not a PNG"
 
 # Bad input: exit 2 with one line naming the flag (or the file and its line).
-expect_usage() {
-  local needle=$1
-  shift
-  set +e
-  "$@" > "$tmp/out.txt" 2>&1
-  local rc=$?
-  set -e
-  [ "$rc" -eq 2 ] || fail "'$*' exited $rc, expected 2: $(cat "$tmp/out.txt")"
-  [ "$(wc -l < "$tmp/out.txt")" -eq 1 ] || fail "'$*' printed more than one line: $(cat "$tmp/out.txt")"
-  grep -qF -- "$needle" "$tmp/out.txt" || fail "'$*' did not say '$needle': $(cat "$tmp/out.txt")"
-}
+USAGE_LINES=1
+source "$(dirname "$0")/../support/expect_usage.sh"
 echo "the quick brown fox jumps over the lazy dog" > "$tmp/text.txt"
 expect_usage "--val-fraction=1.5 must be in (0, 1)" "$ndmesh" train --data "$tmp/text.txt" --seq 8 --val-fraction 1.5
 expect_usage "--val-fraction=0 must be in (0, 1)" "$ndmesh" train --data "$tmp/text.txt" --seq 8 --val-fraction 0

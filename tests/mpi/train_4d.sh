@@ -20,65 +20,50 @@ steps=12
 common=(--layers 4 --hidden 32 --heads 4 --kv-heads 2 --seq 16 --markov-vocab 16 --threads 1
   --eval-batches 1 --warmup 2 --batch 8 --steps $steps --json)
 
-serial() {  # serial <name> <flags...>
-  local name=$1
-  shift
-  "$ndmesh" train "${common[@]}" "$@" | tail -n 1 > "$tmp/$name.json"
-  jq -e --argjson n $steps '.losses | length == $n' "$tmp/$name.json" > /dev/null || fail "serial $name has no $steps losses"
-}
-serial tied
-serial untied --untied
+serial_run tied
+serial_run untied --untied
 
-check() {  # check <serial name> <ranks> <name> <flags...>: equal to serial within 1e-5
-  local base=$1 np=$2 name=$3
-  shift 3
-  "${mpirun[@]}" -np "$np" "$ndmesh" train "${common[@]}" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err" ||
-    fail "$name: exit $? $(cat "$tmp/$name.err")"
-  tail -n 1 "$tmp/$name.out" > "$tmp/$name.json"
-  jq -e --argjson n $steps '.losses | length == $n' "$tmp/$name.json" > /dev/null || fail "$name has no $steps losses"
-  expect_same "$name vs serial" "$tmp/$base.json" "$tmp/$name.json"
-}
 
 # dp x pp x tp
-check tied 8 dp2_pp2_tp2_1f1b --dp 2 --pp 2 --tp 2 --micro-batch 2
-check tied 8 dp2_pp2_tp2_sp_gpipe --dp 2 --pp 2 --tp 2 --sequence-parallel --schedule gpipe --micro-batch 1
-check tied 8 dp2_pp2_tp2_sp_interleaved --dp 2 --pp 2 --tp 2 --sequence-parallel --schedule interleaved \
+layout_run tied 8 dp2_pp2_tp2_1f1b --dp 2 --pp 2 --tp 2 --micro-batch 2
+layout_run tied 8 dp2_pp2_tp2_sp_gpipe --dp 2 --pp 2 --tp 2 --sequence-parallel --schedule gpipe --micro-batch 1
+layout_run tied 8 dp2_pp2_tp2_sp_interleaved --dp 2 --pp 2 --tp 2 --sequence-parallel --schedule interleaved \
   --virtual-stages 2 --micro-batch 2
-check untied 8 dp2_pp2_tp2_zbh1_untied --dp 2 --pp 2 --tp 2 --schedule zb-h1 --micro-batch 2 --untied
-check tied 8 dp2_pp2_tp2_pplayers_order --dp 2 --pp 2 --tp 2 --pp-layers 3,1 --micro-batch 2 --order tp,cp,pp,dp
+layout_run untied 8 dp2_pp2_tp2_zbh1_untied --dp 2 --pp 2 --tp 2 --schedule zb-h1 --micro-batch 2 --untied
+layout_run tied 8 dp2_pp2_tp2_pplayers_order --dp 2 --pp 2 --tp 2 --pp-layers 3,1 --micro-batch 2 --order tp,cp,pp,dp
 # pp x cp x tp
-check tied 8 pp2_cp2_tp2_sp_zigzag --pp 2 --cp 2 --tp 2 --sequence-parallel --micro-batch 4
-check untied 8 pp2_cp2_tp2_contiguous_zbh1 --pp 2 --cp 2 --tp 2 --cp-layout contiguous --schedule zb-h1 \
+layout_run tied 8 pp2_cp2_tp2_sp_zigzag --pp 2 --cp 2 --tp 2 --sequence-parallel --micro-batch 4
+layout_run untied 8 pp2_cp2_tp2_contiguous_zbh1 --pp 2 --cp 2 --tp 2 --cp-layout contiguous --schedule zb-h1 \
   --micro-batch 2 --untied
-check tied 8 pp2_cp2_tp2_sp_interleaved_order --pp 2 --cp 2 --tp 2 --sequence-parallel --schedule interleaved \
+layout_run tied 8 pp2_cp2_tp2_sp_interleaved_order --pp 2 --cp 2 --tp 2 --sequence-parallel --schedule interleaved \
   --virtual-stages 2 --micro-batch 2 --order tp,cp,pp,dp
 # dp x cp x tp (ZeRO with pp 1)
-check tied 8 dp2_cp2_tp2_sp_zero1 --dp 2 --cp 2 --tp 2 --sequence-parallel --zero 1 --bucket-mb 0.01
-check untied 8 dp2_cp2_tp2_contiguous_zero2_micro --dp 2 --cp 2 --tp 2 --cp-layout contiguous --zero 2 \
+layout_run tied 8 dp2_cp2_tp2_sp_zero1 --dp 2 --cp 2 --tp 2 --sequence-parallel --zero 1 --bucket-mb 0.01
+layout_run untied 8 dp2_cp2_tp2_contiguous_zero2_micro --dp 2 --cp 2 --tp 2 --cp-layout contiguous --zero 2 \
   --micro-batch 2 --untied --order cp,dp,pp,tp
-check untied 8 dp2_cp2_tp2_sp_contiguous_zero2 --dp 2 --cp 2 --tp 2 --sequence-parallel --cp-layout contiguous \
+layout_run untied 8 dp2_cp2_tp2_sp_contiguous_zero2 --dp 2 --cp 2 --tp 2 --sequence-parallel --cp-layout contiguous \
   --zero 2 --untied --order cp,dp,pp,tp
-check tied 4 dp2_tp2_sp_zero2_micro --dp 2 --tp 2 --sequence-parallel --zero 2 --micro-batch 2
-check untied 8 dp2_cp2_tp2_sp_zero2_micro --dp 2 --cp 2 --tp 2 --sequence-parallel --zero 2 --micro-batch 2 --untied
-check tied 8 dp4_tp2_sp_zero1_micro --dp 4 --tp 2 --sequence-parallel --zero 1 --micro-batch 1
+layout_run tied 4 dp2_tp2_sp_zero2_micro --dp 2 --tp 2 --sequence-parallel --zero 2 --micro-batch 2
+layout_run untied 8 dp2_cp2_tp2_sp_zero2_micro --dp 2 --cp 2 --tp 2 --sequence-parallel --zero 2 --micro-batch 2 --untied
+layout_run tied 8 dp4_tp2_sp_zero1_micro --dp 4 --tp 2 --sequence-parallel --zero 1 --micro-batch 1
 # ZeRO under pipelines (tied and untied heads)
-check tied 8 dp2_pp2_tp2_sp_zero2_micro --dp 2 --pp 2 --tp 2 --sequence-parallel --zero 2 --micro-batch 2
-check tied 8 dp2_pp2_cp2_zero1_interleaved --dp 2 --pp 2 --cp 2 --zero 1 --schedule interleaved \
+layout_run tied 8 dp2_pp2_tp2_sp_zero2_micro --dp 2 --pp 2 --tp 2 --sequence-parallel --zero 2 --micro-batch 2
+layout_run tied 8 dp2_pp2_cp2_zero1_interleaved --dp 2 --pp 2 --cp 2 --zero 1 --schedule interleaved \
   --virtual-stages 2 --micro-batch 2
-check tied 8 dp2_pp2_tp2_sp_zero2_zbh1 --dp 2 --pp 2 --tp 2 --sequence-parallel --zero 2 --schedule zb-h1 \
+layout_run tied 8 dp2_pp2_tp2_sp_zero2_zbh1 --dp 2 --pp 2 --tp 2 --sequence-parallel --zero 2 --schedule zb-h1 \
   --micro-batch 1
-check untied 4 dp2_pp2_zero1_gpipe_untied --dp 2 --pp 2 --zero 1 --schedule gpipe --micro-batch 1 --untied
+layout_run untied 4 dp2_pp2_zero1_gpipe_untied --dp 2 --pp 2 --zero 1 --schedule gpipe --micro-batch 1 --untied
 # dp x pp x cp
-check tied 8 dp2_pp2_cp2_gpipe_order --dp 2 --pp 2 --cp 2 --schedule gpipe --micro-batch 2 --order pp,dp,cp,tp
-check untied 8 dp2_pp2_cp2_contiguous_interleaved --dp 2 --pp 2 --cp 2 --cp-layout contiguous --schedule interleaved \
+layout_run tied 8 dp2_pp2_cp2_gpipe_order --dp 2 --pp 2 --cp 2 --schedule gpipe --micro-batch 2 --order pp,dp,cp,tp
+layout_run untied 8 dp2_pp2_cp2_contiguous_interleaved --dp 2 --pp 2 --cp 2 --cp-layout contiguous --schedule interleaved \
   --virtual-stages 2 --micro-batch 2 --untied
 # 2 and 4 ranks of mixed dims
-check tied 4 pp2_cp2_zbh1 --pp 2 --cp 2 --schedule zb-h1 --micro-batch 2
-check tied 4 dp2_pp2_zero0_order --dp 2 --pp 2 --micro-batch 1 --order pp,dp
+layout_run tied 4 pp2_cp2_zbh1 --pp 2 --cp 2 --schedule zb-h1 --micro-batch 2
+layout_run tied 4 dp2_pp2_zero0_order --dp 2 --pp 2 --micro-batch 1 --order pp,dp
 
 # A rerun of the same layout gives the same losses bit for bit.
 cp "$tmp/pp2_cp2_tp2_sp_zigzag.json" "$tmp/first.json"
-check tied 8 pp2_cp2_tp2_sp_zigzag --pp 2 --cp 2 --tp 2 --sequence-parallel --micro-batch 4
+layout_run tied 8 pp2_cp2_tp2_sp_zigzag --pp 2 --cp 2 --tp 2 --sequence-parallel --micro-batch 4
 jq -e -n --slurpfile a "$tmp/first.json" --slurpfile b "$tmp/pp2_cp2_tp2_sp_zigzag.json" '$a[0].losses == $b[0].losses' \
   > /dev/null || fail "a rerun of pp2_cp2_tp2_sp_zigzag is not bit-identical"
 echo "pp2_cp2_tp2_sp_zigzag rerun: losses bit-identical"

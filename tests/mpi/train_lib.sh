@@ -28,3 +28,27 @@ expect_train_usage() {
   [ "$rc" -eq 2 ] || fail "'$*' on $np ranks exited $rc, expected 2: $(cat "$tmp/out.txt")"
   grep -qF -- "$needle" "$tmp/out.txt" || fail "'$*' did not say '$needle': $(cat "$tmp/out.txt")"
 }
+
+# The serial run and a layout of the same flags, for scripts that set `common` (the flags of
+# every run) and `steps` (the steps they train):
+# serial_run <name> <flags...>: `ndmesh train "${common[@]}" <flags>` alone; its output in
+# $tmp/<name>.out, its JSON summary in $tmp/<name>.json, which must hold $steps losses.
+serial_run() {
+  local name=$1
+  shift
+  "$ndmesh" train "${common[@]}" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err" ||
+    fail "serial $name: $(tail -n 5 "$tmp/$name.err")"
+  tail -n 1 "$tmp/$name.out" > "$tmp/$name.json"
+  jq -e --argjson n "$steps" '.losses | length == $n' "$tmp/$name.json" > /dev/null || fail "serial $name has no $steps losses"
+}
+# layout_run <serial name> <ranks> <name> <flags...>: the same under mpirun on <ranks> ranks,
+# $steps losses, equal to that serial run within compare_runs.sh's bounds (expect_same).
+layout_run() {
+  local base=$1 np=$2 name=$3
+  shift 3
+  "${mpirun[@]}" -np "$np" "$ndmesh" train "${common[@]}" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err" ||
+    fail "$name: exit $? $(cat "$tmp/$name.err")"
+  tail -n 1 "$tmp/$name.out" > "$tmp/$name.json"
+  jq -e --argjson n "$steps" '.losses | length == $n' "$tmp/$name.json" > /dev/null || fail "$name has no $steps losses"
+  expect_same "$name vs serial $base" "$tmp/$base.json" "$tmp/$name.json"
+}

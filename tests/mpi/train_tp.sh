@@ -10,51 +10,38 @@
 #   train_tp.sh <mpirun command...> <path to ndmesh>
 source "$(dirname "$0")/train_lib.sh" "$@"
 
+steps=20
 common=(--layers 2 --hidden 32 --markov-vocab 16 --threads 1 --eval-batches 1 --warmup 2 --batch 12
-  --steps 20 --json)
+  --steps "$steps" --json)
 gqa=(--seq 16 --heads 4 --kv-heads 2)  # tp 1, 2: two query heads per key/value head
 wide=(--seq 16 --heads 8 --kv-heads 4) # tp 4: 2 query heads and 1 key/value head per rank
 
-serial() {  # serial <name> <flags...>
-  local name=$1
-  shift
-  "$ndmesh" train "${common[@]}" "$@" | tail -n 1 > "$tmp/$name.json"
-  jq -e '.losses | length == 20' "$tmp/$name.json" > /dev/null || fail "serial $name has no 20 losses"
-}
-serial gqa "${gqa[@]}"
-serial gqa_untied "${gqa[@]}" --untied
-serial wide "${wide[@]}"
-serial wide_untied "${wide[@]}" --untied
+serial_run gqa "${gqa[@]}"
+serial_run gqa_untied "${gqa[@]}" --untied
+serial_run wide "${wide[@]}"
+serial_run wide_untied "${wide[@]}" --untied
 
-check() {  # check <serial name> <ranks> <name> <flags...>: equal to serial within 1e-5
-  local base=$1 np=$2 name=$3
-  shift 3
-  "${mpirun[@]}" -np "$np" "$ndmesh" train "${common[@]}" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err" ||
-    fail "$name: exit $? $(cat "$tmp/$name.err")"
-  tail -n 1 "$tmp/$name.out" > "$tmp/$name.json"
-  expect_same "$name vs serial" "$tmp/$base.json" "$tmp/$name.json"
-}
 
-check gqa 1 tp1 "${gqa[@]}" --tp 1
-check gqa 2 tp2 "${gqa[@]}" --tp 2
-check gqa 2 tp2_sp "${gqa[@]}" --tp 2 --sequence-parallel
-check gqa_untied 2 tp2_untied "${gqa[@]}" --untied --tp 2
-check gqa_untied 2 tp2_sp_untied "${gqa[@]}" --untied --tp 2 --sequence-parallel
-check gqa 2 tp2_sp_micro "${gqa[@]}" --tp 2 --sequence-parallel --micro-batch 4
-check wide 4 tp4 "${wide[@]}" --tp 4
-check wide 4 tp4_sp "${wide[@]}" --tp 4 --sequence-parallel
-check wide_untied 4 tp4_sp_untied "${wide[@]}" --untied --tp 4 --sequence-parallel
-check gqa 4 dp2_tp2 "${gqa[@]}" --dp 2 --tp 2
-check gqa 4 dp2_tp2_sp "${gqa[@]}" --dp 2 --tp 2 --sequence-parallel
-check gqa 4 dp2_tp2_sp_zero1 "${gqa[@]}" --dp 2 --tp 2 --sequence-parallel --zero 1 --bucket-mb 0.01
-check gqa 4 cp2_tp2_sp "${gqa[@]}" --cp 2 --tp 2 --sequence-parallel
-check gqa_untied 4 tp2_dp2_order_zero2 "${gqa[@]}" --untied --dp 2 --tp 2 --order tp,dp --zero 2 --micro-batch 3
+layout_run gqa 1 tp1 "${gqa[@]}" --tp 1
+layout_run gqa 2 tp2 "${gqa[@]}" --tp 2
+layout_run gqa 2 tp2_sp "${gqa[@]}" --tp 2 --sequence-parallel
+layout_run gqa_untied 2 tp2_untied "${gqa[@]}" --untied --tp 2
+layout_run gqa_untied 2 tp2_sp_untied "${gqa[@]}" --untied --tp 2 --sequence-parallel
+layout_run gqa 2 tp2_sp_micro "${gqa[@]}" --tp 2 --sequence-parallel --micro-batch 4
+layout_run wide 4 tp4 "${wide[@]}" --tp 4
+layout_run wide 4 tp4_sp "${wide[@]}" --tp 4 --sequence-parallel
+layout_run wide_untied 4 tp4_sp_untied "${wide[@]}" --untied --tp 4 --sequence-parallel
+layout_run gqa 4 dp2_tp2 "${gqa[@]}" --dp 2 --tp 2
+layout_run gqa 4 dp2_tp2_sp "${gqa[@]}" --dp 2 --tp 2 --sequence-parallel
+layout_run gqa 4 dp2_tp2_sp_zero1 "${gqa[@]}" --dp 2 --tp 2 --sequence-parallel --zero 1 --bucket-mb 0.01
+layout_run gqa 4 cp2_tp2_sp "${gqa[@]}" --cp 2 --tp 2 --sequence-parallel
+layout_run gqa_untied 4 tp2_dp2_order_zero2 "${gqa[@]}" --untied --dp 2 --tp 2 --order tp,dp --zero 2 --micro-batch 3
 # Composed with pipeline parallelism: stage boundaries carry this rank's rows under sequence
 # parallelism; the tp-summed gradients are summed once per step after the dp reduction (also
 # with zero-bubble's split backward); a tied head's token table shard is summed over the
 # embedding group.
-check gqa 4 pp2_tp2_sp "${gqa[@]}" --pp 2 --tp 2 --sequence-parallel --micro-batch 3
-check gqa_untied 4 pp2_tp2_sp_zbh1 "${gqa[@]}" --untied --pp 2 --tp 2 --sequence-parallel --schedule zb-h1 --micro-batch 2
+layout_run gqa 4 pp2_tp2_sp "${gqa[@]}" --pp 2 --tp 2 --sequence-parallel --micro-batch 3
+layout_run gqa_untied 4 pp2_tp2_sp_zbh1 "${gqa[@]}" --untied --pp 2 --tp 2 --sequence-parallel --schedule zb-h1 --micro-batch 2
 
 # Parameters: the logical count is the serial one; a rank holds 1/tp of every split
 # matrix and bias and all of the replicated norms, row-parallel biases and positions.

@@ -8,6 +8,7 @@
 // prints and the --json report are train::run (include/ndmesh/train/run.hpp).
 #include "train.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "ndmesh/config/presets.hpp"
@@ -20,11 +21,16 @@ namespace {
 // The model: a preset or the defaults, changed by the flags given (train::resolve_model).
 void add_model_flags(CLI::App& app, train::RunOptions& o) {
   ModelSpec& m = o.train.model;
-  // A size flag writes into the description and names its key, so that it wins over a preset's.
-  auto key = [&o](const char* name) {
-    return [&o, name](const std::string&) { o.model_given.emplace_back(name); };
-  };
   const char* group = "Model";
+  // A field of the description: its flag writes into it and names its key (the flag's name with
+  // underscores), so that a value given wins over the preset's, the config's and --arch's.
+  auto field = [&](const std::string& flag, auto& value, const std::string& help) {
+    std::string key = flag.substr(2);
+    std::replace(key.begin(), key.end(), '-', '_');
+    return app.add_option(flag, value, help)
+        ->each([&o, key](const std::string&) { o.model_given.push_back(key); })
+        ->group(group);
+  };
   app.add_option("--model", o.model_preset,
                  "start from this preset (" + model_preset_names() +
                      "); the other model flags change it (docs/models.md)")
@@ -34,58 +40,30 @@ void add_model_flags(CLI::App& app, train::RunOptions& o) {
          "the layers of a family over the sizes: gpt2 (LayerNorm, GELU, learned positions, biases, tied "
          "head) or llama (RMSNorm, SwiGLU, rotary positions, no biases, untied head)")
       ->group(group);
-  app.add_option("--layers", m.layers, "transformer blocks")
-      ->capture_default_str()
-      ->each(key("layers"))
-      ->group(group);
-  app.add_option("--hidden", m.hidden, "model width")
-      ->capture_default_str()
-      ->each(key("hidden"))
-      ->group(group);
-  app.add_option("--heads", m.heads, "attention heads (divides --hidden)")
-      ->capture_default_str()
-      ->each(key("heads"))
-      ->group(group);
-  app.add_option("--kv-heads", m.kv_heads, "key/value heads (divides --heads; 0: same as --heads)")
-      ->capture_default_str()
-      ->each(key("kv_heads"))
-      ->group(group);
-  app.add_option("--head-dim", m.head_dim, "the size of each attention head (0: hidden / heads)")
-      ->each(key("head_dim"))
-      ->group(group);
-  app.add_option("--ffn", m.ffn,
-                 "MLP width (0: 4 * hidden with GELU, Llama's 8/3 * hidden rounded to 256 with SwiGLU)")
-      ->capture_default_str()
-      ->each(key("ffn"))
-      ->group(group);
-  app.add_option("--seq", m.seq, "tokens per sequence")
-      ->capture_default_str()
-      ->each(key("seq"))
-      ->group(group);
-  app.add_option("--vocab", m.vocab,
-                 "vocabulary (0: the data's: --markov-vocab, or 256 for a text --data; token files need it)")
-      ->capture_default_str()
-      ->each(key("vocab"))
-      ->group(group);
-  app.add_option(
-         "--vocab-multiple", m.vocab_multiple,
-         "pad the vocabulary's rows to a multiple of this (and of --tp); the padding is never a target")
-      ->capture_default_str()
-      ->each(key("vocab_multiple"))
-      ->group(group);
+  field("--layers", m.layers, "transformer blocks")->capture_default_str();
+  field("--hidden", m.hidden, "model width")->capture_default_str();
+  field("--heads", m.heads, "attention heads (divides --hidden)")->capture_default_str();
+  field("--kv-heads", m.kv_heads, "key/value heads (divides --heads; 0: same as --heads)")
+      ->capture_default_str();
+  field("--head-dim", m.head_dim, "the size of each attention head (0: hidden / heads)");
+  field("--ffn", m.ffn,
+        "MLP width (0: 4 * hidden with GELU, Llama's 8/3 * hidden rounded to 256 with SwiGLU)")
+      ->capture_default_str();
+  field("--seq", m.seq, "tokens per sequence")->capture_default_str();
+  field("--vocab", m.vocab,
+        "vocabulary (0: the data's: --markov-vocab, or 256 for a text --data; token files need it)")
+      ->capture_default_str();
+  field("--vocab-multiple", m.vocab_multiple,
+        "pad the vocabulary's rows to a multiple of this (and of --tp); the padding is never a target")
+      ->capture_default_str();
   app.add_option("--norm", o.norm, "layernorm (GPT-2) or rmsnorm (Llama)")->group(group);
-  app.add_option("--norm-eps", m.norm_eps, "the norms' epsilon")
-      ->capture_default_str()
-      ->each(key("norm_eps"))
-      ->group(group);
+  field("--norm-eps", m.norm_eps, "the norms' epsilon")->capture_default_str();
   app.add_option("--mlp", o.mlp, "gelu (GPT-2, 2 matrices) or swiglu (Llama, 3 matrices)")->group(group);
   app.add_option("--positions", o.positions, "learned (a position table, GPT-2) or rope (rotary, Llama)")
       ->group(group);
-  app.add_option("--rope-theta", m.rope_theta, "the rotary base (Llama 2: 10000, Llama 3: 500000)")
-      ->each(key("rope_theta"))
-      ->group(group);
+  field("--rope-theta", m.rope_theta, "the rotary base (Llama 2: 10000, Llama 3: 500000)");
   app.add_flag("--bias,!--no-bias", m.biases, "the linear layers carry biases (GPT-2) or not (Llama)")
-      ->each(key("biases"))
+      ->each([&o](const std::string&) { o.model_given.emplace_back("biases"); })
       ->group(group);
   app.add_flag("--untied", o.untied, "give the LM head its own weight instead of the token embedding")
       ->group(group);

@@ -79,14 +79,32 @@ class FeedForward {
   /// bfloat16; its contents are overwritten. dinp is written, not added to (GradInto::kSet).
   virtual void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
                         std::int64_t rows) const = 0;
-  virtual void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
-                        std::int64_t rows) const = 0;
+  virtual void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp,
+                        BFloat16* scratch, std::int64_t rows) const = 0;
   virtual void backward(const T* dout, const BFloat16* inp, const MlpActivations<T>& acts, T* dinp,
                         BFloat16* scratch, std::int64_t rows) const = 0;
   /// The options it was built with.
   virtual const MlpOptions& options() const = 0;
   virtual const Linear<T>& fc() const = 0;
   virtual const Linear<T>& proj() const = 0;
+};
+
+/// The five passes of FeedForward as calls of Derived's two templates, forward_from(inp, out,
+/// acts, rows) and backward_from(dout, inp, acts, dinp, scratch, rows) (over the input's and
+/// the scratch's element types), so that an MLP writes each pass once. Derived makes the base
+/// a friend when they are private.
+template <typename Derived, typename T>
+class FeedForwardPasses : public FeedForward<T> {
+ public:
+  // Defined in src/nn/feed_forward_passes.hpp, instantiated with each MLP.
+  void forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const final;
+  void forward(const BFloat16* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const final;
+  void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
+                std::int64_t rows) const final;
+  void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
+                std::int64_t rows) const final;
+  void backward(const T* dout, const BFloat16* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
+                std::int64_t rows) const final;
 };
 
 /// The MLP of kind `kind` over `store`.

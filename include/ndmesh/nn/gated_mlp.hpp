@@ -12,7 +12,7 @@ namespace ndmesh::nn {
 
 /// The gated (SwiGLU) MLP.
 template <typename T>
-class GatedMlp final : public FeedForward<T> {
+class GatedMlp final : public FeedForwardPasses<GatedMlp<T>, T> {
  public:
   /// Declares "<name>.fc.weight" [2F, C] and "<name>.proj.weight" [C, F] (and their biases
   /// with options.bias).
@@ -20,19 +20,12 @@ class GatedMlp final : public FeedForward<T> {
   std::int64_t pre_width() const override { return 2 * this->local_ffn(); }
   /// The hidden's gradient and the pre-activation's, side by side.
   std::int64_t scratch_width() const override { return 3 * this->local_ffn(); }
-  void forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const override;
-  void forward(const BFloat16* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const override;
-  void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
-                std::int64_t rows) const override;
-  void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
-                std::int64_t rows) const override;
-  void backward(const T* dout, const BFloat16* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
-                std::int64_t rows) const override;
   const MlpOptions& options() const override { return options_; }
   const Linear<T>& fc() const override { return fc_; }
   const Linear<T>& proj() const override { return proj_; }
 
  private:
+  friend class FeedForwardPasses<GatedMlp<T>, T>;
   template <typename In>
   void forward_from(const In* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const;
   template <typename In, typename S>

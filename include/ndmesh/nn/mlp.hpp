@@ -15,9 +15,11 @@
 
 namespace ndmesh::nn {
 
-/// Two-layer perceptron with GELU.
+/// Two-layer perceptron with GELU: out = proj(gelu(fc(inp))) without proj's bias. Under bf16
+/// products fc's product writes the pre-activation and GELU of it into bfloat16 (cuBLASLt's
+/// GELU_AUX_BIAS epilogue on a GPU), each rounded once from the fp32 value.
 template <typename T>
-class Mlp final : public FeedForward<T> {
+class Mlp final : public FeedForwardPasses<Mlp<T>, T> {
  public:
   /// Declares "<name>.fc.weight" [F, C] and "<name>.proj.weight" [C, F] (and their biases
   /// with options.bias).
@@ -26,17 +28,6 @@ class Mlp final : public FeedForward<T> {
   std::int64_t pre_width() const override { return this->local_ffn(); }
   /// The d pre-activation, written by proj's backward and read by fc's products as it lies.
   std::int64_t scratch_width() const override { return this->local_ffn(); }
-  /// out[rows, C] = proj(gelu(fc(inp))) without proj's bias. Under bf16 products fc's
-  /// product writes the pre-activation and GELU of it into bfloat16 (cuBLASLt's GELU_AUX_BIAS
-  /// epilogue on a GPU), each rounded once from the fp32 value.
-  void forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const override;
-  void forward(const BFloat16* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const override;
-  void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, T* scratch,
-                std::int64_t rows) const override;
-  void backward(const T* dout, const T* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
-                std::int64_t rows) const override;
-  void backward(const T* dout, const BFloat16* inp, const MlpActivations<T>& acts, T* dinp, BFloat16* scratch,
-                std::int64_t rows) const override;
 
   /// The options it was built with.
   const MlpOptions& options() const override { return options_; }
@@ -44,6 +35,7 @@ class Mlp final : public FeedForward<T> {
   const Linear<T>& proj() const override { return proj_; }
 
  private:
+  friend class FeedForwardPasses<Mlp<T>, T>;
   template <typename In>
   void forward_from(const In* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const;
   template <typename In, typename S>

@@ -37,17 +37,19 @@ class Rope {
  public:
   /// ConfigError for an odd or zero head size or a theta <= 0.
   explicit Rope(RopeOptions options);
-  /// Rotates in place; row r is at positions[r % seq] (nullptr: r % seq). On CUDA x and
-  /// positions are device memory.
-  void forward(T* x, std::int64_t rows, std::int64_t seq, std::int64_t width, std::int64_t heads,
-               const std::int64_t* positions, Device device) const;
-  void forward(BFloat16* x, std::int64_t rows, std::int64_t seq, std::int64_t width, std::int64_t heads,
-               const std::int64_t* positions, Device device) const;
+  /// Rotates in place rows of S (T, or bfloat16 under bf16 products); row r is at
+  /// positions[r % seq] (nullptr: r % seq). On CUDA x and positions are device memory.
+  template <typename S>
+  void forward(S* x, std::int64_t rows, std::int64_t seq, std::int64_t width, std::int64_t heads,
+               const std::int64_t* positions, Device device) const {
+    rotate(x, rows, seq, width, heads, positions, device, false);
+  }
   /// The inverse rotation in place (the gradient of forward()).
-  void backward(T* dx, std::int64_t rows, std::int64_t seq, std::int64_t width, std::int64_t heads,
-                const std::int64_t* positions, Device device) const;
-  void backward(BFloat16* dx, std::int64_t rows, std::int64_t seq, std::int64_t width, std::int64_t heads,
-                const std::int64_t* positions, Device device) const;
+  template <typename S>
+  void backward(S* dx, std::int64_t rows, std::int64_t seq, std::int64_t width, std::int64_t heads,
+                const std::int64_t* positions, Device device) const {
+    rotate(dx, rows, seq, width, heads, positions, device, true);
+  }
   const RopeOptions& options() const { return options_; }
 
  private:
@@ -55,8 +57,8 @@ class Rope {
   void rotate(S* x, std::int64_t rows, std::int64_t seq, std::int64_t width, std::int64_t heads,
               const std::int64_t* positions, Device device, bool inverse) const;
   RopeOptions options_;
-  std::vector<float> inv_freq_;          // float, as HF computes them
-  std::vector<double> inv_freq_double_;  // the same rule in double (the finite-difference model)
+  std::vector<float> inv_freq_;            // float, as HF computes them
+  std::vector<double> inv_freq_double_;    // the same rule in double (the finite-difference model)
   mutable Tensor<float> inv_freq_device_;  // CUDA: inv_freq_ on the device, made at first use
 };
 

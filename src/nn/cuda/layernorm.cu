@@ -49,22 +49,13 @@ constexpr int kWarpsPerBlock = 8;
 // D: the storage of the normalised rows (S, or bf16 bits from float rows: the norm's output
 // kept in bf16 for the bf16 products that read it).
 template <typename S, typename D>
-__global__ void layernorm_forward_kernel(D* out, float* mean, float* rstd, S* residual, const S* inp, const S* add,
-                                         const float* x_bias, const float* weight, const float* bias,
-                                         std::int64_t rows, int c, float eps) {
+__global__ void layernorm_forward_kernel(D* out, float* mean, float* rstd, S* residual, const S* inp,
+                                         const S* add, const float* x_bias, const float* weight,
+                                         const float* bias, std::int64_t rows, int c, float eps) {
   const std::int64_t row = std::int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
-  const S* x = inp + row * c;
-  if (add != nullptr) {  // each lane reads back only what it wrote: no barrier
-    S* res = residual + row * c;
-    const S* a = add + row * c;
-    if (x_bias != nullptr)
-      for (int i = lane; i < c; i += 32) store(res + i, __fadd_rn(__fadd_rn(load(x + i), x_bias[i]), load(a + i)));
-    else
-      for (int i = lane; i < c; i += 32) store(res + i, load(x + i) + load(a + i));
-    x = res;
-  }
+  const S* x = detail::residual_row(residual, inp, add, x_bias, row * c, c, lane);
   float s = 0;
   for (int i = lane; i < c; i += 32) s += load(x + i);
   const float m = warp_sum(s) / static_cast<float>(c);
@@ -130,8 +121,9 @@ __global__ void layernorm_forward_vec_kernel(D* out, float* mean, float* rstd, S
 
 // dinp = dresidual + the norm's input gradient (dresidual may be dinp: accumulate).
 template <typename S>
-__global__ void layernorm_dinp_kernel(S* dinp, const S* dresidual, const S* dout, const S* inp, const float* weight,
-                                      const float* mean, const float* rstd, std::int64_t rows, int c) {
+__global__ void layernorm_dinp_kernel(S* dinp, const S* dresidual, const S* dout, const S* inp,
+                                      const float* weight, const float* mean, const float* rstd,
+                                      std::int64_t rows, int c) {
   const std::int64_t row = std::int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -160,8 +152,9 @@ constexpr int kColTile = 32, kRowLanes = 8;
 // dres (rs_part: the residual gradient's column sums).
 template <typename S>
 __global__ void layernorm_param_partials_kernel(float* dw_part, float* db_part, float* rs_part, const S* dout,
-                                                const S* inp, const S* dres, const float* mean, const float* rstd,
-                                                std::int64_t rows, std::int64_t c, std::int64_t chunk_rows) {
+                                                const S* inp, const S* dres, const float* mean,
+                                                const float* rstd, std::int64_t rows, std::int64_t c,
+                                                std::int64_t chunk_rows) {
   __shared__ float dw_sums[kRowLanes][kColTile + 1], db_sums[kRowLanes][kColTile + 1],
       rs_sums[kRowLanes][kColTile + 1];
   const std::int64_t j = std::int64_t{blockIdx.x} * kColTile + threadIdx.x;
@@ -195,9 +188,9 @@ __global__ void layernorm_param_partials_kernel(float* dw_part, float* db_part, 
 // Dynamic shared memory: kBackwardWarps x c floats (the warps' sums of one quantity at a time).
 constexpr int kBackwardWarps = 4, kBackwardBlocks = 256;
 template <typename S, int kGroups>
-__global__ void layernorm_backward_kernel(S* dinp, const S* dres, float* partials, const S* dout, const S* inp,
-                                          const float* weight, const float* mean, const float* rstd,
-                                          std::int64_t rows, int c, int count) {
+__global__ void layernorm_backward_kernel(S* dinp, const S* dres, float* partials, const S* dout,
+                                          const S* inp, const float* weight, const float* mean,
+                                          const float* rstd, std::int64_t rows, int c, int count) {
   extern __shared__ float warp_sums[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float dw[kGroups][8] = {}, db[kGroups][8] = {}, rs[kGroups][8] = {};
@@ -247,14 +240,16 @@ __global__ void layernorm_backward_kernel(S* dinp, const S* dres, float* partial
     for (int k = 0; k < kGroups; ++k) {
       const int i = (lane + 32 * k) * 8;
       if (i >= c) break;
-      for (int e = 0; e < 8; ++e) warp_sums[warp * c + i + e] = q == 0 ? dw[k][e] : q == 1 ? db[k][e] : rs[k][e];
+      for (int e = 0; e < 8; ++e)
+        warp_sums[warp * c + i + e] = q == 0 ? dw[k][e] : q == 1 ? db[k][e] : rs[k][e];
     }
     __syncthreads();
     for (int i = threadIdx.x * 4; i < c; i += blockDim.x * 4) {
       float4 t = *reinterpret_cast<const float4*>(warp_sums + i);
       for (int w = 1; w < kBackwardWarps; ++w) {
         const float4 u = *reinterpret_cast<const float4*>(warp_sums + w * c + i);
-        t.x = __fadd_rn(t.x, u.x), t.y = __fadd_rn(t.y, u.y), t.z = __fadd_rn(t.z, u.z), t.w = __fadd_rn(t.w, u.w);
+        t.x = __fadd_rn(t.x, u.x), t.y = __fadd_rn(t.y, u.y), t.z = __fadd_rn(t.z, u.z),
+        t.w = __fadd_rn(t.w, u.w);
       }
       *reinterpret_cast<float4*>(partials + std::int64_t{blockIdx.x} * count * c + q * c + i) = t;
     }
@@ -285,9 +280,11 @@ void forward(D* out, float* mean, float* rstd, S* residual, const S* inp, const 
 
 template <typename S, int kGroups>
 void backward_pass(S* dinp, const S* dres, float* partials, const S* dout, const S* inp, const float* weight,
-                   const float* mean, const float* rstd, std::int64_t rows, int c, int count, unsigned blocks) {
+                   const float* mean, const float* rstd, std::int64_t rows, int c, int count,
+                   unsigned blocks) {
   // At most 4 x 2048 floats: 32 KiB, under the 48 KiB a kernel gets without asking.
-  const std::size_t shared = static_cast<std::size_t>(kBackwardWarps) * static_cast<std::size_t>(c) * sizeof(float);
+  const std::size_t shared =
+      static_cast<std::size_t>(kBackwardWarps) * static_cast<std::size_t>(c) * sizeof(float);
   layernorm_backward_kernel<S, kGroups><<<blocks, kBackwardWarps * 32, shared, compute_stream()>>>(
       dinp, dres, partials, dout, inp, weight, mean, rstd, rows, c, count);
 }
@@ -307,7 +304,8 @@ void backward(S* dinp, const S* dresidual, float* dresidual_sums, float* dweight
     const int c = static_cast<int>(channels), groups = (c + 255) / 256;
     const std::int64_t wanted = (rows + kBackwardWarps - 1) / kBackwardWarps;
     const auto blocks = static_cast<unsigned>(wanted < kBackwardBlocks ? wanted : kBackwardBlocks);
-    DeviceBuffer partials(static_cast<std::size_t>(blocks) * static_cast<std::size_t>(count * c) * sizeof(float));
+    DeviceBuffer partials(static_cast<std::size_t>(blocks) * static_cast<std::size_t>(count * c) *
+                          sizeof(float));
     auto* p = static_cast<float*>(partials.data());
     if (groups == 1)
       backward_pass<S, 1>(dinp, dres, p, dout, inp, weight, mean, rstd, rows, c, count, blocks);
@@ -331,10 +329,11 @@ void backward(S* dinp, const S* dresidual, float* dresidual_sums, float* dweight
   float* rs_part = dresidual_sums != nullptr ? db_part + chunks * channels : nullptr;
   const dim3 grid(static_cast<unsigned>((channels + kColTile - 1) / kColTile), static_cast<unsigned>(chunks));
   layernorm_param_partials_kernel<S><<<grid, dim3(kColTile, kRowLanes), 0, compute_stream()>>>(
-      dw_part, db_part, rs_part, dout, inp, dresidual_sums != nullptr ? dres : nullptr, mean, rstd, rows, channels,
-      chunk_rows);
+      dw_part, db_part, rs_part, dout, inp, dresidual_sums != nullptr ? dres : nullptr, mean, rstd, rows,
+      channels, chunk_rows);
   check_launch("layernorm_backward (weight and bias)");
-  for (int q = 0; q < count; ++q) detail::column_sums(sums + q, 1, dw_part + q * chunks * channels, chunks, channels);
+  for (int q = 0; q < count; ++q)
+    detail::column_sums(sums + q, 1, dw_part + q * chunks * channels, chunks, channels);
   layernorm_dinp_kernel<S><<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
       dinp, dres, dout, inp, weight, mean, rstd, rows, static_cast<int>(channels));
   check_launch("layernorm_backward (dinp)");
@@ -368,24 +367,25 @@ void residual_layernorm_forward(float* residual, BFloat16* out, float* mean, flo
                            "residual_layernorm_forward (into bf16)", x_bias);
 }
 
-void residual_layernorm_forward(BFloat16* residual, BFloat16* out, float* mean, float* rstd, const BFloat16* x,
-                                const BFloat16* r, const float* weight, const float* bias, std::int64_t rows,
-                                std::int64_t channels, float eps, const float* x_bias) {
-  forward<Bf16Bits, Bf16Bits>(bits(out), mean, rstd, bits(residual), bits(x), bits(r), weight, bias, rows, channels, eps,
-                    "residual_layernorm_forward (bf16)", x_bias);
+void residual_layernorm_forward(BFloat16* residual, BFloat16* out, float* mean, float* rstd,
+                                const BFloat16* x, const BFloat16* r, const float* weight, const float* bias,
+                                std::int64_t rows, std::int64_t channels, float eps, const float* x_bias) {
+  forward<Bf16Bits, Bf16Bits>(bits(out), mean, rstd, bits(residual), bits(x), bits(r), weight, bias, rows,
+                              channels, eps, "residual_layernorm_forward (bf16)", x_bias);
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, std::int64_t rows,
                         std::int64_t channels, const float* dresidual, float* dresidual_sums) {
-  backward<float>(dinp, dresidual, dresidual_sums, dweight, dbias, dout, inp, weight, mean, rstd, rows, channels);
+  backward<float>(dinp, dresidual, dresidual_sums, dweight, dbias, dout, inp, weight, mean, rstd, rows,
+                  channels);
 }
 
-void layernorm_backward(BFloat16* dinp, float* dweight, float* dbias, const BFloat16* dout, const BFloat16* inp,
-                        const float* weight, const float* mean, const float* rstd, std::int64_t rows,
-                        std::int64_t channels) {
-  backward<Bf16Bits>(bits(dinp), nullptr, nullptr, dweight, dbias, bits(dout), bits(inp), weight, mean, rstd, rows,
-                     channels);
+void layernorm_backward(BFloat16* dinp, float* dweight, float* dbias, const BFloat16* dout,
+                        const BFloat16* inp, const float* weight, const float* mean, const float* rstd,
+                        std::int64_t rows, std::int64_t channels) {
+  backward<Bf16Bits>(bits(dinp), nullptr, nullptr, dweight, dbias, bits(dout), bits(inp), weight, mean, rstd,
+                     rows, channels);
 }
 
 }  // namespace ndmesh::cuda

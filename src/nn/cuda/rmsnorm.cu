@@ -32,20 +32,12 @@ constexpr int kWarpsPerBlock = 8;
 // S: the storage of the rows (float, or bf16 bits); D: of the normalised rows.
 template <typename S, typename D>
 __global__ void rmsnorm_forward_kernel(D* out, float* rstd, S* residual, const S* inp, const S* add,
-                                       const float* x_bias, const float* weight, std::int64_t rows, int c, float eps) {
+                                       const float* x_bias, const float* weight, std::int64_t rows, int c,
+                                       float eps) {
   const std::int64_t row = std::int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
-  const S* x = inp + row * c;
-  if (add != nullptr) {  // each lane reads back only what it wrote: no barrier
-    S* res = residual + row * c;
-    const S* a = add + row * c;
-    if (x_bias != nullptr)
-      for (int i = lane; i < c; i += 32) store(res + i, __fadd_rn(__fadd_rn(load(x + i), x_bias[i]), load(a + i)));
-    else
-      for (int i = lane; i < c; i += 32) store(res + i, load(x + i) + load(a + i));
-    x = res;
-  }
+  const S* x = detail::residual_row(residual, inp, add, x_bias, row * c, c, lane);
   float s = 0;
   for (int i = lane; i < c; i += 32) s += load(x + i) * load(x + i);
   const float r = 1.0f / sqrtf(warp_sum(s) / static_cast<float>(c) + eps);
@@ -56,8 +48,8 @@ __global__ void rmsnorm_forward_kernel(D* out, float* rstd, S* residual, const S
 
 // dinp = dresidual + the norm's input gradient (dresidual may be dinp: accumulate).
 template <typename S>
-__global__ void rmsnorm_dinp_kernel(S* dinp, const S* dresidual, const S* dout, const S* inp, const float* weight,
-                                    const float* rstd, std::int64_t rows, int c) {
+__global__ void rmsnorm_dinp_kernel(S* dinp, const S* dresidual, const S* dout, const S* inp,
+                                    const float* weight, const float* rstd, std::int64_t rows, int c) {
   const std::int64_t row = std::int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -80,8 +72,8 @@ constexpr int kColTile = 32, kRowLanes = 8;
 // Chunk sums of dout xhat (dw): partials [chunks, c]; with dres, also of dres (rs_part).
 template <typename S>
 __global__ void rmsnorm_param_partials_kernel(float* dw_part, float* rs_part, const S* dout, const S* inp,
-                                              const S* dres, const float* rstd, std::int64_t rows, std::int64_t c,
-                                              std::int64_t chunk_rows) {
+                                              const S* dres, const float* rstd, std::int64_t rows,
+                                              std::int64_t c, std::int64_t chunk_rows) {
   __shared__ float dw_sums[kRowLanes][kColTile + 1], rs_sums[kRowLanes][kColTile + 1];
   const std::int64_t j = std::int64_t{blockIdx.x} * kColTile + threadIdx.x;
   const std::int64_t r0 = std::int64_t{blockIdx.y} * chunk_rows;
@@ -108,8 +100,9 @@ unsigned row_blocks(std::int64_t rows) {
 }
 
 template <typename S, typename D>
-void forward(D* out, float* rstd, S* residual, const S* inp, const S* add, const float* weight, std::int64_t rows,
-             std::int64_t channels, float eps, const char* what, const float* x_bias = nullptr) {
+void forward(D* out, float* rstd, S* residual, const S* inp, const S* add, const float* weight,
+             std::int64_t rows, std::int64_t channels, float eps, const char* what,
+             const float* x_bias = nullptr) {
   if (rows <= 0 || channels <= 0) return;
   rmsnorm_forward_kernel<S, D><<<row_blocks(rows), kWarpsPerBlock * 32, 0, compute_stream()>>>(
       out, rstd, residual, inp, add, x_bias, weight, rows, static_cast<int>(channels), eps);
@@ -130,7 +123,8 @@ void backward(S* dinp, const S* dresidual, float* dresidual_sums, float* dweight
   float* rs_part = dresidual_sums != nullptr ? dw_part + chunks * channels : nullptr;
   const dim3 grid(static_cast<unsigned>((channels + kColTile - 1) / kColTile), static_cast<unsigned>(chunks));
   rmsnorm_param_partials_kernel<S><<<grid, dim3(kColTile, kRowLanes), 0, compute_stream()>>>(
-      dw_part, rs_part, dout, inp, dresidual_sums != nullptr ? dres : nullptr, rstd, rows, channels, chunk_rows);
+      dw_part, rs_part, dout, inp, dresidual_sums != nullptr ? dres : nullptr, rstd, rows, channels,
+      chunk_rows);
   check_launch("rmsnorm_backward (weight)");
   float* const dw[1] = {dweight};
   detail::column_sums(dw, 1, dw_part, chunks, channels);
@@ -159,7 +153,8 @@ void rmsnorm_forward(BFloat16* out, float* rstd, const float* inp, const float* 
 void residual_rmsnorm_forward(float* residual, float* out, float* rstd, const float* x, const float* r,
                               const float* weight, std::int64_t rows, std::int64_t channels, float eps,
                               const float* x_bias) {
-  forward<float, float>(out, rstd, residual, x, r, weight, rows, channels, eps, "residual_rmsnorm_forward", x_bias);
+  forward<float, float>(out, rstd, residual, x, r, weight, rows, channels, eps, "residual_rmsnorm_forward",
+                        x_bias);
 }
 
 void residual_rmsnorm_forward(float* residual, BFloat16* out, float* rstd, const float* x, const float* r,

@@ -91,6 +91,25 @@ __device__ __forceinline__ void store8(Bf16Bits* p, const float (&v)[8]) {
   *reinterpret_cast<uint4*>(p) = u;
 }
 
+/// The residual connection before a row-wise norm, by one warp a row (`lane` of 32), for the
+/// row that starts at element `at` of x: with `add`, residual = (x + x_bias) + add (x_bias may
+/// be null: x + add) is stored (rounded to S) and its row returned as the row to normalise;
+/// without `add` (residual and add null), x's row. Each lane reads back only what it wrote, so
+/// no barrier is needed.
+template <typename S>
+__device__ __forceinline__ const S* residual_row(S* residual, const S* x, const S* add, const float* x_bias,
+                                                 std::int64_t at, int c, int lane) {
+  if (add == nullptr) return x + at;
+  S* res = residual + at;
+  const S *xr = x + at, *a = add + at;
+  if (x_bias != nullptr)
+    for (int i = lane; i < c; i += 32)
+      store(res + i, __fadd_rn(__fadd_rn(load(xr + i), x_bias[i]), load(a + i)));
+  else
+    for (int i = lane; i < c; i += 32) store(res + i, load(xr + i) + load(a + i));
+  return res;
+}
+
 /// Rows per chunk of a column sum over `rows` rows: at most 64 chunks of at least 64 rows.
 inline std::int64_t column_chunk_rows(std::int64_t rows) {
   const std::int64_t per = (rows + 63) / 64;

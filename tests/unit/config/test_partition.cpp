@@ -8,20 +8,14 @@
 #include "ndmesh/config/config.hpp"
 #include "ndmesh/config/partition.hpp"
 #include "ndmesh/core/error.hpp"
+#include "support/error_of.hpp"
 
 namespace ndmesh {
 namespace {
 
-using V = std::vector<std::int64_t>;
+using testing_support::error_of;
 
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "no ConfigError";
-}
+using V = std::vector<std::int64_t>;
 
 TEST(Partition, EvenSplitsStayEven) {
   EXPECT_EQ(balanced_partition(8, 1), V({8}));

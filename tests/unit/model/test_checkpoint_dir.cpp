@@ -16,21 +16,15 @@
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/model/checkpoint_dir.hpp"
+#include "support/temp_dir.hpp"
 
 namespace ndmesh::model {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("ndmesh_ckdir_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
+struct TempDir : testing_support::TempDir {
+  TempDir() : testing_support::TempDir("ndmesh_ckdir") {}
 };
 
 // The view tp rank `rank` of `size` holds of a [rows, cols] matrix split along `dim`
@@ -45,8 +39,7 @@ ParamView view_of(int rank, int size, int dim, int pieces, std::int64_t rows, st
     v.shard.rank = rank;
     v.shard.size = size;
     const std::int64_t along = v.shard.full_shape[static_cast<std::size_t>(dim)];
-    for (int p = 0; p < pieces; ++p)
-      v.shard.pieces.push_back({p * along / pieces, along / pieces / size});
+    for (int p = 0; p < pieces; ++p) v.shard.pieces.push_back({p * along / pieces, along / pieces / size});
     v.shape[static_cast<std::size_t>(dim)] = along / size;
   }
   v.numel = v.shape[0] * v.shape[1];
@@ -86,8 +79,8 @@ std::vector<float> iota_tensor(std::int64_t n) {
 }
 
 // Reads tp rank `rank` of `size` and checks it against the logical tensor.
-void expect_reads(const fs::path& dir, const std::vector<float>& full, int rank, int size, int dim, int pieces,
-                  std::int64_t rows, std::int64_t cols) {
+void expect_reads(const fs::path& dir, const std::vector<float>& full, int rank, int size, int dim,
+                  int pieces, std::int64_t rows, std::int64_t cols) {
   const Manifest m = read_manifest(dir.string());
   ParamView v = view_of(rank, size, dim, pieces, rows, cols);
   std::vector<float> p(static_cast<std::size_t>(v.numel)), mm(p.size()), vv(p.size()), want(p.size());
@@ -179,7 +172,8 @@ TEST(CheckpointDir, IncompleteAndMalformedDirectoriesNameTheFile) {
   // A truncated shard file.
   fs::resize_file(d.path / "shard-1.bin", 10);
   const Manifest m = read_manifest(d.path.string());
-  expect_io_error([&] { verify_checkpoint_dir(d.path.string(), m); }, "shard-1.bin' has 10 bytes but the manifest says");
+  expect_io_error([&] { verify_checkpoint_dir(d.path.string(), m); },
+                  "shard-1.bin' has 10 bytes but the manifest says");
   // A missing one.
   fs::remove(d.path / "shard-1.bin");
   expect_io_error([&] { verify_checkpoint_dir(d.path.string(), m); }, "shard-1.bin': No such file");
@@ -187,7 +181,8 @@ TEST(CheckpointDir, IncompleteAndMalformedDirectoriesNameTheFile) {
   write_manifest_text("{ not json");
   expect_io_error([&] { read_manifest(d.path.string()); }, "manifest.json' is not valid JSON");
   write_manifest_text(edited([](auto& j) { j["version"] = 9; }));
-  expect_io_error([&] { read_manifest(d.path.string()); }, "has format version 9 but this build reads version 3");
+  expect_io_error([&] { read_manifest(d.path.string()); },
+                  "has format version 9 but this build reads version 3");
   write_manifest_text(edited([](auto& j) { j["tensors"][0]["slices"][1]["pieces"][0][0] = 3; }));
   expect_io_error([&] { read_manifest(d.path.string()); }, "do not tile it");
   write_manifest_text(edited([](auto& j) { j["step"] = -1; }));

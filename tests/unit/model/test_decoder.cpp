@@ -1,6 +1,7 @@
 // The whole model against finite differences (double), its loss at initialisation, and
 // the float model against the double one.
 #include <cmath>
+#include <ostream>
 #include <type_traits>
 #include <vector>
 
@@ -40,26 +41,48 @@ std::vector<std::int32_t> random_tokens(std::int64_t n, std::int64_t vocab, Rng&
   return t;
 }
 
-class GptGrad : public ::testing::TestWithParam<std::pair<bool, int>> {};
-
-TEST_P(GptGrad, WholeModelGradientsMatchFiniteDifferences) {
-  const auto [tied, kv_heads] = GetParam();
-  // A larger init than training uses, so that every parameter matters to the loss.
-  DecoderT<double> gpt(with_init(tiny(tied, kv_heads), 0.5), {.seed = 3, .batch = 2});
-  Rng rng(5);
-  auto tokens = random_tokens(10, 7, rng), targets = random_tokens(10, 7, rng);
-  // Norm scales and biases start at 1 and 0; move them so their gradients are generic.
-  for (const auto& v : gpt.params().views())
-    for (std::int64_t i = 0; i < v.numel; ++i) gpt.params().params()[v.offset + i] += 0.1 * rng.normal();
-  auto loss = [&] { return gpt.forward(tokens.data(), targets.data()); };
-  gpt.params().zero_grad();
+// Moves every parameter off its initial value (norm scales and biases start at 1 and 0, which
+// would make their gradients special), then checks every parameter's gradient against finite
+// differences of the loss on (tokens, targets).
+void expect_gradients_match_finite_differences(DecoderT<double>& m, const std::vector<std::int32_t>& tokens,
+                                               const std::vector<std::int32_t>& targets, Rng& rng) {
+  for (const auto& v : m.params().views())
+    for (std::int64_t i = 0; i < v.numel; ++i) m.params().params()[v.offset + i] += 0.1 * rng.normal();
+  auto loss = [&] { return m.forward(tokens.data(), targets.data()); };
+  m.params().zero_grad();
   loss();
-  gpt.backward();
-  testing::expect_param_gradients(gpt.params(), loss);
+  m.backward();
+  testing::expect_param_gradients(m.params(), loss);
 }
 
-INSTANTIATE_TEST_SUITE_P(TiedAndKvHeads, GptGrad,
-                         ::testing::Values(std::pair{true, 0}, std::pair{false, 2}, std::pair{true, 1}));
+struct GradCase {
+  const char* arch;
+  bool tied;
+  std::int64_t kv_heads;
+};
+void PrintTo(const GradCase& c, std::ostream* os) {
+  *os << c.arch << (c.tied ? " tied" : " untied") << " kv_heads " << c.kv_heads;
+}
+
+class GptGrad : public ::testing::TestWithParam<GradCase> {};
+
+TEST_P(GptGrad, WholeModelGradientsMatchFiniteDifferences) {
+  const GradCase c = GetParam();
+  ModelSpec spec = with_arch(tiny(c.tied, c.kv_heads), c.arch);
+  spec.tied_embeddings = c.tied;
+  // A larger init than training uses, so that every parameter matters to the loss.
+  DecoderT<double> gpt(with_init(spec, 0.5), {.seed = 3, .batch = 2});
+  Rng rng(5);
+  auto tokens = random_tokens(10, 7, rng), targets = random_tokens(10, 7, rng);
+  expect_gradients_match_finite_differences(gpt, tokens, targets, rng);
+}
+
+// GPT-2 and Llama (RMSNorm, SwiGLU, rotary positions, no biases), tied and untied, with and
+// without grouped-query attention; the vocabulary of 7 padded to 64 rows.
+INSTANTIATE_TEST_SUITE_P(ArchTiedAndKvHeads, GptGrad,
+                         ::testing::Values(GradCase{"gpt2", true, 0}, GradCase{"gpt2", false, 2},
+                                           GradCase{"gpt2", true, 1}, GradCase{"llama", false, 2},
+                                           GradCase{"llama", true, 4}));
 
 // A context-parallel rank's model: rows at global positions that are not contiguous
 // (zigzag chunks). The embedding reads those rows of the position table and the causal
@@ -70,13 +93,7 @@ TEST(Gpt, NonContiguousPositionsGradientsMatchFiniteDifferences) {
   gpt.set_positions({0, 3, 4});
   Rng rng(6);
   auto tokens = random_tokens(6, 7, rng), targets = random_tokens(6, 7, rng);
-  for (const auto& v : gpt.params().views())
-    for (std::int64_t i = 0; i < v.numel; ++i) gpt.params().params()[v.offset + i] += 0.1 * rng.normal();
-  auto loss = [&] { return gpt.forward(tokens.data(), targets.data()); };
-  gpt.params().zero_grad();
-  loss();
-  gpt.backward();
-  testing::expect_param_gradients(gpt.params(), loss);
+  expect_gradients_match_finite_differences(gpt, tokens, targets, rng);
   EXPECT_THROW(gpt.set_positions({0, 5, 1}), Error);
   EXPECT_THROW(gpt.set_positions({0, 1}), Error);
 }
@@ -271,8 +288,10 @@ TEST(Gpt, RecomputeModesGiveTheSameGradientsBitForBit) {
     gpt.backward();
     std::vector<double> grads(gpt.params().grads().begin(), gpt.params().grads().end());
     // Two stages, both micro-batches forward first, backwards in reverse order.
-    DecoderT<double> first(with_init(spec, 0.5), {.seed = 3, .batch = 2, .recompute = mode}, UnitRange::blocks(0, 1, 2));
-    DecoderT<double> last(with_init(spec, 0.5), {.seed = 3, .batch = 2, .recompute = mode}, UnitRange::blocks(1, 2, 2));
+    DecoderT<double> first(with_init(spec, 0.5), {.seed = 3, .batch = 2, .recompute = mode},
+                           UnitRange::blocks(0, 1, 2));
+    DecoderT<double> last(with_init(spec, 0.5), {.seed = 3, .batch = 2, .recompute = mode},
+                          UnitRange::blocks(1, 2, 2));
     auto a0 = first.make_activations(), b0 = first.make_activations();
     auto a1 = last.make_activations(), b1 = last.make_activations();
     first.params().zero_grad();
@@ -386,12 +405,14 @@ TEST(Gpt, PaddedVocabularyIsTheSameModel) {
       return n;
     };
     EXPECT_EQ(logical(padded.params()), logical(unpadded.params()));
-    EXPECT_EQ(padded.params().parameter_count(), unpadded.params().parameter_count() + (tied ? 1 : 2) * 57 * 8);
+    EXPECT_EQ(padded.params().parameter_count(),
+              unpadded.params().parameter_count() + (tied ? 1 : 2) * 57 * 8);
     Rng rng(4);
     auto tokens = random_tokens(10, 7, rng), targets = random_tokens(10, 7, rng);
     padded.params().zero_grad();
     unpadded.params().zero_grad();
-    const double a = padded.forward(tokens.data(), targets.data()), b = unpadded.forward(tokens.data(), targets.data());
+    const double a = padded.forward(tokens.data(), targets.data()),
+                 b = unpadded.forward(tokens.data(), targets.data());
     EXPECT_NEAR(a, b, 1e-14 * b);
     padded.backward();
     unpadded.backward();
@@ -429,8 +450,9 @@ TEST(GptTp, ProblemsNameTheFlagAndTheFix) {
   struct FourRanks : nn::TpComm<double> {
     int size() const override { return 4; }
   };
-  EXPECT_THROW(DecoderT<double>(spec, {.batch = 1}, {}, nn::TpContext<double>{.comm = std::make_shared<FourRanks>()}),
-               ConfigError);
+  EXPECT_THROW(
+      DecoderT<double>(spec, {.batch = 1}, {}, nn::TpContext<double>{.comm = std::make_shared<FourRanks>()}),
+      ConfigError);
   EXPECT_NO_THROW(DecoderT<double>(spec, {.batch = 1}, {}, nn::TpContext<double>{}));
 }
 

@@ -20,32 +20,18 @@
 #include "ndmesh/model/decoder.hpp"
 #include "ndmesh/model/hf.hpp"
 #include "ndmesh/model/safetensors.hpp"
+#include "support/error_of.hpp"
+#include "support/temp_dir.hpp"
 
 namespace ndmesh::model {
 namespace {
 
 namespace fs = std::filesystem;
+using testing_support::error_of;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("ndmesh_hf_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
+struct TempDir : testing_support::TempDir {
+  TempDir() : testing_support::TempDir("ndmesh_hf") {}
 };
-
-template <typename E, typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "(no error of that type)";
-}
 
 std::string config_error(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;

@@ -17,21 +17,17 @@
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/model/safetensors.hpp"
+#include "support/error_of.hpp"
+#include "support/temp_dir.hpp"
 
 namespace ndmesh::model {
 namespace {
 
 namespace fs = std::filesystem;
+using testing_support::error_of;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("ndmesh_st_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
+struct TempDir : testing_support::TempDir {
+  TempDir() : testing_support::TempDir("ndmesh_st") {}
 };
 
 // A safetensors file from a header text and data bytes, by hand.
@@ -44,16 +40,6 @@ void write_raw(const fs::path& p, const std::string& header, const std::string& 
 }
 
 std::string bytes_of(const void* p, std::size_t n) { return std::string(static_cast<const char*>(p), n); }
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const IoError& e) {
-    return e.what();
-  }
-  return "(no IoError)";
-}
 
 TEST(Safetensors, HalfConversionsAreTheBitPatterns) {
   EXPECT_EQ(bf16_to_float(0x3f80), 1.0f);
@@ -165,7 +151,7 @@ TEST(Safetensors, ShardedFolderThroughItsIndex) {
 
   // A shard the index names is missing: the index, the shard and a tensor in it.
   fs::remove(dir.path / "model-00002-of-00002.safetensors");
-  const std::string e = error_of([&] { SafetensorsFolder again(dir.path.string()); });
+  const std::string e = error_of<IoError>([&] { SafetensorsFolder again(dir.path.string()); });
   EXPECT_NE(e.find(kSafetensorsIndex), std::string::npos) << e;
   EXPECT_NE(e.find("model-00002-of-00002.safetensors"), std::string::npos) << e;
   EXPECT_NE(e.find("'b'"), std::string::npos) << e;
@@ -174,7 +160,7 @@ TEST(Safetensors, ShardedFolderThroughItsIndex) {
 
 TEST(Safetensors, EmptyFolderNamesBothFiles) {
   TempDir dir;
-  const std::string e = error_of([&] { SafetensorsFolder f(dir.path.string()); });
+  const std::string e = error_of<IoError>([&] { SafetensorsFolder f(dir.path.string()); });
   EXPECT_NE(e.find(kSafetensorsFile), std::string::npos) << e;
   EXPECT_NE(e.find(kSafetensorsIndex), std::string::npos) << e;
 }
@@ -184,7 +170,7 @@ TEST(Safetensors, BadFilesNameTheFileAndTheTensor) {
   const std::string p = (dir.path / "bad.safetensors").string();
   const float v[2] = {1, 2};
   auto expect = [&](const std::string& what, std::initializer_list<const char*> parts) {
-    const std::string e = error_of([&] { SafetensorsFile f(p); });
+    const std::string e = error_of<IoError>([&] { SafetensorsFile f(p); });
     EXPECT_NE(e.find(p), std::string::npos) << what << ": " << e;
     for (const char* part : parts) EXPECT_NE(e.find(part), std::string::npos) << what << ": " << e;
     EXPECT_EQ(e.find('\n'), std::string::npos) << what << ": one line: " << e;
@@ -215,7 +201,8 @@ TEST(Safetensors, BadFilesNameTheFileAndTheTensor) {
   write_raw(p, R"({"w":{"dtype":"F32"}})", "");
   expect("fields", {"'w'", "data_offsets"});
   // Not a file.
-  const std::string e = error_of([&] { SafetensorsFile f((dir.path / "none.safetensors").string()); });
+  const std::string e =
+      error_of<IoError>([&] { SafetensorsFile f((dir.path / "none.safetensors").string()); });
   EXPECT_NE(e.find("none.safetensors"), std::string::npos) << e;
 }
 

@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <utility>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -15,19 +15,15 @@
 #include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/nn/offload.hpp"
 #include "ndmesh/tensor/rng.hpp"
+#include "support/temp_dir.hpp"
 
 namespace ndmesh::nn {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "ndmesh-offload-XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~TempDir() { fs::remove_all(path); }
+struct TempDir : testing_support::TempDir {
+  TempDir() : testing_support::TempDir("ndmesh_offload") {}
 };
 
 ParamStore<float> make_store() {
@@ -118,7 +114,8 @@ TEST(Offload, AnArrayReadsAndWritesRangesAcrossPageEdges) {
     for (auto [first, count] : std::vector<std::pair<std::int64_t, std::int64_t>>{
              {0, n}, {10, 20}, {1000, 2100}, {4090, 910}, {1024, 1}, {3, 1021}}) {
       std::vector<float> in(static_cast<std::size_t>(count));
-      for (std::int64_t i = 0; i < count; ++i) in[static_cast<std::size_t>(i)] = static_cast<float>(first * 7 + i);
+      for (std::int64_t i = 0; i < count; ++i)
+        in[static_cast<std::size_t>(i)] = static_cast<float>(first * 7 + i);
       a.write(first, count, in.data());
       std::copy(in.begin(), in.end(), want.begin() + first);
       a.read(0, n, got.data());

@@ -8,9 +8,12 @@
 #include "ndmesh/config/config.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/plan/search.hpp"
+#include "support/error_of.hpp"
 
 namespace ndmesh::plan {
 namespace {
+
+using testing_support::error_of;
 
 void expect_all_valid_and_fitting(const PlanModel& model, const Hardware& hw, const SearchOptions& o,
                                   const SearchResult& r) {
@@ -87,15 +90,6 @@ TEST(Search, NothingValidListsProblems) {
   EXPECT_TRUE(r.layouts.empty());
   EXPECT_EQ(r.fitting, 0);
   EXPECT_FALSE(r.sample_problems.empty());
-}
-
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "no ConfigError";
 }
 
 TEST(Search, ConstraintsFixTheDims) {
