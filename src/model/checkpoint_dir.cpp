@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/tensor/tensor.hpp"
 #include "ndmesh/core/log.hpp"
 
 namespace ndmesh::model {
@@ -43,12 +44,6 @@ std::uint32_t crc_update(std::uint32_t crc, const void* data, std::size_t n) {
     n -= chunk;
   }
   return static_cast<std::uint32_t>(c);
-}
-
-std::int64_t numel(const std::vector<std::int64_t>& shape) {
-  std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
-  return n;
 }
 
 // The product of the dims, or nullopt when it does not fit 64 bits (a manifest is
@@ -299,7 +294,7 @@ json tensor_json(const TensorRecord& t) {
 }
 }  // namespace
 
-std::int64_t SliceRecord::elements() const { return numel(shape); }
+std::int64_t SliceRecord::elements() const { return shape_numel(shape); }
 
 const TensorRecord* Manifest::find(const std::string& name) const {
   for (const TensorRecord& t : tensors)
@@ -562,7 +557,7 @@ std::optional<SliceRecord> ShardFileWriter::append(const ParamShard& shard,
     s.pieces = held;
     s.shape[static_cast<std::size_t>(shard.dim)] = held_along(held);
   }
-  const auto n = static_cast<std::size_t>(numel(s.shape));
+  const auto n = static_cast<std::size_t>(shape_numel(s.shape));
   if (n == 0) return std::nullopt;
   std::vector<float> cut;  // the held rows of each of the three, one after another
   if (padded) {
@@ -673,7 +668,7 @@ void read_tensor(const std::string& dir, const Manifest& manifest, const TensorR
   }
   // Another split: assemble the full tensor from the slices that overlap this rank's
   // part (along the same dim; all of them otherwise), then take the part.
-  const auto n = static_cast<std::size_t>(numel(tensor.shape));
+  const auto n = static_cast<std::size_t>(shape_numel(tensor.shape));
   std::vector<float> full(3 * n), part;
   std::map<std::string, std::unique_ptr<ShardFile>> open;
   for (const SliceRecord& s : tensor.slices) {

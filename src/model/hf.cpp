@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ndmesh/core/error.hpp"
+#include "ndmesh/tensor/tensor.hpp"
 #include "ndmesh/model/checkpoint_dir.hpp"
 #include "ndmesh/model/safetensors.hpp"
 
@@ -25,12 +26,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
 namespace {
-
-std::int64_t numel(const std::vector<std::int64_t>& shape) {
-  std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
-  return n;
-}
 
 // The keys of a config.json, each with transformers' default when the file leaves it out
 // (or writes null), each error naming the file and the key.
@@ -402,12 +397,12 @@ HfImportReport import_hf(const std::string& hf_dir, const std::string& ckpt_dir,
     // No optimizer state: zeros from calloc, whose untouched pages are the kernel's zero
     // page (no resident memory for a tensor's worth of zeros).
     std::int64_t largest = 1;
-    for (const NdTensor& t : map.ndmesh) largest = std::max(largest, numel(t.shape));
+    for (const NdTensor& t : map.ndmesh) largest = std::max(largest, shape_numel(t.shape));
     const std::unique_ptr<float, decltype(&std::free)> zeros(
         static_cast<float*>(std::calloc(static_cast<std::size_t>(largest), sizeof(float))), &std::free);
     if (!zeros) fail<IoError>("hf", "cannot allocate {} zeros for the optimizer state", largest);
     for (const NdTensor& t : map.ndmesh) {
-      const std::int64_t n = numel(t.shape), cols = numel(t.shape) / t.shape[0];
+      const std::int64_t n = shape_numel(t.shape), cols = shape_numel(t.shape) / t.shape[0];
       values.assign(static_cast<std::size_t>(n), 0.0f);
       for (const HfTensor& h : map.hf) {
         if (h.ndmesh != t.name) continue;
@@ -421,7 +416,7 @@ HfImportReport import_hf(const std::string& hf_dir, const std::string& ckpt_dir,
         used.insert(st->name);
         float* dst = values.data() + h.row * cols;
         if (h.transpose) {  // [in, out] -> rows of [out, in]
-          part.resize(static_cast<std::size_t>(numel(h.shape)));
+          part.resize(static_cast<std::size_t>(shape_numel(h.shape)));
           file->read(*st, part.data());
           const std::int64_t in = h.shape[0], out = h.shape[1];
           for (std::int64_t i = 0; i < in; ++i)
@@ -490,7 +485,7 @@ HfExportReport export_hf(const std::string& ckpt_dir, const std::string& hf_dir,
     ParamView view;
     view.name = name;
     view.shape = r->shape;
-    view.numel = numel(r->shape);
+    view.numel = shape_numel(r->shape);
     for (auto* b : {&cache->params, &cache->m, &cache->v}) b->resize(static_cast<std::size_t>(view.numel));
     read_tensor(ckpt_dir, manifest, *r, view, cache->params.data(), cache->m.data(), cache->v.data());
     cache->name = name;
@@ -500,7 +495,7 @@ HfExportReport export_hf(const std::string& ckpt_dir, const std::string& hf_dir,
   std::vector<std::vector<SafeTensorOut>> shards(1);
   std::int64_t in_shard = 0;
   for (const HfTensor& h : map.hf) {
-    const std::int64_t bytes = numel(h.shape) * elem;
+    const std::int64_t bytes = shape_numel(h.shape) * elem;
     if (in_shard > 0 && in_shard + bytes > o.max_shard_bytes) {
       shards.emplace_back();
       in_shard = 0;
@@ -512,7 +507,7 @@ HfExportReport export_hf(const std::string& ckpt_dir, const std::string& hf_dir,
                                for (const NdTensor& t : map.ndmesh)
                                  if (t.name == h.ndmesh) shape = t.shape;
                                const std::vector<float>& all = read(h.ndmesh);
-                               const std::int64_t cols = numel(shape) / shape[0];
+                               const std::int64_t cols = shape_numel(shape) / shape[0];
                                const float* src = all.data() + h.row * cols;
                                if (h.transpose) {  // rows of [out, in] -> [in, out]
                                  const std::int64_t in = h.shape[0], n_out = h.shape[1];
@@ -520,7 +515,7 @@ HfExportReport export_hf(const std::string& ckpt_dir, const std::string& hf_dir,
                                    for (std::int64_t k = 0; k < n_out; ++k)
                                      out[i * n_out + k] = src[k * in + i];
                                } else {
-                                 std::copy(src, src + numel(h.shape), out);
+                                 std::copy(src, src + shape_numel(h.shape), out);
                                }
                              }});
   }

@@ -39,11 +39,12 @@
 
 #include "ndmesh/config/partition.hpp"
 #include "ndmesh/mesh/mesh.hpp"
+#include "units.hpp"
 
 namespace ndmesh::plan {
 namespace {
 
-double d(std::int64_t x) { return static_cast<double>(x); }
+using units::d;
 
 }  // namespace
 

@@ -7,11 +7,12 @@
 #include <algorithm>
 
 #include "ndmesh/core/error.hpp"
+#include "units.hpp"
 
 namespace ndmesh::plan {
 namespace {
 
-double d(std::int64_t x) { return static_cast<double>(x); }
+using units::d;
 
 double head_dim(const PlanModel& m) { return d(m.spec.head_dim_or_default()); }
 

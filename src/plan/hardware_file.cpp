@@ -12,11 +12,12 @@
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/plan/formulas.hpp"
+#include "units.hpp"
 
 namespace ndmesh::plan {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+using units::kGiB;
 
 const std::vector<std::string_view> kKeys = {"name",
                                              "memory_gib",

@@ -9,12 +9,13 @@
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/plan/formulas.hpp"
+#include "units.hpp"
 
 namespace ndmesh::plan {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-constexpr double kMiB = 1024.0 * 1024.0;
+using units::kGiB;
+using units::kMiB;
 
 std::string join_names(const auto& items) {
   std::string out;
