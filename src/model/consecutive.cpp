@@ -33,8 +33,8 @@ ConsecutiveSource::ConsecutiveSource(const std::string& path, DataFormat format,
   } else {
     std::int32_t header[kLlmcHeaderInts] = {};
     in.read(reinterpret_cast<char*>(header), sizeof header);
-    const bool llmc = format == DataFormat::kLlmc ||
-                      (format == DataFormat::kAuto && in && (header[0] == kLlmcMagic || header[0] == kLlmcMagic32));
+    const bool llmc = format == DataFormat::kLlmc || (format == DataFormat::kAuto && in &&
+                                                      (header[0] == kLlmcMagic || header[0] == kLlmcMagic32));
     width = 2;
     if (llmc) {
       if (!in) header[0] = 0;  // shorter than the header: not an llm.c shard
@@ -61,7 +61,8 @@ ConsecutiveSource::ConsecutiveSource(const std::string& path, DataFormat format,
   tokens_.resize(static_cast<std::size_t>(need));
   for (std::size_t i = 0; i < tokens_.size(); ++i) {
     std::uint32_t t = 0;
-    for (std::int64_t b = width - 1; b >= 0; --b) t = t << 8 | raw[i * static_cast<std::size_t>(width) + static_cast<std::size_t>(b)];
+    for (std::int64_t b = width - 1; b >= 0; --b)
+      t = t << 8 | raw[i * static_cast<std::size_t>(width) + static_cast<std::size_t>(b)];
     if (t >= static_cast<std::uint64_t>(vocab))
       fail<ConfigError>(
           "eval",

@@ -212,21 +212,24 @@ int llmc_token_bytes(const std::int32_t* header, std::int64_t file_bytes, const 
                      const std::string& path, bool exact) {
   const std::int64_t header_bytes = kLlmcHeaderInts * static_cast<std::int64_t>(sizeof(std::int32_t));
   const bool gpt2 = header[0] == kLlmcMagic, llama3 = header[0] == kLlmcMagic32;
-  NDMESH_CHECK_CONFIG(file_bytes >= header_bytes && (gpt2 || llama3), "data",
-                      "{}={}: not an llm.c token shard (no header with magic {} or {}); use --data-format uint16 "
-                      "for raw tokens", flag,
-                      path, kLlmcMagic, kLlmcMagic32);
+  NDMESH_CHECK_CONFIG(
+      file_bytes >= header_bytes && (gpt2 || llama3), "data",
+      "{}={}: not an llm.c token shard (no header with magic {} or {}); use --data-format uint16 "
+      "for raw tokens",
+      flag, path, kLlmcMagic, kLlmcMagic32);
   const std::int32_t want = gpt2 ? kLlmcVersion : kLlmcVersion32;
-  NDMESH_CHECK_CONFIG(header[1] == want, "data",
-                      "{}={}: llm.c shard version {} with magic {}; ndmesh reads version {} ({} tokens) with that "
-                      "magic; re-export the shard in llm.c's current format", flag,
-                      path, header[1], header[0], want, gpt2 ? "uint16" : "uint32");
+  NDMESH_CHECK_CONFIG(
+      header[1] == want, "data",
+      "{}={}: llm.c shard version {} with magic {}; ndmesh reads version {} ({} tokens) with that "
+      "magic; re-export the shard in llm.c's current format",
+      flag, path, header[1], header[0], want, gpt2 ? "uint16" : "uint32");
   const int width = gpt2 ? 2 : 4;
   const std::int64_t expected = header_bytes + std::int64_t{std::max(header[2], 0)} * width;
-  NDMESH_CHECK_CONFIG(header[2] > 0 && (exact ? file_bytes == expected : file_bytes >= expected), "data",
-                      "{}={}: the header says {} tokens ({} bytes with the header) but the file has {} bytes; "
-                      "the shard is truncated or not an llm.c shard", flag,
-                      path, header[2], expected, file_bytes);
+  NDMESH_CHECK_CONFIG(
+      header[2] > 0 && (exact ? file_bytes == expected : file_bytes >= expected), "data",
+      "{}={}: the header says {} tokens ({} bytes with the header) but the file has {} bytes; "
+      "the shard is truncated or not an llm.c shard",
+      flag, path, header[2], expected, file_bytes);
   return width;
 }
 
@@ -245,10 +248,11 @@ TokenFileSource::TokenFileSource(const std::string& pattern, DataFormat format, 
                                  std::uint64_t seed, DataPart part)
     : DataSource(seed), pattern_(pattern), vocab_(vocab), part_(std::move(part)) {
   const std::string& flag = part_.flag;
-  NDMESH_CHECK_CONFIG(vocab >= 2, "data",
-                      "{}={} holds token ids: give the vocabulary with --vocab (e.g. --vocab 50257 for GPT-2's "
-                      "tokenizer); now {}", flag,
-                      pattern, vocab);
+  NDMESH_CHECK_CONFIG(
+      vocab >= 2, "data",
+      "{}={} holds token ids: give the vocabulary with --vocab (e.g. --vocab 50257 for GPT-2's "
+      "tokenizer); now {}",
+      flag, pattern, vocab);
   for (const std::string& path : expand(pattern, flag)) {
     namespace fs = std::filesystem;
     std::error_code ec;
@@ -285,11 +289,13 @@ TokenFileSource::TokenFileSource(const std::string& pattern, DataFormat format, 
       sh.count = static_cast<std::int64_t>(size / 2);
     }
   }
-  const bool wide = std::any_of(shards_.begin(), shards_.end(), [](const Shard& sh) { return sh.width == 4; });
-  NDMESH_CHECK_CONFIG(wide || vocab <= 65536, "data",
-                      "--vocab={} but the tokens of {}={} are uint16 (at most 65536 ids); use --vocab 65536 or less, "
-                      "or llm.c's uint32 (Llama 3) shards",
-                      vocab, part_.flag, pattern);
+  const bool wide =
+      std::any_of(shards_.begin(), shards_.end(), [](const Shard& sh) { return sh.width == 4; });
+  NDMESH_CHECK_CONFIG(
+      wide || vocab <= 65536, "data",
+      "--vocab={} but the tokens of {}={} are uint16 (at most 65536 ids); use --vocab 65536 or less, "
+      "or llm.c's uint32 (Llama 3) shards",
+      vocab, part_.flag, pattern);
   if (!part_.whole()) {  // each shard keeps its tokens inside the part of the concatenation
     const auto [first, last] = part_range(part_, tokens());
     std::int64_t at = 0;  // the shard's first token in the concatenation
@@ -343,10 +349,11 @@ void TokenFileSource::sequence(std::uint64_t stream, std::int64_t step, std::int
   }
   for (std::int64_t t = 0; t <= seq; ++t) {
     const std::uint32_t tok = sh->at(start + t);
-    NDMESH_CHECK_CONFIG(tok < static_cast<std::uint64_t>(vocab_), "data",
-                        "{}={}: token {} at position {} is not below --vocab={}; give the tokenizer's vocabulary, "
-                        "e.g. --vocab {}", flag,
-                        sh->path, tok, start + t, vocab_, std::max<std::int64_t>(std::int64_t{tok} + 1, 50257));
+    NDMESH_CHECK_CONFIG(
+        tok < static_cast<std::uint64_t>(vocab_), "data",
+        "{}={}: token {} at position {} is not below --vocab={}; give the tokenizer's vocabulary, "
+        "e.g. --vocab {}",
+        flag, sh->path, tok, start + t, vocab_, std::max<std::int64_t>(std::int64_t{tok} + 1, 50257));
     if (t < seq) tokens[t] = static_cast<std::int32_t>(tok);
     if (t > 0) targets[t - 1] = static_cast<std::int32_t>(tok);
   }
@@ -355,8 +362,8 @@ void TokenFileSource::sequence(std::uint64_t stream, std::int64_t step, std::int
 std::string TokenFileSource::describe() const {
   return fmt::format("tokens files={} shards={} tokens={} format={}{}", pattern_, shards_.size(), tokens(),
                      shards_.empty() || !shards_.front().llmc ? "uint16"
-                     : shards_.front().width == 4              ? "llmc-uint32"
-                                                               : "llmc",
+                     : shards_.front().width == 4             ? "llmc-uint32"
+                                                              : "llmc",
                      part_text(part_));
 }
 

@@ -408,11 +408,11 @@ void HfFolder::read(const NdTensor& t, float* values) {
     if (h.ndmesh != t.name) continue;
     auto [st, file] = locate(h.name);
     if (st == nullptr)
-      fail<ConfigError>("hf", "'{}' has no tensor '{}', which a {} model of this config.json needs", dir_, h.name,
-                        arch_name(spec_));
+      fail<ConfigError>("hf", "'{}' has no tensor '{}', which a {} model of this config.json needs", dir_,
+                        h.name, arch_name(spec_));
     if (st->shape != h.shape)
-      fail<ConfigError>("hf", "'{}': tensor '{}' has shape [{}] but config.json says [{}]", file->path(), st->name,
-                        fmt::join(st->shape, ", "), fmt::join(h.shape, ", "));
+      fail<ConfigError>("hf", "'{}': tensor '{}' has shape [{}] but config.json says [{}]", file->path(),
+                        st->name, fmt::join(st->shape, ", "), fmt::join(h.shape, ", "));
     used_.push_back(st->name);
     float* dst = values + h.row * cols;
     if (h.transpose) {  // [in, out] -> rows of [out, in]

@@ -230,16 +230,19 @@ CheckpointInfo load_checkpoint_dir(const std::string& dir, StateDict& state, con
       model::HfFolder folder(dir);
       const auto diffs = model::spec_differences(folder.spec(), spec);
       if (!diffs.empty())
-        fail<ConfigError>("checkpoint", "Hugging Face folder '{}' does not match this run ({}); leave out the flags "
-                          "that change its config.json's model", dir, fmt::join(diffs, "; "));
+        fail<ConfigError>("checkpoint",
+                          "Hugging Face folder '{}' does not match this run ({}); leave out the flags "
+                          "that change its config.json's model",
+                          dir, fmt::join(diffs, "; "));
       std::vector<float> full;
       for (StateEntry& e : state.entries()) {
         const ParamView& local = *e.view;
         const model::NdTensor* t = folder.find(local.name);
-        const std::vector<std::int64_t>& full_shape = local.shard.dim >= 0 ? local.shard.full_shape : local.shape;
+        const std::vector<std::int64_t>& full_shape =
+            local.shard.dim >= 0 ? local.shard.full_shape : local.shape;
         if (t == nullptr || t->shape != full_shape)
-          fail<IoError>("checkpoint", "'{}': the model's tensor '{}' [{}] is not in its Hugging Face mapping", dir,
-                        local.name, fmt::join(full_shape, ", "));
+          fail<IoError>("checkpoint", "'{}': the model's tensor '{}' [{}] is not in its Hugging Face mapping",
+                        dir, local.name, fmt::join(full_shape, ", "));
         full.resize(static_cast<std::size_t>(local.full_numel()));
         folder.read(*t, full.data());
         if (local.shard.dim >= 0)

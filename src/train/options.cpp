@@ -124,8 +124,8 @@ void resolve_model(RunOptions& o) {
   ModelSpec m =
       o.model_preset.empty() ? default_train_options().model : model_preset(o.model_preset, "--model").spec;
   // --load DIR without --model: the checkpoint's (or a Hugging Face folder's config.json's)
-  // description is the base, so that `--load DIR` alone continues the run; a model flag that contradicts it is refused when the run loads
-  // it, naming both values.
+  // description is the base, so that `--load DIR` alone continues the run; a model flag that contradicts it
+  // is refused when the run loads it, naming both values.
   if (o.model_preset.empty() && !o.load.empty() && model::is_checkpoint_dir(o.load)) {
     try {
       m = model::read_manifest(o.load).spec;

@@ -148,9 +148,10 @@ class ByteSource : public DataSource {
 
 /// How a --data file is read.
 enum class DataFormat {
-  kAuto,   ///< a file or glob ending in .bin: tokens (llm.c when the header's magic is there, else raw uint16); else bytes
+  kAuto,   ///< a file or glob ending in .bin: tokens (llm.c when the header's magic is there, else raw
+           ///< uint16); else bytes
   kBytes,  ///< byte-level (ByteSource)
-  kLlmc,   ///< llm.c shards: 256-int32 header, then uint16 (20240520, 1, count) or uint32 (20240801, 7, count) tokens
+  kLlmc,   ///< llm.c shards: 256-int32 header, uint16 (20240520, 1) or uint32 (20240801, 7) tokens
   kUint16  ///< raw uint16 tokens (nanoGPT's train.bin)
 };
 /// "auto", "bytes", "llmc" or "uint16"; ConfigError naming --data-format otherwise.

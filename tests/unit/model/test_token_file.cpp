@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -141,10 +141,11 @@ TEST_F(TokenFile, BadFilesNameTheFileAndTheFix) {
 // llm.c's Llama 3 shard: magic 20240801, version 7, uint32 tokens. `count` tokens
 // t_i = 65530 + i * 977 (mod vocab): most above uint16's range.
 std::vector<std::uint32_t> write_llama3(const fs::path& file, std::int64_t count, std::int64_t vocab,
-                                        std::int32_t magic = kLlmcMagic32, std::int32_t version = kLlmcVersion32,
-                                        std::int64_t claimed = -1) {
+                                        std::int32_t magic = kLlmcMagic32,
+                                        std::int32_t version = kLlmcVersion32, std::int64_t claimed = -1) {
   std::vector<std::uint32_t> t(static_cast<std::size_t>(count));
-  for (std::int64_t i = 0; i < count; ++i) t[static_cast<std::size_t>(i)] = static_cast<std::uint32_t>((65530 + i * 977) % vocab);
+  for (std::int64_t i = 0; i < count; ++i)
+    t[static_cast<std::size_t>(i)] = static_cast<std::uint32_t>((65530 + i * 977) % vocab);
   std::vector<std::int32_t> header(256, 0);
   header[0] = magic;
   header[1] = version;
@@ -175,7 +176,8 @@ TEST_F(TokenFile, Llama3ShardReadsUint32TokensExactly) {
     }
   }
   // a held-out part counts uint32 tokens, not bytes: the last 10% are the last 70 tokens
-  TokenFileSource val(path("l3.bin"), DataFormat::kLlmc, vocab, 1, {.begin = 0.9, .end = 1, .flag = "--val-data"});
+  TokenFileSource val(path("l3.bin"), DataFormat::kLlmc, vocab, 1,
+                      {.begin = 0.9, .end = 1, .flag = "--val-data"});
   EXPECT_EQ(val.tokens(), 70);
   tok.resize(69);
   tgt.resize(69);
@@ -220,8 +222,9 @@ TEST_F(TokenFile, BadLlama3ShardsNameTheFile) {
                       "v1.bin: llm.c shard version 1 with magic 20240801; ndmesh reads version 7 (uint32");
   expect_config_error([&] { TokenFileSource(path("g7.bin"), DataFormat::kLlmc, vocab, 1); },
                       "g7.bin: llm.c shard version 7 with magic 20240520; ndmesh reads version 1 (uint16");
-  expect_config_error([&] { TokenFileSource(path("trunc.bin"), DataFormat::kAuto, vocab, 1); },
-                      "trunc.bin: the header says 150 tokens (1624 bytes with the header) but the file has 1424");
+  expect_config_error(
+      [&] { TokenFileSource(path("trunc.bin"), DataFormat::kAuto, vocab, 1); },
+      "trunc.bin: the header says 150 tokens (1624 bytes with the header) but the file has 1424");
   expect_config_error([&] { ConsecutiveSource(path("trunc.bin"), DataFormat::kAuto, vocab, 1, 8, 1); },
                       "trunc.bin: the header says 150 tokens");
   expect_config_error([&] { ConsecutiveSource(path("v1.bin"), DataFormat::kLlmc, vocab, 1, 8, 1); },
