@@ -31,19 +31,17 @@ ConsecutiveSource::ConsecutiveSource(const std::string& path, DataFormat format,
   if (bytes) {
     available = file_bytes;
   } else {
-    std::int32_t header[TokenFileSource::kLlmcHeaderInts] = {};
+    std::int32_t header[kLlmcHeaderInts] = {};
     in.read(reinterpret_cast<char*>(header), sizeof header);
-    const bool llmc = format == DataFormat::kLlmc ||
-                      (format == DataFormat::kAuto && in && header[0] == TokenFileSource::kLlmcMagic);
+    const bool llmc = format == DataFormat::kLlmc || (format == DataFormat::kAuto && in &&
+                                                      (header[0] == kLlmcMagic || header[0] == kLlmcMagic32));
     width = 2;
     if (llmc) {
-      if (!in || header[0] != TokenFileSource::kLlmcMagic || header[1] != TokenFileSource::kLlmcVersion)
-        fail<ConfigError>("eval", "--data={}: not an llm.c shard (magic {} version {}; want {} version {})",
-                          path, header[0], header[1], TokenFileSource::kLlmcMagic,
-                          TokenFileSource::kLlmcVersion);
+      if (!in) header[0] = 0;  // shorter than the header: not an llm.c shard
+      width = llmc_token_bytes(header, file_bytes, "--data", path, /*exact=*/false);
       offset = static_cast<std::int64_t>(sizeof header);
-      available = std::min<std::int64_t>(header[2], (file_bytes - offset) / 2);
-      kind = "llm.c tokens";
+      available = header[2];
+      kind = width == 4 ? "llm.c uint32 tokens" : "llm.c tokens";
     } else {
       available = file_bytes / 2;
       kind = "uint16 tokens";
@@ -62,15 +60,16 @@ ConsecutiveSource::ConsecutiveSource(const std::string& path, DataFormat format,
   if (!in) fail<ConfigError>("eval", "--data={}: cannot read its first {} tokens", path, need);
   tokens_.resize(static_cast<std::size_t>(need));
   for (std::size_t i = 0; i < tokens_.size(); ++i) {
-    std::int32_t t = raw[i * width];
-    if (width == 2) t |= static_cast<std::int32_t>(raw[i * width + 1]) << 8;
-    if (t >= vocab)
+    std::uint32_t t = 0;
+    for (std::int64_t b = width - 1; b >= 0; --b)
+      t = t << 8 | raw[i * static_cast<std::size_t>(width) + static_cast<std::size_t>(b)];
+    if (t >= static_cast<std::uint64_t>(vocab))
       fail<ConfigError>(
           "eval",
           "--data={}: token {} at position {} is outside the model's vocabulary of {}; the file "
           "was made by another tokenizer",
           path, t, i, vocab);
-    tokens_[i] = t;
+    tokens_[i] = static_cast<std::int32_t>(t);
   }
 }
 

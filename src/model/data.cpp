@@ -208,17 +208,51 @@ std::vector<std::string> expand(const std::string& pattern, const std::string& f
 }
 }  // namespace
 
+int llmc_token_bytes(const std::int32_t* header, std::int64_t file_bytes, const std::string& flag,
+                     const std::string& path, bool exact) {
+  const std::int64_t header_bytes = kLlmcHeaderInts * static_cast<std::int64_t>(sizeof(std::int32_t));
+  const bool gpt2 = header[0] == kLlmcMagic, llama3 = header[0] == kLlmcMagic32;
+  NDMESH_CHECK_CONFIG(
+      file_bytes >= header_bytes && (gpt2 || llama3), "data",
+      "{}={}: not an llm.c token shard (no header with magic {} or {}); use --data-format uint16 "
+      "for raw tokens",
+      flag, path, kLlmcMagic, kLlmcMagic32);
+  const std::int32_t want = gpt2 ? kLlmcVersion : kLlmcVersion32;
+  NDMESH_CHECK_CONFIG(
+      header[1] == want, "data",
+      "{}={}: llm.c shard version {} with magic {}; ndmesh reads version {} ({} tokens) with that "
+      "magic; re-export the shard in llm.c's current format",
+      flag, path, header[1], header[0], want, gpt2 ? "uint16" : "uint32");
+  const int width = gpt2 ? 2 : 4;
+  const std::int64_t expected = header_bytes + std::int64_t{std::max(header[2], 0)} * width;
+  NDMESH_CHECK_CONFIG(
+      header[2] > 0 && (exact ? file_bytes == expected : file_bytes >= expected), "data",
+      "{}={}: the header says {} tokens ({} bytes with the header) but the file has {} bytes; "
+      "the shard is truncated or not an llm.c shard",
+      flag, path, header[2], expected, file_bytes);
+  return width;
+}
+
+std::uint32_t TokenFileSource::Shard::at(std::int64_t i) const {
+  if (width == 2) {
+    std::uint16_t t;
+    std::memcpy(&t, tokens + i * 2, 2);
+    return t;
+  }
+  std::uint32_t t;
+  std::memcpy(&t, tokens + i * 4, 4);
+  return t;
+}
+
 TokenFileSource::TokenFileSource(const std::string& pattern, DataFormat format, std::int64_t vocab,
                                  std::uint64_t seed, DataPart part)
     : DataSource(seed), pattern_(pattern), vocab_(vocab), part_(std::move(part)) {
   const std::string& flag = part_.flag;
-  NDMESH_CHECK_CONFIG(vocab >= 2, "data",
-                      "{}={} holds token ids: give the vocabulary with --vocab (e.g. --vocab 50257 for GPT-2's "
-                      "tokenizer); now {}", flag,
-                      pattern, vocab);
-  NDMESH_CHECK_CONFIG(vocab <= 65536, "data",
-                      "--vocab={} but the tokens of {}={} are uint16 (at most 65536 ids); use --vocab 65536 or less",
-                      vocab, part_.flag, pattern);
+  NDMESH_CHECK_CONFIG(
+      vocab >= 2, "data",
+      "{}={} holds token ids: give the vocabulary with --vocab (e.g. --vocab 50257 for GPT-2's "
+      "tokenizer); now {}",
+      flag, pattern, vocab);
   for (const std::string& path : expand(pattern, flag)) {
     namespace fs = std::filesystem;
     std::error_code ec;
@@ -240,32 +274,28 @@ TokenFileSource::TokenFileSource(const std::string& pattern, DataFormat format, 
     std::int32_t header[3] = {0, 0, 0};
     if (size >= sizeof(header)) std::memcpy(header, bytes, sizeof(header));
     const std::size_t header_bytes = kLlmcHeaderInts * sizeof(std::int32_t);
-    sh.llmc = format == DataFormat::kLlmc || (format == DataFormat::kAuto && header[0] == kLlmcMagic);
+    sh.llmc = format == DataFormat::kLlmc ||
+              (format == DataFormat::kAuto && (header[0] == kLlmcMagic || header[0] == kLlmcMagic32));
     if (sh.llmc) {
-      NDMESH_CHECK_CONFIG(size >= header_bytes && header[0] == kLlmcMagic, "data",
-                          "{}={}: not an llm.c token shard (no header with magic {}); use --data-format uint16 "
-                          "for raw tokens", flag,
-                          path, kLlmcMagic);
-      NDMESH_CHECK_CONFIG(header[1] == kLlmcVersion, "data",
-                          "{}={}: llm.c shard version {}; ndmesh reads version {} (uint16 tokens); re-export the "
-                          "shard with uint16 tokens", flag,
-                          path, header[1], kLlmcVersion);
-      const std::size_t expected = header_bytes + static_cast<std::size_t>(std::max(header[2], 0)) * 2;
-      NDMESH_CHECK_CONFIG(header[2] > 0 && size == expected, "data",
-                          "{}={}: the header says {} tokens ({} bytes with the header) but the file has {} bytes; "
-                          "the shard is truncated or not an llm.c shard", flag,
-                          path, header[2], expected, size);
-      sh.tokens = reinterpret_cast<const std::uint16_t*>(bytes + header_bytes);
+      sh.width = llmc_token_bytes(header, static_cast<std::int64_t>(size), flag, path);
+      sh.tokens = bytes + header_bytes;
       sh.count = header[2];
     } else {
       NDMESH_CHECK_CONFIG(size % 2 == 0, "data",
                           "{}={}: {} bytes is not a whole number of uint16 tokens; pass a token file (nanoGPT's "
                           "train.bin) or --data-format bytes", flag,
                           path, size);
-      sh.tokens = reinterpret_cast<const std::uint16_t*>(bytes);
+      sh.tokens = bytes;
       sh.count = static_cast<std::int64_t>(size / 2);
     }
   }
+  const bool wide =
+      std::any_of(shards_.begin(), shards_.end(), [](const Shard& sh) { return sh.width == 4; });
+  NDMESH_CHECK_CONFIG(
+      wide || vocab <= 65536, "data",
+      "--vocab={} but the tokens of {}={} are uint16 (at most 65536 ids); use --vocab 65536 or less, "
+      "or llm.c's uint32 (Llama 3) shards",
+      vocab, part_.flag, pattern);
   if (!part_.whole()) {  // each shard keeps its tokens inside the part of the concatenation
     const auto [first, last] = part_range(part_, tokens());
     std::int64_t at = 0;  // the shard's first token in the concatenation
@@ -273,7 +303,7 @@ TokenFileSource::TokenFileSource(const std::string& pattern, DataFormat format, 
       const std::int64_t lo = std::clamp(first - at, std::int64_t{0}, sh.count);
       const std::int64_t hi = std::clamp(last - at, std::int64_t{0}, sh.count);
       at += sh.count;
-      sh.tokens += lo;
+      sh.tokens += lo * sh.width;
       sh.count = hi - lo;
     }
   }
@@ -318,19 +348,23 @@ void TokenFileSource::sequence(std::uint64_t stream, std::int64_t step, std::int
     start -= w;
   }
   for (std::int64_t t = 0; t <= seq; ++t) {
-    const std::int32_t tok = sh->tokens[start + t];
-    NDMESH_CHECK_CONFIG(tok < vocab_, "data",
-                        "{}={}: token {} at position {} is not below --vocab={}; give the tokenizer's vocabulary, "
-                        "e.g. --vocab {}", flag,
-                        sh->path, tok, start + t, vocab_, std::max<std::int64_t>(tok + 1, 50257));
-    if (t < seq) tokens[t] = tok;
-    if (t > 0) targets[t - 1] = tok;
+    const std::uint32_t tok = sh->at(start + t);
+    NDMESH_CHECK_CONFIG(
+        tok < static_cast<std::uint64_t>(vocab_), "data",
+        "{}={}: token {} at position {} is not below --vocab={}; give the tokenizer's vocabulary, "
+        "e.g. --vocab {}",
+        flag, sh->path, tok, start + t, vocab_, std::max<std::int64_t>(std::int64_t{tok} + 1, 50257));
+    if (t < seq) tokens[t] = static_cast<std::int32_t>(tok);
+    if (t > 0) targets[t - 1] = static_cast<std::int32_t>(tok);
   }
 }
 
 std::string TokenFileSource::describe() const {
   return fmt::format("tokens files={} shards={} tokens={} format={}{}", pattern_, shards_.size(), tokens(),
-                     !shards_.empty() && shards_.front().llmc ? "llmc" : "uint16", part_text(part_));
+                     shards_.empty() || !shards_.front().llmc ? "uint16"
+                     : shards_.front().width == 4             ? "llmc-uint32"
+                                                              : "llmc",
+                     part_text(part_));
 }
 
 std::unique_ptr<DataSource> open_data_file(const std::string& path, DataFormat format, std::int64_t vocab,

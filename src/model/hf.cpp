@@ -359,33 +359,86 @@ HfMapping hf_mapping(const ModelSpec& s) {
   return m;
 }
 
-HfImportReport import_hf(const std::string& hf_dir, const std::string& ckpt_dir, bool force) {
+bool is_hf_dir(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / kHfConfigFile, ec) &&
+         !is_checkpoint_dir(path);
+}
+
+HfFolder::HfFolder(const std::string& hf_dir) : dir_(hf_dir) {
   std::error_code ec;
   if (!fs::is_directory(hf_dir, ec))
     fail<ConfigError>("hf",
                       "'{}' is not a folder; pass the folder save_pretrained wrote (config.json, "
                       "model.safetensors)",
                       hf_dir);
-  HfImportReport report;
-  report.spec = hf_config_to_spec((fs::path(hf_dir) / kHfConfigFile).string());
-  refuse_existing(ckpt_dir, force, "checkpoint directory");
-  const HfMapping map = hf_mapping(report.spec);
-  std::optional<SafetensorsFolder> folder;
+  spec_ = hf_config_to_spec((fs::path(hf_dir) / kHfConfigFile).string());
+  map_ = hf_mapping(spec_);
   try {
-    folder.emplace(hf_dir);
+    folder_ = std::make_unique<SafetensorsFolder>(hf_dir);
   } catch (const IoError& e) {
     const std::string what = e.what();
     fail<ConfigError>("hf", "{}", what.substr(what.find("] ") + 2));
   }
+}
+
+HfFolder::~HfFolder() = default;
+
+const NdTensor* HfFolder::find(const std::string& name) const {
+  for (const NdTensor& t : map_.ndmesh)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+void HfFolder::read(const NdTensor& t, float* values) {
   // GPT-2 folders saved from GPT2Model (the hub's gpt2) have no "transformer." prefix.
   auto locate = [&](const std::string& name) {
-    auto found = folder->find(name);
-    if (found.first == nullptr && name.starts_with("transformer.")) found = folder->find(name.substr(12));
+    auto found = folder_->find(name);
+    if (found.first == nullptr && name.starts_with("transformer.")) found = folder_->find(name.substr(12));
     return found;
   };
+  const std::int64_t n = shape_numel(t.shape), cols = n / t.shape[0];
+  std::fill(values, values + n, 0.0f);
+  for (const HfTensor& h : map_.hf) {
+    if (h.ndmesh != t.name) continue;
+    auto [st, file] = locate(h.name);
+    if (st == nullptr)
+      fail<ConfigError>("hf", "'{}' has no tensor '{}', which a {} model of this config.json needs", dir_,
+                        h.name, arch_name(spec_));
+    if (st->shape != h.shape)
+      fail<ConfigError>("hf", "'{}': tensor '{}' has shape [{}] but config.json says [{}]", file->path(),
+                        st->name, fmt::join(st->shape, ", "), fmt::join(h.shape, ", "));
+    used_.push_back(st->name);
+    float* dst = values + h.row * cols;
+    if (h.transpose) {  // [in, out] -> rows of [out, in]
+      part_.resize(static_cast<std::size_t>(shape_numel(h.shape)));
+      file->read(*st, part_.data());
+      const std::int64_t in = h.shape[0], out = h.shape[1];
+      for (std::int64_t i = 0; i < in; ++i)
+        for (std::int64_t o = 0; o < out; ++o) dst[o * in + i] = part_[static_cast<std::size_t>(i * out + o)];
+    } else {
+      file->read(*st, dst);
+    }
+    ++tensors_read_;
+  }
+}
+
+std::vector<std::string> HfFolder::unused() const {
+  const std::set<std::string> used(used_.begin(), used_.end());
+  std::vector<std::string> out;
+  for (const std::string& name : folder_->names())
+    if (!used.contains(name)) out.push_back(name);
+  return out;
+}
+
+HfImportReport import_hf(const std::string& hf_dir, const std::string& ckpt_dir, bool force) {
+  HfFolder folder(hf_dir);
+  HfImportReport report;
+  report.spec = folder.spec();
+  refuse_existing(ckpt_dir, force, "checkpoint directory");
+  const HfMapping& map = folder.mapping();
   const std::string tmp = checkpoint_temp_dir(ckpt_dir);
   prepare_checkpoint_temp_dir(tmp);
-  std::set<std::string> used;
   try {
     Manifest manifest;
     manifest.spec = report.spec;
@@ -393,7 +446,7 @@ HfImportReport import_hf(const std::string& hf_dir, const std::string& ckpt_dir,
                        .world = 1,
                        .partition = {report.spec.layers}};
     ShardFileWriter writer(tmp, "shard-pp000-tp000.bin");
-    std::vector<float> values, part;
+    std::vector<float> values;
     // No optimizer state: zeros from calloc, whose untouched pages are the kernel's zero
     // page (no resident memory for a tensor's worth of zeros).
     std::int64_t largest = 1;
@@ -402,36 +455,13 @@ HfImportReport import_hf(const std::string& hf_dir, const std::string& ckpt_dir,
         static_cast<float*>(std::calloc(static_cast<std::size_t>(largest), sizeof(float))), &std::free);
     if (!zeros) fail<IoError>("hf", "cannot allocate {} zeros for the optimizer state", largest);
     for (const NdTensor& t : map.ndmesh) {
-      const std::int64_t n = shape_numel(t.shape), cols = shape_numel(t.shape) / t.shape[0];
-      values.assign(static_cast<std::size_t>(n), 0.0f);
-      for (const HfTensor& h : map.hf) {
-        if (h.ndmesh != t.name) continue;
-        auto [st, file] = locate(h.name);
-        if (st == nullptr)
-          fail<ConfigError>("hf", "'{}' has no tensor '{}', which a {} model of this config.json needs",
-                            hf_dir, h.name, arch_name(report.spec));
-        if (st->shape != h.shape)
-          fail<ConfigError>("hf", "'{}': tensor '{}' has shape [{}] but config.json says [{}]", file->path(),
-                            st->name, fmt::join(st->shape, ", "), fmt::join(h.shape, ", "));
-        used.insert(st->name);
-        float* dst = values.data() + h.row * cols;
-        if (h.transpose) {  // [in, out] -> rows of [out, in]
-          part.resize(static_cast<std::size_t>(shape_numel(h.shape)));
-          file->read(*st, part.data());
-          const std::int64_t in = h.shape[0], out = h.shape[1];
-          for (std::int64_t i = 0; i < in; ++i)
-            for (std::int64_t o = 0; o < out; ++o)
-              dst[o * in + i] = part[static_cast<std::size_t>(i * out + o)];
-        } else {
-          file->read(*st, dst);
-        }
-        ++report.tensors;
-      }
+      values.resize(static_cast<std::size_t>(shape_numel(t.shape)));
+      folder.read(t, values.data());
       TensorRecord r{t.name, t.shape, {}};
       if (auto slice = writer.append(ParamShard{}, t.shape, values.data(), zeros.get(), zeros.get()))
         r.slices.push_back(*slice);
       manifest.tensors.push_back(std::move(r));
-      report.parameters += n;
+      report.parameters += shape_numel(t.shape);
     }
     manifest.files.push_back(writer.close());
     write_manifest(tmp, manifest);
@@ -441,8 +471,8 @@ HfImportReport import_hf(const std::string& hf_dir, const std::string& ckpt_dir,
     discard_checkpoint_temp_dir(tmp);
     throw;
   }
-  for (const std::string& name : folder->names())
-    if (!used.contains(name)) report.ignored.push_back(name);
+  report.tensors = folder.tensors_read();
+  report.ignored = folder.unused();
   return report;
 }
 

@@ -17,6 +17,7 @@
 #include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/model/checkpoint.hpp"
+#include "ndmesh/model/hf.hpp"
 
 namespace ndmesh::parallel {
 
@@ -222,6 +223,40 @@ CheckpointInfo load_checkpoint_dir(const std::string& dir, StateDict& state, con
                       dir, dir);
   }
   CheckpointInfo info;
+  if (model::is_hf_dir(dir)) {
+    // A Hugging Face folder: weights only (step 0, zero moments, any data). Each rank reads
+    // every tensor it holds a part of whole from the mapped files, then keeps its slice.
+    agree_or_throw(world, fmt::format("loading '{}'", dir), [&] {
+      model::HfFolder folder(dir);
+      const auto diffs = model::spec_differences(folder.spec(), spec);
+      if (!diffs.empty())
+        fail<ConfigError>("checkpoint",
+                          "Hugging Face folder '{}' does not match this run ({}); leave out the flags "
+                          "that change its config.json's model",
+                          dir, fmt::join(diffs, "; "));
+      std::vector<float> full;
+      for (StateEntry& e : state.entries()) {
+        const ParamView& local = *e.view;
+        const model::NdTensor* t = folder.find(local.name);
+        const std::vector<std::int64_t>& full_shape =
+            local.shard.dim >= 0 ? local.shard.full_shape : local.shape;
+        if (t == nullptr || t->shape != full_shape)
+          fail<IoError>("checkpoint", "'{}': the model's tensor '{}' [{}] is not in its Hugging Face mapping",
+                        dir, local.name, fmt::join(full_shape, ", "));
+        full.resize(static_cast<std::size_t>(local.full_numel()));
+        folder.read(*t, full.data());
+        if (local.shard.dim >= 0)
+          copy_shard(local.shard, local.shape, e.params, full.data(), false);
+        else
+          std::copy(full.begin(), full.end(), e.params);
+        std::fill(e.m, e.m + local.numel, 0.0f);
+        std::fill(e.v, e.v + local.numel, 0.0f);
+      }
+      state.commit();
+      info = {.spec = folder.spec(), .step = 0, .adam_steps = 0};
+    });
+    return info;
+  }
   agree_or_throw(world, fmt::format("loading '{}'", dir), [&] {
     const model::Manifest manifest = model::read_manifest(dir);
     auto diffs = model::spec_differences(manifest.spec, spec);

@@ -17,6 +17,7 @@
 #include "ndmesh/core/recompute.hpp"
 #include "ndmesh/model/checkpoint_dir.hpp"
 #include "ndmesh/model/data.hpp"
+#include "ndmesh/model/hf.hpp"
 #include "ndmesh/plan/hardware_file.hpp"
 
 namespace ndmesh::train {
@@ -122,15 +123,17 @@ void resolve_model(RunOptions& o) {
   const ModelSpec flags = o.train.model;
   ModelSpec m =
       o.model_preset.empty() ? default_train_options().model : model_preset(o.model_preset, "--model").spec;
-  // --load DIR without --model: the checkpoint's description is the base, so that `--load DIR`
-  // alone continues the run; a model flag that contradicts it is refused when the run loads
-  // it, naming both values.
+  // --load DIR without --model: the checkpoint's (or a Hugging Face folder's config.json's)
+  // description is the base, so that `--load DIR` alone continues the run; a model flag that contradicts it
+  // is refused when the run loads it, naming both values.
   if (o.model_preset.empty() && !o.load.empty() && model::is_checkpoint_dir(o.load)) {
     try {
       m = model::read_manifest(o.load).spec;
     } catch (const IoError&) {
       // An unreadable manifest is the load's own error, with its message.
     }
+  } else if (o.model_preset.empty() && !o.load.empty() && model::is_hf_dir(o.load)) {
+    m = model::hf_config_to_spec((std::filesystem::path(o.load) / model::kHfConfigFile).string());
   }
   if (!o.config_path.empty()) {
     const ConfigFile file = load_config_file(o.config_path);

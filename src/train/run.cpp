@@ -27,6 +27,7 @@
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/launch/launch_env.hpp"
 #include "ndmesh/model/data.hpp"
+#include "ndmesh/model/hf.hpp"
 #include "ndmesh/plan/estimate.hpp"
 #include "ndmesh/plan/formulas.hpp"
 #include "ndmesh/plan/hardware_file.hpp"
@@ -542,9 +543,9 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
 
 EvalReport evaluate(RunOptions o, std::int64_t batches) {
   NDMESH_CHECK_CONFIG(
-      !o.load.empty() && model::is_checkpoint_dir(o.load), "eval",
+      !o.load.empty() && (model::is_checkpoint_dir(o.load) || model::is_hf_dir(o.load)), "eval",
       "--load={}: not a checkpoint directory; pass one written by ndmesh train --save or ndmesh "
-      "checkpoint import-hf",
+      "checkpoint import-hf, or a Hugging Face folder (config.json, model.safetensors)",
       o.load);
   NDMESH_CHECK_CONFIG(!o.data.empty(), "eval", "--data is missing; pass the token file to evaluate on");
   NDMESH_CHECK_CONFIG(batches > 0, "eval", "--batches={} must be at least 1; e.g. --batches 8", batches);

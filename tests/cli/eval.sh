@@ -3,7 +3,9 @@
 # the one training computes on the same window (a file of seq + 1 tokens holds one window, so
 # the first loss of a resumed run is the checkpoint's loss on it), the same under --tp 2,
 # --pp 2 and --dp 2; bad input (a file too short, a token outside the vocabulary, no
-# checkpoint) is one line naming it with exit 2.
+# checkpoint) is one line naming it with exit 2. A Hugging Face folder (export-hf of the
+# checkpoint) read directly by eval --load and train --load gives the numbers of its
+# import-hf checkpoint exactly, serially and under --tp 2.
 #   eval.sh <ndmesh>
 set -euo pipefail
 ndmesh=$1
@@ -36,13 +38,37 @@ py "a, b = $resumed, $evaluated; assert abs(a - b) <= 1e-6 * abs(a), (a, b)" ||
 # Every layout reads the same tokens: 4 batches of 4 x 16 = 256 tokens (+ 1).
 serial=$("$ndmesh" eval --load "$tmp/ck" --data "$tmp/long.bin" --seq 16 --batch 4 --batches 4 --json)
 py "import json, math; j = json.loads('$serial'); assert j['tokens'] == 256 and abs(j['perplexity'] - math.exp(j['loss'])) < 1e-9 * j['perplexity'], j"
+declare -A layout
 for flags in "--tp 2" "--pp 2" "--dp 2"; do
   # shellcheck disable=SC2086
-  other=$(mpirun --allow-run-as-root --oversubscribe -np 2 "$ndmesh" eval --load "$tmp/ck" --data "$tmp/long.bin" \
+  layout[$flags]=$(mpirun --allow-run-as-root --oversubscribe -np 2 "$ndmesh" eval --load "$tmp/ck" --data "$tmp/long.bin" \
     --seq 16 --batch 4 --batches 4 --threads 1 --json $flags)
+  other=${layout[$flags]}
   py "import json; a, b = json.loads('$serial')['loss'], json.loads('$other')['loss']; assert abs(a - b) <= 1e-5 * a, (a, b)" ||
     fail "eval $flags: $other, serially $serial"
 done
+
+# --load HF_DIR: the folder read directly equals its import (and the checkpoint it was
+# exported from: fp32 round trip), bit for bit, serially and under --tp 2 (each rank keeps
+# its slice of the vocabulary, padded from 50 to 64 rows, and of every matrix).
+"$ndmesh" checkpoint export-hf "$tmp/ck" "$tmp/hf" > /dev/null || fail "export-hf"
+"$ndmesh" checkpoint import-hf "$tmp/hf" "$tmp/imp" > /dev/null || fail "import-hf"
+ev=(--data "$tmp/long.bin" --seq 16 --batch 4 --batches 4 --threads 1 --json)
+from_hf=$("$ndmesh" eval --load "$tmp/hf" "${ev[@]}")
+from_import=$("$ndmesh" eval --load "$tmp/imp" "${ev[@]}")
+[ "$from_hf" = "$from_import" ] || fail "eval --load HF_DIR: $from_hf, of its import $from_import"
+from_hf=$(mpirun --allow-run-as-root --oversubscribe -np 2 "$ndmesh" eval --load "$tmp/hf" "${ev[@]}" --tp 2)
+[ "$from_hf" = "${layout[--tp 2]}" ] || fail "eval --load HF_DIR --tp 2: $from_hf, of the checkpoint ${layout[--tp 2]}"
+# train --load HF_DIR: no shape flags, a fresh run (step 0) on other data, as from the import.
+first_loss() {
+  "$ndmesh" train --load "$1" --data "$tmp/one.bin" --vocab 50 --seq 8 --batch 2 --steps 2 --threads 1 --json |
+    tee "$tmp/train.out" | tail -n 1 | py "import json, sys; print(json.load(sys.stdin)['losses'])"
+}
+a=$(first_loss "$tmp/hf")
+grep -q "starting from the weights of $tmp/hf (step 0, new optimizer state)" "$tmp/train.out" ||
+  fail "train --load HF_DIR: $(head -n 5 "$tmp/train.out")"
+b=$(first_loss "$tmp/imp")
+[ "$a" = "$b" ] || fail "train --load HF_DIR losses $a, from its import $b"
 text=$("$ndmesh" eval --load "$tmp/ck" --data "$tmp/long.bin" --seq 16 --batch 4 --batches 4)
 echo "$text" | grep -q "perplexity .* over 256 tokens (4 batches of 4 x 16)" || fail "the text line: $text"
 
@@ -62,4 +88,6 @@ expect_error "bad.bin: token 60 at position 40" --load "$tmp/ck" --data "$tmp/ba
 expect_error "nowhere.ckpt" --load "$tmp/nowhere.ckpt" --data "$tmp/long.bin" --seq 16 --batch 4 --batches 1
 expect_error "nothing.bin" --load "$tmp/ck" --data "$tmp/nothing.bin" --seq 16 --batch 4 --batches 1
 expect_error "--batches" --load "$tmp/ck" --data "$tmp/long.bin" --seq 16 --batch 4 --batches 0
+sed -i 's/"hidden_size": 32/"hidden_size": 33/' "$tmp/hf/config.json"
+expect_error "config.json" --load "$tmp/hf" --data "$tmp/long.bin" --seq 16 --batch 4 --batches 1
 echo "eval.sh: ok"

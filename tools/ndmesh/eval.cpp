@@ -25,8 +25,8 @@ Action setup(CLI::App& app) {
   f->layout.add_to(app);
   app.add_option(
          "--load", o.load,
-         "checkpoint directory (ndmesh train --save, or ndmesh checkpoint import-hf); its description is "
-         "the model")
+         "checkpoint directory (ndmesh train --save, or ndmesh checkpoint import-hf) or Hugging Face folder "
+         "(config.json + safetensors); its description is the model")
       ->required();
   app.add_option("--data", o.data,
                  "token file: an llm.c shard or raw uint16 tokens (.bin), or the bytes of any other file")

@@ -277,8 +277,9 @@ void add_run_flags(CLI::App& app, train::RunOptions& o) {
       ->capture_default_str()
       ->group("Checkpoints");
   app.add_option("--load", o.load,
-                 "continue from this checkpoint directory (any layout; same model and data flags), or from a "
-                 "single-file checkpoint of an older ndmesh (--pp 1)")
+                 "continue from this checkpoint directory (any layout; same model and data flags), or start "
+                 "from the weights of an import-hf checkpoint or a Hugging Face folder (config.json + "
+                 "safetensors; step 0, any --data)")
       ->each(mark(given.load))
       ->group("Checkpoints");
   app.add_flag("--json", o.json, "print one JSON summary object as the last line")->group("Output");

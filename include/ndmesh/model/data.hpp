@@ -9,8 +9,9 @@
 // window at a random offset.
 //
 // TokenFileSource: tokenized datasets as GPU users keep them, memory-mapped: llm.c's `.bin`
-// shards (a header of 256 int32: magic 20240520, version 1, the token count; then uint16
-// tokens) and nanoGPT's raw uint16 `train.bin`, one file or a glob of shards; the
+// shards (a header of 256 int32: magic, version, the token count; then the tokens: GPT-2's
+// format, magic 20240520 version 1, uint16 tokens; Llama 3's, magic 20240801 version 7,
+// uint32 tokens) and nanoGPT's raw uint16 `train.bin`, one file or a glob of shards; the
 // vocabulary comes from the flags. Each sequence is a window at a random offset of one
 // shard (windows never cross shards).
 //
@@ -147,27 +148,44 @@ class ByteSource : public DataSource {
 
 /// How a --data file is read.
 enum class DataFormat {
-  kAuto,   ///< a file or glob ending in .bin: tokens (llm.c when the header's magic is there, else raw uint16); else bytes
+  kAuto,   ///< a file or glob ending in .bin: tokens (llm.c when the header's magic is there, else raw
+           ///< uint16); else bytes
   kBytes,  ///< byte-level (ByteSource)
-  kLlmc,   ///< llm.c shards: 256-int32 header (20240520, 1, count), then uint16 tokens
+  kLlmc,   ///< llm.c shards: 256-int32 header, uint16 (20240520, 1) or uint32 (20240801, 7) tokens
   kUint16  ///< raw uint16 tokens (nanoGPT's train.bin)
 };
 /// "auto", "bytes", "llmc" or "uint16"; ConfigError naming --data-format otherwise.
 DataFormat parse_data_format(std::string_view name);
 
+/// The magic and version of an llm.c shard's header: GPT-2's (uint16 tokens) and Llama 3's
+/// (uint32 tokens); the header is 256 int32 (magic, version, token count, zeros).
+inline constexpr std::int32_t kLlmcMagic = 20240520;
+inline constexpr std::int32_t kLlmcVersion = 1;
+inline constexpr std::int32_t kLlmcMagic32 = 20240801;
+inline constexpr std::int32_t kLlmcVersion32 = 7;
+inline constexpr std::int64_t kLlmcHeaderInts = 256;
+
+/// The bytes per token (2 or 4) of an llm.c shard `path` (named by `flag` in messages) of
+/// `file_bytes` bytes whose header starts with header[0..2] (magic, version, count).
+/// ConfigError naming the file and the fix: a magic of neither format (or a file shorter
+/// than the header), a version that does not go with the magic, a token count that does not
+/// match the file's size (`exact`: equal; else at least the count).
+int llmc_token_bytes(const std::int32_t* header, std::int64_t file_bytes, const std::string& flag,
+                     const std::string& path, bool exact = true);
+
 /// Memory-mapped token shards (see the file comment).
 class TokenFileSource : public DataSource {
  public:
-  /// The magic and version of an llm.c shard's header.
-  static constexpr std::int32_t kLlmcMagic = 20240520;
-  static constexpr std::int32_t kLlmcVersion = 1;
-  static constexpr std::int64_t kLlmcHeaderInts = 256;
+  static constexpr std::int32_t kLlmcMagic = model::kLlmcMagic;
+  static constexpr std::int32_t kLlmcVersion = model::kLlmcVersion;
+  static constexpr std::int64_t kLlmcHeaderInts = model::kLlmcHeaderInts;
 
   /// Maps every file `pattern` names (a path, or a glob: *, ?, [...]) in name order.
-  /// `format` kLlmc, kUint16 or kAuto (per file: llm.c when the header's magic is there).
+  /// `format` kLlmc, kUint16 or kAuto (per file: llm.c when either header's magic is there).
   /// ConfigError naming the file and the fix: no file matches, a file is not a regular
   /// file, is empty or cannot be read, an llm.c header with another magic or version, a
-  /// token count that does not match the file's size, an odd size of raw uint16, vocab < 2.
+  /// token count that does not match the file's size, an odd size of raw uint16, vocab < 2,
+  /// vocab > 65536 when every shard holds uint16 tokens.
   TokenFileSource(const std::string& pattern, DataFormat format, std::int64_t vocab, std::uint64_t seed,
                   DataPart part = {});
   ~TokenFileSource() override;
@@ -189,11 +207,13 @@ class TokenFileSource : public DataSource {
  private:
   struct Shard {
     std::string path;
-    const std::uint16_t* tokens = nullptr;  // into the mapping: the first token of the part read
+    const unsigned char* tokens = nullptr;  // into the mapping: the first token of the part read
     std::int64_t count = 0;                 // tokens of the part read
     void* map = nullptr;
     std::size_t map_bytes = 0;
     bool llmc = false;
+    int width = 2;  // bytes per token: 2 (uint16) or 4 (uint32, llm.c's Llama 3 shards)
+    std::uint32_t at(std::int64_t i) const;
   };
   std::string pattern_;
   std::int64_t vocab_;

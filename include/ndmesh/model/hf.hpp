@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,49 @@ struct HfMapping {
 };
 /// The mapping of a gpt2 or llama description (ConfigError as hf_config_json).
 HfMapping hf_mapping(const ModelSpec& spec);
+
+class SafetensorsFolder;
+
+/// True when `path` is a folder holding config.json and no checkpoint manifest: a Hugging
+/// Face folder that `ndmesh train --load` and `ndmesh eval --load` read directly.
+bool is_hf_dir(const std::string& path);
+
+/// A Hugging Face folder read as ndmesh's logical (serial, real vocabulary rows) tensors:
+/// its config.json as the description, its safetensors mapped, each tensor read on demand
+/// from the mapped files (import_hf, and `--load HF_DIR`, which reads each tensor whole and
+/// keeps its rank's slice).
+class HfFolder {
+ public:
+  /// Reads config.json (hf_config_to_spec) and maps the safetensors. ConfigError naming the
+  /// folder or file: not a folder, a bad config.json, no or a broken safetensors file.
+  explicit HfFolder(const std::string& hf_dir);
+  ~HfFolder();
+  HfFolder(const HfFolder&) = delete;
+  HfFolder& operator=(const HfFolder&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  const ModelSpec& spec() const { return spec_; }
+  const HfMapping& mapping() const { return map_; }
+  /// Fills `values` (numel of t's shape) with ndmesh tensor `t` of mapping().ndmesh, from
+  /// the Hugging Face tensors that make it (transposed, stacked). ConfigError naming the
+  /// folder or file and the tensor: missing, or of another shape than config.json says.
+  void read(const NdTensor& t, float* values);
+  /// The ndmesh tensor named `name`, or nullptr.
+  const NdTensor* find(const std::string& name) const;
+  /// Hugging Face tensors read so far.
+  std::int64_t tensors_read() const { return tensors_read_; }
+  /// The folder's tensors that no read() has used (old buffers such as GPT-2's attn.bias).
+  std::vector<std::string> unused() const;
+
+ private:
+  std::string dir_;
+  ModelSpec spec_;
+  HfMapping map_;
+  std::unique_ptr<SafetensorsFolder> folder_;
+  std::vector<std::string> used_;
+  std::vector<float> part_;  // a transposed tensor as stored
+  std::int64_t tensors_read_ = 0;
+};
 
 /// What import_hf did.
 struct HfImportReport {

@@ -181,6 +181,60 @@ TEST(Rope, InverseFrequenciesFollowHuggingFace) {
   EXPECT_GT(blended, 0);
 }
 
+// transformers' _compute_llama3_parameters, written out here in double from its published
+// form (base frequencies included, none of ndmesh's code): wavelengths above
+// original / low_freq_factor divided by the factor, below original / high_freq_factor kept,
+// between blended with smooth = (original / wavelen - low) / (high - low); the boundaries as
+// torch.where and ~(a < b) * ~(a > c) draw them.
+std::vector<double> llama3_inv_freq(std::int64_t d, double theta, const RopeScaling& s) {
+  std::vector<double> out;
+  const double low_wavelen = static_cast<double>(s.original_positions) / s.low_freq_factor;
+  const double high_wavelen = static_cast<double>(s.original_positions) / s.high_freq_factor;
+  for (std::int64_t i = 0; i < d; i += 2) {
+    const double inv = 1.0 / std::pow(theta, static_cast<double>(i) / static_cast<double>(d));
+    const double wavelen = 2 * std::numbers::pi / inv;
+    const double llama = wavelen > low_wavelen ? inv / s.factor : inv;
+    const double smooth = (static_cast<double>(s.original_positions) / wavelen - s.low_freq_factor) /
+                          (s.high_freq_factor - s.low_freq_factor);
+    const double smoothed = (1 - smooth) * llama / s.factor + smooth * llama;
+    const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+    out.push_back(medium ? smoothed : llama);
+  }
+  return out;
+}
+
+TEST(Rope, Llama3ScalingEqualsTransformersFormula) {
+  struct Case {
+    std::int64_t d;
+    double theta;
+    RopeScaling s;
+  };
+  // Llama 3.1 8B/70B, Llama 3.2 1B/3B, and a small made-up one with low_freq_factor != 1.
+  const Case cases[] = {
+      {128, 500000, {.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4, .original_positions = 8192}},
+      {64, 500000, {.factor = 32, .low_freq_factor = 1, .high_freq_factor = 4, .original_positions = 8192}},
+      {32, 10000, {.factor = 4, .low_freq_factor = 2, .high_freq_factor = 8, .original_positions = 256}},
+  };
+  for (const Case& c : cases) {
+    const std::vector<double> want = llama3_inv_freq(c.d, c.theta, c.s);
+    const std::vector<float> got = rope_inv_freq({.head_dim = c.d, .theta = c.theta, .scaling = c.s});
+    ASSERT_EQ(got.size(), want.size());
+    int kept = 0, divided = 0, blended = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      EXPECT_NEAR(got[i], want[i], 2e-6 * want[i]) << "d " << c.d << " factor " << c.s.factor << " i " << i;
+      const double inv = 1.0 / std::pow(c.theta, 2.0 * static_cast<double>(i) / static_cast<double>(c.d));
+      const double ratio = want[i] / inv;  // 1: kept, 1/factor: divided, between: blended
+      kept += ratio == 1;
+      divided += std::abs(ratio - 1 / c.s.factor) < 1e-12;
+      blended += ratio < 1 && ratio > 1 / c.s.factor + 1e-12;
+    }
+    // every case reaches all three regions, so each branch of the formula is compared
+    EXPECT_GT(kept, 0) << c.d;
+    EXPECT_GT(divided, 0) << c.d;
+    EXPECT_GT(blended, 0) << c.d;
+  }
+}
+
 TEST(Rope, RotatesPairsByPositionTimesFrequency) {
   const Rope<double> rope({.head_dim = 4, .theta = 100});
   // One row at position 3, one head: pairs (0, 2) and (1, 3), frequencies 1 and 1/10.
