@@ -33,6 +33,16 @@ jq -e '(.expert_loads | length) == 8 and all(.expert_loads[]; length == 8 and (.
 grep -qF "experts: 3 routed (top-1, sigmoid router) + 1 shared, expert ffn 32, MoE blocks: every 1 after the first 1 dense; aux loss 0, capacity factor 1.5" \
   "$tmp/flags.txt" || fail "the MoE flags: $(grep '^experts' "$tmp/flags.txt")"
 
+# Dense and MoE blocks mixed (MoE, dense, MoE: the first block's sizes are not the largest), also
+# under full recompute: the shared scratch and workspace hold either block's tensors, and the
+# losses are bit for bit those without recompute.
+mixed=(--model moe-tiny --layers 3 --moe-every 2 --shared-experts 1 --steps 3 --json "${run[@]}")
+"$ndmesh" train "${mixed[@]}" | tail -n 1 > "$tmp/mixed.json"
+"$ndmesh" train "${mixed[@]}" --recompute full | tail -n 1 > "$tmp/mixed_full.json"
+jq -e -n --slurpfile a "$tmp/mixed.json" --slurpfile b "$tmp/mixed_full.json" \
+  '$a[0].losses == $b[0].losses and $a[0].grad_norms == $b[0].grad_norms and $a[0].aux_losses == $b[0].aux_losses' \
+  > /dev/null || fail "--recompute full changes the mixed MoE run: $(jq -c .losses "$tmp/mixed_full.json")"
+
 # A checkpoint keeps the MoE description: --load alone continues the same run.
 "$ndmesh" train --model moe-tiny --router sigmoid --steps 4 --until 2 --json --save "$tmp/ck" "${run[@]}" |
   tail -n 1 > /dev/null

@@ -3,8 +3,8 @@
 # (2 blocks of hidden 32, 4 SwiGLU experts top-2 of width 32, seq 16) trains 4 steps serially
 # and under --dp 2, and their losses and gradient norms must be equal within compare_runs.sh's
 # bounds, as must the auxiliary losses; the same with a sigmoid router, a shared expert and a
-# capacity factor (the drops and the bias updates of the serial run: the loads are summed over
-# the ranks before the bias moves). The auxiliary loss and the capacity are per micro-batch, so
+# capacity factor, also under ZeRO 2 (the drops and the bias updates of the serial run: the
+# loads are summed over the ranks before the bias moves). The auxiliary loss and the capacity are per micro-batch, so
 # every run has micro-batches of 2 sequences (serial: 4 of them; dp 2: 2 per rank), the same
 # ones. --experts with --tp is refused in one line.
 #   train_moe.sh <mpirun command...> <path to ndmesh>
@@ -31,6 +31,8 @@ extra=(--router sigmoid --shared-experts 1 --capacity-factor 1.0 --aux-loss 0.00
 serial_run sig "${extra[@]}"
 layout_run sig 2 sig_dp2 --dp 2 "${extra[@]}"
 aux_same sig sig_dp2
+layout_run sig 2 sig_dp2_zero2 --dp 2 --zero 2 "${extra[@]}"
+aux_same sig sig_dp2_zero2
 
 expect_train_usage "--experts with --tp/--pp/--cp/--ep is not supported yet" 2 "${common[@]}" --tp 2
 echo "train_moe.sh: ok"
