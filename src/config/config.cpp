@@ -256,6 +256,30 @@ std::vector<std::string> model_problems(const ModelSpec& m, ModelFieldNames name
   if (m.ffn < 0) out.push_back(fmt::format("{}={} must be positive, or 0 for 4*hidden", label("ffn"), m.ffn));
   if (m.experts < 0)
     out.push_back(fmt::format("{}={} must be positive, or 0 for dense", label("experts"), m.experts));
+  if (m.experts > 0) {
+    if (m.top_k < 1 || m.top_k > m.experts)
+      out.push_back(fmt::format("{}={} must be between 1 and {}={}; e.g. {}=2", label("top_k"), m.top_k,
+                                key("experts"), m.experts, key("top_k")));
+    if (m.shared_experts < 0)
+      out.push_back(fmt::format("{}={} must be 0 or more", label("shared_experts"), m.shared_experts));
+    if (m.expert_ffn < 0)
+      out.push_back(fmt::format("{}={} must be positive, or 0 for the MLP width", label("expert_ffn"), m.expert_ffn));
+    if (m.moe_every < 1)
+      out.push_back(fmt::format("{}={} must be at least 1 (1: every block after the dense ones)", label("moe_every"),
+                                m.moe_every));
+    if (m.moe_first_dense < 0 || (m.layers > 0 && m.moe_first_dense >= m.layers))
+      out.push_back(fmt::format("{}={} must be between 0 and {}={} - 1 (a MoE model needs one MoE block)",
+                                label("moe_first_dense"), m.moe_first_dense, key("layers"), m.layers));
+    if (!(m.aux_loss >= 0) || !std::isfinite(m.aux_loss))
+      out.push_back(fmt::format("{}={} must be 0 or a positive number; e.g. {}=0.01", label("aux_loss"), m.aux_loss,
+                                key("aux_loss")));
+    if (!(m.capacity_factor >= 0) || !std::isfinite(m.capacity_factor))
+      out.push_back(fmt::format("{}={} must be 0 (dropless) or a positive number; e.g. {}=1.25",
+                                label("capacity_factor"), m.capacity_factor, key("capacity_factor")));
+    if (!(m.router_bias_rate >= 0) || !std::isfinite(m.router_bias_rate))
+      out.push_back(fmt::format("{}={} must be 0 or a positive number; e.g. {}=0.001", label("router_bias_rate"),
+                                m.router_bias_rate, key("router_bias_rate")));
+  }
   if (m.head_dim < 0)
     out.push_back(fmt::format("{}={} must be positive, or 0 for hidden / heads", label("head_dim"), m.head_dim));
   if (!(m.norm_eps > 0) || !std::isfinite(m.norm_eps))

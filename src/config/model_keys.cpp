@@ -79,6 +79,17 @@ const std::vector<Key>& keys() {
        [](const ModelSpec& m) { return ModelValue{m.rope_scaling.original_positions}; }},
       NDMESH_BOOL_KEY(biases),
       NDMESH_REAL_KEY(init_std),
+      // Mixture of experts (nn/moe.hpp); appended, so that older manifests read as before.
+      NDMESH_INT_KEY(top_k),
+      NDMESH_INT_KEY(shared_experts),
+      NDMESH_INT_KEY(expert_ffn),
+      NDMESH_INT_KEY(moe_every),
+      NDMESH_INT_KEY(moe_first_dense),
+      {"router", Kind::kName, [](ModelSpec& m, const ModelValue& v, [[maybe_unused]] std::string_view flag) { m.router = parse_router(as_name(v), flag); },
+       [](const ModelSpec& m) { return ModelValue{std::string(router_name(m.router))}; }},
+      NDMESH_REAL_KEY(aux_loss),
+      NDMESH_REAL_KEY(capacity_factor),
+      NDMESH_REAL_KEY(router_bias_rate),
   };
   return kKeys;
 }

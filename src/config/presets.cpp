@@ -113,6 +113,38 @@ const std::vector<ModelPreset>& model_presets() {
     lt.kv_heads = 2;
     lt.ffn = 160;
     p.push_back({"llama-tiny", "", lt, false});
+    // A tiny mixture of experts (SwiGLU experts, softmax top-2 of 4, no biases): the MoE tests' model.
+    ModelSpec mt = lt;
+    mt.name = "moe-tiny";
+    mt.experts = 4;
+    mt.top_k = 2;
+    mt.expert_ffn = 64;
+    p.push_back({"moe-tiny", "", mt, false});
+    // Mixtral 8x7B (Jiang et al. 2024, arXiv:2401.04088, Table 1, and its Hugging Face config):
+    // 32 layers, hidden 4096, 32 heads, 8 key/value heads, 8 SwiGLU experts of 14336, top-2,
+    // vocabulary 32000, context 32768, rope theta 1e6; every block is MoE.
+    ModelPreset mixtral = llama("mixtral-8x7b", 32, 4096, 14336, 32, 8, 32000, 32768, 1e6,
+                                "Jiang et al. 2024 (Mixtral of Experts, arXiv:2401.04088), Table 1");
+    mixtral.spec.experts = 8;
+    mixtral.spec.top_k = 2;
+    mixtral.spec.aux_loss = 0.02;  // the Hugging Face config's router_aux_loss_coef
+    p.push_back(mixtral);
+    // DeepSeek-V3-shaped (DeepSeek-AI 2024, arXiv:2412.19437, section 4.2): 61 layers, hidden
+    // 7168, 128 heads, the first 3 blocks dense (ffn 18432), the others 256 routed experts of
+    // 2048 (top-8, sigmoid router with bias balancing) and 1 shared expert, vocabulary 129280,
+    // sequence 4096. Shaped, not exact: its multi-head latent attention is described as plain
+    // attention with 128 key/value heads of 128 (MLA's low-rank projections are not modelled),
+    // and its multi-token prediction module is left out.
+    ModelPreset dsv3 = llama("deepseek-v3", 61, 7168, 18432, 128, 128, 129280, 4096, 10000,
+                             "DeepSeek-AI 2024 (DeepSeek-V3, arXiv:2412.19437), section 4.2 (shape only: no MLA, no MTP)");
+    dsv3.spec.experts = 256;
+    dsv3.spec.top_k = 8;
+    dsv3.spec.shared_experts = 1;
+    dsv3.spec.expert_ffn = 2048;
+    dsv3.spec.moe_first_dense = 3;
+    dsv3.spec.router = RouterKind::kSigmoid;
+    dsv3.spec.aux_loss = 0.0001;  // its sequence-wise balance loss weight (alpha)
+    p.push_back(dsv3);
     for (ModelPreset& x : p) x.spec.name = x.name;
     return p;
   }();

@@ -10,6 +10,14 @@ std::string_view mlp_name(MlpKind k) { return k == MlpKind::kGelu ? "gelu" : "sw
 
 std::string_view positions_name(PositionsKind k) { return k == PositionsKind::kLearned ? "learned" : "rope"; }
 
+std::string_view router_name(RouterKind k) { return k == RouterKind::kSoftmax ? "softmax" : "sigmoid"; }
+
+RouterKind parse_router(std::string_view name, std::string_view flag) {
+  if (name == "softmax") return RouterKind::kSoftmax;
+  if (name == "sigmoid") return RouterKind::kSigmoid;
+  fail<ConfigError>("model", "{}={} is not a router; use softmax (Mixtral) or sigmoid (DeepSeek-V3)", flag, name);
+}
+
 NormKind parse_norm(std::string_view name, std::string_view flag) {
   if (name == "layernorm") return NormKind::kLayerNorm;
   if (name == "rmsnorm") return NormKind::kRmsNorm;

@@ -230,6 +230,13 @@ std::vector<std::string> spec_differences(const ModelSpec& a, const ModelSpec& b
   cmp("ffn", a.ffn_or_default(), b.ffn_or_default());
   cmp("vocab", a.vocab, b.vocab);
   cmp("experts", a.experts, b.experts);
+  if (a.experts > 0 && b.experts > 0) {  // the layers that hold expert parameters, and their shapes
+    cmp("shared_experts", a.shared_experts, b.shared_experts);
+    cmp("expert_ffn", a.expert_ffn_or_default(), b.expert_ffn_or_default());
+    cmp("moe_every", a.moe_every, b.moe_every);
+    cmp("moe_first_dense", a.moe_first_dense, b.moe_first_dense);
+    cmp_name("router", router_name(a.router), router_name(b.router));
+  }
   cmp("tied_embeddings", a.tied_embeddings, b.tied_embeddings);
   cmp_name("norm", norm_name(a.norm), norm_name(b.norm));
   cmp_real("norm_eps", a.norm_eps, b.norm_eps);

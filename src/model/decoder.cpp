@@ -6,6 +6,7 @@
 #include <numeric>
 #include <optional>
 #include <type_traits>
+#include <utility>
 
 #include <fmt/core.h>
 #include <fmt/format.h>
@@ -21,8 +22,10 @@ std::vector<std::string> model_spec_problems(const ModelSpec& s) {
   // The shape rules live in one place (config's model_problems, also the planner's); the
   // model adds what it cannot build.
   std::vector<std::string> out = model_problems(s);
-  if (s.experts > 0)
-    out.push_back(fmt::format("model experts={}: mixture-of-experts is not implemented; use experts=0", s.experts));
+  if (s.experts > 0 && s.biases)
+    out.push_back(fmt::format("model experts={} with biases=true: MoE layers have no biases; use biases=false "
+                              "(--no-bias, or a llama-family model)",
+                              s.experts));
   return out;
 }
 
@@ -91,6 +94,12 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
   const std::int64_t first_b = first_block(), last_b = std::min(range_.last - 1, spec.layers);
   NDMESH_CHECK_CONFIG(first_b < last_b, "model",
                       "units [{}, {}) hold no block: a range holds at least one", range_.first, range_.last);
+  NDMESH_CHECK_CONFIG(spec.experts == 0 || (options.device == Device::kCpu && options.matmul == MatmulPrecision::kFp32 &&
+                                              tp_.size() == 1),
+                      "model",
+                      "experts={}: MoE layers run on the CPU in fp32 without tensor parallelism for now; use --device "
+                      "cpu, fp32 products and --tp 1 (or a dense model)",
+                      spec.experts);
   if (auto problems = tp_problems(spec, tp_.size(), tp_.sequence_parallel, batch_ * seq_); !problems.empty())
     fail<ConfigError>("model", "{}", fmt::join(problems, "; "));
   const nn::TpShape tps = tp_.shape();
@@ -124,7 +133,18 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
                                           .norm_eps = spec.norm_eps,
                                           .mlp = spec.mlp,
                                           .bias = spec.biases,
-                                          .rope = rope},
+                                          .rope = rope,
+                                          .moe = spec.is_moe_layer(l) ? std::optional<nn::MoeOptions>(nn::MoeOptions{
+                                                                            .experts = spec.experts,
+                                                                            .top_k = spec.top_k,
+                                                                            .shared_experts = spec.shared_experts,
+                                                                            .expert_ffn = spec.expert_ffn_or_default(),
+                                                                            .kind = spec.mlp,
+                                                                            .router = spec.router,
+                                                                            .aux_loss = spec.aux_loss,
+                                                                            .capacity_factor = spec.capacity_factor,
+                                                                            .router_bias_rate = spec.router_bias_rate})
+                                                                      : std::nullopt},
                          tp_);
   }
   store_.begin_unit();
@@ -182,7 +202,12 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
   work_ = std::make_shared<nn::BlockActivations<T>>();
   size_workspace(true);  // the gathered norm outputs when activations that do not keep them ask
   const std::int64_t n = batch_ * seq_, c = spec.hidden, nl = tp_.local_rows(n);
-  blocks_.front().resize(scratch_, batch_, seq_);
+  // The backward's scratch, shared by the blocks: sized by the block that needs the most (a
+  // MoE block's MLP needs none, a dense one its width).
+  const nn::Block<T>* widest = &blocks_.front();
+  for (const auto& b : blocks_)
+    if (b.mlp().scratch_width() > widest->mlp().scratch_width()) widest = &b;
+  widest->resize(scratch_, batch_, seq_);
   if (head_) {
     dlnf_.resize({nl, c});
     dlnf_full_.resize({n, c});
@@ -232,13 +257,17 @@ void DecoderT<T>::lend(nn::BlockActivations<T>& acts, std::size_t l, bool keeps_
 
 template <typename T>
 void DecoderT<T>::size_workspace(bool keeps_gathered) const {
-  nn::BlockActivations<T> all;
-  blocks_.front().resize(all, batch_, seq_);
-  work_->each_with(all, [&](std::size_t i, auto& to, auto& from) {
-    if (to.numel() == 0 && (recompute_ == nn::Recompute::kFull || in_workspace(i, false, keeps_gathered) ||
-                            in_workspace(i, true, keeps_gathered)))
-      std::swap(to, from);
-  });
+  // Every block's sizes, the largest of each tensor (MoE and dense blocks keep different MLP
+  // tensors); filled only where still empty or smaller.
+  for (const auto& b : blocks_) {
+    nn::BlockActivations<T> all;
+    b.resize(all, batch_, seq_);
+    work_->each_with(all, [&](std::size_t i, auto& to, auto& from) {
+      if (to.numel() < from.numel() && (recompute_ == nn::Recompute::kFull || in_workspace(i, false, keeps_gathered) ||
+                                        in_workspace(i, true, keeps_gathered)))
+        std::swap(to, from);
+    });
+  }
 }
 
 template <typename T>
@@ -385,6 +414,14 @@ void DecoderT<T>::forward_summed(Activations& acts, const std::int32_t* tokens, 
       lend(keep, l, keeps);
     }
     unit_event(UnitEvent::kForwardEnd, block_unit(l));
+    if (const nn::FeedForward<T>& mlp = blocks_[l].mlp(); mlp.experts() > 0) {
+      // The auxiliary loss weighed as this micro-batch's LM loss is, in the loss and in the
+      // gradient the backward adds; the routing's load for the report and the bias update.
+      const double share = loss_weight_ * static_cast<double>(batch_ * seq_);
+      aux_sum_ += share * mlp.aux_loss();
+      mlp.set_aux_weight(share);
+      record_load(l, mlp.expert_load());
+    }
     T* out = keep.out.numel() > 0 ? keep.out.data() : work_->out.data();
     pending.reset();
     if (defer) {
@@ -484,6 +521,42 @@ void DecoderT<T>::backward(Activations& acts_in, const T* doutput) {
   } else
     ops::copy(input_grad_.data(), dout->data(), nl * c, device_);
   report_grads_final(0);
+}
+
+template <typename T>
+void DecoderT<T>::record_load(std::size_t l, const std::vector<double>& load) {
+  std::size_t at = 0;
+  for (std::size_t b = 0; b < l; ++b) at += static_cast<std::size_t>(blocks_[b].mlp().experts());
+  if (expert_loads_.size() < at + load.size()) expert_loads_.resize(at + load.size(), 0.0);
+  for (std::size_t e = 0; e < load.size(); ++e) expert_loads_[at + e] += load[e];
+}
+
+template <typename T>
+double DecoderT<T>::take_aux_loss_sum() {
+  return std::exchange(aux_sum_, 0.0);
+}
+
+template <typename T>
+std::vector<double> DecoderT<T>::take_expert_loads() {
+  std::size_t total = 0;
+  for (const auto& b : blocks_) total += static_cast<std::size_t>(b.mlp().experts());
+  std::vector<double> out(total, 0.0);
+  std::swap(out, expert_loads_);
+  out.resize(total, 0.0);
+  return out;
+}
+
+template <typename T>
+void DecoderT<T>::update_router_biases(const std::vector<double>& loads) {
+  std::size_t at = 0;
+  for (const auto& b : blocks_) {
+    const auto e = static_cast<std::size_t>(b.mlp().experts());
+    if (e == 0) continue;
+    NDMESH_CHECK(at + e <= loads.size(), "model", "{} expert loads for the range's {} or more experts", loads.size(),
+                 at + e);
+    b.mlp().update_router_bias(loads.data() + at);
+    at += e;
+  }
 }
 
 template <typename T>

@@ -76,12 +76,19 @@ Block<T>::Block(ParamStore<T>& store, BlockOptions options, TpContext<T> tp)
                          .eps = options_.norm_eps,
                          .name = options_.name + ".ln2",
                          .shard = tp_.shape().replicated()})),
-      mlp_(make_feed_forward<T>(options_.mlp, store,
-                                {.channels = options_.channels,
-                                 .ffn = options_.ffn,
-                                 .name = options_.name + ".mlp",
-                                 .tp = tp_.shape(),
-                                 .bias = options_.bias})) {
+      mlp_([&]() -> std::unique_ptr<FeedForward<T>> {
+        MlpOptions o{.channels = options_.channels,
+                     .ffn = options_.ffn,
+                     .name = options_.name + ".mlp",
+                     .tp = tp_.shape(),
+                     .bias = options_.bias};
+        if (options_.moe) {
+          MoeOptions m = *options_.moe;
+          m.kind = options_.mlp;
+          return std::make_unique<Moe<T>>(store, std::move(o), m);
+        }
+        return make_feed_forward<T>(options_.mlp, store, std::move(o));
+      }()) {
   if (options_.rope) rope_.emplace(*options_.rope);
 }
 
@@ -132,7 +139,7 @@ void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t s
   a.res1.resize({nl, c});
   if (ln2_->keeps_mean()) a.ln2_mean.resize({nl});
   a.ln2_rstd.resize({nl});
-  a.mlp.resize(n, mlp_->pre_width(), mlp_->local_ffn(), mlp_->hidden_in_bf16());
+  a.mlp.resize(n, mlp_->pre_width(), mlp_->hidden_width(), mlp_->hidden_in_bf16());
   a.out.resize({nl, c});
   if (tp_.sequence_parallel && norms_in_bf16()) {
     a.ln1_full16.resize({n, c});

@@ -211,6 +211,11 @@ double GradSync::global_loss(double loss_sum, double tokens) const {
   return tokens > 0 ? sum / tokens : 0.0;
 }
 
+void GradSync::sum_over_world(std::span<double> values) const {
+  if (tp_.rank() != 0) std::fill(values.begin(), values.end(), 0.0);
+  if (world_.size() > 1) world_.all_reduce(values);
+}
+
 double GradSync::comm_seconds() const {
   double s = 0;
   for (const auto& r : reducers_) s += r->comm_seconds();

@@ -116,6 +116,7 @@ StepStats Trainer::compute_step(bool leave_sums_pending) {
 
   sums_ = sync_.finish_step_from_heads(leave_sums_pending);
   StepStats s;
+  take_moe_sums(s);
   s.loss = sums_.loss;  // 0 while the sums are pending
   s.grad_norm = sums_.grad_norm;
   s.lr = lr_at(step_);
@@ -132,11 +133,30 @@ StepStats Trainer::compute_step(bool leave_sums_pending) {
   return s;
 }
 
+void Trainer::take_moe_sums(StepStats& s) {
+  expert_load_.clear();
+  if (options_.model.experts == 0) return;
+  std::vector<double> sums = {0.0};
+  for (const auto& c : model_.chunks) {
+    sums[0] += c->take_aux_loss_sum();
+    const std::vector<double> load = c->take_expert_loads();
+    sums.insert(sums.end(), load.begin(), load.end());
+  }
+  // Every rank of a layout MoE runs under (serial, dp) holds every MoE block: the same layout.
+  sync_.sum_over_world(sums);
+  s.aux_loss = sums[0];
+  expert_load_.assign(sums.begin() + 1, sums.end());
+  s.expert_load = expert_load_;
+}
+
 void Trainer::apply_step(StepStats& s) {
   const auto t0 = std::chrono::steady_clock::now();
   // The norm as compute_step left it: pending (read after the update is enqueued), or
   // the number it returned.
   optimizer_.step(s.lr, sums_.pending != nullptr ? sums_.norm() : nn::GradNorm(s.grad_norm));
+  // Then the sigmoid routers' balancing biases from the step's loads (not by the optimizer).
+  if (!expert_load_.empty())
+    for (const auto& c : model_.chunks) c->update_router_biases(expert_load_);
   if (sums_.pending != nullptr) {
     sync_.read_sums(sums_);
     s.loss = sums_.loss;
@@ -160,6 +180,10 @@ double Trainer::evaluate(std::int64_t batches) {
                     targets);
     };
     sum += executor_->evaluate(hooks).loss_sum;
+  }
+  for (const auto& c : model_.chunks) {  // an evaluation's routing is not the next step's
+    c->take_aux_loss_sum();
+    c->take_expert_loads();
   }
   return sync_.global_loss(sum, static_cast<double>(batches * tokens_per_step()));
 }

@@ -121,6 +121,14 @@ void Console::on_start(const RunStart& r) {
                mlp_name(m.mlp), positions_name(m.positions),
                m.positions == PositionsKind::kRope ? fmt::format(" (theta {:g})", m.rope_theta) : "",
                m.biases ? "biases" : "no biases");
+  if (m.experts > 0)
+    fmt::print(
+        "experts: {} routed (top-{}, {} router){}, expert ffn {}, MoE blocks: every {} after the first {} dense; aux "
+        "loss {:g}, {}\n",
+        m.experts, m.top_k, router_name(m.router),
+        m.shared_experts > 0 ? fmt::format(" + {} shared", m.shared_experts) : "", m.expert_ffn_or_default(),
+        m.moe_every, m.moe_first_dense, m.aux_loss,
+        m.capacity_factor > 0 ? fmt::format("capacity factor {:g}", m.capacity_factor) : "dropless");
   fmt::print("data: {}{}\n", r.data,
              r.entropy_rate
                  ? fmt::format(", entropy rate {:.4f} nats/token (best achievable loss)", *r.entropy_rate)
@@ -190,8 +198,10 @@ void Console::on_step(const StepRecord& r) {
       bar_open_ = !last;
       if (last) fmt::print("\n");
     } else {
-      fmt::print("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} tok/s {:.0f} eta {}\n", s.step, stop_,
-                 s.loss, s.lr, s.grad_norm, tps, clock_text(eta));
+      // A mixture of experts' auxiliary loss after the LM loss, reported apart.
+      const std::string aux = s.expert_load.empty() ? "" : fmt::format(" aux_loss {:.4f}", s.aux_loss);
+      fmt::print("step {}/{} loss {:.4f}{} lr {:.3g} grad_norm {:.3f} tok/s {:.0f} eta {}\n", s.step, stop_,
+                 s.loss, aux, s.lr, s.grad_norm, tps, clock_text(eta));
     }
   }
   if (r.val_loss) {

@@ -55,6 +55,10 @@ void MetricsFile::on_step(const StepRecord& r) {
   j["loss"] = number(r.stats.loss);
   j["lr"] = r.stats.lr;
   j["grad_norm"] = number(r.stats.grad_norm);
+  if (!r.stats.expert_load.empty()) {  // a mixture of experts
+    j["aux_loss"] = number(r.stats.aux_loss);
+    j["expert_load"] = r.stats.expert_load;
+  }
   j["tokens_per_second"] = r.tokens_per_second;
   j["mfu"] = r.mfu ? number(*r.mfu) : json(nullptr);
   j["peak_memory_bytes"] = static_cast<std::int64_t>(r.peak_memory_bytes);

@@ -144,6 +144,7 @@ void resolve_model(RunOptions& o) {
   if (!o.norm.empty()) m.norm = parse_norm(o.norm, "--norm");
   if (!o.mlp.empty()) m.mlp = parse_mlp_kind(o.mlp, "--mlp");
   if (!o.positions.empty()) m.positions = parse_positions(o.positions, "--positions");
+  if (!o.router.empty()) m.router = parse_router(o.router, "--router");
   // The values the flags wrote, for the keys they name (each flag's own check ran at parsing).
   std::vector<std::pair<std::string, ModelValue>> given;
   for (auto& [key, value] : model_values(flags))

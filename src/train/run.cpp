@@ -306,6 +306,8 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
   const auto start = Clock::now();
   double last_loss = NAN;
   std::vector<double> losses, grad_norms, lrs, val_losses;
+  std::vector<double> aux_losses;                 // mixture of experts: each step's auxiliary loss
+  std::vector<std::vector<double>> expert_loads;  // and its tokens per expert (MoE block by block)
   std::vector<std::int64_t> eval_steps;
   double comm_seconds = 0, exposed_seconds = 0, step_seconds = 0;
   std::int64_t grad_comm_bytes = 0;                   // the last step's
@@ -351,6 +353,10 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
     last_loss = s.loss;
     losses.push_back(s.loss);
     grad_norms.push_back(s.grad_norm);
+    if (o.train.model.experts > 0) {
+      aux_losses.push_back(s.aux_loss);
+      expert_loads.push_back(s.expert_load);
+    }
     lrs.push_back(s.lr);
     comm_seconds += s.comm_seconds;
     grad_comm_bytes = s.grad_comm_bytes;
@@ -483,6 +489,10 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
     j["param_hashes"] = param_hashes;
   }
   j["grad_norms"] = grad_norms;
+  if (o.train.model.experts > 0) {
+    j["aux_losses"] = aux_losses;  // beside losses, which are the LM loss alone
+    j["expert_loads"] = expert_loads;
+  }
   j["lrs"] = lrs;
   j["lr_schedule"] = o.lr_schedule;
   j["eval_steps"] = eval_steps;  // --eval-every: the steps of val_losses

@@ -67,6 +67,22 @@ void add_model_flags(CLI::App& app, train::RunOptions& o) {
       ->group(group);
   app.add_flag("--untied", o.untied, "give the LM head its own weight instead of the token embedding")
       ->group(group);
+  // Mixture of experts (docs/models.md).
+  field("--experts", m.experts, "routed experts per MoE block (0: dense)")->capture_default_str();
+  field("--top-k", m.top_k, "experts each token is routed to (1..--experts)")->capture_default_str();
+  field("--shared-experts", m.shared_experts, "experts every token goes through beside the routed ones")
+      ->capture_default_str();
+  field("--expert-ffn", m.expert_ffn, "each expert's MLP width (0: --ffn's)")->capture_default_str();
+  field("--moe-every", m.moe_every, "every n-th block (after the dense ones) is MoE")->capture_default_str();
+  field("--moe-first-dense", m.moe_first_dense, "the first k blocks stay dense")->capture_default_str();
+  app.add_option("--router", o.router,
+                 "softmax (top-k of the softmax, Mixtral) or sigmoid (top-k of sigmoid scores plus a balancing "
+                 "bias, DeepSeek-V3)")
+      ->group(group);
+  field("--aux-loss", m.aux_loss, "coefficient of the load-balancing loss (0: none)")->capture_default_str();
+  field("--capacity-factor", m.capacity_factor,
+        "tokens an expert takes, as a multiple of its even share; the rest are dropped in token order (0: dropless)")
+      ->capture_default_str();
 }
 
 // The strategies' flags (Parallel and Memory groups).

@@ -41,7 +41,22 @@ struct ModelSpec {
   std::int64_t ffn = 0;       ///< 0: 4 * hidden
   std::int64_t seq = 0;       ///< sequence length
   std::int64_t vocab = 0;
-  std::int64_t experts = 0;  ///< 0: dense
+  std::int64_t experts = 0;  ///< routed experts per MoE layer; 0: dense (nn/moe.hpp)
+  std::int64_t top_k = 2;           ///< experts each token is routed to (1..experts)
+  std::int64_t shared_experts = 0;  ///< experts every token goes through (DeepSeek's shared experts)
+  std::int64_t expert_ffn = 0;      ///< each expert's MLP width; 0: ffn_or_default()
+  std::int64_t moe_every = 1;       ///< after the first dense ones, every n-th block is MoE
+  std::int64_t moe_first_dense = 0;  ///< the first k blocks stay dense (DeepSeek-V3: 3)
+  RouterKind router = RouterKind::kSoftmax;
+  /// Coefficient of the auxiliary load-balancing loss, coeff * E * sum_i f_i * P_i per layer
+  /// and micro-batch (Switch Transformer, Mixtral); 0: none (DeepSeek-V3's sigmoid router
+  /// balances with its bias instead).
+  double aux_loss = 0.01;
+  /// Tokens an expert takes per micro-batch: capacity_factor * tokens * top_k / experts
+  /// (rounded up); the assignments past it are dropped in token order. 0: dropless.
+  double capacity_factor = 0;
+  /// The sigmoid router's balancing-bias step per optimizer step (DeepSeek-V3's gamma).
+  double router_bias_rate = 0.001;
   bool tied_embeddings = true;
   /// Standard deviation of the initial matrices and tables (residual projections: init_std /
   /// sqrt(2 layers), GPT-2's scaling); norms start at 1, biases at 0.
@@ -69,6 +84,13 @@ struct ModelSpec {
     if (mlp == MlpKind::kSwiglu) return (8 * hidden / 3 + 255) / 256 * 256;
     return 4 * hidden;
   }
+  /// Each expert's MLP width: expert_ffn, or ffn_or_default().
+  std::int64_t expert_ffn_or_default() const { return expert_ffn > 0 ? expert_ffn : ffn_or_default(); }
+  /// Whether block `layer` (0-based) has a mixture-of-experts MLP: experts > 0, past the first
+  /// moe_first_dense blocks, and every moe_every-th after them.
+  bool is_moe_layer(std::int64_t layer) const {
+    return experts > 0 && layer >= moe_first_dense && moe_every > 0 && (layer - moe_first_dense) % moe_every == 0;
+  }
   std::int64_t head_dim_or_default() const { return head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0); }
   /// Rows of the learned position table (0 with rotary positions).
   std::int64_t position_rows() const {
@@ -86,7 +108,8 @@ using ModelValue = std::variant<std::int64_t, double, bool, std::string>;
 /// and Python spell them: arch (a family, applied first), name, layers, hidden, heads, kv_heads,
 /// head_dim, ffn, seq, max_positions, vocab, vocab_multiple, experts, tied_embeddings, norm,
 /// norm_eps, mlp, positions, rope_theta, rope_scaling_factor, rope_low_freq_factor,
-/// rope_high_freq_factor, rope_original_positions, biases, init_std.
+/// rope_high_freq_factor, rope_original_positions, biases, init_std, top_k, shared_experts,
+/// expert_ffn, moe_every, moe_first_dense, router, aux_loss, capacity_factor, router_bias_rate.
 const std::vector<std::string>& model_keys();
 /// Sets the keys of `values` on `m`, "arch" first (the family's layers, then the other keys
 /// over them). ConfigError naming `where`.key, the value and the fix for an unknown key, a value

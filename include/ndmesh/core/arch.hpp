@@ -19,6 +19,12 @@ enum class MlpKind {
   kSwiglu,  ///< down(silu(gate(x)) * up(x)): three matrices, gate and up as one product (Llama)
 };
 
+/// How a mixture-of-experts layer scores the experts for a token (nn/moe.hpp).
+enum class RouterKind {
+  kSoftmax,  ///< softmax over the experts' logits, the top-k probabilities weigh their outputs (Mixtral)
+  kSigmoid,  ///< sigmoid scores, top-k by score + a balancing bias, weights the chosen scores normalised (DeepSeek-V3)
+};
+
 /// How positions enter the model.
 enum class PositionsKind {
   kLearned,  ///< a learned [max positions, C] table added to the token embedding (GPT-2)
@@ -40,6 +46,8 @@ struct RopeScaling {
 std::string_view norm_name(NormKind k);
 /// "gelu", "swiglu".
 std::string_view mlp_name(MlpKind k);
+/// "softmax", "sigmoid".
+std::string_view router_name(RouterKind k);
 /// "learned", "rope".
 std::string_view positions_name(PositionsKind k);
 
@@ -47,5 +55,6 @@ std::string_view positions_name(PositionsKind k);
 NormKind parse_norm(std::string_view name, std::string_view flag = "--norm");
 MlpKind parse_mlp_kind(std::string_view name, std::string_view flag = "--mlp");
 PositionsKind parse_positions(std::string_view name, std::string_view flag = "--positions");
+RouterKind parse_router(std::string_view name, std::string_view flag = "--router");
 
 }  // namespace ndmesh

@@ -102,6 +102,9 @@ class DecoderT final : public ModelT<T> {
   void backward(Activations& acts, const T* doutput) override;
   double take_loss_sum() override { return loss_sum_.take(); }
   void take_loss_sum_into(double* result) override { loss_sum_.take_into(result); }
+  double take_aux_loss_sum() override;
+  std::vector<double> take_expert_loads() override;
+  void update_router_biases(const std::vector<double>& loads) override;
   const T* output(const Activations& acts) const override;
   const Tensor<T>& input_grad() const override { return input_grad_; }
 
@@ -133,6 +136,8 @@ class DecoderT final : public ModelT<T> {
   using ModelT<T>::unit_ranges_;
 
   void init(std::uint64_t seed, double init_std);
+  // Adds block l's expert load (a MoE block's) to expert_loads_.
+  void record_load(std::size_t l, const std::vector<double>& load);
   DecoderActivations<T>& own(Activations& acts) const;
   const DecoderActivations<T>& own(const Activations& acts) const;
   // Whether tensor i of the activations of a block (`last`: the range's last block) lives
@@ -177,6 +182,8 @@ class DecoderT final : public ModelT<T> {
   std::optional<nn::LmHead<T>> head_;
 
   nn::LossSum<T> loss_sum_;  // of the per-token losses, where they are (the head's range)
+  double aux_sum_ = 0;               // take_aux_loss_sum()
+  std::vector<double> expert_loads_;  // take_expert_loads(): the MoE blocks' loads, in block order
   std::vector<std::int64_t> positions_;
   Tensor<std::int64_t> positions_device_;  // CUDA: positions_ on the device
   Device device_ = Device::kCpu;

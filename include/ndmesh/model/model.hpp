@@ -168,6 +168,16 @@ class ModelT {
   virtual double take_loss_sum() = 0;
   /// take_loss_sum() into *result where the model is (device memory on CUDA: no wait).
   virtual void take_loss_sum_into(double* result) = 0;
+  /// Mixture of experts (nn/moe.hpp): the auxiliary load-balancing losses of the forwards since
+  /// the last call, each weighed as the LM loss is (loss_weight() * batch * seq: the micro-batch's
+  /// share of the step), summed over the range's MoE blocks; then 0. 0 for a dense model.
+  virtual double take_aux_loss_sum() { return 0; }
+  /// The tokens routed to each expert of each of the range's MoE blocks by the forwards since
+  /// the last call (block by block, experts() each), then zeros; empty for a dense model.
+  virtual std::vector<double> take_expert_loads() { return {}; }
+  /// After an optimizer step: the sigmoid routers' balancing biases from the step's loads (as
+  /// take_expert_loads() lays them out, summed over the ranks that share the step).
+  virtual void update_router_biases(const std::vector<double>& /*loads*/) {}
   /// The hidden states leaving the range's last block, [batch, seq, C] (the rank's local
   /// rows under sequence parallelism); a range without the head does not keep them: valid
   /// until its next forward or backward (or one of a model sharing its workspace).

@@ -26,6 +26,7 @@
 #include "ndmesh/nn/attention.hpp"
 #include "ndmesh/nn/feed_forward.hpp"
 #include "ndmesh/nn/linear.hpp"
+#include "ndmesh/nn/moe.hpp"
 #include "ndmesh/nn/norm.hpp"
 #include "ndmesh/nn/rope.hpp"
 #include "ndmesh/nn/tp.hpp"
@@ -48,6 +49,8 @@ struct BlockOptions {
   /// Rotary positions applied to the queries and keys before the attention core (head_dim
   /// is filled in); none: the positions come in with the input (a learned table).
   std::optional<RopeOptions> rope;
+  /// A mixture of experts instead of the MLP (nn/moe.hpp; its experts are of kind `mlp`).
+  std::optional<MoeOptions> moe;
 };
 
 /// Activation recomputation (Korthikanti et al. 2022), as this library defines it for its

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ndmesh/core/arch.hpp"
 #include "ndmesh/core/dtype.hpp"
@@ -87,6 +88,26 @@ class FeedForward {
   virtual const MlpOptions& options() const = 0;
   virtual const Linear<T>& fc() const = 0;
   virtual const Linear<T>& proj() const = 0;
+  /// The width of MlpActivations::hidden per row (Block sizes it so): local_ffn(), or what
+  /// another kind keeps (a mixture of experts keeps its routing in `pre` and nothing here).
+  virtual std::int64_t hidden_width() const { return local_ffn(); }
+
+  // A mixture of experts' extra loss and routing (nn/moe.hpp); a dense MLP has none.
+  /// The auxiliary load-balancing loss of the last forward (0: none).
+  virtual double aux_loss() const { return 0; }
+  /// The weight of the auxiliary loss in the gradient the next backward accumulates (the
+  /// micro-batch's share of the step's loss; DecoderT sets it before each backward).
+  virtual void set_aux_weight(double) const {}
+  /// Routed experts, and the tokens routed to each by the last forward (before capacity
+  /// drops; empty for a dense MLP).
+  virtual std::int64_t experts() const { return 0; }
+  virtual const std::vector<double>& expert_load() const {
+    static const std::vector<double> kNone;
+    return kNone;
+  }
+  /// After an optimizer step: the sigmoid router's balancing bias moves by its rate toward an
+  /// even load, given the step's tokens per expert `load[experts()]` (summed over the ranks).
+  virtual void update_router_bias(const double* /*load*/) const {}
 };
 
 /// The five passes of FeedForward as calls of Derived's two templates, forward_from(inp, out,

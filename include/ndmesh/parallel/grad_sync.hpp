@@ -161,6 +161,9 @@ class GradSync {
   void set_across_replicas(std::function<void(double& loss_sum)> f) { across_replicas_ = std::move(f); }
   /// The mean loss over `tokens` tokens of a sum like finish_step's (evaluation; collective).
   double global_loss(double loss_sum, double tokens) const;
+  /// Sums over the world, in place, values every tp rank computes alike (tp rank 0's count):
+  /// a mixture of experts' auxiliary loss and routing loads (collective).
+  void sum_over_world(std::span<double> values) const;
 
   GradReducer& reducer(std::size_t chunk) { return *reducers_[chunk]; }
   const GradReducer& reducer(std::size_t chunk) const { return *reducers_[chunk]; }

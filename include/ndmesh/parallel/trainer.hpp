@@ -70,6 +70,11 @@ struct StepStats {
   TpCommStats tp_comm;               ///< what the step moved over the tp group (this rank)
   CommCount cp_kv;                   ///< key/value blocks the cp ring sent (this rank; forward + backward)
   CommCount cp_dkv;                  ///< dK/dV accumulators the cp ring sent (this rank)
+  /// Mixture of experts: the auxiliary load-balancing loss of the step (the mean over its
+  /// micro-batches, summed over the MoE blocks; not in `loss`), and the tokens routed to each
+  /// expert (MoE block by block, experts each), summed over the step. 0 and empty when dense.
+  double aux_loss = 0;
+  std::vector<double> expert_load;
 };
 
 /// Bytes one rank holds.
@@ -215,6 +220,10 @@ class Trainer {
   int pipeline_ = 0;  // this rank's pipeline (its pp group's color), for the trace
   std::int64_t step_ = 0, first_step_ = 0;
   StepSums sums_;  // what compute_step left for apply_step (pending, or the norm)
+  std::vector<double> expert_load_;  // the step's summed routing loads, for apply_step's router biases
+  // Mixture of experts: the step's auxiliary loss and loads from the chunks, summed over the
+  // world, into s (and expert_load_).
+  void take_moe_sums(StepStats& s);
 };
 
 }  // namespace ndmesh::parallel

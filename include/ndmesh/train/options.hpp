@@ -45,6 +45,7 @@ struct RunOptions {
   std::string model_preset;              ///< --model
   std::string arch;                      ///< --arch: gpt2 or llama
   std::string norm, mlp, positions;      ///< --norm, --mlp, --positions (empty: the description's)
+  std::string router;                    ///< --router (empty: the description's)
   std::vector<std::string> model_given;  ///< model keys (config.hpp: model_keys) given as flags
 
   /// The resolved layout of a world of the given size; empty: every rank data-parallel.

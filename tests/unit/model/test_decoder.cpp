@@ -84,6 +84,48 @@ INSTANTIATE_TEST_SUITE_P(ArchTiedAndKvHeads, GptGrad,
                                            GradCase{"gpt2", true, 1}, GradCase{"llama", false, 2},
                                            GradCase{"llama", true, 4}));
 
+// A mixture of experts in the whole model: a dense first block, then a MoE block of SwiGLU
+// experts with a shared expert; the objective is the mean loss plus the auxiliary loss, both
+// weighed as the model reports them (take_aux_loss_sum).
+TEST(MoeGrad, WholeModelGradientsMatchFiniteDifferences) {
+  for (const RouterKind router : {RouterKind::kSoftmax, RouterKind::kSigmoid}) {
+    ModelSpec spec = with_arch(tiny(false, 2), "llama");
+    spec.experts = 3;
+    spec.top_k = 2;
+    spec.shared_experts = 1;
+    spec.expert_ffn = 4;
+    spec.moe_first_dense = 1;
+    spec.router = router;
+    spec.aux_loss = 0.2;
+    DecoderT<double> m(with_init(spec, 0.5), {.seed = 3, .batch = 2});
+    ASSERT_EQ(m.blocks()[0].mlp().experts(), 0);
+    ASSERT_EQ(m.blocks()[1].mlp().experts(), 3);
+    Rng rng(7);
+    auto tokens = random_tokens(10, 7, rng), targets = random_tokens(10, 7, rng);
+    for (const auto& v : m.params().views())
+      for (std::int64_t i = 0; i < v.numel; ++i) m.params().params()[v.offset + i] += 0.1 * rng.normal();
+    auto loss = [&] {
+      const double lm = m.forward(tokens.data(), targets.data());
+      return lm + m.take_aux_loss_sum();
+    };
+    m.params().zero_grad();
+    loss();
+    m.backward();
+    for (const auto& view : m.params().views()) {
+      if (view.name.ends_with("router.bias")) continue;  // no gradient: it picks, it does not weigh
+      const double largest = testing::expect_gradient(view.name, m.params().params().data() + view.offset,
+                                                      m.params().grads().data() + view.offset, view.numel, loss);
+      EXPECT_GT(largest, 1e-6) << view.name;
+    }
+    // The load of one forward counts every token's two assignments (10 tokens x top-2).
+    m.take_expert_loads();
+    loss();
+    const std::vector<double> load = m.take_expert_loads();
+    ASSERT_EQ(load.size(), 3u);
+    EXPECT_EQ(load[0] + load[1] + load[2], 20.0);
+  }
+}
+
 // A context-parallel rank's model: rows at global positions that are not contiguous
 // (zigzag chunks). The embedding reads those rows of the position table and the causal
 // mask compares them; gradients still match finite differences, and explicit positions

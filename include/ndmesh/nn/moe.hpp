@@ -1,0 +1,137 @@
+// Moe: a mixture-of-experts MLP, the feed-forward kind of a MoE block (ModelSpec::experts).
+//
+// A router (a [E, C] linear, no bias, in fp32) scores the E routed experts for every token;
+// each token goes through its top-k experts (ties broken by the lower expert index), their
+// outputs weighed, plus the shared experts that every token goes through:
+//   out[t] = sum_{j < k, kept} w[t, j] * expert_{c[t, j]}(x[t]) + shared(x[t]).
+// Routers (ModelSpec::router):
+//  - softmax (Mixtral): p = softmax(logits); c = top-k of p; w = p[c] / sum p[c];
+//  - sigmoid (DeepSeek-V3): s = sigmoid(logits); c = top-k of s + bias; w = s[c] / sum s[c].
+//    The bias ("<name>.router.bias", a parameter without gradient, so that checkpoints keep
+//    it) is used for the choice only; after each optimizer step it moves by
+//    router_bias_rate toward an even load: bias[e] += rate * sign(mean load - load[e])
+//    (update_router_bias, DeepSeek-V3 section 2.1.2).
+// Each expert is an MLP of the model's kind (GELU Mlp or SwiGLU GatedMlp) of width
+// expert_ffn, named "<name>.experts.<e>"; the shared experts are one MLP of width
+// shared_experts * expert_ffn, "<name>.shared".
+//
+// The auxiliary load-balancing loss (Switch Transformer, Mixtral) of a micro-batch of N
+// tokens: aux = coeff * E * sum_e f_e * P_e, with f_e the fraction of the N * k assignments
+// routed to e (before capacity drops; no gradient) and P_e the mean over the tokens of the
+// router's probability of e (softmax: p; sigmoid: s normalised over the experts). Its
+// gradient enters the backward weighed by set_aux_weight() (the micro-batch's share of the
+// step's loss).
+//
+// Capacity (capacity_factor F > 0): an expert takes at most ceil(F * N * k / E)
+// assignments of a micro-batch; they are taken choice by choice (every token's first
+// choice in token order, then every token's second, ...), the rest dropped: a dropped
+// assignment adds nothing (its weight is not given to the others). F = 0: dropless.
+//
+// What the forward keeps (MlpActivations::pre, pre_width() = E + 3k per row): the router's
+// probabilities (softmax) or scores (sigmoid), the chosen experts, their weights, and
+// whether each assignment was kept. The backward recomputes each expert's forward on its
+// gathered rows (the experts' activations are not kept). CPU fp32 and double only: no CUDA
+// twin and no bf16 products yet, no tensor parallelism (DecoderT refuses them).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ndmesh/core/arch.hpp"
+#include "ndmesh/nn/feed_forward.hpp"
+#include "ndmesh/nn/linear.hpp"
+#include "ndmesh/tensor/params.hpp"
+
+namespace ndmesh::nn {
+
+/// What makes an MLP a mixture of experts.
+struct MoeOptions {
+  std::int64_t experts = 0;         ///< E, routed experts
+  std::int64_t top_k = 1;           ///< k, experts per token
+  std::int64_t shared_experts = 0;  ///< S, experts every token goes through
+  std::int64_t expert_ffn = 0;      ///< each expert's width
+  MlpKind kind = MlpKind::kGelu;    ///< the experts' MLP kind
+  RouterKind router = RouterKind::kSoftmax;
+  double aux_loss = 0;         ///< the auxiliary loss's coefficient
+  double capacity_factor = 0;  ///< 0: dropless
+  double router_bias_rate = 0.001;
+};
+
+/// One token's routing: the chosen experts in choice order and their weights.
+struct Route {
+  std::vector<std::int64_t> experts;
+  std::vector<double> weights;
+};
+
+/// The router's choice for one token from its E probabilities or scores `p` (and the
+/// sigmoid router's bias, nullptr for none): the k experts of the largest p[e] + bias[e]
+/// (ties: the lower index first), weighed by p[e] normalised over the k.
+Route route_token(const double* p, const double* bias, std::int64_t experts, std::int64_t top_k);
+
+/// Which assignments a capacity keeps: chosen[t * k + j] is token t's j-th expert; returns
+/// kept[t * k + j]. Choice by choice, tokens in order, each expert up to `capacity`
+/// (capacity < 0: all).
+std::vector<bool> capacity_keep(const std::vector<std::int64_t>& chosen, std::int64_t tokens,
+                                std::int64_t top_k, std::int64_t experts, std::int64_t capacity);
+
+/// The capacity of an expert for `tokens` tokens: ceil(factor * tokens * k / E), -1 for a
+/// factor of 0 (dropless).
+std::int64_t expert_capacity(double factor, std::int64_t tokens, std::int64_t top_k, std::int64_t experts);
+
+/// A mixture-of-experts MLP.
+template <typename T>
+class Moe final : public FeedForwardPasses<Moe<T>, T> {
+ public:
+  /// Declares "<name>.router.weight" [E, C] (and "<name>.router.bias" [E] for a sigmoid
+  /// router), the experts' and the shared MLP's parameters. options.ffn is ignored: the
+  /// MoE's options().ffn is (k + S) * expert_ffn, the hidden width a token goes through.
+  Moe(ParamStore<T>& store, MlpOptions options, MoeOptions moe);
+
+  /// Per row: probabilities or scores [E], chosen experts [k], weights [k], kept [k].
+  std::int64_t pre_width() const override { return moe_.experts + 3 * moe_.top_k; }
+  std::int64_t scratch_width() const override { return 0; }
+  std::int64_t hidden_width() const override { return 0; }
+
+  const MlpOptions& options() const override { return options_; }
+  /// Expert 0's (what the interface asks: its precision, no bias).
+  const Linear<T>& fc() const override { return experts_.front()->fc(); }
+  const Linear<T>& proj() const override { return experts_.front()->proj(); }
+
+  double aux_loss() const override { return aux_; }
+  void set_aux_weight(double w) const override { aux_weight_ = w; }
+  std::int64_t experts() const override { return moe_.experts; }
+  const std::vector<double>& expert_load() const override { return load_; }
+  void update_router_bias(const double* load) const override;
+
+  const MoeOptions& moe() const { return moe_; }
+  const Linear<T>& router() const { return router_; }
+  /// The assignments the last forward dropped (capacity).
+  std::int64_t dropped() const { return dropped_; }
+
+ private:
+  friend class FeedForwardPasses<Moe<T>, T>;
+  template <typename In>
+  void forward_from(const In* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const;
+  template <typename In, typename S>
+  void backward_from(const T* dout, const In* inp, const MlpActivations<T>& acts, T* dinp, S* scratch,
+                     std::int64_t rows) const;
+  // The forward on T input rows.
+  void forward_rows(const T* x, T* out, T* route, std::int64_t rows) const;
+  void backward_rows(const T* dout, const T* x, const T* route, T* dinp, std::int64_t rows) const;
+
+  MlpOptions options_;
+  MoeOptions moe_;
+  ParamStore<T>* store_;
+  Linear<T> router_;
+  int bias_ = -1;  // the sigmoid router's balancing bias
+  std::vector<std::unique_ptr<FeedForward<T>>> experts_;
+  std::unique_ptr<FeedForward<T>> shared_;
+  // Of the last forward (read by the model after it), and the backward's weight.
+  mutable double aux_ = 0;
+  mutable std::vector<double> load_;
+  mutable std::int64_t dropped_ = 0;
+  mutable double aux_weight_ = 0;
+};
+
+}  // namespace ndmesh::nn

@@ -1,0 +1,341 @@
+#include "ndmesh/nn/moe.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include "feed_forward_passes.hpp"
+#include "ndmesh/core/error.hpp"
+
+namespace ndmesh::nn {
+
+Route route_token(const double* p, const double* bias, std::int64_t experts, std::int64_t top_k) {
+  std::vector<std::int64_t> order(static_cast<std::size_t>(experts));
+  std::iota(order.begin(), order.end(), std::int64_t{0});
+  auto key = [&](std::int64_t e) { return p[e] + (bias ? bias[e] : 0.0); };
+  // Largest key first; equal keys keep the index order (the lower expert first).
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::int64_t a, std::int64_t b) { return key(a) > key(b); });
+  Route r;
+  r.experts.assign(order.begin(), order.begin() + top_k);
+  double z = 0;
+  for (std::int64_t e : r.experts) z += p[e];
+  for (std::int64_t e : r.experts) r.weights.push_back(z > 0 ? p[e] / z : 1.0 / static_cast<double>(top_k));
+  return r;
+}
+
+std::int64_t expert_capacity(double factor, std::int64_t tokens, std::int64_t top_k, std::int64_t experts) {
+  if (factor <= 0) return -1;
+  return static_cast<std::int64_t>(
+      std::ceil(factor * static_cast<double>(tokens * top_k) / static_cast<double>(experts) - 1e-9));
+}
+
+std::vector<bool> capacity_keep(const std::vector<std::int64_t>& chosen, std::int64_t tokens,
+                                std::int64_t top_k, std::int64_t experts, std::int64_t capacity) {
+  std::vector<bool> kept(chosen.size(), true);
+  if (capacity < 0) return kept;
+  std::vector<std::int64_t> taken(static_cast<std::size_t>(experts), 0);
+  for (std::int64_t j = 0; j < top_k; ++j)
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const auto i = static_cast<std::size_t>(t * top_k + j);
+      auto& n = taken[static_cast<std::size_t>(chosen[i])];
+      kept[i] = n < capacity;
+      if (kept[i]) ++n;
+    }
+  return kept;
+}
+
+namespace {
+
+// The offsets of the parts of a route row (Moe::pre_width()).
+struct RouteRow {
+  std::int64_t e, k;
+  std::int64_t probs() const { return 0; }
+  std::int64_t chosen() const { return e; }
+  std::int64_t weights() const { return e + k; }
+  std::int64_t kept() const { return e + 2 * k; }
+  std::int64_t width() const { return e + 3 * k; }
+};
+
+// The rows of one expert: (token, choice) in token order.
+struct Assignment {
+  std::int64_t token, choice;
+};
+
+}  // namespace
+
+template <typename T>
+Moe<T>::Moe(ParamStore<T>& store, MlpOptions options, MoeOptions moe)
+    : options_(std::move(options)),
+      moe_(moe),
+      store_(&store),
+      router_(
+          store,
+          {.in = options_.channels, .out = moe_.experts, .bias = false, .name = options_.name + ".router"}) {
+  NDMESH_CHECK(moe_.experts > 0 && moe_.top_k >= 1 && moe_.top_k <= moe_.experts && moe_.expert_ffn > 0 &&
+                   moe_.shared_experts >= 0,
+               "nn",
+               "moe '{}': experts={}, top_k={}, expert_ffn={}, shared_experts={} do not make a MoE layer",
+               options_.name, moe_.experts, moe_.top_k, moe_.expert_ffn, moe_.shared_experts);
+  NDMESH_CHECK(options_.tp.size == 1 && !options_.bias, "nn",
+               "moe '{}': a MoE layer has no tensor parallelism and no biases yet (tp={}, bias={})",
+               options_.name, options_.tp.size, options_.bias);
+  if (moe_.router == RouterKind::kSigmoid)
+    bias_ = store.add(options_.name + ".router.bias", {moe_.experts}, false);
+  for (std::int64_t e = 0; e < moe_.experts; ++e)
+    experts_.push_back(make_feed_forward<T>(moe_.kind, store,
+                                            {.channels = options_.channels,
+                                             .ffn = moe_.expert_ffn,
+                                             .name = fmt::format("{}.experts.{}", options_.name, e),
+                                             .bias = false}));
+  if (moe_.shared_experts > 0)
+    shared_ = make_feed_forward<T>(moe_.kind, store,
+                                   {.channels = options_.channels,
+                                    .ffn = moe_.shared_experts * moe_.expert_ffn,
+                                    .name = options_.name + ".shared",
+                                    .bias = false});
+  options_.ffn = (moe_.top_k + moe_.shared_experts) * moe_.expert_ffn;
+  load_.assign(static_cast<std::size_t>(moe_.experts), 0.0);
+}
+
+template <typename T>
+template <typename In>
+void Moe<T>::forward_from(const In* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const {
+  NDMESH_CHECK(acts.pre.numel() >= rows * pre_width(), "nn", "moe '{}': the routing holds {} of {} elements",
+               options_.name, acts.pre.numel(), rows * pre_width());
+  if constexpr (std::is_same_v<In, T>)
+    forward_rows(inp, out, acts.pre.data(), rows);
+  else
+    fail<Error>("nn", "moe '{}': bf16 products are not implemented for MoE layers", options_.name);
+}
+
+template <typename T>
+template <typename In, typename S>
+void Moe<T>::backward_from(const T* dout, const In* inp, const MlpActivations<T>& acts, T* dinp,
+                           [[maybe_unused]] S* scratch, std::int64_t rows) const {
+  if constexpr (std::is_same_v<In, T> && std::is_same_v<S, T>)
+    backward_rows(dout, inp, acts.pre.data(), dinp, rows);
+  else
+    fail<Error>("nn", "moe '{}': bf16 products are not implemented for MoE layers", options_.name);
+}
+
+template <typename T>
+void Moe<T>::forward_rows(const T* x, T* out, T* route, std::int64_t n) const {
+  NDMESH_CHECK(router_.device() == Device::kCpu, "nn", "moe '{}': MoE layers run on the CPU only for now",
+               options_.name);
+  const std::int64_t e_count = moe_.experts, k = moe_.top_k, c = options_.channels;
+  const RouteRow rr{e_count, k};
+  // Router logits in the model's precision (fp32 or double), probabilities in double.
+  std::vector<T> logits(static_cast<std::size_t>(n * e_count));
+  router_.forward(x, logits.data(), n);
+  std::vector<double> bias(static_cast<std::size_t>(e_count), 0.0);
+  if (bias_ >= 0)
+    for (std::int64_t e = 0; e < e_count; ++e) bias[static_cast<std::size_t>(e)] = store_->param(bias_)[e];
+  std::vector<std::int64_t> chosen(static_cast<std::size_t>(n * k));
+  std::vector<double> p(static_cast<std::size_t>(e_count)), mean_q(static_cast<std::size_t>(e_count), 0.0);
+  std::fill(load_.begin(), load_.end(), 0.0);
+  for (std::int64_t t = 0; t < n; ++t) {
+    const T* l = logits.data() + t * e_count;
+    T* row = route + t * rr.width();
+    double sum = 0;
+    if (moe_.router == RouterKind::kSoftmax) {
+      double mx = -INFINITY;
+      for (std::int64_t e = 0; e < e_count; ++e) mx = std::max(mx, static_cast<double>(l[e]));
+      for (std::int64_t e = 0; e < e_count; ++e) sum += p[e] = std::exp(static_cast<double>(l[e]) - mx);
+      for (std::int64_t e = 0; e < e_count; ++e) p[e] /= sum;
+      sum = 1;
+    } else {
+      for (std::int64_t e = 0; e < e_count; ++e)
+        sum += p[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(l[e])));
+    }
+    for (std::int64_t e = 0; e < e_count; ++e) {
+      row[rr.probs() + e] = static_cast<T>(p[e]);
+      mean_q[static_cast<std::size_t>(e)] += p[e] / sum / static_cast<double>(n);
+    }
+    // The choice from the stored (rounded) values: what the backward reads.
+    for (std::int64_t e = 0; e < e_count; ++e) p[e] = static_cast<double>(row[rr.probs() + e]);
+    const Route r = route_token(p.data(), bias_ >= 0 ? bias.data() : nullptr, e_count, k);
+    for (std::int64_t j = 0; j < k; ++j) {
+      chosen[static_cast<std::size_t>(t * k + j)] = r.experts[static_cast<std::size_t>(j)];
+      row[rr.chosen() + j] = static_cast<T>(r.experts[static_cast<std::size_t>(j)]);
+      row[rr.weights() + j] = static_cast<T>(r.weights[static_cast<std::size_t>(j)]);
+      load_[static_cast<std::size_t>(r.experts[static_cast<std::size_t>(j)])] += 1;
+    }
+  }
+  const std::vector<bool> kept =
+      capacity_keep(chosen, n, k, e_count, expert_capacity(moe_.capacity_factor, n, k, e_count));
+  dropped_ = 0;
+  for (std::int64_t i = 0; i < n * k; ++i) {
+    route[(i / k) * rr.width() + rr.kept() + i % k] = kept[static_cast<std::size_t>(i)] ? T(1) : T(0);
+    dropped_ += kept[static_cast<std::size_t>(i)] ? 0 : 1;
+  }
+  aux_ = 0;
+  for (std::int64_t e = 0; e < e_count; ++e)
+    aux_ +=
+        load_[static_cast<std::size_t>(e)] / static_cast<double>(n * k) * mean_q[static_cast<std::size_t>(e)];
+  aux_ *= moe_.aux_loss * static_cast<double>(e_count);
+
+  std::fill(out, out + n * c, T(0));
+  std::vector<Assignment> rows_of;
+  std::vector<T> xe, ye;
+  for (std::int64_t e = 0; e < e_count; ++e) {
+    rows_of.clear();
+    for (std::int64_t t = 0; t < n; ++t)
+      for (std::int64_t j = 0; j < k; ++j)
+        if (chosen[static_cast<std::size_t>(t * k + j)] == e && kept[static_cast<std::size_t>(t * k + j)])
+          rows_of.push_back({t, j});
+    const auto ne = static_cast<std::int64_t>(rows_of.size());
+    if (ne == 0) continue;
+    xe.resize(static_cast<std::size_t>(ne * c));
+    ye.resize(static_cast<std::size_t>(ne * c));
+    for (std::int64_t i = 0; i < ne; ++i) std::copy_n(x + rows_of[i].token * c, c, xe.data() + i * c);
+    const FeedForward<T>& ex = *experts_[static_cast<std::size_t>(e)];
+    MlpActivations<T> a;
+    a.resize(ne, ex.pre_width(), ex.hidden_width());
+    ex.forward(xe.data(), ye.data(), a, ne);
+    for (std::int64_t i = 0; i < ne; ++i) {
+      const T w = route[rows_of[i].token * rr.width() + rr.weights() + rows_of[i].choice];
+      T* o = out + rows_of[i].token * c;
+      for (std::int64_t ch = 0; ch < c; ++ch) o[ch] += w * ye[static_cast<std::size_t>(i * c + ch)];
+    }
+  }
+  if (shared_) {
+    MlpActivations<T> a;
+    a.resize(n, shared_->pre_width(), shared_->hidden_width());
+    ye.resize(static_cast<std::size_t>(n * c));
+    shared_->forward(x, ye.data(), a, n);
+    for (std::int64_t i = 0; i < n * c; ++i) out[i] += ye[static_cast<std::size_t>(i)];
+  }
+}
+
+template <typename T>
+void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, std::int64_t n) const {
+  const std::int64_t e_count = moe_.experts, k = moe_.top_k, c = options_.channels;
+  const RouteRow rr{e_count, k};
+  std::fill(dinp, dinp + n * c, T(0));
+  std::vector<double> dw(static_cast<std::size_t>(n * k), 0.0);
+  std::vector<double> count(static_cast<std::size_t>(e_count), 0.0);
+  auto chosen = [&](std::int64_t t, std::int64_t j) {
+    return static_cast<std::int64_t>(route[t * rr.width() + rr.chosen() + j]);
+  };
+  for (std::int64_t t = 0; t < n; ++t)
+    for (std::int64_t j = 0; j < k; ++j) count[static_cast<std::size_t>(chosen(t, j))] += 1;
+
+  // Each expert: its forward again on its gathered rows, then its backward from the weighed
+  // output gradient; the weights' gradients from its output.
+  std::vector<Assignment> rows_of;
+  std::vector<T> xe, ye, dye, dxe, scratch;
+  for (std::int64_t e = 0; e < e_count; ++e) {
+    rows_of.clear();
+    for (std::int64_t t = 0; t < n; ++t)
+      for (std::int64_t j = 0; j < k; ++j)
+        if (chosen(t, j) == e && route[t * rr.width() + rr.kept() + j] != T(0)) rows_of.push_back({t, j});
+    const auto ne = static_cast<std::int64_t>(rows_of.size());
+    if (ne == 0) continue;
+    const auto sz = static_cast<std::size_t>(ne * c);
+    xe.resize(sz), ye.resize(sz), dye.resize(sz), dxe.resize(sz);
+    for (std::int64_t i = 0; i < ne; ++i) std::copy_n(x + rows_of[i].token * c, c, xe.data() + i * c);
+    const FeedForward<T>& ex = *experts_[static_cast<std::size_t>(e)];
+    MlpActivations<T> a;
+    a.resize(ne, ex.pre_width(), ex.hidden_width());
+    ex.forward(xe.data(), ye.data(), a, ne);
+    for (std::int64_t i = 0; i < ne; ++i) {
+      const Assignment& as = rows_of[static_cast<std::size_t>(i)];
+      const T w = route[as.token * rr.width() + rr.weights() + as.choice];
+      const T* d = dout + as.token * c;
+      double dot = 0;
+      for (std::int64_t ch = 0; ch < c; ++ch) {
+        dye[static_cast<std::size_t>(i * c + ch)] = w * d[ch];
+        dot += static_cast<double>(d[ch]) * static_cast<double>(ye[static_cast<std::size_t>(i * c + ch)]);
+      }
+      dw[static_cast<std::size_t>(as.token * k + as.choice)] = dot;
+    }
+    scratch.resize(static_cast<std::size_t>(ne * ex.scratch_width()));
+    ex.backward(dye.data(), xe.data(), a, dxe.data(), scratch.data(), ne);
+    for (std::int64_t i = 0; i < ne; ++i) {
+      T* di = dinp + rows_of[i].token * c;
+      for (std::int64_t ch = 0; ch < c; ++ch) di[ch] += dxe[static_cast<std::size_t>(i * c + ch)];
+    }
+  }
+  if (shared_) {
+    MlpActivations<T> a;
+    a.resize(n, shared_->pre_width(), shared_->hidden_width());
+    ye.resize(static_cast<std::size_t>(n * c));
+    dxe.resize(static_cast<std::size_t>(n * c));
+    shared_->forward(x, ye.data(), a, n);
+    scratch.resize(static_cast<std::size_t>(n * shared_->scratch_width()));
+    shared_->backward(dout, x, a, dxe.data(), scratch.data(), n);
+    for (std::int64_t i = 0; i < n * c; ++i) dinp[i] += dxe[static_cast<std::size_t>(i)];
+  }
+
+  // The router: d weights (and the auxiliary loss) -> d probabilities or scores -> d logits.
+  const bool softmax = moe_.router == RouterKind::kSoftmax;
+  const double aux_scale =
+      aux_weight_ * moe_.aux_loss * static_cast<double>(e_count) / static_cast<double>(n);
+  std::vector<T> dlogits(static_cast<std::size_t>(n * e_count));
+  std::vector<double> dp(static_cast<std::size_t>(e_count));
+  for (std::int64_t t = 0; t < n; ++t) {
+    const T* row = route + t * rr.width();
+    auto p = [&](std::int64_t e) { return static_cast<double>(row[rr.probs() + e]); };
+    std::fill(dp.begin(), dp.end(), 0.0);
+    // w_j = p[c_j] / Z: d p[c_j] = (dw_j - sum_i dw_i w_i) / Z.
+    double z = 0, sw = 0;
+    for (std::int64_t j = 0; j < k; ++j) z += p(chosen(t, j));
+    for (std::int64_t j = 0; j < k; ++j)
+      sw += dw[static_cast<std::size_t>(t * k + j)] * static_cast<double>(row[rr.weights() + j]);
+    for (std::int64_t j = 0; j < k; ++j)
+      dp[static_cast<std::size_t>(chosen(t, j))] += (dw[static_cast<std::size_t>(t * k + j)] - sw) / z;
+    if (aux_scale != 0) {
+      // aux = coeff E sum_e f_e mean_t q[t, e]: d q[t, e] = coeff E f_e / N.
+      if (softmax) {
+        for (std::int64_t e = 0; e < e_count; ++e)
+          dp[static_cast<std::size_t>(e)] +=
+              aux_scale * count[static_cast<std::size_t>(e)] / static_cast<double>(n * k);
+      } else {
+        // q = s / sum s: d s_m = (g_m - sum_e g_e q_e) / sum s.
+        double s_sum = 0, gq = 0;
+        for (std::int64_t e = 0; e < e_count; ++e) s_sum += p(e);
+        for (std::int64_t e = 0; e < e_count; ++e)
+          gq += aux_scale * count[static_cast<std::size_t>(e)] / static_cast<double>(n * k) * p(e) / s_sum;
+        for (std::int64_t e = 0; e < e_count; ++e)
+          dp[static_cast<std::size_t>(e)] +=
+              (aux_scale * count[static_cast<std::size_t>(e)] / static_cast<double>(n * k) - gq) / s_sum;
+      }
+    }
+    T* dl = dlogits.data() + t * e_count;
+    if (softmax) {
+      double pd = 0;
+      for (std::int64_t e = 0; e < e_count; ++e) pd += p(e) * dp[static_cast<std::size_t>(e)];
+      for (std::int64_t e = 0; e < e_count; ++e)
+        dl[e] = static_cast<T>(p(e) * (dp[static_cast<std::size_t>(e)] - pd));
+    } else {
+      for (std::int64_t e = 0; e < e_count; ++e)
+        dl[e] = static_cast<T>(dp[static_cast<std::size_t>(e)] * p(e) * (1 - p(e)));
+    }
+  }
+  router_.backward(dlogits.data(), x, dinp, n, GradInto::kAdd);
+}
+
+template <typename T>
+void Moe<T>::update_router_bias(const double* load) const {
+  if (bias_ < 0 || moe_.router_bias_rate == 0) return;
+  double mean = 0;
+  for (std::int64_t e = 0; e < moe_.experts; ++e) mean += load[e] / static_cast<double>(moe_.experts);
+  T* b = store_->mutable_param(bias_);
+  for (std::int64_t e = 0; e < moe_.experts; ++e) {
+    const double d = mean - load[e];
+    const double sign = d > 0 ? 1.0 : (d < 0 ? -1.0 : 0.0);
+    b[e] = static_cast<T>(static_cast<double>(b[e]) + moe_.router_bias_rate * sign);
+  }
+}
+
+template class Moe<float>;
+template class Moe<double>;
+// The passes of the interface (feed_forward_passes.hpp) over this MLP's templates.
+template class FeedForwardPasses<Moe<float>, float>;
+template class FeedForwardPasses<Moe<double>, double>;
+
+}  // namespace ndmesh::nn
