@@ -65,6 +65,28 @@ struct Assignment {
   std::int64_t token, choice;
 };
 
+// Expert e's kept assignments in token order (rows_of), their rows of x gathered into xe, and
+// the expert's forward on them into ye, its activations in a. Returns how many rows it took.
+template <typename T>
+std::int64_t expert_forward(const FeedForward<T>& ex, std::int64_t e, const T* x, const T* route, RouteRow rr,
+                            std::int64_t n, std::int64_t c, std::vector<Assignment>& rows_of,
+                            std::vector<T>& xe, std::vector<T>& ye, MlpActivations<T>& a) {
+  rows_of.clear();
+  for (std::int64_t t = 0; t < n; ++t)
+    for (std::int64_t j = 0; j < rr.k; ++j)
+      if (static_cast<std::int64_t>(route[t * rr.width() + rr.chosen() + j]) == e &&
+          route[t * rr.width() + rr.kept() + j] != T(0))
+        rows_of.push_back({t, j});
+  const auto ne = static_cast<std::int64_t>(rows_of.size());
+  if (ne == 0) return 0;
+  xe.resize(static_cast<std::size_t>(ne * c));
+  ye.resize(static_cast<std::size_t>(ne * c));
+  for (std::int64_t i = 0; i < ne; ++i) std::copy_n(x + rows_of[i].token * c, c, xe.data() + i * c);
+  a.resize(ne, ex.pre_width(), ex.hidden_width());
+  ex.forward(xe.data(), ye.data(), a, ne);
+  return ne;
+}
+
 }  // namespace
 
 template <typename T>
@@ -181,21 +203,10 @@ void Moe<T>::forward_rows(const T* x, T* out, T* route, std::int64_t n) const {
   std::fill(out, out + n * c, T(0));
   std::vector<Assignment> rows_of;
   std::vector<T> xe, ye;
+  MlpActivations<T> a;
   for (std::int64_t e = 0; e < e_count; ++e) {
-    rows_of.clear();
-    for (std::int64_t t = 0; t < n; ++t)
-      for (std::int64_t j = 0; j < k; ++j)
-        if (chosen[static_cast<std::size_t>(t * k + j)] == e && kept[static_cast<std::size_t>(t * k + j)])
-          rows_of.push_back({t, j});
-    const auto ne = static_cast<std::int64_t>(rows_of.size());
-    if (ne == 0) continue;
-    xe.resize(static_cast<std::size_t>(ne * c));
-    ye.resize(static_cast<std::size_t>(ne * c));
-    for (std::int64_t i = 0; i < ne; ++i) std::copy_n(x + rows_of[i].token * c, c, xe.data() + i * c);
-    const FeedForward<T>& ex = *experts_[static_cast<std::size_t>(e)];
-    MlpActivations<T> a;
-    a.resize(ne, ex.pre_width(), ex.hidden_width());
-    ex.forward(xe.data(), ye.data(), a, ne);
+    const std::int64_t ne =
+        expert_forward(*experts_[static_cast<std::size_t>(e)], e, x, route, rr, n, c, rows_of, xe, ye, a);
     for (std::int64_t i = 0; i < ne; ++i) {
       const T w = route[rows_of[i].token * rr.width() + rr.weights() + rows_of[i].choice];
       T* o = out + rows_of[i].token * c;
@@ -203,7 +214,6 @@ void Moe<T>::forward_rows(const T* x, T* out, T* route, std::int64_t n) const {
     }
   }
   if (shared_) {
-    MlpActivations<T> a;
     a.resize(n, shared_->pre_width(), shared_->hidden_width());
     ye.resize(static_cast<std::size_t>(n * c));
     shared_->forward(x, ye.data(), a, n);
@@ -228,20 +238,13 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
   // output gradient; the weights' gradients from its output.
   std::vector<Assignment> rows_of;
   std::vector<T> xe, ye, dye, dxe, scratch;
+  MlpActivations<T> a;
   for (std::int64_t e = 0; e < e_count; ++e) {
-    rows_of.clear();
-    for (std::int64_t t = 0; t < n; ++t)
-      for (std::int64_t j = 0; j < k; ++j)
-        if (chosen(t, j) == e && route[t * rr.width() + rr.kept() + j] != T(0)) rows_of.push_back({t, j});
-    const auto ne = static_cast<std::int64_t>(rows_of.size());
-    if (ne == 0) continue;
-    const auto sz = static_cast<std::size_t>(ne * c);
-    xe.resize(sz), ye.resize(sz), dye.resize(sz), dxe.resize(sz);
-    for (std::int64_t i = 0; i < ne; ++i) std::copy_n(x + rows_of[i].token * c, c, xe.data() + i * c);
     const FeedForward<T>& ex = *experts_[static_cast<std::size_t>(e)];
-    MlpActivations<T> a;
-    a.resize(ne, ex.pre_width(), ex.hidden_width());
-    ex.forward(xe.data(), ye.data(), a, ne);
+    const std::int64_t ne = expert_forward(ex, e, x, route, rr, n, c, rows_of, xe, ye, a);
+    if (ne == 0) continue;
+    dye.resize(static_cast<std::size_t>(ne * c));
+    dxe.resize(static_cast<std::size_t>(ne * c));
     for (std::int64_t i = 0; i < ne; ++i) {
       const Assignment& as = rows_of[static_cast<std::size_t>(i)];
       const T w = route[as.token * rr.width() + rr.weights() + as.choice];
@@ -261,7 +264,6 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
     }
   }
   if (shared_) {
-    MlpActivations<T> a;
     a.resize(n, shared_->pre_width(), shared_->hidden_width());
     ye.resize(static_cast<std::size_t>(n * c));
     dxe.resize(static_cast<std::size_t>(n * c));

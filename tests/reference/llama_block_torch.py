@@ -23,6 +23,8 @@ except ImportError:
     print("SKIP: no torch for this python3 (apt-get install python3-torch)")
     sys.exit(77)
 
+from compare import Comparison  # noqa: E402 (needs torch, checked above)
+
 BOUND = 1e-9  # float64 on both sides: measured 7e-16; a wrong rotation, mask or gate is off by 1e-2 and more
 
 
@@ -73,22 +75,13 @@ def main():
     out = h1 + (torch.nn.functional.silu(gate) * up) @ p["block.mlp.proj.weight"].T
     out.backward(torch.tensor(d["dout"], dtype=f64).reshape(B, S, C))
 
-    worst = 0.0
-
-    def compare(what, ours, ref):
-        nonlocal worst
-        ours = torch.tensor(ours, dtype=f64).reshape(ref.shape)
-        rel = ((ours - ref).abs().max() / ref.abs().max()).item()
-        worst = max(worst, rel)
-        print(f"{what}: max |ndmesh - torch| / max |torch| = {rel:.3g}")
-        if not rel < BOUND:
-            sys.exit(f"FAIL: {what} differs from PyTorch by {rel:.3g} (bound {BOUND})")
+    compare = Comparison(BOUND)
 
     compare("output", d["out"], out.detach())
     compare("input gradient", d["dx"], x.grad)
     for name in names:
         compare(f"gradient of {name}", d["grads"][name], p[name].grad)
-    print(f"llama_block_torch.py: ok (largest relative difference {worst:.3g}, bound {BOUND})")
+    print(f"llama_block_torch.py: ok (largest relative difference {compare.worst:.3g}, bound {BOUND})")
 
 
 if __name__ == "__main__":

@@ -12,24 +12,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "dump_support.hpp"
 #include "ndmesh/nn/moe.hpp"
 #include "ndmesh/tensor/rng.hpp"
 
-namespace {
-
-using ndmesh::Rng;
-
-void fill(double* p, std::int64_t n, Rng& rng, double scale) {
-  for (std::int64_t i = 0; i < n; ++i) p[i] = rng.normal() * scale;
-}
-
-std::string list(const double* p, std::int64_t n) {
-  std::string s = "[";
-  for (std::int64_t i = 0; i < n; ++i) s += fmt::format("{}{:.17g}", i > 0 ? "," : "", p[i]);
-  return s + "]";
-}
-
-}  // namespace
+using reference_dump::fill;
+using reference_dump::list;
 
 int main(int argc, char** argv) {
   using namespace ndmesh;

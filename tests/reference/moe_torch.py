@@ -22,6 +22,8 @@ except ImportError:
     print("SKIP: no torch for this python3 (apt-get install python3-torch)")
     sys.exit(77)
 
+from compare import Comparison  # noqa: E402 (needs torch, checked above)
+
 BOUND = 1e-9
 
 
@@ -62,16 +64,7 @@ def check(dump, router):
     loss = (out * torch.tensor(d["dout"], dtype=f64).reshape(N, C)).sum() + d["aux_weight"] * aux
     loss.backward()
 
-    worst = 0.0
-
-    def compare(what, ours, ref):
-        nonlocal worst
-        ours = torch.tensor(ours, dtype=f64).reshape(ref.shape)
-        rel = ((ours - ref).abs().max() / ref.abs().max()).item()
-        worst = max(worst, rel)
-        print(f"{router} {what}: max |ndmesh - torch| / max |torch| = {rel:.3g}")
-        if not rel < BOUND:
-            sys.exit(f"FAIL: {router} {what} differs from PyTorch by {rel:.3g} (bound {BOUND})")
+    compare = Comparison(BOUND, router)
 
     compare("output", d["out"], out.detach())
     compare("auxiliary loss", [d["aux"]], aux.detach().reshape(1))
@@ -82,7 +75,7 @@ def check(dump, router):
         if p[name].grad is None:  # an expert no token chose: no gradient on either side
             sys.exit(f"FAIL: {router}: no token chose {name}'s expert; pick another seed so that the test covers it")
         compare(f"gradient of {name}", d["grads"][name], p[name].grad)
-    return worst
+    return compare.worst
 
 
 def main():

@@ -23,6 +23,13 @@ inline void fill_normal(double* x, std::int64_t n, Rng& rng, double scale = 1.0)
   for (std::int64_t i = 0; i < n; ++i) x[i] = scale * rng.normal();
 }
 
+/// n N(0, scale) draws.
+inline std::vector<double> random_vector(std::int64_t n, Rng& rng, double scale = 1.0) {
+  std::vector<double> v(static_cast<std::size_t>(n));
+  fill_normal(v.data(), n, rng, scale);
+  return v;
+}
+
 /// Checks analytic[i] against the central difference of loss() in x[i], for all i < n.
 /// Returns the largest |analytic| seen (callers assert it is not trivially zero).
 inline double expect_gradient(const std::string& what, double* x, const double* analytic, std::int64_t n,

@@ -22,17 +22,12 @@ namespace {
 using testing::dot;
 using testing::expect_gradient;
 using testing::fill_normal;
+using testing::random_vector;
 using V = std::vector<double>;
 using Pos = std::vector<std::int64_t>;
 
 constexpr double kTol = 1e-10;
 const double kNegInf = -std::numeric_limits<double>::infinity();
-
-V random_vector(std::int64_t n, Rng& rng, double scale = 1.0) {
-  V v(static_cast<std::size_t>(n));
-  fill_normal(v.data(), n, rng, scale);
-  return v;
-}
 
 std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
 

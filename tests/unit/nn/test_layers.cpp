@@ -24,13 +24,8 @@ using testing::dot;
 using testing::expect_gradient;
 using testing::expect_param_gradients;
 using testing::fill_normal;
+using testing::random_vector;
 using V = std::vector<double>;
-
-V random_vector(std::int64_t n, Rng& rng, double scale = 1.0) {
-  V v(static_cast<std::size_t>(n));
-  fill_normal(v.data(), n, rng, scale);
-  return v;
-}
 
 void randomize(ParamStore<double>& store, Rng& rng, double scale = 0.5) {
   for (const auto& view : store.views())
@@ -122,8 +117,10 @@ TEST(LayerNorm, ResidualGradientGivenApartIsTheAccumulateBitForBit) {
   const V grads_once(store.grads().begin(), store.grads().end());
   V sums(7, 0.5), sums_ref(7, 0.5);
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t i = 0; i < 7; ++i) sums_ref[static_cast<std::size_t>(i)] += dres[static_cast<std::size_t>(r * 7 + i)];
-  ln.backward(dout.data(), x.data(), mean.data(), rstd.data(), written.data(), rows, dres_after.data(), sums.data());
+    for (std::int64_t i = 0; i < 7; ++i)
+      sums_ref[static_cast<std::size_t>(i)] += dres[static_cast<std::size_t>(r * 7 + i)];
+  ln.backward(dout.data(), x.data(), mean.data(), rstd.data(), written.data(), rows, dres_after.data(),
+              sums.data());
   EXPECT_EQ(written, accumulated);
   EXPECT_EQ(dres_after, dres);
   EXPECT_EQ(sums, sums_ref) << "the residual's column sums, added in row order";
@@ -376,7 +373,8 @@ TEST(AdamW, FirstStepMatchesClosedForm) {
   int matrix = store.add("w", {2}, true);
   int bias = store.add("b", {1}, false);
   store.allocate();
-  store.mutable_param(matrix)[0] = 1.0, store.mutable_param(matrix)[1] = -2.0, store.mutable_param(bias)[0] = 1.0;
+  store.mutable_param(matrix)[0] = 1.0, store.mutable_param(matrix)[1] = -2.0,
+  store.mutable_param(bias)[0] = 1.0;
   store.grad(matrix)[0] = 0.5, store.grad(matrix)[1] = -0.25, store.grad(bias)[0] = -2.0;
   AdamW<double> adam(store, {.beta1 = 0.9, .beta2 = 0.95, .eps = 0, .weight_decay = 0.1, .clip_norm = 0});
   adam.step(store, 0.1);

@@ -23,13 +23,8 @@ using testing::dot;
 using testing::expect_gradient;
 using testing::expect_param_gradients;
 using testing::fill_normal;
+using testing::random_vector;
 using V = std::vector<double>;
-
-V random_vector(std::int64_t n, Rng& rng, double scale = 1.0) {
-  V v(static_cast<std::size_t>(n));
-  fill_normal(v.data(), n, rng, scale);
-  return v;
-}
 
 void randomize(ParamStore<double>& store, Rng& rng, double scale = 0.5) {
   for (const auto& view : store.views())
@@ -46,7 +41,8 @@ TEST(RmsNorm, ForwardIsXOverRootMeanSquareTimesWeight) {
   ln.forward(x.data(), y.data(), nullptr, rstd.data(), 1);
   const double rms = std::sqrt((1.0 + 4.0 + 4.0) / 3.0 + 1e-6);
   EXPECT_NEAR(rstd[0], 1.0 / rms, 1e-15);
-  for (int i = 0; i < 3; ++i) EXPECT_NEAR(y[static_cast<std::size_t>(i)], x[static_cast<std::size_t>(i)] / rms, 1e-15);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_NEAR(y[static_cast<std::size_t>(i)], x[static_cast<std::size_t>(i)] / rms, 1e-15);
   EXPECT_EQ(store.views().size(), 1u);  // a scale, no shift
   EXPECT_FALSE(ln.keeps_mean());
 }
@@ -58,7 +54,8 @@ TEST(RmsNorm, GradientsMatchFiniteDifferences) {
   store.allocate();
   randomize(store, rng);
   const std::int64_t rows = 4;
-  V x = random_vector(rows * 7, rng), w = random_vector(rows * 7, rng), y(rows * 7), rstd(rows), dx(rows * 7, 0.0);
+  V x = random_vector(rows * 7, rng), w = random_vector(rows * 7, rng), y(rows * 7), rstd(rows),
+    dx(rows * 7, 0.0);
   auto loss = [&] {
     ln.forward(x.data(), y.data(), nullptr, rstd.data(), rows);
     return dot(y.data(), w.data(), rows * 7);
@@ -271,8 +268,9 @@ TEST(Rope, GradientMatchesFiniteDifferencesAtGivenPositions) {
 TEST(Rope, BadSettingsAreConfigErrors) {
   EXPECT_THROW(Rope<double>({.head_dim = 5}), ConfigError);
   EXPECT_THROW(Rope<double>({.head_dim = 4, .theta = 0}), ConfigError);
-  EXPECT_THROW(Rope<double>({.head_dim = 4, .scaling = {.factor = 8, .low_freq_factor = 4, .high_freq_factor = 1}}),
-               ConfigError);
+  EXPECT_THROW(
+      Rope<double>({.head_dim = 4, .scaling = {.factor = 8, .low_freq_factor = 4, .high_freq_factor = 1}}),
+      ConfigError);
 }
 
 // A whole Llama block: RMSNorm, rotary positions (at non-contiguous positions, as a context-

@@ -18,13 +18,8 @@ namespace {
 using testing::dot;
 using testing::expect_gradient;
 using testing::fill_normal;
+using testing::random_vector;
 using V = std::vector<double>;
-
-V random_vector(std::int64_t n, Rng& rng, double scale = 1.0) {
-  V v(static_cast<std::size_t>(n));
-  fill_normal(v.data(), n, rng, scale);
-  return v;
-}
 
 TEST(MoeRouter, TopKBreaksTiesByTheLowerExpertIndex) {
   const V even = {0.25, 0.25, 0.25, 0.25};
