@@ -50,7 +50,9 @@
 #include "ndmesh/tensor/blas.hpp"
 #include "subcommand.hpp"
 
-namespace ndmesh::cli {
+// Its own namespace: the tool compiles as a unity build (CMakeLists.txt), where every
+// subcommand's file shares one translation unit with the others.
+namespace ndmesh::cli::calibrate_command {
 namespace {
 
 using comm::Communicator;
@@ -600,4 +602,4 @@ const Subcommand kCalibrate{"calibrate",
                             setup};
 
 }  // namespace
-}  // namespace ndmesh::cli
+}  // namespace ndmesh::cli::calibrate_command

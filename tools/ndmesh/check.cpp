@@ -24,7 +24,9 @@
 #include "ndmesh/core/error.hpp"
 #include "subcommand.hpp"
 
-namespace ndmesh::cli {
+// Its own namespace: the tool compiles as a unity build (CMakeLists.txt), where every
+// subcommand's file shares one translation unit with the others.
+namespace ndmesh::cli::check_command {
 namespace {
 
 using comm::Communicator;
@@ -276,4 +278,4 @@ const Subcommand kCheck{
     "check", "Create the communicators of a layout and verify every group by communication", setup};
 
 }  // namespace
-}  // namespace ndmesh::cli
+}  // namespace ndmesh::cli::check_command

@@ -18,7 +18,9 @@
 #include "ndmesh/model/safetensors.hpp"
 #include "subcommand.hpp"
 
-namespace ndmesh::cli {
+// Its own namespace: the tool compiles as a unity build (CMakeLists.txt), where every
+// subcommand's file shares one translation unit with the others.
+namespace ndmesh::cli::checkpoint_command {
 namespace {
 
 struct Options {
@@ -183,4 +185,4 @@ const Subcommand kCheckpoint{
     "checkpoint", "Inspect, verify and convert checkpoints; Hugging Face folders in and out", setup};
 
 }  // namespace
-}  // namespace ndmesh::cli
+}  // namespace ndmesh::cli::checkpoint_command

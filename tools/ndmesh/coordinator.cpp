@@ -17,7 +17,9 @@
 #include "ndmesh/elastic/coordinator.hpp"
 #include "subcommand.hpp"
 
-namespace ndmesh::cli {
+// Its own namespace: the tool compiles as a unity build (CMakeLists.txt), where every
+// subcommand's file shares one translation unit with the others.
+namespace ndmesh::cli::coordinator_command {
 namespace {
 
 std::atomic<bool> g_stop{false};
@@ -83,4 +85,4 @@ const Subcommand kCoordinator{
     setup};
 
 }  // namespace
-}  // namespace ndmesh::cli
+}  // namespace ndmesh::cli::coordinator_command

@@ -9,7 +9,9 @@
 #include "ndmesh/train/run.hpp"
 #include "subcommand.hpp"
 
-namespace ndmesh::cli {
+// Its own namespace: the tool compiles as a unity build (CMakeLists.txt), where every
+// subcommand's file shares one translation unit with the others.
+namespace ndmesh::cli::eval_command {
 namespace {
 
 struct EvalFlags {
@@ -75,4 +77,4 @@ const Subcommand kEval{
     setup};
 
 }  // namespace
-}  // namespace ndmesh::cli
+}  // namespace ndmesh::cli::eval_command

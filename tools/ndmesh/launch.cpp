@@ -29,7 +29,9 @@
 #include "subcommand.hpp"
 #include "supervise.hpp"
 
-namespace ndmesh::cli {
+// Its own namespace: the tool compiles as a unity build (CMakeLists.txt), where every
+// subcommand's file shares one translation unit with the others.
+namespace ndmesh::cli::launch_command {
 namespace {
 
 struct LaunchOptions {
@@ -326,4 +328,4 @@ Action setup(CLI::App& app) {
 const Subcommand kLaunch{"launch", "Start N local processes of a program under mpirun", setup};
 
 }  // namespace
-}  // namespace ndmesh::cli
+}  // namespace ndmesh::cli::launch_command

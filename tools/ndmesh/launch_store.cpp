@@ -37,7 +37,7 @@ namespace {
 volatile std::sig_atomic_t g_signal = 0;   // the last SIGINT/SIGTERM/SIGHUP received
 volatile std::sig_atomic_t g_signals = 0;  // how many
 
-void on_signal(int sig) {
+void on_store_signal(int sig) {
   g_signal = sig;
   g_signals = g_signals + 1;
 }
@@ -79,7 +79,7 @@ LaunchSignals::LaunchSignals() {
   g_signal = 0;
   g_signals = 0;
   struct sigaction forward {};
-  forward.sa_handler = on_signal;
+  forward.sa_handler = on_store_signal;
   sigemptyset(&forward.sa_mask);
   sigaction(SIGINT, &forward, &g_old_int);
   sigaction(SIGTERM, &forward, &g_old_term);

@@ -12,7 +12,9 @@
 #include "ndmesh/core/error.hpp"
 #include "subcommand.hpp"
 
-namespace ndmesh::cli {
+// Its own namespace: the tool compiles as a unity build (CMakeLists.txt), where every
+// subcommand's file shares one translation unit with the others.
+namespace ndmesh::cli::mesh_command {
 namespace {
 
 struct Options {
@@ -233,4 +235,4 @@ const Subcommand kMesh{"mesh", "Show a layout: groups of any dims, placement on 
                        setup};
 
 }  // namespace
-}  // namespace ndmesh::cli
+}  // namespace ndmesh::cli::mesh_command

@@ -25,7 +25,9 @@
 #include "ndmesh/plan/search.hpp"
 #include "subcommand.hpp"
 
-namespace ndmesh::cli {
+// Its own namespace: the tool compiles as a unity build (CMakeLists.txt), where every
+// subcommand's file shares one translation unit with the others.
+namespace ndmesh::cli::plan_command {
 namespace {
 
 using plan::Estimate;
@@ -803,4 +805,4 @@ Action setup(CLI::App& app) {
 const Subcommand kPlan{"plan", "Rank layouts of a model on N GPUs by predicted step time and memory", setup};
 
 }  // namespace
-}  // namespace ndmesh::cli
+}  // namespace ndmesh::cli::plan_command

@@ -20,7 +20,9 @@
 
 extern char** environ;
 
-namespace ndmesh::cli {
+// Its own namespace: the tool compiles as a unity build (CMakeLists.txt), where every
+// subcommand's file shares one translation unit with the others.
+namespace ndmesh::cli::plot_command {
 namespace {
 
 namespace fs = std::filesystem;
@@ -101,4 +103,4 @@ const Subcommand kPlot{
     "plot", "Draw a metrics file of ndmesh train: loss, held-out loss and learning rate per step", setup};
 
 }  // namespace
-}  // namespace ndmesh::cli
+}  // namespace ndmesh::cli::plot_command

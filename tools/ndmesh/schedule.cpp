@@ -26,7 +26,9 @@
 #include "ndmesh/parallel/pp/trace.hpp"
 #include "subcommand.hpp"
 
-namespace ndmesh::cli {
+// Its own namespace: the tool compiles as a unity build (CMakeLists.txt), where every
+// subcommand's file shares one translation unit with the others.
+namespace ndmesh::cli::schedule_command {
 namespace {
 
 struct Options {
@@ -185,4 +187,4 @@ Action setup(CLI::App& app) {
 const Subcommand kSchedule{"schedule", "Generate, check, simulate and draw a pipeline schedule", setup};
 
 }  // namespace
-}  // namespace ndmesh::cli
+}  // namespace ndmesh::cli::schedule_command
