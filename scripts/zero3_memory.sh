@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Measured vs planned memory per rank for ZeRO-3 and ZeRO-2 (and ZeRO 0 beside them) on dp 1,
-# 2 and 4. Each layout trains the same model for STEPS steps with --json; its last line gives the
+# Measured vs planned memory per rank for ZeRO-3, ZeRO-2 and ZeRO-1 (and ZeRO 0 beside them) on
+# dp 1, 2 and 4. Each layout trains the same model for STEPS steps with --json; its last line gives the
 # trainer's tally of what it allocated (memory_bytes: params with the measured gathered units,
 # grads, optimizer, the measured gradient work space, activations and activation buffers) and
 # the process's peak resident set (peak_rss, ru_maxrss of the fullest rank). `ndmesh plan
 # memory` predicts the same layout (fp32 AdamW, no dropout, flash attention, the same micro-
 # batch) from its formulas. The table prints both, per field and in total, with the ratio
-# plan / measured; the goal is within 10% for the totals of every ZeRO-2 and ZeRO-3 row (both
+# plan / measured; the goal is within 10% for the totals of every ZeRO row (ZeRO-2 and -3 both
 # reduce-scatter unit by unit during the backward and keep about two units' full-size
 # gradients beside the shard).
 #   scripts/zero3_memory.sh [path/to/ndmesh]
