@@ -119,12 +119,16 @@ TSAN_ENV := TSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/tsan.supp:ignore_
 #   published rows, which plan.* and cli.plan run), mpi.train_dp, mpi.train_tp, mpi.train_pp
 #   and mpi.train_cp (their layouts, every pipeline schedule and both cp layouts among them,
 #   are composed in mpi.train_4d, their parts in the parallel.* tests, the timeouts in
-#   mpi.timeout_*; their resumes in mpi.train_checkpoint).
+#   mpi.timeout_*; their resumes in mpi.train_checkpoint); mpi.zero3_memory and
+#   mpi.llama_memory (the planner's memory figure against the trainer's tally: their code runs
+#   in mpi.train_zero3 and mpi.train_llama, and under the sanitizers' slowdown the gradient
+#   work space's sampled peak depends on how far the reductions have run: one unit measured
+#   where the plan counts two, 1.10 on dp 4 in one run).
 # The build keeps line tables only (-g1): reports still name file and line, and the heaviest
 # sources compile in about two thirds of -g's time. The tests' own sources compile at -O0
 # (NDMESH_TEST_OPT, tests/CMakeLists.txt): under half of -O1's time there; the libraries they
 # test stay at -O1.
-SAN_SKIP ?= ^(multinode\.|python\.tensorboard_reader$$|cli\.gpu_check_compare$$|cli\.train_bf16$$|mpi\.plan_runs$$|cli\.published_runs$$|mpi\.train_(dp|tp|pp|cp)$$)
+SAN_SKIP ?= ^(multinode\.|python\.tensorboard_reader$$|cli\.gpu_check_compare$$|cli\.train_bf16$$|mpi\.plan_runs$$|cli\.published_runs$$|mpi\.train_(dp|tp|pp|cp)$$|mpi\.(zero3|llama)_memory$$)
 sanitize: deps
 	cmake -S . -B $(SAN_DIR) -DCMAKE_BUILD_TYPE=Debug -DNDMESH_BUILD_BENCH=OFF \
 	  -DNDMESH_PYTHON=OFF -DNDMESH_INSTALL_TEST=OFF -DNDMESH_CUDA=OFF \
