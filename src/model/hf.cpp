@@ -408,8 +408,8 @@ void HfFolder::read_block(const NdTensor& t, std::int64_t row, std::int64_t rows
   const std::int64_t all_rows = t.shape[0], all_cols = shape_numel(t.shape) / all_rows;
   NDMESH_CHECK(row >= 0 && col >= 0 && rows >= 0 && cols >= 0 && row + rows <= all_rows &&
                    col + cols <= all_cols && ld >= cols,
-               "hf", "block rows [{}, {}) cols [{}, {}) of '{}' [{} x {}]", row, row + rows, col, col + cols, t.name,
-               all_rows, all_cols);
+               "hf", "block rows [{}, {}) cols [{}, {}) of '{}' [{} x {}]", row, row + rows, col, col + cols,
+               t.name, all_rows, all_cols);
   for (std::int64_t r = 0; r < rows; ++r) std::fill(out + r * ld, out + r * ld + cols, 0.0f);
   for (const HfTensor& h : map_.hf) {
     if (h.ndmesh != t.name) continue;

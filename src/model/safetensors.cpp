@@ -209,8 +209,8 @@ void SafetensorsFile::read_block(const SafeTensor& t, std::int64_t row, std::int
   const std::int64_t all_cols = all_rows > 0 ? n / all_rows : 0;
   NDMESH_CHECK(row >= 0 && col >= 0 && rows >= 0 && cols >= 0 && row + rows <= all_rows &&
                    col + cols <= all_cols && ld >= cols,
-               "safetensors", "'{}': block rows [{}, {}) cols [{}, {}) (ld {}) of tensor '{}' [{} x {}]", path_, row,
-               row + rows, col, col + cols, ld, t.name, all_rows, all_cols);
+               "safetensors", "'{}': block rows [{}, {}) cols [{}, {}) (ld {}) of tensor '{}' [{} x {}]",
+               path_, row, row + rows, col, col + cols, ld, t.name, all_rows, all_cols);
   if (rows == 0 || cols == 0) return;
   // In chunks of rows, each chunk's pages of the mapping given back once converted (a later
   // read maps them again): reading a model tensor by tensor keeps about one tensor resident

@@ -52,8 +52,8 @@ void hf_blocks(const ParamView& v, std::int64_t begin, std::int64_t end, std::ve
   const ParamShard& sh = v.shard;
   const std::int64_t ld = v.numel / v.shape[0];
   NDMESH_CHECK(sh.dim < 1 || (sh.dim == 1 && v.shape.size() == 2), "checkpoint",
-               "'{}' is split along dim {} of {}; a Hugging Face load reads row or column slices of matrices", v.name,
-               sh.dim, v.shape.size());
+               "'{}' is split along dim {} of {}; a Hugging Face load reads row or column slices of matrices",
+               v.name, sh.dim, v.shape.size());
   auto rect = [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
     if (sh.dim < 0) {
       out.push_back({r0, c0, r0, c0, r1 - r0, c1 - c0});

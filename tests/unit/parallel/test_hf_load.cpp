@@ -119,8 +119,8 @@ void check_layouts(const ModelSpec& spec, model::SafeDtype dtype) {
   // The serial load reads every tensor once: the whole file's data.
   EXPECT_EQ(serial.bytes_read, serial.whole_bytes);
   EXPECT_EQ(serial.bytes_read, serial.kept_bytes);
-  for (const Layout& l : {Layout{"tp=2"}, Layout{"pp=2"}, Layout{"pp=2,tp=2"}, Layout{"dp=2", 3},
-                          Layout{"dp=2,tp=2", 3}}) {
+  for (const Layout& l :
+       {Layout{"tp=2"}, Layout{"pp=2"}, Layout{"pp=2,tp=2"}, Layout{"dp=2", 3}, Layout{"dp=2,tp=2", 3}}) {
     const std::vector<RankResult> ranks = load_and_train(dir, spec, width, l);
     const std::int64_t dp = Mesh::parse(l.mesh).size_of("dp");
     std::int64_t read = 0, kept = 0;
