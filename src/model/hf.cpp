@@ -391,14 +391,26 @@ const NdTensor* HfFolder::find(const std::string& name) const {
 }
 
 void HfFolder::read(const NdTensor& t, float* values) {
+  const std::int64_t n = shape_numel(t.shape), rows = t.shape[0], cols = n / rows;
+  read_block(t, 0, rows, 0, cols, values, cols);
+  for (const HfTensor& h : map_.hf)
+    if (h.ndmesh == t.name) ++tensors_read_;
+}
+
+void HfFolder::read_block(const NdTensor& t, std::int64_t row, std::int64_t rows, std::int64_t col,
+                          std::int64_t cols, float* out, std::int64_t ld) {
   // GPT-2 folders saved from GPT2Model (the hub's gpt2) have no "transformer." prefix.
   auto locate = [&](const std::string& name) {
     auto found = folder_->find(name);
     if (found.first == nullptr && name.starts_with("transformer.")) found = folder_->find(name.substr(12));
     return found;
   };
-  const std::int64_t n = shape_numel(t.shape), cols = n / t.shape[0];
-  std::fill(values, values + n, 0.0f);
+  const std::int64_t all_rows = t.shape[0], all_cols = shape_numel(t.shape) / all_rows;
+  NDMESH_CHECK(row >= 0 && col >= 0 && rows >= 0 && cols >= 0 && row + rows <= all_rows &&
+                   col + cols <= all_cols && ld >= cols,
+               "hf", "block rows [{}, {}) cols [{}, {}) of '{}' [{} x {}]", row, row + rows, col, col + cols,
+               t.name, all_rows, all_cols);
+  for (std::int64_t r = 0; r < rows; ++r) std::fill(out + r * ld, out + r * ld + cols, 0.0f);
   for (const HfTensor& h : map_.hf) {
     if (h.ndmesh != t.name) continue;
     auto [st, file] = locate(h.name);
@@ -409,18 +421,27 @@ void HfFolder::read(const NdTensor& t, float* values) {
       fail<ConfigError>("hf", "'{}': tensor '{}' has shape [{}] but config.json says [{}]", file->path(),
                         st->name, fmt::join(st->shape, ", "), fmt::join(h.shape, ", "));
     used_.push_back(st->name);
-    float* dst = values + h.row * cols;
-    if (h.transpose) {  // [in, out] -> rows of [out, in]
-      part_.resize(static_cast<std::size_t>(shape_numel(h.shape)));
-      file->read(*st, part_.data());
-      const std::int64_t in = h.shape[0], out = h.shape[1];
-      for (std::int64_t i = 0; i < in; ++i)
-        for (std::int64_t o = 0; o < out; ++o) dst[o * in + i] = part_[static_cast<std::size_t>(i * out + o)];
+    // The rows of t this tensor holds ([out, in] rows; a Conv1D weight holds its columns).
+    const std::int64_t held = h.transpose ? h.shape[1] : h.shape[0];
+    const std::int64_t lo = std::max(row, h.row), hi = std::min(row + rows, h.row + held);
+    if (lo >= hi || cols == 0) continue;
+    float* dst = out + (lo - row) * ld;
+    if (h.transpose) {  // rows [lo, hi) x cols of [out, in] = rows cols x columns [lo, hi) of [in, out]
+      const std::int64_t nr = hi - lo;
+      part_.resize(static_cast<std::size_t>(cols * nr));
+      file->read_block(*st, col, cols, lo - h.row, nr, part_.data(), nr);
+      for (std::int64_t i = 0; i < cols; ++i)
+        for (std::int64_t o = 0; o < nr; ++o) dst[o * ld + i] = part_[static_cast<std::size_t>(i * nr + o)];
     } else {
-      file->read(*st, dst);
+      file->read_block(*st, lo - h.row, hi - lo, col, cols, dst, ld);
     }
-    ++tensors_read_;
   }
+}
+
+std::int64_t HfFolder::bytes_read() const {
+  std::int64_t bytes = 0;
+  for (const auto& f : folder_->files()) bytes += f->bytes_read();
+  return bytes;
 }
 
 std::vector<std::string> HfFolder::unused() const {

@@ -199,27 +199,50 @@ const SafeTensor* SafetensorsFile::find(const std::string& name) const {
 }
 
 void SafetensorsFile::read(const SafeTensor& t, float* out) const {
-  // In chunks, each chunk's pages of the mapping given back once converted (a later read maps
-  // them again): reading a model tensor by tensor keeps about one tensor resident (the
-  // output), not the file too.
-  constexpr std::int64_t kChunk = std::int64_t{1} << 22;  // elements
+  const std::int64_t rows = t.shape.empty() ? 1 : t.shape[0], cols = rows > 0 ? t.numel() / rows : 0;
+  read_block(t, 0, rows, 0, cols, out, cols);
+}
+
+void SafetensorsFile::read_block(const SafeTensor& t, std::int64_t row, std::int64_t rows, std::int64_t col,
+                                 std::int64_t cols, float* out, std::int64_t ld) const {
+  const std::int64_t n = t.numel(), all_rows = t.shape.empty() ? 1 : t.shape[0];
+  const std::int64_t all_cols = all_rows > 0 ? n / all_rows : 0;
+  NDMESH_CHECK(row >= 0 && col >= 0 && rows >= 0 && cols >= 0 && row + rows <= all_rows &&
+                   col + cols <= all_cols && ld >= cols,
+               "safetensors", "'{}': block rows [{}, {}) cols [{}, {}) (ld {}) of tensor '{}' [{} x {}]",
+               path_, row, row + rows, col, col + cols, ld, t.name, all_rows, all_cols);
+  if (rows == 0 || cols == 0) return;
+  // In chunks of rows, each chunk's pages of the mapping given back once converted (a later
+  // read maps them again): reading a model tensor by tensor keeps about one tensor resident
+  // (the output), not the file too.
+  constexpr std::int64_t kChunk = std::int64_t{1} << 22;  // elements of the file, about
   const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const std::int64_t n = t.numel(), width = safetensors_dtype_bytes(t.dtype);
-  for (std::int64_t at = 0; at < n; at += kChunk) {
-    const std::int64_t count = std::min(kChunk, n - at);
-    const unsigned char* p = data_ + t.begin + at * width;
+  const std::int64_t width = safetensors_dtype_bytes(t.dtype);
+  const std::int64_t chunk_rows = std::max<std::int64_t>(1, kChunk / std::max<std::int64_t>(all_cols, 1));
+  auto convert = [&](const unsigned char* p, std::int64_t count, float* dst) {
     if (t.dtype == SafeDtype::kF32) {
-      std::memcpy(out + at, p, static_cast<std::size_t>(count) * sizeof(float));
+      std::memcpy(dst, p, static_cast<std::size_t>(count) * sizeof(float));
     } else {
       for (std::int64_t i = 0; i < count; ++i) {
         std::uint16_t h;
         std::memcpy(&h, p + 2 * i, 2);
-        out[at + i] = t.dtype == SafeDtype::kBF16 ? bf16_to_float(h) : f16_to_float(h);
+        dst[i] = t.dtype == SafeDtype::kBF16 ? bf16_to_float(h) : f16_to_float(h);
       }
     }
-    const auto first = (reinterpret_cast<std::uintptr_t>(p) + page - 1) / page * page;
-    const auto last =
-        (reinterpret_cast<std::uintptr_t>(p) + static_cast<std::uintptr_t>(count * width)) / page * page;
+  };
+  for (std::int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+    const std::int64_t nr = std::min(chunk_rows, rows - r0);
+    const unsigned char* first_byte = data_ + t.begin + ((row + r0) * all_cols + col) * width;
+    if (cols == all_cols && ld == cols) {  // whole rows: one contiguous range
+      convert(first_byte, nr * cols, out + r0 * ld);
+    } else {
+      for (std::int64_t r = 0; r < nr; ++r)
+        convert(first_byte + r * all_cols * width, cols, out + (r0 + r) * ld);
+    }
+    bytes_read_ += nr * cols * width;
+    const auto begin = reinterpret_cast<std::uintptr_t>(first_byte);
+    const auto end = begin + static_cast<std::uintptr_t>(((nr - 1) * all_cols + cols) * width);
+    const auto first = (begin + page - 1) / page * page, last = end / page * page;
     if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
   }
 }

@@ -1,5 +1,6 @@
 #include "ndmesh/parallel/checkpoint_io.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -34,6 +35,59 @@ std::string from_words(const std::vector<std::int64_t>& words) {
 }
 
 constexpr int kManifestPartTag = comm::tags::kCheckpointParts;  // the writers' manifest parts, to rank 0
+
+// A block of a local slice and where it is in the logical (serial) tensor, both seen as
+// matrices [shape[0], numel / shape[0]] (a vector: [n, 1]).
+struct HfBlock {
+  std::int64_t row = 0, col = 0;            // in the local slice
+  std::int64_t full_row = 0, full_col = 0;  // in the logical tensor
+  std::int64_t rows = 0, cols = 0;
+};
+
+// Appends the blocks of the logical tensor that fill elements [begin, end) of the local
+// slice `v`: the range cut into a partial first row, whole rows and a partial last row, each
+// piece of it mapped through the tp split (a piece of rows along dim 0, of columns along dim
+// 1; padding rows past the tensor's end map to nothing).
+void hf_blocks(const ParamView& v, std::int64_t begin, std::int64_t end, std::vector<HfBlock>& out) {
+  const ParamShard& sh = v.shard;
+  const std::int64_t ld = v.numel / v.shape[0];
+  NDMESH_CHECK(sh.dim < 1 || (sh.dim == 1 && v.shape.size() == 2), "checkpoint",
+               "'{}' is split along dim {} of {}; a Hugging Face load reads row or column slices of matrices",
+               v.name, sh.dim, v.shape.size());
+  auto rect = [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
+    if (sh.dim < 0) {
+      out.push_back({r0, c0, r0, c0, r1 - r0, c1 - c0});
+      return;
+    }
+    const std::int64_t full_along = sh.full_shape[static_cast<std::size_t>(sh.dim)];
+    std::int64_t at = 0;  // along the split dim, in the local slice
+    for (const ParamShard::Piece& p : sh.pieces) {
+      const std::int64_t start = p.start + static_cast<std::int64_t>(sh.rank) * p.length;
+      const std::int64_t valid = std::clamp<std::int64_t>(full_along - start, 0, p.length);
+      const std::int64_t a0 = sh.dim == 0 ? r0 : c0, a1 = sh.dim == 0 ? r1 : c1;
+      const std::int64_t lo = std::max(a0, at), hi = std::min(a1, at + valid);
+      if (lo < hi) {
+        if (sh.dim == 0)
+          out.push_back({lo, c0, start + lo - at, c0, hi - lo, c1 - c0});
+        else
+          out.push_back({r0, lo, r0, start + lo - at, r1 - r0, hi - lo});
+      }
+      at += p.length;
+    }
+  };
+  for (std::int64_t a = begin; a < end;) {
+    const std::int64_t r = a / ld, c = a % ld;
+    if (c != 0 || end - a < ld) {  // part of one row
+      const std::int64_t e = std::min(end, (r + 1) * ld);
+      rect(r, r + 1, c, c + (e - a));
+      a = e;
+    } else {  // whole rows
+      const std::int64_t rows = (end - a) / ld;
+      rect(r, r + rows, 0, ld);
+      a += rows * ld;
+    }
+  }
+}
 }  // namespace
 
 void agree_or_throw(const comm::Communicator& world, const std::string& what, const std::function<void()>& work) {
@@ -225,7 +279,9 @@ CheckpointInfo load_checkpoint_dir(const std::string& dir, StateDict& state, con
   CheckpointInfo info;
   if (model::is_hf_dir(dir)) {
     // A Hugging Face folder: weights only (step 0, zero moments, any data). Each rank reads
-    // every tensor it holds a part of whole from the mapped files, then keeps its slice.
+    // only what it keeps: its tp slice (a range of rows, or of columns, of the logical
+    // tensor), under ZeRO-3 only its blocks of it, and on a pipeline stage only its units'
+    // tensors (the entries it has).
     agree_or_throw(world, fmt::format("loading '{}'", dir), [&] {
       model::HfFolder folder(dir);
       const auto diffs = model::spec_differences(folder.spec(), spec);
@@ -234,7 +290,7 @@ CheckpointInfo load_checkpoint_dir(const std::string& dir, StateDict& state, con
                           "Hugging Face folder '{}' does not match this run ({}); leave out the flags "
                           "that change its config.json's model",
                           dir, fmt::join(diffs, "; "));
-      std::vector<float> full;
+      std::vector<HfBlock> blocks;
       for (StateEntry& e : state.entries()) {
         const ParamView& local = *e.view;
         const model::NdTensor* t = folder.find(local.name);
@@ -243,17 +299,19 @@ CheckpointInfo load_checkpoint_dir(const std::string& dir, StateDict& state, con
         if (t == nullptr || t->shape != full_shape)
           fail<IoError>("checkpoint", "'{}': the model's tensor '{}' [{}] is not in its Hugging Face mapping",
                         dir, local.name, fmt::join(full_shape, ", "));
-        full.resize(static_cast<std::size_t>(local.full_numel()));
-        folder.read(*t, full.data());
-        if (local.shard.dim >= 0)
-          copy_shard(local.shard, local.shape, e.params, full.data(), false);
-        else
-          std::copy(full.begin(), full.end(), e.params);
+        std::fill(e.params, e.params + local.numel, 0.0f);  // padding rows, and what others keep
         std::fill(e.m, e.m + local.numel, 0.0f);
         std::fill(e.v, e.v + local.numel, 0.0f);
+        const std::int64_t ld = local.numel / local.shape[0];
+        for (const auto& [begin, end] : e.keeps) {
+          blocks.clear();
+          hf_blocks(local, begin, end, blocks);
+          for (const HfBlock& b : blocks)
+            folder.read_block(*t, b.full_row, b.rows, b.full_col, b.cols, e.params + b.row * ld + b.col, ld);
+        }
       }
       state.commit();
-      info = {.spec = folder.spec(), .step = 0, .adam_steps = 0};
+      info = {.spec = folder.spec(), .step = 0, .adam_steps = 0, .bytes_read = folder.bytes_read()};
     });
     return info;
   }

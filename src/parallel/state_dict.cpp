@@ -58,11 +58,23 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
     for (const ParamView& view : g.params().views()) {
       // The copy of a tied weight is the owner's (ParamView::tied): written once, by the owner.
       const bool writes = writer && (view.shard.sharded() || tp_rank == 0) && view.tied != Tied::kCopy;
+      std::vector<std::pair<std::int64_t, std::int64_t>> keeps;
+      if (sync.zero() == 3) {
+        for (const nn::Segment& seg : sync.reducer(c).shard()) {
+          const std::int64_t lo = std::max(seg.offset, view.offset);
+          const std::int64_t hi = std::min(seg.offset + seg.count, view.offset + view.numel);
+          if (lo < hi) keeps.emplace_back(lo - view.offset, hi - view.offset);
+        }
+        std::sort(keeps.begin(), keeps.end());
+      } else {
+        keeps.emplace_back(0, view.numel);
+      }
       entries_.push_back({.view = &view,
                           .params = p + view.offset,
                           .m = m_[c].data() + view.offset,
                           .v = v_[c].data() + view.offset,
-                          .writes = writes});
+                          .writes = writes,
+                          .keeps = std::move(keeps)});
     }
   }
   if (writer) file_ = fmt::format("shard-pp{:03}-tp{:03}.bin", model.plan.pp.rank(), tp_rank);

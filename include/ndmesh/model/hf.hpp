@@ -72,8 +72,8 @@ bool is_hf_dir(const std::string& path);
 
 /// A Hugging Face folder read as ndmesh's logical (serial, real vocabulary rows) tensors:
 /// its config.json as the description, its safetensors mapped, each tensor read on demand
-/// from the mapped files (import_hf, and `--load HF_DIR`, which reads each tensor whole and
-/// keeps its rank's slice).
+/// from the mapped files (import_hf reads each tensor whole; `--load HF_DIR` reads only the
+/// blocks of its rank's slices, read_block).
 class HfFolder {
  public:
   /// Reads config.json (hf_config_to_spec) and maps the safetensors. ConfigError naming the
@@ -90,10 +90,19 @@ class HfFolder {
   /// the Hugging Face tensors that make it (transposed, stacked). ConfigError naming the
   /// folder or file and the tensor: missing, or of another shape than config.json says.
   void read(const NdTensor& t, float* values);
+  /// A block of ndmesh tensor `t` seen as a matrix [shape[0], numel / shape[0]] (a vector:
+  /// [n, 1]): rows [row, row + rows), columns [col, col + cols), into `out` with `ld` floats
+  /// from one row to the next. Reads only the bytes of the Hugging Face tensors that hold the
+  /// block: the rows of the q/k/v or gate/up tensors it spans, and of a transposed (Conv1D)
+  /// tensor the matching columns. Errors as read().
+  void read_block(const NdTensor& t, std::int64_t row, std::int64_t rows, std::int64_t col, std::int64_t cols,
+                  float* out, std::int64_t ld);
   /// The ndmesh tensor named `name`, or nullptr.
   const NdTensor* find(const std::string& name) const;
-  /// Hugging Face tensors read so far.
+  /// Hugging Face tensors read so far (by read()).
   std::int64_t tensors_read() const { return tensors_read_; }
+  /// Bytes of tensor data read from the files so far (by read() and read_block()).
+  std::int64_t bytes_read() const;
   /// The folder's tensors that no read() has used (old buffers such as GPT-2's attn.bias).
   std::vector<std::string> unused() const;
 

@@ -65,6 +65,14 @@ class SafetensorsFile {
   /// The tensor's numel() values as float32. The file's pages it read are given back (a
   /// later read maps them again).
   void read(const SafeTensor& tensor, float* out) const;
+  /// A block of the tensor seen as a row-major matrix [shape[0], numel / shape[0]] (a
+  /// vector: [n, 1]): rows [row, row + rows) and columns [col, col + cols), as float32 into
+  /// `out` with `ld` floats from one row to the next. Only those bytes are read: whole rows
+  /// are one contiguous range, a column range one range per row.
+  void read_block(const SafeTensor& tensor, std::int64_t row, std::int64_t rows, std::int64_t col,
+                  std::int64_t cols, float* out, std::int64_t ld) const;
+  /// Bytes of tensor data read so far (by read and read_block).
+  std::int64_t bytes_read() const { return bytes_read_; }
 
  private:
   std::string path_;
@@ -74,6 +82,7 @@ class SafetensorsFile {
   std::vector<SafeTensor> tensors_;
   std::map<std::string, std::size_t> index_;
   std::map<std::string, std::string> metadata_;
+  mutable std::int64_t bytes_read_ = 0;
 };
 
 /// The file names of a Hugging Face folder.

@@ -33,6 +33,8 @@ struct CheckpointInfo {
   std::string data;             ///< DataSource::describe() of the run
   model::CheckpointLayout layout;  ///< the layout that wrote it (informative)
   model::ScheduleRecord schedule;  ///< the learning-rate schedule of the run (informative)
+  /// A load from a Hugging Face folder: the bytes of tensor data this rank read (its slices).
+  std::int64_t bytes_read = 0;
 };
 
 /// Runs `work` on this rank, then agrees with every rank of `world` on whether any failed
@@ -100,7 +102,9 @@ class BackgroundSave {
 /// difference when it was written for another model (`spec`) or data (`data`); IoError
 /// naming the file when it is incomplete or corrupt; ConfigError with the conversion
 /// command when `dir` is a single-file (format 2) checkpoint. `any_data`: the data is not
-/// compared (an evaluation reads the weights only).
+/// compared (an evaluation reads the weights only). A Hugging Face folder (model::is_hf_dir)
+/// is read as weights only (step 0, zero moments, any data), each rank reading only the
+/// parts of its tensors that its entries keep (StateEntry::keeps).
 CheckpointInfo load_checkpoint_dir(const std::string& dir, StateDict& state, const ModelSpec& spec,
                                    const std::string& data, const comm::Communicator& world, bool any_data = false);
 

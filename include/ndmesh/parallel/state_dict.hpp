@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ndmesh/parallel/grad_sync.hpp"
@@ -28,6 +29,10 @@ struct StateEntry {
   float* m = nullptr;
   float* v = nullptr;
   bool writes = false;  ///< this rank writes the slice into a checkpoint
+  /// The element ranges [begin, end) of the slice that a load must fill, in order: all of
+  /// it, or under ZeRO-3 those in this rank's blocks of the flat buffer (commit() keeps only
+  /// them; a reader may leave the rest alone).
+  std::vector<std::pair<std::int64_t, std::int64_t>> keeps;
 };
 
 /// This rank's state, laid out for checkpoints.

@@ -89,6 +89,37 @@ TEST(Safetensors, ReadsHandWrittenF32Bf16F16) {
   EXPECT_EQ(file.find("d"), nullptr);
 }
 
+// IEEE half bits of a whole number 0 < k < 2048 (exact).
+std::uint16_t f16_of(int k) {
+  int e = 0;
+  while ((k >> (e + 1)) != 0) ++e;
+  const int mantissa = ((k << 10) >> e) & 0x3ff;
+  return static_cast<std::uint16_t>(((e + 15) << 10) | mantissa);
+}
+
+// A block (rows x columns, into a wider output) reads and converts just its bytes: whole
+// rows as one range, a column range row by row; bytes_read() counts exactly those.
+TEST(Safetensors, ReadBlockReadsOnlyTheBlock) {
+  TempDir dir;
+  std::vector<std::uint16_t> f16(12);  // [3, 4]: element (r, c) = 1 + 4 r + c
+  for (int i = 0; i < 12; ++i) f16[static_cast<std::size_t>(i)] = f16_of(1 + i);
+  write_raw(dir.path / "m.safetensors", R"({"w":{"dtype":"F16","shape":[3,4],"data_offsets":[0,24]}})",
+            bytes_of(f16.data(), 24));
+  SafetensorsFile file((dir.path / "m.safetensors").string());
+  const SafeTensor& w = *file.find("w");
+  std::vector<float> out(12, -7.0f);  // 2 rows of ld 5, then unused
+  file.read_block(w, 1, 2, 1, 2, out.data(), 5);
+  EXPECT_EQ(out, (std::vector<float>{6, 7, -7, -7, -7, 10, 11, -7, -7, -7, -7, -7}));
+  EXPECT_EQ(file.bytes_read(), 2 * 2 * 2);
+  std::fill(out.begin(), out.end(), -7.0f);
+  file.read_block(w, 2, 1, 0, 4, out.data(), 4);  // a whole row
+  EXPECT_EQ(out, (std::vector<float>{9, 10, 11, 12, -7, -7, -7, -7, -7, -7, -7, -7}));
+  EXPECT_EQ(file.bytes_read(), 8 + 8);
+  file.read(w, out.data());
+  EXPECT_EQ(out, (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}));
+  EXPECT_EQ(file.bytes_read(), 16 + 24);
+}
+
 TEST(Safetensors, WriterLayoutAndRoundTrip) {
   TempDir dir;
   const std::string path = (dir.path / "w.safetensors").string();
