@@ -28,6 +28,7 @@
 #include "ndmesh/core/env.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/blas.hpp"
+#include "tensor/cuda_twin.hpp"
 
 namespace ndmesh::nn {
 
@@ -350,6 +351,89 @@ AttentionTiles attention_partial_backward(const AttentionOptions& o, AttentionRo
   return tiles;
 }
 
+namespace {
+// Query rows per piece between two polls of a batch call on the CPU: a tile multiple.
+constexpr std::int64_t kPollRows = 4 * kTile;
+
+// Calls piece(b, r0, rows) for every piece of query rows of every sequence, then poll.
+template <typename Piece>
+void for_pieces(std::int64_t batch, std::int64_t seq, const std::function<void()>& poll, Piece piece) {
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t r0 = 0; r0 < seq; r0 += kPollRows) {
+      piece(b, r0, std::min(kPollRows, seq - r0));
+      if (poll) poll();
+    }
+}
+}  // namespace
+
+template <typename T>
+void attention_partial_forward(const AttentionOptions& o, const AttentionBatch<T>& x, T* out, T* lse,
+                               Device device, const std::function<void()>& poll) {
+  NDMESH_CUDA_TWIN(device, cuda::attention_partial_forward(out, lse, x.q, x.q_ld, x.q_pos, x.kv, x.kv_ld, x.kv_pos,
+                                                           x.batch, x.seq, o.heads, o.kv_heads, o.head_dim))
+  const std::int64_t H = o.heads, O = H * o.head_dim, seq = x.seq;
+  std::vector<T> piece_lse;  // [H, rows]: the piece's lse, then into lse's [H, seq] rows
+  for_pieces(x.batch, seq, poll, [&](std::int64_t b, std::int64_t r0, std::int64_t rows) {
+    piece_lse.resize(static_cast<std::size_t>(H * rows));
+    attention_partial_forward<T>(
+        o, {.data = x.q + (b * seq + r0) * x.q_ld, .ld = x.q_ld, .pos = x.q_pos + r0, .rows = rows},
+        {.data = x.kv + b * seq * x.kv_ld, .ld = x.kv_ld, .pos = x.kv_pos, .rows = seq},
+        {.out = out + (b * seq + r0) * O, .ld = O, .lse = piece_lse.data()});
+    for (std::int64_t h = 0; h < H; ++h)
+      std::copy_n(piece_lse.data() + h * rows, rows, lse + (b * H + h) * seq + r0);
+  });
+}
+
+template <typename T>
+void attention_merge(const AttentionOptions& o, std::int64_t batch, std::int64_t seq, T* out, T* lse,
+                     const T* part_out, const T* part_lse, Device device) {
+  NDMESH_CUDA_TWIN(device, cuda::attention_merge(out, lse, part_out, part_lse, batch, seq, o.heads, o.head_dim))
+  const std::int64_t H = o.heads, O = H * o.head_dim;
+  for (std::int64_t b = 0; b < batch; ++b)
+    attention_merge<T>(o, seq, out + b * seq * O, O, lse + b * H * seq, part_out + b * seq * O, O,
+                       part_lse + b * H * seq);
+}
+
+template <typename T>
+void attention_row_dot(const AttentionOptions& o, std::int64_t batch, std::int64_t seq, const T* out,
+                       const T* dout, T* delta, Device device) {
+  NDMESH_CUDA_TWIN(device, cuda::attention_row_dot(delta, out, dout, batch, seq, o.heads, o.head_dim))
+  const std::int64_t H = o.heads, O = H * o.head_dim;
+  for (std::int64_t b = 0; b < batch; ++b)
+    attention_row_dot<T>(o, seq, out + b * seq * O, O, dout + b * seq * O, O, delta + b * H * seq);
+}
+
+template <typename T>
+void attention_partial_backward(const AttentionOptions& o, const AttentionBatch<T>& x, const T* dout,
+                                const T* lse, const T* delta, T* dq, std::int64_t dq_ld, T* dkv,
+                                std::int64_t dkv_ld, Device device, const std::function<void()>& poll) {
+  NDMESH_CUDA_TWIN(device, cuda::attention_partial_backward(dq, dq_ld, dkv, dkv_ld, dout, x.q, x.q_ld, x.q_pos, x.kv,
+                                                            x.kv_ld, x.kv_pos, lse, delta, x.batch, x.seq, o.heads,
+                                                            o.kv_heads, o.head_dim))
+  const std::int64_t H = o.heads, O = H * o.head_dim, seq = x.seq;
+  std::vector<T> piece;  // [H, rows] of lse, then [H, rows] of delta
+  for_pieces(x.batch, seq, poll, [&](std::int64_t b, std::int64_t r0, std::int64_t rows) {
+    piece.resize(static_cast<std::size_t>(2 * H * rows));
+    T* plse = piece.data();
+    T* pdelta = plse + H * rows;
+    for (std::int64_t h = 0; h < H; ++h) {
+      std::copy_n(lse + (b * H + h) * seq + r0, rows, plse + h * rows);
+      std::copy_n(delta + (b * H + h) * seq + r0, rows, pdelta + h * rows);
+    }
+    attention_partial_backward<T>(
+        o, {.data = x.q + (b * seq + r0) * x.q_ld, .ld = x.q_ld, .pos = x.q_pos + r0, .rows = rows},
+        {.data = x.kv + b * seq * x.kv_ld, .ld = x.kv_ld, .pos = x.kv_pos, .rows = seq},
+        {.dout = dout + (b * seq + r0) * O,
+         .ld_dout = O,
+         .lse = plse,
+         .delta = pdelta,
+         .dq = dq + (b * seq + r0) * dq_ld,
+         .ld_dq = dq_ld,
+         .dkv = dkv + b * seq * dkv_ld,
+         .ld_dkv = dkv_ld});
+  });
+}
+
 AttentionKernel attention_kernel(MatmulPrecision precision, bool positioned) {
   if (precision != MatmulPrecision::kBf16 || positioned) return AttentionKernel::kFlash;
   const std::string kernel = env::string("NDMESH_ATTENTION", "auto");
@@ -365,7 +449,9 @@ Attention<T>::Attention(AttentionOptions options) : options_(options) {
 
 template <typename T>
 void Attention<T>::forward(const T* qkv, T* out, T* lse, std::int64_t batch, std::int64_t seq,
-                           const std::int64_t* positions) const {
+                           const std::int64_t* positions, Device device) const {
+  NDMESH_CUDA_TWIN(device, cuda::attention_forward(out, lse, qkv, batch, seq, options_.heads, options_.kv_heads,
+                                                   options_.head_dim, positions))
   const std::int64_t H = options_.heads, hd = options_.head_dim, R = qkv_width(), O = out_width();
   std::vector<std::int64_t> pos(static_cast<std::size_t>(seq));
   if (positions)
@@ -382,7 +468,10 @@ void Attention<T>::forward(const T* qkv, T* out, T* lse, std::int64_t batch, std
 
 template <typename T>
 void Attention<T>::backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
-                            std::int64_t batch, std::int64_t seq, const std::int64_t* positions) const {
+                            std::int64_t batch, std::int64_t seq, const std::int64_t* positions,
+                            Device device) const {
+  NDMESH_CUDA_TWIN(device, cuda::attention_backward(dqkv, dout, qkv, out, lse, batch, seq, options_.heads,
+                                                    options_.kv_heads, options_.head_dim, positions))
   const std::int64_t H = options_.heads, hd = options_.head_dim, R = qkv_width(), O = out_width();
   std::vector<std::int64_t> pos(static_cast<std::size_t>(seq));
   if (positions)
@@ -417,6 +506,15 @@ void Attention<T>::backward(const T* dout, const T* qkv, const T* out, const T* 
                                      const T*, std::int64_t, T*);                                          \
   template AttentionTiles attention_partial_backward<T>(const AttentionOptions&, AttentionRows<const T>,   \
                                                         AttentionRows<const T>, const AttentionGrads<T>&); \
+  template void attention_partial_forward<T>(const AttentionOptions&, const AttentionBatch<T>&, T*, T*,     \
+                                             Device, const std::function<void()>&);                       \
+  template void attention_merge<T>(const AttentionOptions&, std::int64_t, std::int64_t, T*, T*, const T*,  \
+                                   const T*, Device);                                                      \
+  template void attention_row_dot<T>(const AttentionOptions&, std::int64_t, std::int64_t, const T*,        \
+                                     const T*, T*, Device);                                                \
+  template void attention_partial_backward<T>(const AttentionOptions&, const AttentionBatch<T>&, const T*, \
+                                              const T*, const T*, T*, std::int64_t, T*, std::int64_t,      \
+                                              Device, const std::function<void()>&);                       \
   template class Attention<T>;
 
 NDMESH_ATTENTION_INSTANTIATE(float)

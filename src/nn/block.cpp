@@ -262,16 +262,12 @@ bool Block<T>::cudnn_backward([[maybe_unused]] S* dqkv, [[maybe_unused]] const S
 template <typename T>
 void Block<T>::fp32_attention_forward(const T* qkv, T* out, T* lse, std::int64_t batch, std::int64_t seq,
                                       const AttentionCore<T>* core, const std::int64_t* positions) const {
-  NDMESH_CUDA_TWIN(device(), {
-    // A ring (context parallelism) runs on the device too: the core gets device pointers.
-    if (core) return core->forward(attn_, qkv, out, lse, batch, seq, positions);
-    const AttentionOptions& o = attn_.options();
-    cuda::attention_forward(out, lse, qkv, batch, seq, o.heads, o.kv_heads, o.head_dim, positions);
-  })
+  ops::check_device<T>(device());
+  // A ring (context parallelism) runs on the device too: the core gets device pointers.
   if (core)
     core->forward(attn_, qkv, out, lse, batch, seq, positions);
   else
-    attn_.forward(qkv, out, lse, batch, seq, positions);
+    attn_.forward(qkv, out, lse, batch, seq, positions, device());
 }
 
 template <typename T>
@@ -279,15 +275,10 @@ void Block<T>::fp32_attention_backward(T* dqkv, const T* dout, const T* qkv, con
                                        std::int64_t batch, std::int64_t seq, const AttentionCore<T>* core,
                                        const std::int64_t* positions) const {
   ops::zero(dqkv, batch * seq * attn_.qkv_width(), device());  // these kernels add into it
-  NDMESH_CUDA_TWIN(device(), {
-    if (core) return core->backward(attn_, dout, qkv, out, lse, dqkv, batch, seq, positions);
-    const AttentionOptions& o = attn_.options();
-    cuda::attention_backward(dqkv, dout, qkv, out, lse, batch, seq, o.heads, o.kv_heads, o.head_dim, positions);
-  })
   if (core)
     core->backward(attn_, dout, qkv, out, lse, dqkv, batch, seq, positions);
   else
-    attn_.backward(dout, qkv, out, lse, dqkv, batch, seq, positions);
+    attn_.backward(dout, qkv, out, lse, dqkv, batch, seq, positions, device());
 }
 
 template <typename T>

@@ -234,8 +234,7 @@ MemoryBytes Trainer::memory() const {
                                       model_.chunks.front()->recompute_workspace_bytes());
   m.activation_buffers = static_cast<double>(model_.chunks.front()->workspace_buffer_bytes());
   for (const auto& c : model_.chunks) m.activation_buffers += static_cast<double>(c->own_buffer_bytes());
-  if (model_.plan.device == Device::kCuda)
-    m.device_peak = static_cast<double>(cuda::allocator_stats().peak_allocated_bytes);
+  m.device_peak = static_cast<double>(ops::peak_device_bytes(model_.plan.device));
   return m;
 }
 

@@ -20,6 +20,14 @@ void check_device(Device device) {
   if (!cuda::built()) fail<ConfigError>("cuda", "{}", cuda::unavailable_reason());
 }
 
+void init_device(Device device, int local_rank) {
+  if (device == Device::kCuda) cuda::init(local_rank);
+}
+
+std::int64_t peak_device_bytes(Device device) {
+  return device == Device::kCuda ? cuda::allocator_stats().peak_allocated_bytes : 0;
+}
+
 template <typename T>
 void copy(T* dst, const T* src, std::int64_t n, Device device) {
   NDMESH_CUDA_TWIN(device, cuda::copy_device(dst, src, static_cast<std::size_t>(n) * sizeof(T)))
@@ -35,6 +43,11 @@ void zero(T* dst, std::int64_t n, Device device) {
 template <typename T>
 void copy_to_host(T* host_dst, const T* src, std::int64_t n, Device device) {
   NDMESH_CUDA_TWIN(device, cuda::copy_to_host(host_dst, src, static_cast<std::size_t>(n) * sizeof(T)))
+  std::copy_n(src, n, host_dst);
+}
+
+void copy_to_host(std::int64_t* host_dst, const std::int64_t* src, std::int64_t n, Device device) {
+  if (device == Device::kCuda) return cuda::copy_to_host(host_dst, src, static_cast<std::size_t>(n) * sizeof(*src));
   std::copy_n(src, n, host_dst);
 }
 
@@ -54,6 +67,17 @@ template <typename T>
 void add(T* dst, const T* src, std::int64_t n, Device device) {
   NDMESH_CUDA_TWIN(device, cuda::add_inplace(dst, src, n))
   for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+template <typename T>
+void copy_rows(T* dst, std::int64_t ld_dst, const T* src, std::int64_t ld_src, std::int64_t rows, std::int64_t cols,
+               bool accumulate, Device device) {
+  NDMESH_CUDA_TWIN(device, cuda::copy_rows(dst, ld_dst, src, ld_src, rows, cols, accumulate))
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* s = src + r * ld_src;
+    T* d = dst + r * ld_dst;
+    for (std::int64_t c = 0; c < cols; ++c) d[c] = accumulate ? d[c] + s[c] : s[c];
+  }
 }
 
 template <typename T>
@@ -348,6 +372,8 @@ void round_to_bf16(T* x, std::int64_t n, Device device) {
   template void copy_to_host<T>(T*, const T*, std::int64_t, Device);                                         \
   template void copy_from_host<T>(T*, const T*, std::int64_t, Device);                                       \
   template void add<T>(T*, const T*, std::int64_t, Device);                                                  \
+  template void copy_rows<T>(T*, std::int64_t, const T*, std::int64_t, std::int64_t, std::int64_t, bool,      \
+                             Device);                                                                        \
   template double square_sum<T>(const T*, std::int64_t, Device);                                             \
   template double square_sum_many<T>(std::span<const std::pair<const T*, std::int64_t>>, Device);            \
   template void square_sum_many_into<T>(double*, std::span<const std::pair<const T*, std::int64_t>>,         \

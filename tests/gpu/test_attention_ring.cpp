@@ -1,10 +1,11 @@
-// The ring attention kernels (cuda::attention_partial_forward, attention_merge,
-// attention_row_dot, attention_partial_backward, copy_rows: what parallel/cp/ring_attention
-// runs on the device) against their CPU twins in nn/attention.hpp, on the blocks of a cp 2
-// zigzag ring: rank 0 holds positions [0, c) and [3c, 4c), rank 1 [c, 3c) of a 4c-token
-// sequence. Queries read from packed qkv rows (ld = qkv width), key/value blocks both from
-// qkv rows and standalone (ld = 2 KV hd, as the ring sends them); rank 0's first chunk sees
-// no key of rank 1's block (out 0, lse -inf), so the merge meets -inf on either side.
+// The ring attention's batch functions (nn/attention.hpp: attention_partial_forward,
+// attention_merge, attention_row_dot, attention_partial_backward over an AttentionBatch, and
+// ops::copy_rows: what parallel/cp/ring_attention runs) on CUDA against the same calls on the
+// CPU, on the blocks of a cp 2 zigzag ring: rank 0 holds positions [0, c) and [3c, 4c), rank 1
+// [c, 3c) of a 4c-token sequence. Queries read from packed qkv rows (ld = qkv width),
+// key/value blocks both from qkv rows and standalone (ld = 2 KV hd, as the ring sends them);
+// rank 0's first chunk sees no key of rank 1's block (out 0, lse -inf), so the merge meets
+// -inf on either side.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -13,7 +14,7 @@
 
 #include "gpu_test.hpp"
 #include "ndmesh/nn/attention.hpp"
-#include "ndmesh/nn/cuda_ops.hpp"
+#include "ndmesh/tensor/ops.hpp"
 
 namespace ndmesh {
 namespace {
@@ -82,27 +83,32 @@ TEST(CudaRingAttention, PartialForwardAndMergeMatchTheCpu) {
     const auto out_n = static_cast<std::size_t>(c.batch * seq * O),
                lse_n = static_cast<std::size_t>(c.batch * H * seq);
 
-    // CPU: own block (keys inside the qkv rows), then the other rank's block (standalone), merged.
+    // Own block (keys inside the qkv rows), then the other rank's block (standalone), each on
+    // both devices.
+    auto own_block = [&](const float* qkv, const std::int64_t* pos) {
+      return nn::AttentionBatch<float>{.q = qkv, .q_ld = R, .q_pos = pos, .kv = qkv + H * c.head_dim, .kv_ld = R,
+                                       .kv_pos = pos, .batch = c.batch, .seq = seq};
+    };
+    auto other_block = [&](const float* qkv, const std::int64_t* qpos, const float* kv, const std::int64_t* kpos) {
+      return nn::AttentionBatch<float>{
+          .q = qkv, .q_ld = R, .q_pos = qpos, .kv = kv, .kv_ld = W, .kv_pos = kpos, .batch = c.batch, .seq = seq};
+    };
     std::vector<float> out(out_n), lse(lse_n), part_out(out_n), part_lse(lse_n);
-    for (std::int64_t b = 0; b < c.batch; ++b) {
-      const nn::AttentionRows<const float> q{me.qkv.data() + b * seq * R, R, me.pos.data(), seq};
-      nn::attention_partial_forward<float>(
-          o, q, {me.qkv.data() + b * seq * R + H * c.head_dim, R, me.pos.data(), seq},
-          {out.data() + b * seq * O, O, lse.data() + b * H * seq});
-      nn::attention_partial_forward<float>(o, q, {other.kv.data() + b * seq * W, W, other.pos.data(), seq},
-                                           {part_out.data() + b * seq * O, O, part_lse.data() + b * H * seq});
-    }
+    nn::attention_partial_forward<float>(o, own_block(me.qkv.data(), me.pos.data()), out.data(), lse.data(),
+                                         Device::kCpu);
+    nn::attention_partial_forward<float>(
+        o, other_block(me.qkv.data(), me.pos.data(), other.kv.data(), other.pos.data()), part_out.data(),
+        part_lse.data(), Device::kCpu);
 
     DeviceBuffer qkv = to_device(me.qkv), kv = to_device(other.kv), qpos = to_device(me.pos),
                  kpos = to_device(other.pos);
     DeviceBuffer g_out = to_device(nans(out_n)), g_lse = to_device(nans(lse_n)),
                  g_part_out = to_device(nans(out_n)), g_part_lse = to_device(nans(lse_n));
-    cuda::attention_partial_forward(ptr<float>(g_out), ptr<float>(g_lse), ptr<float>(qkv), R,
-                                    ptr<std::int64_t>(qpos), ptr<float>(qkv) + H * c.head_dim, R,
-                                    ptr<std::int64_t>(qpos), c.batch, seq, c.heads, c.kv_heads, c.head_dim);
-    cuda::attention_partial_forward(ptr<float>(g_part_out), ptr<float>(g_part_lse), ptr<float>(qkv), R,
-                                    ptr<std::int64_t>(qpos), ptr<float>(kv), W, ptr<std::int64_t>(kpos),
-                                    c.batch, seq, c.heads, c.kv_heads, c.head_dim);
+    nn::attention_partial_forward<float>(o, own_block(ptr<float>(qkv), ptr<std::int64_t>(qpos)), ptr<float>(g_out),
+                                         ptr<float>(g_lse), Device::kCuda);
+    nn::attention_partial_forward<float>(
+        o, other_block(ptr<float>(qkv), ptr<std::int64_t>(qpos), ptr<float>(kv), ptr<std::int64_t>(kpos)),
+        ptr<float>(g_part_out), ptr<float>(g_part_lse), Device::kCuda);
     // The bounds of test_attention.cpp (sums over at most 80 keys in another order, expf).
     EXPECT_TRUE(all_close(to_host<float>(g_out, out_n), out, 2e-5, 1e-4)) << "own block out, " << describe(c);
     EXPECT_TRUE(close_or_both_neg_inf(to_host<float>(g_lse, lse_n), lse, 2e-5, 1e-5))
@@ -119,11 +125,10 @@ TEST(CudaRingAttention, PartialForwardAndMergeMatchTheCpu) {
       const std::vector<float>& add_lse = order == 0 ? part_lse : lse;
       DeviceBuffer m_out = to_device(acc_out), m_lse = to_device(acc_lse), a_out = to_device(add_out),
                    a_lse = to_device(add_lse);
-      for (std::int64_t b = 0; b < c.batch; ++b)
-        nn::attention_merge<float>(o, seq, acc_out.data() + b * seq * O, O, acc_lse.data() + b * H * seq,
-                                   add_out.data() + b * seq * O, O, add_lse.data() + b * H * seq);
-      cuda::attention_merge(ptr<float>(m_out), ptr<float>(m_lse), ptr<float>(a_out), ptr<float>(a_lse),
-                            c.batch, seq, c.heads, c.head_dim);
+      nn::attention_merge<float>(o, c.batch, seq, acc_out.data(), acc_lse.data(), add_out.data(), add_lse.data(),
+                                 Device::kCpu);
+      nn::attention_merge<float>(o, c.batch, seq, ptr<float>(m_out), ptr<float>(m_lse), ptr<float>(a_out),
+                                 ptr<float>(a_lse), Device::kCuda);
       // Two exp, a log and a weighted average of two rows: a few float ulps.
       EXPECT_TRUE(all_close(to_host<float>(m_out, out_n), acc_out, 1e-6, 1e-5))
           << "merged out, " << describe(c);
@@ -146,23 +151,21 @@ TEST(CudaRingAttention, RowDotAndPartialBackwardMatchTheCpu) {
                lse_n = static_cast<std::size_t>(c.batch * H * seq);
 
     // The FINAL out and lse of rank 1's queries (both blocks merged), and D.
+    const nn::AttentionBatch<float> own{.q = me.qkv.data(), .q_ld = R, .q_pos = me.pos.data(),
+                                        .kv = me.qkv.data() + H * c.head_dim, .kv_ld = R, .kv_pos = me.pos.data(),
+                                        .batch = c.batch, .seq = seq};
+    nn::AttentionBatch<float> block{.q = me.qkv.data(), .q_ld = R, .q_pos = me.pos.data(), .kv = other.kv.data(),
+                                    .kv_ld = W, .kv_pos = other.pos.data(), .batch = c.batch, .seq = seq};
     std::vector<float> out(out_n), lse(lse_n), part_out(out_n), part_lse(lse_n), delta(lse_n);
     const auto dout = normal(out_n, seed++);
-    for (std::int64_t b = 0; b < c.batch; ++b) {
-      const nn::AttentionRows<const float> q{me.qkv.data() + b * seq * R, R, me.pos.data(), seq};
-      nn::attention_partial_forward<float>(
-          o, q, {me.qkv.data() + b * seq * R + H * c.head_dim, R, me.pos.data(), seq},
-          {out.data() + b * seq * O, O, lse.data() + b * H * seq});
-      nn::attention_partial_forward<float>(o, q, {other.kv.data() + b * seq * W, W, other.pos.data(), seq},
-                                           {part_out.data() + b * seq * O, O, part_lse.data() + b * H * seq});
-      nn::attention_merge<float>(o, seq, out.data() + b * seq * O, O, lse.data() + b * H * seq,
-                                 part_out.data() + b * seq * O, O, part_lse.data() + b * H * seq);
-      nn::attention_row_dot<float>(o, seq, out.data() + b * seq * O, O, dout.data() + b * seq * O, O,
-                                   delta.data() + b * H * seq);
-    }
+    nn::attention_partial_forward<float>(o, own, out.data(), lse.data(), Device::kCpu);
+    nn::attention_partial_forward<float>(o, block, part_out.data(), part_lse.data(), Device::kCpu);
+    nn::attention_merge<float>(o, c.batch, seq, out.data(), lse.data(), part_out.data(), part_lse.data(),
+                               Device::kCpu);
+    nn::attention_row_dot<float>(o, c.batch, seq, out.data(), dout.data(), delta.data(), Device::kCpu);
     DeviceBuffer g_out = to_device(out), g_dout = to_device(dout), g_delta = to_device(nans(lse_n));
-    cuda::attention_row_dot(ptr<float>(g_delta), ptr<float>(g_out), ptr<float>(g_dout), c.batch, seq, c.heads,
-                            c.head_dim);
+    nn::attention_row_dot<float>(o, c.batch, seq, ptr<float>(g_out), ptr<float>(g_dout), ptr<float>(g_delta),
+                                 Device::kCuda);
     // hd products summed in another order (warp tree): a few ulps of hd terms of ~1.
     EXPECT_TRUE(all_close(to_host<float>(g_delta, lse_n), delta, 1e-5, 1e-5)) << "delta, " << describe(c);
 
@@ -170,25 +173,15 @@ TEST(CudaRingAttention, RowDotAndPartialBackwardMatchTheCpu) {
     // pre-filled qkv-shaped rows (ld R), dK/dV into a pre-filled standalone buffer (ld W).
     const auto dqkv0 = normal(me.qkv.size(), seed++), dkv0 = normal(other.kv.size(), seed++);
     std::vector<float> dqkv = dqkv0, dkv = dkv0;
-    for (std::int64_t b = 0; b < c.batch; ++b) {
-      const nn::AttentionRows<const float> q{me.qkv.data() + b * seq * R, R, me.pos.data(), seq};
-      nn::attention_partial_backward<float>(o, q, {other.kv.data() + b * seq * W, W, other.pos.data(), seq},
-                                            {.dout = dout.data() + b * seq * O,
-                                             .ld_dout = O,
-                                             .lse = lse.data() + b * H * seq,
-                                             .delta = delta.data() + b * H * seq,
-                                             .dq = dqkv.data() + b * seq * R,
-                                             .ld_dq = R,
-                                             .dkv = dkv.data() + b * seq * W,
-                                             .ld_dkv = W});
-    }
+    nn::attention_partial_backward<float>(o, block, dout.data(), lse.data(), delta.data(), dqkv.data(), R, dkv.data(),
+                                          W, Device::kCpu);
     DeviceBuffer qkv = to_device(me.qkv), kv = to_device(other.kv), qpos = to_device(me.pos),
                  kpos = to_device(other.pos), g_lse = to_device(lse), g_delta_cpu = to_device(delta),
                  g_dqkv = to_device(dqkv0), g_dkv = to_device(dkv0);
-    cuda::attention_partial_backward(ptr<float>(g_dqkv), R, ptr<float>(g_dkv), W, ptr<float>(g_dout),
-                                     ptr<float>(qkv), R, ptr<std::int64_t>(qpos), ptr<float>(kv), W,
-                                     ptr<std::int64_t>(kpos), ptr<float>(g_lse), ptr<float>(g_delta_cpu),
-                                     c.batch, seq, c.heads, c.kv_heads, c.head_dim);
+    block.q = ptr<float>(qkv), block.q_pos = ptr<std::int64_t>(qpos);
+    block.kv = ptr<float>(kv), block.kv_pos = ptr<std::int64_t>(kpos);
+    nn::attention_partial_backward<float>(o, block, ptr<float>(g_dout), ptr<float>(g_lse), ptr<float>(g_delta_cpu),
+                                          ptr<float>(g_dqkv), R, ptr<float>(g_dkv), W, Device::kCuda);
     // The bound of test_attention.cpp's backward.
     EXPECT_TRUE(all_close(to_host<float>(g_dqkv, dqkv.size()), dqkv, 2e-5, 1e-4)) << "dq, " << describe(c);
     EXPECT_TRUE(all_close(to_host<float>(g_dkv, dkv.size()), dkv, 2e-5, 1e-4)) << "dkv, " << describe(c);
@@ -209,10 +202,15 @@ TEST(CudaRingAttention, CopyRowsGathersAndAddsColumns) {
           src[static_cast<std::size_t>(r * ld_src + offset + j)];
     }
   DeviceBuffer s = to_device(src), g = to_device(nans(dst0.size())), a = to_device(dst0);
-  cuda::copy_rows(ptr<float>(g), ld_dst, ptr<float>(s) + offset, ld_src, rows, cols, false);
-  cuda::copy_rows(ptr<float>(a), ld_dst, ptr<float>(s) + offset, ld_src, rows, cols, true);
+  ops::copy_rows(ptr<float>(g), ld_dst, ptr<float>(s) + offset, ld_src, rows, cols, false, Device::kCuda);
+  ops::copy_rows(ptr<float>(a), ld_dst, ptr<float>(s) + offset, ld_src, rows, cols, true, Device::kCuda);
   EXPECT_TRUE(same_bits(to_host<float>(g, dst0.size()), gathered));
   EXPECT_TRUE(same_bits(to_host<float>(a, dst0.size()), added));  // one float add each
+  std::vector<float> cpu_gathered = nans(dst0.size()), cpu_added = dst0;  // the CPU twin
+  ops::copy_rows(cpu_gathered.data(), ld_dst, src.data() + offset, ld_src, rows, cols, false, Device::kCpu);
+  ops::copy_rows(cpu_added.data(), ld_dst, src.data() + offset, ld_src, rows, cols, true, Device::kCpu);
+  EXPECT_TRUE(same_bits(cpu_gathered, gathered));
+  EXPECT_TRUE(same_bits(cpu_added, added));
 }
 
 }  // namespace

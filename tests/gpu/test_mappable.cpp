@@ -1,12 +1,12 @@
 // ZeRO's mappable device memory (cuda::alloc_mappable: on a GPU CUDA's virtual memory
 // management, in the emulator host pages that fault while given back) and the chunk keeper
-// on top of it (parallel::DevicePages). Built for the GPU (the GPU check's kernel step runs
+// on top of it (DevicePages). Built for the GPU (the GPU check's kernel step runs
 // it) and for the emulator.
 #include <cstdint>
 #include <vector>
 
 #include "gpu_test.hpp"
-#include "ndmesh/parallel/dp/device_pages.hpp"
+#include "ndmesh/tensor/device_pages.hpp"
 
 namespace ndmesh {
 namespace {
@@ -57,7 +57,7 @@ TEST(CudaMappable, DevicePagesGiveBackTheChunksNoHeldRangeTouches) {
   DeviceBuffer b = DeviceBuffer::mappable(8 * g);
   auto* p = static_cast<float*>(b.data());
   {
-    parallel::DevicePages pages(p, 8 * g);
+    DevicePages pages(p, 8 * g);
     pages.drop_unheld();
     EXPECT_EQ(backed(), 8) << "queued, not given back before a poll";
     pages.flush();

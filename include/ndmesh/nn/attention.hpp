@@ -21,8 +21,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "ndmesh/core/dtype.hpp"
+#include "ndmesh/tensor/device.hpp"
 
 namespace ndmesh::nn {
 
@@ -122,6 +124,48 @@ template <typename T>
 AttentionTiles attention_partial_backward(const AttentionOptions& options, AttentionRows<const T> q,
                                           AttentionRows<const T> kv, const AttentionGrads<T>& g);
 
+/// A batch as the ring of context parallelism holds it (parallel/cp/ring_attention.hpp), in
+/// memory of the device it is given to: `batch` sequences, each of `seq` query rows at q + (b
+/// seq + t) q_ld (head h at + h hd) and `seq` key/value rows at kv + (b seq + t) kv_ld (packed
+/// as AttentionRows), at the global positions q_pos and kv_pos ([seq], the same for every
+/// sequence). Outputs and their gradients are [batch, seq, H hd], lse and delta [batch, H, seq].
+template <typename T>
+struct AttentionBatch {
+  const T* q = nullptr;
+  std::int64_t q_ld = 0;
+  const std::int64_t* q_pos = nullptr;
+  const T* kv = nullptr;
+  std::int64_t kv_ld = 0;
+  const std::int64_t* kv_pos = nullptr;
+  std::int64_t batch = 0, seq = 0;
+};
+
+// The building blocks over a batch where `device` keeps it, one signature for both devices:
+// the functions above per sequence on the CPU, their CUDA twins (nn/cuda_ops.hpp, one launch
+// per batch, queued on the compute stream) on CUDA; tests/gpu/test_attention_ring.cpp compares
+// the two. On the CPU, `poll` (may be empty) runs after every piece of 4 kAttentionTile query
+// rows (a tile multiple: the tiling is that of one call): a ring polls its transfers there,
+// since without a progress thread MPI moves large messages only inside MPI calls.
+
+/// attention_partial_forward of every sequence: overwrites out and lse.
+template <typename T>
+void attention_partial_forward(const AttentionOptions& options, const AttentionBatch<T>& x, T* out, T* lse,
+                               Device device, const std::function<void()>& poll = {});
+/// attention_merge of every sequence: (out, lse) <- the softmax over both key sets.
+template <typename T>
+void attention_merge(const AttentionOptions& options, std::int64_t batch, std::int64_t seq, T* out, T* lse,
+                     const T* part_out, const T* part_lse, Device device);
+/// attention_row_dot of every sequence: delta [batch, H, seq] from the FINAL out and dout.
+template <typename T>
+void attention_row_dot(const AttentionOptions& options, std::int64_t batch, std::int64_t seq, const T* out,
+                       const T* dout, T* delta, Device device);
+/// attention_partial_backward of every sequence with the FINAL lse and delta: accumulates dQ
+/// into dq (rows dq_ld apart, head h at + h hd) and dK, dV into dkv (rows dkv_ld apart, [dk | dv]).
+template <typename T>
+void attention_partial_backward(const AttentionOptions& options, const AttentionBatch<T>& x, const T* dout,
+                                const T* lse, const T* delta, T* dq, std::int64_t dq_ld, T* dkv,
+                                std::int64_t dkv_ld, Device device, const std::function<void()>& poll = {});
+
 /// Which kernel runs a Block's attention core on CUDA.
 enum class AttentionKernel : std::uint8_t {
   kFlash,          ///< the fp32 flash kernel (src/nn/cuda/attention.cu)
@@ -150,12 +194,13 @@ class Attention {
 
   /// out[batch, seq, H*hd] and lse[batch, H, seq] from qkv[batch, seq, qkv_width].
   /// `positions` ([seq], the same for every sequence of the batch) are the global
-  /// positions of the rows for the causal mask; nullptr: 0..seq-1.
+  /// positions of the rows for the causal mask; nullptr: 0..seq-1. Every pointer is memory
+  /// of `device` (CUDA: the flash kernel, cuda::attention_forward).
   void forward(const T* qkv, T* out, T* lse, std::int64_t batch, std::int64_t seq,
-               const std::int64_t* positions = nullptr) const;
+               const std::int64_t* positions = nullptr, Device device = Device::kCpu) const;
   /// Accumulates dqkv[batch, seq, qkv_width] from dout, qkv and the forward's out and lse.
   void backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv, std::int64_t batch,
-                std::int64_t seq, const std::int64_t* positions = nullptr) const;
+                std::int64_t seq, const std::int64_t* positions = nullptr, Device device = Device::kCpu) const;
 
   /// The options it was built with.
   const AttentionOptions& options() const { return options_; }

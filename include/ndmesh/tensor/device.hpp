@@ -66,7 +66,7 @@ void record_stream(void* p, void* stream);
 StreamOps& stream_ops();
 
 /// Device memory whose pages can be given back and taken again at the same addresses
-/// (ZeRO-3's parameters, ZeRO 2/3's gradient work space: parallel::DevicePages), outside the
+/// (ZeRO-3's parameters, ZeRO 2/3's gradient work space: DevicePages), outside the
 /// caching allocator: `bytes` of
 /// addresses reserved once, backed in chunks of map_granularity() bytes, all of them at
 /// first (CUDA's virtual memory management: cuMemAddressReserve, cuMemCreate, cuMemMap; in

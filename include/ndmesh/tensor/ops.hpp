@@ -24,6 +24,8 @@ void copy(T* dst, const T* src, std::int64_t n, Device device);
 /// host_dst[i] = src[i], i < n, src where `device` says (waits for the device).
 template <typename T>
 void copy_to_host(T* host_dst, const T* src, std::int64_t n, Device device);
+/// The same for positions (integers: a byte copy on CUDA).
+void copy_to_host(std::int64_t* host_dst, const std::int64_t* src, std::int64_t n, Device device);
 /// dst[i] = host_src[i], i < n, dst where `device` says (ordered on the compute stream).
 template <typename T>
 void copy_from_host(T* dst, const T* host_src, std::int64_t n, Device device);
@@ -40,6 +42,11 @@ void fill_columns(T* x, std::int64_t rows, std::int64_t width, std::int64_t from
 /// dst[i] += src[i], i < n.
 template <typename T>
 void add(T* dst, const T* src, std::int64_t n, Device device);
+/// dst[r ld_dst + c] = src[r ld_src + c] (+= with `accumulate`), r < rows, c < cols: columns
+/// of packed rows gathered or added back (the key/value columns of qkv rows in a ring block).
+template <typename T>
+void copy_rows(T* dst, std::int64_t ld_dst, const T* src, std::int64_t ld_src, std::int64_t rows, std::int64_t cols,
+               bool accumulate, Device device);
 /// Sum of x[i]^2, i < n, in double (waits for the device).
 template <typename T>
 double square_sum(const T* x, std::int64_t n, Device device);
@@ -208,6 +215,13 @@ inline constexpr bool kCudaHolds = std::is_same_v<T, float> || std::is_same_v<T,
 /// ConfigError when `device` cannot hold elements of T (CUDA holds float and bfloat16).
 template <typename T>
 void check_device(Device device);
+
+/// Makes `device` ready for this process: nothing on the CPU; on CUDA cuda::init(local_rank)
+/// (a ConfigError saying why when CUDA cannot run here).
+void init_device(Device device, int local_rank);
+/// The most bytes of `device` memory handed out at once so far (on CUDA the caching
+/// allocator's peak, cuda::allocator_stats()); 0 on the CPU.
+std::int64_t peak_device_bytes(Device device);
 
 /// Host elements (tokens, targets, positions) where the kernels on `device` read them: `host`
 /// itself on the CPU; on CUDA a copy of its n elements in `staged` (resized to [n] on

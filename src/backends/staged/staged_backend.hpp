@@ -20,3 +20,13 @@ std::shared_ptr<StagingMemory> cuda_memory();
 bool is_device_pointer(const void* p);
 
 }  // namespace ndmesh::comm::staging
+
+namespace ndmesh::comm {
+
+/// The communicator over the members of `world` (two or more) that the strategies of a GPU run
+/// use (parallel::device_communicator; cuda::init first): staged through `world`'s CPU backend
+/// when NDMESH_BACKEND names mpi or gloo, else NCCL, or a ConfigError with the fix where this
+/// ndmesh was built without NCCL (device_communicator.cpp) or without CUDA (without_cuda.cpp).
+Communicator gpu_communicator(const Communicator& world);
+
+}  // namespace ndmesh::comm

@@ -82,7 +82,7 @@ void ParamGatherer::free_elements(std::int64_t lo, std::int64_t count) {
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   if (count <= 0) return;
   if (device_ == Device::kCpu) return release_memory(params_ + lo, count, kNaN, device_);
-  const auto chunk = static_cast<std::int64_t>(cuda::map_granularity() / sizeof(float));
+  const auto chunk = static_cast<std::int64_t>(DevicePages::chunk_bytes() / sizeof(float));
   // The buffer starts on a chunk: element offsets align as addresses do.
   const std::int64_t a = (lo + chunk - 1) / chunk * chunk, b = (lo + count) / chunk * chunk;
   if (a >= b) return ops::fill(params_ + lo, kNaN, count, device_);

@@ -316,6 +316,64 @@ TEST_P(AttentionRing, PartialsOverZigzagChunksEqualTheWholeSequence) {
 
 INSTANTIATE_TEST_SUITE_P(RowOrder, AttentionRing, ::testing::Values(false, true));
 
+// The batch calls a ring makes (one signature for the CPU and CUDA, Device::kCpu here) equal
+// the per-sequence calls: queries of a 300-token block in pieces of 256 rows (a poll after
+// each), against another block's keys and values standalone (ld 2 KV hd), lse and delta
+// [batch, H, seq], dQ into qkv-shaped rows.
+TEST(Attention, BatchCallsEqualPerSequenceCallsAndPollBetweenPieces) {
+  const AttentionOptions o{.heads = 4, .kv_heads = 2, .head_dim = 8};
+  const std::int64_t H = 4, hd = 8, batch = 2, seq = 300, R = (H + 4) * hd, O = H * hd, W = 4 * hd;
+  Rng rng(5);
+  const V qkv = random_vector(batch * seq * R, rng), kv = random_vector(batch * seq * W, rng),
+          dout = random_vector(batch * seq * O, rng);
+  Pos qpos(at(seq)), kpos(at(seq));
+  std::iota(qpos.begin(), qpos.end(), std::int64_t{200});  // sees all of kpos and masks a part
+  std::iota(kpos.begin(), kpos.end(), std::int64_t{100});
+  const AttentionBatch<double> x{
+      .q = qkv.data(), .q_ld = R, .q_pos = qpos.data(), .kv = kv.data(), .kv_ld = W, .kv_pos = kpos.data(),
+      .batch = batch, .seq = seq};
+  int polls = 0;
+  const auto poll = [&] { ++polls; };
+  V out(at(batch * seq * O)), lse(at(batch * H * seq)), delta(lse.size()), dq(qkv.size(), 0.0),
+      dkv(kv.size(), 0.0);
+  attention_partial_forward<double>(o, x, out.data(), lse.data(), Device::kCpu, poll);
+  EXPECT_EQ(polls, 4);  // 2 pieces of each of 2 sequences
+  attention_row_dot<double>(o, batch, seq, out.data(), dout.data(), delta.data(), Device::kCpu);
+  attention_partial_backward<double>(o, x, dout.data(), lse.data(), delta.data(), dq.data(), R, dkv.data(), W,
+                                     Device::kCpu, poll);
+  EXPECT_EQ(polls, 8);
+  // Merged with itself: the same out, lse + log 2.
+  V merged = out, merged_lse = lse;
+  attention_merge<double>(o, batch, seq, merged.data(), merged_lse.data(), out.data(), lse.data(), Device::kCpu);
+
+  V want_out(out.size()), want_lse(lse.size()), want_delta(lse.size()), want_dq(qkv.size(), 0.0),
+      want_dkv(kv.size(), 0.0);
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const AttentionRows<const double> q{qkv.data() + b * seq * R, R, qpos.data(), seq},
+        k{kv.data() + b * seq * W, W, kpos.data(), seq};
+    attention_partial_forward<double>(o, q, k, {want_out.data() + b * seq * O, O, want_lse.data() + b * H * seq});
+    attention_row_dot<double>(o, seq, want_out.data() + b * seq * O, O, dout.data() + b * seq * O, O,
+                              want_delta.data() + b * H * seq);
+    attention_partial_backward<double>(o, q, k,
+                                       {.dout = dout.data() + b * seq * O,
+                                        .ld_dout = O,
+                                        .lse = want_lse.data() + b * H * seq,
+                                        .delta = want_delta.data() + b * H * seq,
+                                        .dq = want_dq.data() + b * seq * R,
+                                        .ld_dq = R,
+                                        .dkv = want_dkv.data() + b * seq * W,
+                                        .ld_dkv = W});
+  }
+  EXPECT_EQ(out, want_out);  // the same tiles in the same order: the same bits
+  EXPECT_EQ(lse, want_lse);
+  EXPECT_EQ(delta, want_delta);
+  EXPECT_EQ(dq, want_dq);
+  expect_near_all("dkv", dkv, want_dkv);  // two heads per key/value head: sums in another order
+  expect_near_all("merged out", merged, out);
+  for (double& l : want_lse) l += std::log(2.0);
+  expect_near_all("merged lse", merged_lse, want_lse);
+}
+
 TEST(Attention, FloatPathMatchesDoublePath) {
   const AttentionOptions o{.heads = 4, .kv_heads = 2, .head_dim = 16};
   Attention<double> ad(o);

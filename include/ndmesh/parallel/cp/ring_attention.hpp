@@ -10,14 +10,15 @@
 // passes the sum on; after cp hops the sum is back at the owner. Blocks the causal mask
 // empties are skipped.
 //
-// On CUDA (device kCuda) the same ring runs on device buffers: the blocks of [k | v] rows,
-// the partial outputs and the travelling dK/dV are device memory passed through the group's
-// device communicator (NCCL, or staged through pinned host memory), the partial attention,
-// merge and backward are the kernels of nn/cuda_ops.hpp (attention.cu), and the positions
+// One loop serves both devices: the ring's buffers live where the model's do (Device), and
+// the partial attention, the merge and the backward are nn/attention.hpp's batch functions,
+// which run the CPU code or its CUDA twin (nn/cuda_ops.hpp). On CUDA the blocks of [k | v]
+// rows, the partial outputs and the travelling dK/dV are device memory passed through the
+// group's device communicator (NCCL, or staged through pinned host memory), and the positions
 // travel as host vectors (the skip decisions are made on the host) with a device copy per
-// block for the kernels. NCCL has no tags, so the device messages are posted in one order on
-// every rank (each step: the dK/dV accumulator's receive, then the block's send and receive)
-// and every send is issued together with the next receives.
+// block for the kernels. NCCL has no tags, so the messages are posted in one order on every
+// rank (each step: the dK/dV accumulator's receive, then the block's send and receive) and
+// every send is issued together with the next receives.
 //
 // Under bf16 products the keys and values are bf16 values (the block keeps q, k, v in bf16 and
 // widens them for the ring's fp32 kernels), so the blocks travel in bf16, exactly: half the
@@ -95,44 +96,33 @@ class RingAttention final : public nn::AttentionCore<T> {
   };
   // The layer's row widths and this rank's ring neighbours in the cp group (host and device).
   Ring ring_of(const nn::Attention<T>& attn, std::int64_t batch, std::int64_t seq) const;
-  // Sizes the ring buffers and puts this rank's keys, values and positions in slot 0.
+  // Sizes the ring buffers and puts this rank's keys, values and positions in slot 0 (the
+  // positions on the host).
   Ring start(const nn::Attention<T>& attn, const T* qkv, std::int64_t batch, std::int64_t seq,
              const std::int64_t* positions) const;
-  // The ring on device buffers (float on CUDA).
-  void forward_device(const nn::Attention<T>& attn, const T* qkv, T* out, T* lse, std::int64_t batch,
-                      std::int64_t seq, const std::int64_t* positions) const;
-  void backward_device(const nn::Attention<T>& attn, const T* dout, const T* qkv, const T* out, const T* lse,
-                       T* dqkv, std::int64_t batch, std::int64_t seq, const std::int64_t* positions) const;
-  // Sizes the device buffers, gathers this rank's keys and values into block 0 and its
-  // positions into pos_[0] (host) and qpos_dev_ (device).
-  Ring start_device(const nn::Attention<T>& attn, const T* qkv, std::int64_t batch, std::int64_t seq,
-                    const std::int64_t* positions) const;
   // Posts the send of the block in hand (slot `cur`) to the next rank and the receive of the
-  // next block into slot 1 - cur: in bf16 (kv16_, kv16_dev_) or T (kv_, kv_dev_), on the host
-  // or the device buffers; counted.
-  void pass_block(std::vector<comm::Work>& works, const Ring& g, int cur, bool device) const;
+  // next block into slot 1 - cur, in bf16 (kv16_) or T (kv_); counted.
+  void pass_block(std::vector<comm::Work>& works, const Ring& g, int cur) const;
   // After the transfers: the block received in `slot` widened into the kernels' T buffer (bf16
   // blocks only).
-  void land_block(const Ring& g, int slot, bool device) const;
+  void land_block(const Ring& g, int slot) const;
   // Sends the dK/dV accumulator `data` (n W elements of T) to the next rank, counted.
   comm::Work send_dkv(const T* data, const Ring& g) const;
   comm::Communicator cp_;
   Device device_ = Device::kCpu;
   std::vector<std::int64_t> host_positions_;  // the model's positions, on the host (may be empty)
-  bool bf16_blocks_ = false;                  // blocks travel in bf16 (kv16_, kv16_dev_)
+  bool bf16_blocks_ = false;                  // blocks travel in bf16 (kv16_)
   mutable RingAttentionStats stats_;
-  // Ring buffers, reused between calls: [k | v] rows of the block in hand and the next,
-  // their positions, and the travelling dK/dV.
-  mutable std::vector<T> kv_[2], dkv_[2], acc_in_, part_out_, part_lse_, delta_, chunk_lse_;
-  mutable std::vector<std::int64_t> pos_[2];
-  // The blocks as they travel under bf16_blocks_ (host and device); kv_ / kv_dev_ then hold the
-  // block in hand widened for the kernels.
-  mutable std::vector<BFloat16> kv16_[2];
-  mutable Tensor<BFloat16> kv16_dev_[2];
-  // Their device twins (CUDA): blocks, dK/dV, partial results, D, and the positions the
-  // kernels read (own queries; the block in hand).
-  mutable Tensor<T> kv_dev_[2], dkv_dev_[2], acc_in_dev_, part_out_dev_, part_lse_dev_, delta_dev_;
+  // Ring buffers on device_, reused between calls: [k | v] rows of the block in hand and the
+  // next, the travelling dK/dV, partial results, D, and the positions where the kernels read
+  // them (own queries; the block in hand: CUDA only, the CPU reads pos_).
+  mutable Tensor<T> kv_[2], dkv_[2], acc_in_, part_out_, part_lse_, delta_;
   mutable Tensor<std::int64_t> qpos_dev_, kpos_dev_[2];
+  // The positions of the block in hand and the next, on the host.
+  mutable std::vector<std::int64_t> pos_[2];
+  // The blocks as they travel under bf16_blocks_; kv_ then holds the block in hand widened for
+  // the kernels.
+  mutable Tensor<BFloat16> kv16_[2];
 };
 
 }  // namespace ndmesh::parallel

@@ -70,7 +70,7 @@
 #include "ndmesh/comm/allreduce.hpp"
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/nn/adamw.hpp"
-#include "ndmesh/parallel/dp/device_pages.hpp"
+#include "ndmesh/tensor/device_pages.hpp"
 #include "ndmesh/parallel/dp/param_gatherer.hpp"
 #include "ndmesh/tensor/tensor.hpp"
 

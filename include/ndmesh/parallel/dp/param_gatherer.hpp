@@ -39,7 +39,7 @@
 #include "ndmesh/model/model.hpp"
 #include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/nn/offload.hpp"
-#include "ndmesh/parallel/dp/device_pages.hpp"
+#include "ndmesh/tensor/device_pages.hpp"
 
 namespace ndmesh::parallel {
 

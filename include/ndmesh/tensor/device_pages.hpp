@@ -19,7 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace ndmesh::parallel {
+namespace ndmesh {
 
 class DevicePages {
  public:
@@ -42,6 +42,9 @@ class DevicePages {
   /// Waits for the device, then gives back every queued chunk.
   void flush();
 
+  /// The size of the chunks of mappable device memory (cuda::map_granularity()).
+  static std::size_t chunk_bytes();
+
   /// Bytes backed now (queued chunks included) and the most since construction.
   std::int64_t backed_bytes() const { return backed_ * static_cast<std::int64_t>(chunk_); }
   std::int64_t peak_backed_bytes() const { return peak_backed_ * static_cast<std::int64_t>(chunk_); }
@@ -62,4 +65,4 @@ class DevicePages {
   std::int64_t backed_ = 0, peak_backed_ = 0;
 };
 
-}  // namespace ndmesh::parallel
+}  // namespace ndmesh

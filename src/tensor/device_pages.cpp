@@ -1,15 +1,16 @@
-#include "ndmesh/parallel/dp/device_pages.hpp"
+#include "ndmesh/tensor/device_pages.hpp"
 
 #include <algorithm>
 
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/device.hpp"
 
-namespace ndmesh::parallel {
+namespace ndmesh {
 
-DevicePages::DevicePages(void* data, std::size_t bytes)
-    : base_(static_cast<char*>(data)), chunk_(cuda::map_granularity()) {
-  NDMESH_CHECK(reinterpret_cast<std::uintptr_t>(data) % chunk_ == 0, "dp",
+std::size_t DevicePages::chunk_bytes() { return cuda::map_granularity(); }
+
+DevicePages::DevicePages(void* data, std::size_t bytes) : base_(static_cast<char*>(data)), chunk_(chunk_bytes()) {
+  NDMESH_CHECK(reinterpret_cast<std::uintptr_t>(data) % chunk_ == 0, "tensor",
                "mappable device memory at {} does not start on a chunk of {} bytes", data, chunk_);
   const std::size_t n = (bytes + chunk_ - 1) / chunk_;
   holders_.assign(n, 0);
@@ -27,7 +28,7 @@ DevicePages::~DevicePages() {
 std::pair<std::size_t, std::size_t> DevicePages::chunks_of(const void* p, std::size_t bytes) const {
   const auto lo = static_cast<std::size_t>(static_cast<const char*>(p) - base_);
   const std::pair<std::size_t, std::size_t> r{lo / chunk_, (lo + bytes + chunk_ - 1) / chunk_};
-  NDMESH_CHECK(static_cast<const char*>(p) >= base_ && r.second <= holders_.size(), "dp",
+  NDMESH_CHECK(static_cast<const char*>(p) >= base_ && r.second <= holders_.size(), "tensor",
                "bytes [{}, {}) lie outside the mappable buffer of {} chunks", lo, lo + bytes,
                holders_.size());
   return bytes == 0 ? std::pair<std::size_t, std::size_t>{0, 0} : r;
@@ -81,7 +82,7 @@ void DevicePages::drop(const void* p, std::size_t bytes) {
   const auto [first, last] = chunks_of(p, bytes);
   void* event = nullptr;
   for (std::size_t i = first; i < last; ++i) {
-    NDMESH_CHECK(holders_[i] > 0, "dp", "chunk {} of mappable device memory dropped more often than held", i);
+    NDMESH_CHECK(holders_[i] > 0, "tensor", "chunk {} of mappable device memory dropped more often than held", i);
     if (--holders_[i] == 0 && backed_chunks_[i]) queue(i, event);
   }
 }
@@ -116,4 +117,4 @@ void DevicePages::flush() {
   poll();
 }
 
-}  // namespace ndmesh::parallel
+}  // namespace ndmesh
