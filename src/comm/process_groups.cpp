@@ -165,13 +165,13 @@ const comm::Communicator& ProcessGroups::folded(std::int64_t ep, Mesh::Fold part
   const DimSet dp_cp = mesh_.dims_present("dp-cp");
   const std::string name = part == Mesh::Fold::kInner ? "ep" : "edp";
   const std::vector<std::int64_t> expected = mesh_.fold_group(rank_, dp_cp, ep, part);
-  comm::Communicator made =
-      expected.size() == 1
-          ? world_.self(name)
-          : world_.split(mesh_.fold_color(rank_, dp_cp, ep, part), mesh_.fold_key(rank_, dp_cp, ep, part), name,
-                         opts_);
-  NDMESH_CHECK(made.members() == expected, "comm", "the {} communicator of rank {} holds {} but the mesh says ranks {}",
-               name, rank_, made.members_string(), fmt::join(expected, ","));
+  comm::Communicator made = expected.size() == 1
+                                ? world_.self(name)
+                                : world_.split(mesh_.fold_color(rank_, dp_cp, ep, part),
+                                               mesh_.fold_key(rank_, dp_cp, ep, part), name, opts_);
+  NDMESH_CHECK(made.members() == expected, "comm",
+               "the {} communicator of rank {} holds {} but the mesh says ranks {}", name, rank_,
+               made.members_string(), fmt::join(expected, ","));
   return folded_.emplace(k, made).first->second;
 }
 

@@ -145,7 +145,8 @@ class StagedComm final : public detail::CommImpl {
     memory_->copy(h_in.get(), in.data, in.bytes());
     return done(cpu_->all_to_all_v({h_in.get(), in.count, in.dtype}, send_counts,
                                    {h_out.get(), out.count, out.dtype}, recv_counts, blocking),
-                blocking, [mem = memory_, h_in, h_out, out] { mem->copy(out.data, h_out.get(), out.bytes()); });
+                blocking,
+                [mem = memory_, h_in, h_out, out] { mem->copy(out.data, h_out.get(), out.bytes()); });
   }
 
   std::unique_ptr<detail::WorkImpl> send(ElementSpan data, int peer, int tag, bool blocking) override {

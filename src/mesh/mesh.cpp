@@ -331,9 +331,10 @@ std::int64_t Mesh::key(std::int64_t rank, DimSet s) const {
 
 namespace {
 void check_fold(std::int64_t group, std::int64_t inner, const std::string& kind) {
-  NDMESH_CHECK_CONFIG(inner >= 1 && group % inner == 0, "mesh",
-                      "ep={} does not divide the {} group of {} ranks that it folds into; use an ep that divides {}",
-                      inner, kind, group, group);
+  NDMESH_CHECK_CONFIG(
+      inner >= 1 && group % inner == 0, "mesh",
+      "ep={} does not divide the {} group of {} ranks that it folds into; use an ep that divides {}", inner,
+      kind, group, group);
 }
 }  // namespace
 
@@ -353,7 +354,8 @@ std::int64_t Mesh::fold_color(std::int64_t rank, DimSet s, std::int64_t inner, F
   const std::int64_t size = group_size(s);
   check_fold(size, inner, key_name(s));
   const std::int64_t k = key(rank, s);
-  return part == Fold::kInner ? color(rank, s) * (size / inner) + k / inner : color(rank, s) * inner + k % inner;
+  return part == Fold::kInner ? color(rank, s) * (size / inner) + k / inner
+                              : color(rank, s) * inner + k % inner;
 }
 
 std::int64_t Mesh::fold_key(std::int64_t rank, DimSet s, std::int64_t inner, Fold part) const {

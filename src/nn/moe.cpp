@@ -77,7 +77,9 @@ struct Dispatch {
   std::vector<std::int64_t> send_elements(std::int64_t width) const { return per_member(counts, width); }
   std::vector<std::int64_t> recv_elements(std::int64_t width) const { return per_member(received, width); }
   std::int64_t sent_rows() const { return std::accumulate(counts.begin(), counts.end(), std::int64_t{0}); }
-  std::int64_t received_rows() const { return std::accumulate(received.begin(), received.end(), std::int64_t{0}); }
+  std::int64_t received_rows() const {
+    return std::accumulate(received.begin(), received.end(), std::int64_t{0});
+  }
   // The rows of the receive buffer that local expert l runs, member by member.
   std::vector<std::int64_t> rows_of_local(std::int64_t l) const {
     std::vector<std::int64_t> rows;
@@ -112,7 +114,8 @@ Dispatch plan_dispatch(EpComm& ep, const T* route, RouteRow rr, std::int64_t n) 
       if (route[t * rr.width() + rr.kept() + j] != T(0))
         d.by_expert[static_cast<std::size_t>(route[t * rr.width() + rr.chosen() + j])].push_back({t, j});
   for (std::int64_t e = 0; e < rr.e; ++e)
-    d.counts[static_cast<std::size_t>(e)] = static_cast<std::int64_t>(d.by_expert[static_cast<std::size_t>(e)].size());
+    d.counts[static_cast<std::size_t>(e)] =
+        static_cast<std::int64_t>(d.by_expert[static_cast<std::size_t>(e)].size());
   d.received.assign(static_cast<std::size_t>(rr.e), 0);
   ep.all_to_all(d.counts.data(), d.received.data(), d.local);
   return d;
@@ -240,7 +243,8 @@ void Moe<T>::forward_rows(const T* x, T* out, T* route, std::int64_t n) const {
   std::fill(out, out + n * c, T(0));
   EpComm& ep = *moe_.ep;
   const Dispatch d = plan_dispatch(ep, route, rr, n);
-  std::vector<T> sent(static_cast<std::size_t>(d.sent_rows() * c)), got(static_cast<std::size_t>(d.received_rows() * c));
+  std::vector<T> sent(static_cast<std::size_t>(d.sent_rows() * c)),
+      got(static_cast<std::size_t>(d.received_rows() * c));
   std::int64_t at = 0;
   for (const auto& rows : d.by_expert)
     for (const Assignment& as : rows) std::copy_n(x + as.token * c, c, sent.data() + (at++) * c);
@@ -339,7 +343,8 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
     for (std::int64_t i = 0; i < ne; ++i) std::copy_n(dxe.data() + i * c, c, back.data() + rows[i] * back_w);
   }
   std::vector<T> returned(static_cast<std::size_t>(d.sent_rows() * back_w));
-  ep.all_to_all_v(back.data(), d.recv_elements(back_w).data(), returned.data(), d.send_elements(back_w).data());
+  ep.all_to_all_v(back.data(), d.recv_elements(back_w).data(), returned.data(),
+                  d.send_elements(back_w).data());
   at = 0;
   for (const auto& rows : d.by_expert)
     for (const Assignment& as : rows) {

@@ -72,9 +72,8 @@ const FoldedKind kFolded[] = {{"ep", Mesh::Fold::kInner}, {"edp", Mesh::Fold::kO
 std::vector<std::vector<std::int64_t>> folded_groups(const MeshSetup& s, Mesh::Fold part) {
   const Mesh& m = s.mesh;
   const DimSet dp_cp = m.dims_present("dp-cp");
-  std::vector<std::vector<std::int64_t>> groups(
-      static_cast<std::size_t>(m.world_size() / static_cast<std::int64_t>(
-                                                    m.fold_group(0, dp_cp, s.config.folded_ep, part).size())));
+  std::vector<std::vector<std::int64_t>> groups(static_cast<std::size_t>(
+      m.world_size() / static_cast<std::int64_t>(m.fold_group(0, dp_cp, s.config.folded_ep, part).size())));
   for (std::int64_t r = 0; r < m.world_size(); ++r)
     groups[static_cast<std::size_t>(m.fold_color(r, dp_cp, s.config.folded_ep, part))].push_back(r);
   return groups;
@@ -106,7 +105,8 @@ int show_rank(const MeshSetup& s, std::int64_t rank, bool json) {
   }
   const DimSet dp_cp = m.dims_present("dp-cp");
   if (s.config.folded_ep > 1)
-    for (const FoldedKind& f : kFolded) out["groups"][f.name] = m.fold_group(rank, dp_cp, s.config.folded_ep, f.part);
+    for (const FoldedKind& f : kFolded)
+      out["groups"][f.name] = m.fold_group(rank, dp_cp, s.config.folded_ep, f.part);
   out["neighbours"] = nlohmann::ordered_json::object();
   auto opt = [](std::optional<std::int64_t> v) {
     return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
@@ -146,7 +146,8 @@ int show_rank(const MeshSetup& s, std::int64_t rank, bool json) {
   if (s.config.folded_ep > 1)
     for (const FoldedKind& f : kFolded)
       fmt::print("    {:<12} color {:<6} key {:<6} ranks {}  (ep={} folded into dp-cp)\n", f.name,
-                 m.fold_color(rank, dp_cp, s.config.folded_ep, f.part), m.fold_key(rank, dp_cp, s.config.folded_ep, f.part),
+                 m.fold_color(rank, dp_cp, s.config.folded_ep, f.part),
+                 m.fold_key(rank, dp_cp, s.config.folded_ep, f.part),
                  fmt::join(m.fold_group(rank, dp_cp, s.config.folded_ep, f.part), " "), s.config.folded_ep);
   fmt::print("  neighbours  (line: none past the ends; ring: wraps)\n");
   auto text = [](std::optional<std::int64_t> v) { return v ? std::to_string(*v) : std::string("-"); };
@@ -221,10 +222,11 @@ int show_mesh(const MeshSetup& s, const Options& o) {
     if (n > o.max_groups) fmt::print("  ... {} more (--max-groups N, or --json for all)\n", n - o.max_groups);
   }
   if (s.config.folded_ep > 1) {
-    NDMESH_CHECK_CONFIG(m.world_size() <= kJsonMembers, "mesh",
-                        "--fold-ep lists the folded groups of every rank, and the mesh has {} ranks (the limit is "
-                        "{}); add --rank R for one rank's view",
-                        m.world_size(), kJsonMembers);
+    NDMESH_CHECK_CONFIG(
+        m.world_size() <= kJsonMembers, "mesh",
+        "--fold-ep lists the folded groups of every rank, and the mesh has {} ranks (the limit is "
+        "{}); add --rank R for one rank's view",
+        m.world_size(), kJsonMembers);
     for (const FoldedKind& f : kFolded) {
       const auto groups = folded_groups(s, f.part);
       const auto n = static_cast<std::int64_t>(groups.size());
@@ -234,7 +236,8 @@ int show_mesh(const MeshSetup& s, const Options& o) {
                  s.config.folded_ep, n, groups.front().size(), groups.front().size() == 1 ? "" : "s");
       for (std::int64_t color = 0; color < std::min(n, o.max_groups); ++color)
         fmt::print("  {:>5}: {}\n", color, fmt::join(groups[static_cast<std::size_t>(color)], " "));
-      if (n > o.max_groups) fmt::print("  ... {} more (--max-groups N, or --json for all)\n", n - o.max_groups);
+      if (n > o.max_groups)
+        fmt::print("  ... {} more (--max-groups N, or --json for all)\n", n - o.max_groups);
     }
   }
   if (rpn > 0 && m.world_size() > kPlacementWorld) {
@@ -263,9 +266,10 @@ Action setup(CLI::App& app) {
   o->rank_option =
       app.add_option("--rank", o->rank, "show one rank's full view: coords, node, groups, neighbours");
   app.add_flag("--json", o->json, "print JSON instead of tables");
-  app.add_flag("--fold-ep", o->fold_ep,
-               "--ep is a MoE model's expert parallelism folded into dp x cp (as ndmesh train runs it): show its "
-               "expert (ep) and expert-data-parallel (edp) groups; without it --ep is a dim of its own");
+  app.add_flag(
+      "--fold-ep", o->fold_ep,
+      "--ep is a MoE model's expert parallelism folded into dp x cp (as ndmesh train runs it): show its "
+      "expert (ep) and expert-data-parallel (edp) groups; without it --ep is a dim of its own");
   app.add_option("--max-groups", o->max_groups, "groups listed per kind in the tables (default 16)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   app.footer(

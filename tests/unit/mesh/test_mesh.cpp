@@ -109,7 +109,8 @@ TEST(MeshExact, FoldedExpertGroups) {
       }
       const auto groups = static_cast<std::int64_t>(by_color.size());
       EXPECT_EQ(by_color.rbegin()->first, groups - 1);
-      for (const auto& [color, members] : by_color) EXPECT_EQ(members, m.fold_group(members[0], dp_cp, ep, part));
+      for (const auto& [color, members] : by_color)
+        EXPECT_EQ(members, m.fold_group(members[0], dp_cp, ep, part));
     }
   // With cp, the dp-cp group is dp-major: ep=2 pairs the cp ranks of one dp rank.
   const Mesh c({{"dp", 2}, {"cp", 2}});

@@ -71,26 +71,27 @@ class MoeEp : public ::testing::TestWithParam<std::tuple<int, RouterKind, double
 
 TEST_P(MoeEp, EqualsTheSerialLayerOnEveryRanksRows) {
   const auto [ranks, router, capacity] = GetParam();
-  comm::inproc::run(ranks, [&, ranks = ranks, router = router, capacity = capacity](const comm::Communicator& world) {
-    const int r = world.rank();
-    const std::int64_t rows = 3 + 2 * r;  // uneven: some pairs exchange no row at all
-    Rng rng(100 + static_cast<std::uint64_t>(r));
-    const V x = random_vector(rows * kC, rng), w = random_vector(rows * kC, rng);
-    const Pass serial = run_moe(nullptr, x, w, rows, router, capacity);
-    auto stats = std::make_shared<EpCommStats>();
-    const Pass ep = run_moe(std::make_shared<CommunicatorEpComm>(world.named("ep"), stats), x, w, rows, router,
-                            capacity);
-    expect_near(ep.out, serial.out, "output", r);
-    expect_near(ep.dx, serial.dx, "input gradient", r);
-    EXPECT_EQ(ep.load, serial.load);
-    if (ranks > 1) {
-      EXPECT_EQ(stats->calls, 6);  // counts and two exchanges, forward and backward
-    }
-    V sum_ep = ep.grads, sum_serial = serial.grads;
-    world.all_reduce(std::span<double>(sum_ep));
-    world.all_reduce(std::span<double>(sum_serial));
-    expect_near(sum_ep, sum_serial, "gradients summed over the ranks", r);
-  });
+  comm::inproc::run(
+      ranks, [&, ranks = ranks, router = router, capacity = capacity](const comm::Communicator& world) {
+        const int r = world.rank();
+        const std::int64_t rows = 3 + 2 * r;  // uneven: some pairs exchange no row at all
+        Rng rng(100 + static_cast<std::uint64_t>(r));
+        const V x = random_vector(rows * kC, rng), w = random_vector(rows * kC, rng);
+        const Pass serial = run_moe(nullptr, x, w, rows, router, capacity);
+        auto stats = std::make_shared<EpCommStats>();
+        const Pass ep = run_moe(std::make_shared<CommunicatorEpComm>(world.named("ep"), stats), x, w, rows,
+                                router, capacity);
+        expect_near(ep.out, serial.out, "output", r);
+        expect_near(ep.dx, serial.dx, "input gradient", r);
+        EXPECT_EQ(ep.load, serial.load);
+        if (ranks > 1) {
+          EXPECT_EQ(stats->calls, 6);  // counts and two exchanges, forward and backward
+        }
+        V sum_ep = ep.grads, sum_serial = serial.grads;
+        world.all_reduce(std::span<double>(sum_ep));
+        world.all_reduce(std::span<double>(sum_serial));
+        expect_near(sum_ep, sum_serial, "gradients summed over the ranks", r);
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, MoeEp,
