@@ -83,6 +83,11 @@ class CommImpl {
                                                    bool blocking) = 0;
   virtual std::unique_ptr<WorkImpl> all_gather(ElementSpan in, ElementSpan out, bool blocking) = 0;
   virtual std::unique_ptr<WorkImpl> all_to_all(ElementSpan in, ElementSpan out, bool blocking) = 0;
+  /// Counts per member (validated by the caller: size() of them, summing to in/out.count);
+  /// a backend copies what it keeps past the call. The default refuses, naming the backend.
+  virtual std::unique_ptr<WorkImpl> all_to_all_v(ElementSpan in, std::span<const std::int64_t> send_counts,
+                                                 ElementSpan out, std::span<const std::int64_t> recv_counts,
+                                                 bool blocking);
   virtual std::unique_ptr<WorkImpl> send(ElementSpan data, int peer, int tag, bool blocking) = 0;
   virtual std::unique_ptr<WorkImpl> recv(ElementSpan data, int peer, int tag, bool blocking) = 0;
 

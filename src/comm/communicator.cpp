@@ -66,6 +66,12 @@ void set_gloo_reduce_scatter(GlooReduceScatter algorithm) { g_gloo_reduce_scatte
 
 namespace detail {
 
+std::unique_ptr<WorkImpl> CommImpl::all_to_all_v(ElementSpan, std::span<const std::int64_t>, ElementSpan,
+                                                 std::span<const std::int64_t>, bool) {
+  fail<>("comm", "all_to_all_v is not supported by the {} backend; use the mpi, gloo, nccl or inproc backend",
+         backend());
+}
+
 void Finish::operator()() const {
   if (move_from != nullptr) std::memmove(data.data, move_from, data.bytes());
   if (divisor == 0) return;
@@ -532,6 +538,33 @@ Work Communicator::all_to_all_impl(ElementSpan in, ElementSpan out, const Option
       name_, in.count, out.count, size());
   return run("all_to_all", -1, opts, blocking,
              [&](detail::CommImpl& c, bool b) { return c.all_to_all(in, out, b); });
+}
+
+Work Communicator::all_to_all_v_impl(ElementSpan in, std::span<const std::int64_t> send_counts, ElementSpan out,
+                                     std::span<const std::int64_t> recv_counts, const Options& opts,
+                                     bool blocking) const {
+  require("all_to_all_v");
+  check_disjoint("all_to_all_v", "a separate output buffer", in, out, name_);
+  NDMESH_CHECK(in.dtype == out.dtype, "comm", "all_to_all_v on group {}: input is {} but output is {}", name_,
+               dtype_name(in.dtype), dtype_name(out.dtype));
+  auto total = [&](std::span<const std::int64_t> counts, std::string_view what, std::size_t want) {
+    NDMESH_CHECK(counts.size() == static_cast<std::size_t>(size()), "comm",
+                 "all_to_all_v on group {}: {} {} counts given, the group has {} members", name_, counts.size(),
+                 what, size());
+    std::size_t sum = 0;
+    for (std::int64_t c : counts) {
+      NDMESH_CHECK(c >= 0, "comm", "all_to_all_v on group {}: a {} count is {}; counts must be >= 0", name_,
+                   what, c);
+      sum += static_cast<std::size_t>(c);
+    }
+    NDMESH_CHECK(sum == want, "comm", "all_to_all_v on group {}: the {} counts sum to {} but the buffer holds {}",
+                 name_, what, sum, want);
+  };
+  total(send_counts, "send", in.count);
+  total(recv_counts, "recv", out.count);
+  return run("all_to_all_v", -1, opts, blocking, [&](detail::CommImpl& c, bool b) {
+    return c.all_to_all_v(in, send_counts, out, recv_counts, b);
+  });
 }
 
 Work Communicator::send_impl(ElementSpan data, int peer, const Options& opts, bool blocking) const {

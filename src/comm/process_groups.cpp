@@ -159,6 +159,22 @@ const comm::Communicator& ProcessGroups::create_one(DimSet dims) {
   return by_kind_.emplace(dims.bits(), shared->second.named(name)).first->second;
 }
 
+const comm::Communicator& ProcessGroups::folded(std::int64_t ep, Mesh::Fold part) {
+  const auto k = std::make_pair(ep, static_cast<int>(part));
+  if (auto it = folded_.find(k); it != folded_.end()) return it->second;
+  const DimSet dp_cp = mesh_.dims_present("dp-cp");
+  const std::string name = part == Mesh::Fold::kInner ? "ep" : "edp";
+  const std::vector<std::int64_t> expected = mesh_.fold_group(rank_, dp_cp, ep, part);
+  comm::Communicator made = expected.size() == 1
+                                ? world_.self(name)
+                                : world_.split(mesh_.fold_color(rank_, dp_cp, ep, part),
+                                               mesh_.fold_key(rank_, dp_cp, ep, part), name, opts_);
+  NDMESH_CHECK(made.members() == expected, "comm",
+               "the {} communicator of rank {} holds {} but the mesh says ranks {}", name, rank_,
+               made.members_string(), fmt::join(expected, ","));
+  return folded_.emplace(k, made).first->second;
+}
+
 const comm::Communicator& ProcessGroups::embedding() {
   if (have_embedding_) return embedding_;
   const DimSet pp = mesh_.dims_present("pp");

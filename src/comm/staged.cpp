@@ -135,6 +135,20 @@ class StagedComm final : public detail::CommImpl {
         blocking, [mem = memory_, h_in, h_out, out] { mem->copy(out.data, h_out.get(), out.bytes()); });
   }
 
+  std::unique_ptr<detail::WorkImpl> all_to_all_v(ElementSpan in, std::span<const std::int64_t> send_counts,
+                                                 ElementSpan out, std::span<const std::int64_t> recv_counts,
+                                                 bool blocking) override {
+    if (!memory_->is_device(in.data) && !memory_->is_device(out.data))
+      return cpu_->all_to_all_v(in, send_counts, out, recv_counts, blocking);
+    auto h_in = memory_->host_buffer(in.bytes());
+    auto h_out = memory_->host_buffer(out.bytes());
+    memory_->copy(h_in.get(), in.data, in.bytes());
+    return done(cpu_->all_to_all_v({h_in.get(), in.count, in.dtype}, send_counts,
+                                   {h_out.get(), out.count, out.dtype}, recv_counts, blocking),
+                blocking,
+                [mem = memory_, h_in, h_out, out] { mem->copy(out.data, h_out.get(), out.bytes()); });
+  }
+
   std::unique_ptr<detail::WorkImpl> send(ElementSpan data, int peer, int tag, bool blocking) override {
     if (!memory_->is_device(data.data)) return cpu_->send(data, peer, tag, blocking);
     auto host = memory_->host_buffer(data.bytes());

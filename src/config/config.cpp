@@ -360,7 +360,13 @@ std::vector<std::string> problems(const ParallelConfig& c, const ModelSpec* mode
 
   // Batches, schedule and the model on the layout: the rules `ndmesh train` runs by
   // (training.hpp), so a config `ndmesh mesh --config` accepts is one `ndmesh train` runs.
-  const std::int64_t pp = c.size("pp"), ep = c.size("ep");
+  const std::int64_t pp = c.size("pp"), ep = c.size("ep") * c.folded_ep;
+  if (sizes_ok && c.folded_ep != 1) {
+    const std::int64_t dp_cp = c.size("dp") * c.size("cp");
+    if (c.folded_ep < 1 || dp_cp % c.folded_ep != 0)
+      out.push_back(fmt::format("ep={} must divide dp*cp = {}*{} = {} (ep folds into dp x cp); use {}", c.folded_ep,
+                                c.size("dp"), c.size("cp"), dp_cp, nearest_divisors(dp_cp, std::max<std::int64_t>(c.folded_ep, 1), "ep")));
+  }
   if (c.micro_batch < 1)
     out.push_back(fmt::format("micro_batch={} must be at least 1; e.g. micro_batch=1", c.micro_batch));
   if (c.global_batch < 0)

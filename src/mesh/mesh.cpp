@@ -329,6 +329,41 @@ std::int64_t Mesh::key(std::int64_t rank, DimSet s) const {
   return k;
 }
 
+namespace {
+void check_fold(std::int64_t group, std::int64_t inner, const std::string& kind) {
+  NDMESH_CHECK_CONFIG(
+      inner >= 1 && group % inner == 0, "mesh",
+      "ep={} does not divide the {} group of {} ranks that it folds into; use an ep that divides {}", inner,
+      kind, group, group);
+}
+}  // namespace
+
+std::vector<std::int64_t> Mesh::fold_group(std::int64_t rank, DimSet s, std::int64_t inner, Fold part) const {
+  const GroupView g = group(rank, s);
+  check_fold(g.size(), inner, key_name(s));
+  const std::int64_t k = key(rank, s);
+  std::vector<std::int64_t> out;
+  if (part == Fold::kInner)
+    for (std::int64_t i = k / inner * inner; i < k / inner * inner + inner; ++i) out.push_back(g[i]);
+  else
+    for (std::int64_t i = k % inner; i < g.size(); i += inner) out.push_back(g[i]);
+  return out;
+}
+
+std::int64_t Mesh::fold_color(std::int64_t rank, DimSet s, std::int64_t inner, Fold part) const {
+  const std::int64_t size = group_size(s);
+  check_fold(size, inner, key_name(s));
+  const std::int64_t k = key(rank, s);
+  return part == Fold::kInner ? color(rank, s) * (size / inner) + k / inner
+                              : color(rank, s) * inner + k % inner;
+}
+
+std::int64_t Mesh::fold_key(std::int64_t rank, DimSet s, std::int64_t inner, Fold part) const {
+  check_fold(group_size(s), inner, key_name(s));
+  const std::int64_t k = key(rank, s);
+  return part == Fold::kInner ? k % inner : k / inner;
+}
+
 std::optional<std::int64_t> Mesh::neighbour(std::int64_t rank, int i, std::int64_t offset, Edge edge) const {
   std::int64_t c = coord(rank, i);
   std::int64_t n = sizes_[i];

@@ -143,7 +143,9 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
                                                                             .router = spec.router,
                                                                             .aux_loss = spec.aux_loss,
                                                                             .capacity_factor = spec.capacity_factor,
-                                                                            .router_bias_rate = spec.router_bias_rate})
+                                                                            .router_bias_rate = spec.router_bias_rate,
+                                                                            .ep = options.ep ? options.ep
+                                                                                             : std::make_shared<nn::EpComm>()})
                                                                       : std::nullopt},
                          tp_);
   }

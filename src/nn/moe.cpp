@@ -65,26 +65,60 @@ struct Assignment {
   std::int64_t token, choice;
 };
 
-// Expert e's kept assignments in token order (rows_of), their rows of x gathered into xe, and
-// the expert's forward on them into ye, its activations in a. Returns how many rows it took.
+// The kept assignments of a micro-batch grouped by expert (token order inside an expert),
+// and how many rows each member of the expert group sends this rank for each of its experts.
+struct Dispatch {
+  std::vector<std::vector<Assignment>> by_expert;  // [E]
+  std::vector<std::int64_t> counts;                // [E]: rows this rank sends to each expert
+  std::vector<std::int64_t> received;              // [P * L]: rows member i sends for local expert l
+  std::int64_t members = 1, local = 0;
+
+  // Elements per member of rows of `width` sent (by_member of counts) or received.
+  std::vector<std::int64_t> send_elements(std::int64_t width) const { return per_member(counts, width); }
+  std::vector<std::int64_t> recv_elements(std::int64_t width) const { return per_member(received, width); }
+  std::int64_t sent_rows() const { return std::accumulate(counts.begin(), counts.end(), std::int64_t{0}); }
+  std::int64_t received_rows() const {
+    return std::accumulate(received.begin(), received.end(), std::int64_t{0});
+  }
+  // The rows of the receive buffer that local expert l runs, member by member.
+  std::vector<std::int64_t> rows_of_local(std::int64_t l) const {
+    std::vector<std::int64_t> rows;
+    std::int64_t at = 0;
+    for (std::int64_t i = 0; i < members; ++i)
+      for (std::int64_t m = 0; m < local; ++m) {
+        const std::int64_t n = received[static_cast<std::size_t>(i * local + m)];
+        if (m == l)
+          for (std::int64_t r = 0; r < n; ++r) rows.push_back(at + r);
+        at += n;
+      }
+    return rows;
+  }
+
+ private:
+  std::vector<std::int64_t> per_member(const std::vector<std::int64_t>& c, std::int64_t width) const {
+    std::vector<std::int64_t> out(static_cast<std::size_t>(members), 0);
+    for (std::size_t e = 0; e < c.size(); ++e) out[e / static_cast<std::size_t>(local)] += c[e] * width;
+    return out;
+  }
+};
+
 template <typename T>
-std::int64_t expert_forward(const FeedForward<T>& ex, std::int64_t e, const T* x, const T* route, RouteRow rr,
-                            std::int64_t n, std::int64_t c, std::vector<Assignment>& rows_of,
-                            std::vector<T>& xe, std::vector<T>& ye, MlpActivations<T>& a) {
-  rows_of.clear();
+Dispatch plan_dispatch(EpComm& ep, const T* route, RouteRow rr, std::int64_t n) {
+  Dispatch d;
+  d.members = ep.size();
+  d.local = rr.e / d.members;
+  d.by_expert.resize(static_cast<std::size_t>(rr.e));
+  d.counts.assign(static_cast<std::size_t>(rr.e), 0);
   for (std::int64_t t = 0; t < n; ++t)
     for (std::int64_t j = 0; j < rr.k; ++j)
-      if (static_cast<std::int64_t>(route[t * rr.width() + rr.chosen() + j]) == e &&
-          route[t * rr.width() + rr.kept() + j] != T(0))
-        rows_of.push_back({t, j});
-  const auto ne = static_cast<std::int64_t>(rows_of.size());
-  if (ne == 0) return 0;
-  xe.resize(static_cast<std::size_t>(ne * c));
-  ye.resize(static_cast<std::size_t>(ne * c));
-  for (std::int64_t i = 0; i < ne; ++i) std::copy_n(x + rows_of[i].token * c, c, xe.data() + i * c);
-  a.resize(ne, ex.pre_width(), ex.hidden_width());
-  ex.forward(xe.data(), ye.data(), a, ne);
-  return ne;
+      if (route[t * rr.width() + rr.kept() + j] != T(0))
+        d.by_expert[static_cast<std::size_t>(route[t * rr.width() + rr.chosen() + j])].push_back({t, j});
+  for (std::int64_t e = 0; e < rr.e; ++e)
+    d.counts[static_cast<std::size_t>(e)] =
+        static_cast<std::int64_t>(d.by_expert[static_cast<std::size_t>(e)].size());
+  d.received.assign(static_cast<std::size_t>(rr.e), 0);
+  ep.all_to_all(d.counts.data(), d.received.data(), d.local);
+  return d;
 }
 
 }  // namespace
@@ -105,6 +139,11 @@ Moe<T>::Moe(ParamStore<T>& store, MlpOptions options, MoeOptions moe)
   NDMESH_CHECK(options_.tp.size == 1 && !options_.bias, "nn",
                "moe '{}': a MoE layer has no tensor parallelism and no biases yet (tp={}, bias={})",
                options_.name, options_.tp.size, options_.bias);
+  NDMESH_CHECK(moe_.ep && moe_.experts % moe_.ep->size() == 0, "nn",
+               "moe '{}': experts={} are not divisible by the expert group of {} ranks", options_.name,
+               moe_.experts, moe_.ep ? moe_.ep->size() : 0);
+  local_ = moe_.experts / moe_.ep->size();
+  first_local_ = local_ * moe_.ep->rank();
   if (moe_.router == RouterKind::kSigmoid)
     bias_ = store.add(options_.name + ".router.bias", {moe_.experts}, false);
   for (std::int64_t e = 0; e < moe_.experts; ++e)
@@ -200,19 +239,41 @@ void Moe<T>::forward_rows(const T* x, T* out, T* route, std::int64_t n) const {
         load_[static_cast<std::size_t>(e)] / static_cast<double>(n * k) * mean_q[static_cast<std::size_t>(e)];
   aux_ *= moe_.aux_loss * static_cast<double>(e_count);
 
+  // Dispatch: the rows of x to the ranks of their experts.
   std::fill(out, out + n * c, T(0));
-  std::vector<Assignment> rows_of;
+  EpComm& ep = *moe_.ep;
+  const Dispatch d = plan_dispatch(ep, route, rr, n);
+  std::vector<T> sent(static_cast<std::size_t>(d.sent_rows() * c)),
+      got(static_cast<std::size_t>(d.received_rows() * c));
+  std::int64_t at = 0;
+  for (const auto& rows : d.by_expert)
+    for (const Assignment& as : rows) std::copy_n(x + as.token * c, c, sent.data() + (at++) * c);
+  ep.all_to_all_v(sent.data(), d.send_elements(c).data(), got.data(), d.recv_elements(c).data());
+  // This rank's experts on the rows of every member; their outputs in place of the inputs.
   std::vector<T> xe, ye;
   MlpActivations<T> a;
-  for (std::int64_t e = 0; e < e_count; ++e) {
-    const std::int64_t ne =
-        expert_forward(*experts_[static_cast<std::size_t>(e)], e, x, route, rr, n, c, rows_of, xe, ye, a);
-    for (std::int64_t i = 0; i < ne; ++i) {
-      const T w = route[rows_of[i].token * rr.width() + rr.weights() + rows_of[i].choice];
-      T* o = out + rows_of[i].token * c;
-      for (std::int64_t ch = 0; ch < c; ++ch) o[ch] += w * ye[static_cast<std::size_t>(i * c + ch)];
-    }
+  for (std::int64_t l = 0; l < local_; ++l) {
+    const std::vector<std::int64_t> rows = d.rows_of_local(l);
+    const auto ne = static_cast<std::int64_t>(rows.size());
+    if (ne == 0) continue;
+    const FeedForward<T>& ex = *experts_[static_cast<std::size_t>(first_local_ + l)];
+    xe.resize(static_cast<std::size_t>(ne * c));
+    ye.resize(static_cast<std::size_t>(ne * c));
+    for (std::int64_t i = 0; i < ne; ++i) std::copy_n(got.data() + rows[i] * c, c, xe.data() + i * c);
+    a.resize(ne, ex.pre_width(), ex.hidden_width());
+    ex.forward(xe.data(), ye.data(), a, ne);
+    for (std::int64_t i = 0; i < ne; ++i) std::copy_n(ye.data() + i * c, c, got.data() + rows[i] * c);
   }
+  // Combine: the outputs back, weighed, expert by expert in token order.
+  ep.all_to_all_v(got.data(), d.recv_elements(c).data(), sent.data(), d.send_elements(c).data());
+  at = 0;
+  for (const auto& rows : d.by_expert)
+    for (const Assignment& as : rows) {
+      const T w = route[as.token * rr.width() + rr.weights() + as.choice];
+      const T* y = sent.data() + (at++) * c;
+      T* o = out + as.token * c;
+      for (std::int64_t ch = 0; ch < c; ++ch) o[ch] += w * y[ch];
+    }
   if (shared_) {
     a.resize(n, shared_->pre_width(), shared_->hidden_width());
     ye.resize(static_cast<std::size_t>(n * c));
@@ -234,35 +295,64 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
   for (std::int64_t t = 0; t < n; ++t)
     for (std::int64_t j = 0; j < k; ++j) count[static_cast<std::size_t>(chosen(t, j))] += 1;
 
-  // Each expert: its forward again on its gathered rows, then its backward from the weighed
-  // output gradient; the weights' gradients from its output.
-  std::vector<Assignment> rows_of;
+  // Each expert: the rows [x, dout, weight] to its rank, which runs its forward again on
+  // them, then its backward from the weighed output gradient, and sends back [dx, d weight]
+  // (the weight's gradient is dout . the expert's output).
+  EpComm& ep = *moe_.ep;
+  const Dispatch d = plan_dispatch(ep, route, rr, n);
+  const std::int64_t out_w = 2 * c + 1, back_w = c + 1;
+  std::vector<T> sent(static_cast<std::size_t>(d.sent_rows() * out_w)),
+      got(static_cast<std::size_t>(d.received_rows() * out_w));
+  std::int64_t at = 0;
+  for (const auto& rows : d.by_expert)
+    for (const Assignment& as : rows) {
+      T* r = sent.data() + (at++) * out_w;
+      std::copy_n(x + as.token * c, c, r);
+      std::copy_n(dout + as.token * c, c, r + c);
+      r[2 * c] = route[as.token * rr.width() + rr.weights() + as.choice];
+    }
+  ep.all_to_all_v(sent.data(), d.send_elements(out_w).data(), got.data(), d.recv_elements(out_w).data());
+  std::vector<T> back(static_cast<std::size_t>(d.received_rows() * back_w));
   std::vector<T> xe, ye, dye, dxe, scratch;
   MlpActivations<T> a;
-  for (std::int64_t e = 0; e < e_count; ++e) {
-    const FeedForward<T>& ex = *experts_[static_cast<std::size_t>(e)];
-    const std::int64_t ne = expert_forward(ex, e, x, route, rr, n, c, rows_of, xe, ye, a);
+  for (std::int64_t l = 0; l < local_; ++l) {
+    const std::vector<std::int64_t> rows = d.rows_of_local(l);
+    const auto ne = static_cast<std::int64_t>(rows.size());
     if (ne == 0) continue;
+    const FeedForward<T>& ex = *experts_[static_cast<std::size_t>(first_local_ + l)];
+    xe.resize(static_cast<std::size_t>(ne * c));
+    ye.resize(static_cast<std::size_t>(ne * c));
     dye.resize(static_cast<std::size_t>(ne * c));
     dxe.resize(static_cast<std::size_t>(ne * c));
+    for (std::int64_t i = 0; i < ne; ++i) std::copy_n(got.data() + rows[i] * out_w, c, xe.data() + i * c);
+    a.resize(ne, ex.pre_width(), ex.hidden_width());
+    ex.forward(xe.data(), ye.data(), a, ne);
     for (std::int64_t i = 0; i < ne; ++i) {
-      const Assignment& as = rows_of[static_cast<std::size_t>(i)];
-      const T w = route[as.token * rr.width() + rr.weights() + as.choice];
-      const T* d = dout + as.token * c;
+      const T* r = got.data() + rows[i] * out_w;
+      const T* dr = r + c;
+      const T w = r[2 * c];
       double dot = 0;
       for (std::int64_t ch = 0; ch < c; ++ch) {
-        dye[static_cast<std::size_t>(i * c + ch)] = w * d[ch];
-        dot += static_cast<double>(d[ch]) * static_cast<double>(ye[static_cast<std::size_t>(i * c + ch)]);
+        dye[static_cast<std::size_t>(i * c + ch)] = w * dr[ch];
+        dot += static_cast<double>(dr[ch]) * static_cast<double>(ye[static_cast<std::size_t>(i * c + ch)]);
       }
-      dw[static_cast<std::size_t>(as.token * k + as.choice)] = dot;
+      back[static_cast<std::size_t>(rows[i] * back_w + c)] = static_cast<T>(dot);
     }
     scratch.resize(static_cast<std::size_t>(ne * ex.scratch_width()));
     ex.backward(dye.data(), xe.data(), a, dxe.data(), scratch.data(), ne);
-    for (std::int64_t i = 0; i < ne; ++i) {
-      T* di = dinp + rows_of[i].token * c;
-      for (std::int64_t ch = 0; ch < c; ++ch) di[ch] += dxe[static_cast<std::size_t>(i * c + ch)];
-    }
+    for (std::int64_t i = 0; i < ne; ++i) std::copy_n(dxe.data() + i * c, c, back.data() + rows[i] * back_w);
   }
+  std::vector<T> returned(static_cast<std::size_t>(d.sent_rows() * back_w));
+  ep.all_to_all_v(back.data(), d.recv_elements(back_w).data(), returned.data(),
+                  d.send_elements(back_w).data());
+  at = 0;
+  for (const auto& rows : d.by_expert)
+    for (const Assignment& as : rows) {
+      const T* r = returned.data() + (at++) * back_w;
+      T* di = dinp + as.token * c;
+      for (std::int64_t ch = 0; ch < c; ++ch) di[ch] += r[ch];
+      dw[static_cast<std::size_t>(as.token * k + as.choice)] = static_cast<double>(r[c]);
+    }
   if (shared_) {
     a.resize(n, shared_->pre_width(), shared_->hidden_width());
     ye.resize(static_cast<std::size_t>(n * c));

@@ -13,16 +13,11 @@ namespace ndmesh::parallel {
 
 std::vector<std::string> unsupported_layout(const Mesh& mesh) {
   std::vector<std::string> out;
-  struct Pending {
-    const char* dim;
-    const char* what;
-  };
-  for (auto [dim, what] : {Pending{"ep", "expert parallelism"}})
-    if (mesh.size_of(dim) > 1)
-      out.push_back(fmt::format("--{}={}: {} is not implemented in ndmesh train yet; use --{} 1 (data parallelism: "
-                                "--dp N, tensor parallelism: --tp N, pipeline parallelism: --pp N, context "
-                                "parallelism: --cp N)",
-                                dim, mesh.size_of(dim), what, dim));
+  // ndmesh train folds --ep into dp x cp (parallel/ep/apply.cpp): a dim named ep (--dims) is not that.
+  if (mesh.size_of("ep") > 1)
+    out.push_back(fmt::format("--ep={} as a dim of its own: ndmesh train folds expert parallelism into dp x cp; "
+                              "give --ep with --dp and a MoE model (--experts N), not in --dims or --order",
+                              mesh.size_of("ep")));
   for (const Dim& d : mesh.dims())
     if (d.size > 1 && d.name != "dp" && d.name != "tp" && d.name != "pp" && d.name != "cp" && d.name != "ep")
       out.push_back(fmt::format("dim {}={}: ndmesh train knows the dims dp, pp, cp, tp; rename it or give it size 1",
@@ -36,7 +31,9 @@ RankModel parallelize(const TrainOptions& o, ProcessGroups& groups) {
   const Mesh& mesh = groups.mesh();
   if (o.model.experts > 0 && (mesh.size_of("tp") > 1 || mesh.size_of("pp") > 1 || mesh.size_of("cp") > 1 ||
                               mesh.size_of("ep") > 1))
-    fail<ConfigError>("train", "--experts with --tp/--pp/--cp/--ep is not supported yet; use --dp only (mesh {})",
+    fail<ConfigError>("train",
+                      "--experts with --tp/--pp/--cp is not supported yet; use --dp with --ep (expert parallelism "
+                      "folded into dp) (mesh {})",
                       mesh.to_string());
   NDMESH_CHECK_CONFIG(o.model.experts == 0 || o.dp.zero < 3, "train",
                       "--experts with --zero 3 is not supported yet; use --zero 0, 1 or 2");
@@ -79,6 +76,7 @@ RankModel parallelize(const TrainOptions& o, ProcessGroups& groups) {
 
   apply_tensor_parallel(plan, groups, o);
   apply_context_parallel(plan, groups, o);
+  apply_expert_parallel(plan, groups, o);
   apply_pipeline_parallel(plan, groups, o);
   apply_data_parallel(plan, groups, o);
   apply_recompute(plan, o);
@@ -99,7 +97,8 @@ std::vector<std::unique_ptr<model::Model>> build_chunks(const ModelPlan& plan) {
                                           .recompute = plan.recompute,
                                           .device = plan.device,
                                           .matmul = plan.matmul,
-                                          .fuse_closing_add = plan.fuse_closing_add},
+                                          .fuse_closing_add = plan.fuse_closing_add,
+                                          .ep = plan.ep},
                                          model::UnitRange::blocks(c.first_block, c.last_block, plan.spec.layers),
                                          plan.tp, plan.store));
     model::Model& g = *chunks.back();

@@ -124,11 +124,12 @@ void Console::on_start(const RunStart& r) {
   if (m.experts > 0)
     fmt::print(
         "experts: {} routed (top-{}, {} router){}, expert ffn {}, MoE blocks: every {} after the first {} dense; aux "
-        "loss {:g}, {}\n",
+        "loss {:g}, {}{}\n",
         m.experts, m.top_k, router_name(m.router),
         m.shared_experts > 0 ? fmt::format(" + {} shared", m.shared_experts) : "", m.expert_ffn_or_default(),
         m.moe_every, m.moe_first_dense, m.aux_loss,
-        m.capacity_factor > 0 ? fmt::format("capacity factor {:g}", m.capacity_factor) : "dropless");
+        m.capacity_factor > 0 ? fmt::format("capacity factor {:g}", m.capacity_factor) : "dropless",
+        t.ep > 1 ? fmt::format("; expert parallel over {} ranks ({} experts each)", t.ep, m.experts / t.ep) : "");
   fmt::print("data: {}{}\n", r.data,
              r.entropy_rate
                  ? fmt::format(", entropy rate {:.4f} nats/token (best achievable loss)", *r.entropy_rate)

@@ -213,7 +213,8 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
         "--val-data={}: the held-out data ({}) has {} tokens but the training data has {}; give held-out "
         "data of the same vocabulary",
         o.val_data, heldout->describe(), heldout->vocab(), vocab);
-  const parallel::TrainOptions t = train_options(o, vocab, config.ranks_per_node);
+  parallel::TrainOptions t = train_options(o, vocab, config.ranks_per_node);
+  t.ep = config.folded_ep;
   check_node_memory(o, t, mesh, world);
   const std::string source = data->describe();
   const std::string heldout_source = heldout ? heldout->describe() : std::string();
@@ -573,7 +574,9 @@ EvalReport evaluate(RunOptions o, std::int64_t batches) {
     auto data = std::make_unique<model::ConsecutiveSource>(o.data, model::parse_data_format(o.data_format),
                                                            spec.vocab, o.train.batch, spec.seq, batches);
     const std::int64_t tokens = batches * o.train.batch * spec.seq;
-    parallel::Trainer trainer(train_options(o, spec.vocab, config.ranks_per_node), std::move(data), groups);
+    parallel::TrainOptions t = train_options(o, spec.vocab, config.ranks_per_node);
+    t.ep = config.folded_ep;
+    parallel::Trainer trainer(t, std::move(data), groups);
     try {
       trainer.load(o.load, true);
     } catch (const IoError& e) {

@@ -222,6 +222,54 @@ TYPED_TEST(Collectives, AllToAll) {
   });
 }
 
+TYPED_TEST(Collectives, AllToAllVUnevenAndZeroCounts) {
+  using T = TypeParam;
+  for_each_world([&](const Communicator& world) {
+    const std::int64_t n = world.size(), r = world.rank();
+    // Rank s sends ((3s + j) % 4) * unit elements to rank j: uneven, and zero for some pairs
+    // (every pair when unit is 0). Element i of the block s -> j holds s*100 + j + 10000*(i%3).
+    auto sent = [](std::int64_t s, std::int64_t j, std::int64_t unit) { return ((3 * s + j) % 4) * unit; };
+    for (std::int64_t unit : {std::int64_t{0}, std::int64_t{1}, std::int64_t{1000}}) {
+      std::vector<std::int64_t> send_counts(static_cast<std::size_t>(n)), recv_counts(send_counts.size());
+      std::vector<T> in;
+      for (std::int64_t j = 0; j < n; ++j) {
+        send_counts[static_cast<std::size_t>(j)] = sent(r, j, unit);
+        recv_counts[static_cast<std::size_t>(j)] = sent(j, r, unit);
+        for (std::int64_t i = 0; i < sent(r, j, unit); ++i) in.push_back(static_cast<T>(r * 100 + j + 10000 * (i % 3)));
+      }
+      const auto total = std::accumulate(recv_counts.begin(), recv_counts.end(), std::int64_t{0});
+      std::vector<T> out(static_cast<std::size_t>(total), static_cast<T>(-1));
+      world.all_to_all_v(std::span<const T>(in), std::span<const std::int64_t>(send_counts), std::span<T>(out),
+                         std::span<const std::int64_t>(recv_counts));
+      std::size_t bad = 0, at = 0;
+      for (std::int64_t s = 0; s < n; ++s)
+        for (std::int64_t i = 0; i < sent(s, r, unit); ++i) bad += out[at++] != static_cast<T>(s * 100 + r + 10000 * (i % 3));
+      EXPECT_EQ(bad, 0u) << "unit " << unit;
+      // The same exchange as an awaited operation.
+      std::vector<T> out2(out.size(), static_cast<T>(-1));
+      world
+          .all_to_all_v_async(std::span<const T>(in), std::span<const std::int64_t>(send_counts), std::span<T>(out2),
+                              std::span<const std::int64_t>(recv_counts))
+          .wait();
+      EXPECT_EQ(out2, out) << "unit " << unit;
+    }
+  });
+}
+
+TEST(Communicator, AllToAllVCountsMustMatchTheBuffers) {
+  for_each_world([&](const Communicator& world) {
+    const auto n = static_cast<std::size_t>(world.size());
+    std::vector<float> in(n), out(n);
+    std::vector<std::int64_t> ones(n, 1), twos(n, 2);
+    auto call = [&](std::span<const std::int64_t> sc, std::span<const std::int64_t> rc) {
+      world.all_to_all_v(std::span<const float>(in), sc, std::span<float>(out), rc);
+    };
+    EXPECT_THROW(call(twos, ones), Error);  // the send counts sum past the input
+    EXPECT_THROW(call(ones, std::span<const std::int64_t>(ones).first(n - 1)), Error);  // one count short
+    call(ones, ones);  // the group is still usable
+  });
+}
+
 TYPED_TEST(Collectives, SendRecvRing) {
   using T = TypeParam;
   for_each_world([&](const Communicator& world) {

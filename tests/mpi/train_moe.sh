@@ -7,6 +7,10 @@
 # loads are summed over the ranks before the bias moves). The auxiliary loss and the capacity are per micro-batch, so
 # every run has micro-batches of 2 sequences (serial: 4 of them; dp 2: 2 per rank), the same
 # ones. --experts with --tp is refused in one line.
+# Expert parallelism (--ep, folded into dp): --dp 2 --ep 2, --dp 4 --ep 2 and --dp 4 --ep 4
+# equal the serial run (routing, loads and drops too: --dp 2 --ep 2 with the capacity
+# factor); a checkpoint saved at step 2 under --dp 2 --ep 2 resumes under --dp 4 --ep 4 and
+# serially, equal to the serial run's steps 3-4.
 #   train_moe.sh <mpirun command...> <path to ndmesh>
 source "$(dirname "$0")/train_lib.sh" "$@"
 
@@ -34,5 +38,26 @@ aux_same sig sig_dp2
 layout_run sig 2 sig_dp2_zero2 --dp 2 --zero 2 "${extra[@]}"
 aux_same sig sig_dp2_zero2
 
-expect_train_usage "--experts with --tp/--pp/--cp/--ep is not supported yet" 2 "${common[@]}" --tp 2
+layout_run moe 2 moe_dp2_ep2 --dp 2 --ep 2
+aux_same moe moe_dp2_ep2
+layout_run moe 4 moe_dp4_ep2 --dp 4 --ep 2
+aux_same moe moe_dp4_ep2
+layout_run moe 4 moe_dp4_ep4 --dp 4 --ep 4
+aux_same moe moe_dp4_ep4
+layout_run sig 2 sig_dp2_ep2 --dp 2 --ep 2 "${extra[@]}"
+aux_same sig sig_dp2_ep2
+
+# One checkpoint, written under --dp 2 --ep 2, resumed under --dp 4 --ep 4 and serially.
+"${mpirun[@]}" -np 2 "$ndmesh" train "${common[@]}" --dp 2 --ep 2 --until 2 --save "$tmp/ep.ckpt" > "$tmp/save.out" 2>&1 ||
+  fail "save under --dp 2 --ep 2: $(tail -5 "$tmp/save.out")"
+"${mpirun[@]}" -np 4 "$ndmesh" train "${common[@]}" --dp 4 --ep 4 --load "$tmp/ep.ckpt" 2> "$tmp/r4.err" | tail -n 1 \
+  > "$tmp/resumed4.json" || fail "load under --dp 4 --ep 4: $(tail -5 "$tmp/r4.err")"
+expect_same "saved under --dp 2 --ep 2, resumed under --dp 4 --ep 4" "$tmp/moe.json" "$tmp/resumed4.json" --from 2
+"$ndmesh" train "${common[@]}" --load "$tmp/ep.ckpt" 2> "$tmp/r1.err" | tail -n 1 > "$tmp/resumed1.json" ||
+  fail "serial load: $(tail -5 "$tmp/r1.err")"
+expect_same "saved under --dp 2 --ep 2, resumed serially" "$tmp/moe.json" "$tmp/resumed1.json" --from 2
+
+expect_train_usage "--experts with --tp/--pp/--cp is not supported yet" 2 "${common[@]}" --tp 2
+expect_train_usage "ep=4 must divide dp*cp" 2 "${common[@]}" --dp 2 --ep 4
+expect_train_usage "--ep=2 needs a mixture of experts" 2 --hidden 32 --seq 16 --markov-vocab 16 --steps 1 --dp 2 --ep 2
 echo "train_moe.sh: ok"

@@ -57,6 +57,7 @@ Action setup(CLI::App& app) {
     run.model_given = {"seq"};
     run.config_path = f->layout.config_path();
     f->layout.set_default_sizes({{"dp", -1}});
+    f->layout.set_fold_ep(true);  // as in train: a MoE model's expert parallelism
     run.layout = [f](std::int64_t world) { return f->layout.resolve(world).config; };
     const train::EvalReport r = train::evaluate(run, f->batches);
     if (!r.lead) return 0;

@@ -23,6 +23,7 @@ struct Options {
   CLI::Option* rank_option = nullptr;
   bool json = false;
   std::int64_t max_groups = 16;
+  bool fold_ep = false;
 };
 
 nlohmann::ordered_json dims_json(const Mesh& m) {
@@ -62,6 +63,24 @@ std::vector<std::string> placement_warnings(const MeshSetup& s) {
   return out;
 }
 
+// Expert parallelism folded into dp x cp (--fold-ep): the expert groups ("ep") and the
+// expert-data-parallel groups ("edp"), each as the list of its members by color.
+struct FoldedKind {
+  std::string name;
+  Mesh::Fold part;
+};
+const FoldedKind kFolded[] = {{"ep", Mesh::Fold::kInner}, {"edp", Mesh::Fold::kOuter}};
+
+std::vector<std::vector<std::int64_t>> folded_groups(const MeshSetup& s, Mesh::Fold part) {
+  const Mesh& m = s.mesh;
+  const DimSet dp_cp = m.dims_present("dp-cp");
+  std::vector<std::vector<std::int64_t>> groups(static_cast<std::size_t>(
+      m.world_size() / static_cast<std::int64_t>(m.fold_group(0, dp_cp, s.config.folded_ep, part).size())));
+  for (std::int64_t r = 0; r < m.world_size(); ++r)
+    groups[static_cast<std::size_t>(m.fold_color(r, dp_cp, s.config.folded_ep, part))].push_back(r);
+  return groups;
+}
+
 int show_rank(const MeshSetup& s, std::int64_t rank, bool json) {
   const Mesh& m = s.mesh;
   Coords c = m.coords(rank);  // validates the rank
@@ -86,6 +105,10 @@ int show_rank(const MeshSetup& s, std::int64_t rank, bool json) {
     entry = nlohmann::ordered_json::array();
     for (std::int64_t r : g) entry.push_back(r);
   }
+  const DimSet dp_cp = m.dims_present("dp-cp");
+  if (s.config.folded_ep > 1)
+    for (const FoldedKind& f : kFolded)
+      out["groups"][f.name] = m.fold_group(rank, dp_cp, s.config.folded_ep, f.part);
   out["neighbours"] = nlohmann::ordered_json::object();
   auto opt = [](std::optional<std::int64_t> v) {
     return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
@@ -122,6 +145,12 @@ int show_rank(const MeshSetup& s, std::int64_t rank, bool json) {
     fmt::print("    {:<12} color {:<6} key {:<6} ranks {}{}\n", m.key_name(k), m.color(rank, k),
                m.key(rank, k), join_ranks(g), where);
   }
+  if (s.config.folded_ep > 1)
+    for (const FoldedKind& f : kFolded)
+      fmt::print("    {:<12} color {:<6} key {:<6} ranks {}  (ep={} folded into dp-cp)\n", f.name,
+                 m.fold_color(rank, dp_cp, s.config.folded_ep, f.part),
+                 m.fold_key(rank, dp_cp, s.config.folded_ep, f.part),
+                 fmt::join(m.fold_group(rank, dp_cp, s.config.folded_ep, f.part), " "), s.config.folded_ep);
   fmt::print("  neighbours  (line: none past the ends; ring: wraps)\n");
   auto text = [](std::optional<std::int64_t> v) { return v ? std::to_string(*v) : std::string("-"); };
   for (int i = 0; i < m.ndims(); ++i)
@@ -152,6 +181,10 @@ int show_mesh(const MeshSetup& s, const Options& o) {
         g.for_each([&](std::int64_t r) { members.push_back(r); });
         list.push_back(std::move(members));
       });
+    }
+    if (s.config.folded_ep > 1) {
+      out["folded_ep"] = s.config.folded_ep;
+      for (const FoldedKind& f : kFolded) out["groups"][f.name] = folded_groups(s, f.part);
     }
     if (rpn > 0) {
       out["ranks_per_node"] = rpn;
@@ -190,6 +223,25 @@ int show_mesh(const MeshSetup& s, const Options& o) {
     }
     if (n > o.max_groups) fmt::print("  ... {} more (--max-groups N, or --json for all)\n", n - o.max_groups);
   }
+  if (s.config.folded_ep > 1) {
+    NDMESH_CHECK_CONFIG(
+        m.world_size() <= kJsonMembers, "mesh",
+        "--fold-ep lists the folded groups of every rank, and the mesh has {} ranks (the limit is "
+        "{}); add --rank R for one rank's view",
+        m.world_size(), kJsonMembers);
+    for (const FoldedKind& f : kFolded) {
+      const auto groups = folded_groups(s, f.part);
+      const auto n = static_cast<std::int64_t>(groups.size());
+      fmt::print("\n{} groups ({}, ep={} folded into dp-cp): {} of {} rank{}\n", f.name,
+                 f.part == Mesh::Fold::kInner ? "expert: the ranks that exchange tokens"
+                                              : "expert-data-parallel: the ranks that hold the same experts",
+                 s.config.folded_ep, n, groups.front().size(), groups.front().size() == 1 ? "" : "s");
+      for (std::int64_t color = 0; color < std::min(n, o.max_groups); ++color)
+        fmt::print("  {:>5}: {}\n", color, fmt::join(groups[static_cast<std::size_t>(color)], " "));
+      if (n > o.max_groups)
+        fmt::print("  ... {} more (--max-groups N, or --json for all)\n", n - o.max_groups);
+    }
+  }
   if (rpn > 0 && m.world_size() > kPlacementWorld) {
     fmt::print("\n(placement report skipped: it walks every group, and the world of {} ranks is above {})\n",
                m.world_size(), kPlacementWorld);
@@ -216,6 +268,10 @@ Action setup(CLI::App& app) {
   o->rank_option =
       app.add_option("--rank", o->rank, "show one rank's full view: coords, node, groups, neighbours");
   app.add_flag("--json", o->json, "print JSON instead of tables");
+  app.add_flag(
+      "--fold-ep", o->fold_ep,
+      "--ep is a MoE model's expert parallelism folded into dp x cp (as ndmesh train runs it): show its "
+      "expert (ep) and expert-data-parallel (edp) groups; without it --ep is a dim of its own");
   app.add_option("--max-groups", o->max_groups, "groups listed per kind in the tables (default 16)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   app.footer(
@@ -223,8 +279,10 @@ Action setup(CLI::App& app) {
       "  ndmesh mesh --dp 2 --pp 2 --cp 2 --tp 2 --ranks-per-node 8\n"
       "  ndmesh mesh --tp 2 --cp 2 --dp 2 --pp 2 --megatron-order tp-cp-dp-pp --groups tp,dp-cp\n"
       "  ndmesh mesh --dims pipe=2,tensor=2,data=4 --groups pipe,tensor,data,pipe-tensor\n"
-      "  ndmesh mesh --tp 8 --cp 4 --pp 16 --dp -1 --world 1048576 --rank 777777 --json");
+      "  ndmesh mesh --tp 8 --cp 4 --pp 16 --dp -1 --world 1048576 --rank 777777 --json\n"
+      "  ndmesh mesh --dp 4 --ep 2 --fold-ep");
   return [o] {
+    o->flags.set_fold_ep(o->fold_ep);
     MeshSetup s = o->flags.resolve();
     if (o->rank_option->count()) return show_rank(s, o->rank, o->json);
     return show_mesh(s, *o);

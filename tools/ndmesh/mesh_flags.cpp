@@ -69,8 +69,18 @@ MeshSetup MeshFlags::resolve(std::int64_t launched_world) const {
   for (const auto& [name, option] : size_options_)
     if (option->count()) layout.sizes[name] = sizes_.at(name);
 
+  std::int64_t folded_ep = 1;
+  if (fold_ep_) {
+    if (auto it = layout.sizes.find("ep"); it != layout.sizes.end()) {
+      NDMESH_CHECK_CONFIG(it->second >= 1, "config", "--ep {} must be at least 1 (it folds into dp x cp)",
+                          it->second);
+      folded_ep = it->second;
+      layout.sizes.erase(it);
+    }
+  }
   ParallelConfig config = file.parallel;
   config.dims = layout_dims(layout);
+  config.folded_ep = folded_ep;
   if (world_opt_->count()) {
     NDMESH_CHECK_CONFIG(world_ >= 1, "config", "--world {} must be at least 1", world_);
     config.world = world_;

@@ -48,6 +48,9 @@ class MeshFlags {
   /// Sizes used when no layout flag is given (e.g. `ndmesh train` under mpirun: dp = -1,
   /// all ranks data-parallel).
   void set_default_sizes(std::map<std::string, std::int64_t> sizes) { default_sizes_ = std::move(sizes); }
+  /// --ep folds into dp x cp (ParallelConfig::folded_ep) instead of being a dim of its own:
+  /// `ndmesh train` (expert parallelism of a MoE model) and `ndmesh mesh --fold-ep`.
+  void set_fold_ep(bool fold) { fold_ep_ = fold; }
 
  private:
   std::map<std::string, std::int64_t> sizes_;
@@ -56,6 +59,7 @@ class MeshFlags {
   std::string order_, megatron_order_, dims_, config_, groups_;
   std::vector<std::string> heavy_;
   std::int64_t world_ = 0, ranks_per_node_ = 0;
+  bool fold_ep_ = false;
   CLI::Option* order_opt_ = nullptr;
   CLI::Option* megatron_opt_ = nullptr;
   CLI::Option* dims_opt_ = nullptr;

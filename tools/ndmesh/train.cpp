@@ -368,6 +368,8 @@ train::RunOptions parsed_train_options(const std::shared_ptr<TrainFlags>& flags)
   o.config_path = flags->layout.config_path();
   // Under a launcher with no layout flag every rank is data-parallel.
   flags->layout.set_default_sizes({{"dp", -1}});
+  // --ep is a MoE model's expert parallelism, folded into dp x cp (a dense model refuses it).
+  flags->layout.set_fold_ep(true);
   o.layout = [flags](std::int64_t world) { return flags->layout.resolve(world).config; };
   return o;
 }

@@ -264,6 +264,24 @@ class Communicator {
     return all_to_all_impl(in_view(in), ElementSpan::of(out), opts, false);
   }
 
+  /// All-to-all with per-peer counts (MPI_Alltoallv): `in` holds size() blocks back to
+  /// back, block j of send_counts[j] elements going to member j, which stores it as block i
+  /// (this member's rank) of its `out`, whose blocks hold recv_counts[i] elements back to
+  /// back. send_counts[j] here must equal recv_counts[i] on member j (a mismatch is an
+  /// Error where the backend can see it, else undefined); counts may be zero. Every backend
+  /// has it; one without it refuses in one line naming the backend.
+  template <Element T>
+  void all_to_all_v(std::span<const T> in, std::span<const std::int64_t> send_counts, std::span<T> out,
+                    std::span<const std::int64_t> recv_counts, const Options& opts = {}) const {
+    all_to_all_v_impl(in_view(in), send_counts, ElementSpan::of(out), recv_counts, opts, true);
+  }
+  /// The counts are copied before it returns; the buffers must stay alive until the Work completes.
+  template <Element T>
+  Work all_to_all_v_async(std::span<const T> in, std::span<const std::int64_t> send_counts, std::span<T> out,
+                          std::span<const std::int64_t> recv_counts, const Options& opts = {}) const {
+    return all_to_all_v_impl(in_view(in), send_counts, ElementSpan::of(out), recv_counts, opts, false);
+  }
+
   /// Sends `data` to group rank `peer`; matched by a recv from this rank with the same tag.
   template <Element T>
   void send(std::span<const T> data, int peer, const Options& opts = {}) const {
@@ -323,6 +341,8 @@ class Communicator {
   Work reduce_scatter_in_place_impl(ElementSpan data, const Options& opts, bool blocking) const;
   Work all_gather_in_place_impl(ElementSpan data, const Options& opts, bool blocking) const;
   Work all_to_all_impl(ElementSpan in, ElementSpan out, const Options& opts, bool blocking) const;
+  Work all_to_all_v_impl(ElementSpan in, std::span<const std::int64_t> send_counts, ElementSpan out,
+                         std::span<const std::int64_t> recv_counts, const Options& opts, bool blocking) const;
   Work send_impl(ElementSpan data, int peer, const Options& opts, bool blocking) const;
   Work recv_impl(ElementSpan data, int peer, const Options& opts, bool blocking) const;
 

@@ -70,6 +70,13 @@ class ProcessGroups {
   /// use (collective over the world, like every group).
   const comm::Communicator& embedding();
 
+  /// Expert parallelism folded into dp x cp (Mesh::fold_group): the expert group "ep" (the
+  /// `ep` consecutive members of this rank's dp-cp group that exchange tokens) and the
+  /// expert-data-parallel group "edp" (the members that hold the same experts). Created on
+  /// first use (collective over the world); `ep` must be the same on every call.
+  const comm::Communicator& expert(std::int64_t ep) { return folded(ep, Mesh::Fold::kInner); }
+  const comm::Communicator& expert_data(std::int64_t ep) { return folded(ep, Mesh::Fold::kOuter); }
+
   /// Seed 001's layout answers (group ids, first/last ranks, cp_send_rank, pp_next_rank,
   /// is_first_stage, its string), from the mesh.
   const GroupManagerView& view() const { return view_; }
@@ -91,6 +98,9 @@ class ProcessGroups {
   void agree(std::string_view what, std::int64_t value, const std::string& mine);
   const comm::Communicator& create_one(DimSet dims);
 
+  const comm::Communicator& folded(std::int64_t ep, Mesh::Fold part);
+
+  std::map<std::pair<std::int64_t, int>, comm::Communicator> folded_;
   Mesh mesh_;
   comm::Communicator world_;
   std::int64_t rank_;

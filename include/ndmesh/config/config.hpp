@@ -156,6 +156,11 @@ std::vector<Dim> layout_dims(const LayoutSpec& spec);
 struct ParallelConfig {
   /// Dims outer to inner. One size may be -1: inferred from `world`.
   std::vector<Dim> dims = {{"dp", 1}, {"pp", 1}, {"cp", 1}, {"tp", 1}};
+  /// Expert parallelism folded into dp x cp (MoE, as Megatron-core and torchtitan fold it):
+  /// not a dim of the mesh; it divides dp*cp, and ep consecutive members of each dp-cp
+  /// group exchange tokens (Mesh::fold_group). 1: none. A `ep` dim in `dims` is the other,
+  /// standalone spelling (`ndmesh mesh --ep` without --fold-ep).
+  std::int64_t folded_ep = 1;
   std::int64_t world = 0;                        ///< 0: the product of the sizes
   std::int64_t ranks_per_node = 0;               ///< 0: unknown (placement not checked)
   std::vector<std::string> heavy_dims = {"tp"};  ///< dims warned about when crossing nodes

@@ -277,6 +277,19 @@ class Mesh {
   /// Index of `rank` inside its group of `s`.
   std::int64_t key(std::int64_t rank, DimSet s) const;
 
+  /// Expert parallelism folded into a group kind (Megatron-core, torchtitan): every group
+  /// of `s` (dp-cp), its members in group order, is cut into blocks of `inner` consecutive
+  /// members. Fold::kInner is the block holding `rank` (the expert group: the ranks that
+  /// exchange tokens); Fold::kOuter is the member at `rank`'s place in every block of its
+  /// group (the expert-data-parallel group: the ranks that hold the same experts).
+  /// ConfigError when `inner` does not divide the group size.
+  enum class Fold { kInner, kOuter };
+  std::vector<std::int64_t> fold_group(std::int64_t rank, DimSet s, std::int64_t inner, Fold part) const;
+  /// The split color of `rank`'s fold_group (groups of one part numbered 0.. over the world).
+  std::int64_t fold_color(std::int64_t rank, DimSet s, std::int64_t inner, Fold part) const;
+  /// Index of `rank` inside its fold_group.
+  std::int64_t fold_key(std::int64_t rank, DimSet s, std::int64_t inner, Fold part) const;
+
   /// The rank `offset` steps along dim i from `rank`; with Edge::kLine, nullopt past
   /// the ends.
   std::optional<std::int64_t> neighbour(std::int64_t rank, int i, std::int64_t offset, Edge edge) const;

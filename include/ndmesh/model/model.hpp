@@ -30,6 +30,7 @@
 #include "ndmesh/core/recompute.hpp"
 #include "ndmesh/nn/adamw.hpp"
 #include "ndmesh/nn/attention.hpp"
+#include "ndmesh/nn/ep.hpp"
 #include "ndmesh/nn/tp.hpp"
 #include "ndmesh/tensor/params.hpp"
 #include "ndmesh/tensor/tensor.hpp"
@@ -89,6 +90,8 @@ struct ModelOptions {
   /// the next unit's forward, so whoever gives a unit's parameters back after its own use
   /// (ZeRO 2/3's per-unit release) turns it off. The arithmetic is the same either way.
   bool fuse_closing_add = true;
+  /// The expert group of the MoE layers (expert parallelism, nn::Moe); nullptr: the group of one.
+  std::shared_ptr<nn::EpComm> ep;
 };
 
 /// What one micro-batch's activations keep beyond what its own backward reads.

@@ -32,6 +32,18 @@
 // whether each assignment was kept. The backward recomputes each expert's forward on its
 // gathered rows (the experts' activations are not kept). CPU fp32 and double only: no CUDA
 // twin and no bf16 products yet, no tensor parallelism (DecoderT refuses them).
+//
+// Expert parallelism (MoeOptions::ep, a group of P ranks; E divisible by P): routing,
+// capacity and the auxiliary loss stay on the rank that holds the tokens (its micro-batch,
+// as in the serial run); the kept assignments, grouped by expert and in token order inside
+// an expert, go to the rank that runs their expert. Dispatch: an all-to-all of the per-expert
+// row counts, then an all-to-all-v of the rows of x; each rank runs its E/P experts on the
+// rows of all members (member by member, in order); combine: an all-to-all-v of the outputs
+// back, weighed and summed on the token's rank. The backward sends [x, dout, weight] rows the
+// same way (the expert recomputes its forward, as without ep) and gets [dx, d weight] back.
+// Every rank still stores every expert's parameters (the flat layout is the serial one): the
+// experts it does not run get zero gradients, so the dp x cp reduction of the gradients is
+// each expert's sum over its expert-data-parallel ranks. With P = 1 it is the serial layer.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +51,7 @@
 #include <vector>
 
 #include "ndmesh/core/arch.hpp"
+#include "ndmesh/nn/ep.hpp"
 #include "ndmesh/nn/feed_forward.hpp"
 #include "ndmesh/nn/linear.hpp"
 #include "ndmesh/tensor/params.hpp"
@@ -56,6 +69,9 @@ struct MoeOptions {
   double aux_loss = 0;         ///< the auxiliary loss's coefficient
   double capacity_factor = 0;  ///< 0: dropless
   double router_bias_rate = 0.001;
+  /// The expert group (expert parallelism; default: the group of one). Member r runs
+  /// experts [r * E/size, (r+1) * E/size) on the rows every member sends it.
+  std::shared_ptr<EpComm> ep = std::make_shared<EpComm>();
 };
 
 /// One token's routing: the chosen experts in choice order and their weights.
@@ -120,6 +136,8 @@ class Moe final : public FeedForwardPasses<Moe<T>, T> {
   void forward_rows(const T* x, T* out, T* route, std::int64_t rows) const;
   void backward_rows(const T* dout, const T* x, const T* route, T* dinp, std::int64_t rows) const;
 
+  // The experts this rank runs: [first_local_, first_local_ + local_).
+  std::int64_t local_ = 0, first_local_ = 0;
   MlpOptions options_;
   MoeOptions moe_;
   ParamStore<T>* store_;

@@ -8,6 +8,8 @@
 //   1. tensor parallelism (parallel/tp/apply.cpp): the tp group every layer splits over,
 //      sequence parallelism;
 //   2. context parallelism (parallel/cp/apply.cpp): ring attention as the attention core;
+//      then expert parallelism (parallel/ep/apply.cpp): the MoE layers' expert group, folded
+//      into dp x cp;
 //   3. pipeline parallelism (parallel/pp/apply.cpp): the partition of the blocks into
 //      chunks, the schedule, which chunks this rank holds;
 //   4. data parallelism (parallel/dp/apply.cpp): the gradient group (dp, or dp x cp) and the
@@ -27,6 +29,7 @@
 #include "ndmesh/model/model.hpp"
 #include "ndmesh/parallel/batch_source.hpp"
 #include "ndmesh/parallel/cp/ring_attention.hpp"
+#include "ndmesh/parallel/ep/ep_comm.hpp"
 #include "ndmesh/parallel/pp/schedule.hpp"
 #include "ndmesh/parallel/tp/tp_comm.hpp"
 #include "ndmesh/parallel/train_options.hpp"
@@ -54,6 +57,9 @@ struct ModelPlan {
   // Context parallelism: the ring that is the blocks' attention core with cp > 1 (nullptr:
   // the local kernel on the local rows); its stats count what it sends.
   std::shared_ptr<RingAttention<float>> ring;
+  // Expert parallelism: the MoE layers' expert group (nullptr: of one), its stats.
+  std::shared_ptr<nn::EpComm> ep;
+  std::shared_ptr<EpCommStats> ep_stats = std::make_shared<EpCommStats>();
   // Pipeline parallelism: blocks per virtual stage, the schedule, this rank's chunks.
   std::vector<std::int64_t> partition;
   pp::PipelineSchedule schedule;
@@ -99,6 +105,7 @@ RankModel parallelize(const TrainOptions& options, ProcessGroups& groups);
 // strategy's folder and sets only its own fields of the plan.
 void apply_tensor_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& options);
 void apply_context_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& options);
+void apply_expert_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& options);
 void apply_pipeline_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& options);
 void apply_data_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& options);
 void apply_recompute(ModelPlan& plan, const TrainOptions& options);

@@ -72,6 +72,9 @@ struct TrainOptions {
   DataParallelOptions dp;
   PipelineOptions pp;
   CpLayout cp_layout = CpLayout::kZigzag;  ///< which chunks of each sequence a cp rank holds
+  /// Expert parallelism of a MoE model (--ep), folded into dp x cp: each expert runs on one
+  /// rank of every expert group of ep ranks, which exchange tokens (ParallelConfig::folded_ep).
+  std::int64_t ep = 1;
   /// With tp > 1: norms and residuals hold 1/tp of the tokens (--sequence-parallel).
   bool sequence_parallel = false;
   /// Activation recomputation (--recompute; see nn::Recompute): the same losses bit for bit.

@@ -46,6 +46,7 @@
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
@@ -547,6 +548,23 @@ class GlooComm final : public detail::CommImpl {
         o.setOutput(static_cast<T*>(addr(out.data)), out.count);
         o.setTimeout(kGlooTimeout);
         ::gloo::alltoall(o);
+      });
+    });
+  }
+
+  std::unique_ptr<detail::WorkImpl> all_to_all_v(ElementSpan in, std::span<const std::int64_t> send_counts,
+                                                 ElementSpan out, std::span<const std::int64_t> recv_counts,
+                                                 bool blocking) override {
+    check_block("all_to_all_v", in.count);
+    check_block("all_to_all_v", out.count);
+    std::vector<std::int64_t> sc(send_counts.begin(), send_counts.end()), rc(recv_counts.begin(), recv_counts.end());
+    return collective("all_to_all_v", blocking, [ctx = ctx_, in, out, sc = std::move(sc), rc = std::move(rc)] {
+      visit_dtype(in.dtype, [&]<typename T>(T) {
+        ::gloo::AlltoallvOptions o(ctx);
+        o.setInput(static_cast<T*>(addr(in.data)), sc);
+        o.setOutput(static_cast<T*>(addr(out.data)), rc);
+        o.setTimeout(kGlooTimeout);
+        ::gloo::alltoallv(o);
       });
     });
   }

@@ -46,7 +46,7 @@ namespace {
 using detail::CommImpl;
 using detail::WorkImpl;
 
-enum class Kind { kBarrier, kBroadcast, kAllReduce, kReduceScatter, kAllGather, kAllToAll, kSplit };
+enum class Kind { kBarrier, kBroadcast, kAllReduce, kReduceScatter, kAllGather, kAllToAll, kAllToAllV, kSplit };
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -62,6 +62,8 @@ const char* kind_name(Kind k) {
       return "all_gather";
     case Kind::kAllToAll:
       return "all_to_all";
+    case Kind::kAllToAllV:
+      return "all_to_all_v";
     case Kind::kSplit:
       return "split";
   }
@@ -77,6 +79,7 @@ struct Part {
   ReduceOp op = ReduceOp::kSum;
   std::optional<std::int64_t> color;  // split
   std::int64_t key = 0;
+  std::vector<std::int64_t> send_counts, recv_counts;  // all_to_all_v, by group rank
 };
 
 // "all_reduce of 8 float32 (sum)": one member's call, for mismatch messages.
@@ -97,6 +100,10 @@ std::string describe(const Part& p) {
       return fmt::format("all_gather of {} {} into {}", p.in.count, dtype_name(p.in.dtype), p.out.count);
     case Kind::kAllToAll:
       return fmt::format("all_to_all of {} {}", p.in.count, dtype_name(p.in.dtype));
+    case Kind::kAllToAllV:
+      return fmt::format("all_to_all_v of {} {} (counts {}) into {} (counts {})", p.in.count,
+                         dtype_name(p.in.dtype), fmt::join(p.send_counts, ","), p.out.count,
+                         fmt::join(p.recv_counts, ","));
   }
   return "?";
 }
@@ -104,6 +111,7 @@ std::string describe(const Part& p) {
 bool same_call(const Part& a, const Part& b) {
   if (a.kind != b.kind) return false;
   if (a.kind == Kind::kBarrier || a.kind == Kind::kSplit) return true;
+  if (a.kind == Kind::kAllToAllV) return a.in.dtype == b.in.dtype;  // counts: checked pairwise
   return a.in.count == b.in.count && a.out.count == b.out.count && a.in.dtype == b.in.dtype &&
          a.out.dtype == b.out.dtype && a.root == b.root && a.op == b.op;
 }
@@ -315,6 +323,26 @@ void compute(Slot& slot) {
         copy_bytes(parts[j].out.data, all.data() + j * p * n, p * n * sizeof(T));
       break;
     }
+    case Kind::kAllToAllV: {
+      // Every member's input is read in full before any output is written.
+      std::vector<std::vector<T>> results(p);
+      for (std::size_t j = 0; j < p; ++j) {
+        std::size_t total = 0;
+        for (std::int64_t c : parts[j].recv_counts) total += static_cast<std::size_t>(c);
+        results[j].resize(total);
+        std::size_t at = 0;
+        for (std::size_t i = 0; i < p; ++i) {
+          std::size_t offset = 0;
+          for (std::size_t k = 0; k < j; ++k) offset += static_cast<std::size_t>(parts[i].send_counts[k]);
+          const auto n = static_cast<std::size_t>(parts[i].send_counts[j]);
+          std::copy_n(static_cast<const T*>(parts[i].in.data) + offset, n, results[j].data() + at);
+          at += n;
+        }
+      }
+      for (std::size_t j = 0; j < p; ++j)
+        copy_bytes(parts[j].out.data, results[j].data(), results[j].size() * sizeof(T));
+      break;
+    }
     case Kind::kBarrier:
     case Kind::kSplit:
       break;
@@ -372,6 +400,14 @@ class InprocComm final : public CommImpl {
   }
   std::unique_ptr<WorkImpl> all_to_all(ElementSpan in, ElementSpan out, bool blocking) override {
     return collective({.kind = Kind::kAllToAll, .in = in, .out = out}, blocking);
+  }
+
+  std::unique_ptr<WorkImpl> all_to_all_v(ElementSpan in, std::span<const std::int64_t> send_counts, ElementSpan out,
+                                         std::span<const std::int64_t> recv_counts, bool blocking) override {
+    Part part{.kind = Kind::kAllToAllV, .in = in, .out = out};
+    part.send_counts.assign(send_counts.begin(), send_counts.end());
+    part.recv_counts.assign(recv_counts.begin(), recv_counts.end());
+    return collective(std::move(part), blocking);
   }
 
   std::unique_ptr<WorkImpl> send(ElementSpan data, int peer, int tag, bool blocking) override {
@@ -497,6 +533,16 @@ class InprocComm final : public CommImpl {
       return;
     }
     if (parts[0].kind == Kind::kBarrier) return;
+    if (parts[0].kind == Kind::kAllToAllV)
+      for (std::size_t i = 0; i < parts.size(); ++i)
+        for (std::size_t j = 0; j < parts.size(); ++j)
+          if (parts[i].send_counts[j] != parts[j].recv_counts[i]) {
+            slot.error = fmt::format(
+                "all_to_all_v #{} of the group of ranks {}: rank {} sends {} elements to rank {}, which expects {}; "
+                "send_counts[j] of rank i must equal recv_counts[i] of rank j",
+                slot.index, fmt::join(ctx_->members, ","), i, parts[i].send_counts[j], j, parts[j].recv_counts[i]);
+            return;
+          }
     const DType t = parts[0].kind == Kind::kBroadcast || parts[0].kind == Kind::kAllReduce
                         ? parts[0].out.dtype
                         : parts[0].in.dtype;

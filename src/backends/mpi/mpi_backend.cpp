@@ -5,7 +5,7 @@
 // requests the caller polls with MPI_Testall against its deadline. MPI counts are int, so operations whose
 // buffer is one contiguous range (all_reduce, broadcast, send, recv) are cut into chunks of at most INT_MAX
 // elements, issued in the same order on every rank; the block collectives (all_gather, reduce_scatter,
-// all_to_all) refuse a per-rank block above the limit.
+// all_to_all) refuse a per-rank block above the limit, all_to_all_v a buffer above it.
 #include "backends/mpi/mpi_backend.hpp"
 
 #include <mpi.h>
@@ -256,6 +256,9 @@ class MpiWork final : public detail::WorkImpl {
   MPI_Datatype type = MPI_DATATYPE_NULL;
   int peer = -1;
 
+  // all_to_all_v: the counts and displacements MPI reads until completion.
+  std::vector<int> vcounts;
+
   // Polling allocates nothing: statuses are kept only for receives, sized when posted.
   std::vector<MPI_Status> statuses;
 
@@ -429,6 +432,39 @@ class MpiComm final : public detail::CommImpl {
     check(MPI_Ialltoall(in.data, n, mpi_type(in.dtype), out.data, n, mpi_type(out.dtype), comm_,
                         &work->requests[0]),
           "MPI_Ialltoall");
+    return work;
+  }
+
+  // MPI_Alltoallv: int counts and displacements, kept in the Work while it is in flight.
+  std::unique_ptr<detail::WorkImpl> all_to_all_v(ElementSpan in, std::span<const std::int64_t> send_counts,
+                                                 ElementSpan out, std::span<const std::int64_t> recv_counts,
+                                                 bool blocking) override {
+    auto work = std::make_unique<MpiWork>();
+    auto& v = work->vcounts;  // send counts, send displacements, recv counts, recv displacements
+    v.resize(4 * static_cast<std::size_t>(size_));
+    int* sc = v.data();
+    int* sd = sc + size_;
+    int* rc = sd + size_;
+    int* rd = rc + size_;
+    block_count("all_to_all_v", in.count);
+    block_count("all_to_all_v", out.count);
+    for (int p = 0, s_at = 0, r_at = 0; p < size_; ++p) {
+      sc[p] = static_cast<int>(send_counts[static_cast<std::size_t>(p)]);
+      rc[p] = static_cast<int>(recv_counts[static_cast<std::size_t>(p)]);
+      sd[p] = s_at;
+      rd[p] = r_at;
+      s_at += sc[p];
+      r_at += rc[p];
+    }
+    if (blocking) {
+      check(MPI_Alltoallv(in.data, sc, sd, mpi_type(in.dtype), out.data, rc, rd, mpi_type(out.dtype), comm_),
+            "MPI_Alltoallv");
+      return nullptr;
+    }
+    work->requests.resize(1);
+    check(MPI_Ialltoallv(in.data, sc, sd, mpi_type(in.dtype), out.data, rc, rd, mpi_type(out.dtype), comm_,
+                         &work->requests[0]),
+          "MPI_Ialltoallv");
     return work;
   }
 

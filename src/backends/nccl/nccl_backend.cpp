@@ -369,6 +369,32 @@ class NcclComm final : public detail::CommImpl, public std::enable_shared_from_t
     });
   }
 
+  // NCCL has no all-to-all-v: one group of a send and a receive per peer (zero counts skipped).
+  std::unique_ptr<detail::WorkImpl> all_to_all_v(ElementSpan in, std::span<const std::int64_t> send_counts,
+                                                 ElementSpan out, std::span<const std::int64_t> recv_counts,
+                                                 bool blocking) override {
+    if (!is_device_pointer(in.data) && !is_device_pointer(out.data))
+      return host().all_to_all_v(in, send_counts, out, recv_counts, blocking);
+    const std::size_t width = dtype_size(in.dtype);
+    return collective(blocking, {in.data, out.data}, [&](State& s) {
+      ncclResult_t r = ncclGroupStart();
+      std::size_t s_at = 0, r_at = 0;
+      for (int p = 0; p < size() && (r == ncclSuccess || r == ncclInProgress); ++p) {
+        const auto sn = static_cast<std::size_t>(send_counts[static_cast<std::size_t>(p)]);
+        const auto rn = static_cast<std::size_t>(recv_counts[static_cast<std::size_t>(p)]);
+        if (sn > 0)
+          r = ncclSend(static_cast<const char*>(in.data) + s_at * width, sn, nccl_type(in.dtype), p, s.comm,
+                       s.stream);
+        if (rn > 0 && (r == ncclSuccess || r == ncclInProgress))
+          r = ncclRecv(static_cast<char*>(out.data) + r_at * width, rn, nccl_type(in.dtype), p, s.comm, s.stream);
+        s_at += sn;
+        r_at += rn;
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r == ncclSuccess || r == ncclInProgress ? end : r;
+    });
+  }
+
   std::unique_ptr<detail::WorkImpl> send(ElementSpan data, int peer, int tag, bool blocking) override {
     if (!is_device_pointer(data.data)) return host().send(data, peer, tag, blocking);
     return point_to_point(true, data, peer, blocking);

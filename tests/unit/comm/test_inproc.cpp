@@ -253,6 +253,43 @@ TEST(Inproc, AnAwaitedOperationTimesOutAsATimeoutError) {
   EXPECT_EQ(msg, "[comm] all_reduce on group tp (ranks 0,1) timed out after 0.1 s");
 }
 
+TEST(Inproc, AnAllToAllVTimesOutNamingTheGroup) {
+  const std::string msg = what_of<TimeoutError>([&] {
+    inproc::run(2, [&](const Communicator& world) {
+      std::vector<float> in(2, 1), out(2);
+      const std::int64_t counts[] = {1, 1};
+      if (world.rank() == 0)
+        world.named("ep").all_to_all_v(std::span<const float>(in), std::span<const std::int64_t>(counts),
+                                       std::span<float>(out), std::span<const std::int64_t>(counts),
+                                       {.timeout_s = 0.1});
+      else
+        world.recv(std::span<float>(out).first(1), 0);  // never sent: ends with the job
+    });
+  });
+  EXPECT_EQ(msg, "[comm] all_to_all_v on group ep (ranks 0,1) timed out after 0.1 s");
+}
+
+TEST(Inproc, AllToAllVCountsThatDoNotPairAreAnErrorOnEveryMember) {
+  // Rank 0 sends 2 elements to rank 1, which expects 1.
+  std::vector<std::string> seen(2);
+  what_of<Error>([&] {
+    inproc::run(2, [&](const Communicator& world) {
+      const bool zero = world.rank() == 0;
+      const std::int64_t send[] = {1, zero ? 2 : 1}, recv[] = {1, 1};
+      std::vector<float> in(zero ? 3 : 2), out(2);
+      try {
+        world.all_to_all_v(std::span<const float>(in), std::span<const std::int64_t>(send), std::span<float>(out),
+                           std::span<const std::int64_t>(recv));
+      } catch (const Error& e) {
+        seen[static_cast<std::size_t>(world.rank())] = e.what();
+        throw;
+      }
+    });
+  });
+  for (const std::string& s : seen)
+    EXPECT_NE(s.find("rank 0 sends 2 elements to rank 1, which expects 1"), std::string::npos) << s;
+}
+
 TEST(Inproc, ASplitTimesOutToo) {
   const std::string msg = what_of<TimeoutError>([&] {
     inproc::run(2,

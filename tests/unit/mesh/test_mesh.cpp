@@ -82,6 +82,43 @@ TEST(MeshExact, ColorKeyAndNeighbours) {
   EXPECT_FALSE(m.group(13, pp).contains(24));
 }
 
+// Expert parallelism folded into dp x cp (Megatron-core, torchtitan): ep consecutive members
+// of each dp-cp group exchange tokens; the members at the same place of every block hold the
+// same experts.
+TEST(MeshExact, FoldedExpertGroups) {
+  using V = std::vector<std::int64_t>;
+  const Mesh m({{"dp", 4}, {"pp", 1}, {"cp", 1}, {"tp", 2}});
+  const DimSet dp_cp = m.dims_present("dp-cp");  // rank 0's: 0 2 4 6; rank 1's: 1 3 5 7
+  EXPECT_EQ(m.fold_group(0, dp_cp, 2, Mesh::Fold::kInner), (V{0, 2}));
+  EXPECT_EQ(m.fold_group(6, dp_cp, 2, Mesh::Fold::kInner), (V{4, 6}));
+  EXPECT_EQ(m.fold_group(3, dp_cp, 2, Mesh::Fold::kInner), (V{1, 3}));
+  EXPECT_EQ(m.fold_group(0, dp_cp, 2, Mesh::Fold::kOuter), (V{0, 4}));
+  EXPECT_EQ(m.fold_group(2, dp_cp, 2, Mesh::Fold::kOuter), (V{2, 6}));
+  EXPECT_EQ(m.fold_group(7, dp_cp, 2, Mesh::Fold::kOuter), (V{3, 7}));
+  EXPECT_EQ(m.fold_group(5, dp_cp, 4, Mesh::Fold::kInner), (V{1, 3, 5, 7}));
+  EXPECT_EQ(m.fold_group(5, dp_cp, 4, Mesh::Fold::kOuter), (V{5}));
+  EXPECT_EQ(m.fold_group(5, dp_cp, 1, Mesh::Fold::kOuter), (V{1, 3, 5, 7}));
+  // Colors number the groups of a part 0..n-1 over the world, keys are the places in them.
+  for (std::int64_t ep : {1, 2, 4})
+    for (auto part : {Mesh::Fold::kInner, Mesh::Fold::kOuter}) {
+      std::map<std::int64_t, V> by_color;
+      for (std::int64_t r = 0; r < m.world_size(); ++r) {
+        const V g = m.fold_group(r, dp_cp, ep, part);
+        EXPECT_EQ(g[static_cast<std::size_t>(m.fold_key(r, dp_cp, ep, part))], r);
+        by_color[m.fold_color(r, dp_cp, ep, part)].push_back(r);
+      }
+      const auto groups = static_cast<std::int64_t>(by_color.size());
+      EXPECT_EQ(by_color.rbegin()->first, groups - 1);
+      for (const auto& [color, members] : by_color)
+        EXPECT_EQ(members, m.fold_group(members[0], dp_cp, ep, part));
+    }
+  // With cp, the dp-cp group is dp-major: ep=2 pairs the cp ranks of one dp rank.
+  const Mesh c({{"dp", 2}, {"cp", 2}});
+  EXPECT_EQ(c.fold_group(1, c.dims_of("dp-cp"), 2, Mesh::Fold::kInner), (V{0, 1}));
+  EXPECT_EQ(c.fold_group(1, c.dims_of("dp-cp"), 2, Mesh::Fold::kOuter), (V{1, 3}));
+  EXPECT_THROW(m.fold_group(0, dp_cp, 3, Mesh::Fold::kInner), ConfigError);
+}
+
 TEST(MeshExact, DimsPresentSkipsAbsentNames) {
   Mesh m{{"dp", 2}, {"tp", 3}};
   EXPECT_EQ(m.dims_present("cp-dp"), m.dims_of("dp"));
