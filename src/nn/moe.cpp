@@ -121,6 +121,20 @@ Dispatch plan_dispatch(EpComm& ep, const T* route, RouteRow rr, std::int64_t n) 
   return d;
 }
 
+// One local expert's forward on the received rows `rows` of `got` (row stride `stride`; the
+// input is each row's first c values): gathered into xe, outputs in ye, activations in a.
+template <typename T>
+void gather_and_forward(const FeedForward<T>& ex, const std::vector<std::int64_t>& rows, const T* got,
+                        std::int64_t stride, std::int64_t c, std::vector<T>& xe, std::vector<T>& ye,
+                        MlpActivations<T>& a) {
+  const auto ne = static_cast<std::int64_t>(rows.size());
+  xe.resize(static_cast<std::size_t>(ne * c));
+  ye.resize(static_cast<std::size_t>(ne * c));
+  for (std::int64_t i = 0; i < ne; ++i) std::copy_n(got + rows[i] * stride, c, xe.data() + i * c);
+  a.resize(ne, ex.pre_width(), ex.hidden_width());
+  ex.forward(xe.data(), ye.data(), a, ne);
+}
+
 }  // namespace
 
 template <typename T>
@@ -257,11 +271,7 @@ void Moe<T>::forward_rows(const T* x, T* out, T* route, std::int64_t n) const {
     const auto ne = static_cast<std::int64_t>(rows.size());
     if (ne == 0) continue;
     const FeedForward<T>& ex = *experts_[static_cast<std::size_t>(first_local_ + l)];
-    xe.resize(static_cast<std::size_t>(ne * c));
-    ye.resize(static_cast<std::size_t>(ne * c));
-    for (std::int64_t i = 0; i < ne; ++i) std::copy_n(got.data() + rows[i] * c, c, xe.data() + i * c);
-    a.resize(ne, ex.pre_width(), ex.hidden_width());
-    ex.forward(xe.data(), ye.data(), a, ne);
+    gather_and_forward(ex, rows, got.data(), c, c, xe, ye, a);
     for (std::int64_t i = 0; i < ne; ++i) std::copy_n(ye.data() + i * c, c, got.data() + rows[i] * c);
   }
   // Combine: the outputs back, weighed, expert by expert in token order.
@@ -320,13 +330,9 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
     const auto ne = static_cast<std::int64_t>(rows.size());
     if (ne == 0) continue;
     const FeedForward<T>& ex = *experts_[static_cast<std::size_t>(first_local_ + l)];
-    xe.resize(static_cast<std::size_t>(ne * c));
-    ye.resize(static_cast<std::size_t>(ne * c));
+    gather_and_forward(ex, rows, got.data(), out_w, c, xe, ye, a);
     dye.resize(static_cast<std::size_t>(ne * c));
     dxe.resize(static_cast<std::size_t>(ne * c));
-    for (std::int64_t i = 0; i < ne; ++i) std::copy_n(got.data() + rows[i] * out_w, c, xe.data() + i * c);
-    a.resize(ne, ex.pre_width(), ex.hidden_width());
-    ex.forward(xe.data(), ye.data(), a, ne);
     for (std::int64_t i = 0; i < ne; ++i) {
       const T* r = got.data() + rows[i] * out_w;
       const T* dr = r + c;
