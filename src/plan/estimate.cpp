@@ -132,7 +132,13 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
   // The first rank, the last, and the first of the ranks with the most blocks (among equal
   // block counts the earliest holds the most micro-batches in flight).
   const auto heaviest = std::max_element(ranks.begin(), ranks.end()) - ranks.begin();
-  const std::int64_t stages[3] = {0, l.pp - 1, heaviest};
+  std::vector<std::int64_t> stages = {0, l.pp - 1, heaviest};
+  // With MoE layers the stages differ in kind as well as in count (DeepSeek-V3's first three
+  // blocks are dense): every one is evaluated.
+  if (has_moe) {
+    stages.clear();
+    for (std::int64_t i = 0; i < l.pp; ++i) stages.push_back(i);
+  }
   for (std::int64_t stage : stages) {
     const bool first = stage == 0, last = stage == l.pp - 1;
     const double layers_on_stage = d(ranks[static_cast<std::size_t>(stage)]);

@@ -97,6 +97,18 @@ TEST(MoeMemory, ExpertsShardedOverEpTheirStatesOverTheRest) {
   EXPECT_DOUBLE_EQ(share.dense, 2 * kH * kH / 2 + 2 * kH * (kKv / 2) + kRouter + kNorms);
 }
 
+TEST(MoeMemory, EveryStageIsWeighed) {
+  // DeepSeek-V3's first three blocks are dense: over 32 stages of 2 blocks (the last ones 1),
+  // stage 0 holds two dense blocks, stage 1 one of each, stages 2.. two MoE blocks of 256
+  // experts each (ep 1), which outweigh everything else.
+  const PlanModel m = model_preset("deepseek-v3");
+  const Layout l{.pp = 32, .dp = 64, .micro_batch = 1, .zero = 1, .ep = 1};
+  const MemoryBreakdown mem = estimate_memory(m, l, {.seq = 4096, .global_batch = 2048});
+  EXPECT_GE(mem.stage, 2);
+  EXPECT_EQ(mem.moe_layers_on_stage, 2);
+  EXPECT_DOUBLE_EQ(mem.stage_expert_parameters, 2 * 256 * 3 * 7168.0 * 2048);
+}
+
 TEST(MoeMemory, DispatchedRowsAndRouterProbabilities) {
   const PlanModel v = moe_block_view(model_preset("mixtral-8x7b"));
   // The view's MLP is the 2 active experts' width.
