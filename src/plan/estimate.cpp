@@ -46,6 +46,19 @@ namespace {
 
 using units::d;
 
+// Mixture-of-experts blocks on each pipeline rank: chunk k (contiguous blocks, in order) on
+// rank k mod pp, as blocks_per_rank counts them.
+std::vector<std::int64_t> moe_blocks_per_rank(const ModelSpec& spec, const std::vector<std::int64_t>& chunks,
+                                              std::int64_t pp) {
+  std::vector<std::int64_t> out(static_cast<std::size_t>(std::max<std::int64_t>(pp, 1)), 0);
+  std::int64_t first = 0;
+  for (std::size_t k = 0; k < chunks.size(); ++k) {
+    out[k % out.size()] += moe_layers_in(spec, first, chunks[k]);
+    first += chunks[k];
+  }
+  return out;
+}
+
 }  // namespace
 
 ParallelConfig parallel_config(const Layout& l, const Workload& w, std::int64_t gpus_per_node) {
@@ -60,6 +73,7 @@ ParallelConfig parallel_config(const Layout& l, const Workload& w, std::int64_t 
   c.zero = l.zero;
   c.micro_batch = l.micro_batch;
   c.global_batch = w.global_batch;
+  c.folded_ep = l.ep;
   c.uneven_stages = true;  // the planner splits blocks with balanced_partition()
   return c;
 }
@@ -98,6 +112,15 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
                               .attention_input_bytes = precision.attention_input_bytes};
   const double per_layer = activation_bytes_per_layer(model, s, b, act);
   const double layer_params = layer_parameters_per_rank(model, l.tp);
+  // A mixture of experts' layer: its MLP is the active experts' (moe_block_view), and the
+  // rank stores E/ep of the routed experts (the target design: `ndmesh train` keeps them all).
+  const bool has_moe = model.spec.experts > 0;
+  ActivationOptions moe_act = act;
+  moe_act.moe = true;
+  const PlanModel moe_view = has_moe ? moe_block_view(model) : model;
+  const double moe_per_layer = has_moe ? activation_bytes_per_layer(moe_view, s, b, moe_act) : 0.0;
+  const MoeLayerShare moe_params = has_moe ? moe_layer_parameters_per_rank(model, l.tp, l.ep) : MoeLayerShare{};
+  const std::vector<std::int64_t> moe_ranks = moe_blocks_per_rank(model.spec, stage_chunks(model, l), l.pp);
   // Vocab-parallel embedding; a learned position table is not split.
   const double embedding = vocab * h / t + d(model.spec.position_rows()) * h;
   // The output layer: its own matrix when untied; when tied, Megatron keeps a copy of the
@@ -109,16 +132,36 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
   // The first rank, the last, and the first of the ranks with the most blocks (among equal
   // block counts the earliest holds the most micro-batches in flight).
   const auto heaviest = std::max_element(ranks.begin(), ranks.end()) - ranks.begin();
-  const std::int64_t stages[3] = {0, l.pp - 1, heaviest};
+  std::vector<std::int64_t> stages = {0, l.pp - 1, heaviest};
+  // With MoE layers the stages differ in kind as well as in count (DeepSeek-V3's first three
+  // blocks are dense): every one is evaluated.
+  if (has_moe) {
+    stages.clear();
+    for (std::int64_t i = 0; i < l.pp; ++i) stages.push_back(i);
+  }
   for (std::int64_t stage : stages) {
     const bool first = stage == 0, last = stage == l.pp - 1;
     const double layers_on_stage = d(ranks[static_cast<std::size_t>(stage)]);
-    double params = layers_on_stage * layer_params;
+    const double moe_layers = d(moe_ranks[static_cast<std::size_t>(stage)]);
+    const double dense_layers = layers_on_stage - moe_layers;
+    double params = dense_layers * layer_params + moe_layers * moe_params.dense;
     if (first) params += embedding;
     if (last) params += head + final_norm;
-    // ZeRO shards over the gradient group, dp x cp (cp ranks hold the same parameters).
+    const double expert_params = moe_layers * moe_params.experts;
+    // ZeRO shards over the gradient group, dp x cp (cp ranks hold the same parameters); the
+    // routed experts' over the expert-data-parallel group, dp x cp / ep.
     const std::int64_t group = l.dp * l.cp;
+    const std::int64_t edp = group / std::max<std::int64_t>(l.ep, 1);
     ModelStates states = model_state_bytes(params, l.zero, group, precision);
+    const ModelStates expert_states = model_state_bytes(expert_params, l.zero, edp, precision);
+    states.params += expert_states.params, states.grads += expert_states.grads;
+    states.optimizer += expert_states.optimizer;
+    // The unit ZeRO 2/3 holds whole (a block): a MoE one where the stage has any; its experts
+    // sharded over edp, the rest over dp x cp.
+    const double unit_params = moe_layers > 0 ? moe_params.total() : layer_params;
+    const double unit_gathered =
+        moe_layers > 0 ? moe_params.dense * d(group - 1) / d(group) + moe_params.experts * d(edp - 1) / d(edp)
+                       : layer_params * d(group - 1) / d(group);
     // ZeRO-3 gathers each layer's weights before using it and prefetches zero3_prefetch
     // more: 1 + depth layers of this tp rank live at once, of which the own 1/group block
     // is in the shard already. ZeRO 2 and 3: the backward writes one layer's full-size
@@ -126,10 +169,9 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
     // gradients): each is handed back once reduced into the shard. A head tied to the
     // embedding on the same rank writes the token table's gradient first, and it is reduced
     // last (its unit).
-    if (l.zero >= 3 && group > 1)
-      states.params += d(1 + l.zero3_prefetch) * layer_params * d(group - 1) / d(group) * precision.param_bytes;
+    if (l.zero >= 3 && group > 1) states.params += d(1 + l.zero3_prefetch) * unit_gathered * precision.param_bytes;
     if (l.zero >= 2 && group > 1) {
-      states.grads += 2 * layer_params * precision.grad_bytes;
+      states.grads += 2 * unit_params * precision.grad_bytes;
       if (first && last && model.spec.tied_embeddings) states.grads += vocab * h / t * precision.grad_bytes;
     }
     double offloaded = 0;
@@ -137,19 +179,28 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
     // To pinned host memory: the moments, plus the fp32 master copy of the shard where the
     // GPU's parameters are fp32 (their own master there; the host updates its copy).
     const double host = l.offload_optimizer && l.offload_to_host
-                            ? offloaded + (precision.param_bytes >= 4 ? 4.0 * params / d(l.zero >= 1 ? group : 1) : 0.0)
+                            ? offloaded + (precision.param_bytes >= 4
+                                               ? 4.0 * (params / d(l.zero >= 1 ? group : 1) +
+                                                        expert_params / d(l.zero >= 1 ? edp : 1))
+                                               : 0.0)
                             : 0.0;
 
     const double in_flight = microbatches_in_flight(l.schedule, l.pp, m, l.vpp, stage);
-    double activations = layers_on_stage * in_flight * per_layer;
+    double activations = (dense_layers * per_layer + moe_layers * moe_per_layer) * in_flight;
     if (l.recompute == Recompute::kFull ||
         (l.recompute == Recompute::kSelective && l.attention == Attention::kFlash)) {
       // During the backward pass one layer is rematerialised: in full (its input, already
       // kept, aside), or under selective with flash attention its attention output and
-      // log-sum-exp (what selective drops).
+      // log-sum-exp (what selective drops). The larger of a dense and a MoE layer.
       ActivationOptions none = act;
       none.recompute = Recompute::kNone;
-      activations += activation_bytes_per_layer(model, s, b, none) - per_layer;
+      double again = dense_layers > 0 ? activation_bytes_per_layer(model, s, b, none) - per_layer : 0.0;
+      if (moe_layers > 0) {
+        ActivationOptions moe_none = moe_act;
+        moe_none.recompute = Recompute::kNone;
+        again = std::max(again, activation_bytes_per_layer(moe_view, s, b, moe_none) - moe_per_layer);
+      }
+      activations += again;
     }
     // Korthikanti et al. 2022 section 4.3: the embedding dropout mask, sbhp/t with
     // sequence parallelism (p micro-batches in flight on the first stage) ...
@@ -163,6 +214,8 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
                      logit_bytes_held(precision, l.tp) * s * b * vocab / t;
 
     const double total = states.total() + activations;
+    const double mean_per_layer =
+        layers_on_stage > 0 ? (dense_layers * per_layer + moe_layers * moe_per_layer) / layers_on_stage : per_layer;
     if (stage == 0 || total > worst.total) {
       worst = MemoryBreakdown{.params = states.params,
                               .grads = states.grads,
@@ -172,10 +225,12 @@ MemoryBreakdown estimate_memory(const PlanModel& model, const Layout& l, const W
                               .activations = activations,
                               .total = total,
                               .stage = stage,
-                              .stage_parameters = params,
+                              .stage_parameters = params + expert_params,
                               .layers_on_stage = layers_on_stage,
                               .in_flight = in_flight,
-                              .activation_per_layer = per_layer};
+                              .activation_per_layer = mean_per_layer,
+                              .stage_expert_parameters = expert_params,
+                              .moe_layers_on_stage = moe_layers};
     }
   }
   return worst;
@@ -193,6 +248,31 @@ Placement placement(const Layout& l, std::int64_t gpus_per_node) {
   p.cp_in_node = in_node("cp", l.cp);
   p.pp_in_node = in_node("pp", l.pp);
   p.dp_in_node = in_node("dp-cp", l.dp * l.cp);
+  if (l.ep > 1) {
+    // The folded groups, as the mesh cuts them: each dp-cp group's expert groups (blocks of ep
+    // members) and expert-data-parallel groups (the same place in every block).
+    const DimSet dpcp = mesh.dims_of("dp-cp");
+    p.ep_per_node = l.ep;
+    mesh.for_each_group(dpcp, [&](std::int64_t, const GroupView& g) {
+      for (std::int64_t j = 0; j < g.size(); j += l.ep) {
+        const auto members = mesh.fold_group(g[j], dpcp, l.ep, Mesh::Fold::kInner);
+        const std::int64_t node = Mesh::placement(members.front(), gpus_per_node).node;
+        const auto here = std::count_if(members.begin(), members.end(), [&](std::int64_t r) {
+          return Mesh::placement(r, gpus_per_node).node == node;
+        });
+        p.ep_per_node = std::min<std::int64_t>(p.ep_per_node, here);
+        if (here < l.ep) p.ep_in_node = false;
+      }
+      for (std::int64_t j = 0; j < l.ep && p.edp_in_node; ++j) {
+        const auto members = mesh.fold_group(g[j], dpcp, l.ep, Mesh::Fold::kOuter);
+        const std::int64_t node = Mesh::placement(members.front(), gpus_per_node).node;
+        for (std::int64_t r : members)
+          if (Mesh::placement(r, gpus_per_node).node != node) p.edp_in_node = false;
+      }
+    });
+  } else {
+    p.edp_in_node = p.dp_in_node;
+  }
   return p;
 }
 
@@ -229,6 +309,25 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
                          .sequence_parallel = l.sequence_parallel};
   const double attention_rate = hw.attention_flops * hw.achievable_fraction;  // 0: the products' rate
   const LayerTime layer = layer_time(model, shape, rate, hw.gemm_overhead, hw.memory_bw, attention_rate);
+  // A mixture of experts' layer: the active experts' MLP (moe_block_view) with its products
+  // per local expert, and the token all-to-alls over the expert group.
+  const bool has_moe = model.spec.experts > 0;
+  const PlanModel moe_view = has_moe ? moe_block_view(model) : model;
+  LayerShape moe_shape = shape;
+  moe_shape.ep = std::max<std::int64_t>(l.ep, 1);
+  const LayerTime moe_layer =
+      has_moe ? layer_time(moe_view, moe_shape, rate, hw.gemm_overhead, hw.memory_bw, attention_rate) : layer;
+  double a2a_layer = 0;
+  if (has_moe && l.ep > 1) {
+    // Dispatch and combine forward, their gradients backward (a full recompute dispatches and
+    // combines once more): each rank sends its rows' top_k copies (split over tp with sequence
+    // parallelism), the part for its own experts staying.
+    r.ep_bytes = b * s * d(model.spec.top_k) * h * e / (l.sequence_parallel ? t : 1.0);
+    r.ep_bw = where.ep_in_node ? hw.intra_node_bw : hw.inter_node_bw;
+    a2a_layer = (l.recompute == Recompute::kFull ? 6.0 : 4.0) *
+                all_to_all_seconds(r.ep_bytes, l.ep, where.ep_per_node, hw.intra_node_bw, hw.inter_node_bw,
+                                   latency(where.ep_in_node));
+  }
   r.tokens_per_gpu = b * s;
   r.elementwise_bytes_per_token = elementwise_bytes_per_token(model, shape);
   r.gemm_efficiency = layer.gemm > 0 ? layer.gemm_ideal / (layer.gemm - 0.0) : 1.0;
@@ -258,6 +357,8 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
                                flash ? 2.5 : 2.0, 2 * b * s * kv_rank * e);
   }
   const double per_layer = layer.total() + tp_layer + ring.exposed;
+  const double per_moe_layer = moe_layer.total() + tp_layer + ring.exposed + a2a_layer;
+  const std::vector<std::int64_t> moe_ranks = moe_blocks_per_rank(model.spec, stage_chunks(model, l), l.pp);
 
   // The end stages: the last runs the output layer (b s x V/t x h products, 3 kernels) and
   // the loss over the vocabulary; the first the embedding lookup and its gradient ((3e + 8)
@@ -272,15 +373,19 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
   std::size_t at = 0;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const double extra = (i + 1 == ranks.size() ? head + loss : 0.0) + (i == 0 ? embed : 0.0);
-    const double time = d(ranks[i]) * per_layer + extra;
+    const double time = d(ranks[i] - moe_ranks[i]) * per_layer + d(moe_ranks[i]) * per_moe_layer + extra;
     if (time > slowest) slowest = time, at = i;
   }
   const double layers = d(ranks[at]);
+  const double moe_layers = d(moe_ranks[at]), dense_layers = layers - moe_layers;
   const bool last = at + 1 == ranks.size(), first = at == 0;
   r.layers_on_stage = layers;
-  r.compute = d(m) * (layers * (layer.gemm + layer.attention) + (last ? head : 0.0));
-  r.recompute = d(m) * layers * layer.recompute;
-  r.memory = d(m) * (layers * layer.memory + (last ? loss : 0.0) + (first ? embed : 0.0));
+  r.compute = d(m) * (dense_layers * (layer.gemm + layer.attention) +
+                      moe_layers * (moe_layer.gemm + moe_layer.attention) + (last ? head : 0.0));
+  r.recompute = d(m) * (dense_layers * layer.recompute + moe_layers * moe_layer.recompute);
+  r.memory = d(m) * (dense_layers * layer.memory + moe_layers * moe_layer.memory + (last ? loss : 0.0) +
+                     (first ? embed : 0.0));
+  r.ep_comm = d(m) * moe_layers * a2a_layer;
   r.end_stage_extra = d(m) * ((last ? head + loss : 0.0) + (first ? embed : 0.0));
   r.tp_comm = d(m) * layers * tp_layer;
   r.cp_comm = d(m) * layers * ring.transfer;
@@ -293,13 +398,19 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
     r.pp_comm = d(m) * 2 * d(l.vpp) * (latency(where.pp_in_node) + bytes / r.pp_bw);
   }
   r.bubble_fraction = bubble_fraction(l.schedule, l.pp, m, l.vpp);
-  const double work = r.compute + r.recompute + r.memory + r.tp_comm + r.cp_exposed + r.pp_comm;
+  const double work = r.compute + r.recompute + r.memory + r.tp_comm + r.cp_exposed + r.pp_comm + r.ep_comm;
   r.bubble = work * r.bubble_fraction;
 
   const double dpc = d(l.dp * l.cp);
+  const double edp = dpc / d(std::max<std::int64_t>(l.ep, 1));
+  r.edp_bw = where.edp_in_node ? hw.intra_node_bw : hw.inter_node_bw;
   if (dpc > 1) {
-    const double grad_bytes = precision.grad_bytes * memory.stage_parameters;
-    const double ring_bytes = (dpc - 1) / dpc * grad_bytes / r.dp_bw;
+    // The routed experts' gradients are reduced over their expert-data-parallel group (dp x cp
+    // / ep, none when ep = dp x cp), the rest over dp x cp: the two rings one after the other.
+    const double grad_bytes = precision.grad_bytes * (memory.stage_parameters - memory.stage_expert_parameters);
+    const double expert_ring = edp > 1 ? (edp - 1) / edp * precision.grad_bytes * memory.stage_expert_parameters / r.edp_bw
+                                       : 0.0;
+    const double ring_bytes = (dpc - 1) / dpc * grad_bytes / r.dp_bw + expert_ring;
     const double backward = r.compute * 2.0 / 3.0 + r.recompute;
     switch (l.zero) {
       case 0:
@@ -316,6 +427,7 @@ TimeBreakdown estimate_time(const PlanModel& model, const Hardware& hw, const La
         r.dp_overlap = r.compute + r.recompute;
         break;
     }
+    r.dp_expert_comm = ring_bytes > 0 ? r.dp_comm * expert_ring / ring_bytes : 0.0;
     if (!l.dp_overlap) r.dp_overlap = 0;
     r.dp_exposed = std::max(0.0, r.dp_comm - r.dp_overlap);
   }
@@ -353,7 +465,9 @@ Estimate estimate(const PlanModel& model, const Hardware& hw, const Layout& layo
   e.memory = estimate_memory(model, layout, workload, precision);
   e.where = placement(layout, hw.gpus_per_node);
   e.time = estimate_time(model, hw, layout, workload, e.memory, e.where, precision);
-  e.parameters = count_parameters(model).total();
+  const ParameterCount count = count_parameters(model);
+  e.parameters = count.total();
+  e.active_parameters = count.active();
   e.model_flops = model_flops_per_step(model, d(workload.seq), d(workload.global_batch));
   e.tokens_per_second = d(workload.global_batch) * d(workload.seq) / e.time.total;
   e.mfu = e.model_flops / (e.time.total * d(layout.gpus()) * hw.peak_flops);

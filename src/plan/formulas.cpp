@@ -86,6 +86,58 @@ double layer_matrix_parameters(const PlanModel& m) {
   return attention + mlp;
 }
 
+MoeParameters moe_parameters(const ModelSpec& spec) {
+  MoeParameters p;
+  if (spec.experts <= 0) return p;
+  const double h = d(spec.hidden), f = d(spec.expert_ffn_or_default());
+  const double mats = spec.mlp == Mlp::kGelu ? 2.0 : 3.0;  // fc (gate and up for SwiGLU), proj
+  p.router = d(spec.experts) * h + (spec.router == RouterKind::kSigmoid ? d(spec.experts) : 0.0);
+  p.expert = mats * h * f;
+  p.shared = d(spec.shared_experts) * p.expert;
+  return p;
+}
+
+std::int64_t moe_layers_in(const ModelSpec& spec, std::int64_t first, std::int64_t count) {
+  std::int64_t n = 0;
+  for (std::int64_t i = first; i < first + count; ++i) n += spec.is_moe_layer(i) ? 1 : 0;
+  return n;
+}
+
+PlanModel moe_block_view(const PlanModel& m) {
+  PlanModel v = m;
+  v.spec.expert_ffn = m.spec.expert_ffn_or_default();
+  v.spec.ffn = (m.spec.top_k + m.spec.shared_experts) * v.spec.expert_ffn;
+  return v;
+}
+
+MoeLayerShare moe_layer_parameters_per_rank(const PlanModel& m, std::int64_t tp, std::int64_t ep) {
+  const PlanModel none = [&] {
+    PlanModel v = m;
+    v.spec.ffn = 1;  // the attention and norms of layer_parameters_per_rank, MLP taken off below
+    return v;
+  }();
+  const double t = d(tp), h = d(m.spec.hidden);
+  const double mats = m.spec.mlp == Mlp::kGelu ? 2.0 : 3.0;
+  // layer_parameters_per_rank with ffn = 1: the MLP's mats h / t, and with biases its
+  // (1 or 2) / t + h biases: take them off.
+  double attention = layer_parameters_per_rank(none, tp) - mats * h / t;
+  if (m.spec.biases) attention -= (m.spec.mlp == Mlp::kGelu ? 1.0 : 2.0) / t + h;
+  const MoeParameters p = moe_parameters(m.spec);
+  MoeLayerShare r;
+  r.dense = attention + p.router + p.shared / t;
+  r.experts = d(m.spec.experts) / d(std::max<std::int64_t>(ep, 1)) * p.expert / t;
+  return r;
+}
+
+double all_to_all_seconds(double bytes, std::int64_t ep, std::int64_t in_node, double intra_bw, double inter_bw,
+                          double latency) {
+  if (ep <= 1) return 0;
+  const double n = d(ep), local = d(std::clamp<std::int64_t>(in_node, 1, ep));
+  const double intra = (local - 1) / n * bytes / intra_bw;
+  const double inter = local < n ? (n - local) / n * bytes / inter_bw : 0.0;
+  return (n - 1) * latency + std::max(intra, inter);
+}
+
 ParameterCount count_parameters(const PlanModel& m) {
   const double h = d(m.spec.hidden);
   const double f = d(m.spec.ffn_or_default());
@@ -97,6 +149,18 @@ ParameterCount count_parameters(const PlanModel& m) {
   // For GPT (kv_width = h, f = 4h) this is 12h^2 + 13h per layer: Narayanan et al. 2021.
   c.per_layer = layer_matrix_parameters(m) + biases + 2 * norm_parameters(m);
   c.layers = c.per_layer * d(m.spec.layers);
+  if (m.spec.experts > 0) {
+    // A MoE layer: the attention (its biases too), the norms, the router, E routed experts and
+    // the shared ones (nn::Moe: expert MLPs without biases).
+    const double mlp = (m.spec.mlp == Mlp::kGelu ? 2.0 : 3.0) * h * f +
+                       (m.spec.biases ? (m.spec.mlp == Mlp::kGelu ? f : 2 * f) + h : 0.0);
+    const MoeParameters p = moe_parameters(m.spec);
+    c.moe_per_layer = c.per_layer - mlp + p.router + d(m.spec.experts) * p.expert + p.shared;
+    const double moe = d(moe_layers_in(m.spec, 0, m.spec.layers));
+    c.layers = c.per_layer * (d(m.spec.layers) - moe) + c.moe_per_layer * moe;
+    c.routed = moe * d(m.spec.experts) * p.expert;
+    c.routed_active = moe * d(m.spec.top_k) * p.expert;
+  }
   c.embedding = d(m.spec.vocab) * h + d(m.spec.position_rows()) * h;
   c.head = m.spec.tied_embeddings ? 0.0 : d(m.spec.vocab) * h;
   c.final_norm = norm_parameters(m);
@@ -164,13 +228,19 @@ double activation_bytes_per_layer(const PlanModel& m, double s, double b, const 
       // Flash has no scores to drop; selective recompute (as ndmesh defines it) drops the
       // attention core's output, the input of the output projection (s b a hd / t elements),
       // and its fp32 log-sum-exp: the backward re-runs the attention core from Q, K, V.
-      return replicated / sp + attention_split - attention_out * s * b * a * head_dim(m) / t + mlp_split;
+      return replicated / sp + attention_split - attention_out * s * b * a * head_dim(m) / t + mlp_split +
+             (o.moe ? (2 * d(m.spec.top_k) * e * h + 4 * d(m.spec.experts)) * s * b / sp : 0.0);
     }
     scores = 4 * a * s * b / t;  // fp32 log-sum-exp per head and token (Dao et al. 2022)
   } else if (o.recompute == Recompute::kNone) {
     scores = (m.dropout ? (2 * e + 1) : e) * a * s * s * b / t;
   }
-  return replicated / sp + attention_split + mlp_split + scores;
+  // A mixture of experts' layer (m is moe_block_view's: mlp_split counts the top_k + shared
+  // experts' activations of each token): the top_k dispatched copies of every token (the
+  // experts' input rows) and the experts' outputs the weighted combine's backward reads, on
+  // the rank's rows, and the router's fp32 probabilities.
+  const double moe = o.moe ? (2 * d(m.spec.top_k) * e * h + 4 * d(m.spec.experts)) * s * b / sp : 0.0;
+  return replicated / sp + attention_split + mlp_split + scores + moe;
 }
 
 ModelStates model_state_bytes(double params, int zero_stage, std::int64_t dp, const Precision& pr) {
@@ -189,7 +259,13 @@ double layer_flops_per_step(const PlanModel& m, double s, double batch) {
   const double h = d(m.spec.hidden);
   // Per token and layer: 2 FLOPs per weight (the 24h^2 of Narayanan for GPT) plus 4sh for
   // Q K^T and attention over V; forward + backward = 3x forward (Narayanan eq. 3).
-  return 3.0 * batch * s * d(m.spec.layers) * (2 * layer_matrix_parameters(m) + 4 * s * h);
+  if (m.spec.experts <= 0) return 3.0 * batch * s * d(m.spec.layers) * (2 * layer_matrix_parameters(m) + 4 * s * h);
+  // A mixture of experts: a MoE layer's weights a token meets are the attention's, the
+  // router's and its top_k + shared experts' (moe_block_view).
+  const double moe = d(moe_layers_in(m.spec, 0, m.spec.layers)), dense = d(m.spec.layers) - moe;
+  const double moe_matrices = layer_matrix_parameters(moe_block_view(m)) + d(m.spec.experts) * h;
+  return 3.0 * batch * s *
+         (dense * (2 * layer_matrix_parameters(m) + 4 * s * h) + moe * (2 * moe_matrices + 4 * s * h));
 }
 
 double logit_flops_per_step(const PlanModel& m, double s, double batch) {
@@ -352,16 +428,33 @@ LayerTime layer_time(const PlanModel& m, const LayerShape& s, double rate, doubl
   const bool flash = s.attention == Attention::kFlash;
   const LayerMatrices x = layer_matrices(m, s.tp);
   LayerTime r;
-  double forward_gemm = 0;  // one forward of the four products, with their overheads
-  for (int i = 0; i < 4; ++i) {
-    const double f = 2 * s.tokens * x.n[i] * x.k[i];
-    forward_gemm += kernel_seconds(f, rate, overhead);
-    r.gemm_flops += 3 * f;
+  double forward_gemm = 0;  // one forward of the products, with their overheads
+  auto product = [&](double rows, double n, double k, double count) {
+    const double f = 2 * rows * n * k;
+    forward_gemm += count * kernel_seconds(f, rate, overhead);
+    r.gemm_flops += count * 3 * f;
+    r.kernels += static_cast<std::int64_t>(3 * count);
+  };
+  const bool moe = s.ep > 0 && m.spec.experts > 0;
+  for (int i = 0; i < (moe ? 2 : 4); ++i) product(s.tokens, x.n[i], x.k[i], 1);
+  if (moe) {
+    // The router (replicated over tp), the shared experts on every token, and the E/ep local
+    // experts, each on an even share of the tokens x top_k rows the ep group dispatches.
+    const double fe = d(m.spec.expert_ffn_or_default()), up = m.spec.mlp == Mlp::kGelu ? 1.0 : 2.0;
+    const double experts = d(m.spec.experts), local = experts / d(s.ep);
+    const double rows = s.tokens * d(m.spec.top_k) * d(s.ep) / experts;
+    product(s.tokens, experts, h, 1);
+    if (m.spec.shared_experts > 0) {
+      const double shared = d(m.spec.shared_experts) * fe;
+      product(s.tokens, up * shared / t, h, 1);
+      product(s.tokens, h, shared / t, 1);
+    }
+    product(rows, up * fe / t, h, local);
+    product(rows, h, fe / t, local);
   }
   // The backward runs two products per matrix (input gradient, weight gradient) of the
   // forward's FLOPs each.
   r.gemm = 3 * forward_gemm;
-  r.kernels = 12;
   r.gemm_ideal = r.gemm_flops / rate;
 
   // Attention core, forward: Q K^T and attention over V, 4 b s_local s h / t model FLOPs.

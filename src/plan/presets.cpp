@@ -149,12 +149,7 @@ Hardware hardware_preset(std::string_view name) {
 std::string hardware_preset_names() { return join_names(hardware_presets()); }
 
 std::vector<std::string> plan_model_problems(const PlanModel& model) {
-  std::vector<std::string> out = model_problems(model.spec);
-  if (model.spec.experts > 0)
-    out.push_back(
-        fmt::format("model experts = {}: the planner models dense models only for now; use experts = 0",
-                    model.spec.experts));
-  return out;
+  return model_problems(model.spec);
 }
 
 Hardware for_precision(Hardware hw, bool bf16_products) {

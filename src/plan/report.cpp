@@ -20,6 +20,7 @@ nlohmann::json estimate_json(const Estimate& e, const std::string& train) {
       {"cp", l.cp},
       {"pp", l.pp},
       {"dp", l.dp},
+      {"ep", l.ep},
       {"vpp", l.vpp},
       {"micro_batch", l.micro_batch},
       {"microbatches", e.microbatches},
@@ -37,6 +38,7 @@ nlohmann::json estimate_json(const Estimate& e, const std::string& train) {
         {"optimizer_host", m.optimizer_host},
         {"activations", m.activations},
         {"total", m.total}}},
+      {"expert_parameters_per_gpu", m.stage_expert_parameters},
       {"worst_stage", m.stage},
       {"capacity_bytes", e.capacity_bytes},
       {"fits", e.fits},
@@ -49,6 +51,7 @@ nlohmann::json estimate_json(const Estimate& e, const std::string& train) {
         {"pp", t.pp_comm},
         {"bubble", t.bubble},
         {"dp_exposed", t.dp_exposed},
+        {"ep", t.ep_comm},
         {"offload", t.offload}}},
       {"offload", l.offload_optimizer ? "optimizer" : "none"},
       {"offload_to", l.offload_optimizer ? (l.offload_to_host ? "host" : "disk") : "none"},
@@ -58,6 +61,7 @@ nlohmann::json estimate_json(const Estimate& e, const std::string& train) {
       {"tp_in_node", e.where.tp_in_node},
       {"cp_in_node", e.where.cp_in_node},
       {"dp_in_node", e.where.dp_in_node},
+      {"ep_in_node", e.where.ep_in_node},
       {"train_flags", train},
   };
 }
@@ -69,6 +73,7 @@ std::string search_json(const PlanModel& model, const Hardware& hw, const Search
   nlohmann::json out;
   out["model"] = model.spec.name;
   out["parameters"] = count_parameters(model).total();
+  out["active_parameters"] = count_parameters(model).active();
   out["layers"] = model.spec.layers;
   out["hidden"] = model.spec.hidden;
   out["vocab"] = model.spec.vocab;
@@ -95,6 +100,7 @@ std::string memory_json(const PlanModel& model, const Hardware& hw, const Worklo
                         int indent) {
   nlohmann::json out = estimate_json(e, train_flags(model, e.layout, w));
   out["parameters"] = e.parameters;
+  out["active_parameters"] = e.active_parameters;
   out["model"] = model.spec.name;
   out["hardware"] = hw.name;
   out["seq"] = w.seq;
@@ -120,6 +126,8 @@ std::string_view term_name(Term t) {
       return "bubble";
     case Term::kDataParallel:
       return "data parallel";
+    case Term::kExpertParallel:
+      return "expert parallel";
   }
   return "?";
 }
@@ -142,6 +150,8 @@ double term_seconds(const TimeBreakdown& t, Term term) {
       return t.bubble;
     case Term::kDataParallel:
       return t.dp_exposed;
+    case Term::kExpertParallel:
+      return t.ep_comm;
   }
   return 0;
 }
@@ -183,14 +193,21 @@ std::string term_reason(const Estimate& e, Term term) {
       return fmt::format("dp x cp = {}: {:.0f}% of the gradient reduction exposed ({}{})", l.dp * l.cp,
                          t.dp_comm > 0 ? 100 * t.dp_exposed / t.dp_comm : 0.0, where(e.where.dp_in_node),
                          l.dp_overlap ? "" : ", after the last micro-batch");
+    case Term::kExpertParallel:
+      return fmt::format(
+          "ep {}: {} all-to-alls of {:.1f} MiB per MoE layer and micro-batch ({}{})", l.ep,
+          l.recompute == Recompute::kFull ? 6 : 4, t.ep_bytes / (1024.0 * 1024.0), where(e.where.ep_in_node),
+          e.where.ep_in_node ? std::string()
+                             : fmt::format(", {} of {} ranks per node", e.where.ep_per_node, l.ep));
   }
   return "";
 }
 
 std::vector<TermDelta> separating_terms(const Estimate& worse, const Estimate& better) {
   std::vector<TermDelta> out;
-  for (Term term : {Term::kCompute, Term::kRecompute, Term::kMemory, Term::kTensorParallel,
-                    Term::kContextParallel, Term::kPipelineSends, Term::kBubble, Term::kDataParallel}) {
+  for (Term term :
+       {Term::kCompute, Term::kRecompute, Term::kMemory, Term::kTensorParallel, Term::kContextParallel,
+        Term::kPipelineSends, Term::kBubble, Term::kDataParallel, Term::kExpertParallel}) {
     const double d = term_seconds(worse.time, term) - term_seconds(better.time, term);
     if (d != 0) out.push_back({term, d});
   }
@@ -214,6 +231,16 @@ std::string train_flags(const PlanModel& model, const Layout& l, const Workload&
   f += fmt::format(" --layers {} --hidden {} --heads {} --kv-heads {} --ffn {} --seq {} --vocab {}", m.layers,
                    m.hidden, m.heads, m.kv_heads_or_heads(), m.ffn_or_default(), w.seq, m.vocab);
   if (!m.tied_embeddings) f += " --untied";
+  if (m.experts > 0) {
+    // A mixture of experts: its description (the flags of `ndmesh train`) and the folded ep.
+    f += fmt::format(" --experts {} --top-k {}", m.experts, m.top_k);
+    if (m.shared_experts > 0) f += fmt::format(" --shared-experts {}", m.shared_experts);
+    if (m.expert_ffn > 0) f += fmt::format(" --expert-ffn {}", m.expert_ffn);
+    if (m.moe_every != 1) f += fmt::format(" --moe-every {}", m.moe_every);
+    if (m.moe_first_dense > 0) f += fmt::format(" --moe-first-dense {}", m.moe_first_dense);
+    if (m.router != RouterKind::kSoftmax) f += fmt::format(" --router {}", router_name(m.router));
+    if (l.ep > 1) f += fmt::format(" --ep {}", l.ep);
+  }
   return f;
 }
 

@@ -36,8 +36,8 @@ auto order_key(const Estimate& e) {
   const Layout& l = e.layout;
   // Equal predicted times: prefer less traffic (hidden traffic still competes for the
   // network in practice, e.g. ZeRO-3 over ZeRO-1), then the smaller footprint.
-  const double traffic = e.time.tp_comm + e.time.cp_comm + e.time.pp_comm + e.time.dp_comm;
-  return std::make_tuple(e.time.total, traffic, e.memory.total, l.tp, l.cp, l.pp, l.vpp,
+  const double traffic = e.time.tp_comm + e.time.cp_comm + e.time.pp_comm + e.time.dp_comm + e.time.ep_comm;
+  return std::make_tuple(e.time.total, traffic, e.memory.total, l.tp, l.cp, l.pp, l.ep, l.vpp,
                          static_cast<int>(l.schedule), l.micro_batch, static_cast<int>(l.recompute), l.zero);
 }
 
@@ -56,9 +56,9 @@ bool allowed(const std::vector<T>& list, const T& value) {
 }  // namespace
 
 bool Constraints::any() const {
-  return !tp.empty() || !cp.empty() || !pp.empty() || !dp.empty() || !vpp.empty() || !micro_batch.empty() ||
-         max_zero < 3 || min_zero > 0 || offload_optimizer || !schedules.empty() || !recomputes.empty() ||
-         !sequence_parallel || !dp_overlap || !stage_layers.empty();
+  return !tp.empty() || !cp.empty() || !pp.empty() || !dp.empty() || !ep.empty() || !vpp.empty() ||
+         !micro_batch.empty() || max_zero < 3 || min_zero > 0 || offload_optimizer || !schedules.empty() ||
+         !recomputes.empty() || !sequence_parallel || !dp_overlap || !stage_layers.empty();
 }
 
 std::string Constraints::text() const {
@@ -70,6 +70,7 @@ std::string Constraints::text() const {
   add("cp", cp);
   add("pp", pp);
   add("dp", dp);
+  add("ep", ep);
   add("vpp", vpp);
   add("micro_batch", micro_batch);
   if (min_zero > 0) parts.push_back(fmt::format("zero>={}", min_zero));
@@ -141,103 +142,112 @@ SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOpti
       for (std::int64_t pp : divisors(o.gpus / (tp * cp))) {
         const std::int64_t dp = o.gpus / (tp * cp * pp);
         if (!allowed(c.pp, pp) || !allowed(c.dp, dp)) continue;
-        Layout base{.tp = tp,
-                    .cp = cp,
-                    .pp = pp,
-                    .dp = dp,
-                    .sequence_parallel = tp > 1 && c.sequence_parallel,
-                    .attention = o.attention,
-                    .dp_overlap = c.dp_overlap,
-                    .stage_layers = c.stage_layers};
-        const Placement where = placement(base, hw.gpus_per_node);
+        // Expert parallelism folds into dp x cp: every size that divides it and the experts.
+        std::vector<std::int64_t> eps;
+        for (std::int64_t ep : divisors(dp * cp))
+          if ((ep == 1 || (model.spec.experts > 0 && model.spec.experts % ep == 0)) && allowed(c.ep, ep))
+            eps.push_back(ep);
+        for (std::int64_t ep : eps) {
+          Layout base{.tp = tp,
+                      .cp = cp,
+                      .pp = pp,
+                      .dp = dp,
+                      .sequence_parallel = tp > 1 && c.sequence_parallel,
+                      .attention = o.attention,
+                      .dp_overlap = c.dp_overlap,
+                      .stage_layers = c.stage_layers,
+                      .ep = ep};
+          const Placement where = placement(base, hw.gpus_per_node);
 
-        std::vector<ScheduleChoice> schedules;
-        if (pp == 1) {
-          // Without a pipeline every schedule is the same; keep the layout when any is allowed.
-          if (allowed(c.vpp, std::int64_t{1})) schedules.push_back({Schedule::k1F1B, 1});
-        } else {
-          for (Schedule s : {Schedule::kGpipe, Schedule::k1F1B, Schedule::kZbH1})
-            if (allowed(c.schedules, s) && allowed(c.vpp, std::int64_t{1})) schedules.push_back({s, 1});
-          if (allowed(c.schedules, Schedule::kInterleaved))
-            for (std::int64_t v = 2; v <= max_vpp; ++v)
-              if (allowed(c.vpp, v)) schedules.push_back({Schedule::kInterleaved, v});
-        }
-        // An explicit partition fits one chunk count only.
-        if (!c.stage_layers.empty())
-          std::erase_if(schedules, [&](const ScheduleChoice& sc) {
-            return static_cast<std::int64_t>(c.stage_layers.size()) != pp * sc.vpp;
-          });
+          std::vector<ScheduleChoice> schedules;
+          if (pp == 1) {
+            // Without a pipeline every schedule is the same; keep the layout when any is allowed.
+            if (allowed(c.vpp, std::int64_t{1})) schedules.push_back({Schedule::k1F1B, 1});
+          } else {
+            for (Schedule s : {Schedule::kGpipe, Schedule::k1F1B, Schedule::kZbH1})
+              if (allowed(c.schedules, s) && allowed(c.vpp, std::int64_t{1})) schedules.push_back({s, 1});
+            if (allowed(c.schedules, Schedule::kInterleaved))
+              for (std::int64_t v = 2; v <= max_vpp; ++v)
+                if (allowed(c.vpp, v)) schedules.push_back({Schedule::kInterleaved, v});
+          }
+          // An explicit partition fits one chunk count only.
+          if (!c.stage_layers.empty())
+            std::erase_if(schedules, [&](const ScheduleChoice& sc) {
+              return static_cast<std::int64_t>(c.stage_layers.size()) != pp * sc.vpp;
+            });
 
-        std::string first_problem;
-        bool any_valid = false;
-        for (const ScheduleChoice& sc : schedules) {
-          for (std::int64_t mb : micro_batches) {
-            Layout layout = base;
-            layout.schedule = sc.schedule;
-            layout.vpp = sc.vpp;
-            layout.micro_batch = mb;
-            const int zero_max = std::min(pp == 1 ? 3 : 1, c.max_zero);
-            const int zeros = std::max(0, zero_max - c.min_zero + 1);
-            const std::int64_t variants = static_cast<std::int64_t>(recomputes.size()) * zeros;
-            result.considered += variants;
+          std::string first_problem;
+          bool any_valid = false;
+          for (const ScheduleChoice& sc : schedules) {
+            for (std::int64_t mb : micro_batches) {
+              Layout layout = base;
+              layout.schedule = sc.schedule;
+              layout.vpp = sc.vpp;
+              layout.micro_batch = mb;
+              const int zero_max = std::min(pp == 1 ? 3 : 1, c.max_zero);
+              const int zeros = std::max(0, zero_max - c.min_zero + 1);
+              const std::int64_t variants = static_cast<std::int64_t>(recomputes.size()) * zeros;
+              result.considered += variants;
 
-            const auto probs = problems(parallel_config(layout, o.workload, hw.gpus_per_node), &spec);
-            if (!probs.empty()) {
-              result.invalid += variants;
-              if (first_problem.empty()) first_problem = probs.front();
-              continue;
-            }
-            any_valid = true;
-            // The same rules with recompute on: zb-h1 cannot recompute under ndmesh train.
-            bool recompute_ok = true;
-            if (sc.schedule == Schedule::kZbH1) {
-              Layout with = layout;
-              with.recompute = Recompute::kFull;
-              recompute_ok = problems(parallel_config(with, o.workload, hw.gpus_per_node), &spec).empty();
-            }
-            // Partition once per layout rather than once per estimate (validation above
-            // guarantees every chunk gets a block).
-            if (layout.stage_layers.empty())
-              layout.stage_layers = balanced_partition(model.spec.layers, pp, sc.vpp);
-            for (Recompute rc : recomputes) {
-              if (rc != Recompute::kNone && !recompute_ok) {
-                result.invalid += zeros;
+              const auto probs = problems(parallel_config(layout, o.workload, hw.gpus_per_node), &spec);
+              if (!probs.empty()) {
+                result.invalid += variants;
+                if (first_problem.empty()) first_problem = probs.front();
                 continue;
               }
-              for (int zero = c.min_zero; zero <= zero_max; ++zero) {
-                if (!zero_runs[static_cast<std::size_t>(zero)]) {
-                  ++result.invalid;
+              any_valid = true;
+              // The same rules with recompute on: zb-h1 cannot recompute under ndmesh train.
+              bool recompute_ok = true;
+              if (sc.schedule == Schedule::kZbH1) {
+                Layout with = layout;
+                with.recompute = Recompute::kFull;
+                recompute_ok = problems(parallel_config(with, o.workload, hw.gpus_per_node), &spec).empty();
+              }
+              // Partition once per layout rather than once per estimate (validation above
+              // guarantees every chunk gets a block).
+              if (layout.stage_layers.empty())
+                layout.stage_layers = balanced_partition(model.spec.layers, pp, sc.vpp);
+              for (Recompute rc : recomputes) {
+                if (rc != Recompute::kNone && !recompute_ok) {
+                  result.invalid += zeros;
                   continue;
                 }
-                layout.recompute = rc;
-                layout.zero = zero;
-                layout.offload_optimizer = c.offload_optimizer;
-                layout.offload_to_host = c.offload_to_host;
-                Estimate e;
-                e.layout = layout;
-                e.microbatches = microbatches(layout, o.workload);
-                e.memory = estimate_memory(model, layout, o.workload, o.precision);
-                e.where = where;
-                e.capacity_bytes = hw.usable_bytes();
-                e.fits = e.memory.total <= e.capacity_bytes;
-                if (!e.fits) {
-                  ++result.too_big;
-                  if (!result.smallest || e.memory.total < result.smallest->memory.total) {
-                    e.time = estimate_time(model, hw, layout, o.workload, e.memory, where, o.precision);
-                    result.smallest = e;
+                for (int zero = c.min_zero; zero <= zero_max; ++zero) {
+                  if (!zero_runs[static_cast<std::size_t>(zero)]) {
+                    ++result.invalid;
+                    continue;
                   }
-                  continue;
+                  layout.recompute = rc;
+                  layout.zero = zero;
+                  layout.offload_optimizer = c.offload_optimizer;
+                  layout.offload_to_host = c.offload_to_host;
+                  Estimate e;
+                  e.layout = layout;
+                  e.microbatches = microbatches(layout, o.workload);
+                  e.memory = estimate_memory(model, layout, o.workload, o.precision);
+                  e.where = where;
+                  e.capacity_bytes = hw.usable_bytes();
+                  e.fits = e.memory.total <= e.capacity_bytes;
+                  if (!e.fits) {
+                    ++result.too_big;
+                    if (!result.smallest || e.memory.total < result.smallest->memory.total) {
+                      e.time = estimate_time(model, hw, layout, o.workload, e.memory, where, o.precision);
+                      result.smallest = e;
+                    }
+                    continue;
+                  }
+                  ++result.fitting;
+                  e.time = estimate_time(model, hw, layout, o.workload, e.memory, where, o.precision);
+                  keep(std::move(e));
                 }
-                ++result.fitting;
-                e.time = estimate_time(model, hw, layout, o.workload, e.memory, where, o.precision);
-                keep(std::move(e));
               }
             }
           }
+          if (!any_valid && !first_problem.empty() && result.sample_problems.size() < 5)
+            result.sample_problems.push_back(fmt::format("tp={} cp={} pp={} dp={}{}: {}", tp, cp, pp, dp,
+                                                         ep > 1 ? fmt::format(" ep={}", ep) : std::string(),
+                                                         first_problem));
         }
-        if (!any_valid && !first_problem.empty() && result.sample_problems.size() < 5)
-          result.sample_problems.push_back(
-              fmt::format("tp={} cp={} pp={} dp={}: {}", tp, cp, pp, dp, first_problem));
       }
     }
   }
@@ -259,11 +269,13 @@ SearchResult search(const PlanModel& model, const Hardware& hw, const SearchOpti
   std::sort(kept.begin(), kept.end(), faster);
   if (kept.size() > o.top) kept.resize(o.top);
   // Fill in the whole-model numbers once for the layouts we return.
-  const double params = count_parameters(model).total();
+  const ParameterCount count = count_parameters(model);
+  const double params = count.total();
   const double flops = model_flops_per_step(model, static_cast<double>(o.workload.seq),
                                             static_cast<double>(o.workload.global_batch));
   auto finish = [&](Estimate& e) {
     e.parameters = params;
+    e.active_parameters = count.active();
     e.model_flops = flops;
     e.tokens_per_second =
         static_cast<double>(o.workload.global_batch) * static_cast<double>(o.workload.seq) / e.time.total;

@@ -64,12 +64,12 @@ for v in "${ints[@]}"; do
     expect "$flag" check "$flag" "$v"
   done
   expect "-n" launch --np "$v" -- true
-  for flag in --gpus --top --global-batch --seq --layers --hidden --heads --vocab; do
+  for flag in --gpus --top --global-batch --seq --layers --hidden --heads --vocab --ep; do
     # A model of 2^63 layers is not bad input: the planner answers that nothing fits (exit 1).
     [[ "$v" == 9223372036854775808 && "$flag" =~ ^--(seq|layers|vocab)$ ]] && continue
     expect "$flag" plan --model llama3-8b --gpus 8 --global-batch 8 "$flag" "$v"
   done
-  for flag in --tp --cp --pp --dp --vpp --micro-batch --zero; do
+  for flag in --tp --cp --pp --dp --ep --vpp --micro-batch --zero; do
     expect "$flag" plan memory --model llama3-8b --global-batch 8 "$flag" "$v"
   done
   for flag in --pp --microbatches --vpp; do

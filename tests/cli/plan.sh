@@ -216,5 +216,30 @@ expect_rc 0 "zero 3 grads" -- "$ndmesh" plan memory --model llama3-8b --dp 8 --g
 expect_rc 2 "bad memory" -- "$ndmesh" plan memory --model llama3-8b --memory huge
 echo "$out" | grep -q -- "--memory=huge is not a memory strategy" || fail "bad memory: $out"
 
+# A mixture of experts: the header gives total and active parameters (Mixtral 8x7B: 46.7B,
+# 12.9B), the table an ep column (folded into dp x cp: it divides dp and the 8 experts), the
+# command carries the experts and --ep, --explain the all-to-all's term.
+expect_rc 0 "moe search" -- "$ndmesh" plan --model mixtral-8x7b --gpus 64 --seq 4096 --global-batch 512 --top 5 \
+  --explain
+echo "$out" | grep -q "46.70B parameters (12.88B active: top-2 of 8 experts)" || fail "moe search: header: $out"
+echo "$out" | grep -qE '^rank +tp +cp +pp +dp +ep ' || fail "moe search: no ep column: $out"
+rows=$(echo "$out" | grep -E '^ +[1-5] +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ ' |
+  awk '($5 * $3) % $6 != 0 || 8 % $6 != 0 { bad++ } END { print NR - bad }')
+[ "$rows" -eq 5 ] || fail "moe search: want 5 rows whose ep divides dp x cp and 8: $out"
+echo "$out" | grep 'this machine:' | head -1 | grep -q -- "--experts 8 --top-k 2" || fail "moe search: command: $out"
+echo "$out" | grep -q "^  expert parallel " || fail "moe search: no expert parallel term: $out"
+expect_rc 0 "moe ep constraint" -- "$ndmesh" plan --model mixtral-8x7b --gpus 64 --seq 4096 --global-batch 512 \
+  --top 3 --ep 8 --json
+[ "$(echo "$out" | jq '[.layouts[].ep] | unique')" = "$(printf '[\n  8\n]')" ] || fail "moe --ep 8: $out"
+expect_rc 2 "moe ep not dividing experts" -- "$ndmesh" plan --model mixtral-8x7b --gpus 64 --global-batch 512 --ep 3
+[[ "$out" == "ndmesh: [plan] --ep 3 conflicts with the model: experts=8 is not divisible by ep=3"* ]] &&
+  [ "$(echo "$out" | wc -l)" -eq 1 ] || fail "moe --ep 3: $out"
+expect_rc 2 "ep with a dense model" -- "$ndmesh" plan --model llama3-8b --gpus 8 --global-batch 8 --ep 2
+echo "$out" | grep -q -- "--ep 2 needs a mixture of experts" || fail "dense --ep 2: $out"
+expect_rc 2 "plan memory ep not dividing dp" -- "$ndmesh" plan memory --model mixtral-8x7b --dp 4 --ep 8
+echo "$out" | grep -q "ep=8 must divide dp\*cp = 4\*1 = 4" || fail "plan memory --dp 4 --ep 8: $out"
+expect_rc 2 "plan memory ep 0" -- "$ndmesh" plan memory --model mixtral-8x7b --dp 4 --ep 0
+echo "$out" | grep -q -- "--ep 0 must be at least 1" || fail "plan memory --ep 0: $out"
+
 [ "$failures" -eq 0 ] && echo "plan.sh: all passed"
 exit $((failures > 0))

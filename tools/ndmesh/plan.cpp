@@ -342,13 +342,14 @@ std::string human(double x) {
 std::string layout_text(const Layout& l) {
   return fmt::format(
       "tp={} cp={} pp={} dp={} vpp={} micro_batch={} schedule={} recompute={} zero={} "
-      "sequence_parallel={} attention={}{}",
+      "sequence_parallel={} attention={}{}{}",
       l.tp, l.cp, l.pp, l.dp, l.vpp, l.micro_batch, schedule_name(l.schedule),
       plan::recompute_name(l.recompute), l.zero, l.sequence_parallel ? "on" : "off",
       plan::attention_name(l.attention),
       l.pp * l.vpp > 1 && !l.stage_layers.empty()
           ? fmt::format(" pp_layers={}", fmt::join(l.stage_layers, ","))
-          : std::string());
+          : std::string(),
+      l.ep > 1 ? fmt::format(" ep={}", l.ep) : std::string());
 }
 
 std::string where_text(bool in_node, double bw) {
@@ -369,6 +370,13 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
   fmt::print("  parameters on the GPU   {} ({} layers split over tp={}{}{})\n", human(m.stage_parameters),
              m.layers_on_stage, l.tp, m.stage == 0 ? " + embedding" : "",
              m.stage == l.pp - 1 ? " + output layer" : "");
+  if (model.spec.experts > 0)
+    fmt::print(
+        "  experts on the GPU      {} ({} MoE layers x {} of {} routed experts, ep={}: sharded over the expert "
+        "group, as planned; ndmesh train today stores all of them on every rank), their states / dp x cp / ep = "
+        "{}\n",
+        human(m.stage_expert_parameters), m.moe_layers_on_stage, model.spec.experts / l.ep, model.spec.experts,
+        l.ep, l.dp * l.cp / l.ep);
   fmt::print("  params                  {:>8}  {} B each{}\n", gib(m.params), pr.param_bytes,
              l.zero >= 3
                  ? fmt::format(", / dp x cp (ZeRO-3), plus {} gathered layers (in use + prefetch depth {})",
@@ -473,6 +481,25 @@ void print_explain(const PlanModel& model, const Hardware& hw, const plan::Preci
       "overlapped with {:.3f} s of backward\n",
       t.dp_exposed, t.dp_comm, l.zero == 3 ? " and weight" : "", l.dp * l.cp,
       where_text(e.where.dp_in_node, t.dp_bw), t.dp_overlap);
+  if (model.spec.experts > 0) {
+    if (t.dp_expert_comm > 0)
+      fmt::print("                          of it {:.3f} s the routed experts' over dp x cp / ep = {} ({})\n",
+                 t.dp_expert_comm, l.dp * l.cp / l.ep, where_text(e.where.edp_in_node, t.edp_bw));
+    fmt::print(
+        "  expert parallel         {:>8.3f}  {}\n", t.ep_comm,
+        l.ep == 1 ? std::string("ep 1: every rank runs every expert, no all-to-all")
+                  : fmt::format("{} all-to-alls (dispatch, combine; forward, backward) per MoE layer and "
+                                "micro-batch of {:.1f} MiB per GPU (top-{} copies of its tokens), expert group "
+                                "of {} {}",
+                                l.recompute == plan::Recompute::kFull ? 6 : 4, t.ep_bytes / (1024.0 * 1024.0),
+                                model.spec.top_k, l.ep,
+                                e.where.ep_in_node
+                                    ? where_text(true, hw.intra_node_bw)
+                                    : fmt::format("across nodes ({} per node: {:.0f} GB/s inside, {:.0f} GB/s "
+                                                  "across)",
+                                                  e.where.ep_per_node, hw.intra_node_bw / 1e9,
+                                                  hw.inter_node_bw / 1e9)));
+  }
   if (l.offload_optimizer && l.offload_to_host)
     fmt::print("  offload                 {:>8.3f}  {} GiB of gradients to the host and parameters back per GPU "
                "at {:.3g} GB/s to the host, {:.3g} GB/s back\n",
@@ -506,7 +533,7 @@ void print_separation(const std::vector<Estimate>& top) {
   std::vector<plan::TermDelta> overheads;
   for (plan::Term t : {plan::Term::kRecompute, plan::Term::kMemory, plan::Term::kTensorParallel,
                        plan::Term::kContextParallel, plan::Term::kPipelineSends, plan::Term::kBubble,
-                       plan::Term::kDataParallel})
+                       plan::Term::kDataParallel, plan::Term::kExpertParallel})
     if (const double sec = plan::term_seconds(best.time, t); sec > 0) overheads.push_back({t, sec});
   std::sort(overheads.begin(), overheads.end(),
             [](const plan::TermDelta& a, const plan::TermDelta& b) { return a.seconds > b.seconds; });
@@ -536,9 +563,16 @@ void print_separation(const std::vector<Estimate>& top) {
 void print_header(const PlanModel& model, const Hardware& hw, std::int64_t gpus, std::int64_t seq,
                   std::int64_t global_batch) {
   fmt::print(
-      "{}: {} parameters; {} x {} ({} GiB, {} usable; {:.3g} TFLOP/s x {} achievable; {} GPUs/node); "
+      "{}: {} parameters{}; {} x {} ({} GiB, {} usable; {:.3g} TFLOP/s x {} achievable; {} GPUs/node); "
       "seq {}, global batch {}\n",
-      model.spec.name, human(plan::count_parameters(model).total()), gpus, hw.name, gib(hw.memory_bytes),
+      model.spec.name, human(plan::count_parameters(model).total()),
+      model.spec.experts > 0
+          ? fmt::format(" ({} active: top-{} of {} experts{})", human(plan::count_parameters(model).active()),
+                        model.spec.top_k, model.spec.experts,
+                        model.spec.shared_experts > 0 ? fmt::format(" + {} shared", model.spec.shared_experts)
+                                                      : std::string())
+          : std::string(),
+      gpus, hw.name, gib(hw.memory_bytes),
       gib(hw.usable_bytes()), hw.peak_flops / 1e12, hw.achievable_fraction, hw.gpus_per_node, seq,
       global_batch);
 }
@@ -549,7 +583,7 @@ struct PlanFlags {
   std::int64_t top = 10;
   bool explain = false;
   // Constraints: each a size or a comma-separated list.
-  std::string tp, cp, pp, dp, vpp, micro_batch, schedules, recompute, pp_layers;
+  std::string tp, cp, pp, dp, ep, vpp, micro_batch, schedules, recompute, pp_layers;
   int max_zero = 3;
   bool max_zero_given = false;
   bool no_sequence_parallel = false;
@@ -571,6 +605,17 @@ plan::Constraints resolve_constraints(const PlanFlags& f, const PlanModel& model
   c.cp = parse_sizes(f.cp, "--cp");
   c.pp = parse_sizes(f.pp, "--pp");
   c.dp = parse_sizes(f.dp, "--dp");
+  c.ep = parse_sizes(f.ep, "--ep");
+  for (std::int64_t ep : c.ep) {
+    NDMESH_CHECK_CONFIG(ep == 1 || model.spec.experts > 0, "plan",
+                        "--ep {} needs a mixture of experts (--experts N, or a MoE preset such as mixtral-8x7b); "
+                        "{} is dense: drop --ep",
+                        ep, model.spec.name);
+    NDMESH_CHECK_CONFIG(model.spec.experts == 0 || model.spec.experts % ep == 0, "plan",
+                        "--ep {} conflicts with the model: experts={} is not divisible by ep={}; use a divisor "
+                        "of {}",
+                        ep, model.spec.experts, ep, model.spec.experts);
+  }
   c.vpp = parse_sizes(f.vpp, "--vpp");
   c.micro_batch = parse_sizes(f.micro_batch, "--micro-batch");
   NDMESH_CHECK_CONFIG(f.max_zero >= 0 && f.max_zero <= 3, "plan",
@@ -669,19 +714,21 @@ int run_search(const PlanFlags& f) {
     }
     return 1;
   }
+  // A mixture of experts' table has an ep column (folded into dp x cp) after dp.
+  const bool moe = model.spec.experts > 0;
   fmt::print(
-      "\n{:>4} {:>3} {:>3} {:>3} {:>4} {:>3} {:>3} {:<11} {:<9} {:>4} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} "
+      "\n{:>4} {:>3} {:>3} {:>3} {:>4}{} {:>3} {:>3} {:<11} {:<9} {:>4} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} "
       "{:>9} {:>6}\n",
-      "rank", "tp", "cp", "pp", "dp", "vpp", "mb", "schedule", "recompute", "zero", "params", "grads",
+      "rank", "tp", "cp", "pp", "dp", moe ? fmt::format(" {:>3}", "ep") : std::string(), "vpp", "mb", "schedule", "recompute", "zero", "params", "grads",
       "optim", "activ", "total", "step s", "tokens/s", "MFU");
-  fmt::print("{:>67}{}\n", "", "--------- GiB per GPU ---------");
+  fmt::print("{:>{}}{}\n", "", moe ? 71 : 67, "--------- GiB per GPU ---------");
   int rank = 1;
   for (const Estimate& e : r.layouts) {
     const Layout& l = e.layout;
     fmt::print(
-        "{:>4} {:>3} {:>3} {:>3} {:>4} {:>3} {:>3} {:<11} {:<9} {:>4} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8.3f} "
+        "{:>4} {:>3} {:>3} {:>3} {:>4}{} {:>3} {:>3} {:<11} {:<9} {:>4} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8.3f} "
         "{:>9} {:>5.1f}%\n",
-        rank++, l.tp, l.cp, l.pp, l.dp, l.vpp, l.micro_batch, schedule_name(l.schedule),
+        rank++, l.tp, l.cp, l.pp, l.dp, moe ? fmt::format(" {:>3}", l.ep) : std::string(), l.vpp, l.micro_batch, schedule_name(l.schedule),
         plan::recompute_name(l.recompute), l.zero, gib(e.memory.params), gib(e.memory.grads),
         gib(e.memory.optimizer), gib(e.memory.activations), gib(e.memory.total), e.time.total,
         human(e.tokens_per_second), 100 * e.mfu);
@@ -690,6 +737,10 @@ int run_search(const PlanFlags& f) {
   const std::size_t shown = std::min<std::size_t>(r.layouts.size(), 3);
   const std::string device = device_flags(f.common, hw);
   fmt::print("\nto run (ndmesh train; --mlp swiglu models run as their GeLU twin):\n");
+  if (moe)
+    fmt::print(
+        "      (a mixture of experts: ndmesh train runs it with --dp, --ep and ZeRO 0-2 today and refuses tp, pp, "
+        "cp and ZeRO-3 with experts)\n");
   for (std::size_t i = 0; i < shown; ++i) {
     const Estimate& e = r.layouts[i];
     const auto c = plan::train_commands(plan::train_flags(model, e.layout, w) + device, e.layout.gpus(),
@@ -718,6 +769,7 @@ int run_memory(MemoryFlags f) {
   l.dp_overlap = !f.common.no_dp_overlap;
   NDMESH_CHECK_CONFIG(l.zero >= 0 && l.zero <= 3, "plan", "--zero {} is not a ZeRO stage; use 0, 1, 2 or 3",
                       l.zero);
+  NDMESH_CHECK_CONFIG(l.ep >= 1, "plan", "--ep {} must be at least 1 (1: no expert parallelism), e.g. --ep 8", l.ep);
   const PlanModel model = resolve_model(f.common);
   const Hardware hw = resolve_hardware(f.common);
   // Default batch: pp micro-batches per pipeline, the fewest 1F1B accepts.
@@ -754,6 +806,9 @@ Action setup(CLI::App& app) {
   app.add_option("--cp", pf->cp, "Constraint: context-parallel size or list");
   app.add_option("--pp", pf->pp, "Constraint: pipeline-parallel size or list");
   app.add_option("--dp", pf->dp, "Constraint: data-parallel size or list");
+  app.add_option("--ep", pf->ep,
+                 "Constraint: expert-parallel size or list of a mixture of experts, folded into dp x cp (it "
+                 "divides dp x cp and the experts; default: every such size)");
   app.add_option("--vpp,--virtual-stages", pf->vpp,
                  "Constraint: virtual stages per rank or list (above 1: interleaved)");
   app.add_option("--micro-batch", pf->micro_batch,
@@ -781,6 +836,10 @@ Action setup(CLI::App& app) {
   mem->add_option("--cp", mf->layout.cp, "Context-parallel size")->capture_default_str();
   mem->add_option("--pp", mf->layout.pp, "Pipeline-parallel size")->capture_default_str();
   mem->add_option("--dp", mf->layout.dp, "Data-parallel size")->capture_default_str();
+  mem->add_option("--ep", mf->layout.ep,
+                  "Expert-parallel size of a mixture of experts, folded into dp x cp (divides dp x cp and the "
+                  "experts)")
+      ->capture_default_str();
   mem->add_option("--vpp,--virtual-stages", mf->layout.vpp, "Virtual stages per rank (interleaved)")
       ->capture_default_str();
   mem->add_option("--micro-batch", mf->layout.micro_batch, "Sequences per micro-batch")

@@ -51,6 +51,11 @@ struct Layout {
   bool offload_to_host = false;
   /// ZeRO-3: units (blocks) gathered ahead of the one in use, forward and backward.
   std::int64_t zero3_prefetch = 1;
+  /// Expert parallelism of a mixture of experts, folded into dp x cp (as `ndmesh train --ep`
+  /// and Megatron-core fold it: no ranks of its own): each MoE layer's experts are sharded over
+  /// groups of ep ranks that exchange tokens by all-to-all; the expert-data-parallel group,
+  /// dp x cp / ep, reduces (and with ZeRO shards) the experts' gradients.
+  std::int64_t ep = 1;
 
   std::int64_t gpus() const { return tp * cp * pp * dp; }
 };
@@ -84,7 +89,11 @@ struct MemoryBreakdown {
   double stage_parameters = 0;      ///< parameters held by one GPU of that stage
   double layers_on_stage = 0;       ///< decoder layers on that stage (rank)
   double in_flight = 0;             ///< micro-batches whose activations it holds
-  double activation_per_layer = 0;  ///< bytes per layer per micro-batch
+  double activation_per_layer = 0;  ///< bytes per layer per micro-batch (mean over the stage's layers)
+  /// Of stage_parameters, the routed experts' (E/ep of each MoE layer on the stage): their
+  /// gradients are reduced, and with ZeRO their states sharded, over dp x cp / ep.
+  double stage_expert_parameters = 0;
+  double moe_layers_on_stage = 0;  ///< mixture-of-experts layers among layers_on_stage
 };
 
 /// Blocks per chunk of a layout: layout.stage_layers, or balanced_partition(layers, pp, vpp).
@@ -102,6 +111,9 @@ struct Placement {
   bool cp_in_node = true;
   bool pp_in_node = true;
   bool dp_in_node = true;  ///< the gradient-reduction group, dims dp and cp
+  bool ep_in_node = true;   ///< the expert group (Mesh::fold_group kInner of dp-cp)
+  bool edp_in_node = true;  ///< the expert-data-parallel group (Mesh::fold_group kOuter)
+  std::int64_t ep_per_node = 1;  ///< members of an expert group on one node (the fewest)
 };
 /// Asks the mesh dp, pp, cp, tp (outer to inner) with `gpus_per_node` ranks per node.
 Placement placement(const Layout& layout, std::int64_t gpus_per_node);
@@ -121,6 +133,11 @@ struct TimeBreakdown {
   double dp_comm = 0;     ///< data-parallel gradient (and ZeRO parameter) traffic in total
   double dp_overlap = 0;  ///< backward time it can hide under
   double dp_exposed = 0;  ///< max(0, dp_comm - dp_overlap)
+  /// Mixture of experts under ep > 1: the token all-to-alls (dispatch and combine, forward and
+  /// backward: 4 per MoE layer and micro-batch, 6 with full recompute), on the critical path.
+  double ep_comm = 0;
+  double ep_bytes = 0;        ///< bytes one GPU sends in one of those all-to-alls
+  double dp_expert_comm = 0;  ///< of dp_comm, the experts' gradients over dp x cp / ep
   /// --offload optimizer: reading and writing the optimizer state once per step at the
   /// node's disk rates (shared by the node's GPUs); not overlapped (the update needs it).
   double offload = 0;
@@ -128,6 +145,7 @@ struct TimeBreakdown {
   double total = 0;
   double bubble_fraction = 0;
   double tp_bw = 0, cp_bw = 0, pp_bw = 0, dp_bw = 0;  ///< bytes/s used for each
+  double ep_bw = 0, edp_bw = 0;  ///< the all-to-all's slowest link, the experts' gradient reduction
   // What the terms are made of, for `plan --explain`:
   double gemm_efficiency = 1;  ///< the weight products' rate over the achievable rate (kernel overheads)
   double tokens_per_gpu = 0;   ///< rows of those products: micro_batch x seq / cp
@@ -144,6 +162,7 @@ struct Estimate {
   Placement where;
   std::int64_t microbatches = 0;
   double parameters = 0;   ///< of the whole model
+  double active_parameters = 0;  ///< what one token goes through (a mixture of experts: top_k + shared experts)
   double model_flops = 0;  ///< per step, without recompute
   double tokens_per_second = 0;
   double mfu = 0;  ///< model FLOPs / (step time x GPUs x peak), a fraction

@@ -143,12 +143,17 @@ Precision parse_precision(std::string_view name, std::string_view flag = "--prec
 
 /// Parameters of the whole model, by part.
 struct ParameterCount {
-  double per_layer = 0;   ///< one decoder layer
+  double per_layer = 0;   ///< one dense decoder layer
+  double moe_per_layer = 0;  ///< one mixture-of-experts decoder layer (0 for a dense model)
   double layers = 0;      ///< all decoder layers
   double embedding = 0;   ///< token table V h, plus the s h position table when learned
   double head = 0;        ///< output projection V h when untied, 0 when tied
   double final_norm = 0;  ///< the norm after the last layer
+  double routed = 0;      ///< the routed experts of every MoE layer (in `layers`)
+  double routed_active = 0;  ///< the top_k of them each token goes through
   double total() const { return layers + embedding + head + final_norm; }
+  /// What one token goes through: total less the routed experts it is not sent to.
+  double active() const { return total() - routed + routed_active; }
 };
 
 /// Counts every tensor of the model (Narayanan et al. 2021 for GPT; GQA and SwiGLU counted
@@ -160,8 +165,47 @@ ParameterCount count_parameters(const PlanModel& model);
 /// one kv head.
 double layer_parameters_per_rank(const PlanModel& model, std::int64_t tp);
 
-/// Weight-matrix parameters of one layer (what costs 2 FLOPs per token each).
+/// Weight-matrix parameters of one dense layer (what costs 2 FLOPs per token each); of
+/// moe_block_view's model, the attention and the top_k + shared experts' matrices a token
+/// goes through (the router's E h not included).
 double layer_matrix_parameters(const PlanModel& model);
+
+/// One mixture-of-experts layer's MLP parameters as nn::Moe declares them: the router [E, h]
+/// (and the sigmoid router's balancing bias [E]), E routed experts and the shared experts, each
+/// an MLP of expert_ffn without biases (GeLU: 2 h f, SwiGLU: 3 h f).
+struct MoeParameters {
+  double router = 0;  ///< router weight (and bias)
+  double expert = 0;  ///< one routed expert
+  double shared = 0;  ///< the shared experts together
+};
+MoeParameters moe_parameters(const ModelSpec& spec);
+
+/// MoE layers among blocks [first, first + count) (ModelSpec::is_moe_layer).
+std::int64_t moe_layers_in(const ModelSpec& spec, std::int64_t first, std::int64_t count);
+
+/// A mixture of experts' layer as the dense formulas see it: the MLP one token goes through,
+/// ffn = (top_k + shared) x expert_ffn wide (what nn::Moe reports as its width), for its
+/// activations, element-wise passes and active matrix FLOPs; experts and expert_ffn kept.
+PlanModel moe_block_view(const PlanModel& model);
+
+/// Parameters of one MoE layer on one GPU under tensor parallelism `tp` and expert parallelism
+/// `ep` (experts sharded over ep, each expert's matrices split over tp like the dense MLP's:
+/// Megatron-core's default expert tensor parallelism): the attention, norms, router and shared
+/// experts (`dense`, replicated over ep) and the E/ep routed experts the rank stores (`experts`).
+struct MoeLayerShare {
+  double dense = 0;
+  double experts = 0;
+  double total() const { return dense + experts; }
+};
+MoeLayerShare moe_layer_parameters_per_rank(const PlanModel& model, std::int64_t tp, std::int64_t ep);
+
+/// One all-to-all over `ep` ranks in which every rank sends `bytes` in equal parts (its own
+/// part stays): per peer a message, latency + part / bandwidth; the peers inside the node
+/// (`in_node` of the ep ranks, itself included) at the intra-node rate, the others at the
+/// inter-node rate, the two at once (NVLink and the NIC are separate links):
+/// (ep - 1) latency + max((in_node - 1) / ep bytes / intra_bw, (ep - in_node) / ep bytes / inter_bw).
+double all_to_all_seconds(double bytes, std::int64_t ep, std::int64_t in_node, double intra_bw, double inter_bw,
+                          double latency);
 
 /// How activations of one layer are split and kept.
 struct ActivationOptions {
@@ -175,6 +219,11 @@ struct ActivationOptions {
   double norm_output_bytes = 0;  ///< Precision::norm_output_bytes (0: activation_bytes)
   double attention_output_bytes = 0;  ///< Precision::attention_output_bytes (0: activation_bytes)
   double attention_input_bytes = 0;   ///< Precision::attention_input_bytes (0: activation_bytes)
+  /// A mixture of experts' layer (pass moe_block_view's model): besides the active experts'
+  /// MLP activations, the top_k dispatched copies of each token (the experts' input rows) and
+  /// their outputs (kept for the weighted combine's backward), and the router's fp32
+  /// probabilities (E per token).
+  bool moe = false;
 };
 
 /// Activation bytes one GPU keeps for one layer and one micro-batch of `micro_batch`
@@ -273,6 +322,10 @@ struct LayerShape {
   bool unfused_elementwise = false;  ///< Precision::unfused_elementwise (ndmesh's kernels)
   bool bf16_products = false;        ///< with it: the products' operand casts, cuDNN's attention glue
   bool sequence_parallel = false;    ///< the layer norms and residuals on 1/tp of the rows
+  /// A mixture of experts' layer (pass moe_block_view's model) under expert parallelism ep: the
+  /// MLP's products are the router's (tokens x E x h), the shared experts' (tokens rows) and the
+  /// E/ep local experts', each on tokens x top_k x ep / E rows (an even load). 0: a dense layer.
+  std::int64_t ep = 0;
 };
 
 /// HBM bytes per token of one layer's unfused element-wise passes on one GPU, forward and

@@ -31,7 +31,8 @@ enum class Term {
   kContextParallel,
   kPipelineSends,
   kBubble,
-  kDataParallel
+  kDataParallel,
+  kExpertParallel  ///< a mixture of experts' token all-to-alls
 };
 
 /// Its name as --explain prints it ("compute", "context parallel", ...).

@@ -1,4 +1,4 @@
-// Search over layouts: every (tp, cp, pp, dp, vpp, micro-batch, schedule, recompute, ZeRO
+// Search over layouts: every (tp, cp, pp, dp, ep, vpp, micro-batch, schedule, recompute, ZeRO
 // stage) for N GPUs that passes config validation and fits in memory, ranked by predicted
 // time per step.
 //
@@ -25,6 +25,9 @@ namespace ndmesh::plan {
 /// leaves that choice free; a list restricts it to its values.
 struct Constraints {
   std::vector<std::int64_t> tp, cp, pp, dp, vpp, micro_batch;
+  /// Expert parallelism (folded into dp x cp) of a mixture of experts; empty: every ep that
+  /// divides dp x cp and the experts (1 for a dense model).
+  std::vector<std::int64_t> ep;
   int max_zero = 3;                   ///< highest ZeRO stage tried
   int min_zero = 0;                   ///< lowest ZeRO stage tried (--memory aggressive: 2)
   bool offload_optimizer = false;     ///< every layout offloads its optimizer state (--offload optimizer)
