@@ -39,7 +39,7 @@ DEB_PACKAGES := build-essential cmake pkg-config openmpi-bin libopenmpi-dev libo
 
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: all deps build run test test-fast bench format clean sanitize tsan fuzz
+.PHONY: all deps build run test test-fast bench format clean sanitize sanitize-build sanitize-test tsan fuzz
 
 all: build
 
@@ -129,7 +129,11 @@ TSAN_ENV := TSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/tsan.supp:ignore_
 # (NDMESH_TEST_OPT, tests/CMakeLists.txt): under half of -O1's time there; the libraries they
 # test stay at -O1.
 SAN_SKIP ?= ^(multinode\.|python\.tensorboard_reader$$|cli\.gpu_check_compare$$|cli\.train_bf16$$|mpi\.plan_runs$$|cli\.published_runs$$|mpi\.train_(dp|tp|pp|cp)$$|mpi\.(zero3|llama)_memory$$)
-sanitize: deps
+# sanitize = sanitize-build, then sanitize-test (.ci/run runs the build beside make test).
+sanitize: sanitize-build
+	$(MAKE) --no-print-directory sanitize-test
+
+sanitize-build: deps
 	cmake -S . -B $(SAN_DIR) -DCMAKE_BUILD_TYPE=Debug -DNDMESH_BUILD_BENCH=OFF \
 	  -DNDMESH_PYTHON=OFF -DNDMESH_INSTALL_TEST=OFF -DNDMESH_CUDA=OFF \
 	  -DCMAKE_CXX_FLAGS="-O1 $(SAN_FLAGS)" -DCMAKE_C_FLAGS="-O1 $(SAN_FLAGS)" \
@@ -137,6 +141,9 @@ sanitize: deps
 	  -DCMAKE_EXE_LINKER_FLAGS="$(SAN_FLAGS)" $(CMAKE_FLAGS)
 	cmake --build $(SAN_DIR) -j$(JOBS)
 	cc -shared -fPIC -O2 -o $(SAN_DIR)/no_dlclose.so tests/sanitize/no_dlclose.c
+
+sanitize-test:
+	@test -f $(SAN_DIR)/no_dlclose.so || { echo "make sanitize-test: no sanitizer build in $(SAN_DIR); run make sanitize-build (or make sanitize) first"; exit 2; }
 	cd $(SAN_DIR) && $(SAN_ENV) ctest --output-on-failure -j$(JOBS) --timeout 1200 -E '$(SAN_SKIP)'
 
 # ThreadSanitizer over the tests of the communicator's watchdog and asynchronous work.

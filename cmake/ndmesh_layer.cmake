@@ -18,5 +18,13 @@ function(ndmesh_layer name)
   # consumer that never sets CMAKE_CXX_STANDARD still compiles them.
   target_compile_features(ndmesh_${name} PUBLIC cxx_std_20)
   set_target_properties(ndmesh_${name} PROPERTIES EXPORT_NAME ${name})
+  # Unity sources (NDMESH_UNITY_LAYERS): 669 -> 345 CPU-s for the libraries of a CUDA-less
+  # Release build. A source's file-local names (anonymous namespace, static) share a unit with
+  # 7 others, so they must not clash (a compile error in every build, not a silent one); g++'s
+  # -Wsubobject-linkage, which takes every included .cpp for a header, is off for them.
+  if(NDMESH_UNITY_LAYERS)
+    set_target_properties(ndmesh_${name} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 8)
+    target_compile_options(ndmesh_${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-subobject-linkage>)
+  endif()
   set_property(GLOBAL APPEND PROPERTY NDMESH_LAYERS ndmesh_${name})
 endfunction()
