@@ -396,7 +396,7 @@ std::vector<std::string> problems(const ParallelConfig& c, const ModelSpec* mode
                                 nearest_divisors(m.layers, pp, "pp"),
                                 nearest_multiples(m.layers, pp, "layers")));
   }
-  if (m.experts > 0 && m.experts % ep != 0)
+  if (m.experts > 0 && ep >= 1 && m.experts % ep != 0)
     out.push_back(fmt::format("experts={} is not divisible by ep={}; use {}", m.experts, ep,
                               nearest_divisors(m.experts, ep, "ep")));
   if (m.experts == 0 && ep > 1)

@@ -296,6 +296,19 @@ TEST(Validation, ExpertsDivisibleByEp) {
   expect_problem(c, &m, {"ep=4", "dense"});
 }
 
+// A folded ep below 1 is its own problem, not a division by zero in the experts' rule.
+TEST(Validation, FoldedEpBelowOneIsAProblem) {
+  ParallelConfig c;
+  c.dims = {{"dp", 2}, {"tp", 1}};
+  c.world = 2;
+  ModelSpec m = gpt();
+  m.experts = 4;
+  for (std::int64_t ep : {0, -2}) {
+    c.folded_ep = ep;
+    expect_problem(c, &m, {"ep=" + std::to_string(ep) + " must divide dp*cp"});
+  }
+}
+
 TEST(Validation, MicroBatchPositive) {
   ParallelConfig c = make(1, 1, 1, 1);
   c.micro_batch = 0;
