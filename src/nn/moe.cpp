@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <type_traits>
 
 #include <fmt/format.h>
 
 #include "feed_forward_passes.hpp"
+#include "weight_grads_now.hpp"
 #include "ndmesh/core/error.hpp"
 
 namespace ndmesh::nn {
@@ -325,6 +327,10 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
   std::vector<T> back(static_cast<std::size_t>(d.received_rows() * back_w));
   std::vector<T> xe, ye, dye, dxe, scratch;
   MlpActivations<T> a;
+  // The experts' inputs and activations live in this function's buffers: their weight
+  // gradients now, not in a zero-bubble schedule's later W pass (the router's may wait: its
+  // input is the block's).
+  std::optional<WeightGradsNow<T>> now(std::in_place);
   for (std::int64_t l = 0; l < local_; ++l) {
     const std::vector<std::int64_t> rows = d.rows_of_local(l);
     const auto ne = static_cast<std::int64_t>(rows.size());
@@ -369,6 +375,7 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
     for (std::int64_t i = 0; i < n * c; ++i) dinp[i] += dxe[static_cast<std::size_t>(i)];
   }
 
+  now.reset();
   // The router: d weights (and the auxiliary loss) -> d probabilities or scores -> d logits.
   const bool softmax = moe_.router == RouterKind::kSoftmax;
   const double aux_scale =

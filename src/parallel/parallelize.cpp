@@ -26,17 +26,14 @@ std::vector<std::string> unsupported_layout(const Mesh& mesh) {
 }
 
 RankModel parallelize(const TrainOptions& o, ProcessGroups& groups) {
-  // Mixture of experts trains serially and data-parallel (its gradients are ordinary ones
-  // over dp); expert parallelism and the other strategies come next (docs/models.md).
+  // Mixture of experts: serial, dp, ep (folded into dp x cp), pp (every schedule) and ZeRO 1-3
+  // (docs/models.md); tensor and context parallelism not yet.
   const Mesh& mesh = groups.mesh();
-  if (o.model.experts > 0 && (mesh.size_of("tp") > 1 || mesh.size_of("pp") > 1 || mesh.size_of("cp") > 1 ||
-                              mesh.size_of("ep") > 1))
+  if (o.model.experts > 0 && (mesh.size_of("tp") > 1 || mesh.size_of("cp") > 1 || mesh.size_of("ep") > 1))
     fail<ConfigError>("train",
-                      "--experts with --tp/--pp/--cp is not supported yet; use --dp with --ep (expert parallelism "
-                      "folded into dp) (mesh {})",
+                      "--experts with --tp/--cp is not supported yet; use --dp, --pp, --zero and --ep (expert "
+                      "parallelism folded into dp) (mesh {})",
                       mesh.to_string());
-  NDMESH_CHECK_CONFIG(o.model.experts == 0 || o.dp.zero < 3, "train",
-                      "--experts with --zero 3 is not supported yet; use --zero 0, 1 or 2");
   if (auto problems = unsupported_layout(groups.mesh()); !problems.empty())
     fail<ConfigError>("train", "{}", fmt::join(problems, "; "));
   if (auto problems = train_option_problems(o); !problems.empty())

@@ -9,7 +9,8 @@
 # ones. --experts with --tp is refused in one line.
 # Expert parallelism (--ep, folded into dp): --dp 2 --ep 2, --dp 4 --ep 2 and --dp 4 --ep 4
 # equal the serial run (routing, loads and drops too: --dp 2 --ep 2 with the capacity
-# factor); a checkpoint saved at step 2 under --dp 2 --ep 2 resumes under --dp 4 --ep 4 and
+# factor), as do --dp 2 --ep 2 with --pp 2 (1f1b; zb-h1 with the sigmoid router) and with
+# --zero 3 (scripts/moe_ep_matrix.sh runs every schedule and more); a checkpoint saved at step 2 under --dp 2 --ep 2 resumes under --dp 4 --ep 4 and
 # serially, equal to the serial run's steps 3-4.
 #   train_moe.sh <mpirun command...> <path to ndmesh>
 source "$(dirname "$0")/train_lib.sh" "$@"
@@ -47,6 +48,15 @@ aux_same moe moe_dp4_ep4
 layout_run sig 2 sig_dp2_ep2 --dp 2 --ep 2 "${extra[@]}"
 aux_same sig sig_dp2_ep2
 
+# Pipeline parallelism (the expert groups inside a stage's dp ranks; the stages' loads summed at
+# their blocks' places) and ZeRO-3 (expert parameters gathered with their block).
+layout_run moe 4 moe_dp2_ep2_pp2 --dp 2 --ep 2 --pp 2
+aux_same moe moe_dp2_ep2_pp2
+layout_run sig 4 sig_dp2_ep2_pp2_zbh1 --dp 2 --ep 2 --pp 2 --schedule zb-h1 "${extra[@]}"
+aux_same sig sig_dp2_ep2_pp2_zbh1
+layout_run moe 2 moe_dp2_ep2_zero3 --dp 2 --ep 2 --zero 3
+aux_same moe moe_dp2_ep2_zero3
+
 # One checkpoint, written under --dp 2 --ep 2, resumed under --dp 4 --ep 4 and serially.
 "${mpirun[@]}" -np 2 "$ndmesh" train "${common[@]}" --dp 2 --ep 2 --until 2 --save "$tmp/ep.ckpt" > "$tmp/save.out" 2>&1 ||
   fail "save under --dp 2 --ep 2: $(tail -5 "$tmp/save.out")"
@@ -57,7 +67,7 @@ expect_same "saved under --dp 2 --ep 2, resumed under --dp 4 --ep 4" "$tmp/moe.j
   fail "serial load: $(tail -5 "$tmp/r1.err")"
 expect_same "saved under --dp 2 --ep 2, resumed serially" "$tmp/moe.json" "$tmp/resumed1.json" --from 2
 
-expect_train_usage "--experts with --tp/--pp/--cp is not supported yet" 2 "${common[@]}" --tp 2
+expect_train_usage "--experts with --tp/--cp is not supported yet" 2 "${common[@]}" --tp 2
 expect_train_usage "ep=4 must divide dp*cp" 2 "${common[@]}" --dp 2 --ep 4
 expect_train_usage "--ep=2 needs a mixture of experts" 2 --hidden 32 --seq 16 --markov-vocab 16 --steps 1 --dp 2 --ep 2
 echo "train_moe.sh: ok"
