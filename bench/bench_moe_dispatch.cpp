@@ -55,21 +55,25 @@ Routing draw_routing(std::int64_t tokens, std::int64_t experts, std::int64_t k, 
 }
 
 // The stand-in expert e on one row: out = in * (1 + e / 8).
-void run_expert(std::int64_t e, const float* in, float* out, std::int64_t c, float weight = 1.0f, bool add = false) {
+void run_expert(std::int64_t e, const float* in, float* out, std::int64_t c, float weight = 1.0f,
+                bool add = false) {
   const float s = weight * (1.0f + static_cast<float>(e) / 8.0f);
   for (std::int64_t i = 0; i < c; ++i) out[i] = (add ? out[i] : 0.0f) + s * in[i];
 }
 
 // nn::Moe's exchange: rows grouped by expert (token order inside), counts first.
-void all_to_all_v_dispatch(const Communicator& ep, const std::vector<float>& x, const Routing& r, std::int64_t n,
-                           std::int64_t c, std::int64_t experts, std::int64_t k, std::vector<float>& out) {
+void all_to_all_v_dispatch(const Communicator& ep, const std::vector<float>& x, const Routing& r,
+                           std::int64_t n, std::int64_t c, std::int64_t experts, std::int64_t k,
+                           std::vector<float>& out) {
   const auto p = static_cast<std::int64_t>(ep.size());
   const std::int64_t local = experts / p, first = local * ep.rank();
   std::vector<std::vector<std::int64_t>> by_expert(static_cast<std::size_t>(experts));  // token * k + j
   for (std::int64_t i = 0; i < n * k; ++i) by_expert[static_cast<std::size_t>(r.expert[i])].push_back(i);
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(experts)), received(static_cast<std::size_t>(experts));
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(experts)),
+      received(static_cast<std::size_t>(experts));
   for (std::int64_t e = 0; e < experts; ++e)
-    counts[static_cast<std::size_t>(e)] = static_cast<std::int64_t>(by_expert[static_cast<std::size_t>(e)].size());
+    counts[static_cast<std::size_t>(e)] =
+        static_cast<std::int64_t>(by_expert[static_cast<std::size_t>(e)].size());
   ep.all_to_all(std::span<const std::int64_t>(counts), std::span<std::int64_t>(received));
   std::vector<std::int64_t> send(static_cast<std::size_t>(p), 0), recv(static_cast<std::size_t>(p), 0);
   for (std::int64_t e = 0; e < experts; ++e) {
@@ -78,7 +82,8 @@ void all_to_all_v_dispatch(const Communicator& ep, const std::vector<float>& x, 
   }
   const std::int64_t sent_rows = n * k;
   const std::int64_t got_rows = std::accumulate(received.begin(), received.end(), std::int64_t{0});
-  std::vector<float> sent(static_cast<std::size_t>(sent_rows * c)), got(static_cast<std::size_t>(got_rows * c));
+  std::vector<float> sent(static_cast<std::size_t>(sent_rows * c)),
+      got(static_cast<std::size_t>(got_rows * c));
   std::int64_t at = 0;
   for (const auto& rows : by_expert)
     for (std::int64_t i : rows) std::copy_n(x.data() + (i / k) * c, c, sent.data() + (at++) * c);
@@ -103,8 +108,9 @@ void all_to_all_v_dispatch(const Communicator& ep, const std::vector<float>& x, 
 }
 
 // The all-gather dispatcher: everyone's tokens and routing, local experts, reduce-scatter back.
-void all_gather_dispatch(const Communicator& ep, const std::vector<float>& x, const Routing& r, std::int64_t n,
-                         std::int64_t c, std::int64_t experts, std::int64_t k, std::vector<float>& out) {
+void all_gather_dispatch(const Communicator& ep, const std::vector<float>& x, const Routing& r,
+                         std::int64_t n, std::int64_t c, std::int64_t experts, std::int64_t k,
+                         std::vector<float>& out) {
   const auto p = static_cast<std::int64_t>(ep.size());
   const std::int64_t local = experts / p, first = local * ep.rank();
   std::vector<float> all_x(static_cast<std::size_t>(p * n * c)), all_w(static_cast<std::size_t>(p * n * k));
@@ -116,8 +122,8 @@ void all_gather_dispatch(const Communicator& ep, const std::vector<float>& x, co
   for (std::int64_t i = 0; i < p * n * k; ++i) {
     const std::int64_t e = all_e[static_cast<std::size_t>(i)];
     if (e < first || e >= first + local) continue;
-    run_expert(e, all_x.data() + (i / k) * c, partial.data() + (i / k) * c, c, all_w[static_cast<std::size_t>(i)],
-               true);
+    run_expert(e, all_x.data() + (i / k) * c, partial.data() + (i / k) * c, c,
+               all_w[static_cast<std::size_t>(i)], true);
   }
   ep.reduce_scatter(std::span<const float>(partial), std::span<float>(out));
 }
@@ -133,8 +139,10 @@ int main(int argc, char** argv) {
   const int p = world.size();
   if (experts % p != 0 || k < 1 || k > experts) {
     if (world.rank() == 0)
-      std::fprintf(stderr, "bench_moe_dispatch: experts=%lld must be divisible by the %d ranks and top-k=%lld in 1..experts\n",
-                   static_cast<long long>(experts), p, static_cast<long long>(k));
+      std::fprintf(
+          stderr,
+          "bench_moe_dispatch: experts=%lld must be divisible by the %d ranks and top-k=%lld in 1..experts\n",
+          static_cast<long long>(experts), p, static_cast<long long>(k));
     return 2;
   }
   const Routing routing = draw_routing(tokens, experts, k, world.rank());
@@ -149,7 +157,8 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < x.size(); ++i)
       diff = std::max(diff, static_cast<double>(std::fabs(out_a2a[i] - out_ag[i])));
     world.all_reduce(std::span<double>(&diff, 1), {.op = ndmesh::comm::ReduceOp::kMax});
-    const int reps = static_cast<int>(std::clamp<std::int64_t>((std::int64_t{1} << 24) / (tokens * c), 3, 50));
+    const int reps =
+        static_cast<int>(std::clamp<std::int64_t>((std::int64_t{1} << 24) / (tokens * c), 3, 50));
     double best[2] = {1e30, 1e30};
     for (int round = 0; round < 4; ++round)
       for (int j = 0; j < 2; ++j) {
@@ -168,12 +177,15 @@ int main(int argc, char** argv) {
       }
     if (world.rank() == 0)
       std::printf(
-          "{\"backend\":\"%s\",\"ranks\":%d,\"tokens\":%lld,\"channels\":%lld,\"experts\":%lld,\"top_k\":%lld,"
+          "{\"backend\":\"%s\",\"ranks\":%d,\"tokens\":%lld,\"channels\":%lld,\"experts\":%lld,\"top_k\":%"
+          "lld,"
           "\"all_to_all_v_s\":%.3e,\"all_gather_s\":%.3e,\"ratio\":%.3f,\"max_difference\":%.2e}\n",
           std::string(world.backend()).c_str(), p, static_cast<long long>(tokens), static_cast<long long>(c),
-          static_cast<long long>(experts), static_cast<long long>(k), best[0], best[1], best[1] / best[0], diff);
+          static_cast<long long>(experts), static_cast<long long>(k), best[0], best[1], best[1] / best[0],
+          diff);
     if (diff > 1e-4) {
-      if (world.rank() == 0) std::fprintf(stderr, "bench_moe_dispatch: the two dispatches differ by %.2e\n", diff);
+      if (world.rank() == 0)
+        std::fprintf(stderr, "bench_moe_dispatch: the two dispatches differ by %.2e\n", diff);
       return 1;
     }
   }

@@ -145,8 +145,8 @@ void Trainer::take_moe_sums(StepStats& s) {
   for (const auto& c : model_.chunks) {
     sums[0] += c->take_aux_loss_sum();
     const std::vector<double> load = c->take_expert_loads();
-    NDMESH_CHECK(load.empty() || load.size() + 1 == sums.size(), "train", "{} expert loads for the model's {}",
-                 load.size(), sums.size() - 1);
+    NDMESH_CHECK(load.empty() || load.size() + 1 == sums.size(), "train",
+                 "{} expert loads for the model's {}", load.size(), sums.size() - 1);
     for (std::size_t e = 0; e < load.size(); ++e) sums[e + 1] += load[e];
   }
   sync_.sum_over_world(sums);

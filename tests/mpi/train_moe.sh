@@ -6,11 +6,12 @@
 # capacity factor, also under ZeRO 2 (the drops and the bias updates of the serial run: the
 # loads are summed over the ranks before the bias moves). The auxiliary loss and the capacity are per micro-batch, so
 # every run has micro-batches of 2 sequences (serial: 4 of them; dp 2: 2 per rank), the same
-# ones. --experts with --tp is refused in one line.
+# ones. A capacity factor with --cp is refused in one line.
 # Expert parallelism (--ep, folded into dp): --dp 2 --ep 2, --dp 4 --ep 2 and --dp 4 --ep 4
 # equal the serial run (routing, loads and drops too: --dp 2 --ep 2 with the capacity
-# factor), as do --dp 2 --ep 2 with --pp 2 (1f1b; zb-h1 with the sigmoid router) and with
-# --zero 3 (scripts/moe_ep_matrix.sh runs every schedule and more); a checkpoint saved at step 2 under --dp 2 --ep 2 resumes under --dp 4 --ep 4 and
+# factor), as do --dp 2 --ep 2 with --pp 2 (1f1b; zb-h1 with the sigmoid router), with
+# --zero 3 and with --tp 2, and --dp 2 --cp 2 --ep 4 (scripts/moe_ep_matrix.sh runs every
+# schedule and more); a checkpoint saved at step 2 under --dp 2 --ep 2 resumes under --dp 4 --ep 4 and
 # serially, equal to the serial run's steps 3-4.
 #   train_moe.sh <mpirun command...> <path to ndmesh>
 source "$(dirname "$0")/train_lib.sh" "$@"
@@ -56,6 +57,12 @@ layout_run sig 4 sig_dp2_ep2_pp2_zbh1 --dp 2 --ep 2 --pp 2 --schedule zb-h1 "${e
 aux_same sig sig_dp2_ep2_pp2_zbh1
 layout_run moe 2 moe_dp2_ep2_zero3 --dp 2 --ep 2 --zero 3
 aux_same moe moe_dp2_ep2_zero3
+# Context parallelism (a micro-batch's tokens on 2 ranks: the auxiliary loss sums their counts)
+# with the expert group across dp and cp; tensor parallelism (each expert split over tp).
+layout_run moe 4 moe_dp2_cp2_ep4 --dp 2 --cp 2 --ep 4
+aux_same moe moe_dp2_cp2_ep4
+layout_run moe 4 moe_dp2_ep2_tp2 --dp 2 --ep 2 --tp 2
+aux_same moe moe_dp2_ep2_tp2
 
 # One checkpoint, written under --dp 2 --ep 2, resumed under --dp 4 --ep 4 and serially.
 "${mpirun[@]}" -np 2 "$ndmesh" train "${common[@]}" --dp 2 --ep 2 --until 2 --save "$tmp/ep.ckpt" > "$tmp/save.out" 2>&1 ||
@@ -67,7 +74,7 @@ expect_same "saved under --dp 2 --ep 2, resumed under --dp 4 --ep 4" "$tmp/moe.j
   fail "serial load: $(tail -5 "$tmp/r1.err")"
 expect_same "saved under --dp 2 --ep 2, resumed serially" "$tmp/moe.json" "$tmp/resumed1.json" --from 2
 
-expect_train_usage "--experts with --tp/--cp is not supported yet" 2 "${common[@]}" --tp 2
+expect_train_usage "--capacity-factor=1 with --cp=2 is not supported yet" 2 "${common[@]}" --cp 2 --capacity-factor 1
 expect_train_usage "ep=4 must divide dp*cp" 2 "${common[@]}" --dp 2 --ep 4
 expect_train_usage "--ep=2 needs a mixture of experts" 2 --hidden 32 --seq 16 --markov-vocab 16 --steps 1 --dp 2 --ep 2
 echo "train_moe.sh: ok"

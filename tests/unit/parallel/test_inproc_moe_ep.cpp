@@ -79,8 +79,10 @@ TEST_P(MoeEp, EqualsTheSerialLayerOnEveryRanksRows) {
         const V x = random_vector(rows * kC, rng), w = random_vector(rows * kC, rng);
         const Pass serial = run_moe(nullptr, x, w, rows, router, capacity);
         auto stats = std::make_shared<EpCommStats>();
-        const Pass ep = run_moe(std::make_shared<CommunicatorEpComm>(world.named("ep"), stats), x, w, rows,
-                                router, capacity);
+        // No cp and no tp: each rank alone shares its micro-batch and its experts' slices.
+        const comm::Communicator alone = world.split(world.rank(), 0, "alone");
+        const Pass ep = run_moe(std::make_shared<CommunicatorEpComm>(world.named("ep"), alone, alone, stats),
+                                x, w, rows, router, capacity);
         expect_near(ep.out, serial.out, "output", r);
         expect_near(ep.dx, serial.dx, "input gradient", r);
         EXPECT_EQ(ep.load, serial.load);
