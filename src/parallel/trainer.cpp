@@ -102,6 +102,7 @@ StepStats Trainer::compute_step(bool leave_sums_pending) {
   const auto t0 = Clock::now();
   sync_.start_step();
   model_.plan.tp_stats->reset();
+  *model_.plan.ep_stats = {};
   if (model_.plan.ring) model_.plan.ring->reset();
   pp::StageHooks hooks;
   hooks.data = [&](int mb, std::int32_t* tokens, std::int32_t* targets) {
@@ -125,6 +126,7 @@ StepStats Trainer::compute_step(bool leave_sums_pending) {
   s.grad_comm_bytes = sync_.reduced_bytes();
   s.step = step_ + 1;
   s.tp_comm = *model_.plan.tp_stats;
+  s.ep_comm = *model_.plan.ep_stats;
   if (model_.plan.ring) {
     s.cp_kv = model_.plan.ring->stats().kv;
     s.cp_dkv = model_.plan.ring->stats().dkv;

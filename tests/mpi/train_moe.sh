@@ -42,6 +42,14 @@ aux_same sig sig_dp2_zero2
 
 layout_run moe 2 moe_dp2_ep2 --dp 2 --ep 2
 aux_same moe moe_dp2_ep2
+# ep_comm_per_step, rank 0's last step: 2 MoE blocks x 2 micro-batches x 6 exchanges (counts,
+# rows, outputs; backward the same); it sent its S = 2 x 2 x 32 tokens x top-2 rows as [x]
+# (C = 32) and [x, dout, weight] (2C+1), and sent back [y] (C) and [dx, d weight] (C+1) for the
+# R rows of its experts 0-1 (the step's loads of experts 0-1 of each block); fp32 bytes.
+jq -e '.ep_comm_per_step.calls == 0' "$tmp/moe.json" > /dev/null || fail "serial ep_comm_per_step: $(jq -c .ep_comm_per_step "$tmp/moe.json")"
+jq -e '(.expert_loads[-1] | .[0] + .[1] + .[4] + .[5]) as $r | .ep_comm_per_step.calls == 24 and
+  .ep_comm_per_step.bytes == 4 * (256 * (3 * 32 + 1) + $r * (2 * 32 + 1))' "$tmp/moe_dp2_ep2.json" > /dev/null ||
+  fail "ep_comm_per_step $(jq -c .ep_comm_per_step "$tmp/moe_dp2_ep2.json") for loads $(jq -c '.expert_loads[-1]' "$tmp/moe_dp2_ep2.json")"
 layout_run moe 4 moe_dp4_ep2 --dp 4 --ep 2
 aux_same moe moe_dp4_ep2
 layout_run moe 4 moe_dp4_ep4 --dp 4 --ep 4
