@@ -3,7 +3,8 @@
 # (as there), 4 steps, every --ep that divides --dp 2 / 4 / 8, with ZeRO 1, 2 and 3, full
 # recompute, both routers, a shared expert and a capacity factor; with --pp 2 under every
 # schedule (interleaved: 4 blocks, 2 virtual stages), with ZeRO 2 and 3; and with --cp and --tp
-# (also --sequence-parallel, --pp, ZeRO-3; dropless under cp: a capacity factor is refused there). Prints one comparison line per layout
+# (also --sequence-parallel, --pp, ZeRO-3; dropless under cp: a capacity factor is refused there),
+# and a checkpoint moving between tp/ep/cp layouts and the serial run. Prints one comparison line per layout
 # (tests/support/compare_runs.sh's bounds) and fails on the first out of bounds.
 #   scripts/moe_ep_matrix.sh [ndmesh]   (default build/bin/ndmesh; mpirun as root, oversubscribed)
 set -euo pipefail
@@ -53,6 +54,15 @@ for variant in softmax_dropless sigmoid_dropless; do
   layout_run "$variant" 8 "${variant}_dp2_cp2_ep2_pp2" --dp 2 --cp 2 --ep 2 --pp 2 "${extra[@]}"
   layout_run "$variant" 4 "${variant}_dp2_ep2_tp2_zero3" --dp 2 --ep 2 --tp 2 --zero 3 "${extra[@]}"
 done
+# A checkpoint saved under --dp 2 --ep 2 --tp 2 resumes serially and under --dp 2 --cp 2 --ep 4 --tp 2.
+"${mpirun[@]}" -np 4 "$ndmesh" train "${common[@]}" --dp 2 --ep 2 --tp 2 --until 2 --save "$tmp/tp.ckpt" \
+  > "$tmp/tp_save.out" 2>&1 || fail "save under --dp 2 --ep 2 --tp 2: $(tail -5 "$tmp/tp_save.out")"
+"$ndmesh" train "${common[@]}" --load "$tmp/tp.ckpt" 2> /dev/null | tail -n 1 > "$tmp/tp_r1.json"
+expect_same "saved under --dp 2 --ep 2 --tp 2, resumed serially" "$tmp/softmax_dropless.json" "$tmp/tp_r1.json" --from 2
+"${mpirun[@]}" -np 8 "$ndmesh" train "${common[@]}" --dp 2 --cp 2 --ep 4 --tp 2 --load "$tmp/tp.ckpt" 2> /dev/null |
+  tail -n 1 > "$tmp/tp_r8.json"
+expect_same "saved under --dp 2 --ep 2 --tp 2, resumed under --dp 2 --cp 2 --ep 4 --tp 2" "$tmp/softmax_dropless.json" \
+  "$tmp/tp_r8.json" --from 2
 # Tensor parallelism with a capacity factor (the same drops on every tp rank).
 layout_run sigmoid 4 sigmoid_dp2_ep2_tp2 --dp 2 --ep 2 --tp 2 --router sigmoid --shared-experts 1 \
   --capacity-factor 1.0 --aux-loss 0.001
