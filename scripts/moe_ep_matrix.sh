@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Expert parallelism against the serial run, beyond tests/mpi/train_moe.sh: moe-tiny made small
-# (as there), 4 steps, every --ep that divides --dp 2 / 4 / 8, with ZeRO 1 and 2, full recompute,
-# both routers, a shared expert and a capacity factor. Prints one comparison line per layout
+# (as there), 4 steps, every --ep that divides --dp 2 / 4 / 8, with ZeRO 1, 2 and 3, full
+# recompute, both routers, a shared expert and a capacity factor; with --pp 2 under every
+# schedule (interleaved: 4 blocks, 2 virtual stages), with ZeRO 2 and 3; and with --cp and --tp
+# (also --sequence-parallel, --pp, ZeRO-3; dropless under cp: a capacity factor is refused there),
+# and a checkpoint moving between tp/ep/cp layouts and the serial run. Prints one comparison line per layout
 # (tests/support/compare_runs.sh's bounds) and fails on the first out of bounds.
 #   scripts/moe_ep_matrix.sh [ndmesh]   (default build/bin/ndmesh; mpirun as root, oversubscribed)
 set -euo pipefail
@@ -20,11 +23,47 @@ for variant in softmax sigmoid; do
     for ep in 2 4; do
       [ $((dp % ep)) -eq 0 ] || continue
       layout_run "$variant" $dp "${variant}_dp${dp}_ep${ep}" --dp $dp --ep $ep "${extra[@]}"
-      for zero in 1 2; do
+      for zero in 1 2 3; do
         layout_run "$variant" $dp "${variant}_dp${dp}_ep${ep}_zero${zero}" --dp $dp --ep $ep --zero $zero "${extra[@]}"
       done
       layout_run "$variant" $dp "${variant}_dp${dp}_ep${ep}_recompute" --dp $dp --ep $ep --recompute full "${extra[@]}"
     done
   done
+  for schedule in gpipe 1f1b zb-h1; do
+    layout_run "$variant" 4 "${variant}_dp2_ep2_pp2_$schedule" --dp 2 --ep 2 --pp 2 --schedule $schedule "${extra[@]}"
+  done
+  serial_run "${variant}_l4" --layers 4 "${extra[@]}"
+  layout_run "${variant}_l4" 4 "${variant}_l4_dp2_ep2_pp2_interleaved" --layers 4 --dp 2 --ep 2 --pp 2 \
+    --schedule interleaved --vpp 2 "${extra[@]}"
+  layout_run "${variant}_l4" 8 "${variant}_l4_dp4_ep4_pp2_zero3" --layers 4 --dp 4 --ep 4 --pp 2 --zero 3 "${extra[@]}"
+  layout_run "${variant}_l4" 8 "${variant}_l4_dp4_ep2_pp2_zbh1_zero2" --layers 4 --dp 4 --ep 2 --pp 2 --schedule zb-h1 \
+    --zero 2 "${extra[@]}"
 done
+for variant in softmax_dropless sigmoid_dropless; do
+  extra=()
+  [ "$variant" = sigmoid_dropless ] && extra=(--router sigmoid --shared-experts 1 --aux-loss 0.001)
+  serial_run "$variant" "${extra[@]}"
+  layout_run "$variant" 2 "${variant}_cp2" --cp 2 "${extra[@]}"
+  layout_run "$variant" 4 "${variant}_dp2_cp2_ep4" --dp 2 --cp 2 --ep 4 "${extra[@]}"
+  layout_run "$variant" 4 "${variant}_dp2_cp2_ep2" --dp 2 --cp 2 --ep 2 "${extra[@]}"
+  layout_run "$variant" 2 "${variant}_tp2" --tp 2 "${extra[@]}"
+  layout_run "$variant" 4 "${variant}_dp2_ep2_tp2" --dp 2 --ep 2 --tp 2 "${extra[@]}"
+  layout_run "$variant" 4 "${variant}_dp2_ep2_tp2_sp" --dp 2 --ep 2 --tp 2 --sequence-parallel "${extra[@]}"
+  layout_run "$variant" 8 "${variant}_dp2_cp2_ep4_tp2" --dp 2 --cp 2 --ep 4 --tp 2 "${extra[@]}"
+  layout_run "$variant" 8 "${variant}_dp2_ep2_tp2_pp2" --dp 2 --ep 2 --tp 2 --pp 2 "${extra[@]}"
+  layout_run "$variant" 8 "${variant}_dp2_cp2_ep2_pp2" --dp 2 --cp 2 --ep 2 --pp 2 "${extra[@]}"
+  layout_run "$variant" 4 "${variant}_dp2_ep2_tp2_zero3" --dp 2 --ep 2 --tp 2 --zero 3 "${extra[@]}"
+done
+# A checkpoint saved under --dp 2 --ep 2 --tp 2 resumes serially and under --dp 2 --cp 2 --ep 4 --tp 2.
+"${mpirun[@]}" -np 4 "$ndmesh" train "${common[@]}" --dp 2 --ep 2 --tp 2 --until 2 --save "$tmp/tp.ckpt" \
+  > "$tmp/tp_save.out" 2>&1 || fail "save under --dp 2 --ep 2 --tp 2: $(tail -5 "$tmp/tp_save.out")"
+"$ndmesh" train "${common[@]}" --load "$tmp/tp.ckpt" 2> /dev/null | tail -n 1 > "$tmp/tp_r1.json"
+expect_same "saved under --dp 2 --ep 2 --tp 2, resumed serially" "$tmp/softmax_dropless.json" "$tmp/tp_r1.json" --from 2
+"${mpirun[@]}" -np 8 "$ndmesh" train "${common[@]}" --dp 2 --cp 2 --ep 4 --tp 2 --load "$tmp/tp.ckpt" 2> /dev/null |
+  tail -n 1 > "$tmp/tp_r8.json"
+expect_same "saved under --dp 2 --ep 2 --tp 2, resumed under --dp 2 --cp 2 --ep 4 --tp 2" "$tmp/softmax_dropless.json" \
+  "$tmp/tp_r8.json" --from 2
+# Tensor parallelism with a capacity factor (the same drops on every tp rank).
+layout_run sigmoid 4 sigmoid_dp2_ep2_tp2 --dp 2 --ep 2 --tp 2 --router sigmoid --shared-experts 1 \
+  --capacity-factor 1.0 --aux-loss 0.001
 echo "moe_ep_matrix.sh: ok"

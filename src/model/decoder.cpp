@@ -94,11 +94,10 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
   const std::int64_t first_b = first_block(), last_b = std::min(range_.last - 1, spec.layers);
   NDMESH_CHECK_CONFIG(first_b < last_b, "model",
                       "units [{}, {}) hold no block: a range holds at least one", range_.first, range_.last);
-  NDMESH_CHECK_CONFIG(spec.experts == 0 || (options.device == Device::kCpu && options.matmul == MatmulPrecision::kFp32 &&
-                                              tp_.size() == 1),
+  NDMESH_CHECK_CONFIG(spec.experts == 0 || (options.device == Device::kCpu && options.matmul == MatmulPrecision::kFp32),
                       "model",
-                      "experts={}: MoE layers run on the CPU in fp32 without tensor parallelism for now; use --device "
-                      "cpu, fp32 products and --tp 1 (or a dense model)",
+                      "experts={}: MoE layers run on the CPU in fp32 for now; use --device cpu and fp32 products (or "
+                      "a dense model)",
                       spec.experts);
   if (auto problems = tp_problems(spec, tp_.size(), tp_.sequence_parallel, batch_ * seq_); !problems.empty())
     fail<ConfigError>("model", "{}", fmt::join(problems, "; "));
@@ -525,10 +524,21 @@ void DecoderT<T>::backward(Activations& acts_in, const T* doutput) {
   report_grads_final(0);
 }
 
+namespace {
+// Where global block g's experts start in the whole model's loads (every MoE block before it,
+// experts each): a pipeline stage's ranges fill their own blocks' places, so that the loads of
+// every stage sum into the serial run's layout.
+std::size_t load_offset(const ModelSpec& spec, std::int64_t g) {
+  std::size_t at = 0;
+  for (std::int64_t b = 0; b < g; ++b)
+    if (spec.is_moe_layer(b)) at += static_cast<std::size_t>(spec.experts);
+  return at;
+}
+}  // namespace
+
 template <typename T>
 void DecoderT<T>::record_load(std::size_t l, const std::vector<double>& load) {
-  std::size_t at = 0;
-  for (std::size_t b = 0; b < l; ++b) at += static_cast<std::size_t>(blocks_[b].mlp().experts());
+  const std::size_t at = load_offset(spec_, first_block() + static_cast<std::int64_t>(l));
   if (expert_loads_.size() < at + load.size()) expert_loads_.resize(at + load.size(), 0.0);
   for (std::size_t e = 0; e < load.size(); ++e) expert_loads_[at + e] += load[e];
 }
@@ -540,24 +550,24 @@ double DecoderT<T>::take_aux_loss_sum() {
 
 template <typename T>
 std::vector<double> DecoderT<T>::take_expert_loads() {
-  std::size_t total = 0;
-  for (const auto& b : blocks_) total += static_cast<std::size_t>(b.mlp().experts());
-  std::vector<double> out(total, 0.0);
+  const std::size_t total = load_offset(spec_, spec_.layers);
+  bool any = false;
+  for (const auto& b : blocks_) any = any || b.mlp().experts() > 0;
+  std::vector<double> out(any ? total : 0, 0.0);
   std::swap(out, expert_loads_);
-  out.resize(total, 0.0);
+  out.resize(any ? total : 0, 0.0);
   return out;
 }
 
 template <typename T>
 void DecoderT<T>::update_router_biases(const std::vector<double>& loads) {
-  std::size_t at = 0;
-  for (const auto& b : blocks_) {
-    const auto e = static_cast<std::size_t>(b.mlp().experts());
+  for (std::size_t l = 0; l < blocks_.size(); ++l) {
+    const auto e = static_cast<std::size_t>(blocks_[l].mlp().experts());
     if (e == 0) continue;
-    NDMESH_CHECK(at + e <= loads.size(), "model", "{} expert loads for the range's {} or more experts", loads.size(),
+    const std::size_t at = load_offset(spec_, first_block() + static_cast<std::int64_t>(l));
+    NDMESH_CHECK(at + e <= loads.size(), "model", "{} expert loads for the model's {} or more experts", loads.size(),
                  at + e);
-    b.mlp().update_router_bias(loads.data() + at);
-    at += e;
+    blocks_[l].mlp().update_router_bias(loads.data() + at);
   }
 }
 

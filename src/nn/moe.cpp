@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <type_traits>
 
 #include <fmt/format.h>
 
 #include "feed_forward_passes.hpp"
 #include "ndmesh/core/error.hpp"
+#include "weight_grads_now.hpp"
 
 namespace ndmesh::nn {
 
@@ -150,9 +152,10 @@ Moe<T>::Moe(ParamStore<T>& store, MlpOptions options, MoeOptions moe)
                "nn",
                "moe '{}': experts={}, top_k={}, expert_ffn={}, shared_experts={} do not make a MoE layer",
                options_.name, moe_.experts, moe_.top_k, moe_.expert_ffn, moe_.shared_experts);
-  NDMESH_CHECK(options_.tp.size == 1 && !options_.bias, "nn",
-               "moe '{}': a MoE layer has no tensor parallelism and no biases yet (tp={}, bias={})",
-               options_.name, options_.tp.size, options_.bias);
+  NDMESH_CHECK(!options_.bias, "nn", "moe '{}': a MoE layer has no biases", options_.name);
+  NDMESH_CHECK_CONFIG(moe_.expert_ffn % options_.tp.size == 0, "nn",
+                      "moe '{}': expert_ffn={} is not divisible by tp={} (each expert is split over tp)",
+                      options_.name, moe_.expert_ffn, options_.tp.size);
   NDMESH_CHECK(moe_.ep && moe_.experts % moe_.ep->size() == 0, "nn",
                "moe '{}': experts={} are not divisible by the expert group of {} ranks", options_.name,
                moe_.experts, moe_.ep ? moe_.ep->size() : 0);
@@ -165,12 +168,14 @@ Moe<T>::Moe(ParamStore<T>& store, MlpOptions options, MoeOptions moe)
                                             {.channels = options_.channels,
                                              .ffn = moe_.expert_ffn,
                                              .name = fmt::format("{}.experts.{}", options_.name, e),
+                                             .tp = options_.tp,
                                              .bias = false}));
   if (moe_.shared_experts > 0)
     shared_ = make_feed_forward<T>(moe_.kind, store,
                                    {.channels = options_.channels,
                                     .ffn = moe_.shared_experts * moe_.expert_ffn,
                                     .name = options_.name + ".shared",
+                                    .tp = options_.tp,
                                     .bias = false});
   options_.ffn = (moe_.top_k + moe_.shared_experts) * moe_.expert_ffn;
   load_.assign(static_cast<std::size_t>(moe_.experts), 0.0);
@@ -247,15 +252,29 @@ void Moe<T>::forward_rows(const T* x, T* out, T* route, std::int64_t n) const {
     route[(i / k) * rr.width() + rr.kept() + i % k] = kept[static_cast<std::size_t>(i)] ? T(1) : T(0);
     dropped_ += kept[static_cast<std::size_t>(i)] ? 0 : 1;
   }
+  EpComm& ep = *moe_.ep;
+  // The auxiliary loss is the micro-batch's: under context parallelism its tokens are spread
+  // over the cp ranks (as many on each), whose counts and mean probabilities are summed.
+  std::vector<double> counts = load_;
+  std::int64_t tokens = n;
+  if (ep.batch_ranks() > 1) {
+    std::vector<double> sums(counts);
+    sums.insert(sums.end(), mean_q.begin(), mean_q.end());
+    ep.sum_over_batch(sums.data(), static_cast<std::int64_t>(sums.size()));
+    for (std::int64_t e = 0; e < e_count; ++e) {
+      counts[static_cast<std::size_t>(e)] = sums[static_cast<std::size_t>(e)];
+      mean_q[static_cast<std::size_t>(e)] = sums[static_cast<std::size_t>(e_count + e)] / ep.batch_ranks();
+    }
+    tokens = n * ep.batch_ranks();
+  }
   aux_ = 0;
   for (std::int64_t e = 0; e < e_count; ++e)
-    aux_ +=
-        load_[static_cast<std::size_t>(e)] / static_cast<double>(n * k) * mean_q[static_cast<std::size_t>(e)];
+    aux_ += counts[static_cast<std::size_t>(e)] / static_cast<double>(tokens * k) *
+            mean_q[static_cast<std::size_t>(e)];
   aux_ *= moe_.aux_loss * static_cast<double>(e_count);
 
   // Dispatch: the rows of x to the ranks of their experts.
   std::fill(out, out + n * c, T(0));
-  EpComm& ep = *moe_.ep;
   const Dispatch d = plan_dispatch(ep, route, rr, n);
   std::vector<T> sent(static_cast<std::size_t>(d.sent_rows() * c)),
       got(static_cast<std::size_t>(d.received_rows() * c));
@@ -304,11 +323,18 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
   };
   for (std::int64_t t = 0; t < n; ++t)
     for (std::int64_t j = 0; j < k; ++j) count[static_cast<std::size_t>(chosen(t, j))] += 1;
+  EpComm& ep = *moe_.ep;
+  if (ep.batch_ranks() > 1) {
+    // The micro-batch's counts over its cp ranks, divided by them: with this rank's n tokens
+    // below, f_e and the 1/N of the mean come out as the micro-batch's, and each cp rank's
+    // share of the loss (its loss weight) times cp is the micro-batch's.
+    ep.sum_over_batch(count.data(), e_count);
+    for (double& v : count) v /= ep.batch_ranks();
+  }
 
   // Each expert: the rows [x, dout, weight] to its rank, which runs its forward again on
   // them, then its backward from the weighed output gradient, and sends back [dx, d weight]
   // (the weight's gradient is dout . the expert's output).
-  EpComm& ep = *moe_.ep;
   const Dispatch d = plan_dispatch(ep, route, rr, n);
   const std::int64_t out_w = 2 * c + 1, back_w = c + 1;
   std::vector<T> sent(static_cast<std::size_t>(d.sent_rows() * out_w)),
@@ -325,6 +351,10 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
   std::vector<T> back(static_cast<std::size_t>(d.received_rows() * back_w));
   std::vector<T> xe, ye, dye, dxe, scratch;
   MlpActivations<T> a;
+  // The experts' inputs and activations live in this function's buffers: their weight
+  // gradients now, not in a zero-bubble schedule's later W pass (the router's may wait: its
+  // input is the block's).
+  std::optional<WeightGradsNow<T>> now(std::in_place);
   for (std::int64_t l = 0; l < local_; ++l) {
     const std::vector<std::int64_t> rows = d.rows_of_local(l);
     const auto ne = static_cast<std::int64_t>(rows.size());
@@ -369,6 +399,10 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
     for (std::int64_t i = 0; i < n * c; ++i) dinp[i] += dxe[static_cast<std::size_t>(i)];
   }
 
+  now.reset();
+  // Under tensor parallelism each rank holds a slice of every expert: its outputs, and so the
+  // weights' gradients, are partial sums over tp (the dinp above is too: the block sums it).
+  if (options_.tp.size > 1) ep.sum_over_tp(dw.data(), n * k);
   // The router: d weights (and the auxiliary loss) -> d probabilities or scores -> d logits.
   const bool softmax = moe_.router == RouterKind::kSoftmax;
   const double aux_scale =
@@ -414,7 +448,14 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
         dl[e] = static_cast<T>(dp[static_cast<std::size_t>(e)] * p(e) * (1 - p(e)));
     }
   }
-  router_.backward(dlogits.data(), x, dinp, n, GradInto::kAdd);
+  if (options_.tp.rank == 0) {
+    router_.backward(dlogits.data(), x, dinp, n, GradInto::kAdd);
+  } else {
+    // The router is replicated over tp and sees the same rows: every rank takes its weight
+    // gradient (the same), one adds its input gradient to the partial sums the block reduces.
+    std::vector<T> unused(static_cast<std::size_t>(n * c));
+    router_.backward(dlogits.data(), x, unused.data(), n, GradInto::kSet);
+  }
 }
 
 template <typename T>

@@ -102,6 +102,7 @@ StepStats Trainer::compute_step(bool leave_sums_pending) {
   const auto t0 = Clock::now();
   sync_.start_step();
   model_.plan.tp_stats->reset();
+  *model_.plan.ep_stats = {};
   if (model_.plan.ring) model_.plan.ring->reset();
   pp::StageHooks hooks;
   hooks.data = [&](int mb, std::int32_t* tokens, std::int32_t* targets) {
@@ -125,6 +126,7 @@ StepStats Trainer::compute_step(bool leave_sums_pending) {
   s.grad_comm_bytes = sync_.reduced_bytes();
   s.step = step_ + 1;
   s.tp_comm = *model_.plan.tp_stats;
+  s.ep_comm = *model_.plan.ep_stats;
   if (model_.plan.ring) {
     s.cp_kv = model_.plan.ring->stats().kv;
     s.cp_dkv = model_.plan.ring->stats().dkv;
@@ -136,13 +138,19 @@ StepStats Trainer::compute_step(bool leave_sums_pending) {
 void Trainer::take_moe_sums(StepStats& s) {
   expert_load_.clear();
   if (options_.model.experts == 0) return;
-  std::vector<double> sums = {0.0};
+  // Each chunk's loads are in the whole model's layout (its blocks at their places): summed
+  // over the chunks and the world they are every MoE block's, whatever the stages hold.
+  std::size_t all_experts = 0;
+  for (std::int64_t l = 0; l < options_.model.layers; ++l)
+    if (options_.model.is_moe_layer(l)) all_experts += static_cast<std::size_t>(options_.model.experts);
+  std::vector<double> sums(1 + all_experts, 0.0);
   for (const auto& c : model_.chunks) {
     sums[0] += c->take_aux_loss_sum();
     const std::vector<double> load = c->take_expert_loads();
-    sums.insert(sums.end(), load.begin(), load.end());
+    NDMESH_CHECK(load.empty() || load.size() + 1 == sums.size(), "train",
+                 "{} expert loads for the model's {}", load.size(), sums.size() - 1);
+    for (std::size_t e = 0; e < load.size(); ++e) sums[e + 1] += load[e];
   }
-  // Every rank of a layout MoE runs under (serial, dp) holds every MoE block: the same layout.
   sync_.sum_over_world(sums);
   s.aux_loss = sums[0];
   expert_load_.assign(sums.begin() + 1, sums.end());

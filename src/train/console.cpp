@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <numeric>
 #include <string_view>
 #include <utility>
 
@@ -199,8 +200,20 @@ void Console::on_step(const StepRecord& r) {
       bar_open_ = !last;
       if (last) fmt::print("\n");
     } else {
-      // A mixture of experts' auxiliary loss after the LM loss, reported apart.
-      const std::string aux = s.expert_load.empty() ? "" : fmt::format(" aux_loss {:.4f}", s.aux_loss);
+      // A mixture of experts' auxiliary loss after the LM loss, reported apart, and the step's
+      // most uneven routing: the largest max / mean tokens per expert of any MoE block.
+      std::string aux;
+      if (const std::int64_t e = options_.train.model.experts; !s.expert_load.empty() && e > 0) {
+        double worst = 0;
+        for (std::size_t b = 0; b + static_cast<std::size_t>(e) <= s.expert_load.size();
+             b += static_cast<std::size_t>(e)) {
+          const auto first = s.expert_load.begin() + static_cast<std::ptrdiff_t>(b);
+          const auto end = first + static_cast<std::ptrdiff_t>(e);
+          const double mean = std::accumulate(first, end, 0.0) / static_cast<double>(e);
+          if (mean > 0) worst = std::max(worst, *std::max_element(first, end) / mean);
+        }
+        aux = fmt::format(" aux_loss {:.4f} load_max {:.2f}", s.aux_loss, worst);
+      }
       fmt::print("step {}/{} loss {:.4f}{} lr {:.3g} grad_norm {:.3f} tok/s {:.0f} eta {}\n", s.step, stop_,
                  s.loss, aux, s.lr, s.grad_norm, tps, clock_text(eta));
     }

@@ -314,6 +314,7 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
   std::int64_t grad_comm_bytes = 0;                   // the last step's
   parallel::TpCommStats tp_comm;                      // of the last step
   parallel::CommCount cp_kv, cp_dkv;                  // of the last step
+  parallel::EpCommStats ep_comm;                      // of the last step
   double tp_seconds = 0;                              // in tp communication, all steps
   std::unique_ptr<parallel::BackgroundSave> pending;  // the checkpoint being written (--save-every)
   const double tokens_per_step = static_cast<double>(trainer.tokens_per_step());
@@ -365,6 +366,7 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
     step_seconds += s.seconds;
     tp_comm = s.tp_comm;
     cp_kv = s.cp_kv, cp_dkv = s.cp_dkv;
+    ep_comm = s.ep_comm;
     tp_seconds += s.tp_comm.seconds;
     StepRecord r{.stats = s, .first = first, .stop = stop, .lead = lead};
     // Held-out evaluation after steps N, 2N, ... and the last.
@@ -483,6 +485,13 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
   // The cp ring (rank 0's sends; every cp rank sends as much): key/value blocks, in bf16
   // under --precision bf16, and the dK/dV accumulators.
   j["cp_comm_per_step"] = {{"kv", count(cp_kv)}, {"dkv", count(cp_dkv)}};
+  // A mixture of experts under --ep (rank 0's): the exchanges of the dispatch and combine (the
+  // per-expert counts' all-to-alls are calls without bytes) and the fp32 rows it sent.
+  if (o.train.model.experts > 0)
+    j["ep_comm_per_step"] = {
+        {"calls", ep_comm.calls},
+        {"bytes", ep_comm.elements * static_cast<std::int64_t>(sizeof(float))},
+        {"seconds", ep_comm.seconds}};
   j["allreduce"] = o.allreduce;
   j["losses"] = losses;
   if (!o.coordinator.empty()) {

@@ -17,7 +17,14 @@ source "$(dirname "$0")/../support/expect_usage.sh"
 "$ndmesh" train --model moe-tiny --steps 8 --log-every 1 --json "${run[@]}" > "$tmp/moe.txt"
 grep -qF "experts: 4 routed (top-2, softmax router), expert ffn 64" "$tmp/moe.txt" ||
   fail "moe-tiny: $(grep '^experts' "$tmp/moe.txt")"
-grep -q "^step 1/8 loss [0-9.]* aux_loss [0-9.]* lr" "$tmp/moe.txt" || fail "no aux_loss in the step line: $(grep '^step 1/' "$tmp/moe.txt")"
+grep -q "^step 1/8 loss [0-9.]* aux_loss [0-9.]* load_max [0-9.]* lr" "$tmp/moe.txt" ||
+  fail "no aux_loss and load_max in the step line: $(grep '^step 1/' "$tmp/moe.txt")"
+# load_max: the largest max / mean tokens per expert of a block, from the JSON's loads of that step.
+shown=$(sed -n 's/^step 1\/8 .* load_max \([0-9.]*\) lr.*/\1/p' "$tmp/moe.txt")
+jq -e --argjson shown "$shown" \
+  '.expert_loads[0] | [(.[0:4] | max / (add / 4)), (.[4:8] | max / (add / 4))] | max | (. - $shown) | fabs <= 0.005' \
+  <(tail -n 1 "$tmp/moe.txt") > /dev/null ||
+  fail "load_max $shown of step 1 is not the largest max/mean of $(tail -n 1 "$tmp/moe.txt" | jq -c '.expert_loads[0]')"
 tail -n 1 "$tmp/moe.txt" > "$tmp/moe.json"
 jq -e '.losses[-1] < .losses[0] - 0.05' "$tmp/moe.json" > /dev/null ||
   fail "moe-tiny's loss does not go down: $(jq -c .losses "$tmp/moe.json")"

@@ -6,10 +6,12 @@
 # capacity factor, also under ZeRO 2 (the drops and the bias updates of the serial run: the
 # loads are summed over the ranks before the bias moves). The auxiliary loss and the capacity are per micro-batch, so
 # every run has micro-batches of 2 sequences (serial: 4 of them; dp 2: 2 per rank), the same
-# ones. --experts with --tp is refused in one line.
+# ones. A capacity factor with --cp is refused in one line.
 # Expert parallelism (--ep, folded into dp): --dp 2 --ep 2, --dp 4 --ep 2 and --dp 4 --ep 4
 # equal the serial run (routing, loads and drops too: --dp 2 --ep 2 with the capacity
-# factor); a checkpoint saved at step 2 under --dp 2 --ep 2 resumes under --dp 4 --ep 4 and
+# factor), as do --dp 2 --ep 2 with --pp 2 (1f1b; zb-h1 with the sigmoid router), with
+# --zero 3 and with --tp 2, and --dp 2 --cp 2 --ep 4 (scripts/moe_ep_matrix.sh runs every
+# schedule and more); a checkpoint saved at step 2 under --dp 2 --ep 2 resumes under --dp 4 --ep 4 and
 # serially, equal to the serial run's steps 3-4.
 #   train_moe.sh <mpirun command...> <path to ndmesh>
 source "$(dirname "$0")/train_lib.sh" "$@"
@@ -40,12 +42,35 @@ aux_same sig sig_dp2_zero2
 
 layout_run moe 2 moe_dp2_ep2 --dp 2 --ep 2
 aux_same moe moe_dp2_ep2
+# ep_comm_per_step, rank 0's last step: 2 MoE blocks x 2 micro-batches x 6 exchanges (counts,
+# rows, outputs; backward the same); it sent its S = 2 x 2 x 32 tokens x top-2 rows as [x]
+# (C = 32) and [x, dout, weight] (2C+1), and sent back [y] (C) and [dx, d weight] (C+1) for the
+# R rows of its experts 0-1 (the step's loads of experts 0-1 of each block); fp32 bytes.
+jq -e '.ep_comm_per_step.calls == 0' "$tmp/moe.json" > /dev/null || fail "serial ep_comm_per_step: $(jq -c .ep_comm_per_step "$tmp/moe.json")"
+jq -e '(.expert_loads[-1] | .[0] + .[1] + .[4] + .[5]) as $r | .ep_comm_per_step.calls == 24 and
+  .ep_comm_per_step.bytes == 4 * (256 * (3 * 32 + 1) + $r * (2 * 32 + 1))' "$tmp/moe_dp2_ep2.json" > /dev/null ||
+  fail "ep_comm_per_step $(jq -c .ep_comm_per_step "$tmp/moe_dp2_ep2.json") for loads $(jq -c '.expert_loads[-1]' "$tmp/moe_dp2_ep2.json")"
 layout_run moe 4 moe_dp4_ep2 --dp 4 --ep 2
 aux_same moe moe_dp4_ep2
 layout_run moe 4 moe_dp4_ep4 --dp 4 --ep 4
 aux_same moe moe_dp4_ep4
 layout_run sig 2 sig_dp2_ep2 --dp 2 --ep 2 "${extra[@]}"
 aux_same sig sig_dp2_ep2
+
+# Pipeline parallelism (the expert groups inside a stage's dp ranks; the stages' loads summed at
+# their blocks' places) and ZeRO-3 (expert parameters gathered with their block).
+layout_run moe 4 moe_dp2_ep2_pp2 --dp 2 --ep 2 --pp 2
+aux_same moe moe_dp2_ep2_pp2
+layout_run sig 4 sig_dp2_ep2_pp2_zbh1 --dp 2 --ep 2 --pp 2 --schedule zb-h1 "${extra[@]}"
+aux_same sig sig_dp2_ep2_pp2_zbh1
+layout_run moe 2 moe_dp2_ep2_zero3 --dp 2 --ep 2 --zero 3
+aux_same moe moe_dp2_ep2_zero3
+# Context parallelism (a micro-batch's tokens on 2 ranks: the auxiliary loss sums their counts)
+# with the expert group across dp and cp; tensor parallelism (each expert split over tp).
+layout_run moe 4 moe_dp2_cp2_ep4 --dp 2 --cp 2 --ep 4
+aux_same moe moe_dp2_cp2_ep4
+layout_run moe 4 moe_dp2_ep2_tp2 --dp 2 --ep 2 --tp 2
+aux_same moe moe_dp2_ep2_tp2
 
 # One checkpoint, written under --dp 2 --ep 2, resumed under --dp 4 --ep 4 and serially.
 "${mpirun[@]}" -np 2 "$ndmesh" train "${common[@]}" --dp 2 --ep 2 --until 2 --save "$tmp/ep.ckpt" > "$tmp/save.out" 2>&1 ||
@@ -57,7 +82,7 @@ expect_same "saved under --dp 2 --ep 2, resumed under --dp 4 --ep 4" "$tmp/moe.j
   fail "serial load: $(tail -5 "$tmp/r1.err")"
 expect_same "saved under --dp 2 --ep 2, resumed serially" "$tmp/moe.json" "$tmp/resumed1.json" --from 2
 
-expect_train_usage "--experts with --tp/--pp/--cp is not supported yet" 2 "${common[@]}" --tp 2
+expect_train_usage "--capacity-factor=1 with --cp=2 is not supported yet" 2 "${common[@]}" --cp 2 --capacity-factor 1
 expect_train_usage "ep=4 must divide dp*cp" 2 "${common[@]}" --dp 2 --ep 4
 expect_train_usage "--ep=2 needs a mixture of experts" 2 --hidden 32 --seq 16 --markov-vocab 16 --steps 1 --dp 2 --ep 2
 echo "train_moe.sh: ok"

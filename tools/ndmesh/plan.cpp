@@ -739,8 +739,8 @@ int run_search(const PlanFlags& f) {
   fmt::print("\nto run (ndmesh train; --mlp swiglu models run as their GeLU twin):\n");
   if (moe)
     fmt::print(
-        "      (a mixture of experts: ndmesh train runs it with --dp, --ep and ZeRO 0-2 today and refuses tp, pp, "
-        "cp and ZeRO-3 with experts)\n");
+        "      (a mixture of experts: ndmesh train runs it under every layout on CPUs in fp32; bf16 and GPUs "
+        "with experts are not supported yet)\n");
   for (std::size_t i = 0; i < shown; ++i) {
     const Estimate& e = r.layouts[i];
     const auto c = plan::train_commands(plan::train_flags(model, e.layout, w) + device, e.layout.gpus(),

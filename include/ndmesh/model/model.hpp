@@ -175,8 +175,8 @@ class ModelT {
   /// the last call, each weighed as the LM loss is (loss_weight() * batch * seq: the micro-batch's
   /// share of the step), summed over the range's MoE blocks; then 0. 0 for a dense model.
   virtual double take_aux_loss_sum() { return 0; }
-  /// The tokens routed to each expert of each of the range's MoE blocks by the forwards since
-  /// the last call (block by block, experts() each), then zeros; empty for a dense model.
+  /// The tokens per expert of the range's MoE blocks since the last call, then zeros, in the whole
+  /// model's layout (MoE block by MoE block; other ranges' blocks 0); empty for a dense range.
   virtual std::vector<double> take_expert_loads() { return {}; }
   /// After an optimizer step: the sigmoid routers' balancing biases from the step's loads (as
   /// take_expert_loads() lays them out, summed over the ranks that share the step).

@@ -1,5 +1,8 @@
 // Expert-parallel context of a mixture-of-experts layer (nn::Moe): the token exchange
-// over its expert group (GShard, Megatron-core, torchtitan).
+// over its expert group (GShard, Megatron-core, torchtitan), and the two sums the layer
+// needs under the other strategies: over the ranks that hold the other tokens of its
+// micro-batch (context parallelism: the auxiliary loss is the micro-batch's) and over its
+// tensor-parallel group (each rank holds a slice of every expert: partial dot products).
 //
 // The nn layer does not know the communication layer: a MoE layer whose experts are
 // sharded over an expert group talks to it through EpComm, which parallel/ep implements
@@ -34,6 +37,18 @@ class EpComm {
                             const std::int64_t* recv_counts) {
     (void)recv_counts;
     std::copy(in, in + send_counts[0], out);
+  }
+  /// Ranks that hold the tokens of this rank's micro-batch (the cp group's size).
+  virtual int batch_ranks() const { return 1; }
+  /// v[0, n) summed over those ranks, in place (the group of one: as it is).
+  virtual void sum_over_batch(double* v, std::int64_t n) {
+    (void)v;
+    (void)n;
+  }
+  /// v[0, n) summed over the tensor-parallel group, in place (the group of one: as it is).
+  virtual void sum_over_tp(double* v, std::int64_t n) {
+    (void)v;
+    (void)n;
   }
 };
 

@@ -70,6 +70,7 @@ struct StepStats {
   TpCommStats tp_comm;               ///< what the step moved over the tp group (this rank)
   CommCount cp_kv;                   ///< key/value blocks the cp ring sent (this rank; forward + backward)
   CommCount cp_dkv;                  ///< dK/dV accumulators the cp ring sent (this rank)
+  EpCommStats ep_comm;               ///< the MoE layers' exchanges over the expert group (this rank)
   /// Mixture of experts: the auxiliary load-balancing loss of the step (the mean over its
   /// micro-batches, summed over the MoE blocks; not in `loss`), and the tokens routed to each
   /// expert (MoE block by block, experts each), summed over the step. 0 and empty when dense.

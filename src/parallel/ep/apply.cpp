@@ -11,8 +11,13 @@
 namespace ndmesh::parallel {
 
 void apply_expert_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& o) {
-  if (o.ep == 1) return;
   NDMESH_CHECK_CONFIG(o.ep >= 1, "train", "--ep={} must be at least 1", o.ep);
+  if (o.model.experts > 0 && o.ep == 1 && (groups.cp().size() > 1 || groups.tp().size() > 1)) {
+    // No expert parallelism, but the MoE layers sum over cp and tp (the layer's EpComm).
+    plan.ep = std::make_shared<CommunicatorEpComm>(groups.expert(1), groups.cp(), groups.tp(), plan.ep_stats);
+    return;
+  }
+  if (o.ep == 1) return;
   NDMESH_CHECK_CONFIG(
       o.model.experts > 0, "train",
       "--ep={} needs a mixture of experts (--experts N, or --model moe-tiny); a dense model has no "
@@ -26,7 +31,8 @@ void apply_expert_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOp
       o.ep, dp_cp, dp_cp);
   NDMESH_CHECK_CONFIG(o.model.experts % o.ep == 0, "train", "--experts={} is not divisible by --ep={}",
                       o.model.experts, o.ep);
-  plan.ep = std::make_shared<CommunicatorEpComm>(groups.expert(o.ep), plan.ep_stats);
+  plan.ep =
+      std::make_shared<CommunicatorEpComm>(groups.expert(o.ep), groups.cp(), groups.tp(), plan.ep_stats);
   groups.expert_data(o.ep);  // made with the expert group, so that every rank splits alike
 }
 

@@ -44,4 +44,12 @@ void CommunicatorEpComm::all_to_all_v(const double* in, const std::int64_t* send
   exchange(in, send_counts, out, recv_counts);
 }
 
+void CommunicatorEpComm::sum_over_batch(double* v, std::int64_t n) {
+  if (batch_.size() > 1) batch_.all_reduce(std::span<double>(v, static_cast<std::size_t>(n)));
+}
+
+void CommunicatorEpComm::sum_over_tp(double* v, std::int64_t n) {
+  if (tp_.size() > 1) tp_.all_reduce(std::span<double>(v, static_cast<std::size_t>(n)));
+}
+
 }  // namespace ndmesh::parallel

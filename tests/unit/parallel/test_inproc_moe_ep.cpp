@@ -2,7 +2,10 @@
 // experts run on the rank that holds them (dispatch and combine by all_to_all_v, uneven and
 // zero counts), and each rank's output and input gradient equal the serial layer's on the
 // same rows; the gradients summed over the ranks equal the serial ones summed (an expert's on
-// its rank, zero elsewhere; the router's on every rank from its own rows).
+// its rank, zero elsewhere; the router's on every rank from its own rows). Under context
+// parallelism (MoeCp) the ranks hold equal parts of one micro-batch: the auxiliary loss is the
+// whole micro-batch's on every rank, and with each rank weighing it by 1/ranks (its share of
+// the micro-batch, as the decoder does) the gradients summed over the ranks are the serial ones.
 #include <cmath>
 #include <vector>
 
@@ -26,11 +29,13 @@ constexpr std::int64_t kC = 4, kExperts = 4, kTopK = 2;
 struct Pass {
   V out, dx, grads;
   std::vector<double> load;
+  double aux = 0;
 };
 
-// Forward and backward of one Moe over `ep` (nullptr: serial) on rows x, gradient w.
+// Forward and backward of one Moe over `ep` (nullptr: serial) on rows x, gradient w, the
+// auxiliary loss weighed by aux_weight.
 Pass run_moe(std::shared_ptr<nn::EpComm> ep, const V& x, const V& w, std::int64_t rows, RouterKind router,
-             double capacity) {
+             double capacity, double aux_weight = 0.7) {
   ParamStore<double> store;
   nn::MoeOptions opts{.experts = kExperts,
                       .top_k = kTopK,
@@ -50,8 +55,9 @@ Pass run_moe(std::shared_ptr<nn::EpComm> ep, const V& x, const V& w, std::int64_
   nn::MlpActivations<double> acts;
   acts.resize(rows, moe.pre_width(), moe.hidden_width());
   Pass p{.out = V(static_cast<std::size_t>(rows * kC)), .dx = V(static_cast<std::size_t>(rows * kC))};
-  moe.set_aux_weight(0.7);
+  moe.set_aux_weight(aux_weight);
   moe.forward(x.data(), p.out.data(), acts, rows);
+  p.aux = moe.aux_loss();
   store.zero_grad();
   V scratch;
   moe.backward(w.data(), x.data(), acts, p.dx.data(), scratch.data(), rows);
@@ -79,8 +85,10 @@ TEST_P(MoeEp, EqualsTheSerialLayerOnEveryRanksRows) {
         const V x = random_vector(rows * kC, rng), w = random_vector(rows * kC, rng);
         const Pass serial = run_moe(nullptr, x, w, rows, router, capacity);
         auto stats = std::make_shared<EpCommStats>();
-        const Pass ep = run_moe(std::make_shared<CommunicatorEpComm>(world.named("ep"), stats), x, w, rows,
-                                router, capacity);
+        // No cp and no tp: each rank alone shares its micro-batch and its experts' slices.
+        const comm::Communicator alone = world.split(world.rank(), 0, "alone");
+        const Pass ep = run_moe(std::make_shared<CommunicatorEpComm>(world.named("ep"), alone, alone, stats),
+                                x, w, rows, router, capacity);
         expect_near(ep.out, serial.out, "output", r);
         expect_near(ep.dx, serial.dx, "input gradient", r);
         EXPECT_EQ(ep.load, serial.load);
@@ -100,6 +108,40 @@ INSTANTIATE_TEST_SUITE_P(Ranks, MoeEp,
                                            std::make_tuple(4, RouterKind::kSoftmax, 0.0),
                                            std::make_tuple(2, RouterKind::kSigmoid, 0.5),
                                            std::make_tuple(4, RouterKind::kSigmoid, 0.0)));
+
+class MoeCp : public ::testing::TestWithParam<std::tuple<int, RouterKind>> {};
+
+TEST_P(MoeCp, TheMicroBatchsAuxiliaryLossOverItsRanks) {
+  const auto [ranks, router] = GetParam();
+  comm::inproc::run(ranks, [&, ranks = ranks, router = router](const comm::Communicator& world) {
+    const int r = world.rank();
+    constexpr std::int64_t kRows = 5;  // every cp rank holds as many of the micro-batch's rows
+    Rng rng(200 + static_cast<std::uint64_t>(r));
+    const V x = random_vector(kRows * kC, rng), w = random_vector(kRows * kC, rng);
+    V all_x(static_cast<std::size_t>(ranks * kRows * kC)), all_w(all_x.size());
+    world.all_gather(std::span<const double>(x), std::span<double>(all_x));
+    world.all_gather(std::span<const double>(w), std::span<double>(all_w));
+    const Pass serial = run_moe(nullptr, all_x, all_w, ranks * kRows, router, 0.0);
+    // The expert group and the micro-batch's ranks are both the world (--dp 1 --cp N --ep N).
+    const comm::Communicator alone = world.split(world.rank(), 0, "alone");
+    const Pass cp = run_moe(std::make_shared<CommunicatorEpComm>(world.named("ep"), world.named("cp"), alone,
+                                                                 std::make_shared<EpCommStats>()),
+                            x, w, kRows, router, 0.0, 0.7 / ranks);
+    EXPECT_NEAR(cp.aux, serial.aux, 1e-14 * std::fabs(serial.aux)) << "rank " << r;
+    const auto mine = [&](const V& v) {
+      return V(v.begin() + r * kRows * kC, v.begin() + (r + 1) * kRows * kC);
+    };
+    expect_near(cp.out, mine(serial.out), "output", r);
+    expect_near(cp.dx, mine(serial.dx), "input gradient", r);
+    V sum = cp.grads;
+    world.all_reduce(std::span<double>(sum));
+    expect_near(sum, serial.grads, "gradients summed over the ranks", r);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, MoeCp,
+                         ::testing::Values(std::make_tuple(2, RouterKind::kSoftmax),
+                                           std::make_tuple(4, RouterKind::kSigmoid)));
 
 }  // namespace
 }  // namespace ndmesh::parallel
