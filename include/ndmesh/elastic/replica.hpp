@@ -6,8 +6,9 @@
 // Per step: the generation (quorum) gives this replica's position among the L live
 // replicas, hence its share of the global batch (micro-batches split evenly, the first
 // ones one more); forward and backward on the share; the gradients and the loss summed over
-// the replicas on a Gloo context of the ranks with this rank's coordinates (one context
-// per generation, rendezvous under the generation's keys, bounded by a timeout); the
+// the replicas on a communicator of the ranks with this rank's coordinates
+// (comm::connect_store_group: one per generation, under the generation's store prefix,
+// with the comm layer's timeouts); the
 // replica's vote (every rank's ok); the optimizer step only when the coordinator commits.
 // An aborted attempt is computed again in the next generation. A replica behind the
 // generation's step first copies parameters, AdamW moments and step counters from the
@@ -38,7 +39,7 @@ struct ReplicaOptions {
   int replica = 0;
   /// The coordinator's heartbeat timeout (the leader heartbeats every tenth of it).
   double heartbeat_timeout_s = 5;
-  /// Bound of the cross-replica reduction and of the Gloo rendezvous of a generation.
+  /// Bound of the cross-replica collectives and of the meeting of a generation's communicator.
   double reduce_timeout_s = 10;
   /// How long the coordinator may be unreachable (a restart) before the replica stops.
   double reconnect_s = 30;
@@ -70,7 +71,6 @@ class ElasticReplica {
   void finish();
 
  private:
-  struct Context;
   class SupersededWatch;
   // Every rank: the leader's join, then the first generation that includes this process.
   void join();
@@ -93,7 +93,7 @@ class ElasticReplica {
   parallel::Trainer& trainer_;
   comm::Communicator world_;
   bool leader_;
-  launch::Store store_;  // the leader's connection (others: only for the Gloo rendezvous)
+  launch::Store store_;  // the leader's connection
   launch::Store watch_store_;  // every rank's, for SupersededWatch (one reduction at a time)
   std::int64_t incarnation_ = 0;
   Generation gen_;
@@ -103,7 +103,9 @@ class ElasticReplica {
   bool failed_ = false;            // the running attempt failed on this rank ...
   std::string why_;                // ... for this reason
   bool healed_ = false;            // in gen_
-  std::unique_ptr<Context> ctx_;
+  // This rank's counterparts in the generation's replicas (comm::connect_store_group),
+  // made per generation; empty with one replica.
+  comm::Communicator cross_;
   std::int64_t ctx_generation_ = -1;
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;

@@ -143,6 +143,8 @@ struct Context {
   std::vector<std::uint64_t> next_slot;                  // per member: the position of its next collective
   std::map<std::uint64_t, std::shared_ptr<Slot>> slots;  // collectives some member has not joined yet
   std::vector<std::deque<std::shared_ptr<Message>>> sends, recvs;  // unmatched, by destination
+  // Communicator::abort() by any member ends the group for all (as closed connections do).
+  std::shared_ptr<detail::AbortState> aborted = std::make_shared<detail::AbortState>();
 };
 
 struct Job {
@@ -214,6 +216,7 @@ struct Pending {
 bool settle(Job& job, const Pending& p) {
   const auto& m = p.ctx->members;
   t_seen_completions = job.signals[static_cast<std::size_t>(m[static_cast<std::size_t>(p.rank)])].completions;
+  p.ctx->aborted->throw_if_set();
   if (p.slot) {
     if (p.slot->done) {
       if (!p.slot->error.empty()) throw Error("comm", p.slot->error);
@@ -357,6 +360,7 @@ class InprocComm final : public CommImpl {
         rank_(rank),
         size_(static_cast<int>(ctx_->members.size())) {
     members_ = ctx_->members;
+    abort_ = ctx_->aborted;
   }
 
   std::string_view backend() const override { return "inproc"; }
@@ -415,6 +419,7 @@ class InprocComm final : public CommImpl {
         std::make_shared<Message>(Message{.send = true, .src = rank_, .dst = peer, .tag = tag, .data = data});
     std::unique_lock lock(job_->mutex);
     if (job_->failed) job_->throw_failure();
+    ctx_->aborted->throw_if_set();
     auto& posted = ctx_->recvs[static_cast<std::size_t>(peer)];
     auto it = std::find_if(posted.begin(), posted.end(),
                            [&](const auto& r) { return r->src == rank_ && (job_->tagless || r->tag == tag); });
@@ -432,6 +437,7 @@ class InprocComm final : public CommImpl {
         Message{.send = false, .src = peer, .dst = rank_, .tag = tag, .data = data});
     std::unique_lock lock(job_->mutex);
     if (job_->failed) job_->throw_failure();
+    ctx_->aborted->throw_if_set();
     auto& unmatched = ctx_->sends[static_cast<std::size_t>(rank_)];
     auto it = std::find_if(unmatched.begin(), unmatched.end(),
                            [&](const auto& s) { return s->src == peer && (job_->tagless || s->tag == tag); });
@@ -466,6 +472,13 @@ class InprocComm final : public CommImpl {
     return true;
   }
 
+ protected:
+  // The group is ended for every member (they share the abort state): wake them all.
+  void end_in_flight(const std::string& /*why*/) override {
+    std::lock_guard lock(job_->mutex);
+    for (std::int64_t r : ctx_->members) job_->wake(r);
+  }
+
  private:
   class Work final : public WorkImpl {
    public:
@@ -497,6 +510,7 @@ class InprocComm final : public CommImpl {
   // Lock held: joins this member's next collective; the last member completes it.
   Pending arrive(Part part) {
     if (job_->failed) job_->throw_failure();
+    ctx_->aborted->throw_if_set();
     const std::uint64_t index = ctx_->next_slot[static_cast<std::size_t>(rank_)]++;
     std::shared_ptr<Slot>& slot = ctx_->slots[index];
     if (!slot) {
