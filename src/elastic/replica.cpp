@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "ndmesh/core/log.hpp"
 #include "ndmesh/elastic/coordinator.hpp"
 #include "ndmesh/launch/route.hpp"
+#include "ndmesh/parallel/state_dict.hpp"
 
 namespace ndmesh::elastic {
 
@@ -127,18 +129,6 @@ ElasticReplica::ElasticReplica(ReplicaOptions options, parallel::Trainer& traine
     : options_(std::move(options)), trainer_(trainer), world_(world), leader_(world.rank() == 0) {
   const KillPoint k = parse_kill(env::string("NDMESH_TEST_ELASTIC_KILL", ""));
   kill_ = k.point.empty() ? "" : env::string("NDMESH_TEST_ELASTIC_KILL", "");
-  trainer_.grad_sync().set_across_replicas([this](double& loss_sum) {
-    if (failed_ || gen_.members.size() < 2) return;
-    maybe_kill("reduce");
-    SupersededWatch watch(*this);
-    try {
-      for (const auto& c : trainer_.chunks()) cross_.all_reduce(c->params().grads());
-      cross_.all_reduce(std::span<double>(&loss_sum, 1));
-    } catch (const std::exception& e) {
-      failed_ = true;
-      why_ = e.what();
-    }
-  });
   if (leader_) {
     store_ = connect_or_stop();
     heartbeat_ = std::thread([this] {
@@ -159,7 +149,7 @@ ElasticReplica::ElasticReplica(ReplicaOptions options, parallel::Trainer& traine
 }
 
 ElasticReplica::~ElasticReplica() {
-  trainer_.grad_sync().set_across_replicas({});  // the trainer may outlive this
+  trainer_.grad_sync().set_replicas({});  // the trainer may outlive this
   stop_.store(true);
   if (heartbeat_.joinable()) heartbeat_.join();
 }
@@ -274,18 +264,22 @@ void ElasticReplica::build_context() {
 }
 
 void ElasticReplica::heal() {
-  auto& opt = trainer_.optimizer();
-  for (std::size_t c = 0; c < trainer_.chunks().size(); ++c) {
-    cross_.broadcast(trainer_.chunks()[c]->params().params(), gen_.root);
-    cross_.broadcast(opt.adam(c).m(), gen_.root);
-    cross_.broadcast(opt.adam(c).v(), gen_.root);
+  // Through the state dict, as a checkpoint load: the donor's entries (parameters and
+  // moments of each logical slice) go to this rank's counterparts, which commit them.
+  const bool donor = position_ == gen_.root;
+  const std::unique_ptr<parallel::StateDict> state = trainer_.state_dict(donor);
+  for (parallel::StateEntry& e : state->entries()) {
+    const auto n = static_cast<std::size_t>(e.view->numel);
+    for (float* x : {e.params, e.m, e.v}) cross_.broadcast(std::span<float>(x, n), gen_.root);
   }
-  std::int64_t counters[2] = {trainer_.steps_done(), opt.steps()};
+  std::int64_t counters[2] = {trainer_.steps_done(), trainer_.optimizer().steps()};
   cross_.broadcast(std::span<std::int64_t>(counters, 2), gen_.root);
   NDMESH_CHECK(counters[0] == gen_.step, "elastic",
                "the donor holds step {} but generation {} starts at step {}", counters[0], gen_.id,
                gen_.step);
-  if (position_ != gen_.root) trainer_.set_progress(counters[0], counters[1]);
+  if (donor) return;
+  state->commit();
+  trainer_.set_progress(counters[0], counters[1]);
 }
 
 void ElasticReplica::maybe_kill(std::string_view point) const {
@@ -344,21 +338,27 @@ CommittedStep ElasticReplica::step() {
     std::int32_t ok = failed_ ? 0 : 1;
     world_.all_reduce(std::span<std::int32_t>(&ok, 1), {.op = comm::ReduceOp::kMin});
     if (ok == 1) {
-      const std::int64_t m = trainer_.microbatches_total();
-      const auto l = static_cast<std::int64_t>(gen_.members.size());
-      const std::int64_t base = m / l, extra = m % l, i = position_;
-      const std::int64_t count = base + (i < extra ? 1 : 0), first = i * base + std::min(i, extra);
-      if (count == 0)
-        world_.abort_job(
-            2, "elastic",
-            fmt::format("the global batch has {} micro-batches (--batch / --micro-batch), fewer than the "
-                        "{} live replicas; raise --batch or lower --micro-batch",
-                        m, l));
       NDMESH_CHECK(trainer_.steps_done() == attempt_step_, "elastic",
                    "replica {} holds step {} but generation {} computes step {}", options_.replica,
                    trainer_.steps_done(), gen_.id, attempt_step_ + 1);
-      trainer_.set_share(first, count);
-      stats = trainer_.compute_step();
+      try {
+        trainer_.set_replica(position_, static_cast<std::int64_t>(gen_.members.size()));
+      } catch (const ConfigError& e) {  // too few micro-batches for the replicas: bad flags
+        world_.abort_job(2, e.component(), std::string(e.what()).substr(e.component().size() + 3));
+      }
+      // The sum over the replicas is the last level of the step's gradient reduction
+      // (GradSync); while the step runs, a superseded generation aborts it.
+      trainer_.grad_sync().set_replicas({.group = cross_, .on_start = [this] { maybe_kill("reduce"); }});
+      {
+        std::optional<SupersededWatch> watch;
+        if (cross_.valid()) watch.emplace(*this);
+        stats = trainer_.compute_step();
+      }
+      trainer_.grad_sync().set_replicas({});
+      if (const std::string& why = trainer_.grad_sync().replica_failure(); !why.empty()) {
+        failed_ = true;
+        why_ = why;
+      }
       ok = failed_ ? 0 : 1;
       world_.all_reduce(std::span<std::int32_t>(&ok, 1), {.op = comm::ReduceOp::kMin});
     }

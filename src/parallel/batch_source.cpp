@@ -42,6 +42,24 @@ BatchSource::BatchSource(BatchLayout layout, std::unique_ptr<model::DataSource> 
   }
 }
 
+ReplicaShare replica_share(std::int64_t microbatches, std::int64_t position, std::int64_t replicas) {
+  NDMESH_CHECK(replicas >= 1 && position >= 0 && position < replicas, "batch",
+               "replica position {} of {} replicas", position, replicas);
+  if (microbatches < replicas)
+    fail<ConfigError>("elastic",
+                      "the global batch has {} micro-batches (--batch / --micro-batch), fewer than the {} live "
+                      "replicas; raise --batch or lower --micro-batch",
+                      microbatches, replicas);
+  const std::int64_t base = microbatches / replicas, extra = microbatches % replicas;
+  return {.first = position * base + std::min(position, extra), .count = base + (position < extra ? 1 : 0)};
+}
+
+ReplicaShare BatchSource::set_replica(std::int64_t position, std::int64_t replicas) {
+  const ReplicaShare share = replica_share(global_microbatches(), position, replicas);
+  first_microbatch_ = share.first;
+  return share;
+}
+
 void BatchSource::fill(const model::DataSource& data, std::uint64_t stream, std::int64_t step, int mb,
                        std::int32_t* tokens, std::int32_t* targets) {
   const BatchLayout& l = layout_;

@@ -4,15 +4,16 @@
 // and tells the other ranks over the replica's own communicator.
 //
 // Per step: the generation (quorum) gives this replica's position among the L live
-// replicas, hence its share of the global batch (micro-batches split evenly, the first
-// ones one more); forward and backward on the share; the gradients and the loss summed over
-// the replicas on a communicator of the ranks with this rank's coordinates
-// (comm::connect_store_group: one per generation, under the generation's store prefix,
-// with the comm layer's timeouts); the
-// replica's vote (every rank's ok); the optimizer step only when the coordinator commits.
-// An aborted attempt is computed again in the next generation. A replica behind the
-// generation's step first copies parameters, AdamW moments and step counters from the
-// generation's root replica (rank by rank, over the same context: no disk).
+// replicas, hence its share of the global batch (the batch source's replica_share);
+// forward and backward on the share; the gradients and the loss summed over the replicas
+// as the last level of GradSync's reduction, on a communicator of the ranks with this
+// rank's coordinates (comm::connect_store_group: one per generation, under the
+// generation's store prefix, with the comm layer's timeouts; aborted when the coordinator
+// says a member fell silent); the replica's vote (every rank's ok); the optimizer step only
+// when the coordinator commits. An aborted attempt is computed again in the next
+// generation. A replica behind the generation's step first copies the state dict (the
+// parameters and moments of every slice) and the step counters from the generation's root
+// replica (rank by rank, over the same communicator: no disk).
 #pragma once
 
 #include <atomic>

@@ -43,6 +43,18 @@ struct BatchLayout {
 BatchLayout make_batch_layout(const TrainOptions& options, const comm::Communicator& dp,
                               const comm::Communicator& cp);
 
+/// Elastic data parallelism: the micro-batches [first, first + count) of a step's global
+/// batch that one replica computes.
+struct ReplicaShare {
+  std::int64_t first = 0, count = 0;
+};
+
+/// The share of replica `position` (0-based) of `replicas` live ones in a global batch of
+/// `microbatches` micro-batches: an even split in replica order, the first
+/// microbatches % replicas replicas one more, so the shares cover the batch once whatever
+/// the membership. ConfigError when there are fewer micro-batches than replicas.
+ReplicaShare replica_share(std::int64_t microbatches, std::int64_t position, std::int64_t replicas);
+
 /// This rank's micro-batches of any step, from a DataSource.
 class BatchSource {
  public:
@@ -60,9 +72,12 @@ class BatchSource {
 
   const BatchLayout& layout() const { return layout_; }
   const model::DataSource& data() const { return *data_; }
-  /// Elastic data parallelism: micro-batch mb of a step is micro-batch `first + mb` of the
-  /// global batch (this replica's share starts there).
-  void set_first_microbatch(std::int64_t first) { first_microbatch_ = first; }
+  /// Micro-batches of a step's whole global batch (batch / micro-batch).
+  std::int64_t global_microbatches() const { return layout_.global_batch / layout_.micro_batch; }
+  /// Elastic data parallelism: from now on this rank reads the share of replica `position`
+  /// of `replicas` (replica_share(global_microbatches(), ...)): micro-batch mb of a step is
+  /// micro-batch share.first + mb of the global batch. Returns the share.
+  ReplicaShare set_replica(std::int64_t position, std::int64_t replicas);
 
  private:
   BatchLayout layout_;
