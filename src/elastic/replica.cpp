@@ -256,10 +256,12 @@ void ElasticReplica::build_context() {
   // under the generation's prefix: a new communicator per membership.
   const launch::Store store = launch::Store::connect(options_.host, options_.port, options_.reduce_timeout_s)
                                   .prefixed(fmt::format("elastic/ctx/{}/{}/", gen_.id, world_.rank()));
-  cross_ = comm::connect_store_group(store, position_, static_cast<int>(gen_.members.size()),
-                                     {.name = fmt::format("replicas-g{}-r{}", gen_.id, world_.rank()),
-                                      .toward = options_.host,
-                                      .timeout_s = options_.reduce_timeout_s});
+  const comm::StoreGroupOptions group{.name = fmt::format("replicas-g{}-r{}", gen_.id, world_.rank()),
+                                     .toward = options_.host,
+                                     .timeout_s = options_.reduce_timeout_s};
+  const int size = static_cast<int>(gen_.members.size());
+  cross_ = options_.connect_group ? options_.connect_group(store, position_, size, group)
+                                  : comm::connect_store_group(store, position_, size, group);
   ctx_generation_ = gen_.id;
 }
 

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -44,6 +45,12 @@ struct ReplicaOptions {
   double reduce_timeout_s = 10;
   /// How long the coordinator may be unreachable (a restart) before the replica stops.
   double reconnect_s = 30;
+  /// Makes a generation's communicator of this rank's counterparts (this one at `position`
+  /// of `size`) over `store` (the generation's prefix of the coordinator's store): by
+  /// default comm::connect_store_group; the in-process tests pass comm::inproc::connect_group.
+  std::function<comm::Communicator(const launch::Store& store, int position, int size,
+                                   const comm::StoreGroupOptions& options)>
+      connect_group;
 };
 
 /// A committed step as this replica saw it.
