@@ -160,7 +160,18 @@ void GradSync::sum_over_replicas(double& loss_sum) {
   if (!replicas_.group.valid()) return;
   if (replicas_.on_start) replicas_.on_start();
   try {
-    for (model::Model* c : chunks_) replicas_.group.all_reduce(c->params().grads());
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      auto grads = chunks_[c]->params().grads();
+      if (reducers_[c]->zero() < 2) {
+        replicas_.group.all_reduce(grads);
+        continue;
+      }
+      // ZeRO 2 and 3: the replica's sums are this rank's shard's, kept apart (the segments
+      // back to back): only they are updated.
+      std::int64_t n = 0;
+      for (const nn::Segment& seg : reducers_[c]->shard()) n += seg.count;
+      replicas_.group.all_reduce(std::span<float>(reducers_[c]->shard_grads(), static_cast<std::size_t>(n)));
+    }
     replicas_.group.all_reduce(std::span<double>(&loss_sum, 1));
   } catch (const std::exception& e) {
     replica_failure_ = e.what();

@@ -72,17 +72,18 @@ class BatchSource {
 
   const BatchLayout& layout() const { return layout_; }
   const model::DataSource& data() const { return *data_; }
-  /// Micro-batches of a step's whole global batch (batch / micro-batch).
-  std::int64_t global_microbatches() const { return layout_.global_batch / layout_.micro_batch; }
-  /// Elastic data parallelism: from now on this rank reads the share of replica `position`
-  /// of `replicas` (replica_share(global_microbatches(), ...)): micro-batch mb of a step is
-  /// micro-batch share.first + mb of the global batch. Returns the share.
+  /// Elastic data parallelism: from now on this rank reads its dp rank's part of the share of
+  /// replica `position` of `replicas`. The global batch is split over the replicas in units
+  /// of dp micro-batches (one per dp rank of a replica: replica_share(microbatches of a dp
+  /// rank, ...)); replica i's units are sequences [first, first + count) * dp * micro-batch,
+  /// of which dp rank d reads the d-th contiguous part, count micro-batches. Returns the
+  /// share in those units. (0, 1): the whole batch, the layout of a run without replicas.
   ReplicaShare set_replica(std::int64_t position, std::int64_t replicas);
 
  private:
   BatchLayout layout_;
   std::unique_ptr<model::DataSource> data_;
-  std::int64_t first_microbatch_ = 0;
+  ReplicaShare share_;  // in micro-batches of a dp rank; {0, layout.microbatches}: the whole batch
   std::vector<std::int32_t> full_tokens_, full_targets_;  // whole sequences, before the cp slice
 };
 

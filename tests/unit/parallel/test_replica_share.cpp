@@ -34,8 +34,8 @@ TEST(ReplicaShare, FewerMicroBatchesThanReplicasIsOneLineNamingTheFlags) {
     ADD_FAILURE() << "no error";
   } catch (const ConfigError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "[elastic] the global batch has 2 micro-batches (--batch / --micro-batch), fewer than the 3 live "
-              "replicas; raise --batch or lower --micro-batch");
+              "[elastic] the global batch has 2 micro-batches per data-parallel rank (--batch / --micro-batch / "
+              "--dp), fewer than the 3 live replicas; raise --batch or lower --micro-batch");
   }
 }
 
