@@ -3,11 +3,13 @@
 // timeouts, avg, argument checks and messages live in src/comm and are shared by all.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -19,6 +21,24 @@
 #include "ndmesh/launch/store.hpp"
 
 namespace ndmesh::comm::detail {
+
+/// Why a communicator was ended by Communicator::abort() (or, on a group whose failures
+/// stay inside it, by its timeout): the first call wins. Shared with the tasks a backend
+/// runs on other threads, which may outlive the communicator.
+class AbortState {
+ public:
+  /// Records the reason; false when one was recorded before (nothing changes).
+  bool record(std::string_view component, const std::string& why, bool timed_out);
+  bool set() const { return set_.load(std::memory_order_acquire); }
+  /// Throws the recorded reason (TimeoutError when timed out, else Aborted); nothing when unset.
+  void throw_if_set() const;
+
+ private:
+  std::atomic<bool> set_{false};
+  mutable std::mutex mutex_;
+  std::string component_, why_;
+  bool timed_out_ = false;
+};
 
 /// One operation in flight on a backend.
 class WorkImpl {
@@ -105,8 +125,24 @@ class CommImpl {
     return false;
   }
 
+  /// Communicator::abort(): records why, then end_in_flight() ends what the backend can end
+  /// now. Callable from any thread, more than once (the first reason stays).
+  void abort(std::string_view component, const std::string& why, bool timed_out) {
+    if (abort_->record(component, why, timed_out)) end_in_flight(why);
+  }
+  const AbortState& abort_state() const { return *abort_; }
+  /// The bound of operations called without Options::timeout_s; 0: default_timeout_s().
+  virtual double default_timeout_s() const { return 0; }
+
  protected:
+  /// What abort() ends at once beyond refusing later operations (which the Communicator
+  /// does for every backend): the operations in flight, on this rank and, where the
+  /// transport lets a peer notice, on the members waiting for this one. Nothing by default
+  /// (MPI and NCCL here cannot cancel an operation in flight).
+  virtual void end_in_flight(const std::string& why) { (void)why; }
+
   std::vector<std::int64_t> members_;
+  std::shared_ptr<AbortState> abort_ = std::make_shared<AbortState>();
 };
 
 /// What the Communicator call now starting on this thread is (set around a backend's

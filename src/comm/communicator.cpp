@@ -86,6 +86,23 @@ void Finish::operator()() const {
 
 void set_thread_default_timeout(double seconds) { t_default_timeout = seconds; }
 
+bool AbortState::record(std::string_view component, const std::string& why, bool timed_out) {
+  std::lock_guard lock(mutex_);
+  if (set_.load(std::memory_order_relaxed)) return false;
+  component_ = component;
+  why_ = why;
+  timed_out_ = timed_out;
+  set_.store(true, std::memory_order_release);
+  return true;
+}
+
+void AbortState::throw_if_set() const {
+  if (!set()) return;
+  std::lock_guard lock(mutex_);
+  if (timed_out_) throw TimeoutError(component_, why_);
+  throw Aborted(component_, why_);
+}
+
 Communicator make_communicator(std::shared_ptr<CommImpl> impl, std::string name) {
   return Communicator(std::move(impl), std::move(name));
 }
@@ -293,7 +310,28 @@ Communicator Communicator::world() {
 const detail::CommImpl& Communicator::require(std::string_view op) const {
   NDMESH_CHECK(impl_ != nullptr, "comm",
                "{} on an empty communicator: this rank is in no group of the split that made it", op);
+  impl_->abort_state().throw_if_set();
   return *impl_;
+}
+
+void Communicator::abort(const std::string& reason) const {
+  if (impl_) impl_->abort("comm", fmt::format("group {} was aborted: {}", name_, reason), false);
+}
+
+Communicator connect_store_group(const launch::Store& store, int rank, int size, const StoreGroupOptions& options) {
+  NDMESH_CHECK(size >= 1 && rank >= 0 && rank < size, "comm",
+               "connect_store_group: rank {} of {} members (ranks are 0..size-1)", rank, size);
+#ifdef NDMESH_HAVE_GLOO
+  const double timeout_s = options.timeout_s > 0 ? options.timeout_s : default_timeout_s();
+  return detail::make_communicator(gloo::make_store_group(store, rank, size, options.toward, timeout_s),
+                                   options.name);
+#else
+  (void)store, (void)options;
+  fail<ConfigError>("comm",
+                    "group {}: this ndmesh was built without Gloo, which groups over a store need (Debian: "
+                    "apt-get install libgloo-dev, then rebuild)",
+                    options.name);
+#endif
 }
 
 int Communicator::rank() const { return impl_ ? impl_->rank() : -1; }
@@ -386,7 +424,8 @@ Communicator Communicator::split_node() const {
 template <typename Start>
 Work Communicator::run(const char* op, int peer, const Options& opts, bool blocking, const Start& start,
                        detail::Finish finish) const {
-  double timeout = opts.timeout_s > 0 ? opts.timeout_s : default_timeout_s();
+  const double own = impl_->default_timeout_s();
+  double timeout = opts.timeout_s > 0 ? opts.timeout_s : own > 0 ? own : default_timeout_s();
   struct Site {
     explicit Site(detail::CallSite s) { t_call = s; }
     ~Site() { t_call = {}; }

@@ -1,28 +1,14 @@
 #include "ndmesh/elastic/replica.hpp"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-#include <gloo/allreduce.h>
-#include <gloo/alltoall.h>
-#include <gloo/barrier.h>
-#include <gloo/broadcast.h>
-#include <gloo/math.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/store.h>
-#include <gloo/transport/tcp/device.h>
-
 #include <algorithm>
-#include <condition_variable>
-#include <filesystem>
-#include <map>
-#include <mutex>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
-#include <cstring>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -33,6 +19,7 @@
 #include "ndmesh/core/log.hpp"
 #include "ndmesh/elastic/coordinator.hpp"
 #include "ndmesh/launch/route.hpp"
+#include "ndmesh/parallel/state_dict.hpp"
 
 namespace ndmesh::elastic {
 
@@ -40,71 +27,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Gloo's rendezvous over the coordinator's store: waits poll, bounded by a deadline.
-class StoreAdapter final : public ::gloo::rendezvous::Store {
- public:
-  StoreAdapter(launch::Store store, Clock::time_point deadline)
-      : store_(std::move(store)), deadline_(deadline) {}
-  void set(const std::string& key, const std::vector<char>& data) override {
-    store_.set(key, std::string(data.begin(), data.end()));
-  }
-  std::vector<char> get(const std::string& key) override {
-    wait({key});
-    std::string v = store_.get(key);
-    return {v.begin(), v.end()};
-  }
-  void wait(const std::vector<std::string>& keys) override {
-    while (!store_.check(keys)) {
-      if (Clock::now() > deadline_)
-        fail<>("elastic",
-               "the replicas of this generation did not all meet at the store in time (keys {}...)",
-               keys.front());
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override { wait(keys); }
-
- private:
-  launch::Store store_;
-  Clock::time_point deadline_;
-};
-
-std::shared_ptr<::gloo::transport::Device>& device_for(const std::string& host) {
-  static std::shared_ptr<::gloo::transport::Device> device;
-  if (!device) {
-    ::gloo::transport::tcp::attr attr;
-    attr.hostname = launch::local_address_toward(host, "elastic", fmt::format("the coordinator's host {}", host),
-                                                 "set NDMESH_COORDINATOR to the coordinator's HOST:PORT");
-    device = ::gloo::transport::tcp::CreateDevice(attr);
-  }
-  return device;
-}
-
 std::chrono::milliseconds ms(double s) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000));
-}
-
-template <typename T>
-void gloo_sum(const std::shared_ptr<::gloo::rendezvous::Context>& ctx, T* data, std::size_t n,
-              double timeout_s) {
-  if (n == 0) return;
-  ::gloo::AllreduceOptions o(ctx);
-  o.setOutput(data, n);
-  void (*fn)(void*, const void*, const void*, std::size_t) = &::gloo::sum<T>;
-  o.setReduceFunction(fn);
-  o.setTimeout(ms(timeout_s));
-  ::gloo::allreduce(o);
-}
-
-template <typename T>
-void gloo_broadcast(const std::shared_ptr<::gloo::rendezvous::Context>& ctx, T* data, std::size_t n, int root,
-                    double timeout_s) {
-  if (n == 0) return;
-  ::gloo::BroadcastOptions o(ctx);
-  o.setOutput(data, n);
-  o.setRoot(root);
-  o.setTimeout(ms(timeout_s));
-  ::gloo::broadcast(o);
 }
 
 // A rank that fails the test switch's point ends here, as a killed process does.
@@ -132,88 +56,15 @@ KillPoint parse_kill(const std::string& text) {
 
 }  // namespace
 
-namespace {
-
-// "ADDR:PORT" of a socket's own end or its peer's; empty when it has none.
-std::string endpoint(int fd, bool peer) {
-  sockaddr_storage addr{};
-  socklen_t len = sizeof addr;
-  auto* sa = reinterpret_cast<sockaddr*>(&addr);
-  if ((peer ? ::getpeername(fd, sa, &len) : ::getsockname(fd, sa, &len)) != 0) return "";
-  char text[INET6_ADDRSTRLEN] = {};
-  int port = 0;
-  if (addr.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
-    if (!::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text)) return "";
-    port = ntohs(in->sin_port);
-  } else if (addr.ss_family == AF_INET6) {
-    const auto* in = reinterpret_cast<const sockaddr_in6*>(&addr);
-    if (!::inet_ntop(AF_INET6, &in->sin6_addr, text, sizeof text)) return "";
-    port = ntohs(in->sin6_port);
-  } else {
-    return "";
-  }
-  return fmt::format("{}:{}", text, port);
-}
-
-std::vector<int> open_fds() {
-  std::vector<int> out;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    const std::string name = e.path().filename().string();
-    if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos) out.push_back(std::stoi(name));
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-
-}  // namespace
-
-struct ElasticReplica::Context {
-  std::shared_ptr<::gloo::rendezvous::Context> ctx;
-  // Gloo keeps its pairs' sockets private. The context's connections are the sockets that
-  // connectFullMesh, the barrier and the all-to-all after it opened (the all-to-all uses every
-  // pair, so the accepting sides have theirs too), but the store's: found once, right after,
-  // against the descriptors open before, and kept with their ends. Sockets opened later (a
-  // group of the replica's own world made lazily, MPI's TCP connections) are never among them,
-  // and a descriptor closed and reused since is told apart by its ends.
-  std::map<int, std::string> before;
-  std::map<int, std::string> mine;
-  std::string coordinator_port;  // ":PORT"
-  static std::string ends(int fd) { return endpoint(fd, false) + " " + endpoint(fd, true); }
-  void snapshot() {
-    before.clear();
-    for (int fd : open_fds()) before[fd] = ends(fd);
-  }
-  void find_mine() {
-    mine.clear();
-    for (int fd : open_fds()) {
-      const std::string peer = endpoint(fd, true);
-      if (peer.empty() || peer.ends_with(coordinator_port)) continue;
-      const std::string e = ends(fd);
-      if (auto it = before.find(fd); it != before.end() && it->second == e) continue;
-      mine[fd] = e;
-    }
-    before.clear();
-  }
-  std::vector<int> connections() const {
-    std::vector<int> out;
-    for (const auto& [fd, e] : mine)
-      if (ends(fd) == e) out.push_back(fd);
-    return out;
-  }
-};
-
 // While a reduction runs, watches the coordinator for word that a member of the reducing
 // generation fell silent past the heartbeat timeout (a lost node, a partition), or for a
-// newer generation: that member will never send. Shutting this rank's Gloo sockets down
+// newer generation: that member will never send. Aborting the generation's communicator
 // ends the wait at once with an error (the attempt fails and is redone under the new
 // generation) instead of at the reduction timeout.
 class ElasticReplica::SupersededWatch {
  public:
-  SupersededWatch(ElasticReplica& r, const Context& ctx) {
-    thread_ = std::thread([&r, &ctx, this, generation = r.gen_.id] {
+  explicit SupersededWatch(ElasticReplica& r) {
+    thread_ = std::thread([&r, this, generation = r.gen_.id, cross = r.cross_] {
       std::unique_lock lock(m_);
       while (!done_) {
         lock.unlock();
@@ -222,12 +73,9 @@ class ElasticReplica::SupersededWatch {
             r.watch_store_ = launch::Store::connect(r.options_.host, r.options_.port, 1).prefixed("elastic/");
           if (r.watch_store_.check({fmt::format("lost/{}", generation)}) ||
               (r.watch_store_.check({"latest"}) && std::stoll(r.watch_store_.get("latest")) > generation)) {
-            int shut = 0;
-            for (int fd : ctx.connections())
-              if (::shutdown(fd, SHUT_RDWR) == 0) ++shut;
-            log::info("[elastic] replica {} rank {}: generation {} lost a member; {} connections shut down",
-                      r.options_.replica, r.world_.rank(), generation, shut);
-            fired_.store(true);
+            log::info("[elastic] replica {} rank {}: generation {} lost a member; its reduction is aborted",
+                      r.options_.replica, r.world_.rank(), generation);
+            cross.abort(fmt::format("generation {} lost a member (the coordinator heard no heartbeat)", generation));
             return;
           }
         } catch (const Error&) {
@@ -248,13 +96,11 @@ class ElasticReplica::SupersededWatch {
   }
   SupersededWatch(const SupersededWatch&) = delete;
   SupersededWatch& operator=(const SupersededWatch&) = delete;
-  bool fired() const { return fired_.load(); }
 
  private:
   std::mutex m_;
   std::condition_variable cv_;
   bool done_ = false;
-  std::atomic<bool> fired_{false};
   std::thread thread_;
 };
 
@@ -281,28 +127,8 @@ std::pair<std::string, int> parse_address(const std::string& text, std::string_v
 ElasticReplica::ElasticReplica(ReplicaOptions options, parallel::Trainer& trainer,
                                const comm::Communicator& world)
     : options_(std::move(options)), trainer_(trainer), world_(world), leader_(world.rank() == 0) {
-  // Peers of a generation vanish (killed, or moved on to the next generation while this
-  // replica was stopped): Gloo's TCP writes to their closed connections must fail with an
-  // error that ends the attempt, not kill this process with SIGPIPE.
-  ::signal(SIGPIPE, SIG_IGN);
   const KillPoint k = parse_kill(env::string("NDMESH_TEST_ELASTIC_KILL", ""));
   kill_ = k.point.empty() ? "" : env::string("NDMESH_TEST_ELASTIC_KILL", "");
-  trainer_.grad_sync().set_across_replicas([this](double& loss_sum) {
-    if (failed_ || gen_.members.size() < 2) return;
-    maybe_kill("reduce");
-    SupersededWatch watch(*this, *ctx_);
-    try {
-      for (const auto& c : trainer_.chunks()) {
-        auto g = c->params().grads();
-        gloo_sum(ctx_->ctx, g.data(), g.size(), options_.reduce_timeout_s);
-      }
-      gloo_sum(ctx_->ctx, &loss_sum, 1, options_.reduce_timeout_s);
-    } catch (const std::exception& e) {
-      failed_ = true;
-      why_ = watch.fired() ? fmt::format("generation {} lost a member (the coordinator heard no heartbeat): {}", gen_.id, e.what())
-                           : e.what();
-    }
-  });
   if (leader_) {
     store_ = connect_or_stop();
     heartbeat_ = std::thread([this] {
@@ -323,7 +149,7 @@ ElasticReplica::ElasticReplica(ReplicaOptions options, parallel::Trainer& traine
 }
 
 ElasticReplica::~ElasticReplica() {
-  trainer_.grad_sync().set_across_replicas({});  // the trainer may outlive this
+  trainer_.grad_sync().set_replicas({});  // the trainer may outlive this
   stop_.store(true);
   if (heartbeat_.joinable()) heartbeat_.join();
 }
@@ -420,56 +246,42 @@ bool ElasticReplica::await_membership(std::int64_t from) {
 }
 
 void ElasticReplica::build_context() {
-  ctx_.reset();
+  cross_ = comm::Communicator();
   ctx_generation_ = -1;
   if (gen_.members.size() < 2) {
     ctx_generation_ = gen_.id;
     return;
   }
+  // This rank's counterparts in the generation's replicas, over the coordinator's store
+  // under the generation's prefix: a new communicator per membership.
   const launch::Store store = launch::Store::connect(options_.host, options_.port, options_.reduce_timeout_s)
                                   .prefixed(fmt::format("elastic/ctx/{}/{}/", gen_.id, world_.rank()));
-  auto c = std::make_unique<Context>();
-  c->ctx = std::make_shared<::gloo::rendezvous::Context>(position_, static_cast<int>(gen_.members.size()));
-  c->ctx->setTimeout(ms(options_.reduce_timeout_s));
-  StoreAdapter adapter(store, Clock::now() + ms(options_.reduce_timeout_s));
-  c->snapshot();
-  c->coordinator_port = fmt::format(":{}", options_.port);
-  c->ctx->connectFullMesh(adapter, device_for(options_.host));
-  ::gloo::BarrierOptions barrier(c->ctx);
-  barrier.setTimeout(ms(options_.reduce_timeout_s));
-  ::gloo::barrier(barrier);
-  {
-    // One byte to and from every member: every pair has carried data, so each side holds its
-    // socket before they are listed.
-    std::vector<char> in(gen_.members.size()), out(gen_.members.size());
-    ::gloo::AlltoallOptions all(c->ctx);
-    all.setInput(in.data(), in.size());
-    all.setOutput(out.data(), out.size());
-    all.setTimeout(ms(options_.reduce_timeout_s));
-    ::gloo::alltoall(all);
-  }
-  c->find_mine();
-  ctx_ = std::move(c);
+  const comm::StoreGroupOptions group{.name = fmt::format("replicas-g{}-r{}", gen_.id, world_.rank()),
+                                     .toward = options_.host,
+                                     .timeout_s = options_.reduce_timeout_s};
+  const int size = static_cast<int>(gen_.members.size());
+  cross_ = options_.connect_group ? options_.connect_group(store, position_, size, group)
+                                  : comm::connect_store_group(store, position_, size, group);
   ctx_generation_ = gen_.id;
 }
 
 void ElasticReplica::heal() {
-  const double t = options_.reduce_timeout_s;
-  auto& opt = trainer_.optimizer();
-  for (std::size_t c = 0; c < trainer_.chunks().size(); ++c) {
-    auto p = trainer_.chunks()[c]->params().params();
-    gloo_broadcast(ctx_->ctx, p.data(), p.size(), gen_.root, t);
-    auto m = opt.adam(c).m();
-    auto v = opt.adam(c).v();
-    gloo_broadcast(ctx_->ctx, m.data(), m.size(), gen_.root, t);
-    gloo_broadcast(ctx_->ctx, v.data(), v.size(), gen_.root, t);
+  // Through the state dict, as a checkpoint load: the donor's entries (parameters and
+  // moments of each logical slice) go to this rank's counterparts, which commit them.
+  const bool donor = position_ == gen_.root;
+  const std::unique_ptr<parallel::StateDict> state = trainer_.state_dict(donor);
+  for (parallel::StateEntry& e : state->entries()) {
+    const auto n = static_cast<std::size_t>(e.view->numel);
+    for (float* x : {e.params, e.m, e.v}) cross_.broadcast(std::span<float>(x, n), gen_.root);
   }
-  std::int64_t counters[2] = {trainer_.steps_done(), opt.steps()};
-  gloo_broadcast(ctx_->ctx, counters, 2, gen_.root, t);
+  std::int64_t counters[2] = {trainer_.steps_done(), trainer_.optimizer().steps()};
+  cross_.broadcast(std::span<std::int64_t>(counters, 2), gen_.root);
   NDMESH_CHECK(counters[0] == gen_.step, "elastic",
                "the donor holds step {} but generation {} starts at step {}", counters[0], gen_.id,
                gen_.step);
-  if (position_ != gen_.root) trainer_.set_progress(counters[0], counters[1]);
+  if (donor) return;
+  state->commit();
+  trainer_.set_progress(counters[0], counters[1]);
 }
 
 void ElasticReplica::maybe_kill(std::string_view point) const {
@@ -528,29 +340,35 @@ CommittedStep ElasticReplica::step() {
     std::int32_t ok = failed_ ? 0 : 1;
     world_.all_reduce(std::span<std::int32_t>(&ok, 1), {.op = comm::ReduceOp::kMin});
     if (ok == 1) {
-      const std::int64_t m = trainer_.microbatches_total();
-      const auto l = static_cast<std::int64_t>(gen_.members.size());
-      const std::int64_t base = m / l, extra = m % l, i = position_;
-      const std::int64_t count = base + (i < extra ? 1 : 0), first = i * base + std::min(i, extra);
-      if (count == 0)
-        world_.abort_job(
-            2, "elastic",
-            fmt::format("the global batch has {} micro-batches (--batch / --micro-batch), fewer than the "
-                        "{} live replicas; raise --batch or lower --micro-batch",
-                        m, l));
       NDMESH_CHECK(trainer_.steps_done() == attempt_step_, "elastic",
                    "replica {} holds step {} but generation {} computes step {}", options_.replica,
                    trainer_.steps_done(), gen_.id, attempt_step_ + 1);
-      trainer_.set_share(first, count);
-      stats = trainer_.compute_step();
+      try {
+        trainer_.set_replica(position_, static_cast<std::int64_t>(gen_.members.size()));
+      } catch (const ConfigError& e) {  // too few micro-batches for the replicas: bad flags
+        world_.abort_job(2, e.component(), std::string(e.what()).substr(e.component().size() + 3));
+      }
+      // The sum over the replicas is the last level of the step's gradient reduction
+      // (GradSync); while the step runs, a superseded generation aborts it.
+      trainer_.grad_sync().set_replicas({.group = cross_, .on_start = [this] { maybe_kill("reduce"); }});
+      {
+        std::optional<SupersededWatch> watch;
+        if (cross_.valid()) watch.emplace(*this);
+        stats = trainer_.compute_step();
+      }
+      trainer_.grad_sync().set_replicas({});
+      if (const std::string& why = trainer_.grad_sync().replica_failure(); !why.empty()) {
+        failed_ = true;
+        why_ = why;
+      }
       ok = failed_ ? 0 : 1;
       world_.all_reduce(std::span<std::int32_t>(&ok, 1), {.op = comm::ReduceOp::kMin});
     }
     if (ok == 0 && !why_.empty())
       log::warn("[elastic] replica {} rank {}: step {} failed in generation {}: {}", options_.replica,
                 world_.rank(), attempt_step_ + 1, gen_.id, why_);
-    if (ok == 0) {  // this generation's context is suspect
-      ctx_.reset();
+    if (ok == 0) {  // this generation's communicator is suspect
+      cross_ = comm::Communicator();
       ctx_generation_ = -1;
     }
     maybe_kill("vote");
@@ -562,7 +380,7 @@ CommittedStep ElasticReplica::step() {
       return store_.get(key);
     });
     if (text == "rejoin") {
-      ctx_.reset();
+      cross_ = comm::Communicator();
       ctx_generation_ = -1;
       join();
       continue;

@@ -33,7 +33,7 @@ BatchLayout make_batch_layout(const TrainOptions& o, const comm::Communicator& d
 }
 
 BatchSource::BatchSource(BatchLayout layout, std::unique_ptr<model::DataSource> data)
-    : layout_(std::move(layout)), data_(std::move(data)) {
+    : layout_(std::move(layout)), data_(std::move(data)), share_{.first = 0, .count = layout_.microbatches} {
   NDMESH_CHECK(data_ != nullptr, "train", "no data source");
   data_->check_seq(layout_.seq);
   if (layout_.cp_size > 1) {
@@ -42,10 +42,29 @@ BatchSource::BatchSource(BatchLayout layout, std::unique_ptr<model::DataSource> 
   }
 }
 
+ReplicaShare replica_share(std::int64_t microbatches, std::int64_t position, std::int64_t replicas) {
+  NDMESH_CHECK(replicas >= 1 && position >= 0 && position < replicas, "batch",
+               "replica position {} of {} replicas", position, replicas);
+  if (microbatches < replicas)
+    fail<ConfigError>("elastic",
+                      "the global batch has {} micro-batches per data-parallel rank (--batch / --micro-batch / "
+                      "--dp), fewer than the {} live replicas; raise --batch or lower --micro-batch",
+                      microbatches, replicas);
+  const std::int64_t base = microbatches / replicas, extra = microbatches % replicas;
+  return {.first = position * base + std::min(position, extra), .count = base + (position < extra ? 1 : 0)};
+}
+
+ReplicaShare BatchSource::set_replica(std::int64_t position, std::int64_t replicas) {
+  share_ = replica_share(layout_.microbatches, position, replicas);
+  return share_;
+}
+
 void BatchSource::fill(const model::DataSource& data, std::uint64_t stream, std::int64_t step, int mb,
                        std::int32_t* tokens, std::int32_t* targets) {
   const BatchLayout& l = layout_;
-  const std::int64_t first = l.dp_rank * l.local_batch + (first_microbatch_ + mb) * l.micro_batch;
+  // The replica's units before this one, this dp rank's part of the replica's, then mb
+  // (without replicas: dp_rank * local_batch + mb * micro_batch).
+  const std::int64_t first = (share_.first * l.dp_size + l.dp_rank * share_.count + mb) * l.micro_batch;
   if (l.cp_size == 1) {
     data.batch(stream, step, first, l.micro_batch, l.seq, tokens, targets);
     return;

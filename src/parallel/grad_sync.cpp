@@ -155,16 +155,39 @@ StepSums GradSync::from_world_sums(double loss_sum, double square_sum) const {
   return {.loss = loss_sum / tokens_, .grad_norm = std::sqrt(std::max(0.0, square_sum))};
 }
 
+void GradSync::sum_over_replicas(double& loss_sum) {
+  replica_failure_.clear();
+  if (!replicas_.group.valid()) return;
+  if (replicas_.on_start) replicas_.on_start();
+  try {
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      auto grads = chunks_[c]->params().grads();
+      if (reducers_[c]->zero() < 2) {
+        replicas_.group.all_reduce(grads);
+        continue;
+      }
+      // ZeRO 2 and 3: the replica's sums are this rank's shard's, kept apart (the segments
+      // back to back): only they are updated.
+      std::int64_t n = 0;
+      for (const nn::Segment& seg : reducers_[c]->shard()) n += seg.count;
+      replicas_.group.all_reduce(std::span<float>(reducers_[c]->shard_grads(), static_cast<std::size_t>(n)));
+    }
+    replicas_.group.all_reduce(std::span<double>(&loss_sum, 1));
+  } catch (const std::exception& e) {
+    replica_failure_ = e.what();
+  }
+}
+
 StepSums GradSync::finish_step(double loss_sum) {
   sum_tied_weights();
   sum_replicated_over_tp();
-  if (across_replicas_) across_replicas_(loss_sum);
+  sum_over_replicas(loss_sum);
   return host_sums(loss_sum, counted_square_sum());
 }
 
 StepSums GradSync::finish_step_from_heads(bool leave_pending) {
   // The replicas' sum comes in between and needs the loss before the norm: read here.
-  if (across_replicas_) {
+  if (replicas_.group.valid()) {
     double loss_sum = 0;
     for (model::Model* c : chunks_)
       if (c->has_head()) loss_sum += c->take_loss_sum();

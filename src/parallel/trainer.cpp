@@ -68,8 +68,12 @@ StepStats Trainer::step() {
   return s;
 }
 
-void Trainer::set_share(std::int64_t first, std::int64_t count) {
-  batches_.set_first_microbatch(first);
+std::unique_ptr<StateDict> Trainer::state_dict(bool gather_moments) {
+  return std::make_unique<StateDict>(model_, optimizer_, sync_, gather_moments);
+}
+
+void Trainer::set_replica(std::int64_t position, std::int64_t replicas) {
+  const std::int64_t count = batches_.set_replica(position, replicas).count;
   if (count == model_.plan.schedule.microbatches) {
     active_ = executor_.get();
     return;
@@ -178,7 +182,7 @@ void Trainer::apply_step(StepStats& s) {
 double Trainer::evaluate(std::int64_t batches) {
   // The whole evaluation batch on the executor of the whole batch (an elastic replica's
   // share is set again before its next step).
-  batches_.set_first_microbatch(0);
+  batches_.set_replica(0, 1);
   active_ = executor_.get();
   double sum = 0;
   for (std::int64_t b = 0; b < batches; ++b) {

@@ -346,7 +346,7 @@ void check_run_options(const RunOptions& o) {
   }
 }
 
-void check_elastic(RunOptions& o, const Mesh& mesh) {
+void check_elastic(RunOptions& o, [[maybe_unused]] const Mesh& mesh) {
   if (o.coordinator.empty()) return;
 #ifndef NDMESH_HAVE_ELASTIC
   fail<ConfigError>("train",
@@ -359,18 +359,6 @@ void check_elastic(RunOptions& o, const Mesh& mesh) {
                       "--coordinator={} needs the replica's id: set NDMESH_REPLICA_ID or --replica-id "
                       "(0..R-1, the same across restarts)",
                       o.coordinator);
-  if (mesh.size_of("dp") != 1)
-    fail<ConfigError>("train",
-                      "--dp={} with a coordinator: the dp dimension of an elastic run is the set of live "
-                      "replicas; run each replica with --dp 1 (its ranks as tp x pp x cp)",
-                      mesh.size_of("dp"));
-  if (o.train.dp.zero != 0)
-    fail<ConfigError>(
-        "train",
-        "--zero={} with a coordinator: the reduction across replicas and the healing of a "
-        "replica move whole gradient and optimizer buffers, not ZeRO shards; use --zero 0 for elastic "
-        "runs",
-        o.train.dp.zero);
   if (o.offload != "none")
     fail<ConfigError>("train",
                       "--offload={} with a coordinator: a replica's state must be in memory to be copied to "

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The elastic contract's edges: `ndmesh coordinator` prints its address, exits 0 on SIGTERM
 # and refuses bad flags and a corrupt state file in one line; `ndmesh train` as a replica
-# refuses what cannot be elastic (dp > 1 inside a replica, ZeRO, a missing replica id, a
-# malformed address) in one line, and a replica whose coordinator is gone stops with a
+# refuses what cannot be elastic (offload, a missing replica id, a malformed address) in one line, and a replica whose coordinator is gone stops with a
 # line naming it. Usage: elastic_cli.sh <mpirun command...> <path to ndmesh>
 set -euo pipefail
 ndmesh=${*: -1}
@@ -40,9 +39,8 @@ addr=$(sed -n 's/^coordinator listening on //p' "$tmp/coord.out")
 [ "$(wc -l < "$tmp/coord.out")" -eq 1 ] || fail "the coordinator printed more than one line on stdout"
 
 small=(--steps 2 --batch 4 --layers 1 --hidden 32 --heads 4 --seq 16 --threads 1)
-expect 2 "--dp=2 with a coordinator" env NDMESH_COORDINATOR="$addr" NDMESH_REPLICA_ID=0 \
-  "${mpirun[@]}" -np 2 "$ndmesh" train --dp 2 "${small[@]}"
-expect 2 "--zero=1 with a coordinator" "$ndmesh" train --coordinator "$addr" --replica-id 0 --zero 1 "${small[@]}"
+expect 2 "--offload=optimizer with a coordinator" "$ndmesh" train --coordinator "$addr" --replica-id 0 \
+  --offload optimizer --offload-dir "$tmp" "${small[@]}"
 expect 2 "NDMESH_REPLICA_ID" env NDMESH_COORDINATOR="$addr" "$ndmesh" train "${small[@]}"
 expect 2 "--coordinator=nowhere is not HOST:PORT" "$ndmesh" train --coordinator nowhere --replica-id 0 "${small[@]}"
 expect 2 "NDMESH_REPLICA_ID='-1'" env NDMESH_COORDINATOR="$addr" NDMESH_REPLICA_ID=-1 "$ndmesh" train "${small[@]}"

@@ -11,7 +11,9 @@
 // and aborts the whole job with a non-zero exit, because a peer that never arrives
 // leaves the collective in a state no rank can recover from. The one exception is the
 // in-process backend of the tests (comm/inproc.hpp: ranks are threads of one process),
-// where the same message ends the job as a TimeoutError on every rank instead.
+// where the same message ends the job as a TimeoutError on every rank instead, and a
+// group made by connect_store_group(), whose failures stay inside it: there the line is
+// thrown as a TimeoutError on this rank and the group is aborted (see abort()).
 //
 // Collective calls must be made by every member of the group in the same order, with
 // the same counts; buffers passed to an *_async call must stay alive until its Work is
@@ -30,6 +32,7 @@
 #include "ndmesh/core/dtype.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/launch/launch_env.hpp"
+#include "ndmesh/launch/store.hpp"
 
 namespace ndmesh::comm {
 
@@ -83,6 +86,14 @@ class TimeoutError : public Error {
 /// An in-process job (comm/inproc.hpp) ended by a failure on another rank: what() names
 /// that rank and its error. Thrown by every later operation of the job's other ranks.
 class JobAborted : public Error {
+ public:
+  using Error::Error;
+};
+
+/// An operation on a communicator ended by Communicator::abort(): what() is the reason
+/// given there. Thrown by the aborted rank's operations in flight and later ones, and, where
+/// the backend lets them notice (gloo, inproc), by the other members' operations with it.
+class Aborted : public Error {
  public:
   using Error::Error;
 };
@@ -311,6 +322,16 @@ class Communicator {
   /// kTimeoutExitCode, else JobAborted, and the other ranks' operations throw too.
   [[noreturn]] void abort_job(int code, std::string_view component, const std::string& message) const;
 
+  /// Ends this communicator on this rank, for good: every operation of it in flight on any
+  /// thread and every later one throws comm::Aborted naming `reason` (a TimeoutError for a
+  /// timeout of a connect_store_group() group). Not collective; callable from any thread
+  /// (a watcher that learned that a member is gone). What else ends at once depends on the
+  /// backend: gloo closes this rank's connections of the group, so the members' operations
+  /// with it fail at once too; inproc ends the group's operations on every member; MPI and
+  /// NCCL (here) cannot cancel an operation in flight, which completes or times out as
+  /// before. Groups split or duplicated from this one are not ended.
+  void abort(const std::string& reason) const;
+
   /// A group of this process alone, made without communication (not collective).
   Communicator self(std::string name = "self") const;
 
@@ -349,6 +370,27 @@ class Communicator {
   std::shared_ptr<detail::CommImpl> impl_;
   std::string name_;
 };
+
+/// Options of connect_store_group().
+struct StoreGroupOptions {
+  /// The group's name in messages (its timeout line).
+  std::string name = "store-group";
+  /// A host the other members reach this one through (the store's host): this process
+  /// listens on its address toward it.
+  std::string toward = "127.0.0.1";
+  /// Bounds the meeting and every operation called without Options::timeout_s; 0:
+  /// NDMESH_TIMEOUT_S.
+  double timeout_s = 0;
+};
+
+/// A group of `size` processes that meet under `store`'s prefix (one no other group uses:
+/// e.g. one per membership generation), this process as `rank`; its members are numbered
+/// 0..size-1 in messages. It needs no job world and a process may be in several. Unlike the
+/// job's groups its failures stay inside it: a peer that is gone or a timeout throws on
+/// this rank (an Error, a TimeoutError naming the group) and aborts the group, the process
+/// goes on (elastic replicas: docs/elastic.md). Gloo over TCP; a ConfigError when ndmesh is
+/// built without Gloo. An Error when the members do not all meet within the timeout.
+Communicator connect_store_group(const launch::Store& store, int rank, int size, const StoreGroupOptions& options = {});
 
 /// The LaunchEnv of this process with the values the launcher did not give (local rank,
 /// local world size, node rank) filled from the engine: a shared-memory split of

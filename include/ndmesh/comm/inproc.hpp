@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "ndmesh/comm/communicator.hpp"
 
@@ -47,6 +48,15 @@ struct JobOptions {
   /// communicators. A send and a receive of different sizes that meet fail the receive.
   bool tagless = false;
 };
+
+/// The in-process twin of connect_store_group(): `size` ranks of the job of `member` (any
+/// communicator of it) meet under `key` (one no other group uses), this one as `rank`, and
+/// get a group named `name` whose failures stay inside it: a timeout (`timeout_s` is its
+/// operations' default; 0: the job's), a member that returned from its body or abort()
+/// ends the group's operations with an exception on its members, never the job. Blocks
+/// until every member arrived; a TimeoutError after `timeout_s` (or the job's timeout).
+Communicator connect_group(const Communicator& member, const std::string& key, int rank, int size,
+                           const std::string& name, double timeout_s = 0);
 
 /// Runs `body(world)` on `ranks` threads, thread r as rank r of a new job whose world
 /// communicator ("world", backend "inproc") it receives. Returns when every thread has

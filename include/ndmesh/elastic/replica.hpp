@@ -4,18 +4,21 @@
 // and tells the other ranks over the replica's own communicator.
 //
 // Per step: the generation (quorum) gives this replica's position among the L live
-// replicas, hence its share of the global batch (micro-batches split evenly, the first
-// ones one more); forward and backward on the share; the gradients and the loss summed over
-// the replicas on a Gloo context of the ranks with this rank's coordinates (one context
-// per generation, rendezvous under the generation's keys, bounded by a timeout); the
-// replica's vote (every rank's ok); the optimizer step only when the coordinator commits.
-// An aborted attempt is computed again in the next generation. A replica behind the
-// generation's step first copies parameters, AdamW moments and step counters from the
-// generation's root replica (rank by rank, over the same context: no disk).
+// replicas, hence its share of the global batch (the batch source's replica_share);
+// forward and backward on the share; the gradients and the loss summed over the replicas
+// as the last level of GradSync's reduction, on a communicator of the ranks with this
+// rank's coordinates (comm::connect_store_group: one per generation, under the
+// generation's store prefix, with the comm layer's timeouts; aborted when the coordinator
+// says a member fell silent); the replica's vote (every rank's ok); the optimizer step only
+// when the coordinator commits. An aborted attempt is computed again in the next
+// generation. A replica behind the generation's step first copies the state dict (the
+// parameters and moments of every slice) and the step counters from the generation's root
+// replica (rank by rank, over the same communicator: no disk).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -38,10 +41,16 @@ struct ReplicaOptions {
   int replica = 0;
   /// The coordinator's heartbeat timeout (the leader heartbeats every tenth of it).
   double heartbeat_timeout_s = 5;
-  /// Bound of the cross-replica reduction and of the Gloo rendezvous of a generation.
+  /// Bound of the cross-replica collectives and of the meeting of a generation's communicator.
   double reduce_timeout_s = 10;
   /// How long the coordinator may be unreachable (a restart) before the replica stops.
   double reconnect_s = 30;
+  /// Makes a generation's communicator of this rank's counterparts (this one at `position`
+  /// of `size`) over `store` (the generation's prefix of the coordinator's store): by
+  /// default comm::connect_store_group; the in-process tests pass comm::inproc::connect_group.
+  std::function<comm::Communicator(const launch::Store& store, int position, int size,
+                                   const comm::StoreGroupOptions& options)>
+      connect_group;
 };
 
 /// A committed step as this replica saw it.
@@ -70,7 +79,6 @@ class ElasticReplica {
   void finish();
 
  private:
-  struct Context;
   class SupersededWatch;
   // Every rank: the leader's join, then the first generation that includes this process.
   void join();
@@ -93,7 +101,7 @@ class ElasticReplica {
   parallel::Trainer& trainer_;
   comm::Communicator world_;
   bool leader_;
-  launch::Store store_;  // the leader's connection (others: only for the Gloo rendezvous)
+  launch::Store store_;  // the leader's connection
   launch::Store watch_store_;  // every rank's, for SupersededWatch (one reduction at a time)
   std::int64_t incarnation_ = 0;
   Generation gen_;
@@ -103,7 +111,9 @@ class ElasticReplica {
   bool failed_ = false;            // the running attempt failed on this rank ...
   std::string why_;                // ... for this reason
   bool healed_ = false;            // in gen_
-  std::unique_ptr<Context> ctx_;
+  // This rank's counterparts in the generation's replicas (comm::connect_store_group),
+  // made per generation; empty with one replica.
+  comm::Communicator cross_;
   std::int64_t ctx_generation_ = -1;
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;

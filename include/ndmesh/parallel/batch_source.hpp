@@ -43,6 +43,18 @@ struct BatchLayout {
 BatchLayout make_batch_layout(const TrainOptions& options, const comm::Communicator& dp,
                               const comm::Communicator& cp);
 
+/// Elastic data parallelism: the micro-batches [first, first + count) of a step's global
+/// batch that one replica computes.
+struct ReplicaShare {
+  std::int64_t first = 0, count = 0;
+};
+
+/// The share of replica `position` (0-based) of `replicas` live ones in a global batch of
+/// `microbatches` micro-batches: an even split in replica order, the first
+/// microbatches % replicas replicas one more, so the shares cover the batch once whatever
+/// the membership. ConfigError when there are fewer micro-batches than replicas.
+ReplicaShare replica_share(std::int64_t microbatches, std::int64_t position, std::int64_t replicas);
+
 /// This rank's micro-batches of any step, from a DataSource.
 class BatchSource {
  public:
@@ -60,14 +72,18 @@ class BatchSource {
 
   const BatchLayout& layout() const { return layout_; }
   const model::DataSource& data() const { return *data_; }
-  /// Elastic data parallelism: micro-batch mb of a step is micro-batch `first + mb` of the
-  /// global batch (this replica's share starts there).
-  void set_first_microbatch(std::int64_t first) { first_microbatch_ = first; }
+  /// Elastic data parallelism: from now on this rank reads its dp rank's part of the share of
+  /// replica `position` of `replicas`. The global batch is split over the replicas in units
+  /// of dp micro-batches (one per dp rank of a replica: replica_share(microbatches of a dp
+  /// rank, ...)); replica i's units are sequences [first, first + count) * dp * micro-batch,
+  /// of which dp rank d reads the d-th contiguous part, count micro-batches. Returns the
+  /// share in those units. (0, 1): the whole batch, the layout of a run without replicas.
+  ReplicaShare set_replica(std::int64_t position, std::int64_t replicas);
 
  private:
   BatchLayout layout_;
   std::unique_ptr<model::DataSource> data_;
-  std::int64_t first_microbatch_ = 0;
+  ReplicaShare share_;  // in micro-batches of a dp rank; {0, layout.microbatches}: the whole batch
   std::vector<std::int32_t> full_tokens_, full_targets_;  // whole sequences, before the cp slice
 };
 

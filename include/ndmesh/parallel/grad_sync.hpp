@@ -20,11 +20,16 @@
 //     the two stages cut their flat buffers differently: the owned parts are gathered over
 //     the gradient group first (each element is owned once, so a sum gathers), summed over
 //     the embedding group, and the owned parts written back.
-//  4. the norm: every element of the logical model is counted by exactly one rank (by one
+//  4. across replicas (elastic data parallelism, docs/elastic.md): the outermost level, once
+//     the replica's own sums are done and before the norm: the gradients and the loss are
+//     summed over this rank's counterparts in the live replicas (set_replicas()). A failure
+//     there does not end the step (the replica's ranks stay in step for their vote): it is
+//     kept in replica_failure().
+//  5. the norm: every element of the logical model is counted by exactly one rank (by one
 //     member of the gradient group; tp-sharded parameters on every tp rank, replicated ones
 //     on tp rank 0; the tied copy of the table not at all), and one all-reduce over the
 //     world sums the squares together with the loss.
-//  5. ZeRO-3: the parameters are sharded on the reducers' blocks; one ParamGatherer per
+//  6. ZeRO-3: the parameters are sharded on the reducers' blocks; one ParamGatherer per
 //     chunk, on the chunk's unit hook, gathers each unit before use and frees it after, and
 //     params_updated() frees every gathered copy once the optimizer changed the shards.
 // Buffers: between begin_backward() and end_backward() the started buckets' ranges of a
@@ -36,6 +41,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -50,6 +56,12 @@
 #include "ndmesh/tensor/tensor.hpp"
 
 namespace ndmesh::parallel {
+
+/// The outermost level of the gradient reduction of an elastic run (GradSync::set_replicas).
+struct ReplicaSum {
+  comm::Communicator group;      ///< this rank's counterparts in the live replicas; empty: none
+  std::function<void()> on_start;  ///< runs just before the sum (the elastic tests' kill point)
+};
 
 /// The loss and the gradient norm of a step (the same on every rank).
 struct StepSums {
@@ -155,10 +167,15 @@ class GradSync {
   /// Reads what finish_step_from_heads left pending into loss and grad_norm (waits for the
   /// stream on CUDA); nothing when nothing was left.
   void read_sums(StepSums& sums) const;
-  /// Elastic data parallelism: finish_step() calls `f` with this rank's loss sum once the
-  /// gradients hold this replica's sums and before the norm; `f` sums the gradients and the
-  /// loss over the replicas (an Error from it ends the step attempt).
-  void set_across_replicas(std::function<void(double& loss_sum)> f) { across_replicas_ = std::move(f); }
+  /// Elastic data parallelism: from the next step on, the gradients and the loss are summed
+  /// over `replicas.group` (this rank's counterparts in the live replicas, e.g. a
+  /// comm::connect_store_group of the generation; the empty handle: no sum) as the last
+  /// level of the reduction, before the norm; `replicas.on_start` runs just before that sum.
+  void set_replicas(ReplicaSum replicas) { replicas_ = std::move(replicas); }
+  /// Why the last step's sum over the replicas failed (a peer gone, a timeout, an abort):
+  /// the step's gradients are then not the batch's and it must not be applied; empty when
+  /// it did not fail or did not run.
+  const std::string& replica_failure() const { return replica_failure_; }
   /// The mean loss over `tokens` tokens of a sum like finish_step's (evaluation; collective).
   double global_loss(double loss_sum, double tokens) const;
   /// Sums over the world, in place, values every tp rank computes alike (tp rank 0's count):
@@ -197,7 +214,10 @@ class GradSync {
   std::vector<std::unique_ptr<GradReducer>> reducers_;
   std::vector<std::unique_ptr<ParamGatherer>> gatherers_;  // ZeRO-3, one per chunk
   Tensor<float> work_;        // the tp sum's packed elements
-  std::function<void(double&)> across_replicas_;
+  // The sum over the replicas (level 4); a failure there goes to replica_failure_.
+  void sum_over_replicas(double& loss_sum);
+  ReplicaSum replicas_;
+  std::string replica_failure_;
   ops::Scratch<double> sums_;  // the loss sum and the norm's square of finish_step_from_heads
 };
 

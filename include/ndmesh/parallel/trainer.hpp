@@ -43,6 +43,8 @@
 
 namespace ndmesh::parallel {
 
+class StateDict;
+
 /// What the pipeline measured over the steps so far (filled on world rank 0 only).
 struct PipelineReport {
   bool valid = false;
@@ -135,10 +137,16 @@ class Trainer {
   StepStats compute_step();
   /// The optimizer step with what compute_step() returned; counts the step.
   void apply_step(StepStats& s);
-  /// Elastic data parallelism: from now on this replica computes micro-batches
-  /// [first, first + count) of the global batch's batch / micro_batch (collective over the
-  /// pipeline group the first time a count is used: its schedule's executor is built).
-  void set_share(std::int64_t first, std::int64_t count);
+  /// Elastic data parallelism: from now on this replica computes the share of replica
+  /// `position` of `replicas` live ones that the batch source gives (BatchSource::set_replica;
+  /// collective over the pipeline group the first time a share's micro-batch count is used:
+  /// its schedule's executor is built). ConfigError when the global batch has fewer
+  /// micro-batches than replicas.
+  void set_replica(std::int64_t position, std::int64_t replicas);
+  /// This rank's state dict (state_dict.hpp): with `gather_moments` its moments are gathered
+  /// (collective over the gradient group), else zero, to be filled, committed, and followed
+  /// by set_progress() (elastic healing).
+  std::unique_ptr<StateDict> state_dict(bool gather_moments);
   /// Steps done and optimizer updates done, set after the state was copied from a peer.
   void set_progress(std::int64_t steps, std::int64_t adam_steps);
   GradSync& grad_sync() { return sync_; }

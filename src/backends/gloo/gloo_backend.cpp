@@ -43,6 +43,8 @@
 
 #include <unistd.h>
 
+#include <csignal>
+
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
@@ -54,6 +56,8 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/pair.h>
+#include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
 #include <atomic>
@@ -64,6 +68,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 
@@ -85,6 +90,9 @@ constexpr std::chrono::milliseconds kGlooTimeout = std::chrono::hours(24 * 30);
 constexpr std::uint64_t kP2pSlot = std::uint64_t{0x80} << 56;
 
 std::uint64_t p2p_slot(int tag) { return kP2pSlot | static_cast<std::uint32_t>(tag); }
+// The collectives of a group over a store (made of this backend's own transfers, see
+// GlooComm::contained_collective): one slot, as they run one at a time in issue order.
+constexpr std::uint64_t kStoreGroupSlot = std::uint64_t{0x81} << 56;
 
 using Clock = std::chrono::steady_clock;
 
@@ -113,6 +121,52 @@ class StoreAdapter final : public ::gloo::rendezvous::Store {
   launch::Store store_;
   Clock::time_point deadline_;
 };
+
+// The transfers of a communicator that are posted and not yet waited for, so that abort()
+// can end their waits (Gloo's abortWaitRecv / abortWaitSend). Shared with the tasks that
+// wait for them, which may outlive the communicator.
+class Inflight {
+ public:
+  // Registers `b` until the returned guard goes; when the communicator is already aborted,
+  // ends its waits at once.
+  auto track(::gloo::transport::UnboundBuffer* b, const detail::AbortState& aborted) {
+    {
+      std::lock_guard lock(mutex_);
+      buffers_.insert(b);
+    }
+    if (aborted.set()) end(b);
+    struct Guard {
+      Inflight* self;
+      ::gloo::transport::UnboundBuffer* b;
+      ~Guard() {
+        std::lock_guard lock(self->mutex_);
+        self->buffers_.erase(b);
+      }
+    };
+    return Guard{this, b};
+  }
+  void end_all() {
+    std::lock_guard lock(mutex_);
+    for (auto* b : buffers_) end(b);
+  }
+
+ private:
+  static void end(::gloo::transport::UnboundBuffer* b) {
+    b->abortWaitRecv();
+    b->abortWaitSend();
+  }
+  std::mutex mutex_;
+  std::set<::gloo::transport::UnboundBuffer*> buffers_;
+};
+
+// Waits for a posted transfer of `b`; an Error (the abort's, when it was aborted) when the
+// wait was ended.
+void wait_transfer(::gloo::transport::UnboundBuffer& b, bool is_send, const detail::AbortState& aborted) {
+  const bool ok = is_send ? b.waitSend(kGlooTimeout) : b.waitRecv(kGlooTimeout);
+  if (ok) return;
+  aborted.throw_if_set();
+  fail<>("comm", "a gloo {} was ended before it completed", is_send ? "send" : "recv");
+}
 
 // A unit of work run on another thread; its Work polls `done`.
 struct Task {
@@ -254,14 +308,17 @@ class Lane {
   std::thread thread_;
 };
 
-// Runs f, turning Gloo's exceptions into an Error naming the operation and the members.
+// Runs f, turning Gloo's exceptions into an Error naming the operation and the members,
+// or, once the communicator was aborted (its pairs closed), into the abort's error.
 template <typename F>
-auto wrap(const char* op, const std::vector<std::int64_t>& members, F&& f) {
+auto wrap(const char* op, const std::vector<std::int64_t>& members, const detail::AbortState& aborted, F&& f) {
+  aborted.throw_if_set();
   try {
     return f();
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
+    aborted.throw_if_set();
     fail<>("comm", "gloo {} among world ranks {} failed: {} (a peer exited or lost its connection)", op,
            fmt::join(members, ","), e.what());
   }
@@ -370,27 +427,49 @@ class GlooComm final : public detail::CommImpl {
 
   template <typename F>
   auto wrap(const char* op, F&& f) const {
-    return gloo::wrap(op, members_, std::forward<F>(f));
+    return gloo::wrap(op, members_, *abort_, std::forward<F>(f));
   }
 
   // Connects a group of `size` ranks (this one `rank`) under `store`'s prefix; no store
-  // wait outlasts `deadline`. Each member then sets "connected/<rank>" there (which the
-  // world's start-up guard reads).
+  // wait outlasts `deadline`, and with one, Gloo's own waits (its pairs' connections, the
+  // barrier) are bounded by what is left of it. Each member then sets "connected/<rank>"
+  // there (which the world's start-up guard reads). `device`: the world's by default.
   static std::shared_ptr<::gloo::rendezvous::Context> connect(
-      const launch::Store& store, int rank, int size, Clock::time_point deadline = Clock::time_point::max()) {
+      const launch::Store& store, int rank, int size, Clock::time_point deadline = Clock::time_point::max(),
+      std::shared_ptr<::gloo::transport::Device> device = nullptr) {
+    auto left = [&] {
+      if (deadline == Clock::time_point::max()) return kGlooTimeout;
+      return std::max(std::chrono::milliseconds(1),
+                      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    };
     auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
-    ctx->setTimeout(kGlooTimeout);
+    ctx->setTimeout(left());
     StoreAdapter adapter(store, deadline);
-    ctx->connectFullMesh(adapter, device_slot());
+    ctx->connectFullMesh(adapter, device ? device : device_slot());
     if (deadline != Clock::time_point::max()) store.set(fmt::format("connected/{}", rank), "1");
     // connectFullMesh returns once this rank's pairs are connected, which may be before a
     // peer's side has finished its handshake; a rank that then dropped the group (a
     // temporary node group) would close a pair the peer is still connecting. A barrier
     // makes the group's creation complete on every member before any uses or drops it.
     ::gloo::BarrierOptions barrier(ctx);
-    barrier.setTimeout(kGlooTimeout);
+    barrier.setTimeout(left());
     ::gloo::barrier(barrier);
+    ctx->setTimeout(kGlooTimeout);
     return ctx;
+  }
+
+  // A group of connect_store_group: its timeouts abort it and throw on the caller (see
+  // interrupt), and `timeout_s` bounds the operations called without a timeout.
+  void contain(double timeout_s) {
+    contained_ = true;
+    default_timeout_s_ = timeout_s;
+  }
+  double default_timeout_s() const override { return default_timeout_s_; }
+
+  bool interrupt(std::string_view component, const std::string& message, bool timed_out) override {
+    if (!contained_) return false;
+    abort(component, message, timed_out);
+    return true;
   }
 
   std::string_view backend() const override { return "gloo"; }
@@ -399,6 +478,7 @@ class GlooComm final : public detail::CommImpl {
   std::size_t max_count() const override { return std::size_t{1} << 60; }
 
   std::shared_ptr<detail::CommImpl> split(std::optional<std::int64_t> color, std::int64_t key) override {
+    refuse_if_contained("split");
     NDMESH_CHECK(!color || *color >= 0, "comm", "split color {} is negative (colors are non-negative)",
                  *color);
     const int seq = splits_++;
@@ -418,19 +498,25 @@ class GlooComm final : public detail::CommImpl {
       world.push_back(members_[static_cast<std::size_t>(group[i].second)]);
     }
     launch::Store sub = store_.prefixed(fmt::format("s{}/c{}/", seq, *color));
-    auto ctx = wrap("split", [&] { return connect(sub, new_rank, static_cast<int>(group.size())); });
-    return std::make_shared<GlooComm>(std::move(ctx), sub, node_id_, std::move(world));
+    auto ctx = wrap("split", [&] {
+      return connect(sub, new_rank, static_cast<int>(group.size()), Clock::time_point::max(), ctx_->getDevice());
+    });
+    auto child = std::make_shared<GlooComm>(std::move(ctx), sub, node_id_, std::move(world));
+    if (contained_) child->contain(default_timeout_s_);
+    return child;
   }
 
   std::shared_ptr<detail::CommImpl> self() override {
+    refuse_if_contained("self");
     const int seq = selves_++;
     launch::Store sub = store_.prefixed(fmt::format("self{}/r{}/", seq, rank()));
-    auto ctx = wrap("self", [&] { return connect(sub, 0, 1); });
+    auto ctx = wrap("self", [&] { return connect(sub, 0, 1, Clock::time_point::max(), ctx_->getDevice()); });
     return std::make_shared<GlooComm>(std::move(ctx), sub, node_id_,
                                       std::vector<std::int64_t>{members_[static_cast<std::size_t>(rank())]});
   }
 
   std::shared_ptr<detail::CommImpl> split_node() override {
+    refuse_if_contained("split_node");
     // Members with the same node identity (host name and the launcher's node rank) form
     // a node; its color is the lowest member rank.
     std::vector<std::int64_t> ids(static_cast<std::size_t>(size()));
@@ -442,6 +528,18 @@ class GlooComm final : public detail::CommImpl {
   }
 
   std::unique_ptr<detail::WorkImpl> barrier(bool blocking) override {
+    if (contained_) {
+      return contained_collective("barrier", blocking, [](const Transfer& xfer, int rank, int size) {
+        char byte = 0;
+        if (rank == 0) {
+          for (int r = 1; r < size; ++r) xfer(false, &byte, 1, r);
+          for (int r = 1; r < size; ++r) xfer(true, &byte, 1, r);
+        } else {
+          xfer(true, &byte, 1, 0);
+          xfer(false, &byte, 1, 0);
+        }
+      });
+    }
     return collective("barrier", blocking, [ctx = ctx_] {
       ::gloo::BarrierOptions o(ctx);
       o.setTimeout(kGlooTimeout);
@@ -451,6 +549,13 @@ class GlooComm final : public detail::CommImpl {
 
   std::unique_ptr<detail::WorkImpl> broadcast(ElementSpan data, int root, bool blocking) override {
     if (data.count == 0) return nullptr;
+    if (contained_) {
+      return contained_collective("broadcast", blocking, [data, root](const Transfer& xfer, int rank, int size) {
+        if (rank != root) return xfer(false, data.data, data.bytes(), root);
+        for (int r = 0; r < size; ++r)
+          if (r != root) xfer(true, data.data, data.bytes(), r);
+      });
+    }
     return collective("broadcast", blocking, [ctx = ctx_, data, root] {
       visit_dtype(data.dtype, [&]<typename T>(T) {
         ::gloo::BroadcastOptions o(ctx);
@@ -464,11 +569,31 @@ class GlooComm final : public detail::CommImpl {
 
   std::unique_ptr<detail::WorkImpl> all_reduce(ElementSpan data, ReduceOp op, bool blocking) override {
     if (data.count == 0) return nullptr;
+    if (contained_) {
+      // Member 0 reduces in member order and sends the result back: every member gets the
+      // same bits; 2(p-1) messages of the whole buffer, for the few members such groups have.
+      return contained_collective("all_reduce", blocking, [data, op](const Transfer& xfer, int rank, int size) {
+        if (rank != 0) {
+          xfer(true, data.data, data.bytes(), 0);
+          return xfer(false, data.data, data.bytes(), 0);
+        }
+        std::vector<char> in(data.bytes());
+        visit_dtype(data.dtype, [&]<typename T>(T) {
+          const auto reduce = reduce_fn<T>(op);
+          for (int r = 1; r < size; ++r) {
+            xfer(false, in.data(), in.size(), r);
+            reduce(data.data, data.data, in.data(), data.count);
+          }
+        });
+        for (int r = 1; r < size; ++r) xfer(true, data.data, data.bytes(), r);
+      });
+    }
     return collective("all_reduce", blocking, [ctx = ctx_, data, op] { reduce_in_place(ctx, data, op); });
   }
 
   std::unique_ptr<detail::WorkImpl> reduce_scatter(ElementSpan in, ElementSpan out, ReduceOp op,
                                                    bool blocking) override {
+    refuse_if_contained("reduce_scatter");
     check_block("reduce_scatter", out.count);
     if (out.count == 0) return nullptr;
     using Algorithm = testing::GlooReduceScatter;
@@ -483,8 +608,11 @@ class GlooComm final : public detail::CommImpl {
     if (size() == 1) algorithm = Algorithm::kAllReduce;  // a copy
     if (algorithm != Algorithm::kAllReduce && !reducer_) {
       // Collective: every member reaches its first such reduce_scatter in the same order.
-      reducer_ = std::static_pointer_cast<GlooComm>(dup());
+      auto reducer = std::static_pointer_cast<GlooComm>(dup());
+      std::lock_guard lock(reducer_mutex_);
+      reducer_ = std::move(reducer);
       reducer_handle_ = detail::make_communicator(reducer_, "reduce_scatter");
+      if (abort_->set()) reducer_->abort("comm", "the group was aborted", false);
     }
     std::function<void()> fn;
     switch (algorithm) {
@@ -523,6 +651,7 @@ class GlooComm final : public detail::CommImpl {
   }
 
   std::unique_ptr<detail::WorkImpl> all_gather(ElementSpan in, ElementSpan out, bool blocking) override {
+    refuse_if_contained("all_gather");
     check_block("all_gather", in.count);
     if (in.count == 0) return nullptr;
     const bool in_place =
@@ -539,6 +668,7 @@ class GlooComm final : public detail::CommImpl {
   }
 
   std::unique_ptr<detail::WorkImpl> all_to_all(ElementSpan in, ElementSpan out, bool blocking) override {
+    refuse_if_contained("all_to_all");
     check_block("all_to_all", in.count / static_cast<std::size_t>(size()));
     if (in.count == 0) return nullptr;
     return collective("all_to_all", blocking, [ctx = ctx_, in, out] {
@@ -555,6 +685,7 @@ class GlooComm final : public detail::CommImpl {
   std::unique_ptr<detail::WorkImpl> all_to_all_v(ElementSpan in, std::span<const std::int64_t> send_counts,
                                                  ElementSpan out, std::span<const std::int64_t> recv_counts,
                                                  bool blocking) override {
+    refuse_if_contained("all_to_all_v");
     check_block("all_to_all_v", in.count);
     check_block("all_to_all_v", out.count);
     std::vector<std::int64_t> sc(send_counts.begin(), send_counts.end()), rc(recv_counts.begin(), recv_counts.end());
@@ -574,6 +705,28 @@ class GlooComm final : public detail::CommImpl {
   }
   std::unique_ptr<detail::WorkImpl> recv(ElementSpan data, int peer, int tag, bool blocking) override {
     return point_to_point("recv", data, peer, tag, blocking);
+  }
+
+  // Ends the waits of this rank's transfers in flight (point-to-point, and every collective
+  // of a group over a store, which is made of them) and closes its connections of the
+  // group: later operations fail, and so do the peers' operations with this rank. A
+  // collective of Gloo's own (a job group's) cannot be reached: it ends at its peers, and
+  // here at its timeout.
+  void end_in_flight(const std::string& why) override {
+    inflight_->end_all();
+    for (int i = 0; i < ctx_->size; ++i)
+      if (i != ctx_->rank && ctx_->getPair(i)) ctx_->getPair(i)->close();
+    {
+      std::lock_guard lock(self_mutex_);  // a receive from this rank itself waits no more
+      for (auto& [tag, waiting] : self_recvs_)
+        for (auto& r : waiting) {
+          r.task->error = std::make_exception_ptr(Error("comm", why));
+          r.task->done.store(true, std::memory_order_release);
+        }
+      self_recvs_.clear();
+    }
+    std::lock_guard lock(reducer_mutex_);
+    if (reducer_) reducer_->abort("comm", why, false);
   }
 
   [[noreturn]] void abort_job(int code) override {
@@ -614,11 +767,40 @@ class GlooComm final : public detail::CommImpl {
     });
   }
 
+  // One blocking transfer of a contained collective: (is_send, data, bytes, peer).
+  using Transfer = std::function<void(bool, void*, std::size_t, int)>;
+
+  // A collective of a group over a store, written over this group's own transfers (which
+  // abort() can end, unlike Gloo's collectives), run in issue order like the others.
+  std::unique_ptr<detail::WorkImpl> contained_collective(const char* op, bool blocking,
+                                                         std::function<void(const Transfer&, int, int)> body) {
+    return collective(op, blocking, [ctx = ctx_, aborted = abort_, inflight = inflight_, body = std::move(body)] {
+      const Transfer xfer = [&](bool is_send, void* data, std::size_t bytes, int peer) {
+        std::shared_ptr<::gloo::transport::UnboundBuffer> b = ctx->createUnboundBuffer(addr(data), bytes);
+        auto tracked = inflight->track(b.get(), *aborted);
+        if (is_send)
+          b->send(peer, kStoreGroupSlot, 0, bytes);
+        else
+          b->recv(peer, kStoreGroupSlot, 0, bytes);
+        wait_transfer(*b, is_send, *aborted);
+      };
+      body(xfer, ctx->rank, ctx->size);
+    });
+  }
+
+  void refuse_if_contained(std::string_view op) const {
+    if (contained_)
+      fail<>("comm",
+             "{} is not available on a group over a store (connect_store_group): it has all_reduce, broadcast, "
+             "barrier, send and recv",
+             op);
+  }
+
   std::unique_ptr<detail::WorkImpl> collective(const char* op, bool blocking, std::function<void()> fn) {
     // Tasks hold the context and the member list, never this communicator, so that the
     // last handle is never released on the lane's own thread.
-    auto guarded = [members = members_, op, fn = std::move(fn)] {
-      gloo::wrap(op, members, [&] {
+    auto guarded = [members = members_, aborted = abort_, op, fn = std::move(fn)] {
+      gloo::wrap(op, members, *aborted, [&] {
         fn();
         return 0;
       });
@@ -691,9 +873,12 @@ class GlooComm final : public detail::CommImpl {
       }
       return b;
     });
-    auto finish = [ctx = ctx_, members = members_, op, is_send, buf] {
-      gloo::wrap(op, members,
-                 [&] { return is_send ? buf->waitSend(kGlooTimeout) : buf->waitRecv(kGlooTimeout); });
+    auto finish = [ctx = ctx_, members = members_, aborted = abort_, inflight = inflight_, op, is_send, buf] {
+      auto tracked = inflight->track(buf.get(), *aborted);
+      gloo::wrap(op, members, *aborted, [&] {
+        wait_transfer(*buf, is_send, *aborted);
+        return 0;
+      });
     };
     if (blocking) {
       finish();
@@ -713,6 +898,10 @@ class GlooComm final : public detail::CommImpl {
   // over it for ring_reduce_scatter; made at the first reduce_scatter that needs it.
   std::shared_ptr<GlooComm> reducer_;
   Communicator reducer_handle_;
+  std::mutex reducer_mutex_;  // reducer_ is read by end_in_flight on any thread
+  std::shared_ptr<Inflight> inflight_ = std::make_shared<Inflight>();
+  bool contained_ = false;    // a group of connect_store_group
+  double default_timeout_s_ = 0;
   std::mutex self_mutex_;
   std::map<int, std::deque<std::string>> self_sends_;
   std::map<int, std::deque<SelfRecv>> self_recvs_;
@@ -788,7 +977,48 @@ class WorldGuard {
   std::thread thread_;  // last: started after the members it uses
 };
 
+std::string node_id_of(std::optional<std::int64_t> node_rank) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return fmt::format("{}/{}", host, node_rank ? *node_rank : -1);
+}
+
 }  // namespace
+
+std::shared_ptr<detail::CommImpl> make_store_group(const launch::Store& store, int rank, int size,
+                                                   const std::string& toward, double timeout_s) {
+  // Members of such a group vanish (killed, or gone on without this one): a write to their
+  // closed connections must fail the operation, not end this process with SIGPIPE.
+  ::signal(SIGPIPE, SIG_IGN);
+  std::shared_ptr<::gloo::transport::Device> device;
+  {
+    // One device (listening address) per host the groups are reached through.
+    static std::mutex mutex;
+    static std::map<std::string, std::shared_ptr<::gloo::transport::Device>> devices;
+    std::lock_guard lock(mutex);
+    auto& d = devices[toward];
+    if (!d) {
+      ::gloo::transport::tcp::attr attr;
+      attr.hostname = launch::local_address_toward(toward, "comm", fmt::format("the store's host {}", toward),
+                                                   "pass the address of the store's host");
+      d = ::gloo::transport::tcp::CreateDevice(attr);
+    }
+    device = d;
+  }
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  std::shared_ptr<::gloo::rendezvous::Context> ctx;
+  try {
+    ctx = GlooComm::connect(store, rank, size, deadline, device);
+  } catch (const std::exception& e) {
+    fail<>("comm", "the {} members of a group over the store (prefix of {}) did not all connect within {:g} s: {}", size,
+           store.address(), timeout_s, e.what());
+  }
+  std::vector<std::int64_t> members(static_cast<std::size_t>(size));
+  for (std::size_t i = 0; i < members.size(); ++i) members[i] = static_cast<std::int64_t>(i);
+  auto comm = std::make_shared<GlooComm>(std::move(ctx), store, node_id_of(std::nullopt), std::move(members));
+  comm->contain(timeout_s);
+  return comm;
+}
 
 std::shared_ptr<detail::CommImpl> make_world(const launch::JobStore& job, const LaunchEnv& env,
                                              Clock::time_point deadline, double timeout_s) {
@@ -796,9 +1026,7 @@ std::shared_ptr<detail::CommImpl> make_world(const launch::JobStore& job, const 
   attr.hostname = launch::local_address_toward(*env.master_addr, "comm", fmt::format("MASTER_ADDR={}", *env.master_addr),
                                                "set it to the host of rank 0");
   device_slot() = ::gloo::transport::tcp::CreateDevice(attr);
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  std::string node_id = fmt::format("{}/{}", host, env.node_rank ? *env.node_rank : -1);
+  std::string node_id = node_id_of(env.node_rank);
   launch::Store store = job.store.prefixed("gloo/world/");
   // A test hook: this rank exits after arriving, before publishing its address.
   if (env::integer("NDMESH_TEST_EXIT_BEFORE_GLOO", 0, 0, 1) == 1) std::_Exit(3);

@@ -20,4 +20,10 @@ std::shared_ptr<detail::CommImpl> make_world(const launch::JobStore& job, const 
                                              std::chrono::steady_clock::time_point deadline,
                                              double timeout_s);
 
+/// connect_store_group(): `size` processes meet under `store`'s prefix, each listening on its
+/// address toward `toward`; `timeout_s` bounds the meeting and is the group's default
+/// operation timeout. Its timeouts abort it (CommImpl::interrupt) instead of the job.
+std::shared_ptr<detail::CommImpl> make_store_group(const launch::Store& store, int rank, int size,
+                                                   const std::string& toward, double timeout_s);
+
 }  // namespace ndmesh::comm::gloo

@@ -143,6 +143,21 @@ struct Context {
   std::vector<std::uint64_t> next_slot;                  // per member: the position of its next collective
   std::map<std::uint64_t, std::shared_ptr<Slot>> slots;  // collectives some member has not joined yet
   std::vector<std::deque<std::shared_ptr<Message>>> sends, recvs;  // unmatched, by destination
+  // Communicator::abort() by any member ends the group for all (as closed connections do).
+  std::shared_ptr<detail::AbortState> aborted = std::make_shared<detail::AbortState>();
+  // The ranks its members show (Communicator::members()): the world ranks, but 0..size-1 in
+  // a group of connect_group() and the groups split from it, as in a job of their own.
+  std::vector<std::int64_t> shown;
+  // A group of connect_group(): its failures abort it instead of ending the job.
+  bool contained = false;
+  double timeout_s = 0;  // its operations' default (0: the job's)
+};
+
+// Where the members of a connect_group() group meet.
+struct Meeting {
+  std::vector<std::int64_t> world_ranks;  // by group rank; -1 until arrived
+  int arrived = 0;
+  std::shared_ptr<Context> ctx;  // made by the last to arrive
 };
 
 struct Job {
@@ -167,6 +182,7 @@ struct Job {
     std::uint64_t completions = 0;
   };
   std::vector<Signal> signals;
+  std::map<std::string, std::shared_ptr<Meeting>> meetings;  // connect_group(), by key
 
   // Lock held.
   void wake(std::int64_t world_rank) {
@@ -214,6 +230,7 @@ struct Pending {
 bool settle(Job& job, const Pending& p) {
   const auto& m = p.ctx->members;
   t_seen_completions = job.signals[static_cast<std::size_t>(m[static_cast<std::size_t>(p.rank)])].completions;
+  p.ctx->aborted->throw_if_set();
   if (p.slot) {
     if (p.slot->done) {
       if (!p.slot->error.empty()) throw Error("comm", p.slot->error);
@@ -242,6 +259,11 @@ bool settle(Job& job, const Pending& p) {
           p.msg->send ? "recv" : "send");
   }
   if (gone.empty()) return false;
+  if (p.ctx->contained) {  // the group ends, not the job
+    if (p.ctx->aborted->record("comm", gone, false))
+      for (std::int64_t r : m) job.wake(r);
+    throw Error("comm", gone);
+  }
   job.fail(static_cast<int>(m[static_cast<std::size_t>(p.rank)]), "comm", gone, false);
   throw Error("comm", gone);
 }
@@ -356,7 +378,8 @@ class InprocComm final : public CommImpl {
         ctx_(std::move(ctx)),
         rank_(rank),
         size_(static_cast<int>(ctx_->members.size())) {
-    members_ = ctx_->members;
+    members_ = ctx_->shown.empty() ? ctx_->members : ctx_->shown;
+    abort_ = ctx_->aborted;
   }
 
   std::string_view backend() const override { return "inproc"; }
@@ -373,8 +396,9 @@ class InprocComm final : public CommImpl {
   }
 
   std::shared_ptr<CommImpl> self() override {
-    return std::make_shared<InprocComm>(
-        job_, std::make_shared<Context>(std::vector<std::int64_t>{world_rank()}), 0);
+    auto ctx = std::make_shared<Context>(std::vector<std::int64_t>{world_rank()});
+    if (!ctx_->shown.empty()) ctx->shown = {ctx_->shown[static_cast<std::size_t>(rank_)]};
+    return std::make_shared<InprocComm>(job_, std::move(ctx), 0);
   }
 
   std::shared_ptr<CommImpl> split_node() override {
@@ -415,6 +439,7 @@ class InprocComm final : public CommImpl {
         std::make_shared<Message>(Message{.send = true, .src = rank_, .dst = peer, .tag = tag, .data = data});
     std::unique_lock lock(job_->mutex);
     if (job_->failed) job_->throw_failure();
+    ctx_->aborted->throw_if_set();
     auto& posted = ctx_->recvs[static_cast<std::size_t>(peer)];
     auto it = std::find_if(posted.begin(), posted.end(),
                            [&](const auto& r) { return r->src == rank_ && (job_->tagless || r->tag == tag); });
@@ -432,6 +457,7 @@ class InprocComm final : public CommImpl {
         Message{.send = false, .src = peer, .dst = rank_, .tag = tag, .data = data});
     std::unique_lock lock(job_->mutex);
     if (job_->failed) job_->throw_failure();
+    ctx_->aborted->throw_if_set();
     auto& unmatched = ctx_->sends[static_cast<std::size_t>(rank_)];
     auto it = std::find_if(unmatched.begin(), unmatched.end(),
                            [&](const auto& s) { return s->src == peer && (job_->tagless || s->tag == tag); });
@@ -460,10 +486,23 @@ class InprocComm final : public CommImpl {
     return true;
   }
 
+  double default_timeout_s() const override { return ctx_->timeout_s; }
+
   bool interrupt(std::string_view component, const std::string& message, bool timed_out) override {
+    if (ctx_->contained) {  // the group ends, not the job: its members' waits throw
+      abort(component, message, timed_out);
+      return true;
+    }
     std::lock_guard lock(job_->mutex);
     job_->fail(static_cast<int>(world_rank()), component, message, timed_out);
     return true;
+  }
+
+ protected:
+  // The group is ended for every member (they share the abort state): wake them all.
+  void end_in_flight(const std::string& /*why*/) override {
+    std::lock_guard lock(job_->mutex);
+    for (std::int64_t r : ctx_->members) job_->wake(r);
   }
 
  private:
@@ -481,6 +520,40 @@ class InprocComm final : public CommImpl {
   };
 
   std::int64_t world_rank() const { return ctx_->members[static_cast<std::size_t>(rank_)]; }
+
+ public:
+  // connect_group(): waits under the job's lock until `size` members arrived under `key`.
+  std::shared_ptr<CommImpl> meet(const std::string& key, int rank, int size, double timeout_s) {
+    std::unique_lock lock(job_->mutex);
+    std::shared_ptr<Meeting>& slot = job_->meetings[key];
+    if (!slot) {
+      slot = std::make_shared<Meeting>();
+      slot->world_ranks.assign(static_cast<std::size_t>(size), -1);
+    }
+    const std::shared_ptr<Meeting> meeting = slot;
+    NDMESH_CHECK(static_cast<int>(meeting->world_ranks.size()) == size &&
+                     meeting->world_ranks[static_cast<std::size_t>(rank)] == -1,
+                 "comm", "connect_group '{}': rank {} of {} arrived twice or with another size", key, rank, size);
+    meeting->world_ranks[static_cast<std::size_t>(rank)] = world_rank();
+    if (++meeting->arrived == size) {
+      meeting->ctx = std::make_shared<Context>(meeting->world_ranks);
+      meeting->ctx->contained = true;
+      for (int r = 0; r < size; ++r) meeting->ctx->shown.push_back(r);
+      meeting->ctx->timeout_s = timeout_s;
+      job_->meetings.erase(key);
+      for (std::int64_t r : meeting->world_ranks) job_->wake(r);
+    }
+    const double wait_s = timeout_s > 0 ? timeout_s : comm::default_timeout_s();
+    const bool met = signal().cv.wait_for(lock, std::chrono::duration<double>(wait_s),
+                                          [&] { return meeting->ctx != nullptr || job_->failed; });
+    if (job_->failed) job_->throw_failure();
+    if (!met)
+      throw TimeoutError("comm", fmt::format("connect_group '{}': {} of {} members arrived within {:g} s", key,
+                                             meeting->arrived, size, wait_s));
+    return std::make_shared<InprocComm>(job_, meeting->ctx, rank);
+  }
+
+ private:
   Job::Signal& signal() const { return job_->signals[static_cast<std::size_t>(world_rank())]; }
 
   std::unique_ptr<WorkImpl> finish(std::unique_lock<std::mutex>& lock, Pending p, bool blocking) {
@@ -497,6 +570,7 @@ class InprocComm final : public CommImpl {
   // Lock held: joins this member's next collective; the last member completes it.
   Pending arrive(Part part) {
     if (job_->failed) job_->throw_failure();
+    ctx_->aborted->throw_if_set();
     const std::uint64_t index = ctx_->next_slot[static_cast<std::size_t>(rank_)]++;
     std::shared_ptr<Slot>& slot = ctx_->slots[index];
     if (!slot) {
@@ -563,6 +637,8 @@ class InprocComm final : public CommImpl {
       std::vector<std::int64_t> members;
       for (int r : ranks) members.push_back(ctx_->members[static_cast<std::size_t>(r)]);
       auto child = std::make_shared<Context>(std::move(members));
+      if (!ctx_->shown.empty())
+        for (int r : ranks) child->shown.push_back(ctx_->shown[static_cast<std::size_t>(r)]);
       for (std::size_t k = 0; k < ranks.size(); ++k)
         slot.children[static_cast<std::size_t>(ranks[k])] =
             std::make_shared<InprocComm>(job_, child, static_cast<int>(k));
@@ -590,6 +666,15 @@ class InprocComm final : public CommImpl {
 };
 
 }  // namespace
+
+Communicator connect_group(const Communicator& member, const std::string& key, int rank, int size,
+                           const std::string& name, double timeout_s) {
+  auto* any = dynamic_cast<InprocComm*>(detail::impl_of(member).get());
+  NDMESH_CHECK(any != nullptr, "comm", "connect_group needs a communicator of an in-process job, got backend {}",
+               member.backend());
+  NDMESH_CHECK(size >= 1 && rank >= 0 && rank < size, "comm", "connect_group: rank {} of {} members", rank, size);
+  return detail::make_communicator(any->meet(key, rank, size, timeout_s), name);
+}
 
 void run(int ranks, const std::function<void(const Communicator& world)>& body, const JobOptions& options) {
   NDMESH_CHECK(ranks >= 1, "comm", "an in-process job needs at least one rank, got {}", ranks);
