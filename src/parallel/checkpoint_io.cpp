@@ -192,10 +192,11 @@ void save_checkpoint_dir(const std::string& dir, const StateDict& state, const C
   try {
     save_into(tmp, dir, state, info, world, keep);
   } catch (...) {
-    // Every phase is agreed over the world, so no rank writes into it any more: rank 0,
-    // which prepared it, removes it (a full disk keeps no half-written copy; the previous
-    // checkpoint is untouched).
-    if (world.rank() == 0) model::discard_checkpoint_temp_dir(tmp);
+    // Every phase is agreed over the world, so no rank writes into it any more: every rank
+    // removes it (a full disk keeps no half-written copy; the previous checkpoint is
+    // untouched). Every rank, not rank 0 alone: among several ranks the first to report the
+    // error ends the job (MPI_Abort), which may kill rank 0 in the middle of its removal.
+    model::discard_checkpoint_temp_dir(tmp);
     throw;
   }
 }
@@ -254,7 +255,7 @@ void BackgroundSave::commit() {
     commit_parts(tmp_, dir_, part_, info_, keep_, world_);
   } catch (...) {
     committed_ = true;  // failed for good: nothing more to do
-    if (world_.rank() == 0) model::discard_checkpoint_temp_dir(tmp_);
+    model::discard_checkpoint_temp_dir(tmp_);  // by every rank, as in save_checkpoint_dir
     throw;
   }
   committed_ = true;
