@@ -722,9 +722,7 @@ void prepare_checkpoint_temp_dir(const std::string& tmp) {
 void discard_checkpoint_temp_dir(const std::string& tmp) {
   std::error_code ec;
   fs::remove_all(tmp, ec);
-  // Several ranks may remove it at once: an entry another rank removed first is no failure.
-  std::error_code gone;
-  if (ec && fs::exists(fs::symlink_status(tmp, gone)))
+  if (ec)
     log::warn("[checkpoint] cannot remove '{}' after the failed save: {}; remove it by hand", tmp,
               ec.message());
 }

@@ -90,7 +90,8 @@ void hf_blocks(const ParamView& v, std::int64_t begin, std::int64_t end, std::ve
 }
 }  // namespace
 
-void agree_or_throw(const comm::Communicator& world, const std::string& what, const std::function<void()>& work) {
+void agree_or_throw(const comm::Communicator& world, const std::string& what, const std::function<void()>& work,
+                    const std::function<void()>& on_failure) {
   std::exception_ptr error;
   try {
     work();
@@ -99,16 +100,37 @@ void agree_or_throw(const comm::Communicator& world, const std::string& what, co
   }
   std::int64_t failed = error ? 1 : 0;
   world.all_reduce(std::span<std::int64_t>(&failed, 1));
+  if (failed > 0 && on_failure) {
+    // Every rank knows now. The clean-up is done before any rank throws: among several ranks
+    // the first to report ends the job (MPI_Abort), which would cut it short; the barrier
+    // holds the others until it is done.
+    try {
+      on_failure();
+    } catch (...) {  // the clean-up's own failure must not leave the others in the barrier
+    }
+    world.barrier();
+  }
   if (error) std::rethrow_exception(error);
-  if (failed > 0) fail<IoError>("checkpoint", "{}: {} other rank(s) failed (their errors above say why)", what, failed);
+  if (failed > 0)
+    fail<PeersFailed>("checkpoint", "{}: {} other rank(s) failed (their errors above say why)", what, failed);
 }
 
 namespace {
+// A failed save's clean-up (agree_or_throw's on_failure): rank 0, which prepared the temporary
+// directory, removes it; a full disk keeps no half-written copy, the previous checkpoint stays.
+std::function<void()> discarding(const std::string& tmp, const comm::Communicator& world) {
+  return [&tmp, &world] {
+    if (world.rank() == 0) model::discard_checkpoint_temp_dir(tmp);
+  };
+}
+
 // Phase 1 (collective): rank 0 prepares the temporary directory.
 void prepare(const std::string& tmp, const std::string& what, const comm::Communicator& world) {
-  agree_or_throw(world, what, [&] {
-    if (world.rank() == 0) model::prepare_checkpoint_temp_dir(tmp);
-  });
+  agree_or_throw(
+      world, what, [&] {
+        if (world.rank() == 0) model::prepare_checkpoint_temp_dir(tmp);
+      },
+      discarding(tmp, world));
 }
 
 // Phase 2 (this rank alone, no communication): its shard file; its manifest part (empty when
@@ -172,7 +194,7 @@ void commit_parts(const std::string& tmp, const std::string& dir, const std::str
     for (const std::string& p : parts) model::add_manifest_part(manifest, p);
     model::write_manifest(tmp, manifest);
     model::commit_checkpoint_dir(tmp, dir, keep);
-  });
+  }, discarding(tmp, world));
 }
 
 void save_into(const std::string& tmp, const std::string& dir, const StateDict& state,
@@ -180,7 +202,7 @@ void save_into(const std::string& tmp, const std::string& dir, const StateDict& 
   const std::string what = fmt::format("saving '{}'", dir);
   prepare(tmp, what, world);
   std::string part;
-  agree_or_throw(world, what, [&] { part = write_shard(tmp, state, world.rank()); });
+  agree_or_throw(world, what, [&] { part = write_shard(tmp, state, world.rank()); }, discarding(tmp, world));
   test_pause();
   commit_parts(tmp, dir, part, info, keep, world);
 }
@@ -192,11 +214,9 @@ void save_checkpoint_dir(const std::string& dir, const StateDict& state, const C
   try {
     save_into(tmp, dir, state, info, world, keep);
   } catch (...) {
-    // Every phase is agreed over the world, so no rank writes into it any more: every rank
-    // removes it (a full disk keeps no half-written copy; the previous checkpoint is
-    // untouched). Every rank, not rank 0 alone: among several ranks the first to report the
-    // error ends the job (MPI_Abort), which may kill rank 0 in the middle of its removal.
-    model::discard_checkpoint_temp_dir(tmp);
+    // An agreed failure was cleaned up before anyone threw (discarding); this is for the
+    // others (a communication failure): rank 0, which prepared it, removes it.
+    if (world.rank() == 0) model::discard_checkpoint_temp_dir(tmp);
     throw;
   }
 }
@@ -249,13 +269,15 @@ void BackgroundSave::finish() {
 void BackgroundSave::commit() {
   const std::string what = fmt::format("saving '{}'", dir_);
   try {
-    agree_or_throw(world_, what, [&] {
-      if (error_) std::rethrow_exception(error_);
-    });
+    agree_or_throw(
+        world_, what, [&] {
+          if (error_) std::rethrow_exception(error_);
+        },
+        discarding(tmp_, world_));
     commit_parts(tmp_, dir_, part_, info_, keep_, world_);
   } catch (...) {
     committed_ = true;  // failed for good: nothing more to do
-    model::discard_checkpoint_temp_dir(tmp_);  // by every rank, as in save_checkpoint_dir
+    if (world_.rank() == 0) model::discard_checkpoint_temp_dir(tmp_);  // as in save_checkpoint_dir
     throw;
   }
   committed_ = true;

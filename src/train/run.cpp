@@ -28,6 +28,7 @@
 #include "ndmesh/launch/launch_env.hpp"
 #include "ndmesh/model/data.hpp"
 #include "ndmesh/model/hf.hpp"
+#include "ndmesh/parallel/checkpoint_io.hpp"
 #include "ndmesh/plan/estimate.hpp"
 #include "ndmesh/plan/formulas.hpp"
 #include "ndmesh/plan/hardware_file.hpp"
@@ -64,6 +65,9 @@ auto ending_the_job_on_error(comm::Communicator& world, F&& work) -> decltype(wo
     if (world.size() == 1) throw;
     std::fflush(stdout);
     fmt::print(stderr, "ndmesh: [rank {}] {}\n", world.rank(), e.what());
+    // Another rank failed and says why: its own abort ends this rank, normally at once. Ending
+    // the job first could kill it before its line is out (seen under load), so wait for it.
+    if (dynamic_cast<const parallel::PeersFailed*>(&e) != nullptr) std::this_thread::sleep_for(std::chrono::seconds(5));
     world.abort_job(code);
   } catch (const std::exception& e) {
     if (world.size() == 1) throw;

@@ -37,14 +37,24 @@ struct CheckpointInfo {
   std::int64_t bytes_read = 0;
 };
 
+/// The error of a rank whose own part succeeded where another rank's failed: that rank's
+/// error says why. Among several ranks the first to report ends the job (MPI_Abort), so a rank
+/// with this error gives the failing one time to print its reason first (train::run).
+class PeersFailed : public IoError {
+ public:
+  using IoError::IoError;
+};
+
 /// Runs `work` on this rank, then agrees with every rank of `world` on whether any failed
 /// (collective): returns when none did; otherwise rethrows this rank's exception (any type)
-/// or throws IoError "<what>: N other rank(s) failed".
-void agree_or_throw(const comm::Communicator& world, const std::string& what, const std::function<void()>& work);
+/// or throws PeersFailed "<what>: N other rank(s) failed". On a failure every rank first runs
+/// `on_failure` (a clean-up), then waits at a barrier for the others' before throwing.
+void agree_or_throw(const comm::Communicator& world, const std::string& what, const std::function<void()>& work,
+                    const std::function<void()>& on_failure = {});
 
 /// Writes checkpoint directory `dir` from `state` (collective over `world`). IoError on
 /// every rank when any rank fails; the previous checkpoint in `dir` then stays, and rank 0
-/// removes the temporary `.DIR.saving` (of a shared folder: all of it).
+/// removes the temporary `.DIR.saving` (of a shared folder: all of it) before any rank throws.
 /// With `keep` > 1 the previous checkpoint is kept beside it (model::commit_checkpoint_dir).
 void save_checkpoint_dir(const std::string& dir, const StateDict& state, const CheckpointInfo& info,
                          const comm::Communicator& world, int keep = 1);
