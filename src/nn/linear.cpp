@@ -8,7 +8,6 @@
 #include "ndmesh/tensor/blas.hpp"
 #include "ndmesh/tensor/ops.hpp"
 #include "tensor/cuda_twin.hpp"
-#include "weight_grads_now.hpp"
 
 namespace ndmesh::nn {
 
@@ -367,24 +366,17 @@ DeferWeightGrads<T>::DeferWeightGrads(DeferredWeightGrads<T>& sink) : previous_(
 }
 
 template <typename T>
+DeferWeightGrads<T>::DeferWeightGrads(std::nullptr_t) : previous_(deferred_sink<T>()) {
+  deferred_sink<T>() = nullptr;
+}
+
+template <typename T>
 DeferWeightGrads<T>::~DeferWeightGrads() {
   deferred_sink<T>() = previous_;
 }
 
 template class Linear<float>;
 template class Linear<double>;
-template <typename T>
-WeightGradsNow<T>::WeightGradsNow() : previous_(deferred_sink<T>()) {
-  deferred_sink<T>() = nullptr;
-}
-
-template <typename T>
-WeightGradsNow<T>::~WeightGradsNow() {
-  deferred_sink<T>() = previous_;
-}
-
-template class WeightGradsNow<float>;
-template class WeightGradsNow<double>;
 template class DeferredWeightGrads<float>;
 template class DeferredWeightGrads<double>;
 template class DeferWeightGrads<float>;

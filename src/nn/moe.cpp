@@ -10,7 +10,6 @@
 
 #include "feed_forward_passes.hpp"
 #include "ndmesh/core/error.hpp"
-#include "weight_grads_now.hpp"
 
 namespace ndmesh::nn {
 
@@ -354,7 +353,7 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
   // The experts' inputs and activations live in this function's buffers: their weight
   // gradients now, not in a zero-bubble schedule's later W pass (the router's may wait: its
   // input is the block's).
-  std::optional<WeightGradsNow<T>> now(std::in_place);
+  std::optional<DeferWeightGrads<T>> now(std::in_place, nullptr);
   for (std::int64_t l = 0; l < local_; ++l) {
     const std::vector<std::int64_t> rows = d.rows_of_local(l);
     const auto ne = static_cast<std::int64_t>(rows.size());

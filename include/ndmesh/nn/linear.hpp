@@ -6,6 +6,7 @@
 // only knows its local `in` and `out`; a strategy builds it with the split sizes.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -195,11 +196,15 @@ class DeferredWeightGrads {
 };
 
 /// While alive, every Linear::backward on this thread computes only its input gradient
-/// and records the weight gradient in `sink` (scopes nest).
+/// and records the weight gradient in `sink` (scopes nest). Made with nullptr, the opposite:
+/// weight gradients at once, even inside a deferring scope, for layers whose inputs do not
+/// outlive their backward (a mixture of experts gathers each expert's rows into buffers of
+/// its own backward, which a deferred weight gradient would read after they are freed).
 template <typename T>
 class DeferWeightGrads {
  public:
   explicit DeferWeightGrads(DeferredWeightGrads<T>& sink);
+  explicit DeferWeightGrads(std::nullptr_t);
   ~DeferWeightGrads();
   DeferWeightGrads(const DeferWeightGrads&) = delete;
   DeferWeightGrads& operator=(const DeferWeightGrads&) = delete;

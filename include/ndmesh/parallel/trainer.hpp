@@ -196,10 +196,6 @@ class Trainer {
   const TrainOptions& options() const { return options_; }
   /// Tokens per step over all ranks (batch * seq).
   std::int64_t tokens_per_step() const { return options_.batch * options_.model.seq; }
-  /// Micro-batches of the whole global batch (batch / micro-batch).
-  std::int64_t microbatches_total() const {
-    return options_.batch / model_.plan.batch.micro_batch;
-  }
   /// Micro-batches per step on each rank.
   std::int64_t microbatches() const { return model_.plan.batch.microbatches; }
   /// Bytes of parameters, gradients, optimizer state and activations on this rank.
