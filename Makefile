@@ -112,7 +112,9 @@ TSAN_ENV := TSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/tsan.supp:ignore_
 #   ssh would), without the sanitizers' options and preload; they run the mpi.* tests' code.
 # - what the sanitizers cannot see into: the work of python.tensorboard_reader (tensorboard's
 #   reader of our event files) and cli.gpu_check_compare (the GPU check's comparison script)
-#   is Python's; the writer and the runs they read are in cli.train_watch and cli.train.
+#   is Python's; the writer and the runs they read are in cli.train_watch and cli.train. The
+#   store.*_agent tests: their store server is PyTorch's TCPStore (Python), their ranks run
+#   the code of the store.*_own tests, which run here.
 # - what repeats code that other tests run under the sanitizers: cli.train_bf16 (300 steps,
 #   twice, of the bf16 path of mpi.train_bf16 and the nn.* tests), mpi.plan_runs (2-step runs
 #   of the layouts mpi.train_* run), cli.published_runs (the planner's arithmetic over the
@@ -124,11 +126,13 @@ TSAN_ENV := TSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/tsan.supp:ignore_
 #   in mpi.train_zero3 and mpi.train_llama, and under the sanitizers' slowdown the gradient
 #   work space's sampled peak depends on how far the reductions have run: one unit measured
 #   where the plan counts two, 1.10 on dp 4 in one run).
+# LeakSanitizer checks every process at exit, but in the multi-rank runs of tests/mpi/train_lib.sh
+# only a test's first one (tests/sanitize/leak_check_once.sh says why).
 # The build keeps line tables only (-g1): reports still name file and line, and the heaviest
 # sources compile in about two thirds of -g's time. The tests' own sources compile at -O0
 # (NDMESH_TEST_OPT, tests/CMakeLists.txt): under half of -O1's time there; the libraries they
 # test stay at -O1.
-SAN_SKIP ?= ^(multinode\.|python\.tensorboard_reader$$|cli\.gpu_check_compare$$|cli\.train_bf16$$|mpi\.plan_runs$$|cli\.published_runs$$|mpi\.train_(dp|tp|pp|cp)$$|mpi\.(zero3|llama)_memory$$)
+SAN_SKIP ?= ^(multinode\.|store\..*_agent$$|python\.tensorboard_reader$$|cli\.gpu_check_compare$$|cli\.train_bf16$$|mpi\.plan_runs$$|cli\.published_runs$$|mpi\.train_(dp|tp|pp|cp)$$|mpi\.(zero3|llama)_memory$$)
 # sanitize = sanitize-build, then sanitize-test (.ci/run runs the build beside make test).
 sanitize: sanitize-build
 	$(MAKE) --no-print-directory sanitize-test

@@ -11,6 +11,12 @@ ndmesh=${*: -1}
 mpirun=(timeout -k 10 "${TRAIN_RUN_TIMEOUT_S:-300}" "${@:1:$#-1}")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# Under the sanitizers, LeakSanitizer's check at exit runs in the serial runs and the first
+# multi-rank run of a test, not in the later ones (about half of their CPU there; the code
+# they add is leak-checked in the in-process tests): tests/sanitize/leak_check_once.sh.
+if [[ ${ASAN_OPTIONS:-} == *detect_leaks=1* ]]; then
+  mpirun=(bash "$(dirname "${BASH_SOURCE[0]}")/../sanitize/leak_check_once.sh" "$tmp/leak-checked" "${mpirun[@]}")
+fi
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 # The comparison with the serial run (bounds, max_rel, run_diffs, expect_same).
