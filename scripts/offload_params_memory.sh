@@ -2,8 +2,8 @@
 # --offload optimizer+params lowers the resident set: trains ZeRO-3 on dp 2 with the moments
 # offloaded, then with the parameters' shard offloaded too, and measures each rank's peak
 # resident set of the training steps (VmHWM from /proc/<pid>/status, reset with
-# /proc/<pid>/clear_refs once step 1 is printed, so that the model's construction, which
-# builds the full buffers before ZeRO-3 frees them, does not count; polled every 50 ms).
+# /proc/<pid>/clear_refs once step 1 is printed, so that the model's construction and the
+# first step do not count; polled every 50 ms).
 # The goal: the peak falls by about the shard's bytes (memory_bytes.params_offloaded), less
 # the streamed chunk. The losses must be the same bit for bit. The peak up to step 1 (VmHWM
 # just before the reset: the model's construction and the first step) is printed too.
