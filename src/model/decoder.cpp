@@ -350,13 +350,30 @@ const T* DecoderT<T>::output(const Activations& acts) const {
 template <typename T>
 void DecoderT<T>::init(std::uint64_t seed, double init_std) {
   const double residual_std = init_std / std::sqrt(2.0 * static_cast<double>(spec_.layers));
-  std::vector<T> full;
+  // ZeRO-3 (StoreOptions::keep_parts): this rank keeps one block of every unit's range and
+  // writes only those elements; the rest of the buffer stays untouched zero pages.
+  const StoreOptions& so = store_.options();
+  std::vector<nn::Segment> kept;
+  if (so.keep_parts > 1)
+    for (const nn::Segment& r : unit_ranges_) {
+      NDMESH_CHECK(r.count % so.keep_parts == 0, "model",
+                   "unit range [{}, {}) does not split into {} equal blocks", r.offset, r.offset + r.count,
+                   so.keep_parts);
+      const std::int64_t block = r.count / so.keep_parts;
+      kept.push_back({r.offset + so.keep_part * block, block});
+    }
+  T* const params = store_.params().data();
+  std::vector<T> full, local;  // one parameter at a time: the serial tensor, this rank's tp slice
   for (const auto& view : store_.views()) {
     Rng rng(seed ^ name_hash(view.name));
-    // A tp shard draws the whole serial parameter and keeps its slice.
-    const bool sharded = view.shard.sharded();
-    if (sharded) full.assign(static_cast<std::size_t>(view.full_numel()), T(0));
-    T* p = sharded ? full.data() : store_.params().data() + view.offset;
+    // A tp shard, or a parameter of which the rank keeps part, draws the whole serial
+    // parameter (the same random stream) and keeps its elements.
+    const bool sharded = view.shard.sharded(), whole = kept.empty();
+    // (Unsplit, a padded vocabulary's table has more local rows than the serial one: the
+    // padding rows stay zero in the scratch too.)
+    if (sharded || !whole)
+      full.assign(static_cast<std::size_t>(std::max(view.full_numel(), view.numel)), T(0));
+    T* p = sharded || !whole ? full.data() : params + view.offset;
     const std::int64_t numel = view.full_numel();
     const bool is_weight =
         view.name.ends_with(".weight") || view.name.ends_with(".tokens") || view.name.ends_with(".positions");
@@ -368,7 +385,21 @@ void DecoderT<T>::init(std::uint64_t seed, double init_std) {
       const double std = residual ? residual_std : init_std;
       for (std::int64_t i = 0; i < numel; ++i) p[i] = static_cast<T>(std * rng.normal());
     }  // biases stay zero
-    if (sharded) copy_shard(view.shard, view.shape, store_.params().data() + view.offset, full.data(), false);
+    if (whole) {
+      if (sharded) copy_shard(view.shard, view.shape, params + view.offset, full.data(), false);
+      continue;
+    }
+    const T* src = full.data();
+    if (sharded) {
+      local.assign(static_cast<std::size_t>(view.numel), T(0));
+      copy_shard(view.shard, view.shape, local.data(), full.data(), false);
+      src = local.data();
+    }
+    for (const nn::Segment& k : kept) {
+      const std::int64_t lo = std::max(k.offset, view.offset),
+                         hi = std::min(k.offset + k.count, view.offset + view.numel);
+      if (lo < hi) std::copy(src + (lo - view.offset), src + (hi - view.offset), params + lo);
+    }
   }
 }
 

@@ -322,11 +322,12 @@ CheckpointInfo load_checkpoint_dir(const std::string& dir, StateDict& state, con
         if (t == nullptr || t->shape != full_shape)
           fail<IoError>("checkpoint", "'{}': the model's tensor '{}' [{}] is not in its Hugging Face mapping",
                         dir, local.name, fmt::join(full_shape, ", "));
-        std::fill(e.params, e.params + local.numel, 0.0f);  // padding rows, and what others keep
-        std::fill(e.m, e.m + local.numel, 0.0f);
-        std::fill(e.v, e.v + local.numel, 0.0f);
+        // Only the kept ranges are written: their padding rows zeroed here; under ZeRO-3 the
+        // rest of the host copy (what others keep) and the moments are the state dict's
+        // untouched zero pages (a load's StateDict), which stay out of the resident set.
         const std::int64_t ld = local.numel / local.shape[0];
         for (const auto& [begin, end] : e.keeps) {
+          std::fill(e.params + begin, e.params + end, 0.0f);
           blocks.clear();
           hf_blocks(local, begin, end, blocks);
           for (const HfBlock& b : blocks)

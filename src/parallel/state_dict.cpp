@@ -19,8 +19,8 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
   for (std::size_t c = 0; c < model.chunks.size(); ++c) {
     model::Model& g = *model.chunks[c];
     const auto size = g.params().params().size();
-    m_[c].assign(size, 0.0f);
-    v_[c].assign(size, 0.0f);
+    m_[c] = ZeroedVector<float>(size);  // fresh zero pages: a load writes only what it fills
+    v_[c] = ZeroedVector<float>(size);
     if (gather_moments) {
       const nn::AdamW<float>& adam = optimizer.adam(c);
       std::vector<float> am, av;  // the owned segments one after another, on the host
@@ -43,7 +43,7 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
       // ZeRO-3: each rank holds its blocks of the parameters (the rest is freed): a sum over
       // the gradient group gathers them, as for the moments; a load fills the copy and
       // commit() writes the own blocks back.
-      host_params_[c].assign(size, 0.0f);
+      host_params_[c] = ZeroedVector<float>(size);
       if (gather_moments) {
         for (const nn::Segment& seg : sync.reducer(c).shard())
           ops::copy_to_host(host_params_[c].data() + seg.offset, p + seg.offset, seg.count,
@@ -52,7 +52,9 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
       }
       p = host_params_[c].data();
     } else if (g.params().device() != Device::kCpu) {
-      host_params_[c] = gather_moments ? g.params().params_to_host() : std::vector<float>(size, 0.0f);
+      host_params_[c] = ZeroedVector<float>(size);
+      if (gather_moments)
+        ops::copy_to_host(host_params_[c].data(), p, static_cast<std::int64_t>(size), g.params().device());
       p = host_params_[c].data();
     }
     for (const ParamView& view : g.params().views()) {

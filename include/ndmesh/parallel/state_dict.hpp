@@ -18,6 +18,7 @@
 #include "ndmesh/parallel/grad_sync.hpp"
 #include "ndmesh/parallel/optimizer.hpp"
 #include "ndmesh/parallel/parallelize.hpp"
+#include "ndmesh/tensor/zeroed_allocator.hpp"
 
 namespace ndmesh::parallel {
 
@@ -57,8 +58,10 @@ class StateDict {
   Optimizer& optimizer_;
   const GradSync& sync_;
   std::vector<model::Model*> chunks_;
-  std::vector<std::vector<float>> m_, v_;  // per chunk, laid out like its flat buffer
-  std::vector<std::vector<float>> host_params_;  // per chunk on a device: the parameters on the host
+  // Per chunk, laid out like its flat buffer; zero pages until written (ZeroedVector), so that
+  // a load touches only what it fills (under ZeRO-3 this rank's blocks).
+  std::vector<ZeroedVector<float>> m_, v_;
+  std::vector<ZeroedVector<float>> host_params_;  // per chunk on a device or under ZeRO-3: the parameters
   std::vector<StateEntry> entries_;
   std::string file_;
 };

@@ -89,6 +89,12 @@ struct StoreOptions {
   bool mappable_params = false;
   /// On CUDA: the gradients in mappable device memory (ZeRO 2/3's per-unit work space).
   bool mappable_grads = false;
+  /// ZeRO-3: every unit's range (with pad_units) is cut into keep_parts equal blocks, of which
+  /// this rank keeps block keep_part; the rest is freed once the model is built. The model
+  /// writes its initial values into the kept blocks only, so the rest of the (zero-page)
+  /// buffer is never resident. 1: every element is kept.
+  std::int64_t keep_parts = 1;
+  std::int64_t keep_part = 0;
 };
 
 /// The flat parameter and gradient buffers of one model.

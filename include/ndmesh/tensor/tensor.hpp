@@ -4,9 +4,11 @@
 // Tensor only owns memory and remembers the shape and the device, so that buffers can be
 // named after what they hold and sized once. Scalars are float for training and double for
 // the finite-difference checks; bfloat16 (BFloat16) for the activations of bf16 mixed
-// precision. The element type is part of the tensor (dtype()). On the CPU the elements are a std::vector (the reference
-// path, unchanged); on CUDA (tensor/device.hpp) they are device memory from the caching
-// allocator, addressed by data() but not by operator[] or span().
+// precision. The element type is part of the tensor (dtype()). On the CPU the elements are a
+// vector over calloc'd memory (ZeroedVector): a tensor allocated and not yet written holds the
+// kernel's zero pages, so a ZeRO-3 rank's full-size flat buffers cost only what it writes; on
+// CUDA (tensor/device.hpp) they are device memory from the caching allocator, addressed by
+// data() but not by operator[] or span().
 #pragma once
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include "ndmesh/core/dtype.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/tensor/device.hpp"
+#include "ndmesh/tensor/zeroed_allocator.hpp"
 
 namespace ndmesh {
 
@@ -39,13 +42,23 @@ class Tensor {
     resize(std::move(shape));
   }
 
-  /// Reshapes and zeroes; reallocates only when the element count grows.
+  /// Reshapes and zeroes; reallocates only when the element count grows. On the CPU a
+  /// reallocation is fresh zero memory that is not written (its pages are taken when first
+  /// written); otherwise the elements are set to zero in place.
   void resize(std::vector<std::int64_t> shape) {
     for (auto s : shape) NDMESH_CHECK(s >= 0, "tensor", "negative size {} in a shape", s);
     shape_ = std::move(shape);
     const auto n = static_cast<std::size_t>(shape_numel(shape_));
     if (device_ == Device::kCpu) {
-      data_.assign(n, T(0));
+      if (n > data_.capacity()) {
+        ZeroedVector<T>().swap(data_);  // the old storage goes first
+        data_ = ZeroedVector<T>(n);
+      } else {
+        // Within the capacity the elements past the old size hold what they held (the
+        // allocator's value-initialisation writes nothing): zero them all.
+        data_.resize(n);
+        std::fill(data_.begin(), data_.end(), T(0));
+      }
       return;
     }
     if (n * sizeof(T) > device_data_.bytes())
@@ -99,7 +112,7 @@ class Tensor {
   const T& operator[](std::int64_t i) const { return data_[static_cast<std::size_t>(i)]; }
   /// A copy of the elements on the host (any device).
   std::vector<T> to_host() const {
-    if (device_ == Device::kCpu) return data_;
+    if (device_ == Device::kCpu) return std::vector<T>(data_.begin(), data_.end());
     std::vector<T> host(static_cast<std::size_t>(numel_));
     cuda::copy_to_host(host.data(), device_data_.data(), host.size() * sizeof(T));
     return host;
@@ -108,7 +121,7 @@ class Tensor {
  private:
   Device device_ = Device::kCpu;
   std::vector<std::int64_t> shape_;
-  std::vector<T> data_;       // CPU
+  ZeroedVector<T> data_;      // CPU: fresh elements are untouched zero pages
   DeviceBuffer device_data_;  // CUDA: at least numel_ elements
   std::int64_t numel_ = 0;    // CUDA
   bool mappable_ = false;     // CUDA: device_data_ from cuda::alloc_mappable

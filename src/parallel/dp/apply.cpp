@@ -13,6 +13,12 @@ void apply_data_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOpti
   plan.store.pad_units = plan.grad_group.size() > 1 && o.dp.zero >= 2;
   // ZeRO-3 frees units in place; on a GPU that takes mappable memory (ParamGatherer).
   plan.store.mappable_params = o.dp.zero == 3 && o.device == Device::kCuda;
+  // A ZeRO-3 rank keeps its block of every unit (ParamGatherer::shard): the model writes
+  // only those, so the full parameters are never resident, not even while it is built.
+  if (o.dp.zero == 3 && plan.store.pad_units) {
+    plan.store.keep_parts = plan.grad_group.size();
+    plan.store.keep_part = plan.grad_group.rank();
+  }
   // So does the per-unit gradient work space (GradReducer::own_workspace).
   plan.store.mappable_grads = plan.store.pad_units && o.device == Device::kCuda;
   // The next block's norm would read a block's bias after ZeRO 2/3 released its unit.

@@ -1,5 +1,7 @@
 // gemm against a naive triple loop (every transpose combination, strided operands),
 // and the flat parameter store's layout.
+#include <fstream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -61,6 +63,51 @@ TEST(Tensor, TheElementTypeIsPartOfTheTensor) {
   EXPECT_EQ(b[5], BFloat16(0.0f));
   // double stays off the GPU: refused in one line (InternalError: a bug of the caller).
   EXPECT_THROW(ops::check_device<double>(Device::kCuda), Error);
+}
+
+// The resident set of this process in bytes (VmRSS of /proc/self/status).
+std::int64_t resident_bytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  ADD_FAILURE() << "no VmRSS in /proc/self/status";
+  return 0;
+}
+
+TEST(Tensor, ResizeZeroesEveryElementWhetherItReallocatesOrNot) {
+  Tensor<float> t({4, 5});
+  for (std::int64_t i = 0; i < 20; ++i) t[i] = 1.0f + static_cast<float>(i);
+  t.resize({3});  // shrinks within the storage
+  EXPECT_EQ(t.numel(), 3);
+  for (std::int64_t i = 0; i < 3; ++i) EXPECT_EQ(t[i], 0.0f) << i;
+  for (std::int64_t i = 0; i < 3; ++i) t[i] = 7.0f;
+  t.resize({2, 10});  // grows back within the storage: the old values must not come back
+  for (std::int64_t i = 0; i < 20; ++i) EXPECT_EQ(t[i], 0.0f) << i;
+  for (std::int64_t i = 0; i < 20; ++i) t[i] = 3.0f;
+  t.resize({100});  // grows past it: fresh storage
+  for (std::int64_t i = 0; i < 100; ++i) EXPECT_EQ(t[i], 0.0f) << i;
+  Tensor<BFloat16> h({7});
+  for (std::int64_t i = 0; i < 7; ++i) EXPECT_EQ(h[i], BFloat16(0.0f)) << i;
+  // to_host() gives the values.
+  t[99] = 2.5f;
+  EXPECT_EQ(t.to_host().at(99), 2.5f);
+}
+
+// A tensor allocated and not written holds no resident memory (zero pages until written):
+// a ZeRO-3 rank's full-size flat buffers cost only the blocks it writes.
+TEST(Tensor, AnUnwrittenTensorIsNotResident) {
+  constexpr std::int64_t kElements = 32 << 20;  // 128 MiB of float
+  const std::int64_t before = resident_bytes();
+  Tensor<float> t({kElements});
+  const std::int64_t allocated = resident_bytes();
+  EXPECT_LT(allocated - before, 8 << 20)
+      << "allocating 128 MiB made " << ((allocated - before) >> 20) << " MiB resident";
+  for (std::int64_t i = 0; i < kElements / 2; ++i) t[i] = 1.0f;  // the first half written
+  const std::int64_t written = resident_bytes();
+  EXPECT_GT(written - before, 56 << 20)
+      << "writing 64 MiB made " << ((written - before) >> 20) << " MiB resident";
+  EXPECT_LT(written - before, 72 << 20);
+  EXPECT_EQ(t[kElements - 1], 0.0f);  // unwritten elements read as zero
 }
 
 TEST(Gemm, MatchesNaiveLoopsFloat) {
