@@ -144,7 +144,8 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
                                                                             .capacity_factor = spec.capacity_factor,
                                                                             .router_bias_rate = spec.router_bias_rate,
                                                                             .ep = options.ep ? options.ep
-                                                                                             : std::make_shared<nn::EpComm>()})
+                                                                                             : std::make_shared<nn::EpComm>(),
+                                                                            .shard_experts = options.shard_experts})
                                                                       : std::nullopt},
                          tp_);
   }
@@ -182,10 +183,11 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
     add_unit(fmt::format("block.{}", first_b + static_cast<std::int64_t>(l)), UnitKind::kBlock,
              block_offset_[l], l + 1 < blocks_.size() ? block_offset_[l + 1] : head_offset_);
   if (head_) {
-    head_unit_ = add_unit("head", UnitKind::kHead, head_offset_, store_.size());
+    head_unit_ = add_unit("head", UnitKind::kHead, head_offset_, store_.expert_offset());
     if (spec.tied_embeddings && embed_) units_.back().ranges.push_back(embed_unit_);  // reads the token table
   } else {
-    unit_ranges_.back().count = store_.size() - unit_ranges_.back().offset;  // the padding at the end
+    // The padding at the end of the dense part (the expert partition, if any, is in no unit).
+    unit_ranges_.back().count = store_.expert_offset() - unit_ranges_.back().offset;
   }
   init(options.seed, spec.init_std);
   // Initialised on the host; then placed.

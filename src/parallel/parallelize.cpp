@@ -73,6 +73,7 @@ RankModel parallelize(const TrainOptions& o, ProcessGroups& groups) {
   plan.loss_weight = env::number("NDMESH_TEST_LOSS_SCALE", 1.0) / static_cast<double>(o.batch * o.model.seq);
   plan.pp = groups.world().self("pp");
   plan.grad_group = groups.world().self("dp");
+  plan.expert_data = groups.world().self("edp");
 
   apply_tensor_parallel(plan, groups, o);
   apply_context_parallel(plan, groups, o);
@@ -98,7 +99,8 @@ std::vector<std::unique_ptr<model::Model>> build_chunks(const ModelPlan& plan) {
                                           .device = plan.device,
                                           .matmul = plan.matmul,
                                           .fuse_closing_add = plan.fuse_closing_add,
-                                          .ep = plan.ep},
+                                          .ep = plan.ep,
+                                          .shard_experts = plan.shard_experts},
                                          model::UnitRange::blocks(c.first_block, c.last_block, plan.spec.layers),
                                          plan.tp, plan.store));
     model::Model& g = *chunks.back();

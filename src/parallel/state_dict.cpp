@@ -12,6 +12,8 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
     : optimizer_(optimizer), sync_(sync) {
   const int tp_rank = model.plan.tp.rank();
   const bool writer = sync.group().rank() == 0;
+  const bool expert_writer = sync.expert_group().rank() == 0;
+  bool writes_experts = false;
   m_.resize(model.chunks.size());
   v_.resize(model.chunks.size());
   host_params_.resize(model.chunks.size());
@@ -31,9 +33,16 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
         std::copy_n(av.begin() + at, seg.count, v_[c].begin() + seg.offset);
         at += seg.count;
       }
-      if (sync.zero() > 0) {  // each element is owned by one member of the group: a sum gathers
-        sync.group().all_reduce(std::span<float>(m_[c]));
-        sync.group().all_reduce(std::span<float>(v_[c]));
+      // Each element is owned by one member of its partition's group: a sum gathers (the
+      // dense part over the gradient group, the experts this rank stores over edp).
+      const auto dense = static_cast<std::size_t>(sync.expert_offset(c));
+      if (sync.zero() > 0) {
+        sync.group().all_reduce(std::span<float>(m_[c]).first(dense));
+        sync.group().all_reduce(std::span<float>(v_[c]).first(dense));
+      }
+      if (const GradReducer* e = sync.expert_reducer(c); e != nullptr && e->zero() > 0) {
+        e->group().all_reduce(std::span<float>(m_[c]).subspan(dense));
+        e->group().all_reduce(std::span<float>(v_[c]).subspan(dense));
       }
     }
     // On a device the entries point into a host copy of the parameters (downloaded here
@@ -57,7 +66,10 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
     }
     for (const ParamView& view : g.params().views()) {
       // The copy of a tied weight is the owner's (ParamView::tied): written once, by the owner.
-      const bool writes = writer && (view.shard.sharded() || tp_rank == 0) && view.tied != Tied::kCopy;
+      // An expert a rank stores is written by the first member of its edp group.
+      const bool writes = (view.expert ? expert_writer : writer) && (view.shard.sharded() || tp_rank == 0) &&
+                          view.tied != Tied::kCopy;
+      writes_experts = writes_experts || (writes && view.expert);
       std::vector<std::pair<std::int64_t, std::int64_t>> keeps;
       if (sync.zero() == 3) {
         for (const nn::Segment& seg : sync.reducer(c).shard()) {
@@ -77,7 +89,12 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
                           .keeps = std::move(keeps)});
     }
   }
-  if (writer) file_ = fmt::format("shard-pp{:03}-tp{:03}.bin", model.plan.pp.rank(), tp_rank);
+  if (writer) {
+    file_ = fmt::format("shard-pp{:03}-tp{:03}.bin", model.plan.pp.rank(), tp_rank);
+  } else if (writes_experts) {
+    // The experts of the other ep ranks (the writer above holds ep rank 0's): one file each.
+    file_ = fmt::format("shard-pp{:03}-tp{:03}-ep{:03}.bin", model.plan.pp.rank(), tp_rank, model.plan.ep->rank());
+  }
 }
 
 void StateDict::commit() {
