@@ -121,33 +121,34 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
   for (std::int64_t l = first_b; l < last_b; ++l) {
     store_.begin_unit();
     block_offset_.push_back(store_.size());
-    blocks_.emplace_back(store_,
-                         nn::BlockOptions{.channels = spec.hidden,
-                                          .heads = spec.heads,
-                                          .kv_heads = spec.kv_heads_or_heads(),
-                                          .head_dim = spec.head_dim_or_default(),
-                                          .ffn = spec.ffn_or_default(),
-                                          .name = fmt::format("block.{}", l),
-                                          .norm = spec.norm,
-                                          .norm_eps = spec.norm_eps,
-                                          .mlp = spec.mlp,
-                                          .bias = spec.biases,
-                                          .rope = rope,
-                                          .moe = spec.is_moe_layer(l) ? std::optional<nn::MoeOptions>(nn::MoeOptions{
-                                                                            .experts = spec.experts,
-                                                                            .top_k = spec.top_k,
-                                                                            .shared_experts = spec.shared_experts,
-                                                                            .expert_ffn = spec.expert_ffn_or_default(),
-                                                                            .kind = spec.mlp,
-                                                                            .router = spec.router,
-                                                                            .aux_loss = spec.aux_loss,
-                                                                            .capacity_factor = spec.capacity_factor,
-                                                                            .router_bias_rate = spec.router_bias_rate,
-                                                                            .ep = options.ep ? options.ep
-                                                                                             : std::make_shared<nn::EpComm>(),
-                                                                            .shard_experts = options.shard_experts})
-                                                                      : std::nullopt},
-                         tp_);
+    blocks_.emplace_back(
+        store_,
+        nn::BlockOptions{.channels = spec.hidden,
+                         .heads = spec.heads,
+                         .kv_heads = spec.kv_heads_or_heads(),
+                         .head_dim = spec.head_dim_or_default(),
+                         .ffn = spec.ffn_or_default(),
+                         .name = fmt::format("block.{}", l),
+                         .norm = spec.norm,
+                         .norm_eps = spec.norm_eps,
+                         .mlp = spec.mlp,
+                         .bias = spec.biases,
+                         .rope = rope,
+                         .moe = spec.is_moe_layer(l)
+                                    ? std::optional<nn::MoeOptions>(nn::MoeOptions{
+                                          .experts = spec.experts,
+                                          .top_k = spec.top_k,
+                                          .shared_experts = spec.shared_experts,
+                                          .expert_ffn = spec.expert_ffn_or_default(),
+                                          .kind = spec.mlp,
+                                          .router = spec.router,
+                                          .aux_loss = spec.aux_loss,
+                                          .capacity_factor = spec.capacity_factor,
+                                          .router_bias_rate = spec.router_bias_rate,
+                                          .ep = options.ep ? options.ep : std::make_shared<nn::EpComm>(),
+                                          .shard_experts = options.shard_experts})
+                                    : std::nullopt},
+        tp_);
   }
   store_.begin_unit();
   head_offset_ = store_.size();

@@ -20,15 +20,19 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
     chunks_.push_back(&g);
     // ZeRO 2 and 3 reduce unit by unit where the units are padded to shards (apply.cpp).
     const std::int64_t dense = g.params().expert_offset();
-    reducers_.push_back(std::make_unique<GradReducer>(grad_, dense, options,
-                                                      model.plan.store.pad_units ? g.unit_ranges()
-                                                                           : std::vector<nn::Segment>{},
-                                                      g.device()));
+    reducers_.push_back(std::make_unique<GradReducer>(
+        grad_, dense, options, model.plan.store.pad_units ? g.unit_ranges() : std::vector<nn::Segment>{},
+        g.device()));
     // The experts this rank stores: over the ranks that store the same ones, in buckets.
+    // Under ZeRO-3 they are in no unit (nothing gathers them): ZeRO-2 there, the parameters
+    // whole on each rank (E/ep experts), gradients and optimizer state sharded over edp.
     expert_offsets_.push_back(dense);
+    DataParallelOptions expert_options = options;
+    expert_options.zero = std::min(options.zero, 2);
     expert_reducers_.push_back(dense < g.params().size()
-                                   ? std::make_unique<GradReducer>(expert_data_, g.params().size() - dense, options,
-                                                                   std::vector<nn::Segment>{}, g.device())
+                                   ? std::make_unique<GradReducer>(expert_data_, g.params().size() - dense,
+                                                                   expert_options, std::vector<nn::Segment>{},
+                                                                   g.device())
                                    : nullptr);
     owned_grads_.emplace_back();
     GradReducer* r = reducers_.back().get();
@@ -74,8 +78,8 @@ void GradSync::start_step() {
     } else {  // zeros without touching the pages (the backward writes one unit at a time)
       reducers_[c]->release_workspace();
       auto grads = chunks_[c]->params().grads();  // the expert partition after the dense part
-      ops::zero(grads.data() + expert_offsets_[c], static_cast<std::int64_t>(grads.size()) - expert_offsets_[c],
-                chunks_[c]->device());
+      ops::zero(grads.data() + expert_offsets_[c],
+                static_cast<std::int64_t>(grads.size()) - expert_offsets_[c], chunks_[c]->device());
     }
     if (!gatherers_.empty()) gatherers_[c]->reset_timers();
     for (GradReducer* r : {reducers_[c].get(), expert_reducers_[c].get()}) {
@@ -112,8 +116,8 @@ const float* GradSync::owned_grads(std::size_t c) {
   const float* flat = chunks_[c]->params().grads().data() + expert_offsets_[c];
   std::int64_t at = 0;
   for (const nn::Segment& seg : e->shard()) {
-    ops::copy(out.data() + dense + at, e->shard_grads() != nullptr ? e->shard_grads() + at : flat + seg.offset,
-              seg.count, device);
+    ops::copy(out.data() + dense + at,
+              e->shard_grads() != nullptr ? e->shard_grads() + at : flat + seg.offset, seg.count, device);
     at += seg.count;
   }
   return out.data();
@@ -237,9 +241,11 @@ void GradSync::sum_over_replicas(double& loss_sum) {
       for (GradReducer* r : {reducers_[c].get(), expert_reducers_[c].get()}) {
         if (r == nullptr) continue;
         const std::int64_t base = r == reducers_[c].get() ? 0 : expert_offsets_[c];
-        const std::int64_t end = r == reducers_[c].get() ? expert_offsets_[c] : static_cast<std::int64_t>(grads.size());
+        const std::int64_t end =
+            r == reducers_[c].get() ? expert_offsets_[c] : static_cast<std::int64_t>(grads.size());
         if (r->zero() < 2) {
-          replicas_.group.all_reduce(grads.subspan(static_cast<std::size_t>(base), static_cast<std::size_t>(end - base)));
+          replicas_.group.all_reduce(
+              grads.subspan(static_cast<std::size_t>(base), static_cast<std::size_t>(end - base)));
           continue;
         }
         // ZeRO 2 and 3: the replica's sums are this rank's shard's, kept apart (the segments

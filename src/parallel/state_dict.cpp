@@ -54,10 +54,14 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
       // commit() writes the own blocks back.
       host_params_[c].assign(size, 0.0f);
       if (gather_moments) {
+        const auto dense = static_cast<std::size_t>(sync.expert_offset(c));
         for (const nn::Segment& seg : sync.reducer(c).shard())
           ops::copy_to_host(host_params_[c].data() + seg.offset, p + seg.offset, seg.count,
                             g.params().device());
-        sync.group().all_reduce(std::span<float>(host_params_[c]));
+        sync.group().all_reduce(std::span<float>(host_params_[c]).first(dense));
+        // The experts this rank stores are whole here (GradSync: ZeRO-2 over edp).
+        ops::copy_to_host(host_params_[c].data() + dense, p + dense, static_cast<std::int64_t>(size - dense),
+                          g.params().device());
       }
       p = host_params_[c].data();
     } else if (g.params().device() != Device::kCpu) {
@@ -71,7 +75,7 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
                           view.tied != Tied::kCopy;
       writes_experts = writes_experts || (writes && view.expert);
       std::vector<std::pair<std::int64_t, std::int64_t>> keeps;
-      if (sync.zero() == 3) {
+      if (sync.zero() == 3 && !view.expert) {
         for (const nn::Segment& seg : sync.reducer(c).shard()) {
           const std::int64_t lo = std::max(seg.offset, view.offset);
           const std::int64_t hi = std::min(seg.offset + seg.count, view.offset + view.numel);
@@ -93,7 +97,8 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
     file_ = fmt::format("shard-pp{:03}-tp{:03}.bin", model.plan.pp.rank(), tp_rank);
   } else if (writes_experts) {
     // The experts of the other ep ranks (the writer above holds ep rank 0's): one file each.
-    file_ = fmt::format("shard-pp{:03}-tp{:03}-ep{:03}.bin", model.plan.pp.rank(), tp_rank, model.plan.ep->rank());
+    file_ = fmt::format("shard-pp{:03}-tp{:03}-ep{:03}.bin", model.plan.pp.rank(), tp_rank,
+                        model.plan.ep->rank());
   }
 }
 
@@ -112,6 +117,10 @@ void StateDict::commit() {
       for (const nn::Segment& seg : sync_.reducer(c).shard())
         ops::copy_from_host(p + seg.offset, host_params_[c].data() + seg.offset, seg.count,
                             chunks_[c]->params().device());
+      const std::int64_t dense = sync_.expert_offset(c);  // the experts it stores: whole
+      ops::copy_from_host(p + dense, host_params_[c].data() + dense,
+                          static_cast<std::int64_t>(host_params_[c].size()) - dense,
+                          chunks_[c]->params().device());
     } else {
       chunks_[c]->params().params_from_host(host_params_[c].data());
     }

@@ -16,7 +16,8 @@
 //     begin_experts). Each has its own GradReducer (the same options; ZeRO shards the expert
 //     partition over edp), so every rule below sees, per parameter, the reducer of its
 //     partition (ParamView::expert). The expert reducer starts its buckets after the
-//     backward (the grads-final hook speaks of the dense part).
+//     backward (the grads-final hook speaks of the dense part). Under ZeRO-3 the expert
+//     partition is in no unit and goes ZeRO-2 (each rank keeps its E/ep experts whole).
 //  2. tp: parameters replicated over tp whose inputs differ on each tp rank (the norms and
 //     row-parallel biases under sequence parallelism: ParamShard::grad_sum) are summed over
 //     tp once per step, after the dp-cp reduction, on the elements this rank updates (the
@@ -253,7 +254,7 @@ class GradSync {
   comm::Communicator expert_data_;
   std::vector<std::unique_ptr<GradReducer>> expert_reducers_;
   std::vector<std::int64_t> expert_offsets_;
-  std::vector<Tensor<float>> owned_grads_;  // owned_grads(): both partitions' ZeRO-2 gradients
+  std::vector<Tensor<float>> owned_grads_;                 // owned_grads(): both partitions' ZeRO-2 gradients
   std::vector<std::unique_ptr<ParamGatherer>> gatherers_;  // ZeRO-3, one per chunk
   Tensor<float> work_;        // the tp sum's packed elements
   // The sum over the replicas (level 4); a failure there goes to replica_failure_.

@@ -36,7 +36,7 @@ struct Pass {
   V out, dx, grads;
   std::vector<double> load;
   double aux = 0;
-  std::map<std::string, V> grad_of;  // by parameter name
+  std::map<std::string, V> grad_of;       // by parameter name
   std::vector<std::string> expert_views;  // the names in the store's expert partition
   std::int64_t dense = 0, size = 0;       // ParamStore::expert_offset(), size()
 };
@@ -75,7 +75,8 @@ Pass run_moe(std::shared_ptr<nn::EpComm> ep, const V& x, const V& w, std::int64_
   p.grads.assign(store.grads().data(), store.grads().data() + store.size());
   p.load = moe.expert_load();
   for (const auto& view : store.views()) {
-    p.grad_of[view.name] = V(store.grad(store.find(view.name)), store.grad(store.find(view.name)) + view.numel);
+    p.grad_of[view.name] =
+        V(store.grad(store.find(view.name)), store.grad(store.find(view.name)) + view.numel);
     if (view.expert) p.expert_views.push_back(view.name);
   }
   p.dense = store.expert_offset();
@@ -137,20 +138,22 @@ TEST_P(MoeEpSharded, EachRankStoresItsExpertsOnly) {
     const V x = random_vector(rows * kC, rng), w = random_vector(rows * kC, rng);
     const Pass serial = run_moe(nullptr, x, w, rows, RouterKind::kSoftmax, 0.0);
     const comm::Communicator alone = world.split(world.rank(), 0, "alone");
-    const Pass ep = run_moe(
-        std::make_shared<CommunicatorEpComm>(world.named("ep"), alone, alone, std::make_shared<EpCommStats>()), x,
-        w, rows, RouterKind::kSoftmax, 0.0, 0.7, true);
+    const Pass ep = run_moe(std::make_shared<CommunicatorEpComm>(world.named("ep"), alone, alone,
+                                                                 std::make_shared<EpCommStats>()),
+                            x, w, rows, RouterKind::kSoftmax, 0.0, 0.7, true);
     expect_near(ep.out, serial.out, "output", r);
     expect_near(ep.dx, serial.dx, "input gradient", r);
     // The experts r * E/ranks .. (r+1) * E/ranks - 1, SwiGLU: fc and proj each, after the dense part.
     std::vector<std::string> mine;
     for (std::int64_t e = r * kExperts / ranks; e < (r + 1) * kExperts / ranks; ++e)
-      for (const char* part : {"fc", "proj"}) mine.push_back("moe.experts." + std::to_string(e) + "." + part + ".weight");
+      for (const char* part : {"fc", "proj"})
+        mine.push_back("moe.experts." + std::to_string(e) + "." + part + ".weight");
     EXPECT_EQ(ep.expert_views, ranks > 1 ? mine : std::vector<std::string>{}) << "rank " << r;
     EXPECT_EQ(ep.grad_of.size(), serial.grad_of.size() - (ranks > 1 ? 2 * (kExperts - kExperts / ranks) : 0));
     // An expert is 4 x 10 + 5 x 4 elements (fc [2 x 5, 4], proj [4, 5]; aligned to 16: 48 + 32).
     EXPECT_EQ(ep.size, serial.size - (ranks > 1 ? (kExperts - kExperts / ranks) * 80 : 0)) << "rank " << r;
-    EXPECT_EQ(ep.dense, ranks > 1 ? serial.size - kExperts * 80 : serial.size) << "rank " << r;  // every expert out
+    EXPECT_EQ(ep.dense, ranks > 1 ? serial.size - kExperts * 80 : serial.size)
+        << "rank " << r;  // every expert out
     // Each parameter a rank stores: an expert's gradient is the serial one summed over the
     // ranks (all its tokens came to this rank), a dense one's this rank's own rows' (the dense
     // reduction sums them).
