@@ -67,7 +67,10 @@ void ParamStore<T>::allocate(std::int64_t multiple) {
   NDMESH_CHECK(!in_experts_, "nn", "parameter store allocated inside begin_experts()");
   if (multiple == 0) multiple = options_.pad_to;
   NDMESH_CHECK(multiple >= 1, "nn", "padding multiple {} must be at least 1", multiple);
-  size_ = (size_ + multiple - 1) / multiple * multiple;
+  // With an expert partition behind it, the dense part ends aligned too (its views' offsets
+  // are kParamAlign multiples, as every view's).
+  const std::int64_t dense_multiple = expert_size_ > 0 ? std::lcm(multiple, kParamAlign) : multiple;
+  size_ = (size_ + dense_multiple - 1) / dense_multiple * dense_multiple;
   expert_offset_ = size_;
   if (expert_size_ > 0) {
     const std::int64_t m = std::max<std::int64_t>(1, options_.expert_pad_to);
