@@ -63,6 +63,16 @@ expect_same "saved under --dp 2 --ep 2 --tp 2, resumed serially" "$tmp/softmax_d
   tail -n 1 > "$tmp/tp_r8.json"
 expect_same "saved under --dp 2 --ep 2 --tp 2, resumed under --dp 2 --cp 2 --ep 4 --tp 2" "$tmp/softmax_dropless.json" \
   "$tmp/tp_r8.json" --from 2
+# Sharded experts under ZeRO-3 (kept whole, ZeRO-2 over edp): saved under --dp 4 --ep 2 --zero 3,
+# resumed serially and under --dp 2 --ep 2 --zero 2.
+"${mpirun[@]}" -np 4 "$ndmesh" train "${common[@]}" --dp 4 --ep 2 --zero 3 --until 2 --save "$tmp/z3.ckpt" \
+  > "$tmp/z3_save.out" 2>&1 || fail "save under --dp 4 --ep 2 --zero 3: $(tail -5 "$tmp/z3_save.out")"
+"$ndmesh" train "${common[@]}" --load "$tmp/z3.ckpt" 2> /dev/null | tail -n 1 > "$tmp/z3_r1.json"
+expect_same "saved under --dp 4 --ep 2 --zero 3, resumed serially" "$tmp/softmax.json" "$tmp/z3_r1.json" --from 2
+"${mpirun[@]}" -np 2 "$ndmesh" train "${common[@]}" --dp 2 --ep 2 --zero 2 --load "$tmp/z3.ckpt" 2> /dev/null |
+  tail -n 1 > "$tmp/z3_r2.json"
+expect_same "saved under --dp 4 --ep 2 --zero 3, resumed under --dp 2 --ep 2 --zero 2" "$tmp/softmax.json" \
+  "$tmp/z3_r2.json" --from 2
 # Tensor parallelism with a capacity factor (the same drops on every tp rank).
 layout_run sigmoid 4 sigmoid_dp2_ep2_tp2 --dp 2 --ep 2 --tp 2 --router sigmoid --shared-experts 1 \
   --capacity-factor 1.0 --aux-loss 0.001

@@ -121,32 +121,34 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
   for (std::int64_t l = first_b; l < last_b; ++l) {
     store_.begin_unit();
     block_offset_.push_back(store_.size());
-    blocks_.emplace_back(store_,
-                         nn::BlockOptions{.channels = spec.hidden,
-                                          .heads = spec.heads,
-                                          .kv_heads = spec.kv_heads_or_heads(),
-                                          .head_dim = spec.head_dim_or_default(),
-                                          .ffn = spec.ffn_or_default(),
-                                          .name = fmt::format("block.{}", l),
-                                          .norm = spec.norm,
-                                          .norm_eps = spec.norm_eps,
-                                          .mlp = spec.mlp,
-                                          .bias = spec.biases,
-                                          .rope = rope,
-                                          .moe = spec.is_moe_layer(l) ? std::optional<nn::MoeOptions>(nn::MoeOptions{
-                                                                            .experts = spec.experts,
-                                                                            .top_k = spec.top_k,
-                                                                            .shared_experts = spec.shared_experts,
-                                                                            .expert_ffn = spec.expert_ffn_or_default(),
-                                                                            .kind = spec.mlp,
-                                                                            .router = spec.router,
-                                                                            .aux_loss = spec.aux_loss,
-                                                                            .capacity_factor = spec.capacity_factor,
-                                                                            .router_bias_rate = spec.router_bias_rate,
-                                                                            .ep = options.ep ? options.ep
-                                                                                             : std::make_shared<nn::EpComm>()})
-                                                                      : std::nullopt},
-                         tp_);
+    blocks_.emplace_back(
+        store_,
+        nn::BlockOptions{.channels = spec.hidden,
+                         .heads = spec.heads,
+                         .kv_heads = spec.kv_heads_or_heads(),
+                         .head_dim = spec.head_dim_or_default(),
+                         .ffn = spec.ffn_or_default(),
+                         .name = fmt::format("block.{}", l),
+                         .norm = spec.norm,
+                         .norm_eps = spec.norm_eps,
+                         .mlp = spec.mlp,
+                         .bias = spec.biases,
+                         .rope = rope,
+                         .moe = spec.is_moe_layer(l)
+                                    ? std::optional<nn::MoeOptions>(nn::MoeOptions{
+                                          .experts = spec.experts,
+                                          .top_k = spec.top_k,
+                                          .shared_experts = spec.shared_experts,
+                                          .expert_ffn = spec.expert_ffn_or_default(),
+                                          .kind = spec.mlp,
+                                          .router = spec.router,
+                                          .aux_loss = spec.aux_loss,
+                                          .capacity_factor = spec.capacity_factor,
+                                          .router_bias_rate = spec.router_bias_rate,
+                                          .ep = options.ep ? options.ep : std::make_shared<nn::EpComm>(),
+                                          .shard_experts = options.shard_experts})
+                                    : std::nullopt},
+        tp_);
   }
   store_.begin_unit();
   head_offset_ = store_.size();
@@ -182,10 +184,11 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
     add_unit(fmt::format("block.{}", first_b + static_cast<std::int64_t>(l)), UnitKind::kBlock,
              block_offset_[l], l + 1 < blocks_.size() ? block_offset_[l + 1] : head_offset_);
   if (head_) {
-    head_unit_ = add_unit("head", UnitKind::kHead, head_offset_, store_.size());
+    head_unit_ = add_unit("head", UnitKind::kHead, head_offset_, store_.expert_offset());
     if (spec.tied_embeddings && embed_) units_.back().ranges.push_back(embed_unit_);  // reads the token table
   } else {
-    unit_ranges_.back().count = store_.size() - unit_ranges_.back().offset;  // the padding at the end
+    // The padding at the end of the dense part (the expert partition, if any, is in no unit).
+    unit_ranges_.back().count = store_.expert_offset() - unit_ranges_.back().offset;
   }
   init(options.seed, spec.init_std);
   // Initialised on the host; then placed.
@@ -362,6 +365,10 @@ void DecoderT<T>::init(std::uint64_t seed, double init_std) {
       const std::int64_t block = r.count / so.keep_parts;
       kept.push_back({r.offset + so.keep_part * block, block});
     }
+  // The expert partition is in no unit: a rank keeps its experts whole (their gradients and
+  // optimizer states are what ZeRO shards over the expert-data-parallel group).
+  if (!kept.empty() && store_.expert_offset() < store_.size())
+    kept.push_back({store_.expert_offset(), store_.size() - store_.expert_offset()});
   T* const params = store_.params().data();
   std::vector<T> full, local;  // one parameter at a time: the serial tensor, this rank's tp slice
   for (const auto& view : store_.views()) {

@@ -162,13 +162,19 @@ Moe<T>::Moe(ParamStore<T>& store, MlpOptions options, MoeOptions moe)
   first_local_ = local_ * moe_.ep->rank();
   if (moe_.router == RouterKind::kSigmoid)
     bias_ = store.add(options_.name + ".router.bias", {moe_.experts}, false);
-  for (std::int64_t e = 0; e < moe_.experts; ++e)
+  // Sharded: only this rank's experts, in the store's expert partition (the names keep the
+  // global index, so checkpoints and initial values are the serial model's).
+  const bool sharded = moe_.shard_experts && moe_.ep->size() > 1;
+  first_held_ = sharded ? first_local_ : 0;
+  if (sharded) store.begin_experts();
+  for (std::int64_t e = first_held_; e < (sharded ? first_local_ + local_ : moe_.experts); ++e)
     experts_.push_back(make_feed_forward<T>(moe_.kind, store,
                                             {.channels = options_.channels,
                                              .ffn = moe_.expert_ffn,
                                              .name = fmt::format("{}.experts.{}", options_.name, e),
                                              .tp = options_.tp,
                                              .bias = false}));
+  if (sharded) store.end_experts();
   if (moe_.shared_experts > 0)
     shared_ = make_feed_forward<T>(moe_.kind, store,
                                    {.channels = options_.channels,
@@ -288,7 +294,7 @@ void Moe<T>::forward_rows(const T* x, T* out, T* route, std::int64_t n) const {
     const std::vector<std::int64_t> rows = d.rows_of_local(l);
     const auto ne = static_cast<std::int64_t>(rows.size());
     if (ne == 0) continue;
-    const FeedForward<T>& ex = *experts_[static_cast<std::size_t>(first_local_ + l)];
+    const FeedForward<T>& ex = *experts_[static_cast<std::size_t>(first_local_ - first_held_ + l)];
     gather_and_forward(ex, rows, got.data(), c, c, xe, ye, a);
     for (std::int64_t i = 0; i < ne; ++i) std::copy_n(ye.data() + i * c, c, got.data() + rows[i] * c);
   }
@@ -358,7 +364,7 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
     const std::vector<std::int64_t> rows = d.rows_of_local(l);
     const auto ne = static_cast<std::int64_t>(rows.size());
     if (ne == 0) continue;
-    const FeedForward<T>& ex = *experts_[static_cast<std::size_t>(first_local_ + l)];
+    const FeedForward<T>& ex = *experts_[static_cast<std::size_t>(first_local_ - first_held_ + l)];
     gather_and_forward(ex, rows, got.data(), out_w, c, xe, ye, a);
     dye.resize(static_cast<std::size_t>(ne * c));
     dxe.resize(static_cast<std::size_t>(ne * c));

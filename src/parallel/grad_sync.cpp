@@ -13,15 +13,28 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
     : world_(groups.world()),
       grad_(model.plan.grad_group),
       tp_(model.plan.tp),
-      tokens_(static_cast<double>(model.plan.batch.global_batch * model.plan.batch.seq)) {
+      tokens_(static_cast<double>(model.plan.batch.global_batch * model.plan.batch.seq)),
+      expert_data_(model.plan.expert_data) {
   for (std::size_t c = 0; c < model.chunks.size(); ++c) {
     model::Model& g = *model.chunks[c];
     chunks_.push_back(&g);
     // ZeRO 2 and 3 reduce unit by unit where the units are padded to shards (apply.cpp).
-    reducers_.push_back(std::make_unique<GradReducer>(grad_, g.params().size(), options,
-                                                      model.plan.store.pad_units ? g.unit_ranges()
-                                                                           : std::vector<nn::Segment>{},
-                                                      g.device()));
+    const std::int64_t dense = g.params().expert_offset();
+    reducers_.push_back(std::make_unique<GradReducer>(
+        grad_, dense, options, model.plan.store.pad_units ? g.unit_ranges() : std::vector<nn::Segment>{},
+        g.device()));
+    // The experts this rank stores: over the ranks that store the same ones, in buckets.
+    // Under ZeRO-3 they are in no unit (nothing gathers them): ZeRO-2 there, the parameters
+    // whole on each rank (E/ep experts), gradients and optimizer state sharded over edp.
+    expert_offsets_.push_back(dense);
+    DataParallelOptions expert_options = options;
+    expert_options.zero = std::min(options.zero, 2);
+    expert_reducers_.push_back(dense < g.params().size()
+                                   ? std::make_unique<GradReducer>(expert_data_, g.params().size() - dense,
+                                                                   expert_options, std::vector<nn::Segment>{},
+                                                                   g.device())
+                                   : nullptr);
+    owned_grads_.emplace_back();
     GradReducer* r = reducers_.back().get();
     g.set_grads_final_hook([r](std::int64_t from) { r->grads_final(from); });
     if (r->zero() == 3) {
@@ -36,7 +49,10 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
     // (on a GPU in mappable memory: a unit's chunks are backed when its backward begins).
     if (r->per_unit()) {
       r->own_workspace(g.params().grads().data(), model.plan.store.mappable_grads);
-      g.set_grads_write_hook([r](std::int64_t at) { r->writes_at(at); });
+      // (The expert partition is no unit's: its reducer goes in buckets, after the backward.)
+      g.set_grads_write_hook([r, dense](std::int64_t at) {
+        if (at < dense) r->writes_at(at);
+      });
       ParamGatherer* pg = r->zero() == 3 ? gatherers_.back().get() : nullptr;
       g.set_unit_hook([pg, r, &g](model::UnitEvent e, int unit) {
         if (pg != nullptr) pg->on_unit(e, unit);
@@ -57,22 +73,82 @@ void GradSync::params_updated() {
 
 void GradSync::start_step() {
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    if (!reducers_[c]->per_unit())
+    if (!reducers_[c]->per_unit()) {
       chunks_[c]->params().zero_grad();
-    else  // zeros without touching the pages (the backward writes one unit at a time)
+    } else {  // zeros without touching the pages (the backward writes one unit at a time)
       reducers_[c]->release_workspace();
+      auto grads = chunks_[c]->params().grads();  // the expert partition after the dense part
+      ops::zero(grads.data() + expert_offsets_[c],
+                static_cast<std::int64_t>(grads.size()) - expert_offsets_[c], chunks_[c]->device());
+    }
     if (!gatherers_.empty()) gatherers_[c]->reset_timers();
-    reducers_[c]->zero_shard_grads();
-    reducers_[c]->reset_timers();
+    for (GradReducer* r : {reducers_[c].get(), expert_reducers_[c].get()}) {
+      if (r == nullptr) continue;
+      r->zero_shard_grads();
+      r->reset_timers();
+    }
   }
+}
+
+std::vector<nn::Segment> GradSync::owned_segments(std::size_t c) const {
+  std::vector<nn::Segment> out = reducers_[c]->shard();
+  if (const GradReducer* e = expert_reducers_[c].get())
+    for (const nn::Segment& seg : e->shard()) out.push_back({seg.offset + expert_offsets_[c], seg.count});
+  return out;
+}
+
+const float* GradSync::owned_grads(std::size_t c) {
+  GradReducer& r = *reducers_[c];
+  const GradReducer* e = expert_reducers_[c].get();
+  // The expert group is no larger than the dp-cp group: ZeRO-2 there means ZeRO-2 here.
+  if (e == nullptr || r.zero() < 2) return r.shard_grads();
+  // The dense shard's gradients (kept apart), then the expert partition's (kept apart under
+  // ZeRO-2 over edp, or in the flat buffer where edp is one rank), one after another.
+  const Device device = chunks_[c]->device();
+  std::int64_t dense = 0, total = 0;
+  for (const nn::Segment& seg : r.shard()) dense += seg.count;
+  total = dense;
+  for (const nn::Segment& seg : e->shard()) total += seg.count;
+  Tensor<float>& out = owned_grads_[c];
+  out.set_device(device);
+  out.resize({total});
+  ops::copy(out.data(), r.shard_grads(), dense, device);
+  const float* flat = chunks_[c]->params().grads().data() + expert_offsets_[c];
+  std::int64_t at = 0;
+  for (const nn::Segment& seg : e->shard()) {
+    ops::copy(out.data() + dense + at,
+              e->shard_grads() != nullptr ? e->shard_grads() + at : flat + seg.offset, seg.count, device);
+    at += seg.count;
+  }
+  return out.data();
+}
+
+void GradSync::gather_params(std::size_t c, ParamStore<float>& store) {
+  // Only a gather asks for the writable parameters (which makes their bf16 copy stale).
+  if (reducers_[c]->gathers_params()) reducers_[c]->gather_params(store.params().data());
+  if (GradReducer* e = expert_reducers_[c].get(); e != nullptr && e->gathers_params())
+    e->gather_params(store.params().data() + expert_offsets_[c]);
 }
 
 void GradSync::begin_backward(int chunk, bool last) {
   const auto c = static_cast<std::size_t>(chunk);
   reducers_[c]->begin_backward(chunks_[c]->params().grads().data(), last);
+  if (GradReducer* e = expert_reducers_[c].get())
+    e->begin_backward(chunks_[c]->params().grads().data() + expert_offsets_[c], last);
 }
 
-void GradSync::end_backward(int chunk) { reducers_[static_cast<std::size_t>(chunk)]->finish_backward(); }
+void GradSync::end_backward(int chunk) {
+  const auto c = static_cast<std::size_t>(chunk);
+  reducers_[c]->finish_backward();
+  if (GradReducer* e = expert_reducers_[c].get()) e->finish_backward();
+}
+
+void GradSync::progress(int chunk) {
+  const auto c = static_cast<std::size_t>(chunk);
+  reducers_[c]->progress();
+  if (GradReducer* e = expert_reducers_[c].get()) e->progress();
+  if (!gatherers_.empty()) gatherers_[c]->poll();
+}
 
 template <typename F>
 void GradSync::for_each_owned_tied_grad(std::size_t c, const ParamView& view, F&& f) {
@@ -118,7 +194,7 @@ void GradSync::sum_replicated_over_tp() {
   parallel::sum_replicated_over_tp<float>(
       tp_, stores,
       [&](std::size_t c, const ParamView& v, auto&& f) {
-        reducers_[c]->for_each_owned(stores[c]->grads().data(), v.offset, v.numel, f);
+        for_each_owned_of(c, v, stores[c]->grads().data(), f);
       },
       work_);
 }
@@ -132,8 +208,8 @@ std::vector<std::pair<const float*, std::int64_t>> GradSync::counted_runs() cons
     for (const ParamView& v : g.params().views()) {
       if (!v.shard.sharded() && !tp_lead) continue;  // replicated over tp: counted on tp rank 0
       if (v.tied == Tied::kCopy) continue;             // the owner's copy counts
-      reducers_[c]->for_each_counted(g.params().grads().data(), v.offset, v.numel,
-                                     [&](const float* x, std::int64_t n, std::int64_t) { runs.emplace_back(x, n); });
+      for_each_counted_of(c, v, g.params().grads().data(),
+                          [&](const float* x, std::int64_t n, std::int64_t) { runs.emplace_back(x, n); });
     }
   }
   return runs;
@@ -162,15 +238,22 @@ void GradSync::sum_over_replicas(double& loss_sum) {
   try {
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
       auto grads = chunks_[c]->params().grads();
-      if (reducers_[c]->zero() < 2) {
-        replicas_.group.all_reduce(grads);
-        continue;
+      for (GradReducer* r : {reducers_[c].get(), expert_reducers_[c].get()}) {
+        if (r == nullptr) continue;
+        const std::int64_t base = r == reducers_[c].get() ? 0 : expert_offsets_[c];
+        const std::int64_t end =
+            r == reducers_[c].get() ? expert_offsets_[c] : static_cast<std::int64_t>(grads.size());
+        if (r->zero() < 2) {
+          replicas_.group.all_reduce(
+              grads.subspan(static_cast<std::size_t>(base), static_cast<std::size_t>(end - base)));
+          continue;
+        }
+        // ZeRO 2 and 3: the replica's sums are this rank's shard's, kept apart (the segments
+        // back to back): only they are updated.
+        std::int64_t n = 0;
+        for (const nn::Segment& seg : r->shard()) n += seg.count;
+        replicas_.group.all_reduce(std::span<float>(r->shard_grads(), static_cast<std::size_t>(n)));
       }
-      // ZeRO 2 and 3: the replica's sums are this rank's shard's, kept apart (the segments
-      // back to back): only they are updated.
-      std::int64_t n = 0;
-      for (const nn::Segment& seg : reducers_[c]->shard()) n += seg.count;
-      replicas_.group.all_reduce(std::span<float>(reducers_[c]->shard_grads(), static_cast<std::size_t>(n)));
     }
     replicas_.group.all_reduce(std::span<double>(&loss_sum, 1));
   } catch (const std::exception& e) {
@@ -242,18 +325,24 @@ void GradSync::sum_over_world(std::span<double> values) const {
 double GradSync::comm_seconds() const {
   double s = 0;
   for (const auto& r : reducers_) s += r->comm_seconds();
+  for (const auto& r : expert_reducers_)
+    if (r) s += r->comm_seconds();
   return s;
 }
 
 double GradSync::exposed_seconds() const {
   double s = 0;
   for (const auto& r : reducers_) s += r->exposed_seconds();
+  for (const auto& r : expert_reducers_)
+    if (r) s += r->exposed_seconds();
   return s;
 }
 
 std::int64_t GradSync::reduced_bytes() const {
   std::int64_t b = 0;
   for (const auto& r : reducers_) b += r->reduced_bytes();
+  for (const auto& r : expert_reducers_)
+    if (r) b += r->reduced_bytes();
   return b;
 }
 

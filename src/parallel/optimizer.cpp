@@ -31,7 +31,7 @@ Optimizer::Optimizer(RankModel& model, GradSync& sync, const nn::AdamWOptions& o
   for (std::size_t c = 0; c < model.chunks.size(); ++c) {
     chunks_.push_back(model.chunks[c].get());
     adams_.push_back(
-        std::make_unique<nn::AdamW<float>>(model.chunks[c]->params(), options, sync.reducer(c).shard()));
+        std::make_unique<nn::AdamW<float>>(model.chunks[c]->params(), options, sync.owned_segments(c)));
     if (pinned)
       adams_.back()->offload_to_host(offload.chunk_elements > 0 ? offload.chunk_elements
                                                                 : nn::PinnedOffload::kDefaultChunk);
@@ -146,10 +146,8 @@ double Optimizer::offload_io_seconds() const {
 
 void Optimizer::step(double lr, nn::GradNorm grad_norm) {
   for (std::size_t c = 0; c < adams_.size(); ++c) {
-    GradReducer& r = sync_.reducer(c);
-    adams_[c]->update(chunks_[c]->params(), lr, grad_norm, r.shard_grads());
-    // Only a gather asks for the writable parameters (which makes their bf16 copy stale).
-    if (r.gathers_params()) r.gather_params(chunks_[c]->params().params().data());
+    adams_[c]->update(chunks_[c]->params(), lr, grad_norm, sync_.owned_grads(c));
+    sync_.gather_params(c, chunks_[c]->params());
   }
   sync_.params_updated();
 }

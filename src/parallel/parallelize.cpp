@@ -73,6 +73,7 @@ RankModel parallelize(const TrainOptions& o, ProcessGroups& groups) {
   plan.loss_weight = env::number("NDMESH_TEST_LOSS_SCALE", 1.0) / static_cast<double>(o.batch * o.model.seq);
   plan.pp = groups.world().self("pp");
   plan.grad_group = groups.world().self("dp");
+  plan.expert_data = groups.world().self("edp");
 
   apply_tensor_parallel(plan, groups, o);
   apply_context_parallel(plan, groups, o);
@@ -90,17 +91,18 @@ RankModel parallelize(const TrainOptions& o, ProcessGroups& groups) {
 std::vector<std::unique_ptr<model::Model>> build_chunks(const ModelPlan& plan) {
   std::vector<std::unique_ptr<model::Model>> chunks;
   for (const ChunkPlan& c : plan.chunks) {
-    chunks.push_back(model::build<float>(plan.spec,
-                                         {.seed = plan.seed,
-                                          .batch = plan.batch.micro_batch,
-                                          .seq = plan.batch.local_seq(),
-                                          .recompute = plan.recompute,
-                                          .device = plan.device,
-                                          .matmul = plan.matmul,
-                                          .fuse_closing_add = plan.fuse_closing_add,
-                                          .ep = plan.ep},
-                                         model::UnitRange::blocks(c.first_block, c.last_block, plan.spec.layers),
-                                         plan.tp, plan.store));
+    chunks.push_back(model::build<float>(
+        plan.spec,
+        {.seed = plan.seed,
+         .batch = plan.batch.micro_batch,
+         .seq = plan.batch.local_seq(),
+         .recompute = plan.recompute,
+         .device = plan.device,
+         .matmul = plan.matmul,
+         .fuse_closing_add = plan.fuse_closing_add,
+         .ep = plan.ep,
+         .shard_experts = plan.shard_experts},
+        model::UnitRange::blocks(c.first_block, c.last_block, plan.spec.layers), plan.tp, plan.store));
     model::Model& g = *chunks.back();
     // bf16 products on a GPU read the weights from a bfloat16 copy that the optimizer step
     // writes with the update. Not under ZeRO-3: its gathers write the fp32 parameters, and a

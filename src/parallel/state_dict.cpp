@@ -12,6 +12,8 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
     : optimizer_(optimizer), sync_(sync) {
   const int tp_rank = model.plan.tp.rank();
   const bool writer = sync.group().rank() == 0;
+  const bool expert_writer = sync.expert_group().rank() == 0;
+  bool writes_experts = false;
   m_.resize(model.chunks.size());
   v_.resize(model.chunks.size());
   host_params_.resize(model.chunks.size());
@@ -31,9 +33,16 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
         std::copy_n(av.begin() + at, seg.count, v_[c].begin() + seg.offset);
         at += seg.count;
       }
-      if (sync.zero() > 0) {  // each element is owned by one member of the group: a sum gathers
-        sync.group().all_reduce(std::span<float>(m_[c]));
-        sync.group().all_reduce(std::span<float>(v_[c]));
+      // Each element is owned by one member of its partition's group: a sum gathers (the
+      // dense part over the gradient group, the experts this rank stores over edp).
+      const auto dense = static_cast<std::size_t>(sync.expert_offset(c));
+      if (sync.zero() > 0) {
+        sync.group().all_reduce(std::span<float>(m_[c]).first(dense));
+        sync.group().all_reduce(std::span<float>(v_[c]).first(dense));
+      }
+      if (const GradReducer* e = sync.expert_reducer(c); e != nullptr && e->zero() > 0) {
+        e->group().all_reduce(std::span<float>(m_[c]).subspan(dense));
+        e->group().all_reduce(std::span<float>(v_[c]).subspan(dense));
       }
     }
     // On a device the entries point into a host copy of the parameters (downloaded here
@@ -45,10 +54,14 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
       // commit() writes the own blocks back.
       host_params_[c] = ZeroedVector<float>(size);
       if (gather_moments) {
+        const auto dense = static_cast<std::size_t>(sync.expert_offset(c));
         for (const nn::Segment& seg : sync.reducer(c).shard())
           ops::copy_to_host(host_params_[c].data() + seg.offset, p + seg.offset, seg.count,
                             g.params().device());
-        sync.group().all_reduce(std::span<float>(host_params_[c]));
+        sync.group().all_reduce(std::span<float>(host_params_[c]).first(dense));
+        // The experts this rank stores are whole here (GradSync: ZeRO-2 over edp).
+        ops::copy_to_host(host_params_[c].data() + dense, p + dense, static_cast<std::int64_t>(size - dense),
+                          g.params().device());
       }
       p = host_params_[c].data();
     } else if (g.params().device() != Device::kCpu) {
@@ -59,9 +72,12 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
     }
     for (const ParamView& view : g.params().views()) {
       // The copy of a tied weight is the owner's (ParamView::tied): written once, by the owner.
-      const bool writes = writer && (view.shard.sharded() || tp_rank == 0) && view.tied != Tied::kCopy;
+      // An expert a rank stores is written by the first member of its edp group.
+      const bool writes = (view.expert ? expert_writer : writer) && (view.shard.sharded() || tp_rank == 0) &&
+                          view.tied != Tied::kCopy;
+      writes_experts = writes_experts || (writes && view.expert);
       std::vector<std::pair<std::int64_t, std::int64_t>> keeps;
-      if (sync.zero() == 3) {
+      if (sync.zero() == 3 && !view.expert) {
         for (const nn::Segment& seg : sync.reducer(c).shard()) {
           const std::int64_t lo = std::max(seg.offset, view.offset);
           const std::int64_t hi = std::min(seg.offset + seg.count, view.offset + view.numel);
@@ -79,7 +95,13 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
                           .keeps = std::move(keeps)});
     }
   }
-  if (writer) file_ = fmt::format("shard-pp{:03}-tp{:03}.bin", model.plan.pp.rank(), tp_rank);
+  if (writer) {
+    file_ = fmt::format("shard-pp{:03}-tp{:03}.bin", model.plan.pp.rank(), tp_rank);
+  } else if (writes_experts) {
+    // The experts of the other ep ranks (the writer above holds ep rank 0's): one file each.
+    file_ = fmt::format("shard-pp{:03}-tp{:03}-ep{:03}.bin", model.plan.pp.rank(), tp_rank,
+                        model.plan.ep->rank());
+  }
 }
 
 void StateDict::commit() {
@@ -97,6 +119,10 @@ void StateDict::commit() {
       for (const nn::Segment& seg : sync_.reducer(c).shard())
         ops::copy_from_host(p + seg.offset, host_params_[c].data() + seg.offset, seg.count,
                             chunks_[c]->params().device());
+      const std::int64_t dense = sync_.expert_offset(c);  // the experts it stores: whole
+      ops::copy_from_host(p + dense, host_params_[c].data() + dense,
+                          static_cast<std::int64_t>(host_params_[c].size()) - dense,
+                          chunks_[c]->params().device());
     } else {
       chunks_[c]->params().params_from_host(host_params_[c].data());
     }

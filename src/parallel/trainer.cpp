@@ -222,6 +222,15 @@ MemoryBytes Trainer::memory() const {
     for (std::size_t c = 0; c < model_.chunks.size(); ++c)
       m.params_gathered += static_cast<double>(sync_.gatherer(c)->peak_gathered_elements()) * sizeof(float);
     m.params = optimizer / 2 * sizeof(float) + m.params_gathered;
+    // The experts a rank stores (an expert partition) are whole, not only the owned shard.
+    for (std::size_t c = 0; c < model_.chunks.size(); ++c)
+      if (const GradReducer* e = sync_.expert_reducer(c)) {
+        double owned = 0;
+        for (const nn::Segment& seg : e->shard()) owned += static_cast<double>(seg.count);
+        m.params +=
+            (static_cast<double>(model_.chunks[c]->params().size() - sync_.expert_offset(c)) - owned) *
+            sizeof(float);
+      }
     // --offload optimizer+params: the shard is in files; memory holds what was gathered
     // (own blocks included) and, during the step, one streamed chunk (within the window).
     m.params_offloaded = static_cast<double>(optimizer_.offloaded_param_elements()) * sizeof(float);

@@ -26,8 +26,10 @@ int ParamStore<T>::add(std::string name, std::vector<std::int64_t> shape, bool d
                  "parameter '{}': shard pieces hold {} along dim {} but the local shape has {}", name, along,
                  shard.dim, shape[static_cast<std::size_t>(shard.dim)]);
   }
-  views_.push_back({std::move(name), size_, std::move(shape), numel, decay, std::move(shard)});
-  size_ += (numel + kParamAlign - 1) / kParamAlign * kParamAlign;
+  std::int64_t& end = in_experts_ ? expert_size_ : size_;
+  views_.push_back({std::move(name), end, std::move(shape), numel, decay, std::move(shard)});
+  views_.back().expert = in_experts_;
+  end += (numel + kParamAlign - 1) / kParamAlign * kParamAlign;
   return static_cast<int>(views_.size()) - 1;
 }
 
@@ -47,11 +49,35 @@ void ParamStore<T>::align_to(std::int64_t multiple) {
 }
 
 template <typename T>
+void ParamStore<T>::begin_experts() {
+  NDMESH_CHECK(params_.numel() == 0 && !in_experts_, "nn",
+               "the expert partition is opened once at a time and before the store is allocated");
+  in_experts_ = true;
+}
+
+template <typename T>
+void ParamStore<T>::end_experts() {
+  NDMESH_CHECK(in_experts_, "nn", "end_experts() without begin_experts()");
+  in_experts_ = false;
+}
+
+template <typename T>
 void ParamStore<T>::allocate(std::int64_t multiple) {
   NDMESH_CHECK(params_.numel() == 0, "nn", "parameter store allocated twice");
+  NDMESH_CHECK(!in_experts_, "nn", "parameter store allocated inside begin_experts()");
   if (multiple == 0) multiple = options_.pad_to;
   NDMESH_CHECK(multiple >= 1, "nn", "padding multiple {} must be at least 1", multiple);
-  size_ = (size_ + multiple - 1) / multiple * multiple;
+  // With an expert partition behind it, the dense part ends aligned too (its views' offsets
+  // are kParamAlign multiples, as every view's).
+  const std::int64_t dense_multiple = expert_size_ > 0 ? std::lcm(multiple, kParamAlign) : multiple;
+  size_ = (size_ + dense_multiple - 1) / dense_multiple * dense_multiple;
+  expert_offset_ = size_;
+  if (expert_size_ > 0) {
+    const std::int64_t m = std::max<std::int64_t>(1, options_.expert_pad_to);
+    for (ParamView& v : views_)
+      if (v.expert) v.offset += expert_offset_;
+    size_ += (expert_size_ + m - 1) / m * m;
+  }
   params_.resize({size_});
   grads_.resize({size_});
 }

@@ -279,7 +279,9 @@ RunReport fit(RunOptions o, comm::Communicator& world, const std::vector<RunObse
 
   // The logical model's parameters (what the serial run has) and this rank's share.
   std::int64_t params = 0;
-  for (const ParamView& v : trainer.model().params().views()) params += v.full_numel();
+  // (A rank stores 1/ep of the routed experts, the same shapes on every ep rank.)
+  for (const ParamView& v : trainer.model().params().views())
+    params += v.full_numel() * (v.expert ? t.ep : 1);
   const RunStart start_info{.options = o,
                             .trainer = trainer,
                             .mesh = mesh,

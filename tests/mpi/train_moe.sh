@@ -12,7 +12,8 @@
 # factor), as do --dp 2 --ep 2 with --pp 2 (1f1b; zb-h1 with the sigmoid router), with
 # --zero 3 and with --tp 2, and --dp 2 --cp 2 --ep 4 (scripts/moe_ep_matrix.sh runs every
 # schedule and more); a checkpoint saved at step 2 under --dp 2 --ep 2 resumes under --dp 4 --ep 4 and
-# serially, equal to the serial run's steps 3-4.
+# serially, equal to the serial run's steps 3-4. Under --ep N a rank stores only its experts
+# (checked from the JSON's parameter counts and bytes).
 #   train_moe.sh <mpirun command...> <path to ndmesh>
 source "$(dirname "$0")/train_lib.sh" "$@"
 
@@ -54,6 +55,20 @@ layout_run moe 4 moe_dp4_ep2 --dp 4 --ep 2
 aux_same moe moe_dp4_ep2
 layout_run moe 4 moe_dp4_ep4 --dp 4 --ep 4
 aux_same moe moe_dp4_ep4
+# Sharded expert storage: under --ep N a rank stores 4/N of each MoE block's 4 experts, so it holds
+# the serial run's parameters less 2 blocks x (4 - 4/N) experts x (fc [2*32, 32] + proj [32, 32]
+# = 3072), and their bytes less in memory_bytes.params (fp32, no padding at ZeRO 0); the logical
+# count (parameters) stays the serial one.
+stores() {  # stores <run> <experts not stored per block>
+  jq -e -n --slurpfile a "$tmp/moe.json" --slurpfile b "$tmp/$1.json" --argjson gone "$((2 * $2 * 3072))" \
+    '$b[0].parameters == $a[0].parameters and $b[0].parameters_per_rank == $a[0].parameters_per_rank - $gone and
+     $b[0].memory_bytes.params == $a[0].memory_bytes.params - 4 * $gone' > /dev/null ||
+    fail "$1 stores $(jq -c '[.parameters, .parameters_per_rank, .memory_bytes.params]' "$tmp/$1.json"), serial $(jq -c \
+      '[.parameters, .parameters_per_rank, .memory_bytes.params]' "$tmp/moe.json"): not $2 experts per block fewer"
+}
+stores moe_dp2_ep2 2
+stores moe_dp4_ep2 2
+stores moe_dp4_ep4 3
 layout_run sig 2 sig_dp2_ep2 --dp 2 --ep 2 "${extra[@]}"
 aux_same sig sig_dp2_ep2
 
@@ -65,6 +80,10 @@ layout_run sig 4 sig_dp2_ep2_pp2_zbh1 --dp 2 --ep 2 --pp 2 --schedule zb-h1 "${e
 aux_same sig sig_dp2_ep2_pp2_zbh1
 layout_run moe 2 moe_dp2_ep2_zero3 --dp 2 --ep 2 --zero 3
 aux_same moe moe_dp2_ep2_zero3
+# ZeRO-3 stores the dense parameters' shard and the rank's experts whole: its store holds 2 of 4.
+jq -e -n --slurpfile a "$tmp/moe.json" --slurpfile b "$tmp/moe_dp2_ep2_zero3.json" \
+  '$b[0].parameters_per_rank == $a[0].parameters_per_rank - 2 * 2 * 3072' > /dev/null ||
+  fail "--zero 3 --ep 2 stores $(jq .parameters_per_rank "$tmp/moe_dp2_ep2_zero3.json") parameters"
 # Context parallelism (a micro-batch's tokens on 2 ranks: the auxiliary loss sums their counts)
 # with the expert group across dp and cp; tensor parallelism (each expert split over tp).
 layout_run moe 4 moe_dp2_cp2_ep4 --dp 2 --cp 2 --ep 4

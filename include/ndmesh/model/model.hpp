@@ -92,6 +92,9 @@ struct ModelOptions {
   bool fuse_closing_add = true;
   /// The expert group of the MoE layers (expert parallelism, nn::Moe); nullptr: the group of one.
   std::shared_ptr<nn::EpComm> ep;
+  /// Each MoE layer stores only the experts its ep rank runs, in the store's expert partition
+  /// (nn::MoeOptions::shard_experts); otherwise every rank stores every expert.
+  bool shard_experts = false;
 };
 
 /// What one micro-batch's activations keep beyond what its own backward reads.
@@ -141,7 +144,8 @@ class ModelT {
   /// Its units (ParamUnit), in the order of their ranges in the flat buffer, which is the
   /// forward's order.
   const std::vector<ParamUnit>& units() const { return units_; }
-  /// Contiguous ranges of the flat buffers, one per unit, ascending and covering them.
+  /// Contiguous ranges of the flat buffers, one per unit, ascending and covering them (the
+  /// dense part [0, expert_offset()): an expert partition of the store is in no unit).
   const std::vector<nn::Segment>& unit_ranges() const { return unit_ranges_; }
   /// The units a backward reads parameters of, in its order: the head and the blocks in
   /// reverse (the embedding's backward reads no parameter, though it writes gradients).

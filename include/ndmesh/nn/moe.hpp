@@ -41,9 +41,12 @@
 // rows of all members (member by member, in order); combine: an all-to-all-v of the outputs
 // back, weighed and summed on the token's rank. The backward sends [x, dout, weight] rows the
 // same way (the expert recomputes its forward, as without ep) and gets [dx, d weight] back.
-// Every rank still stores every expert's parameters (the flat layout is the serial one): the
-// experts it does not run get zero gradients, so the dp x cp reduction of the gradients is
-// each expert's sum over its expert-data-parallel ranks. With P = 1 it is the serial layer.
+// With MoeOptions::shard_experts a rank declares only the E/P experts it runs, in the
+// store's expert partition (ParamStore::begin_experts; names keep the global index), and the
+// gradient synchronisation sums them over the expert-data-parallel group. Without it every
+// rank stores every expert (the serial flat layout, what ZeRO-3 gathers): the experts it does
+// not run get zero gradients, so the dp x cp reduction is each expert's sum over its
+// expert-data-parallel ranks. With P = 1 it is the serial layer.
 #pragma once
 
 #include <cstdint>
@@ -72,6 +75,9 @@ struct MoeOptions {
   /// The expert group (expert parallelism; default: the group of one). Member r runs
   /// experts [r * E/size, (r+1) * E/size) on the rows every member sends it.
   std::shared_ptr<EpComm> ep = std::make_shared<EpComm>();
+  /// Declare only the experts this member runs, in the store's expert partition (with more
+  /// than one member); otherwise every expert, like the serial layer.
+  bool shard_experts = false;
 };
 
 /// One token's routing: the chosen experts in choice order and their weights.
@@ -138,6 +144,8 @@ class Moe final : public FeedForwardPasses<Moe<T>, T> {
 
   // The experts this rank runs: [first_local_, first_local_ + local_).
   std::int64_t local_ = 0, first_local_ = 0;
+  // The experts this rank declared (experts_): from first_held_ (0 unless sharded).
+  std::int64_t first_held_ = 0;
   MlpOptions options_;
   MoeOptions moe_;
   ParamStore<T>* store_;

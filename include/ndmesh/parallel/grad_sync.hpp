@@ -9,6 +9,15 @@
 //     gradients reduces (a whole backward, or the weight half of a split one), and only the
 //     step's last, except under ZeRO 2, which keeps nothing but the shard between
 //     micro-batches and so reduces every one.
+//     Experts stored per ep rank (ModelPlan::shard_experts) are replicated over the
+//     expert-data-parallel group only: a chunk's flat buffer is then two partitions, the
+//     dense one [0, expert_offset) laid out alike on the whole dp-cp group, and the expert
+//     partition [expert_offset, size) laid out alike on the edp group (ParamStore::
+//     begin_experts). Each has its own GradReducer (the same options; ZeRO shards the expert
+//     partition over edp), so every rule below sees, per parameter, the reducer of its
+//     partition (ParamView::expert). The expert reducer starts its buckets after the
+//     backward (the grads-final hook speaks of the dense part). Under ZeRO-3 the expert
+//     partition is in no unit and goes ZeRO-2 (each rank keeps its E/ep experts whole).
 //  2. tp: parameters replicated over tp whose inputs differ on each tp rank (the norms and
 //     row-parallel biases under sequence parallelism: ParamShard::grad_sum) are summed over
 //     tp once per step, after the dp-cp reduction, on the elements this rank updates (the
@@ -26,9 +35,9 @@
 //     there does not end the step (the replica's ranks stay in step for their vote): it is
 //     kept in replica_failure().
 //  5. the norm: every element of the logical model is counted by exactly one rank (by one
-//     member of the gradient group; tp-sharded parameters on every tp rank, replicated ones
-//     on tp rank 0; the tied copy of the table not at all), and one all-reduce over the
-//     world sums the squares together with the loss.
+//     member of the gradient group, an expert's by one member of its edp group; tp-sharded
+//     parameters on every tp rank, replicated ones on tp rank 0; the tied copy of the table
+//     not at all), and one all-reduce over the world sums the squares together with the loss.
 //  6. ZeRO-3: the parameters are sharded on the reducers' blocks; one ParamGatherer per
 //     chunk, on the chunk's unit hook, gathers each unit before use and frees it after, and
 //     params_updated() frees every gathered copy once the optimizer changed the shards.
@@ -131,10 +140,7 @@ class GradSync {
   void begin_backward(int chunk, bool last);
   void end_backward(int chunk);
   /// Drives the reductions (and ZeRO-3 gathers) of chunk c in flight (between layers).
-  void progress(int chunk) {
-    reducers_[static_cast<std::size_t>(chunk)]->progress();
-    if (!gatherers_.empty()) gatherers_[static_cast<std::size_t>(chunk)]->poll();
-  }
+  void progress(int chunk);
   /// ZeRO-3: the shards changed (optimizer step, checkpoint load): every gathered copy is
   /// stale and is freed. Nothing otherwise.
   void params_updated();
@@ -182,8 +188,24 @@ class GradSync {
   /// a mixture of experts' auxiliary loss and routing loads (collective).
   void sum_over_world(std::span<double> values) const;
 
+  /// The reducer of chunk c's dense part (all of it without an expert partition).
   GradReducer& reducer(std::size_t chunk) { return *reducers_[chunk]; }
   const GradReducer& reducer(std::size_t chunk) const { return *reducers_[chunk]; }
+  /// The reducer of chunk c's expert partition (over the edp group, on the flat buffer from
+  /// expert_offset(c)); nullptr when the chunk stores no expert partition.
+  GradReducer* expert_reducer(std::size_t chunk) { return expert_reducers_[chunk].get(); }
+  const GradReducer* expert_reducer(std::size_t chunk) const { return expert_reducers_[chunk].get(); }
+  std::int64_t expert_offset(std::size_t chunk) const { return expert_offsets_[chunk]; }
+  /// The expert-data-parallel group (of one without expert parallelism).
+  const comm::Communicator& expert_group() const { return expert_data_; }
+  /// The segments of chunk c's flat buffer whose reduced gradients this rank updates (both
+  /// partitions' shards, in buffer order): what its optimizer owns.
+  std::vector<nn::Segment> owned_segments(std::size_t chunk) const;
+  /// The reduced gradients of owned_segments(c) one after another when ZeRO-2 keeps them
+  /// apart from the flat buffer (AdamW::update's segment_grads); nullptr: in the flat buffer.
+  const float* owned_grads(std::size_t chunk);
+  /// ZeRO 1/2: all-gathers chunk c's updated parameters (both partitions; collective).
+  void gather_params(std::size_t chunk, ParamStore<float>& store);
   int zero() const { return reducers_.front()->zero(); }
   const comm::Communicator& group() const { return grad_; }
   /// What the reductions of the last step cost (summed over the chunks).
@@ -196,6 +218,22 @@ class GradSync {
   // gradient this rank updates.
   template <typename F>
   void for_each_owned_tied_grad(std::size_t c, const ParamView& view, F&& f);
+  // The reducer of `view`'s partition in chunk c and where that partition starts.
+  std::pair<GradReducer*, std::int64_t> reducer_of(std::size_t c, const ParamView& view) const {
+    if (view.expert) return {expert_reducers_[c].get(), expert_offsets_[c]};
+    return {reducers_[c].get(), 0};
+  }
+  // for_each_owned / for_each_counted of `view` in chunk c, with its partition's reducer.
+  template <typename F>
+  void for_each_owned_of(std::size_t c, const ParamView& view, float* grads, F&& f) const {
+    auto [r, base] = reducer_of(c, view);
+    r->for_each_owned(grads + base, view.offset - base, view.numel, f);
+  }
+  template <typename F>
+  void for_each_counted_of(std::size_t c, const ParamView& view, float* grads, F&& f) const {
+    auto [r, base] = reducer_of(c, view);
+    r->for_each_counted(grads + base, view.offset - base, view.numel, f);
+  }
   // Sums chunk c's copy `view` of a tied weight with the other copy (the embedding group).
   void sum_tied(std::size_t c, const ParamView& view);
   void sum_tied_weights();
@@ -212,6 +250,11 @@ class GradSync {
   nn::TpContext<float> tp_;
   double tokens_;  // of a step's global batch
   std::vector<std::unique_ptr<GradReducer>> reducers_;
+  // Per chunk: the expert partition's reducer (nullptr: none) and where it starts.
+  comm::Communicator expert_data_;
+  std::vector<std::unique_ptr<GradReducer>> expert_reducers_;
+  std::vector<std::int64_t> expert_offsets_;
+  std::vector<Tensor<float>> owned_grads_;                 // owned_grads(): both partitions' ZeRO-2 gradients
   std::vector<std::unique_ptr<ParamGatherer>> gatherers_;  // ZeRO-3, one per chunk
   Tensor<float> work_;        // the tp sum's packed elements
   // The sum over the replicas (level 4); a failure there goes to replica_failure_.

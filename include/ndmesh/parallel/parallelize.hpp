@@ -60,6 +60,13 @@ struct ModelPlan {
   // Expert parallelism: the MoE layers' expert group (nullptr: of one), its stats.
   std::shared_ptr<nn::EpComm> ep;
   std::shared_ptr<EpCommStats> ep_stats = std::make_shared<EpCommStats>();
+  /// The expert-data-parallel group (the ranks that hold the same experts: what remains of
+  /// dp x cp once ep is folded out); of one without expert parallelism.
+  comm::Communicator expert_data;
+  /// Each rank stores only its E/ep experts (model::ModelOptions::shard_experts), whose
+  /// gradients GradSync sums over expert_data; not under ZeRO-3, which gathers the serial
+  /// layout (every rank stores every expert there).
+  bool shard_experts = false;
   // Pipeline parallelism: blocks per virtual stage, the schedule, this rank's chunks.
   std::vector<std::int64_t> partition;
   pp::PipelineSchedule schedule;

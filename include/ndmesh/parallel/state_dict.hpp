@@ -7,6 +7,10 @@
 // 0 of its gradient group (dp = cp = 0), which holds the parameters and, once the state
 // dict gathered them, the whole moments; replicated-over-tp parameters are written by tp
 // rank 0 only; a tied head's copy of the token table is never written (the embedding's is).
+// Experts stored per ep rank (ParamView::expert) are written by the first member of their
+// expert-data-parallel group: that of ep rank 0 into the file above, the others' into
+// "shard-ppSSS-tpTTT-epEEE.bin". Every rank loads what it stores by name, so a checkpoint
+// loads under another ep, or serially.
 #pragma once
 
 #include <cstdint>

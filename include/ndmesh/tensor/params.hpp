@@ -71,6 +71,10 @@ struct ParamView {
   bool decay = false;               ///< AdamW applies weight decay (matrices, not norms or biases)
   ParamShard shard;                 ///< tensor-parallel split (replicated by default)
   Tied tied = Tied::kNone;          ///< one of two copies of a tied weight (see Tied)
+  /// In the store's expert partition (ParamStore::begin_experts): a routed expert's parameter
+  /// that only the ranks running that expert hold (expert parallelism); its gradient is
+  /// summed over the expert-data-parallel group, not the dp-cp group.
+  bool expert = false;
   /// Elements of the full (serial) parameter.
   std::int64_t full_numel() const;
 };
@@ -95,6 +99,9 @@ struct StoreOptions {
   /// buffer is never resident. 1: every element is kept.
   std::int64_t keep_parts = 1;
   std::int64_t keep_part = 0;
+  /// The expert partition (ParamStore::begin_experts) padded to a multiple of this many
+  /// elements (equal ZeRO shards over the expert-data-parallel group).
+  std::int64_t expert_pad_to = 1;
 };
 
 /// The flat parameter and gradient buffers of one model.
@@ -111,10 +118,22 @@ class ParamStore {
   void begin_unit() {
     if (options_.pad_units) align_to(options_.pad_to);
   }
+  /// The parameters declared from begin_experts() to end_experts() go into the expert
+  /// partition (ParamView::expert): the end of both flat buffers, after every other
+  /// parameter and its padding, [expert_offset(), size()). Their offsets are fixed by
+  /// allocate(); nothing else moves (units, begin_unit, align_to see only the dense part).
+  /// Expert parallelism puts the experts a rank runs there, so that the dense partition
+  /// [0, expert_offset()) has the same layout on every rank of the dp-cp group and the
+  /// expert partition the same on every rank of the expert-data-parallel group.
+  void begin_experts();
+  void end_experts();
   /// Allocates both buffers (zeroed), padded to a multiple of `multiple` elements (0: the
-  /// options' pad_to; so that a ZeRO shard split of the buffer is even). After this no
-  /// parameter can be added.
+  /// options' pad_to; so that a ZeRO shard split of the buffer is even); with an expert
+  /// partition, the dense part is padded so, and the expert partition after it to a
+  /// multiple of the options' expert_pad_to. After this no parameter can be added.
   void allocate(std::int64_t multiple = 0);
+  /// Where the expert partition starts (size() when there is none): the dense part's end.
+  std::int64_t expert_offset() const { return expert_offset_; }
   /// The layout and placement options it was made with.
   const StoreOptions& options() const { return options_; }
   /// Pads the buffer so far to a multiple of `multiple` (and of kParamAlign): the next
@@ -207,6 +226,9 @@ class ParamStore {
   StoreOptions options_;
   std::vector<ParamView> views_;
   std::int64_t size_ = 0;
+  bool in_experts_ = false;         // between begin_experts() and end_experts()
+  std::int64_t expert_size_ = 0;    // the expert partition so far (offsets relative to it until allocate)
+  std::int64_t expert_offset_ = 0;  // after allocate(): where the expert partition starts
   Tensor<T> params_;
   Tensor<T> grads_;
   MatmulPrecision matmul_ = MatmulPrecision::kFp32;

@@ -8,6 +8,9 @@ namespace ndmesh::parallel {
 void apply_data_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOptions& o) {
   plan.grad_group = plan.batch.cp_size > 1 ? groups.cp_dp() : groups.dp();
   plan.store.pad_to = o.dp.zero > 0 ? plan.grad_group.size() : 1;
+  // The experts a rank stores (ModelPlan::shard_experts) are sharded over the ranks that hold
+  // the same experts.
+  plan.store.expert_pad_to = o.dp.zero > 0 && plan.shard_experts ? plan.expert_data.size() : 1;
   // ZeRO 2 and 3 reduce-scatter unit by unit (GradReducer::per_unit): each unit's range is
   // padded to a multiple of the group too.
   plan.store.pad_units = plan.grad_group.size() > 1 && o.dp.zero >= 2;

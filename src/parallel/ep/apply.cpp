@@ -2,7 +2,8 @@
 // Megatron-core and torchtitan): each dp-cp group is cut into expert groups of N consecutive
 // members (ProcessGroups::expert), which exchange the MoE layers' tokens; each member runs
 // E/N of the experts (nn::Moe). The members at the same place of every expert group hold the
-// same experts (the expert-data-parallel group, ProcessGroups::expert_data).
+// same experts (the expert-data-parallel group, ProcessGroups::expert_data); a rank stores
+// only its experts (ModelPlan::shard_experts) and their gradients are summed over that group.
 #include <fmt/format.h>
 
 #include "ndmesh/core/error.hpp"
@@ -33,7 +34,12 @@ void apply_expert_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOp
                       o.model.experts, o.ep);
   plan.ep =
       std::make_shared<CommunicatorEpComm>(groups.expert(o.ep), groups.cp(), groups.tp(), plan.ep_stats);
-  groups.expert_data(o.ep);  // made with the expert group, so that every rank splits alike
+  plan.expert_data = groups.expert_data(o.ep);  // made with the expert group, so that every rank splits alike
+  // A rank stores only its experts (their gradients summed over expert_data: GradSync; under
+  // ZeRO-3 kept whole, sharded ZeRO-2-wise over edp), except where the parameters' shard goes
+  // to files (--offload optimizer+params streams the gatherer's shard alone): every rank then
+  // stores every expert, gathered with its block as the dense parameters are.
+  plan.shard_experts = !(o.dp.zero == 3 && o.offload.what == Offload::kOptimizerParams);
 }
 
 }  // namespace ndmesh::parallel

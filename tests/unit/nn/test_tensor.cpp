@@ -146,6 +146,31 @@ TEST(ParamStore, AlignedOffsetsNamedViewsZeroPadding) {
   for (float x : store.params()) EXPECT_EQ(x, 0.0f);
 }
 
+// The expert partition (expert parallelism): what is declared between begin_experts() and
+// end_experts() goes after the dense part and its padding, whatever the declaration order; the
+// dense offsets (and so the units) are those of a store without it.
+TEST(ParamStore, ExpertPartitionGoesAfterThePaddedDensePart) {
+  ParamStore<float> store({.pad_to = 5, .expert_pad_to = 5});
+  const int a = store.add("a", {3, 5}, true);
+  store.begin_experts();
+  const int e = store.add("e", {7}, true);
+  EXPECT_THROW(store.begin_experts(), Error);
+  store.end_experts();
+  const int c = store.add("c", {17}, true);
+  EXPECT_THROW(store.end_experts(), Error);
+  store.allocate();
+  EXPECT_EQ(store.view(a).offset, 0);
+  EXPECT_EQ(store.view(c).offset, 16);  // as if "e" were not there
+  // 16 + 17 aligned to 16 (48), padded to a multiple of pad_to 5 that is aligned too (80)
+  EXPECT_EQ(store.expert_offset(), 80);
+  EXPECT_FALSE(store.view(a).expert);
+  EXPECT_TRUE(store.view(e).expert);
+  EXPECT_EQ(store.view(e).offset, store.expert_offset());
+  EXPECT_EQ(store.size(), store.expert_offset() + 20);  // 7 aligned to 16, then to expert_pad_to 5
+  EXPECT_EQ(store.param(e), store.params().data() + store.expert_offset());
+  EXPECT_EQ(store.parameter_count(), 15 + 7 + 17);
+}
+
 // The bfloat16 copy of the parameters (bf16 products on a GPU read their weights from it): it
 // is current only after refresh_bf16() or a writer's bf16_written(), holds each parameter
 // rounded to bfloat16 (nearest even, as BFloat16 rounds), and every other way of writing

@@ -6,7 +6,13 @@
 // parallelism (MoeCp) the ranks hold equal parts of one micro-batch: the auxiliary loss is the
 // whole micro-batch's on every rank, and with each rank weighing it by 1/ranks (its share of
 // the micro-batch, as the decoder does) the gradients summed over the ranks are the serial ones.
+// With sharded storage (MoeEpSharded: MoeOptions::shard_experts) a rank's store holds only its
+// experts, in the expert partition after the dense parameters, and each of its experts'
+// gradients is that expert's serial gradient summed over the ranks.
 #include <cmath>
+#include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -30,12 +36,15 @@ struct Pass {
   V out, dx, grads;
   std::vector<double> load;
   double aux = 0;
+  std::map<std::string, V> grad_of;       // by parameter name
+  std::vector<std::string> expert_views;  // the names in the store's expert partition
+  std::int64_t dense = 0, size = 0;       // ParamStore::expert_offset(), size()
 };
 
 // Forward and backward of one Moe over `ep` (nullptr: serial) on rows x, gradient w, the
 // auxiliary loss weighed by aux_weight.
 Pass run_moe(std::shared_ptr<nn::EpComm> ep, const V& x, const V& w, std::int64_t rows, RouterKind router,
-             double capacity, double aux_weight = 0.7) {
+             double capacity, double aux_weight = 0.7, bool shard_experts = false) {
   ParamStore<double> store;
   nn::MoeOptions opts{.experts = kExperts,
                       .top_k = kTopK,
@@ -44,14 +53,16 @@ Pass run_moe(std::shared_ptr<nn::EpComm> ep, const V& x, const V& w, std::int64_
                       .kind = MlpKind::kSwiglu,
                       .router = router,
                       .aux_loss = 0.3,
-                      .capacity_factor = capacity};
+                      .capacity_factor = capacity,
+                      .shard_experts = shard_experts};
   if (ep) opts.ep = std::move(ep);
   nn::Moe<double> moe(store, {.channels = kC, .name = "moe", .bias = false}, opts);
   store.allocate();
-  Rng rng(5);  // the same parameters on every rank
-  for (const auto& view : store.views())
+  for (const auto& view : store.views()) {  // the same parameter of a name on every rank
+    Rng rng(5 + std::hash<std::string>{}(view.name));
     fill_normal(store.mutable_param(store.find(view.name)), view.numel, rng,
                 view.name == "moe.router.bias" ? 0.1 : 0.7);
+  }
   nn::MlpActivations<double> acts;
   acts.resize(rows, moe.pre_width(), moe.hidden_width());
   Pass p{.out = V(static_cast<std::size_t>(rows * kC)), .dx = V(static_cast<std::size_t>(rows * kC))};
@@ -63,6 +74,13 @@ Pass run_moe(std::shared_ptr<nn::EpComm> ep, const V& x, const V& w, std::int64_
   moe.backward(w.data(), x.data(), acts, p.dx.data(), scratch.data(), rows);
   p.grads.assign(store.grads().data(), store.grads().data() + store.size());
   p.load = moe.expert_load();
+  for (const auto& view : store.views()) {
+    p.grad_of[view.name] =
+        V(store.grad(store.find(view.name)), store.grad(store.find(view.name)) + view.numel);
+    if (view.expert) p.expert_views.push_back(view.name);
+  }
+  p.dense = store.expert_offset();
+  p.size = store.size();
   return p;
 }
 
@@ -108,6 +126,49 @@ INSTANTIATE_TEST_SUITE_P(Ranks, MoeEp,
                                            std::make_tuple(4, RouterKind::kSoftmax, 0.0),
                                            std::make_tuple(2, RouterKind::kSigmoid, 0.5),
                                            std::make_tuple(4, RouterKind::kSigmoid, 0.0)));
+
+class MoeEpSharded : public ::testing::TestWithParam<int> {};
+
+TEST_P(MoeEpSharded, EachRankStoresItsExpertsOnly) {
+  const int ranks = GetParam();
+  comm::inproc::run(ranks, [&](const comm::Communicator& world) {
+    const int r = world.rank();
+    const std::int64_t rows = 3 + 2 * r;
+    Rng rng(300 + static_cast<std::uint64_t>(r));
+    const V x = random_vector(rows * kC, rng), w = random_vector(rows * kC, rng);
+    const Pass serial = run_moe(nullptr, x, w, rows, RouterKind::kSoftmax, 0.0);
+    const comm::Communicator alone = world.split(world.rank(), 0, "alone");
+    const Pass ep = run_moe(std::make_shared<CommunicatorEpComm>(world.named("ep"), alone, alone,
+                                                                 std::make_shared<EpCommStats>()),
+                            x, w, rows, RouterKind::kSoftmax, 0.0, 0.7, true);
+    expect_near(ep.out, serial.out, "output", r);
+    expect_near(ep.dx, serial.dx, "input gradient", r);
+    // The experts r * E/ranks .. (r+1) * E/ranks - 1, SwiGLU: fc and proj each, after the dense part.
+    std::vector<std::string> mine;
+    for (std::int64_t e = r * kExperts / ranks; e < (r + 1) * kExperts / ranks; ++e)
+      for (const char* part : {"fc", "proj"})
+        mine.push_back("moe.experts." + std::to_string(e) + "." + part + ".weight");
+    EXPECT_EQ(ep.expert_views, ranks > 1 ? mine : std::vector<std::string>{}) << "rank " << r;
+    EXPECT_EQ(ep.grad_of.size(), serial.grad_of.size() - (ranks > 1 ? 2 * (kExperts - kExperts / ranks) : 0));
+    // An expert is 4 x 10 + 5 x 4 elements (fc [2 x 5, 4], proj [4, 5]; aligned to 16: 48 + 32).
+    EXPECT_EQ(ep.size, serial.size - (ranks > 1 ? (kExperts - kExperts / ranks) * 80 : 0)) << "rank " << r;
+    EXPECT_EQ(ep.dense, ranks > 1 ? serial.size - kExperts * 80 : serial.size)
+        << "rank " << r;  // every expert out
+    // Each parameter a rank stores: an expert's gradient is the serial one summed over the
+    // ranks (all its tokens came to this rank), a dense one's this rank's own rows' (the dense
+    // reduction sums them).
+    for (const auto& [name, g] : serial.grad_of) {
+      V sum = g;
+      world.all_reduce(std::span<double>(sum));
+      const auto it = ep.grad_of.find(name);
+      if (it == ep.grad_of.end()) continue;
+      const bool expert = name.find(".experts.") != std::string::npos;
+      expect_near(it->second, expert ? sum : g, name.c_str(), r);
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, MoeEpSharded, ::testing::Values(1, 2, 4));
 
 class MoeCp : public ::testing::TestWithParam<std::tuple<int, RouterKind>> {};
 
