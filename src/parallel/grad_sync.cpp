@@ -161,16 +161,28 @@ void GradSync::sum_over_replicas(double& loss_sum) {
   if (replicas_.on_start) replicas_.on_start();
   try {
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
-      auto grads = chunks_[c]->params().grads();
-      if (reducers_[c]->zero() < 2) {
-        replicas_.group.all_reduce(grads);
+      // What this rank updates: the flat buffer, or under ZeRO 2 and 3 its shard's sums, kept
+      // apart (the segments back to back).
+      float* grads = chunks_[c]->params().grads().data();
+      auto n = static_cast<std::int64_t>(chunks_[c]->params().grads().size());
+      if (reducers_[c]->zero() >= 2) {
+        grads = reducers_[c]->shard_grads();
+        n = 0;
+        for (const nn::Segment& seg : reducers_[c]->shard()) n += seg.count;
+      }
+      const Device device = chunks_[c]->device();
+      if (device == Device::kCpu) {
+        replicas_.group.all_reduce(std::span<float>(grads, static_cast<std::size_t>(n)));
         continue;
       }
-      // ZeRO 2 and 3: the replica's sums are this rank's shard's, kept apart (the segments
-      // back to back): only they are updated.
-      std::int64_t n = 0;
-      for (const nn::Segment& seg : reducers_[c]->shard()) n += seg.count;
-      replicas_.group.all_reduce(std::span<float>(reducers_[c]->shard_grads(), static_cast<std::size_t>(n)));
+      // On a GPU, staged through host memory around the group's all-reduce: the group is
+      // the comm layer's host group over the coordinator's store (abortable, with its
+      // timeouts), and the replicas' link is the slow one (PCIe is not). copy_to_host waits
+      // for the compute stream, so the replica's own reductions are complete.
+      replica_host_.resize(static_cast<std::size_t>(n));
+      ops::copy_to_host(replica_host_.data(), grads, n, device);
+      replicas_.group.all_reduce(std::span<float>(replica_host_));
+      ops::copy_from_host(grads, replica_host_.data(), n, device);
     }
     replicas_.group.all_reduce(std::span<double>(&loss_sum, 1));
   } catch (const std::exception& e) {
