@@ -11,6 +11,7 @@
 #    and parameter hash on every replica that committed it, and the committed steps equal
 #    the uninterrupted serial run's (tests/support/compare_runs.sh bounds).
 #   elastic.sh <path to ndmesh>
+#   (ELASTIC_NODE_LAYOUT: a replica's layout flags for its 2 ranks, default --tp 2)
 source "$(dirname "$0")/mn_lib.sh" "$@"
 source "$here/../support/compare_runs.sh"
 
@@ -35,7 +36,7 @@ reps=()
 for r in 0 1 2; do
   mn_enter "$c" $((r + 1)) env NDMESH_COORDINATOR="$addr" NDMESH_REPLICA_ID="$r" \
     timeout -k 5 120 mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader -np 2 \
-    "$ndmesh" train --tp 2 "${flags[@]}" > "$tmp/r$r.out" 2> "$tmp/r$r.err" &
+    "$ndmesh" train ${ELASTIC_NODE_LAYOUT:---tp 2} "${flags[@]}" > "$tmp/r$r.out" 2> "$tmp/r$r.err" &
   reps+=($!)
 done
 
