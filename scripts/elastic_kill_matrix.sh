@@ -9,6 +9,9 @@
 #   scripts/elastic_kill_matrix.sh [ndmesh]   (default build/bin/ndmesh)
 #   ELASTIC_MATRIX_LAYOUTS: layouts separated by ';' (default "--tp 2;--dp 2 --zero 3;--pp 2")
 #   ELASTIC_MATRIX_FAULTS: faults (default "reduce vote update stop coordinator node")
+#   ELASTIC_TEST_LAYERS: the model's blocks (default 2; e.g. 4 for --pp 2 --schedule interleaved --vpp 2)
+# On a GPU machine, e.g. ELASTIC_MATRIX_LAYOUTS="--tp 2 --device cuda" (with one GPU for both
+# ranks of a replica: NDMESH_BACKEND=mpi, the staged device communicator; NCCL wants a GPU each).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${1:-$root/build/bin/ndmesh}
@@ -23,7 +26,7 @@ for layout in "${layouts[@]}"; do
     start=$(date +%s.%N)
     if [ "$fault" = node ]; then
       bash "$root/tests/multinode/fixture.sh" setup > /dev/null 2>&1
-      ELASTIC_NODE_LAYOUT="$layout" bash "$root/tests/multinode/elastic.sh" "$bin" > "$logs/$name.log" 2>&1
+      ELASTIC_NODE_LAYOUT="$layout" ELASTIC_NODE_LAYERS="${ELASTIC_TEST_LAYERS:-2}" bash "$root/tests/multinode/elastic.sh" "$bin" > "$logs/$name.log" 2>&1
       rc=$?
       bash "$root/tests/multinode/fixture.sh" cleanup >> "$logs/$name.log" 2>&1
     else
