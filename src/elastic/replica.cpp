@@ -20,6 +20,7 @@
 #include "ndmesh/elastic/coordinator.hpp"
 #include "ndmesh/launch/route.hpp"
 #include "ndmesh/parallel/state_dict.hpp"
+#include "ndmesh/tensor/ops.hpp"
 
 namespace ndmesh::elastic {
 
@@ -298,10 +299,28 @@ void ElasticReplica::maybe_kill(std::string_view point) const {
 
 std::uint64_t ElasticReplica::hash_params() const {
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (const auto& c : trainer_.chunks()) {
-    const auto p = std::as_const(*c).params().params();
-    const auto* b = reinterpret_cast<const unsigned char*>(p.data());
-    for (std::size_t i = 0; i < p.size_bytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  const auto hash = [&h](const float* p, std::int64_t n) {
+    const auto* b = reinterpret_cast<const unsigned char*>(p);
+    for (std::size_t i = 0; i < static_cast<std::size_t>(n) * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  std::vector<float> host;  // on a device: a segment's copy
+  const parallel::GradSync& sync = trainer_.grad_sync();
+  for (std::size_t c = 0; c < trainer_.chunks().size(); ++c) {
+    const model::Model& chunk = *trainer_.chunks()[c];
+    const auto p = chunk.params().params();
+    // The parameters this rank holds: all of them, or under ZeRO-3 its blocks (the rest is
+    // freed; on a GPU unmapped).
+    std::vector<nn::Segment> held{{.offset = 0, .count = static_cast<std::int64_t>(p.size())}};
+    if (sync.zero() == 3) held = sync.reducer(c).shard();
+    for (const nn::Segment& seg : held) {
+      if (chunk.device() == Device::kCpu) {
+        hash(p.data() + seg.offset, seg.count);
+        continue;
+      }
+      host.resize(static_cast<std::size_t>(seg.count));
+      ops::copy_to_host(host.data(), p.data() + seg.offset, seg.count, chunk.device());
+      hash(host.data(), seg.count);
+    }
   }
   std::vector<std::int64_t> all(static_cast<std::size_t>(world_.size()));
   const std::int64_t mine = static_cast<std::int64_t>(h);

@@ -42,20 +42,32 @@ BatchSource::BatchSource(BatchLayout layout, std::unique_ptr<model::DataSource> 
   }
 }
 
-ReplicaShare replica_share(std::int64_t microbatches, std::int64_t position, std::int64_t replicas) {
+ReplicaShare replica_share(std::int64_t microbatches, std::int64_t position, std::int64_t replicas,
+                           std::int64_t granule) {
   NDMESH_CHECK(replicas >= 1 && position >= 0 && position < replicas, "batch",
                "replica position {} of {} replicas", position, replicas);
-  if (microbatches < replicas)
+  NDMESH_CHECK(granule >= 1 && microbatches % granule == 0, "batch",
+               "{} micro-batches are not a multiple of the replicas' unit of {}", microbatches, granule);
+  const std::int64_t units = microbatches / granule;
+  if (units < replicas) {
+    if (granule == 1)
+      fail<ConfigError>("elastic",
+                        "the global batch has {} micro-batches per data-parallel rank (--batch / --micro-batch / "
+                        "--dp), fewer than the {} live replicas; raise --batch or lower --micro-batch",
+                        microbatches, replicas);
     fail<ConfigError>("elastic",
                       "the global batch has {} micro-batches per data-parallel rank (--batch / --micro-batch / "
-                      "--dp), fewer than the {} live replicas; raise --batch or lower --micro-batch",
-                      microbatches, replicas);
-  const std::int64_t base = microbatches / replicas, extra = microbatches % replicas;
-  return {.first = position * base + std::min(position, extra), .count = base + (position < extra ? 1 : 0)};
+                      "--dp) and the interleaved schedule runs a multiple of pp={} on each replica: fewer than "
+                      "the {} live replicas need ({}); raise --batch or lower --micro-batch",
+                      microbatches, granule, replicas, replicas * granule);
+  }
+  const std::int64_t base = units / replicas, extra = units % replicas;
+  return {.first = (position * base + std::min(position, extra)) * granule,
+          .count = (base + (position < extra ? 1 : 0)) * granule};
 }
 
-ReplicaShare BatchSource::set_replica(std::int64_t position, std::int64_t replicas) {
-  share_ = replica_share(layout_.microbatches, position, replicas);
+ReplicaShare BatchSource::set_replica(std::int64_t position, std::int64_t replicas, std::int64_t granule) {
+  share_ = replica_share(layout_.microbatches, position, replicas, granule);
   return share_;
 }
 

@@ -237,22 +237,35 @@ void GradSync::sum_over_replicas(double& loss_sum) {
   if (replicas_.on_start) replicas_.on_start();
   try {
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
-      auto grads = chunks_[c]->params().grads();
+      auto all = chunks_[c]->params().grads();
+      const Device device = chunks_[c]->device();
       for (GradReducer* r : {reducers_[c].get(), expert_reducers_[c].get()}) {
         if (r == nullptr) continue;
+        // What this rank updates: its part of the flat buffer (the dense part, or the expert
+        // partition), or under ZeRO 2 and 3 its shard's sums, kept apart (the segments back
+        // to back).
         const std::int64_t base = r == reducers_[c].get() ? 0 : expert_offsets_[c];
         const std::int64_t end =
-            r == reducers_[c].get() ? expert_offsets_[c] : static_cast<std::int64_t>(grads.size());
-        if (r->zero() < 2) {
-          replicas_.group.all_reduce(
-              grads.subspan(static_cast<std::size_t>(base), static_cast<std::size_t>(end - base)));
+            r == reducers_[c].get() ? expert_offsets_[c] : static_cast<std::int64_t>(all.size());
+        float* grads = all.data() + base;
+        std::int64_t n = end - base;
+        if (r->zero() >= 2) {
+          grads = r->shard_grads();
+          n = 0;
+          for (const nn::Segment& seg : r->shard()) n += seg.count;
+        }
+        if (device == Device::kCpu) {
+          replicas_.group.all_reduce(std::span<float>(grads, static_cast<std::size_t>(n)));
           continue;
         }
-        // ZeRO 2 and 3: the replica's sums are this rank's shard's, kept apart (the segments
-        // back to back): only they are updated.
-        std::int64_t n = 0;
-        for (const nn::Segment& seg : r->shard()) n += seg.count;
-        replicas_.group.all_reduce(std::span<float>(r->shard_grads(), static_cast<std::size_t>(n)));
+        // On a GPU, staged through host memory around the group's all-reduce: the group is
+        // the comm layer's host group over the coordinator's store (abortable, with its
+        // timeouts), and the replicas' link is the slow one (PCIe is not). copy_to_host waits
+        // for the compute stream, so the replica's own reductions are complete.
+        replica_host_.resize(static_cast<std::size_t>(n));
+        ops::copy_to_host(replica_host_.data(), grads, n, device);
+        replicas_.group.all_reduce(std::span<float>(replica_host_));
+        ops::copy_from_host(grads, replica_host_.data(), n, device);
       }
     }
     replicas_.group.all_reduce(std::span<double>(&loss_sum, 1));

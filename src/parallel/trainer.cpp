@@ -73,14 +73,16 @@ std::unique_ptr<StateDict> Trainer::state_dict(bool gather_moments) {
 }
 
 void Trainer::set_replica(std::int64_t position, std::int64_t replicas) {
-  const std::int64_t count = batches_.set_replica(position, replicas).count;
-  if (count == model_.plan.schedule.microbatches) {
+  const pp::PipelineSchedule& base = model_.plan.schedule;
+  // The interleaved schedule runs a multiple of pp micro-batches: so does each share.
+  const std::int64_t granule = base.kind == Schedule::kInterleaved ? base.stages : 1;
+  const std::int64_t count = batches_.set_replica(position, replicas, granule).count;
+  if (count == base.microbatches) {
     active_ = executor_.get();
     return;
   }
   auto& e = shares_[count];
   if (!e) {
-    const pp::PipelineSchedule& base = model_.plan.schedule;
     std::vector<model::Model*> raw;
     for (auto& c : model_.chunks) raw.push_back(c.get());
     e = std::make_unique<pp::Executor>(pp::make_schedule({.schedule = base.kind,

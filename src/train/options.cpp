@@ -364,10 +364,6 @@ void check_elastic(RunOptions& o, [[maybe_unused]] const Mesh& mesh) {
                       "--offload={} with a coordinator: a replica's state must be in memory to be copied to "
                       "a healing replica; use --offload none for elastic runs",
                       o.offload);
-  if (o.device != "cpu")
-    fail<ConfigError>("train",
-                      "--device={} with a coordinator: elastic runs are CPU-only for now; use --device cpu",
-                      o.device);
   if (o.train.micro_batch == 0)
     o.train.micro_batch = 1;  // the global batch is split over replicas by micro-batches
 }

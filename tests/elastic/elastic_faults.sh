@@ -4,7 +4,8 @@
 # uninterrupted serial run of the same flags.
 # Usage: elastic_faults.sh <mode> <mpirun command...> <path to ndmesh>
 #   (ELASTIC_TEST_LAYOUT: a replica's layout flags for its 2 ranks, default --tp 2;
-#   ELASTIC_TEST_MODEL: model flags added to every run, the serial one too, e.g. --arch llama)
+#   ELASTIC_TEST_MODEL: model flags added to every run, the serial one too, e.g. --arch llama;
+#   ELASTIC_TEST_LAYERS: the blocks, default 2)
 #   mode reduce|vote|update: replica 1's rank 1 SIGKILLs itself at step 4 at that point
 #        (NDMESH_TEST_ELASTIC_KILL); this script restarts replica 1, which rejoins and heals;
 #   mode stop: replica 2 is stopped (SIGSTOP) past the heartbeat timeout, then resumed; it
@@ -34,7 +35,7 @@ fail() {
 }
 
 steps=${ELASTIC_TEST_STEPS:-40}
-flags=(--steps "$steps" --batch 6 --micro-batch 1 --layers 2 --hidden 64 --heads 4 --kv-heads 2 --seq 32
+flags=(--steps "$steps" --batch 6 --micro-batch 1 --layers "${ELASTIC_TEST_LAYERS:-2}" --hidden 64 --heads 4 --kv-heads 2 --seq 32
        --warmup 4 --eval-batches 1 --threads 1 --json)
 # shellcheck disable=SC2206
 flags+=(${ELASTIC_TEST_MODEL:-})

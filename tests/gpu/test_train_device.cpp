@@ -11,6 +11,7 @@
 // where device memory is host memory, made inaccessible to host code outside kernels and
 // copies by the emulator's guard, so that a host access fails as it would on a GPU); on a GPU, scripts/gpu_nccl.sh runs the layouts over
 // NCCL and the staged backend in separate processes.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -29,6 +30,9 @@
 #include "ndmesh/model/data.hpp"
 #include "ndmesh/parallel/trainer.hpp"
 #include "support/model_fixtures.hpp"
+#ifdef NDMESH_HAVE_ELASTIC
+#include "support/elastic_replicas.hpp"
+#endif
 
 namespace ndmesh {
 namespace {
@@ -309,6 +313,68 @@ TEST(CudaTrainCheckpoint, Bf16LoadedIntoARunningTrainerResumesFromTheLoadedWeigh
 
 // ndmesh's own all-reduce programs sum received chunks in host loops: on CUDA they are
 // refused in one line (the device communicator's all-reduce is NCCL's ring or tree).
+#ifdef NDMESH_HAVE_ELASTIC
+// Elastic replicas on (emulated) GPUs (docs/elastic.md): replicas of `mesh` with --device cuda,
+// their groups on the staged device communicator, the sum across replicas staged through host
+// memory around the generation's host group (GradSync), under an in-process coordinator.
+// Replica 2 joins after step 1 (it heals from a donor through the state dict: parameters and
+// moments downloaded, broadcast, uploaded) and replica 1 leaves after step 3 (the others'
+// reduction fails, the step is redone without it): every committed step equals the serial CPU
+// run within the layout bounds (loss 1e-5, norm 1e-5 at step 1, 1e-4 later). Replicas of one
+// rank: the device communicators inside a replica are those of every GPU layout (the layout
+// tests above); `mesh` "tp=2" passes as well, in 19 s instead of 5 on this machine.
+void expect_elastic_equals_serial(const std::string& mesh, TrainOptions o, std::int64_t steps) {
+  o.batch = 6;  // 6 micro-batches: two for each of 3 replicas
+  o.micro_batch = 1;
+  o.steps = steps;
+  const Steps want = train(o, Mesh::parse("dp=1"), Device::kCpu, static_cast<int>(steps));
+  TrainOptions device = o;
+  device.device = Device::kCuda;
+  const testing_support::ReplicaOutcome out = testing_support::run_replicas(
+      {.replicas = 3,
+       .min_replicas = 2,
+       .steps = steps,
+       .leaver = 1,
+       .leave_after = 3,
+       .late = 2,
+       .join_after = 1,
+       .mesh = mesh,
+       .options = device,
+       .data = [&o] { return std::make_unique<model::MarkovSource>(model::MarkovOptions{.vocab = o.model.vocab, .seed = 3}); },
+       .groups_world = [](const comm::Communicator& world) {
+         return world.size() > 1 ? comm::staged(world, std::make_shared<EmulatedStaging>()) : world;
+       },
+       .job = {.timeout_s = 60, .tagless = true}});
+  for (std::size_t r = 0; r < 3; ++r)
+    for (std::size_t s = 0; s < static_cast<std::size_t>(steps); ++s) {
+      if (std::isnan(out.losses[r][s])) continue;
+      const double nb = s == 0 ? 1e-5 : 1e-4;
+      EXPECT_NEAR(out.losses[r][s], want.loss[s], 1e-5 * want.loss[s]) << mesh << " replica " << r << " step " << s + 1;
+      EXPECT_NEAR(out.norms[r][s], want.norm[s], nb * want.norm[s]) << mesh << " replica " << r << " step " << s + 1;
+    }
+  // Every step committed by replica 0; replica 2 committed some after healing, with all three
+  // computing one of them; the last step without replica 1.
+  for (std::size_t s = 0; s < static_cast<std::size_t>(steps); ++s)
+    EXPECT_FALSE(std::isnan(out.losses[0][s])) << mesh << " step " << s + 1;
+  EXPECT_FALSE(std::isnan(out.losses[2][static_cast<std::size_t>(steps) - 1])) << mesh << ": replica 2 never healed";
+  EXPECT_NE(std::find(out.replicas.begin(), out.replicas.end(), 3), out.replicas.end()) << mesh;
+  EXPECT_EQ(out.replicas.back(), 2) << mesh;
+}
+
+TEST(CudaElasticReplicas, JoinHealAndLeaveEqualTheSerialCpuRun) {
+  NDMESH_GPU_OR_SKIP();
+#ifndef NDMESH_CUDA_EMULATED
+  GTEST_SKIP() << "in-process ranks exchange host memory: emulator only";
+#endif
+#ifdef NDMESH_CUDA_EMULATED
+  emu::guard_device_memory();
+#endif
+  TrainOptions o = options_of(Case{"", ""});
+  o.model.layers = 1;  // the emulator's time: about 0.3 s a step of each replica here
+  expect_elastic_equals_serial("dp=1", o, 4);
+}
+#endif
+
 TEST(CudaTrainOptions, HostAllReduceProgramsAreRefused) {
   NDMESH_GPU_OR_SKIP();
   for (auto a : {comm::AllReduceAlgorithm::kRing, comm::AllReduceAlgorithm::kTree,

@@ -11,13 +11,15 @@
 #    and parameter hash on every replica that committed it, and the committed steps equal
 #    the uninterrupted serial run's (tests/support/compare_runs.sh bounds).
 #   elastic.sh <path to ndmesh>
+#   (ELASTIC_NODE_LAYOUT: a replica's layout flags for its 2 ranks, default --tp 2;
+#   ELASTIC_NODE_LAYERS: the blocks, default 2)
 source "$(dirname "$0")/mn_lib.sh" "$@"
 source "$here/../support/compare_runs.sh"
 
 steps=${ELASTIC_NODE_STEPS:-120}
 heartbeat_s=2
 slack_s=${ELASTIC_NODE_SLACK_S:-1.5}  # polling, a loaded machine (the old wait: the 5 s reduction timeout)
-flags=(--steps "$steps" --batch 6 --micro-batch 1 --layers 2 --hidden 64 --heads 4 --kv-heads 2 --seq 32
+flags=(--steps "$steps" --batch 6 --micro-batch 1 --layers "${ELASTIC_NODE_LAYERS:-2}" --hidden 64 --heads 4 --kv-heads 2 --seq 32
        --warmup 4 --eval-batches 1 --threads 1 --json)
 export NDMESH_ELASTIC_TIMEOUT_S=5 NDMESH_LOG=info
 
@@ -35,7 +37,7 @@ reps=()
 for r in 0 1 2; do
   mn_enter "$c" $((r + 1)) env NDMESH_COORDINATOR="$addr" NDMESH_REPLICA_ID="$r" \
     timeout -k 5 120 mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader -np 2 \
-    "$ndmesh" train --tp 2 "${flags[@]}" > "$tmp/r$r.out" 2> "$tmp/r$r.err" &
+    "$ndmesh" train ${ELASTIC_NODE_LAYOUT:---tp 2} "${flags[@]}" > "$tmp/r$r.out" 2> "$tmp/r$r.err" &
   reps+=($!)
 done
 

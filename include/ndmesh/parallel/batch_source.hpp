@@ -52,8 +52,11 @@ struct ReplicaShare {
 /// The share of replica `position` (0-based) of `replicas` live ones in a global batch of
 /// `microbatches` micro-batches: an even split in replica order, the first
 /// microbatches % replicas replicas one more, so the shares cover the batch once whatever
-/// the membership. ConfigError when there are fewer micro-batches than replicas.
-ReplicaShare replica_share(std::int64_t microbatches, std::int64_t position, std::int64_t replicas);
+/// the membership. In units of `granule` micro-batches (a multiple of it each: the
+/// interleaved pipeline schedule runs a multiple of pp; `microbatches` is one). ConfigError
+/// when there are fewer units than replicas.
+ReplicaShare replica_share(std::int64_t microbatches, std::int64_t position, std::int64_t replicas,
+                           std::int64_t granule = 1);
 
 /// This rank's micro-batches of any step, from a DataSource.
 class BatchSource {
@@ -78,7 +81,8 @@ class BatchSource {
   /// rank, ...)); replica i's units are sequences [first, first + count) * dp * micro-batch,
   /// of which dp rank d reads the d-th contiguous part, count micro-batches. Returns the
   /// share in those units. (0, 1): the whole batch, the layout of a run without replicas.
-  ReplicaShare set_replica(std::int64_t position, std::int64_t replicas);
+  /// `granule`: each share a multiple of that many units (replica_share).
+  ReplicaShare set_replica(std::int64_t position, std::int64_t replicas, std::int64_t granule = 1);
 
  private:
   BatchLayout layout_;

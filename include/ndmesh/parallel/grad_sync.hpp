@@ -33,7 +33,8 @@
 //     the replica's own sums are done and before the norm: the gradients and the loss are
 //     summed over this rank's counterparts in the live replicas (set_replicas()). A failure
 //     there does not end the step (the replica's ranks stay in step for their vote): it is
-//     kept in replica_failure().
+//     kept in replica_failure(). On a GPU the sum is staged through host memory around the
+//     group's all-reduce (the group is a host group over the coordinator's store).
 //  5. the norm: every element of the logical model is counted by exactly one rank (by one
 //     member of the gradient group, an expert's by one member of its edp group; tp-sharded
 //     parameters on every tp rank, replicated ones on tp rank 0; the tied copy of the table
@@ -261,6 +262,7 @@ class GradSync {
   void sum_over_replicas(double& loss_sum);
   ReplicaSum replicas_;
   std::string replica_failure_;
+  std::vector<float> replica_host_;  // on a device: the gradients summed over the replicas, staged
   ops::Scratch<double> sums_;  // the loss sum and the norm's square of finish_step_from_heads
 };
 

@@ -150,6 +150,7 @@ class Trainer {
   /// Steps done and optimizer updates done, set after the state was copied from a peer.
   void set_progress(std::int64_t steps, std::int64_t adam_steps);
   GradSync& grad_sync() { return sync_; }
+  const GradSync& grad_sync() const { return sync_; }
   Optimizer& optimizer() { return optimizer_; }
   /// Steps done so far.
   std::int64_t steps_done() const { return step_; }
