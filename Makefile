@@ -125,14 +125,17 @@ TSAN_ENV := TSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/tsan.supp:ignore_
 #   mpi.llama_memory (the planner's memory figure against the trainer's tally: their code runs
 #   in mpi.train_zero3 and mpi.train_llama, and under the sanitizers' slowdown the gradient
 #   work space's sampled peak depends on how far the reductions have run: one unit measured
-#   where the plan counts two, 1.10 on dp 4 in one run).
+#   where the plan counts two, 1.10 on dp 4 in one run). parallel.Zero3BuildMemory.PeakIsThe-
+#   ShardPlusOneTensor: it measures the resident set, which under AddressSanitizer's allocator
+#   (shadow memory, quarantine, redzones) is not the program's (102 MiB grown where the build
+#   itself holds 60; the same build runs here in its other case, KeptBlocksHold...).
 # LeakSanitizer checks every process at exit, but in the multi-rank runs of tests/mpi/train_lib.sh
 # only a test's first one (tests/sanitize/leak_check_once.sh says why).
 # The build keeps line tables only (-g1): reports still name file and line, and the heaviest
 # sources compile in about two thirds of -g's time. The tests' own sources compile at -O0
 # (NDMESH_TEST_OPT, tests/CMakeLists.txt): under half of -O1's time there; the libraries they
 # test stay at -O1.
-SAN_SKIP ?= ^(multinode\.|store\..*_agent$$|python\.tensorboard_reader$$|cli\.gpu_check_compare$$|cli\.train_bf16$$|mpi\.plan_runs$$|cli\.published_runs$$|mpi\.train_(dp|tp|pp|cp)$$|mpi\.(zero3|llama)_memory$$)
+SAN_SKIP ?= ^(multinode\.|store\..*_agent$$|python\.tensorboard_reader$$|cli\.gpu_check_compare$$|cli\.train_bf16$$|mpi\.plan_runs$$|cli\.published_runs$$|mpi\.train_(dp|tp|pp|cp)$$|mpi\.(zero3|llama)_memory$$|parallel\.Zero3BuildMemory\.PeakIsTheShardPlusOneTensor$$)
 # sanitize = sanitize-build, then sanitize-test (.ci/run runs the build beside make test).
 sanitize: sanitize-build
 	$(MAKE) --no-print-directory sanitize-test
