@@ -37,6 +37,16 @@
 namespace ndmesh {
 namespace {
 
+// The start of a test whose in-process ranks exchange device memory through host copies
+// (this file is built for the emulator only, where device memory is host memory: CMake's
+// tests/gpu). Host code that reads or writes device memory (a host loop over gradients, a
+// std::copy of a device buffer) stops the test with the emulator's message instead of passing
+// because device memory happens to be host memory here.
+#define NDMESH_EMULATED_RANKS() \
+  do {                          \
+    NDMESH_GPU_OR_SKIP();       \
+    emu::guard_device_memory(); \
+  } while (0)
 
 using parallel::TrainOptions;
 using testing::EmulatedStaging;
@@ -142,16 +152,7 @@ Steps train(const TrainOptions& o, const Mesh& mesh, Device device, int steps = 
 class CudaTrainLayouts : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaTrainLayouts, ThreeStepsEqualTheSerialCpuRun) {
-  NDMESH_GPU_OR_SKIP();
-#ifndef NDMESH_CUDA_EMULATED
-  GTEST_SKIP() << "in-process ranks exchange host memory: emulator only (gpu_nccl.sh runs the layouts on a GPU)";
-#endif
-#ifdef NDMESH_CUDA_EMULATED
-  // Host code that reads or writes device memory (a host loop over gradients, a std::copy of
-  // a device buffer) stops the test with the emulator's message instead of passing because
-  // device memory happens to be host memory here.
-  emu::guard_device_memory();
-#endif
+  NDMESH_EMULATED_RANKS();  // gpu_nccl.sh runs the layouts on a GPU
   const Case& c = GetParam();
   const TrainOptions o = options_of(c);
   TrainOptions serial = o;  // what only a layout has, left out
@@ -189,13 +190,7 @@ TEST_P(CudaTrainLayouts, ThreeStepsEqualTheSerialCpuRun) {
 // (25%, plus the chunks shared at the units' edges), not the model's; the whole buffer
 // stayed resident before. Measured as on the CPU: the most bytes backed at a grads-final hook.
 TEST(CudaTrainMemory, ZeroTwoAndThreeBackAboutTwoUnitsOfTheGradientWorkSpace) {
-  NDMESH_GPU_OR_SKIP();
-#ifndef NDMESH_CUDA_EMULATED
-  GTEST_SKIP() << "in-process ranks exchange host memory: emulator only (gpu_nccl.sh's dp2-zero3 on a GPU)";
-#endif
-#ifdef NDMESH_CUDA_EMULATED
-  emu::guard_device_memory();
-#endif
+  NDMESH_EMULATED_RANKS();  // gpu_nccl.sh's dp2-zero3 on a GPU
   for (int zero : {2, 3}) {
     TrainOptions o =
         options_of(Case{.name = "", .mesh = "dp=2", .micro_batch = 1, .zero = zero, .hidden = 64});
@@ -223,13 +218,7 @@ void expect_continues(const Steps& resumed, const Steps& whole, std::size_t from
 // the CPU, and both continue the uninterrupted CPU run (checkpoints are host copies in one
 // format for every device).
 TEST(CudaTrainCheckpoint, WrittenOnCudaLoadsUnderAnotherLayoutAndOnTheCpu) {
-  NDMESH_GPU_OR_SKIP();
-#ifndef NDMESH_CUDA_EMULATED
-  GTEST_SKIP() << "in-process ranks exchange host memory: emulator only";
-#endif
-#ifdef NDMESH_CUDA_EMULATED
-  emu::guard_device_memory();
-#endif
+  NDMESH_EMULATED_RANKS();
   TrainOptions o = options_of(Case{"", ""});
   o.steps = 4;
   const Steps whole = train(o, Mesh::parse("dp=1"), Device::kCpu, 4);
@@ -252,13 +241,7 @@ TEST(CudaTrainCheckpoint, WrittenOnCudaLoadsUnderAnotherLayoutAndOnTheCpu) {
 // into device memory, the rest staying freed) and on the CPU, and both continue the
 // uninterrupted CPU run.
 TEST(CudaTrainCheckpoint, ZeroThreeOnCudaSavesAndLoadsItsShards) {
-  NDMESH_GPU_OR_SKIP();
-#ifndef NDMESH_CUDA_EMULATED
-  GTEST_SKIP() << "in-process ranks exchange host memory: emulator only";
-#endif
-#ifdef NDMESH_CUDA_EMULATED
-  emu::guard_device_memory();
-#endif
+  NDMESH_EMULATED_RANKS();
   TrainOptions o = options_of(Case{.name = "", .mesh = "", .hidden = 64});
   o.steps = 4;
   const Steps whole = train(o, Mesh::parse("dp=1"), Device::kCpu, 4);
@@ -280,10 +263,7 @@ TEST(CudaTrainCheckpoint, ZeroThreeOnCudaSavesAndLoadsItsShards) {
 // run. A copy left current would hold the weights after its own first step instead (the loss
 // of step 3 then is off by far more than the bounds).
 TEST(CudaTrainCheckpoint, Bf16LoadedIntoARunningTrainerResumesFromTheLoadedWeights) {
-  NDMESH_GPU_OR_SKIP();
-#ifdef NDMESH_CUDA_EMULATED
-  emu::guard_device_memory();
-#endif
+  NDMESH_EMULATED_RANKS();
   Case c{"", "dp=1"};
   c.precision = parallel::Precision::kBf16;
   TrainOptions o = options_of(c);
@@ -362,13 +342,7 @@ void expect_elastic_equals_serial(const std::string& mesh, TrainOptions o, std::
 }
 
 TEST(CudaElasticReplicas, JoinHealAndLeaveEqualTheSerialCpuRun) {
-  NDMESH_GPU_OR_SKIP();
-#ifndef NDMESH_CUDA_EMULATED
-  GTEST_SKIP() << "in-process ranks exchange host memory: emulator only";
-#endif
-#ifdef NDMESH_CUDA_EMULATED
-  emu::guard_device_memory();
-#endif
+  NDMESH_EMULATED_RANKS();
   TrainOptions o = options_of(Case{"", ""});
   o.model.layers = 1;  // the emulator's time: about 0.3 s a step of each replica here
   expect_elastic_equals_serial("dp=1", o, 4);
