@@ -32,6 +32,9 @@ class AbortState {
   bool set() const { return set_.load(std::memory_order_acquire); }
   /// Throws the recorded reason (TimeoutError when timed out, else Aborted); nothing when unset.
   void throw_if_set() const;
+  /// The recorded component and whether it was a timeout (empty and false when unset).
+  std::string component() const;
+  bool timed_out() const;
 
  private:
   std::atomic<bool> set_{false};

@@ -103,6 +103,16 @@ void AbortState::throw_if_set() const {
   throw Aborted(component_, why_);
 }
 
+std::string AbortState::component() const {
+  std::lock_guard lock(mutex_);
+  return component_;
+}
+
+bool AbortState::timed_out() const {
+  std::lock_guard lock(mutex_);
+  return timed_out_;
+}
+
 Communicator make_communicator(std::shared_ptr<CommImpl> impl, std::string name) {
   return Communicator(std::move(impl), std::move(name));
 }

@@ -171,6 +171,14 @@ class StagedComm final : public detail::CommImpl {
     return cpu_->interrupt(component, message, timed_out);
   }
 
+ protected:
+  // Communicator::abort() on a staged group ends its host group too: the operations in flight
+  // are the host group's (a staged all_reduce waits in the CPU backend's), and only that
+  // backend can end them at once and tell the members waiting for this one (gloo, inproc).
+  void end_in_flight(const std::string& why) override {
+    cpu_->abort(abort_state().component(), why, abort_state().timed_out());
+  }
+
  private:
   // A blocking operation has completed: finish now. A nonblocking one finishes in its Work.
   static std::unique_ptr<detail::WorkImpl> done(std::unique_ptr<detail::WorkImpl> inner, bool blocking,

@@ -327,7 +327,8 @@ class Communicator {
   /// timeout of a connect_store_group() group). Not collective; callable from any thread
   /// (a watcher that learned that a member is gone). What else ends at once depends on the
   /// backend: gloo closes this rank's connections of the group, so the members' operations
-  /// with it fail at once too; inproc ends the group's operations on every member; MPI and
+  /// with it fail at once too; inproc ends the group's operations on every member; a staged
+  /// group (comm/staged.hpp) ends its host group the same way, as its backend can; MPI and
   /// NCCL (here) cannot cancel an operation in flight, which completes or times out as
   /// before. Groups split or duplicated from this one are not ended.
   void abort(const std::string& reason) const;

@@ -10,9 +10,11 @@
 #include <sys/mman.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "ndmesh/comm/inproc.hpp"
@@ -175,6 +177,41 @@ TEST(Staged, DeviceBuffersGoThroughHostCopiesAndGiveTheCpuResults) {
     EXPECT_EQ(host, std::vector<double>(4, 2.0));
     c.barrier();
     EXPECT_EQ(mem->copies.load(), before);
+  });
+}
+
+// Communicator::abort() of a staged group ends the operation in flight in its host group, on
+// this member and on the members waiting for it (an elastic run's replicas aborting a sum of
+// device gradients): before, the staged group recorded the abort but left the host group's
+// all_reduce waiting until the job's timeout.
+TEST(Staged, AnAbortEndsTheHostGroupsOperationInFlightOnEveryMember) {
+  auto mem = std::make_shared<FakeDeviceMemory>(std::size_t{1} << 16);
+  ASSERT_TRUE(mem->ok());
+  inproc::run(3, [&](const Communicator& world) {
+    const Communicator c = staged(world.dup("replicas"), mem);
+    float* d = mem->upload(std::vector<float>(4, 1.0f));
+    c.all_reduce(std::span<float>(d, 4));
+    EXPECT_EQ(mem->download(d, 4), std::vector<float>(4, 3.0f));
+    const auto t0 = std::chrono::steady_clock::now();
+    if (world.rank() == 0) {
+      // Ranks 1 and 2 wait in the all_reduce below for this one.
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      c.abort("replica 0 is gone");
+      EXPECT_THROW(c.all_reduce(std::span<float>(d, 4)), Aborted);
+    } else {
+      try {
+        c.all_reduce(std::span<float>(d, 4), {.timeout_s = 20});
+        ADD_FAILURE() << "the all_reduce of an aborted staged group completed";
+      } catch (const Aborted& e) {
+        EXPECT_NE(std::string(e.what()).find("group replicas was aborted: replica 0 is gone"), std::string::npos)
+            << e.what();
+      }
+      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+    }
+    // The job's other groups go on.
+    std::int64_t one = 1;
+    world.all_reduce(std::span<std::int64_t>(&one, 1));
+    EXPECT_EQ(one, 3);
   });
 }
 
