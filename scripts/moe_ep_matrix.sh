@@ -4,7 +4,8 @@
 # recompute, both routers, a shared expert and a capacity factor; with --pp 2 under every
 # schedule (interleaved: 4 blocks, 2 virtual stages), with ZeRO 2 and 3; and with --cp and --tp
 # (also --sequence-parallel, --pp, ZeRO-3; dropless under cp: a capacity factor is refused there),
-# and a checkpoint moving between tp/ep/cp layouts and the serial run. Prints one comparison line per layout
+# and a checkpoint moving between tp/ep/cp layouts and the serial run; and bf16 products (--precision
+# bf16) against the serial bf16 run. Prints one comparison line per layout
 # (tests/support/compare_runs.sh's bounds) and fails on the first out of bounds.
 #   scripts/moe_ep_matrix.sh [ndmesh]   (default build/bin/ndmesh; mpirun as root, oversubscribed)
 set -euo pipefail
@@ -76,4 +77,21 @@ expect_same "saved under --dp 4 --ep 2 --zero 3, resumed under --dp 2 --ep 2 --z
 # Tensor parallelism with a capacity factor (the same drops on every tp rank).
 layout_run sigmoid 4 sigmoid_dp2_ep2_tp2 --dp 2 --ep 2 --tp 2 --router sigmoid --shared-experts 1 \
   --capacity-factor 1.0 --aux-loss 0.001
+# bf16 products (--precision bf16: the experts' products in bf16, the router in fp32) against
+# the serial bf16 run, both routers (the sigmoid one with a shared expert and a capacity).
+for variant in bf16 bf16_sigmoid; do
+  extra=(--precision bf16)
+  [ "$variant" = bf16_sigmoid ] && extra+=(--router sigmoid --shared-experts 1 --capacity-factor 1.0 --aux-loss 0.001)
+  serial_run "$variant" "${extra[@]}"
+  layout_run "$variant" 2 "${variant}_dp2_ep2" --dp 2 --ep 2 "${extra[@]}"
+  layout_run "$variant" 4 "${variant}_dp4_ep4" --dp 4 --ep 4 "${extra[@]}"
+  layout_run "$variant" 4 "${variant}_dp2_ep2_tp2" --dp 2 --ep 2 --tp 2 "${extra[@]}"
+  layout_run "$variant" 4 "${variant}_dp2_ep2_pp2" --dp 2 --ep 2 --pp 2 "${extra[@]}"
+  layout_run "$variant" 4 "${variant}_dp2_ep2_pp2_zbh1" --dp 2 --ep 2 --pp 2 --schedule zb-h1 "${extra[@]}"
+  layout_run "$variant" 2 "${variant}_dp2_ep2_zero3" --dp 2 --ep 2 --zero 3 "${extra[@]}"
+  layout_run "$variant" 2 "${variant}_dp2_ep2_recompute" --dp 2 --ep 2 --recompute full "${extra[@]}"
+done
+serial_run bf16_dropless --precision bf16
+layout_run bf16_dropless 4 bf16_dropless_dp2_cp2_ep4 --dp 2 --cp 2 --ep 4 --precision bf16
+layout_run bf16_dropless 4 bf16_dropless_dp2_ep2_tp2_sp --dp 2 --ep 2 --tp 2 --sequence-parallel --precision bf16
 echo "moe_ep_matrix.sh: ok"

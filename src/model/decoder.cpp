@@ -94,10 +94,9 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
   const std::int64_t first_b = first_block(), last_b = std::min(range_.last - 1, spec.layers);
   NDMESH_CHECK_CONFIG(first_b < last_b, "model",
                       "units [{}, {}) hold no block: a range holds at least one", range_.first, range_.last);
-  NDMESH_CHECK_CONFIG(spec.experts == 0 || (options.device == Device::kCpu && options.matmul == MatmulPrecision::kFp32),
-                      "model",
-                      "experts={}: MoE layers run on the CPU in fp32 for now; use --device cpu and fp32 products (or "
-                      "a dense model)",
+  NDMESH_CHECK_CONFIG(spec.experts == 0 || options.device == Device::kCpu, "model",
+                      "experts={}: MoE layers run on the CPU only for now (fp32 or bf16 products); use --device cpu "
+                      "(or a dense model)",
                       spec.experts);
   if (auto problems = tp_problems(spec, tp_.size(), tp_.sequence_parallel, batch_ * seq_); !problems.empty())
     fail<ConfigError>("model", "{}", fmt::join(problems, "; "));

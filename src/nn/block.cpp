@@ -139,7 +139,7 @@ void Block<T>::resize(BlockActivations<T>& a, std::int64_t batch, std::int64_t s
   a.res1.resize({nl, c});
   if (ln2_->keeps_mean()) a.ln2_mean.resize({nl});
   a.ln2_rstd.resize({nl});
-  a.mlp.resize(n, mlp_->pre_width(), mlp_->hidden_width(), mlp_->hidden_in_bf16());
+  mlp_->resize_activations(a.mlp, n);
   a.out.resize({nl, c});
   if (tp_.sequence_parallel && norms_in_bf16()) {
     a.ln1_full16.resize({n, c});

@@ -193,7 +193,7 @@ template <typename T>
 void Linear<T>::forward(const ops::SharedOperand<T>& x, BFloat16* out, std::int64_t ld_out, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
   const bool bias = bias_ >= 0;
-  NDMESH_CHECK(store_->matmul_precision() == MatmulPrecision::kBf16 && !options_.deferred_bias &&
+  NDMESH_CHECK(matmul_precision() == MatmulPrecision::kBf16 && !options_.deferred_bias &&
                    (bias ? ld_out == n_out : ld_out >= n_out),
                "nn",
                "linear '{}': a bfloat16 output is for bf16 products, a bias that is not deferred, rows {} apart "
@@ -220,7 +220,7 @@ void Linear<T>::backward(const BFloat16* dout, std::int64_t ld_dout, const T* in
                          std::int64_t rows, GradInto into) const {
   const std::int64_t in = options_.in, n_out = options_.out;
   const bool bias = bias_ >= 0 && !options_.deferred_bias;
-  NDMESH_CHECK(store_->matmul_precision() == MatmulPrecision::kBf16 && (bias ? ld_dout == n_out : ld_dout >= n_out),
+  NDMESH_CHECK(matmul_precision() == MatmulPrecision::kBf16 && (bias ? ld_dout == n_out : ld_dout >= n_out),
                "nn", "linear '{}': a bfloat16 output gradient is for bf16 products, rows {} apart (got {})",
                options_.name, bias ? "= out = " + std::to_string(n_out) : ">= out = " + std::to_string(n_out),
                ld_dout);
@@ -239,7 +239,7 @@ void Linear<T>::backward(const BFloat16* dout, std::int64_t ld_dout, const T* in
 template <typename T>
 void Linear<T>::backward(const T* dout, const BFloat16* inp, BFloat16* dinp, std::int64_t rows) const {
   const std::int64_t in = options_.in, n_out = options_.out;
-  NDMESH_CHECK(store_->matmul_precision() == MatmulPrecision::kBf16, "nn",
+  NDMESH_CHECK(matmul_precision() == MatmulPrecision::kBf16, "nn",
                "linear '{}': an input gradient in bfloat16 is for bf16 products", options_.name);
   const ops::SharedOperand<T> d = operand(dout, rows * n_out);
   ops::gemm<T>(false, false, rows, in, n_out, T(1), d, n_out, weight_operand(), in, dinp, in);

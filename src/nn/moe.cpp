@@ -122,18 +122,47 @@ Dispatch plan_dispatch(EpComm& ep, const T* route, RouteRow rr, std::int64_t n) 
   return d;
 }
 
+// n elements converted: T to T copied; bfloat16 widened to T, or T holding bfloat16 values
+// narrowed back (both exact: the rows of bf16 products travel widened).
+template <typename To, typename From>
+void convert_elements(const From* from, std::int64_t n, To* to) {
+  if constexpr (std::is_same_v<To, From>)
+    std::copy_n(from, n, to);
+  else if constexpr (std::is_same_v<To, BFloat16>)
+    for (std::int64_t i = 0; i < n; ++i) to[i] = BFloat16(static_cast<float>(from[i]));
+  else
+    for (std::int64_t i = 0; i < n; ++i) to[i] = static_cast<To>(static_cast<float>(from[i]));
+}
+
 // One local expert's forward on the received rows `rows` of `got` (row stride `stride`; the
-// input is each row's first c values): gathered into xe, outputs in ye, activations in a.
-template <typename T>
+// input is each row's first c values): gathered into xe (X: T, or bfloat16 under bf16
+// products, as a dense MLP takes its input), outputs in ye, activations in a.
+template <typename T, typename X>
 void gather_and_forward(const FeedForward<T>& ex, const std::vector<std::int64_t>& rows, const T* got,
-                        std::int64_t stride, std::int64_t c, std::vector<T>& xe, std::vector<T>& ye,
+                        std::int64_t stride, std::int64_t c, std::vector<X>& xe, std::vector<T>& ye,
                         MlpActivations<T>& a) {
   const auto ne = static_cast<std::int64_t>(rows.size());
   xe.resize(static_cast<std::size_t>(ne * c));
   ye.resize(static_cast<std::size_t>(ne * c));
-  for (std::int64_t i = 0; i < ne; ++i) std::copy_n(got + rows[i] * stride, c, xe.data() + i * c);
-  a.resize(ne, ex.pre_width(), ex.hidden_width());
+  for (std::int64_t i = 0; i < ne; ++i) convert_elements(got + rows[i] * stride, c, xe.data() + i * c);
+  ex.resize_activations(a, ne);
   ex.forward(xe.data(), ye.data(), a, ne);
+}
+
+// An MLP's backward (writes dx) with the scratch its products take: T under fp32 products,
+// bfloat16 under bf16 (an input in bfloat16 is for bf16 products: the MLP refuses it else).
+template <typename T, typename X>
+void mlp_backward(const FeedForward<T>& ex, const T* dout, const X* x, const MlpActivations<T>& a, T* dx,
+                  std::int64_t rows, std::vector<T>& scratch, std::vector<BFloat16>& scratch16) {
+  if constexpr (std::is_same_v<X, T>) {
+    if (!ex.hidden_in_bf16()) {
+      scratch.resize(static_cast<std::size_t>(rows * ex.scratch_width()));
+      ex.backward(dout, x, a, dx, scratch.data(), rows);
+      return;
+    }
+  }
+  scratch16.resize(static_cast<std::size_t>(rows * ex.scratch_width()));
+  ex.backward(dout, x, a, dx, scratch16.data(), rows);
 }
 
 }  // namespace
@@ -145,7 +174,11 @@ Moe<T>::Moe(ParamStore<T>& store, MlpOptions options, MoeOptions moe)
       store_(&store),
       router_(
           store,
-          {.in = options_.channels, .out = moe_.experts, .bias = false, .name = options_.name + ".router"}) {
+          {.in = options_.channels,
+           .out = moe_.experts,
+           .bias = false,
+           .name = options_.name + ".router",
+           .fp32_products = true}) {
   NDMESH_CHECK(moe_.experts > 0 && moe_.top_k >= 1 && moe_.top_k <= moe_.experts && moe_.expert_ffn > 0 &&
                    moe_.shared_experts >= 0,
                "nn",
@@ -191,31 +224,34 @@ template <typename In>
 void Moe<T>::forward_from(const In* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const {
   NDMESH_CHECK(acts.pre.numel() >= rows * pre_width(), "nn", "moe '{}': the routing holds {} of {} elements",
                options_.name, acts.pre.numel(), rows * pre_width());
-  if constexpr (std::is_same_v<In, T>)
-    forward_rows(inp, out, acts.pre.data(), rows);
-  else
-    fail<Error>("nn", "moe '{}': bf16 products are not implemented for MoE layers", options_.name);
+  forward_rows(inp, out, acts.pre.data(), rows);
 }
 
 template <typename T>
 template <typename In, typename S>
 void Moe<T>::backward_from(const T* dout, const In* inp, const MlpActivations<T>& acts, T* dinp,
                            [[maybe_unused]] S* scratch, std::int64_t rows) const {
-  if constexpr (std::is_same_v<In, T> && std::is_same_v<S, T>)
-    backward_rows(dout, inp, acts.pre.data(), dinp, rows);
-  else
-    fail<Error>("nn", "moe '{}': bf16 products are not implemented for MoE layers", options_.name);
+  // The scratch is the block's (scratch_width() 0): each MLP's backward gets its own below.
+  backward_rows(dout, inp, acts.pre.data(), dinp, rows);
 }
 
 template <typename T>
-void Moe<T>::forward_rows(const T* x, T* out, T* route, std::int64_t n) const {
+template <typename X>
+void Moe<T>::forward_rows(const X* x, T* out, T* route, std::int64_t n) const {
   NDMESH_CHECK(router_.device() == Device::kCpu, "nn", "moe '{}': MoE layers run on the CPU only for now",
                options_.name);
   const std::int64_t e_count = moe_.experts, k = moe_.top_k, c = options_.channels;
   const RouteRow rr{e_count, k};
-  // Router logits in the model's precision (fp32 or double), probabilities in double.
+  // Router logits in the model's precision (fp32 or double, also under bf16 products: from
+  // the input rows widened), probabilities in double.
   std::vector<T> logits(static_cast<std::size_t>(n * e_count));
-  router_.forward(x, logits.data(), n);
+  if constexpr (std::is_same_v<X, T>) {
+    router_.forward(x, logits.data(), n);
+  } else {
+    std::vector<T> xw(static_cast<std::size_t>(n * c));
+    convert_elements(x, n * c, xw.data());
+    router_.forward(xw.data(), logits.data(), n);
+  }
   std::vector<double> bias(static_cast<std::size_t>(e_count), 0.0);
   if (bias_ >= 0)
     for (std::int64_t e = 0; e < e_count; ++e) bias[static_cast<std::size_t>(e)] = store_->param(bias_)[e];
@@ -285,10 +321,11 @@ void Moe<T>::forward_rows(const T* x, T* out, T* route, std::int64_t n) const {
       got(static_cast<std::size_t>(d.received_rows() * c));
   std::int64_t at = 0;
   for (const auto& rows : d.by_expert)
-    for (const Assignment& as : rows) std::copy_n(x + as.token * c, c, sent.data() + (at++) * c);
+    for (const Assignment& as : rows) convert_elements(x + as.token * c, c, sent.data() + (at++) * c);
   ep.all_to_all_v(sent.data(), d.send_elements(c).data(), got.data(), d.recv_elements(c).data());
   // This rank's experts on the rows of every member; their outputs in place of the inputs.
-  std::vector<T> xe, ye;
+  std::vector<X> xe;
+  std::vector<T> ye;
   MlpActivations<T> a;
   for (std::int64_t l = 0; l < local_; ++l) {
     const std::vector<std::int64_t> rows = d.rows_of_local(l);
@@ -309,7 +346,7 @@ void Moe<T>::forward_rows(const T* x, T* out, T* route, std::int64_t n) const {
       for (std::int64_t ch = 0; ch < c; ++ch) o[ch] += w * y[ch];
     }
   if (shared_) {
-    a.resize(n, shared_->pre_width(), shared_->hidden_width());
+    shared_->resize_activations(a, n);
     ye.resize(static_cast<std::size_t>(n * c));
     shared_->forward(x, ye.data(), a, n);
     for (std::int64_t i = 0; i < n * c; ++i) out[i] += ye[static_cast<std::size_t>(i)];
@@ -317,7 +354,8 @@ void Moe<T>::forward_rows(const T* x, T* out, T* route, std::int64_t n) const {
 }
 
 template <typename T>
-void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, std::int64_t n) const {
+template <typename X>
+void Moe<T>::backward_rows(const T* dout, const X* x, const T* route, T* dinp, std::int64_t n) const {
   const std::int64_t e_count = moe_.experts, k = moe_.top_k, c = options_.channels;
   const RouteRow rr{e_count, k};
   std::fill(dinp, dinp + n * c, T(0));
@@ -348,13 +386,15 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
   for (const auto& rows : d.by_expert)
     for (const Assignment& as : rows) {
       T* r = sent.data() + (at++) * out_w;
-      std::copy_n(x + as.token * c, c, r);
+      convert_elements(x + as.token * c, c, r);
       std::copy_n(dout + as.token * c, c, r + c);
       r[2 * c] = route[as.token * rr.width() + rr.weights() + as.choice];
     }
   ep.all_to_all_v(sent.data(), d.send_elements(out_w).data(), got.data(), d.recv_elements(out_w).data());
   std::vector<T> back(static_cast<std::size_t>(d.received_rows() * back_w));
-  std::vector<T> xe, ye, dye, dxe, scratch;
+  std::vector<X> xe;
+  std::vector<T> ye, dye, dxe, scratch;
+  std::vector<BFloat16> scratch16;
   MlpActivations<T> a;
   // The experts' inputs and activations live in this function's buffers: their weight
   // gradients now, not in a zero-bubble schedule's later W pass (the router's may wait: its
@@ -379,8 +419,7 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
       }
       back[static_cast<std::size_t>(rows[i] * back_w + c)] = static_cast<T>(dot);
     }
-    scratch.resize(static_cast<std::size_t>(ne * ex.scratch_width()));
-    ex.backward(dye.data(), xe.data(), a, dxe.data(), scratch.data(), ne);
+    mlp_backward(ex, dye.data(), xe.data(), a, dxe.data(), ne, scratch, scratch16);
     for (std::int64_t i = 0; i < ne; ++i) std::copy_n(dxe.data() + i * c, c, back.data() + rows[i] * back_w);
   }
   std::vector<T> returned(static_cast<std::size_t>(d.sent_rows() * back_w));
@@ -395,12 +434,11 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
       dw[static_cast<std::size_t>(as.token * k + as.choice)] = static_cast<double>(r[c]);
     }
   if (shared_) {
-    a.resize(n, shared_->pre_width(), shared_->hidden_width());
+    shared_->resize_activations(a, n);
     ye.resize(static_cast<std::size_t>(n * c));
     dxe.resize(static_cast<std::size_t>(n * c));
     shared_->forward(x, ye.data(), a, n);
-    scratch.resize(static_cast<std::size_t>(n * shared_->scratch_width()));
-    shared_->backward(dout, x, a, dxe.data(), scratch.data(), n);
+    mlp_backward(*shared_, dout, x, a, dxe.data(), n, scratch, scratch16);
     for (std::int64_t i = 0; i < n * c; ++i) dinp[i] += dxe[static_cast<std::size_t>(i)];
   }
 
@@ -453,13 +491,26 @@ void Moe<T>::backward_rows(const T* dout, const T* x, const T* route, T* dinp, s
         dl[e] = static_cast<T>(dp[static_cast<std::size_t>(e)] * p(e) * (1 - p(e)));
     }
   }
+  // The router's fp32 products read the input rows as T: bf16 ones widened into a buffer of
+  // this call, so their weight gradient is taken now (not in a zero-bubble W pass).
+  std::vector<T> widened;
+  const T* xr = nullptr;
+  std::optional<DeferWeightGrads<T>> router_now;
+  if constexpr (std::is_same_v<X, T>) {
+    xr = x;
+  } else {
+    widened.resize(static_cast<std::size_t>(n * c));
+    convert_elements(x, n * c, widened.data());
+    xr = widened.data();
+    router_now.emplace(nullptr);
+  }
   if (options_.tp.rank == 0) {
-    router_.backward(dlogits.data(), x, dinp, n, GradInto::kAdd);
+    router_.backward(dlogits.data(), xr, dinp, n, GradInto::kAdd);
   } else {
     // The router is replicated over tp and sees the same rows: every rank takes its weight
     // gradient (the same), one adds its input gradient to the partial sums the block reduces.
     std::vector<T> unused(static_cast<std::size_t>(n * c));
-    router_.backward(dlogits.data(), x, unused.data(), n, GradInto::kSet);
+    router_.backward(dlogits.data(), xr, unused.data(), n, GradInto::kSet);
   }
 }
 

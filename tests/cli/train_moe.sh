@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `ndmesh train` with a mixture of experts: the moe-tiny preset trains serially (the language-model
 # loss goes down over a few steps, the auxiliary loss is reported apart, the routing's load counts
-# every token's k assignments), the flags over a preset, a checkpoint that keeps the MoE
-# description and continues the same run, bad values naming the flag (exit 2).
+# every token's k assignments), the flags over a preset, bf16 products, a checkpoint that keeps
+# the MoE description and continues the same run, bad values naming the flag (exit 2).
 set -euo pipefail
 ndmesh=${1:?usage: train_moe.sh path/to/ndmesh}
 tmp=$(mktemp -d)
@@ -49,6 +49,18 @@ mixed=(--model moe-tiny --layers 3 --moe-every 2 --shared-experts 1 --steps 3 --
 jq -e -n --slurpfile a "$tmp/mixed.json" --slurpfile b "$tmp/mixed_full.json" \
   '$a[0].losses == $b[0].losses and $a[0].grad_norms == $b[0].grad_norms and $a[0].aux_losses == $b[0].aux_losses' \
   > /dev/null || fail "--recompute full changes the mixed MoE run: $(jq -c .losses "$tmp/mixed_full.json")"
+# The same under bf16 products (the experts' products in bf16, the router in fp32): recompute
+# changes no bit, and the run tracks fp32 (losses within 1%) without being it (step-1 norms).
+"$ndmesh" train "${mixed[@]}" --precision bf16 | tail -n 1 > "$tmp/mixed16.json"
+"$ndmesh" train "${mixed[@]}" --precision bf16 --recompute full | tail -n 1 > "$tmp/mixed16_full.json"
+jq -e -n --slurpfile a "$tmp/mixed16.json" --slurpfile b "$tmp/mixed16_full.json" \
+  '$a[0].precision == "bf16" and $a[0].losses == $b[0].losses and $a[0].grad_norms == $b[0].grad_norms and
+   $a[0].aux_losses == $b[0].aux_losses' > /dev/null ||
+  fail "--precision bf16 --recompute full changes the mixed MoE run: $(jq -c .losses "$tmp/mixed16_full.json")"
+jq -e -n --slurpfile a "$tmp/mixed.json" --slurpfile b "$tmp/mixed16.json" \
+  '([$a[0].losses, $b[0].losses] | transpose | all((.[0] - .[1]) / .[0] | fabs < 0.01)) and
+   ((($a[0].grad_norms[0] - $b[0].grad_norms[0]) / $a[0].grad_norms[0] | fabs) > 1e-6)' > /dev/null ||
+  fail "bf16 MoE losses $(jq -c .losses "$tmp/mixed16.json") vs fp32 $(jq -c .losses "$tmp/mixed.json")"
 
 # A checkpoint keeps the MoE description: --load alone continues the same run.
 "$ndmesh" train --model moe-tiny --router sigmoid --steps 4 --until 2 --json --save "$tmp/ck" "${run[@]}" |

@@ -739,7 +739,7 @@ int run_search(const PlanFlags& f) {
   fmt::print("\nto run (ndmesh train; --mlp swiglu models run as their GeLU twin):\n");
   if (moe)
     fmt::print(
-        "      (a mixture of experts: ndmesh train runs it under every layout on CPUs in fp32; bf16 and GPUs "
+        "      (a mixture of experts: ndmesh train runs it under every layout on CPUs, in fp32 or bf16; GPUs "
         "with experts are not supported yet)\n");
   for (std::size_t i = 0; i < shown; ++i) {
     const Estimate& e = r.layouts[i];

@@ -69,9 +69,14 @@ class FeedForward {
   /// Whether its activations are kept in bfloat16 (MlpActivations::hidden16): under bf16
   /// products.
   bool hidden_in_bf16() const { return proj().matmul_precision() == MatmulPrecision::kBf16; }
+  /// Sizes acts for `rows` rows: acts.resize(rows, pre_width(), hidden_width(),
+  /// hidden_in_bf16()); a mixture of experts keeps its routing in T (`pre`) under bf16
+  /// products too.
+  virtual void resize_activations(MlpActivations<T>& acts, std::int64_t rows) const {
+    acts.resize(rows, pre_width(), hidden_width(), hidden_in_bf16());
+  }
   /// out[rows, C] = proj(act(fc(inp))) without proj's bias (this rank's partial sum under tp;
-  /// see proj().add_bias); fills acts (sized by acts.resize(rows, pre_width(), local_ffn(),
-  /// hidden_in_bf16())).
+  /// see proj().add_bias); fills acts (sized by resize_activations).
   virtual void forward(const T* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const = 0;
   /// forward from an input stored in bfloat16 (a norm's output under bf16 products).
   virtual void forward(const BFloat16* inp, T* out, MlpActivations<T>& acts, std::int64_t rows) const = 0;

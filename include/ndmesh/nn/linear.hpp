@@ -30,6 +30,9 @@ struct LinearOptions {
   /// forward/backward leave the bias out; the caller applies add_bias / backward_bias
   /// after reducing the output over the tp group (the row-parallel linear).
   bool deferred_bias = false;
+  /// Its products in T (fp32) whatever its store's matmul_precision(): a layer the
+  /// architecture keeps in fp32 under bf16 products (the MoE router, nn/moe.hpp).
+  bool fp32_products = false;
 };
 
 /// A fully connected layer over rows of features. Its three products (forward, input and
@@ -115,8 +118,11 @@ class Linear {
   const LinearOptions& options() const { return options_; }
   /// Where its parameters live (its store's device).
   Device device() const { return store_->device(); }
-  /// How its products take their operands (its store's matmul_precision()).
-  MatmulPrecision matmul_precision() const { return store_->matmul_precision(); }
+  /// How its products take their operands: its store's matmul_precision(), or fp32 with
+  /// LinearOptions::fp32_products.
+  MatmulPrecision matmul_precision() const {
+    return options_.fp32_products ? MatmulPrecision::kFp32 : store_->matmul_precision();
+  }
   /// The [out, in] weight (shared when tied).
   int weight_id() const { return weight_; }
   /// -1 without bias.

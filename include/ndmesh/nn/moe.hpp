@@ -27,11 +27,20 @@
 // choice in token order, then every token's second, ...), the rest dropped: a dropped
 // assignment adds nothing (its weight is not given to the others). F = 0: dropless.
 //
-// What the forward keeps (MlpActivations::pre, pre_width() = E + 3k per row): the router's
-// probabilities (softmax) or scores (sigmoid), the chosen experts, their weights, and
-// whether each assignment was kept. The backward recomputes each expert's forward on its
-// gathered rows (the experts' activations are not kept). CPU fp32 and double only: no CUDA
-// twin and no bf16 products yet, no tensor parallelism (DecoderT refuses them).
+// What the forward keeps (MlpActivations::pre, pre_width() = E + 3k per row, in T under bf16
+// products too): the router's probabilities (softmax) or scores (sigmoid), the chosen
+// experts, their weights, and whether each assignment was kept. The backward recomputes each
+// expert's forward on its gathered rows (the experts' activations are not kept). CPU only: no
+// CUDA twin yet (DecoderT refuses experts on a GPU).
+//
+// Under bf16 products (the store's matmul_precision()) the input rows come in bfloat16 (the
+// norm's output, as a dense MLP's do) and each expert, and the shared MLP, runs its products
+// exactly as the dense MLP of its kind does on those rows (bf16 operands, its activations in
+// bf16, its backward's scratch in bf16). The router stays in fp32 (LinearOptions::
+// fp32_products): it scores the fp32 values of the input rows (bf16 widened, exact), and
+// routing, weights, capacity and the auxiliary loss are those of fp32 products on them.
+// Under expert parallelism the rows travel widened to T (exact) and are narrowed back to
+// bfloat16 before the expert runs: it sees the rows the serial run gives it.
 //
 // Expert parallelism (MoeOptions::ep, a group of P ranks; E divisible by P): routing,
 // capacity and the auxiliary loss stay on the rank that holds the tokens (its micro-batch,
@@ -114,6 +123,10 @@ class Moe final : public FeedForwardPasses<Moe<T>, T> {
   std::int64_t pre_width() const override { return moe_.experts + 3 * moe_.top_k; }
   std::int64_t scratch_width() const override { return 0; }
   std::int64_t hidden_width() const override { return 0; }
+  /// The routing in `pre` (T) under either precision; nothing in `hidden`.
+  void resize_activations(MlpActivations<T>& acts, std::int64_t rows) const override {
+    acts.resize(rows, pre_width(), 0);
+  }
 
   const MlpOptions& options() const override { return options_; }
   /// Expert 0's (what the interface asks: its precision, no bias).
@@ -138,9 +151,11 @@ class Moe final : public FeedForwardPasses<Moe<T>, T> {
   template <typename In, typename S>
   void backward_from(const T* dout, const In* inp, const MlpActivations<T>& acts, T* dinp, S* scratch,
                      std::int64_t rows) const;
-  // The forward on T input rows.
-  void forward_rows(const T* x, T* out, T* route, std::int64_t rows) const;
-  void backward_rows(const T* dout, const T* x, const T* route, T* dinp, std::int64_t rows) const;
+  // The passes on input rows of X: T, or bfloat16 under bf16 products.
+  template <typename X>
+  void forward_rows(const X* x, T* out, T* route, std::int64_t rows) const;
+  template <typename X>
+  void backward_rows(const T* dout, const X* x, const T* route, T* dinp, std::int64_t rows) const;
 
   // The experts this rank runs: [first_local_, first_local_ + local_).
   std::int64_t local_ = 0, first_local_ = 0;

@@ -8,7 +8,9 @@
 // the micro-batch, as the decoder does) the gradients summed over the ranks are the serial ones.
 // With sharded storage (MoeEpSharded: MoeOptions::shard_experts) a rank's store holds only its
 // experts, in the expert partition after the dense parameters, and each of its experts'
-// gradients is that expert's serial gradient summed over the ranks.
+// gradients is that expert's serial gradient summed over the ranks. Under bf16 products
+// (MoeEpBf16: rows in bfloat16, a float layer) the same equalities hold: the rows travel
+// widened and reach each expert as the serial layer gives them.
 #include <cmath>
 #include <functional>
 #include <map>
@@ -19,6 +21,7 @@
 
 #include "ndmesh/comm/communicator.hpp"
 #include "ndmesh/comm/inproc.hpp"
+#include "ndmesh/core/dtype.hpp"
 #include "ndmesh/nn/moe.hpp"
 #include "ndmesh/parallel/ep/ep_comm.hpp"
 #include "unit/nn/fd_check.hpp"
@@ -203,6 +206,95 @@ TEST_P(MoeCp, TheMicroBatchsAuxiliaryLossOverItsRanks) {
 INSTANTIATE_TEST_SUITE_P(Ranks, MoeCp,
                          ::testing::Values(std::make_tuple(2, RouterKind::kSoftmax),
                                            std::make_tuple(4, RouterKind::kSigmoid)));
+
+// One float Moe under bf16 products over `ep` (nullptr: serial) on bfloat16 rows x.
+struct Bf16Pass {
+  std::vector<float> out, dx, grads;
+  std::vector<double> load;
+  double aux = 0;
+};
+
+Bf16Pass run_moe_bf16(std::shared_ptr<nn::EpComm> ep, const std::vector<BFloat16>& x, const std::vector<float>& w,
+                      std::int64_t rows, RouterKind router, double capacity) {
+  ParamStore<float> store;
+  store.set_matmul_precision(MatmulPrecision::kBf16);
+  nn::MoeOptions opts{.experts = kExperts,
+                      .top_k = kTopK,
+                      .shared_experts = 1,
+                      .expert_ffn = 5,
+                      .kind = MlpKind::kGelu,
+                      .router = router,
+                      .aux_loss = 0.3,
+                      .capacity_factor = capacity};
+  if (ep) opts.ep = std::move(ep);
+  nn::Moe<float> moe(store, {.channels = kC, .name = "moe", .bias = false}, opts);
+  store.allocate();
+  for (const auto& view : store.views()) {
+    Rng rng(5 + std::hash<std::string>{}(view.name));
+    float* p = store.mutable_param(store.find(view.name));
+    for (std::int64_t i = 0; i < view.numel; ++i)
+      p[i] = static_cast<float>((view.name == "moe.router.bias" ? 0.1 : 0.7) * rng.normal());
+  }
+  nn::MlpActivations<float> acts;
+  moe.resize_activations(acts, rows);
+  Bf16Pass p{.out = std::vector<float>(static_cast<std::size_t>(rows * kC)),
+             .dx = std::vector<float>(static_cast<std::size_t>(rows * kC))};
+  moe.set_aux_weight(0.7);
+  moe.forward(x.data(), p.out.data(), acts, rows);
+  p.aux = moe.aux_loss();
+  store.zero_grad();
+  BFloat16* scratch = nullptr;  // the layer's own
+  moe.backward(w.data(), x.data(), acts, p.dx.data(), scratch, rows);
+  p.grads.assign(store.grads().data(), store.grads().data() + store.size());
+  p.load = moe.expert_load();
+  return p;
+}
+
+void expect_near(const std::vector<float>& a, const std::vector<float>& b, const char* what, int rank) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+  }
+  EXPECT_LE(worst, 1e-6 * scale) << what << " on rank " << rank;
+  EXPECT_GT(scale, 0) << what;
+}
+
+class MoeEpBf16 : public ::testing::TestWithParam<std::tuple<int, RouterKind, double>> {};
+
+TEST_P(MoeEpBf16, EqualsTheSerialLayerOnEveryRanksRows) {
+  const auto [ranks, router, capacity] = GetParam();
+  comm::inproc::run(
+      ranks, [&, router = router, capacity = capacity](const comm::Communicator& world) {
+        const int r = world.rank();
+        const std::int64_t rows = 3 + 2 * r;
+        Rng rng(400 + static_cast<std::uint64_t>(r));
+        std::vector<BFloat16> x(static_cast<std::size_t>(rows * kC));
+        std::vector<float> w(x.size());
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          x[i] = BFloat16(static_cast<float>(rng.normal()));
+          w[i] = static_cast<float>(rng.normal());
+        }
+        const Bf16Pass serial = run_moe_bf16(nullptr, x, w, rows, router, capacity);
+        const comm::Communicator alone = world.split(world.rank(), 0, "alone");
+        const Bf16Pass ep = run_moe_bf16(
+            std::make_shared<CommunicatorEpComm>(world.named("ep"), alone, alone, std::make_shared<EpCommStats>()), x,
+            w, rows, router, capacity);
+        expect_near(ep.out, serial.out, "output", r);
+        expect_near(ep.dx, serial.dx, "input gradient", r);
+        EXPECT_EQ(ep.load, serial.load);
+        EXPECT_EQ(ep.aux, serial.aux);
+        std::vector<float> sum_ep = ep.grads, sum_serial = serial.grads;
+        world.all_reduce(std::span<float>(sum_ep));
+        world.all_reduce(std::span<float>(sum_serial));
+        expect_near(sum_ep, sum_serial, "gradients summed over the ranks", r);
+      });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, MoeEpBf16,
+                         ::testing::Values(std::make_tuple(2, RouterKind::kSoftmax, 0.0),
+                                           std::make_tuple(4, RouterKind::kSigmoid, 0.5)));
 
 }  // namespace
 }  // namespace ndmesh::parallel
