@@ -128,7 +128,7 @@ const float* GradSync::owned_grads(std::size_t c) {
   // The expert group is no larger than the dp-cp group: ZeRO-2 there means ZeRO-2 here.
   if (e == nullptr || r.zero() < 2) return r.shard_grads();
   // The dense shard's gradients (kept apart), then the expert partition's (kept apart under
-  // ZeRO-2 over edp, or in the flat buffer where edp is one rank), one after another.
+  // ZeRO 2/3 over edp, or in the flat buffer where edp is one rank), one after another.
   const Device device = chunks_[c]->device();
   std::int64_t dense = 0, total = 0;
   for (const nn::Segment& seg : r.shard()) dense += seg.count;

@@ -80,7 +80,7 @@ layout_run sig 4 sig_dp2_ep2_pp2_zbh1 --dp 2 --ep 2 --pp 2 --schedule zb-h1 "${e
 aux_same sig sig_dp2_ep2_pp2_zbh1
 layout_run moe 2 moe_dp2_ep2_zero3 --dp 2 --ep 2 --zero 3
 aux_same moe moe_dp2_ep2_zero3
-# ZeRO-3 stores the dense parameters' shard and the rank's experts whole: its store holds 2 of 4.
+# ZeRO-3 over an edp group of one: the dense parameters' shard and the rank's experts whole (2 of 4).
 jq -e -n --slurpfile a "$tmp/moe.json" --slurpfile b "$tmp/moe_dp2_ep2_zero3.json" \
   '$b[0].parameters_per_rank == $a[0].parameters_per_rank - 2 * 2 * 3072' > /dev/null ||
   fail "--zero 3 --ep 2 stores $(jq .parameters_per_rank "$tmp/moe_dp2_ep2_zero3.json") parameters"
