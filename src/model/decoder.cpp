@@ -151,8 +151,8 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
                                     : std::nullopt},
         tp_);
     // A MoE layer that stores only its ep rank's experts opened an expert unit.
-    block_experts_.push_back(store_.expert_unit_offsets().size() > expert_units ? static_cast<int>(expert_units)
-                                                                                  : -1);
+    block_experts_.push_back(
+        store_.expert_unit_offsets().size() > expert_units ? static_cast<int>(expert_units) : -1);
   }
   store_.begin_unit();
   head_offset_ = store_.size();

@@ -58,9 +58,9 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
         u.ranges.clear();
         if (u.expert_range >= 0) u.ranges.push_back(u.expert_range);
       }
-      expert_gatherer = std::make_unique<ParamGatherer>(expert_data_, g.params().params().data() + dense,
-                                                        expert_ranges, std::move(units), g.backward_units(),
-                                                        options.zero3, g.device());
+      expert_gatherer =
+          std::make_unique<ParamGatherer>(expert_data_, g.params().params().data() + dense, expert_ranges,
+                                          std::move(units), g.backward_units(), options.zero3, g.device());
     }
     NDMESH_CHECK(!expert_gatherer || r->per_unit(), "train",
                  "the experts' ZeRO-3 gathers need the dense part's unit hook (ZeRO-3 over 2 or more ranks)");

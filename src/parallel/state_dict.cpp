@@ -66,8 +66,8 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
                               g.params().device());
           e->group().all_reduce(std::span<float>(host_params_[c]).subspan(dense));
         } else {  // whole on this rank (edp of one)
-          ops::copy_to_host(host_params_[c].data() + dense, p + dense, static_cast<std::int64_t>(size - dense),
-                            g.params().device());
+          ops::copy_to_host(host_params_[c].data() + dense, p + dense,
+                            static_cast<std::int64_t>(size - dense), g.params().device());
         }
       }
       p = host_params_[c].data();

@@ -231,7 +231,8 @@ MemoryBytes Trainer::memory() const {
     // The experts a rank stores (an expert partition) over an edp group of one are whole, not
     // only the owned shard (over 2 or more they are sharded and gathered as above).
     for (std::size_t c = 0; c < model_.chunks.size(); ++c)
-      if (const GradReducer* e = sync_.expert_reducer(c); e != nullptr && sync_.expert_gatherer(c) == nullptr) {
+      if (const GradReducer* e = sync_.expert_reducer(c);
+          e != nullptr && sync_.expert_gatherer(c) == nullptr) {
         double owned = 0;
         for (const nn::Segment& seg : e->shard()) owned += static_cast<double>(seg.count);
         m.params +=

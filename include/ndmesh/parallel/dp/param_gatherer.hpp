@@ -16,8 +16,9 @@
 // With prefetch, the gather of the next unit in the same direction (forward: the buffer's
 // order; backward: model::ModelT::backward_units()) that holds ranges here starts when a unit
 // begins, so it moves while the unit computes. A unit may hold none (the expert partition's
-// gatherer over edp: a dense block has no experts; it sees every unit's events). A range shared by two units (a tied head reads the embedding's
-// table) counts its users and is freed when the last one ends.
+// gatherer over edp: a dense block has no experts; it sees every unit's events). A range
+// shared by two units (a tied head reads the embedding's table) counts its users and is
+// freed when the last one ends.
 //
 // Buffers: a range whose gather is in flight belongs to the all-gather until it is waited
 // for (on the unit's Begin event, in poll() once complete, or in free_all()); the model
