@@ -4,8 +4,9 @@
 # recompute, both routers, a shared expert and a capacity factor; with --pp 2 under every
 # schedule (interleaved: 4 blocks, 2 virtual stages), with ZeRO 2 and 3; and with --cp and --tp
 # (also --sequence-parallel, --pp, ZeRO-3; dropless under cp: a capacity factor is refused there),
-# and a checkpoint moving between tp/ep/cp layouts and the serial run; and bf16 products (--precision
-# bf16) against the serial bf16 run. Prints one comparison line per layout
+# ZeRO-3 with the experts sharded over edp 2 under --pp 2 and --cp 2, a checkpoint moving
+# between tp/ep/cp layouts and the serial run, and bf16 products (--precision bf16) against the
+# serial bf16 run. Prints one comparison line per layout
 # (tests/support/compare_runs.sh's bounds) and fails on the first out of bounds.
 #   scripts/moe_ep_matrix.sh [ndmesh]   (default build/bin/ndmesh; mpirun as root, oversubscribed)
 set -euo pipefail
@@ -37,6 +38,7 @@ for variant in softmax sigmoid; do
   layout_run "${variant}_l4" 4 "${variant}_l4_dp2_ep2_pp2_interleaved" --layers 4 --dp 2 --ep 2 --pp 2 \
     --schedule interleaved --vpp 2 "${extra[@]}"
   layout_run "${variant}_l4" 8 "${variant}_l4_dp4_ep4_pp2_zero3" --layers 4 --dp 4 --ep 4 --pp 2 --zero 3 "${extra[@]}"
+  layout_run "${variant}_l4" 8 "${variant}_l4_dp4_ep2_pp2_zero3" --layers 4 --dp 4 --ep 2 --pp 2 --zero 3 "${extra[@]}"
   layout_run "${variant}_l4" 8 "${variant}_l4_dp4_ep2_pp2_zbh1_zero2" --layers 4 --dp 4 --ep 2 --pp 2 --schedule zb-h1 \
     --zero 2 "${extra[@]}"
 done
@@ -54,6 +56,7 @@ for variant in softmax_dropless sigmoid_dropless; do
   layout_run "$variant" 8 "${variant}_dp2_ep2_tp2_pp2" --dp 2 --ep 2 --tp 2 --pp 2 "${extra[@]}"
   layout_run "$variant" 8 "${variant}_dp2_cp2_ep2_pp2" --dp 2 --cp 2 --ep 2 --pp 2 "${extra[@]}"
   layout_run "$variant" 4 "${variant}_dp2_ep2_tp2_zero3" --dp 2 --ep 2 --tp 2 --zero 3 "${extra[@]}"
+  layout_run "$variant" 4 "${variant}_dp2_cp2_ep2_zero3" --dp 2 --cp 2 --ep 2 --zero 3 "${extra[@]}"
 done
 # A checkpoint saved under --dp 2 --ep 2 --tp 2 resumes serially and under --dp 2 --cp 2 --ep 4 --tp 2.
 "${mpirun[@]}" -np 4 "$ndmesh" train "${common[@]}" --dp 2 --ep 2 --tp 2 --until 2 --save "$tmp/tp.ckpt" \
@@ -64,8 +67,8 @@ expect_same "saved under --dp 2 --ep 2 --tp 2, resumed serially" "$tmp/softmax_d
   tail -n 1 > "$tmp/tp_r8.json"
 expect_same "saved under --dp 2 --ep 2 --tp 2, resumed under --dp 2 --cp 2 --ep 4 --tp 2" "$tmp/softmax_dropless.json" \
   "$tmp/tp_r8.json" --from 2
-# Sharded experts under ZeRO-3 (kept whole, ZeRO-2 over edp): saved under --dp 4 --ep 2 --zero 3,
-# resumed serially and under --dp 2 --ep 2 --zero 2.
+# Experts ZeRO-3-sharded over edp 2: saved under --dp 4 --ep 2 --zero 3, resumed serially, under
+# --dp 2 --ep 2 --zero 2 and under --dp 8 --ep 2 --zero 3 (edp 4: other shards).
 "${mpirun[@]}" -np 4 "$ndmesh" train "${common[@]}" --dp 4 --ep 2 --zero 3 --until 2 --save "$tmp/z3.ckpt" \
   > "$tmp/z3_save.out" 2>&1 || fail "save under --dp 4 --ep 2 --zero 3: $(tail -5 "$tmp/z3_save.out")"
 "$ndmesh" train "${common[@]}" --load "$tmp/z3.ckpt" 2> /dev/null | tail -n 1 > "$tmp/z3_r1.json"
@@ -74,6 +77,10 @@ expect_same "saved under --dp 4 --ep 2 --zero 3, resumed serially" "$tmp/softmax
   tail -n 1 > "$tmp/z3_r2.json"
 expect_same "saved under --dp 4 --ep 2 --zero 3, resumed under --dp 2 --ep 2 --zero 2" "$tmp/softmax.json" \
   "$tmp/z3_r2.json" --from 2
+"${mpirun[@]}" -np 8 "$ndmesh" train "${common[@]}" --dp 8 --ep 2 --zero 3 --load "$tmp/z3.ckpt" 2> /dev/null |
+  tail -n 1 > "$tmp/z3_r8.json"
+expect_same "saved under --dp 4 --ep 2 --zero 3, resumed under --dp 8 --ep 2 --zero 3" "$tmp/softmax.json" \
+  "$tmp/z3_r8.json" --from 2
 # Tensor parallelism with a capacity factor (the same drops on every tp rank).
 layout_run sigmoid 4 sigmoid_dp2_ep2_tp2 --dp 2 --ep 2 --tp 2 --router sigmoid --shared-experts 1 \
   --capacity-factor 1.0 --aux-loss 0.001

@@ -120,6 +120,7 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
   for (std::int64_t l = first_b; l < last_b; ++l) {
     store_.begin_unit();
     block_offset_.push_back(store_.size());
+    const std::size_t expert_units = store_.expert_unit_offsets().size();
     blocks_.emplace_back(
         store_,
         nn::BlockOptions{.channels = spec.hidden,
@@ -148,6 +149,9 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
                                           .shard_experts = options.shard_experts})
                                     : std::nullopt},
         tp_);
+    // A MoE layer that stores only its ep rank's experts opened an expert unit.
+    block_experts_.push_back(
+        store_.expert_unit_offsets().size() > expert_units ? static_cast<int>(expert_units) : -1);
   }
   store_.begin_unit();
   head_offset_ = store_.size();
@@ -179,9 +183,17 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
   store_.allocate();
   // The units: the embedding, each block, the head, in the order of the flat buffer.
   if (embed_) embed_unit_ = add_unit("embed", UnitKind::kEmbedding, 0, block_offset_.front());
-  for (std::size_t l = 0; l < blocks_.size(); ++l)
+  for (std::size_t l = 0; l < blocks_.size(); ++l) {
     add_unit(fmt::format("block.{}", first_b + static_cast<std::int64_t>(l)), UnitKind::kBlock,
              block_offset_[l], l + 1 < blocks_.size() ? block_offset_[l + 1] : head_offset_);
+    units_.back().expert_range = block_experts_[l];
+  }
+  // The expert units: each MoE block's experts, to the next one's start (the last to the end).
+  const std::vector<std::int64_t> expert_starts = store_.expert_unit_offsets();
+  for (std::size_t k = 0; k < expert_starts.size(); ++k) {
+    const std::int64_t end = k + 1 < expert_starts.size() ? expert_starts[k + 1] : store_.size();
+    expert_ranges_.push_back({expert_starts[k], end - expert_starts[k]});
+  }
   if (head_) {
     head_unit_ = add_unit("head", UnitKind::kHead, head_offset_, store_.expert_offset());
     if (spec.tied_embeddings && embed_) units_.back().ranges.push_back(embed_unit_);  // reads the token table
@@ -364,10 +376,19 @@ void DecoderT<T>::init(std::uint64_t seed, double init_std) {
       const std::int64_t block = r.count / so.keep_parts;
       kept.push_back({r.offset + so.keep_part * block, block});
     }
-  // The expert partition is in no unit: a rank keeps its experts whole (their gradients and
-  // optimizer states are what ZeRO shards over the expert-data-parallel group).
-  if (!kept.empty() && store_.expert_offset() < store_.size())
+  // The expert partition: with expert_keep_parts one block of every expert unit (ZeRO-3 over
+  // the expert-data-parallel group), otherwise the rank's experts whole.
+  if (!kept.empty() && so.expert_keep_parts > 1) {
+    for (const nn::Segment& r : expert_ranges_) {
+      NDMESH_CHECK(r.count % so.expert_keep_parts == 0, "model",
+                   "expert range [{}, {}) does not split into {} equal blocks", r.offset, r.offset + r.count,
+                   so.expert_keep_parts);
+      const std::int64_t block = r.count / so.expert_keep_parts;
+      kept.push_back({r.offset + so.expert_keep_part * block, block});
+    }
+  } else if (!kept.empty() && store_.expert_offset() < store_.size()) {
     kept.push_back({store_.expert_offset(), store_.size() - store_.expert_offset()});
+  }
   T* const params = store_.params().data();
   std::vector<T> full, local;  // one parameter at a time: the serial tensor, this rank's tp slice
   for (const auto& view : store_.views()) {

@@ -23,19 +23,23 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
     reducers_.push_back(std::make_unique<GradReducer>(
         grad_, dense, options, model.plan.store.pad_units ? g.unit_ranges() : std::vector<nn::Segment>{},
         g.device()));
-    // The experts this rank stores: over the ranks that store the same ones, in buckets.
-    // Under ZeRO-3 they are in no unit (nothing gathers them): ZeRO-2 there, the parameters
-    // whole on each rank (E/ep experts), gradients and optimizer state sharded over edp.
+    // The experts this rank stores: over the ranks that store the same ones, in buckets; under
+    // ZeRO-3 (the expert units padded to edp: apply.cpp) one bucket per MoE block's experts,
+    // their parameters sharded on the same blocks and gathered with the block (below).
     expert_offsets_.push_back(dense);
+    const bool expert_units = options.zero == 3 && model.plan.store.expert_keep_parts > 1;
+    std::vector<nn::Segment> expert_ranges;  // inside the expert partition
+    if (expert_units)
+      for (const nn::Segment& e : g.expert_ranges()) expert_ranges.push_back({e.offset - dense, e.count});
     DataParallelOptions expert_options = options;
-    expert_options.zero = std::min(options.zero, 2);
+    expert_options.zero = expert_units ? 3 : std::min(options.zero, 2);
     expert_reducers_.push_back(dense < g.params().size()
                                    ? std::make_unique<GradReducer>(expert_data_, g.params().size() - dense,
-                                                                   expert_options, std::vector<nn::Segment>{},
-                                                                   g.device())
+                                                                   expert_options, expert_ranges, g.device())
                                    : nullptr);
     owned_grads_.emplace_back();
     GradReducer* r = reducers_.back().get();
+    GradReducer* er = expert_reducers_.back().get();
     g.set_grads_final_hook([r](std::int64_t from) { r->grads_final(from); });
     if (r->zero() == 3) {
       NDMESH_CHECK(!g.params().keeps_bf16_copy(), "train",
@@ -45,6 +49,22 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
                                                            g.units(), g.backward_units(), options.zero3,
                                                            g.device()));
     }
+    // The expert partition's gatherer over edp: its ranges are the MoE blocks' experts, its
+    // units the model's (a unit without experts gathers nothing), driven by the same hook.
+    std::unique_ptr<ParamGatherer> expert_gatherer;
+    if (er != nullptr && er->zero() == 3) {
+      std::vector<model::ParamUnit> units = g.units();
+      for (model::ParamUnit& u : units) {
+        u.ranges.clear();
+        if (u.expert_range >= 0) u.ranges.push_back(u.expert_range);
+      }
+      expert_gatherer =
+          std::make_unique<ParamGatherer>(expert_data_, g.params().params().data() + dense, expert_ranges,
+                                          std::move(units), g.backward_units(), options.zero3, g.device());
+    }
+    NDMESH_CHECK(!expert_gatherer || r->per_unit(), "train",
+                 "the experts' ZeRO-3 gathers need the dense part's unit hook (ZeRO-3 over 2 or more ranks)");
+    expert_gatherers_.push_back(std::move(expert_gatherer));
     // Per unit the work space is written one unit at a time: none of it resident until then
     // (on a GPU in mappable memory: a unit's chunks are backed when its backward begins).
     if (r->per_unit()) {
@@ -54,8 +74,10 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
         if (at < dense) r->writes_at(at);
       });
       ParamGatherer* pg = r->zero() == 3 ? gatherers_.back().get() : nullptr;
-      g.set_unit_hook([pg, r, &g](model::UnitEvent e, int unit) {
+      ParamGatherer* epg = expert_gatherers_.back().get();
+      g.set_unit_hook([pg, epg, r, &g](model::UnitEvent e, int unit) {
         if (pg != nullptr) pg->on_unit(e, unit);
+        if (epg != nullptr) epg->on_unit(e, unit);
         if (e == model::UnitEvent::kBackwardBegin)
           r->begin_unit_backward(g.units()[static_cast<std::size_t>(unit)].ranges);
       });
@@ -69,6 +91,8 @@ GradSync::GradSync(RankModel& model, ProcessGroups& groups, const DataParallelOp
 
 void GradSync::params_updated() {
   for (auto& g : gatherers_) g->free_all();
+  for (auto& g : expert_gatherers_)
+    if (g) g->free_all();
 }
 
 void GradSync::start_step() {
@@ -82,6 +106,7 @@ void GradSync::start_step() {
                 static_cast<std::int64_t>(grads.size()) - expert_offsets_[c], chunks_[c]->device());
     }
     if (!gatherers_.empty()) gatherers_[c]->reset_timers();
+    if (expert_gatherers_[c]) expert_gatherers_[c]->reset_timers();
     for (GradReducer* r : {reducers_[c].get(), expert_reducers_[c].get()}) {
       if (r == nullptr) continue;
       r->zero_shard_grads();
@@ -103,7 +128,7 @@ const float* GradSync::owned_grads(std::size_t c) {
   // The expert group is no larger than the dp-cp group: ZeRO-2 there means ZeRO-2 here.
   if (e == nullptr || r.zero() < 2) return r.shard_grads();
   // The dense shard's gradients (kept apart), then the expert partition's (kept apart under
-  // ZeRO-2 over edp, or in the flat buffer where edp is one rank), one after another.
+  // ZeRO 2/3 over edp, or in the flat buffer where edp is one rank), one after another.
   const Device device = chunks_[c]->device();
   std::int64_t dense = 0, total = 0;
   for (const nn::Segment& seg : r.shard()) dense += seg.count;
@@ -148,6 +173,7 @@ void GradSync::progress(int chunk) {
   reducers_[c]->progress();
   if (GradReducer* e = expert_reducers_[c].get()) e->progress();
   if (!gatherers_.empty()) gatherers_[c]->poll();
+  if (expert_gatherers_[c]) expert_gatherers_[c]->poll();
 }
 
 template <typename F>

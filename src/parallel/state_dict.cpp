@@ -59,9 +59,16 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
           ops::copy_to_host(host_params_[c].data() + seg.offset, p + seg.offset, seg.count,
                             g.params().device());
         sync.group().all_reduce(std::span<float>(host_params_[c]).first(dense));
-        // The experts this rank stores are whole here (GradSync: ZeRO-2 over edp).
-        ops::copy_to_host(host_params_[c].data() + dense, p + dense, static_cast<std::int64_t>(size - dense),
-                          g.params().device());
+        if (const GradReducer* e = sync.expert_reducer(c); e != nullptr && e->zero() == 3) {
+          // The experts this rank stores, sharded over edp: gathered by a sum over edp.
+          for (const nn::Segment& seg : e->shard())
+            ops::copy_to_host(host_params_[c].data() + dense + seg.offset, p + dense + seg.offset, seg.count,
+                              g.params().device());
+          e->group().all_reduce(std::span<float>(host_params_[c]).subspan(dense));
+        } else {  // whole on this rank (edp of one)
+          ops::copy_to_host(host_params_[c].data() + dense, p + dense,
+                            static_cast<std::int64_t>(size - dense), g.params().device());
+        }
       }
       p = host_params_[c].data();
     } else if (g.params().device() != Device::kCpu) {
@@ -77,10 +84,13 @@ StateDict::StateDict(RankModel& model, Optimizer& optimizer, const GradSync& syn
                           view.tied != Tied::kCopy;
       writes_experts = writes_experts || (writes && view.expert);
       std::vector<std::pair<std::int64_t, std::int64_t>> keeps;
-      if (sync.zero() == 3 && !view.expert) {
-        for (const nn::Segment& seg : sync.reducer(c).shard()) {
-          const std::int64_t lo = std::max(seg.offset, view.offset);
-          const std::int64_t hi = std::min(seg.offset + seg.count, view.offset + view.numel);
+      const GradReducer* e = sync.expert_reducer(c);
+      const bool sharded_expert = view.expert && e != nullptr && e->zero() == 3;
+      if (sync.zero() == 3 && (!view.expert || sharded_expert)) {
+        const std::int64_t base = view.expert ? sync.expert_offset(c) : 0;
+        for (const nn::Segment& seg : view.expert ? e->shard() : sync.reducer(c).shard()) {
+          const std::int64_t lo = std::max(base + seg.offset, view.offset);
+          const std::int64_t hi = std::min(base + seg.offset + seg.count, view.offset + view.numel);
           if (lo < hi) keeps.emplace_back(lo - view.offset, hi - view.offset);
         }
         std::sort(keeps.begin(), keeps.end());
@@ -119,10 +129,16 @@ void StateDict::commit() {
       for (const nn::Segment& seg : sync_.reducer(c).shard())
         ops::copy_from_host(p + seg.offset, host_params_[c].data() + seg.offset, seg.count,
                             chunks_[c]->params().device());
-      const std::int64_t dense = sync_.expert_offset(c);  // the experts it stores: whole
-      ops::copy_from_host(p + dense, host_params_[c].data() + dense,
-                          static_cast<std::int64_t>(host_params_[c].size()) - dense,
-                          chunks_[c]->params().device());
+      const std::int64_t dense = sync_.expert_offset(c);
+      if (const GradReducer* e = sync_.expert_reducer(c); e != nullptr && e->zero() == 3) {
+        for (const nn::Segment& seg : e->shard())  // the experts' own blocks
+          ops::copy_from_host(p + dense + seg.offset, host_params_[c].data() + dense + seg.offset, seg.count,
+                              chunks_[c]->params().device());
+      } else {  // the experts it stores: whole
+        ops::copy_from_host(p + dense, host_params_[c].data() + dense,
+                            static_cast<std::int64_t>(host_params_[c].size()) - dense,
+                            chunks_[c]->params().device());
+      }
     } else {
       chunks_[c]->params().params_from_host(host_params_[c].data());
     }

@@ -221,12 +221,18 @@ MemoryBytes Trainer::memory() const {
   m.params = elements * sizeof(float);
   if (sync_.zero() == 3) {  // the own blocks, plus the most gathered at once (measured)
     m.params_gathered = 0;
-    for (std::size_t c = 0; c < model_.chunks.size(); ++c)
+    for (std::size_t c = 0; c < model_.chunks.size(); ++c) {
       m.params_gathered += static_cast<double>(sync_.gatherer(c)->peak_gathered_elements()) * sizeof(float);
+      // The experts' gathers over edp (their own peak: an upper bound of the sum's).
+      if (const ParamGatherer* eg = sync_.expert_gatherer(c))
+        m.params_gathered += static_cast<double>(eg->peak_gathered_elements()) * sizeof(float);
+    }
     m.params = optimizer / 2 * sizeof(float) + m.params_gathered;
-    // The experts a rank stores (an expert partition) are whole, not only the owned shard.
+    // The experts a rank stores (an expert partition) over an edp group of one are whole, not
+    // only the owned shard (over 2 or more they are sharded and gathered as above).
     for (std::size_t c = 0; c < model_.chunks.size(); ++c)
-      if (const GradReducer* e = sync_.expert_reducer(c)) {
+      if (const GradReducer* e = sync_.expert_reducer(c);
+          e != nullptr && sync_.expert_gatherer(c) == nullptr) {
         double owned = 0;
         for (const nn::Segment& seg : e->shard()) owned += static_cast<double>(seg.count);
         m.params +=

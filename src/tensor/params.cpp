@@ -53,6 +53,19 @@ void ParamStore<T>::begin_experts() {
   NDMESH_CHECK(params_.numel() == 0 && !in_experts_, "nn",
                "the expert partition is opened once at a time and before the store is allocated");
   in_experts_ = true;
+  if (options_.pad_units) {  // each expert unit splits into equal shards over edp
+    const std::int64_t m = std::lcm(std::max<std::int64_t>(1, options_.expert_pad_to), kParamAlign);
+    expert_size_ = (expert_size_ + m - 1) / m * m;
+  }
+  expert_starts_.push_back(expert_size_);
+}
+
+template <typename T>
+std::vector<std::int64_t> ParamStore<T>::expert_unit_offsets() const {
+  std::vector<std::int64_t> out = expert_starts_;
+  if (params_.numel() > 0)
+    for (std::int64_t& o : out) o += expert_offset_;
+  return out;
 }
 
 template <typename T>

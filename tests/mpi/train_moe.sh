@@ -10,8 +10,8 @@
 # Expert parallelism (--ep, folded into dp): --dp 2 --ep 2, --dp 4 --ep 2 and --dp 4 --ep 4
 # equal the serial run (routing, loads and drops too: --dp 2 --ep 2 with the capacity
 # factor), as do --dp 2 --ep 2 with --pp 2 (1f1b; zb-h1 with the sigmoid router), with
-# --zero 3 and with --tp 2, and --dp 2 --cp 2 --ep 4 (scripts/moe_ep_matrix.sh runs every
-# schedule and more); a checkpoint saved at step 2 under --dp 2 --ep 2 resumes under --dp 4 --ep 4 and
+# --zero 3 and with --tp 2, --dp 4 --ep 2 --zero 3 (experts ZeRO-3 over edp 2) and --dp 2
+# --cp 2 --ep 4 (scripts/moe_ep_matrix.sh runs every schedule and more); a checkpoint saved at step 2 under --dp 2 --ep 2 resumes under --dp 4 --ep 4 and
 # serially, equal to the serial run's steps 3-4. Under --ep N a rank stores only its experts
 # (checked from the JSON's parameter counts and bytes).
 #   train_moe.sh <mpirun command...> <path to ndmesh>
@@ -80,10 +80,20 @@ layout_run sig 4 sig_dp2_ep2_pp2_zbh1 --dp 2 --ep 2 --pp 2 --schedule zb-h1 "${e
 aux_same sig sig_dp2_ep2_pp2_zbh1
 layout_run moe 2 moe_dp2_ep2_zero3 --dp 2 --ep 2 --zero 3
 aux_same moe moe_dp2_ep2_zero3
-# ZeRO-3 stores the dense parameters' shard and the rank's experts whole: its store holds 2 of 4.
+# ZeRO-3 over an edp group of one: the dense parameters' shard and the rank's experts whole (2 of 4).
 jq -e -n --slurpfile a "$tmp/moe.json" --slurpfile b "$tmp/moe_dp2_ep2_zero3.json" \
   '$b[0].parameters_per_rank == $a[0].parameters_per_rank - 2 * 2 * 3072' > /dev/null ||
   fail "--zero 3 --ep 2 stores $(jq .parameters_per_rank "$tmp/moe_dp2_ep2_zero3.json") parameters"
+# --dp 4 --ep 2 --zero 3 (edp 2): a MoE block's 2 stored experts are sharded over their edp group
+# and gathered with the block, so a rank keeps a quarter of everything resident (the dense units'
+# shard over dp 4, half of its 2 experts per block): its parameter bytes less what it gathered are
+# the serial run's over 4 (no padding: every unit and expert range splits evenly).
+layout_run moe 4 moe_dp4_ep2_zero3 --dp 4 --ep 2 --zero 3
+aux_same moe moe_dp4_ep2_zero3
+jq -e -n --slurpfile a "$tmp/moe.json" --slurpfile b "$tmp/moe_dp4_ep2_zero3.json" \
+  '$b[0].memory_bytes.params - $b[0].memory_bytes.params_gathered == $a[0].memory_bytes.params / 4' > /dev/null ||
+  fail "--dp 4 --ep 2 --zero 3 keeps $(jq -c '.memory_bytes | [.params, .params_gathered]' \
+    "$tmp/moe_dp4_ep2_zero3.json") parameter bytes (resident, gathered), serial $(jq .memory_bytes.params "$tmp/moe.json")"
 # Context parallelism (a micro-batch's tokens on 2 ranks: the auxiliary loss sums their counts)
 # with the expert group across dp and cp; tensor parallelism (each expert split over tp).
 layout_run moe 4 moe_dp2_cp2_ep4 --dp 2 --cp 2 --ep 4

@@ -134,6 +134,7 @@ class DecoderT final : public ModelT<T> {
   using ModelT<T>::add_unit;
   using ModelT<T>::units_;
   using ModelT<T>::unit_ranges_;
+  using ModelT<T>::expert_ranges_;
 
   void init(std::uint64_t seed, double init_std);
   // Adds block l's expert load (a MoE block's) to expert_loads_.
@@ -189,6 +190,7 @@ class DecoderT final : public ModelT<T> {
   Device device_ = Device::kCpu;
   std::shared_ptr<const nn::AttentionCore<T>> core_;
   std::vector<std::int64_t> block_offset_;  ///< flat offset of each block's first parameter
+  std::vector<int> block_experts_;          ///< each block's expert unit in the store (-1: none)
   std::int64_t head_offset_ = 0;            ///< flat offset of the final norm's first parameter
   int embed_unit_ = -1, head_unit_ = -1;
 

@@ -65,6 +65,9 @@ struct ParamUnit {
   /// Indices into ModelT::unit_ranges(): the first is the unit's own; a head whose output
   /// layer is the embedding's token table in the same store also reads the embedding's.
   std::vector<int> ranges;
+  /// The unit's experts in the store's expert partition (a MoE block whose layer stores only
+  /// its ep rank's experts): an index into ModelT::expert_ranges(); -1: none.
+  int expert_range = -1;
 };
 
 /// What the model reports around each unit's use (ModelT::set_unit_hook).
@@ -147,6 +150,9 @@ class ModelT {
   /// Contiguous ranges of the flat buffers, one per unit, ascending and covering them (the
   /// dense part [0, expert_offset()): an expert partition of the store is in no unit).
   const std::vector<nn::Segment>& unit_ranges() const { return unit_ranges_; }
+  /// The expert partition [expert_offset(), size()) cut into the units' experts (each MoE
+  /// block's, ParamUnit::expert_range), ascending and covering it; empty without one.
+  const std::vector<nn::Segment>& expert_ranges() const { return expert_ranges_; }
   /// The units a backward reads parameters of, in its order: the head and the blocks in
   /// reverse (the embedding's backward reads no parameter, though it writes gradients).
   std::vector<int> backward_units() const;
@@ -276,6 +282,7 @@ class ModelT {
   double loss_weight_ = 1;
   std::vector<ParamUnit> units_;
   std::vector<nn::Segment> unit_ranges_;
+  std::vector<nn::Segment> expert_ranges_;
 
  private:
   GradsFinalHook grads_final_;

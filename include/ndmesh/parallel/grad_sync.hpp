@@ -16,8 +16,10 @@
 //     begin_experts). Each has its own GradReducer (the same options; ZeRO shards the expert
 //     partition over edp), so every rule below sees, per parameter, the reducer of its
 //     partition (ParamView::expert). The expert reducer starts its buckets after the
-//     backward (the grads-final hook speaks of the dense part). Under ZeRO-3 the expert
-//     partition is in no unit and goes ZeRO-2 (each rank keeps its E/ep experts whole).
+//     backward (the grads-final hook speaks of the dense part). Under ZeRO-3 over an edp
+//     group of 2 or more its buckets are the MoE blocks' expert ranges (ModelT::
+//     expert_ranges(), padded to edp), reduce-scattered as the dense units are; over one
+//     rank the experts it stores are simply whole.
 //  2. tp: parameters replicated over tp whose inputs differ on each tp rank (the norms and
 //     row-parallel biases under sequence parallelism: ParamShard::grad_sum) are summed over
 //     tp once per step, after the dp-cp reduction, on the elements this rank updates (the
@@ -41,7 +43,9 @@
 //     not at all), and one all-reduce over the world sums the squares together with the loss.
 //  6. ZeRO-3: the parameters are sharded on the reducers' blocks; one ParamGatherer per
 //     chunk, on the chunk's unit hook, gathers each unit before use and frees it after, and
-//     params_updated() frees every gathered copy once the optimizer changed the shards.
+//     params_updated() frees every gathered copy once the optimizer changed the shards. The
+//     expert partition has its own ParamGatherer over edp (the experts' blocks of the expert
+//     reducer), on the same hook: a MoE block's stored experts are gathered with the block.
 // Buffers: between begin_backward() and end_backward() the started buckets' ranges of a
 // chunk's gradient buffer belong to the reductions (see GradReducer).
 #pragma once
@@ -150,6 +154,9 @@ class GradSync {
     return gatherers_.empty() ? nullptr : gatherers_[chunk].get();
   }
   ParamGatherer* gatherer(std::size_t chunk) { return gatherers_.empty() ? nullptr : gatherers_[chunk].get(); }
+  /// ZeRO-3 of chunk c's expert partition over edp (2 or more ranks): its gatherer, on the
+  /// partition's part of the flat buffer (from expert_offset(c)); nullptr otherwise.
+  const ParamGatherer* expert_gatherer(std::size_t chunk) const { return expert_gatherers_[chunk].get(); }
   /// --offload optimizer+params: the own blocks of the parameters back in memory (before a
   /// checkpoint is written from them), and out again (after; `changed`: a load wrote them).
   void own_params_in() {
@@ -257,6 +264,7 @@ class GradSync {
   std::vector<std::int64_t> expert_offsets_;
   std::vector<Tensor<float>> owned_grads_;                 // owned_grads(): both partitions' ZeRO-2 gradients
   std::vector<std::unique_ptr<ParamGatherer>> gatherers_;  // ZeRO-3, one per chunk
+  std::vector<std::unique_ptr<ParamGatherer>> expert_gatherers_;  // per chunk: the experts' over edp, or null
   Tensor<float> work_;        // the tp sum's packed elements
   // The sum over the replicas (level 4); a failure there goes to replica_failure_.
   void sum_over_replicas(double& loss_sum);

@@ -100,8 +100,14 @@ struct StoreOptions {
   std::int64_t keep_parts = 1;
   std::int64_t keep_part = 0;
   /// The expert partition (ParamStore::begin_experts) padded to a multiple of this many
-  /// elements (equal ZeRO shards over the expert-data-parallel group).
+  /// elements (equal ZeRO shards over the expert-data-parallel group); with pad_units each
+  /// expert unit (one begin_experts() to the next) too.
   std::int64_t expert_pad_to = 1;
+  /// ZeRO-3 of the expert partition: every expert unit is cut into expert_keep_parts equal
+  /// blocks (the expert-data-parallel group), of which this rank keeps block expert_keep_part,
+  /// as keep_parts does for the dense units. 1: the expert partition is kept whole.
+  std::int64_t expert_keep_parts = 1;
+  std::int64_t expert_keep_part = 0;
 };
 
 /// The flat parameter and gradient buffers of one model.
@@ -124,7 +130,10 @@ class ParamStore {
   /// allocate(); nothing else moves (units, begin_unit, align_to see only the dense part).
   /// Expert parallelism puts the experts a rank runs there, so that the dense partition
   /// [0, expert_offset()) has the same layout on every rank of the dp-cp group and the
-  /// expert partition the same on every rank of the expert-data-parallel group.
+  /// expert partition the same on every rank of the expert-data-parallel group. Each
+  /// begin_experts() starts an expert unit (a MoE layer's experts, gathered together under
+  /// ZeRO-3): with StoreOptions::pad_units the expert partition so far is padded to a
+  /// multiple of expert_pad_to first.
   void begin_experts();
   void end_experts();
   /// Allocates both buffers (zeroed), padded to a multiple of `multiple` elements (0: the
@@ -134,6 +143,10 @@ class ParamStore {
   void allocate(std::int64_t multiple = 0);
   /// Where the expert partition starts (size() when there is none): the dense part's end.
   std::int64_t expert_offset() const { return expert_offset_; }
+  /// Where each expert unit starts (in begin_experts() order; each runs to the next one's
+  /// start, the last to size()): flat offsets once allocate() ran, offsets inside the expert
+  /// partition before.
+  std::vector<std::int64_t> expert_unit_offsets() const;
   /// The layout and placement options it was made with.
   const StoreOptions& options() const { return options_; }
   /// Pads the buffer so far to a multiple of `multiple` (and of kParamAlign): the next
@@ -229,6 +242,7 @@ class ParamStore {
   bool in_experts_ = false;         // between begin_experts() and end_experts()
   std::int64_t expert_size_ = 0;    // the expert partition so far (offsets relative to it until allocate)
   std::int64_t expert_offset_ = 0;  // after allocate(): where the expert partition starts
+  std::vector<std::int64_t> expert_starts_;  // each expert unit's start inside the partition
   Tensor<T> params_;
   Tensor<T> grads_;
   MatmulPrecision matmul_ = MatmulPrecision::kFp32;

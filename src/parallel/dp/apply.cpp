@@ -12,7 +12,7 @@ void apply_data_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOpti
   // the same experts.
   plan.store.expert_pad_to = o.dp.zero > 0 && plan.shard_experts ? plan.expert_data.size() : 1;
   // ZeRO 2 and 3 reduce-scatter unit by unit (GradReducer::per_unit): each unit's range is
-  // padded to a multiple of the group too.
+  // padded to a multiple of the group too (each MoE block's stored experts to one of edp).
   plan.store.pad_units = plan.grad_group.size() > 1 && o.dp.zero >= 2;
   // ZeRO-3 frees units in place; on a GPU that takes mappable memory (ParamGatherer).
   plan.store.mappable_params = o.dp.zero == 3 && o.device == Device::kCuda;
@@ -21,6 +21,12 @@ void apply_data_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOpti
   if (o.dp.zero == 3 && plan.store.pad_units) {
     plan.store.keep_parts = plan.grad_group.size();
     plan.store.keep_part = plan.grad_group.rank();
+    // The experts a rank stores likewise: one block of each MoE block's experts per member of
+    // the expert-data-parallel group (GradSync gathers them over that group).
+    if (plan.shard_experts && plan.expert_data.size() > 1) {
+      plan.store.expert_keep_parts = plan.expert_data.size();
+      plan.store.expert_keep_part = plan.expert_data.rank();
+    }
   }
   // So does the per-unit gradient work space (GradReducer::own_workspace).
   plan.store.mappable_grads = plan.store.pad_units && o.device == Device::kCuda;

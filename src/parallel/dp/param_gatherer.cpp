@@ -162,7 +162,11 @@ void ParamGatherer::acquire(int unit) {
 
 void ParamGatherer::prefetch_after(const std::vector<int>& order, int unit) {
   auto it = std::find(order.begin(), order.end(), unit);
-  if (it == order.end() || ++it == order.end()) return;
+  if (it == order.end()) return;
+  // The next unit that reads any of these ranges (the experts' gatherer: the next MoE block).
+  do {
+    if (++it == order.end()) return;
+  } while (units_[static_cast<std::size_t>(*it)].ranges.empty());
   for (int id : units_[static_cast<std::size_t>(*it)].ranges)
     if (Range& r = ranges_[static_cast<std::size_t>(id)]; r.state == State::kFree) start(r);
 }

@@ -36,7 +36,7 @@ void apply_expert_parallel(ModelPlan& plan, ProcessGroups& groups, const TrainOp
       std::make_shared<CommunicatorEpComm>(groups.expert(o.ep), groups.cp(), groups.tp(), plan.ep_stats);
   plan.expert_data = groups.expert_data(o.ep);  // made with the expert group, so that every rank splits alike
   // A rank stores only its experts (their gradients summed over expert_data: GradSync; under
-  // ZeRO-3 kept whole, sharded ZeRO-2-wise over edp), except where the parameters' shard goes
+  // ZeRO-3 sharded over edp and gathered per MoE block), except where the parameters' shard goes
   // to files (--offload optimizer+params streams the gatherer's shard alone): every rank then
   // stores every expert, gathered with its block as the dense parameters are.
   plan.shard_experts = !(o.dp.zero == 3 && o.offload.what == Offload::kOptimizerParams);

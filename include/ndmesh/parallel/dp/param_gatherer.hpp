@@ -14,9 +14,11 @@
 // already in flight), after it they are freed, except after a forward with
 // reshard_after_forward = false (FSDP2's option: the parameters stay until the backward).
 // With prefetch, the gather of the next unit in the same direction (forward: the buffer's
-// order; backward: model::ModelT::backward_units()) starts when a unit begins, so it moves
-// while the unit computes. A range shared by two units (a tied head reads the embedding's
-// table) counts its users and is freed when the last one ends.
+// order; backward: model::ModelT::backward_units()) that holds ranges here starts when a unit
+// begins, so it moves while the unit computes. A unit may hold none (the expert partition's
+// gatherer over edp: a dense block has no experts; it sees every unit's events). A range
+// shared by two units (a tied head reads the embedding's table) counts its users and is
+// freed when the last one ends.
 //
 // Buffers: a range whose gather is in flight belongs to the all-gather until it is waited
 // for (on the unit's Begin event, in poll() once complete, or in free_all()); the model
