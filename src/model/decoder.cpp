@@ -368,24 +368,21 @@ void DecoderT<T>::init(std::uint64_t seed, double init_std) {
   // writes only those elements; the rest of the buffer stays untouched zero pages.
   const StoreOptions& so = store_.options();
   std::vector<nn::Segment> kept;
-  if (so.keep_parts > 1)
-    for (const nn::Segment& r : unit_ranges_) {
-      NDMESH_CHECK(r.count % so.keep_parts == 0, "model",
-                   "unit range [{}, {}) does not split into {} equal blocks", r.offset, r.offset + r.count,
-                   so.keep_parts);
-      const std::int64_t block = r.count / so.keep_parts;
-      kept.push_back({r.offset + so.keep_part * block, block});
+  // Block `part` of `parts` equal blocks of every range.
+  auto keep_blocks = [&kept](const std::vector<nn::Segment>& ranges, std::int64_t parts, std::int64_t part,
+                             const char* what) {
+    for (const nn::Segment& r : ranges) {
+      NDMESH_CHECK(r.count % parts == 0, "model", "{} range [{}, {}) does not split into {} equal blocks", what,
+                   r.offset, r.offset + r.count, parts);
+      const std::int64_t block = r.count / parts;
+      kept.push_back({r.offset + part * block, block});
     }
+  };
+  if (so.keep_parts > 1) keep_blocks(unit_ranges_, so.keep_parts, so.keep_part, "unit");
   // The expert partition: with expert_keep_parts one block of every expert unit (ZeRO-3 over
   // the expert-data-parallel group), otherwise the rank's experts whole.
   if (!kept.empty() && so.expert_keep_parts > 1) {
-    for (const nn::Segment& r : expert_ranges_) {
-      NDMESH_CHECK(r.count % so.expert_keep_parts == 0, "model",
-                   "expert range [{}, {}) does not split into {} equal blocks", r.offset, r.offset + r.count,
-                   so.expert_keep_parts);
-      const std::int64_t block = r.count / so.expert_keep_parts;
-      kept.push_back({r.offset + so.expert_keep_part * block, block});
-    }
+    keep_blocks(expert_ranges_, so.expert_keep_parts, so.expert_keep_part, "expert");
   } else if (!kept.empty() && store_.expert_offset() < store_.size()) {
     kept.push_back({store_.expert_offset(), store_.size() - store_.expert_offset()});
   }
