@@ -3,7 +3,7 @@
 # (as there), 4 steps, every --ep that divides --dp 2 / 4 / 8, with ZeRO 1, 2 and 3, full
 # recompute, both routers, a shared expert and a capacity factor; with --pp 2 under every
 # schedule (interleaved: 4 blocks, 2 virtual stages), with ZeRO 2 and 3; and with --cp and --tp
-# (also --sequence-parallel, --pp, ZeRO-3; dropless under cp: a capacity factor is refused there),
+# (also --sequence-parallel, --pp, ZeRO-3; under cp dropless and with a capacity factor),
 # ZeRO-3 with the experts sharded over edp 2 under --pp 2 and --cp 2, a checkpoint moving
 # between tp/ep/cp layouts and the serial run, and bf16 products (--precision bf16) against the
 # serial bf16 run. Prints one comparison line per layout
@@ -42,9 +42,10 @@ for variant in softmax sigmoid; do
   layout_run "${variant}_l4" 8 "${variant}_l4_dp4_ep2_pp2_zbh1_zero2" --layers 4 --dp 4 --ep 2 --pp 2 --schedule zb-h1 \
     --zero 2 "${extra[@]}"
 done
-for variant in softmax_dropless sigmoid_dropless; do
+for variant in softmax_dropless sigmoid_dropless sigmoid_capacity; do
   extra=()
   [ "$variant" = sigmoid_dropless ] && extra=(--router sigmoid --shared-experts 1 --aux-loss 0.001)
+  [ "$variant" = sigmoid_capacity ] && extra=(--router sigmoid --shared-experts 1 --aux-loss 0.001 --capacity-factor 1.0)
   serial_run "$variant" "${extra[@]}"
   layout_run "$variant" 2 "${variant}_cp2" --cp 2 "${extra[@]}"
   layout_run "$variant" 4 "${variant}_dp2_cp2_ep4" --dp 2 --cp 2 --ep 4 "${extra[@]}"

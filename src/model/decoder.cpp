@@ -240,6 +240,7 @@ void DecoderT<T>::set_positions(std::vector<std::int64_t> positions) {
     NDMESH_CHECK(p >= 0 && p < spec_.seq, "model", "position {} is outside the model's seq={}", p, spec_.seq);
   positions_ = std::move(positions);
   ops::stage(positions_device_, positions_.data(), seq_, device_);
+  for (const auto& b : blocks_) b.mlp().set_token_positions(positions_, spec_.seq);
 }
 
 template <typename T>

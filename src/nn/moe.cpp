@@ -236,6 +236,44 @@ void Moe<T>::backward_from(const T* dout, const In* inp, const MlpActivations<T>
 }
 
 template <typename T>
+std::vector<bool> Moe<T>::capacity_rows(const std::vector<std::int64_t>& chosen, std::int64_t n) const {
+  const std::int64_t e_count = moe_.experts, k = moe_.top_k;
+  EpComm& ep = *moe_.ep;
+  if (moe_.capacity_factor <= 0 || ep.batch_ranks() <= 1)
+    return capacity_keep(chosen, n, k, e_count, expert_capacity(moe_.capacity_factor, n, k, e_count));
+  // The micro-batch's tokens are spread over the batch ranks: row r stands at
+  // (r / local) * seq + positions_[r % local] of the micro-batch's N tokens. Each rank writes
+  // its rows' choices (+ 1) there; summed over the ranks, every place has its one writer's.
+  const auto local = static_cast<std::int64_t>(positions_.size());
+  const std::int64_t total = n * ep.batch_ranks();
+  NDMESH_CHECK(local > 0 && n % local == 0 && (n / local) * seq_ == total, "nn",
+               "moe '{}': {} rows of {} positions in a sequence of {} over {} ranks: the capacity's token "
+               "order is unknown (set_token_positions)",
+               options_.name, n, local, seq_, ep.batch_ranks());
+  auto place = [&](std::int64_t r) { return (r / local) * seq_ + positions_[static_cast<std::size_t>(r % local)]; };
+  std::vector<double> all(static_cast<std::size_t>(total * k), 0.0);
+  for (std::int64_t r = 0; r < n; ++r)
+    for (std::int64_t j = 0; j < k; ++j)
+      all[static_cast<std::size_t>(place(r) * k + j)] = static_cast<double>(chosen[static_cast<std::size_t>(r * k + j)] + 1);
+  ep.sum_over_batch(all.data(), total * k);
+  std::vector<std::int64_t> every(all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    every[i] = static_cast<std::int64_t>(all[i]) - 1;
+    NDMESH_CHECK(every[i] >= 0 && every[i] < e_count && all[i] == static_cast<double>(every[i] + 1), "nn",
+                 "moe '{}': token {} of the micro-batch has choice {} after the sum over its ranks (positions "
+                 "that overlap or leave a gap)",
+                 options_.name, static_cast<std::int64_t>(i) / k, all[i] - 1);
+  }
+  const std::vector<bool> kept_all =
+      capacity_keep(every, total, k, e_count, expert_capacity(moe_.capacity_factor, total, k, e_count));
+  std::vector<bool> kept(chosen.size());
+  for (std::int64_t r = 0; r < n; ++r)
+    for (std::int64_t j = 0; j < k; ++j)
+      kept[static_cast<std::size_t>(r * k + j)] = kept_all[static_cast<std::size_t>(place(r) * k + j)];
+  return kept;
+}
+
+template <typename T>
 template <typename X>
 void Moe<T>::forward_rows(const X* x, T* out, T* route, std::int64_t n) const {
   NDMESH_CHECK(router_.device() == Device::kCpu, "nn", "moe '{}': MoE layers run on the CPU only for now",
@@ -286,8 +324,7 @@ void Moe<T>::forward_rows(const X* x, T* out, T* route, std::int64_t n) const {
       load_[static_cast<std::size_t>(r.experts[static_cast<std::size_t>(j)])] += 1;
     }
   }
-  const std::vector<bool> kept =
-      capacity_keep(chosen, n, k, e_count, expert_capacity(moe_.capacity_factor, n, k, e_count));
+  const std::vector<bool> kept = capacity_rows(chosen, n);
   dropped_ = 0;
   for (std::int64_t i = 0; i < n * k; ++i) {
     route[(i / k) * rr.width() + rr.kept() + i % k] = kept[static_cast<std::size_t>(i)] ? T(1) : T(0);

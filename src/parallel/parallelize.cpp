@@ -29,10 +29,6 @@ RankModel parallelize(const TrainOptions& o, ProcessGroups& groups) {
   // Mixture of experts: serial, dp, ep (folded into dp x cp), pp (every schedule), cp, tp
   // (experts split over tp) and ZeRO 1-3 (docs/models.md).
   const Mesh& mesh = groups.mesh();
-  NDMESH_CHECK_CONFIG(o.model.experts == 0 || mesh.size_of("cp") == 1 || o.model.capacity_factor == 0, "train",
-                      "--capacity-factor={} with --cp={} is not supported yet (the drop rule orders a micro-batch's "
-                      "tokens, which cp spreads over ranks); use --capacity-factor 0 (dropless) or --cp 1",
-                      o.model.capacity_factor, mesh.size_of("cp"));
   NDMESH_CHECK_CONFIG(o.model.experts == 0 || o.model.expert_ffn_or_default() % mesh.size_of("tp") == 0, "train",
                       "--expert-ffn={} is not divisible by --tp={} (each expert is split over tp); use an expert "
                       "width that tp divides",

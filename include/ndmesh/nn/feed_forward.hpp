@@ -113,6 +113,10 @@ class FeedForward {
   /// After an optimizer step: the sigmoid router's balancing bias moves by its rate toward an
   /// even load, given the step's tokens per expert `load[experts()]` (summed over the ranks).
   virtual void update_router_bias(const double* /*load*/) const {}
+  /// The positions in the sequence of seq tokens of the rows' seq-axis (rows are batch x
+  /// positions.size(); under context parallelism a rank's chunks of the sequence): where each
+  /// row stands in its micro-batch, which a capacity's drop rule orders (nn/moe.hpp).
+  virtual void set_token_positions(const std::vector<std::int64_t>& /*positions*/, std::int64_t /*seq*/) const {}
 };
 
 /// The five passes of FeedForward as calls of Derived's two templates, forward_from(inp, out,

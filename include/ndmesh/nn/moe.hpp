@@ -25,7 +25,11 @@
 // Capacity (capacity_factor F > 0): an expert takes at most ceil(F * N * k / E)
 // assignments of a micro-batch; they are taken choice by choice (every token's first
 // choice in token order, then every token's second, ...), the rest dropped: a dropped
-// assignment adds nothing (its weight is not given to the others). F = 0: dropless.
+// assignment adds nothing (its weight is not given to the others). Under context
+// parallelism (EpComm::batch_ranks() > 1) the micro-batch's N tokens are on several ranks:
+// each rank places its rows' choices in the micro-batch's token order (set_token_positions),
+// the choices are summed over those ranks, and every rank applies the rule to the whole
+// micro-batch, as the serial run does. F = 0: dropless.
 //
 // What the forward keeps (MlpActivations::pre, pre_width() = E + 3k per row, in T under bf16
 // products too): the router's probabilities (softmax) or scores (sigmoid), the chosen
@@ -138,6 +142,10 @@ class Moe final : public FeedForwardPasses<Moe<T>, T> {
   std::int64_t experts() const override { return moe_.experts; }
   const std::vector<double>& expert_load() const override { return load_; }
   void update_router_bias(const double* load) const override;
+  void set_token_positions(const std::vector<std::int64_t>& positions, std::int64_t seq) const override {
+    positions_ = positions;
+    seq_ = seq;
+  }
 
   const MoeOptions& moe() const { return moe_; }
   const Linear<T>& router() const { return router_; }
@@ -156,6 +164,8 @@ class Moe final : public FeedForwardPasses<Moe<T>, T> {
   void forward_rows(const X* x, T* out, T* route, std::int64_t rows) const;
   template <typename X>
   void backward_rows(const T* dout, const X* x, const T* route, T* dinp, std::int64_t rows) const;
+  // Which of the rows' choices (rows x top_k) the capacity keeps (all: dropless).
+  std::vector<bool> capacity_rows(const std::vector<std::int64_t>& chosen, std::int64_t rows) const;
 
   // The experts this rank runs: [first_local_, first_local_ + local_).
   std::int64_t local_ = 0, first_local_ = 0;
@@ -173,6 +183,9 @@ class Moe final : public FeedForwardPasses<Moe<T>, T> {
   mutable std::vector<double> load_;
   mutable std::int64_t dropped_ = 0;
   mutable double aux_weight_ = 0;
+  // The rows' places in the sequence (set_token_positions; empty: 0, 1, ...) and its length.
+  mutable std::vector<std::int64_t> positions_;
+  mutable std::int64_t seq_ = 0;
 };
 
 }  // namespace ndmesh::nn
