@@ -7,11 +7,6 @@
 
 BUILD_DIR ?= build
 JOBS      ?= 2
-# ctest's slots: one more than the cores. A multi-rank test claims both (PROCESSORS 2, so no
-# two run at once) but keeps them about 60% busy (its ranks wait on each other and on process
-# starts), so a one-process test runs beside it; the tests that time a job run alone
-# (RUN_SERIAL, ctest label "timing", tests/CMakeLists.txt's ndmesh_timed_tests).
-TEST_JOBS ?= $(shell echo $$(($(JOBS) + 1)))
 BUILD_TYPE ?= Release
 CMAKE_FLAGS ?=
 ifneq ($(CI),)
@@ -75,13 +70,13 @@ run: build
 # Then the tests that skipped, with their reasons; a skip for want of a package that deps
 # installs (or of root, running as root) fails it (scripts/test_skips.py).
 test: build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j$(TEST_JOBS) --timeout 600 --output-junit ctest-junit.xml; \
+	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) --timeout 600 --output-junit ctest-junit.xml; \
 	  rc=$$?; python3 $(CURDIR)/scripts/test_skips.py ctest-junit.xml $(CURDIR)/Makefile || rc=1; exit $$rc
 
 # The fast tier: unit tests and a few end-to-end runs (ctest label "fast"), about a minute on
 # 2 cores once built; make test runs everything.
 test-fast: build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j$(TEST_JOBS) --timeout 300 -L fast
+	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) --timeout 300 -L fast
 
 bench: build
 	@bash scripts/run_bench.sh $(BUILD_DIR)
@@ -156,7 +151,7 @@ sanitize-build: deps
 
 sanitize-test:
 	@test -f $(SAN_DIR)/no_dlclose.so || { echo "make sanitize-test: no sanitizer build in $(SAN_DIR); run make sanitize-build (or make sanitize) first"; exit 2; }
-	cd $(SAN_DIR) && $(SAN_ENV) ctest --output-on-failure -j$(TEST_JOBS) --timeout 1200 -E '$(SAN_SKIP)'
+	cd $(SAN_DIR) && $(SAN_ENV) ctest --output-on-failure -j$(JOBS) --timeout 1200 -E '$(SAN_SKIP)'
 
 # ThreadSanitizer over the tests of the communicator's watchdog and asynchronous work.
 # Also the threads of training: the data-parallel progress thread (mpi.train_dp,
