@@ -95,9 +95,9 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
   NDMESH_CHECK_CONFIG(first_b < last_b, "model",
                       "units [{}, {}) hold no block: a range holds at least one", range_.first, range_.last);
   NDMESH_CHECK_CONFIG(spec.experts == 0 || options.device == Device::kCpu, "model",
-                      "--device cuda with experts={}: MoE layers run on the CPU only for now (fp32 or bf16 "
+                      "--device {} with experts={}: MoE layers run on the CPU only for now (fp32 or bf16 "
                       "products); use --device cpu (or a dense model)",
-                      spec.experts);
+                      device_name(options.device), spec.experts);
   if (auto problems = tp_problems(spec, tp_.size(), tp_.sequence_parallel, batch_ * seq_); !problems.empty())
     fail<ConfigError>("model", "{}", fmt::join(problems, "; "));
   const nn::TpShape tps = tp_.shape();

@@ -243,7 +243,8 @@ std::vector<bool> Moe<T>::capacity_rows(const std::vector<std::int64_t>& chosen,
     return capacity_keep(chosen, n, k, e_count, expert_capacity(moe_.capacity_factor, n, k, e_count));
   // The micro-batch's tokens are spread over the batch ranks: row r stands at
   // (r / local) * seq + positions_[r % local] of the micro-batch's N tokens. Each rank writes
-  // its rows' choices (+ 1) there; summed over the ranks, every place has its one writer's.
+  // its rows' choices there as E + 1 + choice, in [E + 1, 2E]: summed over the ranks, a place
+  // with one writer stays in that range, a gap is 0 and an overlap at least 2E + 2.
   const auto local = static_cast<std::int64_t>(positions_.size());
   const std::int64_t total = n * ep.batch_ranks();
   NDMESH_CHECK(local > 0 && n % local == 0 && (n / local) * seq_ == total, "nn",
@@ -254,15 +255,17 @@ std::vector<bool> Moe<T>::capacity_rows(const std::vector<std::int64_t>& chosen,
   std::vector<double> all(static_cast<std::size_t>(total * k), 0.0);
   for (std::int64_t r = 0; r < n; ++r)
     for (std::int64_t j = 0; j < k; ++j)
-      all[static_cast<std::size_t>(place(r) * k + j)] = static_cast<double>(chosen[static_cast<std::size_t>(r * k + j)] + 1);
+      all[static_cast<std::size_t>(place(r) * k + j)] =
+          static_cast<double>(e_count + 1 + chosen[static_cast<std::size_t>(r * k + j)]);
   ep.sum_over_batch(all.data(), total * k);
   std::vector<std::int64_t> every(all.size());
   for (std::size_t i = 0; i < all.size(); ++i) {
-    every[i] = static_cast<std::int64_t>(all[i]) - 1;
-    NDMESH_CHECK(every[i] >= 0 && every[i] < e_count && all[i] == static_cast<double>(every[i] + 1), "nn",
-                 "moe '{}': token {} of the micro-batch has choice {} after the sum over its ranks (positions "
-                 "that overlap or leave a gap)",
-                 options_.name, static_cast<std::int64_t>(i) / k, all[i] - 1);
+    every[i] = static_cast<std::int64_t>(all[i]) - e_count - 1;
+    NDMESH_CHECK(every[i] >= 0 && every[i] < e_count && all[i] == static_cast<double>(e_count + 1 + every[i]), "nn",
+                 "moe '{}': token {} of the micro-batch has {} after the sum over its ranks (positions that "
+                 "overlap or leave a gap: set_token_positions)",
+                 options_.name, static_cast<std::int64_t>(i) / k,
+                 all[i] == 0 ? "no rank's choice" : "several ranks' choices");
   }
   const std::vector<bool> kept_all =
       capacity_keep(every, total, k, e_count, expert_capacity(moe_.capacity_factor, total, k, e_count));

@@ -5,7 +5,9 @@
 // its rank, zero elsewhere; the router's on every rank from its own rows). Under context
 // parallelism (MoeCp) the ranks hold equal parts of one micro-batch: the auxiliary loss is the
 // whole micro-batch's on every rank, and with each rank weighing it by 1/ranks (its share of
-// the micro-batch, as the decoder does) the gradients summed over the ranks are the serial ones.
+// the micro-batch, as the decoder does) the gradients summed over the ranks are the serial ones;
+// with a capacity (MoeCpCapacity) the drop rule orders the whole micro-batch's tokens, whose
+// chunks the ranks hold out of order, so each rank drops what the serial layer drops there.
 // With sharded storage (MoeEpSharded: MoeOptions::shard_experts) a rank's store holds only its
 // experts, in the expert partition after the dense parameters, and each of its experts'
 // gradients is that expert's serial gradient summed over the ranks. Under bf16 products
@@ -39,15 +41,18 @@ struct Pass {
   V out, dx, grads;
   std::vector<double> load;
   double aux = 0;
+  std::int64_t dropped = 0;               // assignments the capacity dropped
   std::map<std::string, V> grad_of;       // by parameter name
   std::vector<std::string> expert_views;  // the names in the store's expert partition
   std::int64_t dense = 0, size = 0;       // ParamStore::expert_offset(), size()
 };
 
 // Forward and backward of one Moe over `ep` (nullptr: serial) on rows x, gradient w, the
-// auxiliary loss weighed by aux_weight.
+// auxiliary loss weighed by aux_weight; with `positions` the rows' places in sequences of `seq`
+// tokens (FeedForward::set_token_positions).
 Pass run_moe(std::shared_ptr<nn::EpComm> ep, const V& x, const V& w, std::int64_t rows, RouterKind router,
-             double capacity, double aux_weight = 0.7, bool shard_experts = false) {
+             double capacity, double aux_weight = 0.7, bool shard_experts = false,
+             const std::vector<std::int64_t>& positions = {}, std::int64_t seq = 0) {
   ParamStore<double> store;
   nn::MoeOptions opts{.experts = kExperts,
                       .top_k = kTopK,
@@ -70,8 +75,10 @@ Pass run_moe(std::shared_ptr<nn::EpComm> ep, const V& x, const V& w, std::int64_
   acts.resize(rows, moe.pre_width(), moe.hidden_width());
   Pass p{.out = V(static_cast<std::size_t>(rows * kC)), .dx = V(static_cast<std::size_t>(rows * kC))};
   moe.set_aux_weight(aux_weight);
+  if (!positions.empty()) moe.set_token_positions(positions, seq);
   moe.forward(x.data(), p.out.data(), acts, rows);
   p.aux = moe.aux_loss();
+  p.dropped = moe.dropped();
   store.zero_grad();
   V scratch;
   moe.backward(w.data(), x.data(), acts, p.dx.data(), scratch.data(), rows);
@@ -204,6 +211,77 @@ TEST_P(MoeCp, TheMicroBatchsAuxiliaryLossOverItsRanks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, MoeCp,
+                         ::testing::Values(std::make_tuple(2, RouterKind::kSoftmax),
+                                           std::make_tuple(4, RouterKind::kSigmoid)));
+
+// A capacity under context parallelism: the micro-batch is 2 sequences of ranks x kChunk
+// tokens, and rank r holds chunk ranks - 1 - r of each (chunks out of rank order, as cp's
+// zigzag has them). The drop rule orders the whole micro-batch's tokens, so every rank's
+// rows are the serial layer's at their places in it, drops included.
+class MoeCpCapacity : public ::testing::TestWithParam<std::tuple<int, RouterKind>> {};
+
+TEST_P(MoeCpCapacity, DropsWhatTheSerialLayerDropsOnTheWholeMicroBatch) {
+  const auto [ranks, router] = GetParam();
+  comm::inproc::run(ranks, [&, ranks = ranks, router = router](const comm::Communicator& world) {
+    const int r = world.rank();
+    constexpr std::int64_t kChunk = 3, kSeqs = 2, kRows = kSeqs * kChunk;
+    const std::int64_t seq = ranks * kChunk, chunk = ranks - 1 - r;
+    std::vector<std::int64_t> positions(kChunk);
+    for (std::int64_t i = 0; i < kChunk; ++i) positions[static_cast<std::size_t>(i)] = chunk * kChunk + i;
+    Rng rng(300 + static_cast<std::uint64_t>(r));
+    const V x = random_vector(kRows * kC, rng), w = random_vector(kRows * kC, rng);
+    V all_x(static_cast<std::size_t>(ranks * kRows * kC)), all_w(all_x.size());
+    world.all_gather(std::span<const double>(x), std::span<double>(all_x));
+    world.all_gather(std::span<const double>(w), std::span<double>(all_w));
+    // Serial row of rank q's row b * kChunk + i: token b * seq + (ranks - 1 - q) * kChunk + i.
+    const auto place = [&](int q, std::int64_t row) {
+      return (row / kChunk) * seq + (ranks - 1 - q) * kChunk + row % kChunk;
+    };
+    V ser_x(all_x.size()), ser_w(all_w.size());
+    for (int q = 0; q < ranks; ++q)
+      for (std::int64_t row = 0; row < kRows; ++row)
+        for (std::int64_t c = 0; c < kC; ++c) {
+          const auto from = static_cast<std::size_t>((q * kRows + row) * kC + c);
+          const auto to = static_cast<std::size_t>(place(q, row) * kC + c);
+          ser_x[to] = all_x[from];
+          ser_w[to] = all_w[from];
+        }
+    const double capacity = 0.5;
+    const Pass serial = run_moe(nullptr, ser_x, ser_w, ranks * kRows, router, capacity);
+    ASSERT_GT(serial.dropped, 0) << "the capacity drops nothing: the test would not see the order";
+    const comm::Communicator alone = world.split(world.rank(), 0, "alone");
+    const auto ep = [&] {
+      return std::make_shared<CommunicatorEpComm>(world.named("ep"), world.named("cp"), alone,
+                                                  std::make_shared<EpCommStats>());
+    };
+    const Pass cp = run_moe(ep(), x, w, kRows, router, capacity, 0.7 / ranks, false, positions, seq);
+    V mine_out(x.size()), mine_dx(x.size());
+    for (std::int64_t row = 0; row < kRows; ++row)
+      for (std::int64_t c = 0; c < kC; ++c) {
+        const auto at = static_cast<std::size_t>(row * kC + c);
+        const auto from = static_cast<std::size_t>(place(r, row) * kC + c);
+        mine_out[at] = serial.out[from];
+        mine_dx[at] = serial.dx[from];
+      }
+    expect_near(cp.out, mine_out, "output", r);
+    expect_near(cp.dx, mine_dx, "input gradient", r);
+    EXPECT_NEAR(cp.aux, serial.aux, 1e-14 * std::fabs(serial.aux)) << "rank " << r;
+    V sum = cp.grads;
+    world.all_reduce(std::span<double>(sum));
+    expect_near(sum, serial.grads, "gradients summed over the ranks", r);
+    // Every rank saying it holds chunk 0: the places overlap, and the sum over the ranks says so.
+    std::vector<std::int64_t> same(kChunk);
+    for (std::int64_t i = 0; i < kChunk; ++i) same[static_cast<std::size_t>(i)] = i;
+    try {
+      run_moe(ep(), x, w, kRows, router, capacity, 0.7 / ranks, false, same, seq);
+      ADD_FAILURE() << "overlapping positions were not refused on rank " << r;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("positions that overlap or leave a gap"), std::string::npos) << e.what();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, MoeCpCapacity,
                          ::testing::Values(std::make_tuple(2, RouterKind::kSoftmax),
                                            std::make_tuple(4, RouterKind::kSigmoid)));
 
