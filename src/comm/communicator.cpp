@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/inproc/inproc_backend.hpp"
 #include "backends/mpi/mpi_backend.hpp"
 #ifdef NDMESH_HAVE_GLOO
 #include "backends/gloo/gloo_backend.hpp"
@@ -274,20 +275,38 @@ std::shared_ptr<detail::CommImpl> make_store_world(const LaunchEnv& launch, std:
 #endif
 }
 
+// True for a process that nothing launched: no launcher's rank variables and no MPI
+// process manager's (LaunchEnv::process_manager). It is alone, and needs no engine.
+bool alone(const LaunchEnv& launch) {
+  return launch.launcher == Launcher::kNone && launch.process_manager.empty();
+}
+
 // The backend named by NDMESH_BACKEND; by default gloo under a launch without MPI
-// (torchrun), mpi otherwise.
+// (torchrun), self for a process that nothing launched (a world of one: no MPI_Init,
+// which as a singleton costs 0.3 s and forks Open MPI's daemon), mpi otherwise.
 std::shared_ptr<detail::CommImpl> make_backend_world(const LaunchEnv& launch) {
-  std::string name = env::string("NDMESH_BACKEND", launch.launcher == Launcher::kTorchrun ? "gloo" : "mpi");
+  const std::string_view fallback = launch.launcher == Launcher::kTorchrun ? "gloo" : alone(launch) ? "self" : "mpi";
+  std::string name = env::string("NDMESH_BACKEND", std::string(fallback));
   // NCCL carries the device buffers of a GPU run (parallel::device_communicator) over the
   // default CPU backend, which is the world: its bootstrap and the path of host buffers.
-  if (name == "nccl") name = launch.launcher == Launcher::kTorchrun ? "gloo" : "mpi";
+  if (name == "nccl") name = fallback;
+  if (name == "self") {
+    NDMESH_CHECK_CONFIG(alone(launch), "comm",
+                        "NDMESH_BACKEND=self is a process alone, but this one was started by {} ({}): unset "
+                        "NDMESH_BACKEND to join the job's other ranks",
+                        launch.launcher == Launcher::kNone ? "an MPI process manager" : launcher_name(launch.launcher),
+                        launch.launcher == Launcher::kNone ? launch.process_manager
+                                                           : fmt::format("{}", fmt::join(launch.sources, " ")));
+    return inproc::make_self_world();
+  }
   if (name == "mpi") {
     launch.require_mpi_world();  // before MPI_Init: torchrun would give N worlds of one
     return mpi::make_world();
   }
   if (name == "gloo") return make_store_world(launch, name);
   // A new backend adds a folder src/backends/<name>/ and one line here.
-  fail<ConfigError>("comm", "NDMESH_BACKEND='{}' is not built into this ndmesh; available: mpi, gloo, nccl", name);
+  fail<ConfigError>("comm", "NDMESH_BACKEND='{}' is not built into this ndmesh; available: mpi, gloo, nccl, self",
+                    name);
 }
 
 }  // namespace

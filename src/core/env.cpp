@@ -45,10 +45,10 @@ const std::vector<Variable>& variables() {
        "and "
        "the bias gradients inside cuBLASLt's products where it has an algorithm), off (every one apart: the "
        "product, then its own kernel; to compare or to rule the epilogues out)"},
-      {"NDMESH_BACKEND", "string", "mpi; gloo under torchrun",
-       "communication backend: mpi (under mpirun, srun, or no launcher), gloo (CPU over TCP, under torchrun "
-       "or any "
-       "launcher that sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), nccl (when built with GPUs)"},
+      {"NDMESH_BACKEND", "string", "mpi; gloo under torchrun; self without a launcher",
+       "communication backend: mpi (under mpirun or srun), gloo (CPU over TCP, under torchrun or any launcher "
+       "that sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), self (a process started by hand: a world of "
+       "one, no MPI_Init; mpi starts it as an MPI singleton instead), nccl (when built with GPUs)"},
       {"NDMESH_COORDINATOR", "string", "unset",
        "HOST:PORT of an ndmesh coordinator: ndmesh train runs as one elastic data-parallel replica "
        "(docs/elastic.md)"},
@@ -147,7 +147,7 @@ void check_all() {
   one_of("NDMESH_LOG", {"error", "warn", "info", "debug"}, "error, warn, info or debug");
   one_of("NDMESH_ATTENTION", {"auto", "flash", "cudnn"}, "auto, flash or cudnn");
   one_of("NDMESH_EPILOGUES", {"auto", "off"}, "auto or off");
-  one_of("NDMESH_BACKEND", {"mpi", "gloo", "nccl"}, "mpi, gloo (or nccl when built with GPUs)");
+  one_of("NDMESH_BACKEND", {"mpi", "gloo", "nccl", "self"}, "mpi, gloo, self (or nccl when built with GPUs)");
 }
 
 }  // namespace ndmesh::env

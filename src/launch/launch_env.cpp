@@ -177,7 +177,17 @@ LaunchEnv LaunchEnv::detect(const EnvLookup& lookup) {
   std::vector<LaunchEnv> found;
   for (const auto& f : families())
     if (auto env = read_family(f, lookup)) found.push_back(std::move(*env));
-  if (found.empty()) return LaunchEnv{};
+  if (found.empty()) {
+    LaunchEnv alone;
+    // Rank variables of process managers whose launchers ndmesh does not read.
+    for (std::string_view name : {"PMIX_RANK", "PMIX_NAMESPACE", "PMI_FD", "PMI_ID", "MV2_COMM_WORLD_RANK",
+                                  "MPIRUN_RANK"})
+      if (auto value = lookup(name)) {
+        alone.process_manager = fmt::format("{}={}", name, *value);
+        break;
+      }
+    return alone;
+  }
   const LaunchEnv& chosen = found.front();
   for (std::size_t i = 1; i < found.size(); ++i) {
     const LaunchEnv& other = found[i];

@@ -13,7 +13,7 @@
 #     run again on --device cpu (NCCL_CHECK_DEVICE=cpu) passes every sub-check but the bench;
 #   - the --device cpu runs of the train steps succeed as one rank with torchrun's
 #     variables, with Open MPI hidden (the store world; no MPI_Init, no orted), while the
-#     packed ndmesh started without them (as an MPI singleton) fails there: the hiding works;
+#     packed ndmesh started as an MPI singleton (NDMESH_BACKEND=mpi) fails there: the hiding works;
 #     a packed kernel test starts there too (its tests skip without a GPU);
 #   - the machine's lines come first, failing logs' last lines are printed;
 #   - the bf16 step repeats its failing cuda run with NDMESH_EPILOGUES=off and says so;
@@ -155,8 +155,9 @@ if [ $have_driver -eq 0 ]; then
   grep -q '^  FAIL nccl/reference: ' "$summary" || fail "nccl: no FAIL line for the single-GPU reference without a GPU"
 fi
 if [ $hidden -eq 1 ]; then
-  # The control: the same hiding stops the packed ndmesh when it starts MPI (a singleton).
-  if unshare --mount --propagation private -- bash -c "$hide && exec env LD_LIBRARY_PATH='$tmp/unpacked/lib' \
+  # The control: the same hiding stops the packed ndmesh when it starts MPI (a singleton: by
+  # hand a process starts none, NDMESH_BACKEND=mpi asks for one).
+  if unshare --mount --propagation private -- bash -c "$hide && exec env LD_LIBRARY_PATH='$tmp/unpacked/lib' NDMESH_BACKEND=mpi \
     timeout 60 '$packed_ndmesh' train --layers 1 --hidden 32 --heads 2 --seq 16 --vocab 64 --markov-vocab 64 \
     --batch 2 --steps 1 --eval-batches 0 --threads 1 --device cpu" > "$tmp/mpi.log" 2>&1; then
     fail "with Open MPI hidden, the packed ndmesh still started MPI as a singleton: the hiding does not work"

@@ -140,7 +140,8 @@ class Communicator {
   Communicator() = default;
 
   /// The world of every process of the job, created on first call by the backend named
-  /// by NDMESH_BACKEND (default "mpi"). Checks the launcher first (LaunchEnv): a process
+  /// by NDMESH_BACKEND (default: "mpi" under an MPI launcher, "gloo" under torchrun, "self",
+  /// a world of one without an engine, for a process that nothing launched). Checks the launcher first (LaunchEnv): a process
   /// started by torchrun gets a ConfigError saying how to launch instead, and a launcher
   /// world size that differs from the engine's is a ConfigError naming the variables.
   static Communicator world();
@@ -164,7 +165,7 @@ class Communicator {
   /// nodes node0,node1" when the members sit on several nodes: the line every timeout
   /// prints (the watchdog's too), so that a fault between hosts names them.
   std::string timeout_line(std::string_view op, double timeout_s) const;
-  /// Name of the backend ("mpi", "inproc").
+  /// Name of the backend ("mpi", "gloo", "inproc", "self").
   std::string_view backend() const;
   /// Empty when several threads may call operations of this communicator at once (MPI
   /// initialised with MPI_THREAD_MULTIPLE); otherwise why not ("MPI provides

@@ -60,6 +60,11 @@ struct LaunchEnv {
   /// process-management interface (no PMIX_RANK from srun --mpi=pmix, no PMI_FD from
   /// PMI-2), so MPI_Init cannot join srun's tasks into one job.
   bool slurm_without_pmi = false;
+  /// No launcher's rank variables (kNone), but a variable of an MPI process manager that
+  /// MPI_Init would join ("PMIX_RANK=3": a PMIx launcher such as prterun, PMI-2's PMI_FD,
+  /// MVAPICH's MV2_COMM_WORLD_RANK), "NAME=value"; empty without one. Such a process starts
+  /// MPI; a process with neither is alone (Communicator::world(): the "self" world).
+  std::string process_manager;
 
   /// Detects from the process environment. ConfigError naming the variables when a
   /// value is malformed (not a non-negative integer, rank >= size, ...) or when two

@@ -17,6 +17,8 @@
 #include "ndmesh/comm/inproc.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -29,6 +31,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "backends/inproc/inproc_backend.hpp"
 #include "comm/backend.hpp"
 #include "ndmesh/core/error.hpp"
 #include "ndmesh/core/log.hpp"
@@ -169,6 +172,9 @@ struct Job {
   const int size;
   const std::int64_t ranks_per_node;
   bool tagless = false;  // JobOptions::tagless (set before the ranks start)
+  // make_self_world(): the process's own world of one, named "self"; abort_job ends the
+  // process, as MPI_Abort ends a job.
+  bool process = false;
   std::mutex mutex;
   // The failure that ended the job (guarded by mutex).
   bool failed = false, timed_out = false;
@@ -382,7 +388,7 @@ class InprocComm final : public CommImpl {
     abort_ = ctx_->aborted;
   }
 
-  std::string_view backend() const override { return "inproc"; }
+  std::string_view backend() const override { return job_->process ? "self" : "inproc"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::size_t max_count() const override { return std::numeric_limits<std::size_t>::max(); }
@@ -471,6 +477,10 @@ class InprocComm final : public CommImpl {
   }
 
   [[noreturn]] void abort_job(int code) override {
+    if (job_->process) {
+      std::fflush(nullptr);
+      std::_Exit(code);
+    }
     const std::string message = fmt::format("rank {} ended the job with exit status {}", world_rank(), code);
     {
       std::lock_guard lock(job_->mutex);
@@ -719,6 +729,12 @@ void run(int ranks, const std::function<void(const Communicator& world)>& body, 
   // unwaited Work whose peer never came), which could only report it.
   std::lock_guard lock(job->mutex);
   if (job->failed) job->throw_failure();
+}
+
+std::shared_ptr<detail::CommImpl> make_self_world() {
+  auto job = std::make_shared<Job>(1, 0);
+  job->process = true;
+  return std::make_shared<InprocComm>(job, std::make_shared<Context>(std::vector<std::int64_t>{0}), 0);
 }
 
 }  // namespace ndmesh::comm::inproc

@@ -45,7 +45,11 @@ class ScopedEnv {
                                            "SLURM_LOCALID",
                                            "SLURM_NODEID",
                                            "PMIX_RANK",
+                                           "PMIX_NAMESPACE",
                                            "PMI_FD",
+                                           "PMI_ID",
+                                           "MV2_COMM_WORLD_RANK",
+                                           "MPIRUN_RANK",
                                            "SLURM_STEP_ID",
                                            "RANK",
                                            "WORLD_SIZE",
@@ -79,6 +83,23 @@ TEST(LaunchEnv, NothingSetIsAWorldOfOne) {
   EXPECT_FALSE(e.local_rank.has_value());
   EXPECT_FALSE(e.has_mpi_world());
   EXPECT_NO_THROW(e.require_mpi_world());
+  EXPECT_EQ(e.process_manager, "");  // alone: Communicator::world() starts no engine
+}
+
+// A process manager whose launcher's rank variables ndmesh does not read (prterun's PMIx,
+// PMI-2, MVAPICH): no launcher, but MPI_Init would join the job, so the process is not alone.
+TEST(LaunchEnv, AProcessManagerWithoutALauncherIsNamed) {
+  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
+           {"PMIX_RANK", "3"}, {"PMIX_NAMESPACE", "prterun-host-1@1"}, {"PMI_FD", "7"}, {"PMI_ID", "2"},
+           {"MV2_COMM_WORLD_RANK", "1"}, {"MPIRUN_RANK", "0"}}) {
+    ScopedEnv env(std::map<std::string, std::string>{{name, value}});
+    LaunchEnv e = LaunchEnv::detect();
+    EXPECT_EQ(e.launcher, Launcher::kNone) << name;
+    EXPECT_EQ(e.process_manager, name + "=" + value);
+  }
+  // Under a launcher ndmesh reads, the launcher answers and the field stays empty.
+  ScopedEnv env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"PMIX_RANK", "0"}});
+  EXPECT_EQ(LaunchEnv::detect().process_manager, "");
 }
 
 TEST(LaunchEnv, OpenMpi) {
