@@ -387,6 +387,10 @@ void DecoderT<T>::init(std::uint64_t seed, double init_std) {
   } else if (!kept.empty() && store_.expert_offset() < store_.size()) {
     kept.push_back({store_.expert_offset(), store_.size() - store_.expert_offset()});
   }
+  // What the store places on a device (ParamStore::to): the kept ranges only.
+  std::vector<typename ParamStore<T>::Kept> placed;
+  for (const nn::Segment& k : kept) placed.push_back({k.offset, k.count});
+  store_.set_kept(std::move(placed));
   T* const params = store_.params().data();
   std::vector<T> full, local;  // one parameter at a time: the serial tensor, this rank's tp slice
   for (const auto& view : store_.views()) {

@@ -96,7 +96,8 @@ void free_pinned(void*) noexcept {}
 void* copy_stream() { unavailable(); }
 void copy_async(void*, const void*, std::size_t, void*) { unavailable(); }
 void wait_event(void*) { unavailable(); }
-void* alloc_mappable(std::size_t) { unavailable(); }
+void* alloc_mappable(std::size_t, bool) { unavailable(); }
+std::vector<bool> backed_chunks(const void*, std::size_t) { unavailable(); }
 void free_mappable(void*) noexcept {}
 std::size_t map_granularity() { unavailable(); }
 void unmap_pages(void*, std::size_t) { unavailable(); }

@@ -14,9 +14,9 @@ DevicePages::DevicePages(void* data, std::size_t bytes) : base_(static_cast<char
                "mappable device memory at {} does not start on a chunk of {} bytes", data, chunk_);
   const std::size_t n = (bytes + chunk_ - 1) / chunk_;
   holders_.assign(n, 0);
-  backed_chunks_.assign(n, true);
+  backed_chunks_ = cuda::backed_chunks(data, n * chunk_);  // as the owner left them
   pending_.assign(n, nullptr);
-  backed_ = peak_backed_ = static_cast<std::int64_t>(n);
+  backed_ = peak_backed_ = std::count(backed_chunks_.begin(), backed_chunks_.end(), true);
 }
 
 DevicePages::~DevicePages() {
@@ -85,6 +85,10 @@ void DevicePages::drop(const void* p, std::size_t bytes) {
     NDMESH_CHECK(holders_[i] > 0, "tensor", "chunk {} of mappable device memory dropped more often than held", i);
     if (--holders_[i] == 0 && backed_chunks_[i]) queue(i, event);
   }
+}
+
+bool DevicePages::backed(const void* p) const {
+  return backed_chunks_[chunks_of(p, 1).first];
 }
 
 void DevicePages::drop_unheld() {

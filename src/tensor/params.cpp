@@ -99,11 +99,31 @@ template <typename T>
 void ParamStore<T>::to(Device device, bool mappable_params, bool mappable_grads) {
   if (device == params_.device()) return;
   ops::check_device<T>(device);
-  const std::vector<T> host = params_.to_host();
+  NDMESH_CHECK(params_.device() == Device::kCpu, "nn", "a parameter store is placed once, from the host");
+  // The host buffer itself is the source (no copy of it): under ZeRO-3 only its kept ranges
+  // were ever written, the rest are untouched zero pages that nothing reads.
+  const Tensor<T> host = std::move(params_);
+  params_ = Tensor<T>();
   params_.set_device(device, mappable_params);
+  params_.resize({size_});
   grads_.set_device(device, mappable_grads);
   if (keeps_bf16_copy()) params16_.set_device(device);
-  params_from_host(host.data());
+  bf16_current_ = false;
+  if (!params_.mappable()) return params_from_host(host.data());
+  // Mappable: the kept ranges' chunks are backed and written, nothing else.
+  std::vector<Kept> ranges = kept_;
+  if (ranges.empty()) ranges.push_back({0, size_});
+  const auto chunk = static_cast<std::int64_t>(cuda::map_granularity() / sizeof(T));
+  T* const base = params_.data();
+  for (const Kept& k : ranges) {
+    if (k.count <= 0) continue;
+    NDMESH_CHECK(k.offset >= 0 && k.offset + k.count <= size_, "nn", "kept range [{}, {}) outside the {} parameters",
+                 k.offset, k.offset + k.count, size_);
+    // map_pages backs the chunks wholly inside its range: the range is widened to chunks.
+    const std::int64_t lo = k.offset / chunk * chunk, hi = (k.offset + k.count + chunk - 1) / chunk * chunk;
+    cuda::map_pages(base + lo, static_cast<std::size_t>(hi - lo) * sizeof(T));
+    cuda::copy_to_device(base + k.offset, host.data() + k.offset, static_cast<std::size_t>(k.count) * sizeof(T));
+  }
 }
 
 template <typename T>

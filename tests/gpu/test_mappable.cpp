@@ -44,6 +44,42 @@ TEST(CudaMappable, ChunksWhollyInsideARangeGoBackAndComeBack) {
   EXPECT_EQ(cuda::allocator_stats().allocated_bytes, before);
 }
 
+// Mappable memory made without backing (a ZeRO model's buffers: only what a rank keeps is
+// ever backed) holds no chunk until map_pages backs one; backed_chunks says which are, and a
+// DevicePages made over it starts from that (its backed bytes, what drop_unheld gives back).
+TEST(CudaMappable, MadeWithoutBackingHoldsNothingUntilMapped) {
+  NDMESH_GPU_OR_SKIP();
+  const std::size_t g = cuda::map_granularity(), chunk = g / sizeof(float);
+  const std::int64_t before = cuda::allocator_stats().allocated_bytes;
+  DeviceBuffer b = DeviceBuffer::mappable(6 * g, false);
+  EXPECT_EQ(cuda::allocator_stats().allocated_bytes, before);
+  auto* p = static_cast<float*>(b.data());
+  EXPECT_EQ(cuda::backed_chunks(p, 6 * g), std::vector<bool>(6, false));
+  cuda::map_pages(p + chunk, 2 * g);  // chunks 1 and 2
+  EXPECT_EQ(cuda::allocator_stats().allocated_bytes - before, static_cast<std::int64_t>(2 * g));
+  EXPECT_EQ(cuda::backed_chunks(p, 6 * g), (std::vector<bool>{false, true, true, false, false, false}));
+  EXPECT_EQ(cuda::backed_chunks(p + chunk, 2 * g), (std::vector<bool>{true, true}));
+  std::vector<float> host(2 * chunk, 3.0f), back(2 * chunk);
+  cuda::copy_to_device(p + chunk, host.data(), 2 * g);
+  {
+    DevicePages pages(p, 6 * g);
+    EXPECT_EQ(pages.backed_bytes(), static_cast<std::int64_t>(2 * g));
+    EXPECT_FALSE(pages.backed(p));
+    EXPECT_TRUE(pages.backed(p + chunk + 5));
+    pages.hold(p + 2 * chunk, g);  // chunk 2 stays, chunk 1 goes
+    pages.drop_unheld();
+    pages.flush();
+    EXPECT_EQ(cuda::backed_chunks(p, 6 * g), (std::vector<bool>{false, false, true, false, false, false}));
+    cuda::copy_to_host(back.data(), p + 2 * chunk, g);
+    EXPECT_EQ(back[0], 3.0f);
+    EXPECT_EQ(back[chunk - 1], 3.0f);
+    pages.hold(p, g);  // chunk 0 backed for the first time
+    EXPECT_EQ(pages.backed_bytes(), static_cast<std::int64_t>(2 * g));
+  }
+  b = DeviceBuffer();
+  EXPECT_EQ(cuda::allocator_stats().allocated_bytes, before);
+}
+
 // DevicePages (ZeRO's mappable parameters and gradients): a chunk stays backed while any held
 // range touches it, goes once nothing holds it and the stream has passed the drop (poll or
 // flush), and a hold before that cancels the give-back, keeping the contents.

@@ -69,9 +69,14 @@ StreamOps& stream_ops();
 /// (ZeRO-3's parameters, ZeRO 2/3's gradient work space: DevicePages), outside the
 /// caching allocator: `bytes` of
 /// addresses reserved once, backed in chunks of map_granularity() bytes, all of them at
-/// first (CUDA's virtual memory management: cuMemAddressReserve, cuMemCreate, cuMemMap; in
-/// the emulator, host pages). The allocator's statistics count the backed chunks.
-void* alloc_mappable(std::size_t bytes);
+/// first, or none with `backed` false (map_pages backs what is used: a ZeRO-3 model that
+/// only fits sharded never holds the whole buffer) (CUDA's virtual memory management:
+/// cuMemAddressReserve, cuMemCreate, cuMemMap; in the emulator, host pages). The
+/// allocator's statistics count the backed chunks.
+void* alloc_mappable(std::size_t bytes, bool backed = true);
+/// Per chunk of the mappable block that holds [p, p + bytes) (p on a chunk), from p's
+/// chunk on: whether it is backed now.
+std::vector<bool> backed_chunks(const void* p, std::size_t bytes);
 void free_mappable(void* p) noexcept;
 /// The chunk size of alloc_mappable's memory (2 MiB on current GPUs).
 std::size_t map_granularity();
@@ -162,10 +167,11 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   explicit DeviceBuffer(std::size_t bytes) : data_(bytes > 0 ? cuda::alloc(bytes) : nullptr), bytes_(bytes) {}
-  /// `bytes` of cuda::alloc_mappable memory instead (its pages can be given back in place).
-  static DeviceBuffer mappable(std::size_t bytes) {
+  /// `bytes` of cuda::alloc_mappable memory instead (its pages can be given back in place),
+  /// all of it backed or, with `backed` false, none.
+  static DeviceBuffer mappable(std::size_t bytes, bool backed = true) {
     DeviceBuffer b;
-    b.data_ = bytes > 0 ? cuda::alloc_mappable(bytes) : nullptr;
+    b.data_ = bytes > 0 ? cuda::alloc_mappable(bytes, backed) : nullptr;
     b.bytes_ = bytes;
     b.mappable_ = true;
     return b;

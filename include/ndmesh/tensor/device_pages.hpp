@@ -24,7 +24,8 @@ namespace ndmesh {
 class DevicePages {
  public:
   /// `data`: a block of cuda::alloc_mappable (chunk-aligned), `bytes` of it used. Every chunk
-  /// starts backed and held by nothing (drop_unheld() queues them).
+  /// starts held by nothing, backed or not as the owner left it (cuda::backed_chunks;
+  /// drop_unheld() queues the backed ones).
   DevicePages(void* data, std::size_t bytes);
   ~DevicePages();
   DevicePages(const DevicePages&) = delete;
@@ -35,6 +36,8 @@ class DevicePages {
   /// Ends one hold of [p, p + bytes): the chunks it touches that nothing holds any more are
   /// queued to go once the compute stream passes what is queued now.
   void drop(const void* p, std::size_t bytes);
+  /// True when the chunk holding `p` is backed now (queued ones included).
+  bool backed(const void* p) const;
   /// Queues every backed chunk that nothing holds (after construction).
   void drop_unheld();
   /// Gives back the queued chunks whose work the stream has passed (never waits).

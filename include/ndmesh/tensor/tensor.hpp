@@ -61,8 +61,12 @@ class Tensor {
       }
       return;
     }
-    if (n * sizeof(T) > device_data_.bytes())
-      device_data_ = mappable_ ? DeviceBuffer::mappable(n * sizeof(T)) : DeviceBuffer(n * sizeof(T));
+    if (mappable_) {  // none of it backed: its owner backs and fills what it uses
+      if (n * sizeof(T) > device_data_.bytes()) device_data_ = DeviceBuffer::mappable(n * sizeof(T), false);
+      numel_ = static_cast<std::int64_t>(n);
+      return;
+    }
+    if (n * sizeof(T) > device_data_.bytes()) device_data_ = DeviceBuffer(n * sizeof(T));
     numel_ = static_cast<std::int64_t>(n);
     cuda::memset_zero(device_data_.data(), n * sizeof(T));
   }
@@ -76,7 +80,9 @@ class Tensor {
   /// Moves the (zeroed) storage to `device`: an empty tensor, or a resize() that follows,
   /// allocates there. Used once, when a model is placed on its device.
   /// With `mappable` (CUDA) the storage is cuda::alloc_mappable memory, whose pages can be
-  /// given back and taken again in place (ZeRO-3's parameters).
+  /// given back and taken again in place (ZeRO-3's parameters, ZeRO 2/3's gradients): none
+  /// of it backed and nothing zeroed, so that its owner backs (cuda::map_pages, DevicePages)
+  /// only what it uses; zero() and host copies of it are the owner's to avoid.
   void set_device(Device device, bool mappable = false) {
     if (device == device_) return;
     device_ = device;
@@ -90,6 +96,8 @@ class Tensor {
 
   /// Where the elements live.
   Device device() const { return device_; }
+  /// True for CUDA storage from cuda::alloc_mappable (set_device's `mappable`).
+  bool mappable() const { return mappable_; }
   /// The element type.
   static constexpr DType dtype() { return DTypeOf<T>::value; }
   /// The sizes, outermost first.

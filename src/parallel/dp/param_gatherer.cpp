@@ -83,11 +83,20 @@ void ParamGatherer::free_elements(std::int64_t lo, std::int64_t count) {
   if (count <= 0) return;
   if (device_ == Device::kCpu) return release_memory(params_ + lo, count, kNaN, device_);
   const auto chunk = static_cast<std::int64_t>(DevicePages::chunk_bytes() / sizeof(float));
-  // The buffer starts on a chunk: element offsets align as addresses do.
+  // The buffer starts on a chunk: element offsets align as addresses do. A chunk that is
+  // not backed holds nothing to hide (the model was placed with only its kept ranges backed).
+  auto fill = [&](std::int64_t from, std::int64_t n) {
+    if (n > 0 && pages_->backed(params_ + from)) ops::fill(params_ + from, kNaN, n, device_);
+  };
   const std::int64_t a = (lo + chunk - 1) / chunk * chunk, b = (lo + count) / chunk * chunk;
-  if (a >= b) return ops::fill(params_ + lo, kNaN, count, device_);
-  ops::fill(params_ + lo, kNaN, a - lo, device_);
-  ops::fill(params_ + b, kNaN, lo + count - b, device_);
+  if (a >= b) {  // no whole chunk inside: the parts of at most two chunks
+    const std::int64_t split = std::min(a, lo + count);
+    fill(lo, split - lo);
+    fill(split, lo + count - split);
+    return;
+  }
+  fill(lo, a - lo);
+  fill(b, lo + count - b);
 }
 
 void ParamGatherer::offload_to(nn::OffloadArray* file) {

@@ -515,7 +515,7 @@ std::size_t map_granularity() {
   return vmm().chunk;
 }
 
-void* alloc_mappable(std::size_t bytes) {
+void* alloc_mappable(std::size_t bytes, bool backed) {
   const std::size_t chunk = map_granularity();
   const std::size_t n = std::max<std::size_t>((bytes + chunk - 1) / chunk, 1);
   CUdeviceptr base = 0;
@@ -526,9 +526,18 @@ void* alloc_mappable(std::size_t bytes) {
   m.bytes = n * chunk;
   m.backed.assign(n, false);
   m.handles.assign(n, CUmemGenericAllocationHandle{});
+  if (!backed) return p;  // addresses only: map_pages backs what is used
   for (std::size_t i = 0; i < n; ++i) back_chunk(p, m, i);
   set_access(p, 0, n);
   return p;
+}
+
+std::vector<bool> backed_chunks(const void* p, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mappables().mutex);
+  const std::size_t chunk = vmm().chunk;
+  auto [it, range] = chunks_inside(const_cast<void*>(p), (bytes + chunk - 1) / chunk * chunk);
+  return {it->second.backed.begin() + static_cast<std::ptrdiff_t>(range.first),
+          it->second.backed.begin() + static_cast<std::ptrdiff_t>(range.second)};
 }
 
 void free_mappable(void* p) noexcept {

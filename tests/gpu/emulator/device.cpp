@@ -216,7 +216,8 @@ void run_device_work_at_once(bool at_once) {
 
 namespace {
 // A block of the arena (the guard on), accessible when device work is in progress.
-void* guarded_alloc(std::size_t bytes) {
+// `fill` false: the pages stay untouched (mappable memory made without backing).
+void* guarded_alloc(std::size_t bytes, bool fill = true) {
   Guard& g = guard();
   std::lock_guard<std::mutex> lock(g.mutex);
   const std::size_t size = std::max<std::size_t>((bytes + kPage - 1) / kPage * kPage, kPage);
@@ -233,7 +234,7 @@ void* guarded_alloc(std::size_t bytes) {
     g.top += size;
   }
   mprotect(p, size, PROT_READ | PROT_WRITE);
-  std::memset(p, 0xA5, size);  // not zero: device memory starts as garbage
+  if (fill) std::memset(p, 0xA5, size);  // not zero: device memory starts as garbage
   if (g.active == 0) mprotect(p, size, PROT_NONE);
   return p;
 }
@@ -372,20 +373,33 @@ std::pair<std::map<char*, Mappable>::iterator, std::pair<std::size_t, std::size_
 
 std::size_t map_granularity() { return kChunk; }
 
-void* alloc_mappable(std::size_t bytes) {
+void* alloc_mappable(std::size_t bytes, bool backed) {
   const std::size_t n = std::max<std::size_t>((bytes + kChunk - 1) / kChunk, 1);
   char* p = nullptr;
   if (emu::guard().on) {
-    p = static_cast<char*>(emu::guarded_alloc(n * kChunk));
+    p = static_cast<char*>(emu::guarded_alloc(n * kChunk, backed));
   } else {
     p = static_cast<char*>(std::aligned_alloc(kChunk, n * kChunk));
-    std::memset(p, 0xA5, n * kChunk);
+    if (backed) std::memset(p, 0xA5, n * kChunk);
   }
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  mappables()[p] = Mappable{.bytes = n * kChunk, .backed = std::vector<bool>(n, true)};
-  count_chunks(static_cast<std::int64_t>(n));
+  mappables()[p] = Mappable{.bytes = n * kChunk, .backed = std::vector<bool>(n, backed)};
+  if (backed) {
+    count_chunks(static_cast<std::int64_t>(n));
+  } else {  // addresses only: untouched host pages, inaccessible until map_pages
+    madvise(p, n * kChunk, MADV_DONTNEED);
+    for (std::size_t i = 0; i < n; ++i) emu::give_back(p + i * kChunk, kChunk);
+  }
   return p;
+}
+
+std::vector<bool> backed_chunks(const void* p, std::size_t bytes) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto [it, range] = chunks_inside(const_cast<void*>(p), (bytes + kChunk - 1) / kChunk * kChunk);
+  return {it->second.backed.begin() + static_cast<std::ptrdiff_t>(range.first),
+          it->second.backed.begin() + static_cast<std::ptrdiff_t>(range.second)};
 }
 
 void free_mappable(void* p) noexcept {
