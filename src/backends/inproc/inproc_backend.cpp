@@ -17,9 +17,9 @@
 #include "ndmesh/comm/inproc.hpp"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <limits>
