@@ -6,6 +6,7 @@
 # made LeakSanitizer's tracer fault at exit (tests/sanitize/dtls_probe.c has the mechanism).
 # One sanitized `ndmesh train` with the plugins enabled must exit cleanly, and the plugins must
 # really have been loaded (checked in the dynamic loader's own log), or the test tests nothing.
+# It runs as an MPI singleton (NDMESH_BACKEND=mpi): started by hand, ndmesh starts no MPI.
 set -euo pipefail
 ndmesh=${1:?usage: train_hwloc.sh path/to/ndmesh}
 tmp=$(mktemp -d)
@@ -14,7 +15,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 unset HWLOC_COMPONENTS HWLOC_PLUGINS_BLACKLIST HWLOC_PLUGINS_PATH
 status=0
-LD_DEBUG=files LD_DEBUG_OUTPUT="$tmp/ld" "$ndmesh" train --layers 1 --hidden 32 --heads 2 --seq 16 --batch 4 \
+NDMESH_BACKEND=mpi LD_DEBUG=files LD_DEBUG_OUTPUT="$tmp/ld" "$ndmesh" train --layers 1 --hidden 32 --heads 2 --seq 16 --batch 4 \
   --steps 1 --threads 1 > "$tmp/out.txt" 2> "$tmp/err.txt" || status=$?
 if [ "$status" -ne 0 ]; then
   tail -n 20 "$tmp/err.txt" >&2
