@@ -188,12 +188,8 @@ DecoderT<T>::DecoderT(const ModelSpec& spec, ModelOptions options, UnitRange ran
              block_offset_[l], l + 1 < blocks_.size() ? block_offset_[l + 1] : head_offset_);
     units_.back().expert_range = block_experts_[l];
   }
-  // The expert units: each MoE block's experts, to the next one's start (the last to the end).
-  const std::vector<std::int64_t> expert_starts = store_.expert_unit_offsets();
-  for (std::size_t k = 0; k < expert_starts.size(); ++k) {
-    const std::int64_t end = k + 1 < expert_starts.size() ? expert_starts[k + 1] : store_.size();
-    expert_ranges_.push_back({expert_starts[k], end - expert_starts[k]});
-  }
+  // The expert units: each MoE block's experts.
+  for (const auto& e : store_.expert_unit_ranges()) expert_ranges_.push_back({e.offset, e.count});
   if (head_) {
     head_unit_ = add_unit("head", UnitKind::kHead, head_offset_, store_.expert_offset());
     if (spec.tied_embeddings && embed_) units_.back().ranges.push_back(embed_unit_);  // reads the token table
@@ -365,32 +361,12 @@ const T* DecoderT<T>::output(const Activations& acts) const {
 template <typename T>
 void DecoderT<T>::init(std::uint64_t seed, double init_std) {
   const double residual_std = init_std / std::sqrt(2.0 * static_cast<double>(spec_.layers));
-  // ZeRO-3 (StoreOptions::keep_parts): this rank keeps one block of every unit's range and
-  // writes only those elements; the rest of the buffer stays untouched zero pages.
-  const StoreOptions& so = store_.options();
-  std::vector<nn::Segment> kept;
-  // Block `part` of `parts` equal blocks of every range.
-  auto keep_blocks = [&kept](const std::vector<nn::Segment>& ranges, std::int64_t parts, std::int64_t part,
-                             const char* what) {
-    for (const nn::Segment& r : ranges) {
-      NDMESH_CHECK(r.count % parts == 0, "model", "{} range [{}, {}) does not split into {} equal blocks", what,
-                   r.offset, r.offset + r.count, parts);
-      const std::int64_t block = r.count / parts;
-      kept.push_back({r.offset + part * block, block});
-    }
-  };
-  if (so.keep_parts > 1) keep_blocks(unit_ranges_, so.keep_parts, so.keep_part, "unit");
-  // The expert partition: with expert_keep_parts one block of every expert unit (ZeRO-3 over
-  // the expert-data-parallel group), otherwise the rank's experts whole.
-  if (!kept.empty() && so.expert_keep_parts > 1) {
-    keep_blocks(expert_ranges_, so.expert_keep_parts, so.expert_keep_part, "expert");
-  } else if (!kept.empty() && store_.expert_offset() < store_.size()) {
-    kept.push_back({store_.expert_offset(), store_.size() - store_.expert_offset()});
-  }
-  // What the store places on a device (ParamStore::to): the kept ranges only.
-  std::vector<typename ParamStore<T>::Kept> placed;
-  for (const nn::Segment& k : kept) placed.push_back({k.offset, k.count});
-  store_.set_kept(std::move(placed));
+  // The store says which elements this rank keeps (ZeRO-3: its blocks of the units); only
+  // those are written, the rest of the buffer stays untouched zero pages.
+  std::vector<typename ParamStore<T>::Range> units;
+  for (const nn::Segment& u : unit_ranges_) units.push_back({u.offset, u.count});
+  store_.keep_blocks(units);
+  const auto& kept = store_.kept();
   T* const params = store_.params().data();
   std::vector<T> full, local;  // one parameter at a time: the serial tensor, this rank's tp slice
   for (const auto& view : store_.views()) {
@@ -424,7 +400,7 @@ void DecoderT<T>::init(std::uint64_t seed, double init_std) {
       copy_shard(view.shard, view.shape, local.data(), full.data(), false);
       src = local.data();
     }
-    for (const nn::Segment& k : kept) {
+    for (const auto& k : kept) {
       const std::int64_t lo = std::max(k.offset, view.offset),
                          hi = std::min(k.offset + k.count, view.offset + view.numel);
       if (lo < hi) std::copy(src + (lo - view.offset), src + (hi - view.offset), params + lo);

@@ -111,11 +111,11 @@ void ParamStore<T>::to(Device device, bool mappable_params, bool mappable_grads)
   bf16_current_ = false;
   if (!params_.mappable()) return params_from_host(host.data());
   // Mappable: the kept ranges' chunks are backed and written, nothing else.
-  std::vector<Kept> ranges = kept_;
+  std::vector<Range> ranges = kept_;
   if (ranges.empty()) ranges.push_back({0, size_});
   const auto chunk = static_cast<std::int64_t>(cuda::map_granularity() / sizeof(T));
   T* const base = params_.data();
-  for (const Kept& k : ranges) {
+  for (const Range& k : ranges) {
     if (k.count <= 0) continue;
     NDMESH_CHECK(k.offset >= 0 && k.offset + k.count <= size_, "nn", "kept range [{}, {}) outside the {} parameters",
                  k.offset, k.offset + k.count, size_);
@@ -124,6 +124,38 @@ void ParamStore<T>::to(Device device, bool mappable_params, bool mappable_grads)
     cuda::map_pages(base + lo, static_cast<std::size_t>(hi - lo) * sizeof(T));
     cuda::copy_to_device(base + k.offset, host.data() + k.offset, static_cast<std::size_t>(k.count) * sizeof(T));
   }
+}
+
+template <typename T>
+void ParamStore<T>::keep_blocks(const std::vector<Range>& units) {
+  NDMESH_CHECK(allocated(), "nn", "the kept blocks asked for before the store was allocated");
+  kept_.clear();
+  if (options_.keep_parts <= 1) return;  // every element is kept
+  // Block `part` of `parts` equal blocks of every range.
+  auto keep = [this](const std::vector<Range>& ranges, std::int64_t parts, std::int64_t part, const char* what) {
+    for (const Range& r : ranges) {
+      NDMESH_CHECK(r.count % parts == 0, "nn", "{} range [{}, {}) does not split into {} equal blocks", what,
+                   r.offset, r.offset + r.count, parts);
+      const std::int64_t block = r.count / parts;
+      kept_.push_back({r.offset + part * block, block});
+    }
+  };
+  keep(units, options_.keep_parts, options_.keep_part, "unit");
+  if (expert_offset_ == size_) return;
+  if (options_.expert_keep_parts <= 1) {  // the rank's experts whole
+    kept_.push_back({expert_offset_, size_ - expert_offset_});
+    return;
+  }
+  keep(expert_unit_ranges(), options_.expert_keep_parts, options_.expert_keep_part, "expert");
+}
+
+template <typename T>
+std::vector<typename ParamStore<T>::Range> ParamStore<T>::expert_unit_ranges() const {
+  std::vector<Range> out;
+  const std::vector<std::int64_t> starts = expert_unit_offsets();
+  for (std::size_t k = 0; k < starts.size(); ++k)
+    out.push_back({starts[k], (k + 1 < starts.size() ? starts[k + 1] : size_) - starts[k]});
+  return out;
 }
 
 template <typename T>

@@ -141,9 +141,10 @@ class Communicator {
 
   /// The world of every process of the job, created on first call by the backend named
   /// by NDMESH_BACKEND (default: "mpi" under an MPI launcher, "gloo" under torchrun, "self",
-  /// a world of one without an engine, for a process that nothing launched). Checks the launcher first (LaunchEnv): a process
-  /// started by torchrun gets a ConfigError saying how to launch instead, and a launcher
-  /// world size that differs from the engine's is a ConfigError naming the variables.
+  /// a world of one without an engine, for a process that nothing launched). Checks the
+  /// launcher first (LaunchEnv): a process started by torchrun gets a ConfigError saying how
+  /// to launch instead, and a launcher world size that differs from the engine's is a
+  /// ConfigError naming the variables.
   static Communicator world();
 
   /// False for the empty handle.

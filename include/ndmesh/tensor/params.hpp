@@ -159,18 +159,26 @@ class ParamStore {
   /// model is initialised on the host, then placed). ConfigError when `device` cannot hold T.
   /// On CUDA the options' mappable_params put the parameters into mappable device memory
   /// (cuda::alloc_mappable: ZeRO-3), mappable_grads the gradients (ZeRO 2/3).
-  /// With mappable_params only the kept ranges (set_kept) are backed and copied: a ZeRO-3
+  /// With mappable_params only the kept ranges (keep_blocks) are backed and copied: a ZeRO-3
   /// model never holds its full parameters on the device (nor a full host copy), and the
   /// mappable gradients start with nothing backed (their owner backs a unit at a time).
   void to(Device device) { to(device, options_.mappable_params, options_.mappable_grads); }
   void to(Device device, bool mappable_params, bool mappable_grads);
-  /// The ranges [offset, offset + count) of the parameters this rank keeps under ZeRO-3
-  /// (StoreOptions::keep_parts: what the model initialised); empty: every element.
-  struct Kept {
+  /// A range [offset, offset + count) of the flat buffers.
+  struct Range {
     std::int64_t offset = 0, count = 0;
   };
-  void set_kept(std::vector<Kept> kept) { kept_ = std::move(kept); }
-  const std::vector<Kept>& kept() const { return kept_; }
+  /// ZeRO-3 (StoreOptions::keep_parts > 1): given the model's units (the dense ranges that are
+  /// used together, which cover [0, expert_offset())), the ranges this rank keeps: block
+  /// keep_part of keep_parts equal blocks of every unit, and of the expert partition block
+  /// expert_keep_part of every expert unit (expert_keep_parts > 1) or all of it. Error when a
+  /// range does not split evenly (pad_units pads them so). Only after allocate().
+  void keep_blocks(const std::vector<Range>& units);
+  /// The expert units as flat ranges (after allocate()): each runs to the next one's start,
+  /// the last to size().
+  std::vector<Range> expert_unit_ranges() const;
+  /// What keep_blocks() chose: the elements the model initialises and to() places; empty: all.
+  const std::vector<Range>& kept() const { return kept_; }
   /// Where the buffers live.
   Device device() const { return params_.device(); }
   /// A copy of the parameters on the host (size() elements).
@@ -246,7 +254,7 @@ class ParamStore {
   std::vector<std::int64_t> logical_offsets(std::int64_t* total = nullptr) const;
 
  private:
-  std::vector<Kept> kept_;
+  std::vector<Range> kept_;
   StoreOptions options_;
   std::vector<ParamView> views_;
   std::int64_t size_ = 0;
